@@ -1,0 +1,234 @@
+"""Heartbeats: what each pod's launcher posts to the operator, batched for its local ranks.
+
+Wire format: JSON object, ``POST /v1/heartbeats/{namespace}/{job}`` with
+``Authorization: Bearer <per-job token>``. Versioned; readers ignore unknown fields (newer
+trainers may add some) and reject malformed input with :class:`HeartbeatError`, whose message
+names the field.
+
+The speed signal: in synchronous training every rank waits for the slowest at each collective,
+so wall-clock step time is the same everywhere. ``compute_s`` is the time a rank spent in its
+own forward/backward compute before the gradient collectives (measured with device sync), and
+``bench_s`` the time of a short fixed-size benchmark run every N steps; both expose a slow GPU.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+SCHEMA_VERSION = 1
+#: Upper bound for one batch, enforced by the ingest endpoint (413 beyond).
+MAX_BODY_BYTES = 256 * 1024
+MAX_RANKS_PER_BATCH = 64
+
+
+class HeartbeatError(ValueError):
+    """A malformed heartbeat; the message names the field."""
+
+
+@dataclass(frozen=True, slots=True)
+class HealthResult:
+    """Outcome of one health check run on a rank (``kind``: kat, replica_checksum, spike, replay)."""
+
+    kind: str
+    ok: bool
+    step: int
+    detail: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class RankBeat:
+    rank: int
+    step: int
+    #: Wall time of the last completed step (seconds); equal across ranks in sync training.
+    step_time_s: float
+    #: Rank-local compute time of the last step, before collectives (the straggler signal).
+    compute_s: float = 0.0
+    #: Time of the last fixed benchmark run (0: not run yet).
+    bench_s: float = 0.0
+    loss: float | None = None
+    grad_norm: float | None = None
+    #: True while the rank is inside a checkpoint save (hang detection must not fire).
+    saving: bool = False
+    tokens_per_s: float = 0.0
+    health: tuple[HealthResult, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointEvent:
+    """A checkpoint committed (or failed) on some tier, reported by pod 0 / rank 0."""
+
+    step: int
+    tier: str
+    ok: bool
+    blocked_s: float = 0.0
+    duration_s: float = 0.0
+    bytes: int = 0
+    sdc_passed: bool = True
+    detail: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class HeartbeatBatch:
+    job: str
+    attempt: int
+    pod_index: int
+    node: str
+    sent_at: float
+    ranks: tuple[RankBeat, ...]
+    checkpoints: tuple[CheckpointEvent, ...] = ()
+    #: Which tier and step this attempt restored from ("" / -1: fresh start).
+    restored_tier: str = ""
+    restored_step: int = -1
+    version: int = field(default=SCHEMA_VERSION)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), separators=(",", ":"))
+
+
+def parse_heartbeat(body: bytes | str) -> HeartbeatBatch:
+    """Parse and validate a heartbeat body. Raises :class:`HeartbeatError`."""
+    if isinstance(body, bytes | bytearray) and len(body) > MAX_BODY_BYTES:
+        raise HeartbeatError(f"body: {len(body)} bytes is over the {MAX_BODY_BYTES} byte limit")
+    try:
+        raw = json.loads(body)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise HeartbeatError(f"body: not valid JSON ({exc})") from exc
+    return heartbeat_from_dict(raw)
+
+
+def heartbeat_from_dict(raw: Any) -> HeartbeatBatch:
+    if not isinstance(raw, dict):
+        raise HeartbeatError("body: expected a JSON object")
+    version = _int(raw, "version", default=SCHEMA_VERSION)
+    if version < 1 or version > SCHEMA_VERSION:
+        raise HeartbeatError(f"version: {version} is not supported (this operator reads 1..{SCHEMA_VERSION})")
+    ranks_raw = raw.get("ranks")
+    if not isinstance(ranks_raw, list) or not ranks_raw:
+        raise HeartbeatError("ranks: expected a non-empty list")
+    if len(ranks_raw) > MAX_RANKS_PER_BATCH:
+        raise HeartbeatError(f"ranks: {len(ranks_raw)} entries, at most {MAX_RANKS_PER_BATCH}")
+    ranks = tuple(_rank(r, f"ranks[{i}]") for i, r in enumerate(ranks_raw))
+    cps_raw = raw.get("checkpoints", [])
+    if not isinstance(cps_raw, list):
+        raise HeartbeatError("checkpoints: expected a list")
+    cps = tuple(_checkpoint(c, f"checkpoints[{i}]") for i, c in enumerate(cps_raw))
+    return HeartbeatBatch(
+        job=_str(raw, "job"),
+        attempt=_int(raw, "attempt", minimum=0),
+        pod_index=_int(raw, "pod_index", minimum=0),
+        node=_str(raw, "node", default=""),
+        sent_at=_float(raw, "sent_at"),
+        ranks=ranks,
+        checkpoints=cps,
+        restored_tier=_str(raw, "restored_tier", default=""),
+        restored_step=_int(raw, "restored_step", default=-1, minimum=-1),
+        version=version,
+    )
+
+
+def _rank(r: Any, where: str) -> RankBeat:
+    if not isinstance(r, dict):
+        raise HeartbeatError(f"{where}: expected an object")
+    health_raw = r.get("health", [])
+    if not isinstance(health_raw, list):
+        raise HeartbeatError(f"{where}.health: expected a list")
+    health = []
+    for j, h in enumerate(health_raw):
+        hw = f"{where}.health[{j}]"
+        if not isinstance(h, dict):
+            raise HeartbeatError(f"{hw}: expected an object")
+        health.append(
+            HealthResult(
+                kind=_str(h, "kind", where=hw),
+                ok=_bool(h, "ok", where=hw),
+                step=_int(h, "step", where=hw, minimum=0),
+                detail=_str(h, "detail", default="", where=hw),
+            )
+        )
+    return RankBeat(
+        rank=_int(r, "rank", where=where, minimum=0),
+        step=_int(r, "step", where=where, minimum=0),
+        step_time_s=_float(r, "step_time_s", where=where, minimum=0.0),
+        compute_s=_float(r, "compute_s", default=0.0, where=where, minimum=0.0),
+        bench_s=_float(r, "bench_s", default=0.0, where=where, minimum=0.0),
+        loss=_opt_float(r, "loss", where),
+        grad_norm=_opt_float(r, "grad_norm", where),
+        saving=_bool(r, "saving", default=False, where=where),
+        tokens_per_s=_float(r, "tokens_per_s", default=0.0, where=where, minimum=0.0),
+        health=tuple(health),
+    )
+
+
+def _checkpoint(c: Any, where: str) -> CheckpointEvent:
+    if not isinstance(c, dict):
+        raise HeartbeatError(f"{where}: expected an object")
+    return CheckpointEvent(
+        step=_int(c, "step", where=where, minimum=0),
+        tier=_str(c, "tier", where=where),
+        ok=_bool(c, "ok", where=where),
+        blocked_s=_float(c, "blocked_s", default=0.0, where=where, minimum=0.0),
+        duration_s=_float(c, "duration_s", default=0.0, where=where, minimum=0.0),
+        bytes=_int(c, "bytes", default=0, where=where, minimum=0),
+        sdc_passed=_bool(c, "sdc_passed", default=True, where=where),
+        detail=_str(c, "detail", default="", where=where),
+    )
+
+
+_MISSING = object()
+
+
+def _get(d: dict[str, Any], key: str, default: Any, where: str) -> Any:
+    if key in d:
+        return d[key]
+    if default is _MISSING:
+        raise HeartbeatError(f"{_path(where, key)}: required field is missing")
+    return default
+
+
+def _path(where: str, key: str) -> str:
+    return f"{where}.{key}" if where else key
+
+
+def _int(d: dict[str, Any], key: str, default: Any = _MISSING, where: str = "", minimum: int | None = None) -> int:
+    v = _get(d, key, default, where)
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise HeartbeatError(f"{_path(where, key)}: expected an integer, got {type(v).__name__}")
+    if minimum is not None and v < minimum:
+        raise HeartbeatError(f"{_path(where, key)}: {v} is below {minimum}")
+    return v
+
+
+def _float(d: dict[str, Any], key: str, default: Any = _MISSING, where: str = "", minimum: float | None = None) -> float:
+    v = _get(d, key, default, where)
+    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
+        raise HeartbeatError(f"{_path(where, key)}: expected a finite number")
+    if minimum is not None and v < minimum:
+        raise HeartbeatError(f"{_path(where, key)}: {v} is below {minimum}")
+    return float(v)
+
+
+def _opt_float(d: dict[str, Any], key: str, where: str) -> float | None:
+    v = d.get(key)
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        raise HeartbeatError(f"{_path(where, key)}: expected a number or null")
+    # NaN/inf losses are legitimate symptoms (a spike detector wants to see them).
+    return float(v)
+
+
+def _str(d: dict[str, Any], key: str, default: Any = _MISSING, where: str = "") -> str:
+    v = _get(d, key, default, where)
+    if not isinstance(v, str):
+        raise HeartbeatError(f"{_path(where, key)}: expected a string")
+    return v
+
+
+def _bool(d: dict[str, Any], key: str, default: Any = _MISSING, where: str = "") -> bool:
+    v = _get(d, key, default, where)
+    if not isinstance(v, bool):
+        raise HeartbeatError(f"{_path(where, key)}: expected true or false")
+    return v

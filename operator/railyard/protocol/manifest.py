@@ -1,0 +1,99 @@
+"""The checkpoint manifest: the one file that makes a checkpoint exist.
+
+A checkpoint directory ``<tier root>/<job>/step-<NNNNNNNN>/`` holds shard files and, written
+last and atomically (write to a temp name, fsync, rename), ``manifest.json``. A directory without
+a manifest is an interrupted save and does not exist. The manifest lists every shard with its
+size and SHA-256 so a restore can verify before loading; it records whether the SDC checks at
+that step passed, so a restore never picks a suspect checkpoint.
+
+The operator reads manifests (through the trainer's heartbeats and the shared tier) to report
+the last verified checkpoint per tier and to choose what the next attempt restores from.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+SCHEMA_VERSION = 1
+MANIFEST_NAME = "manifest.json"
+TIERS = ("memory", "local", "shared")
+
+
+class ManifestError(ValueError):
+    """A manifest that cannot be trusted; the message names the field."""
+
+
+@dataclass(frozen=True, slots=True)
+class ShardInfo:
+    #: Path relative to the checkpoint directory.
+    path: str
+    bytes: int
+    sha256: str
+    #: The rank (or pod index for per-pod files) that wrote it; -1 for shared metadata.
+    owner: int = -1
+
+
+@dataclass(frozen=True, slots=True)
+class Manifest:
+    job: str
+    step: int
+    tier: str
+    attempt: int
+    pp: int
+    dp: int
+    tp: int
+    shards: tuple[ShardInfo, ...]
+    #: Trainer state beyond tensors: data position, rng, lr scheduler step.
+    data_position: dict[str, Any] = field(default_factory=dict)
+    sdc_passed: bool = True
+    created_at: float = 0.0
+    version: int = SCHEMA_VERSION
+
+    @property
+    def world_size(self) -> int:
+        return self.pp * self.dp * self.tp
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(s.bytes for s in self.shards)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True, indent=1)
+
+    @classmethod
+    def from_json(cls, text: str) -> Manifest:
+        try:
+            d = json.loads(text)
+            if not isinstance(d, dict):
+                raise ManifestError("manifest: expected a JSON object")
+            version = int(d.get("version", SCHEMA_VERSION))
+            if version > SCHEMA_VERSION:
+                raise ManifestError(f"version: {version} is newer than this reader ({SCHEMA_VERSION})")
+            tier = str(d["tier"])
+            if tier not in TIERS:
+                raise ManifestError(f"tier: {tier!r} is not one of {TIERS}")
+            shard_fields = set(ShardInfo.__dataclass_fields__)
+            return cls(
+                job=str(d["job"]),
+                step=int(d["step"]),
+                tier=tier,
+                attempt=int(d.get("attempt", 0)),
+                pp=int(d["pp"]),
+                dp=int(d["dp"]),
+                tp=int(d["tp"]),
+                shards=tuple(ShardInfo(**{k: v for k, v in s.items() if k in shard_fields}) for s in d["shards"]),
+                data_position=dict(d.get("data_position", {})),
+                sdc_passed=bool(d.get("sdc_passed", True)),
+                created_at=float(d.get("created_at", 0.0)),
+                version=version,
+            )
+        except ManifestError:
+            raise
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ManifestError(f"malformed manifest: {exc!r}") from exc
+
+
+def step_dirname(step: int) -> str:
+    return f"step-{step:08d}"
