@@ -1,0 +1,75 @@
+"""Parallel dimensions (pp x dp x tp) that validate themselves, and the device mesh built from them.
+
+The mesh order is ``("pp", "dp", "tp")`` with tp innermost, so
+``rank == (pp * dp_size + dp) * tp_size + tp``: the same convention as the operator's rank table
+(``railyard.protocol.ranktable``). Validation is torch-free; only :meth:`ParallelDims.build_mesh`
+imports torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from railyard_trainer.config import ConfigError
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+
+MESH_DIM_NAMES = ("pp", "dp", "tp")
+
+
+@dataclass(frozen=True)
+class ParallelDims:
+    pp: int
+    dp: int
+    tp: int
+    world_size: int
+    procs_per_node: int
+
+    def __post_init__(self) -> None:
+        problems: list[str] = []
+        for name in ("pp", "tp", "world_size", "procs_per_node"):
+            if getattr(self, name) < 1:
+                problems.append(f"{name}: {getattr(self, name)} must be at least 1")
+        if self.dp < -1:
+            problems.append(f"dp: {self.dp} must be at least 1 (or -1/0 to derive it)")
+        if problems:
+            raise ConfigError(problems)
+        if self.dp in (-1, 0):
+            if self.world_size % (self.pp * self.tp):
+                raise ConfigError([f"parallelism: world size {self.world_size} is not divisible by pipeline x tensor = {self.pp * self.tp}; choose sizes whose product divides the number of processes"])
+            # Frozen dataclass: deriving dp is the one mutation, done before anyone sees the object.
+            object.__setattr__(self, "dp", self.world_size // (self.pp * self.tp))
+        if self.pp * self.dp * self.tp != self.world_size:
+            problems.append(f"parallelism: pipeline x data x tensor = {self.pp} x {self.dp} x {self.tp} = {self.pp * self.dp * self.tp}, but the world size is {self.world_size}")
+        if self.procs_per_node % self.tp:
+            problems.append(f"parallelism.tensor: {self.tp} does not divide the {self.procs_per_node} processes per node; tensor-parallel groups must stay inside a node")
+        if problems:
+            raise ConfigError(problems)
+
+    @property
+    def pp_enabled(self) -> bool:
+        return self.pp > 1
+
+    @property
+    def dp_enabled(self) -> bool:
+        return self.dp > 1
+
+    @property
+    def tp_enabled(self) -> bool:
+        return self.tp > 1
+
+    def coordinates(self, rank: int) -> tuple[int, int, int]:
+        """(pp, dp, tp) of a global rank."""
+        if not 0 <= rank < self.world_size:
+            raise ValueError(f"rank {rank} outside [0, {self.world_size})")
+        return rank // (self.dp * self.tp), (rank // self.tp) % self.dp, rank % self.tp
+
+    def rank_of(self, pp: int, dp: int, tp: int) -> int:
+        return (pp * self.dp + dp) * self.tp + tp
+
+    def build_mesh(self, device_type: str) -> DeviceMesh:
+        from torch.distributed.device_mesh import init_device_mesh
+
+        return init_device_mesh(device_type, (self.pp, self.dp, self.tp), mesh_dim_names=MESH_DIM_NAMES)
