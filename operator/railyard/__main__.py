@@ -1,0 +1,5 @@
+import sys
+
+from railyard.cli import main
+
+sys.exit(main())

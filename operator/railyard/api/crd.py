@@ -1,0 +1,143 @@
+"""Generate the TrainingJob CustomResourceDefinition from the pydantic models.
+
+pydantic emits JSON Schema (with ``$ref``, ``anyOf: [X, null]``, titles); a CRD needs a
+*structural* OpenAPI v3 schema: everything inlined, one type per node, descriptions everywhere,
+defaults without nulls. :func:`build_crd` does that conversion, adds the CEL rules, the printer
+columns and the status subresource. ``crds/trainingjob.yaml`` is this function's output and a
+test keeps the two equal.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import yaml
+
+from railyard import GROUP, VERSION
+from railyard.api.trainingjob import KIND, PLURAL, SHORT_NAMES, SINGULAR, TrainingJobSpec, TrainingJobStatus
+
+#: JSON-schema keys that carry over to OpenAPI v3 as they are.
+_KEEP = {
+    "type", "description", "default", "enum", "minimum", "maximum", "exclusiveMinimum",
+    "exclusiveMaximum", "minLength", "maxLength", "minItems", "maxItems", "pattern",
+    "x-kubernetes-validations", "format",
+}
+
+PRINTER_COLUMNS: list[dict[str, Any]] = [
+    {"name": "Phase", "type": "string", "jsonPath": ".status.phase", "description": "Lifecycle phase."},
+    {"name": "Nodes", "type": "integer", "jsonPath": ".spec.nodes", "description": "Nodes in the gang."},
+    {"name": "Step", "type": "integer", "jsonPath": ".status.step", "description": "Newest training step."},
+    {"name": "Restarts", "type": "integer", "jsonPath": ".status.restarts.total", "description": "Restarts, all classes."},
+    {"name": "Checkpoint", "type": "string", "jsonPath": ".status.lastCheckpoint.tier", "priority": 1, "description": "Tier of the newest verified checkpoint."},
+    {"name": "Message", "type": "string", "jsonPath": ".status.message", "priority": 1, "description": "What is happening now."},
+    {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+]
+
+
+def _strip_nulls(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _strip_nulls(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_strip_nulls(v) for v in value]
+    return value
+
+
+def _convert(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
+    """Inline refs and turn one JSON-schema node into a structural OpenAPI v3 node."""
+    node = dict(node)
+    if "$ref" in node:
+        target = defs[node.pop("$ref").split("/")[-1]]
+        merged = {**target, **node}  # the referring node's description/default win
+        return _convert(merged, defs)
+    if "allOf" in node and len(node["allOf"]) == 1:
+        inner = node.pop("allOf")[0]
+        return _convert({**inner, **node}, defs)
+    if "anyOf" in node:
+        options = [o for o in node.pop("anyOf") if o.get("type") != "null"]
+        if len(options) != 1:
+            raise ValueError(f"cannot express a union of {len(options)} types in a structural schema")
+        # Optional[X]: the field may be omitted; explicit null is not part of our API.
+        return _convert({**options[0], **node}, defs)
+
+    out: dict[str, Any] = {k: v for k, v in node.items() if k in _KEEP}
+    if "const" in node:
+        out["enum"] = [node["const"]]
+    if "default" in out:
+        if out["default"] is None:
+            del out["default"]
+        else:
+            out["default"] = _strip_nulls(out["default"])
+    kind = node.get("type")
+    if kind == "object" or "properties" in node:
+        out["type"] = "object"
+        if "properties" in node:
+            out["properties"] = {k: _convert(v, defs) for k, v in node["properties"].items()}
+            if node.get("required"):
+                out["required"] = list(node["required"])
+        elif isinstance(node.get("additionalProperties"), dict):
+            out["additionalProperties"] = _convert(node["additionalProperties"], defs)
+    elif kind == "array":
+        out["items"] = _convert(node.get("items", {}), defs)
+    if "enum" in out and "type" not in out:
+        out["type"] = "string"
+    return out
+
+
+def openapi_schema(model: type[TrainingJobSpec] | type[TrainingJobStatus]) -> dict[str, Any]:
+    raw = model.model_json_schema(by_alias=True, mode="validation")
+    defs = raw.pop("$defs", {})
+    return _convert(raw, defs)
+
+
+def build_crd() -> dict[str, Any]:
+    spec_schema = openapi_schema(TrainingJobSpec)
+    spec_schema["description"] = "What to train and how: the gang's shape, parallelism, topology, checkpoints, health and restart policy."
+    spec_schema["default"] = {}
+    status_schema = openapi_schema(TrainingJobStatus)
+    status_schema["description"] = "Observed state, written by the operator once per reconcile."
+    schema = {
+        "type": "object",
+        "description": "A distributed PyTorch training job, placed as one rail-aware gang and kept running through failures.",
+        "properties": {
+            "apiVersion": {"type": "string", "description": "railyard.dev/v1alpha1"},
+            "kind": {"type": "string", "description": "TrainingJob"},
+            "metadata": {"type": "object"},
+            "spec": spec_schema,
+            "status": status_schema,
+        },
+    }
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {
+            "name": f"{PLURAL}.{GROUP}",
+            "labels": {"app.kubernetes.io/name": "railyard", "app.kubernetes.io/part-of": "railyard"},
+        },
+        "spec": {
+            "group": GROUP,
+            "scope": "Namespaced",
+            "names": {
+                "kind": KIND,
+                "plural": PLURAL,
+                "singular": SINGULAR,
+                "shortNames": list(SHORT_NAMES),
+                "categories": ["railyard", "all"],
+            },
+            "versions": [
+                {
+                    "name": VERSION,
+                    "served": True,
+                    "storage": True,
+                    "subresources": {"status": {}},
+                    "additionalPrinterColumns": copy.deepcopy(PRINTER_COLUMNS),
+                    "schema": {"openAPIV3Schema": schema},
+                }
+            ],
+        },
+    }
+
+
+def render_crd_yaml() -> str:
+    header = "# Generated by `railyard crd` from operator/railyard/api/trainingjob.py. Do not edit.\n"
+    return header + yaml.safe_dump(build_crd(), sort_keys=False, width=100)

@@ -1,0 +1,470 @@
+"""The TrainingJob API (group ``railyard.dev``, version ``v1alpha1``).
+
+These pydantic models are the single source of truth: the CRD in ``crds/`` is generated from
+them (``railyard crd``), the operator reads objects through them, and ``railyard validate``
+checks manifests offline with them. Cross-field rules are written once, as CEL, in
+:data:`SPEC_RULES`; the models evaluate the same rules in Python so the API server's verdict and
+``railyard validate`` agree.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+from railyard import GROUP, VERSION
+
+KIND = "TrainingJob"
+PLURAL = "trainingjobs"
+SINGULAR = "trainingjob"
+SHORT_NAMES = ["tj"]
+API_VERSION = f"{GROUP}/{VERSION}"
+
+DEFAULT_IMAGE = "ghcr.io/railyard-dev/railyard-trainer:0.1.0"
+
+
+class _Model(BaseModel):
+    """camelCase on the wire (Kubernetes convention), snake_case in Python; unknown fields are
+    errors, as with ``kubectl apply --validate=strict``."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        populate_by_name=True,
+        extra="forbid",
+        validate_default=True,
+    )
+
+
+def _desc(text: str) -> Any:
+    return Field(description=text)
+
+
+# --------------------------------------------------------------------------- workload
+
+
+class EnvVar(_Model):
+    name: Annotated[str, Field(min_length=1, max_length=256, description="Environment variable name.")]
+    value: Annotated[str, Field(default="", max_length=32768, description="Literal value.")] = ""
+
+
+class ResourceRequirements(_Model):
+    requests: Annotated[
+        dict[str, str],
+        Field(description="Resource requests per pod, as Kubernetes quantities (e.g. cpu: '8', memory: 64Gi)."),
+    ] = {}
+    limits: Annotated[
+        dict[str, str],
+        Field(description="Resource limits per pod. nvidia.com/gpu defaults to gpusPerPod."),
+    ] = {}
+
+
+class Toleration(_Model):
+    key: Annotated[str | None, Field(description="Taint key the toleration applies to; empty matches all keys with operator Exists.")] = None
+    operator: Annotated[Literal["Exists", "Equal"], Field(description="Exists or Equal.")] = "Equal"
+    value: Annotated[str | None, Field(description="Taint value to match with operator Equal.")] = None
+    effect: Annotated[
+        Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None,
+        Field(description="Taint effect to match; empty matches all effects."),
+    ] = None
+    toleration_seconds: Annotated[int | None, Field(ge=0, description="For NoExecute: how long the pod stays bound after the taint appears.")] = None
+
+
+# --------------------------------------------------------------------------- parallelism
+
+
+class Parallelism(_Model):
+    tensor: Annotated[int, Field(ge=1, le=64, description="Tensor-parallel degree. Must divide procsPerNode: a TP group never leaves a node (NVLink).")] = 1
+    pipeline: Annotated[int, Field(ge=1, le=1024, description="Pipeline-parallel degree (number of stages).")] = 1
+    data: Annotated[
+        int | None,
+        Field(ge=1, description="Data-parallel (FSDP) degree. Leave empty to derive it: nodes x procsPerNode / (tensor x pipeline)."),
+    ] = None
+    pipeline_schedule: Annotated[
+        Literal["GPipe", "1F1B", "Interleaved1F1B"],
+        Field(description="Pipeline schedule used when pipeline > 1."),
+    ] = "1F1B"
+    microbatches: Annotated[
+        int | None,
+        Field(ge=1, le=4096, description="Pipeline microbatches per step. Empty: equal to pipeline (at least 1)."),
+    ] = None
+
+
+# --------------------------------------------------------------------------- trainer
+
+
+class FaultSpec(_Model):
+    kind: Annotated[Literal["crash", "hang", "slow", "bitflip", "exit"], Field(description="What to inject: crash (exception), hang, slow (by factor), bitflip (one high-order bit), exit (with code).")]
+    rank: Annotated[int, Field(ge=0, description="Global rank to inject into.")] = 0
+    step: Annotated[int, Field(ge=0, description="Training step at which to inject.")] = 1
+    factor: Annotated[float, Field(ge=1.0, le=100.0, description="Slow-down factor for kind=slow.")] = 1.5
+    target: Annotated[Literal["param", "grad"], Field(description="For kind=bitflip: flip a bit in a parameter or a gradient.")] = "param"
+    code: Annotated[int, Field(ge=0, le=255, description="Exit code for kind=exit.")] = 1
+    attempt: Annotated[int, Field(ge=0, description="Only inject in this attempt (restarts do not re-inject).")] = 0
+
+
+class Dataset(_Model):
+    type: Annotated[Literal["synthetic", "files"], Field(description="synthetic: a deterministic learnable language; files: byte-level text from path.")] = "synthetic"
+    path: Annotated[str | None, Field(max_length=4096, description="Folder or file of text for type=files (inside the pod).")] = None
+
+
+class TrainerSettings(_Model):
+    preset: Annotated[Literal["tiny", "small", "1b", "8b"], Field(description="Model size preset of the bundled LLaMA-style trainer. tiny runs on CPU.")] = "tiny"
+    steps: Annotated[int, Field(ge=1, le=100_000_000, description="Number of optimizer steps to train.")] = 100
+    batch_size: Annotated[int, Field(ge=1, le=1_000_000, description="Global batch size in sequences per step; must divide evenly over data-parallel ranks and microbatches.")] = 8
+    seq_len: Annotated[int, Field(ge=8, le=1_048_576, description="Sequence length in tokens.")] = 128
+    learning_rate: Annotated[float, Field(gt=0.0, le=1.0, description="Peak AdamW learning rate.")] = 3e-4
+    warmup_steps: Annotated[int, Field(ge=0, description="Linear warmup steps before cosine decay.")] = 10
+    weight_decay: Annotated[float, Field(ge=0.0, le=1.0, description="AdamW weight decay.")] = 0.1
+    grad_clip: Annotated[float, Field(ge=0.0, description="Gradient clipping max norm (0 disables).")] = 1.0
+    seed: Annotated[int, Field(ge=0, description="Seed for initialisation and data.")] = 0
+    dataset: Annotated[Dataset, Field(description="Training data.")] = Dataset()
+    activation_checkpointing: Annotated[bool, Field(description="Recompute activations in backward to save memory.")] = False
+    mixed_precision: Annotated[Literal["auto", "bf16", "fp32"], Field(description="auto: bf16 on GPU, fp32 on CPU.")] = "auto"
+    cpu_offload: Annotated[bool, Field(description="Offload parameters, gradients and optimizer state to CPU (FSDP2 offload policy).")] = False
+    log_every_steps: Annotated[int, Field(ge=1, description="Log metrics every N steps.")] = 1
+    faults: Annotated[list[FaultSpec], Field(max_length=32, description="Fault injection for tests and demos; empty in production.")] = []
+
+
+# --------------------------------------------------------------------------- topology and gang
+
+
+TOPOLOGY_PRESETS: dict[str, list[str]] = {
+    "railyard": ["railyard.dev/spine", "railyard.dev/leaf", "kubernetes.io/hostname"],
+    "topograph": [
+        "network.topology.nvidia.com/spine",
+        "network.topology.nvidia.com/block",
+        "kubernetes.io/hostname",
+    ],
+    "gke": [
+        "cloud.google.com/gce-topology-block",
+        "cloud.google.com/gce-topology-subblock",
+        "cloud.google.com/gce-topology-host",
+        "kubernetes.io/hostname",
+    ],
+    "eks": [
+        "topology.k8s.aws/network-node-layer-1",
+        "topology.k8s.aws/network-node-layer-2",
+        "topology.k8s.aws/network-node-layer-3",
+        "kubernetes.io/hostname",
+    ],
+}
+
+
+class Topology(_Model):
+    preset: Annotated[
+        Literal["railyard", "topograph", "gke", "eks"],
+        Field(description="Label convention naming the network levels, used when levels is empty: railyard (railyard.dev/spine, railyard.dev/leaf), topograph (network.topology.nvidia.com/spine, /block), gke (cloud.google.com/gce-topology-*), eks (topology.k8s.aws/network-node-layer-*)."),
+    ] = "railyard"
+    levels: Annotated[
+        list[Annotated[str, Field(min_length=1, max_length=316)]] | None,
+        Field(max_length=8, description="Node label keys naming the levels, broadest first, ending with the host level (kubernetes.io/hostname). Overrides preset."),
+    ] = None
+    mode: Annotated[
+        Literal["Required", "Preferred"],
+        Field(description="Required: the gang must fit inside one domain of requiredLevel, else it waits. Preferred: pack as tightly as possible, never wait for topology."),
+    ] = "Preferred"
+    required_level: Annotated[
+        str | None,
+        Field(max_length=316, description="With mode Required: the label key of the level one domain of which must hold the whole gang (e.g. railyard.dev/spine)."),
+    ] = None
+
+    def level_keys(self) -> list[str]:
+        return list(self.levels) if self.levels else list(TOPOLOGY_PRESETS[self.preset])
+
+
+class Gang(_Model):
+    schedule_timeout_seconds: Annotated[int, Field(ge=10, le=86400, description="If the whole gang is not Running within this time, tear it down and re-place it.")] = 300
+    scheduler_name: Annotated[str | None, Field(max_length=253, description="Scheduler to bind the pods (e.g. volcano, scheduler-plugins). Empty: the cluster default.")] = None
+    queue_name: Annotated[str | None, Field(max_length=253, description="Kueue LocalQueue (kueue.x-k8s.io/queue-name) or Volcano queue for admission.")] = None
+    hot_spares: Annotated[int, Field(ge=0, le=1024, description="Spare nodes reserved next to the gang (same domains) to replace a failed node without re-placing the rest.")] = 0
+    priority_class_name: Annotated[str | None, Field(max_length=253, description="PriorityClass for the gang's pods.")] = None
+
+
+# --------------------------------------------------------------------------- checkpoints
+
+
+class MemoryTier(_Model):
+    enabled: Annotated[bool, Field(description="Save to node RAM (a hostPath on tmpfs that outlives the pod).")] = True
+    interval_steps: Annotated[int, Field(ge=1, description="Save every N steps.")] = 10
+    keep: Annotated[int, Field(ge=1, le=100, description="Keep the newest K checkpoints of this tier.")] = 2
+    replicate: Annotated[bool, Field(description="Also keep a replica of each pod's shard in a neighbour node's memory tier (survives the loss of one node).")] = True
+    host_path: Annotated[str, Field(min_length=1, max_length=4096, description="Folder on the node (tmpfs).")] = "/dev/shm/railyard"
+
+
+class LocalTier(_Model):
+    enabled: Annotated[bool, Field(description="Save to node-local disk.")] = True
+    interval_steps: Annotated[int, Field(ge=1, description="Save every N steps.")] = 50
+    keep: Annotated[int, Field(ge=1, le=100, description="Keep the newest K checkpoints of this tier.")] = 2
+    host_path: Annotated[str, Field(min_length=1, max_length=4096, description="Folder on the node's local disk.")] = "/var/lib/railyard/checkpoints"
+
+
+class SharedTier(_Model):
+    enabled: Annotated[bool, Field(description="Save to shared storage (durable; supports resuming on a different world size).")] = True
+    interval_steps: Annotated[int, Field(ge=1, description="Save every N steps.")] = 100
+    keep: Annotated[int, Field(ge=1, le=100, description="Keep the newest K checkpoints of this tier.")] = 3
+    claim_name: Annotated[str | None, Field(max_length=253, description="PersistentVolumeClaim (ReadWriteMany) for the shared tier.")] = None
+    host_path: Annotated[str, Field(min_length=1, max_length=4096, description="Without claimName: a folder mounted on every node (e.g. NFS).")] = "/mnt/railyard-shared"
+
+
+class Checkpoint(_Model):
+    memory: Annotated[MemoryTier, Field(description="Tier 1: node RAM with a peer replica.")] = MemoryTier()
+    local: Annotated[LocalTier, Field(description="Tier 2: node-local disk.")] = LocalTier()
+    shared: Annotated[SharedTier, Field(description="Tier 3: shared storage.")] = SharedTier()
+    cleanup_on_delete: Annotated[bool, Field(description="Delete this job's checkpoints when the TrainingJob is deleted.")] = False
+
+
+# --------------------------------------------------------------------------- health
+
+
+class StragglerPolicy(_Model):
+    threshold: Annotated[float, Field(gt=0.0, le=1.0, description="Flag a rank whose speed score (peers' median compute time / its own) stays below this. 0.9 flags ranks >= ~10% slower.")] = 0.9
+    window_steps: Annotated[int, Field(ge=3, le=10000, description="Steps in the scoring window.")] = 20
+    action: Annotated[Literal["Report", "Restart"], Field(description="Report (status, event, metric) or Restart (quarantine the node, restart sticky on a spare).")] = "Report"
+
+
+class SdcPolicy(_Model):
+    interval_steps: Annotated[int, Field(ge=1, description="Run the SDC checks every N steps (and before the first step).")] = 50
+    action: Annotated[Literal["Report", "Restart"], Field(description="Report, or Restart: quarantine the node and resume from the newest checkpoint that passed its checks.")] = "Restart"
+    replay_on_spike: Annotated[bool, Field(description="Replay a step whose loss or gradient norm spikes to confirm corruption before acting.")] = True
+
+
+class Health(_Model):
+    heartbeat_interval_seconds: Annotated[float, Field(ge=0.1, le=300, description="How often each pod posts its ranks' heartbeats.")] = 2.0
+    heartbeat_timeout_seconds: Annotated[float, Field(ge=1, le=3600, description="A rank with no heartbeat for this long while its pod runs is dead.")] = 10.0
+    hang_timeout_seconds: Annotated[float, Field(ge=1, le=86400, description="Floor of the hang timeout: a rank whose step does not advance within max(hangP99Multiplier x p99 step time, this) is hung.")] = 10.0
+    hang_p99_multiplier: Annotated[float, Field(ge=1, le=100, description="Multiplier of the p99 step time for hang detection.")] = 3.0
+    straggler: Annotated[StragglerPolicy, Field(description="Straggler detection.")] = StragglerPolicy()
+    sdc: Annotated[SdcPolicy, Field(description="Silent-data-corruption checks.")] = SdcPolicy()
+
+
+# --------------------------------------------------------------------------- restarts
+
+
+class RestartBudget(_Model):
+    limit: Annotated[int, Field(ge=0, le=10000, description="Restarts allowed for this failure class before the job fails.")]
+    backoff_seconds: Annotated[float, Field(ge=0, le=86400, description="Delay before the first restart of this class; doubles each time up to maxBackoffSeconds.")] = 0.0
+
+
+class RestartPolicy(_Model):
+    infrastructure: Annotated[RestartBudget, Field(description="Node lost or NotReady, eviction, preemption, collective timeouts.")] = RestartBudget(limit=20, backoff_seconds=0.0)
+    application: Annotated[RestartBudget, Field(description="The trainer crashed (non-zero exit not otherwise classified).")] = RestartBudget(limit=3, backoff_seconds=10.0)
+    sdc: Annotated[RestartBudget, Field(description="Silent data corruption confirmed.")] = RestartBudget(limit=5, backoff_seconds=0.0)
+    straggler: Annotated[RestartBudget, Field(description="Hangs, and stragglers with action Restart.")] = RestartBudget(limit=5, backoff_seconds=0.0)
+    max_backoff_seconds: Annotated[float, Field(ge=0, le=86400, description="Upper bound of the exponential backoff.")] = 300.0
+
+
+# --------------------------------------------------------------------------- spec
+
+
+#: Cross-field rules, written once as CEL (enforced by the API server through the CRD) and
+#: mirrored in Python by :func:`railyard.api.validation.check_rules`. ``fieldPath`` is relative
+#: to the spec.
+SPEC_RULES: list[dict[str, str]] = [
+    {
+        "rule": "self.procsPerNode % self.parallelism.tensor == 0",
+        "message": "parallelism.tensor must divide procsPerNode: a tensor-parallel group never leaves a node. Set tensor to a divisor of procsPerNode.",
+        "fieldPath": ".parallelism.tensor",
+        "reason": "FieldValueInvalid",
+    },
+    {
+        "rule": "self.procsPerNode % self.parallelism.tensor != 0 || (self.nodes * self.procsPerNode) % (self.parallelism.tensor * self.parallelism.pipeline) == 0",
+        "message": "parallelism.tensor x parallelism.pipeline must divide the world size (nodes x procsPerNode).",
+        "fieldPath": ".parallelism.pipeline",
+        "reason": "FieldValueInvalid",
+    },
+    {
+        "rule": "!has(self.parallelism.data) || (self.nodes * self.procsPerNode) % (self.parallelism.tensor * self.parallelism.pipeline) != 0 || self.parallelism.tensor * self.parallelism.pipeline * self.parallelism.data == self.nodes * self.procsPerNode",
+        "message": "parallelism.tensor x pipeline x data must equal nodes x procsPerNode. Leave data empty to derive it.",
+        "fieldPath": ".parallelism.data",
+        "reason": "FieldValueInvalid",
+    },
+    {
+        "rule": "(self.nodes * self.procsPerNode) % (self.parallelism.tensor * self.parallelism.pipeline) != 0 || self.trainer.batchSize % ((self.nodes * self.procsPerNode) / (self.parallelism.tensor * self.parallelism.pipeline)) == 0",
+        "message": "trainer.batchSize must be a multiple of the data-parallel degree (nodes x procsPerNode / (tensor x pipeline)).",
+        "fieldPath": ".trainer.batchSize",
+        "reason": "FieldValueInvalid",
+    },
+    {
+        "rule": "self.parallelism.pipeline == 1 || !has(self.parallelism.microbatches) || self.parallelism.microbatches >= self.parallelism.pipeline",
+        "message": "parallelism.microbatches must be at least parallelism.pipeline so every stage has work.",
+        "fieldPath": ".parallelism.microbatches",
+        "reason": "FieldValueInvalid",
+    },
+    {
+        "rule": "self.parallelism.pipelineSchedule != 'Interleaved1F1B' || self.parallelism.pipeline > 1",
+        "message": "parallelism.pipelineSchedule Interleaved1F1B needs pipeline > 1.",
+        "fieldPath": ".parallelism.pipelineSchedule",
+        "reason": "FieldValueInvalid",
+    },
+    {
+        "rule": "self.topology.mode != 'Required' || has(self.topology.requiredLevel)",
+        "message": "topology.requiredLevel must be set when topology.mode is Required (e.g. railyard.dev/spine).",
+        "fieldPath": ".topology.requiredLevel",
+        "reason": "FieldValueRequired",
+    },
+    {
+        "rule": "!has(self.topology.levels) || !has(self.topology.requiredLevel) || self.topology.requiredLevel in self.topology.levels",
+        "message": "topology.requiredLevel must be one of topology.levels.",
+        "fieldPath": ".topology.requiredLevel",
+        "reason": "FieldValueInvalid",
+    },
+    {
+        "rule": "self.trainer.dataset.type != 'files' || has(self.trainer.dataset.path)",
+        "message": "trainer.dataset.path is required when trainer.dataset.type is files.",
+        "fieldPath": ".trainer.dataset.path",
+        "reason": "FieldValueRequired",
+    },
+    {
+        "rule": "!has(self.gpusPerPod) || self.gpusPerPod == 0 || self.gpusPerPod >= self.procsPerNode",
+        "message": "gpusPerPod must be 0 (CPU) or at least procsPerNode (one GPU per process).",
+        "fieldPath": ".gpusPerPod",
+        "reason": "FieldValueInvalid",
+    },
+]
+
+
+class TrainingJobSpec(_Model):
+    suspend: Annotated[bool, Field(description="true deletes the gang's pods and keeps checkpoints; false re-places it and resumes.")] = False
+    image: Annotated[str, Field(min_length=1, max_length=1024, description="Container image of the trainer.")] = DEFAULT_IMAGE
+    image_pull_policy: Annotated[Literal["Always", "IfNotPresent", "Never"], Field(description="Image pull policy.")] = "IfNotPresent"
+    command: Annotated[list[str] | None, Field(max_length=64, description="Override the image's entry point (default: railyard-train).")] = None
+    args: Annotated[list[str] | None, Field(max_length=256, description="Arguments to the command.")] = None
+    env: Annotated[list[EnvVar], Field(max_length=128, description="Extra environment variables for every pod.")] = []
+    resources: Annotated[ResourceRequirements, Field(description="Compute resources per pod (one pod per node).")] = ResourceRequirements()
+    nodes: Annotated[int, Field(ge=1, le=100_000, description="Number of nodes, one pod per node.")] = 1
+    procs_per_node: Annotated[int, Field(ge=1, le=64, description="Training processes (ranks) per pod, usually one per GPU.")] = 1
+    gpus_per_pod: Annotated[int | None, Field(ge=0, le=64, description="GPUs each pod uses (nvidia.com/gpu); 0 for CPU-only nodes. Empty: procsPerNode.")] = None
+    node_selector: Annotated[dict[str, str], Field(description="Only place on nodes with these labels.")] = {}
+    tolerations: Annotated[list[Toleration], Field(max_length=32, description="Tolerations for the gang's pods (placement honours them too).")] = []
+    service_account_name: Annotated[str | None, Field(max_length=253, description="ServiceAccount of the pods (default: the namespace's default, with no token mounted).")] = None
+    parallelism: Annotated[Parallelism, Field(description="How the world is split: pipeline x data x tensor.")] = Parallelism()
+    trainer: Annotated[TrainerSettings, Field(description="Model and training settings of the bundled trainer.")] = TrainerSettings()
+    topology: Annotated[Topology, Field(description="Network topology used for rail-aware placement.")] = Topology()
+    gang: Annotated[Gang, Field(description="Gang scheduling.")] = Gang()
+    checkpoint: Annotated[Checkpoint, Field(description="Checkpoint tiers.")] = Checkpoint()
+    health: Annotated[Health, Field(description="Heartbeats, hang, straggler and SDC detection.")] = Health()
+    restart_policy: Annotated[RestartPolicy, Field(description="Restart budgets per failure class and backoff.")] = RestartPolicy()
+    nccl: Annotated[dict[str, str], Field(description="NCCL environment overrides (defaults keep each rank's inter-node traffic on its rail, e.g. NCCL_CROSS_NIC=0).")] = {}
+
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": SPEC_RULES})
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.procs_per_node
+
+    @property
+    def data_parallel(self) -> int:
+        """The data-parallel degree, given or derived (0 when the shape is inconsistent)."""
+        if self.parallelism.data is not None:
+            return self.parallelism.data
+        denom = self.parallelism.tensor * self.parallelism.pipeline
+        return self.world_size // denom if self.world_size % denom == 0 else 0
+
+    @property
+    def gpus(self) -> int:
+        """GPUs per pod, given or derived (one per process)."""
+        return self.procs_per_node if self.gpus_per_pod is None else self.gpus_per_pod
+
+    @property
+    def microbatches(self) -> int:
+        return self.parallelism.microbatches or max(self.parallelism.pipeline, 1)
+
+
+# --------------------------------------------------------------------------- status
+
+
+class Condition(_Model):
+    type: Annotated[str, Field(description="Placed, GangReady, Running, Restarting, Degraded, Succeeded, Failed or Suspended.")]
+    status: Annotated[Literal["True", "False", "Unknown"], Field(description="True, False or Unknown.")]
+    reason: Annotated[str, Field(description="CamelCase reason.")] = ""
+    message: Annotated[str, Field(description="Human-readable detail.")] = ""
+    last_transition_time: Annotated[str | None, Field(description="RFC 3339 time of the last status change.")] = None
+    observed_generation: Annotated[int | None, Field(description="Generation the condition was set for.")] = None
+
+
+class PlacementStatus(_Model):
+    nodes: Annotated[list[str], Field(description="Nodes of the gang by pod index (first 64 shown for large gangs).")] = []
+    node_count: Annotated[int, Field(description="Number of nodes in the gang.")] = 0
+    spares: Annotated[list[str], Field(description="Hot spare nodes held for the gang.")] = []
+    domains: Annotated[dict[str, int], Field(description="Domains spanned per topology level.")] = {}
+    cross_bytes_per_step: Annotated[dict[str, float], Field(description="Bytes per training step crossing each topology level.")] = {}
+    rail_aligned: Annotated[bool, Field(description="Every data-parallel group is on a single rail.")] = False
+    summary: Annotated[str, Field(description="One-line summary.")] = ""
+
+
+class CheckpointRef(_Model):
+    step: Annotated[int, Field(description="Training step of the checkpoint.")]
+    tier: Annotated[str, Field(description="memory, local or shared.")]
+    time: Annotated[str | None, Field(description="RFC 3339 time it was committed.")] = None
+
+
+class Restarts(_Model):
+    total: Annotated[int, Field(description="All restarts.")] = 0
+    infrastructure: Annotated[int, Field(description="Restarts after infrastructure failures.")] = 0
+    application: Annotated[int, Field(description="Restarts after application failures.")] = 0
+    sdc: Annotated[int, Field(description="Restarts after silent data corruption.")] = 0
+    straggler: Annotated[int, Field(description="Restarts after hangs or stragglers.")] = 0
+    last_reason: Annotated[str, Field(description="Why the last restart happened.")] = ""
+    last_time: Annotated[str | None, Field(description="When the last restart happened.")] = None
+
+
+class StragglerStatus(_Model):
+    rank: Annotated[int, Field(description="Global rank.")]
+    node: Annotated[str, Field(description="Node of the rank.")]
+    score: Annotated[float, Field(description="Peers' median compute time over this rank's (1.0 = typical).")]
+    since: Annotated[str | None, Field(description="When it was first flagged.")] = None
+
+
+class QuarantinedNode(_Model):
+    node: Annotated[str, Field(description="Node name.")]
+    reason: Annotated[str, Field(description="Why it was quarantined.")]
+    time: Annotated[str | None, Field(description="When.")] = None
+
+
+class RestoreStatus(_Model):
+    tier: Annotated[str, Field(description="Tier the attempt restored from (empty: fresh start).")] = ""
+    step: Annotated[int, Field(description="Step restored.")] = -1
+    steps_lost: Annotated[int, Field(description="Steps trained before the failure that were lost.")] = 0
+
+
+class TrainingJobStatus(_Model):
+    model_config = ConfigDict(extra="ignore")
+
+    phase: Annotated[
+        Literal["Pending", "Placing", "Starting", "Running", "Restarting", "Suspended", "Succeeded", "Failed"],
+        Field(description="Pending, Placing, Starting, Running, Restarting, Suspended, Succeeded or Failed."),
+    ] = "Pending"
+    conditions: Annotated[list[Condition], Field(description="Kubernetes-style conditions.")] = []
+    observed_generation: Annotated[int, Field(description="The spec generation this status reflects.")] = 0
+    attempt: Annotated[int, Field(description="Current attempt (0 for the first gang, +1 per restart).")] = 0
+    message: Annotated[str, Field(description="What is happening now, for a person.")] = ""
+    placement: Annotated[PlacementStatus | None, Field(description="Where the gang runs.")] = None
+    step: Annotated[int, Field(description="Newest training step reported by the gang.")] = 0
+    loss: Annotated[float | None, Field(description="Newest loss.")] = None
+    tokens_per_second: Annotated[float, Field(description="Training throughput of the whole gang.")] = 0.0
+    last_checkpoint: Annotated[CheckpointRef | None, Field(description="Newest verified checkpoint over all tiers.")] = None
+    checkpoints: Annotated[list[CheckpointRef], Field(description="Newest verified checkpoint per tier.")] = []
+    restore: Annotated[RestoreStatus | None, Field(description="What the current attempt resumed from.")] = None
+    restarts: Annotated[Restarts, Field(description="Restarts by failure class.")] = Restarts()
+    stragglers: Annotated[list[StragglerStatus], Field(description="Ranks currently flagged as stragglers.")] = []
+    quarantined_nodes: Annotated[list[QuarantinedNode], Field(description="Nodes this job quarantined.")] = []
+    pending_spec_changes: Annotated[str, Field(description="Spec changes that take effect at the next restart.")] = ""
+    start_time: Annotated[str | None, Field(description="When the first gang started running.")] = None
+    completion_time: Annotated[str | None, Field(description="When the job succeeded or failed.")] = None
+    time_to_all_ready_seconds: Annotated[float | None, Field(description="Seconds from gang creation to all pods Running in the current attempt.")] = None
+
+
+class ObjectMeta(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    name: str | None = None
+    namespace: str | None = None
+
+
+class TrainingJob(_Model):
+    api_version: Annotated[Literal["railyard.dev/v1alpha1"], Field(description="railyard.dev/v1alpha1")] = "railyard.dev/v1alpha1"
+    kind: Annotated[Literal["TrainingJob"], Field(description="TrainingJob")] = "TrainingJob"
+    metadata: ObjectMeta = ObjectMeta()
+    spec: TrainingJobSpec = TrainingJobSpec()
+    status: TrainingJobStatus | None = None
