@@ -1,0 +1,246 @@
+"""Which checkpoint to restore, and which to delete: pure decisions over manifests.
+
+Both sides call this module. The trainer, at start, lists the committed manifests it can see in
+every tier (its node's memory and local tiers, the replicas its node holds for a neighbour, the
+shared tier), gathers those listings from all pods, and asks :func:`decide_restore` for the best
+source; it verifies the shards the decision names, feeds the results back, and asks again until
+the decision needs nothing more verified. The operator uses the same rules to report the last
+verified checkpoint per tier and the steps a restart lost.
+
+Rules (docs/checkpoints.md):
+
+- a checkpoint exists only through a committed manifest; shard files without one are ignored;
+- a manifest whose SDC checks did not pass (``sdc_passed=False``) is never restored;
+- the newest step wins; among sources of the same step the fastest tier wins
+  (memory, then local, then shared) unless the operator's hint names another tier for that
+  step; the hint never makes an older step win;
+- a checkpoint is usable when every shard it lists is present somewhere with a matching
+  manifest and is not known corrupt: shards may come from different places of one tier (a lost
+  node's memory-tier shard from the neighbour that holds its replica);
+- memory and local tiers hold per-rank shards and restore only onto the same layout
+  (pp, dp, tp); the shared tier is a DCP checkpoint that reshards onto any layout;
+- a shard is loaded only after its checksum verified; a corrupt shard removes that copy, and
+  the next call falls back to another copy, another tier or an older step. Each call either
+  returns a source with nothing left to verify, asks to verify copies not yet checked, or gives
+  up, so the verify loop ends after at most one round per shard copy.
+
+No I/O, no clock: callers pass listings and ``now``-free values.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from railyard.protocol.heartbeat import CheckpointEvent
+from railyard.protocol.manifest import TIERS, Manifest, ShardInfo
+
+#: Restore preference: lower is faster.
+TIER_RANK: Mapping[str, int] = {tier: i for i, tier in enumerate(TIERS)}
+#: Tiers whose files live on one node and hold per-rank shards (no resharding).
+PER_NODE_TIERS = frozenset({"memory", "local"})
+#: The location name of the shared tier (one place for all pods).
+SHARED_LOCATION = "shared"
+
+
+def pod_location(pod_index: int) -> str:
+    """Location name of a pod's node-local tier directories."""
+    return f"pod-{pod_index}"
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    pp: int
+    dp: int
+    tp: int
+
+    @classmethod
+    def of(cls, manifest: Manifest) -> Layout:
+        return cls(manifest.pp, manifest.dp, manifest.tp)
+
+
+@dataclass(frozen=True, slots=True)
+class FoundCheckpoint:
+    """A committed manifest found in one place, and the state of its shard files there."""
+
+    manifest: Manifest
+    #: ``shared`` or ``pod-<index>`` (the node tier directory a running pod can read).
+    location: str
+    #: Shard paths present there with the size the manifest lists.
+    present: frozenset[str]
+    #: Shard paths whose SHA-256 matched the manifest.
+    verified: frozenset[str] = frozenset()
+    #: Shard paths whose SHA-256 (or read) failed.
+    corrupt: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True, slots=True)
+class RestoreHint:
+    """The operator's suggestion (config.json ``restore``): picks the tier among sources of one step."""
+
+    tier: str
+    step: int
+
+
+@dataclass(frozen=True, slots=True)
+class RestoreSource:
+    tier: str
+    step: int
+    attempt: int
+    manifest: Manifest
+    #: For every shard path of the manifest, the location to read it from.
+    sources: Mapping[str, str]
+    #: True when the checkpoint was written with another (pp, dp, tp) layout (shared tier only).
+    reshard: bool
+
+
+@dataclass(frozen=True, slots=True)
+class RestoreDecision:
+    """``source`` is None when nothing can be restored; ``reason`` then says why."""
+
+    source: RestoreSource | None
+    #: (shard path, location) copies to verify before the source may be loaded.
+    to_verify: tuple[tuple[str, str], ...] = ()
+    reason: str = ""
+    #: One line per checkpoint that was considered and not chosen, newest first.
+    rejected: tuple[str, ...] = ()
+
+    @property
+    def ready(self) -> bool:
+        return self.source is not None and not self.to_verify
+
+
+@dataclass(frozen=True, slots=True)
+class _Candidate:
+    tier: str
+    step: int
+    attempt: int
+    copies: tuple[FoundCheckpoint, ...] = field(default=())
+
+
+def decide_restore(
+    found: Iterable[FoundCheckpoint],
+    *,
+    layout: Layout,
+    hint: RestoreHint | None = None,
+    home: Mapping[int, str] | None = None,
+) -> RestoreDecision:
+    """Choose the newest restorable checkpoint, fastest tier first.
+
+    ``home`` maps a shard owner (rank) to the location it should preferably be read from (the
+    pod that will load it), so a local copy wins over a neighbour's replica.
+    """
+    groups: dict[tuple[str, int, int], list[FoundCheckpoint]] = {}
+    for f in found:
+        m = f.manifest
+        groups.setdefault((m.tier, m.step, m.attempt), []).append(f)
+
+    def order(key: tuple[str, int, int]) -> tuple[int, int, int, int]:
+        tier, step, attempt = key
+        hinted = 0 if hint is not None and hint.tier == tier and hint.step == step else 1
+        return (-step, hinted, TIER_RANK.get(tier, len(TIER_RANK)), -attempt)
+
+    rejected: list[str] = []
+    for key in sorted(groups, key=order):
+        tier, step, attempt = key
+        copies = sorted(groups[key], key=lambda f: f.location)
+        name = f"{tier} step {step} (attempt {attempt})"
+        reference = _reference_shards(copies)
+        ref_manifest = next(f.manifest for f in copies if f.manifest.shards == reference)
+        if not ref_manifest.sdc_passed:
+            rejected.append(f"{name}: SDC checks had not passed at that step")
+            continue
+        reshard = Layout.of(ref_manifest) != layout
+        if reshard and tier in PER_NODE_TIERS:
+            rejected.append(
+                f"{name}: written with layout pp={ref_manifest.pp} dp={ref_manifest.dp} "
+                f"tp={ref_manifest.tp}; the {tier} tier holds per-rank shards and cannot reshard"
+            )
+            continue
+        sources: dict[str, str] = {}
+        to_verify: list[tuple[str, str]] = []
+        missing: list[str] = []
+        for shard in reference:
+            holders = [
+                f
+                for f in copies
+                if shard.path in f.present
+                and shard.path not in f.corrupt
+                and _lists_same(f.manifest, shard)
+            ]
+            if not holders:
+                missing.append(shard.path)
+                continue
+            best = min(holders, key=_copy_preference(shard, (home or {}).get(shard.owner, "")))
+            sources[shard.path] = best.location
+            if shard.path not in best.verified:
+                to_verify.append((shard.path, best.location))
+        if missing:
+            shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
+            rejected.append(f"{name}: no intact copy of {shown}")
+            continue
+        source = RestoreSource(
+            tier=tier, step=step, attempt=attempt, manifest=ref_manifest, sources=sources, reshard=reshard
+        )
+        return RestoreDecision(source=source, to_verify=tuple(to_verify), rejected=tuple(rejected))
+    reason = "no committed checkpoint found" if not groups else "no checkpoint is complete, verified and SDC-clean"
+    return RestoreDecision(source=None, reason=reason, rejected=tuple(rejected))
+
+
+def _copy_preference(shard: ShardInfo, preferred: str) -> Callable[[FoundCheckpoint], tuple[bool, bool, str]]:
+    """Verified copies first, then the loading pod's own copy, then by location name."""
+
+    def key(f: FoundCheckpoint) -> tuple[bool, bool, str]:
+        return (shard.path not in f.verified, f.location != preferred, f.location)
+
+    return key
+
+
+def _reference_shards(copies: Sequence[FoundCheckpoint]) -> tuple[ShardInfo, ...]:
+    """The shard list most copies agree on (ties: the first location's)."""
+    counts = Counter(f.manifest.shards for f in copies)
+    best = max(counts.values())
+    return next(f.manifest.shards for f in copies if counts[f.manifest.shards] == best)
+
+
+def _lists_same(manifest: Manifest, shard: ShardInfo) -> bool:
+    return any(s == shard for s in manifest.shards)
+
+
+def plan_gc(
+    manifests: Iterable[Manifest],
+    *,
+    keep: int,
+    uncommitted_steps: Iterable[int] = (),
+) -> list[int]:
+    """Steps to delete in one tier directory: all but the newest ``keep`` committed ones.
+
+    The newest SDC-clean checkpoint is never deleted, even when newer suspect ones fill
+    ``keep``. Uncommitted step directories (interrupted saves) are deleted only when older than
+    the newest committed step: a newer one may still be in flight.
+    """
+    steps = sorted({m.step for m in manifests}, reverse=True)
+    clean = sorted({m.step for m in manifests if m.sdc_passed}, reverse=True)
+    protected = set(steps[: max(keep, 1)])
+    if clean:
+        protected.add(clean[0])
+    doomed = [s for s in steps if s not in protected]
+    newest = steps[0] if steps else None
+    if newest is not None:
+        doomed.extend(s for s in set(uncommitted_steps) if s < newest and s not in steps)
+    return sorted(doomed)
+
+
+def compute_steps_lost(last_step: int, restored_step: int) -> int:
+    """Steps trained before the failure that the restart has to redo (``restored_step`` -1: all)."""
+    return max(0, last_step - max(restored_step, 0))
+
+
+def latest_verified_per_tier(events: Iterable[CheckpointEvent]) -> dict[str, int]:
+    """The newest committed, SDC-clean step per tier, from the checkpoint events seen so far."""
+    latest: dict[str, int] = {}
+    for e in events:
+        if e.kind == "save" and e.ok and e.sdc_passed and e.tier in TIER_RANK and e.step > latest.get(e.tier, -1):
+            latest[e.tier] = e.step
+    return latest

@@ -1,0 +1,223 @@
+"""Table-driven checks of the pure restore choice and GC rules (railyard.logic.checkpoint)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+import pytest
+
+from railyard.logic.checkpoint import (
+    FoundCheckpoint,
+    Layout,
+    RestoreHint,
+    compute_steps_lost,
+    decide_restore,
+    latest_verified_per_tier,
+    plan_gc,
+)
+from railyard.protocol.heartbeat import CheckpointEvent
+from railyard.protocol.manifest import Manifest, ShardInfo
+
+LAYOUT = Layout(pp=1, dp=4, tp=1)
+
+
+def shards(step: int, n: int = 4) -> tuple[ShardInfo, ...]:
+    return tuple(ShardInfo(path=f"rank-{r:05d}/data", bytes=100, sha256=f"{step:04d}{r}", owner=r) for r in range(n))
+
+
+@dataclass
+class CkptBuilder:
+    """A found checkpoint in one place; chain ``with_*`` and finish with ``obj()``."""
+
+    tier: str
+    step: int
+    location: str = "pod-0"
+    attempt: int = 0
+    layout: Layout = LAYOUT
+    sdc: bool = True
+    missing: set[int] = field(default_factory=set)
+    corrupt: set[int] = field(default_factory=set)
+    verified: set[int] = field(default_factory=set)
+    only: set[int] | None = None
+
+    def at(self, location: str) -> CkptBuilder:
+        return replace(self, location=location)
+
+    def holding(self, *ranks: int) -> CkptBuilder:
+        return replace(self, only=set(ranks))
+
+    def without(self, *ranks: int) -> CkptBuilder:
+        return replace(self, missing=set(ranks))
+
+    def with_corrupt(self, *ranks: int) -> CkptBuilder:
+        return replace(self, corrupt=set(ranks))
+
+    def with_verified(self, *ranks: int) -> CkptBuilder:
+        return replace(self, verified=set(ranks))
+
+    def suspect(self) -> CkptBuilder:
+        return replace(self, sdc=False)
+
+    def with_layout(self, pp: int, dp: int, tp: int) -> CkptBuilder:
+        return replace(self, layout=Layout(pp, dp, tp))
+
+    def obj(self) -> FoundCheckpoint:
+        n = self.layout.pp * self.layout.dp * self.layout.tp
+        sh = shards(self.step, n)
+        m = Manifest(
+            job="j", step=self.step, tier=self.tier, attempt=self.attempt,
+            pp=self.layout.pp, dp=self.layout.dp, tp=self.layout.tp, shards=sh, sdc_passed=self.sdc,
+        )
+        ranks = set(range(n)) if self.only is None else self.only
+        present = {sh[r].path for r in ranks - self.missing}
+        return FoundCheckpoint(
+            manifest=m, location=self.location, present=frozenset(present),
+            verified=frozenset(sh[r].path for r in self.verified),
+            corrupt=frozenset(sh[r].path for r in self.corrupt),
+        )
+
+
+def mem(step: int) -> CkptBuilder:
+    return CkptBuilder("memory", step, location="pod-0")
+
+
+def local(step: int) -> CkptBuilder:
+    return CkptBuilder("local", step, location="pod-0")
+
+
+def shared(step: int) -> CkptBuilder:
+    return CkptBuilder("shared", step, location="shared")
+
+
+CASES = [
+    # (name, found, expected (tier, step) or None)
+    ("newest step wins over a faster tier", [mem(10), shared(20)], ("shared", 20)),
+    ("same step: fastest tier wins", [shared(20), local(20), mem(20)], ("memory", 20)),
+    ("missing shard falls back to the next tier", [mem(20).without(2), local(20)], ("local", 20)),
+    ("missing everywhere falls back to an older step", [mem(20).without(1), mem(10)], ("memory", 10)),
+    ("corrupt shard falls back to the previous checkpoint", [mem(20).with_corrupt(3), mem(10)], ("memory", 10)),
+    ("corrupt shard falls back to another tier", [mem(20).with_corrupt(0), shared(20)], ("shared", 20)),
+    ("SDC-suspect checkpoint is skipped", [mem(30).suspect(), local(20)], ("local", 20)),
+    ("SDC-suspect in every tier: nothing newer", [mem(30).suspect(), shared(30).suspect(), shared(10)], ("shared", 10)),
+    (
+        "lost node's shards come from the neighbour's replica",
+        [mem(20).at("pod-0").holding(0, 1), mem(20).at("pod-1").holding(0, 1, 2, 3)],
+        ("memory", 20),
+    ),
+    (
+        "shards split over two pods with no copy of one: fall back",
+        [mem(20).at("pod-0").holding(0, 1), mem(20).at("pod-1").holding(2), shared(10)],
+        ("shared", 10),
+    ),
+    ("per-node tier cannot reshard", [mem(20).with_layout(1, 2, 1), shared(10)], ("shared", 10)),
+    ("shared tier reshards", [shared(20).with_layout(1, 2, 1)], ("shared", 20)),
+    ("nothing found", [], None),
+    ("only suspect and incomplete", [mem(5).suspect(), local(5).without(0)], None),
+]
+
+
+@pytest.mark.parametrize(("name", "found", "expected"), CASES, ids=[c[0] for c in CASES])
+def test_decide_restore_picks(name: str, found: list[CkptBuilder], expected: tuple[str, int] | None) -> None:
+    decision = decide_restore([f.obj() for f in found], layout=LAYOUT)
+    got = None if decision.source is None else (decision.source.tier, decision.source.step)
+    assert got == expected, decision.rejected
+    if expected is None:
+        assert decision.reason
+
+
+def test_replica_combination_reads_each_shard_from_its_home_first() -> None:
+    found = [mem(20).at("pod-0").holding(0, 1, 2, 3), mem(20).at("pod-1").holding(0, 1, 2, 3)]
+    home = {0: "pod-0", 1: "pod-0", 2: "pod-1", 3: "pod-1"}
+    d = decide_restore([f.obj() for f in found], layout=LAYOUT, home=home)
+    assert d.source is not None
+    assert {p[-10:-5]: loc for p, loc in d.source.sources.items()} == {
+        "00000": "pod-0", "00001": "pod-0", "00002": "pod-1", "00003": "pod-1"}
+
+
+def test_replica_used_for_lost_pod_and_asked_to_verify() -> None:
+    found = [mem(20).at("pod-0").holding(0, 1, 2, 3), mem(20).at("pod-1").holding()]
+    home = {0: "pod-0", 1: "pod-0", 2: "pod-1", 3: "pod-1"}
+    d = decide_restore([f.obj() for f in found], layout=LAYOUT, home=home)
+    assert d.source is not None and not d.ready
+    assert set(d.source.sources.values()) == {"pod-0"}
+    assert len(d.to_verify) == 4
+
+
+def test_verify_loop_terminates_on_corrupt_copies() -> None:
+    """Feed verify results back like the trainer does: corrupt copies lead to an older step."""
+    found = {f.location + f.manifest.tier + str(f.manifest.step): f for f in
+             [mem(20).obj(), mem(10).obj(), shared(20).obj()]}
+    bad = {("memory", 20, 2), ("shared", 20, 0)}
+    rounds = 0
+    while True:
+        rounds += 1
+        assert rounds < 10
+        d = decide_restore(found.values(), layout=LAYOUT)
+        if d.ready or d.source is None:
+            break
+        for path, loc in d.to_verify:
+            key = loc + d.source.tier + str(d.source.step)
+            f = found[key]
+            rank = int(path[5:10])
+            ok = (d.source.tier, d.source.step, rank) not in bad
+            found[key] = replace(
+                f,
+                verified=f.verified | ({path} if ok else set()),
+                corrupt=f.corrupt | (set() if ok else {path}),
+            )
+    assert d.source is not None and (d.source.tier, d.source.step) == ("memory", 10)
+    assert any("memory step 20" in r for r in d.rejected)
+    assert any("shared step 20" in r for r in d.rejected)
+
+
+def test_hint_breaks_ties_only() -> None:
+    f = [mem(20).obj(), local(20).obj(), shared(10).obj()]
+    assert decide_restore(f, layout=LAYOUT, hint=RestoreHint("local", 20)).source.tier == "local"  # type: ignore[union-attr]
+    assert decide_restore(f, layout=LAYOUT, hint=RestoreHint("shared", 10)).source.step == 20  # type: ignore[union-attr]
+
+
+def test_manifest_disagreeing_copy_is_not_used() -> None:
+    """A node kept an older attempt's step 20; its files do not count for the newer attempt."""
+    new = CkptBuilder("memory", 20, attempt=2, location="pod-0").holding(0, 1).obj()
+    old = CkptBuilder("memory", 20, attempt=1, location="pod-1").holding(0, 1, 2, 3).obj()
+    d = decide_restore([new, old], layout=LAYOUT)
+    assert d.source is not None and d.source.attempt == 1
+    assert set(d.source.sources.values()) == {"pod-1"}
+
+
+def _m(step: int, sdc: bool = True) -> Manifest:
+    return Manifest(job="j", step=step, tier="memory", attempt=0, pp=1, dp=1, tp=1, shards=(), sdc_passed=sdc)
+
+
+GC_CASES = [
+    ("keep newest K", [10, 20, 30, 40], set(), 2, [], [10, 20]),
+    ("newest verified kept despite suspect newer", [10, 20, 30, 40], {30, 40}, 2, [], [10]),
+    ("keep zero still keeps newest", [10, 20], set(), 0, [], [10]),
+    ("all suspect keep K", [10, 20, 30], {10, 20, 30}, 1, [], [10, 20]),
+    ("interrupted older saves removed, newer kept", [10, 20], set(), 5, [5, 15, 25], [5, 15]),
+    ("nothing committed: nothing deleted", [], set(), 1, [5], []),
+]
+
+
+@pytest.mark.parametrize(("name", "steps", "suspect", "keep", "uncommitted", "doomed"), GC_CASES, ids=[c[0] for c in GC_CASES])
+def test_plan_gc(name: str, steps: list[int], suspect: set[int], keep: int, uncommitted: list[int], doomed: list[int]) -> None:
+    manifests = [_m(s, s not in suspect) for s in steps]
+    got = plan_gc(manifests, keep=keep, uncommitted_steps=uncommitted)
+    assert got == doomed
+    clean = [s for s in steps if s not in suspect]
+    if clean:
+        assert max(clean) not in got
+
+
+def test_steps_lost_and_latest_verified() -> None:
+    assert compute_steps_lost(57, 50) == 7
+    assert compute_steps_lost(57, -1) == 57
+    assert compute_steps_lost(40, 50) == 0
+    events = [
+        CheckpointEvent(step=10, tier="memory", ok=True),
+        CheckpointEvent(step=20, tier="memory", ok=False),
+        CheckpointEvent(step=15, tier="memory", ok=True, sdc_passed=False),
+        CheckpointEvent(step=10, tier="shared", ok=True),
+        CheckpointEvent(step=30, tier="shared", ok=True, kind="restore"),
+    ]
+    assert latest_verified_per_tier(events) == {"memory": 10, "shared": 10}
