@@ -68,6 +68,11 @@ class CheckpointEvent:
     bytes: int = 0
     sdc_passed: bool = True
     detail: str = ""
+    #: "save" (a tier's save committed or failed) or "restore" (this attempt loaded ``step``
+    #: from ``tier`` in ``duration_s``; ``bytes`` read). Added field: readers default to "save".
+    kind: str = "save"
+    #: restore only: steps trained before the failure that are redone (-1: unknown).
+    steps_lost: int = -1
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,6 +179,8 @@ def _checkpoint(c: Any, where: str) -> CheckpointEvent:
         bytes=_int(c, "bytes", default=0, where=where, minimum=0),
         sdc_passed=_bool(c, "sdc_passed", default=True, where=where),
         detail=_str(c, "detail", default="", where=where),
+        kind=_str(c, "kind", default="save", where=where),
+        steps_lost=_int(c, "steps_lost", default=-1, where=where, minimum=-1),
     )
 
 
