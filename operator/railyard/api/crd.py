@@ -15,7 +15,14 @@ from typing import Any
 import yaml
 
 from railyard import GROUP, VERSION
-from railyard.api.trainingjob import KIND, PLURAL, SHORT_NAMES, SINGULAR, TrainingJobSpec, TrainingJobStatus
+from railyard.api.trainingjob import (
+    KIND,
+    PLURAL,
+    SHORT_NAMES,
+    SINGULAR,
+    TrainingJobSpec,
+    TrainingJobStatus,
+)
 
 #: JSON-schema keys that carry over to OpenAPI v3 as they are.
 _KEEP = {

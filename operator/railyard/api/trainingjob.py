@@ -348,7 +348,7 @@ class TrainingJobSpec(_Model):
     restart_policy: Annotated[RestartPolicy, Field(description="Restart budgets per failure class and backoff.")] = RestartPolicy()
     nccl: Annotated[dict[str, str], Field(description="NCCL environment overrides (defaults keep each rank's inter-node traffic on its rail, e.g. NCCL_CROSS_NIC=0).")] = {}
 
-    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": SPEC_RULES})
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": list[Any](SPEC_RULES)})
 
     @property
     def world_size(self) -> int:

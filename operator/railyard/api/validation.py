@@ -14,6 +14,7 @@ from functools import cache
 from typing import Any
 
 import celpy
+from celpy.adapter import json_to_cel
 from pydantic import ValidationError
 
 from railyard.api.trainingjob import API_VERSION, KIND, SPEC_RULES, TrainingJob, TrainingJobSpec
@@ -79,7 +80,7 @@ def check_spec_rules(spec: dict[str, Any]) -> list[Problem]:
     API server does. A rule that cannot be evaluated because a field it reads is itself invalid
     is skipped: that field's own problem is reported instead."""
     merged = _deep_merge(_spec_defaults(), {k: v for k, v in spec.items() if v is not None})
-    activation = {"self": celpy.json_to_cel(merged)}
+    activation = {"self": json_to_cel(merged)}
     problems = []
     for rule, program in _programs():
         try:

@@ -22,7 +22,11 @@ def run(args: argparse.Namespace) -> int:
     checked = 0
     for path in args.files:
         try:
-            text = sys.stdin.read() if path == "-" else open(path, encoding="utf-8").read()
+            if path == "-":
+                text = sys.stdin.read()
+            else:
+                with open(path, encoding="utf-8") as fh:
+                    text = fh.read()
             docs = [d for d in yaml.safe_load_all(text) if d is not None]
         except (OSError, yaml.YAMLError) as exc:
             print(f"{path}: cannot read: {exc}", file=sys.stderr)
