@@ -1,0 +1,1 @@
+"""Observability: Prometheus metrics and the heartbeat ingest endpoint (I/O layer)."""
