@@ -1,0 +1,570 @@
+"""Rail-aware gang placement: choose every node of the gang at once, or say why not.
+
+Policy (issue 4, docs/placement.md):
+
+- All or nothing: the gang's pods plus its hot spares all get a node, or the answer is
+  :class:`Unplaceable` naming the constraint, how many nodes are short and where.
+- ``Required`` with a level: the whole gang plus spares fits inside one domain of that level
+  (best fit: the fullest domain that still fits), as Kueue's podset-required-topology does.
+  ``Preferred`` tries the same and falls back to the whole cluster.
+- Blocks: with a rail-pure layout (see :mod:`railyard.logic.layout`) the pods form blocks of
+  ``dp`` pods that each host whole data-parallel groups. Blocks are packed so that each lies in
+  the fewest leaf domains: in one leaf when it fits in one (``dp <= leaf size``), else in whole
+  leaves of one domain of the deepest level that can hold it. If aligned capacity runs out, pods
+  are placed node by node and blocks cut across leaves as well as possible (reported).
+- Best fit at every level: fill the most-used domains that still fit, whole domains stay free;
+  inside a leaf prefer partially used nodes with just enough free GPUs.
+- Sticky re-placement: keep every healthy node of the previous placement with the same pod
+  index (hence the same ranks); replace only failed, quarantined or otherwise unusable ones,
+  preferring the gang's spares, and among those the ones sharing the deepest domain.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+from railyard.logic.cost import CostInputs, CostReport, compute_cost
+from railyard.logic.layout import (
+    MeshShape,
+    build_rank_table,
+    compute_dp_groups,
+    compute_rails_per_dp_group,
+)
+from railyard.logic.topology import BUSY, LEVEL_PRESETS, Toleration, Topology
+from railyard.protocol.ranktable import RankTable
+
+Mode = Literal["Required", "Preferred"]
+
+
+@dataclass(frozen=True, slots=True)
+class GangRequest:
+    """What placement needs to know about a TrainingJob."""
+
+    job: str
+    nodes: int
+    procs_per_node: int
+    pp: int = 1
+    dp: int = 1
+    tp: int = 1
+    hot_spares: int = 0
+    levels: tuple[str, ...] = LEVEL_PRESETS["railyard"][0]
+    mode: Mode = "Preferred"
+    required_level: str | None = None
+    tolerations: tuple[Toleration, ...] = ()
+    #: GPUs each pod needs exclusively; None means procs_per_node; 0 is CPU mode.
+    gpus_per_pod: int | None = None
+    attempt: int = 0
+
+    @property
+    def shape(self) -> MeshShape:
+        return MeshShape(self.nodes, self.procs_per_node, self.pp, self.dp, self.tp)
+
+    @property
+    def gpus_needed(self) -> int:
+        return self.procs_per_node if self.gpus_per_pod is None else self.gpus_per_pod
+
+    def problems(self) -> list[str]:
+        out = self.shape.problems()
+        if self.hot_spares < 0:
+            out.append(f"gang.hotSpares: must be >= 0, got {self.hot_spares}")
+        if self.mode not in ("Required", "Preferred"):
+            out.append(f"topology.mode: {self.mode!r}; use Required or Preferred")
+        if self.gpus_per_pod is not None and self.gpus_per_pod < 0:
+            out.append(f"gpusPerPod: must be >= 0, got {self.gpus_per_pod}")
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class PreviousPlacement:
+    """The placement being repaired: node per pod index, the spares held, the nodes that failed."""
+
+    nodes: tuple[str, ...]
+    spares: tuple[str, ...] = ()
+    failed: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    nodes: tuple[str, ...]
+    spares: tuple[str, ...]
+    rank_table: RankTable
+    #: Level key -> names of the domains the gang spans (sorted).
+    domains: dict[str, tuple[str, ...]]
+    rails_per_dp_group: int
+    #: Largest number of leaf domains any DP group spans, and the least it could span.
+    dp_leaf_spans: int
+    dp_leaf_minimum: int
+    cost: CostReport
+    #: Pod indices whose node changed (sticky re-placement); empty for a fresh placement.
+    moved: tuple[int, ...] = ()
+    notes: tuple[str, ...] = ()
+
+    @property
+    def rail_aligned(self) -> bool:
+        return self.rails_per_dp_group <= 1
+
+
+@dataclass(frozen=True, slots=True)
+class Unplaceable:
+    #: "shape", "capacity", "requiredLevel" or "topology".
+    constraint: str
+    reason: str
+    short: int = 0
+    domains: tuple[str, ...] = ()
+    excluded: dict[str, int] = field(default_factory=dict)
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+class _Tree:
+    """Per-decision candidate counts over the domain tree."""
+
+    def __init__(self, topo: Topology, cand: Sequence[bool]) -> None:
+        self.topo = topo
+        n_lv = len(topo.levels)
+        self.n_lv = n_lv
+        self.children: list[list[list[int]]] = []
+        for lv in range(n_lv - 1):
+            ch: list[list[int]] = [[] for _ in topo.domain_names[lv]]
+            for d, par in enumerate(topo.parent[lv + 1]):
+                ch[par].append(d)
+            self.children.append(ch)
+        free_gpus = topo.free_gpus
+        # candidates per leaf, best fit first (fewest free GPUs), then tree order
+        self.leaf_cands: list[list[int]] = [
+            sorted((i for i in nodes if cand[i]), key=lambda i: (free_gpus[i], i))
+            for nodes in topo.leaf_nodes
+        ]
+        self.free: list[list[int]] = []
+        self.total: list[list[int]] = []
+        if n_lv:
+            leaf_free = [len(c) for c in self.leaf_cands]
+            leaf_total = [len(c) for c in topo.leaf_nodes]
+            self.free = [[] for _ in range(n_lv)]
+            self.total = [[] for _ in range(n_lv)]
+            self.free[n_lv - 1] = leaf_free
+            self.total[n_lv - 1] = leaf_total
+            for lv in range(n_lv - 2, -1, -1):
+                f = [0] * len(topo.domain_names[lv])
+                t = [0] * len(topo.domain_names[lv])
+                for d, p in enumerate(topo.parent[lv + 1]):
+                    f[p] += self.free[lv + 1][d]
+                    t[p] += self.total[lv + 1][d]
+                self.free[lv] = f
+                self.total[lv] = t
+
+    def kids(self, lv: int, d: int) -> list[int]:
+        return self.children[lv][d]
+
+    def leaves_under(self, lv: int, d: int) -> list[int]:
+        doms = [d]
+        for level in range(lv, self.n_lv - 1):
+            doms = [c for x in doms for c in self.children[level][x]]
+        return doms
+
+
+def _split(doms: Sequence[int], cap: Callable[[int], int], need: int) -> list[tuple[int, int]]:
+    """Best-fit split of ``need`` units over domains: one domain if any fits (the one with the
+    least capacity that fits), else largest first with the remainder in the best-fitting one.
+    Returns (domain, units) in domain order; the units may sum to less than ``need``."""
+    if need <= 0:
+        return []
+    caps = {d: cap(d) for d in doms}
+    fit = [d for d in doms if caps[d] >= need]
+    if fit:
+        return [(min(fit, key=lambda d: (caps[d], d)), need)]
+    pool = sorted((d for d in doms if caps[d] > 0), key=lambda d: (-caps[d], d))
+    out: list[tuple[int, int]] = []
+    remaining = need
+    for idx, d in enumerate(pool):
+        if caps[d] >= remaining:
+            best = d
+            for x in pool[idx:]:
+                if caps[x] >= remaining:
+                    best = x
+            out.append((best, remaining))
+            remaining = 0
+            break
+        out.append((d, caps[d]))
+        remaining -= caps[d]
+    return sorted(out)
+
+
+def _cut_blocks(segments: list[list[int]], size: int, count: int) -> list[list[int]]:
+    """Cut per-leaf node lists into ``count`` blocks of ``size`` nodes touching few leaves."""
+    segs = [list(s) for s in segments if s]
+    blocks: list[list[int]] = []
+    for s in segs:
+        while len(s) >= size and len(blocks) < count:
+            blocks.append(s[:size])
+            del s[:size]
+    rest = [s for s in segs if s]
+    while len(blocks) < count and rest:
+        need = size
+        blk: list[int] = []
+        while need > 0 and rest:
+            fitting = [s for s in rest if len(s) >= need]
+            s = min(fitting, key=len) if fitting else max(rest, key=len)
+            take = min(need, len(s))
+            blk.extend(s[:take])
+            del s[:take]
+            need -= take
+            rest = [x for x in rest if x]
+        blocks.append(blk)
+    return blocks
+
+
+class _Planner:
+    def __init__(self, topo: Topology, req: GangRequest, cand: list[bool]) -> None:
+        self.topo = topo
+        self.req = req
+        self.cand = cand
+        self.tree = _Tree(topo, cand)
+        shape = req.shape
+        self.block = shape.block_nodes
+        self.blocks = req.nodes // self.block
+        n_lv = self.tree.n_lv
+        # Deepest level with a domain big enough to hold a block: blocks are kept inside it.
+        self.block_level = -1
+        for lv in range(n_lv - 1, -1, -1):
+            if max(self.tree.total[lv], default=0) >= self.block:
+                self.block_level = lv
+                break
+        self.capb: list[list[int]] = [[] for _ in range(n_lv)]
+        for lv in range(n_lv - 1, -1, -1):
+            if lv >= self.block_level:
+                self.capb[lv] = [f // self.block for f in self.tree.free[lv]]
+            else:
+                c = [0] * len(self.tree.free[lv])
+                for d, p in enumerate(self.topo.parent[lv + 1]):
+                    c[p] += self.capb[lv + 1][d]
+                self.capb[lv] = c
+
+    # -- node mode
+    def nodes_in(self, lv: int, doms: Sequence[int], need: int) -> list[list[int]]:
+        """Pick ``need`` candidate nodes best-fit under ``doms`` (level ``lv``); per-leaf lists."""
+        tree = self.tree
+        out: list[list[int]] = []
+        for d, k in _split(doms, lambda x: tree.free[lv][x], need):
+            if lv == tree.n_lv - 1:
+                out.append(sorted(tree.leaf_cands[d][:k]))
+            else:
+                out.extend(self.nodes_in(lv + 1, tree.kids(lv, d), k))
+        return out
+
+    # -- block mode
+    def blocks_in(self, lv: int, doms: Sequence[int], need: int) -> list[list[int]]:
+        out: list[list[int]] = []
+        for d, u in _split(doms, lambda x: self.capb[lv][x], need):
+            if lv >= self.block_level:
+                segs = self.nodes_in(lv, [d], u * self.block)
+                out.extend(_cut_blocks(segs, self.block, u))
+            else:
+                out.extend(self.blocks_in(lv + 1, self.tree.kids(lv, d), u))
+        return out
+
+    def gang(self, lv: int, doms: Sequence[int]) -> tuple[list[int], bool]:
+        """Gang nodes in pod-index order, and whether blocks are leaf-aligned."""
+        n = self.req.nodes
+        if self.block > 1 and sum(self.capb[lv][d] for d in doms) >= self.blocks:
+            blocks = self.blocks_in(lv, doms, self.blocks)
+            return [i for b in blocks for i in b], True
+        segs = self.nodes_in(lv, doms, n)
+        blocks = _cut_blocks(segs, self.block, self.blocks)
+        return [i for b in blocks for i in b], self.block == 1
+
+
+def _affinity(topo: Topology, used: list[set[int]], i: int) -> int:
+    """How many levels, broadest first, node ``i`` shares a domain with the gang."""
+    a = 0
+    for lv in range(len(topo.levels)):
+        if topo.domain_of[lv][i] in used[lv]:
+            a = lv + 1
+    return a
+
+
+def _shared_depth(topo: Topology, a: int, b: int) -> int:
+    depth = 0
+    for lv in range(len(topo.levels)):
+        if topo.domain_of[lv][a] != topo.domain_of[lv][b]:
+            break
+        depth = lv + 1
+    return depth
+
+
+def _replica_peers(topo: Topology, nodes: Sequence[int]) -> list[int]:
+    """Pod i's checkpoint replica goes to pod ``(i + k) % n`` for the smallest uniform shift ``k``
+    that puts every pair in different leaves (a permutation: each pod holds one replica)."""
+    n = len(nodes)
+    if n < 2:
+        return [-1] * n
+    leaf = [topo.leaf_of(i) for i in nodes]
+    for k in range(1, n):
+        if all(leaf[i] != leaf[(i + k) % n] for i in range(n)):
+            return [(i + k) % n for i in range(n)]
+        if k > 64:
+            break
+    return [(i + 1) % n for i in range(n)]
+
+
+def _excluded_counts(topo: Topology, need_gpus: int) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for i, why in enumerate(topo.excluded):
+        if not why and topo.free_gpus[i] < need_gpus:
+            why = BUSY
+        if why:
+            out[why] = out.get(why, 0) + 1
+    return out
+
+
+def _finish(
+    topo: Topology,
+    req: GangRequest,
+    gang: list[int],
+    spares: list[int],
+    cost_inputs: CostInputs | None,
+    notes: list[str],
+    moved: tuple[int, ...] = (),
+) -> Placement:
+    shape = req.shape
+    table = build_rank_table(
+        job=req.job,
+        attempt=req.attempt,
+        shape=shape,
+        pod_nodes=[topo.names[i] for i in gang],
+        pod_rail_offset=[topo.rail_offset[i] for i in gang],
+        pod_gpus=[topo.gpus[i] for i in gang],
+        replica_peers=_replica_peers(topo, gang),
+    )
+    domains = {
+        key: tuple(sorted({topo.domain_names[lv][topo.domain_of[lv][i]] for i in gang}))
+        for lv, key in enumerate(topo.levels)
+    }
+    rails = compute_rails_per_dp_group(table)
+    spans = 1
+    minimum = 1
+    if topo.levels:
+        leaf_size = max(len(x) for x in topo.leaf_nodes)
+        for grp in compute_dp_groups(table):
+            pods = {table.ranks[r].pod_index for r in grp}
+            spans = max(spans, len({topo.leaf_of(gang[p]) for p in pods}))
+            minimum = max(minimum, -(-len(pods) // leaf_size))
+    if rails > 1:
+        notes.append(
+            f"data-parallel groups span up to {rails} rails: procsPerNode/tensor = {shape.slots_per_node} "
+            f"does not divide pipeline = {shape.pp}"
+        )
+    if spans > minimum:
+        notes.append(
+            f"a data-parallel group spans {spans} leaf domains (least possible on an empty cluster: {minimum})"
+        )
+    return Placement(
+        nodes=tuple(table.pods[p].node for p in range(len(gang))),
+        spares=tuple(topo.names[i] for i in spares),
+        rank_table=table,
+        domains=domains,
+        rails_per_dp_group=rails,
+        dp_leaf_spans=spans,
+        dp_leaf_minimum=minimum,
+        cost=compute_cost(table, topo, cost_inputs),
+        moved=moved,
+        notes=tuple(notes),
+    )
+
+
+# --------------------------------------------------------------------------- entry point
+
+
+def plan_placement(
+    topo: Topology,
+    req: GangRequest,
+    *,
+    previous: PreviousPlacement | None = None,
+    cost_inputs: CostInputs | None = None,
+) -> Placement | Unplaceable:
+    """Place the gang (or repair ``previous``) on ``topo``. Deterministic for the same input.
+
+    ``topo`` must be built with this job's tolerations and ``ignore_job=req.job`` so that the
+    job's own pods do not make its kept nodes look busy.
+    """
+    problems = req.problems()
+    if problems:
+        return Unplaceable("shape", "; ".join(problems))
+    need_gpus = req.gpus_needed
+    cand = [
+        not why and free >= need_gpus
+        for why, free in zip(topo.excluded, topo.free_gpus, strict=True)
+    ]
+    notes: list[str] = []
+    if req.required_level is not None and req.required_level not in topo.levels:
+        try:
+            topo.level_index(req.required_level)
+        except ValueError as exc:
+            if req.mode == "Required":
+                return Unplaceable("topology", str(exc))
+            notes.append(f"ignored (Preferred): {exc}")
+    if previous is not None and len(previous.nodes) == req.nodes:
+        return _replace(topo, req, previous, cand, cost_inputs)
+    if previous is not None:
+        notes.append(
+            f"previous placement has {len(previous.nodes)} pods, the gang {req.nodes}: placed afresh"
+        )
+    return _place(topo, req, cand, cost_inputs, notes)
+
+
+def _place(
+    topo: Topology,
+    req: GangRequest,
+    cand: list[bool],
+    cost_inputs: CostInputs | None,
+    notes: list[str],
+) -> Placement | Unplaceable:
+    total = req.nodes + req.hot_spares
+    available = sum(cand)
+    what = f"{req.nodes} nodes + {req.hot_spares} hot spares with {req.gpus_needed} free GPUs each"
+    if available < total:
+        excl = _excluded_counts(topo, req.gpus_needed)
+        detail = ", ".join(f"{k}: {v}" for k, v in sorted(excl.items()))
+        return Unplaceable(
+            "capacity",
+            f"needs {what}; {available} usable nodes ({total - available} short; excluded: {detail or 'none'})",
+            short=total - available,
+            excluded=excl,
+        )
+    if not topo.levels:
+        order = sorted(
+            (i for i in range(topo.size) if cand[i]), key=lambda i: (topo.free_gpus[i], i)
+        )
+        gang = sorted(order[: req.nodes])
+        spares = order[req.nodes : total]
+        return _finish(topo, req, gang, spares, cost_inputs, notes)
+
+    planner = _Planner(topo, req, cand)
+    tree = planner.tree
+    start_lv, doms = 0, list(range(len(topo.domain_names[0])))
+    if req.required_level is not None and req.required_level in topo.levels:
+        rl = topo.levels.index(req.required_level)
+        fitting = [d for d in range(len(topo.domain_names[rl])) if tree.free[rl][d] >= total]
+        if fitting:
+            best = min(
+                fitting, key=lambda d: (planner.capb[rl][d] < planner.blocks, tree.free[rl][d], d)
+            )
+            start_lv, doms = rl, [best]
+        elif req.mode == "Required":
+            ranked = sorted(range(len(topo.domain_names[rl])), key=lambda d: (-tree.free[rl][d], d))
+            most = tree.free[rl][ranked[0]] if ranked else 0
+            top = tuple(
+                f"{topo.domain_names[rl][d]} ({tree.free[rl][d]} usable)" for d in ranked[:3]
+            )
+            return Unplaceable(
+                "requiredLevel",
+                f"topology.requiredLevel {req.required_level}: no single domain holds {what}; "
+                f"the largest has {most} usable nodes ({total - most} short): {', '.join(top)}",
+                short=total - most,
+                domains=top,
+            )
+        else:
+            notes.append(
+                f"no single {req.required_level} domain holds the gang: spread over several (Preferred)"
+            )
+    gang, aligned = planner.gang(start_lv, doms)
+    if not aligned:
+        notes.append(
+            "not enough room for whole data-parallel blocks in single leaves: blocks cut across leaves"
+        )
+    # spares: closest to the gang, best fit
+    in_gang = set(gang)
+    scope = {i for d in doms for lf in tree.leaves_under(start_lv, d) for i in tree.leaf_cands[lf]}
+    used = [{topo.domain_of[lv][i] for i in gang} for lv in range(len(topo.levels))]
+    rest = sorted(
+        (i for i in scope if i not in in_gang),
+        key=lambda i: (-_affinity(topo, used, i), topo.free_gpus[i], i),
+    )
+    spares = rest[: req.hot_spares]
+    return _finish(topo, req, gang, spares, cost_inputs, notes)
+
+
+def _replace(
+    topo: Topology,
+    req: GangRequest,
+    prev: PreviousPlacement,
+    cand: list[bool],
+    cost_inputs: CostInputs | None,
+) -> Placement | Unplaceable:
+    notes: list[str] = []
+    gang: list[int] = []
+    lost: list[int] = []
+    for p, name in enumerate(prev.nodes):
+        i = topo.index.get(name, -1)
+        if i >= 0 and cand[i] and name not in prev.failed:
+            gang.append(i)
+        else:
+            gang.append(-1)
+            lost.append(p)
+    if not lost:
+        kept_spares = [
+            topo.index[s]
+            for s in prev.spares
+            if s in topo.index and cand[topo.index[s]] and s not in prev.failed
+        ]
+        return _finish(
+            topo, req, gang, _top_up(topo, req, gang, kept_spares, cand, notes), cost_inputs, notes
+        )
+    taken = {i for i in gang if i >= 0}
+    spare_set = {topo.index[s] for s in prev.spares if s in topo.index and s not in prev.failed}
+    pool = [i for i in range(topo.size) if cand[i] and i not in taken]
+    if req.mode == "Required" and req.required_level in topo.levels:
+        rl = topo.levels.index(req.required_level)
+        kept_doms = {topo.domain_of[rl][i] for i in taken}
+        if len(kept_doms) == 1:
+            pool = [i for i in pool if topo.domain_of[rl][i] in kept_doms]
+    if len(pool) < len(lost):
+        excl = _excluded_counts(topo, req.gpus_needed)
+        return Unplaceable(
+            "capacity",
+            f"re-placement needs {len(lost)} replacement nodes for pods {lost}; {len(pool)} usable "
+            f"({len(lost) - len(pool)} short)",
+            short=len(lost) - len(pool),
+            excluded=excl,
+        )
+    pool_set = set(pool)
+    for p in lost:
+        old = topo.index.get(prev.nodes[p], -1)
+
+        def key(i: int, old: int = old) -> tuple[int, int, int, int]:
+            depth = _shared_depth(topo, old, i) if old >= 0 else 0
+            return (i not in spare_set, -depth, topo.free_gpus[i], i)
+
+        best = min(pool_set, key=key)
+        pool_set.discard(best)
+        gang[p] = best
+    kept_spares = [i for i in sorted(spare_set) if i in pool_set]
+    notes.append(f"re-placed pods {lost}; {req.nodes - len(lost)} pods kept their nodes")
+    spares = _top_up(topo, req, gang, kept_spares, cand, notes)
+    return _finish(topo, req, gang, spares, cost_inputs, notes, moved=tuple(lost))
+
+
+def _top_up(
+    topo: Topology,
+    req: GangRequest,
+    gang: list[int],
+    spares: list[int],
+    cand: list[bool],
+    notes: list[str],
+) -> list[int]:
+    spares = [i for i in spares if i not in set(gang)][: req.hot_spares]
+    if len(spares) >= req.hot_spares:
+        return spares
+    taken = set(gang) | set(spares)
+    used = [{topo.domain_of[lv][i] for i in gang} for lv in range(len(topo.levels))]
+    extra = sorted(
+        (i for i in range(topo.size) if cand[i] and i not in taken),
+        key=lambda i: (-_affinity(topo, used, i), topo.free_gpus[i], i),
+    )
+    spares = spares + extra[: req.hot_spares - len(spares)]
+    if len(spares) < req.hot_spares:
+        notes.append(f"only {len(spares)} of {req.hot_spares} hot spares available")
+    return spares

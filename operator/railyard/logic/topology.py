@@ -1,0 +1,414 @@
+"""The cluster as an in-memory tree of network domains, built once per placement decision.
+
+Placement needs to know, for every node, which switch domains it sits under (broadest first:
+spine/block, leaf/rack, then the host itself), how many GPUs it has free for us, which rail each
+GPU is wired to, and whether we may use it at all. All of that comes from Kubernetes Node and
+Pod objects given as plain dicts (what the API or a kopf index hands us). The tree is stored as
+flat arrays indexed by node number, not as per-node objects, because it is rebuilt for every
+decision on clusters of 4,096-32,768 nodes.
+
+Conventions (see docs/placement.md):
+
+- Level keys come from a preset or from the job; the host level is always implied last. A level
+  key that no node carries is dropped (so a preset written for three switch tiers works on a
+  two-tier cluster); a node that lacks a level label others carry gets a domain of its own at
+  that level (its locality is unknown, so we never assume it shares a switch).
+- GPU ``i`` of a node is on rail ``(i + offset) % gpus`` with ``offset`` from the node label
+  ``railyard.dev/rail-offset`` (default 0, the rail-optimised convention ``GPU i on rail i``).
+- A node is unusable when NotReady, cordoned, quarantined by us (taint key or label
+  ``railyard.dev/quarantined``), or tainted NoSchedule/NoExecute without a matching toleration.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+GPU_RESOURCE = "nvidia.com/gpu"
+HOSTNAME_KEY = "kubernetes.io/hostname"
+QUARANTINE_KEY = "railyard.dev/quarantined"
+RAIL_OFFSET_LABEL = "railyard.dev/rail-offset"
+#: Pods carrying this label with the job's name do not count against free GPUs of that job
+#: (its own pods are about to be replaced, or are the ones being kept).
+JOB_LABEL = "railyard.dev/job"
+#: Label keys that name a single machine; they are the implied host level and dropped from the
+#: end of a level list.
+HOST_KEYS = frozenset({HOSTNAME_KEY, "cloud.google.com/gce-topology-host"})
+
+#: Preset name -> candidate level-key lists (broadest first, host implied). The first candidate
+#: whose keys appear on any node wins; ``topograph`` lists the v1 label family
+#: (``fabric.topograph.run/tier-N``, tier 0 nearest the node) before the pre-1.0 one
+#: (``network.topology.nvidia.com/{core,spine,leaf|block}``).
+LEVEL_PRESETS: dict[str, tuple[tuple[str, ...], ...]] = {
+    "railyard": (("railyard.dev/spine", "railyard.dev/leaf"),),
+    "topograph": (
+        (
+            "fabric.topograph.run/tier-2",
+            "fabric.topograph.run/tier-1",
+            "fabric.topograph.run/tier-0",
+        ),
+        (
+            "network.topology.nvidia.com/core",
+            "network.topology.nvidia.com/spine",
+            "network.topology.nvidia.com/leaf",
+            "network.topology.nvidia.com/block",
+        ),
+    ),
+    "gke": (("cloud.google.com/gce-topology-block", "cloud.google.com/gce-topology-subblock"),),
+    "eks": (
+        (
+            "topology.k8s.aws/network-node-layer-1",
+            "topology.k8s.aws/network-node-layer-2",
+            "topology.k8s.aws/network-node-layer-3",
+        ),
+    ),
+}
+
+#: Why a node cannot be used, in the order they are checked (the first reason found is kept).
+NOT_READY = "NotReady"
+UNSCHEDULABLE = "Unschedulable"
+QUARANTINED = "Quarantined"
+TAINTED = "Tainted"
+BUSY = "NotEnoughFreeGPUs"
+
+
+@dataclass(frozen=True, slots=True)
+class Toleration:
+    """A pod toleration, as in ``spec.tolerations`` (``operator`` is Equal or Exists)."""
+
+    key: str = ""
+    operator: str = "Equal"
+    value: str = ""
+    effect: str = ""
+
+    def tolerates(self, taint: Mapping[str, Any]) -> bool:
+        if self.effect and self.effect != taint.get("effect", ""):
+            return False
+        if not self.key:
+            return self.operator == "Exists"
+        if self.key != taint.get("key", ""):
+            return False
+        return self.operator == "Exists" or self.value == str(taint.get("value") or "")
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Toleration:
+        return cls(
+            key=str(d.get("key") or ""),
+            operator=str(d.get("operator") or "Equal"),
+            value=str(d.get("value") or ""),
+            effect=str(d.get("effect") or ""),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Topology:
+    """Flat, read-only arrays describing the cluster for one decision.
+
+    Nodes are numbered ``0..n-1`` in tree order (by domain path, then natural name order), so
+    the nodes of one leaf are contiguous. ``domain_of[l][i]`` is node ``i``'s domain index at
+    level ``l`` (0 = broadest); ``parent[l][d]`` is domain ``d``'s parent at level ``l-1``.
+    """
+
+    levels: tuple[str, ...]
+    names: tuple[str, ...]
+    index: Mapping[str, int]
+    domain_of: tuple[tuple[int, ...], ...]
+    domain_names: tuple[tuple[str, ...], ...]
+    parent: tuple[tuple[int, ...], ...]
+    #: Per leaf-level domain: its node indices (tree order).
+    leaf_nodes: tuple[tuple[int, ...], ...]
+    gpus: tuple[int, ...]
+    free_gpus: tuple[int, ...]
+    rail_offset: tuple[int, ...]
+    #: "" when the node is usable, else one of the reasons above.
+    excluded: tuple[str, ...]
+    #: Level keys asked for but dropped because no node carries them.
+    dropped_levels: tuple[str, ...] = ()
+
+    @property
+    def size(self) -> int:
+        return len(self.names)
+
+    @property
+    def leaf_level(self) -> int:
+        """Index of the level just above the host (-1 when there are no switch levels)."""
+        return len(self.levels) - 1
+
+    def leaf_of(self, node: int) -> int:
+        return self.domain_of[self.leaf_level][node] if self.levels else 0
+
+    def rail(self, node: int, local_rank: int) -> int:
+        g = self.gpus[node]
+        return (local_rank + self.rail_offset[node]) % g if g > 0 else local_rank
+
+    def path(self, node: int) -> tuple[str, ...]:
+        return tuple(
+            self.domain_names[lv][self.domain_of[lv][node]] for lv in range(len(self.levels))
+        )
+
+    def level_index(self, key: str) -> int:
+        """The index of a level key; raises ValueError naming the known levels."""
+        try:
+            return self.levels.index(key)
+        except ValueError:
+            raise ValueError(
+                f"topology.requiredLevel: {key!r} is not a level of this cluster; "
+                f"levels are {list(self.levels)} (dropped, no node carries them: {list(self.dropped_levels)})"
+            ) from None
+
+
+def resolve_level_keys(
+    preset: str | None, levels: Sequence[str] | None, nodes: Sequence[Mapping[str, Any]]
+) -> tuple[str, ...]:
+    """The level keys to use: explicit ``levels`` win; else the preset's first candidate that any
+    node carries. Host keys at the end are dropped (the host level is implied)."""
+    if levels:
+        keys = list(levels)
+    else:
+        name = preset or "railyard"
+        if name not in LEVEL_PRESETS:
+            raise ValueError(
+                f"topology.preset: unknown preset {name!r}; use one of {sorted(LEVEL_PRESETS)}"
+            )
+        candidates = LEVEL_PRESETS[name]
+        present: set[str] = set()
+        for n in nodes:
+            present.update((n.get("metadata") or {}).get("labels") or {})
+        keys = list(next((c for c in candidates if present.intersection(c)), candidates[0]))
+    while keys and keys[-1] in HOST_KEYS:
+        keys.pop()
+    return tuple(keys)
+
+
+_DIGITS = re.compile(r"(\d+)")
+
+
+def natural_key(s: str) -> tuple[tuple[int, int | str], ...]:
+    """Sort key that orders ``node-2`` before ``node-10``."""
+    return tuple((0, int(p)) if p.isdigit() else (1, p) for p in _DIGITS.split(s) if p)
+
+
+def _int_quantity(v: Any) -> int:
+    try:
+        return int(str(v))
+    except (TypeError, ValueError):
+        return 0
+
+
+def _pod_gpus(pod: Mapping[str, Any]) -> int:
+    spec = pod.get("spec") or {}
+
+    def req(c: Mapping[str, Any]) -> int:
+        res = c.get("resources") or {}
+        r = (res.get("requests") or {}).get(GPU_RESOURCE)
+        if r is None:
+            r = (res.get("limits") or {}).get(GPU_RESOURCE)
+        return _int_quantity(r) if r is not None else 0
+
+    main = sum(req(c) for c in spec.get("containers") or ())
+    init = max((req(c) for c in spec.get("initContainers") or ()), default=0)
+    return max(main, init)
+
+
+def compute_used_gpus(
+    pods: Iterable[Mapping[str, Any]], *, ignore_job: str | None = None
+) -> dict[str, int]:
+    """GPUs requested per node by pods that hold them (bound, not Succeeded/Failed)."""
+    used: dict[str, int] = {}
+    for pod in pods:
+        node = (pod.get("spec") or {}).get("nodeName")
+        if not node:
+            continue
+        if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+            continue
+        if (
+            ignore_job is not None
+            and ((pod.get("metadata") or {}).get("labels") or {}).get(JOB_LABEL) == ignore_job
+        ):
+            continue
+        g = _pod_gpus(pod)
+        if g:
+            used[node] = used.get(node, 0) + g
+    return used
+
+
+def _exclusion(
+    node: Mapping[str, Any], labels: Mapping[str, str], tolerations: Sequence[Toleration]
+) -> str:
+    status = node.get("status") or {}
+    ready = any(
+        c.get("type") == "Ready" and c.get("status") == "True"
+        for c in status.get("conditions") or ()
+    )
+    if not ready:
+        return NOT_READY
+    spec = node.get("spec") or {}
+    if spec.get("unschedulable"):
+        return UNSCHEDULABLE
+    taints = spec.get("taints") or ()
+    if labels.get(QUARANTINE_KEY) == "true" or any(t.get("key") == QUARANTINE_KEY for t in taints):
+        return QUARANTINED
+    for t in taints:
+        if t.get("effect") in ("NoSchedule", "NoExecute") and not any(
+            tol.tolerates(t) for tol in tolerations
+        ):
+            return TAINTED
+    return ""
+
+
+def build_topology(
+    nodes: Sequence[Mapping[str, Any]],
+    pods: Iterable[Mapping[str, Any]] = (),
+    *,
+    levels: Sequence[str] = LEVEL_PRESETS["railyard"][0],
+    tolerations: Sequence[Toleration] = (),
+    ignore_job: str | None = None,
+) -> Topology:
+    """Build the domain tree from Node dicts (and the Pods that use their GPUs).
+
+    ``levels`` are label keys broadest first, without the host (see :func:`resolve_level_keys`).
+    Pods labelled ``railyard.dev/job=<ignore_job>`` are ignored when computing free GPUs.
+    """
+    used = compute_used_gpus(pods, ignore_job=ignore_job)
+    keys = [k for k in levels if k not in HOST_KEYS]
+    all_labels: list[Mapping[str, str]] = []
+    names: list[str] = []
+    for n in nodes:
+        meta = n.get("metadata") or {}
+        names.append(str(meta.get("name", "")))
+        all_labels.append(meta.get("labels") or {})
+    present = [k for k in keys if any(k in lb for lb in all_labels)]
+    dropped = tuple(k for k in keys if k not in present)
+
+    paths: list[tuple[str, ...]] = []
+    for name, lb in zip(names, all_labels, strict=True):
+        paths.append(tuple(lb.get(k) or f"{name}(no {k})" for k in present))
+    order = sorted(
+        range(len(names)), key=lambda i: ([natural_key(p) for p in paths[i]], natural_key(names[i]))
+    )
+
+    n_levels = len(present)
+    ids: list[dict[tuple[str, ...], int]] = [{} for _ in range(n_levels)]
+    dom_names: list[list[str]] = [[] for _ in range(n_levels)]
+    parents: list[list[int]] = [[] for _ in range(n_levels)]
+    domain_of: list[list[int]] = [[] for _ in range(n_levels)]
+    leaf_nodes: list[list[int]] = []
+    o_names: list[str] = []
+    gpus: list[int] = []
+    free: list[int] = []
+    offs: list[int] = []
+    excluded: list[str] = []
+    for new_i, i in enumerate(order):
+        node = nodes[i]
+        lb = all_labels[i]
+        p = paths[i]
+        parent = -1
+        for lv in range(n_levels):
+            key = p[: lv + 1]
+            d = ids[lv].get(key)
+            if d is None:
+                d = len(dom_names[lv])
+                ids[lv][key] = d
+                dom_names[lv].append(p[lv])
+                parents[lv].append(parent)
+                if lv == n_levels - 1:
+                    leaf_nodes.append([])
+            domain_of[lv].append(d)
+            parent = d
+        if n_levels:
+            leaf_nodes[parent].append(new_i)
+        o_names.append(names[i])
+        g = _int_quantity(
+            ((node.get("status") or {}).get("allocatable") or {}).get(GPU_RESOURCE, 0)
+        )
+        gpus.append(g)
+        free.append(max(g - used.get(names[i], 0), 0))
+        offs.append(_int_quantity(lb.get(RAIL_OFFSET_LABEL, 0)))
+        excluded.append(_exclusion(node, lb, tolerations))
+    if not n_levels:
+        leaf_nodes = [list(range(len(o_names)))]
+    return Topology(
+        levels=tuple(present),
+        names=tuple(o_names),
+        index={n: i for i, n in enumerate(o_names)},
+        domain_of=tuple(tuple(x) for x in domain_of),
+        domain_names=tuple(tuple(x) for x in dom_names),
+        parent=tuple(tuple(x) for x in parents),
+        leaf_nodes=tuple(tuple(x) for x in leaf_nodes),
+        gpus=tuple(gpus),
+        free_gpus=tuple(free),
+        rail_offset=tuple(offs),
+        excluded=tuple(excluded),
+        dropped_levels=dropped,
+    )
+
+
+def build_synthetic_nodes(
+    spines: int,
+    leaves_per_spine: int,
+    nodes_per_leaf: int,
+    gpus: int = 8,
+    *,
+    levels: Sequence[str] = LEVEL_PRESETS["railyard"][0],
+    prefix: str = "node",
+) -> list[dict[str, Any]]:
+    """Ready, untainted Node dicts for a two-switch-level topology (spine -> leaf -> host).
+
+    Names are ``{prefix}-s{spine}-l{leaf}-n{i}``; ``levels`` names the two label keys used.
+    Used by tests, benchmarks, the simulator and the demo.
+    """
+    if len(levels) != 2:
+        raise ValueError(f"levels: need exactly two keys (spine, leaf), got {list(levels)}")
+    out: list[dict[str, Any]] = []
+    for s in range(spines):
+        for lf in range(leaves_per_spine):
+            for i in range(nodes_per_leaf):
+                name = f"{prefix}-s{s}-l{lf}-n{i}"
+                out.append(
+                    {
+                        "apiVersion": "v1",
+                        "kind": "Node",
+                        "metadata": {
+                            "name": name,
+                            "labels": {
+                                levels[0]: f"spine-{s}",
+                                levels[1]: f"leaf-{s}-{lf}",
+                                HOSTNAME_KEY: name,
+                            },
+                        },
+                        "spec": {},
+                        "status": {
+                            "allocatable": {GPU_RESOURCE: str(gpus)} if gpus else {},
+                            "capacity": {GPU_RESOURCE: str(gpus)} if gpus else {},
+                            "conditions": [{"type": "Ready", "status": "True"}],
+                        },
+                    }
+                )
+    return out
+
+
+def parse_synthetic_spec(spec: str) -> list[dict[str, Any]]:
+    """Nodes from a compact spec ``spine=2,leaf=4,nodes=32,gpus=8`` (leaf per spine, nodes per
+    leaf; gpus defaults to 8)."""
+    fields: dict[str, int] = {}
+    for part in spec.split(","):
+        k, sep, v = part.partition("=")
+        k = k.strip()
+        if not sep or k not in ("spine", "leaf", "nodes", "gpus"):
+            raise ValueError(
+                f"--nodes: bad item {part!r} in {spec!r}; expected spine=N,leaf=N,nodes=N[,gpus=N]"
+            )
+        try:
+            fields[k] = int(v)
+        except ValueError:
+            raise ValueError(f"--nodes: {k}={v!r} is not an integer") from None
+    missing = [k for k in ("spine", "leaf", "nodes") if k not in fields]
+    if missing:
+        raise ValueError(
+            f"--nodes: {spec!r} lacks {missing}; expected spine=N,leaf=N,nodes=N[,gpus=N]"
+        )
+    return build_synthetic_nodes(
+        fields["spine"], fields["leaf"], fields["nodes"], fields.get("gpus", 8)
+    )
