@@ -21,10 +21,11 @@ Policy (issue 4, docs/placement.md):
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
+from railyard.api.trainingjob import TrainingJob
 from railyard.logic.cost import CostInputs, CostReport, compute_cost
 from railyard.logic.layout import (
     MeshShape,
@@ -32,7 +33,7 @@ from railyard.logic.layout import (
     compute_dp_groups,
     compute_rails_per_dp_group,
 )
-from railyard.logic.topology import BUSY, LEVEL_PRESETS, Toleration, Topology
+from railyard.logic.topology import BUSY, LEVEL_PRESETS, Toleration, Topology, resolve_level_keys
 from railyard.protocol.ranktable import RankTable
 
 Mode = Literal["Required", "Preferred"]
@@ -568,3 +569,35 @@ def _top_up(
     if len(spares) < req.hot_spares:
         notes.append(f"only {len(spares)} of {req.hot_spares} hot spares available")
     return spares
+
+
+def build_gang_request(
+    job: TrainingJob, *, nodes: Sequence[Mapping[str, Any]] = (), attempt: int = 0
+) -> GangRequest:
+    """The GangRequest for a TrainingJob. ``nodes`` resolves a preset with several label
+    families (topograph) to the one the cluster carries."""
+    spec = job.spec
+    topo = spec.topology
+    levels = resolve_level_keys(topo.preset, topo.levels, nodes)
+    return GangRequest(
+        job=job.metadata.name or "",
+        nodes=spec.nodes,
+        procs_per_node=spec.procs_per_node,
+        pp=spec.parallelism.pipeline,
+        dp=spec.data_parallel,
+        tp=spec.parallelism.tensor,
+        hot_spares=spec.gang.hot_spares,
+        levels=levels,
+        mode=topo.mode,
+        required_level=topo.required_level
+        if topo.mode == "Required" or topo.required_level
+        else None,
+        tolerations=tuple(
+            Toleration(
+                key=t.key or "", operator=t.operator, value=t.value or "", effect=t.effect or ""
+            )
+            for t in spec.tolerations
+        ),
+        gpus_per_pod=spec.gpus_per_pod,
+        attempt=attempt,
+    )
