@@ -182,10 +182,7 @@ def _split(doms: Sequence[int], cap: Callable[[int], int], need: int) -> list[tu
     remaining = need
     for idx, d in enumerate(pool):
         if caps[d] >= remaining:
-            best = d
-            for x in pool[idx:]:
-                if caps[x] >= remaining:
-                    best = x
+            best = min((x for x in pool[idx:] if caps[x] >= remaining), key=lambda x: (caps[x], x))
             out.append((best, remaining))
             remaining = 0
             break
@@ -496,6 +493,10 @@ def _replace(
     cost_inputs: CostInputs | None,
 ) -> Placement | Unplaceable:
     notes: list[str] = []
+    cand = list(cand)
+    for name in prev.failed:
+        if name in topo.index:
+            cand[topo.index[name]] = False
     gang: list[int] = []
     lost: list[int] = []
     for p, name in enumerate(prev.nodes):

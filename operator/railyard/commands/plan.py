@@ -1,0 +1,224 @@
+"""``railyard plan JOB.yaml --nodes NODES``: where a TrainingJob would be placed, and why not.
+
+Prints the placement, a rank-table summary and the network cost per topology level, or the
+reason the gang is unplaceable (exit code 3). ``NODES`` is a YAML/JSON file holding a list of
+Node objects (or a ``kind: List`` / ``NodeList`` with ``items``, as ``kubectl get nodes -o yaml``
+writes), or a compact generator spec such as ``spine=2,leaf=4,nodes=32,gpus=8``;
+``--kubeconfig`` reads nodes and pods from a live cluster instead. ``--fail NODE`` then shows the
+sticky re-placement after those nodes fail.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import yaml
+
+from railyard.logic.cost import CostInputs
+from railyard.logic.placement import (
+    GangRequest,
+    Placement,
+    PreviousPlacement,
+    Unplaceable,
+    build_gang_request,
+    plan_placement,
+)
+from railyard.logic.topology import build_topology, parse_synthetic_spec
+
+EXIT_UNPLACEABLE = 3
+_DEFAULTS = CostInputs()
+
+
+def add_parser(sub: Any) -> None:
+    p: argparse.ArgumentParser = sub.add_parser(
+        "plan", help="show where a TrainingJob would be placed, its rank table and network cost"
+    )
+    p.add_argument("job", help="TrainingJob manifest (YAML)")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument(
+        "--nodes",
+        help="file with Node objects (list, List or NodeList), or a spec like spine=2,leaf=4,nodes=32,gpus=8",
+    )
+    src.add_argument("--kubeconfig", help="read nodes and pods from this cluster")
+    p.add_argument("--pods", help="file with Pod objects using GPUs (with --nodes)")
+    p.add_argument(
+        "--fail",
+        action="append",
+        default=[],
+        metavar="NODE",
+        help="show the re-placement after NODE fails (repeatable)",
+    )
+    p.add_argument(
+        "--param-bytes",
+        type=float,
+        default=_DEFAULTS.param_bytes,
+        help="model parameter bytes (default 16e9: 8B in bf16)",
+    )
+    p.add_argument(
+        "--activation-bytes",
+        type=float,
+        default=_DEFAULTS.activation_bytes,
+        help="activation bytes per microbatch between stages",
+    )
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.add_argument(
+        "--show-pods", type=int, default=16, metavar="N", help="pods to list (default 16)"
+    )
+
+
+def _load_objects(path: str) -> list[dict[str, Any]]:
+    with open(path, encoding="utf-8") as fh:
+        docs = [d for d in yaml.safe_load_all(fh) if d is not None]
+    out: list[dict[str, Any]] = []
+    for d in docs:
+        if isinstance(d, list):
+            out.extend(x for x in d if isinstance(x, dict))
+        elif isinstance(d, dict) and "items" in d:
+            out.extend(x for x in d["items"] or () if isinstance(x, dict))
+        elif isinstance(d, dict):
+            out.append(d)
+    return out
+
+
+def _from_cluster(kubeconfig: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    import importlib
+
+    # Typed as Any: the kubernetes client ships without type hints.
+    k8s: Any = importlib.import_module("kubernetes")
+    k8s.config.load_kube_config(config_file=kubeconfig)
+    api = k8s.client.CoreV1Api()
+    to_dict = k8s.client.ApiClient().sanitize_for_serialization
+    nodes = [to_dict(n) for n in api.list_node().items]
+    pods = [
+        to_dict(p)
+        for p in api.list_pod_for_all_namespaces(
+            field_selector="status.phase!=Succeeded,status.phase!=Failed"
+        ).items
+    ]
+    return nodes, pods
+
+
+def _summary(pl: Placement, req: GangRequest, show: int) -> list[str]:
+    t = pl.rank_table
+    lines = [
+        f"placed {req.job}: {len(pl.nodes)} pods on {len(pl.nodes)} nodes + {len(pl.spares)} hot spares",
+        f"  mesh: pp {t.pp} x dp {t.dp} x tp {t.tp} = world {t.world_size}, {t.procs_per_node} procs per node",
+        f"  rails per data-parallel group: {pl.rails_per_dp_group} ({'rail-aligned' if pl.rail_aligned else 'NOT rail-aligned'})",
+        f"  leaf domains per data-parallel group: {pl.dp_leaf_spans} (least possible: {pl.dp_leaf_minimum})",
+    ]
+    for level, names in pl.domains.items():
+        shown = ", ".join(names[:6]) + (", ..." if len(names) > 6 else "")
+        lines.append(f"  {level}: {len(names)} domains ({shown})")
+    if pl.moved:
+        lines.append(f"  moved pods: {list(pl.moved)}")
+    lines.append(f"  pods (first {min(show, len(pl.nodes))}):")
+    lines.append(f"    {'pod':>5}  {'node':<28} {'ranks':<18} {'(pp,dp)':<10} peer")
+    for pe in t.pods[:show]:
+        rs = t.ranks_of_pod(pe.pod_index)
+        coords = sorted({(r.pp, r.dp) for r in rs})
+        span = f"{rs[0].rank}..{rs[-1].rank}" if rs else "-"
+        if len(rs) > 1 and rs[-1].rank - rs[0].rank != len(rs) - 1:
+            span = ",".join(str(r.rank) for r in rs[:4]) + (",..." if len(rs) > 4 else "")
+        lines.append(
+            f"    {pe.pod_index:>5}  {pe.node:<28} {span:<18} {str(coords[0]) if coords else '-':<10} {pe.replica_peer}"
+        )
+    if pl.spares:
+        lines.append(f"  spares: {', '.join(pl.spares)}")
+    lines.append("  network cost per step:")
+    lines.append(f"    {'level':<34} {'bytes':>12} {'seconds':>10}")
+    for c in pl.cost.levels:
+        lines.append(f"    {c.level:<34} {c.bytes_per_step / 1e9:>10.2f}GB {c.seconds:>10.4f}")
+    lines.append(f"    {'cross-rail':<34} {pl.cost.cross_rail_bytes / 1e9:>10.2f}GB")
+    lines.extend(f"  note: {n}" for n in pl.notes)
+    return lines
+
+
+def _as_json(pl: Placement | Unplaceable) -> dict[str, Any]:
+    if isinstance(pl, Unplaceable):
+        return {
+            "placed": False,
+            "constraint": pl.constraint,
+            "reason": pl.reason,
+            "short": pl.short,
+            "domains": list(pl.domains),
+        }
+    return {
+        "placed": True,
+        "nodes": list(pl.nodes),
+        "spares": list(pl.spares),
+        "domains": {k: list(v) for k, v in pl.domains.items()},
+        "railsPerDataParallelGroup": pl.rails_per_dp_group,
+        "leafDomainsPerDataParallelGroup": pl.dp_leaf_spans,
+        "crossBytesPerStep": pl.cost.as_dict(),
+        "moved": list(pl.moved),
+        "notes": list(pl.notes),
+    }
+
+
+def plan(
+    job_doc: Mapping[str, Any],
+    nodes: Sequence[Mapping[str, Any]],
+    pods: Sequence[Mapping[str, Any]] = (),
+    *,
+    fail: Sequence[str] = (),
+    cost_inputs: CostInputs | None = None,
+) -> tuple[GangRequest, Placement | Unplaceable, Placement | Unplaceable | None]:
+    """Plan a job (and, with ``fail``, its re-placement); the testable core of the command."""
+    from railyard.api.trainingjob import TrainingJob
+
+    job = TrainingJob.model_validate(job_doc)
+    req = build_gang_request(job, nodes=nodes)
+    topo = build_topology(
+        nodes, pods, levels=req.levels, tolerations=req.tolerations, ignore_job=req.job
+    )
+    first = plan_placement(topo, req, cost_inputs=cost_inputs)
+    second: Placement | Unplaceable | None = None
+    if fail and isinstance(first, Placement):
+        prev = PreviousPlacement(first.nodes, first.spares, frozenset(fail))
+        second = plan_placement(topo, req, previous=prev, cost_inputs=cost_inputs)
+    return req, first, second
+
+
+def run(args: argparse.Namespace) -> int:
+    from pydantic import ValidationError
+
+    try:
+        docs = _load_objects(args.job)
+        job_doc = next((d for d in docs if d.get("kind") in (None, "TrainingJob")), None)
+        if job_doc is None:
+            print(f"{args.job}: no TrainingJob found", file=sys.stderr)
+            return 1
+        if args.kubeconfig:
+            nodes, pods = _from_cluster(args.kubeconfig)
+        elif "=" in args.nodes and not args.nodes.endswith((".yaml", ".yml", ".json")):
+            nodes, pods = parse_synthetic_spec(args.nodes), []
+        else:
+            nodes = _load_objects(args.nodes)
+            pods = _load_objects(args.pods) if args.pods else []
+        inputs = CostInputs(param_bytes=args.param_bytes, activation_bytes=args.activation_bytes)
+        req, first, second = plan(job_doc, nodes, pods, fail=args.fail, cost_inputs=inputs)
+    except (OSError, yaml.YAMLError, ValueError, ValidationError) as exc:
+        print(f"railyard plan: {exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        out: dict[str, Any] = {"job": req.job, "placement": _as_json(first)}
+        if second is not None:
+            out["replacement"] = _as_json(second)
+        print(json.dumps(out, indent=2))
+    else:
+        for label, result in (
+            ("", first),
+            ("after failure of " + ", ".join(args.fail) + ": ", second),
+        ):
+            if result is None:
+                continue
+            if isinstance(result, Unplaceable):
+                print(f"{label}unplaceable ({result.constraint}): {result.reason}")
+            else:
+                print(label + "\n".join(_summary(result, req, args.show_pods)))
+    final = second if second is not None else first
+    return EXIT_UNPLACEABLE if isinstance(final, Unplaceable) else 0
