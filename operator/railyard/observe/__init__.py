@@ -1,1 +1,1 @@
-"""Observability: Prometheus metrics and the heartbeat ingest endpoint (I/O layer)."""
+"""What the operator observes of running jobs: heartbeat ingest and store, health metrics."""

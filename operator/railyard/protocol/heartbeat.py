@@ -22,6 +22,10 @@ SCHEMA_VERSION = 1
 #: Upper bound for one batch, enforced by the ingest endpoint (413 beyond).
 MAX_BODY_BYTES = 256 * 1024
 MAX_RANKS_PER_BATCH = 64
+#: Most per-step compute samples one rank may carry in ``recent_compute_s``.
+MAX_RECENT_STEPS = 64
+#: Most health results one rank may carry in one beat.
+MAX_HEALTH_RESULTS = 32
 
 
 class HeartbeatError(ValueError):
@@ -36,6 +40,10 @@ class HealthResult:
     ok: bool
     step: int
     detail: str = ""
+    #: Rank the check blames (a majority vote can name another rank); -1: this rank / nobody.
+    suspect_rank: int = -1
+    #: A confirmed corruption (replay mismatch, known-answer outvoted), not just a symptom.
+    confirmed: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +62,10 @@ class RankBeat:
     saving: bool = False
     tokens_per_s: float = 0.0
     health: tuple[HealthResult, ...] = ()
+    #: Compute times of the steps since the previous beat, oldest first, ending at ``step``
+    #: (at most MAX_RECENT_STEPS). Lets the operator score per step when beats are sparser
+    #: than steps; empty means only ``compute_s`` is known.
+    recent_compute_s: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,6 +152,16 @@ def _rank(r: Any, where: str) -> RankBeat:
     health_raw = r.get("health", [])
     if not isinstance(health_raw, list):
         raise HeartbeatError(f"{where}.health: expected a list")
+    if len(health_raw) > MAX_HEALTH_RESULTS:
+        raise HeartbeatError(f"{where}.health: {len(health_raw)} entries, at most {MAX_HEALTH_RESULTS}")
+    recent_raw = r.get("recent_compute_s", [])
+    if not isinstance(recent_raw, list) or len(recent_raw) > MAX_RECENT_STEPS:
+        raise HeartbeatError(f"{where}.recent_compute_s: expected a list of at most {MAX_RECENT_STEPS} numbers")
+    recent: list[float] = []
+    for v in recent_raw:
+        if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v < 0:
+            raise HeartbeatError(f"{where}.recent_compute_s: expected finite non-negative numbers, got {v!r}")
+        recent.append(float(v))
     health = []
     for j, h in enumerate(health_raw):
         hw = f"{where}.health[{j}]"
@@ -151,6 +173,8 @@ def _rank(r: Any, where: str) -> RankBeat:
                 ok=_bool(h, "ok", where=hw),
                 step=_int(h, "step", where=hw, minimum=0),
                 detail=_str(h, "detail", default="", where=hw),
+                suspect_rank=_int(h, "suspect_rank", default=-1, where=hw, minimum=-1),
+                confirmed=_bool(h, "confirmed", default=False, where=hw),
             )
         )
     return RankBeat(
@@ -164,6 +188,7 @@ def _rank(r: Any, where: str) -> RankBeat:
         saving=_bool(r, "saving", default=False, where=where),
         tokens_per_s=_float(r, "tokens_per_s", default=0.0, where=where, minimum=0.0),
         health=tuple(health),
+        recent_compute_s=tuple(recent),
     )
 
 

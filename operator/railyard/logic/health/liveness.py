@@ -1,0 +1,139 @@
+"""Dead and hung ranks.
+
+Dead: a rank of a Running pod sent nothing for ``heartbeat_timeout_s`` (or a Running pod never
+sent anything within ``first_heartbeat_timeout_s``). Hung: heartbeats still arrive but the step
+has not advanced within max(k x p99 step time, floor). A rank that says it is saving is never
+hung, and the clock restarts when the save ends, so long checkpoint writes are not hangs.
+Verdicts are one per pod (naming its lowest affected rank): a hang usually stops every rank,
+and 2,048 verdicts are easier to act on than 16,384.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+
+from railyard.logic.health.model import (
+    Action,
+    FaultKind,
+    HealthPolicy,
+    PodStatus,
+    RankSignals,
+    Verdict,
+)
+from railyard.logic.health.stats import quantile
+
+RUNNING = "Running"
+
+
+def compute_hang_timeout(step_times: Sequence[float], policy: HealthPolicy) -> float:
+    """max(k x p99 step time, floor); before any step completed, the first-step timeout."""
+    if not step_times:
+        return max(policy.first_step_timeout_s, policy.hang_timeout_floor_s)
+    return max(policy.hang_p99_multiplier * quantile(step_times, 0.99), policy.hang_timeout_floor_s)
+
+
+def decide_dead_ranks(
+    ranks: Iterable[RankSignals],
+    pods: Mapping[int, PodStatus],
+    policy: HealthPolicy,
+    now: float,
+) -> list[Verdict]:
+    worst: dict[int, tuple[RankSignals, int]] = {}
+    seen_pods: set[int] = set()
+    for r in ranks:
+        seen_pods.add(r.pod_index)
+        pod = pods.get(r.pod_index)
+        if pod is None or pod.phase != RUNNING:
+            continue
+        if now - r.last_seen_at > policy.heartbeat_timeout_s:
+            prev = worst.get(r.pod_index)
+            if prev is None:
+                worst[r.pod_index] = (r, 1)
+            else:
+                first = prev[0] if prev[0].rank < r.rank else r
+                worst[r.pod_index] = (first, prev[1] + 1)
+    out = []
+    for pod_index, (r, count) in sorted(worst.items()):
+        pod = pods[pod_index]
+        age = now - r.last_seen_at
+        out.append(
+            Verdict(
+                kind=FaultKind.DEAD,
+                rank=r.rank,
+                node=pod.node or r.node,
+                pod_index=pod_index,
+                reason="HeartbeatTimeout",
+                message=(
+                    f"{count} rank(s) of pod {pod_index} (first: rank {r.rank}) sent no heartbeat "
+                    f"for {age:.1f}s (timeout {policy.heartbeat_timeout_s:g}s) while the pod is Running"
+                ),
+                detected_at=now,
+                fault_at=r.last_seen_at,
+                action=Action.RESTART,
+            )
+        )
+    for pod_index, pod in sorted(pods.items()):
+        if pod_index in seen_pods or pod.phase != RUNNING or pod.running_since is None:
+            continue
+        if now - pod.running_since > policy.first_heartbeat_timeout_s:
+            out.append(
+                Verdict(
+                    kind=FaultKind.DEAD,
+                    rank=-1,
+                    node=pod.node,
+                    pod_index=pod_index,
+                    reason="NoFirstHeartbeat",
+                    message=(
+                        f"pod {pod_index} has been Running for {now - pod.running_since:.0f}s "
+                        f"without a heartbeat (limit {policy.first_heartbeat_timeout_s:g}s)"
+                    ),
+                    detected_at=now,
+                    fault_at=pod.running_since,
+                    action=Action.RESTART,
+                )
+            )
+    return out
+
+
+def decide_hung_ranks(
+    ranks: Iterable[RankSignals],
+    pods: Mapping[int, PodStatus],
+    hang_timeout_s: float,
+    policy: HealthPolicy,
+    now: float,
+) -> list[Verdict]:
+    worst: dict[int, tuple[RankSignals, int]] = {}
+    for r in ranks:
+        pod = pods.get(r.pod_index)
+        if pod is None or pod.phase != RUNNING or r.saving:
+            continue
+        if now - r.last_seen_at > policy.heartbeat_timeout_s:
+            continue  # silent, not hung: the dead rule owns it
+        since = max(r.step_advanced_at, r.last_saving_at)
+        if now - since > hang_timeout_s:
+            prev = worst.get(r.pod_index)
+            if prev is None:
+                worst[r.pod_index] = (r, 1)
+            else:
+                first = prev[0] if prev[0].rank < r.rank else r
+                worst[r.pod_index] = (first, prev[1] + 1)
+    out = []
+    for pod_index, (r, count) in sorted(worst.items()):
+        since = max(r.step_advanced_at, r.last_saving_at)
+        out.append(
+            Verdict(
+                kind=FaultKind.HANG,
+                rank=r.rank,
+                node=pods[pod_index].node or r.node,
+                pod_index=pod_index,
+                reason="StepStalled",
+                message=(
+                    f"{count} rank(s) of pod {pod_index} (first: rank {r.rank}) stuck at step {r.step} "
+                    f"for {now - since:.1f}s (hang timeout {hang_timeout_s:.1f}s) while heartbeats arrive"
+                ),
+                detected_at=now,
+                fault_at=since,
+                action=Action.RESTART,
+            )
+        )
+    return out

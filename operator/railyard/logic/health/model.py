@@ -1,0 +1,205 @@
+"""The vocabulary of health decisions: policy, the signals the store exposes, and verdicts.
+
+The detection rules read the heartbeat store through the small read-only protocols below, so
+the store's own per-rank objects are evaluated in place (no copy of 16,384 windows per timer
+tick) and tests can feed plain dataclasses.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from railyard.protocol.heartbeat import HealthResult
+
+
+class FaultKind(enum.StrEnum):
+    DEAD = "Dead"
+    HANG = "Hang"
+    STRAGGLER = "Straggler"
+    SDC = "SDC"
+    SUSPECTED_SDC = "SuspectedSDC"
+
+
+class Action(enum.StrEnum):
+    REPORT = "Report"
+    RESTART = "Restart"
+
+
+@dataclass(frozen=True, slots=True)
+class HealthPolicy:
+    """Detection settings; :meth:`from_spec` reads a TrainingJob's ``spec.health``."""
+
+    heartbeat_interval_s: float = 2.0
+    heartbeat_timeout_s: float = 10.0
+    hang_timeout_floor_s: float = 10.0
+    hang_p99_multiplier: float = 3.0
+    #: Before the first step completes there is no p99: a rank may take this long (compile, load).
+    first_step_timeout_s: float = 600.0
+    #: A Running pod that never sent a heartbeat is dead after this long.
+    first_heartbeat_timeout_s: float = 300.0
+    straggler_threshold: float = 0.9
+    straggler_window_steps: int = 20
+    #: A rank is flagged when its score is below the threshold at this many consecutive step
+    #: positions (windows ending at the newest step, the one before, ...); cleared likewise.
+    straggler_confirm_steps: int = 3
+    #: Clear a flag only once the score is back above threshold + margin (hysteresis band).
+    straggler_clear_margin: float = 0.05
+    straggler_action: Action = Action.REPORT
+    sdc_action: Action = Action.RESTART
+    #: How many of the slowest ranks a report (and the metrics) name.
+    slowest_ranks_reported: int = 5
+
+    @classmethod
+    def from_spec(cls, health: Mapping[str, Any] | None) -> HealthPolicy:
+        """Build from ``spec.health`` as a dict (camelCase, as stored in the object)."""
+        h = dict(health or {})
+        s = dict(h.get("straggler") or {})
+        d = dict(h.get("sdc") or {})
+        base = cls()
+
+        def num(src: Mapping[str, Any], key: str, default: float) -> float:
+            v = src.get(key, default)
+            if isinstance(v, bool) or not isinstance(v, int | float) or v < 0:
+                raise ValueError(f"spec.health.{key}: expected a non-negative number, got {v!r}")
+            return float(v)
+
+        def act(src: Mapping[str, Any], key: str, default: Action) -> Action:
+            v = src.get("action", default.value)
+            try:
+                return Action(v)
+            except ValueError:
+                raise ValueError(f"spec.health.{key}.action: expected Report or Restart, got {v!r}") from None
+
+        return cls(
+            heartbeat_interval_s=num(h, "heartbeatIntervalSeconds", base.heartbeat_interval_s),
+            heartbeat_timeout_s=num(h, "heartbeatTimeoutSeconds", base.heartbeat_timeout_s),
+            hang_timeout_floor_s=num(h, "hangTimeoutSeconds", base.hang_timeout_floor_s),
+            hang_p99_multiplier=num(h, "hangP99Multiplier", base.hang_p99_multiplier),
+            straggler_threshold=num(s, "threshold", base.straggler_threshold),
+            straggler_window_steps=max(3, int(num(s, "windowSteps", base.straggler_window_steps))),
+            straggler_action=act(s, "straggler", base.straggler_action),
+            sdc_action=act(d, "sdc", base.sdc_action),
+        )
+
+
+class RankSignals(Protocol):
+    """What detection reads about one rank (the store's per-rank window implements it)."""
+
+    @property
+    def rank(self) -> int: ...
+    @property
+    def pod_index(self) -> int: ...
+    @property
+    def node(self) -> str: ...
+    @property
+    def last_seen_at(self) -> float: ...
+    @property
+    def step(self) -> int: ...
+    #: When ``step`` last increased (arrival time of that beat).
+    @property
+    def step_advanced_at(self) -> float: ...
+    @property
+    def saving(self) -> bool: ...
+    #: Last arrival time at which the rank said it was saving (-inf: never).
+    @property
+    def last_saving_at(self) -> float: ...
+    def recent_compute(self, n: int) -> Sequence[float]:
+        """Up to ``n`` newest per-step compute times, oldest first."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class HealthEvent:
+    """A failed health check as received, numbered so each is judged once."""
+
+    seq: int
+    rank: int
+    pod_index: int
+    node: str
+    arrived_at: float
+    result: HealthResult
+
+
+class JobSignals(Protocol):
+    @property
+    def attempt(self) -> int: ...
+    def rank_signals(self) -> Iterable[RankSignals]: ...
+    def recent_step_times(self, n: int) -> Sequence[float]: ...
+    def health_events(self) -> Sequence[HealthEvent]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class PodStatus:
+    """What the operator knows about one pod of the current attempt."""
+
+    pod_index: int
+    phase: str
+    node: str = ""
+    #: When the pod became Running (None: unknown or not Running).
+    running_since: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    kind: FaultKind
+    rank: int
+    node: str
+    pod_index: int
+    #: CamelCase reason for Events and conditions (HeartbeatTimeout, StepStalled, ...).
+    reason: str
+    message: str
+    detected_at: float
+    #: Best estimate of when the fault began (for the fault-to-detection metric).
+    fault_at: float
+    action: Action
+    #: The operator should quarantine ``node`` (confirmed SDC or a straggler with Restart).
+    quarantine_node: bool = False
+    score: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class StragglerScore:
+    rank: int
+    node: str
+    pod_index: int
+    #: Median of the other ranks' median compute time over this rank's (1.0: typical).
+    score: float
+    #: NVRx-style relative score: median over all ranks (self included) over this rank's.
+    nvrx_score: float
+    #: This rank's median compute time over the window (seconds).
+    median_compute_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class HealthState:
+    """What one evaluation hands to the next (keep it per job; reset on a new attempt)."""
+
+    attempt: int = -1
+    #: Open dead/hang conditions (kind, pod index) already reported, so each is reported once.
+    open: frozenset[tuple[FaultKind, int]] = frozenset()
+    #: Flagged stragglers: rank -> score at flag time.
+    stragglers: Mapping[int, float] = field(default_factory=dict)
+    sdc_seen_seq: int = -1
+
+
+@dataclass(frozen=True, slots=True)
+class HealthDecision:
+    #: Newly detected faults (emit an Event and count a metric for each).
+    verdicts: tuple[Verdict, ...]
+    #: Everything still wrong now (dead/hung ranks, flagged stragglers).
+    active: tuple[Verdict, ...]
+    state: HealthState
+    #: True when a new verdict asks for a gang restart.
+    restart: bool
+    quarantine_nodes: tuple[str, ...]
+    #: The slowest ranks by score (lowest first), for status and metrics.
+    slowest: tuple[StragglerScore, ...]
+    stragglers: tuple[StragglerScore, ...]
+    hang_timeout_s: float
+    p50_step_time_s: float | None
+    p99_step_time_s: float | None
+    #: Age of the stalest heartbeat among ranks of Running pods (None: no ranks seen).
+    max_heartbeat_age_s: float | None

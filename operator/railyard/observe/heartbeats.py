@@ -1,0 +1,326 @@
+"""Heartbeat ingest: an aiohttp route and the bounded in-memory store behind it.
+
+Each pod posts one batch for its local ranks every interval (protocol.heartbeat). The store
+keeps, per job, a fixed-size rolling window per rank (``collections.deque``), the job's recent
+step times, failed health checks, the last checkpoint events per tier and what the attempt
+restored from. Work per rank beat is constant; memory is bounded by ranks x window. The rank
+windows implement ``logic.health.RankSignals`` so the detection rules read them in place.
+
+All times are Unix seconds (``time.time()``), the clock pod start times use too.
+"""
+
+from __future__ import annotations
+
+import enum
+import hmac
+import inspect
+import logging
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass
+from itertools import islice
+from typing import TYPE_CHECKING
+
+from aiohttp import web
+
+from railyard.logic.health import HealthEvent
+from railyard.protocol.heartbeat import (
+    MAX_BODY_BYTES,
+    CheckpointEvent,
+    HeartbeatBatch,
+    HeartbeatError,
+    RankBeat,
+    parse_heartbeat,
+)
+
+if TYPE_CHECKING:
+    from railyard.observe.health_metrics import HealthMetrics
+
+log = logging.getLogger(__name__)
+
+#: Steps kept per rank (compute times, and step/step_time/loss/grad_norm samples).
+DEFAULT_WINDOW = 256
+HEALTH_EVENTS_KEPT = 1024
+CHECKPOINT_EVENTS_PER_TIER = 8
+ROUTE = "/v1/heartbeats/{namespace}/{job}"
+
+#: token_for(namespace, job): the job's token, or None for an unknown job. May be async.
+TokenLookup = Callable[[str, str], "str | Awaitable[str | None] | None"]
+
+
+@dataclass(frozen=True, slots=True)
+class StepSample:
+    arrived_at: float
+    step: int
+    step_time_s: float
+    compute_s: float
+    loss: float | None
+    grad_norm: float | None
+
+
+class RankWindow:
+    """One rank's recent history. Implements ``logic.health.RankSignals``."""
+
+    __slots__ = (
+        "compute",
+        "last_beat",
+        "last_saving_at",
+        "last_seen_at",
+        "node",
+        "pod_index",
+        "rank",
+        "samples",
+        "saving",
+        "step",
+        "step_advanced_at",
+    )
+
+    def __init__(self, rank: int, window: int) -> None:
+        self.rank = rank
+        self.pod_index = -1
+        self.node = ""
+        self.last_seen_at = float("-inf")
+        self.step = -1
+        self.step_advanced_at = float("-inf")
+        self.saving = False
+        self.last_saving_at = float("-inf")
+        self.compute: deque[float] = deque(maxlen=window)
+        self.samples: deque[StepSample] = deque(maxlen=window)
+        self.last_beat: RankBeat | None = None
+
+    def update(self, b: RankBeat, pod_index: int, node: str, now: float) -> bool:
+        """Record one beat; True when the step advanced."""
+        self.last_seen_at = now
+        self.pod_index = pod_index
+        self.node = node
+        self.saving = b.saving
+        if b.saving:
+            self.last_saving_at = now
+        self.last_beat = b
+        if b.step <= self.step:
+            return False
+        advanced = b.step - self.step if self.step >= 0 else len(b.recent_compute_s) or 1
+        self.step = b.step
+        self.step_advanced_at = now
+        if b.recent_compute_s:
+            k = min(advanced, len(b.recent_compute_s))
+            self.compute.extend(b.recent_compute_s[-k:])
+        elif b.compute_s > 0.0:
+            self.compute.append(b.compute_s)
+        self.samples.append(StepSample(now, b.step, b.step_time_s, b.compute_s, b.loss, b.grad_norm))
+        return True
+
+    def recent_compute(self, n: int) -> Sequence[float]:
+        c = self.compute
+        if n >= len(c):
+            return list(c)
+        out = list(islice(reversed(c), n))
+        out.reverse()
+        return out
+
+
+class JobWindow:
+    """One job's heartbeat state. Implements ``logic.health.JobSignals``."""
+
+    def __init__(self, namespace: str, job: str, attempt: int, window: int) -> None:
+        self.namespace = namespace
+        self.job = job
+        self.attempt = attempt
+        self.window = window
+        self.ranks: dict[int, RankWindow] = {}
+        self.step_times: deque[float] = deque(maxlen=1024)
+        self.max_step = -1
+        self.health: deque[HealthEvent] = deque(maxlen=HEALTH_EVENTS_KEPT)
+        self.health_seq = 0
+        self.checkpoints: dict[str, deque[tuple[float, CheckpointEvent]]] = {}
+        self.restored_tier = ""
+        self.restored_step = -1
+        self.batches = 0
+        self.rank_beats = 0
+
+    def ingest(self, batch: HeartbeatBatch, now: float) -> None:
+        self.batches += 1
+        for b in batch.ranks:
+            rw = self.ranks.get(b.rank)
+            if rw is None:
+                rw = self.ranks[b.rank] = RankWindow(b.rank, self.window)
+            if rw.update(b, batch.pod_index, batch.node, now) and b.step > self.max_step:
+                self.max_step = b.step
+                if b.step_time_s > 0.0:
+                    self.step_times.append(b.step_time_s)
+            for res in b.health:
+                if not res.ok:
+                    self.health_seq += 1
+                    self.health.append(HealthEvent(self.health_seq, b.rank, batch.pod_index, batch.node, now, res))
+        self.rank_beats += len(batch.ranks)
+        for cp in batch.checkpoints:
+            q = self.checkpoints.get(cp.tier)
+            if q is None:
+                q = self.checkpoints[cp.tier] = deque(maxlen=CHECKPOINT_EVENTS_PER_TIER)
+            q.append((now, cp))
+        if batch.restored_tier:
+            self.restored_tier = batch.restored_tier
+            self.restored_step = batch.restored_step
+
+    # JobSignals
+    def rank_signals(self) -> Iterable[RankWindow]:
+        return self.ranks.values()
+
+    def recent_step_times(self, n: int) -> Sequence[float]:
+        st = self.step_times
+        return list(st) if n >= len(st) else list(islice(st, len(st) - n, None))
+
+    def health_events(self) -> Sequence[HealthEvent]:
+        return list(self.health)
+
+    def last_checkpoints(self) -> dict[str, CheckpointEvent]:
+        """Newest checkpoint event per tier."""
+        return {tier: q[-1][1] for tier, q in self.checkpoints.items() if q}
+
+
+class IngestResult(enum.Enum):
+    ACCEPTED = "accepted"
+    STALE_ATTEMPT = "stale_attempt"
+
+
+class HeartbeatStore:
+    """All jobs' windows. The operator calls :meth:`begin_attempt` when it starts an attempt."""
+
+    def __init__(self, window: int = DEFAULT_WINDOW) -> None:
+        if window < 8:
+            raise ValueError(f"window: {window} is too small, use at least 8 steps")
+        self.window = window
+        self._jobs: dict[tuple[str, str], JobWindow] = {}
+
+    def begin_attempt(self, namespace: str, job: str, attempt: int) -> JobWindow:
+        """The job's current attempt; a higher one drops the old attempt's windows."""
+        key = (namespace, job)
+        jw = self._jobs.get(key)
+        if jw is None or attempt > jw.attempt:
+            jw = self._jobs[key] = JobWindow(namespace, job, attempt, self.window)
+        return jw
+
+    def forget_job(self, namespace: str, job: str) -> None:
+        self._jobs.pop((namespace, job), None)
+
+    def job(self, namespace: str, job: str) -> JobWindow | None:
+        return self._jobs.get((namespace, job))
+
+    def jobs(self) -> list[JobWindow]:
+        return list(self._jobs.values())
+
+    def ingest(self, namespace: str, job: str, batch: HeartbeatBatch, now: float) -> IngestResult:
+        """Store an authenticated, parsed batch. An older attempt changes nothing."""
+        jw = self._jobs.get((namespace, job))
+        if jw is not None and batch.attempt < jw.attempt:
+            return IngestResult.STALE_ATTEMPT
+        if jw is None or batch.attempt > jw.attempt:
+            jw = self.begin_attempt(namespace, job, batch.attempt)
+        jw.ingest(batch, now)
+        return IngestResult.ACCEPTED
+
+
+def _refuse(status: int, message: str) -> web.Response:
+    headers = {"WWW-Authenticate": 'Bearer realm="railyard"'} if status == 401 else None
+    return web.json_response({"error": message}, status=status, headers=headers)
+
+
+async def _read_limited(request: web.Request, limit: int) -> bytes | None:
+    buf = bytearray()
+    async for chunk in request.content.iter_chunked(64 * 1024):
+        buf += chunk
+        if len(buf) > limit:
+            return None
+    return bytes(buf)
+
+
+def build_heartbeat_handler(
+    store: HeartbeatStore,
+    token_for: TokenLookup,
+    *,
+    metrics: HealthMetrics | None = None,
+    clock: Callable[[], float] = time.time,
+    max_body_bytes: int = MAX_BODY_BYTES,
+) -> Callable[[web.Request], Awaitable[web.Response]]:
+    """The request handler alone, for an operator that owns its aiohttp application."""
+
+    def done(code: int, resp: web.Response) -> web.Response:
+        if metrics is not None:
+            metrics.count_request(code)
+        return resp
+
+    async def handle(request: web.Request) -> web.Response:
+        namespace = request.match_info["namespace"]
+        job = request.match_info["job"]
+        if request.content_length is not None and request.content_length > max_body_bytes:
+            return done(413, _refuse(413, f"body: {request.content_length} bytes is over the {max_body_bytes} byte limit"))
+        auth = request.headers.get("Authorization", "")
+        scheme, _, token = auth.partition(" ")
+        token = token.strip()
+        if scheme.lower() != "bearer" or not token:
+            return done(401, _refuse(401, "Authorization: expected 'Bearer <job token>' (the token from the job's Secret)"))
+        expected = token_for(namespace, job)
+        if inspect.isawaitable(expected):
+            expected = await expected
+        if expected is None:
+            return done(404, _refuse(404, f"job {namespace}/{job} is not known to this operator"))
+        if not hmac.compare_digest(token.encode(), str(expected).encode()):
+            return done(403, _refuse(403, f"Authorization: the token is not {namespace}/{job}'s"))
+        body = await _read_limited(request, max_body_bytes)
+        if body is None:
+            return done(413, _refuse(413, f"body: over the {max_body_bytes} byte limit"))
+        try:
+            batch = parse_heartbeat(body)
+        except HeartbeatError as exc:
+            return done(400, _refuse(400, str(exc)))
+        if batch.job != job:
+            return done(400, _refuse(400, f"job: the body names {batch.job!r} but the URL names {job!r}"))
+        if store.ingest(namespace, job, batch, clock()) is IngestResult.STALE_ATTEMPT:
+            jw = store.job(namespace, job)
+            current = jw.attempt if jw else -1
+            return done(409, _refuse(409, f"attempt: {batch.attempt} is older than the job's current attempt {current}"))
+        if metrics is not None:
+            metrics.count_beats(namespace, job, batch)
+        return done(204, web.Response(status=204))
+
+    return handle
+
+
+def add_heartbeat_routes(
+    app: web.Application,
+    store: HeartbeatStore,
+    token_for: TokenLookup,
+    *,
+    metrics: HealthMetrics | None = None,
+    clock: Callable[[], float] = time.time,
+) -> None:
+    app.router.add_post(ROUTE, build_heartbeat_handler(store, token_for, metrics=metrics, clock=clock))
+
+
+def build_heartbeat_app(
+    store: HeartbeatStore,
+    token_for: TokenLookup,
+    *,
+    metrics: HealthMetrics | None = None,
+    clock: Callable[[], float] = time.time,
+) -> web.Application:
+    app = web.Application(client_max_size=MAX_BODY_BYTES + 1)
+    add_heartbeat_routes(app, store, token_for, metrics=metrics, clock=clock)
+    return app
+
+
+class StaticTokens:
+    """A dict-backed ``token_for`` (tests, benchmarks; the operator fills it from Secrets)."""
+
+    def __init__(self, tokens: dict[tuple[str, str], str] | None = None) -> None:
+        self.tokens: dict[tuple[str, str], str] = dict(tokens or {})
+
+    def set(self, namespace: str, job: str, token: str) -> None:
+        self.tokens[(namespace, job)] = token
+
+    def remove(self, namespace: str, job: str) -> None:
+        self.tokens.pop((namespace, job), None)
+
+    def __call__(self, namespace: str, job: str) -> str | None:
+        return self.tokens.get((namespace, job))
