@@ -454,6 +454,9 @@ class TrainingJobStatus(_Model):
     start_time: Annotated[str | None, Field(description="When the first gang started running.")] = None
     completion_time: Annotated[str | None, Field(description="When the job succeeded or failed.")] = None
     time_to_all_ready_seconds: Annotated[float | None, Field(description="Seconds from gang creation to all pods Running in the current attempt.")] = None
+    gang_created_time: Annotated[str | None, Field(description="When the current attempt's pods were created (the gang schedule timeout counts from here).")] = None
+    failure_time: Annotated[str | None, Field(description="When the failure that ended the previous attempt was detected.")] = None
+    next_attempt_time: Annotated[str | None, Field(description="Restart backoff: the next gang is not placed before this time.")] = None
 
 
 class ObjectMeta(BaseModel):

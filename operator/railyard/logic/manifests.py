@@ -1,0 +1,360 @@
+"""Pure builders of the objects a gang is made of: Service, ConfigMap, Secret and Pods.
+
+Everything here is a function of the TrainingJob, the attempt and the rank table, so a repeated
+reconcile builds byte-identical objects with identical names and "create" is idempotent
+(an AlreadyExists answer means the work was done). The pod contract (env vars, mounts) is the
+trainer's, see docs/trainer.md; the NCCL defaults keep each rank's inter-node traffic on the
+NIC of its own rail.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from railyard import GROUP
+from railyard.api.trainingjob import API_VERSION, DEFAULT_IMAGE, KIND, TrainingJobSpec
+from railyard.protocol.ranktable import PodEntry, RankTable
+
+# labels, annotations, names ------------------------------------------------------------------
+JOB_LABEL = f"{GROUP}/job"
+ATTEMPT_LABEL = f"{GROUP}/attempt"
+POD_INDEX_LABEL = f"{GROUP}/pod-index"
+MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
+MANAGED_BY = "railyard"
+GANG_GATE = f"{GROUP}/gang"
+NODE_ANNOTATION = f"{GROUP}/node"
+CONFIG_DIR = "/etc/railyard"
+CONFIG_FILE = "config.json"
+RANK_TABLE_FILE = "ranktable.json"
+TOKEN_KEY = "token"
+MASTER_PORT = 29500
+CONTAINER_NAME = "trainer"
+DEFAULT_COMMAND = ("railyard-train",)
+CHECKPOINT_MOUNTS = {"memory": "/railyard/checkpoints/memory", "local": "/railyard/checkpoints/local", "shared": "/railyard/checkpoints/shared"}
+
+#: NCCL settings that keep rail traffic on its rail; ``spec.nccl`` overrides any of them.
+NCCL_DEFAULTS: Mapping[str, str] = {
+    # never send a rank's traffic through another rail's NIC
+    "NCCL_CROSS_NIC": "0",
+    # rings and trees built per rail: let NCCL pick the NIC nearest each GPU
+    "NCCL_NET_GDR_LEVEL": "PHB",
+    "NCCL_IB_QPS_PER_CONNECTION": "4",
+    "NCCL_SOCKET_IFNAME": "^lo,docker",
+    "NCCL_ASYNC_ERROR_HANDLING": "1",
+    "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
+}
+
+
+def pod_name(job: str, attempt: int, pod_index: int) -> str:
+    return f"{job}-a{attempt}-{pod_index}"
+
+
+def hostname(job: str, pod_index: int) -> str:
+    return f"{job}-{pod_index}"
+
+
+def service_name(job: str) -> str:
+    return job
+
+
+def configmap_name(job: str, attempt: int) -> str:
+    return f"{job}-a{attempt}"
+
+
+def secret_name(job: str) -> str:
+    return f"{job}-heartbeat"
+
+
+def pod_address(job: str, namespace: str, pod_index: int) -> str:
+    """The stable DNS name of a pod: ``<job>-<i>.<job>.<ns>.svc``."""
+    return f"{hostname(job, pod_index)}.{service_name(job)}.{namespace}.svc"
+
+
+def check_names(job: str, nodes: int) -> list[str]:
+    """Problems with a job name as the stem of pod hostnames (DNS labels of <= 63 chars)."""
+    longest = len(hostname(job, max(nodes - 1, 0)))
+    longest_pod = len(pod_name(job, 9999, max(nodes - 1, 0)))
+    problems = []
+    if longest > 63:
+        problems.append(f"metadata.name: {job!r} is too long: pod hostnames <name>-<index> must fit 63 characters; use a name of at most {63 - (longest - len(job))} characters")
+    if longest_pod > 253:
+        problems.append("metadata.name: too long for pod names")
+    return problems
+
+
+def owner_reference(job: Mapping[str, Any]) -> dict[str, Any]:
+    meta = job.get("metadata") or {}
+    return {
+        "apiVersion": API_VERSION,
+        "kind": KIND,
+        "name": meta.get("name"),
+        "uid": meta.get("uid"),
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def job_labels(job: str) -> dict[str, str]:
+    return {JOB_LABEL: job, MANAGED_BY_LABEL: MANAGED_BY}
+
+
+def _meta(name: str, namespace: str, labels: Mapping[str, str], owner: Mapping[str, Any]) -> dict[str, Any]:
+    return {"name": name, "namespace": namespace, "labels": dict(labels), "ownerReferences": [dict(owner)]}
+
+
+# objects --------------------------------------------------------------------------------------
+
+
+def build_service(job: str, namespace: str, owner: Mapping[str, Any]) -> dict[str, Any]:
+    """Headless, publishing not-ready addresses: rendezvous must resolve before pods are Ready."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _meta(service_name(job), namespace, job_labels(job), owner),
+        "spec": {
+            "clusterIP": "None",
+            "publishNotReadyAddresses": True,
+            "selector": {JOB_LABEL: job},
+            "ports": [{"name": "rendezvous", "port": MASTER_PORT, "targetPort": MASTER_PORT, "protocol": "TCP"}],
+        },
+    }
+
+
+def build_secret(job: str, namespace: str, owner: Mapping[str, Any], token: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "type": "Opaque",
+        "metadata": _meta(secret_name(job), namespace, job_labels(job), owner),
+        "data": {TOKEN_KEY: base64.b64encode(token.encode()).decode()},
+    }
+
+
+def build_trainer_config(
+    spec: TrainingJobSpec,
+    *,
+    job: str,
+    namespace: str,
+    attempt: int,
+    restore: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """``config.json`` as the trainer reads it (railyard_trainer.config)."""
+    p = spec.parallelism
+    return {
+        "job": job,
+        "namespace": namespace,
+        "attempt": attempt,
+        "trainer": spec.trainer.model_dump(by_alias=True, exclude_none=True, mode="json"),
+        "parallelism": {
+            "tensor": p.tensor,
+            "pipeline": p.pipeline,
+            "data": spec.data_parallel or -1,
+            "pipelineSchedule": p.pipeline_schedule,
+            "microbatches": p.microbatches or 0,
+        },
+        "checkpoint": spec.checkpoint.model_dump(by_alias=True, exclude_none=True, mode="json"),
+        "health": spec.health.model_dump(by_alias=True, exclude_none=True, mode="json"),
+        "restore": None if restore is None else dict(restore),
+    }
+
+
+def build_configmap(
+    job: str,
+    namespace: str,
+    owner: Mapping[str, Any],
+    *,
+    attempt: int,
+    rank_table: RankTable,
+    config: Mapping[str, Any],
+) -> dict[str, Any]:
+    labels = {**job_labels(job), ATTEMPT_LABEL: str(attempt)}
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": _meta(configmap_name(job, attempt), namespace, labels, owner),
+        "data": {
+            RANK_TABLE_FILE: rank_table.to_json(),
+            CONFIG_FILE: json.dumps(config, sort_keys=True, separators=(",", ":")),
+        },
+    }
+
+
+def with_addresses(table: RankTable, namespace: str) -> RankTable:
+    """The rank table with each pod's stable DNS name and the rendezvous address filled in."""
+    pods = tuple(
+        PodEntry(p.pod_index, p.node, pod_address(table.job, namespace, p.pod_index), p.replica_peer)
+        for p in table.pods
+    )
+    return RankTable(
+        job=table.job, attempt=table.attempt, pp=table.pp, dp=table.dp, tp=table.tp,
+        procs_per_node=table.procs_per_node, pods=pods, ranks=table.ranks,
+        master_addr=pod_address(table.job, namespace, 0), master_port=MASTER_PORT,
+    )
+
+
+def _security(spec: TrainingJobSpec) -> tuple[dict[str, Any], dict[str, Any]]:
+    pod_sc: dict[str, Any] = {"seccompProfile": {"type": "RuntimeDefault"}}
+    container_sc: dict[str, Any] = {
+        "allowPrivilegeEscalation": False,
+        "privileged": False,
+        "capabilities": {"drop": ["ALL"]},
+    }
+    if spec.image == DEFAULT_IMAGE:
+        # our image runs as an unprivileged user; a custom image may need root, so only ours is forced
+        pod_sc.update({"runAsNonRoot": True, "runAsUser": 1000, "runAsGroup": 1000, "fsGroup": 1000})
+    return pod_sc, container_sc
+
+
+def _volumes(spec: TrainingJobSpec, job: str, namespace: str, attempt: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    ck = spec.checkpoint
+    per_job = f"{namespace}/{job}"
+    volumes: list[dict[str, Any]] = [
+        {"name": "railyard-config", "configMap": {"name": configmap_name(job, attempt)}},
+        {"name": "ckpt-memory", "hostPath": {"path": f"{ck.memory.host_path.rstrip('/')}/{per_job}", "type": "DirectoryOrCreate"}},
+        {"name": "ckpt-local", "hostPath": {"path": f"{ck.local.host_path.rstrip('/')}/{per_job}", "type": "DirectoryOrCreate"}},
+    ]
+    if ck.shared.claim_name:
+        volumes.append({"name": "ckpt-shared", "persistentVolumeClaim": {"claimName": ck.shared.claim_name}})
+    else:
+        volumes.append({"name": "ckpt-shared", "hostPath": {"path": f"{ck.shared.host_path.rstrip('/')}/{per_job}", "type": "DirectoryOrCreate"}})
+    mounts: list[dict[str, Any]] = [
+        {"name": "railyard-config", "mountPath": CONFIG_DIR, "readOnly": True},
+        {"name": "ckpt-memory", "mountPath": CHECKPOINT_MOUNTS["memory"]},
+        {"name": "ckpt-local", "mountPath": CHECKPOINT_MOUNTS["local"]},
+        {"name": "ckpt-shared", "mountPath": CHECKPOINT_MOUNTS["shared"]},
+    ]
+    return volumes, mounts
+
+
+def build_pod_env(
+    spec: TrainingJobSpec,
+    *,
+    job: str,
+    namespace: str,
+    attempt: int,
+    pod_index: int,
+    heartbeat_url: str,
+) -> list[dict[str, Any]]:
+    """The pod contract of docs/trainer.md, then NCCL defaults, ``spec.nccl``, ``spec.env``."""
+    env: list[dict[str, Any]] = [
+        {"name": "RAILYARD_CONFIG", "value": f"{CONFIG_DIR}/{CONFIG_FILE}"},
+        {"name": "RAILYARD_RANK_TABLE", "value": f"{CONFIG_DIR}/{RANK_TABLE_FILE}"},
+        {"name": "RAILYARD_POD_INDEX", "value": str(pod_index)},
+        {"name": "RAILYARD_NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+        {"name": "RAILYARD_JOB", "value": job},
+        {"name": "RAILYARD_NAMESPACE", "value": namespace},
+        {"name": "RAILYARD_ATTEMPT", "value": str(attempt)},
+        {"name": "MASTER_ADDR", "value": pod_address(job, namespace, 0)},
+        {"name": "MASTER_PORT", "value": str(MASTER_PORT)},
+        {"name": "RAILYARD_HEARTBEAT_URL", "value": heartbeat_url},
+        {"name": "RAILYARD_HEARTBEAT_TOKEN", "valueFrom": {"secretKeyRef": {"name": secret_name(job), "key": TOKEN_KEY}}},
+        {"name": "RAILYARD_CHECKPOINT_MEMORY_DIR", "value": CHECKPOINT_MOUNTS["memory"]},
+        {"name": "RAILYARD_CHECKPOINT_LOCAL_DIR", "value": CHECKPOINT_MOUNTS["local"]},
+        {"name": "RAILYARD_CHECKPOINT_SHARED_DIR", "value": CHECKPOINT_MOUNTS["shared"]},
+    ]
+    nccl = {**NCCL_DEFAULTS, **spec.nccl}
+    env += [{"name": k, "value": v} for k, v in sorted(nccl.items())]
+    overridden = {x.name for x in spec.env}
+    return [e for e in env if e["name"] not in overridden] + [{"name": e.name, "value": e.value} for e in spec.env]
+
+
+def build_pod(
+    spec: TrainingJobSpec,
+    *,
+    job: str,
+    namespace: str,
+    owner: Mapping[str, Any],
+    attempt: int,
+    pod_index: int,
+    node: str,
+    heartbeat_url: str,
+) -> dict[str, Any]:
+    """One gang member, gated (``railyard.dev/gang``) and pinned to ``node``."""
+    labels = {**job_labels(job), ATTEMPT_LABEL: str(attempt), POD_INDEX_LABEL: str(pod_index)}
+    pod_sc, container_sc = _security(spec)
+    volumes, mounts = _volumes(spec, job, namespace, attempt)
+    requests = dict(spec.resources.requests)
+    limits = dict(spec.resources.limits)
+    if spec.gpus > 0:
+        limits.setdefault("nvidia.com/gpu", str(spec.gpus))
+        requests.setdefault("nvidia.com/gpu", limits["nvidia.com/gpu"])
+    resources: dict[str, Any] = {}
+    if requests:
+        resources["requests"] = requests
+    if limits:
+        resources["limits"] = limits
+    container: dict[str, Any] = {
+        "name": CONTAINER_NAME,
+        "image": spec.image,
+        "imagePullPolicy": spec.image_pull_policy,
+        "command": list(spec.command) if spec.command else list(DEFAULT_COMMAND),
+        "env": build_pod_env(spec, job=job, namespace=namespace, attempt=attempt, pod_index=pod_index, heartbeat_url=heartbeat_url),
+        "ports": [{"name": "rendezvous", "containerPort": MASTER_PORT, "protocol": "TCP"}],
+        "resources": resources,
+        "volumeMounts": mounts,
+        "securityContext": container_sc,
+    }
+    if spec.args:
+        container["args"] = list(spec.args)
+    pod_spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "hostname": hostname(job, pod_index),
+        "subdomain": service_name(job),
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "terminationGracePeriodSeconds": 10,
+        "schedulingGates": [{"name": GANG_GATE}],
+        "affinity": {
+            "nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {
+                    "nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}]
+                }
+            }
+        },
+        "securityContext": pod_sc,
+        "containers": [container],
+        "volumes": volumes,
+    }
+    if spec.node_selector:
+        pod_spec["nodeSelector"] = dict(spec.node_selector)
+    if spec.tolerations:
+        pod_spec["tolerations"] = [t.model_dump(by_alias=True, exclude_none=True) for t in spec.tolerations]
+    if spec.service_account_name:
+        pod_spec["serviceAccountName"] = spec.service_account_name
+    if spec.gang.scheduler_name:
+        pod_spec["schedulerName"] = spec.gang.scheduler_name
+    if spec.gang.priority_class_name:
+        pod_spec["priorityClassName"] = spec.gang.priority_class_name
+    meta = _meta(pod_name(job, attempt, pod_index), namespace, labels, owner)
+    meta["annotations"] = {NODE_ANNOTATION: node}
+    if spec.gang.queue_name:
+        meta["labels"]["kueue.x-k8s.io/queue-name"] = spec.gang.queue_name
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": pod_spec}
+
+
+def build_gang_pods(
+    spec: TrainingJobSpec,
+    *,
+    job: str,
+    namespace: str,
+    owner: Mapping[str, Any],
+    attempt: int,
+    nodes: Sequence[str],
+    heartbeat_url: str,
+) -> list[dict[str, Any]]:
+    return [
+        build_pod(spec, job=job, namespace=namespace, owner=owner, attempt=attempt, pod_index=i, node=n, heartbeat_url=heartbeat_url)
+        for i, n in enumerate(nodes)
+    ]
+
+
+def build_gate_removal(pod: Mapping[str, Any]) -> dict[str, Any] | None:
+    """Merge patch lifting our gate (keeping foreign gates), or None when ours is not there."""
+    gates = list((pod.get("spec") or {}).get("schedulingGates") or ())
+    if not any(g.get("name") == GANG_GATE for g in gates):
+        return None
+    rest = [g for g in gates if g.get("name") != GANG_GATE]
+    return {"spec": {"schedulingGates": rest or None}}

@@ -1,0 +1,83 @@
+"""Restart budgets and backoff, per failure class.
+
+Each class (infrastructure, application, SDC, straggler) spends its own budget from
+``spec.restartPolicy``, so a flaky node never burns the application's three retries and a
+permanent exit code spends nothing: it fails the job at once. Backoff doubles per restart of the
+same class, capped by ``maxBackoffSeconds``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from railyard.api.trainingjob import RestartBudget, RestartPolicy, Restarts
+from railyard.protocol.exitcodes import FailureClass
+
+#: Failure class -> (field of RestartPolicy, field of Restarts).
+_CLASS_FIELDS: Mapping[FailureClass, str] = {
+    FailureClass.INFRASTRUCTURE: "infrastructure",
+    FailureClass.APPLICATION: "application",
+    FailureClass.SDC: "sdc",
+    FailureClass.STRAGGLER: "straggler",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class RestartDecision:
+    allowed: bool
+    #: Seconds to wait before the next gang is placed.
+    backoff_seconds: float
+    #: Restarts of this class already spent, and the limit.
+    used: int
+    limit: int
+    reason: str
+
+
+def budget_of(policy: RestartPolicy, cls: FailureClass) -> RestartBudget | None:
+    name = _CLASS_FIELDS.get(cls)
+    if name is None:
+        return None
+    budget: RestartBudget = getattr(policy, name)
+    return budget
+
+
+def restarts_of(restarts: Restarts, cls: FailureClass) -> int:
+    name = _CLASS_FIELDS.get(cls)
+    return 0 if name is None else int(getattr(restarts, name))
+
+
+def compute_backoff(budget: RestartBudget, used: int, max_backoff: float) -> float:
+    """``backoffSeconds * 2**used``, capped."""
+    if budget.backoff_seconds <= 0:
+        return 0.0
+    return float(min(budget.backoff_seconds * (2.0 ** min(used, 40)), max_backoff))
+
+
+def decide_restart(policy: RestartPolicy, restarts: Restarts, cls: FailureClass) -> RestartDecision:
+    budget = budget_of(policy, cls)
+    if budget is None:
+        return RestartDecision(False, 0.0, 0, 0, f"{cls.value} failures are not retried")
+    used = restarts_of(restarts, cls)
+    if used >= budget.limit:
+        return RestartDecision(
+            False, 0.0, used, budget.limit,
+            f"{cls.value} restart budget spent ({used}/{budget.limit}); raise spec.restartPolicy.{_CLASS_FIELDS[cls]}.limit to allow more",
+        )
+    return RestartDecision(
+        True, compute_backoff(budget, used, policy.max_backoff_seconds), used, budget.limit,
+        f"{cls.value} restart {used + 1}/{budget.limit}",
+    )
+
+
+def record_restart(restarts: Restarts, cls: FailureClass, reason: str, now_iso: str) -> Restarts:
+    """A copy of ``restarts`` with one more restart of ``cls``."""
+    name = _CLASS_FIELDS[cls]
+    return restarts.model_copy(
+        update={
+            name: int(getattr(restarts, name)) + 1,
+            "total": restarts.total + 1,
+            "last_reason": reason,
+            "last_time": now_iso,
+        }
+    )

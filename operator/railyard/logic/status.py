@@ -1,0 +1,109 @@
+"""The TrainingJob status: phases, the conditions each phase implies, and the one patch per cycle.
+
+A reconcile cycle starts from the stored status, applies its decisions to a copy with the
+functions here, and writes the difference once (:func:`build_status_patch`). Each phase sets
+the conditions it implies from a table (:data:`PHASE_CONDITIONS`); conditions a phase does not
+mention keep their value (Degraded, for instance, is orthogonal to the phase).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from railyard.api.trainingjob import PlacementStatus, TrainingJobStatus
+from railyard.logic.conditions import set_condition
+
+#: phase -> {condition type: status}. The first entry is the phase's headline condition and
+#: carries the phase's reason and message; the rest carry them as context.
+PHASE_CONDITIONS: Mapping[str, Mapping[str, str]] = {
+    "Pending": {"Placed": "False"},
+    "Placing": {"Placed": "False", "GangReady": "False", "Running": "False"},
+    "Starting": {"Placed": "True", "GangReady": "False", "Running": "False", "Suspended": "False"},
+    "Running": {"Running": "True", "Placed": "True", "GangReady": "True", "Restarting": "False", "Suspended": "False"},
+    "Restarting": {"Restarting": "True", "GangReady": "False", "Running": "False"},
+    "Suspended": {"Suspended": "True", "GangReady": "False", "Running": "False", "Restarting": "False"},
+    "Succeeded": {"Succeeded": "True", "Running": "False", "GangReady": "False", "Restarting": "False"},
+    "Failed": {"Failed": "True", "Running": "False", "GangReady": "False", "Restarting": "False"},
+}
+TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+
+
+def apply_phase(
+    status: TrainingJobStatus,
+    phase: str,
+    *,
+    reason: str,
+    message: str,
+    now: str,
+    generation: int | None = None,
+) -> TrainingJobStatus:
+    """A copy of ``status`` in ``phase`` with the implied conditions set."""
+    if phase not in PHASE_CONDITIONS:
+        raise ValueError(f"phase {phase!r} is not one of {sorted(PHASE_CONDITIONS)}")
+    conditions = list(status.conditions)
+    headline = True
+    for ctype, cstatus in PHASE_CONDITIONS[phase].items():
+        conditions = set_condition(
+            conditions, ctype, cstatus,
+            reason=reason if headline else _context_reason(conditions, ctype, cstatus, reason),
+            message=message if headline else "",
+            now=now, generation=generation,
+        )
+        headline = False
+    update: dict[str, Any] = {"phase": phase, "message": message, "conditions": conditions}
+    if generation is not None:
+        update["observed_generation"] = generation
+    if phase in TERMINAL_PHASES and status.completion_time is None:
+        update["completion_time"] = now
+    return status.model_copy(update=update)
+
+
+def _context_reason(conditions: Sequence[Any], ctype: str, cstatus: str, reason: str) -> str:
+    old = next((c for c in conditions if c.type == ctype), None)
+    if old is not None and old.status == cstatus and old.reason:
+        return str(old.reason)
+    return reason
+
+
+def build_placement_status(
+    nodes: Sequence[str],
+    *,
+    spares: Sequence[str] = (),
+    domains: Mapping[str, int] | None = None,
+    cross_bytes_per_step: Mapping[str, float] | None = None,
+    rail_aligned: bool = False,
+    shown: int = 64,
+) -> PlacementStatus:
+    doms = dict(domains or {})
+    cross = dict(cross_bytes_per_step or {})
+    parts = [f"{len(nodes)} nodes"]
+    parts += [f"{v} {k.rsplit('/', 1)[-1]}" for k, v in doms.items()]
+    if cross:
+        parts.append("cross " + ", ".join(f"{k.rsplit('/', 1)[-1]} {v / 1e9:.2f} GB/step" for k, v in cross.items()))
+    return PlacementStatus(
+        nodes=list(nodes[:shown]),
+        node_count=len(nodes),
+        spares=list(spares),
+        domains=doms,
+        cross_bytes_per_step=cross,
+        rail_aligned=rail_aligned,
+        summary="; ".join(parts),
+    )
+
+
+def status_to_wire(status: TrainingJobStatus) -> dict[str, Any]:
+    return status.model_dump(by_alias=True, mode="json")
+
+
+def build_status_patch(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
+    """A JSON merge patch turning ``old`` into ``new`` (top-level keys; lists and objects are
+    replaced whole, which is what a merge patch does with them anyway). Empty: nothing to write."""
+    patch: dict[str, Any] = {}
+    for key, value in new.items():
+        if old.get(key) != value:
+            patch[key] = value
+    for key in old:
+        if key not in new:
+            patch[key] = None
+    return patch
