@@ -1,0 +1,134 @@
+"""The heartbeat wire format: round trip, tolerance of unknown fields, rejection of bad input."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from railyard.protocol.heartbeat import (
+    MAX_BODY_BYTES,
+    SCHEMA_VERSION,
+    CheckpointEvent,
+    HealthResult,
+    HeartbeatBatch,
+    HeartbeatError,
+    RankBeat,
+    parse_heartbeat,
+)
+
+
+def _batch() -> HeartbeatBatch:
+    return HeartbeatBatch(
+        job="llm",
+        attempt=2,
+        pod_index=3,
+        node="node-3",
+        sent_at=12.5,
+        ranks=(
+            RankBeat(
+                rank=24,
+                step=100,
+                step_time_s=1.25,
+                compute_s=0.9,
+                loss=2.5,
+                grad_norm=float("nan"),
+                saving=True,
+                health=(HealthResult("kat", False, 100, "outvoted", suspect_rank=24, confirmed=True),),
+                recent_compute_s=(0.8, 0.9),
+            ),
+        ),
+        checkpoints=(CheckpointEvent(step=100, tier="tier1", ok=True, blocked_s=0.01),),
+        restored_tier="tier2",
+        restored_step=50,
+    )
+
+
+def _raw() -> dict[str, Any]:
+    raw: dict[str, Any] = json.loads(_batch().to_json())
+    return raw
+
+
+def test_a_batch_survives_the_round_trip() -> None:
+    got = parse_heartbeat(_batch().to_json().encode())
+    assert got.ranks[0].health[0] == _batch().ranks[0].health[0]
+    assert got.ranks[0].recent_compute_s == (0.8, 0.9)
+    assert got.checkpoints == _batch().checkpoints
+    assert (got.restored_tier, got.restored_step, got.version) == ("tier2", 50, SCHEMA_VERSION)
+
+
+def test_unknown_fields_from_newer_trainers_are_ignored() -> None:
+    raw = _raw()
+    raw["gpu_temperature"] = 71
+    raw["ranks"][0]["nvlink_errors"] = [1, 2]
+    raw["ranks"][0]["health"][0]["duration_s"] = 0.2
+    raw["checkpoints"][0]["region"] = "eu"
+    assert parse_heartbeat(json.dumps(raw)).ranks[0].step == 100
+
+
+def test_older_senders_without_the_additive_fields_still_parse() -> None:
+    raw = _raw()
+    for k in ("recent_compute_s", "bench_s", "saving", "tokens_per_s"):
+        raw["ranks"][0].pop(k)
+    for k in ("suspect_rank", "confirmed"):
+        raw["ranks"][0]["health"][0].pop(k)
+    r = parse_heartbeat(json.dumps(raw)).ranks[0]
+    assert (r.recent_compute_s, r.saving, r.health[0].suspect_rank, r.health[0].confirmed) == ((), False, -1, False)
+
+
+def _set(path: str, value: Any) -> dict[str, Any]:
+    raw = _raw()
+    *parents, last = path.split(".")
+    node: Any = raw
+    for p in parents:
+        node = node[int(p)] if p.isdigit() else node[p]
+    if value is _DELETE:
+        del node[last]
+    else:
+        node[last] = value
+    return raw
+
+
+_DELETE = object()
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "named"),
+    [
+        ("version", 99, "version"),
+        ("job", _DELETE, "job"),
+        ("attempt", -1, "attempt"),
+        ("attempt", "2", "attempt"),
+        ("pod_index", True, "pod_index"),
+        ("ranks", [], "ranks"),
+        ("ranks", [{}] * 65, "ranks"),
+        ("ranks.0.step", 1.5, "ranks[0].step"),
+        ("ranks.0.step_time_s", float("inf"), "ranks[0].step_time_s"),
+        ("ranks.0.compute_s", -0.1, "ranks[0].compute_s"),
+        ("ranks.0.saving", "yes", "ranks[0].saving"),
+        ("ranks.0.loss", "high", "ranks[0].loss"),
+        ("ranks.0.health", {}, "ranks[0].health"),
+        ("ranks.0.health.0.ok", _DELETE, "ranks[0].health[0].ok"),
+        ("ranks.0.recent_compute_s", [0.1] * 65, "ranks[0].recent_compute_s"),
+        ("ranks.0.recent_compute_s", [0.1, -1], "ranks[0].recent_compute_s"),
+        ("checkpoints", {"step": 1}, "checkpoints"),
+        ("checkpoints.0.tier", 2, "checkpoints[0].tier"),
+    ],
+)
+def test_malformed_input_is_rejected_naming_the_field(path: str, value: Any, named: str) -> None:
+    raw = _set(path, value)
+    with pytest.raises(HeartbeatError) as err:
+        parse_heartbeat(json.dumps(raw))
+    assert str(err.value).startswith(named)
+
+
+@pytest.mark.parametrize("body", [b"", b"{", b"[]", b"\xff\xfe", b'"ranks"'])
+def test_bodies_that_are_not_a_json_object_are_rejected(body: bytes) -> None:
+    with pytest.raises(HeartbeatError, match=r"^body"):
+        parse_heartbeat(body)
+
+
+def test_oversized_bodies_are_rejected_before_parsing() -> None:
+    with pytest.raises(HeartbeatError, match="over the"):
+        parse_heartbeat(b" " * (MAX_BODY_BYTES + 1))
