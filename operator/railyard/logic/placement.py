@@ -167,22 +167,32 @@ class _Tree:
         return doms
 
 
-def _split(doms: Sequence[int], cap: Callable[[int], int], need: int) -> list[tuple[int, int]]:
+def _split(
+    doms: Sequence[int],
+    cap: Callable[[int], int],
+    need: int,
+    free: Callable[[int], int] | None = None,
+) -> list[tuple[int, int]]:
     """Best-fit split of ``need`` units over domains: one domain if any fits (the one with the
     least capacity that fits), else largest first with the remainder in the best-fitting one.
-    Returns (domain, units) in domain order; the units may sum to less than ``need``."""
+    Ties go to the domain with fewer free nodes (``free``), then to tree order. Returns
+    (domain, units) in domain order; the units may sum to less than ``need``."""
     if need <= 0:
         return []
     caps = {d: cap(d) for d in doms}
+    frees = {d: free(d) for d in doms} if free is not None else caps
     fit = [d for d in doms if caps[d] >= need]
     if fit:
-        return [(min(fit, key=lambda d: (caps[d], d)), need)]
-    pool = sorted((d for d in doms if caps[d] > 0), key=lambda d: (-caps[d], d))
+        return [(min(fit, key=lambda d: (caps[d], frees[d], d)), need)]
+    pool = sorted((d for d in doms if caps[d] > 0), key=lambda d: (-caps[d], frees[d], d))
     out: list[tuple[int, int]] = []
     remaining = need
     for idx, d in enumerate(pool):
         if caps[d] >= remaining:
-            best = min((x for x in pool[idx:] if caps[x] >= remaining), key=lambda x: (caps[x], x))
+            best = min(
+                (x for x in pool[idx:] if caps[x] >= remaining),
+                key=lambda x: (caps[x], frees[x], x),
+            )
             out.append((best, remaining))
             remaining = 0
             break
@@ -256,7 +266,7 @@ class _Planner:
     # -- block mode
     def blocks_in(self, lv: int, doms: Sequence[int], need: int) -> list[list[int]]:
         out: list[list[int]] = []
-        for d, u in _split(doms, lambda x: self.capb[lv][x], need):
+        for d, u in _split(doms, lambda x: self.capb[lv][x], need, lambda x: self.tree.free[lv][x]):
             if lv >= self.block_level:
                 segs = self.nodes_in(lv, [d], u * self.block)
                 out.extend(_cut_blocks(segs, self.block, u))
