@@ -1,0 +1,356 @@
+"""``LocalCluster``: start and stop the single-machine cluster from Python (tests, demo, bench).
+
+Three modes behind one API:
+
+- ``embedded``: our API server (``python -m railyard.local.apiserver``) on 127.0.0.1 with a
+  bearer token, its state under ``<state>/apiserver``; plus the runtime with the scheduler.
+- ``envtest``: real ``kube-apiserver`` + ``etcd`` from ``$KUBEBUILDER_ASSETS``; plus the runtime
+  with the scheduler (envtest runs no scheduler).
+- ``existing``: any cluster named by a kubeconfig; only the runtime's simulated nodes and node
+  agent are added (the cluster's own scheduler binds pods to them).
+
+The runtime (``python -m railyard.local.runtime``) registers the nodes and runs pods. Both are
+child processes in this process's group, with PR_SET_PDEATHSIG, so nothing outlives it.
+Everything the cluster needs to come back after ``stop()`` is in ``<state>/cluster.json``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import importlib
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from railyard.local.kubeconfig import write_kubeconfig
+from railyard.local.topology import (
+    ClusterShape,
+    NodeSpec,
+    build_nodes,
+    parse_topology_file,
+    parse_topology_spec,
+)
+
+MODES = ("embedded", "envtest", "existing")
+CONFIG_VERSION = 1
+
+
+class LocalClusterError(RuntimeError):
+    """The local cluster could not start or stop; the message says why and what to do."""
+
+
+def default_state_dir() -> Path:
+    return Path(os.environ.get("RAILYARD_STATE_DIR") or Path.cwd() / ".railyard" / "local").absolute()
+
+
+def _pdeathsig() -> None:
+    with contextlib.suppress(Exception):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+def _tail(path: Path, lines: int = 25) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+class LocalCluster:
+    """One local cluster rooted at a state directory. ``start()`` returns the kubeconfig path."""
+
+    def __init__(
+        self,
+        state_dir: Path | str | None = None,
+        *,
+        nodes: int | None = None,
+        gpus_per_node: int | None = None,
+        topology: str | None = None,
+        topology_file: Path | str | None = None,
+        mode: str | None = None,
+        kubeconfig: Path | str | None = None,
+        scheduler: bool | None = None,
+        cpu_per_node: str | None = None,
+        memory_per_node: str | None = None,
+        lease_interval: float = 10.0,
+        with_operator: bool = False,
+        python: str = sys.executable,
+    ) -> None:
+        self.state_dir = Path(state_dir).absolute() if state_dir else default_state_dir()
+        self.python = python
+        self.lease_interval = lease_interval
+        self.with_operator = with_operator
+        self._procs: dict[str, subprocess.Popen[bytes]] = {}
+        self._envtest: Any = None
+        self.url = ""
+        self.config = self._load_config()
+        if kubeconfig is not None:
+            mode = mode or "existing"
+            self.config["externalKubeconfig"] = str(Path(kubeconfig).absolute())
+        if mode is not None:
+            if mode not in MODES:
+                raise LocalClusterError(f"mode: {mode!r} is not one of {', '.join(MODES)}")
+            self.config["mode"] = mode
+        self.config.setdefault("mode", "embedded")
+        if self.config["mode"] == "existing" and not self.config.get("externalKubeconfig"):
+            raise LocalClusterError("mode existing needs --kubeconfig pointing at the cluster to add nodes to")
+        if scheduler is not None:
+            self.config["scheduler"] = scheduler
+        self.config.setdefault("scheduler", self.config["mode"] != "existing")
+        self.config.setdefault("token", secrets.token_urlsafe(32))
+        shape_args = (nodes, gpus_per_node, topology, topology_file, cpu_per_node, memory_per_node)
+        if "nodeSpecs" not in self.config or any(a is not None for a in shape_args):
+            shape = self._shape(nodes, gpus_per_node, topology, topology_file, cpu_per_node, memory_per_node)
+            self.config["shape"] = {
+                "nodes": shape.nodes,
+                "gpusPerNode": shape.gpus_per_node,
+                "levels": ",".join(f"{lv.name}={lv.count}" for lv in shape.levels),
+            }
+            self.config["nodeSpecs"] = [n.to_dict() for n in build_nodes(shape)]
+
+    # --- configuration ---
+    @property
+    def config_path(self) -> Path:
+        return self.state_dir / "cluster.json"
+
+    @property
+    def mode(self) -> str:
+        return str(self.config["mode"])
+
+    @property
+    def token(self) -> str:
+        return str(self.config["token"])
+
+    @property
+    def node_specs(self) -> list[NodeSpec]:
+        return [NodeSpec.from_dict(d) for d in self.config["nodeSpecs"]]
+
+    @property
+    def kubeconfig(self) -> Path:
+        if self.mode == "existing":
+            return Path(self.config["externalKubeconfig"])
+        return self.state_dir / "kubeconfig"
+
+    @property
+    def log_dir(self) -> Path:
+        """Where container logs go; in embedded mode the API server serves pods/log from here."""
+        if self.mode == "embedded":
+            return self.state_dir / "apiserver" / "pods"
+        return self.state_dir / "pods"
+
+    def _load_config(self) -> dict[str, Any]:
+        try:
+            data: dict[str, Any] = json.loads(self.config_path.read_text())
+        except FileNotFoundError:
+            return {"version": CONFIG_VERSION}
+        except ValueError as exc:
+            raise LocalClusterError(f"{self.config_path}: unreadable ({exc}); delete it to start afresh") from exc
+        return data
+
+    def _save_config(self) -> None:
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        tmp = self.config_path.with_suffix(".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            json.dump(self.config, fh, indent=2)
+        os.replace(tmp, self.config_path)
+
+    def _shape(
+        self,
+        nodes: int | None,
+        gpus: int | None,
+        topology: str | None,
+        topology_file: Path | str | None,
+        cpu: str | None,
+        memory: str | None,
+    ) -> ClusterShape:
+        import yaml
+
+        base = ClusterShape()
+        if topology_file is not None:
+            doc = yaml.safe_load(Path(topology_file).read_text()) or {}
+            if not isinstance(doc, dict):
+                raise LocalClusterError(f"{topology_file}: a topology file must be a YAML mapping")
+            base = parse_topology_file(doc)
+        else:
+            prev = self.config.get("shape") or {}
+            if prev:
+                base = ClusterShape(
+                    nodes=int(prev.get("nodes", base.nodes)),
+                    gpus_per_node=int(prev.get("gpusPerNode", 0)),
+                    levels=parse_topology_spec(str(prev.get("levels") or "spine=1,leaf=2")),
+                )
+        return ClusterShape(
+            nodes=nodes if nodes is not None else base.nodes,
+            gpus_per_node=gpus if gpus is not None else base.gpus_per_node,
+            levels=parse_topology_spec(topology) if topology else base.levels,
+            cpu=cpu or base.cpu,
+            memory=memory or base.memory,
+            max_pods=base.max_pods,
+            name_prefix=base.name_prefix,
+        )
+
+    # --- lifecycle ---
+    def start(self, timeout: float = 60.0) -> Path:
+        """Start the control plane (per mode) and the runtime; returns the kubeconfig path."""
+        if self._procs:
+            return self.kubeconfig
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        (self.state_dir / "run").mkdir(exist_ok=True)
+        (self.state_dir / "logs").mkdir(exist_ok=True)
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            if self.mode == "embedded":
+                self._start_embedded(timeout)
+            elif self.mode == "envtest":
+                self._start_envtest(timeout)
+            self._save_config()
+            self._start_runtime(timeout)
+            if self.with_operator:
+                self._start_operator()
+        except BaseException:
+            self.stop()
+            raise
+        return self.kubeconfig
+
+    def _spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+        log_path = self.state_dir / "logs" / f"{name}.log"
+        with open(log_path, "ab") as out:
+            proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=env or dict(os.environ),
+                preexec_fn=_pdeathsig,
+            )
+        self._procs[name] = proc
+        return proc
+
+    def _wait_file(self, name: str, path: Path, timeout: float) -> dict[str, Any]:
+        proc = self._procs[name]
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if path.exists():
+                try:
+                    data: dict[str, Any] = json.loads(path.read_text())
+                    return data
+                except ValueError:
+                    pass
+            if proc.poll() is not None:
+                raise LocalClusterError(
+                    f"{name} exited with code {proc.returncode} while starting; "
+                    f"log {self.state_dir / 'logs' / (name + '.log')}:\n{_tail(self.state_dir / 'logs' / (name + '.log'))}"
+                )
+            time.sleep(0.05)
+        raise LocalClusterError(f"{name} not ready after {timeout:.0f}s; see {self.state_dir / 'logs' / (name + '.log')}")
+
+    def _start_embedded(self, timeout: float) -> None:
+        port = int(self.config.get("port") or 0)
+        if not port or not _port_free(port):
+            port = _free_port()
+        self.config["port"] = port
+        ready = self.state_dir / "run" / "apiserver.json"
+        ready.unlink(missing_ok=True)
+        self._spawn(
+            "apiserver",
+            [
+                self.python, "-m", "railyard.local.apiserver",
+                "--state-dir", str(self.state_dir / "apiserver"),
+                "--host", "127.0.0.1",
+                "--port", str(port),
+                "--token", self.token,
+                "--ready-file", str(ready),
+            ],
+        )
+        info = self._wait_file("apiserver", ready, timeout)
+        self.url = str(info.get("url") or f"http://127.0.0.1:{port}")
+        ca = info.get("caFile") or info.get("ca")
+        write_kubeconfig(self.kubeconfig, self.url, self.token, ca_file=str(ca) if ca else None)
+
+    def _start_envtest(self, timeout: float) -> None:
+        try:
+            envtest = importlib.import_module("railyard.local.apiserver.envtest")
+        except ImportError as exc:
+            raise LocalClusterError(f"envtest mode is not available in this build: {exc}") from exc
+        starter: Callable[..., Any] = envtest.start_envtest
+        self._envtest = starter(state_dir=self.state_dir / "envtest", kubeconfig=self.kubeconfig, timeout=timeout)
+        self.url = str(getattr(self._envtest, "url", ""))
+
+    def _start_runtime(self, timeout: float) -> None:
+        ready = self.state_dir / "run" / "runtime.json"
+        ready.unlink(missing_ok=True)
+        argv = [
+            self.python, "-m", "railyard.local.runtime",
+            "--kubeconfig", str(self.kubeconfig),
+            "--state-dir", str(self.state_dir),
+            "--config", str(self.config_path),
+            "--log-dir", str(self.log_dir),
+            "--ready-file", str(ready),
+            "--lease-interval", str(self.lease_interval),
+        ]
+        if self.config.get("scheduler"):
+            argv.append("--scheduler")
+        self._spawn("runtime", argv)
+        self._wait_file("runtime", ready, timeout)
+
+    def _start_operator(self) -> None:
+        env = dict(os.environ, KUBECONFIG=str(self.kubeconfig))
+        code = "import sys; from railyard.cli import main; sys.exit(main(['operator', 'run']))"
+        self._spawn("operator", [self.python, "-c", code], env=env)
+
+    def exited(self) -> str | None:
+        """The name of a child that has exited (the cluster is broken), or None."""
+        for name, proc in self._procs.items():
+            if proc.poll() is not None:
+                return name
+        return None
+
+    def stop(self, timeout: float = 15.0) -> None:
+        """Stop the runtime first (it kills every pod process), then the operator and server."""
+        for name in ("runtime", "operator", "apiserver"):
+            proc = self._procs.pop(name, None)
+            if proc is None:
+                continue
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    proc.wait(timeout)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait(5)
+        if self._envtest is not None:
+            with contextlib.suppress(Exception):
+                self._envtest.stop()
+            self._envtest = None
+
+    def __enter__(self) -> LocalCluster:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

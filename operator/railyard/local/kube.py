@@ -1,0 +1,310 @@
+"""A small asyncio Kubernetes client for the local cluster's runtime (scheduler, nodes, agent).
+
+The runtime binds hundreds of pods a second and keeps one watch per kind; the generated
+``kubernetes`` client is synchronous and slow at that. This client speaks plain HTTP with
+aiohttp, reads any kubeconfig through the ``kubernetes`` package's loader (so token, client
+certificate and CA setups of real clusters work in ``existing`` mode), and gives
+list/watch/get/create/patch/delete plus a list-then-watch :class:`Informer`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import ssl
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from typing import Any
+
+import aiohttp
+
+log = logging.getLogger(__name__)
+Obj = dict[str, Any]
+MERGE = "application/merge-patch+json"
+STRATEGIC = "application/strategic-merge-patch+json"
+JSON_PATCH = "application/json-patch+json"
+
+
+class ApiError(Exception):
+    """A non-2xx answer; ``status`` is the HTTP code, ``body`` the Status object when given."""
+
+    def __init__(self, status: int, body: Any, method: str, path: str) -> None:
+        self.status = status
+        self.body = body
+        message = body.get("message") if isinstance(body, dict) else str(body)[:300]
+        super().__init__(f"{method} {path}: {status} {message}")
+
+
+class KubeClient:
+    """One aiohttp session against one API server."""
+
+    def __init__(
+        self,
+        server: str,
+        *,
+        token: str | None = None,
+        ssl_context: ssl.SSLContext | bool | None = None,
+        limit: int = 64,
+    ) -> None:
+        self.server = server.rstrip("/")
+        self._headers = {"Accept": "application/json"}
+        if token:
+            self._headers["Authorization"] = token if token.lower().startswith("bearer ") else f"Bearer {token}"
+        self._ssl = ssl_context
+        self._limit = limit
+        self._session: aiohttp.ClientSession | None = None
+
+    @classmethod
+    def from_kubeconfig(cls, path: str, context: str | None = None) -> KubeClient:
+        from kubernetes import client as k8s_client
+        from kubernetes import config as k8s_config
+
+        cfg = k8s_client.Configuration()
+        k8s_config.load_kube_config(  # type: ignore[no-untyped-call]
+            config_file=path, context=context, client_configuration=cfg
+        )
+        token = (cfg.api_key or {}).get("authorization")
+        ssl_ctx: ssl.SSLContext | bool | None = None
+        if str(cfg.host).startswith("https"):
+            if not cfg.verify_ssl:
+                ssl_ctx = False
+            else:
+                ctx = ssl.create_default_context(cafile=cfg.ssl_ca_cert) if cfg.ssl_ca_cert else ssl.create_default_context()
+                if cfg.cert_file:
+                    ctx.load_cert_chain(cfg.cert_file, cfg.key_file)
+                ssl_ctx = ctx
+        return cls(str(cfg.host), token=token, ssl_context=ssl_ctx)
+
+    async def __aenter__(self) -> KubeClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    def _sess(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession(
+                headers=self._headers,
+                connector=aiohttp.TCPConnector(limit=self._limit, ssl=self._ssl if self._ssl is not None else True),
+                timeout=aiohttp.ClientTimeout(total=None, sock_connect=10),
+            )
+        return self._session
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: Mapping[str, Any] | None = None,
+        body: Any = None,
+        content_type: str = "application/json",
+        timeout: float = 30.0,
+    ) -> Obj:
+        data = None if body is None else json.dumps(body)
+        headers = {"Content-Type": content_type} if data is not None else {}
+        async with self._sess().request(
+            method,
+            self.server + path,
+            params=_params(params),
+            data=data,
+            headers=headers,
+            timeout=aiohttp.ClientTimeout(total=timeout),
+        ) as resp:
+            text = await resp.text()
+            try:
+                payload: Any = json.loads(text) if text else {}
+            except ValueError:
+                payload = text
+            if resp.status >= 400:
+                raise ApiError(resp.status, payload, method, path)
+            return payload if isinstance(payload, dict) else {"raw": payload}
+
+    async def get(self, path: str, **params: Any) -> Obj:
+        return await self.request("GET", path, params=params)
+
+    async def create(self, path: str, body: Obj) -> Obj:
+        return await self.request("POST", path, body=body)
+
+    async def patch(self, path: str, body: Any, content_type: str = MERGE) -> Obj:
+        return await self.request("PATCH", path, body=body, content_type=content_type)
+
+    async def replace(self, path: str, body: Obj) -> Obj:
+        return await self.request("PUT", path, body=body)
+
+    async def delete(self, path: str, body: Obj | None = None, **params: Any) -> Obj:
+        return await self.request("DELETE", path, body=body, params=params)
+
+    async def watch(self, path: str, resource_version: str, *, timeout_seconds: int = 300) -> AsyncIterator[Obj]:
+        """Yield watch events until the server ends the stream."""
+        params = {
+            "watch": "true",
+            "resourceVersion": resource_version,
+            "allowWatchBookmarks": "true",
+            "timeoutSeconds": str(timeout_seconds),
+        }
+        async with self._sess().get(
+            self.server + path, params=params, timeout=aiohttp.ClientTimeout(total=timeout_seconds + 30, sock_read=timeout_seconds + 30)
+        ) as resp:
+            if resp.status >= 400:
+                text = await resp.text()
+                raise ApiError(resp.status, _json_or_text(text), "WATCH", path)
+            buf = b""
+            async for chunk in resp.content.iter_any():
+                buf += chunk
+                while b"\n" in buf:
+                    line, buf = buf.split(b"\n", 1)
+                    if line.strip():
+                        yield json.loads(line)
+            if buf.strip():
+                yield json.loads(buf)
+
+
+def _params(params: Mapping[str, Any] | None) -> dict[str, str] | None:
+    if not params:
+        return None
+    return {k: (str(v).lower() if isinstance(v, bool) else str(v)) for k, v in params.items() if v is not None}
+
+
+def _json_or_text(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def key_of(obj: Mapping[str, Any]) -> str:
+    meta = obj.get("metadata", {}) or {}
+    ns = meta.get("namespace")
+    return f"{ns}/{meta.get('name')}" if ns else str(meta.get("name"))
+
+
+Handler = Callable[[str, Obj, Obj | None], None]
+
+
+class Informer:
+    """List then watch one collection, keep a cache, and call handlers on every change.
+
+    Handlers get (type, object, previous) with type ADDED/MODIFIED/DELETED; on a relist after
+    410 Gone the difference to the cache is replayed as such events, so handlers never miss a
+    deletion. Handlers must be quick and must not block (they enqueue work).
+    """
+
+    def __init__(self, client: KubeClient, path: str, name: str) -> None:
+        self.client = client
+        self.path = path
+        self.name = name
+        self.cache: dict[str, Obj] = {}
+        self.handlers: list[Handler] = []
+        self.synced = asyncio.Event()
+        self._rv = ""
+
+    def add_handler(self, handler: Handler) -> None:
+        self.handlers.append(handler)
+
+    def _emit(self, kind: str, obj: Obj, old: Obj | None) -> None:
+        for handler in self.handlers:
+            try:
+                handler(kind, obj, old)
+            except Exception:
+                log.exception("%s informer handler failed on %s %s", self.name, kind, key_of(obj))
+
+    async def _relist(self) -> None:
+        listing = await self.client.get(self.path)
+        self._rv = str((listing.get("metadata") or {}).get("resourceVersion", ""))
+        fresh = {key_of(o): o for o in listing.get("items") or []}
+        for key, gone in list(self.cache.items()):
+            if key not in fresh:
+                del self.cache[key]
+                self._emit("DELETED", gone, gone)
+        for key, obj in fresh.items():
+            old = self.cache.get(key)
+            self.cache[key] = obj
+            if old is None:
+                self._emit("ADDED", obj, None)
+            elif _rv(old) != _rv(obj):
+                self._emit("MODIFIED", obj, old)
+
+    async def run(self) -> None:
+        backoff = 0.2
+        need_list = True
+        while True:
+            try:
+                if need_list:
+                    await self._relist()
+                    need_list = False
+                    self.synced.set()
+                async for event in self.client.watch(self.path, self._rv):
+                    kind = event.get("type")
+                    obj = event.get("object") or {}
+                    if kind == "ERROR":
+                        code = obj.get("code")
+                        if code == 410:
+                            need_list = True
+                            break
+                        raise ApiError(int(code or 500), obj, "WATCH", self.path)
+                    rv = str((obj.get("metadata") or {}).get("resourceVersion", ""))
+                    if rv:
+                        self._rv = rv
+                    if kind == "BOOKMARK":
+                        continue
+                    key = key_of(obj)
+                    old = self.cache.get(key)
+                    if kind == "DELETED":
+                        self.cache.pop(key, None)
+                    else:
+                        self.cache[key] = obj
+                    self._emit(str(kind), obj, old)
+                backoff = 0.2
+            except asyncio.CancelledError:
+                raise
+            except ApiError as exc:
+                if exc.status == 410:
+                    need_list = True
+                    continue
+                log.warning("%s watch failed: %s; retrying in %.1fs", self.name, exc, backoff)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
+            except (TimeoutError, aiohttp.ClientError, ValueError, OSError) as exc:
+                log.warning("%s watch broke: %r; retrying in %.1fs", self.name, exc, backoff)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
+                need_list = need_list or not self._rv
+
+
+def _rv(obj: Mapping[str, Any]) -> str:
+    return str((obj.get("metadata") or {}).get("resourceVersion", ""))
+
+
+async def retry(call: Callable[[], Awaitable[Obj]], *, attempts: int = 6, what: str = "") -> Obj | None:
+    """Retry transient failures (5xx, 429, connection errors) with backoff; None on 404."""
+    delay = 0.1
+    for attempt in range(attempts):
+        try:
+            return await call()
+        except ApiError as exc:
+            if exc.status == 404:
+                return None
+            if (exc.status < 500 and exc.status != 429) or attempt == attempts - 1:
+                raise
+        except (TimeoutError, aiohttp.ClientError, OSError):
+            if attempt == attempts - 1:
+                raise
+        log.debug("retrying %s", what)
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, 2.0)
+    return None
+
+
+@contextlib.asynccontextmanager
+async def client_from(path: str) -> AsyncIterator[KubeClient]:
+    client = KubeClient.from_kubeconfig(path)
+    try:
+        yield client
+    finally:
+        await client.close()

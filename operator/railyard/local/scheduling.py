@@ -1,0 +1,286 @@
+"""Pure scheduling rules of the local cluster's scheduler: which nodes a pod may run on.
+
+The rules are those of kube-scheduler's default filter plugins that our workloads rely on:
+NodeName, NodeUnschedulable, NodeAffinity (nodeSelector + required node affinity), TaintToleration
+(NoSchedule/NoExecute) and NodeResourcesFit (every requested resource, ``pods`` included),
+plus scheduling gates. Scoring is LeastAllocated (spread), ties broken by node name so the
+result is deterministic. Everything here works on plain dicts: no I/O, no clock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from railyard.local.quantity import QuantityError, to_milli
+
+Obj = Mapping[str, Any]
+NOT_READY_TAINT = {"key": "node.kubernetes.io/not-ready", "effect": "NoSchedule"}
+UNSCHEDULABLE_TAINT = {"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule"}
+TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+
+
+@dataclass
+class NodeInfo:
+    """What the scheduler knows of one node: labels, taints, allocatable and what is in use."""
+
+    name: str
+    labels: dict[str, str] = field(default_factory=dict)
+    taints: list[dict[str, Any]] = field(default_factory=list)
+    allocatable: dict[str, int] = field(default_factory=dict)  # milli-units
+    ready: bool = True
+    unschedulable: bool = False
+    requested: dict[str, int] = field(default_factory=dict)  # milli-units, incl. "pods"
+
+    def add(self, requests: Mapping[str, int], sign: int = 1) -> None:
+        for key, value in requests.items():
+            self.requested[key] = self.requested.get(key, 0) + sign * value
+        self.requested["pods"] = self.requested.get("pods", 0) + sign * 1000
+
+    def effective_taints(self) -> list[Mapping[str, Any]]:
+        """Node taints plus the ones the node lifecycle controller would add."""
+        taints: list[Mapping[str, Any]] = list(self.taints)
+        if not self.ready:
+            taints.append(NOT_READY_TAINT)
+        if self.unschedulable:
+            taints.append(UNSCHEDULABLE_TAINT)
+        return taints
+
+
+def build_node_info(node: Obj) -> NodeInfo:
+    """A :class:`NodeInfo` from a Node object (usage starts at zero)."""
+    meta = node.get("metadata", {})
+    spec = node.get("spec", {}) or {}
+    status = node.get("status", {}) or {}
+    alloc_raw = status.get("allocatable") or status.get("capacity") or {}
+    allocatable: dict[str, int] = {}
+    for key, value in alloc_raw.items():
+        try:
+            allocatable[key] = to_milli(value)
+        except QuantityError:
+            continue
+    return NodeInfo(
+        name=meta.get("name", ""),
+        labels=dict(meta.get("labels") or {}),
+        taints=list(spec.get("taints") or []),
+        allocatable=allocatable,
+        ready=is_node_ready(node),
+        unschedulable=bool(spec.get("unschedulable", False)),
+    )
+
+
+def is_node_ready(node: Obj) -> bool:
+    for cond in (node.get("status", {}) or {}).get("conditions") or []:
+        if cond.get("type") == "Ready":
+            return bool(cond.get("status") == "True")
+    return False
+
+
+def is_gated(pod: Obj) -> bool:
+    return bool((pod.get("spec", {}) or {}).get("schedulingGates"))
+
+
+def is_terminated(pod: Obj) -> bool:
+    return (pod.get("status", {}) or {}).get("phase") in TERMINAL_PHASES
+
+
+def compute_pod_requests(pod: Obj) -> dict[str, int]:
+    """Effective requests in milli-units: max(sum of containers, largest init container) + overhead.
+
+    A container that sets only a limit requests that limit, as the API server defaults it.
+    """
+    spec = pod.get("spec", {}) or {}
+
+    def of(container: Obj) -> dict[str, int]:
+        res = container.get("resources", {}) or {}
+        merged = dict(res.get("limits") or {})
+        merged.update(res.get("requests") or {})
+        out: dict[str, int] = {}
+        for key, value in merged.items():
+            try:
+                out[key] = to_milli(value)
+            except QuantityError:
+                continue
+        return out
+
+    total: dict[str, int] = {}
+    for c in spec.get("containers") or []:
+        for key, value in of(c).items():
+            total[key] = total.get(key, 0) + value
+    for c in spec.get("initContainers") or []:
+        for key, value in of(c).items():
+            total[key] = max(total.get(key, 0), value)
+    for key, value in (spec.get("overhead") or {}).items():
+        try:
+            total[key] = total.get(key, 0) + to_milli(value)
+        except QuantityError:
+            continue
+    return {k: v for k, v in total.items() if v > 0}
+
+
+def tolerates(toleration: Obj, taint: Obj) -> bool:
+    """Whether one toleration tolerates one taint (kube's ToleratesTaint)."""
+    effect = toleration.get("effect") or ""
+    if effect and effect != taint.get("effect"):
+        return False
+    key = toleration.get("key") or ""
+    op = toleration.get("operator") or "Equal"
+    if not key:
+        return op == "Exists"
+    if key != taint.get("key"):
+        return False
+    if op == "Exists":
+        return True
+    return (toleration.get("value") or "") == (taint.get("value") or "")
+
+
+def untolerated_taint(tolerations: Sequence[Obj], taints: Iterable[Obj]) -> Obj | None:
+    """The first NoSchedule/NoExecute taint no toleration covers, or None."""
+    for taint in taints:
+        if taint.get("effect") not in ("NoSchedule", "NoExecute"):
+            continue
+        if not any(tolerates(t, taint) for t in tolerations):
+            return taint
+    return None
+
+
+def match_expression(expr: Obj, value: str | None) -> bool:
+    """One NodeSelectorRequirement against a label (or field) value; None when absent."""
+    op = expr.get("operator")
+    values = [str(v) for v in expr.get("values") or []]
+    if op == "In":
+        return value is not None and value in values
+    if op == "NotIn":
+        return value is None or value not in values
+    if op == "Exists":
+        return value is not None
+    if op == "DoesNotExist":
+        return value is None
+    if op in ("Gt", "Lt"):
+        if value is None or len(values) != 1:
+            return False
+        try:
+            have, want = int(value), int(values[0])
+        except ValueError:
+            return False
+        return have > want if op == "Gt" else have < want
+    return False
+
+
+def match_node_selector_term(term: Obj, node: NodeInfo) -> bool:
+    """A term matches when all its expressions and fields match; an empty term matches nothing."""
+    exprs = term.get("matchExpressions") or []
+    fields = term.get("matchFields") or []
+    if not exprs and not fields:
+        return False
+    for expr in exprs:
+        if not match_expression(expr, node.labels.get(str(expr.get("key")))):
+            return False
+    for expr in fields:
+        value = node.name if expr.get("key") == "metadata.name" else None
+        if not match_expression(expr, value):
+            return False
+    return True
+
+
+def required_terms(pod: Obj) -> list[Obj] | None:
+    """The required node-affinity terms (ORed), or None when the pod has none."""
+    affinity = ((pod.get("spec", {}) or {}).get("affinity") or {}).get("nodeAffinity") or {}
+    required = affinity.get("requiredDuringSchedulingIgnoredDuringExecution")
+    if required is None:
+        return None
+    return list(required.get("nodeSelectorTerms") or [])
+
+
+def check_node(pod: Obj, node: NodeInfo, requests: Mapping[str, int]) -> str | None:
+    """None when ``pod`` fits ``node``; otherwise the reason, as kube-scheduler words it."""
+    spec = pod.get("spec", {}) or {}
+    for key, value in (spec.get("nodeSelector") or {}).items():
+        if node.labels.get(key) != value:
+            return "node(s) didn't match Pod's node affinity/selector"
+    terms = required_terms(pod)
+    if terms is not None and not any(match_node_selector_term(t, node) for t in terms):
+        return "node(s) didn't match Pod's node affinity/selector"
+    taint = untolerated_taint(spec.get("tolerations") or [], node.effective_taints())
+    if taint is not None:
+        value = f"={taint['value']}" if taint.get("value") else ""
+        return f"node(s) had untolerated taint {{{taint.get('key')}{value}: {taint.get('effect')}}}"
+    if node.requested.get("pods", 0) + 1000 > node.allocatable.get("pods", 110_000):
+        return "Too many pods"
+    for key, want in requests.items():
+        free = node.allocatable.get(key, 0) - node.requested.get(key, 0)
+        if want > free:
+            return f"Insufficient {key}"
+    return None
+
+
+def score_node(node: NodeInfo, requests: Mapping[str, int]) -> float:
+    """LeastAllocated: the mean free fraction of cpu, memory and GPUs after placing the pod."""
+    fractions = []
+    for key in ("cpu", "memory", "nvidia.com/gpu"):
+        alloc = node.allocatable.get(key, 0)
+        if alloc <= 0:
+            continue
+        used = node.requested.get(key, 0) + requests.get(key, 0)
+        fractions.append(max(0.0, (alloc - used) / alloc))
+    return sum(fractions) / len(fractions) if fractions else 0.0
+
+
+def candidate_names(pod: Obj) -> set[str] | None:
+    """Node names the pod is pinned to by a hostname selector or a matchFields term, if any.
+
+    Lets the scheduler skip a scan of every node for pods the operator already placed.
+    """
+    spec = pod.get("spec", {}) or {}
+    host = (spec.get("nodeSelector") or {}).get("kubernetes.io/hostname")
+    names: set[str] | None = {host} if host else None
+    terms = required_terms(pod)
+    if terms:
+        pinned: set[str] = set()
+        for term in terms:
+            found = None
+            for expr in (term.get("matchFields") or []) + (term.get("matchExpressions") or []):
+                if expr.get("operator") == "In" and expr.get("key") in ("metadata.name", "kubernetes.io/hostname"):
+                    found = {str(v) for v in expr.get("values") or []}
+            if found is None:
+                return names
+            pinned |= found
+        names = pinned if names is None else names & pinned
+    return names
+
+
+@dataclass
+class Decision:
+    node: str | None
+    message: str = ""
+
+
+def decide_node(pod: Obj, nodes: Mapping[str, NodeInfo], requests: Mapping[str, int] | None = None) -> Decision:
+    """The node to bind ``pod`` to, or None with a kube-scheduler style FailedScheduling message."""
+    if requests is None:
+        requests = compute_pod_requests(pod)
+    names = candidate_names(pod)
+    pool: Iterable[NodeInfo] = (
+        (nodes[n] for n in sorted(names) if n in nodes) if names is not None else nodes.values()
+    )
+    best: NodeInfo | None = None
+    best_score = -1.0
+    reasons: dict[str, int] = {}
+    for node in pool:
+        reason = check_node(pod, node, requests)
+        if reason is not None:
+            reasons[reason] = reasons.get(reason, 0) + 1
+            continue
+        score = score_node(node, requests)
+        if score > best_score or (score == best_score and best is not None and node.name < best.name):
+            best, best_score = node, score
+    if best is not None:
+        return Decision(best.name)
+    total = len(nodes)
+    detail = ", ".join(f"{count} {reason}" for reason, count in sorted(reasons.items()))
+    if names is not None and total:
+        skipped = total - sum(reasons.values())
+        if skipped:
+            detail = ", ".join(filter(None, [detail, f"{skipped} node(s) didn't match Pod's node affinity/selector"]))
+    return Decision(None, f"0/{total} nodes are available: {detail or 'no nodes registered'}.")

@@ -1,0 +1,177 @@
+"""The local scheduler's filter and score rules, table-driven, without a server."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from railyard.local.quantity import QuantityError, parse_quantity, to_milli
+from railyard.local.scheduling import (
+    build_node_info,
+    candidate_names,
+    check_node,
+    compute_pod_requests,
+    decide_node,
+    is_gated,
+    tolerates,
+)
+from .builders import make_node, make_pod
+
+
+def expr(key: str, op: str, *values: str) -> dict[str, Any]:
+    return {"key": key, "operator": op, "values": list(values)} if values else {"key": key, "operator": op}
+
+
+NODE = make_node("node-0", labels={"railyard.dev/leaf": "leaf-0", "gen": "5"}, gpus=2)
+
+
+@pytest.mark.parametrize(
+    ("pod", "fits"),
+    [
+        (make_pod(), True),
+        (make_pod().node_selector(**{"railyard.dev/leaf": "leaf-0"}), True),
+        (make_pod().node_selector(**{"railyard.dev/leaf": "leaf-1"}), False),
+        (make_pod().affinity({"matchExpressions": [expr("railyard.dev/leaf", "In", "leaf-0", "leaf-9")]}), True),
+        (make_pod().affinity({"matchExpressions": [expr("railyard.dev/leaf", "In", "leaf-9")]}), False),
+        (make_pod().affinity({"matchExpressions": [expr("railyard.dev/leaf", "NotIn", "leaf-0")]}), False),
+        (make_pod().affinity({"matchExpressions": [expr("missing", "NotIn", "x")]}), True),
+        (make_pod().affinity({"matchExpressions": [expr("gen", "Exists")]}), True),
+        (make_pod().affinity({"matchExpressions": [expr("gen", "DoesNotExist")]}), False),
+        (make_pod().affinity({"matchExpressions": [expr("gen", "Gt", "4")]}), True),
+        (make_pod().affinity({"matchExpressions": [expr("gen", "Gt", "5")]}), False),
+        (make_pod().affinity({"matchExpressions": [expr("gen", "Lt", "6")]}), True),
+        (make_pod().affinity({"matchExpressions": [expr("missing", "Lt", "6")]}), False),
+        (make_pod().affinity({"matchFields": [expr("metadata.name", "In", "node-0")]}), True),
+        (make_pod().affinity({"matchFields": [expr("metadata.name", "NotIn", "node-0")]}), False),
+        # terms are ORed, expressions in a term ANDed; an empty term matches nothing
+        (make_pod().affinity({"matchExpressions": [expr("gen", "In", "4")]}, {"matchExpressions": [expr("gen", "In", "5")]}), True),
+        (make_pod().affinity({"matchExpressions": [expr("gen", "In", "5"), expr("railyard.dev/leaf", "In", "x")]}), False),
+        (make_pod().affinity({}), False),
+        (make_pod().requests(cpu="16"), True),
+        (make_pod().requests(cpu="16001m"), False),
+        (make_pod().requests(memory="64Gi"), True),
+        (make_pod().requests(memory="65Gi"), False),
+        (make_pod().gpus(2), True),
+        (make_pod().gpus(3), False),
+        (make_pod().requests(**{"example.com/fpga": "1"}), False),
+    ],
+)
+def test_filter_rules_on_a_free_node(pod: Any, fits: bool) -> None:
+    node = build_node_info(NODE)
+    obj = pod.obj()
+    assert (check_node(obj, node, compute_pod_requests(obj)) is None) == fits
+
+
+TAINT = {"key": "gpu", "value": "broken", "effect": "NoSchedule"}
+
+
+@pytest.mark.parametrize(
+    ("toleration", "taint", "ok"),
+    [
+        ({"key": "gpu", "operator": "Equal", "value": "broken", "effect": "NoSchedule"}, TAINT, True),
+        ({"key": "gpu", "value": "broken"}, TAINT, True),
+        ({"key": "gpu", "value": "fine"}, TAINT, False),
+        ({"key": "gpu", "operator": "Exists"}, TAINT, True),
+        ({"key": "gpu", "operator": "Exists", "effect": "NoExecute"}, TAINT, False),
+        ({"operator": "Exists"}, TAINT, True),
+        ({"key": "other", "operator": "Exists"}, TAINT, False),
+    ],
+)
+def test_toleration_matching(toleration: dict[str, str], taint: dict[str, str], ok: bool) -> None:
+    assert tolerates(toleration, taint) == ok
+
+
+@pytest.mark.parametrize(
+    ("taint", "toleration", "fits"),
+    [
+        ({"key": "k", "effect": "NoSchedule"}, None, False),
+        ({"key": "k", "effect": "NoExecute"}, None, False),
+        ({"key": "k", "effect": "PreferNoSchedule"}, None, True),
+        ({"key": "k", "effect": "NoSchedule"}, {"key": "k", "operator": "Exists"}, True),
+    ],
+)
+def test_taints_keep_pods_off_unless_tolerated(taint: dict[str, str], toleration: dict[str, str] | None, fits: bool) -> None:
+    node = build_node_info(make_node("n", taints=[taint]))
+    pod = make_pod()
+    if toleration:
+        pod.toleration(**toleration)
+    assert (check_node(pod.obj(), node, {}) is None) == fits
+
+
+def test_not_ready_and_cordoned_nodes_take_no_pods_without_toleration() -> None:
+    not_ready = build_node_info(make_node("a", ready=False))
+    cordoned = build_node_info(make_node("b", unschedulable=True))
+    assert "not-ready" in (check_node(make_pod().obj(), not_ready, {}) or "")
+    assert "unschedulable" in (check_node(make_pod().obj(), cordoned, {}) or "")
+    tolerant = make_pod().toleration(key="node.kubernetes.io/not-ready", operator="Exists").obj()
+    assert check_node(tolerant, not_ready, {}) is None
+
+
+def test_capacity_counts_usage_and_pod_slots() -> None:
+    node = build_node_info(make_node("n", gpus=2, pods=2))
+    pod = make_pod().gpus(1).obj()
+    req = compute_pod_requests(pod)
+    assert check_node(pod, node, req) is None
+    node.add(req)
+    assert check_node(pod, node, req) is None
+    node.add(req)
+    reason = check_node(pod, node, req)
+    assert reason == "Too many pods"
+    node.add(req, sign=-1)
+    node.allocatable["pods"] = 10_000
+    node.add(req)
+    assert check_node(pod, node, req) == "Insufficient nvidia.com/gpu"
+
+
+def test_requests_sum_containers_take_max_of_init_and_default_to_limits() -> None:
+    pod = make_pod().requests(cpu="500m", memory="1Gi").obj()
+    pod["spec"]["containers"].append({"name": "side", "resources": {"limits": {"cpu": "1"}}})
+    pod["spec"]["initContainers"] = [{"name": "init", "resources": {"requests": {"cpu": "2", "memory": "100Mi"}}}]
+    req = compute_pod_requests(pod)
+    assert req["cpu"] == 2000  # max(0.5 + 1, 2)
+    assert req["memory"] == 1024**3 * 1000
+
+
+def test_decide_spreads_to_least_allocated_and_is_deterministic() -> None:
+    nodes = {n: build_node_info(make_node(n)) for n in ("node-1", "node-0", "node-2")}
+    pod = make_pod().requests(cpu="4").obj()
+    assert decide_node(pod, nodes).node == "node-0"
+    nodes["node-0"].add({"cpu": 4000})
+    assert decide_node(pod, nodes).node == "node-1"
+
+
+def test_unschedulable_message_counts_reasons_like_kube_scheduler() -> None:
+    nodes = {"a": build_node_info(make_node("a", cpu="1")), "b": build_node_info(make_node("b", ready=False))}
+    decision = decide_node(make_pod().requests(cpu="2").obj(), nodes)
+    assert decision.node is None
+    assert decision.message.startswith("0/2 nodes are available: ")
+    assert "1 Insufficient cpu" in decision.message
+    assert "1 node(s) had untolerated taint {node.kubernetes.io/not-ready: NoSchedule}" in decision.message
+
+
+def test_pinned_pods_only_consider_their_nodes() -> None:
+    pinned = make_pod().affinity({"matchFields": [expr("metadata.name", "In", "node-7")]}).obj()
+    assert candidate_names(pinned) == {"node-7"}
+    assert candidate_names(make_pod().node_selector(**{"kubernetes.io/hostname": "node-3"}).obj()) == {"node-3"}
+    assert candidate_names(make_pod().obj()) is None
+    nodes = {f"node-{i}": build_node_info(make_node(f"node-{i}")) for i in range(10)}
+    assert decide_node(pinned, nodes).node == "node-7"
+
+
+def test_gates() -> None:
+    assert is_gated(make_pod().gate().obj())
+    assert not is_gated(make_pod().obj())
+
+
+@pytest.mark.parametrize(
+    ("text", "milli"),
+    [("1", 1000), ("500m", 500), ("1.5", 1500), ("1Ki", 1024_000), ("2Gi", 2 * 1024**3 * 1000), ("1e3", 1_000_000), ("1k", 1_000_000), ("100n", 1)],
+)
+def test_quantities(text: str, milli: int) -> None:
+    assert to_milli(text) == milli
+
+
+def test_bad_quantity_names_the_fix() -> None:
+    with pytest.raises(QuantityError, match="64Gi"):
+        parse_quantity("64 gigs")
