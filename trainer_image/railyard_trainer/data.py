@@ -1,0 +1,137 @@
+"""Training data: a deterministic synthetic language and a byte-level dataset from files.
+
+Every sample is a pure function of its *global sample index*, and the loader's position is the
+number of global samples consumed. Each step takes the next ``batch_size`` global samples and
+data-parallel rank ``r`` of ``n`` takes the ``r``-th contiguous slice of them. So the global
+batch of step ``s`` is the same whatever the data-parallel size, and a run resumed on a
+different world size continues with exactly the samples the old one would have seen.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+
+from railyard_trainer.config import ConfigError, DatasetConfig
+
+
+class TokenSource(Protocol):
+    name: str
+
+    def sample(self, index: int, length: int) -> np.ndarray:
+        """``length`` int64 tokens of global sample ``index``."""
+
+
+class SyntheticLanguage:
+    """A fixed random Markov chain: each token has ``branching`` successors with skewed odds.
+
+    The chain is drawn once from the seed. Its entropy (reported by :attr:`entropy`) is far
+    below ``ln(vocab)``, so a model that learns the transitions drives the loss well under the
+    uniform baseline; one that does not, stays near it.
+    """
+
+    PROBS = np.array([0.6, 0.25, 0.1, 0.05])
+
+    def __init__(self, vocab_size: int, seed: int) -> None:
+        self.name = f"synthetic(vocab={vocab_size},seed={seed})"
+        self.vocab_size = vocab_size
+        self.seed = seed
+        rng = np.random.default_rng([seed, 0x5EED])
+        self.successors = np.stack([rng.choice(vocab_size, size=len(self.PROBS), replace=False) for _ in range(vocab_size)])
+        self.cdf = np.cumsum(self.PROBS)
+        self.cdf[-1] = 1.0
+
+    @property
+    def entropy(self) -> float:
+        """Per-token entropy in nats: the best loss any model can reach (after the first token)."""
+        return float(-(self.PROBS * np.log(self.PROBS)).sum())
+
+    def sample(self, index: int, length: int) -> np.ndarray:
+        rng = np.random.default_rng([self.seed, index])
+        choice = np.searchsorted(self.cdf, rng.random(length - 1), side="right")
+        out = np.empty(length, dtype=np.int64)
+        tok = int(rng.integers(self.vocab_size))
+        out[0] = tok
+        succ = self.successors
+        for i, c in enumerate(choice.tolist(), start=1):
+            tok = int(succ[tok, c])
+            out[i] = tok
+        return out
+
+
+class ByteFiles:
+    """Bytes of the files at a path (a file, or every file under a directory in sorted order).
+
+    Sample ``i`` is the window starting at byte ``(i * stride) mod (size - length)``.
+    """
+
+    def __init__(self, path: str, *, stride: int) -> None:
+        root = Path(path)
+        files = [root] if root.is_file() else sorted(p for p in root.rglob("*") if p.is_file())
+        if not files:
+            raise ConfigError([f"trainer.dataset.path: no files at {path!r}; point it at a text file or a directory of them"])
+        self.data = np.concatenate([np.fromfile(p, dtype=np.uint8) for p in files])
+        digest = hashlib.sha256(b"".join(str(p).encode() for p in files)).hexdigest()[:12]
+        self.name = f"files({path},{len(files)} files,{self.data.size} bytes,{digest})"
+        self.stride = stride
+        self.vocab_size = 256
+
+    def sample(self, index: int, length: int) -> np.ndarray:
+        span = self.data.size - length
+        if span <= 0:
+            raise ConfigError([f"trainer.dataset.path: {self.data.size} bytes is shorter than one sample ({length}); add text or lower trainer.seqLen"])
+        start = (index * self.stride) % span
+        return self.data[start : start + length].astype(np.int64)
+
+
+def build_source(cfg: DatasetConfig, *, vocab_size: int, seed: int, seq_len: int) -> TokenSource:
+    if cfg.type == "files":
+        if vocab_size < 256:
+            raise ConfigError([f"trainer.dataset.type: 'files' needs a vocabulary of at least 256 (bytes); the preset has {vocab_size}"])
+        return ByteFiles(cfg.path, stride=seq_len)
+    return SyntheticLanguage(vocab_size, seed)
+
+
+class ShardedBatches:
+    """Hands this data-parallel rank its slice of each global batch; stateful for checkpoints."""
+
+    def __init__(self, source: TokenSource, *, batch_size: int, seq_len: int, dp_rank: int, dp_size: int, device: torch.device) -> None:
+        if batch_size % dp_size:
+            raise ConfigError([f"trainer.batchSize: {batch_size} is not divisible by the data-parallel size {dp_size}"])
+        self.source = source
+        self.batch_size = batch_size
+        self.local_batch = batch_size // dp_size
+        self.seq_len = seq_len
+        self.dp_rank = dp_rank
+        self.device = device
+        #: Global samples consumed so far (the position saved in checkpoints).
+        self.consumed = 0
+
+    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(inputs, labels), each (local_batch, seq_len) int64, labels shifted by one."""
+        first = self.consumed + self.dp_rank * self.local_batch
+        rows = np.stack([self.source.sample(first + j, self.seq_len + 1) for j in range(self.local_batch)])
+        self.consumed += self.batch_size
+        t = torch.from_numpy(rows).to(self.device)
+        return t[:, :-1].contiguous(), t[:, 1:].contiguous()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"consumed_samples": self.consumed, "source": self.source.name}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        consumed = int(state["consumed_samples"])
+        if consumed % self.batch_size:
+            # A changed global batch size would silently skip or repeat samples.
+            raise ConfigError([f"trainer.batchSize: checkpoint position {consumed} samples is not a multiple of the batch size {self.batch_size}; resume with the batch size the run was started with"])
+        if state.get("source", self.source.name) != self.source.name:
+            raise ConfigError([f"trainer.dataset: checkpoint was written for {state['source']}, this run reads {self.source.name}"])
+        self.consumed = consumed
+
+
+def uniform_loss(vocab_size: int) -> float:
+    return math.log(vocab_size)

@@ -1,0 +1,109 @@
+"""Fault injection for tests and demos: crash, hang, slow down, flip a bit, exit with a code.
+
+Off by default; configured in ``trainer.faults`` (each fault names its rank, step and attempt,
+so a restarted gang does not re-inject). Every injection logs a ``{"event": "fault"}`` line
+first, so a test can tell an injected failure from a real one.
+
+- ``crash``: raises at the start of step S -> the worker exits APPLICATION (1).
+- ``exit``: exits with ``code`` at the start of step S (a process dying with a given status).
+- ``hang``: stops making progress at the start of step S -> the watchdog exits 76.
+- ``slow``: from step S the rank's compute takes ``factor`` times as long (a sleep of
+  ``(factor - 1) x compute`` inside the measured compute window, as a throttled GPU would).
+- ``bitflip``: flips one high-order exponent bit of one element of a real tensor of the rank:
+  ``target: grad`` right after backward at step S (before clipping and ``after_backward``),
+  ``target: param`` right after the optimizer step at step S (before ``after_step`` and the
+  checkpoint). Detecting it is the health package's job (exit SDC_DETECTED).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+from torch.distributed.tensor import DTensor
+
+from railyard_trainer.config import FaultSpec
+from railyard_trainer.parallelize import clean_fqn
+
+_HIGH_BIT = {torch.float32: (torch.int32, 1 << 30), torch.bfloat16: (torch.int16, 1 << 14), torch.float16: (torch.int16, 1 << 14)}
+
+
+class InjectedCrash(RuntimeError):
+    pass
+
+
+class InjectedExit(SystemExit):
+    def __init__(self, code: int) -> None:
+        super().__init__(code)
+        self.exit_code = code
+
+
+class FaultInjector:
+    def __init__(self, faults: tuple[FaultSpec, ...], *, rank: int, log: Callable[..., None]) -> None:
+        self.faults = [f for f in faults if f.rank == rank]
+        self.rank = rank
+        self.log = log
+
+    def _due(self, kind: str, step: int, *, target: str | None = None) -> FaultSpec | None:
+        for f in self.faults:
+            if f.kind == kind and f.step == step and (target is None or f.target == target):
+                return f
+        return None
+
+    def before_step(self, step: int) -> None:
+        if f := self._due("crash", step):
+            self.log("fault", kind="crash", step=step)
+            raise InjectedCrash(f"injected crash on rank {self.rank} at step {step}")
+        if f := self._due("exit", step):
+            self.log("fault", kind="exit", step=step, code=f.code)
+            raise InjectedExit(f.code)
+        if self._due("hang", step):
+            self.log("fault", kind="hang", step=step)
+            while True:
+                time.sleep(1.0)
+
+    def slow_down(self, step: int, compute_s: float) -> float:
+        """Sleep to stretch this step's compute; returns the seconds slept."""
+        for f in self.faults:
+            if f.kind == "slow" and step >= f.step:
+                extra = (f.factor - 1.0) * compute_s
+                time.sleep(extra)
+                if step == f.step:
+                    self.log("fault", kind="slow", step=step, factor=f.factor)
+                return extra
+        return 0.0
+
+    def maybe_flip(self, step: int, target: str, parts: list[nn.Module]) -> None:
+        if self._due("bitflip", step, target=target) is None:
+            return
+        name, tensor = _victim(parts, grad=target == "grad")
+        index, before, after = flip_high_bit(tensor)
+        self.log("fault", kind="bitflip", step=step, target=target, tensor=name, index=index, before=before, after=after)
+
+
+def _victim(parts: list[nn.Module], *, grad: bool) -> tuple[str, torch.Tensor]:
+    """The first block weight with a non-empty local shard (a real tensor the health checks see)."""
+    for part in parts:
+        for name, p in part.named_parameters():
+            t: Any = p.grad if grad else p
+            if t is None or p.ndim < 2:
+                continue
+            local = t.to_local() if isinstance(t, DTensor) else t
+            if local.numel() > 0:
+                return clean_fqn(name), local
+    raise RuntimeError("bitflip: this rank holds no non-empty weight to corrupt")
+
+
+@torch.no_grad()
+def flip_high_bit(t: torch.Tensor) -> tuple[int, float, float]:
+    """Flip the highest exponent bit of the middle element of ``t`` in place."""
+    int_dtype, mask = _HIGH_BIT[t.dtype]
+    flat = t.view(-1)
+    index = flat.numel() // 2
+    cell = flat[index : index + 1]
+    before = float(cell.item())
+    cell.view(int_dtype).bitwise_xor_(torch.tensor(mask, dtype=int_dtype, device=t.device))
+    return index, before, float(cell.item())

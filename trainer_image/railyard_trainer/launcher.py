@@ -1,0 +1,292 @@
+"""``railyard-train``: the pod's entry point. Starts one worker per local rank and watches them.
+
+Two ways in (see docs/trainer.md, "Pod contract"):
+
+- from the operator: ``RAILYARD_RANK_TABLE`` (rank table JSON) and ``RAILYARD_POD_INDEX`` say
+  which global ranks this pod runs and at which (pp, dp, tp) coordinates; ``RAILYARD_CONFIG``
+  is the job's config.json; ``MASTER_ADDR``/``MASTER_PORT`` the rendezvous.
+- by hand: ``railyard-train --nproc-per-node 4 --tp 2 --preset tiny --steps 20`` builds a
+  single-node rank table itself.
+
+The launcher never imports torch (it starts in milliseconds and cannot be wedged by a
+broken CUDA context). It forwards SIGTERM/SIGINT to the workers, and when one worker fails it
+gives the others ``RAILYARD_FAIL_GRACE_S`` (default 5 s) to report their own failure, then
+terminates them, and exits with the most specific of its workers' codes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from types import FrameType
+
+from railyard.protocol.exitcodes import ExitCode, classify_exit_code
+from railyard.protocol.ranktable import PodEntry, RankEntry, RankTable, RankTableError
+from railyard_trainer.config import ConfigError, DatasetConfig, TrainerConfig, load_config
+from railyard_trainer.events import log_event
+from railyard_trainer.parallel_dims import ParallelDims
+from railyard_trainer.worker_env import WorkerEnv
+
+#: Most specific first: the root cause beats its consequences (a crash makes peers see a
+#: broken connection; the launcher's own SIGTERM makes them exit 143).
+_SPECIFICITY = [ExitCode.SDC_DETECTED, ExitCode.HANG_OR_STRAGGLER, ExitCode.NO_VERIFIED_CHECKPOINT, ExitCode.CONFIG_PERMANENT]
+
+
+def most_specific(codes: Sequence[int]) -> int:
+    def key(c: int) -> int:
+        if c in _SPECIFICITY:
+            return _SPECIFICITY.index(c)
+        if c == 0:
+            return 9
+        if c >= 128:
+            return 8
+        if c == ExitCode.INFRASTRUCTURE:
+            return 7
+        if c == ExitCode.APPLICATION:
+            return 6
+        return 5  # a code chosen on purpose (e.g. an injected exit)
+
+    return min(codes, key=key) if codes else 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="railyard-train", description="Start the Railyard trainer's worker processes for this pod.")
+    p.add_argument("--config", help="config.json (default: $RAILYARD_CONFIG; none: built-in defaults)")
+    p.add_argument("--rank-table", help="rank table JSON (default: $RAILYARD_RANK_TABLE; none: single node)")
+    p.add_argument("--pod-index", type=int, help="this pod's index in the rank table (default: $RAILYARD_POD_INDEX)")
+    p.add_argument("--nproc-per-node", type=int, help="workers to start without a rank table (default 1)")
+    p.add_argument("--tp", type=int, help="tensor-parallel size")
+    p.add_argument("--pp", type=int, help="pipeline-parallel size")
+    p.add_argument("--dp", type=int, help="data-parallel size (default: derived)")
+    p.add_argument("--schedule", choices=["GPipe", "1F1B", "Interleaved1F1B"], help="pipeline schedule")
+    p.add_argument("--microbatches", type=int)
+    p.add_argument("--preset", choices=["tiny", "small", "1b", "8b"])
+    p.add_argument("--steps", type=int)
+    p.add_argument("--batch-size", type=int, help="global batch in sequences")
+    p.add_argument("--seq-len", type=int)
+    p.add_argument("--lr", type=float)
+    p.add_argument("--seed", type=int)
+    p.add_argument("--dataset-path", help="train on the bytes of these files instead of the synthetic language")
+    p.add_argument("--activation-checkpointing", action="store_true")
+    p.add_argument("--checkpoint-dir", help="plain DCP checkpoint directory")
+    p.add_argument("--checkpoint-interval", type=int, help="save every N steps (plain DCP checkpointer)")
+    p.add_argument("--job", help="job name (default: $RAILYARD_JOB or the config's)")
+    p.add_argument("--attempt", type=int, help="attempt number (default: $RAILYARD_ATTEMPT or the config's)")
+    p.add_argument("--master-addr", help="rendezvous host (default: $MASTER_ADDR, the rank table's, or 127.0.0.1)")
+    p.add_argument("--master-port", type=int, help="rendezvous port (default: $MASTER_PORT, the rank table's, or a free port)")
+    return p
+
+
+@dataclass
+class LaunchPlan:
+    config: TrainerConfig
+    table: RankTable
+    pod_index: int
+    master_addr: str
+    master_port: int
+    workers: list[WorkerEnv] = field(default_factory=list)
+
+
+def apply_overrides(cfg: TrainerConfig, args: argparse.Namespace, env: Mapping[str, str]) -> TrainerConfig:
+    t, p = cfg.trainer, cfg.parallelism
+    t = replace(
+        t,
+        preset=args.preset or t.preset,
+        steps=args.steps if args.steps is not None else t.steps,
+        batch_size=args.batch_size if args.batch_size is not None else t.batch_size,
+        seq_len=args.seq_len if args.seq_len is not None else t.seq_len,
+        learning_rate=args.lr if args.lr is not None else t.learning_rate,
+        seed=args.seed if args.seed is not None else t.seed,
+        dataset=DatasetConfig("files", args.dataset_path) if args.dataset_path else t.dataset,
+        activation_checkpointing=args.activation_checkpointing or t.activation_checkpointing,
+    )
+    p = replace(
+        p,
+        tensor=args.tp or p.tensor,
+        pipeline=args.pp or p.pipeline,
+        data=args.dp if args.dp is not None else p.data,
+        pipeline_schedule=args.schedule or p.pipeline_schedule,
+        microbatches=args.microbatches if args.microbatches is not None else p.microbatches,
+    )
+    checkpoint = dict(cfg.checkpoint)
+    if args.checkpoint_dir:
+        checkpoint["path"] = args.checkpoint_dir
+    if args.checkpoint_interval is not None:
+        checkpoint["intervalSteps"] = args.checkpoint_interval
+    attempt = args.attempt if args.attempt is not None else int(env.get("RAILYARD_ATTEMPT", cfg.attempt))
+    out = replace(
+        cfg,
+        job=args.job or env.get("RAILYARD_JOB") or cfg.job,
+        namespace=env.get("RAILYARD_NAMESPACE") or cfg.namespace,
+        attempt=attempt,
+        trainer=t,
+        parallelism=p,
+        checkpoint=checkpoint,
+    )
+    # Re-parse: flags get the same validation (and error messages) as config.json.
+    return TrainerConfig.from_dict(out.to_dict())
+
+
+def single_node_table(cfg: TrainerConfig, nproc: int, *, node: str, master_port: int) -> RankTable:
+    p = cfg.parallelism
+    dims = ParallelDims(pp=p.pipeline, dp=p.data, tp=p.tensor, world_size=nproc, procs_per_node=nproc)
+    ranks = tuple(RankEntry(rank=r, node=node, pod_index=0, local_rank=r, rail=r, pp=c[0], dp=c[1], tp=c[2]) for r in range(nproc) for c in [dims.coordinates(r)])
+    table = RankTable(job=cfg.job, attempt=cfg.attempt, pp=dims.pp, dp=dims.dp, tp=dims.tp, procs_per_node=nproc, pods=(PodEntry(0, node, "127.0.0.1"),), ranks=ranks, master_addr="127.0.0.1", master_port=master_port)
+    table.validate()
+    return table
+
+
+def resolve(host: str, port: int) -> str:
+    """An IP for ``host``: pod DNS names of the local cluster resolve only through Python."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        raise ConfigError([f"MASTER_ADDR: cannot resolve {host!r} ({exc}); the rendezvous pod must exist and have a DNS name"]) from exc
+    infos.sort(key=lambda i: i[0] != socket.AF_INET)  # prefer IPv4
+    return str(infos[0][4][0])
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def plan_launch(args: argparse.Namespace, env: Mapping[str, str]) -> LaunchPlan:
+    config_path = args.config or env.get("RAILYARD_CONFIG")
+    cfg = load_config(config_path) if config_path else TrainerConfig()
+    cfg = apply_overrides(cfg, args, env)
+    table_path = args.rank_table or env.get("RAILYARD_RANK_TABLE")
+    env_port = env.get("MASTER_PORT")
+    if table_path:
+        try:
+            table = RankTable.from_json(Path(table_path).read_text())
+        except OSError as exc:
+            raise ConfigError([f"RAILYARD_RANK_TABLE: cannot read {table_path} ({exc.strerror})"]) from exc
+        pod_raw = args.pod_index if args.pod_index is not None else env.get("RAILYARD_POD_INDEX")
+        if pod_raw is None:
+            raise ConfigError(["RAILYARD_POD_INDEX: required with a rank table (which pod am I?)"])
+        pod_index = int(pod_raw)
+        p = cfg.parallelism
+        problems = [
+            f"parallelism.{name}: config says {want} but the rank table has {have}"
+            for name, want, have in (("tensor", p.tensor, table.tp), ("pipeline", p.pipeline, table.pp), ("data", p.data, table.dp))
+            if want > 0 and want != have
+        ]
+        if problems:
+            raise ConfigError(problems)
+    else:
+        pod_index = 0
+        port = args.master_port or (int(env_port) if env_port else _free_port())
+        table = single_node_table(cfg, args.nproc_per_node or 1, node=env.get("RAILYARD_NODE_NAME") or socket.gethostname(), master_port=port)
+    mine = table.ranks_of_pod(pod_index)
+    if not mine:
+        raise ConfigError([f"RAILYARD_POD_INDEX: pod {pod_index} has no ranks in the rank table"])
+    master = args.master_addr or env.get("MASTER_ADDR") or table.master_addr or "127.0.0.1"
+    port = args.master_port or (int(env_port) if env_port else table.master_port)
+    node = env.get("RAILYARD_NODE_NAME") or mine[0].node
+    plan = LaunchPlan(cfg, table, pod_index, resolve(master, port), port)
+    # TP groups stay inside a node, so a pod's own rank count is the per-node process count.
+    dims = ParallelDims(pp=table.pp, dp=table.dp, tp=table.tp, world_size=table.world_size, procs_per_node=table.procs_per_node)
+    for e in mine:
+        plan.workers.append(WorkerEnv(rank=e.rank, local_rank=e.local_rank, world_size=dims.world_size, procs_per_node=table.procs_per_node, mesh_shape=(dims.pp, dims.dp, dims.tp), coords=(e.pp, e.dp, e.tp), config_path="", node=node, pod_index=pod_index))
+    return plan
+
+
+def _die_with_parent() -> None:
+    """Workers get SIGKILL if the launcher dies (Linux), so no orphan keeps a GPU."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+def supervise(plan: LaunchPlan, *, fail_grace_s: float, kill_grace_s: float) -> int:
+    run_dir = Path(tempfile.mkdtemp(prefix="railyard-"))
+    config_path = run_dir / "config.json"
+    config_path.write_text(json.dumps(plan.config.to_dict()))
+    base = dict(os.environ)
+    base.update({"MASTER_ADDR": plan.master_addr, "MASTER_PORT": str(plan.master_port), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), "PYTHONUNBUFFERED": "1"})
+    if plan.master_addr.startswith("127.") and len(plan.table.pods) == 1:
+        base.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    procs: dict[int, subprocess.Popen[bytes]] = {}
+    received: list[int] = []
+
+    def forward(signum: int, frame: FrameType | None) -> None:
+        received.append(signum)
+        for p in procs.values():
+            if p.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    p.send_signal(signum)
+
+    old = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
+    log_event("launch", pod_index=plan.pod_index, ranks=[w.rank for w in plan.workers], world_size=plan.table.world_size, mesh=[plan.table.pp, plan.table.dp, plan.table.tp], master=f"{plan.master_addr}:{plan.master_port}", attempt=plan.config.attempt)
+    try:
+        for w in plan.workers:
+            env = {**base, **replace(w, config_path=str(config_path)).to_env()}
+            procs[w.rank] = subprocess.Popen([sys.executable, "-m", "railyard_trainer.worker"], env=env, start_new_session=True, preexec_fn=_die_with_parent)
+        failed_at: float | None = None
+        term_at: float | None = None
+        while True:
+            rcs = {r: p.poll() for r, p in procs.items()}
+            if all(rc is not None for rc in rcs.values()):
+                break
+            now = time.monotonic()
+            if failed_at is None and any(rc not in (None, 0) for rc in rcs.values()):
+                failed_at = now
+                log_event("worker_exited", failed={r: rc for r, rc in rcs.items() if rc not in (None, 0)})
+            if term_at is None and received:
+                term_at = now
+            if term_at is None and failed_at is not None and now - failed_at >= fail_grace_s:
+                term_at = now
+                for p in procs.values():
+                    if p.poll() is None:
+                        p.terminate()
+            if term_at is not None and now - term_at >= kill_grace_s:
+                for p in procs.values():
+                    if p.poll() is None:
+                        p.kill()
+            time.sleep(0.05)
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+        for p in procs.values():
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        shutil.rmtree(run_dir, ignore_errors=True)
+    codes = {r: (128 - rc if rc < 0 else rc) for r, p in procs.items() for rc in [p.returncode]}
+    code = most_specific(list(codes.values()))
+    if code == 0 and received:
+        code = 128 + received[0]
+    log_event("launcher_exit", code=code, failure_class=str(classify_exit_code(code)) if code else "", workers={str(r): c for r, c in sorted(codes.items())})
+    return code
+
+
+def launch(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        plan = plan_launch(args, os.environ)
+    except (ConfigError, RankTableError, ValueError) as exc:
+        log_event("launcher_exit", code=int(ExitCode.CONFIG_PERMANENT), failure_class="Permanent", error=str(exc))
+        return ExitCode.CONFIG_PERMANENT
+    return supervise(plan, fail_grace_s=float(os.environ.get("RAILYARD_FAIL_GRACE_S", "5")), kill_grace_s=float(os.environ.get("RAILYARD_KILL_GRACE_S", "10")))
+
+
+def main() -> None:
+    sys.exit(launch())
+
+
+if __name__ == "__main__":
+    main()

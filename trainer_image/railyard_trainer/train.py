@@ -1,0 +1,336 @@
+"""The train loop: build everything once in ``Trainer.__init__``, then ``train()`` fits on a screen.
+
+Hooks (see hooks.py) are called at fixed points: ``checkpointer.restore`` before the first step,
+``health.preflight`` before step 1, ``health.after_backward`` with the loss and grad norm before
+the optimizer step, ``health.after_step`` with the step's metrics, and
+``checkpointer.maybe_save(checks_passed=health.checks_passed())`` after every step.
+
+``compute_s`` (the straggler signal) is this rank's forward+backward wall time, measured with a
+device sync at both ends. Under FSDP the parameter all-gathers and gradient reduce-scatters
+overlap with it and are included; the gradient-norm all-reduce, loss all-reduce and optimizer
+step are not. A slow rank therefore shows up in its own ``compute_s`` while its peers wait in
+the (excluded) norm all-reduce.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import resource
+import threading
+import time
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor
+
+from railyard_trainer import hooks
+from railyard_trainer.config import ConfigError, TrainerConfig
+from railyard_trainer.data import ShardedBatches, build_source
+from railyard_trainer.dcp_checkpointer import build_dcp_checkpointer
+from railyard_trainer.events import log_event
+from railyard_trainer.faults import FaultInjector
+from railyard_trainer.model import Transformer, cross_entropy_loss
+from railyard_trainer.model_args import PRESETS
+from railyard_trainer.parallel_dims import ParallelDims
+from railyard_trainer.parallelize import clean_fqn, parallelize_llama, param_dtype_for
+from railyard_trainer.pipeline import STAGES_PER_RANK, build_pipeline, check_microbatches
+from railyard_trainer.train_state import Optimizers, WarmupCosine
+from railyard_trainer.worker_env import WorkerEnv
+
+#: Above this many parameters the model is built on the meta device and initialised after
+#: sharding (each rank only ever holds its shard); below, it is built whole with the seed, so
+#: every layout starts from bit-identical weights.
+META_INIT_PARAMS = 500_000_000
+
+#: Dense bf16 peak FLOP/s per GPU, by device-name substring (for MFU).
+PEAK_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "A10G": 125e12}
+
+
+class Watchdog:
+    """Exits the process with HANG_OR_STRAGGLER when no step completes for ``limit_s``.
+
+    Runs in a thread because a hung rank's main thread is stuck (in a collective or in the
+    fault's sleep). It is paused around checkpoint saves, which may legitimately be long.
+    """
+
+    def __init__(self, limit_s: float, *, rank: int) -> None:
+        self.limit_s = limit_s
+        self.rank = rank
+        self._last = time.monotonic()
+        self._allowance = limit_s
+        self._paused = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="railyard-watchdog", daemon=True)
+
+    def start(self, *, first_step_factor: float = 5.0) -> None:
+        self.beat(allowance_factor=first_step_factor)
+        self._thread.start()
+
+    def beat(self, *, allowance_factor: float = 1.0) -> None:
+        self._last = time.monotonic()
+        self._allowance = self.limit_s * allowance_factor
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        self._paused += 1
+        try:
+            yield
+        finally:
+            self._paused -= 1
+            self.beat()
+
+    def _run(self) -> None:
+        from railyard.protocol.exitcodes import ExitCode
+
+        while not self._stop.wait(min(1.0, self.limit_s / 4)):
+            idle = time.monotonic() - self._last
+            if not self._paused and idle > self._allowance:
+                log_event("hang_detected", rank=self.rank, idle_s=round(idle, 2), limit_s=self.limit_s)
+                os._exit(ExitCode.HANG_OR_STRAGGLER)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+def init_distributed(env: WorkerEnv, timeout_s: float) -> torch.device:
+    if torch.cuda.is_available():
+        device = torch.device("cuda", env.local_rank)
+        torch.cuda.set_device(device)
+        dist.init_process_group("nccl", timeout=timedelta(seconds=timeout_s), device_id=device)
+    else:
+        device = torch.device("cpu")
+        dist.init_process_group("gloo", timeout=timedelta(seconds=timeout_s))
+    return device
+
+
+def clip_grad_norm_(parts: list[torch.nn.Module], max_norm: float, *, pp_group: dist.ProcessGroup | None) -> torch.Tensor:
+    """Total L2 norm of all gradients of the model (all stages), then clip to ``max_norm``.
+
+    Gradients are grouped by their DTensor mesh (FSDP-only, FSDP+TP, plain) because one foreach
+    norm cannot mix meshes; each group's norm is made global with ``full_tensor()``, and with
+    pipeline parallelism the squares are summed across stages.
+    """
+    params = [p for m in parts for p in m.parameters() if p.grad is not None]
+    groups: dict[Any, list[torch.Tensor]] = {}
+    for p in params:
+        g = p.grad
+        assert g is not None
+        key = (g.device_mesh.mesh_dim_names, tuple(g.device_mesh.mesh.shape)) if isinstance(g, DTensor) else "local"
+        groups.setdefault(key, []).append(g)
+    device = params[0].device if params else torch.device("cpu")
+    sq = torch.zeros((), dtype=torch.float32, device=device if device.type != "meta" else "cpu")
+    for grads in groups.values():
+        n = torch.nn.utils.get_total_norm(grads, 2.0, foreach=True)
+        if isinstance(n, DTensor):
+            n = n.full_tensor()
+        sq = sq + n.float().to(sq.device) ** 2
+    if pp_group is not None:
+        dist.all_reduce(sq, group=pp_group)
+    total = sq.sqrt()
+    if max_norm > 0:
+        coef = float((max_norm / (total + 1e-6)).clamp(max=1.0))
+        if coef < 1.0:
+            for grads in groups.values():
+                torch._foreach_mul_(grads, coef)
+    return total
+
+
+class Trainer:
+    def __init__(self, cfg: TrainerConfig, env: WorkerEnv) -> None:
+        self.cfg, self.env = cfg, env
+        t = cfg.trainer
+        self.dims = ParallelDims(pp=env.mesh_shape[0], dp=env.mesh_shape[1], tp=env.mesh_shape[2], world_size=env.world_size, procs_per_node=env.procs_per_node)
+        args = PRESETS[t.preset]
+        stages = self.dims.pp * STAGES_PER_RANK[cfg.parallelism.pipeline_schedule] if self.dims.pp_enabled else 1
+        problems = args.problems(tp=self.dims.tp, stages=stages)
+        if t.batch_size % self.dims.dp:
+            problems.append(f"trainer.batchSize: {t.batch_size} is not divisible by the data-parallel size {self.dims.dp}")
+        if problems:
+            raise ConfigError(problems)
+        self.microbatches = check_microbatches(cfg.parallelism.pipeline_schedule, self.dims.pp, cfg.parallelism.microbatches, t.batch_size // self.dims.dp) if self.dims.pp_enabled else 1
+
+        self.device = init_distributed(env, t.collective_timeout_s)
+        self.mesh = self.dims.build_mesh(self.device.type)
+        coords = tuple(int(c) for c in self.mesh.get_coordinate() or ())
+        log_event("start", rank=env.rank, local_rank=env.local_rank, node=env.node, coords=list(env.coords), mesh_coords=list(coords), device=str(self.device))
+        if coords != env.coords:
+            raise ConfigError([f"rank table: rank {env.rank} has coordinates {env.coords} but the mesh puts it at {coords}; the rank table is inconsistent"])
+        self.pp_rank, self.dp_rank, self.tp_rank = coords
+
+        torch.manual_seed(t.seed)
+        meta = args.num_params() > META_INIT_PARAMS
+        with torch.device("meta" if meta else self.device):
+            model = Transformer(args)
+        param_dtype = param_dtype_for(t.mixed_precision, self.device)
+        offload = t.cpu_offload and self.device.type == "cuda"
+
+        def parallelize(m: Transformer) -> Transformer:
+            return parallelize_llama(m, mesh=self.mesh, dims=self.dims, param_dtype=param_dtype, activation_checkpointing=t.activation_checkpointing, cpu_offload=offload)
+
+        self.schedule = None
+        if self.dims.pp_enabled:
+            pipe = build_pipeline(model, pp_mesh=self.mesh["pp"], device=self.device, schedule=cfg.parallelism.pipeline_schedule, microbatches=self.microbatches, loss_fn=cross_entropy_loss, parallelize=parallelize)
+            self.schedule, self.parts, self.has_first, self.has_last = pipe.schedule, pipe.parts, pipe.has_first, pipe.has_last
+        else:
+            self.parts, self.has_first, self.has_last = [parallelize(model)], True, True
+        del model
+        if meta:
+            for part in self.parts:
+                part.to_empty(device="cpu" if offload else self.device)
+                part.init_weights(buffer_device=self.device)
+        self.optimizer = Optimizers(self.parts, lr=t.learning_rate, weight_decay=t.weight_decay)  # type: ignore[arg-type]
+        self.lr_scheduler = WarmupCosine(self.optimizer, peak_lr=t.learning_rate, warmup_steps=t.warmup_steps, total_steps=t.steps)
+        source = build_source(t.dataset, vocab_size=args.vocab_size, seed=t.seed, seq_len=t.seq_len)
+        self.data = ShardedBatches(source, batch_size=t.batch_size, seq_len=t.seq_len, dp_rank=self.dp_rank, dp_size=self.dims.dp, device=self.device)
+        self.flops_per_token = args.flops_per_token(t.seq_len)
+        self.peak_flops = _peak_flops(self.device)
+        self.ctx = hooks.TrainContext(
+            rank=env.rank, local_rank=env.local_rank, world_size=env.world_size, node=env.node,
+            pod_index=env.pod_index, job=cfg.job, attempt=cfg.attempt, dims=self.dims, mesh=self.mesh,
+            model_parts=list(self.parts), optimizer=self.optimizer, lr_scheduler=self.lr_scheduler,
+            data=self.data, step=0, config=cfg,
+        )
+        self.ctx.extra["device"] = self.device
+        self.checkpointer = _build_checkpointer(cfg, self.ctx)
+        self.health = _build_health(cfg, self.ctx)
+        self.faults = FaultInjector(cfg.active_faults(), rank=env.rank, log=log_event)
+        self.watchdog = Watchdog(t.watchdog_s, rank=env.rank)
+        self.log_all_ranks = os.environ.get("RAILYARD_LOG_ALL_RANKS") == "1"
+        self.dump_grads_dir = os.environ.get("RAILYARD_DUMP_GRADS", "")
+
+    def train(self) -> None:
+        t = self.cfg.trainer
+        restored = self.checkpointer.restore(self.ctx)
+        if restored is not None:
+            log_event("restored", rank=self.env.rank, step=restored.step, tier=restored.tier, duration_s=round(restored.duration_s, 3), detail=restored.detail)
+        self.health.preflight(self.ctx)
+        self.watchdog.start()
+        while self.ctx.step < t.steps:
+            self.ctx.step += 1
+            metrics = self.train_step(self.ctx.step)
+            self.health.after_step(self.ctx, metrics)
+            with self.watchdog.paused():
+                self.checkpointer.maybe_save(self.ctx, checks_passed=self.health.checks_passed())
+            self.watchdog.beat()
+        self.watchdog.stop()
+        log_event("done", rank=self.env.rank, step=self.ctx.step)
+
+    def train_step(self, step: int) -> hooks.StepMetrics:
+        start = time.perf_counter()
+        self.faults.before_step(step)
+        inputs, labels = self.data.next_batch()
+        self._sync()
+        t0 = time.perf_counter()
+        loss = self.forward_backward(inputs, labels)
+        self._sync()
+        compute_s = time.perf_counter() - t0
+        compute_s += self.faults.slow_down(step, compute_s)
+        if self.dump_grads_dir and step == 1:
+            self._dump_grads(Path(self.dump_grads_dir))
+        self.faults.maybe_flip(step, "grad", self.parts)
+        grad_norm = clip_grad_norm_(self.parts, self.cfg.trainer.grad_clip, pp_group=self.mesh["pp"].get_group() if self.dims.pp_enabled else None)
+        self.health.after_backward(self.ctx, loss, grad_norm)
+        lr = self.lr_scheduler.get_last_lr()[0]
+        self.optimizer.step()
+        self.lr_scheduler.step()
+        self.optimizer.zero_grad()
+        self.faults.maybe_flip(step, "param", self.parts)
+        global_loss = self._global_loss(loss)
+        step_time = time.perf_counter() - start
+        tokens_per_s = self.cfg.trainer.batch_size * self.cfg.trainer.seq_len / step_time
+        metrics = hooks.StepMetrics(step=step, loss=global_loss, grad_norm=float(grad_norm), step_time_s=step_time, compute_s=compute_s, tokens_per_s=tokens_per_s, lr=lr, memory_bytes=self._memory_bytes())
+        if (self.env.rank == 0 or self.log_all_ranks) and (step % self.cfg.trainer.log_every_steps == 0 or step == self.cfg.trainer.steps):
+            extra = {}
+            if self.peak_flops:
+                extra["mfu"] = round(tokens_per_s / self.env.world_size * self.flops_per_token / self.peak_flops, 4)
+            log_event("step", rank=self.env.rank, step=step, loss=global_loss, grad_norm=metrics.grad_norm, lr=lr, step_time_s=round(step_time, 5), compute_s=round(compute_s, 5), tokens_per_s=round(tokens_per_s, 1), memory_bytes=metrics.memory_bytes, **extra)
+        return metrics
+
+    def forward_backward(self, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """Loss of this rank's batch (zero on pipeline stages without the loss), grads ready."""
+        if self.schedule is None:
+            loss = cross_entropy_loss(self.parts[0](inputs), labels)
+            loss.backward()
+            return loss.detach()
+        losses: list[torch.Tensor] = []
+        target = labels if self.has_last else None
+        if self.has_first:
+            self.schedule.step(inputs, target=target, losses=losses, return_outputs=False)
+        else:
+            self.schedule.step(target=target, losses=losses, return_outputs=False)
+        if self.has_last:
+            return torch.stack([x.detach().float() for x in losses]).mean()
+        return torch.zeros((), device=self.device)
+
+    def _global_loss(self, loss: torch.Tensor) -> float:
+        """Mean loss of the global batch: only last-stage ranks contribute, tp ranks repeat it."""
+        buf = loss.detach().float().reshape(()).clone()
+        dist.all_reduce(buf)
+        return float(buf) / (self.dims.dp * self.dims.tp)
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def _memory_bytes(self) -> int:
+        if self.device.type == "cuda":
+            return int(torch.cuda.max_memory_allocated(self.device))
+        return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
+    def _dump_grads(self, out: Path) -> None:
+        """Test hook: full (unsharded) first-step gradients by parameter name, one file per stage."""
+        grads: dict[str, torch.Tensor] = {}
+        for part in self.parts:
+            for name, p in part.named_parameters():
+                g = p.grad
+                if g is None:
+                    continue
+                full = g.full_tensor() if isinstance(g, DTensor) else g
+                grads[clean_fqn(name)] = full.detach().float().cpu()
+        if self.dp_rank == 0 and self.tp_rank == 0:
+            out.mkdir(parents=True, exist_ok=True)
+            torch.save(grads, out / f"grads-pp{self.pp_rank}.pt")
+
+    def close(self) -> None:
+        self.watchdog.stop()
+        self.checkpointer.close()
+        self.health.close()
+        # Nobody leaves while a peer may still talk to the store rank 0 hosts.
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+def _peak_flops(device: torch.device) -> float:
+    if device.type != "cuda":
+        return 0.0
+    if os.environ.get("RAILYARD_PEAK_FLOPS"):
+        return float(os.environ["RAILYARD_PEAK_FLOPS"])
+    name = torch.cuda.get_device_name(device)
+    return next((v for k, v in PEAK_FLOPS.items() if k in name), 0.0)
+
+
+def _build_checkpointer(cfg: TrainerConfig, ctx: hooks.TrainContext) -> hooks.Checkpointer:
+    if os.environ.get("RAILYARD_PLAIN_CHECKPOINT") != "1":
+        try:
+            from railyard_trainer.checkpoint import build_checkpointer
+        except ImportError as exc:
+            log_event("fallback", rank=ctx.rank, what="checkpointer", reason=repr(exc))
+        else:
+            return build_checkpointer(cfg, ctx)  # type: ignore[no-any-return]
+    return build_dcp_checkpointer(cfg)
+
+
+def _build_health(cfg: TrainerConfig, ctx: hooks.TrainContext) -> hooks.HealthMonitor:
+    if os.environ.get("RAILYARD_DISABLE_HEALTH") != "1":
+        try:
+            from railyard_trainer.health import build_health_monitor
+        except ImportError as exc:
+            log_event("fallback", rank=ctx.rank, what="health", reason=repr(exc))
+        else:
+            return build_health_monitor(cfg, ctx)  # type: ignore[no-any-return]
+    return hooks.NullHealth()

@@ -1,0 +1,160 @@
+"""Optimizer, learning-rate schedule and the trainer state a checkpoint holds.
+
+Everything here is keyed by parameter *name* (FQN), never by position, so a checkpoint written
+in one layout (say pp=2 x dp=2) loads into another (say dp=4): DCP reshards by name and global
+shape. :func:`app_state` is the one dict a checkpointer hands to ``torch.distributed.checkpoint``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+from torch import nn
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+from torch.distributed.checkpoint.stateful import Stateful
+from torch.distributed.tensor import DTensor
+
+from railyard_trainer.hooks import TrainContext
+
+_FLAT = StateDictOptions(flatten_optimizer_state_dict=True)
+
+
+class Optimizers(torch.optim.Optimizer):
+    """One AdamW per model part (pipeline stage) behind the Optimizer interface.
+
+    ``state_dict()`` is flat and keyed by parameter name (``state.<fqn>.exp_avg``), merged over
+    the parts, so it reshards across layouts. ``param_groups`` are the inner optimizers' groups,
+    so a scheduler that sets ``lr`` on them reaches every part.
+    """
+
+    def __init__(self, parts: list[nn.Module], *, lr: float, weight_decay: float, betas: tuple[float, float] = (0.9, 0.95)) -> None:
+        self.parts = parts
+        self.inner = [
+            torch.optim.AdamW(_groups_by_mesh(m), lr=lr, betas=betas, eps=1e-8, weight_decay=weight_decay, foreach=True)
+            for m in parts
+        ]
+        all_params = [p for m in parts for p in m.parameters()]
+        super().__init__(all_params, {"lr": lr})
+        self.param_groups = [g for o in self.inner for g in o.param_groups]
+
+    def step(self, closure: Any = None) -> None:  # type: ignore[override]
+        for o in self.inner:
+            o.step()
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for o in self.inner:
+            o.zero_grad(set_to_none=set_to_none)
+
+    def state_dict(self) -> dict[str, Any]:  # type: ignore[override]
+        out: dict[str, Any] = {}
+        for m, o in zip(self.parts, self.inner, strict=True):
+            out.update(get_optimizer_state_dict(m, o, options=_FLAT))
+        return out
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:  # type: ignore[override]
+        for m, o in zip(self.parts, self.inner, strict=True):
+            set_optimizer_state_dict(m, o, optim_state_dict=state_dict, options=_FLAT)
+
+
+def _groups_by_mesh(m: nn.Module) -> list[dict[str, Any]]:
+    """One param group per DTensor mesh (and one for plain tensors): a foreach update cannot mix
+    them, and with TP but no FSDP the norms stay plain while the projections are DTensors."""
+    groups: dict[Any, list[nn.Parameter]] = {}
+    for p in m.parameters():
+        key = (p.device_mesh.mesh_dim_names, tuple(p.device_mesh.mesh.shape)) if isinstance(p, DTensor) else "local"
+        groups.setdefault(key, []).append(p)
+    return [{"params": ps} for ps in groups.values()]
+
+
+class WarmupCosine:
+    """Linear warmup to the peak, then cosine decay to 10% of it at the last step.
+
+    Its state is one integer (the number of steps taken), so it is layout-independent.
+    """
+
+    def __init__(self, optimizer: torch.optim.Optimizer, *, peak_lr: float, warmup_steps: int, total_steps: int, min_ratio: float = 0.1) -> None:
+        self.optimizer = optimizer
+        self.peak_lr = peak_lr
+        self.warmup = warmup_steps
+        self.total = total_steps
+        self.min_ratio = min_ratio
+        self.steps_taken = 0
+        self._apply()
+
+    def factor(self, i: int) -> float:
+        """LR factor for the (i+1)-th optimizer step."""
+        if i < self.warmup:
+            return (i + 1) / (self.warmup + 1)
+        progress = min(1.0, (i - self.warmup) / max(1, self.total - self.warmup))
+        return self.min_ratio + (1 - self.min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+    def _apply(self) -> None:
+        lr = self.peak_lr * self.factor(self.steps_taken)
+        for g in self.optimizer.param_groups:
+            g["lr"] = lr
+
+    def get_last_lr(self) -> list[float]:
+        return [float(g["lr"]) for g in self.optimizer.param_groups]
+
+    def step(self) -> None:
+        self.steps_taken += 1
+        self._apply()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"steps_taken": self.steps_taken}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.steps_taken = int(state["steps_taken"])
+        self._apply()
+
+
+class ModelState(Stateful):
+    """The model parts' (sharded) state dicts, merged; names as in the unsplit model."""
+
+    def __init__(self, parts: Iterable[nn.Module]) -> None:
+        self.parts = list(parts)
+
+    def state_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for m in self.parts:
+            out.update(get_model_state_dict(m))
+        return out
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        for m in self.parts:
+            set_model_state_dict(m, state_dict, options=StateDictOptions(strict=False))
+
+
+class StepState(Stateful):
+    def __init__(self, ctx: TrainContext) -> None:
+        self.ctx = ctx
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"step": self.ctx.step}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.ctx.step = int(state_dict["step"])
+
+
+def app_state(ctx: TrainContext) -> dict[str, Stateful]:
+    """What a checkpoint holds: model, optimizer, lr schedule, data position and step.
+
+    Pass it to ``torch.distributed.checkpoint.save``/``load`` as the state dict; every rank
+    must call it (the optimizer state dict is gathered by name collectively).
+    """
+    return {
+        "model": ModelState(ctx.model_parts),
+        "optim": ctx.optimizer,  # type: ignore[dict-item]
+        "lr": ctx.lr_scheduler,
+        "data": ctx.data,
+        "trainer": StepState(ctx),
+    }
