@@ -17,7 +17,14 @@ X = 1e9  # parameter bytes
 def _table(nodes: list[str], *, procs: int, tp: int, pp: int, gpus: int = 8):
     n = len(nodes)
     shape = MeshShape(n, procs, pp, n * procs // (tp * pp), tp)
-    return build_rank_table(job="j", attempt=0, shape=shape, pod_nodes=nodes, pod_rail_offset=[0] * n, pod_gpus=[gpus] * n)
+    return build_rank_table(
+        job="j",
+        attempt=0,
+        shape=shape,
+        pod_nodes=nodes,
+        pod_rail_offset=[0] * n,
+        pod_gpus=[gpus] * n,
+    )
 
 
 def test_dp_ring_between_two_spines_crosses_the_spine_twice_per_rail():
@@ -47,7 +54,11 @@ def test_same_leaf_traffic_stays_off_the_upper_levels():
 def test_tp_traffic_is_intra_host_and_pp_traffic_is_point_to_point():
     topo = make_nodes(2, 1, 1).topology()
     table = _table(["node-s0-l0-n0", "node-s1-l0-n0"], procs=8, tp=8, pp=2)
-    cost = compute_cost(table, topo, CostInputs(param_bytes=0, activation_bytes=1e6, microbatches=4, tp_bytes_per_step=1e6))
+    cost = compute_cost(
+        table,
+        topo,
+        CostInputs(param_bytes=0, activation_bytes=1e6, microbatches=4, tp_bytes_per_step=1e6),
+    )
     assert cost.bytes_at("host") == pytest.approx(2 * 8 * 2 * (7 / 8) * 1e6)
     assert cost.bytes_at("railyard.dev/spine") == pytest.approx(8 * 2 * 4 * 1e6 / 8)
 
@@ -55,7 +66,14 @@ def test_tp_traffic_is_intra_host_and_pp_traffic_is_point_to_point():
 def test_rail_mismatch_counts_as_cross_rail():
     topo = make_nodes(1, 1, 2).topology()
     shape = MeshShape(2, 4, 1, 8, 1)  # pure DP, 4 ranks per node: DP group spans 4 slots
-    table = build_rank_table(job="j", attempt=0, shape=shape, pod_nodes=["node-s0-l0-n0", "node-s0-l0-n1"], pod_rail_offset=[0, 0], pod_gpus=[8, 8])
+    table = build_rank_table(
+        job="j",
+        attempt=0,
+        shape=shape,
+        pod_nodes=["node-s0-l0-n0", "node-s0-l0-n1"],
+        pod_rail_offset=[0, 0],
+        pod_gpus=[8, 8],
+    )
     cost = compute_cost(table, topo, CostInputs(param_bytes=X, activation_bytes=0))
     assert cost.cross_rail_bytes > 0
 

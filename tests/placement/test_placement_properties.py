@@ -11,7 +11,18 @@ from placement_builders import LEAF, SPINE, Nodes, assert_valid, make_job, make_
 from railyard.logic.placement import Placement, PreviousPlacement, Unplaceable, plan_placement
 
 GPUS = 4
-STATES = ["ok", "ok", "ok", "notready", "quarantined", "tainted", "cordoned", "busy1", "busy2", "busy4"]
+STATES = [
+    "ok",
+    "ok",
+    "ok",
+    "notready",
+    "quarantined",
+    "tainted",
+    "cordoned",
+    "busy1",
+    "busy2",
+    "busy4",
+]
 
 
 @st.composite
@@ -44,7 +55,11 @@ def jobs(draw: st.DrawFn):
     n = draw(st.integers(1, 5))
     groups = n * procs // tp
     pp = draw(st.sampled_from([p for p in range(1, groups + 1) if groups % p == 0]))
-    job = make_job(nodes=n, procs=procs).with_parallelism(tp=tp, pp=pp).with_spares(draw(st.integers(0, 2)))
+    job = (
+        make_job(nodes=n, procs=procs)
+        .with_parallelism(tp=tp, pp=pp)
+        .with_spares(draw(st.integers(0, 2)))
+    )
     mode = draw(st.sampled_from(["none", "req-spine", "req-leaf", "pref-spine"]))
     if mode == "req-spine":
         job.required(SPINE)
@@ -68,9 +83,12 @@ def _brute_force_feasible(nodes: Nodes, state: dict[str, str], req) -> bool:
     usable = [name for name, s in state.items() if _usable_by_state(s, req.gpus_needed)]
     total = req.nodes + req.hot_spares
     for subset in itertools.combinations(usable, total):
-        if req.mode == "Required" and req.required_level:
-            if len({labels[x][req.required_level] for x in subset}) != 1:
-                continue
+        if (
+            req.mode == "Required"
+            and req.required_level
+            and len({labels[x][req.required_level] for x in subset}) != 1
+        ):
+            continue
         return True
     return False
 
@@ -119,7 +137,9 @@ def test_sticky_replacement_keeps_every_healthy_node(cluster, req, data):
         again.rank_table.validate()
     else:
         kept = set(first.nodes) - failed
-        pool = [n for n, s in state.items() if n not in kept and _usable_by_state(s, req.gpus_needed)]
+        pool = [
+            n for n, s in state.items() if n not in kept and _usable_by_state(s, req.gpus_needed)
+        ]
         if req.mode == "Required" and req.required_level and kept:
             labels = {n["metadata"]["name"]: n["metadata"]["labels"] for n in nodes.nodes}
             doms = {labels[n][req.required_level] for n in kept}

@@ -16,18 +16,29 @@ def _node(name: str, labels: dict[str, str], gpus: int = 8) -> dict:
     return {
         "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name, **labels}},
         "spec": {},
-        "status": {"allocatable": {"nvidia.com/gpu": str(gpus)}, "conditions": [{"type": "Ready", "status": "True"}]},
+        "status": {
+            "allocatable": {"nvidia.com/gpu": str(gpus)},
+            "conditions": [{"type": "Ready", "status": "True"}],
+        },
     }
 
 
 @pytest.mark.parametrize(
     ("preset", "labels", "expected"),
     [
-        ("railyard", {"railyard.dev/spine": "s", "railyard.dev/leaf": "l"}, ("railyard.dev/spine", "railyard.dev/leaf")),
+        (
+            "railyard",
+            {"railyard.dev/spine": "s", "railyard.dev/leaf": "l"},
+            ("railyard.dev/spine", "railyard.dev/leaf"),
+        ),
         (
             "topograph",
             {"fabric.topograph.run/tier-1": "sp", "fabric.topograph.run/tier-0": "lf"},
-            ("fabric.topograph.run/tier-2", "fabric.topograph.run/tier-1", "fabric.topograph.run/tier-0"),
+            (
+                "fabric.topograph.run/tier-2",
+                "fabric.topograph.run/tier-1",
+                "fabric.topograph.run/tier-0",
+            ),
         ),
         (
             "topograph",
@@ -41,7 +52,10 @@ def _node(name: str, labels: dict[str, str], gpus: int = 8) -> dict:
         ),
         (
             "gke",
-            {"cloud.google.com/gce-topology-block": "b", "cloud.google.com/gce-topology-subblock": "sb"},
+            {
+                "cloud.google.com/gce-topology-block": "b",
+                "cloud.google.com/gce-topology-subblock": "sb",
+            },
             ("cloud.google.com/gce-topology-block", "cloud.google.com/gce-topology-subblock"),
         ),
         (
@@ -69,7 +83,9 @@ def test_levels_no_node_carries_are_dropped_and_host_keys_are_implied():
     topo = build_topology(nodes, levels=keys)
     assert topo.levels == ("fabric.topograph.run/tier-1", "fabric.topograph.run/tier-0")
     assert topo.dropped_levels == ("fabric.topograph.run/tier-2",)
-    explicit = resolve_level_keys(None, ["x/spine", "cloud.google.com/gce-topology-host", "kubernetes.io/hostname"], nodes)
+    explicit = resolve_level_keys(
+        None, ["x/spine", "cloud.google.com/gce-topology-host", "kubernetes.io/hostname"], nodes
+    )
     assert explicit == ("x/spine",)
 
 
@@ -87,7 +103,7 @@ def test_a_node_missing_a_level_label_gets_its_own_domain():
 
 
 def test_unknown_preset_names_the_known_ones():
-    with pytest.raises(ValueError, match="topology.preset"):
+    with pytest.raises(ValueError, match=r"topology\.preset"):
         resolve_level_keys("nope", None, [])
 
 
@@ -99,14 +115,18 @@ def test_synthetic_nodes_and_spec_build_the_same_tree():
     assert set(a.gpus) == {8}
 
 
-@pytest.mark.parametrize("spec", ["spine=2,leaf=3", "spine=2,leaf=x,nodes=1", "rack=1,leaf=1,nodes=1"])
+@pytest.mark.parametrize(
+    "spec", ["spine=2,leaf=3", "spine=2,leaf=x,nodes=1", "rack=1,leaf=1,nodes=1"]
+)
 def test_bad_synthetic_spec_is_refused(spec):
     with pytest.raises(ValueError, match="--nodes"):
         parse_synthetic_spec(spec)
 
 
 def test_nodes_are_ordered_naturally_inside_leaves():
-    nodes = [_node(f"n-{i}", {"railyard.dev/spine": "s", "railyard.dev/leaf": "l"}) for i in (10, 2, 1)]
+    nodes = [
+        _node(f"n-{i}", {"railyard.dev/spine": "s", "railyard.dev/leaf": "l"}) for i in (10, 2, 1)
+    ]
     topo = build_topology(nodes)
     assert topo.names == ("n-1", "n-2", "n-10")
 
@@ -114,7 +134,13 @@ def test_nodes_are_ordered_naturally_inside_leaves():
 def test_init_containers_and_limits_count_as_gpu_use():
     nodes = [_node("a", {}), _node("b", {})]
     pods = [
-        {"spec": {"nodeName": "a", "containers": [{"resources": {"limits": {"nvidia.com/gpu": "3"}}}]}, "status": {"phase": "Running"}},
+        {
+            "spec": {
+                "nodeName": "a",
+                "containers": [{"resources": {"limits": {"nvidia.com/gpu": "3"}}}],
+            },
+            "status": {"phase": "Running"},
+        },
         {
             "spec": {
                 "nodeName": "b",
