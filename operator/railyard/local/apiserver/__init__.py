@@ -1,0 +1,30 @@
+"""The embedded Kubernetes-compatible API server of ``railyard local``.
+
+One Python process, loopback only, bearer-token auth, objects in SQLite (WAL) under a state
+directory so that every acknowledged write survives SIGKILL and restart. It serves what kopf,
+kubectl and our operator use: discovery and OpenAPI, CRDs with schema/CEL validation and
+defaults, status subresources, list/watch with selectors and bookmarks, the three patch types,
+finalizers, garbage collection, namespaces, Table output, Events, Leases, and the Pod
+subresources binding, eviction and log. See docs/local-apiserver.md.
+
+Command line::
+
+    python -m railyard.local.apiserver --state-dir DIR --token TOKEN [--port 0] [--ready-file F]
+
+In-process::
+
+    server = APIServer(state_dir, token="secret")      # port=0 picks a free port
+    url = await server.start()                           # "http://127.0.0.1:PORT"
+    ...
+    await server.stop()
+
+or ``await serve(state_dir, token=..., ready_file=..., stop=asyncio.Event())``.
+
+Pod logs are served by ``server.log_provider(pod, container, previous) -> Path | None``; the
+default reads ``<state-dir>/pods/<namespace>/<pod>/<container>.log`` (``.previous.log`` for the
+previous run) or the path in annotation ``railyard.io/log-path.<container>``.
+"""
+
+from .server import APIServer, LogProvider, default_log_provider, serve
+
+__all__ = ["APIServer", "LogProvider", "default_log_provider", "serve"]

@@ -1,0 +1,43 @@
+"""``python -m railyard.local.apiserver``: run the embedded API server until SIGTERM/SIGINT."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+from pathlib import Path
+
+from .server import serve
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m railyard.local.apiserver",
+                                     description="Embedded Kubernetes-compatible API server (loopback only).")
+    parser.add_argument("--state-dir", required=True, type=Path, help="folder for objects.sqlite and pod logs")
+    parser.add_argument("--host", default="127.0.0.1", help="loopback address to listen on (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=0, help="port; 0 picks a free one (see --ready-file)")
+    parser.add_argument("--token", required=True, help="bearer token clients must send")
+    parser.add_argument("--ready-file", type=Path, help='written as {"url": ..., "pid": ...} once serving')
+    parser.add_argument("--insecure-http", action="store_true",
+                        help="serve plain HTTP (kubectl then sends no token, so only for Python clients)")
+    args = parser.parse_args(argv)
+    if not args.host.startswith("127.") and args.host not in ("localhost", "::1"):
+        parser.error(f"--host {args.host}: the embedded server listens on loopback only; use 127.0.0.1")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+
+    async def run() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await serve(args.state_dir, token=args.token, host=args.host, port=args.port,
+                    ready_file=args.ready_file, stop=stop, tls=not args.insecure_http)
+
+    asyncio.run(run())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,261 @@
+"""The controllers kube-controller-manager would run for this API: garbage collection by
+ownerReferences (background, foreground, orphan), namespace deletion, CRD instance cleanup,
+and each namespace's ``default`` ServiceAccount.
+
+They react to writes (``on_write``, called synchronously by the engine) by queueing work, and do
+the work in one asyncio task so that they never race each other.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Any
+
+from .engine import Ctx, DeleteOptions, Engine
+from .errors import APIError
+from .registry import CRD_KEY, ResourceType
+from .store import Entry, ObjKey
+
+log = logging.getLogger(__name__)
+
+JSON = dict[str, Any]
+DEFAULT_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease")
+
+
+class Controllers:
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.store = engine.store
+        self._gone_owners: set[str] = set()
+        self._pending_owners: set[ObjKey] = set()
+        self._terminating: set[ObjKey] = set()
+        self._new_namespaces: set[str] = set()
+        self._kick = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._stopped = False
+
+    # ---- event intake (synchronous, from the engine) ---------------------------------------
+
+    def on_write(self, rt: ResourceType, entry: Entry, deleted: bool) -> None:
+        meta = entry.obj["metadata"]
+        key: ObjKey = (rt.key, meta.get("namespace", ""), meta["name"])
+        uid = meta.get("uid", "")
+        kick = False
+        if deleted:
+            if uid in self.store.dependents:
+                self._gone_owners.add(uid)
+                kick = True
+            for ref in meta.get("ownerReferences") or []:
+                owner = self.store.by_uid.get(ref.get("uid", ""))
+                if owner is not None and owner in self._pending_owners:
+                    kick = True
+            if self._terminating:
+                kick = True
+        else:
+            fins = meta.get("finalizers") or []
+            if meta.get("deletionTimestamp"):
+                if "foregroundDeletion" in fins or "orphan" in fins:
+                    self._pending_owners.add(key)
+                    kick = True
+                if rt.key == "namespaces" or (rt.key == CRD_KEY
+                                              and "customresourcecleanup.apiextensions.k8s.io" in fins):
+                    self._terminating.add(key)
+                    kick = True
+            elif rt.key == "namespaces":
+                self._new_namespaces.add(meta["name"])
+                kick = True
+            for ref in meta.get("ownerReferences") or []:
+                if ref.get("uid") and ref["uid"] not in self.store.by_uid:
+                    self._gone_owners.add(ref["uid"])
+                    kick = True
+        if kick:
+            self._kick.set()
+
+    # ---- lifecycle -------------------------------------------------------------------------
+
+    async def bootstrap(self) -> None:
+        ns_rt = self.engine.registry.by_key("namespaces")
+        assert ns_rt is not None
+        for name in DEFAULT_NAMESPACES:
+            if self.store.get("namespaces", "", name) is None:
+                await self.engine.create(ns_rt, "", {"metadata": {"name": name}}, Ctx())
+        for rkey in self.store.resource_keys():
+            rt = self.engine.registry.by_key(rkey)
+            if rt is None:
+                continue
+            for e in self.store.items(rkey):
+                self.on_write(rt, e, False)
+        for uid in list(self.store.dependents):
+            if uid not in self.store.by_uid:
+                self._gone_owners.add(uid)
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="apiserver-controllers")
+        self._kick.set()
+
+    async def stop(self) -> None:
+        self._stopped = True
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def _run(self) -> None:
+        while not self._stopped:
+            busy = bool(self._pending_owners or self._terminating)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._kick.wait(), timeout=1.0 if busy else 30.0)
+            self._kick.clear()
+            try:
+                await self._process()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("controller pass failed; retrying")
+                await asyncio.sleep(0.5)
+
+    # ---- work ------------------------------------------------------------------------------
+
+    def _rt(self, rkey: str) -> ResourceType | None:
+        return self.engine.registry.by_key(rkey)
+
+    async def _delete(self, key: ObjKey, policy: str | None = None) -> None:
+        rt = self._rt(key[0])
+        if rt is None:
+            return
+        entry = self.store.get(*key)
+        if entry is None or entry.obj["metadata"].get("deletionTimestamp"):
+            return
+        with contextlib.suppress(APIError):
+            await self.engine.delete(rt, key[1], key[2], DeleteOptions(propagation_policy=policy), Ctx())
+
+    async def _process(self) -> None:
+        for name in list(self._new_namespaces):
+            self._new_namespaces.discard(name)
+            await self._ensure_service_account(name)
+        for uid in list(self._gone_owners):
+            self._gone_owners.discard(uid)
+            await self._collect_dependents(uid)
+        for key in list(self._pending_owners):
+            await self._process_owner(key)
+        for key in list(self._terminating):
+            await self._process_terminating(key)
+
+    async def _ensure_service_account(self, ns: str) -> None:
+        entry = self.store.get("namespaces", "", ns)
+        if entry is None or entry.obj["metadata"].get("deletionTimestamp"):
+            return
+        if self.store.get("serviceaccounts", ns, "default") is None:
+            rt = self._rt("serviceaccounts")
+            assert rt is not None
+            with contextlib.suppress(APIError):
+                await self.engine.create(rt, ns, {"metadata": {"name": "default"}}, Ctx())
+
+    async def _collect_dependents(self, owner_uid: str) -> None:
+        if owner_uid in self.store.by_uid:
+            return
+        for key in list(self.store.dependents.get(owner_uid, ())):
+            entry = self.store.get(*key)
+            if entry is None:
+                continue
+            refs = entry.obj["metadata"].get("ownerReferences") or []
+            alive = [r for r in refs if r.get("uid") in self.store.by_uid]
+            if not alive:
+                await self._delete(key)
+            elif len(alive) != len(refs):
+                await self._set_owner_refs(key, alive)
+
+    async def _set_owner_refs(self, key: ObjKey, refs: list[JSON]) -> None:
+        rt = self._rt(key[0])
+        entry = self.store.get(*key)
+        if rt is None or entry is None:
+            return
+        obj = entry.clone()
+        if refs:
+            obj["metadata"]["ownerReferences"] = refs
+        else:
+            obj["metadata"].pop("ownerReferences", None)
+        await self.engine.write_raw(rt, obj)
+
+    async def _process_owner(self, key: ObjKey) -> None:
+        entry = self.store.get(*key)
+        rt = self._rt(key[0])
+        if entry is None or rt is None or not entry.obj["metadata"].get("deletionTimestamp"):
+            self._pending_owners.discard(key)
+            return
+        meta = entry.obj["metadata"]
+        uid = meta["uid"]
+        fins = meta.get("finalizers") or []
+        deps = list(self.store.dependents.get(uid, ()))
+        if "orphan" in fins:
+            for dep in deps:
+                d = self.store.get(*dep)
+                if d is not None:
+                    refs = [r for r in d.obj["metadata"].get("ownerReferences") or [] if r.get("uid") != uid]
+                    await self._set_owner_refs(dep, refs)
+            cur = self.store.get(*key)
+            if cur is not None:
+                await self.engine.remove_finalizer(rt, cur, "orphan")
+            self._pending_owners.discard(key)
+            return
+        if "foregroundDeletion" in fins:
+            blocking = 0
+            for dep in deps:
+                d = self.store.get(*dep)
+                if d is None:
+                    continue
+                await self._delete(dep, "Foreground")
+                ref = next((r for r in d.obj["metadata"].get("ownerReferences") or [] if r.get("uid") == uid), {})
+                if ref.get("blockOwnerDeletion") and self.store.get(*dep) is not None:
+                    blocking += 1
+            if blocking == 0:
+                cur = self.store.get(*key)
+                if cur is not None:
+                    await self.engine.remove_finalizer(rt, cur, "foregroundDeletion")
+                self._pending_owners.discard(key)
+            return
+        self._pending_owners.discard(key)
+
+    def _has_content(self, ns: str) -> bool:
+        for rkey in self.store.resource_keys():
+            crt = self._rt(rkey)
+            if crt is not None and crt.namespaced and any(True for _ in self.store.items(rkey, ns)):
+                return True
+        return False
+
+    async def _process_terminating(self, key: ObjKey) -> None:
+        entry = self.store.get(*key)
+        rt = self._rt(key[0])
+        if entry is None or rt is None:
+            self._terminating.discard(key)
+            return
+        if key[0] == "namespaces":
+            ns = key[2]
+            for rkey in self.store.resource_keys():
+                crt = self._rt(rkey)
+                if crt is None or not crt.namespaced:
+                    continue
+                for e in list(self.store.items(rkey, ns)):
+                    await self._delete((rkey, ns, e.obj["metadata"]["name"]))
+            if not self._has_content(ns):
+                obj = entry.clone()
+                obj.setdefault("spec", {})["finalizers"] = []
+                if obj["metadata"].get("finalizers"):
+                    await self.engine.write_raw(rt, obj)
+                else:
+                    await self.engine.write_raw(rt, obj, delete=True)
+                self._terminating.discard(key)
+        else:
+            crd = entry.obj
+            cr_key = f"{crd['spec']['names']['plural']}.{crd['spec']['group']}"
+            items = list(self.store.items(cr_key))
+            for e in items:
+                m = e.obj["metadata"]
+                await self._delete((cr_key, m.get("namespace", ""), m["name"]))
+            if not any(True for _ in self.store.items(cr_key)):
+                cur = self.store.get(*key)
+                if cur is not None:
+                    await self.engine.remove_finalizer(rt, cur, "customresourcecleanup.apiextensions.k8s.io")
+                self._terminating.discard(key)

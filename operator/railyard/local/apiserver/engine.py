@@ -1,0 +1,473 @@
+"""The API semantics, independent of HTTP: create, update, patch, delete, get, list.
+
+Every method that changes state computes the new object and hands it to the store without
+awaiting in between, so the check-then-write sequences (resourceVersion preconditions, name
+uniqueness) are atomic on the event loop. Durability is awaited afterwards.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import random
+import string
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import builtins, patch
+from .errors import APIError, Cause, already_exists, bad_request, conflict, invalid, not_found
+from .registry import CRD_KEY, LEASE_KEY, Registry, ResourceType
+from .selectors import Matcher, field_matcher, label_matcher
+from .store import Entry, Store, dumps
+
+JSON = dict[str, Any]
+
+_NAME_CHARS = "bcdfghjklmnpqrstvwxz2456789"
+
+
+def rfc3339(ts: float) -> str:
+    return datetime.datetime.fromtimestamp(ts, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclass
+class Ctx:
+    """Per-request options that change how a write is processed."""
+
+    dry_run: bool = False
+    field_validation: str = "Warn"
+    warnings: list[str] = field(default_factory=list)
+
+
+@dataclass
+class DeleteOptions:
+    grace_period_seconds: int | None = None
+    propagation_policy: str | None = None
+    precondition_uid: str | None = None
+    precondition_rv: str | None = None
+
+
+def strip_for_generation(obj: JSON, status_subresource: bool) -> JSON:
+    return {k: v for k, v in obj.items() if k not in ("metadata", "apiVersion", "kind")
+            and not (status_subresource and k == "status")}
+
+
+class Engine:
+    def __init__(self, store: Store, registry: Registry, *, clock: Callable[[], float] = time.time) -> None:
+        self.store = store
+        self.registry = registry
+        self.clock = clock
+        self.on_write: list[Callable[[ResourceType, Entry, bool], None]] = []
+        """Hooks run synchronously after every non-dry-run write (controllers, CRD registration)."""
+
+    def now(self) -> str:
+        return rfc3339(self.clock())
+
+    # ---- helpers ---------------------------------------------------------------------------
+
+    def _commit(self, rt: ResourceType, obj: JSON, ctx: Ctx, *, delete: bool = False) -> tuple[Entry, Any]:
+        if ctx.dry_run:
+            return Entry(obj, dumps(obj)), None
+        entry, fut = self.store.write(rt.key, obj, delete=delete)
+        for hook in self.on_write:
+            hook(rt, entry, delete)
+        return entry, fut
+
+    async def _write(self, rt: ResourceType, obj: JSON, ctx: Ctx, *, delete: bool = False) -> Entry:
+        entry, fut = self._commit(rt, obj, ctx, delete=delete)
+        if fut is not None:
+            await fut
+        return entry
+
+    def get(self, rt: ResourceType, ns: str, name: str) -> Entry:
+        entry = self.store.get(rt.key, ns if rt.namespaced else "", name)
+        if entry is None:
+            raise not_found(rt.group, rt.plural, name)
+        return entry
+
+    def matchers(self, rt: ResourceType, label_selector: str | None, field_selector: str | None) -> list[Matcher]:
+        out = []
+        lm = label_matcher(label_selector)
+        if lm:
+            out.append(lm)
+        allowed = rt.field_selectors
+        if rt.is_custom and rt.crd is not None:
+            extra = set()
+            for v in rt.crd["spec"].get("versions", []):
+                for sf in v.get("selectableFields") or []:
+                    extra.add(sf["jsonPath"].lstrip("."))
+            allowed = (allowed or frozenset()) | frozenset(extra)
+        fm = field_matcher(field_selector, allowed, rt.kind)
+        if fm:
+            out.append(fm)
+        return out
+
+    def list(self, rt: ResourceType, ns: str | None, matchers: list[Matcher]) -> tuple[list[Entry], int]:
+        rv = self.store.rv
+        entries = self.store.items(rt.key, ns if rt.namespaced else None)
+        if matchers:
+            result = [e for e in entries if all(m(e.obj) for m in matchers)]
+        else:
+            result = list(entries)
+        result.sort(key=lambda e: (e.obj["metadata"].get("namespace", ""), e.obj["metadata"]["name"]))
+        return result, rv
+
+    def _check_namespace(self, rt: ResourceType, ns: str) -> None:
+        if not rt.namespaced:
+            return
+        ns_entry = self.store.get("namespaces", "", ns)
+        if ns_entry is None:
+            raise not_found("", "namespaces", ns)
+        if ns_entry.obj["metadata"].get("deletionTimestamp"):
+            raise APIError(
+                403,
+                f"{rt.plural} \"...\" is forbidden: unable to create new content in namespace {ns} "
+                "because it is being terminated",
+                reason="Forbidden",
+                details={"causes": [{"reason": "NamespaceTerminating", "field": "metadata.namespace",
+                                      "message": f"namespace {ns} is being terminated"}]},
+            )
+
+    def _check_type(self, rt: ResourceType, obj: Any, version: str) -> JSON:
+        if not isinstance(obj, dict):
+            raise bad_request("the request body must be a JSON object")
+        api_version = obj.get("apiVersion")
+        kind = obj.get("kind")
+        if kind and kind != rt.kind:
+            raise bad_request(f"the kind in the data ({kind}) does not match the expected kind ({rt.kind})")
+        if api_version and api_version != rt.api_version(version):
+            raise bad_request(
+                f"the API version in the data ({api_version}) does not match the expected API version "
+                f"({rt.api_version(version)})"
+            )
+        meta = obj.get("metadata")
+        if meta is None:
+            meta = {}
+        if not isinstance(meta, dict):
+            raise bad_request("metadata must be an object")
+        rest = {k: v for k, v in obj.items() if k not in ("apiVersion", "kind", "metadata")}
+        return {"apiVersion": rt.api_version(version), "kind": rt.kind, "metadata": meta, **rest}
+
+    def to_storage(self, rt: ResourceType, obj: JSON, version: str) -> JSON:
+        if rt.storage_key == "events":
+            return builtins.event_from_events_v1(obj)
+        obj["apiVersion"] = rt.api_version(rt.storage_version)
+        return obj
+
+    def from_storage(self, rt: ResourceType, entry: Entry, version: str) -> bytes:
+        """The stored object as served at ``version`` (CR versions differ only in apiVersion)."""
+        if rt.storage_key == "events":
+            return dumps(builtins.event_to_events_v1(entry.clone()))
+        if version == rt.storage_version:
+            return entry.raw
+        obj = entry.clone()
+        obj["apiVersion"] = rt.api_version(version)
+        return dumps(obj)
+
+    def _validate_and_default(self, rt: ResourceType, obj: JSON, old: JSON | None, version: str, ctx: Ctx,
+                              subresource: str | None = None) -> None:
+        causes: list[Cause] = []
+        if rt.is_custom:
+            schema = rt.schemas.get(version) or rt.schemas.get(rt.storage_version)
+            if schema is not None:
+                pruned = schema.prune(obj)
+                if pruned:
+                    msgs = [f'unknown field "{p}"' for p in pruned]
+                    if ctx.field_validation == "Strict":
+                        raise bad_request(".".join([]) + "strict decoding error: " + ", ".join(msgs))
+                    if ctx.field_validation == "Warn":
+                        ctx.warnings.extend(msgs)
+                schema.default(obj)
+                causes.extend(schema.validate(obj, old))
+        else:
+            builtins.default(rt, obj, self)
+        causes.extend(builtins.validate_meta(rt, obj, old))
+        causes.extend(builtins.validate(rt, obj, old, self))
+        if causes:
+            raise invalid(rt.kind, rt.group, obj["metadata"].get("name", ""), causes)
+
+    # ---- create ----------------------------------------------------------------------------
+
+    async def create(self, rt: ResourceType, ns: str, body: Any, ctx: Ctx, version: str | None = None) -> Entry:
+        version = version or rt.storage_version
+        obj = self._check_type(rt, body, version)
+        obj = self.to_storage(rt, obj, version)
+        meta = obj["metadata"]
+        if rt.namespaced:
+            if meta.get("namespace") and meta["namespace"] != ns:
+                raise bad_request(
+                    "the namespace of the provided object does not match the namespace sent on the request"
+                )
+            meta["namespace"] = ns
+        else:
+            meta.pop("namespace", None)
+        if not meta.get("name"):
+            if meta.get("generateName"):
+                meta["name"] = meta["generateName"] + "".join(random.choices(_NAME_CHARS, k=5))
+            else:
+                raise invalid(rt.kind, rt.group, "", [
+                    Cause("metadata.name", "FieldValueRequired", "Required value: name or generateName is required")])
+        self._check_namespace(rt, ns)
+        for k in ("resourceVersion", "deletionTimestamp", "deletionGracePeriodSeconds", "managedFields"):
+            meta.pop(k, None)
+        meta["uid"] = str(uuid.uuid4())
+        meta["creationTimestamp"] = self.now()
+        meta["generation"] = 1
+        if rt.status_subresource and rt.is_custom:
+            obj.pop("status", None)
+        builtins.prepare_create(rt, obj, self)
+        self._validate_and_default(rt, obj, None, version, ctx)
+        if self.store.get(rt.key, meta.get("namespace", ""), meta["name"]) is not None:
+            if meta.get("generateName") and not body.get("metadata", {}).get("name"):
+                raise APIError(409, f'{rt.plural} "{meta["name"]}" already exists, the server was not able to '
+                               "generate a unique name for the object", reason="AlreadyExists")
+            raise already_exists(rt.group, rt.plural, meta["name"])
+        return await self._write(rt, obj, ctx)
+
+    # ---- update ----------------------------------------------------------------------------
+
+    def _prepare_update(self, rt: ResourceType, old_entry: Entry, new: JSON, subresource: str | None,
+                        ctx: Ctx, version: str) -> JSON | None:
+        """The object to store, or None when nothing changed. Raises on conflicts and invalid objects."""
+        old = old_entry.obj
+        meta = new["metadata"]
+        name = old["metadata"]["name"]
+        if meta.get("name") and meta["name"] != name:
+            raise bad_request(f"the name of the object ({meta['name']}) does not match the name on the URL ({name})")
+        rv = meta.get("resourceVersion")
+        if rv and rv != old["metadata"]["resourceVersion"]:
+            raise conflict(rt.group, rt.plural, name,
+                           "the object has been modified; please apply your changes to the latest version and try again")
+        if meta.get("uid") and meta["uid"] != old["metadata"]["uid"]:
+            raise conflict(rt.group, rt.plural, name, "Precondition failed: UID in precondition does not match")
+        if subresource == "status":
+            if rt.is_custom:
+                result = old_entry.clone()
+                if "status" in new:
+                    result["status"] = new["status"]
+                else:
+                    result.pop("status", None)
+                new = result
+            else:
+                result = dict(new)
+                for k in ("spec",):
+                    if k in old:
+                        result[k] = old_entry.clone()[k]
+                    else:
+                        result.pop(k, None)
+                new = result
+        elif rt.status_subresource:
+            if "status" in old:
+                new["status"] = old_entry.clone()["status"]
+            else:
+                new.pop("status", None)
+        meta = new["metadata"]
+        for k in ("name", "namespace", "uid", "creationTimestamp", "deletionTimestamp",
+                  "deletionGracePeriodSeconds", "generation"):
+            if k in old["metadata"]:
+                meta[k] = old["metadata"][k]
+            else:
+                meta.pop(k, None)
+        meta.pop("resourceVersion", None)
+        meta.pop("managedFields", None)
+        if subresource != "status":
+            if old["metadata"].get("deletionTimestamp"):
+                added = set(meta.get("finalizers") or []) - set(old["metadata"].get("finalizers") or [])
+                if added:
+                    raise invalid(rt.kind, rt.group, name, [Cause(
+                        "metadata.finalizers", "FieldValueForbidden",
+                        "Forbidden: no new finalizers can be added if the object is being deleted, found new "
+                        f"finalizers {sorted(added)}")])
+        builtins.prepare_update(rt, new, old, subresource, self)
+        self._validate_and_default(rt, new, old, version, ctx, subresource)
+        if strip_for_generation(new, rt.status_subresource) != strip_for_generation(old, rt.status_subresource):
+            meta["generation"] = int(old["metadata"].get("generation", 1)) + 1
+        old_cmp = dict(old)
+        old_cmp["metadata"] = {k: v for k, v in old["metadata"].items() if k != "resourceVersion"}
+        if new == old_cmp:
+            return None
+        return new
+
+    def _should_remove(self, obj: JSON) -> bool:
+        meta = obj["metadata"]
+        return bool(meta.get("deletionTimestamp")) and not meta.get("finalizers") and \
+            not meta.get("deletionGracePeriodSeconds")
+
+    async def _store_update(self, rt: ResourceType, new: JSON, ctx: Ctx) -> Entry:
+        if self._should_remove(new):
+            return await self._write(rt, new, ctx, delete=True)
+        return await self._write(rt, new, ctx)
+
+    async def update(self, rt: ResourceType, ns: str, name: str, body: Any, ctx: Ctx,
+                     subresource: str | None = None, version: str | None = None) -> Entry:
+        version = version or rt.storage_version
+        new = self._check_type(rt, body, version)
+        new = self.to_storage(rt, new, version)
+        old_entry = self.store.get(rt.key, ns if rt.namespaced else "", name)
+        if old_entry is None:
+            if rt.key in (LEASE_KEY, "events", "nodes") and subresource is None:
+                new["metadata"].setdefault("name", name)
+                return await self.create(rt, ns, body, ctx, version)
+            raise not_found(rt.group, rt.plural, name)
+        if rt.namespaced and new["metadata"].get("namespace") not in (None, "", ns):
+            raise bad_request("the namespace of the provided object does not match the namespace sent on the request")
+        prepared = self._prepare_update(rt, old_entry, new, subresource, ctx, version)
+        if prepared is None:
+            return old_entry
+        return await self._store_update(rt, prepared, ctx)
+
+    async def patch(self, rt: ResourceType, ns: str, name: str, content_type: str, data: bytes, ctx: Ctx,
+                    subresource: str | None = None, version: str | None = None) -> Entry:
+        version = version or rt.storage_version
+        old_entry = self.store.get(rt.key, ns if rt.namespaced else "", name)
+        if old_entry is None:
+            raise not_found(rt.group, rt.plural, name)
+        current = json.loads(self.from_storage(rt, old_entry, version))
+        try:
+            doc = json.loads(data)
+        except ValueError as exc:
+            raise bad_request(f"error decoding patch: {exc}") from exc
+        ctype = content_type.split(";")[0].strip()
+        if ctype == "application/merge-patch+json":
+            result = patch.merge_patch(current, doc)
+        elif ctype == "application/json-patch+json":
+            result = patch.json_patch(current, doc)
+        elif ctype == "application/strategic-merge-patch+json":
+            if rt.is_custom:
+                raise APIError(415, "the body of the request was in an unknown format - accepted media types "
+                               "include: application/json-patch+json, application/merge-patch+json, "
+                               "application/apply-patch+yaml", reason="UnsupportedMediaType")
+            result = patch.strategic_merge_patch(current, doc, rt.kind)
+        else:
+            raise APIError(415, "the body of the request was in an unknown format - accepted media types include: "
+                           "application/json-patch+json, application/merge-patch+json, "
+                           "application/strategic-merge-patch+json", reason="UnsupportedMediaType")
+        if not isinstance(result, dict):
+            raise bad_request("the patched object must be a JSON object")
+        result.setdefault("metadata", {})
+        if not isinstance(result["metadata"], dict):
+            raise bad_request("metadata must be an object")
+        result["metadata"].setdefault("resourceVersion", old_entry.obj["metadata"]["resourceVersion"])
+        new = self._check_type(rt, result, version)
+        new = self.to_storage(rt, new, version)
+        prepared = self._prepare_update(rt, old_entry, new, subresource, ctx, version)
+        if prepared is None:
+            return old_entry
+        return await self._store_update(rt, prepared, ctx)
+
+    # ---- delete ----------------------------------------------------------------------------
+
+    async def delete(self, rt: ResourceType, ns: str, name: str, opts: DeleteOptions, ctx: Ctx) -> Entry:
+        entry = self.get(rt, ns, name)
+        cur = entry.obj
+        meta = cur["metadata"]
+        if opts.precondition_uid and opts.precondition_uid != meta.get("uid"):
+            raise conflict(rt.group, rt.plural, name,
+                           f"Precondition failed: UID in precondition: {opts.precondition_uid}, UID in object meta: "
+                           f"{meta.get('uid')}")
+        if opts.precondition_rv and opts.precondition_rv != meta.get("resourceVersion"):
+            raise conflict(rt.group, rt.plural, name,
+                           f"Precondition failed: ResourceVersion in precondition: {opts.precondition_rv}, "
+                           f"ResourceVersion in object meta: {meta.get('resourceVersion')}")
+        obj = entry.clone()
+        meta = obj["metadata"]
+        finalizers: list[str] = list(meta.get("finalizers") or [])
+        policy = opts.propagation_policy
+        if policy not in (None, "Background", "Foreground", "Orphan"):
+            raise invalid("DeleteOptions", "", "", [Cause("propagationPolicy", "FieldValueNotSupported",
+                          f'Unsupported value: "{policy}": supported values: "Foreground", "Background", "Orphan"')])
+        already = bool(meta.get("deletionTimestamp"))
+        if policy == "Foreground" and "foregroundDeletion" not in finalizers:
+            finalizers.append("foregroundDeletion")
+        if policy == "Orphan" and "orphan" not in finalizers:
+            finalizers.append("orphan")
+        grace = builtins.grace_period(rt, obj, opts.grace_period_seconds)
+        if rt.key == "namespaces" and not already:
+            obj.setdefault("status", {})["phase"] = "Terminating"
+        if rt.key == "namespaces" or (rt.key == CRD_KEY and not already):
+            # namespaces and CRDs empty themselves first (controllers.py)
+            pass
+        if (rt.key == "namespaces" and (obj.get("spec", {}).get("finalizers"))) or (rt.key == CRD_KEY and "customresourcecleanup.apiextensions.k8s.io" in finalizers):
+            pending_content = True
+        else:
+            pending_content = False
+        if not finalizers and not grace and not pending_content:
+            return await self._write(rt, obj, ctx, delete=True)
+        if already:
+            changed = False
+            if grace is not None and (meta.get("deletionGracePeriodSeconds") or 0) > grace:
+                meta["deletionGracePeriodSeconds"] = grace
+                meta["deletionTimestamp"] = rfc3339(self.clock() + grace)
+                changed = True
+            if finalizers != list(meta.get("finalizers") or []):
+                meta["finalizers"] = finalizers
+                changed = True
+            if not changed:
+                return entry
+            if self._should_remove(obj):
+                return await self._write(rt, obj, ctx, delete=True)
+            return await self._write(rt, obj, ctx)
+        meta["deletionTimestamp"] = rfc3339(self.clock() + (grace or 0))
+        meta["deletionGracePeriodSeconds"] = grace or 0
+        if finalizers:
+            meta["finalizers"] = finalizers
+        return await self._write(rt, obj, ctx)
+
+    async def remove_finalizer(self, rt: ResourceType, entry: Entry, finalizer: str) -> None:
+        """Controllers' way to drop one of their finalizers (and remove the object if that was the last)."""
+        obj = entry.clone()
+        fins = [f for f in obj["metadata"].get("finalizers") or [] if f != finalizer]
+        if fins:
+            obj["metadata"]["finalizers"] = fins
+        else:
+            obj["metadata"].pop("finalizers", None)
+        await self._store_update(rt, obj, Ctx())
+
+    async def write_raw(self, rt: ResourceType, obj: JSON, *, delete: bool = False) -> Entry:
+        """Store an object the server itself computed (controllers), bypassing validation."""
+        return await self._write(rt, obj, Ctx(), delete=delete)
+
+    # ---- pod subresources ------------------------------------------------------------------
+
+    async def bind(self, ns: str, name: str, body: Any, ctx: Ctx) -> None:
+        rt = self.registry.lookup("", "v1", "pods")
+        assert rt is not None
+        entry = self.get(rt, ns, name)
+        if not isinstance(body, dict) or not isinstance(body.get("target"), dict):
+            raise invalid("Binding", "", name, [Cause("target", "FieldValueRequired", "Required value")])
+        target = body["target"].get("name")
+        if not target:
+            raise invalid("Binding", "", name, [Cause("target.name", "FieldValueRequired", "Required value")])
+        pod = entry.clone()
+        if pod["metadata"].get("deletionTimestamp"):
+            raise conflict("", "pods", name, "pod is being deleted, cannot be assigned to a host")
+        if pod["spec"].get("nodeName"):
+            raise conflict("", "pods", name,
+                           f"pod {name} is already assigned to node \"{pod['spec']['nodeName']}\"")
+        if pod["spec"].get("schedulingGates"):
+            raise conflict("", "pods", name, f"pod {name} has non-empty .spec.schedulingGates")
+        pod["spec"]["nodeName"] = target
+        conds = [c for c in pod.setdefault("status", {}).get("conditions", []) if c.get("type") != "PodScheduled"]
+        conds.append({"type": "PodScheduled", "status": "True", "lastProbeTime": None,
+                      "lastTransitionTime": self.now()})
+        pod["status"]["conditions"] = conds
+        await self._write(rt, pod, ctx)
+
+    async def evict(self, ns: str, name: str, body: Any, ctx: Ctx) -> None:
+        rt = self.registry.lookup("", "v1", "pods")
+        assert rt is not None
+        opts = DeleteOptions()
+        if isinstance(body, dict) and isinstance(body.get("deleteOptions"), dict):
+            do = body["deleteOptions"]
+            opts.grace_period_seconds = do.get("gracePeriodSeconds")
+            opts.propagation_policy = do.get("propagationPolicy")
+            pre = do.get("preconditions") or {}
+            opts.precondition_uid = pre.get("uid")
+            opts.precondition_rv = pre.get("resourceVersion")
+        await self.delete(rt, ns, name, opts, ctx)
+
+
+def random_suffix(n: int = 5) -> str:
+    return "".join(random.choices(string.ascii_lowercase, k=n))

@@ -1,0 +1,86 @@
+"""A self-signed CA and a loopback serving certificate, kept under the state directory.
+
+client-go (kubectl, kopf's fallbacks aside) sends bearer tokens only over TLS, so the server
+speaks HTTPS; the CA goes into the kubeconfig as certificate-authority-data. Files are created
+once and reused, so a kubeconfig stays valid across restarts.
+"""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+import os
+import ssl
+from dataclasses import dataclass
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+
+
+@dataclass(frozen=True)
+class ServingCerts:
+    ca_cert: Path
+    cert: Path
+    key: Path
+
+    def server_context(self) -> ssl.SSLContext:
+        ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        ctx.load_cert_chain(self.cert, self.key)
+        return ctx
+
+    def client_context(self) -> ssl.SSLContext:
+        return ssl.create_default_context(cafile=str(self.ca_cert))
+
+
+def _write(path: Path, data: bytes, private: bool = False) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600 if private else 0o644)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+    tmp.replace(path)
+
+
+def ensure_certs(pki_dir: Path, hosts: tuple[str, ...] = ("127.0.0.1", "localhost", "::1")) -> ServingCerts:
+    pki_dir.mkdir(parents=True, exist_ok=True)
+    certs = ServingCerts(pki_dir / "ca.crt", pki_dir / "server.crt", pki_dir / "server.key")
+    if certs.ca_cert.exists() and certs.cert.exists() and certs.key.exists():
+        return certs
+    now = datetime.datetime.now(datetime.UTC)
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "railyard-local-ca")])
+    ca = (
+        x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name).public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(hours=1))
+        .not_valid_after(now + datetime.timedelta(days=3650))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True,
+                                     content_commitment=False, key_encipherment=False, data_encipherment=False,
+                                     key_agreement=False, encipher_only=False, decipher_only=False), critical=True)
+        .sign(ca_key, hashes.SHA256())
+    )
+    key = ec.generate_private_key(ec.SECP256R1())
+    sans: list[x509.GeneralName] = []
+    for h in hosts:
+        try:
+            sans.append(x509.IPAddress(ipaddress.ip_address(h)))
+        except ValueError:
+            sans.append(x509.DNSName(h))
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "railyard-local-apiserver")]))
+        .issuer_name(ca_name).public_key(key.public_key()).serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(hours=1)).not_valid_after(now + datetime.timedelta(days=3650))
+        .add_extension(x509.SubjectAlternativeName(sans), critical=False)
+        .add_extension(x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    _write(pki_dir / "ca.key", ca_key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                                    serialization.NoEncryption()), private=True)
+    _write(certs.key, key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                        serialization.NoEncryption()), private=True)
+    _write(certs.cert, cert.public_bytes(serialization.Encoding.PEM))
+    _write(certs.ca_cert, ca.public_bytes(serialization.Encoding.PEM))
+    return certs

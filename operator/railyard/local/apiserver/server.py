@@ -1,0 +1,588 @@
+"""HTTP front end: routing, auth, discovery, list/watch streaming and Status errors (aiohttp)."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import hmac
+import json
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from . import openapi, table
+from .controllers import Controllers
+from .crd import register_crd_hook, restore_crds
+from .engine import Ctx, DeleteOptions, Engine
+from .errors import APIError, bad_request, status_object
+from .pki import ensure_certs
+from .registry import Registry, ResourceType
+from .selectors import Matcher
+from .store import Entry, Event, Store, dumps
+
+JSON = dict[str, Any]
+LogProvider = Callable[[JSON, str, bool], Path | None]
+"""(pod, container name, previous) -> path of the log file to serve, or None."""
+
+SERVER_VERSION = {"major": "1", "minor": "34", "gitVersion": "v1.34.0+railyard", "gitCommit": "railyard",
+                  "gitTreeState": "clean", "buildDate": "2026-01-01T00:00:00Z", "goVersion": "python",
+                  "compiler": "cpython", "platform": "linux/amd64"}
+
+BOOKMARK_INTERVAL_S = 15.0
+DEFAULT_WATCH_TIMEOUT_S = 1800.0
+_JSON_CT = "application/json"
+
+
+def _json(obj: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
+    return web.Response(body=dumps(obj), status=status, content_type=_JSON_CT, headers=headers)
+
+
+def _raw(body: bytes, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
+    return web.Response(body=body, status=status, content_type=_JSON_CT, headers=headers)
+
+
+def default_log_provider(state_dir: Path) -> LogProvider:
+    """Logs at ``<state-dir>/pods/<namespace>/<pod>/<container>.log`` (``.previous.log`` for previous)."""
+
+    def provider(pod: JSON, container: str, previous: bool) -> Path | None:
+        meta = pod["metadata"]
+        ann = meta.get("annotations") or {}
+        custom = ann.get(f"railyard.io/log-path.{container}")
+        if custom and not previous:
+            return Path(custom)
+        suffix = ".previous.log" if previous else ".log"
+        return state_dir / "pods" / meta.get("namespace", "") / meta["name"] / f"{container}{suffix}"
+
+    return provider
+
+
+class APIServer:
+    """The embedded API server; ``await start()`` then ``url``; ``await stop()`` to shut down."""
+
+    def __init__(self, state_dir: Path | str, *, token: str, host: str = "127.0.0.1", port: int = 0,
+                 log_provider: LogProvider | None = None, event_window: int = 20_000, tls: bool = True) -> None:
+        self.state_dir = Path(state_dir)
+        self.tls = tls
+        self.ca_file: Path | None = None
+        """The CA that signed the serving certificate (None with ``tls=False``)."""
+        self.token = token
+        self.host = host
+        self.port = port
+        self.store = Store(self.state_dir, event_window=event_window)
+        self.registry = Registry()
+        self.engine = Engine(self.store, self.registry)
+        self.controllers = Controllers(self.engine)
+        self.log_provider: LogProvider = log_provider or default_log_provider(self.state_dir)
+        self._runner: web.AppRunner | None = None
+        self._site: web.TCPSite | None = None
+        self._stopping = asyncio.Event()
+        self.url = ""
+
+    async def start(self) -> str:
+        await self.store.open()
+        restore_crds(self.engine)
+        self.engine.on_write.append(register_crd_hook(self.engine))
+        self.engine.on_write.append(self.controllers.on_write)
+        await self.controllers.bootstrap()
+        self.controllers.start()
+        app = web.Application(middlewares=[self._middleware], client_max_size=64 * 1024 * 1024)
+        app.router.add_route("*", "/{tail:.*}", self._dispatch)
+        self._runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=1.0)
+        await self._runner.setup()
+        ssl_context = None
+        if self.tls:
+            certs = ensure_certs(self.state_dir / "pki")
+            self.ca_file = certs.ca_cert
+            ssl_context = certs.server_context()
+        self._site = web.TCPSite(self._runner, self.host, self.port, reuse_address=True, ssl_context=ssl_context)
+        await self._site.start()
+        server = self._site._server
+        assert server is not None
+        sock = server.sockets[0]  # type: ignore[union-attr]
+        self.port = sock.getsockname()[1]
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        self.url = f"{'https' if self.tls else 'http'}://{host}:{self.port}"
+        return self.url
+
+    async def stop(self) -> None:
+        self._stopping.set()
+        await self.controllers.stop()
+        await self.store.close()
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    # ---- middleware ------------------------------------------------------------------------
+
+    @web.middleware
+    async def _middleware(self, request: web.Request,
+                          handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
+        auth = request.headers.get("Authorization", "")
+        expected = f"Bearer {self.token}"
+        if not hmac.compare_digest(auth.encode(), expected.encode()):
+            return _json(status_object(401, "Unauthorized", "Unauthorized"), 401)
+        try:
+            return await handler(request)
+        except APIError as exc:
+            return _json(exc.status(), exc.code)
+        except web.HTTPException:
+            raise
+        except (ConnectionResetError, asyncio.CancelledError):
+            raise
+        except Exception as exc:  # the apiserver answers 500 with a Status, never a bare trace
+            import traceback
+
+            traceback.print_exc()
+            return _json(status_object(500, f"Internal error occurred: {exc!r}", "InternalError"), 500)
+
+    # ---- routing ---------------------------------------------------------------------------
+
+    async def _dispatch(self, request: web.Request) -> web.StreamResponse:
+        segs = [s for s in request.path.split("/") if s]
+        if not segs:
+            return _json({"paths": sorted({"/api", "/api/v1", "/apis", "/version", "/healthz", "/openapi/v2",
+                                           "/openapi/v3"} | {f"/apis/{g}" for g in self.registry.groups()})})
+        head = segs[0]
+        if head in ("healthz", "livez", "readyz"):
+            return web.Response(text="ok")
+        if head == "version":
+            return _json(SERVER_VERSION)
+        if head == "openapi":
+            return openapi.handle(self.registry, request, segs[1:])
+        if head == "api":
+            if len(segs) == 1:
+                return _json({"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": [
+                    {"clientCIDR": "0.0.0.0/0", "serverAddress": f"{self.host}:{self.port}"}]})
+            if segs[1] != "v1":
+                raise APIError(404, "the server could not find the requested resource", reason="NotFound")
+            if len(segs) == 2:
+                return _json(self._resource_list("", "v1"))
+            return await self._resource(request, "", "v1", segs[2:])
+        if head == "apis":
+            groups = self.registry.groups()
+            if len(segs) == 1:
+                return _json({"kind": "APIGroupList", "apiVersion": "v1",
+                              "groups": [self._group(g, vs) for g, vs in sorted(groups.items())]})
+            group = segs[1]
+            if group not in groups:
+                raise APIError(404, "the server could not find the requested resource", reason="NotFound")
+            if len(segs) == 2:
+                return _json(dict(self._group(group, groups[group]), kind="APIGroup", apiVersion="v1"))
+            version = segs[2]
+            if version not in groups[group]:
+                raise APIError(404, "the server could not find the requested resource", reason="NotFound")
+            if len(segs) == 3:
+                return _json(self._resource_list(group, version))
+            return await self._resource(request, group, version, segs[3:])
+        raise APIError(404, "the server could not find the requested resource", reason="NotFound")
+
+    def _group(self, group: str, versions: list[str]) -> JSON:
+        vs = [{"groupVersion": f"{group}/{v}", "version": v} for v in versions]
+        return {"name": group, "versions": vs, "preferredVersion": vs[0]}
+
+    def _resource_list(self, group: str, version: str) -> JSON:
+        resources: list[JSON] = []
+        for rt in self.registry.all():
+            if rt.group != group or version not in rt.versions:
+                continue
+            entry: JSON = {"name": rt.plural, "singularName": rt.singular, "namespaced": rt.namespaced,
+                           "kind": rt.kind, "verbs": rt.verbs}
+            if rt.short_names:
+                entry["shortNames"] = rt.short_names
+            if rt.categories:
+                entry["categories"] = rt.categories
+            resources.append(entry)
+            for sub in sorted(rt.subresources):
+                verbs = {"status": ["get", "patch", "update"], "binding": ["create"], "eviction": ["create"],
+                         "log": ["get"], "finalize": ["update"], "scale": ["get", "patch", "update"]}[sub]
+                sub_kind = {"binding": "Binding", "eviction": "Eviction", "log": "Pod"}.get(sub, rt.kind)
+                sub_entry: JSON = {"name": f"{rt.plural}/{sub}", "singularName": "", "namespaced": rt.namespaced,
+                                   "kind": sub_kind, "verbs": verbs}
+                if sub == "eviction":
+                    sub_entry.update(group="policy", version="v1")
+                resources.append(sub_entry)
+        gv = version if not group else f"{group}/{version}"
+        return {"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv, "resources": resources}
+
+    def _parse_resource_path(self, group: str, version: str, rest: list[str]) -> tuple[ResourceType, str | None,
+                                                                                        str | None, str | None]:
+        ns: str | None = None
+        if rest[0] == "namespaces" and len(rest) >= 3:
+            candidate = self.registry.lookup(group, version, rest[2])
+            if candidate is not None and candidate.namespaced:
+                ns = rest[1]
+                rest = rest[2:]
+        plural = rest[0]
+        rt = self.registry.lookup(group, version, plural)
+        if rt is None or len(rest) > 3:
+            raise APIError(404, "the server could not find the requested resource", reason="NotFound")
+        name = rest[1] if len(rest) > 1 else None
+        sub = rest[2] if len(rest) > 2 else None
+        if sub is not None and sub not in rt.subresources:
+            raise APIError(404, "the server could not find the requested resource", reason="NotFound")
+        if ns is None and rt.namespaced and name is not None:
+            raise APIError(404, "the server could not find the requested resource", reason="NotFound")
+        return rt, ns, name, sub
+
+    async def _body(self, request: web.Request) -> Any:
+        data = await request.read()
+        ctype = request.headers.get("Content-Type", _JSON_CT).split(";")[0].strip()
+        if "protobuf" in ctype:
+            raise APIError(415, "the body of the request was in an unknown format - accepted media types "
+                           "include: application/json, application/yaml", reason="UnsupportedMediaType")
+        if ctype in ("application/yaml", "application/apply-patch+yaml"):
+            import yaml
+
+            return yaml.safe_load(data)
+        try:
+            return json.loads(data) if data else None
+        except ValueError as exc:
+            raise bad_request(f"error decoding request body: {exc}") from exc
+
+    @staticmethod
+    def _ctx(request: web.Request) -> Ctx:
+        q = request.query
+        fv = q.get("fieldValidation", "Warn")
+        if fv not in ("Strict", "Warn", "Ignore"):
+            raise bad_request(f'fieldValidation must be one of "Strict", "Warn", "Ignore": got {fv!r}')
+        return Ctx(dry_run="All" in q.getall("dryRun", []), field_validation=fv)
+
+    def _respond(self, request: web.Request, rt: ResourceType, version: str, entry: Entry, ctx: Ctx,
+                 status: int = 200) -> web.Response:
+        headers: dict[str, str] = {}
+        if ctx.warnings:
+            headers["Warning"] = ", ".join(f'299 - "{w}"' for w in ctx.warnings[:20])
+        if table.wants_table(request):
+            return _json(table.render(self.engine, rt, [entry], self.store.rv, request), status, headers)
+        return _raw(self.engine.from_storage(rt, entry, version), status, headers)
+
+    async def _resource(self, request: web.Request, group: str, version: str, rest: list[str]) -> web.StreamResponse:
+        rt, ns, name, sub = self._parse_resource_path(group, version, rest)
+        method = request.method
+        eng = self.engine
+        if name is None:
+            if method == "GET":
+                if request.query.get("watch") in ("1", "true", "True"):
+                    return await self._watch(request, rt, version, ns)
+                return self._list(request, rt, version, ns)
+            if method == "POST":
+                if rt.namespaced and ns is None:
+                    raise APIError(404, "the server could not find the requested resource", reason="NotFound")
+                ctx = self._ctx(request)
+                entry = await eng.create(rt, ns or "", await self._body(request), ctx, version)
+                return self._respond(request, rt, version, entry, ctx, 201)
+            if method == "DELETE":
+                return await self._delete_collection(request, rt, version, ns)
+            raise APIError(405, "the server does not allow this method on the requested resource",
+                           reason="MethodNotAllowed")
+        ns_ = ns or ""
+        if sub == "log":
+            if method != "GET":
+                raise APIError(405, "the server does not allow this method on the requested resource",
+                               reason="MethodNotAllowed")
+            return await self._log(request, rt, ns_, name)
+        if sub in ("binding", "eviction"):
+            if method != "POST":
+                raise APIError(405, "the server does not allow this method on the requested resource",
+                               reason="MethodNotAllowed")
+            ctx = self._ctx(request)
+            body = await self._body(request)
+            if sub == "binding":
+                await eng.bind(ns_, name, body, ctx)
+            else:
+                await eng.evict(ns_, name, body, ctx)
+            return _json(status_object(201, "", "", success=True), 201)
+        if method == "GET":
+            entry = eng.get(rt, ns_, name)
+            return self._respond(request, rt, version, entry, Ctx())
+        if method == "PUT":
+            ctx = self._ctx(request)
+            entry = await eng.update(rt, ns_, name, await self._body(request), ctx, sub, version)
+            return self._respond(request, rt, version, entry, ctx)
+        if method == "PATCH":
+            ctx = self._ctx(request)
+            ctype = request.headers.get("Content-Type", "")
+            if ctype.startswith("application/apply-patch"):
+                entry = await self._apply(request, rt, version, ns_, name, sub, ctx)
+            else:
+                entry = await eng.patch(rt, ns_, name, ctype, await request.read(), ctx, sub, version)
+            return self._respond(request, rt, version, entry, ctx)
+        if method == "DELETE" and sub is None:
+            ctx = self._ctx(request)
+            opts = await self._delete_options(request)
+            entry = await eng.delete(rt, ns_, name, opts, ctx)
+            return self._respond(request, rt, version, entry, ctx)
+        raise APIError(405, "the server does not allow this method on the requested resource",
+                       reason="MethodNotAllowed")
+
+    async def _apply(self, request: web.Request, rt: ResourceType, version: str, ns: str, name: str,
+                     sub: str | None, ctx: Ctx) -> Entry:
+        """Server-side apply, approximated: create if absent, else a JSON merge patch of the intent."""
+        body = await self._body(request)
+        if not isinstance(body, dict):
+            raise bad_request("apply patch must be an object")
+        if self.store.get(rt.key, ns if rt.namespaced else "", name) is None and sub is None:
+            body.setdefault("metadata", {})["name"] = name
+            return await self.engine.create(rt, ns, body, ctx, version)
+        body.get("metadata", {}).pop("resourceVersion", None)
+        return await self.engine.patch(rt, ns, name, "application/merge-patch+json", dumps(body), ctx, sub, version)
+
+    async def _delete_options(self, request: web.Request) -> DeleteOptions:
+        q = request.query
+        opts = DeleteOptions()
+        body = await self._body(request) if request.can_read_body else None
+        if isinstance(body, dict):
+            opts.grace_period_seconds = body.get("gracePeriodSeconds")
+            opts.propagation_policy = body.get("propagationPolicy")
+            if body.get("orphanDependents") is True and not opts.propagation_policy:
+                opts.propagation_policy = "Orphan"
+            pre = body.get("preconditions") or {}
+            opts.precondition_uid = pre.get("uid")
+            opts.precondition_rv = pre.get("resourceVersion")
+        if "gracePeriodSeconds" in q:
+            try:
+                opts.grace_period_seconds = int(q["gracePeriodSeconds"])
+            except ValueError as exc:
+                raise bad_request("gracePeriodSeconds must be an integer") from exc
+        if "propagationPolicy" in q:
+            opts.propagation_policy = q["propagationPolicy"]
+        if q.get("orphanDependents") == "true" and not opts.propagation_policy:
+            opts.propagation_policy = "Orphan"
+        return opts
+
+    def _matchers(self, request: web.Request, rt: ResourceType) -> list[Matcher]:
+        return self.engine.matchers(rt, request.query.get("labelSelector"), request.query.get("fieldSelector"))
+
+    def _list(self, request: web.Request, rt: ResourceType, version: str, ns: str | None) -> web.Response:
+        entries, rv = self.engine.list(rt, ns, self._matchers(request, rt))
+        q = request.query
+        meta: JSON = {"resourceVersion": str(rv)}
+        cont = q.get("continue")
+        if cont:
+            try:
+                start = json.loads(base64.urlsafe_b64decode(cont.encode()))
+                start_key = (start["ns"], start["name"])
+            except (ValueError, KeyError, TypeError) as exc:
+                raise bad_request("continue key is not valid") from exc
+            entries = [e for e in entries
+                       if (e.obj["metadata"].get("namespace", ""), e.obj["metadata"]["name"]) > start_key]
+        limit = int(q.get("limit", "0") or 0)
+        if limit > 0 and len(entries) > limit:
+            last = entries[limit - 1].obj["metadata"]
+            meta["continue"] = base64.urlsafe_b64encode(dumps(
+                {"ns": last.get("namespace", ""), "name": last["name"], "rv": rv})).decode()
+            meta["remainingItemCount"] = len(entries) - limit
+            entries = entries[:limit]
+        if table.wants_table(request):
+            return _json(table.render(self.engine, rt, entries, rv, request, meta))
+        items = b",".join(self.engine.from_storage(rt, e, version) for e in entries)
+        head = dumps({"kind": f"{rt.kind}List", "apiVersion": rt.api_version(version), "metadata": meta})
+        return _raw(head[:-1] + b',"items":[' + items + b"]}")
+
+    async def _delete_collection(self, request: web.Request, rt: ResourceType, version: str,
+                                 ns: str | None) -> web.Response:
+        entries, rv = self.engine.list(rt, ns, self._matchers(request, rt))
+        opts = await self._delete_options(request)
+        ctx = self._ctx(request)
+        out = []
+        for e in entries:
+            m = e.obj["metadata"]
+            with contextlib.suppress(APIError):
+                out.append(await self.engine.delete(rt, m.get("namespace", ""), m["name"], opts, ctx))
+        items = b",".join(self.engine.from_storage(rt, e, version) for e in out)
+        head = dumps({"kind": f"{rt.kind}List", "apiVersion": rt.api_version(version),
+                      "metadata": {"resourceVersion": str(self.store.rv)}})
+        return _raw(head[:-1] + b',"items":[' + items + b"]}")
+
+    # ---- watch -----------------------------------------------------------------------------
+
+    async def _watch(self, request: web.Request, rt: ResourceType, version: str, ns: str | None) -> web.StreamResponse:
+        q = request.query
+        matchers = self._matchers(request, rt)
+        bookmarks = q.get("allowWatchBookmarks") in ("1", "true", "True")
+        send_initial = q.get("sendInitialEvents") in ("1", "true", "True")
+        timeout = float(q["timeoutSeconds"]) if q.get("timeoutSeconds") else DEFAULT_WATCH_TIMEOUT_S
+        want_table = table.wants_table(request)
+        rv_param = q.get("resourceVersion", "")
+        scope = ns if rt.namespaced else None
+        initial: list[Entry] = []
+        if rv_param in ("", "0") or send_initial:
+            initial, start = self.engine.list(rt, scope, matchers)
+            watcher = self.store.subscribe(rt.key, scope, None)
+        else:
+            try:
+                start = int(rv_param)
+            except ValueError as exc:
+                raise bad_request(f"invalid resource version {rv_param!r}") from exc
+            try:
+                watcher = self.store.subscribe(rt.key, scope, start)
+            except LookupError:
+                watcher = None
+        resp = web.StreamResponse(headers={"Content-Type": _JSON_CT, "Cache-Control": "no-cache, private"})
+        resp.enable_chunked_encoding()
+        await resp.prepare(request)
+        if watcher is None:
+            st = status_object(410, f"too old resource version: {rv_param} ({self.store.oldest_rv() + 1})",
+                               "Expired")
+            await resp.write(dumps({"type": "ERROR", "object": st}) + b"\n")
+            return resp
+        last_rv = start
+
+        def render(etype: str, entry: Entry) -> bytes:
+            if want_table:
+                obj = table.render(self.engine, rt, [entry], int(entry.obj["metadata"]["resourceVersion"]), request)
+                return dumps({"type": etype, "object": obj}) + b"\n"
+            return b'{"type":"' + etype.encode() + b'","object":' + self.engine.from_storage(rt, entry, version) \
+                + b"}\n"
+
+        def bookmark(rv: int, extra: JSON | None = None) -> bytes:
+            meta: JSON = {"resourceVersion": str(rv)}
+            if extra:
+                meta["annotations"] = extra
+            return dumps({"type": "BOOKMARK", "object": {"kind": rt.kind, "apiVersion": rt.api_version(version),
+                                                          "metadata": meta}}) + b"\n"
+
+        try:
+            if initial:
+                await resp.write(b"".join(render("ADDED", e) for e in initial))
+            if send_initial and bookmarks:
+                await resp.write(bookmark(start, {"k8s.io/initial-events-end": "true"}))
+            deadline = time.monotonic() + timeout
+            next_bookmark = time.monotonic() + BOOKMARK_INTERVAL_S
+            while not self._stopping.is_set():
+                now = time.monotonic()
+                if now >= deadline:
+                    break
+                wait = min(deadline, next_bookmark) - now
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(watcher.wake.wait(), timeout=max(0.0, wait))
+                watcher.wake.clear()
+                if watcher.overflowed:
+                    break
+                chunks: list[bytes] = []
+                while watcher.queue:
+                    ev = watcher.queue.popleft()
+                    if ev.rv <= last_rv:
+                        continue
+                    last_rv = ev.rv
+                    line = self._filter_event(ev, matchers, render, rt, want_table)
+                    if line is not None:
+                        chunks.append(line)
+                if chunks:
+                    await resp.write(b"".join(chunks))
+                if bookmarks and time.monotonic() >= next_bookmark:
+                    await resp.write(bookmark(max(last_rv, self.store.committed_rv)))
+                    next_bookmark = time.monotonic() + BOOKMARK_INTERVAL_S
+            if bookmarks and not self._stopping.is_set():
+                await resp.write(bookmark(max(last_rv, self.store.committed_rv)))
+        except (ConnectionResetError, RuntimeError):
+            pass
+        finally:
+            self.store.unsubscribe(watcher)
+        return resp
+
+    def _filter_event(self, ev: Event, matchers: list[Matcher], render: Callable[[str, Entry], bytes],
+                      rt: ResourceType, want_table: bool) -> bytes | None:
+        plain = not want_table and rt.storage_key is None and not rt.is_custom
+        if not matchers:
+            return ev.line() if plain else render(ev.type, ev.entry)
+        new_ok = all(m(ev.entry.obj) for m in matchers)
+        if ev.type == "ADDED":
+            return (ev.line() if plain else render("ADDED", ev.entry)) if new_ok else None
+        old_ok = ev.prev is not None and all(m(ev.prev) for m in matchers)
+        if ev.type == "DELETED":
+            return (ev.line() if plain else render("DELETED", ev.entry)) if (new_ok or old_ok) else None
+        if new_ok and old_ok:
+            return ev.line() if plain else render("MODIFIED", ev.entry)
+        if new_ok:
+            return render("ADDED", ev.entry)
+        if old_ok:
+            return render("DELETED", ev.entry)
+        return None
+
+    # ---- logs ------------------------------------------------------------------------------
+
+    async def _log(self, request: web.Request, rt: ResourceType, ns: str, name: str) -> web.StreamResponse:
+        pod = self.engine.get(rt, ns, name).obj
+        q = request.query
+        containers = [c["name"] for c in pod["spec"].get("containers") or []]
+        container = q.get("container")
+        if not container:
+            if len(containers) != 1:
+                raise bad_request(f"a container name must be specified for pod {name}, choose one of: "
+                                  f"[{' '.join(containers)}]")
+            container = containers[0]
+        elif container not in containers + [c["name"] for c in pod["spec"].get("initContainers") or []]:
+            raise bad_request(f"container {container} is not valid for pod {name}")
+        previous = q.get("previous") in ("1", "true")
+        path = self.log_provider(pod, container, previous)
+        follow = q.get("follow") in ("1", "true")
+        if path is None or not path.exists():
+            if previous:
+                raise bad_request(f'previous terminated container "{container}" in pod "{name}" not found')
+            if not follow:
+                return web.Response(body=b"", content_type="text/plain")
+        data = path.read_bytes() if path is not None and path.exists() else b""
+        if q.get("tailLines"):
+            n = int(q["tailLines"])
+            lines = data.splitlines(keepends=True)
+            data = b"".join(lines[-n:]) if n > 0 else b""
+        if q.get("limitBytes"):
+            data = data[: int(q["limitBytes"])]
+        if not follow:
+            return web.Response(body=data, content_type="text/plain")
+        resp = web.StreamResponse(headers={"Content-Type": "text/plain"})
+        resp.enable_chunked_encoding()
+        await resp.prepare(request)
+        await resp.write(data)
+        offset = path.stat().st_size if path is not None and path.exists() else 0
+        try:
+            while not self._stopping.is_set():
+                await asyncio.sleep(0.2)
+                path = self.log_provider(pod, container, False)
+                if path is not None and path.exists():
+                    size = path.stat().st_size
+                    if size > offset:
+                        with path.open("rb") as f:
+                            f.seek(offset)
+                            chunk = f.read(size - offset)
+                        offset = size
+                        await resp.write(chunk)
+                        continue
+                cur = self.store.get("pods", ns, name)
+                if cur is None or cur.obj["metadata"].get("uid") != pod["metadata"].get("uid"):
+                    break
+                statuses = (cur.obj.get("status") or {}).get("containerStatuses") or []
+                if any(s.get("name") == container and "terminated" in (s.get("state") or {}) for s in statuses):
+                    break
+        except (ConnectionResetError, RuntimeError):
+            pass
+        return resp
+
+
+async def serve(state_dir: Path | str, *, token: str, host: str = "127.0.0.1", port: int = 0,
+                ready_file: Path | str | None = None, stop: asyncio.Event | None = None,
+                log_provider: LogProvider | None = None, tls: bool = True) -> None:
+    """Run the server until ``stop`` is set.
+
+    Once serving, writes ``{"url", "pid", "ca"}`` to ``ready_file`` (``ca``: the CA certificate
+    path to trust, null without TLS).
+    """
+    import os
+
+    server = APIServer(state_dir, token=token, host=host, port=port, log_provider=log_provider, tls=tls)
+    url = await server.start()
+    if ready_file is not None:
+        rf = Path(ready_file)
+        tmp = rf.with_suffix(rf.suffix + ".tmp")
+        tmp.write_text(json.dumps({"url": url, "pid": os.getpid(),
+                                   "ca": str(server.ca_file) if server.ca_file else None}))
+        tmp.replace(rf)
+    try:
+        await (stop or asyncio.Event()).wait()
+    finally:
+        await server.stop()
