@@ -214,8 +214,10 @@ def _cut_blocks(segments: list[list[int]], size: int, count: int) -> list[list[i
         need = size
         blk: list[int] = []
         while need > 0 and rest:
+            # the last piece from the segment that best fits it; before that whole segments in
+            # tree order, so that no block is left with only scraps
             fitting = [s for s in rest if len(s) >= need]
-            s = min(fitting, key=len) if fitting else max(rest, key=len)
+            s = min(fitting, key=len) if fitting else rest[0]
             take = min(need, len(s))
             blk.extend(s[:take])
             del s[:take]

@@ -1,0 +1,273 @@
+"""Benchmark: rail-aware gang placement against two baselines, and how decision time scales.
+
+A 16,384-GPU job (2,048 nodes x 8 GPUs, tp=8, pp=4, dp=512, 16 hot spares) on a 4,096-node
+three-level topology (8 spines x 16 leaves x 32 nodes; some nodes NotReady, quarantined or half
+busy). Measured in one process (one core):
+
+- decision time: Node/Pod dicts -> domain tree -> placement -> rank table -> cost report;
+- spine-crossing bytes per training step for ours and, in the same run, for
+  * spreading: topology-unaware, what the default scheduler does with no hints (usable nodes in
+    random order, ranks in pod order);
+  * packing: Kueue TAS-like, compact domains (fullest-free spines and leaves first) but ranks in
+    arbitrary order (pods bound to the chosen nodes in random order);
+- decision time on 32,768 nodes, for the same job and for a 65,536-GPU job.
+
+Run: ``python bench/placement.py`` (about a minute). Writes bench/results/placement.json.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from railyard.logic.cost import CostInputs, compute_cost
+from railyard.logic.layout import compute_rails_per_dp_group
+from railyard.logic.placement import GangRequest, Placement, plan_placement
+from railyard.logic.topology import Topology, build_synthetic_nodes, build_topology
+from railyard.protocol.ranktable import PodEntry, RankEntry, RankTable
+
+SPINE = "railyard.dev/spine"
+LEAF = "railyard.dev/leaf"
+COST = CostInputs()  # 8B parameters in bf16, 64 MiB activations per microbatch, 8 microbatches
+
+
+def make_cluster(
+    spines: int, leaves: int, per_leaf: int, seed: int
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Synthetic nodes with ~3% NotReady, ~1% quarantined, ~6% half busy (other tenants)."""
+    rng = random.Random(seed)
+    nodes = build_synthetic_nodes(spines, leaves, per_leaf, 8)
+    pods: list[dict[str, Any]] = []
+    for n in nodes:
+        x = rng.random()
+        if x < 0.03:
+            n["status"]["conditions"] = [{"type": "Ready", "status": "False"}]
+        elif x < 0.04:
+            n["spec"]["taints"] = [
+                {"key": "railyard.dev/quarantined", "value": "sdc", "effect": "NoSchedule"}
+            ]
+        elif x < 0.10:
+            pods.append(
+                {
+                    "metadata": {"name": f"tenant-{len(pods)}", "labels": {}},
+                    "spec": {
+                        "nodeName": n["metadata"]["name"],
+                        "containers": [{"resources": {"requests": {"nvidia.com/gpu": "4"}}}],
+                    },
+                    "status": {"phase": "Running"},
+                }
+            )
+    return nodes, pods
+
+
+def naive_table(req: GangRequest, nodes: list[str]) -> RankTable:
+    """What a launcher does without a rank table: pod i runs ranks i*P .. i*P+P-1."""
+    procs = req.procs_per_node
+    ranks = []
+    for r in range(req.nodes * procs):
+        pod, local = divmod(r, procs)
+        g, t = divmod(r, req.tp)
+        p, d = divmod(g, req.dp)
+        ranks.append(RankEntry(r, nodes[pod], pod, local, local, p, d, t))
+    return RankTable(
+        job=req.job,
+        attempt=0,
+        pp=req.pp,
+        dp=req.dp,
+        tp=req.tp,
+        procs_per_node=procs,
+        pods=tuple(PodEntry(i, n) for i, n in enumerate(nodes)),
+        ranks=tuple(ranks),
+    )
+
+
+def usable_nodes(topo: Topology, gpus: int) -> list[int]:
+    return [i for i in range(topo.size) if not topo.excluded[i] and topo.free_gpus[i] >= gpus]
+
+
+def spreading(topo: Topology, req: GangRequest, seed: int) -> list[str]:
+    ok = usable_nodes(topo, req.gpus_needed)
+    rng = random.Random(seed)
+    return [topo.names[i] for i in rng.sample(ok, req.nodes)]
+
+
+def packing(topo: Topology, req: GangRequest, seed: int, *, shuffle: bool = True) -> list[str]:
+    """Compact domains, Kueue TAS-like: the spines with most free nodes, inside the last one the
+    leaves with most free nodes; then pods bound to those nodes in arbitrary order."""
+    ok = usable_nodes(topo, req.gpus_needed)
+    by_spine: dict[int, dict[int, list[int]]] = {}
+    for i in ok:
+        by_spine.setdefault(topo.domain_of[0][i], {}).setdefault(topo.domain_of[1][i], []).append(i)
+    chosen: list[int] = []
+    need = req.nodes
+    for s in sorted(by_spine, key=lambda s: -sum(len(v) for v in by_spine[s].values())):
+        for leaf in sorted(by_spine[s], key=lambda lf: -len(by_spine[s][lf])):
+            take = by_spine[s][leaf][: need - len(chosen)]
+            chosen.extend(take)
+            if len(chosen) == need:
+                break
+        if len(chosen) == need:
+            break
+    if shuffle:
+        random.Random(seed).shuffle(chosen)
+    return [topo.names[i] for i in chosen]
+
+
+def time_decision(
+    nodes: list[dict[str, Any]], pods: list[dict[str, Any]], req: GangRequest, repeats: int
+) -> tuple[float, float, Placement, Topology]:
+    totals, places = [], []
+    result: Placement | None = None
+    topo: Topology | None = None
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        topo = build_topology(nodes, pods, levels=req.levels, ignore_job=req.job)
+        t1 = time.perf_counter()
+        out = plan_placement(topo, req, cost_inputs=COST)
+        t2 = time.perf_counter()
+        if not isinstance(out, Placement):
+            raise SystemExit(f"unplaceable: {out.reason}")
+        result = out
+        totals.append(t2 - t0)
+        places.append(t2 - t1)
+    assert result is not None and topo is not None
+    return statistics.median(totals), statistics.median(places), result, topo
+
+
+def main() -> int:
+    rows: list[dict[str, Any]] = []
+
+    def add(
+        metric: str, value: float, unit: str, target: str = "", meets: bool | None = None
+    ) -> None:
+        rows.append(
+            {"metric": metric, "value": value, "unit": unit, "target": target, "meets": meets}
+        )
+
+    req = GangRequest(
+        job="llm-16k",
+        nodes=2048,
+        procs_per_node=8,
+        pp=4,
+        dp=512,
+        tp=8,
+        hot_spares=16,
+        levels=(SPINE, LEAF),
+    )
+    nodes, pods = make_cluster(8, 16, 32, seed=1)
+    total, place, ours, topo = time_decision(nodes, pods, req, repeats=5)
+    unusable = sum(1 for i in range(topo.size) if topo.excluded[i] or topo.free_gpus[i] < 8)
+    add("nodes unusable (NotReady, quarantined, busy)", unusable, "nodes")
+    add(
+        "decision time 4,096 nodes (dicts -> placement, rank table, cost)",
+        total,
+        "s",
+        "< 1 s",
+        total < 1.0,
+    )
+    add("  of which placement + rank table + cost", place, "s")
+    add(
+        "rails per data-parallel group (ours)",
+        ours.rails_per_dp_group,
+        "rails",
+        "1",
+        ours.rails_per_dp_group == 1,
+    )
+    add(
+        "leaf domains per data-parallel group (ours, max)",
+        ours.dp_leaf_spans,
+        "leaves",
+        f">= {ours.dp_leaf_minimum} (ideal)",
+    )
+    spine_ours = ours.cost.bytes_at(SPINE)
+
+    spread_nodes = spreading(topo, req, seed=2)
+    pack_nodes = packing(topo, req, seed=3)
+    pack_ordered = packing(topo, req, seed=3, shuffle=False)
+    spread_cost = compute_cost(naive_table(req, spread_nodes), topo, COST)
+    pack_cost = compute_cost(naive_table(req, pack_nodes), topo, COST)
+    pack_ordered_cost = compute_cost(naive_table(req, pack_ordered), topo, COST)
+    spine_spread = spread_cost.bytes_at(SPINE)
+    spine_pack = pack_cost.bytes_at(SPINE)
+    add("spine-crossing bytes/step: ours", spine_ours, "bytes")
+    add("spine-crossing bytes/step: packing (Kueue TAS-like, ranks arbitrary)", spine_pack, "bytes")
+    add(
+        "spine-crossing bytes/step: packing, pods in tree order (extra)",
+        pack_ordered_cost.bytes_at(SPINE),
+        "bytes",
+    )
+    add("spine-crossing bytes/step: spreading (topology-unaware)", spine_spread, "bytes")
+    add(
+        "ours / packing (spine bytes)",
+        spine_ours / spine_pack,
+        "ratio",
+        "<= 1",
+        spine_ours <= spine_pack,
+    )
+    add(
+        "spreading / ours (spine bytes)",
+        spine_spread / spine_ours,
+        "ratio",
+        ">= 4",
+        spine_spread >= 4 * spine_ours,
+    )
+    add("leaf-crossing bytes/step: ours", ours.cost.bytes_at(LEAF), "bytes")
+    add("leaf-crossing bytes/step: packing", pack_cost.bytes_at(LEAF), "bytes")
+    add("leaf-crossing bytes/step: spreading", spread_cost.bytes_at(LEAF), "bytes")
+    add("network bottleneck s/step: ours", ours.cost.bottleneck_seconds, "s")
+    add("network bottleneck s/step: packing", pack_cost.bottleneck_seconds, "s")
+    add("network bottleneck s/step: spreading", spread_cost.bottleneck_seconds, "s")
+    add(
+        "rails per DP group: baselines",
+        compute_rails_per_dp_group(naive_table(req, pack_nodes)),
+        "rails",
+    )
+
+    big_nodes, big_pods = make_cluster(16, 64, 32, seed=4)
+    t32, p32, _, _ = time_decision(big_nodes, big_pods, req, repeats=3)
+    add("decision time 32,768 nodes, same 16,384-GPU job", t32, "s")
+    add("  of which placement + rank table + cost", p32, "s")
+    req64 = GangRequest(
+        job="llm-64k",
+        nodes=8192,
+        procs_per_node=8,
+        pp=8,
+        dp=1024,
+        tp=8,
+        hot_spares=32,
+        levels=(SPINE, LEAF),
+    )
+    t64, p64, pl64, _ = time_decision(big_nodes, big_pods, req64, repeats=1)
+    add("decision time 32,768 nodes, 65,536-GPU job (8,192 nodes)", t64, "s")
+    add("  of which placement + rank table + cost", p64, "s")
+    add(
+        "rails per DP group, 65,536-GPU job",
+        pl64.rails_per_dp_group,
+        "rails",
+        "1",
+        pl64.rails_per_dp_group == 1,
+    )
+
+    width = max(len(r["metric"]) for r in rows)
+    print(f"{'metric':<{width}}  {'value':>14}  {'unit':<7} {'target':<12} meets")
+    for r in rows:
+        v = r["value"]
+        shown = (
+            f"{v:.3e}" if r["unit"] == "bytes" else (f"{v:.4f}" if isinstance(v, float) else str(v))
+        )
+        meets = "" if r["meets"] is None else ("yes" if r["meets"] else "NO")
+        print(f"{r['metric']:<{width}}  {shown:>14}  {r['unit']:<7} {r['target']:<12} {meets}")
+    out = Path(__file__).parent / "results" / "placement.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"bench": "placement", "results": rows}, indent=2) + "\n")
+    print(f"wrote {out}")
+    return 0 if all(r["meets"] is not False for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
