@@ -1,0 +1,67 @@
+"""`railyard plan`: placement, rank table summary and cost per level, or the reason."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import yaml
+
+from railyard.api.trainingjob import TrainingJob
+from railyard.cli import main
+from railyard.logic.placement import build_gang_request
+from railyard.logic.topology import build_synthetic_nodes
+
+JOB = Path(__file__).parent / "job_small.yaml"
+
+
+def test_plan_prints_placement_rank_table_and_cost(capsys):
+    assert main(["plan", str(JOB), "--nodes", "spine=2,leaf=4,nodes=4,gpus=8"]) == 0
+    out = capsys.readouterr().out
+    assert "placed small: 8 pods" in out
+    assert "pp 4 x dp 4 x tp 4 = world 64" in out
+    assert "rail-aligned" in out
+    assert "railyard.dev/spine" in out and "network cost per step" in out
+
+
+def test_plan_json_with_a_failed_node_shows_sticky_replacement(capsys):
+    rc = main(
+        ["plan", str(JOB), "--nodes", "spine=2,leaf=4,nodes=4", "--fail", "node-s0-l0-n1", "--json"]
+    )
+    assert rc == 0
+    doc = json.loads(capsys.readouterr().out)
+    first, second = doc["placement"], doc["replacement"]
+    assert first["placed"] and second["placed"]
+    assert second["moved"] == [first["nodes"].index("node-s0-l0-n1")]
+    assert len(set(first["nodes"]) ^ set(second["nodes"])) == 2
+    assert first["railsPerDataParallelGroup"] == 1
+
+
+def test_plan_reports_the_reason_when_unplaceable(capsys, tmp_path):
+    nodes = build_synthetic_nodes(2, 2, 3, 8)  # 12 nodes, 6 per spine: 9 needed
+    path = tmp_path / "nodes.yaml"
+    path.write_text(yaml.safe_dump({"apiVersion": "v1", "kind": "List", "items": nodes}))
+    assert main(["plan", str(JOB), "--nodes", str(path)]) == 3
+    out = capsys.readouterr().out
+    assert "unplaceable (requiredLevel)" in out
+    assert "railyard.dev/spine" in out and "short" in out
+
+
+def test_plan_refuses_a_bad_nodes_spec(capsys):
+    assert main(["plan", str(JOB), "--nodes", "spine=2,leaf=x,nodes=4"]) == 1
+    assert "--nodes" in capsys.readouterr().err
+
+
+def test_gang_request_from_the_trainingjob_model():
+    doc = yaml.safe_load(JOB.read_text())
+    doc["spec"]["tolerations"] = [
+        {"key": "dedicated", "operator": "Exists", "effect": "NoSchedule"}
+    ]
+    req = build_gang_request(TrainingJob.model_validate(doc))
+    assert (req.job, req.nodes, req.procs_per_node) == ("small", 8, 8)
+    assert (req.pp, req.dp, req.tp) == (4, 4, 4)
+    assert req.hot_spares == 1
+    assert req.mode == "Required" and req.required_level == "railyard.dev/spine"
+    assert req.levels == ("railyard.dev/spine", "railyard.dev/leaf")
+    assert req.tolerations[0].key == "dedicated" and req.tolerations[0].operator == "Exists"
+    assert req.problems() == []
