@@ -65,3 +65,17 @@ def test_gang_request_from_the_trainingjob_model():
     assert req.levels == ("railyard.dev/spine", "railyard.dev/leaf")
     assert req.tolerations[0].key == "dedicated" and req.tolerations[0].operator == "Exists"
     assert req.problems() == []
+
+
+def test_placement_status_for_the_trainingjob():
+    from railyard.logic.placement import Unplaceable, build_placement_status, plan_placement
+    from railyard.logic.topology import build_topology
+
+    req = build_gang_request(TrainingJob.model_validate(yaml.safe_load(JOB.read_text())))
+    topo = build_topology(build_synthetic_nodes(2, 4, 4, 8), levels=req.levels)
+    status = build_placement_status(plan_placement(topo, req))
+    assert status.node_count == 8 and status.rail_aligned
+    assert status.domains == {"railyard.dev/spine": 1, "railyard.dev/leaf": 2}
+    assert status.cross_bytes_per_step["railyard.dev/spine"] == 0
+    refused = build_placement_status(Unplaceable("capacity", "needs 9 nodes", short=1))
+    assert refused.summary.startswith("unplaceable (capacity)")

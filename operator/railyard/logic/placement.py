@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from railyard.api.trainingjob import TrainingJob
+from railyard.api.trainingjob import PlacementStatus, TrainingJob
 from railyard.logic.cost import CostInputs, CostReport, compute_cost
 from railyard.logic.layout import (
     MeshShape,
@@ -613,4 +613,24 @@ def build_gang_request(
         ),
         gpus_per_pod=spec.gpus_per_pod,
         attempt=attempt,
+    )
+
+
+def build_placement_status(pl: Placement | Unplaceable, *, max_nodes: int = 64) -> PlacementStatus:
+    """The TrainingJob ``status.placement`` for a decision (node list capped for big gangs)."""
+    if isinstance(pl, Unplaceable):
+        return PlacementStatus(summary=f"unplaceable ({pl.constraint}): {pl.reason}")
+    t = pl.rank_table
+    return PlacementStatus(
+        nodes=list(pl.nodes[:max_nodes]),
+        node_count=len(pl.nodes),
+        spares=list(pl.spares),
+        domains={k: len(v) for k, v in pl.domains.items()},
+        cross_bytes_per_step=pl.cost.as_dict(),
+        rail_aligned=pl.rail_aligned,
+        summary=(
+            f"{len(pl.nodes)} nodes (+{len(pl.spares)} spares), pp{t.pp} x dp{t.dp} x tp{t.tp}, "
+            f"{pl.rails_per_dp_group} rail(s) per DP group, DP groups in <= {pl.dp_leaf_spans} leaves"
+            + (f", moved pods {list(pl.moved)}" if pl.moved else "")
+        ),
     )
