@@ -5,25 +5,24 @@ gang is doing: absent, partly created (an operator died mid-creation), gated, st
 finished, or failed, with the failure explained by :mod:`railyard.logic.failures`.
 
 :func:`plan_placement` turns the job and the cluster into a :class:`GangPlacement` (nodes by pod
-index and the rank table) or an :class:`Unplaceable` with the reason. It uses the rail-aware
-placement of :mod:`railyard.logic.placement` when that module provides ``place_gang``; until
-then a simple stand-in (first fitting nodes in topology order, sticky on re-placement) keeps the
-operator working.
+index and the rank table) or an :class:`Unplaceable` with the reason. It calls the rail-aware
+placement of :mod:`railyard.logic.placement` and keeps only what the operator needs.
 """
 
 from __future__ import annotations
 
-import importlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from railyard.api.trainingjob import TrainingJobSpec
+from railyard.api.trainingjob import TrainingJob
+from railyard.logic import placement as _placement
 from railyard.logic.conditions import parse_time
 from railyard.logic.failures import Failure, build_failure, classify_pod, decide_root_failure
 from railyard.logic.manifests import ATTEMPT_LABEL, GANG_GATE, POD_INDEX_LABEL
-from railyard.logic.topology import Toleration, build_topology, resolve_level_keys
-from railyard.protocol.ranktable import PodEntry, RankEntry, RankTable
+from railyard.logic.placement import PreviousPlacement, build_gang_request
+from railyard.logic.topology import build_topology
+from railyard.protocol.ranktable import RankTable
 
 
 def pod_index_of(pod: Mapping[str, Any]) -> int:
@@ -152,101 +151,51 @@ class GangPlacement:
 class Unplaceable:
     reason: str
     message: str
-
-
-def build_rank_table(spec: TrainingJobSpec, job: str, attempt: int, nodes: Sequence[str]) -> RankTable:
-    """A pod-major rank table (``tp`` innermost, rail = local rank) for the stand-in placement."""
-    tp, pp, ppn = spec.parallelism.tensor, spec.parallelism.pipeline, spec.procs_per_node
-    dp = spec.data_parallel or max(spec.world_size // (tp * pp), 1)
-    ranks = []
-    for rank in range(spec.world_size):
-        pod, local = divmod(rank, ppn)
-        ranks.append(RankEntry(rank=rank, node=nodes[pod], pod_index=pod, local_rank=local, rail=local,
-                               pp=rank // (tp * dp), dp=(rank // tp) % dp, tp=rank % tp))
-    n = len(nodes)
-    pods = tuple(PodEntry(pod_index=i, node=nodes[i], replica_peer=(i + 1) % n if n > 1 else -1) for i in range(n))
-    return RankTable(job=job, attempt=attempt, pp=pp, dp=dp, tp=tp, procs_per_node=ppn, pods=pods, ranks=tuple(ranks))
-
-
-def _placement_module() -> Any:
-    try:
-        mod = importlib.import_module("railyard.logic.placement")
-    except ImportError:
-        return None
-    return mod if hasattr(mod, "place_gang") else None
+    #: The job's shape can never be placed (not a matter of waiting for capacity).
+    permanent: bool = False
 
 
 def plan_placement(
-    spec: TrainingJobSpec,
+    job: TrainingJob,
     *,
-    job: str,
     attempt: int,
     nodes: Sequence[Mapping[str, Any]],
     pods: Sequence[Mapping[str, Any]],
     previous: Sequence[str] | None = None,
+    previous_spares: Sequence[str] = (),
+    failed: Iterable[str] = (),
 ) -> GangPlacement | Unplaceable:
-    """Where the gang of ``attempt`` goes. ``previous``: the last attempt's nodes by pod index
-    (sticky re-placement keeps those still usable, with their ranks)."""
-    mod = _placement_module()
-    if mod is not None:
-        result: GangPlacement | Unplaceable = mod.place_gang(spec, job=job, attempt=attempt, nodes=nodes, pods=pods, previous=previous)
-        return result
-    return _stand_in_placement(spec, job=job, attempt=attempt, nodes=nodes, pods=pods, previous=previous)
-
-
-def _stand_in_placement(
-    spec: TrainingJobSpec,
-    *,
-    job: str,
-    attempt: int,
-    nodes: Sequence[Mapping[str, Any]],
-    pods: Sequence[Mapping[str, Any]],
-    previous: Sequence[str] | None,
-) -> GangPlacement | Unplaceable:
-    selected = [n for n in nodes if all(((n.get("metadata") or {}).get("labels") or {}).get(k) == v for k, v in spec.node_selector.items())]
-    levels = resolve_level_keys(spec.topology.preset, spec.topology.levels, selected)
-    tolerations = [Toleration.from_dict(t.model_dump(exclude_none=True)) for t in spec.tolerations]
-    topo = build_topology(selected, pods, levels=levels, tolerations=tolerations, ignore_job=job)
-    need = spec.gpus
-    usable = [i for i in range(topo.size) if not topo.excluded[i] and topo.free_gpus[i] >= need]
-    if len(usable) < spec.nodes:
-        reasons: dict[str, int] = {}
-        for i in range(topo.size):
-            r = topo.excluded[i] or ("NotEnoughFreeGPUs" if topo.free_gpus[i] < need else "")
-            if r:
-                reasons[r] = reasons.get(r, 0) + 1
-        why = ", ".join(f"{v} {k}" for k, v in sorted(reasons.items())) or "no nodes"
-        return Unplaceable(
-            "NotEnoughNodes",
-            f"need {spec.nodes} nodes with {need} free GPUs, {len(usable)} usable of {len(nodes)} ({why})",
-        )
-    usable_names = [topo.names[i] for i in usable]
-    usable_set = set(usable_names)
-    chosen: list[str | None] = [None] * spec.nodes
-    taken: set[str] = set()
-    moved: list[int] = []
+    """Where the gang of ``attempt`` goes, by the rail-aware placement of
+    :mod:`railyard.logic.placement`. ``previous``: the last attempt's nodes by pod index; sticky
+    re-placement keeps those still usable (with their ranks) and replaces ``failed`` ones,
+    spares first. ``pods``: all pods bound to nodes (GPU accounting; this job's are ignored)."""
+    spec = job.spec
+    name = job.metadata.name or ""
+    selected = [n for n in nodes if _matches(n, spec.node_selector)]
+    req = build_gang_request(job, nodes=selected, attempt=attempt)
+    topo = build_topology(selected, pods, levels=req.levels, tolerations=req.tolerations, ignore_job=name)
+    prev = None
     if previous:
-        for i, name in enumerate(previous[: spec.nodes]):
-            if name in usable_set and name not in taken:
-                chosen[i] = name
-                taken.add(name)
-    leaf_of = {topo.names[i]: topo.leaf_of(i) for i in range(topo.size)}
-    for i in range(spec.nodes):
-        if chosen[i] is not None:
-            continue
-        old = previous[i] if previous and i < len(previous) else None
-        # a spare in the failed node's leaf keeps the gang's locality; else the first free node
-        near = [n for n in usable_names if n not in taken and old is not None and leaf_of.get(n) == leaf_of.get(old, -1)]
-        pick = near[0] if near else next(n for n in usable_names if n not in taken)
-        chosen[i] = pick
-        taken.add(pick)
-        if previous is not None:
-            moved.append(i)
-    names = tuple(n for n in chosen if n is not None)
-    domains = {lv: len({topo.domain_of[k][topo.index[n]] for n in names}) for k, lv in enumerate(topo.levels)}
+        prev = PreviousPlacement(tuple(previous), tuple(previous_spares), frozenset(failed))
+    result = _placement.plan_placement(topo, req, previous=prev)
+    if isinstance(result, _placement.Unplaceable):
+        where = f" in {', '.join(result.domains[:5])}" if result.domains else ""
+        excluded = ", ".join(f"{v} {k}" for k, v in sorted(result.excluded.items()))
+        short = f"; {result.short} nodes short{where}" if result.short else ""
+        more = f" (excluded: {excluded})" if excluded else ""
+        reason = {"shape": "InvalidShape", "capacity": "NotEnoughNodes", "requiredLevel": "NoDomainFits", "topology": "TopologyMismatch"}.get(result.constraint, "Unplaceable")
+        return Unplaceable(reason, f"{result.reason}{short}{more}", permanent=result.constraint == "shape")
     return GangPlacement(
-        nodes=names,
-        rank_table=build_rank_table(spec, job, attempt, names),
-        domains=domains,
-        moved=tuple(moved),
+        nodes=result.nodes,
+        rank_table=result.rank_table,
+        spares=result.spares,
+        domains={k: len(v) for k, v in result.domains.items()},
+        cross_bytes_per_step={c.level: c.bytes_per_step for c in result.cost.levels},
+        rail_aligned=result.rail_aligned,
+        moved=result.moved,
     )
+
+
+def _matches(node: Mapping[str, Any], selector: Mapping[str, str]) -> bool:
+    labels = (node.get("metadata") or {}).get("labels") or {}
+    return all(labels.get(k) == v for k, v in selector.items())

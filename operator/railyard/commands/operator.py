@@ -1,0 +1,74 @@
+"""``railyard operator run``: the operator (kopf under the hood) against the current kubeconfig."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import sys
+from typing import Any
+
+
+def add_parser(sub: Any) -> None:
+    p: argparse.ArgumentParser = sub.add_parser("operator", help="run the operator against the current kubeconfig")
+    osub = p.add_subparsers(dest="operator_command", metavar="ACTION")
+    r = osub.add_parser("run", help="run the operator until interrupted")
+    scope = r.add_mutually_exclusive_group()
+    scope.add_argument("-n", "--namespace", action="append", default=[], help="watch this namespace (repeatable)")
+    scope.add_argument("-A", "--all-namespaces", action="store_true", help="watch all namespaces (default)")
+    r.add_argument("--kubeconfig", default=None, help="kubeconfig file (default: $KUBECONFIG, ~/.kube/config, in-cluster)")
+    r.add_argument("--context", default=None, help="kubeconfig context")
+    r.add_argument("--metrics-host", default="0.0.0.0", help="address of the /metrics, /healthz and heartbeat server")
+    r.add_argument("--metrics-port", type=int, default=8080, help="port of that server (0: none)")
+    r.add_argument(
+        "--heartbeat-advertise-url", default="",
+        help="base URL pods post heartbeats to (default: http://railyard-operator.railyard-system.svc:<metrics-port>)",
+    )
+    peer = r.add_mutually_exclusive_group()
+    peer.add_argument("--standalone", action="store_true", help="no peering with other operator instances")
+    peer.add_argument("--peering", default=None, metavar="NAME", help="kopf peering object name (leader election)")
+    r.add_argument("--not-ready-grace", type=float, default=2.0, help="seconds a node may be NotReady before its pods count as failed")
+    r.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+
+
+def run(args: argparse.Namespace) -> int:
+    if getattr(args, "operator_command", None) != "run":
+        print("usage: railyard operator run [--namespace NS | --all-namespaces] [--metrics-port 8080] ...", file=sys.stderr)
+        return 2
+    import kopf
+
+    from railyard.handlers import kopf_handlers
+    from railyard.handlers.runtime import OperatorSettings
+
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    for noisy in ("kopf.objects", "kopf._core.engines.peering", "aiohttp.access"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    if args.kubeconfig:
+        os.environ["KUBECONFIG"] = args.kubeconfig
+    kopf_handlers.configure(
+        OperatorSettings(
+            heartbeat_url=args.heartbeat_advertise_url,
+            metrics_host=args.metrics_host,
+            metrics_port=args.metrics_port,
+            kubeconfig=args.kubeconfig,
+            context=args.context,
+            not_ready_grace_s=args.not_ready_grace,
+        )
+    )
+    namespaces = list(args.namespace)
+    try:
+        asyncio.run(
+            kopf.operator(
+                standalone=args.standalone or not args.peering,
+                peering_name=args.peering,
+                clusterwide=not namespaces,
+                namespaces=namespaces,
+            )
+        )
+    except KeyboardInterrupt:
+        return 130
+    return 0

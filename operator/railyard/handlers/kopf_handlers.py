@@ -1,0 +1,179 @@
+"""Thin kopf glue: indexes of pods and nodes, event handlers that wake the job workers.
+
+Nothing here decides anything. TrainingJob events start (or feed) the job's worker; pod and node
+events wake the workers they concern so a failure is acted on within the coalescing delay, not
+after a timer. Event handlers (unlike kopf's change handlers and daemons) write no annotations
+and add no finalizers, so the TrainingJob carries only what it asks for.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import kopf
+
+from railyard import GROUP, VERSION
+from railyard.api.trainingjob import PLURAL
+from railyard.handlers.reconcile import reconcile_job
+from railyard.handlers.runtime import OperatorSettings, Runtime
+from railyard.k8s import gang as ops
+from railyard.logic.failures import node_is_ready
+from railyard.logic.manifests import JOB_LABEL
+from railyard.logic.quarantine import wants_release
+from railyard.logic.topology import QUARANTINE_KEY
+
+log = logging.getLogger(__name__)
+
+RUNTIME: Runtime | None = None
+
+
+def configure(settings: OperatorSettings) -> Runtime:
+    """Set the settings before kopf starts (the command does this); returns the runtime."""
+    global RUNTIME
+    RUNTIME = Runtime(settings)
+    RUNTIME.reconcile = reconcile_job
+    return RUNTIME
+
+
+def runtime() -> Runtime:
+    if RUNTIME is None:
+        return configure(OperatorSettings())
+    return RUNTIME
+
+
+# compact copies for the indexes ---------------------------------------------------------------
+
+
+def _pick(d: Any, *keys: str) -> dict[str, Any]:
+    d = d or {}
+    return {k: d[k] for k in keys if k in d and d[k] is not None}
+
+
+def compact_pod(body: Any) -> dict[str, Any]:
+    meta = body.get("metadata") or {}
+    spec = body.get("spec") or {}
+    status = body.get("status") or {}
+    containers = [{"name": c.get("name"), "resources": c.get("resources") or {}} for c in spec.get("containers") or ()]
+    return {
+        "metadata": {**_pick(meta, "name", "namespace", "uid", "deletionTimestamp", "creationTimestamp"), "labels": dict(meta.get("labels") or {})},
+        "spec": {**_pick(spec, "nodeName", "schedulingGates"), "containers": containers},
+        "status": _pick(status, "phase", "reason", "message", "conditions", "containerStatuses", "startTime"),
+    }
+
+
+def compact_node(body: Any) -> dict[str, Any]:
+    meta = body.get("metadata") or {}
+    return {
+        "metadata": {**_pick(meta, "name", "uid", "resourceVersion"), "labels": dict(meta.get("labels") or {}), "annotations": dict(meta.get("annotations") or {})},
+        "spec": _pick(body.get("spec") or {}, "taints", "unschedulable"),
+        "status": _pick(body.get("status") or {}, "conditions", "allocatable", "capacity"),
+    }
+
+
+# indexes --------------------------------------------------------------------------------------
+
+
+@kopf.index("pods", labels={JOB_LABEL: kopf.PRESENT})
+def railyard_job_pods(namespace: str | None, labels: Any, body: Any, **_: Any) -> dict[tuple[str, str], dict[str, Any]]:
+    return {(namespace or "", labels[JOB_LABEL]): compact_pod(body)}
+
+
+@kopf.index("pods", field="spec.nodeName", value=kopf.PRESENT)
+def railyard_bound_pods(spec: Any, body: Any, status: Any, **_: Any) -> dict[str, dict[str, Any]] | None:
+    if (status or {}).get("phase") in ("Succeeded", "Failed"):
+        return None
+    return {spec["nodeName"]: compact_pod(body)}
+
+
+@kopf.index("nodes")
+def railyard_nodes(name: str, body: Any, **_: Any) -> dict[str, dict[str, Any]]:
+    return {name: compact_node(body)}
+
+
+# lifecycle ------------------------------------------------------------------------------------
+
+
+@kopf.on.startup()
+async def on_startup_operator(settings: kopf.OperatorSettings, **_: Any) -> None:
+    rt = runtime()
+    settings.posting.enabled = False  # we write our own Events, one per transition
+    settings.watching.server_timeout = 300
+    settings.networking.error_backoffs = [0.5, 1, 2, 5]
+    rt.api()
+    if rt.settings.metrics_port:
+        from railyard.observe.heartbeats import add_heartbeat_routes
+        from railyard.observe.metrics import build_http_app, start_http_server
+
+        app = build_http_app(
+            rt.metrics.registry,
+            extra_routes=lambda a: add_heartbeat_routes(a, rt.store, rt.tokens),
+        )
+        rt.http_runner = await start_http_server(app, rt.settings.metrics_host, rt.settings.metrics_port)
+
+
+@kopf.on.cleanup()
+async def on_cleanup_operator(**_: Any) -> None:
+    if RUNTIME is not None:
+        await RUNTIME.close()
+
+
+# events ---------------------------------------------------------------------------------------
+
+
+@kopf.on.event(GROUP, VERSION, PLURAL)
+async def on_event_trainingjob(event: Any, body: Any, name: str, namespace: str | None, **kwargs: Any) -> None:
+    rt = runtime()
+    namespace = namespace or "default"
+    rt.bind_indexes(kwargs)
+    if event.get("type") == "DELETED":
+        await rt.remove_job(namespace, name)
+        # ownerReferences garbage-collect the rest; this covers API servers without a collector
+        await ops.delete_owned(rt.api(), namespace, name)
+        return
+    rt.upsert_job(namespace, name, _plain(body))
+
+
+@kopf.on.event("pods", labels={JOB_LABEL: kopf.PRESENT})
+def on_event_pod(namespace: str | None, labels: Any, **kwargs: Any) -> None:
+    rt = runtime()
+    rt.bind_indexes(kwargs)
+    rt.wake(namespace or "", labels[JOB_LABEL])
+
+
+_NODE_SEEN: dict[str, tuple[Any, ...]] = {}
+
+
+def _node_signature(body: Any) -> tuple[Any, ...]:
+    meta = body.get("metadata") or {}
+    spec = body.get("spec") or {}
+    return (
+        node_is_ready(body),
+        bool(spec.get("unschedulable")),
+        tuple(sorted((t.get("key"), t.get("effect")) for t in spec.get("taints") or ())),
+        (meta.get("labels") or {}).get(QUARANTINE_KEY),
+        str(((body.get("status") or {}).get("allocatable") or {}).get("nvidia.com/gpu")),
+    )
+
+
+@kopf.on.event("nodes")
+async def on_event_node(event: Any, name: str, body: Any, **kwargs: Any) -> None:
+    rt = runtime()
+    rt.bind_indexes(kwargs)
+    if event.get("type") == "DELETED":
+        _NODE_SEEN.pop(name, None)
+        rt.wake_jobs()
+        return
+    if wants_release(body):
+        await ops.release_node(rt.api(), name)
+    sig = _node_signature(body)
+    if _NODE_SEEN.get(name) != sig:
+        _NODE_SEEN[name] = sig
+        rt.wake_jobs()
+    rt.metrics.quarantined.set(sum(1 for s in _NODE_SEEN.values() if s[3] == "true"))
+
+
+def _plain(body: Any) -> dict[str, Any]:
+    import copy
+
+    return copy.deepcopy(dict(body))

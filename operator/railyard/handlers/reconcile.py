@@ -1,0 +1,496 @@
+"""One reconcile cycle of one TrainingJob: observe, decide (logic/), act (k8s/), write status once.
+
+The cycle is a small state machine over what :func:`railyard.logic.gang.assess_gang` sees:
+
+- Absent: place the gang (sticky on the previous attempt's nodes) and create it whole, gated;
+  unplaceable -> Placed=False with the reason, retry with backoff and on node events.
+- Partial/Gated (an operator died mid-creation): finish creating from the attempt's ConfigMap,
+  lift all gates.
+- Starting: all Running within the schedule timeout, else tear down and re-place.
+- Running / Succeeded: record it.
+- Failed: classify, spend the class's budget or fail the job, quarantine the nodes to blame,
+  delete the gang (force on dead nodes), bump the attempt, back off, re-place.
+
+Status changes are collected on a copy and written in one patch at the end; every condition
+that flips becomes an Event.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from pydantic import ValidationError
+
+from railyard.api.trainingjob import QuarantinedNode, TrainingJob, TrainingJobStatus
+from railyard.handlers.runtime import JobWorker, Runtime
+from railyard.k8s import gang as ops
+from railyard.k8s.client import Kube
+from railyard.logic.conditions import (
+    compute_transitions,
+    find_condition,
+    format_time,
+    parse_time,
+    set_condition,
+)
+from railyard.logic.failures import node_is_ready
+from railyard.logic.gang import GangAssessment, Unplaceable, assess_gang, attempt_of, plan_placement
+from railyard.logic.manifests import (
+    build_configmap,
+    build_gang_pods,
+    build_secret,
+    build_service,
+    build_trainer_config,
+    check_names,
+    configmap_name,
+    owner_reference,
+    with_addresses,
+)
+from railyard.logic.restarts import decide_restart, record_restart
+from railyard.logic.status import (
+    apply_phase,
+    build_placement_status,
+    build_status_patch,
+    status_to_wire,
+)
+from railyard.logic.topology import QUARANTINE_KEY
+from railyard.protocol.exitcodes import FailureClass
+from railyard.protocol.ranktable import RankTable
+
+log = logging.getLogger(__name__)
+
+#: Conditions whose True (or, for Placed, False) is bad news: their Events are Warnings.
+_WARN_TRUE = frozenset({"Restarting", "Degraded", "Failed"})
+
+
+def _format_validation(exc: ValidationError) -> str:
+    parts = []
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err.get("loc", ()))
+        parts.append(f"{loc}: {err.get('msg')}")
+    return "; ".join(parts)
+
+
+class Cycle:
+    """The state one reconcile cycle works on, and its deferred writes."""
+
+    def __init__(self, rt: Runtime, w: JobWorker, now: float) -> None:
+        self.rt = rt
+        self.w = w
+        self.kube: Kube = rt.api()
+        self.body = w.body
+        self.meta: Mapping[str, Any] = self.body.get("metadata") or {}
+        self.ns = w.namespace
+        self.name = w.name
+        self.generation = int(self.meta.get("generation") or 0)
+        self.now = now
+        self.iso = format_time(now)
+        body_status = dict(self.body.get("status") or {})
+        # our own last write wins over a watch event that has not caught up with it yet
+        self.old_wire = w.status_wire if w.status_wire is not None else body_status
+        try:
+            self.st = TrainingJobStatus.model_validate(self.old_wire)
+        except ValidationError:
+            log.warning("%s/%s: unreadable status, rebuilding from the cluster", self.ns, self.name)
+            self.st = TrainingJobStatus()
+        self.extra_events: list[tuple[str, str, str]] = []
+
+    def phase(self, phase: str, reason: str, message: str) -> None:
+        self.st = apply_phase(self.st, phase, reason=reason, message=message, now=self.iso, generation=self.st.observed_generation or None)
+        self.rt.set_phase(self.ns, self.name, phase)
+
+    def event(self, type_: str, reason: str, message: str) -> None:
+        self.extra_events.append((type_, reason, message))
+
+    async def commit(self) -> None:
+        new_wire = status_to_wire(self.st)
+        patch = build_status_patch(self.old_wire, new_wire)
+        if patch:
+            got = await ops.patch_job_status(self.kube, self.ns, self.name, patch)
+            if got is None:
+                return
+            self.w.status_wire = new_wire
+        self.rt.set_phase(self.ns, self.name, self.st.phase)
+        old_conditions = TrainingJobStatus.model_validate(self.old_wire).conditions if self._valid_old() else []
+        for t in compute_transitions(old_conditions, self.st.conditions):
+            warn = (t.type in _WARN_TRUE and t.status == "True") or (t.type == "Placed" and t.status == "False")
+            await ops.create_event(
+                self.kube, self.body, type_="Warning" if warn else "Normal",
+                reason=t.reason or f"{t.type}{t.status}", message=t.message or f"{t.type} is {t.status}", now=self.now,
+            )
+        for type_, reason, message in self.extra_events:
+            await ops.create_event(self.kube, self.body, type_=type_, reason=reason, message=message, now=self.now)
+
+    def _valid_old(self) -> bool:
+        try:
+            TrainingJobStatus.model_validate(self.old_wire)
+            return True
+        except ValidationError:
+            return False
+
+    # deletion -----------------------------------------------------------------------------
+
+    async def delete_pods(self, pods: Sequence[Mapping[str, Any]], nodes: Mapping[str, Mapping[str, Any]]) -> int:
+        """Delete pods; force on dead nodes and when stuck Terminating. Returns how many remain."""
+        s = self.rt.settings
+        normal: list[str] = []
+        force: list[str] = []
+        for p in pods:
+            meta = p.get("metadata") or {}
+            name = str(meta.get("name"))
+            node = str((p.get("spec") or {}).get("nodeName") or "")
+            dead = bool(node) and not node_is_ready(nodes.get(node))
+            phase = (p.get("status") or {}).get("phase")
+            asked = self.w.deleting.get(name)
+            if meta.get("deletionTimestamp"):
+                since = parse_time(meta.get("deletionTimestamp")) or self.now
+                if (dead or self.now - since >= s.stuck_terminating_s) and (asked is None or self.now - asked > 2.0):
+                    force.append(name)
+                continue
+            if asked is not None and self.now - asked < 2.0:
+                continue
+            if dead or phase in ("Succeeded", "Failed") or not node:
+                force.append(name)
+            else:
+                normal.append(name)
+        for n in normal + force:
+            self.w.deleting[n] = self.now
+        if normal:
+            await ops.delete_pods(self.kube, self.ns, normal, grace_seconds=s.delete_grace_s)
+        if force:
+            await ops.delete_pods(self.kube, self.ns, force, grace_seconds=0)
+        return len(pods)
+
+
+async def reconcile_job(rt: Runtime, w: JobWorker) -> float | None:
+    """Run one cycle; returns seconds until the next check is due (None: only on events)."""
+    c = Cycle(rt, w, time.time())
+    if c.meta.get("deletionTimestamp"):
+        await ops.delete_owned(c.kube, c.ns, c.name)
+        return None
+    try:
+        job = TrainingJob.model_validate({"metadata": {"name": c.name, "namespace": c.ns}, "spec": c.body.get("spec") or {}})
+        problems = check_names(c.name, job.spec.nodes)
+    except ValidationError as exc:
+        job, problems = None, [_format_validation(exc)]
+    if job is None or problems:
+        nodes = rt.node_map()
+        await c.delete_pods(rt.pods_of(c.ns, c.name), nodes)
+        if c.st.phase != "Failed" or c.st.message != "; ".join(problems):
+            c.st = c.st.model_copy(update={"observed_generation": c.generation})
+            c.phase("Failed", "InvalidSpec", "; ".join(problems) + " (fix the spec; the job stays Failed until then)")
+        await c.commit()
+        return None
+    delay = await _step(c, job)
+    await c.commit()
+    return delay
+
+
+async def _step(c: Cycle, job: TrainingJob) -> float | None:
+    rt, spec = c.rt, job.spec
+    pods = rt.pods_of(c.ns, c.name)
+    nodes = rt.node_map()
+    _refresh_quarantine(c, nodes)
+    if c.st.phase in ("Succeeded", "Failed"):
+        failed = find_condition(c.st.conditions, "Failed")
+        if c.st.phase == "Failed" and failed is not None and failed.reason == "InvalidSpec" and c.st.observed_generation != c.generation:
+            # the spec was fixed: start over
+            c.st = TrainingJobStatus(attempt=c.st.attempt + 1, restarts=c.st.restarts)
+        else:
+            if pods:
+                await c.delete_pods(pods, nodes)
+            return None
+    if spec.suspend:
+        if pods:
+            await c.delete_pods(pods, nodes)
+        if c.st.phase != "Suspended":
+            c.st = c.st.model_copy(update={"observed_generation": c.generation, "gang_created_time": None, "next_attempt_time": None})
+            c.phase("Suspended", "Suspended", "spec.suspend is true: the gang's pods are deleted, checkpoints kept")
+        return 2.0 if pods else None
+    if c.st.phase == "Suspended":
+        c.st = c.st.model_copy(update={"attempt": c.st.attempt + 1})
+        c.phase("Placing", "Resumed", "spec.suspend is false: placing the gang again")
+    if not c.old_wire.get("attempt") and pods:
+        # an unreadable or missing status: the pods' attempt labels say where we were
+        c.st = c.st.model_copy(update={"attempt": max(c.st.attempt, *(attempt_of(p) for p in pods))})
+    expected = c.st.placement.node_count if (c.st.placement and c.st.gang_created_time) else spec.nodes
+    a = assess_gang(pods, nodes, attempt=c.st.attempt, expected=expected, now=c.now, not_ready_grace_s=rt.settings.not_ready_grace_s)
+    stale = [p for p in pods if attempt_of(p) != c.st.attempt]
+    if stale:
+        await c.delete_pods(stale, nodes)
+    state_delay = await _act(c, job, a, pods, nodes, stale)
+    _update_degraded(c, job)
+    if a.recheck_after > 0:
+        state_delay = a.recheck_after if state_delay is None else min(state_delay, a.recheck_after)
+    return state_delay
+
+
+async def _act(
+    c: Cycle,
+    job: TrainingJob,
+    a: GangAssessment,
+    pods: Sequence[Mapping[str, Any]],
+    nodes: Mapping[str, Mapping[str, Any]],
+    stale: Sequence[Mapping[str, Any]],
+) -> float | None:
+    spec = job.spec
+    current = [p for p in pods if attempt_of(p) == c.st.attempt]
+    if a.state == "Absent":
+        if stale:
+            if c.st.phase not in ("Restarting", "Placing"):
+                c.phase("Restarting", "WaitingForOldPods", f"waiting for {len(stale)} pods of earlier attempts to terminate")
+            return 1.0
+        nat = parse_time(c.st.next_attempt_time)
+        if nat is not None and c.now < nat:
+            return nat - c.now
+        return await _place_and_create(c, job, nodes)
+    if a.state in ("Partial", "Gated"):
+        return await _finish_creation(c, job, current, a)
+    if a.state == "Starting":
+        created = parse_time(c.st.gang_created_time) or c.now
+        deadline = created + spec.gang.schedule_timeout_seconds
+        if c.now >= deadline:
+            await c.delete_pods(current, nodes)
+            c.st = c.st.model_copy(update={"attempt": c.st.attempt + 1, "gang_created_time": None})
+            c.phase(
+                "Placing", "GangTimeout",
+                f"{a.running}/{a.expected} pods Running after {spec.gang.schedule_timeout_seconds}s "
+                "(spec.gang.scheduleTimeoutSeconds): tearing down and re-placing",
+            )
+            return 0.5
+        if c.st.phase != "Starting":
+            c.phase("Starting", "GangCreated", f"{a.running}/{a.expected} pods running")
+        return deadline - c.now
+    if a.state == "Running":
+        _mark_running(c, job, a)
+        return None
+    if a.state == "Succeeded":
+        await c.delete_pods(current, nodes)
+        c.phase("Succeeded", "AllRanksSucceeded", f"all {a.expected} pods exited 0 (attempt {c.st.attempt})")
+        return None
+    if a.state == "Failed":
+        return await _handle_failure(c, job, a, current, nodes)
+    return None
+
+
+def _mark_running(c: Cycle, job: TrainingJob, a: GangAssessment) -> None:
+    pending = ""
+    if c.generation != c.st.observed_generation and c.st.observed_generation:
+        pending = (
+            f"spec generation {c.generation} differs from the running gang's ({c.st.observed_generation}); "
+            "it takes effect at the next restart (suspend and resume to apply it now)"
+        )
+    if pending != c.st.pending_spec_changes:
+        c.st = c.st.model_copy(update={"pending_spec_changes": pending})
+    if c.st.phase == "Running":
+        return
+    update: dict[str, Any] = {}
+    created = parse_time(c.st.gang_created_time)
+    m = c.rt.metrics
+    if created is not None:
+        update["time_to_all_ready_seconds"] = round(c.now - created, 3)
+        m.gang_ready.observe(max(c.now - created, 0.0))
+    if c.st.start_time is None:
+        update["start_time"] = c.iso
+        born = parse_time(str(c.meta.get("creationTimestamp") or ""))
+        if born is not None:
+            m.job_start.observe(max(c.now - born, 0.0))
+    failed_at = parse_time(c.st.failure_time)
+    if failed_at is not None:
+        m.restart_duration.observe(max(c.now - failed_at, 0.0))
+        update["failure_time"] = None
+    c.st = c.st.model_copy(update=update)
+    c.phase("Running", "AllPodsRunning", f"all {a.expected} pods Running (attempt {c.st.attempt})")
+
+
+async def _handle_failure(
+    c: Cycle,
+    job: TrainingJob,
+    a: GangAssessment,
+    current: Sequence[Mapping[str, Any]],
+    nodes: Mapping[str, Mapping[str, Any]],
+) -> float | None:
+    f = a.failure
+    assert f is not None
+    m = c.rt.metrics
+    m.failures.labels(**{"class": f.cls.value, "kind": f.kind}).inc()
+    spec = job.spec
+    if f.cls is FailureClass.PERMANENT:
+        await c.delete_pods(current, nodes)
+        c.phase("Failed", f.kind, f"{f.message}: not retried (permanent)")
+        return None
+    decision = decide_restart(spec.restart_policy, c.st.restarts, f.cls)
+    if not decision.allowed:
+        await c.delete_pods(current, nodes)
+        c.phase("Failed", "RestartBudgetSpent", f"{f.message}; {decision.reason}")
+        return None
+    quarantined = list(c.st.quarantined_nodes)
+    for node in f.nodes:
+        if await ops.quarantine_node(c.kube, node, reason=f.kind, job=f"{c.ns}/{c.name}", now=c.now):
+            quarantined = [q for q in quarantined if q.node != node] + [QuarantinedNode(node=node, reason=f.message, time=c.iso)]
+            c.event("Warning", "NodeQuarantined", f"node {node} quarantined: {f.message} (release: label {QUARANTINE_KEY}- or annotate railyard.dev/release=true)")
+    await c.delete_pods(current, nodes)
+    backoff = decision.backoff_seconds
+    c.st = c.st.model_copy(
+        update={
+            "restarts": record_restart(c.st.restarts, f.cls, f"{f.kind}: {f.message}", c.iso),
+            "attempt": c.st.attempt + 1,
+            "failure_time": c.iso,
+            "next_attempt_time": format_time(c.now + backoff) if backoff > 0 else None,
+            "gang_created_time": None,
+            "quarantined_nodes": quarantined,
+        }
+    )
+    m.restarts.labels(**{"class": f.cls.value}).inc()
+    wait = f", next gang in {backoff:g}s" if backoff > 0 else ""
+    c.phase("Restarting", f.kind, f"{f.message}; {decision.reason}{wait}")
+    return backoff if backoff > 0 else 0.2
+
+
+async def _previous_placement(c: Cycle) -> RankTable | None:
+    if c.st.attempt == 0:
+        return None
+    for prev in range(c.st.attempt - 1, max(c.st.attempt - 4, -1), -1):
+        cm = await ops.get_configmap(c.kube, c.ns, configmap_name(c.name, prev))
+        if cm is not None:
+            try:
+                return RankTable.from_json((cm.get("data") or {}).get("ranktable.json", ""))
+            except ValueError:
+                return None
+    return None
+
+
+async def _place_and_create(c: Cycle, job: TrainingJob, nodes: Mapping[str, Mapping[str, Any]]) -> float | None:
+    rt, spec, attempt = c.rt, job.spec, c.st.attempt
+    prev = await _previous_placement(c)
+    previous = [p.node for p in sorted(prev.pods, key=lambda p: p.pod_index)] if prev is not None else None
+    failed = {q.node for q in c.st.quarantined_nodes}
+    t0 = time.perf_counter()
+    node_list = list(nodes.values())
+    result = plan_placement(
+        job, attempt=attempt, nodes=node_list, pods=rt.all_bound_pods(),
+        previous=previous if previous and len(previous) == spec.nodes else None,
+        previous_spares=c.st.placement.spares if c.st.placement else (), failed=failed,
+    )
+    rt.metrics.placement.observe(time.perf_counter() - t0)
+
+    if isinstance(result, Unplaceable):
+        c.w.placement_failures += 1
+        if result.permanent:
+            c.phase("Failed", result.reason, result.message)
+            return None
+        retry = min(2.0 ** c.w.placement_failures, 30.0)
+        c.phase("Placing", result.reason, f"{result.message}; retrying (and on every node change)")
+        return retry
+    c.w.placement_failures = 0
+    owner = owner_reference(c.body)
+    kube = c.kube
+    token = rt.tokens(c.ns, c.name)
+    if token is None:
+        token = await ops.ensure_secret(kube, build_secret(c.name, c.ns, owner, ops.new_token()))
+        rt.tokens.set(c.ns, c.name, token)
+    await ops.create_object(kube, build_service(c.name, c.ns, owner))
+    table = with_addresses(result.rank_table, c.ns)
+    restore = {"tier": c.st.last_checkpoint.tier, "step": c.st.last_checkpoint.step} if c.st.last_checkpoint else None
+    config = build_trainer_config(spec, job=c.name, namespace=c.ns, attempt=attempt, restore=restore)
+    await ops.create_object(kube, build_configmap(c.name, c.ns, owner, attempt=attempt, rank_table=table, config=config))
+    pods = build_gang_pods(spec, job=c.name, namespace=c.ns, owner=owner, attempt=attempt, nodes=result.nodes, heartbeat_url=_heartbeat_url(rt, c.ns, c.name))
+    created = await ops.create_pods(kube, pods)
+    rt.metrics.pods_created.inc(created)
+    await ops.lift_gates(kube, pods)
+    rt.store.begin_attempt(c.ns, c.name, attempt)
+    placement = build_placement_status(
+        result.nodes, spares=result.spares, domains=result.domains,
+        cross_bytes_per_step=result.cross_bytes_per_step, rail_aligned=result.rail_aligned,
+    )
+    spine = next((k for k in result.cross_bytes_per_step if k not in ("host", "network")), None)
+    levels = [k for k in result.cross_bytes_per_step if k not in ("host", "network")]
+    spine = levels[-1] if levels else spine
+    rt.metrics.set_cross_bytes(c.ns, c.name, dict(result.cross_bytes_per_step), spine)
+    c.st = c.st.model_copy(
+        update={
+            "placement": placement, "gang_created_time": c.iso, "time_to_all_ready_seconds": None,
+            "observed_generation": c.generation, "pending_spec_changes": "", "next_attempt_time": None,
+        }
+    )
+    moved = f"; moved pod indices {list(result.moved)[:16]}" if previous and result.moved else ""
+    c.phase("Starting", "GangCreated", f"attempt {attempt}: {len(pods)} pods created and released together on {placement.summary}{moved}")
+    await ops.delete_configmaps(kube, c.ns, [configmap_name(c.name, a) for a in range(max(attempt - 4, 0), attempt)])
+    return float(spec.gang.schedule_timeout_seconds)
+
+
+async def _finish_creation(c: Cycle, job: TrainingJob, current: Sequence[Mapping[str, Any]], a: GangAssessment) -> float | None:
+    """Resume a gang whose creation was interrupted: same names, same nodes (from the
+    attempt's ConfigMap), then lift every gate."""
+    rt = c.rt
+    cm = await ops.get_configmap(c.kube, c.ns, configmap_name(c.name, c.st.attempt))
+    table = None
+    if cm is not None:
+        try:
+            table = RankTable.from_json((cm.get("data") or {}).get("ranktable.json", ""))
+        except ValueError:
+            table = None
+    if table is None:
+        # nothing says where the rest goes: start this attempt over
+        await c.delete_pods(current, rt.node_map())
+        c.st = c.st.model_copy(update={"attempt": c.st.attempt + 1, "gang_created_time": None})
+        return 0.5
+    nodes = [p.node for p in sorted(table.pods, key=lambda p: p.pod_index)]
+    owner = owner_reference(c.body)
+    pods = build_gang_pods(job.spec, job=c.name, namespace=c.ns, owner=owner, attempt=c.st.attempt, nodes=nodes, heartbeat_url=_heartbeat_url(rt, c.ns, c.name))
+    missing = [pods[i] for i in a.missing if i < len(pods)]
+    if missing:
+        rt.metrics.pods_created.inc(await ops.create_pods(c.kube, missing))
+    if rt.tokens(c.ns, c.name) is None:
+        token = await ops.read_token(c.kube, c.ns, c.name)
+        if token:
+            rt.tokens.set(c.ns, c.name, token)
+    await ops.lift_gates(c.kube, pods)
+    update: dict[str, Any] = {}
+    if c.st.gang_created_time is None:
+        update["gang_created_time"] = c.iso
+    if c.st.placement is None or c.st.placement.node_count != len(nodes):
+        update["placement"] = build_placement_status(nodes)
+    if update:
+        c.st = c.st.model_copy(update=update)
+    if c.st.phase != "Starting":
+        c.phase("Starting", "GangResumed", f"attempt {c.st.attempt}: finished creating {len(missing)} missing pods and released the gang")
+    return 1.0
+
+
+def _heartbeat_url(rt: Runtime, namespace: str, job: str) -> str:
+    base = rt.settings.heartbeat_url or f"http://railyard-operator.railyard-system.svc:{rt.settings.metrics_port}"
+    return f"{base.rstrip('/')}/v1/heartbeats/{namespace}/{job}"
+
+
+def _refresh_quarantine(c: Cycle, nodes: Mapping[str, Mapping[str, Any]]) -> None:
+    """Drop nodes a person released (label or taint removed) from the job's quarantine list."""
+    keep = []
+    for q in c.st.quarantined_nodes:
+        node = nodes.get(q.node)
+        labels = ((node or {}).get("metadata") or {}).get("labels") or {}
+        if node is not None and labels.get(QUARANTINE_KEY) == "true":
+            keep.append(q)
+    if len(keep) != len(c.st.quarantined_nodes):
+        c.st = c.st.model_copy(update={"quarantined_nodes": keep})
+
+
+def _update_degraded(c: Cycle, job: TrainingJob) -> None:
+    reasons = []
+    if c.st.stragglers:
+        reasons.append(f"{len(c.st.stragglers)} straggling ranks")
+    spares = len(c.st.placement.spares) if c.st.placement else 0
+    if c.st.phase in ("Starting", "Running") and spares < job.spec.gang.hot_spares:
+        reasons.append(f"{spares}/{job.spec.gang.hot_spares} hot spares held")
+    status = "True" if reasons else "False"
+    old = next((x for x in c.st.conditions if x.type == "Degraded"), None)
+    if old is None and status == "False":
+        return
+    if old is not None and old.status == status and old.message == "; ".join(reasons):
+        return
+    c.st = c.st.model_copy(update={"conditions": set_condition(
+        c.st.conditions, "Degraded", status, reason="Degraded" if reasons else "Healthy",
+        message="; ".join(reasons), now=c.iso, generation=c.st.observed_generation or None,
+    )})

@@ -1,0 +1,205 @@
+"""The operator's in-memory state: settings, the API client, kopf's indexes, one worker per job.
+
+Nothing here is the source of truth: attempt numbers and restart counts live in each job's
+status, pods carry their attempt in a label, the per-attempt ConfigMap holds the rank table. A
+restarted operator rebuilds all of this from the cluster (kopf lists every watched object at
+start, which refills the indexes and starts a worker per TrainingJob).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+
+from railyard.k8s.client import Kube
+from railyard.observe.heartbeats import HeartbeatStore, StaticTokens
+from railyard.observe.metrics import OperatorMetrics
+
+log = logging.getLogger(__name__)
+Key = tuple[str, str]
+
+
+@dataclass
+class OperatorSettings:
+    #: URL pods post heartbeats to (RAILYARD_HEARTBEAT_URL); empty: derived from the metrics port.
+    heartbeat_url: str = ""
+    metrics_host: str = "0.0.0.0"
+    #: 0 disables the HTTP server (tests that run several operators in one process).
+    metrics_port: int = 8080
+    kubeconfig: str | None = None
+    context: str | None = None
+    #: A node NotReady for less than this is not yet a failure (flapping kubelets).
+    not_ready_grace_s: float = 2.0
+    #: Grace given to pods on healthy nodes when a gang is torn down.
+    delete_grace_s: int = 5
+    #: A pod still Terminating this long after its deletion on a healthy node is force-deleted.
+    stuck_terminating_s: float = 30.0
+    #: Coalesce bursts of pod events (a 1,000-pod gang turning Running) into one cycle.
+    coalesce_s: float = 0.05
+    #: Longest sleep between cycles of an idle job (re-checks health, quarantine releases).
+    idle_recheck_s: float = 30.0
+    registry: CollectorRegistry | None = None
+
+
+@dataclass
+class JobWorker:
+    """One TrainingJob's reconcile loop, woken by its pods' and nodes' events."""
+
+    namespace: str
+    name: str
+    body: dict[str, Any] = field(default_factory=dict)
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    task: asyncio.Task[None] | None = None
+    #: The status this worker wrote last (the watch may not have delivered it yet).
+    status_wire: dict[str, Any] | None = None
+    status_rv: str = ""
+    #: pod name -> when we last asked for its deletion (no DELETE storm while it terminates).
+    deleting: dict[str, float] = field(default_factory=dict)
+    placement_failures: int = 0
+    gone: bool = False
+
+
+class Runtime:
+    def __init__(self, settings: OperatorSettings) -> None:
+        self.settings = settings
+        self.kube: Kube | None = None
+        self.metrics = OperatorMetrics(settings.registry)
+        self.tokens = StaticTokens()
+        self.store = HeartbeatStore()
+        self.job_pods: Any = None
+        self.nodes: Any = None
+        self.bound_pods: Any = None
+        self.workers: dict[Key, JobWorker] = {}
+        self.phases: dict[Key, str] = {}
+        self.http_runner: Any = None
+        self.reconcile: Callable[[Runtime, JobWorker], Awaitable[float | None]] | None = None
+
+    def api(self) -> Kube:
+        if self.kube is None:
+            self.kube = Kube.from_config(self.settings.kubeconfig, self.settings.context)
+        return self.kube
+
+    # indexes ------------------------------------------------------------------------------
+
+    def bind_indexes(self, kwargs: dict[str, Any]) -> None:
+        self.job_pods = kwargs.get("railyard_job_pods", self.job_pods)
+        self.nodes = kwargs.get("railyard_nodes", self.nodes)
+        self.bound_pods = kwargs.get("railyard_bound_pods", self.bound_pods)
+
+    def pods_of(self, namespace: str, job: str) -> list[dict[str, Any]]:
+        if self.job_pods is None:
+            return []
+        return [dict(p) for p in self.job_pods.get((namespace, job), [])]
+
+    def node_map(self) -> dict[str, dict[str, Any]]:
+        if self.nodes is None:
+            return {}
+        out: dict[str, dict[str, Any]] = {}
+        for name, store in self.nodes.items():
+            for node in store:
+                out[name] = node
+        return out
+
+    def all_bound_pods(self) -> list[dict[str, Any]]:
+        if self.bound_pods is None:
+            return []
+        return [p for store in self.bound_pods.values() for p in store]
+
+    # workers ------------------------------------------------------------------------------
+
+    def upsert_job(self, namespace: str, name: str, body: dict[str, Any]) -> JobWorker:
+        key = (namespace, name)
+        w = self.workers.get(key)
+        if w is None or w.gone:
+            w = JobWorker(namespace, name)
+            self.workers[key] = w
+        w.body = body
+        if w.task is None or w.task.done():
+            w.task = asyncio.create_task(self._loop(w), name=f"railyard-job-{namespace}/{name}")
+        w.wake.set()
+        return w
+
+    async def remove_job(self, namespace: str, name: str) -> None:
+        w = self.workers.pop((namespace, name), None)
+        self.phases.pop((namespace, name), None)
+        self.store.forget_job(namespace, name)
+        self.tokens.remove(namespace, name)
+        self.metrics.forget_job(namespace, name)
+        self.update_phase_gauge()
+        if w is not None:
+            w.gone = True
+            if w.task is not None:
+                w.task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await w.task
+
+    def wake(self, namespace: str, name: str) -> None:
+        w = self.workers.get((namespace, name))
+        if w is not None:
+            w.wake.set()
+
+    def wake_jobs(self, keys: Iterable[Key] | None = None) -> None:
+        for key in (self.workers if keys is None else keys):
+            self.wake(*key)
+
+    def set_phase(self, namespace: str, name: str, phase: str) -> None:
+        if self.phases.get((namespace, name)) != phase:
+            self.phases[(namespace, name)] = phase
+            self.update_phase_gauge()
+
+    def update_phase_gauge(self) -> None:
+        counts: dict[str, int] = {}
+        for phase in self.phases.values():
+            counts[phase] = counts.get(phase, 0) + 1
+        self.metrics.set_phases(counts)
+
+    async def _loop(self, w: JobWorker) -> None:
+        failures = 0
+        while not w.gone:
+            w.wake.clear()
+            delay: float | None
+            try:
+                assert self.reconcile is not None
+                self.metrics.reconciles.inc()
+                delay = await self.reconcile(self, w)
+                failures = 0
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                failures += 1
+                kind = type(exc).__name__
+                status = getattr(exc, "status", None)
+                if status:
+                    kind = f"{kind}{status}"
+                self.metrics.reconcile_errors.labels(kind=kind).inc()
+                delay = min(0.5 * 2 ** min(failures, 6), 30.0)
+                log.exception("reconciling %s/%s failed (retry in %.1fs)", w.namespace, w.name, delay)
+            if w.gone:
+                return
+            timeout = self.settings.idle_recheck_s if delay is None else max(delay, 0.0)
+            if timeout > 0:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(w.wake.wait(), timeout=timeout)
+            if self.settings.coalesce_s > 0:
+                await asyncio.sleep(self.settings.coalesce_s)
+
+    async def close(self) -> None:
+        for key in list(self.workers):
+            w = self.workers.pop(key)
+            w.gone = True
+            if w.task is not None:
+                w.task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await w.task
+        if self.http_runner is not None:
+            await self.http_runner.cleanup()
+            self.http_runner = None
+        if self.kube is not None:
+            await self.kube.close()
+            self.kube = None

@@ -1,0 +1,242 @@
+"""The API calls of a gang's life: create it whole, lift its gates, delete it, quarantine nodes,
+write the job's status and Events. Idempotent: every create tolerates AlreadyExists (names are
+deterministic), every delete tolerates NotFound, so a handler that runs twice, or an operator
+killed half way and restarted, converges instead of duplicating.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import time
+from collections.abc import Awaitable, Iterable, Mapping, Sequence
+from typing import Any, TypeVar
+
+from railyard import GROUP, VERSION
+from railyard.api.trainingjob import API_VERSION, KIND, PLURAL
+from railyard.k8s.client import ApiError, Kube, core_path, custom_path
+from railyard.logic.conditions import format_time
+from railyard.logic.manifests import build_gate_removal, secret_name
+from railyard.logic.quarantine import (
+    JOB_ANNOTATION,
+    REASON_ANNOTATION,
+    RELEASE_ANNOTATION,
+    TIME_ANNOTATION,
+)
+from railyard.logic.topology import QUARANTINE_KEY
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+CONCURRENCY = 48
+
+
+async def _bounded(calls: Iterable[Awaitable[T]], limit: int = CONCURRENCY) -> list[T]:
+    sem = asyncio.Semaphore(limit)
+
+    async def one(c: Awaitable[T]) -> T:
+        async with sem:
+            return await c
+
+    return list(await asyncio.gather(*(one(c) for c in calls)))
+
+
+# creation -------------------------------------------------------------------------------------
+
+
+async def create_object(kube: Kube, obj: Mapping[str, Any]) -> bool:
+    """Create a namespaced core object; False when it already existed."""
+    meta = obj["metadata"]
+    plural = {"Pod": "pods", "Service": "services", "ConfigMap": "configmaps", "Secret": "secrets"}[obj["kind"]]
+    return await kube.create(core_path(plural, meta["namespace"]), dict(obj)) is not None
+
+
+async def ensure_secret(kube: Kube, secret: Mapping[str, Any]) -> str:
+    """Create the job's heartbeat Secret if missing; return the token it holds."""
+    import base64
+
+    await kube.create(core_path("secrets", secret["metadata"]["namespace"]), dict(secret))
+    got = await kube.get(core_path("secrets", secret["metadata"]["namespace"], secret["metadata"]["name"]))
+    data = (got or secret).get("data") or {}
+    return base64.b64decode(data.get("token", "")).decode()
+
+
+async def read_token(kube: Kube, namespace: str, job: str) -> str | None:
+    import base64
+
+    got = await kube.get(core_path("secrets", namespace, secret_name(job)))
+    if got is None:
+        return None
+    raw = (got.get("data") or {}).get("token")
+    return base64.b64decode(raw).decode() if raw else None
+
+
+def new_token() -> str:
+    return secrets.token_urlsafe(32)
+
+
+async def create_pods(kube: Kube, pods: Sequence[Mapping[str, Any]]) -> int:
+    """Create all pods concurrently; returns how many were new."""
+    results = await _bounded(create_object(kube, p) for p in pods)
+    return sum(results)
+
+
+async def lift_gates(kube: Kube, pods: Sequence[Mapping[str, Any]]) -> int:
+    """Remove our scheduling gate from every pod that still has it (all at once)."""
+    calls = []
+    for p in pods:
+        patch = build_gate_removal(p)
+        if patch is not None:
+            meta = p["metadata"]
+            calls.append(kube.patch(core_path("pods", meta["namespace"], meta["name"]), patch))
+    await _bounded(calls)
+    return len(calls)
+
+
+async def get_configmap(kube: Kube, namespace: str, name: str) -> dict[str, Any] | None:
+    return await kube.get(core_path("configmaps", namespace, name))
+
+
+async def delete_configmaps(kube: Kube, namespace: str, names: Iterable[str]) -> None:
+    await _bounded(kube.delete(core_path("configmaps", namespace, n)) for n in names)
+
+
+# deletion -------------------------------------------------------------------------------------
+
+
+async def delete_pods(kube: Kube, namespace: str, names: Iterable[str], *, grace_seconds: int | None = None) -> int:
+    """Delete pods (``grace_seconds=0`` force-deletes, for pods on dead nodes)."""
+    results = await _bounded(kube.delete(core_path("pods", namespace, n), grace_seconds=grace_seconds) for n in names)
+    return sum(results)
+
+
+async def delete_owned(kube: Kube, namespace: str, job: str) -> None:
+    """Remove everything a job owns (what ownerReference GC would do, for API servers without it)."""
+    selector = f"{GROUP}/job={job}"
+    for plural in ("pods", "configmaps", "services", "secrets"):
+        try:
+            items = await kube.list(core_path(plural, namespace), labelSelector=selector)
+        except ApiError as exc:
+            log.warning("listing %s of %s/%s: %s", plural, namespace, job, exc)
+            continue
+        await _bounded(
+            kube.delete(core_path(plural, namespace, i["metadata"]["name"]), grace_seconds=0 if plural == "pods" else None)
+            for i in items
+        )
+
+
+# the job --------------------------------------------------------------------------------------
+
+
+async def patch_job_status(kube: Kube, namespace: str, name: str, status_patch: Mapping[str, Any]) -> dict[str, Any] | None:
+    """One merge patch of ``status``; returns the object (None when the job is gone)."""
+    path = custom_path(GROUP, VERSION, PLURAL, namespace, name, "status")
+    return await kube.patch(path, {"status": dict(status_patch)})
+
+
+async def create_event(
+    kube: Kube,
+    job: Mapping[str, Any],
+    *,
+    type_: str,
+    reason: str,
+    message: str,
+    now: float | None = None,
+) -> None:
+    """An Event on the TrainingJob; failures are logged, never raised (events are best effort)."""
+    meta = job.get("metadata") or {}
+    ns = meta.get("namespace") or "default"
+    t = now if now is not None else time.time()
+    stamp = format_time(t)
+    event = {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"name": f"{meta.get('name')}.{int(t * 1e6):x}{secrets.token_hex(2)}", "namespace": ns},
+        "involvedObject": {
+            "apiVersion": API_VERSION, "kind": KIND, "name": meta.get("name"),
+            "namespace": ns, "uid": meta.get("uid"), "resourceVersion": meta.get("resourceVersion"),
+        },
+        "reason": reason,
+        "message": message[:1024],
+        "type": type_,
+        "source": {"component": "railyard-operator"},
+        "reportingComponent": "railyard.dev/operator",
+        "reportingInstance": "railyard-operator",
+        "firstTimestamp": stamp,
+        "lastTimestamp": stamp,
+        "count": 1,
+    }
+    try:
+        await kube.create(core_path("events", ns), event)
+    except ApiError as exc:
+        log.warning("event %s on %s/%s not recorded: %s", reason, ns, meta.get("name"), exc)
+
+
+# nodes ----------------------------------------------------------------------------------------
+
+
+def _without_ours(taints: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    return [dict(t) for t in taints if t.get("key") != QUARANTINE_KEY]
+
+
+async def quarantine_node(kube: Kube, node: str, *, reason: str, job: str, now: float) -> bool:
+    """Taint, label and annotate ``node`` (one patch, optimistic concurrency, 409 re-read)."""
+    path = core_path("nodes", None, node)
+    for _ in range(8):
+        obj = await kube.get(path)
+        if obj is None:
+            return False
+        taints = _without_ours((obj.get("spec") or {}).get("taints") or [])
+        value = "".join(ch if ch.isalnum() or ch in "-_." else "-" for ch in reason)[:63].strip("-_.") or "failed"
+        taints.append({"key": QUARANTINE_KEY, "value": value, "effect": "NoSchedule"})
+        patch = {
+            "metadata": {
+                "resourceVersion": obj["metadata"].get("resourceVersion"),
+                "labels": {QUARANTINE_KEY: "true"},
+                "annotations": {
+                    REASON_ANNOTATION: reason[:1024],
+                    TIME_ANNOTATION: format_time(now),
+                    JOB_ANNOTATION: job,
+                    RELEASE_ANNOTATION: None,
+                },
+            },
+            "spec": {"taints": taints},
+        }
+        try:
+            await kube.patch(path, patch)
+            return True
+        except ApiError as exc:
+            if exc.status != 409:
+                raise
+    return False
+
+
+async def release_node(kube: Kube, node: str) -> bool:
+    """Remove our taint, label and annotations from ``node``."""
+    path = core_path("nodes", None, node)
+    for _ in range(8):
+        obj = await kube.get(path)
+        if obj is None:
+            return False
+        taints = _without_ours((obj.get("spec") or {}).get("taints") or [])
+        patch = {
+            "metadata": {
+                "resourceVersion": obj["metadata"].get("resourceVersion"),
+                "labels": {QUARANTINE_KEY: None},
+                "annotations": {
+                    REASON_ANNOTATION: None,
+                    TIME_ANNOTATION: None,
+                    JOB_ANNOTATION: None,
+                    RELEASE_ANNOTATION: None,
+                },
+            },
+            "spec": {"taints": taints or None},
+        }
+        try:
+            await kube.patch(path, patch)
+            return True
+        except ApiError as exc:
+            if exc.status != 409:
+                raise
+    return False

@@ -1,0 +1,124 @@
+"""The operator's Prometheus metrics and its HTTP server (/metrics, /healthz, heartbeat ingest).
+
+Names follow Prometheus conventions: ``railyard_`` prefix, base units (seconds, bytes),
+``_total`` for counters (prometheus-client appends it). Label sets stay small: per job only
+where a person needs to tell jobs apart, never per pod or per rank.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    REGISTRY,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+
+log = logging.getLogger(__name__)
+
+PHASES = ("Pending", "Placing", "Starting", "Running", "Restarting", "Suspended", "Succeeded", "Failed")
+_START_BUCKETS = (0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1800)
+_RESTART_BUCKETS = (0.5, 1, 2, 5, 10, 15, 20, 30, 45, 60, 120, 300, 600)
+_PLACEMENT_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5)
+
+
+class OperatorMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        reg = registry if registry is not None else REGISTRY
+        self.registry = reg
+        self.jobs = Gauge("railyard_jobs", "TrainingJobs by phase.", ["phase"], registry=reg)
+        self.gang_ready = Histogram(
+            "railyard_gang_ready_seconds",
+            "Time from a gang's pods being created to all of them Running, per attempt.",
+            buckets=_START_BUCKETS, registry=reg,
+        )
+        self.job_start = Histogram(
+            "railyard_job_start_seconds",
+            "Time from a TrainingJob's creation to its first gang all Running.",
+            buckets=_START_BUCKETS, registry=reg,
+        )
+        self.restarts = Counter("railyard_restarts", "Gang restarts by failure class.", ["class"], registry=reg)
+        self.failures = Counter("railyard_failures", "Gang failures detected, by class and kind.", ["class", "kind"], registry=reg)
+        self.restart_duration = Histogram(
+            "railyard_failure_to_restarted_seconds",
+            "Time from detecting a gang failure to the replacement gang all Running.",
+            buckets=_RESTART_BUCKETS, registry=reg,
+        )
+        self.placement = Histogram(
+            "railyard_placement_decision_seconds", "Time to compute one gang placement.",
+            buckets=_PLACEMENT_BUCKETS, registry=reg,
+        )
+        self.cross_bytes = Gauge(
+            "railyard_cross_level_bytes_per_step",
+            "Bytes per training step crossing each topology level (spine-crossing traffic at the broadest level).",
+            ["namespace", "job", "level"], registry=reg,
+        )
+        self.spine_bytes = Gauge(
+            "railyard_spine_crossing_bytes_per_step",
+            "Bytes per training step crossing the broadest switch level of the job's placement.",
+            ["namespace", "job"], registry=reg,
+        )
+        self.quarantined = Gauge("railyard_quarantined_nodes", "Nodes quarantined by railyard.", registry=reg)
+        self.reconcile_errors = Counter("railyard_reconcile_errors", "Reconcile cycles that failed, by kind.", ["kind"], registry=reg)
+        self.reconciles = Counter("railyard_reconciles", "Reconcile cycles run.", registry=reg)
+        self.pods_created = Counter("railyard_pods_created", "Pods created for gangs.", registry=reg)
+        for phase in PHASES:
+            self.jobs.labels(phase=phase).set(0)
+
+    def set_phases(self, counts: dict[str, int]) -> None:
+        for phase in PHASES:
+            self.jobs.labels(phase=phase).set(counts.get(phase, 0))
+
+    def set_cross_bytes(self, namespace: str, job: str, per_level: dict[str, float], spine_level: str | None) -> None:
+        for level, value in per_level.items():
+            self.cross_bytes.labels(namespace=namespace, job=job, level=level).set(value)
+        if spine_level is not None:
+            self.spine_bytes.labels(namespace=namespace, job=job).set(per_level.get(spine_level, 0.0))
+
+    def forget_job(self, namespace: str, job: str) -> None:
+        for metric in (self.cross_bytes, self.spine_bytes):
+            for labels in list(metric._metrics):  # prometheus-client keeps children by label tuple
+                if labels[:2] == (namespace, job):
+                    metric.remove(*labels)
+
+
+def build_http_app(
+    registry: CollectorRegistry,
+    *,
+    healthy: Callable[[], bool] = lambda: True,
+    extra_routes: Callable[[web.Application], Any] | None = None,
+) -> web.Application:
+    """/metrics (Prometheus text), /healthz (200 while the operator loop is alive), plus routes
+    added by ``extra_routes`` (the heartbeat ingest)."""
+
+    async def metrics(_: web.Request) -> web.Response:
+        body = generate_latest(registry)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def healthz(_: web.Request) -> web.Response:
+        ok = healthy()
+        return web.Response(status=200 if ok else 503, text="ok\n" if ok else "unhealthy\n")
+
+    app = web.Application(client_max_size=512 * 1024)
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/healthz", healthz)
+    if extra_routes is not None:
+        extra_routes(app)
+    return app
+
+
+async def start_http_server(app: web.Application, host: str, port: int) -> web.AppRunner:
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    await site.start()
+    log.info("operator HTTP server on %s:%d (/metrics, /healthz)", host, port)
+    return runner
