@@ -185,9 +185,12 @@ def resolve_level_keys(
 _DIGITS = re.compile(r"(\d+)")
 
 
-def natural_key(s: str) -> tuple[tuple[int, int | str], ...]:
-    """Sort key that orders ``node-2`` before ``node-10``."""
-    return tuple((0, int(p)) if p.isdigit() else (1, p) for p in _DIGITS.split(s) if p)
+def natural_key(s: str) -> tuple[str | int, ...]:
+    """Sort key that orders ``node-2`` before ``node-10`` (text and numbers alternate, so the
+    parts at each position have the same type)."""
+    parts: list[str | int] = list(_DIGITS.split(s))
+    parts[1::2] = [int(x) for x in parts[1::2]]
+    return tuple(parts)
 
 
 def _int_quantity(v: Any) -> int:
@@ -285,9 +288,15 @@ def build_topology(
     paths: list[tuple[str, ...]] = []
     for name, lb in zip(names, all_labels, strict=True):
         paths.append(tuple(lb.get(k) or f"{name}(no {k})" for k in present))
-    order = sorted(
-        range(len(names)), key=lambda i: ([natural_key(p) for p in paths[i]], natural_key(names[i]))
-    )
+    value_keys: dict[str, tuple[str | int, ...]] = {}
+    for p in paths:
+        for v in p:
+            if v not in value_keys:
+                value_keys[v] = natural_key(v)
+    sort_keys = [
+        (tuple(value_keys[v] for v in p), natural_key(n)) for p, n in zip(paths, names, strict=True)
+    ]
+    order = sorted(range(len(names)), key=sort_keys.__getitem__)
 
     n_levels = len(present)
     ids: list[dict[tuple[str, ...], int]] = [{} for _ in range(n_levels)]
