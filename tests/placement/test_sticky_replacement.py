@@ -90,3 +90,25 @@ def test_no_replacement_left_is_unplaceable():
     out = plan_placement(nodes.topology(req), req, previous=PreviousPlacement(first.nodes))
     assert isinstance(out, Unplaceable)
     assert out.constraint == "capacity" and out.short == 1 and "[2]" in out.reason
+
+
+def test_required_level_keeps_replacements_and_spares_in_the_gangs_domain():
+    nodes = make_nodes(2, 1, 4)
+    req = (
+        make_job(nodes=3, procs=8)
+        .with_parallelism(tp=8)
+        .with_spares(1)
+        .required("railyard.dev/spine")
+        .obj()
+    )
+    first = _first(nodes, req)
+    spine = first.domains["railyard.dev/spine"]
+    nodes.not_ready(first.nodes[0])
+    again = plan_placement(
+        nodes.topology(req), req, previous=PreviousPlacement(first.nodes, first.spares)
+    )
+    assert isinstance(again, Placement)
+    assert again.domains["railyard.dev/spine"] == spine
+    assert again.nodes[0] == first.spares[0]
+    # the spare replaced the failed node; the other spine has free nodes but is out of bounds
+    assert again.spares == () and any("hot spares" in n for n in again.notes)

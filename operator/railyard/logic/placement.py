@@ -529,12 +529,13 @@ def _replace(
         )
     taken = {i for i in gang if i >= 0}
     spare_set = {topo.index[s] for s in prev.spares if s in topo.index and s not in prev.failed}
-    pool = [i for i in range(topo.size) if cand[i] and i not in taken]
     if req.mode == "Required" and req.required_level in topo.levels:
+        # replacements and spares stay in the gang's required domain
         rl = topo.levels.index(req.required_level)
         kept_doms = {topo.domain_of[rl][i] for i in taken}
         if len(kept_doms) == 1:
-            pool = [i for i in pool if topo.domain_of[rl][i] in kept_doms]
+            cand = [c and topo.domain_of[rl][i] in kept_doms for i, c in enumerate(cand)]
+    pool = [i for i in range(topo.size) if cand[i] and i not in taken]
     if len(pool) < len(lost):
         excl = _excluded_counts(topo, req.gpus_needed)
         return Unplaceable(
