@@ -18,13 +18,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--state-dir", required=True, type=Path, help="folder for objects.sqlite and pod logs")
     parser.add_argument("--host", default="127.0.0.1", help="loopback address to listen on (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=0, help="port; 0 picks a free one (see --ready-file)")
-    parser.add_argument("--token", required=True, help="bearer token clients must send")
+    auth = parser.add_mutually_exclusive_group(required=True)
+    auth.add_argument("--token", help="bearer token clients must send (visible in ps; prefer --token-file)")
+    auth.add_argument("--token-file", type=Path, help="file holding the bearer token clients must send")
+    parser.add_argument("--event-window", type=int, default=20_000,
+                        help="watch events kept for resuming watches (older resourceVersions get 410 Gone)")
     parser.add_argument("--ready-file", type=Path, help='written as {"url": ..., "pid": ...} once serving')
     parser.add_argument("--insecure-http", action="store_true",
                         help="serve plain HTTP (kubectl then sends no token, so only for Python clients)")
     args = parser.parse_args(argv)
     if not args.host.startswith("127.") and args.host not in ("localhost", "::1"):
         parser.error(f"--host {args.host}: the embedded server listens on loopback only; use 127.0.0.1")
+    token = args.token if args.token else args.token_file.read_text().strip()
+    if not token:
+        parser.error("the token is empty; give --token or a non-empty --token-file")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
 
     async def run() -> None:
@@ -32,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        await serve(args.state_dir, token=args.token, host=args.host, port=args.port,
+        await serve(args.state_dir, token=token, event_window=args.event_window, host=args.host, port=args.port,
                     ready_file=args.ready_file, stop=stop, tls=not args.insecure_http)
 
     asyncio.run(run())

@@ -566,7 +566,7 @@ class APIServer:
 
 async def serve(state_dir: Path | str, *, token: str, host: str = "127.0.0.1", port: int = 0,
                 ready_file: Path | str | None = None, stop: asyncio.Event | None = None,
-                log_provider: LogProvider | None = None, tls: bool = True) -> None:
+                log_provider: LogProvider | None = None, tls: bool = True, event_window: int = 20_000) -> None:
     """Run the server until ``stop`` is set.
 
     Once serving, writes ``{"url", "pid", "ca"}`` to ``ready_file`` (``ca``: the CA certificate
@@ -574,7 +574,8 @@ async def serve(state_dir: Path | str, *, token: str, host: str = "127.0.0.1", p
     """
     import os
 
-    server = APIServer(state_dir, token=token, host=host, port=port, log_provider=log_provider, tls=tls)
+    server = APIServer(state_dir, token=token, host=host, port=port, log_provider=log_provider, tls=tls,
+                       event_window=event_window)
     url = await server.start()
     if ready_file is not None:
         rf = Path(ready_file)

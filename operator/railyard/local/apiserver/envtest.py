@@ -1,0 +1,116 @@
+"""Start a real kube-apiserver and etcd on loopback (controller-runtime's envtest convention).
+
+``KUBEBUILDER_ASSETS`` names a folder holding ``kube-apiserver`` and ``etcd``. The API server
+gets a serving certificate from our own CA (pki.py), a static bearer token for a user in
+``system:masters``, and no controller manager: garbage collection and namespace cleanup do not
+run there (as in envtest), which callers must expect.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import signal
+import socket
+import ssl
+import subprocess
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .kubeconfig import write_kubeconfig
+from .pki import ensure_certs
+
+
+def assets_dir() -> Path | None:
+    """The envtest assets folder from ``KUBEBUILDER_ASSETS``, when it holds both binaries."""
+    value = os.environ.get("KUBEBUILDER_ASSETS")
+    if not value:
+        return None
+    p = Path(value)
+    if (p / "kube-apiserver").exists() and (p / "etcd").exists():
+        return p
+    return None
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+@dataclass
+class EnvtestCluster:
+    url: str
+    token: str
+    ca_file: Path
+    kubeconfig: Path
+    processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
+
+    def stop(self) -> None:
+        for p in reversed(self.processes):
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in reversed(self.processes):
+            try:
+                p.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+
+def start_envtest(assets: Path, work_dir: Path, *, timeout_s: float = 90.0) -> EnvtestCluster:
+    """Start etcd and kube-apiserver from ``assets`` with state in ``work_dir``; wait until ready."""
+    work_dir.mkdir(parents=True, exist_ok=True)
+    certs = ensure_certs(work_dir / "pki")
+    token = secrets.token_hex(16)
+    tokens = work_dir / "tokens.csv"
+    tokens.write_text(f'{token},railyard-admin,railyard-admin,"system:masters"\n')
+    etcd_port, peer_port, api_port = _free_port(), _free_port(), _free_port()
+    logs = work_dir / "logs"
+    logs.mkdir(exist_ok=True)
+    procs: list[subprocess.Popen[bytes]] = []
+    etcd = subprocess.Popen(
+        [str(assets / "etcd"), "--data-dir", str(work_dir / "etcd"),
+         "--listen-client-urls", f"http://127.0.0.1:{etcd_port}",
+         "--advertise-client-urls", f"http://127.0.0.1:{etcd_port}",
+         "--listen-peer-urls", f"http://127.0.0.1:{peer_port}",
+         "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer_port}",
+         "--initial-cluster", f"default=http://127.0.0.1:{peer_port}", "--unsafe-no-fsync"],
+        stdout=(logs / "etcd.log").open("wb"), stderr=subprocess.STDOUT,
+    )
+    procs.append(etcd)
+    apiserver = subprocess.Popen(
+        [str(assets / "kube-apiserver"), f"--etcd-servers=http://127.0.0.1:{etcd_port}",
+         "--bind-address=127.0.0.1", f"--secure-port={api_port}", f"--cert-dir={work_dir / 'certs'}",
+         f"--tls-cert-file={certs.cert}", f"--tls-private-key-file={certs.key}",
+         f"--token-auth-file={tokens}", "--authorization-mode=RBAC",
+         "--service-cluster-ip-range=10.0.0.0/24", "--allow-privileged=true",
+         "--service-account-issuer=https://kubernetes.default.svc",
+         f"--service-account-key-file={certs.key}", f"--service-account-signing-key-file={certs.key}",
+         "--disable-admission-plugins=ServiceAccount", "--anonymous-auth=false"],
+        stdout=(logs / "kube-apiserver.log").open("wb"), stderr=subprocess.STDOUT,
+    )
+    procs.append(apiserver)
+    url = f"https://127.0.0.1:{api_port}"
+    cluster = EnvtestCluster(url, token, certs.ca_cert, work_dir / "kubeconfig", procs)
+    ctx = ssl.create_default_context(cafile=str(certs.ca_cert))
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if any(p.poll() is not None for p in procs):
+            cluster.stop()
+            raise RuntimeError(f"envtest binaries exited early; see logs in {logs}")
+        req = urllib.request.Request(f"{url}/readyz", headers={"Authorization": f"Bearer {token}"})
+        with contextlib.suppress(OSError):
+            with urllib.request.urlopen(req, context=ctx, timeout=2) as resp:
+                if resp.status == 200:
+                    break
+        if time.monotonic() > deadline:
+            cluster.stop()
+            raise TimeoutError(f"kube-apiserver not ready after {timeout_s} s; see logs in {logs}")
+        time.sleep(0.5)
+    write_kubeconfig(cluster.kubeconfig, url, token, ca_file=certs.ca_cert, name="railyard-envtest")
+    return cluster

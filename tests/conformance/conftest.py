@@ -1,0 +1,270 @@
+"""The API server the conformance tests are given.
+
+- default: the embedded server (``python -m railyard.local.apiserver``) on a temp state dir;
+- ``KUBEBUILDER_ASSETS`` with kube-apiserver and etcd: those real binaries on loopback (envtest);
+- ``RAILYARD_TEST_KUBECONFIG`` (or ``KUBECONFIG`` with ``RAILYARD_TEST_USE_KUBECONFIG=1``): that
+  cluster, each test in a fresh namespace.
+
+Tests are written against the documented behaviour of kube-apiserver so that they pass on all
+three. Behaviour a bare kube-apiserver lacks (no controller manager: garbage collection,
+namespace cleanup) is skipped with ``needs_controllers`` in envtest mode.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client, config
+from kubernetes.client.rest import ApiException
+
+from railyard.local.apiserver.envtest import EnvtestCluster, assets_dir, start_envtest
+from railyard.local.apiserver.process import ServerProcess, start_server_process
+
+CRD_GROUP = "conformance.railyard.io"
+
+
+@dataclass
+class Cluster:
+    mode: str
+    kubeconfig: Path
+    api: client.ApiClient
+    process: ServerProcess | None = None
+    envtest: EnvtestCluster | None = None
+
+    @property
+    def embedded(self) -> bool:
+        return self.mode == "embedded"
+
+    @property
+    def has_controllers(self) -> bool:
+        return self.mode != "envtest"
+
+    def raw(self, method: str, path: str, body: Any = None, *, content_type: str = "application/json",
+            accept: str = "application/json", query: dict[str, str] | None = None,
+            auth: bool = True, preload: bool = True) -> tuple[int, dict[str, str], Any]:
+        """One HTTP request with the cluster's credentials; returns (status, headers, parsed body)."""
+        import urllib.parse
+
+        cfg = self.api.configuration
+        url = cfg.host + path
+        if query:
+            url += "?" + urllib.parse.urlencode(query)
+        headers = {"Accept": accept}
+        if auth:
+            token = cfg.api_key.get("authorization") or cfg.api_key.get("BearerToken")
+            if token:
+                headers["Authorization"] = token if token.startswith("Bearer") else f"Bearer {token}"
+        data = None
+        if body is not None:
+            headers["Content-Type"] = content_type
+            data = body if isinstance(body, bytes) else json.dumps(body).encode()
+        resp = self.api.rest_client.pool_manager.request(method, url, body=data, headers=headers,
+                                                         preload_content=preload, timeout=30)
+        if not preload:
+            return resp.status, dict(resp.headers), resp
+        text = resp.data
+        try:
+            parsed = json.loads(text) if text else None
+        except ValueError:
+            parsed = text
+        return resp.status, dict(resp.headers), parsed
+
+
+def _api_client(kubeconfig: Path) -> client.ApiClient:
+    cfg = client.Configuration()
+    config.load_kube_config(config_file=str(kubeconfig), client_configuration=cfg)
+    return client.ApiClient(cfg)
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    explicit = os.environ.get("RAILYARD_TEST_KUBECONFIG")
+    if not explicit and os.environ.get("RAILYARD_TEST_USE_KUBECONFIG") == "1":
+        explicit = os.environ.get("KUBECONFIG")
+    if explicit:
+        kc = Path(explicit)
+        yield Cluster("kubeconfig", kc, _api_client(kc))
+        return
+    assets = assets_dir()
+    if assets is not None:
+        env = start_envtest(assets, tmp_path_factory.mktemp("envtest"))
+        try:
+            yield Cluster("envtest", env.kubeconfig, _api_client(env.kubeconfig), envtest=env)
+        finally:
+            env.stop()
+        return
+    state = tmp_path_factory.mktemp("apiserver-state")
+    proc = start_server_process(state, token=secrets.token_hex(16))
+    kc = proc.write_kubeconfig(state / "kubeconfig")
+    try:
+        yield Cluster("embedded", kc, _api_client(kc), process=proc)
+    finally:
+        proc.stop()
+
+
+@pytest.fixture
+def core(cluster: Cluster) -> client.CoreV1Api:
+    return client.CoreV1Api(cluster.api)
+
+
+@pytest.fixture
+def custom(cluster: Cluster) -> client.CustomObjectsApi:
+    return client.CustomObjectsApi(cluster.api)
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float = 15.0, interval: float = 0.05, what: str = "") -> Any:
+    """Poll ``predicate`` until it returns something truthy; fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout} s waiting for {what or predicate}")
+        time.sleep(interval)
+
+
+def gone(fn: Callable[[], Any]) -> bool:
+    try:
+        fn()
+    except ApiException as exc:
+        if exc.status == 404:
+            return True
+        raise
+    return False
+
+
+@pytest.fixture
+def ns(core: client.CoreV1Api) -> Iterator[str]:
+    name = f"conf-{uuid.uuid4().hex[:8]}"
+    core.create_namespace({"metadata": {"name": name}})
+    yield name
+    try:
+        core.delete_namespace(name)
+    except ApiException:
+        pass
+
+
+@pytest.fixture
+def needs_controllers(cluster: Cluster) -> None:
+    if not cluster.has_controllers:
+        pytest.skip("a bare kube-apiserver (envtest) runs no garbage collector or namespace controller")
+
+
+@pytest.fixture
+def embedded_only(cluster: Cluster) -> None:
+    if not cluster.embedded:
+        pytest.skip("checks the embedded server's own contract (state dir, event window)")
+
+
+def widget_crd(group: str = CRD_GROUP) -> dict[str, Any]:
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"widgets.{group}"},
+        "spec": {
+            "group": group,
+            "scope": "Namespaced",
+            "names": {"plural": "widgets", "singular": "widget", "kind": "Widget", "shortNames": ["wdg"]},
+            "versions": [{
+                "name": "v1",
+                "served": True,
+                "storage": True,
+                "subresources": {"status": {}},
+                "additionalPrinterColumns": [
+                    {"name": "Replicas", "type": "integer", "jsonPath": ".spec.replicas"},
+                    {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
+                    {"name": "Ready", "type": "string",
+                     "jsonPath": ".status.conditions[?(@.type==\"Ready\")].status"},
+                ],
+                "schema": {"openAPIV3Schema": {
+                    "type": "object",
+                    "description": "A Widget used by the conformance tests.",
+                    "properties": {
+                        "spec": {
+                            "type": "object",
+                            "description": "Desired widget.",
+                            "required": ["replicas"],
+                            "x-kubernetes-validations": [
+                                {"rule": "self.replicas <= self.maxReplicas",
+                                 "message": "replicas must not exceed maxReplicas"},
+                                {"rule": "self.maxReplicas >= oldSelf.maxReplicas",
+                                 "message": "maxReplicas may not shrink"},
+                            ],
+                            "properties": {
+                                "replicas": {"type": "integer", "minimum": 1, "description": "How many."},
+                                "maxReplicas": {"type": "integer", "default": 10, "description": "Upper bound."},
+                                "mode": {"type": "string", "enum": ["fast", "slow"], "default": "fast",
+                                         "description": "Speed."},
+                                "name": {"type": "string", "maxLength": 8, "pattern": "^[a-z]+$"},
+                                "extra": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
+                                "tags": {"type": "array", "items": {"type": "string"}, "maxItems": 3},
+                            },
+                        },
+                        "status": {
+                            "type": "object",
+                            "properties": {
+                                "phase": {"type": "string"},
+                                "conditions": {"type": "array", "items": {
+                                    "type": "object", "x-kubernetes-preserve-unknown-fields": True}},
+                            },
+                        },
+                    },
+                }},
+            }],
+        },
+    }
+
+
+@pytest.fixture(scope="session")
+def widgets(cluster: Cluster) -> Iterator[dict[str, str]]:
+    """The Widget CRD, registered for the session; yields group/version/plural."""
+    ext = client.ApiextensionsV1Api(cluster.api)
+    body = widget_crd()
+    try:
+        ext.create_custom_resource_definition(body)
+    except ApiException as exc:
+        if exc.status != 409:
+            raise
+
+    def established() -> bool:
+        crd = ext.read_custom_resource_definition(body["metadata"]["name"])
+        conds = (crd.status.conditions or []) if crd.status else []
+        if not any(c.type == "Established" and c.status == "True" for c in conds):
+            return False
+        status, _, _ = cluster.raw("GET", f"/apis/{CRD_GROUP}/v1")
+        return status == 200
+
+    wait_for(established, what="the Widget CRD to be established and served")
+    yield {"group": CRD_GROUP, "version": "v1", "plural": "widgets"}
+    try:
+        ext.delete_custom_resource_definition(body["metadata"]["name"])
+    except ApiException:
+        pass
+
+
+def widget(name: str, **spec: Any) -> dict[str, Any]:
+    spec.setdefault("replicas", 1)
+    return {"apiVersion": f"{CRD_GROUP}/v1", "kind": "Widget", "metadata": {"name": name}, "spec": spec}
+
+
+def pod(name: str, **extra: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+        "spec": {"containers": [{"name": "main", "image": "busybox:1.36", "command": ["sleep", "3600"]}]},
+    }
+    for k, v in extra.items():
+        if k == "labels":
+            body["metadata"]["labels"] = v
+        else:
+            body["spec"][k] = v
+    return body
