@@ -5,11 +5,12 @@ from __future__ import annotations
 import random
 
 import pytest
-from placement_builders import make_job, make_nodes
 
 from railyard.logic.cost import CostInputs, compute_cost
 from railyard.logic.layout import MeshShape, build_rank_table
 from railyard.logic.placement import Placement, plan_placement
+
+from .placement_builders import make_job, make_nodes
 
 X = 1e9  # parameter bytes
 

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from placement_builders import assert_valid, make_job, make_nodes, node
 
 from railyard.logic.placement import Placement, Unplaceable, plan_placement
+
+from .placement_builders import assert_valid, make_job, make_nodes, node
 
 BAD = node(0, 0, 0)
 

@@ -6,9 +6,10 @@ import itertools
 
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
-from placement_builders import LEAF, SPINE, Nodes, assert_valid, make_job, make_nodes
 
 from railyard.logic.placement import Placement, PreviousPlacement, Unplaceable, plan_placement
+
+from .placement_builders import LEAF, SPINE, Nodes, assert_valid, make_job, make_nodes
 
 GPUS = 4
 STATES = [

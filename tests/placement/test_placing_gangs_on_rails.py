@@ -6,10 +6,11 @@ import math
 import random
 
 import pytest
-from placement_builders import assert_valid, dp_group_leaves, make_job, make_nodes
 
 from railyard.logic.layout import MeshShape
 from railyard.logic.placement import Placement, plan_placement
+
+from .placement_builders import assert_valid, dp_group_leaves, make_job, make_nodes
 
 # (spines, leaves, per_leaf, gpus), (nodes, procs, tp, pp)
 SHAPES = [

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from placement_builders import LEAF, SPINE, assert_valid, make_job, make_nodes, node
 
 from railyard.logic.placement import Placement, Unplaceable, plan_placement
+
+from .placement_builders import LEAF, SPINE, assert_valid, make_job, make_nodes, node
 
 
 @pytest.mark.parametrize(

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from placement_builders import assert_valid, make_job, make_nodes
-
 from railyard.logic.placement import Placement, PreviousPlacement, Unplaceable, plan_placement
+
+from .placement_builders import assert_valid, make_job, make_nodes
 
 
 def _first(nodes, req):
