@@ -1,0 +1,809 @@
+"""The checkpoint manager: when to save, what makes a save exist, and what to restore.
+
+Saving (:meth:`CheckpointManager.maybe_save`, after every optimizer step):
+
+1. *Blocking part* (the only time training waits): the model and optimizer state dicts are
+   copied into host buffers allocated once and reused (pinned when the model is on a GPU), the
+   data position and LR schedule are read. If the previous snapshot is still being written, the
+   copy waits for it first (counted as blocked time).
+2. *Background part*, one worker thread per rank, jobs in step order (so every rank issues the
+   same collectives in the same order on the checkpoint's own gloo process group):
+   - memory / local tiers: each rank writes its shard as a self-contained DCP checkpoint
+     (``step-N/rank-RRRRR/``) with ``dcp_save(no_dist=True)``; the memory tier then sends the
+     shard's files to the same local rank on the pod's replica peer (gloo send/recv on the
+     checkpoint group), which writes them into its node's memory tier under the same names;
+   - shared tier: one DCP checkpoint over all ranks, ``dcp_save(process_group=<ckpt group>)``,
+     which reshards on load;
+   - every rank hashes what it wrote (SHA-256), the results are all-gathered, and only when
+     every shard is written the manifest is committed atomically: by the first rank of each pod
+     into its node's tier directory (node tiers) or by rank 0 (shared). Then GC.
+   A failed tier is reported as an event and tried again at its next interval; nothing raises
+   into the train loop.
+
+Restoring (:meth:`CheckpointManager.restore`, before the first step): every pod lists the
+committed manifests it can see, the listings are gathered, and
+:func:`railyard.logic.checkpoint.decide_restore` picks the newest complete, SDC-clean step,
+fastest tier first. The shards it names are checksum-verified (spread over the ranks that can
+read them) before anything is loaded; corrupt copies are dropped and the choice is made again,
+so a corrupt checkpoint is never loaded and never retried. Shards held only by a neighbour
+(a lost node's memory tier) are sent to the rank that needs them, verified, and written back
+into its node's tier. See docs/checkpoints.md.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import queue
+import shutil
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_state_dict
+from torch.distributed.checkpoint.filesystem import FileSystemReader, FileSystemWriter
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
+from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
+
+from railyard.logic.checkpoint import (
+    PER_NODE_TIERS,
+    SHARED_LOCATION,
+    FoundCheckpoint,
+    Layout,
+    RestoreHint,
+    RestoreSource,
+    compute_steps_lost,
+    decide_restore,
+    plan_gc,
+    pod_location,
+)
+from railyard.protocol.exitcodes import ExitCode
+from railyard.protocol.heartbeat import CheckpointEvent
+from railyard.protocol.manifest import Manifest, ShardInfo
+from railyard_trainer.checkpoint.settings import CheckpointSettings, TierSettings
+from railyard_trainer.checkpoint.storage import TierStorage
+from railyard_trainer.hooks import RestoreResult, TrainContext
+
+log = logging.getLogger("railyard.checkpoint")
+
+_FLAT = StateDictOptions(flatten_optimizer_state_dict=True)
+_NONSTRICT = StateDictOptions(flatten_optimizer_state_dict=True, strict=False)
+#: Fault-injection points (tests): called as hook(tier, step, rank); may raise or block.
+FaultHook = Callable[[str, int, int], None]
+MAX_EVENTS = 256
+
+
+class NoVerifiedCheckpoint(RuntimeError):
+    """Restore was required (the operator named a checkpoint, or a load was attempted and
+    failed) but no complete, verified, SDC-clean checkpoint exists. Exit with ``exit_code``."""
+
+    exit_code = int(ExitCode.NO_VERIFIED_CHECKPOINT)
+
+
+def rank_dirname(rank: int) -> str:
+    return f"rank-{rank:05d}"
+
+
+@dataclass
+class _SaveJob:
+    step: int
+    tiers: list[TierSettings]
+    snapshot: dict[str, Any] | None
+    trainer_state: dict[str, Any]
+    sdc_passed: bool
+    blocked_s: float
+    started: float
+    error: str = ""
+
+
+@dataclass
+class SaveRecord:
+    """One tier's save as this rank saw it (bench and tests; rank 0 also emits an event)."""
+
+    step: int
+    tier: str
+    ok: bool
+    blocked_s: float
+    duration_s: float
+    bytes: int
+    detail: str = ""
+
+
+@dataclass
+class _Local:
+    """One rank's outcome of writing its part of a tier."""
+
+    error: str = ""
+    shards: list[ShardInfo] = field(default_factory=list)
+    state: dict[str, Any] = field(default_factory=dict)
+
+
+class CheckpointManager:
+    """Tiered, asynchronous, verified checkpoints (implements ``hooks.Checkpointer``).
+
+    Construction is collective (all ranks, same order): it creates the checkpoint's own gloo
+    process group (unless ``process_group`` is given) and learns which pod every rank is in.
+    """
+
+    def __init__(
+        self,
+        settings: CheckpointSettings,
+        *,
+        storages: Mapping[str, TierStorage],
+        job: str,
+        attempt: int,
+        layout: Layout,
+        pod_index: int,
+        local_rank: int,
+        replica_peers: Mapping[int, int] | None = None,
+        process_group: dist.ProcessGroup | None = None,
+        faults: Mapping[str, FaultHook] | None = None,
+        emit_events: bool | None = None,
+        final_step: int | None = None,
+    ) -> None:
+        self.settings = settings
+        self.tiers = [t for t in settings.active_tiers if t.name in storages]
+        self.storages = dict(storages)
+        self.job = job
+        self.attempt = attempt
+        self.layout = layout
+        self.faults = dict(faults or {})
+        #: The run's last step: every active tier saves there.
+        self.final_step = final_step
+        self.rank = dist.get_rank()
+        self.world = dist.get_world_size()
+        self.pg = process_group or dist.new_group(
+            backend="gloo", timeout=timedelta(seconds=settings.timeout_s)
+        )
+        placement: list[Any] = [None] * self.world
+        dist.all_gather_object(placement, (pod_index, local_rank), group=self.pg)
+        self.pod_of = {r: int(p[0]) for r, p in enumerate(placement)}
+        self.local_of = {r: int(p[1]) for r, p in enumerate(placement)}
+        self.pod_ranks: dict[int, list[int]] = {}
+        for r in range(self.world):
+            self.pod_ranks.setdefault(self.pod_of[r], []).append(r)
+        self.pod = pod_index
+        self.is_pod_leader = self.pod_ranks[pod_index][0] == self.rank
+        pods = sorted(self.pod_ranks)
+        if replica_peers is None:
+            # Default: a ring over the pods. The rank table's replica_peer overrides it.
+            replica_peers = {p: pods[(i + 1) % len(pods)] for i, p in enumerate(pods)} if len(pods) > 1 else {}
+        self.replica_peer = {p: q for p, q in replica_peers.items() if q != p and q in self.pod_ranks}
+        self.emit_events = self.rank == 0 if emit_events is None else emit_events
+
+        self._events: list[CheckpointEvent] = []
+        self._events_lock = threading.Lock()
+        self.history: list[SaveRecord] = []
+        self.last_committed: dict[str, int] = {}
+        self.last_restore: RestoreResult | None = None
+        self._buffers: dict[str, Any] | None = None
+        self._blocking = False
+        self._pending = 0
+        self._pending_cv = threading.Condition()
+        self._queue: queue.Queue[_SaveJob | None] = queue.Queue()
+        self._last_saved_step = -1
+        self._closed = False
+        self._worker = threading.Thread(target=self._work, name="railyard-ckpt", daemon=True)
+        self._worker.start()
+
+    # ------------------------------------------------------------------ hooks.Checkpointer
+
+    def maybe_save(self, ctx: TrainContext, *, checks_passed: bool) -> None:
+        final = self.final_step is not None and ctx.step == self.final_step
+        due = [t for t in self.tiers if t.due(ctx.step) or (final and ctx.step > 0)]
+        if due and ctx.step != self._last_saved_step:
+            self.save(ctx, tiers=due, checks_passed=checks_passed)
+
+    def is_saving(self) -> bool:
+        return self._blocking or self._pending > 0
+
+    def drain_events(self) -> list[CheckpointEvent]:
+        """Checkpoint events since the last call, oldest first (non-empty on rank 0 only).
+
+        The health package puts them into the next heartbeat's ``checkpoints``.
+        """
+        with self._events_lock:
+            out, self._events = self._events, []
+        return out
+
+    def close(self, timeout_s: float | None = None) -> None:
+        """Wait for in-flight saves (bounded by ``timeout_s``, default the group timeout)."""
+        if self._closed:
+            return
+        self._closed = True
+        self.wait(timeout_s if timeout_s is not None else self.settings.timeout_s)
+        self._queue.put(None)
+        self._worker.join(timeout=5.0)
+
+    # ------------------------------------------------------------------ saving
+
+    def save(self, ctx: TrainContext, *, tiers: Sequence[TierSettings], checks_passed: bool) -> None:
+        """Snapshot now (blocking), write ``tiers`` in the background. Never raises."""
+        t0 = time.perf_counter()
+        self._blocking = True
+        snapshot: dict[str, Any] | None = None
+        error = ""
+        try:
+            # The buffers of the previous snapshot are reused: it must be written first.
+            self.wait(self.settings.timeout_s)
+            snapshot = self._snapshot(ctx)
+            trainer_state = self._trainer_state(ctx)
+        except Exception as exc:  # a failed snapshot must not stop training
+            log.exception("checkpoint snapshot at step %d failed", ctx.step)
+            error = f"rank {self.rank}: snapshot failed: {exc!r}"
+            snapshot, trainer_state = None, {}
+        finally:
+            self._blocking = False
+        blocked = time.perf_counter() - t0
+        self._last_saved_step = ctx.step
+        job = _SaveJob(
+            step=ctx.step, tiers=list(tiers), snapshot=snapshot, trainer_state=trainer_state,
+            sdc_passed=bool(checks_passed), blocked_s=blocked, started=t0, error=error,
+        )
+        with self._pending_cv:
+            self._pending += 1
+        self._queue.put(job)
+
+    def wait(self, timeout_s: float = 300.0) -> bool:
+        """Block until every queued save finished; False on timeout."""
+        deadline = time.monotonic() + timeout_s
+        with self._pending_cv:
+            while self._pending > 0:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._pending_cv.wait(left)
+        return True
+
+    def _snapshot(self, ctx: TrainContext) -> dict[str, Any]:
+        state = tensor_state(ctx)
+        on_gpu = any(t.is_cuda for t in _tensors(state))
+        if self._buffers is None:
+            self._buffers = _create_cpu_state_dict(state, pin_memory=on_gpu)
+        try:
+            snap = _copy_state_dict(state, self._buffers, non_blocking=on_gpu)
+        except Exception:
+            # The state's structure changed (e.g. optimizer state appeared): new buffers.
+            self._buffers = _create_cpu_state_dict(state, pin_memory=on_gpu)
+            snap = _copy_state_dict(state, self._buffers, non_blocking=on_gpu)
+        if on_gpu:
+            torch.cuda.synchronize()
+        return snap
+
+    def _trainer_state(self, ctx: TrainContext) -> dict[str, Any]:
+        out: dict[str, Any] = {"step": ctx.step}
+        if ctx.data is not None and hasattr(ctx.data, "state_dict"):
+            out["data"] = ctx.data.state_dict()
+        if ctx.lr_scheduler is not None and hasattr(ctx.lr_scheduler, "state_dict"):
+            out["lr_scheduler"] = ctx.lr_scheduler.state_dict()
+        return out
+
+    def _work(self) -> None:
+        while True:
+            job = self._queue.get()
+            if job is None:
+                return
+            try:
+                for tier in job.tiers:
+                    self._save_tier(job, tier)
+            except Exception:  # the worker must survive anything
+                log.exception("checkpoint worker failed at step %d", job.step)
+            finally:
+                job.snapshot = None
+                with self._pending_cv:
+                    self._pending -= 1
+                    self._pending_cv.notify_all()
+
+    def _fault(self, point: str, tier: str, step: int) -> None:
+        hook = self.faults.get(point)
+        if hook is not None:
+            hook(tier, step, self.rank)
+
+    def _gather(self, obj: Any) -> list[Any]:
+        out: list[Any] = [None] * self.world
+        dist.all_gather_object(out, obj, group=self.pg)
+        return out
+
+    def _save_tier(self, job: _SaveJob, tier: TierSettings) -> None:
+        storage = self.storages[tier.name]
+        per_node = tier.name in PER_NODE_TIERS
+        mine = _Local(error=job.error, state=job.trainer_state)
+        if not mine.error:
+            try:
+                self._fault("before_write", tier.name, job.step)
+                if per_node:
+                    mine.shards = self._write_rank_shard(storage, job)
+                else:
+                    if self.rank == 0:
+                        storage.uncommit(job.step)
+                    storage.step_dir(job.step).mkdir(parents=True, exist_ok=True)
+            except Exception as exc:
+                mine.error = f"rank {self.rank}: {exc!r}"
+        if not per_node:
+            # Every rank enters DCP's collective save only if every rank is ready to.
+            ready = self._gather(mine.error)
+            errors = [e for e in ready if e]
+            if not errors:
+                try:
+                    assert job.snapshot is not None
+                    dcp_save(
+                        job.snapshot,
+                        storage_writer=FileSystemWriter(storage.step_dir(job.step)),
+                        process_group=self.pg,
+                    )
+                    self._fault("after_write", tier.name, job.step)
+                    mine.shards = self._hash_shared_files(storage, job.step)
+                except Exception as exc:
+                    mine.error = f"rank {self.rank}: {exc!r}"
+            else:
+                mine.error = mine.error or "skipped: " + errors[0]
+        results: list[_Local] = self._gather(mine)
+        errors = [r.error for r in results if r.error]
+        replica_note = ""
+        if not errors and per_node and tier.replicate:
+            replica_note = self._replicate(storage, job.step, results)
+        committed = False
+        commit_error = ""
+        if not errors:
+            manifest = Manifest(
+                job=self.job, step=job.step, tier=tier.name, attempt=self.attempt,
+                pp=self.layout.pp, dp=self.layout.dp, tp=self.layout.tp,
+                shards=tuple(sorted((s for r in results for s in r.shards), key=lambda s: s.path)),
+                data_position=_data_position(results),
+                sdc_passed=job.sdc_passed, created_at=time.time(),
+            )
+            writer = self.is_pod_leader if per_node else self.rank == 0
+            if writer:
+                try:
+                    self._fault("before_commit", tier.name, job.step)
+                    storage.commit(job.step, manifest)
+                    committed = True
+                    self._gc(storage, tier)
+                except Exception as exc:
+                    commit_error = f"rank {self.rank}: commit failed: {exc!r}"
+        commits: list[tuple[bool, str]] = self._gather((committed, commit_error))
+        commit_errors = [e for _, e in commits if e]
+        ok = not errors and not commit_errors and any(c for c, _ in commits)
+        nbytes = sum(s.bytes for r in results for s in r.shards)
+        detail = "; ".join(errors + commit_errors)[:500] if not ok else replica_note
+        if ok:
+            self.last_committed[tier.name] = job.step
+        record = SaveRecord(
+            step=job.step, tier=tier.name, ok=ok, blocked_s=job.blocked_s,
+            duration_s=time.perf_counter() - job.started, bytes=nbytes, detail=detail,
+        )
+        self.history.append(record)
+        if not ok:
+            log.warning("checkpoint %s step %d failed: %s", tier.name, job.step, detail)
+        self._emit(
+            CheckpointEvent(
+                step=job.step, tier=tier.name, ok=ok, blocked_s=record.blocked_s,
+                duration_s=record.duration_s, bytes=nbytes, sdc_passed=job.sdc_passed, detail=detail,
+            )
+        )
+
+    def _write_rank_shard(self, storage: TierStorage, job: _SaveJob) -> list[ShardInfo]:
+        assert job.snapshot is not None
+        # A step directory left by an older attempt is overwritten: uncommit it first.
+        storage.uncommit(job.step)
+        rel_dir = rank_dirname(self.rank)
+        target = storage.step_dir(job.step) / rel_dir
+        shutil.rmtree(target, ignore_errors=True)
+        dcp_save(job.snapshot, storage_writer=FileSystemWriter(target), no_dist=True)
+        self._fault("after_write", storage.name, job.step)
+        shards = []
+        for name in sorted(os.listdir(target)):
+            rel = f"{rel_dir}/{name}"
+            state = storage.file_state(job.step, rel)
+            if state is None:
+                raise OSError(f"{rel}: written but unreadable")
+            shards.append(ShardInfo(path=rel, bytes=state[0], sha256=state[1], owner=self.rank))
+        return shards
+
+    def _hash_shared_files(self, storage: TierStorage, step: int) -> list[ShardInfo]:
+        prefix = f"__{self.rank}_"
+        names = sorted(os.listdir(storage.step_dir(step)))
+        mine = [n for n in names if n.startswith(prefix) and n.endswith(".distcp")]
+        if self.rank == 0:
+            mine.append(".metadata")
+        shards = []
+        for name in mine:
+            state = storage.file_state(step, name)
+            if state is None:
+                raise OSError(f"{name}: written but unreadable")
+            owner = -1 if name == ".metadata" else self.rank
+            shards.append(ShardInfo(path=name, bytes=state[0], sha256=state[1], owner=owner))
+        return shards
+
+    # ------------------------------------------------------------------ memory replica
+
+    def _replica_target(self, rank: int) -> int | None:
+        """The rank on the replica peer pod with the same local rank (None: no replica)."""
+        peer = self.replica_peer.get(self.pod_of[rank])
+        if peer is None:
+            return None
+        local = self.local_of[rank]
+        return next((r for r in self.pod_ranks[peer] if self.local_of[r] == local), None)
+
+    def _replicate(self, storage: TierStorage, step: int, results: list[_Local]) -> str:
+        """Send this rank's shard files to its replica target; receive the one sent here."""
+        problems: list[str] = []
+        ops = []
+        send_target = self._replica_target(self.rank)
+        sources = [r for r in range(self.world) if self._replica_target(r) == self.rank]
+        recv_bufs: list[tuple[int, torch.Tensor]] = []
+        try:
+            if send_target is not None:
+                blob = b"".join(storage.read_bytes(step, s.path) for s in results[self.rank].shards)
+                payload = torch.frombuffer(bytearray(blob), dtype=torch.uint8) if blob else torch.empty(0, dtype=torch.uint8)
+                ops.append(dist.isend(payload, dst=send_target, group=self.pg))
+            for src in sources:
+                total = sum(s.bytes for s in results[src].shards)
+                buf = torch.empty(total, dtype=torch.uint8)
+                recv_bufs.append((src, buf))
+                ops.append(dist.irecv(buf, src=src, group=self.pg))
+            for op in ops:
+                if op is not None:
+                    op.wait()
+            for src, buf in recv_bufs:
+                data = buf.numpy().tobytes()
+                offset = 0
+                for s in results[src].shards:
+                    chunk = data[offset : offset + s.bytes]
+                    offset += s.bytes
+                    if _sha256(chunk) != s.sha256:
+                        problems.append(f"replica of {s.path} arrived corrupt")
+                        continue
+                    storage.write_bytes(step, s.path, chunk)
+        except Exception as exc:
+            problems.append(f"rank {self.rank}: replica failed: {exc!r}")
+        notes: list[list[str]] = self._gather(problems)
+        flat = [p for n in notes for p in n]
+        return ("replica: " + "; ".join(flat))[:300] if flat else ""
+
+    # ------------------------------------------------------------------ GC
+
+    def _gc(self, storage: TierStorage, tier: TierSettings) -> None:
+        manifests = []
+        uncommitted = []
+        for step in storage.list_steps():
+            m = storage.read_manifest(step)
+            if m is None:
+                uncommitted.append(step)
+            else:
+                manifests.append(m)
+        for step in plan_gc(manifests, keep=tier.keep, uncommitted_steps=uncommitted):
+            storage.delete(step)
+
+    # ------------------------------------------------------------------ events
+
+    def _emit(self, event: CheckpointEvent) -> None:
+        if not self.emit_events:
+            return
+        with self._events_lock:
+            self._events.append(event)
+            del self._events[:-MAX_EVENTS]
+
+    # ------------------------------------------------------------------ restore
+
+    def restore(self, ctx: TrainContext) -> RestoreResult | None:
+        """Load the newest verified checkpoint into ctx. Collective; call before the first step.
+
+        Returns None for a fresh start. Raises :class:`NoVerifiedCheckpoint` when the operator
+        named a checkpoint (hint with step >= 0) or a load failed and nothing else is usable.
+        """
+        t0 = time.perf_counter()
+        self.wait(self.settings.timeout_s)
+        hint = _hint(self.settings.restore_hint)
+        found = self._list_found()
+        home = {r: pod_location(self.pod_of[r]) for r in range(self.world)}
+        load_failures: list[str] = []
+        for _ in range(4 * (len(found) + 1) + 8):
+            decision = decide_restore(found, layout=self.layout, hint=hint, home=home)
+            if decision.source is None:
+                why = decision.reason + "".join(f"; {r}" for r in decision.rejected + tuple(load_failures))
+                if load_failures or (hint is not None and hint.step >= 0):
+                    raise NoVerifiedCheckpoint(f"restore: {why}")
+                log.info("restore: fresh start (%s)", why)
+                return None
+            if decision.to_verify:
+                found = self._verify(decision.source, decision.to_verify, found)
+                continue
+            nbytes, errors = self._load(ctx, decision.source)
+            if not errors:
+                return self._restored(ctx, decision.source, t0, nbytes, decision.rejected)
+            load_failures.append(f"{decision.source.tier} step {decision.source.step}: load failed: {errors[0]}")
+            found = _mark_corrupt(found, decision.source, None)
+        raise NoVerifiedCheckpoint("restore: gave up after too many rounds")  # pragma: no cover
+
+    def _restored(
+        self, ctx: TrainContext, src: RestoreSource, t0: float, nbytes: int, rejected: Sequence[str]
+    ) -> RestoreResult:
+        duration = time.perf_counter() - t0
+        hint = self.settings.restore_hint or {}
+        last = hint.get("lastStep")
+        lost = compute_steps_lost(int(last), src.step) if isinstance(last, int) else -1
+        detail = f"step {src.step} from {src.tier}" + (" (resharded)" if src.reshard else "")
+        remote = sorted({loc for loc in src.sources.values()} - {SHARED_LOCATION})
+        if len(remote) > 1:
+            detail += f" (shards from {', '.join(remote)})"
+        if rejected:
+            detail += "; skipped: " + "; ".join(rejected)
+        result = RestoreResult(step=src.step, tier=src.tier, duration_s=duration, detail=detail[:500])
+        self.last_restore = result
+        self._last_saved_step = src.step
+        self._emit(
+            CheckpointEvent(
+                step=src.step, tier=src.tier, ok=True, duration_s=duration, bytes=nbytes,
+                sdc_passed=src.manifest.sdc_passed, detail=result.detail, kind="restore", steps_lost=lost,
+            )
+        )
+        log.info("restored %s in %.2fs", detail, duration)
+        return result
+
+    def _list_found(self) -> list[FoundCheckpoint]:
+        mine: list[FoundCheckpoint] = []
+        for tier in self.tiers:
+            storage = self.storages[tier.name]
+            if tier.name in PER_NODE_TIERS:
+                if not self.is_pod_leader:
+                    continue
+                location = pod_location(self.pod)
+            elif self.rank == 0:
+                location = SHARED_LOCATION
+            else:
+                continue
+            try:
+                steps = storage.list_steps()
+            except OSError:
+                continue
+            for step in steps:
+                m = storage.read_manifest(step)
+                if m is None or m.job != self.job:
+                    continue
+                present = frozenset(s.path for s in m.shards if storage.file_size(step, s.path) == s.bytes)
+                mine.append(FoundCheckpoint(manifest=m, location=location, present=present))
+        return [f for part in self._gather(mine) for f in part]
+
+    def _readers(self, location: str) -> list[int]:
+        if location == SHARED_LOCATION:
+            return list(range(self.world))
+        return self.pod_ranks[int(location.split("-", 1)[1])]
+
+    def _verify(
+        self, src: RestoreSource, to_verify: Sequence[tuple[str, str]], found: list[FoundCheckpoint]
+    ) -> list[FoundCheckpoint]:
+        """Hash the named copies, spread over the ranks that can read them; merge results."""
+        expected = {s.path: s for s in src.manifest.shards}
+        storage = self.storages[src.tier]
+        counters: dict[str, int] = {}
+        mine: list[tuple[str, str, bool]] = []
+        for path, location in to_verify:
+            readers = self._readers(location)
+            i = counters.get(location, 0)
+            counters[location] = i + 1
+            if readers[i % len(readers)] != self.rank:
+                continue
+            state = storage.file_state(src.step, path)
+            shard = expected[path]
+            ok = state is not None and state == (shard.bytes, shard.sha256)
+            if not ok:
+                log.warning("restore: %s step %d %s at %s failed its checksum", src.tier, src.step, path, location)
+            mine.append((path, location, ok))
+        results = [x for part in self._gather(mine) for x in part]
+        out = []
+        for f in found:
+            m = f.manifest
+            if (m.tier, m.step, m.attempt) != (src.tier, src.step, src.attempt):
+                out.append(f)
+                continue
+            good = {p for p, loc, ok in results if ok and loc == f.location}
+            bad = {p for p, loc, ok in results if not ok and loc == f.location}
+            out.append(replace(f, verified=f.verified | good, corrupt=f.corrupt | bad))
+        return out
+
+    def _load(self, ctx: TrainContext, src: RestoreSource) -> tuple[int, list[str]]:
+        """Fetch missing shards, load, apply. Collective. Returns (bytes, errors of all ranks)."""
+        error = ""
+        nbytes = 0
+        storage = self.storages[src.tier]
+        try:
+            template = tensor_state(ctx)
+        except Exception as exc:
+            error = f"rank {self.rank}: state dict: {exc!r}"
+            template = {}
+        if src.tier in PER_NODE_TIERS:
+            if not error:
+                try:
+                    nbytes += self._fetch(storage, src)
+                except Exception as exc:
+                    error = f"rank {self.rank}: fetch: {exc!r}"
+            errors = [e for e in self._gather(error) if e]
+            if not errors:
+                try:
+                    d = storage.step_dir(src.step) / rank_dirname(self.rank)
+                    dcp_load(template, storage_reader=FileSystemReader(d), no_dist=True)
+                    nbytes += sum(s.bytes for s in src.manifest.shards if s.owner == self.rank)
+                except Exception as exc:
+                    error = f"rank {self.rank}: load: {exc!r}"
+        else:
+            errors = [e for e in self._gather(error) if e]
+            if not errors:
+                try:
+                    dcp_load(
+                        template,
+                        storage_reader=FileSystemReader(storage.step_dir(src.step)),
+                        process_group=self.pg,
+                    )
+                    nbytes += sum(s.bytes for s in src.manifest.shards if s.owner in (self.rank, -1))
+                except Exception as exc:
+                    error = f"rank {self.rank}: load: {exc!r}"
+        if not error and not errors:
+            try:
+                apply_tensor_state(ctx, template)
+                _apply_trainer_state(ctx, src.manifest, self.rank, self.world)
+            except Exception as exc:
+                error = f"rank {self.rank}: apply: {exc!r}"
+        all_errors = [e for e in self._gather(error) if e]
+        return (sum(self._gather(nbytes)), all_errors)
+
+    def _fetch(self, storage: TierStorage, src: RestoreSource) -> int:
+        """Shards a rank needs that live on another pod's node are sent to it (and kept)."""
+        moves: list[tuple[int, int, list[ShardInfo]]] = []
+        for r in range(self.world):
+            needed = [s for s in src.manifest.shards if s.owner == r]
+            by_loc: dict[str, list[ShardInfo]] = {}
+            for s in needed:
+                loc = src.sources[s.path]
+                if loc != pod_location(self.pod_of[r]):
+                    by_loc.setdefault(loc, []).append(s)
+            for loc, shards in sorted(by_loc.items()):
+                readers = self._readers(loc)
+                sender = next((x for x in readers if self.local_of[x] == self.local_of[r]), readers[0])
+                moves.append((sender, r, shards))
+        received = 0
+        for sender, receiver, shards in moves:
+            if self.rank == sender:
+                blob = b"".join(storage.read_bytes(src.step, s.path) for s in shards)
+                dist.send(torch.frombuffer(bytearray(blob), dtype=torch.uint8), dst=receiver, group=self.pg)
+            elif self.rank == receiver:
+                buf = torch.empty(sum(s.bytes for s in shards), dtype=torch.uint8)
+                dist.recv(buf, src=sender, group=self.pg)
+                data = buf.numpy().tobytes()
+                offset = 0
+                for s in shards:
+                    chunk = data[offset : offset + s.bytes]
+                    offset += s.bytes
+                    if _sha256(chunk) != s.sha256:
+                        raise OSError(f"{s.path} from pod {self.pod_of[sender]} arrived corrupt")
+                    storage.write_bytes(src.step, s.path, chunk)
+                    received += s.bytes
+        return received
+
+
+# ---------------------------------------------------------------------- state helpers
+
+
+def _uses_default_state_dict(opt: torch.optim.Optimizer) -> bool:
+    return type(opt).state_dict is torch.optim.Optimizer.state_dict
+
+
+def tensor_state(ctx: TrainContext) -> dict[str, Any]:
+    """Model and optimizer state keyed by parameter name (DCP reshards by name)."""
+    model: dict[str, Any] = {}
+    for m in ctx.model_parts:
+        model.update(get_model_state_dict(m))
+    state: dict[str, Any] = {"model": model}
+    opt = ctx.optimizer
+    if opt is not None:
+        if _uses_default_state_dict(opt):
+            holder = ctx.model_parts[0] if len(ctx.model_parts) == 1 else nn.ModuleList(ctx.model_parts)
+            state["optim"] = get_optimizer_state_dict(holder, opt, options=_FLAT)
+        else:
+            # The trainer's Optimizers container already gives a flat, name-keyed dict.
+            state["optim"] = opt.state_dict()
+    return state
+
+
+def apply_tensor_state(ctx: TrainContext, state: Mapping[str, Any]) -> None:
+    for m in ctx.model_parts:
+        set_model_state_dict(m, state["model"], options=StateDictOptions(strict=len(ctx.model_parts) == 1))
+    opt = ctx.optimizer
+    if opt is not None and "optim" in state:
+        if _uses_default_state_dict(opt):
+            holder = ctx.model_parts[0] if len(ctx.model_parts) == 1 else nn.ModuleList(ctx.model_parts)
+            set_optimizer_state_dict(holder, opt, optim_state_dict=state["optim"], options=_FLAT)
+        else:
+            opt.load_state_dict(dict(state["optim"]))
+
+
+def _data_position(results: Sequence[_Local]) -> dict[str, Any]:
+    """The manifest's trainer state: rank 0's, plus every rank's data state if they differ."""
+    first = results[0].state
+    out: dict[str, Any] = {k: _jsonable(v) for k, v in first.items()}
+    datas = [_jsonable(r.state.get("data")) for r in results]
+    if any(d != datas[0] for d in datas):
+        out["data_per_rank"] = datas
+    return out
+
+
+def _apply_trainer_state(ctx: TrainContext, manifest: Manifest, rank: int, world: int) -> None:
+    pos = manifest.data_position
+    ctx.step = int(pos.get("step", manifest.step))
+    data_state = pos.get("data")
+    per_rank = pos.get("data_per_rank")
+    if isinstance(per_rank, list) and len(per_rank) == world:
+        data_state = per_rank[rank]
+    if data_state is not None and ctx.data is not None and hasattr(ctx.data, "load_state_dict"):
+        ctx.data.load_state_dict(data_state)
+    sched = pos.get("lr_scheduler")
+    if sched is not None and ctx.lr_scheduler is not None and hasattr(ctx.lr_scheduler, "load_state_dict"):
+        ctx.lr_scheduler.load_state_dict(sched)
+
+
+def _jsonable(value: Any) -> Any:
+    """Round-trip through JSON (tensors to lists) so the manifest stays plain JSON."""
+
+    def default(o: Any) -> Any:
+        if isinstance(o, torch.Tensor):
+            return o.tolist()
+        if hasattr(o, "item"):
+            return o.item()
+        raise TypeError(f"{type(o).__name__} is not JSON serializable")
+
+    return json.loads(json.dumps(value, default=default))
+
+
+def _tensors(state: Any) -> list[torch.Tensor]:
+    out: list[torch.Tensor] = []
+    if isinstance(state, torch.Tensor):
+        out.append(state)
+    elif isinstance(state, Mapping):
+        for v in state.values():
+            out.extend(_tensors(v))
+    elif isinstance(state, list | tuple):
+        for v in state:
+            out.extend(_tensors(v))
+    return out
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _hint(raw: Mapping[str, Any] | None) -> RestoreHint | None:
+    if not raw:
+        return None
+    tier, step = raw.get("tier"), raw.get("step")
+    if isinstance(tier, str) and isinstance(step, int):
+        return RestoreHint(tier=tier, step=step)
+    return None
+
+
+def _mark_corrupt(found: list[FoundCheckpoint], src: RestoreSource, paths: set[str] | None) -> list[FoundCheckpoint]:
+    """Drop the copies a failed load used, so the next decision picks something else."""
+    out = []
+    for f in found:
+        m = f.manifest
+        if (m.tier, m.step, m.attempt) != (src.tier, src.step, src.attempt):
+            out.append(f)
+            continue
+        used = {p for p, loc in src.sources.items() if loc == f.location and (paths is None or p in paths)}
+        out.append(replace(f, corrupt=f.corrupt | used))
+    return out
+

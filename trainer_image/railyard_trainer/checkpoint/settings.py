@@ -1,0 +1,129 @@
+"""Checkpoint settings from config.json's ``checkpoint`` object and the pod's environment.
+
+torch-free: the launcher and the cleanup command import it cheaply. Every problem is reported
+at once, each naming its field and the fix.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from railyard.protocol.manifest import TIERS
+
+ENV_DIRS = {
+    "memory": "RAILYARD_CHECKPOINT_MEMORY_DIR",
+    "local": "RAILYARD_CHECKPOINT_LOCAL_DIR",
+    "shared": "RAILYARD_CHECKPOINT_SHARED_DIR",
+}
+#: Defaults per tier: (enabled, intervalSteps, keep).
+DEFAULTS: Mapping[str, tuple[bool, int, int]] = {
+    "memory": (True, 10, 2),
+    "local": (False, 50, 2),
+    "shared": (True, 100, 3),
+}
+
+
+class CheckpointConfigError(ValueError):
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("; ".join(problems))
+        self.problems = problems
+
+
+@dataclass(frozen=True)
+class TierSettings:
+    name: str
+    enabled: bool
+    interval_steps: int
+    keep: int
+    #: ``<root>``; the job's checkpoints live in ``<root>/<job>/step-<N>/``. Empty: tier off.
+    root: str = ""
+    #: memory tier only: send each pod's shards to its replica peer's memory tier.
+    replicate: bool = False
+
+    @property
+    def active(self) -> bool:
+        return self.enabled and bool(self.root) and self.interval_steps > 0
+
+    def due(self, step: int) -> bool:
+        return self.active and step > 0 and step % self.interval_steps == 0
+
+
+@dataclass(frozen=True)
+class CheckpointSettings:
+    tiers: tuple[TierSettings, ...]
+    cleanup_on_delete: bool = False
+    #: Operator hint (config.json ``restore``): {"tier", "step"} and optionally "lastStep".
+    restore_hint: Mapping[str, Any] | None = None
+    #: Process-group timeout of the checkpoint gloo group (background collectives).
+    timeout_s: float = 300.0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def tier(self, name: str) -> TierSettings:
+        return next(t for t in self.tiers if t.name == name)
+
+    @property
+    def active_tiers(self) -> tuple[TierSettings, ...]:
+        return tuple(t for t in self.tiers if t.active)
+
+
+def parse_checkpoint_settings(
+    raw: Mapping[str, Any] | None,
+    *,
+    env: Mapping[str, str] | None = None,
+    restore: Mapping[str, Any] | None = None,
+) -> CheckpointSettings:
+    """Settings from the ``checkpoint`` object (camelCase, as in the TrainingJob spec)."""
+    raw = dict(raw or {})
+    env = os.environ if env is None else env
+    problems: list[str] = []
+    tiers = []
+    for name in TIERS:
+        d_enabled, d_interval, d_keep = DEFAULTS[name]
+        t = raw.get(name, {})
+        if t is None:
+            t = {}
+        if not isinstance(t, Mapping):
+            problems.append(f"checkpoint.{name}: expected an object with enabled/intervalSteps/keep")
+            t = {}
+        enabled = t.get("enabled", d_enabled)
+        interval = t.get("intervalSteps", d_interval)
+        keep = t.get("keep", d_keep)
+        replicate = t.get("replicate", name == "memory")
+        if not isinstance(enabled, bool):
+            problems.append(f"checkpoint.{name}.enabled: expected true or false")
+            enabled = d_enabled
+        if isinstance(interval, bool) or not isinstance(interval, int) or interval < 1:
+            problems.append(f"checkpoint.{name}.intervalSteps: expected an integer >= 1, got {interval!r}")
+            interval = d_interval
+        if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
+            problems.append(f"checkpoint.{name}.keep: expected an integer >= 1, got {keep!r}")
+            keep = d_keep
+        if not isinstance(replicate, bool):
+            problems.append(f"checkpoint.{name}.replicate: expected true or false")
+            replicate = False
+        root = str(t.get("dir", "") or env.get(ENV_DIRS[name], ""))
+        tiers.append(
+            TierSettings(
+                name=name, enabled=enabled, interval_steps=interval, keep=keep, root=root,
+                replicate=replicate and name == "memory",
+            )
+        )
+    cleanup = raw.get("cleanupOnDelete", False)
+    if not isinstance(cleanup, bool):
+        problems.append("checkpoint.cleanupOnDelete: expected true or false")
+        cleanup = False
+    timeout = raw.get("timeoutSeconds", 300.0)
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0:
+        problems.append("checkpoint.timeoutSeconds: expected a positive number of seconds")
+        timeout = 300.0
+    if restore is not None and not isinstance(restore, Mapping):
+        problems.append("restore: expected an object {tier, step} or null")
+        restore = None
+    if problems:
+        raise CheckpointConfigError(problems)
+    return CheckpointSettings(
+        tiers=tuple(tiers), cleanup_on_delete=cleanup, restore_hint=restore, timeout_s=float(timeout)
+    )

@@ -1,0 +1,166 @@
+"""Tier storage: where a tier's bytes live. The manager decides; a backend only moves bytes.
+
+All three tiers are directories (``memory``: a tmpfs host path such as /dev/shm/railyard on the
+node, ``local``: node-local disk, ``shared``: a shared volume), so one class serves them; the
+Protocol is the seam for other stores and for fault injection in tests. torch-free.
+
+Layout: ``<root>/<job>/step-<NNNNNNNN>/`` holds the shard files and, once committed,
+``manifest.json``. Writes of small files are atomic (temp name, fsync, rename).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import shutil
+from pathlib import Path
+from typing import Protocol
+
+from railyard.protocol.manifest import MANIFEST_NAME, Manifest, ManifestError, step_dirname
+
+_HASH_CHUNK = 4 << 20
+
+
+class TierStorage(Protocol):
+    name: str
+
+    def step_dir(self, step: int) -> Path:
+        """Directory of one step; DCP writers and readers use it directly."""
+
+    def list_steps(self) -> list[int]:
+        """Every step directory, committed or not, ascending."""
+
+    def read_manifest(self, step: int) -> Manifest | None:
+        """The committed manifest, or None (no manifest, unreadable or malformed)."""
+
+    def commit(self, step: int, manifest: Manifest) -> None:
+        """Write the manifest atomically; this is what makes the checkpoint exist."""
+
+    def uncommit(self, step: int) -> None:
+        """Remove the manifest (before a step directory is overwritten)."""
+
+    def file_state(self, step: int, rel: str) -> tuple[int, str] | None:
+        """(size, sha256) of a file, or None when it is missing or unreadable."""
+
+    def file_size(self, step: int, rel: str) -> int:
+        """Size, -1 when missing."""
+
+    def read_bytes(self, step: int, rel: str) -> bytes: ...
+
+    def write_bytes(self, step: int, rel: str, data: bytes) -> None:
+        """Atomic write of one file (used for replicas and healing)."""
+
+    def delete(self, step: int) -> None: ...
+
+
+class DirectoryStorage:
+    """A tier in a directory tree (tmpfs, local disk, or a shared mount)."""
+
+    def __init__(self, name: str, root: str | os.PathLike[str], job: str, *, fsync: bool = True) -> None:
+        self.name = name
+        self.base = Path(root) / job
+        self.fsync = fsync
+
+    def step_dir(self, step: int) -> Path:
+        return self.base / step_dirname(step)
+
+    def list_steps(self) -> list[int]:
+        try:
+            names = os.listdir(self.base)
+        except FileNotFoundError:
+            return []
+        steps = []
+        for n in names:
+            if n.startswith("step-") and n[5:].isdigit():
+                steps.append(int(n[5:]))
+        return sorted(steps)
+
+    def read_manifest(self, step: int) -> Manifest | None:
+        try:
+            text = (self.step_dir(step) / MANIFEST_NAME).read_text()
+            m = Manifest.from_json(text)
+        except (OSError, UnicodeDecodeError, ManifestError):
+            return None
+        return m if m.step == step and m.tier == self.name else None
+
+    def commit(self, step: int, manifest: Manifest) -> None:
+        self.write_bytes(step, MANIFEST_NAME, manifest.to_json().encode())
+
+    def uncommit(self, step: int) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.step_dir(step) / MANIFEST_NAME)
+
+    def file_state(self, step: int, rel: str) -> tuple[int, str] | None:
+        h = hashlib.sha256()
+        size = 0
+        try:
+            with open(self.step_dir(step) / rel, "rb") as f:
+                while chunk := f.read(_HASH_CHUNK):
+                    h.update(chunk)
+                    size += len(chunk)
+        except OSError:
+            return None
+        return size, h.hexdigest()
+
+    def file_size(self, step: int, rel: str) -> int:
+        try:
+            return os.stat(self.step_dir(step) / rel).st_size
+        except OSError:
+            return -1
+
+    def read_bytes(self, step: int, rel: str) -> bytes:
+        return (self.step_dir(step) / rel).read_bytes()
+
+    def write_bytes(self, step: int, rel: str, data: bytes) -> None:
+        path = self.step_dir(step) / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+        with open(tmp, "wb") as f:
+            f.write(data)
+            if self.fsync:
+                f.flush()
+                os.fsync(f.fileno())
+        os.replace(tmp, path)
+        if self.fsync:
+            _fsync_dir(path.parent)
+
+    def delete(self, step: int) -> None:
+        d = self.step_dir(step)
+        # Uncommit first: a half-deleted directory must never look like a checkpoint.
+        self.uncommit(step)
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def delete_job_checkpoints(roots: dict[str, str], job: str) -> list[str]:
+    """Remove ``<root>/<job>`` in every given tier root; returns what was removed.
+
+    The operator calls this (or runs ``python -m railyard_trainer.checkpoint.cleanup``, one pod
+    per node for the node tiers) when a TrainingJob with ``cleanupOnDelete: true`` is deleted.
+    """
+    removed = []
+    for _tier, root in sorted(roots.items()):
+        if not root or not job or "/" in job or job in (".", ".."):
+            continue
+        base = Path(root) / job
+        if base.is_dir():
+            for step in sorted(base.iterdir()):
+                # Manifests go first so an interrupted cleanup leaves nothing restorable-looking.
+                with contextlib.suppress(OSError):
+                    (step / MANIFEST_NAME).unlink()
+            shutil.rmtree(base, ignore_errors=True)
+            removed.append(str(base))
+    return removed
