@@ -52,7 +52,6 @@ def test_defaults_make_a_runnable_single_process_job() -> None:
     spec = TrainingJobSpec()
     assert (spec.nodes, spec.procs_per_node, spec.world_size, spec.data_parallel) == (1, 1, 1, 1)
     assert spec.gpus == 1 and spec.microbatches == 1
-    assert spec.topology.level_keys()[-1] == "kubernetes.io/hostname"
     assert spec.restart_policy.application.limit < spec.restart_policy.infrastructure.limit
     assert validate_manifest(make_job()) == []
 

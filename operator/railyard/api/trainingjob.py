@@ -130,32 +130,10 @@ class TrainerSettings(_Model):
 # --------------------------------------------------------------------------- topology and gang
 
 
-TOPOLOGY_PRESETS: dict[str, list[str]] = {
-    "railyard": ["railyard.dev/spine", "railyard.dev/leaf", "kubernetes.io/hostname"],
-    "topograph": [
-        "network.topology.nvidia.com/spine",
-        "network.topology.nvidia.com/block",
-        "kubernetes.io/hostname",
-    ],
-    "gke": [
-        "cloud.google.com/gce-topology-block",
-        "cloud.google.com/gce-topology-subblock",
-        "cloud.google.com/gce-topology-host",
-        "kubernetes.io/hostname",
-    ],
-    "eks": [
-        "topology.k8s.aws/network-node-layer-1",
-        "topology.k8s.aws/network-node-layer-2",
-        "topology.k8s.aws/network-node-layer-3",
-        "kubernetes.io/hostname",
-    ],
-}
-
-
 class Topology(_Model):
     preset: Annotated[
         Literal["railyard", "topograph", "gke", "eks"],
-        Field(description="Label convention naming the network levels, used when levels is empty: railyard (railyard.dev/spine, railyard.dev/leaf), topograph (network.topology.nvidia.com/spine, /block), gke (cloud.google.com/gce-topology-*), eks (topology.k8s.aws/network-node-layer-*)."),
+        Field(description="Label convention naming the network levels, used when levels is empty: railyard (railyard.dev/spine, railyard.dev/leaf), topograph (fabric.topograph.run/tier-N, or the older network.topology.nvidia.com/*), gke (cloud.google.com/gce-topology-*), eks (topology.k8s.aws/network-node-layer-*)."),
     ] = "railyard"
     levels: Annotated[
         list[Annotated[str, Field(min_length=1, max_length=316)]] | None,
@@ -169,9 +147,6 @@ class Topology(_Model):
         str | None,
         Field(max_length=316, description="With mode Required: the label key of the level one domain of which must hold the whole gang (e.g. railyard.dev/spine)."),
     ] = None
-
-    def level_keys(self) -> list[str]:
-        return list(self.levels) if self.levels else list(TOPOLOGY_PRESETS[self.preset])
 
 
 class Gang(_Model):
