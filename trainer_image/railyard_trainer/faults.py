@@ -55,13 +55,13 @@ class FaultInjector:
 
     def before_step(self, step: int) -> None:
         if f := self._due("crash", step):
-            self.log("fault", kind="crash", step=step)
+            self.log("fault", rank=self.rank, kind="crash", step=step)
             raise InjectedCrash(f"injected crash on rank {self.rank} at step {step}")
         if f := self._due("exit", step):
-            self.log("fault", kind="exit", step=step, code=f.code)
+            self.log("fault", rank=self.rank, kind="exit", step=step, code=f.code)
             raise InjectedExit(f.code)
         if self._due("hang", step):
-            self.log("fault", kind="hang", step=step)
+            self.log("fault", rank=self.rank, kind="hang", step=step)
             while True:
                 time.sleep(1.0)
 
@@ -72,7 +72,7 @@ class FaultInjector:
                 extra = (f.factor - 1.0) * compute_s
                 time.sleep(extra)
                 if step == f.step:
-                    self.log("fault", kind="slow", step=step, factor=f.factor)
+                    self.log("fault", rank=self.rank, kind="slow", step=step, factor=f.factor)
                 return extra
         return 0.0
 
@@ -81,7 +81,7 @@ class FaultInjector:
             return
         name, tensor = _victim(parts, grad=target == "grad")
         index, before, after = flip_high_bit(tensor)
-        self.log("fault", kind="bitflip", step=step, target=target, tensor=name, index=index, before=before, after=after)
+        self.log("fault", rank=self.rank, kind="bitflip", step=step, target=target, tensor=name, index=index, before=before, after=after)
 
 
 def _victim(parts: list[nn.Module], *, grad: bool) -> tuple[str, torch.Tensor]:

@@ -33,7 +33,7 @@ class Optimizers(torch.optim.Optimizer):
 
     ``state_dict()`` is flat and keyed by parameter name (``state.<fqn>.exp_avg``), merged over
     the parts, so it reshards across layouts. ``param_groups`` are the inner optimizers' groups,
-    so a scheduler that sets ``lr`` on them reaches every part.
+    so a scheduler that sets ``lr`` on them reaches every part (also after a restore).
     """
 
     def __init__(self, parts: list[nn.Module], *, lr: float, weight_decay: float, betas: tuple[float, float] = (0.9, 0.95)) -> None:
@@ -44,7 +44,18 @@ class Optimizers(torch.optim.Optimizer):
         ]
         all_params = [p for m in parts for p in m.parameters()]
         super().__init__(all_params, {"lr": lr})
-        self.param_groups = [g for o in self.inner for g in o.param_groups]
+        self._ready = True
+
+    @property  # type: ignore[override]
+    def param_groups(self) -> list[dict[str, Any]]:
+        # Read through every time: an inner optimizer's load_state_dict replaces its group dicts.
+        if not self.__dict__.get("_ready"):
+            return self.__dict__.setdefault("_init_groups", [])  # type: ignore[no-any-return]
+        return [g for o in self.inner for g in o.param_groups]
+
+    @param_groups.setter
+    def param_groups(self, value: list[dict[str, Any]]) -> None:
+        """Optimizer.__init__ assigns it; the inner optimizers own the groups."""
 
     def step(self, closure: Any = None) -> None:  # type: ignore[override]
         for o in self.inner:
