@@ -1,0 +1,151 @@
+"""Pod subresources (binding, eviction, status, log), scheduling gates, graceful deletion, and
+strategic merge patch on the built-in kinds."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+
+from .conftest import Cluster, gone, pod, wait_for
+
+
+def _bind(core: client.CoreV1Api, ns: str, name: str, node: str) -> None:
+    core.create_namespaced_pod_binding(name, ns, {"apiVersion": "v1", "kind": "Binding", "metadata": {"name": name},
+                                                  "target": {"apiVersion": "v1", "kind": "Node", "name": node}},
+                                       _preload_content=False)
+
+
+def test_binding_sets_node_name_once(core: client.CoreV1Api, ns: str) -> None:
+    core.create_namespaced_pod(ns, pod("b"))
+    _bind(core, ns, "b", "node-a")
+    p = core.read_namespaced_pod("b", ns)
+    assert p.spec.node_name == "node-a"
+    assert any(c.type == "PodScheduled" and c.status == "True" for c in p.status.conditions or [])
+    with pytest.raises(ApiException) as err:
+        _bind(core, ns, "b", "node-b")
+    assert err.value.status == 409
+    assert core.read_namespaced_pod("b", ns).spec.node_name == "node-a"
+
+
+def test_scheduling_gates_block_binding_and_may_only_be_removed(core: client.CoreV1Api, ns: str) -> None:
+    core.create_namespaced_pod(ns, pod("g", schedulingGates=[{"name": "railyard.io/gang"}]))
+    with pytest.raises(ApiException) as err:
+        _bind(core, ns, "g", "node-a")
+    assert err.value.status >= 400
+    assert core.read_namespaced_pod("g", ns).spec.node_name is None
+    with pytest.raises(ApiException) as err:
+        core.patch_namespaced_pod("g", ns, {"spec": {"schedulingGates": [
+            {"name": "railyard.io/gang"}, {"name": "railyard.io/other"}]}})
+    assert err.value.status == 422
+    p = core.patch_namespaced_pod("g", ns, [{"op": "remove", "path": "/spec/schedulingGates"}])
+    assert not p.spec.scheduling_gates
+    _bind(core, ns, "g", "node-a")
+    assert core.read_namespaced_pod("g", ns).spec.node_name == "node-a"
+
+
+def test_pod_spec_is_immutable_apart_from_the_allowed_fields(core: client.CoreV1Api, ns: str) -> None:
+    core.create_namespaced_pod(ns, pod("imm"))
+    with pytest.raises(ApiException) as err:
+        core.patch_namespaced_pod("imm", ns, {"spec": {"restartPolicy": "Never"}})
+    assert err.value.status == 422
+    p = core.patch_namespaced_pod("imm", ns, {"spec": {"containers": [{"name": "main", "image": "busybox:1.37"}]}})
+    assert p.spec.containers[0].image == "busybox:1.37"
+
+
+def test_status_writes_go_through_the_status_subresource(core: client.CoreV1Api, ns: str) -> None:
+    core.create_namespaced_pod(ns, pod("s"))
+    p = core.patch_namespaced_pod("s", ns, {"status": {"phase": "Running"}})
+    assert p.status.phase == "Pending"
+    p = core.patch_namespaced_pod_status("s", ns, {"status": {"phase": "Running", "podIP": "127.0.0.2"}})
+    assert p.status.phase == "Running" and p.status.pod_ip == "127.0.0.2"
+
+
+def test_unbound_pod_is_deleted_at_once(core: client.CoreV1Api, ns: str) -> None:
+    core.create_namespaced_pod(ns, pod("u"))
+    core.delete_namespaced_pod("u", ns)
+    assert gone(lambda: core.read_namespaced_pod("u", ns))
+
+
+def test_bound_pod_waits_for_the_node_to_confirm_deletion(core: client.CoreV1Api, ns: str) -> None:
+    core.create_namespaced_pod(ns, pod("gr", nodeName="node-x"))
+    core.delete_namespaced_pod("gr", ns, grace_period_seconds=30)
+    p = core.read_namespaced_pod("gr", ns)
+    assert p.metadata.deletion_timestamp is not None and p.metadata.deletion_grace_period_seconds == 30
+    core.delete_namespaced_pod("gr", ns, grace_period_seconds=0)
+    wait_for(lambda: gone(lambda: core.read_namespaced_pod("gr", ns)), what="the pod to be removed")
+
+
+def test_eviction_deletes_the_pod(core: client.CoreV1Api, ns: str) -> None:
+    core.create_namespaced_pod(ns, pod("ev"))
+    core.create_namespaced_pod_eviction("ev", ns, {"apiVersion": "policy/v1", "kind": "Eviction",
+                                                   "metadata": {"name": "ev", "namespace": ns}})
+    wait_for(lambda: gone(lambda: core.read_namespaced_pod("ev", ns)), what="the evicted pod to go")
+
+
+def test_strategic_merge_patch_merges_lists_by_merge_key(cluster: Cluster, core: client.CoreV1Api, ns: str) -> None:
+    body = pod("smp")
+    body["spec"]["containers"][0]["env"] = [{"name": "A", "value": "1"}, {"name": "B", "value": "2"}]
+    body["spec"]["containers"].append({"name": "side", "image": "busybox:1.36"})
+    core.create_namespaced_pod(ns, body)
+    status, _, p = cluster.raw("PATCH", f"/api/v1/namespaces/{ns}/pods/smp/status", {"status": {"conditions": [
+        {"type": "Ready", "status": "False"}, {"type": "Initialized", "status": "True"}]}},
+        content_type="application/strategic-merge-patch+json")
+    assert status == 200
+    status, _, p = cluster.raw("PATCH", f"/api/v1/namespaces/{ns}/pods/smp/status", {"status": {"conditions": [
+        {"type": "Ready", "status": "True"}]}}, content_type="application/strategic-merge-patch+json")
+    assert status == 200
+    conds = {c["type"]: c["status"] for c in p["status"]["conditions"]}
+    assert conds["Ready"] == "True" and conds["Initialized"] == "True"
+    status, _, p = cluster.raw("PATCH", f"/api/v1/namespaces/{ns}/pods/smp", {"spec": {"containers": [
+        {"name": "main", "image": "busybox:1.37"}]}}, content_type="application/strategic-merge-patch+json")
+    assert status == 200, p
+    assert [c["name"] for c in p["spec"]["containers"]] == ["main", "side"]
+    assert p["spec"]["containers"][0]["image"] == "busybox:1.37"
+    assert [e["name"] for e in p["spec"]["containers"][0]["env"]] == ["A", "B"]
+
+
+def test_strategic_merge_patch_delete_directive_and_maps(cluster: Cluster, core: client.CoreV1Api, ns: str) -> None:
+    core.create_namespaced_config_map(ns, {"metadata": {"name": "cm", "labels": {"a": "1", "b": "2"},
+                                                        "finalizers": ["x.io/one"]}, "data": {"k": "v"}})
+    status, _, cm = cluster.raw("PATCH", f"/api/v1/namespaces/{ns}/configmaps/cm", {
+        "metadata": {"labels": {"a": None, "c": "3"}, "finalizers": ["x.io/two"]}, "data": {"k2": "v2"}},
+        content_type="application/strategic-merge-patch+json")
+    assert status == 200
+    assert cm["metadata"]["labels"] == {"b": "2", "c": "3"}
+    assert cm["metadata"]["finalizers"] == ["x.io/one", "x.io/two"]
+    assert cm["data"] == {"k": "v", "k2": "v2"}
+    status, _, cm = cluster.raw("PATCH", f"/api/v1/namespaces/{ns}/configmaps/cm", {
+        "metadata": {"$deleteFromPrimitiveList/finalizers": ["x.io/one", "x.io/two"]}},
+        content_type="application/strategic-merge-patch+json")
+    assert status == 200 and not cm["metadata"].get("finalizers")
+    node = {"metadata": {"name": f"smp-node-{ns}"}, "status": {"conditions": [
+        {"type": "Ready", "status": "True"}, {"type": "MemoryPressure", "status": "False"}]}}
+    core.create_node(node)
+    try:
+        status, _, n = cluster.raw("PATCH", f"/api/v1/nodes/smp-node-{ns}/status", {"status": {"conditions": [
+            {"type": "MemoryPressure", "$patch": "delete"}]}}, content_type="application/strategic-merge-patch+json")
+        assert status == 200
+        assert [c["type"] for c in n["status"]["conditions"]] == ["Ready"]
+    finally:
+        core.delete_node(f"smp-node-{ns}")
+
+
+def test_pod_log_is_served_from_the_log_provider(cluster: Cluster, embedded_only: None, core: client.CoreV1Api,
+                                                 ns: str) -> None:
+    """Contract with the node agent: it writes <state-dir>/pods/<ns>/<pod>/<container>.log."""
+    assert cluster.process is not None
+    core.create_namespaced_pod(ns, pod("logs", nodeName="node-1"))
+    path = Path(cluster.process.state_dir) / "pods" / ns / "logs" / "main.log"
+    path.parent.mkdir(parents=True)
+    path.write_text("line 1\nline 2\nline 3\n")
+    assert core.read_namespaced_pod_log("logs", ns) == "line 1\nline 2\nline 3\n"
+    assert core.read_namespaced_pod_log("logs", ns, tail_lines=1) == "line 3\n"
+    with pytest.raises(ApiException) as err:
+        core.read_namespaced_pod_log("logs", ns, container="nope")
+    assert err.value.status == 400
+    status, _, _ = cluster.raw("GET", f"/api/v1/namespaces/{ns}/pods/logs/log", query={"container": "main"},
+                               accept="*/*")
+    assert status == 200
