@@ -7,11 +7,14 @@ from typing import Any
 
 
 class PodBuilder:
-    def __init__(self, name: str = "p", namespace: str = "default") -> None:
+    def __init__(self, name: str = "p", namespace: str | None = None) -> None:
+        meta: dict[str, Any] = {"name": name, "labels": {}}
+        if namespace:
+            meta["namespace"] = namespace
         self._obj: dict[str, Any] = {
             "apiVersion": "v1",
             "kind": "Pod",
-            "metadata": {"name": name, "namespace": namespace, "labels": {}},
+            "metadata": meta,
             "spec": {"restartPolicy": "Never", "containers": [{"name": "main", "image": "none", "command": ["true"]}]},
         }
 
@@ -63,7 +66,7 @@ class PodBuilder:
         return copy.deepcopy(self._obj)
 
 
-def make_pod(name: str = "p", namespace: str = "default") -> PodBuilder:
+def make_pod(name: str = "p", namespace: str | None = None) -> PodBuilder:
     return PodBuilder(name, namespace)
 
 

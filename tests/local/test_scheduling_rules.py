@@ -16,6 +16,7 @@ from railyard.local.scheduling import (
     is_gated,
     tolerates,
 )
+
 from .builders import make_node, make_pod
 
 

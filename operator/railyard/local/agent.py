@@ -41,6 +41,9 @@ RESOLVER_SOURCE = Path(__file__).with_name("_resolver_site.py")
 DEFAULT_GRACE = 30
 RESTART_BACKOFF_MAX = 10.0
 SLOW_PERIOD = 0.1
+#: A pod with this annotation set to "true" is reported Running without starting processes
+#: (as kwok does): for scale tests of 1,000-pod gangs on a 2-core machine.
+SIMULATE_ANNOTATION = "local.railyard.dev/simulate"
 
 
 def _pdeathsig() -> None:
@@ -102,6 +105,7 @@ class PodWorker:
         self.uid = str(meta.get("uid", ""))
         spec = pod.get("spec") or {}
         self.restart_policy = str(spec.get("restartPolicy") or "Always")
+        self.simulated = str((meta.get("annotations") or {}).get(SIMULATE_ANNOTATION, "")).lower() == "true"
         self.init = [Container(str(c.get("name")), c, init=True) for c in spec.get("initContainers") or []]
         self.containers = [Container(str(c.get("name")), c) for c in spec.get("containers") or []]
         self.pod_dir = agent.node_dir(node.name) / "pods" / f"{self.ns}_{self.name}_{self.uid[:8]}"
@@ -234,6 +238,10 @@ class PodWorker:
     async def _spawn(self, c: Container) -> int | None:
         """Start the container's process; None when it started, else an exit code to report."""
         argv, env, cwd = self._plan(c)
+        if self.simulated:
+            c.started_at = now_iso()
+            c.state = {"running": {"startedAt": c.started_at}}
+            return None
         if not argv:
             argv = ["sleep", "infinity"]  # an image entrypoint cannot run here: idle like a pause container
         log_path = self.agent.log_path(self.ns, self.name, c.name)
@@ -271,6 +279,8 @@ class PodWorker:
         return out
 
     async def _wait(self, c: Container) -> int:
+        if c.proc is None:  # simulated: runs until the pod is deleted or its node fails
+            await asyncio.get_running_loop().create_future()
         assert c.proc is not None
         rc = await c.proc.wait()
         code = 128 - rc if rc < 0 else rc

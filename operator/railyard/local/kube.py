@@ -64,7 +64,8 @@ class KubeClient:
         k8s_config.load_kube_config(  # type: ignore[no-untyped-call]
             config_file=path, context=context, client_configuration=cfg
         )
-        token = (cfg.api_key or {}).get("authorization")
+        keys = cfg.api_key or {}
+        token = keys.get("BearerToken") or keys.get("authorization")
         ssl_ctx: ssl.SSLContext | bool | None = None
         if str(cfg.host).startswith("https"):
             if not cfg.verify_ssl:

@@ -5,6 +5,7 @@ kubectl, kopf and the kubernetes client read it as is (``export KUBECONFIG=...``
 
 from __future__ import annotations
 
+import base64
 import os
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ def build_kubeconfig(server: str, token: str, *, ca_file: str | None = None, nam
     cluster: dict[str, Any] = {"server": server}
     if server.startswith("https"):
         if ca_file:
-            cluster["certificate-authority"] = ca_file
+            cluster["certificate-authority-data"] = base64.b64encode(Path(ca_file).read_bytes()).decode()
         else:
             cluster["insecure-skip-tls-verify"] = True
     return {

@@ -17,6 +17,7 @@ from __future__ import annotations
 import base64
 import json
 import math
+import os
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -267,24 +268,31 @@ def build_mounts(container: Obj, volume_dirs: Mapping[str, str]) -> dict[str, st
     return mounts
 
 
-def rewrite_paths(text: str, mounts: Mapping[str, str]) -> str:
+def rewrite_paths(text: str, mounts: Mapping[str, str], exists: Callable[[str], bool] = os.path.exists) -> str:
     """Replace each mount path that appears as a whole path prefix with its real folder.
 
     ``/ckpt/run1`` and ``--dir=/ckpt`` are rewritten for a mount at ``/ckpt``; ``/ckpts`` and
-    ``x/ckpt`` are not. The longest mount path wins.
+    ``x/ckpt`` are not. The longest mount path wins. A path that exists on this machine but not
+    under the mount's folder is left alone (``/work/venv/bin/python`` with a mount at ``/work``).
     """
     if not mounts:
         return text
     for path in sorted(mounts, key=len, reverse=True):
         if path == "/" or path not in text:
             continue
-        pattern = re.compile(r"(?<![\w./-])" + re.escape(path) + r"(?=/|$|[^\w.-])")
-        text = pattern.sub(_literal(mounts[path]), text)
+        pattern = re.compile(r"(?<![\w./-])" + re.escape(path) + r"(?=/|$|[^\w.-])" + r"((?:/[^\s'\":=,;]*)?)")
+        text = pattern.sub(_rewriter(path, mounts[path], exists), text)
     return text
 
 
-def _literal(real: str) -> Callable[[re.Match[str]], str]:
-    return lambda _m: real
+def _rewriter(path: str, real: str, exists: Callable[[str], bool]) -> Callable[[re.Match[str]], str]:
+    def sub(match: re.Match[str]) -> str:
+        rest = match.group(1)
+        if exists(path + rest) and not exists(real + rest):
+            return match.group(0)
+        return real + rest
+
+    return sub
 
 
 def build_command(container: Obj, env: Mapping[str, str], mounts: Mapping[str, str]) -> list[str]:

@@ -1,0 +1,63 @@
+"""Helpers for the local cluster's integration tests (the cluster itself: root conftest)."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+
+import pytest
+from kubernetes import client as k8s
+from kubernetes import config as k8s_config
+
+T = TypeVar("T")
+
+
+def wait_for(check: Callable[[], T | None], timeout: float = 30.0, what: str = "condition") -> T:
+    """Poll ``check`` until it returns something truthy (with a deadline)."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = check()
+        if last:
+            return last
+        time.sleep(0.1)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}; last value {last!r}")
+
+
+@pytest.fixture(scope="session")
+def api_client(local_cluster: Any) -> Iterator[k8s.ApiClient]:
+    api = k8s_config.new_client_from_config(config_file=str(local_cluster.kubeconfig))
+    yield api
+    api.close()
+
+
+@pytest.fixture(scope="session")
+def core(api_client: k8s.ApiClient) -> k8s.CoreV1Api:
+    return k8s.CoreV1Api(api_client)
+
+
+@pytest.fixture
+def namespace(core: k8s.CoreV1Api) -> Iterator[str]:
+    name = f"t-{uuid.uuid4().hex[:8]}"
+    core.create_namespace({"metadata": {"name": name}})
+    yield name
+    try:
+        for pod in core.list_namespaced_pod(name).items:
+            core.delete_namespaced_pod(pod.metadata.name, name, grace_period_seconds=0)
+        core.delete_namespace(name)
+    except k8s.ApiException:
+        pass
+
+
+def phase_of(core: k8s.CoreV1Api, ns: str, name: str) -> str:
+    return str(core.read_namespaced_pod(name, ns).status.phase)
+
+
+def wait_phase(core: k8s.CoreV1Api, ns: str, name: str, phases: tuple[str, ...], timeout: float = 30.0) -> Any:
+    def check() -> Any:
+        pod = core.read_namespaced_pod(name, ns)
+        return pod if pod.status.phase in phases else None
+
+    return wait_for(check, timeout, f"pod {ns}/{name} in {phases}")

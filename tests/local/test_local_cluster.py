@@ -1,0 +1,355 @@
+"""The local cluster end to end: nodes, scheduling, pods as processes, node failures, restarts.
+
+Runs against the session's ``local_cluster`` (embedded by default; envtest or an existing
+cluster when KUBEBUILDER_ASSETS / RAILYARD_TEST_KUBECONFIG are set).
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client as k8s
+
+from railyard.commands import local as local_cmd
+
+from .builders import make_pod
+from .conftest import wait_for, wait_phase
+
+pytestmark = pytest.mark.cluster
+PY = sys.executable
+
+
+def py(code: str) -> list[str]:
+    return [PY, "-c", textwrap.dedent(code)]
+
+
+def cli(local_cluster: Any, *argv: str) -> int:
+    parser = argparse.ArgumentParser()
+    local_cmd.add_parser(parser.add_subparsers())
+    args = parser.parse_args(["local", "--state-dir", str(local_cluster.state_dir), *argv])
+    return local_cmd.run(args)
+
+
+def embedded_only(local_cluster: Any) -> None:
+    if local_cluster.mode != "embedded":
+        pytest.skip("needs the embedded server (pods/log from the agent's files, restarts)")
+
+
+def test_nodes_are_ready_with_capacity_and_topology_labels(local_cluster: Any, core: k8s.CoreV1Api) -> None:
+    nodes = {n.metadata.name: n for n in core.list_node(label_selector="local.railyard.dev/simulated=true").items}
+    assert sorted(nodes) == ["node-0", "node-1", "node-2"]
+    for i, name in enumerate(sorted(nodes)):
+        node = nodes[name]
+        ready = next(c for c in node.status.conditions if c.type == "Ready")
+        assert ready.status == "True"
+        assert node.status.allocatable["nvidia.com/gpu"] == "2"
+        assert {"type": "InternalIP", "address": f"127.0.0.{10 + i}"} in [a.to_dict() for a in node.status.addresses]
+        labels = node.metadata.labels
+        assert labels["kubernetes.io/hostname"] == name
+        assert labels["railyard.dev/spine"] == "spine-0"
+        assert labels["network.topology.nvidia.com/leaf"] == labels["railyard.dev/leaf"]
+    assert nodes["node-0"].metadata.labels["railyard.dev/leaf"] == "leaf-0"
+    assert nodes["node-2"].metadata.labels["railyard.dev/leaf"] == "leaf-1"
+
+
+def test_node_leases_are_renewed(local_cluster: Any, api_client: k8s.ApiClient) -> None:
+    coord = k8s.CoordinationV1Api(api_client)
+    first = coord.read_namespaced_lease("node-0", "kube-node-lease").spec.renew_time
+    wait_for(lambda: coord.read_namespaced_lease("node-0", "kube-node-lease").spec.renew_time > first, 15, "lease renewal")
+
+
+def test_a_command_succeeds_and_a_failing_one_reports_its_exit_code(core: k8s.CoreV1Api, namespace: str) -> None:
+    core.create_namespaced_pod(namespace, make_pod("ok").command(*py("print('hello')")).obj())
+    core.create_namespaced_pod(namespace, make_pod("bad").command(*py("import sys; sys.exit(3)")).obj())
+    ok = wait_phase(core, namespace, "ok", ("Succeeded", "Failed"))
+    bad = wait_phase(core, namespace, "bad", ("Succeeded", "Failed"))
+    assert ok.status.phase == "Succeeded"
+    assert ok.status.container_statuses[0].state.terminated.exit_code == 0
+    assert ok.status.container_statuses[0].state.terminated.reason == "Completed"
+    assert ok.spec.node_name in {"node-0", "node-1", "node-2"}
+    assert ok.status.pod_ip == ok.status.host_ip and ok.status.pod_ip.startswith("127.0.0.")
+    assert bad.status.phase == "Failed"
+    assert bad.status.container_statuses[0].state.terminated.exit_code == 3
+    conditions = {c.type: c.status for c in ok.status.conditions}
+    assert conditions["PodScheduled"] == "True" and conditions["Initialized"] == "True"
+
+
+def test_on_failure_restarts_until_success(core: k8s.CoreV1Api, namespace: str) -> None:
+    pod = make_pod("flaky").command(*py("""
+        import os, sys
+        n = int(open('count').read()) if os.path.exists('count') else 0
+        open('count', 'w').write(str(n + 1))
+        sys.exit(0 if n >= 1 else 1)
+    """)).obj()
+    pod["spec"]["restartPolicy"] = "OnFailure"
+    # count lives in an emptyDir-backed working dir shared across restarts
+    pod["spec"]["volumes"] = [{"name": "work", "emptyDir": {}}]
+    pod["spec"]["containers"][0]["volumeMounts"] = [{"name": "work", "mountPath": "/work"}]
+    pod["spec"]["containers"][0]["workingDir"] = "/work"
+    core.create_namespaced_pod(namespace, pod)
+    done = wait_phase(core, namespace, "flaky", ("Succeeded", "Failed"), timeout=40)
+    assert done.status.phase == "Succeeded"
+    assert done.status.container_statuses[0].restart_count == 1
+    assert done.status.container_statuses[0].last_state.terminated.exit_code == 1
+
+
+def test_a_gated_pod_is_never_bound_until_ungated(core: k8s.CoreV1Api, namespace: str) -> None:
+    core.create_namespaced_pod(namespace, make_pod("gated").gate().command(*py("pass")).obj())
+    core.create_namespaced_pod(namespace, make_pod("canary").command(*py("pass")).obj())
+    # the canary is scheduled after the gated pod was seen: a bound canary means the scheduler ran
+    wait_for(lambda: core.read_namespaced_pod("canary", namespace).spec.node_name, 20, "canary bound")
+    assert core.read_namespaced_pod("gated", namespace).spec.node_name is None
+    core.patch_namespaced_pod("gated", namespace, {"spec": {"schedulingGates": None}})
+    done = wait_phase(core, namespace, "gated", ("Succeeded",), timeout=30)
+    assert done.spec.node_name
+
+
+def test_gpu_capacity_is_respected_and_freed(core: k8s.CoreV1Api, namespace: str) -> None:
+    # 3 nodes x 2 GPUs: six 1-GPU pods fit, the seventh waits until one goes away
+    for i in range(7):
+        core.create_namespaced_pod(namespace, make_pod(f"g{i}").gpus(1).command("sleep", "60").obj())
+    wait_for(lambda: sum(1 for p in core.list_namespaced_pod(namespace).items if p.spec.node_name) == 6, 30, "six bound")
+
+    def unschedulable() -> Any:
+        pending = [p for p in core.list_namespaced_pod(namespace).items if not p.spec.node_name]
+        if len(pending) != 1:
+            return None
+        conds = {c.type: c for c in pending[0].status.conditions or []}
+        cond = conds.get("PodScheduled")
+        return pending[0] if cond is not None and cond.reason == "Unschedulable" else None
+
+    waiting = wait_for(unschedulable, 15, "an unschedulable pod")
+    msg = next(c.message for c in waiting.status.conditions if c.type == "PodScheduled")
+    assert "Insufficient nvidia.com/gpu" in msg
+    per_node: dict[str, int] = {}
+    for p in core.list_namespaced_pod(namespace).items:
+        if p.spec.node_name:
+            per_node[p.spec.node_name] = per_node.get(p.spec.node_name, 0) + 1
+    assert max(per_node.values()) == 2
+    victim = next(p.metadata.name for p in core.list_namespaced_pod(namespace).items if p.spec.node_name)
+    core.delete_namespaced_pod(victim, namespace, grace_period_seconds=1)
+    wait_for(lambda: core.read_namespaced_pod(waiting.metadata.name, namespace).spec.node_name, 30, "the waiting pod bound")
+
+
+def test_env_downward_api_value_from_and_volumes(local_cluster: Any, core: k8s.CoreV1Api, namespace: str) -> None:
+    core.create_namespaced_config_map(namespace, {"metadata": {"name": "cfg"}, "data": {"mode": "fast", "conf.txt": "lr=0.1"}})
+    core.create_namespaced_secret(namespace, {"metadata": {"name": "sec"}, "data": {"token": base64.b64encode(b"s3cret").decode()}})
+    pod = make_pod("envy").command(*py("""
+        import json, os
+        keys = ['POD', 'NS', 'UID', 'NODE', 'IP', 'HOST', 'MODE', 'TOKEN', 'ROLE', 'CPU_M', 'CFG_PATH']
+        out = {k: os.environ.get(k) for k in keys}
+        out['conf'] = open(os.environ['CFG_PATH'] + '/conf.txt').read()
+        out['secret_file'] = open('/etc/sec/token'.replace('/etc/sec', os.environ['SEC_DIR'])).read()
+        open(os.environ['SCRATCH'] + '/x', 'w').write('scratch ok')
+        out['scratch'] = open(os.environ['SCRATCH'] + '/x').read()
+        print(json.dumps(out))
+    """)).env(
+        {"name": "POD", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        {"name": "NS", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+        {"name": "UID", "valueFrom": {"fieldRef": {"fieldPath": "metadata.uid"}}},
+        {"name": "NODE", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+        {"name": "IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+        {"name": "HOST", "valueFrom": {"fieldRef": {"fieldPath": "status.hostIP"}}},
+        {"name": "ROLE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.labels['role']"}}},
+        {"name": "MODE", "valueFrom": {"configMapKeyRef": {"name": "cfg", "key": "mode"}}},
+        {"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "sec", "key": "token"}}},
+        {"name": "CPU_M", "valueFrom": {"resourceFieldRef": {"resource": "requests.cpu", "divisor": "1m"}}},
+        {"name": "CFG_PATH", "value": "/etc/cfg"},
+        {"name": "SEC_DIR", "value": "/etc/sec"},
+        {"name": "SCRATCH", "value": "/scratch"},
+    ).requests(cpu="250m").obj()
+    pod["metadata"]["labels"]["role"] = "worker"
+    pod["spec"]["volumes"] = [
+        {"name": "cfg", "configMap": {"name": "cfg"}},
+        {"name": "sec", "secret": {"secretName": "sec"}},
+        {"name": "scratch", "emptyDir": {}},
+    ]
+    pod["spec"]["containers"][0]["volumeMounts"] = [
+        {"name": "cfg", "mountPath": "/etc/cfg"},
+        {"name": "sec", "mountPath": "/etc/sec"},
+        {"name": "scratch", "mountPath": "/scratch"},
+    ]
+    created = core.create_namespaced_pod(namespace, pod)
+    done = wait_phase(core, namespace, "envy", ("Succeeded", "Failed"))
+    assert done.status.phase == "Succeeded", done.status
+    log = _log(local_cluster, core, namespace, "envy", done)
+    import json
+
+    out = json.loads(log.strip().splitlines()[-1])
+    assert out["POD"] == "envy" and out["NS"] == namespace and out["UID"] == created.metadata.uid
+    assert out["NODE"] == done.spec.node_name and out["IP"] == done.status.pod_ip == out["HOST"]
+    assert (out["MODE"], out["TOKEN"], out["ROLE"], out["CPU_M"]) == ("fast", "s3cret", "worker", "250")
+    assert out["CFG_PATH"].startswith(str(local_cluster.state_dir))  # mount path rewritten
+    assert (out["conf"], out["secret_file"], out["scratch"]) == ("lr=0.1", "s3cret", "scratch ok")
+
+
+def _log(local_cluster: Any, core: k8s.CoreV1Api, ns: str, name: str, pod: Any) -> str:
+    if local_cluster.mode == "embedded":
+        return str(core.read_namespaced_pod_log(name, ns))
+    # a real API server proxies logs to a kubelet we do not have: read the agent's file
+    return (Path(local_cluster.log_dir) / ns / name / "main.log").read_text()
+
+
+def test_kubectl_logs(local_cluster: Any, core: k8s.CoreV1Api, namespace: str) -> None:
+    embedded_only(local_cluster)
+    core.create_namespaced_pod(namespace, make_pod("talker").command(*py("print('line one'); print('line two')")).obj())
+    wait_phase(core, namespace, "talker", ("Succeeded",))
+    out = subprocess.run(
+        [str(Path(PY).parent / "kubectl"), "--kubeconfig", str(local_cluster.kubeconfig), "-n", namespace, "logs", "talker"],
+        capture_output=True, text=True, timeout=30,
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == ["line one", "line two"]
+
+
+def test_graceful_delete_sends_sigterm_and_keeps_host_path(local_cluster: Any, core: k8s.CoreV1Api, namespace: str) -> None:
+    pod = make_pod("graceful").command(*py("""
+        import os, signal, sys, time
+        def stop(*_):
+            open(os.path.join(os.environ['DATA'], 'stopped'), 'w').write('sigterm')
+            sys.exit(0)
+        signal.signal(signal.SIGTERM, stop)
+        open(os.path.join(os.environ['DATA'], 'started'), 'w').write('yes')
+        while True:
+            time.sleep(0.05)
+    """)).env({"name": "DATA", "value": "/dev/shm/railyard-test"}).obj()
+    pod["spec"]["terminationGracePeriodSeconds"] = 10
+    pod["spec"]["volumes"] = [{"name": "shm", "hostPath": {"path": f"/dev/shm/railyard-test/{namespace}", "type": "DirectoryOrCreate"}}]
+    pod["spec"]["containers"][0]["volumeMounts"] = [{"name": "shm", "mountPath": "/dev/shm/railyard-test"}]
+    core.create_namespaced_pod(namespace, pod)
+    running = wait_phase(core, namespace, "graceful", ("Running",))
+    host_dir = Path(local_cluster.state_dir) / "nodes" / running.spec.node_name / "hostpath" / "dev/shm/railyard-test" / namespace
+    wait_for(lambda: (host_dir / "started").exists(), 15, "the process to start")
+    core.delete_namespaced_pod("graceful", namespace)
+
+    def gone() -> bool:
+        try:
+            core.read_namespaced_pod("graceful", namespace)
+        except k8s.ApiException as exc:
+            return exc.status == 404
+        return False
+
+    wait_for(gone, 20, "the pod to be removed")
+    assert (host_dir / "stopped").read_text() == "sigterm"
+
+
+def test_sigkill_after_the_grace_period(core: k8s.CoreV1Api, namespace: str) -> None:
+    pod = make_pod("stubborn").command(*py("""
+        import signal, time
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        while True:
+            time.sleep(0.05)
+    """)).obj()
+    pod["spec"]["terminationGracePeriodSeconds"] = 1
+    core.create_namespaced_pod(namespace, pod)
+    wait_phase(core, namespace, "stubborn", ("Running",))
+    started = time.monotonic()
+    core.delete_namespaced_pod("stubborn", namespace)
+
+    def gone() -> bool:
+        try:
+            core.read_namespaced_pod("stubborn", namespace)
+        except k8s.ApiException as exc:
+            return exc.status == 404
+        return False
+
+    wait_for(gone, 15, "the pod to be removed")
+    assert time.monotonic() - started >= 0.9  # it waited the grace period before SIGKILL
+
+
+def test_pod_dns_names_resolve_through_the_hosts_file(core: k8s.CoreV1Api, namespace: str) -> None:
+    server = make_pod("srv-0").command(*py("""
+        import os, socket
+        s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind((os.environ['POD_IP'], 45123)); s.listen(1)
+        c, _ = s.accept(); c.sendall(b'hi from ' + os.environ['POD_IP'].encode()); c.close()
+    """)).env({"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}).node_selector(**{"kubernetes.io/hostname": "node-0"}).obj()
+    server["spec"].update({"hostname": "srv-0", "subdomain": "srv"})
+    client_pod = make_pod("cli").command(*py(f"""
+        import socket, time
+        for _ in range(100):
+            try:
+                c = socket.create_connection(('srv-0.srv.{namespace}.svc.cluster.local', 45123), timeout=2); break
+            except OSError:
+                time.sleep(0.1)
+        print(c.recv(100).decode())
+    """)).node_selector(**{"kubernetes.io/hostname": "node-1"}).obj()
+    core.create_namespaced_pod(namespace, server)
+    wait_phase(core, namespace, "srv-0", ("Running",))
+    core.create_namespaced_pod(namespace, client_pod)
+    done = wait_phase(core, namespace, "cli", ("Succeeded", "Failed"))
+    assert done.status.phase == "Succeeded"
+    assert wait_phase(core, namespace, "srv-0", ("Succeeded",)).status.pod_ip == "127.0.0.10"
+
+
+def test_node_fail_and_recover(local_cluster: Any, core: k8s.CoreV1Api, namespace: str) -> None:
+    pod = make_pod("victim").command("sleep", "300").node_selector(**{"kubernetes.io/hostname": "node-2"}).obj()
+    core.create_namespaced_pod(namespace, pod)
+    wait_phase(core, namespace, "victim", ("Running",))
+    try:
+        assert cli(local_cluster, "node", "fail", "node-2") == 0
+
+        def not_ready() -> bool:
+            node = core.read_node("node-2")
+            return any(c.type == "Ready" and c.status != "True" for c in node.status.conditions)
+
+        wait_for(not_ready, 15, "node-2 NotReady")
+        failed = wait_phase(core, namespace, "victim", ("Failed",), timeout=15)
+        assert failed.status.container_statuses[0].state.terminated.exit_code == 137
+        assert failed.status.reason == "NodeFailed"
+        # a new pod pinned there is not started while the node is down
+        core.create_namespaced_pod(namespace, make_pod("later").command(*py("pass")).on_node("node-2").obj())
+        time.sleep(1.0)  # a negative check: give the agent a chance to (wrongly) start it
+        assert core.read_namespaced_pod("later", namespace).status.phase == "Pending"
+    finally:
+        assert cli(local_cluster, "node", "recover", "node-2") == 0
+    wait_for(lambda: not any(c.type == "Ready" and c.status != "True" for c in core.read_node("node-2").status.conditions), 15, "node-2 Ready")
+    assert wait_phase(core, namespace, "later", ("Succeeded",), timeout=20)
+
+
+def test_taints_via_the_cli_keep_pods_off(local_cluster: Any, core: k8s.CoreV1Api, namespace: str) -> None:
+    if local_cluster.mode == "existing":
+        pytest.skip("binding is the real scheduler's business in existing mode")
+    for n in ("node-0", "node-1"):
+        assert cli(local_cluster, "node", "taint", n, "railyard.dev/test=yes:NoSchedule") == 0
+    try:
+        assert core.read_node("node-0").spec.taints[0].key == "railyard.dev/test"
+        core.create_namespaced_pod(namespace, make_pod("t").command(*py("pass")).obj())
+        assert wait_phase(core, namespace, "t", ("Succeeded",)).spec.node_name == "node-2"
+    finally:
+        for n in ("node-0", "node-1"):
+            assert cli(local_cluster, "node", "untaint", n, "railyard.dev/test") == 0
+    assert not core.read_node("node-0").spec.taints
+
+
+def test_slow_node_exports_its_factor(local_cluster: Any, core: k8s.CoreV1Api, namespace: str) -> None:
+    assert cli(local_cluster, "node", "slow", "node-1", "--factor", "1.5") == 0
+    try:
+        wait_for(lambda: (core.read_node("node-1").metadata.annotations or {}).get("local.railyard.dev/slow-factor") == "1.5", 10)
+        pod = make_pod("slowpoke").command(*py("import os; print(os.environ['RAILYARD_NODE_SLOW_FACTOR'])")).on_node("node-1").obj()
+        core.create_namespaced_pod(namespace, pod)
+        done = wait_phase(core, namespace, "slowpoke", ("Succeeded",))
+        assert _log(local_cluster, core, namespace, "slowpoke", done).strip() == "1.5"
+    finally:
+        assert cli(local_cluster, "node", "slow", "node-1", "--factor", "1") == 0
+
+
+def test_status_command_lists_nodes(local_cluster: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    parser = argparse.ArgumentParser()
+    local_cmd.add_parser(parser.add_subparsers())
+    args = parser.parse_args(["local", "--state-dir", str(local_cluster.state_dir), "status", "-o", "json",
+                              "--kubeconfig", str(local_cluster.kubeconfig)])
+    assert local_cmd.run(args) == 0
+    import json
+
+    out = json.loads(capsys.readouterr().out)
+    assert [n["name"] for n in out["nodes"]] == ["node-0", "node-1", "node-2"]
+    assert all(n["ready"] for n in out["nodes"])
