@@ -1,0 +1,469 @@
+"""The health monitor the train loop calls (hooks.HealthMonitor): SDC checks and heartbeats.
+
+Per step (cheap, local): the parameter magnitude guard across the optimizer step and at rest,
+and the gradient-norm spike detector, which triggers a collective replay of the step. Every
+``sdc.intervalSteps`` steps and before the first step (collective): the known-answer test and
+the cross-replica checksums. A confirmed corruption is sent to the operator at once and raised
+as :class:`hooks.SDCDetected` (the launcher exits SDC_DETECTED); a suspicion is reported and
+makes :meth:`checks_passed` false, so the checkpoint written next is not marked sdc_passed.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from railyard.protocol.heartbeat import CheckpointEvent, HealthResult, RankBeat
+from railyard_trainer.health.checks import (
+    known_answer_checksum,
+    local_tensor,
+    magnitude_jumps,
+    max_abs_per_tensor,
+    odd_ones_out,
+    tensor_checksum,
+)
+from railyard_trainer.health.client import BeatSender, PodAggregator, aggregator_path, beat_message
+from railyard_trainer.health.spike import SpikeDetector
+from railyard_trainer.hooks import SDCDetected, StepMetrics, TrainContext
+
+log = logging.getLogger(__name__)
+
+
+def _get(d: Mapping[str, Any], camel: str, snake: str, default: Any) -> Any:
+    return d.get(camel, d.get(snake, default))
+
+
+@dataclass
+class HealthSettings:
+    url: str = ""
+    token: str = ""
+    interval_s: float = 2.0
+    sdc_interval_steps: int = 50
+    replay_on_spike: bool = True
+    kat: bool = True
+    replica_check: bool = True
+    magnitude_guard: bool = True
+    spike_z: float = 8.0
+    #: Relative difference between a step and its replay that counts as a mismatch.
+    replay_tolerance: float = 1e-3
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_config(cls, health: Mapping[str, Any] | None, env: Mapping[str, str]) -> HealthSettings:
+        h = dict(health or {})
+        sdc = dict(h.get("sdc") or {})
+        return cls(
+            url=env.get("RAILYARD_HEARTBEAT_URL", ""),
+            token=env.get("RAILYARD_HEARTBEAT_TOKEN", ""),
+            interval_s=float(_get(h, "heartbeatIntervalSeconds", "heartbeat_interval_seconds", 2.0)),
+            sdc_interval_steps=max(1, int(_get(sdc, "intervalSteps", "interval_steps", 50))),
+            replay_on_spike=bool(_get(sdc, "replayOnSpike", "replay_on_spike", True)),
+            kat=bool(sdc.get("knownAnswerTest", True)),
+            replica_check=bool(sdc.get("replicaChecksum", True)),
+            magnitude_guard=bool(sdc.get("magnitudeGuard", True)),
+            spike_z=float(sdc.get("spikeZ", 8.0)),
+        )
+
+
+ReplayFn = Callable[[], tuple[float, float]]
+
+
+class RailyardHealthMonitor:
+    def __init__(self, settings: HealthSettings, ctx: TrainContext) -> None:
+        self.s = settings
+        self.rank, self.node = ctx.rank, ctx.node
+        self.grad_spikes = SpikeDetector(z_threshold=settings.spike_z)
+        self.loss_spikes = SpikeDetector(z_threshold=settings.spike_z)
+        #: max |g| / ||g|| of this rank's gradients: one flipped element dominates the norm.
+        self.conc_spikes = SpikeDetector(z_threshold=settings.spike_z, early_ratio=8.0)
+        self.runs: Counter[str] = Counter()
+        self.failures: Counter[str] = Counter()
+        self._passed = True
+        self._kat_reference: int | None = None
+        self._after_step_max: list[float] | None = None
+        self._before_step_max: list[float] | None = None
+        self._lock = threading.Lock()
+        self._results: list[HealthResult] = []
+        self._recent: list[float] = []
+        self._checkpoints: list[CheckpointEvent] = []
+        self._restored: tuple[str, int] | None = None
+        self._beat = RankBeat(rank=ctx.rank, step=ctx.step, step_time_s=0.0)
+        self._saving: Callable[[], bool] = lambda: False
+        self._last_sent = 0.0
+        self._stop = threading.Event()
+        self.aggregator: PodAggregator | None = None
+        self.sender: BeatSender | None = None
+        self._thread: threading.Thread | None = None
+        if settings.url:
+            path = aggregator_path(ctx.job, ctx.attempt, ctx.pod_index)
+            if ctx.local_rank == 0:
+                self.aggregator = PodAggregator(
+                    url=settings.url, token=settings.token, job=ctx.job, attempt=ctx.attempt,
+                    pod_index=ctx.pod_index, node=ctx.node, interval_s=settings.interval_s, path=path,
+                )
+                self.aggregator.start()
+            self.sender = BeatSender(path)
+            self._thread = threading.Thread(target=self._beat_loop, name="railyard-rank-beat", daemon=True)
+            self._thread.start()
+
+    # ------------------------------------------------------------------ hooks
+    def preflight(self, ctx: TrainContext) -> None:
+        self._bind_saving(ctx)
+        restore = ctx.extra.get("restore")
+        tier = getattr(restore, "tier", None) if restore is not None else None
+        if tier:
+            self.note_restore(str(tier), int(getattr(restore, "step", -1)))
+        self._periodic_checks(ctx)
+        if self.s.magnitude_guard:
+            self._after_step_max = max_abs_per_tensor(_params(ctx))
+        self._send(force=True)
+
+    def after_backward(self, ctx: TrainContext, loss: torch.Tensor, grad_norm: torch.Tensor) -> None:
+        step = ctx.step
+        if self.s.magnitude_guard:
+            params = _params(ctx)
+            now_max = max_abs_per_tensor(params)
+            prev = self._after_step_max
+            if prev is not None and len(prev) == len(now_max):
+                changed = [i for i, (a, b) in enumerate(zip(prev, now_max, strict=True)) if a != b and not (a != a and b != b)]
+                self._record("state_guard", step, not changed)
+                if changed:
+                    self._confirmed(ctx, "state_guard", step, f"parameter {_name(ctx, changed[0])} changed between steps (max |p| {prev[changed[0]]:.3g} -> {now_max[changed[0]]:.3g})", ctx.rank)
+            self._before_step_max = now_max
+        gn = float(grad_norm)
+        spike = self.grad_spikes.check(gn, "grad norm")
+        conc = _concentration(_params(ctx))
+        cspike = self.conc_spikes.check(conc, "largest gradient element's share of the norm")
+        self.runs["spike"] += 1
+        # The norm is global but the concentration is this rank's: agree before a collective replay.
+        if _any_rank(spike.spike or cspike.spike, _device(ctx)):
+            self._suspect(ctx, step, spike.detail or cspike.detail or "a peer rank saw a gradient spike", gn)
+        else:
+            self.grad_spikes.accept(gn)
+            self.conc_spikes.accept(conc)
+        lv = float(loss)
+        ls = self.loss_spikes.check(lv, "loss") if lv != 0.0 else None
+        if ls is not None and ls.spike and not spike.spike:
+            self._fail("spike", step, f"loss spike without a gradient spike: {ls.detail}")
+        elif ls is not None:
+            self.loss_spikes.accept(lv)
+
+    def after_step(self, ctx: TrainContext, metrics: StepMetrics) -> None:
+        step = metrics.step
+        if self.s.magnitude_guard:
+            now_max = max_abs_per_tensor(_params(ctx))
+            before = self._before_step_max
+            if before is not None and len(before) == len(now_max):
+                jumps = magnitude_jumps(before, now_max)
+                self._record("magnitude_guard", step, not jumps)
+                if jumps:
+                    i = jumps[0]
+                    self._confirmed(ctx, "magnitude_guard", step, f"optimizer step moved {_name(ctx, i)} max |p| {before[i]:.3g} -> {now_max[i]:.3g}, beyond any update", ctx.rank)
+            self._after_step_max = now_max
+        if step % self.s.sdc_interval_steps == 0:
+            self._periodic_checks(ctx)
+            if self.s.magnitude_guard:
+                self._after_step_max = max_abs_per_tensor(_params(ctx))
+        with self._lock:
+            self._recent.append(metrics.compute_s)
+            del self._recent[:-64]
+            self._beat = RankBeat(
+                rank=ctx.rank, step=step, step_time_s=max(0.0, metrics.step_time_s), compute_s=max(0.0, metrics.compute_s),
+                loss=metrics.loss, grad_norm=metrics.grad_norm, tokens_per_s=max(0.0, metrics.tokens_per_s),
+            )
+        if time.monotonic() - self._last_sent >= self.s.interval_s / 2:
+            self._send()
+
+    def checks_passed(self) -> bool:
+        with self._lock:
+            ok, self._passed = self._passed, True
+        return ok
+
+    def close(self) -> None:
+        self._send(force=True)
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(5)
+        if self.aggregator is not None:
+            time.sleep(0)  # let the last datagram land before the final flush
+            self.aggregator.stop()
+        if self.sender is not None:
+            self.sender.close()
+
+    # ------------------------------------------------------------------ reporting API
+    def note_checkpoint(self, event: CheckpointEvent) -> None:
+        """The checkpointer reports a committed (or failed) save; forwarded to the operator."""
+        with self._lock:
+            self._checkpoints.append(event)
+
+    def note_restore(self, tier: str, step: int) -> None:
+        with self._lock:
+            self._restored = (tier, step)
+
+    # ------------------------------------------------------------------ checks
+    def _periodic_checks(self, ctx: TrainContext) -> None:
+        if self.s.kat:
+            self._known_answer(ctx)
+        if self.s.replica_check:
+            self._replicas(ctx)
+
+    def _known_answer(self, ctx: TrainContext) -> None:
+        step = ctx.step
+        device = _device(ctx)
+        value = known_answer_checksum(device)
+        own_changed = self._kat_reference is not None and value != self._kat_reference
+        if self._kat_reference is None:
+            self._kat_reference = value
+        values = _all_gather_int(value, device, None)
+        bad, majority = odd_ones_out(values)
+        if majority and not bad and not own_changed:
+            self._record("kat", step, True)
+            return
+        if majority and bad:
+            suspect = bad[0]
+            self._confirmed(ctx, "kat", step, f"known-answer checksum of rank {suspect} differs from the majority of {len(values)} ranks", suspect)
+        if own_changed:
+            self._confirmed(ctx, "kat", step, "known-answer checksum differs from this rank's own earlier result", ctx.rank)
+        self._fail("kat", step, f"known-answer checksums disagree with no majority ({len(set(values))} distinct values in {len(values)} ranks)")
+
+    def _replicas(self, ctx: TrainContext) -> None:
+        for dim_name, group, tensors in _replicated_sets(ctx):
+            if not tensors:
+                continue
+            device = _device(ctx)
+            value = tensor_checksum(tensors)
+            values = _all_gather_int(value, device, group)
+            bad, majority = odd_ones_out(values)
+            kind = "replica_checksum"
+            if not bad:
+                self._record(kind, ctx.step, True)
+                continue
+            ranks = dist.get_process_group_ranks(group) if group is not None else list(range(len(values)))
+            if majority:
+                suspect = ranks[bad[0]]
+                self._confirmed(ctx, kind, ctx.step, f"parameters replicated over {dim_name!r} differ on rank {suspect} from the majority", suspect)
+            self._fail(kind, ctx.step, f"parameters replicated over {dim_name!r} differ between ranks {ranks} with no majority")
+
+    def _suspect(self, ctx: TrainContext, step: int, detail: str, orig: float) -> None:
+        """A spike: replay the step on the same batch (all ranks together) to confirm."""
+        replay = _replay_fn(ctx) if self.s.replay_on_spike else None
+        if replay is None:
+            self._fail("spike", step, f"{detail}; no replay available to confirm")
+            return
+        params = _params(ctx)
+        saved = [p.grad for p in params]
+        orig_local = _local_sq(saved)
+        for p in params:
+            p.grad = None
+        _, replay_norm = replay()
+        replay_local = _local_sq([p.grad for p in params])
+        self.runs["replay"] += 1
+        reproduced = _close(orig, replay_norm, self.s.replay_tolerance)
+        if reproduced:
+            for p, g in zip(params, saved, strict=True):
+                p.grad = g
+            self._record("replay", step, True)
+            self._fail("spike", step, f"{detail}; the replay reproduced it (a real spike, not corruption)")
+            return
+        ratio = math.inf if not math.isfinite(orig_local) else orig_local / max(replay_local, 1e-300)
+        ratios = _all_gather_float(ratio, _device(ctx))
+        suspect = max(range(len(ratios)), key=lambda i: ratios[i]) if len(set(ratios)) > 1 or len(ratios) == 1 else -1
+        self._confirmed(ctx, "replay", step, f"{detail}; the replay gives grad norm {replay_norm:.4g}", suspect)
+
+    # ------------------------------------------------------------------ bookkeeping
+    def _record(self, kind: str, step: int, ok: bool) -> None:
+        self.runs[kind] += 1
+        if ok and kind in ("kat", "replica_checksum", "replay"):
+            with self._lock:
+                self._results.append(HealthResult(kind, True, step))
+
+    def _fail(self, kind: str, step: int, detail: str, *, suspect: int = -1, confirmed: bool = False) -> None:
+        self.failures[kind] += 1
+        log.warning("health check %s failed at step %d: %s", kind, step, detail)
+        with self._lock:
+            self._passed = False
+            self._results.append(HealthResult(kind, False, step, detail[:500], suspect_rank=suspect, confirmed=confirmed))
+
+    def _confirmed(self, ctx: TrainContext, kind: str, step: int, detail: str, suspect: int) -> None:
+        self._fail(kind, step, detail, suspect=suspect, confirmed=suspect >= 0)
+        self._send(force=True, urgent=True)
+        if self.aggregator is not None:
+            self.aggregator.flush()
+        node = ctx.node if suspect == ctx.rank else ""
+        raise SDCDetected(f"{kind}: {detail}", rank=suspect, node=node, step=step)
+
+    def _bind_saving(self, ctx: TrainContext) -> None:
+        cp = ctx.extra.get("checkpointer")
+        is_saving = getattr(cp, "is_saving", None)
+        if callable(is_saving):
+            self._saving = lambda: bool(is_saving())
+
+    def _send(self, *, force: bool = False, urgent: bool = False) -> None:
+        if self.sender is None:
+            with self._lock:
+                self._results.clear()
+                self._checkpoints.clear()
+            return
+        with self._lock:
+            try:
+                saving = self._saving()
+            except Exception:
+                saving = False
+            beat = RankBeat(
+                rank=self._beat.rank, step=self._beat.step, step_time_s=self._beat.step_time_s,
+                compute_s=self._beat.compute_s, loss=_finite_or_none(self._beat.loss), grad_norm=_finite_or_none(self._beat.grad_norm),
+                saving=saving, tokens_per_s=self._beat.tokens_per_s, health=tuple(self._results[-32:]),
+                recent_compute_s=tuple(x for x in self._recent if x >= 0 and math.isfinite(x)),
+            )
+            msg = beat_message(beat, checkpoints=list(self._checkpoints), restored=self._restored, urgent=urgent)
+            if self.sender.send(msg):
+                self._results.clear()
+                self._recent.clear()
+                self._checkpoints.clear()
+            self._last_sent = time.monotonic()
+
+    def _beat_loop(self) -> None:
+        period = max(0.05, self.s.interval_s / 2)
+        while not self._stop.wait(period):
+            if time.monotonic() - self._last_sent >= period:
+                self._send()
+
+
+# ---------------------------------------------------------------------- helpers
+def _params(ctx: TrainContext) -> list[torch.Tensor]:
+    return [p for m in ctx.model_parts for p in m.parameters()]
+
+
+def _name(ctx: TrainContext, i: int) -> str:
+    names = [n for m in ctx.model_parts for n, _ in m.named_parameters()]
+    return names[i] if 0 <= i < len(names) else f"#{i}"
+
+
+def _device(ctx: TrainContext) -> torch.device:
+    dev = ctx.extra.get("device")
+    if isinstance(dev, torch.device):
+        return dev
+    ps = _params(ctx)
+    return ps[0].device if ps else torch.device("cpu")
+
+
+def _dist_on() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+def _all_gather_int(value: int, device: torch.device, group: Any) -> list[int]:
+    if not _dist_on():
+        return [value]
+    t = torch.tensor([value], dtype=torch.int64, device=device)
+    out = [torch.zeros_like(t) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(out, t, group=group)
+    return [int(x.item()) for x in out]
+
+
+def _all_gather_float(value: float, device: torch.device) -> list[float]:
+    if not _dist_on():
+        return [value]
+    t = torch.tensor([value], dtype=torch.float64, device=device)
+    out = [torch.zeros_like(t) for _ in range(dist.get_world_size())]
+    dist.all_gather(out, t)
+    return [float(x.item()) for x in out]
+
+
+def _any_rank(flag: bool, device: torch.device) -> bool:
+    if not _dist_on():
+        return flag
+    t = torch.tensor([1 if flag else 0], dtype=torch.int32, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return bool(t.item())
+
+
+@torch.no_grad()
+def _concentration(params: list[torch.Tensor]) -> float:
+    """Largest |gradient element| over the L2 norm of this rank's gradients (1.0 if one dominates)."""
+    grads = [local_tensor(p.grad).detach() for p in params if p.grad is not None]
+    grads = [g for g in grads if g.numel()]
+    if not grads:
+        return 0.0
+    maxes = torch._foreach_norm(grads, float("inf"))
+    l2s = torch._foreach_norm(grads, 2.0)
+    top = float(torch.stack([m.float() for m in maxes]).max())
+    total = float(torch.stack([n.double() for n in l2s]).pow(2).sum().sqrt())
+    if not (math.isfinite(top) and math.isfinite(total)):
+        return math.inf
+    return top / total if total > 0 else 0.0
+
+
+def _local_sq(grads: list[torch.Tensor | None]) -> float:
+    total = 0.0
+    for g in grads:
+        if g is None:
+            continue
+        x = local_tensor(g).detach().double()
+        total += float((x * x).sum())
+    return total
+
+
+def _close(a: float, b: float, tol: float) -> bool:
+    if not (math.isfinite(a) and math.isfinite(b)):
+        return a == b or (a != a and b != b)
+    return abs(a - b) <= tol * max(abs(a), abs(b), 1e-12)
+
+
+def _finite_or_none(v: float | None) -> float | None:
+    return v if v is not None and math.isfinite(v) else None
+
+
+def _replay_fn(ctx: TrainContext) -> ReplayFn | None:
+    """The loop's ``extra["replay_step"]``, or a replay of ``extra["batch"]`` without pipelining."""
+    fn = ctx.extra.get("replay_step")
+    if callable(fn):
+        return fn  # type: ignore[no-any-return]
+    batch = ctx.extra.get("batch")
+    if batch is None or len(ctx.model_parts) != 1 or getattr(ctx.dims, "pp_enabled", False):
+        return None
+    inputs, labels = batch
+
+    def replay() -> tuple[float, float]:
+        from railyard_trainer.model import cross_entropy_loss
+
+        part = ctx.model_parts[0]
+        with torch.enable_grad():
+            loss = cross_entropy_loss(part(inputs), labels)
+            loss.backward()  # type: ignore[no-untyped-call]
+        grads = [local_tensor(p.grad).detach() for p in part.parameters() if p.grad is not None]
+        sq = torch.zeros((), dtype=torch.float64, device=grads[0].device if grads else "cpu")
+        for g in grads:
+            sq = sq + g.double().pow(2).sum()
+        if _dist_on():
+            dist.all_reduce(sq)  # FSDP shards: the global norm is the sum over ranks
+        return float(loss.detach()), float(sq.sqrt())
+
+    return replay
+
+
+def _replicated_sets(ctx: TrainContext) -> list[tuple[str, Any, list[torch.Tensor]]]:
+    """Per mesh dimension: its process group and the local tensors replicated along it."""
+    mesh = ctx.mesh
+    if mesh is None or not _dist_on():
+        return []
+    names = mesh.mesh_dim_names or tuple(str(i) for i in range(mesh.ndim))
+    sets: dict[int, list[torch.Tensor]] = {}
+    for p in _params(ctx):
+        placements = getattr(p, "placements", None)
+        if placements is None:
+            continue
+        pmesh = p.device_mesh  # type: ignore[attr-defined]
+        pnames = pmesh.mesh_dim_names or ()
+        for i, pl in enumerate(placements):
+            if pl.is_replicate() and pmesh.size(i) > 1 and pnames and pnames[i] in names:
+                sets.setdefault(names.index(pnames[i]), []).append(p)
+    return [(names[i], mesh.get_group(i), ts) for i, ts in sorted(sets.items())]
