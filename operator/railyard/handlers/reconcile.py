@@ -29,7 +29,6 @@ from railyard.handlers.runtime import JobWorker, Runtime
 from railyard.k8s import gang as ops
 from railyard.k8s.client import Kube
 from railyard.logic.conditions import (
-    compute_transitions,
     find_condition,
     format_time,
     parse_time,
@@ -53,6 +52,7 @@ from railyard.logic.status import (
     apply_phase,
     build_placement_status,
     build_status_patch,
+    build_transition_events,
     status_to_wire,
 )
 from railyard.logic.topology import QUARANTINE_KEY
@@ -60,10 +60,6 @@ from railyard.protocol.exitcodes import FailureClass
 from railyard.protocol.ranktable import RankTable
 
 log = logging.getLogger(__name__)
-
-#: Conditions whose True (or, for Placed, False) is bad news: their Events are Warnings.
-_WARN_TRUE = frozenset({"Restarting", "Degraded", "Failed"})
-
 
 def _format_validation(exc: ValidationError) -> str:
     parts = []
@@ -113,13 +109,9 @@ class Cycle:
                 return
             self.w.status_wire = new_wire
         self.rt.set_phase(self.ns, self.name, self.st.phase)
-        old_conditions = TrainingJobStatus.model_validate(self.old_wire).conditions if self._valid_old() else []
-        for t in compute_transitions(old_conditions, self.st.conditions):
-            warn = (t.type in _WARN_TRUE and t.status == "True") or (t.type == "Placed" and t.status == "False")
-            await ops.create_event(
-                self.kube, self.body, type_="Warning" if warn else "Normal",
-                reason=t.reason or f"{t.type}{t.status}", message=t.message or f"{t.type} is {t.status}", now=self.now,
-            )
+        old = TrainingJobStatus.model_validate(self.old_wire) if self._valid_old() else TrainingJobStatus()
+        for type_, reason, message in build_transition_events(old, self.st):
+            await ops.create_event(self.kube, self.body, type_=type_, reason=reason, message=message, now=self.now)
         for type_, reason, message in self.extra_events:
             await ops.create_event(self.kube, self.body, type_=type_, reason=reason, message=message, now=self.now)
 

@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from railyard.api.trainingjob import PlacementStatus, TrainingJobStatus
-from railyard.logic.conditions import set_condition
+from railyard.logic.conditions import compute_transitions, set_condition
 
 #: phase -> {condition type: status}. The first entry is the phase's headline condition and
 #: carries the phase's reason and message; the rest carry them as context.
@@ -46,7 +46,7 @@ def apply_phase(
     for ctype, cstatus in PHASE_CONDITIONS[phase].items():
         conditions = set_condition(
             conditions, ctype, cstatus,
-            reason=reason if headline else _context_reason(conditions, ctype, cstatus, reason),
+            reason=reason if headline else _context_reason(conditions, ctype, cstatus, phase),
             message=message if headline else "",
             now=now, generation=generation,
         )
@@ -59,11 +59,13 @@ def apply_phase(
     return status.model_copy(update=update)
 
 
-def _context_reason(conditions: Sequence[Any], ctype: str, cstatus: str, reason: str) -> str:
+def _context_reason(conditions: Sequence[Any], ctype: str, cstatus: str, phase: str) -> str:
+    """A condition set as a consequence of the phase keeps its reason while its status holds,
+    else says which phase set it."""
     old = next((c for c in conditions if c.type == ctype), None)
     if old is not None and old.status == cstatus and old.reason:
         return str(old.reason)
-    return reason
+    return f"Phase{phase}"
 
 
 def build_placement_status(
@@ -107,3 +109,30 @@ def build_status_patch(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[s
         if key not in new:
             patch[key] = None
     return patch
+
+
+#: Phases whose entry is bad news (their Events are Warnings).
+WARNING_PHASES = frozenset({"Restarting", "Failed", "Placing"})
+
+
+def build_transition_events(old: TrainingJobStatus, new: TrainingJobStatus) -> list[tuple[str, str, str]]:
+    """(type, reason, message) per transition: one for a phase change (or a new reason within a
+    phase, e.g. a different placement problem), one per flip of Degraded."""
+    events: list[tuple[str, str, str]] = []
+    old_head = _headline(old)
+    new_head = _headline(new)
+    if old.phase != new.phase or (new_head is not None and (old_head is None or old_head.reason != new_head.reason)):
+        reason = new_head.reason if new_head is not None and new_head.reason else new.phase
+        events.append(("Warning" if new.phase in WARNING_PHASES else "Normal", reason, new.message or f"phase {new.phase}"))
+    for t in compute_transitions(old.conditions, new.conditions):
+        if t.type == "Degraded":
+            events.append(("Warning" if t.status == "True" else "Normal", t.reason or "Degraded", t.message or f"Degraded is {t.status}"))
+    return events
+
+
+def _headline(status: TrainingJobStatus) -> Any:
+    table = PHASE_CONDITIONS.get(status.phase)
+    if not table:
+        return None
+    head = next(iter(table))
+    return next((c for c in status.conditions if c.type == head), None)
