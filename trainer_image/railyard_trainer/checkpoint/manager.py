@@ -240,7 +240,8 @@ class CheckpointManager:
         error = ""
         try:
             # The buffers of the previous snapshot are reused: it must be written first.
-            self.wait(self.settings.timeout_s)
+            if not self.wait(self.settings.timeout_s):
+                raise TimeoutError(f"the previous save is still running after {self.settings.timeout_s:.0f}s")
             snapshot = self._snapshot(ctx)
             trainer_state = self._trainer_state(ctx)
         except Exception as exc:  # a failed snapshot must not stop training
