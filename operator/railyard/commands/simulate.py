@@ -1,0 +1,174 @@
+"""``railyard simulate``: goodput of a long run on a large cluster, ours vs today's common setup.
+
+Runs the discrete-event simulation in :mod:`railyard.sim` (default: 16,384 GPUs for 54 days with
+the Llama 3 failure causes), prints the comparison table, and writes JSON and a PNG plot.
+Assumptions and sources: docs/simulate.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Any
+
+from railyard.sim.model import MAX_FAILURE_SCALE, Scenario, baseline_policy, our_policy
+from railyard.sim.report import compare, format_table, write_json, write_plot
+
+DEFAULT_OUT = os.path.join("bench", "results", "simulate.json")
+_D = Scenario()
+
+
+def add_parser(sub: Any) -> None:
+    p: argparse.ArgumentParser = sub.add_parser(
+        "simulate",
+        help="simulate goodput of a long run on a large cluster",
+        description=(
+            "Simulate a long training run on a large cluster through a seeded failure trace (Llama 3 "
+            "causes and rates), once with Railyard's policies and once with a common baseline; print "
+            "goodput, lost GPU-hours by cause and restarts; write JSON and a plot. See docs/simulate.md."
+        ),
+    )
+    p.add_argument("--gpus", type=int, default=_D.gpus, help=f"GPUs in the job (default {_D.gpus})")
+    p.add_argument(
+        "--gpus-per-node", type=int, default=_D.gpus_per_node, help="GPUs per node (default 8)"
+    )
+    p.add_argument(
+        "--days",
+        type=float,
+        default=_D.days,
+        help=f"length of the run in days (default {_D.days:g})",
+    )
+    p.add_argument(
+        "--seed", type=int, default=_D.seed, help="seed of the failure trace (default 0)"
+    )
+    p.add_argument("--pp", type=int, default=_D.pp, help="pipeline-parallel degree (default 16)")
+    p.add_argument("--tp", type=int, default=_D.tp, help="tensor-parallel degree (default 8)")
+    p.add_argument(
+        "--params", type=float, default=_D.model_params, help="model parameters (default 405e9)"
+    )
+    p.add_argument(
+        "--bytes-per-param",
+        type=float,
+        default=_D.bytes_per_param,
+        help="checkpoint bytes per parameter (default 14)",
+    )
+    p.add_argument(
+        "--step-time",
+        type=float,
+        default=None,
+        help="seconds per step (default: from FLOPs, ~6.2 s)",
+    )
+    p.add_argument(
+        "--failure-scale",
+        type=float,
+        default=_D.failure_scale,
+        help=f"multiply the Llama 3 failure rates (0..{MAX_FAILURE_SCALE:g}, default 1)",
+    )
+    p.add_argument(
+        "--stragglers-per-day",
+        type=float,
+        default=_D.stragglers_per_day,
+        help="slow-node episodes per day (default 0.2)",
+    )
+    p.add_argument(
+        "--straggler-slowdown",
+        type=float,
+        default=_D.straggler_slowdown,
+        help="how much slower a slow node is (default 1.3)",
+    )
+    p.add_argument(
+        "--sdc-per-day",
+        type=float,
+        default=None,
+        help="silent corruptions per day (default: Llama 3's 6 in 54 days)",
+    )
+    p.add_argument(
+        "--repeat-fraction",
+        type=float,
+        default=_D.repeat_fraction,
+        help="hardware faults that recur on a node put back without quarantine (default 0.1)",
+    )
+    p.add_argument(
+        "--shared-bw",
+        type=float,
+        default=_D.shared_write_bw / 1e12,
+        help="shared storage aggregate bandwidth, TB/s (default 2)",
+    )
+    p.add_argument(
+        "--hot-spares", type=int, default=32, help="hot spare nodes held by our policy (default 32)"
+    )
+    p.add_argument(
+        "--baseline-interval",
+        type=int,
+        default=200,
+        help="baseline checkpoint interval in steps (default 200, ~21 min)",
+    )
+    p.add_argument(
+        "--collective-timeout",
+        type=float,
+        default=600.0,
+        help="baseline collective timeout in seconds (default 600)",
+    )
+    p.add_argument("--out", default=DEFAULT_OUT, help=f"JSON output (default {DEFAULT_OUT})")
+    p.add_argument(
+        "--plot", default=None, metavar="PATH", help="PNG plot (default: next to --out, .png)"
+    )
+    p.add_argument("--no-plot", action="store_true", help="do not write the plot")
+
+
+def build_scenario(args: argparse.Namespace) -> Scenario:
+    return Scenario(
+        gpus=args.gpus,
+        gpus_per_node=args.gpus_per_node,
+        days=args.days,
+        seed=args.seed,
+        pp=args.pp,
+        tp=args.tp,
+        model_params=args.params,
+        bytes_per_param=args.bytes_per_param,
+        step_time_s=args.step_time,
+        failure_scale=args.failure_scale,
+        stragglers_per_day=args.stragglers_per_day,
+        straggler_slowdown=args.straggler_slowdown,
+        sdc_per_day=args.sdc_per_day,
+        repeat_fraction=args.repeat_fraction,
+        shared_write_bw=args.shared_bw * 1e12,
+        shared_read_bw=args.shared_bw * 1e12,
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    scn = build_scenario(args)
+    problems = scn.problems()
+    if args.hot_spares < 0:
+        problems.append(f"--hot-spares: must be >= 0, got {args.hot_spares}")
+    if args.baseline_interval < 1:
+        problems.append(f"--baseline-interval: must be >= 1 step, got {args.baseline_interval}")
+    if problems:
+        for line in problems:
+            print(f"railyard simulate: {line}", file=sys.stderr)
+        return 2
+    ours = our_policy(hot_spares=args.hot_spares)
+    base = baseline_policy(
+        interval_steps=args.baseline_interval, collective_timeout_s=args.collective_timeout
+    )
+    try:
+        result = compare(scn, ours, base)
+    except ValueError as exc:
+        print(f"railyard simulate: {exc}", file=sys.stderr)
+        return 2
+    print(format_table(result))
+    out_dir = os.path.dirname(args.out)
+    if out_dir:
+        os.makedirs(out_dir, exist_ok=True)
+    write_json(result, args.out, {"railyard": ours, "baseline": base})
+    print(f"wrote {args.out}")
+    if not args.no_plot:
+        plot = args.plot or os.path.splitext(args.out)[0] + ".png"
+        plot_dir = os.path.dirname(plot)
+        if plot_dir:
+            os.makedirs(plot_dir, exist_ok=True)
+        write_plot(result, plot)
+        print(f"wrote {plot}")
+    return 0

@@ -1,0 +1,315 @@
+"""The simulator's calls into the project's own policy code, each behind one small function.
+
+Nothing here decides on its own: detection latencies come from the health rules
+(:mod:`railyard.logic.health`) driven with a few synthetic ranks, the failure class and whether
+to quarantine from :mod:`railyard.logic.failures`, restart permission and backoff from
+:mod:`railyard.logic.restarts`, placement and sticky re-placement from
+:mod:`railyard.logic.placement`, and which checkpoint to restore from
+:func:`railyard.logic.checkpoint.decide_restore`. This module only translates the simulator's
+state into their inputs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from railyard.api.trainingjob import Restarts
+from railyard.logic.checkpoint import FoundCheckpoint, Layout, decide_restore, pod_location
+from railyard.logic.failures import Failure, build_failure
+from railyard.logic.health.liveness import (
+    compute_hang_timeout,
+    decide_dead_ranks,
+    decide_hung_ranks,
+)
+from railyard.logic.health.model import HealthPolicy, PodStatus
+from railyard.logic.health.straggler import compute_straggler_scores, decide_stragglers
+from railyard.logic.placement import (
+    GangRequest,
+    Placement,
+    PreviousPlacement,
+    Unplaceable,
+    plan_placement,
+)
+from railyard.logic.restarts import RestartDecision, decide_restart, record_restart
+from railyard.logic.topology import QUARANTINED, Topology, build_synthetic_nodes, build_topology
+from railyard.protocol.exitcodes import FailureClass
+from railyard.protocol.manifest import Manifest, ShardInfo
+from railyard.sim.model import Cause, PolicyConfig, Scenario
+
+# --------------------------------------------------------------------------- detection
+
+
+@dataclass(slots=True)
+class _Rank:
+    """One synthetic rank, shaped like the heartbeat store's per-rank window."""
+
+    rank: int
+    pod_index: int
+    node: str
+    last_seen_at: float
+    step: int
+    step_advanced_at: float
+    saving: bool = False
+    last_saving_at: float = -math.inf
+    compute: list[float] = dataclasses.field(default_factory=list)
+
+    def recent_compute(self, n: int) -> Sequence[float]:
+        return self.compute[-n:]
+
+
+_RUNNING = {0: PodStatus(pod_index=0, phase="Running", node="n0", running_since=0.0)}
+
+
+class Detector:
+    """Fault-to-detection latency per way a fault shows, from the health rules and spec."""
+
+    def __init__(self, scn: Scenario, policy: PolicyConfig) -> None:
+        self.scn = scn
+        self.policy = policy
+        self.health = HealthPolicy.from_spec(policy.health.model_dump(by_alias=True))
+        self.hang_timeout_s = compute_hang_timeout([scn.step_s] * 100, self.health)
+        self._straggler_steps: dict[float, int] = {}
+
+    def _first_tick(self, earliest: float, phase: float, fires: object) -> float:
+        """The first operator timer tick at or after ``earliest`` at which ``fires(now)`` holds."""
+        period = self.scn.eval_period_s
+        k = math.floor((earliest - phase) / period)
+        for _ in range(1000):
+            now = phase + k * period
+            if now >= earliest - period and fires(now):  # type: ignore[operator]
+                return now
+            k += 1
+        raise RuntimeError("health rules never fired on a dead rank; check spec.health")
+
+    def latency(self, cause: Cause, u1: float, u2: float) -> float:
+        """Seconds from the fault to the operator acting on it."""
+        scn, pol = self.scn, self.policy
+        if cause.detect == "exit":
+            return scn.pod_exit_detect_s if pol.detection == "heartbeat" else pol.exit_detect_s
+        if pol.detection == "timeout":
+            return pol.collective_timeout_s
+        h = self.health
+        phase = u2 * scn.eval_period_s
+        if cause.detect == "dead":
+            last = -u1 * h.heartbeat_interval_s  # the fault happens at 0, after the last beat
+            r = _Rank(0, 0, "n0", last_seen_at=last, step=1, step_advanced_at=last)
+
+            def dead(now: float) -> bool:
+                return bool(decide_dead_ranks([r], _RUNNING, h, now))
+
+            return self._first_tick(last + h.heartbeat_timeout_s, phase, dead)
+        # hang: heartbeats keep arriving, the step stops advancing
+        advanced = -u1 * scn.step_s
+
+        def hung(now: float) -> bool:
+            r = _Rank(0, 0, "n0", last_seen_at=now, step=1, step_advanced_at=advanced)
+            return bool(decide_hung_ranks([r], _RUNNING, self.hang_timeout_s, h, now))
+
+        return self._first_tick(advanced + self.hang_timeout_s, phase, hung)
+
+    def straggler_steps(self, slowdown: float, ranks: int = 16) -> int:
+        """Steps from a rank becoming ``slowdown`` x slower to the straggler rule flagging it
+        (a large number when it never does, e.g. below the threshold)."""
+        key = round(slowdown, 6)
+        if key in self._straggler_steps:
+            return self._straggler_steps[key]
+        h = self.health
+        w = h.straggler_window_steps + h.straggler_confirm_steps
+        rs = [_Rank(i, i, f"n{i}", 0.0, 0, 0.0, compute=[1.0] * w) for i in range(ranks)]
+        flagged: dict[int, float] = {}
+        found = 10**9
+        for n in range(1, 20 * w + 1):
+            for r in rs:
+                # +-1% jitter, fixed per (rank, step) so the probe is deterministic
+                r.compute.append(
+                    (slowdown if r.rank == 0 else 1.0) * (1.0 + 0.01 * math.sin(7.0 * r.rank + n))
+                )
+                del r.compute[: -(w + 1)]
+            flagged, new, _ = decide_stragglers(
+                compute_straggler_scores(rs, h), flagged, h, float(n)
+            )
+            if any(v.rank == 0 for v in new):
+                found = n
+                break
+        self._straggler_steps[key] = found
+        return found
+
+
+# --------------------------------------------------------------------------- failures, budgets
+
+
+def classify(cause: Cause, node: str) -> Failure:
+    """The operator's classification of the evidence this cause leaves (docs/simulate.md)."""
+    return build_failure(cause.evidence, cause.name, node=node, pod="")
+
+
+class Budgets:
+    """Restart budgets per class, spent as the operator spends them (status.restarts)."""
+
+    def __init__(self, policy: PolicyConfig) -> None:
+        self.policy = policy
+        self.restarts = Restarts()
+
+    def decide(self, cls: FailureClass) -> RestartDecision:
+        return decide_restart(self.policy.restart_policy, self.restarts, cls)
+
+    def record(self, cls: FailureClass, reason: str) -> None:
+        self.restarts = record_restart(self.restarts, cls, reason, "")
+
+    def reset(self) -> None:
+        """A person resubmitted the job after it failed: a new TrainingJob, fresh budgets."""
+        self.restarts = Restarts()
+
+
+# --------------------------------------------------------------------------- placement
+
+
+class Cluster:
+    """The synthetic cluster, the gang's placement and the quarantined nodes.
+
+    Placement (fresh, and sticky re-placement after a failure) is :func:`plan_placement` on a
+    topology built once by :func:`build_topology`; quarantine only flips a node's exclusion.
+    """
+
+    def __init__(self, scn: Scenario, hot_spares: int) -> None:
+        per_spine = scn.nodes_per_leaf * scn.leaves_per_spine
+        spines = max(1, math.ceil(scn.cluster_nodes / per_spine))
+        leaves = min(scn.leaves_per_spine, math.ceil(scn.cluster_nodes / scn.nodes_per_leaf))
+        nodes = build_synthetic_nodes(spines, leaves, scn.nodes_per_leaf, scn.gpus_per_node)
+        self.topo: Topology = build_topology(nodes)
+        self._base_excluded = self.topo.excluded
+        self.req = GangRequest(
+            job="sim",
+            nodes=scn.nodes,
+            procs_per_node=scn.gpus_per_node,
+            pp=scn.pp,
+            dp=scn.dp,
+            tp=scn.tp,
+            hot_spares=hot_spares,
+        )
+        # Re-placement is a node-level decision (keep healthy nodes, move failed pods to the best
+        # spare): the same gang seen one rank per node gives the same choice without building
+        # a 16,384-rank table per failure.
+        self.node_req = dataclasses.replace(
+            self.req, procs_per_node=1, pp=1, dp=scn.nodes, tp=1, gpus_per_pod=scn.gpus_per_node
+        )
+        #: node name -> time it comes back from repair
+        self.quarantined: dict[str, float] = {}
+        placed = plan_placement(self.topo, self.req)
+        if isinstance(placed, Unplaceable):
+            raise ValueError(
+                f"placement: the gang does not fit the simulated cluster: {placed.reason}"
+            )
+        self.placement: Placement = placed
+        self.replacements = 0
+
+    @property
+    def nodes(self) -> tuple[str, ...]:
+        return self.placement.nodes
+
+    def node_of(self, pod: int) -> str:
+        return self.placement.nodes[pod]
+
+    def replica_peer(self, pod: int) -> int:
+        return self.placement.rank_table.pods[pod].replica_peer
+
+    def _refresh(self) -> None:
+        excl = list(self._base_excluded)
+        for name in self.quarantined:
+            excl[self.topo.index[name]] = QUARANTINED
+        self.topo = dataclasses.replace(self.topo, excluded=tuple(excl))
+
+    def release_repaired(self, now: float) -> None:
+        back = [n for n, t in self.quarantined.items() if t <= now]
+        for n in back:
+            del self.quarantined[n]
+        if back:
+            self._refresh()
+
+    def next_repair(self) -> float:
+        return min(self.quarantined.values(), default=math.inf)
+
+    def quarantine_and_replace(self, nodes: Sequence[str], now: float, repair_s: float) -> bool:
+        """Quarantine ``nodes`` and re-place their pods sticky (spares first); False when no
+        usable node is left (the caller waits for a repair and tries again)."""
+        for n in nodes:
+            self.quarantined[n] = now + repair_s
+        self.release_repaired(now)
+        self._refresh()
+        prev = PreviousPlacement(
+            nodes=self.placement.nodes, spares=self.placement.spares, failed=frozenset(nodes)
+        )
+        placed = plan_placement(self.topo, self.node_req, previous=prev)
+        if isinstance(placed, Unplaceable):
+            return False
+        self.replacements += len(placed.moved)
+        self.placement = placed
+        return True
+
+
+# --------------------------------------------------------------------------- restore
+
+
+@dataclass(frozen=True, slots=True)
+class Saved:
+    """A committed checkpoint in one tier."""
+
+    tier: str
+    step: int
+    committed_at: float
+
+
+_REST = "rest-of-gang.distcp"
+_FAILED = "failed-pod.distcp"
+
+
+def choose_restore(
+    saved: Sequence[Saved],
+    *,
+    scn: Scenario,
+    replicate: bool,
+    node_lost: bool,
+    failed_pod: int,
+    replica_peer: int,
+    clean_up_to: float,
+) -> tuple[str, int] | None:
+    """(tier, step) :func:`decide_restore` picks, or None when nothing is restorable.
+
+    The gang's shards are modelled as two: the failed pod's and everyone else's. When the failed
+    pod's node is gone, its node-local copies are gone too; its memory-tier replica on
+    ``replica_peer`` survives. Checkpoints after ``clean_up_to`` are marked SDC-suspect.
+    """
+    shards = (ShardInfo(_REST, 1, "r", owner=0), ShardInfo(_FAILED, 1, "f", owner=1))
+    both = frozenset({_REST, _FAILED})
+    found: list[FoundCheckpoint] = []
+    for s in saved:
+        m = Manifest(
+            job="sim",
+            step=s.step,
+            tier=s.tier,
+            attempt=0,
+            pp=scn.pp,
+            dp=scn.dp,
+            tp=scn.tp,
+            shards=shards,
+            sdc_passed=s.step <= clean_up_to,
+        )
+        if s.tier == "shared":
+            found.append(FoundCheckpoint(m, "shared", both, verified=both))
+        elif not node_lost:
+            found.append(FoundCheckpoint(m, pod_location(0), both, verified=both))
+        else:
+            rest = frozenset({_REST})
+            found.append(FoundCheckpoint(m, pod_location(0), rest, verified=rest))
+            if s.tier == "memory" and replicate and replica_peer >= 0:
+                mine = frozenset({_FAILED})
+                found.append(FoundCheckpoint(m, pod_location(replica_peer), mine, verified=mine))
+    decision = decide_restore(
+        found, layout=Layout(scn.pp, scn.dp, scn.tp), home={1: pod_location(failed_pod)}
+    )
+    if decision.source is None:
+        return None
+    return decision.source.tier, decision.source.step
