@@ -35,3 +35,15 @@ app.kubernetes.io/component: operator
 {{- printf "http://%s.%s.svc:%d" (include "railyard.fullname" .) .Release.Namespace (int .Values.port) -}}
 {{- end -}}
 {{- end -}}
+
+{{- define "railyard.image" -}}
+{{- if .Values.image.digest -}}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest -}}
+{{- else -}}
+{{- printf "%s:%s" .Values.image.repository (.Values.image.tag | default .Chart.AppVersion) -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "railyard.peeringName" -}}
+{{- include "railyard.fullname" . -}}
+{{- end -}}
