@@ -12,6 +12,7 @@ namespace cleanup) is skipped with ``needs_controllers`` in envtest mode.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -148,10 +149,8 @@ def ns(core: client.CoreV1Api) -> Iterator[str]:
     name = f"conf-{uuid.uuid4().hex[:8]}"
     core.create_namespace({"metadata": {"name": name}})
     yield name
-    try:
+    with contextlib.suppress(ApiException):
         core.delete_namespace(name)
-    except ApiException:
-        pass
 
 
 @pytest.fixture
@@ -246,10 +245,8 @@ def widgets(cluster: Cluster) -> Iterator[dict[str, str]]:
 
     wait_for(established, what="the Widget CRD to be established and served")
     yield {"group": CRD_GROUP, "version": "v1", "plural": "widgets"}
-    try:
+    with contextlib.suppress(ApiException):
         ext.delete_custom_resource_definition(body["metadata"]["name"])
-    except ApiException:
-        pass
 
 
 def widget(name: str, **spec: Any) -> dict[str, Any]:

@@ -19,7 +19,7 @@ async def _writer(session: aiohttp.ClientSession, url: str, i: int, acked: dict[
             if resp.status == 201:
                 obj: dict[str, Any] = await resp.json()
                 acked[obj["metadata"]["name"]] = (obj["metadata"]["uid"], int(obj["metadata"]["resourceVersion"]))
-    except (aiohttp.ClientError, asyncio.TimeoutError, ConnectionError):
+    except (TimeoutError, aiohttp.ClientError, ConnectionError):
         pass
 
 

@@ -22,7 +22,7 @@ or ``await serve(state_dir, token=..., ready_file=..., stop=asyncio.Event())``.
 
 Pod logs are served by ``server.log_provider(pod, container, previous) -> Path | None``; the
 default reads ``<state-dir>/pods/<namespace>/<pod>/<container>.log`` (``.previous.log`` for the
-previous run) or the path in annotation ``railyard.io/log-path.<container>``.
+previous run).
 """
 
 from .server import APIServer, LogProvider, default_log_provider, serve

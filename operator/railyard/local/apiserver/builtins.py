@@ -268,13 +268,9 @@ def prepare_create(rt: ResourceType, obj: JSON, eng: Engine) -> None:
 
 
 def prepare_update(rt: ResourceType, new: JSON, old: JSON, subresource: str | None, eng: Engine) -> None:
-    if rt.key == "namespaces" and subresource != "finalize":
+    if rt.key == "namespaces" and subresource != "finalize" and "spec" in old:
         # spec.finalizers changes only through /finalize
-        if "spec" in old:
-            new["spec"] = dict(old["spec"])
-    if rt.key == "pods" and subresource != "status":
-        # spec.nodeName is set through the binding subresource only (or at creation)
-        pass
+        new["spec"] = dict(old["spec"])
     if rt.key == CRD_KEY:
         from .crd import prepare_crd
 

@@ -207,7 +207,7 @@ class Controllers:
                 if d is None:
                     continue
                 await self._delete(dep, "Foreground")
-                ref = next((r for r in d.obj["metadata"].get("ownerReferences") or [] if r.get("uid") == uid), {})
+                ref: JSON = next((r for r in d.obj["metadata"].get("ownerReferences") or [] if r.get("uid") == uid), {})
                 if ref.get("blockOwnerDeletion") and self.store.get(*dep) is not None:
                     blocking += 1
             if blocking == 0:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -135,10 +136,8 @@ def resource_type(crd: JSON) -> ResourceType:
             subresources.add("scale")
         raw = (v.get("schema") or {}).get("openAPIV3Schema")
         if raw is not None:
-            try:
+            with contextlib.suppress(SchemaError):  # validate_crd rejected it already
                 schemas[v["name"]] = Schema(raw)
-            except SchemaError:
-                pass
         columns[v["name"]] = list(v.get("additionalPrinterColumns") or [])
         for sf in v.get("selectableFields") or []:
             selectable.add(sf["jsonPath"].lstrip("."))

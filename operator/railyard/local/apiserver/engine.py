@@ -272,14 +272,13 @@ class Engine:
                 meta.pop(k, None)
         meta.pop("resourceVersion", None)
         meta.pop("managedFields", None)
-        if subresource != "status":
-            if old["metadata"].get("deletionTimestamp"):
-                added = set(meta.get("finalizers") or []) - set(old["metadata"].get("finalizers") or [])
-                if added:
-                    raise invalid(rt.kind, rt.group, name, [Cause(
-                        "metadata.finalizers", "FieldValueForbidden",
-                        "Forbidden: no new finalizers can be added if the object is being deleted, found new "
-                        f"finalizers {sorted(added)}")])
+        if subresource != "status" and old["metadata"].get("deletionTimestamp"):
+            added = set(meta.get("finalizers") or []) - set(old["metadata"].get("finalizers") or [])
+            if added:
+                raise invalid(rt.kind, rt.group, name, [Cause(
+                    "metadata.finalizers", "FieldValueForbidden",
+                    "Forbidden: no new finalizers can be added if the object is being deleted, found new "
+                    f"finalizers {sorted(added)}")])
         builtins.prepare_update(rt, new, old, subresource, self)
         self._validate_and_default(rt, new, old, version, ctx, subresource)
         if strip_for_generation(new, rt.status_subresource) != strip_for_generation(old, rt.status_subresource):

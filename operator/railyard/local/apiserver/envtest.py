@@ -104,10 +104,9 @@ def start_envtest(assets: Path, work_dir: Path, *, timeout_s: float = 90.0) -> E
             cluster.stop()
             raise RuntimeError(f"envtest binaries exited early; see logs in {logs}")
         req = urllib.request.Request(f"{url}/readyz", headers={"Authorization": f"Bearer {token}"})
-        with contextlib.suppress(OSError):
-            with urllib.request.urlopen(req, context=ctx, timeout=2) as resp:
-                if resp.status == 200:
-                    break
+        with contextlib.suppress(OSError), urllib.request.urlopen(req, context=ctx, timeout=2) as resp:
+            if resp.status == 200:
+                break
         if time.monotonic() > deadline:
             cluster.stop()
             raise TimeoutError(f"kube-apiserver not ready after {timeout_s} s; see logs in {logs}")

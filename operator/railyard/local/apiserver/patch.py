@@ -177,7 +177,8 @@ def _merge_key(path: list[str], field: str) -> str | bool | None:
 def strategic_merge_patch(original: JSON, patch: JSON, kind: str) -> JSON:
     if not isinstance(patch, dict):
         raise APIError(400, "strategic merge patch must be a JSON object")
-    return _smp_map(copy.deepcopy(original), patch, [])
+    result: JSON = _smp_map(copy.deepcopy(original), patch, [])
+    return result
 
 
 def _smp_map(orig: Any, patch: JSON, path: list[str]) -> Any:
@@ -206,7 +207,7 @@ def _smp_map(orig: Any, patch: JSON, path: list[str]) -> Any:
                 result[k] = merged
         elif isinstance(v, list):
             mk = _merge_key(path, k)
-            if mk is False or not isinstance(result.get(k), list):
+            if mk is False or mk is True or not isinstance(result.get(k), list):
                 result[k] = [x for x in v if not (isinstance(x, dict) and x.get("$patch") == "delete")]
                 result[k] = [{kk: vv for kk, vv in x.items() if kk != "$patch"} if isinstance(x, dict) else x
                              for x in result[k]]

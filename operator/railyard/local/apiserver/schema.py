@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import celpy
+from celpy.adapter import json_to_cel
 
 from .errors import Cause, duplicate, invalid_value, not_supported, required, too_many, type_invalid
 
@@ -329,9 +330,9 @@ class Schema:
             self._cel(v, node, path, old, has_old, causes)
 
     def _cel(self, v: Any, node: _Node, path: str, old: Any, has_old: bool, causes: list[Cause]) -> None:
-        activation: dict[str, Any] = {"self": celpy.json_to_cel(v)}
+        activation: dict[str, Any] = {"self": json_to_cel(v)}
         if has_old:
-            activation["oldSelf"] = celpy.json_to_cel(old)
+            activation["oldSelf"] = json_to_cel(old)
         for r in node.rules:
             if r.transition and not has_old:
                 continue

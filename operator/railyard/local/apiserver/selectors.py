@@ -150,9 +150,6 @@ def field_matcher(text: str | None, allowed: frozenset[str] | None, kind: str) -
     reqs = parse_field_selector(text, allowed, kind)
 
     def match(obj: dict[str, Any]) -> bool:
-        for path, negate, value in reqs:
-            if (_field(obj, path) == value) == negate:
-                return False
-        return True
+        return all((_field(obj, path) == value) != negate for path, negate, value in reqs)
 
     return match

@@ -46,16 +46,15 @@ def _raw(body: bytes, status: int = 200, headers: dict[str, str] | None = None) 
 
 
 def default_log_provider(state_dir: Path) -> LogProvider:
-    """Logs at ``<state-dir>/pods/<namespace>/<pod>/<container>.log`` (``.previous.log`` for previous)."""
+    """Logs at ``<state-dir>/pods/<namespace>/<pod>/<container>.log`` (``.previous.log`` for previous).
+
+    Only paths under the state dir: the server never reads a path an API client could choose.
+    """
 
     def provider(pod: JSON, container: str, previous: bool) -> Path | None:
         meta = pod["metadata"]
-        ann = meta.get("annotations") or {}
-        custom = ann.get(f"railyard.io/log-path.{container}")
-        if custom and not previous:
-            return Path(custom)
         suffix = ".previous.log" if previous else ".log"
-        return state_dir / "pods" / meta.get("namespace", "") / meta["name"] / f"{container}{suffix}"
+        return state_dir / "pods" / str(meta.get("namespace", "")) / str(meta["name"]) / f"{container}{suffix}"
 
     return provider
 
@@ -100,10 +99,9 @@ class APIServer:
             ssl_context = certs.server_context()
         self._site = web.TCPSite(self._runner, self.host, self.port, reuse_address=True, ssl_context=ssl_context)
         await self._site.start()
-        server = self._site._server
+        server: Any = self._site._server
         assert server is not None
-        sock = server.sockets[0]  # type: ignore[union-attr]
-        self.port = sock.getsockname()[1]
+        self.port = int(server.sockets[0].getsockname()[1])
         host = f"[{self.host}]" if ":" in self.host else self.host
         self.url = f"{'https' if self.tls else 'http'}://{host}:{self.port}"
         return self.url
@@ -385,7 +383,7 @@ class APIServer:
 
     async def _delete_collection(self, request: web.Request, rt: ResourceType, version: str,
                                  ns: str | None) -> web.Response:
-        entries, rv = self.engine.list(rt, ns, self._matchers(request, rt))
+        entries, _ = self.engine.list(rt, ns, self._matchers(request, rt))
         opts = await self._delete_options(request)
         ctx = self._ctx(request)
         out = []
