@@ -43,7 +43,7 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def test_env(**extra: str) -> dict[str, str]:
+def launcher_env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RAILYARD_", "MASTER_", "RANK", "WORLD_SIZE", "LOCAL_"))}
     env.update({
         "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo", "RAILYARD_PLAIN_CHECKPOINT": "1",
@@ -78,7 +78,7 @@ def run_launcher(workdir: Path, args: list[str], *, trainer: dict[str, Any] | No
     extra = dict(env_extra)
     if dump_grads:
         extra["RAILYARD_DUMP_GRADS"] = str(workdir / "grads")
-    proc = start_launcher(workdir, args, cfg, test_env(**extra))
+    proc = start_launcher(workdir, args, cfg, launcher_env(**extra))
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:

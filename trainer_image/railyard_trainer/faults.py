@@ -85,15 +85,17 @@ class FaultInjector:
 
 
 def _victim(parts: list[nn.Module], *, grad: bool) -> tuple[str, torch.Tensor]:
-    """The first block weight with a non-empty local shard (a real tensor the health checks see)."""
-    for part in parts:
-        for name, p in part.named_parameters():
-            t: Any = p.grad if grad else p
-            if t is None or p.ndim < 2:
-                continue
-            local = t.to_local() if isinstance(t, DTensor) else t
-            if local.numel() > 0:
-                return clean_fqn(name), local
+    """The first block weight with a non-empty local shard (a real tensor the health checks see);
+    embeddings come last because most of their gradient rows are exactly zero."""
+    candidates = [(clean_fqn(n), p) for part in parts for n, p in part.named_parameters() if p.ndim >= 2]
+    candidates.sort(key=lambda np_: not np_[0].startswith("layers."))
+    for name, p in candidates:
+        t: Any = p.grad if grad else p
+        if t is None:
+            continue
+        local = t.to_local() if isinstance(t, DTensor) else t
+        if local.numel() > 0:
+            return name, local
     raise RuntimeError("bitflip: this rank holds no non-empty weight to corrupt")
 
 

@@ -197,6 +197,7 @@ class Trainer:
         )
         self.ctx.extra["device"] = self.device
         self.checkpointer = _build_checkpointer(cfg, self.ctx)
+        self.ctx.extra["checkpointer"] = self.checkpointer
         self.health = _build_health(cfg, self.ctx)
         self.faults = FaultInjector(cfg.active_faults(), rank=env.rank, log=log_event)
         self.watchdog = Watchdog(t.watchdog_s, rank=env.rank)
@@ -206,6 +207,7 @@ class Trainer:
     def train(self) -> None:
         t = self.cfg.trainer
         restored = self.checkpointer.restore(self.ctx)
+        self.ctx.extra["restore"] = restored
         if restored is not None:
             log_event("restored", rank=self.env.rank, step=restored.step, tier=restored.tier, duration_s=round(restored.duration_s, 3), detail=restored.detail)
         self.health.preflight(self.ctx)
@@ -224,6 +226,7 @@ class Trainer:
         start = time.perf_counter()
         self.faults.before_step(step)
         inputs, labels = self.data.next_batch()
+        self.ctx.extra["batch"] = (inputs, labels)
         self._sync()
         t0 = time.perf_counter()
         loss = self.forward_backward(inputs, labels)

@@ -1,0 +1,70 @@
+"""Each injected fault produces its documented exit code, and the launcher reports it."""
+
+from __future__ import annotations
+
+import pytest
+
+from railyard.protocol.exitcodes import ExitCode
+
+from .launch import run_launcher
+
+pytestmark = pytest.mark.torch
+
+TWO = ["--nproc-per-node", "2"]
+
+
+def test_crash_is_an_application_error_and_peers_see_infrastructure(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    run = run_launcher(tmp_path, TWO, trainer={"steps": 5, "faults": [{"kind": "crash", "rank": 1, "step": 3}]})
+    assert run.code == ExitCode.APPLICATION, run.explain()
+    workers = run.of("launcher_exit")[0]["workers"]
+    assert workers["1"] == ExitCode.APPLICATION
+    # The survivor either saw the broken connection itself or was stopped by the launcher.
+    assert workers["0"] in (ExitCode.INFRASTRUCTURE, 128 + 15)
+    assert run.of("fault", kind="crash", rank=1, step=3)
+    assert max(run.losses()) == 2
+
+
+def test_hang_is_reported_by_the_watchdog_well_before_the_collective_timeout(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    run = run_launcher(tmp_path, TWO, trainer={"steps": 6, "watchdogSeconds": 3, "collectiveTimeoutSeconds": 60,
+                                               "faults": [{"kind": "hang", "rank": 0, "step": 3}]})
+    assert run.code == ExitCode.HANG_OR_STRAGGLER, run.explain()
+    hangs = run.of("hang_detected")
+    assert hangs and all(h["idle_s"] < 20 for h in hangs)
+    assert run.of("fault", kind="hang", rank=0, step=3)
+
+
+def test_slow_and_bitflips_are_injected_into_real_tensors(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # Without the health package nothing detects the flips: the run finishes (exit 0) and the
+    # corruption is visible in the logs; SDC_DETECTED is the health package's verdict.
+    run = run_launcher(tmp_path, TWO, trainer={"steps": 6, "gradClip": 0.0, "faults": [
+        {"kind": "slow", "rank": 1, "step": 2, "factor": 4.0},
+        {"kind": "bitflip", "rank": 0, "step": 4, "target": "grad"},
+        {"kind": "bitflip", "rank": 1, "step": 5, "target": "param"},
+    ]}, RAILYARD_LOG_ALL_RANKS="1")
+    assert run.code == 0, run.explain()
+
+    compute = {(e["rank"], e["step"]): e["compute_s"] for e in run.of("step")}
+    assert compute[(1, 1)] < compute[(0, 1)] * 2  # not slow before step 2
+    for step in range(3, 7):
+        assert compute[(1, step)] > 2.5 * compute[(0, step)], (step, compute)
+
+    (grad_flip,) = run.of("fault", kind="bitflip", target="grad")
+    assert grad_flip["rank"] == 0 and grad_flip["step"] == 4 and grad_flip["tensor"].startswith("layers.")
+    assert abs(grad_flip["after"]) > 1e30 > abs(grad_flip["before"])
+    norms = {e["step"]: e["grad_norm"] for e in run.of("step", rank=0)}
+    assert float(norms[4]) > 1e30 and float(norms[3]) < 10  # the global grad norm saw it (may be "inf")
+
+    (param_flip,) = run.of("fault", kind="bitflip", target="param")
+    assert param_flip["rank"] == 1 and abs(param_flip["after"]) > 1e30
+
+
+def test_bad_layout_is_a_permanent_configuration_error(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # Caught by the launcher before any worker starts: tp=2 does not divide 3 processes.
+    run = run_launcher(tmp_path / "launcher", ["--nproc-per-node", "3", "--tp", "2"])
+    assert run.code == ExitCode.CONFIG_PERMANENT, run.explain()
+    assert "parallelism" in run.of("launcher_exit")[0]["error"]
+    # Caught by the workers: Interleaved1F1B needs a multiple of pp microbatches.
+    run = run_launcher(tmp_path / "workers", [*TWO, "--pp", "2", "--schedule", "Interleaved1F1B", "--microbatches", "3"],
+                       trainer={"batchSize": 6})
+    assert run.code == ExitCode.CONFIG_PERMANENT, run.explain()
+    assert all("parallelism.microbatches" in e["error"] for e in run.of("worker_failed"))
