@@ -176,6 +176,15 @@ class PodWorker:
                 await self._patch_status()
         self.agent.forget(self)
 
+    async def report_shutdown(self) -> None:
+        for c in self.init + self.containers:
+            if not c.terminated:
+                c.state = {"terminated": self._terminated(143, "NodeShutdown", c.started_at)}
+            c.ready = False
+        self.phase, self.reason = "Failed", "NodeShutdown"
+        self.message = "the local cluster was stopped (railyard local down) while this pod ran"
+        await self._patch_status()
+
     # --- lifecycle ---
     async def _run(self) -> None:
         try:
@@ -327,8 +336,10 @@ class PodWorker:
                     if probe is not None:
                         probe.cancel()
                         probe = None
+                if self.stopping:
+                    return  # whoever stops the pod reports it
                 restart = self.restart_policy == "Always" or (self.restart_policy == "OnFailure" and code != 0)
-                if not restart or self.stopping:
+                if not restart:
                     self._update_phase()
                     await self._patch_status()
                     return
@@ -812,6 +823,11 @@ class Agent:
             if w.task is not None:
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await w.task
+        # Like a kubelet's graceful node shutdown: pods that will not be restarted are Failed.
+        reports = [w.report_shutdown() for w in workers if w.restart_policy != "Always" and w.phase in ("Pending", "Running")]
+        if reports:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(asyncio.gather(*reports, return_exceptions=True), 3.0)
 
 
 def dump_status(agent: Agent) -> str:

@@ -1,0 +1,49 @@
+"""``down`` then ``up`` keeps every object and each node's failure state (embedded mode)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from kubernetes import client as k8s
+from kubernetes import config as k8s_config
+
+from railyard.local.cluster import LocalCluster
+
+from .builders import make_pod
+from .conftest import wait_for, wait_phase
+
+pytestmark = pytest.mark.cluster
+
+
+def test_down_then_up_keeps_objects_and_failed_nodes(tmp_path: Path) -> None:
+    cluster = LocalCluster(tmp_path / "state", nodes=2, topology="spine=1,leaf=1", mode="embedded")
+    kubeconfig = cluster.start()
+    try:
+        api = k8s_config.new_client_from_config(config_file=str(kubeconfig))
+        core = k8s.CoreV1Api(api)
+        core.create_namespaced_config_map("default", {"metadata": {"name": "keep"}, "data": {"k": "v"}})
+        core.create_namespaced_pod("default", make_pod("sleeper").command("sleep", "300").obj())
+        wait_phase(core, "default", "sleeper", ("Running",))
+        core.patch_node("node-1", {"metadata": {"annotations": {"local.railyard.dev/fail": "true"}}})
+        wait_for(lambda: any(c.type == "Ready" and c.status == "False" for c in core.read_node("node-1").status.conditions), 10)
+        api.close()
+    finally:
+        cluster.stop()
+
+    again = LocalCluster(tmp_path / "state")  # everything comes from the state dir
+    assert [n.name for n in again.node_specs] == ["node-0", "node-1"]
+    assert again.start() == kubeconfig
+    try:
+        api = k8s_config.new_client_from_config(config_file=str(kubeconfig))
+        core = k8s.CoreV1Api(api)
+        assert core.read_namespaced_config_map("keep", "default").data == {"k": "v"}
+        assert any(c.type == "Ready" and c.status == "False" for c in core.read_node("node-1").status.conditions)
+        assert any(c.type == "Ready" and c.status == "True" for c in core.read_node("node-0").status.conditions)
+        # the pod's processes died with the old runtime: reported, not silently re-run
+        lost = wait_phase(core, "default", "sleeper", ("Failed",), timeout=15)
+        assert lost.status.reason in ("NodeShutdown", "NodeRestart")
+        assert lost.status.container_statuses[0].state.terminated.exit_code in (137, 143)
+        api.close()
+    finally:
+        again.stop()
