@@ -11,6 +11,8 @@ The scheme (docs/health.md has the reasoning):
   dimension (plain tensors under data parallelism, DTensor shards with a Replicate placement
   on that dimension: HSDP replicas, TP-replicated norms) is checksummed per dimension and
   compared across the dimension's group; the majority names the odd rank.
+- **State guard** every step: the bit sums of the parameters after the optimizer step must
+  be unchanged when the next backward is done (nothing may touch them at rest); exact.
 - **Magnitude guard** every step: an optimizer step moves a parameter by about the learning
   rate; a flipped high exponent bit moves it by 2^64 or more, or makes it non-finite. The
   per-tensor max |p| before and after the step bounds what arithmetic can do.
@@ -61,6 +63,21 @@ def tensor_checksum(tensors: Iterable[torch.Tensor]) -> int:
         s = (bits64 * weights).sum()
         total = s if total is None else total + s
     return int(total.item()) if total is not None else 0
+
+
+@torch.no_grad()
+def bit_sums(tensors: Sequence[torch.Tensor]) -> list[int]:
+    """Per tensor, the sum of its elements' bit patterns in int64: exact for any single bit
+    flip (it moves the sum by +-2^k), one read of the data, no copies. For data at rest."""
+    sums: list[torch.Tensor] = []
+    for t in tensors:
+        x = local_tensor(t).detach()
+        iv = _INT_VIEW.get(x.dtype)
+        if iv is None or x.numel() == 0:
+            sums.append(torch.zeros((), dtype=torch.int64))
+            continue
+        sums.append(x.view(iv).sum(dtype=torch.int64).cpu())
+    return [int(v) for v in torch.stack(sums).tolist()] if sums else []
 
 
 @torch.no_grad()

@@ -179,7 +179,7 @@ def run(*, flips: int, clean_steps: int, seed: int = 0, tier2_interval: int = 20
         if caught:
             res.by_check[where] += 1
         else:
-            idx, before, after = h.last_flip
+            _idx, before, after = h.last_flip
             res.missed.append({"target": target, "step_offset": at, "before": before, "after": after})
     res.wall_s = time.perf_counter() - t0
     return res

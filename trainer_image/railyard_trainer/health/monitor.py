@@ -24,6 +24,7 @@ import torch.distributed as dist
 
 from railyard.protocol.heartbeat import CheckpointEvent, HealthResult, RankBeat
 from railyard_trainer.health.checks import (
+    bit_sums,
     known_answer_checksum,
     local_tensor,
     magnitude_jumps,
@@ -91,6 +92,7 @@ class RailyardHealthMonitor:
         self._kat_reference: int | None = None
         self._after_step_max: list[float] | None = None
         self._before_step_max: list[float] | None = None
+        self._after_step_sums: list[int] | None = None
         self._lock = threading.Lock()
         self._results: list[HealthResult] = []
         self._recent: list[float] = []
@@ -125,20 +127,21 @@ class RailyardHealthMonitor:
         self._periodic_checks(ctx)
         if self.s.magnitude_guard:
             self._after_step_max = max_abs_per_tensor(_params(ctx))
+            self._after_step_sums = bit_sums(_params(ctx))
         self._send(force=True)
 
     def after_backward(self, ctx: TrainContext, loss: torch.Tensor, grad_norm: torch.Tensor) -> None:
         step = ctx.step
         if self.s.magnitude_guard:
-            params = _params(ctx)
-            now_max = max_abs_per_tensor(params)
-            prev = self._after_step_max
-            if prev is not None and len(prev) == len(now_max):
-                changed = [i for i, (a, b) in enumerate(zip(prev, now_max, strict=True)) if a != b and not (a != a and b != b)]
+            sums = bit_sums(_params(ctx))
+            prev = self._after_step_sums
+            if prev is not None and len(prev) == len(sums):
+                changed = [i for i, (a, b) in enumerate(zip(prev, sums, strict=True)) if a != b]
                 self._record("state_guard", step, not changed)
                 if changed:
-                    self._confirmed(ctx, "state_guard", step, f"parameter {_name(ctx, changed[0])} changed between steps (max |p| {prev[changed[0]]:.3g} -> {now_max[changed[0]]:.3g})", ctx.rank)
-            self._before_step_max = now_max
+                    self._confirmed(ctx, "state_guard", step, f"parameter {_name(ctx, changed[0])} changed at rest between steps (its bits no longer match)", ctx.rank)
+            # Unchanged since after_step: its maxima are the ones before this optimizer step.
+            self._before_step_max = self._after_step_max
         gn = float(grad_norm)
         spike = self.grad_spikes.check(gn, "grad norm")
         conc = _concentration(_params(ctx))
@@ -169,10 +172,9 @@ class RailyardHealthMonitor:
                     i = jumps[0]
                     self._confirmed(ctx, "magnitude_guard", step, f"optimizer step moved {_name(ctx, i)} max |p| {before[i]:.3g} -> {now_max[i]:.3g}, beyond any update", ctx.rank)
             self._after_step_max = now_max
+            self._after_step_sums = bit_sums(_params(ctx))
         if step % self.s.sdc_interval_steps == 0:
             self._periodic_checks(ctx)
-            if self.s.magnitude_guard:
-                self._after_step_max = max_abs_per_tensor(_params(ctx))
         with self._lock:
             self._recent.append(metrics.compute_s)
             del self._recent[:-64]
