@@ -204,6 +204,7 @@ class CheckpointManager:
     # ------------------------------------------------------------------ hooks.Checkpointer
 
     def maybe_save(self, ctx: TrainContext, *, checks_passed: bool) -> None:
+        self.forward_events(ctx)
         final = self.final_step is not None and ctx.step == self.final_step
         due = [t for t in self.tiers if t.due(ctx.step) or (final and ctx.step > 0)]
         if due and ctx.step != self._last_saved_step:
@@ -220,6 +221,16 @@ class CheckpointManager:
         with self._events_lock:
             out, self._events = self._events, []
         return out
+
+    def forward_events(self, ctx: TrainContext) -> None:
+        """Push pending events to the health monitor when it is in ``ctx.extra["health_monitor"]``
+        (its ``note_checkpoint``); without one they wait for drain_events()."""
+        monitor = ctx.extra.get("health_monitor")
+        note = getattr(monitor, "note_checkpoint", None)
+        if not callable(note):
+            return
+        for event in self.drain_events():
+            note(event)
 
     def close(self, timeout_s: float | None = None) -> None:
         """Wait for in-flight saves (bounded by ``timeout_s``, default the group timeout)."""
@@ -555,6 +566,10 @@ class CheckpointManager:
             )
         )
         log.info("restored %s in %.2fs", detail, duration)
+        note_restore = getattr(ctx.extra.get("health_monitor"), "note_restore", None)
+        if callable(note_restore):
+            note_restore(src.tier, src.step)
+        self.forward_events(ctx)
         return result
 
     def _list_found(self) -> list[FoundCheckpoint]:
