@@ -180,11 +180,13 @@ def plan_launch(args: argparse.Namespace, env: Mapping[str, str]) -> LaunchPlan:
         if pod_raw is None:
             raise ConfigError(["RAILYARD_POD_INDEX: required with a rank table (which pod am I?)"])
         pod_index = int(pod_raw)
+        # The rank table is authoritative; a config that names other (non-default) sizes is
+        # refused rather than silently overridden.
         p = cfg.parallelism
         problems = [
             f"parallelism.{name}: config says {want} but the rank table has {have}"
-            for name, want, have in (("tensor", p.tensor, table.tp), ("pipeline", p.pipeline, table.pp), ("data", p.data, table.dp))
-            if want > 0 and want != have
+            for name, want, have, default in (("tensor", p.tensor, table.tp, 1), ("pipeline", p.pipeline, table.pp, 1), ("data", p.data, table.dp, -1))
+            if want > 0 and want != default and want != have
         ]
         if problems:
             raise ConfigError(problems)
