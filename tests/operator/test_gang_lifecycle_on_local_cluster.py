@@ -223,7 +223,7 @@ def test_metrics_are_served_and_count_restarts_by_class(api: Api, operator: Oper
     try:
         wait_for("running", lambda: len(_running_pods(api, job_name, 0)) == 2, 40)
         workload.exit(3, attempt=0, pod=0)
-        wait_for("attempt 1 running", lambda: len(_running_pods(api, job_name, 1)) == 2, 40)
+        wait_for("attempt 1 Running", lambda: api.status(NS, job_name).get("attempt") == 1 and _phase(api, job_name) == "Running", 40)
         assert restarts("Application") == before + 1
         families = {f.name: f for f in text_string_to_metric_families(operator.metrics_text())}
         for name in ("railyard_jobs", "railyard_gang_ready_seconds", "railyard_failure_to_restarted_seconds",
