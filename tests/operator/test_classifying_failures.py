@@ -3,10 +3,16 @@
 from __future__ import annotations
 
 import pytest
-
-from railyard.logic.failures import RULES, SDC_CONDITION, STRAGGLER_CONDITION, classify_pod, decide_root_failure
-from railyard.protocol.exitcodes import ExitCode, FailureClass
 from tests.operator.builders import make_node, make_pod
+
+from railyard.logic.failures import (
+    RULES,
+    SDC_CONDITION,
+    STRAGGLER_CONDITION,
+    classify_pod,
+    decide_root_failure,
+)
+from railyard.protocol.exitcodes import ExitCode, FailureClass
 
 NODES = {"node-0": make_node("node-0"), "node-1": make_node("node-1")}
 

@@ -11,8 +11,15 @@ from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-
-from tests.operator.conftest import MAIN_NS, Api, OperatorProcess, Workload, base_spec, on_exit_dump, wait_for
+from tests.operator.conftest import (
+    MAIN_NS,
+    Api,
+    OperatorProcess,
+    Workload,
+    base_spec,
+    on_exit_dump,
+    wait_for,
+)
 
 pytestmark = pytest.mark.cluster
 NS = MAIN_NS
@@ -50,7 +57,8 @@ def test_gang_is_created_whole_gated_owned_and_succeeds(api: Api, operator: Oper
         assert env0["MASTER_ADDR"] == f"{job_name}-0.{job_name}.{NS}.svc"
         assert env0["RAILYARD_ATTEMPT"] == "0" and env0["NCCL_CROSS_NIC"] == "0"
         assert env0["RAILYARD_HEARTBEAT_TOKEN"] and env0["RAILYARD_HEARTBEAT_URL"].endswith(f"/v1/heartbeats/{NS}/{job_name}")
-        table = json.loads(open(env0["RAILYARD_RANK_TABLE"]).read())
+        with open(env0["RAILYARD_RANK_TABLE"]) as fh:
+            table = json.load(fh)
         assert [p["node"] for p in sorted(table["pods"], key=lambda p: p["pod_index"])] == api.status(NS, job_name)["placement"]["nodes"]
         st = api.status(NS, job_name)
         conds = {c["type"]: c["status"] for c in st["conditions"]}

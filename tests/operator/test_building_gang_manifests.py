@@ -1,0 +1,160 @@
+"""Pure manifest builders: deterministic names, the pod contract, pinning, gating, privilege."""
+
+from __future__ import annotations
+
+import json
+
+from railyard.api.trainingjob import DEFAULT_IMAGE, TrainingJobSpec
+from railyard.logic.gang import assess_gang, plan_placement
+from railyard.logic.manifests import (
+    GANG_GATE,
+    NCCL_DEFAULTS,
+    build_configmap,
+    build_gang_pods,
+    build_gate_removal,
+    build_service,
+    build_trainer_config,
+    check_names,
+    with_addresses,
+)
+
+OWNER = {"apiVersion": "railyard.dev/v1alpha1", "kind": "TrainingJob", "name": "llm", "uid": "u-1", "controller": True}
+
+
+def _spec(**kw: object) -> TrainingJobSpec:
+    return TrainingJobSpec.model_validate({"nodes": 2, "procsPerNode": 2, **kw})
+
+
+def _pods(spec: TrainingJobSpec, attempt: int = 0) -> list[dict]:
+    return build_gang_pods(spec, job="llm", namespace="ml", owner=OWNER, attempt=attempt, nodes=["n-a", "n-b"], heartbeat_url="http://op:8080/v1/heartbeats/ml/llm")
+
+
+def _env(pod: dict) -> dict[str, object]:
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in pod["spec"]["containers"][0]["env"]}
+
+
+def test_names_are_deterministic_per_attempt_and_hostnames_stable() -> None:
+    a0, a1 = _pods(_spec()), _pods(_spec(), attempt=1)
+    assert [p["metadata"]["name"] for p in a0] == ["llm-a0-0", "llm-a0-1"]
+    assert [p["metadata"]["name"] for p in a1] == ["llm-a1-0", "llm-a1-1"]
+    assert [p["spec"]["hostname"] for p in a1] == ["llm-0", "llm-1"]
+    assert all(p["spec"]["subdomain"] == "llm" for p in a0)
+    assert _pods(_spec()) == a0, "a repeated run builds identical objects"
+
+
+def test_pods_are_gated_pinned_owned_and_unprivileged() -> None:
+    pod = _pods(_spec(image=DEFAULT_IMAGE))[1]
+    spec = pod["spec"]
+    assert spec["schedulingGates"] == [{"name": GANG_GATE}]
+    term = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0]
+    assert term["matchFields"] == [{"key": "metadata.name", "operator": "In", "values": ["n-b"]}]
+    assert pod["metadata"]["ownerReferences"] == [OWNER]
+    assert spec["restartPolicy"] == "Never" and spec["automountServiceAccountToken"] is False
+    c = spec["containers"][0]
+    assert c["securityContext"]["allowPrivilegeEscalation"] is False and c["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"} and spec["securityContext"]["runAsNonRoot"] is True
+    assert c["resources"]["limits"]["nvidia.com/gpu"] == "2"
+    assert pod["metadata"]["labels"] == {
+        "railyard.dev/job": "llm", "app.kubernetes.io/managed-by": "railyard", "railyard.dev/attempt": "0", "railyard.dev/pod-index": "1",
+    }
+
+
+def test_custom_images_are_not_forced_to_a_user() -> None:
+    pod = _pods(_spec(image="example.com/mine:1"))[0]
+    assert "runAsNonRoot" not in pod["spec"]["securityContext"]
+
+
+def test_pod_contract_env_and_nccl_overrides() -> None:
+    env = _env(_pods(_spec(nccl={"NCCL_CROSS_NIC": "1", "NCCL_DEBUG": "INFO"}, env=[{"name": "MASTER_PORT", "value": "1234"}]))[1])
+    for key in ("RAILYARD_CONFIG", "RAILYARD_RANK_TABLE", "RAILYARD_POD_INDEX", "RAILYARD_NODE_NAME", "RAILYARD_JOB",
+                "RAILYARD_NAMESPACE", "RAILYARD_ATTEMPT", "MASTER_ADDR", "RAILYARD_HEARTBEAT_URL", "RAILYARD_HEARTBEAT_TOKEN",
+                "RAILYARD_CHECKPOINT_MEMORY_DIR", "RAILYARD_CHECKPOINT_LOCAL_DIR", "RAILYARD_CHECKPOINT_SHARED_DIR"):
+        assert key in env, key
+    assert env["RAILYARD_POD_INDEX"] == "1" and env["MASTER_ADDR"] == "llm-0.llm.ml.svc"
+    assert env["RAILYARD_HEARTBEAT_TOKEN"] == {"secretKeyRef": {"name": "llm-heartbeat", "key": "token"}}
+    assert env["NCCL_CROSS_NIC"] == "1" and env["NCCL_DEBUG"] == "INFO", "spec.nccl overrides the defaults"
+    assert env["MASTER_PORT"] == "1234", "spec.env wins"
+    assert NCCL_DEFAULTS["NCCL_CROSS_NIC"] == "0"
+
+
+def test_shared_tier_uses_the_claim_when_given() -> None:
+    vols = {v["name"]: v for v in _pods(_spec(checkpoint={"shared": {"claimName": "ckpt"}}))[0]["spec"]["volumes"]}
+    assert vols["ckpt-shared"] == {"name": "ckpt-shared", "persistentVolumeClaim": {"claimName": "ckpt"}}
+    assert vols["ckpt-memory"]["hostPath"]["path"] == "/dev/shm/railyard/ml/llm"
+
+
+def test_configmap_holds_rank_table_and_trainer_config() -> None:
+    spec = _spec(parallelism={"tensor": 2})
+    from tests.operator.builders import make_node
+
+    job = __import__("railyard.api.trainingjob", fromlist=["TrainingJob"]).TrainingJob.model_validate(
+        {"metadata": {"name": "llm", "namespace": "ml"}, "spec": spec.model_dump(by_alias=True)}
+    )
+    placed = plan_placement(job, attempt=3, nodes=[make_node("n-a"), make_node("n-b")], pods=[])
+    table = with_addresses(placed.rank_table, "ml")  # type: ignore[union-attr]
+    cfg = build_trainer_config(spec, job="llm", namespace="ml", attempt=3, restore={"tier": "memory", "step": 40})
+    cm = build_configmap("llm", "ml", OWNER, attempt=3, rank_table=table, config=cfg)
+    assert cm["metadata"]["name"] == "llm-a3"
+    rt = json.loads(cm["data"]["ranktable.json"])
+    assert rt["master_addr"] == "llm-0.llm.ml.svc" and rt["attempt"] == 3 and len(rt["ranks"]) == 4
+    conf = json.loads(cm["data"]["config.json"])
+    assert conf["attempt"] == 3 and conf["parallelism"]["tensor"] == 2 and conf["restore"] == {"tier": "memory", "step": 40}
+    assert conf["trainer"]["batchSize"] == 8 and "memory" in conf["checkpoint"]
+    from railyard_trainer.config import TrainerConfig
+
+    assert TrainerConfig.from_dict(conf).parallelism.tensor == 2, "the trainer reads what we write"
+
+
+def test_service_is_headless_and_publishes_not_ready() -> None:
+    svc = build_service("llm", "ml", OWNER)
+    assert svc["spec"]["clusterIP"] == "None" and svc["spec"]["publishNotReadyAddresses"] is True
+
+
+def test_gate_removal_keeps_foreign_gates() -> None:
+    pod = {"spec": {"schedulingGates": [{"name": GANG_GATE}, {"name": "kueue.x-k8s.io/admission"}]}}
+    assert build_gate_removal(pod) == {"spec": {"schedulingGates": [{"name": "kueue.x-k8s.io/admission"}]}}
+    assert build_gate_removal({"spec": {"schedulingGates": [{"name": GANG_GATE}]}}) == {"spec": {"schedulingGates": None}}
+    assert build_gate_removal({"spec": {}}) is None
+
+
+def test_long_names_are_reported_with_the_fix() -> None:
+    assert check_names("x" * 62, 10) and "metadata.name" in check_names("x" * 62, 10)[0]
+    assert check_names("x" * 61, 10) == []
+    assert check_names("llm", 1000) == []
+
+
+def test_assessing_a_gang() -> None:
+    from tests.operator.builders import make_node, make_pod
+
+    nodes = {f"node-{i}": make_node(f"node-{i}") for i in range(3)}
+    running = [make_pod(index=i, node=f"node-{i}").obj() for i in range(2)]
+    assert assess_gang(running, nodes, attempt=0, expected=2, now=0).state == "Running"
+    assert assess_gang([], nodes, attempt=0, expected=2, now=0).state == "Absent"
+    partial = [make_pod(index=0).gated().obj()]
+    a = assess_gang(partial, nodes, attempt=0, expected=2, now=0)
+    assert a.state == "Partial" and a.missing == (1,)
+    gated = [make_pod(index=i).gated().obj() for i in range(2)]
+    assert assess_gang(gated, nodes, attempt=0, expected=2, now=0).state == "Gated"
+    lost = [make_pod(index=0).obj()]
+    a = assess_gang(lost, nodes, attempt=0, expected=2, now=0)
+    assert a.state == "Failed" and a.failure is not None and a.failure.kind == "PodLost"
+    done = [make_pod(index=i).exited(0).obj() for i in range(2)]
+    assert assess_gang(done, nodes, attempt=0, expected=2, now=0).state == "Succeeded"
+    old = [*running, make_pod(attempt=1, index=0).obj()]
+    a = assess_gang(old, nodes, attempt=1, expected=2, now=0)
+    assert a.stale == ("j-a0-0", "j-a0-1")
+
+
+def test_not_ready_grace_defers_the_verdict() -> None:
+    from tests.operator.builders import make_node, make_pod
+
+    from railyard.logic.conditions import parse_time
+
+    since = "2026-01-01T00:00:00Z"
+    t = parse_time(since) or 0.0
+    nodes = {"node-0": make_node("node-0", ready=False, since=since)}
+    pods = [make_pod().obj()]
+    early = assess_gang(pods, nodes, attempt=0, expected=1, now=t + 1, not_ready_grace_s=3)
+    assert early.state == "Running" and 1.9 < early.recheck_after < 2.1
+    late = assess_gang(pods, nodes, attempt=0, expected=1, now=t + 4, not_ready_grace_s=3)
+    assert late.state == "Failed" and late.failure is not None and late.failure.nodes == ("node-0",)
