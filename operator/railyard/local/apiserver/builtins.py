@@ -157,7 +157,8 @@ def default(rt: ResourceType, obj: JSON, eng: Engine) -> None:
                     p.setdefault("targetPort", p["port"])
         obj.setdefault("status", {}).setdefault("loadBalancer", {})
     elif key == "secrets":
-        obj.setdefault("type", "Opaque")
+        if not obj.get("type"):
+            obj["type"] = "Opaque"
         string_data = obj.pop("stringData", None)
         if isinstance(string_data, dict):
             data = obj.setdefault("data", {})

@@ -210,6 +210,11 @@ class Engine:
                 raise invalid(rt.kind, rt.group, "", [
                     Cause("metadata.name", "FieldValueRequired", "Required value: name or generateName is required")])
         self._check_namespace(rt, ns)
+        if rt.crd is not None:
+            crd = self.store.get(CRD_KEY, "", rt.crd["metadata"]["name"])
+            if crd is not None and crd.obj["metadata"].get("deletionTimestamp"):
+                raise APIError(405, "create not allowed while custom resource definition is terminating",
+                               reason="MethodNotAllowed")
         for k in ("resourceVersion", "deletionTimestamp", "deletionGracePeriodSeconds", "managedFields"):
             meta.pop(k, None)
         meta["uid"] = str(uuid.uuid4())

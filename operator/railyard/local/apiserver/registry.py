@@ -71,7 +71,7 @@ def _builtin(group: str, version: str, plural: str, kind: str, namespaced: bool,
 
 
 def builtin_types() -> list[ResourceType]:
-    return [
+    types = [
         _builtin("", "v1", "namespaces", "Namespace", False, ["ns"], ("status", "finalize"), ("status.phase",)),
         _builtin("", "v1", "nodes", "Node", False, ["no"], ("status",), ("spec.unschedulable",)),
         _builtin("", "v1", "pods", "Pod", True, ["po"], ("status", "binding", "eviction", "log"),
@@ -92,6 +92,13 @@ def builtin_types() -> list[ResourceType]:
         _builtin("apiextensions.k8s.io", "v1", "customresourcedefinitions", "CustomResourceDefinition", False,
                  ["crd", "crds"], ("status",)),
     ]
+    for plural, kind in (("selfsubjectaccessreviews", "SelfSubjectAccessReview"),
+                         ("selfsubjectrulesreviews", "SelfSubjectRulesReview")):
+        types.append(_builtin("authorization.k8s.io", "v1", plural, kind, False, verbs=["create"]))
+    for t in types:
+        if t.key in ("pods", "services"):
+            t.categories = ["all"]
+    return types
 
 
 class Registry:

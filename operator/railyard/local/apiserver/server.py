@@ -14,7 +14,7 @@ from typing import Any
 
 from aiohttp import web
 
-from . import openapi, table
+from . import openapi, protobuf, table
 from .controllers import Controllers
 from .crd import register_crd_hook, restore_crds
 from .engine import Ctx, DeleteOptions, Engine
@@ -34,6 +34,7 @@ SERVER_VERSION = {"major": "1", "minor": "34", "gitVersion": "v1.34.0+railyard",
 
 BOOKMARK_INTERVAL_S = 15.0
 DEFAULT_WATCH_TIMEOUT_S = 1800.0
+DISCONNECT_CHECK_S = 5.0
 _JSON_CT = "application/json"
 
 
@@ -229,7 +230,9 @@ class APIServer:
     async def _body(self, request: web.Request) -> Any:
         data = await request.read()
         ctype = request.headers.get("Content-Type", _JSON_CT).split(";")[0].strip()
-        if "protobuf" in ctype:
+        if ctype == "application/vnd.kubernetes.protobuf":
+            return protobuf.decode_body(data)
+        if "protobuf" in ctype or "cbor" in ctype:
             raise APIError(415, "the body of the request was in an unknown format - accepted media types "
                            "include: application/json, application/yaml", reason="UnsupportedMediaType")
         if ctype in ("application/yaml", "application/apply-patch+yaml"):
@@ -270,6 +273,8 @@ class APIServer:
             if method == "POST":
                 if rt.namespaced and ns is None:
                     raise APIError(404, "the server could not find the requested resource", reason="NotFound")
+                if rt.group == "authorization.k8s.io":
+                    return _json(self._review(rt, await self._body(request)), 201)
                 ctx = self._ctx(request)
                 entry = await eng.create(rt, ns or "", await self._body(request), ctx, version)
                 return self._respond(request, rt, version, entry, ctx, 201)
@@ -316,6 +321,19 @@ class APIServer:
             return self._respond(request, rt, version, entry, ctx)
         raise APIError(405, "the server does not allow this method on the requested resource",
                        reason="MethodNotAllowed")
+
+    @staticmethod
+    def _review(rt: ResourceType, body: Any) -> JSON:
+        """Access reviews: the one token may do everything (there is no RBAC here)."""
+        out: JSON = dict(body) if isinstance(body, dict) else {}
+        out.update(apiVersion="authorization.k8s.io/v1", kind=rt.kind)
+        out.setdefault("metadata", {})
+        if rt.plural == "selfsubjectaccessreviews":
+            out["status"] = {"allowed": True, "reason": "the railyard local API server has a single admin token"}
+        else:
+            out["status"] = {"resourceRules": [{"verbs": ["*"], "apiGroups": ["*"], "resources": ["*"]}],
+                             "nonResourceRules": [{"verbs": ["*"], "nonResourceURLs": ["*"]}], "incomplete": False}
+        return out
 
     async def _apply(self, request: web.Request, rt: ResourceType, version: str, ns: str, name: str,
                      sub: str | None, ctx: Ctx) -> Entry:
@@ -455,11 +473,12 @@ class APIServer:
                 now = time.monotonic()
                 if now >= deadline:
                     break
-                wait = min(deadline, next_bookmark) - now
+                # wake at least every few seconds to notice clients that went away
+                wait = min(deadline, next_bookmark, now + DISCONNECT_CHECK_S) - now
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(watcher.wake.wait(), timeout=max(0.0, wait))
                 watcher.wake.clear()
-                if watcher.overflowed:
+                if watcher.overflowed or request.transport is None or request.transport.is_closing():
                     break
                 chunks: list[bytes] = []
                 while watcher.queue:
