@@ -49,7 +49,7 @@ def decide_health(
     open_now = frozenset((v.kind, v.pod_index) for v in liveness)
     new = [v for v in liveness if (v.kind, v.pod_index) not in state.open]
 
-    scores = compute_straggler_scores(ranks, policy)
+    scores = compute_straggler_scores(ranks, policy, state.stragglers)
     flagged, new_stragglers, current = decide_stragglers(scores, state.stragglers, policy, now)
     new += new_stragglers
 

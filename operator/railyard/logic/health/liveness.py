@@ -45,7 +45,7 @@ def decide_dead_ranks(
         pod = pods.get(r.pod_index)
         if pod is None or pod.phase != RUNNING:
             continue
-        if now - r.last_seen_at > policy.heartbeat_timeout_s:
+        if now - r.last_seen_at >= policy.heartbeat_timeout_s:
             prev = worst.get(r.pod_index)
             if prev is None:
                 worst[r.pod_index] = (r, 1)
@@ -107,10 +107,10 @@ def decide_hung_ranks(
         pod = pods.get(r.pod_index)
         if pod is None or pod.phase != RUNNING or r.saving:
             continue
-        if now - r.last_seen_at > policy.heartbeat_timeout_s:
+        if now - r.last_seen_at >= policy.heartbeat_timeout_s:
             continue  # silent, not hung: the dead rule owns it
         since = max(r.step_advanced_at, r.last_saving_at)
-        if now - since > hang_timeout_s:
+        if now - since >= hang_timeout_s:
             prev = worst.get(r.pod_index)
             if prev is None:
                 worst[r.pod_index] = (r, 1)

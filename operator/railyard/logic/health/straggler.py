@@ -13,7 +13,7 @@ Counting in steps, not timer ticks, makes the latency independent of how often w
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Iterable, Mapping
+from collections.abc import Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from railyard.logic.health.model import (
@@ -34,57 +34,72 @@ class RankScores:
     positions: tuple[float, ...]
 
 
-def compute_straggler_scores(ranks: Iterable[RankSignals], policy: HealthPolicy) -> list[RankScores]:
+def compute_straggler_scores(
+    ranks: Iterable[RankSignals],
+    policy: HealthPolicy,
+    flagged: Container[int] = (),
+) -> list[RankScores]:
+    """Scores of every rank with enough samples.
+
+    The window ending at the newest step is scored for every rank; the earlier positions only
+    for ranks near the line (below the clear level, or flagged), against the same peer median:
+    adjacent windows of thousands of peers have the same median for all practical purposes,
+    and this keeps one evaluation of 16,384 ranks to one sort of a short window each.
+    """
     w = policy.straggler_window_steps
     m = max(1, policy.straggler_confirm_steps)
     min_samples = max(3, w // 2)
-    rows: list[tuple[RankSignals, list[float]]] = []
+    near = policy.straggler_threshold + policy.straggler_clear_margin
+    rows: list[tuple[RankSignals, Sequence[float], float]] = []
     for r in ranks:
-        xs = list(r.recent_compute(w + m - 1))
+        xs = r.recent_compute(w + m - 1)
         n = len(xs)
         if n < min_samples:
             continue
-        meds: list[float] = []
-        for j in range(m):
-            end = n - j
-            start = max(0, end - w)
-            if end - start < min_samples:
-                break
-            win = sorted(xs[start:end])
-            med = median_sorted(win)
-            if med <= 0.0:
-                break
-            meds.append(med)
-        if meds:
-            rows.append((r, meds))
+        med = _window_median(xs, n, w)
+        if med > 0.0:
+            rows.append((r, xs, med))
     if len(rows) < 2:
         return []
-    by_pos = [sorted(meds[j] for _, meds in rows if len(meds) > j) for j in range(m)]
-    overall = [median_sorted(v) if v else 0.0 for v in by_pos]
+    meds = sorted(med for _, _, med in rows)
+    overall = median_sorted(meds)
     out: list[RankScores] = []
-    for r, meds in rows:
-        scores: list[float] = []
-        for j, med in enumerate(meds):
-            ref = median_excluding(by_pos[j], bisect_left(by_pos[j], med))
-            if ref is None:
-                break
-            scores.append(ref / med)
-        if not scores:
+    for r, xs, med in rows:
+        ref = median_excluding(meds, bisect_left(meds, med))
+        if ref is None:
             continue
+        score = ref / med
+        positions = [score]
+        if score < near or r.rank in flagged:
+            n = len(xs)
+            for j in range(1, m):
+                end = n - j
+                if min(end, w) < min_samples:
+                    break
+                mj = _window_median(xs, end, w)
+                if mj <= 0.0:
+                    break
+                positions.append(ref / mj)
         out.append(
             RankScores(
                 score=StragglerScore(
                     rank=r.rank,
                     node=r.node,
                     pod_index=r.pod_index,
-                    score=scores[0],
-                    nvrx_score=overall[0] / meds[0],
-                    median_compute_s=meds[0],
+                    score=score,
+                    nvrx_score=overall / med,
+                    median_compute_s=med,
                 ),
-                positions=tuple(scores),
+                positions=tuple(positions),
             )
         )
     return out
+
+
+def _window_median(xs: Sequence[float], end: int, w: int) -> float:
+    win = sorted(xs[max(0, end - w) : end])
+    k = len(win)
+    return win[k // 2] if k % 2 else (win[k // 2 - 1] + win[k // 2]) * 0.5
 
 
 def decide_stragglers(
@@ -93,7 +108,10 @@ def decide_stragglers(
     policy: HealthPolicy,
     now: float,
 ) -> tuple[dict[int, float], list[Verdict], list[StragglerScore]]:
-    """New flag set, verdicts for newly flagged ranks, and the currently flagged scores."""
+    """New flag set, verdicts for newly flagged ranks, and the currently flagged scores.
+
+    A rank whose only scored position is above the clear level counts as clearly fast.
+    """
     m = max(1, policy.straggler_confirm_steps)
     low = policy.straggler_threshold
     high = policy.straggler_threshold + policy.straggler_clear_margin
@@ -106,7 +124,7 @@ def decide_stragglers(
         rank = s.score.rank
         full = len(s.positions) >= m
         if rank in flagged:
-            if full and all(p >= high for p in s.positions):
+            if (full or s.positions[0] >= high) and all(p >= high for p in s.positions):
                 continue
             nxt[rank] = flagged[rank]
             current.append(s.score)
