@@ -1,0 +1,85 @@
+"""Benchmark: tokens/s of each parallel layout against one process, on the same model and data.
+
+Runs the real launcher (``python -m railyard_trainer.launcher``) once per layout with the same
+global batch and reads rank 0's JSON step lines; tokens/s is the median over the steps after
+warm-up. Reported as the ratio to the single-process run of the same job, so the number is
+comparable on a noisy shared machine.
+
+On CPU/gloo with 2 cores, layouts with more processes than cores can only lose: these ratios
+measure the framework's overhead (collectives, pipeline bubbles, process contention), not
+scaling. GPU throughput (MFU) is measured by bench/gpu/mfu.py.
+
+Run: ``python bench/trainer.py [--steps 20] [--preset tiny]``. Writes bench/results/trainer.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+RESULTS = Path(__file__).parent / "results" / "trainer.json"
+
+LAYOUTS: dict[str, list[str]] = {
+    "single": ["--nproc-per-node", "1"],
+    "fsdp(dp=2)": ["--nproc-per-node", "2"],
+    "tp=2": ["--nproc-per-node", "2", "--tp", "2"],
+    "pp=2 GPipe": ["--nproc-per-node", "2", "--pp", "2", "--schedule", "GPipe"],
+    "pp=2 1F1B": ["--nproc-per-node", "2", "--pp", "2", "--schedule", "1F1B"],
+    "pp=2 Interleaved1F1B": ["--nproc-per-node", "2", "--pp", "2", "--schedule", "Interleaved1F1B", "--microbatches", "4"],
+    "dp=2 x tp=2": ["--nproc-per-node", "4", "--tp", "2"],
+    "pp=2 x dp=2": ["--nproc-per-node", "4", "--pp", "2", "--schedule", "1F1B"],
+}
+
+
+def run_layout(args: list[str], *, preset: str, steps: int, batch: int, seq: int) -> dict[str, Any]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAILYARD_", "MASTER_"))}
+    env.update({"OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo", "RAILYARD_PLAIN_CHECKPOINT": "1", "RAILYARD_DISABLE_HEALTH": "1"})
+    with tempfile.TemporaryDirectory() as d:
+        cfg = Path(d) / "config.json"
+        cfg.write_text(json.dumps({"job": "bench", "trainer": {"preset": preset, "steps": steps, "batchSize": batch, "seqLen": seq, "warmupSteps": 2}}))
+        out = subprocess.run([sys.executable, "-m", "railyard_trainer.launcher", "--config", str(cfg), *args], env=env, capture_output=True, text=True, timeout=900)
+    steps_ev = [json.loads(line) for line in out.stdout.splitlines() if line.startswith('{"event":"step"')]
+    if out.returncode != 0 or not steps_ev:
+        raise RuntimeError(f"layout {args} failed with {out.returncode}:\n{out.stderr[-3000:]}")
+    warm = [e for e in steps_ev if e["step"] > max(2, steps // 4)]
+    return {
+        "tokens_per_s": statistics.median(e["tokens_per_s"] for e in warm),
+        "step_time_s": statistics.median(e["step_time_s"] for e in warm),
+        "final_loss": steps_ev[-1]["loss"],
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--preset", default="tiny")
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--batch-size", type=int, default=16)
+    ap.add_argument("--seq-len", type=int, default=128)
+    a = ap.parse_args()
+    measured = {name: run_layout(args, preset=a.preset, steps=a.steps, batch=a.batch_size, seq=a.seq_len) for name, args in LAYOUTS.items()}
+    base = measured["single"]["tokens_per_s"]
+    results: list[dict[str, Any]] = []
+    print(f"{'layout':<24}{'tokens/s':>12}{'vs single':>11}{'step s':>10}{'loss@end':>10}")
+    for name, m in measured.items():
+        ratio = m["tokens_per_s"] / base
+        print(f"{name:<24}{m['tokens_per_s']:>12.0f}{ratio:>11.2f}{m['step_time_s']:>10.4f}{m['final_loss']:>10.4f}")
+        results.append({"metric": f"tokens_per_s[{name}]", "value": round(m["tokens_per_s"], 1), "unit": "tokens/s", "target": None, "meets": None})
+        if name != "single":
+            results.append({"metric": f"tokens_per_s_ratio_vs_single[{name}]", "value": round(ratio, 3), "unit": "ratio", "target": None, "meets": None})
+    # Same data, same model: every layout ends at the same loss (a cheap end-to-end check).
+    spread = max(m["final_loss"] for m in measured.values()) - min(m["final_loss"] for m in measured.values())
+    results.append({"metric": "final_loss_spread_across_layouts", "value": round(spread, 6), "unit": "nats", "target": "< 1e-3", "meets": spread < 1e-3})
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps({"bench": "trainer", "config": vars(a), "results": results}, indent=1))
+    print(f"wrote {RESULTS}")
+
+
+if __name__ == "__main__":
+    main()
