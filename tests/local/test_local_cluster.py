@@ -241,16 +241,19 @@ def test_graceful_delete_sends_sigterm_and_keeps_host_path(local_cluster: Any, c
     assert (host_dir / "stopped").read_text() == "sigterm"
 
 
-def test_sigkill_after_the_grace_period(core: k8s.CoreV1Api, namespace: str) -> None:
+def test_sigkill_after_the_grace_period(local_cluster: Any, core: k8s.CoreV1Api, namespace: str) -> None:
     pod = make_pod("stubborn").command(*py("""
         import signal, time
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        print('armed', flush=True)
         while True:
             time.sleep(0.05)
     """)).obj()
     pod["spec"]["terminationGracePeriodSeconds"] = 1
     core.create_namespaced_pod(namespace, pod)
     wait_phase(core, namespace, "stubborn", ("Running",))
+    log = Path(local_cluster.log_dir) / namespace / "stubborn" / "main.log"
+    wait_for(lambda: log.exists() and "armed" in log.read_text(), 15, "the SIGTERM handler installed")
     started = time.monotonic()
     core.delete_namespaced_pod("stubborn", namespace)
 

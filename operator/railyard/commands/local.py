@@ -145,7 +145,14 @@ def _up(args: argparse.Namespace, state_dir: Path) -> int:
         print(f"kubeconfig: {kubeconfig}")
         print(f"export KUBECONFIG={kubeconfig}", flush=True)
         ready.write_text(json.dumps({"pid": os.getpid(), "kubeconfig": str(kubeconfig)}))
+        operator_reported = False
         while not stop["now"]:
+            code = cluster.operator_exit_code()
+            if code is not None and not operator_reported:
+                operator_reported = True
+                print(f"railyard local: the operator exited with code {code} (is `railyard operator run` "
+                      f"available in this install?); see {state_dir / 'logs' / 'operator.log'}. "
+                      "The cluster keeps running.", file=sys.stderr, flush=True)
             dead = cluster.exited()
             if dead is not None:
                 print(f"railyard local: {dead} exited; see {state_dir / 'logs' / (dead + '.log')}", file=sys.stderr)

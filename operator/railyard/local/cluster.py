@@ -27,7 +27,6 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -297,9 +296,15 @@ class LocalCluster:
             envtest = importlib.import_module("railyard.local.apiserver.envtest")
         except ImportError as exc:
             raise LocalClusterError(f"envtest mode is not available in this build: {exc}") from exc
-        starter: Callable[..., Any] = envtest.start_envtest
-        self._envtest = starter(state_dir=self.state_dir / "envtest", kubeconfig=self.kubeconfig, timeout=timeout)
-        self.url = str(getattr(self._envtest, "url", ""))
+        assets = envtest.assets_dir()
+        if assets is None:
+            raise LocalClusterError(
+                "envtest mode: KUBEBUILDER_ASSETS must name a folder with kube-apiserver and etcd "
+                "(e.g. from `setup-envtest use -p path`)"
+            )
+        self._envtest = envtest.start_envtest(assets, self.state_dir / "envtest", timeout_s=timeout)
+        self.url = str(self._envtest.url)
+        write_kubeconfig(self.kubeconfig, self.url, str(self._envtest.token), ca_file=str(self._envtest.ca_file))
 
     def _start_runtime(self, timeout: float) -> None:
         ready = self.state_dir / "run" / "runtime.json"
@@ -324,11 +329,16 @@ class LocalCluster:
         self._spawn("operator", [self.python, "-c", code], env=env)
 
     def exited(self) -> str | None:
-        """The name of a child that has exited (the cluster is broken), or None."""
+        """The name of a control-plane child that has exited (the cluster is broken), or None."""
         for name, proc in self._procs.items():
-            if proc.poll() is not None:
+            if name != "operator" and proc.poll() is not None:
                 return name
         return None
+
+    def operator_exit_code(self) -> int | None:
+        """The operator's exit code once it has exited (the cluster keeps running), else None."""
+        proc = self._procs.get("operator")
+        return None if proc is None else proc.poll()
 
     def stop(self, timeout: float = 15.0) -> None:
         """Stop the runtime first (it kills every pod process), then the operator and server."""

@@ -41,6 +41,7 @@ class Scheduler:
         self.waiting: dict[str, str] = {}  # unschedulable pod key -> last message
         self.in_flight: set[str] = set()
         self.bound_count = 0
+        self._start = 0
         self._sem = asyncio.Semaphore(concurrency)
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -124,7 +125,8 @@ class Scheduler:
             return
         uid = str(meta.get("uid", ""))
         requests = compute_pod_requests(pod)
-        decision = decide_node(pod, self.nodes, requests)
+        self._start += 1
+        decision = decide_node(pod, self.nodes, requests, start=self._start)
         if decision.node is None:
             if self.waiting.get(key) != decision.message:
                 self.waiting[key] = decision.message

@@ -193,26 +193,63 @@ def required_terms(pod: Obj) -> list[Obj] | None:
     return list(required.get("nodeSelectorTerms") or [])
 
 
-def check_node(pod: Obj, node: NodeInfo, requests: Mapping[str, int]) -> str | None:
-    """None when ``pod`` fits ``node``; otherwise the reason, as kube-scheduler words it."""
+@dataclass(frozen=True)
+class PodView:
+    """What the filters read from a pod, extracted once per decision rather than per node."""
+
+    node_selector: tuple[tuple[str, str], ...]
+    terms: list[Obj] | None
+    tolerations: list[Obj]
+    requests: Mapping[str, int]
+
+
+def build_pod_view(pod: Obj, requests: Mapping[str, int]) -> PodView:
     spec = pod.get("spec", {}) or {}
-    for key, value in (spec.get("nodeSelector") or {}).items():
-        if node.labels.get(key) != value:
+    return PodView(
+        node_selector=tuple((spec.get("nodeSelector") or {}).items()),
+        terms=required_terms(pod),
+        tolerations=list(spec.get("tolerations") or []),
+        requests=requests,
+    )
+
+
+def check_view(view: PodView, node: NodeInfo) -> str | None:
+    """:func:`check_node` on a prepared :class:`PodView` (the scheduler's hot loop)."""
+    labels = node.labels
+    for key, value in view.node_selector:
+        if labels.get(key) != value:
             return "node(s) didn't match Pod's node affinity/selector"
-    terms = required_terms(pod)
-    if terms is not None and not any(match_node_selector_term(t, node) for t in terms):
+    if view.terms is not None and not any(match_node_selector_term(t, node) for t in view.terms):
         return "node(s) didn't match Pod's node affinity/selector"
-    taint = untolerated_taint(spec.get("tolerations") or [], node.effective_taints())
-    if taint is not None:
-        value = f"={taint['value']}" if taint.get("value") else ""
-        return f"node(s) had untolerated taint {{{taint.get('key')}{value}: {taint.get('effect')}}}"
-    if node.requested.get("pods", 0) + 1000 > node.allocatable.get("pods", 110_000):
+    if node.taints or not node.ready or node.unschedulable:
+        taint = untolerated_taint(view.tolerations, node.effective_taints())
+        if taint is not None:
+            value = f"={taint['value']}" if taint.get("value") else ""
+            return f"node(s) had untolerated taint {{{taint.get('key')}{value}: {taint.get('effect')}}}"
+    requested = node.requested
+    allocatable = node.allocatable
+    if requested.get("pods", 0) + 1000 > allocatable.get("pods", 110_000):
         return "Too many pods"
-    for key, want in requests.items():
-        free = node.allocatable.get(key, 0) - node.requested.get(key, 0)
-        if want > free:
+    for key, want in view.requests.items():
+        if want > allocatable.get(key, 0) - requested.get(key, 0):
             return f"Insufficient {key}"
     return None
+
+
+def check_node(pod: Obj, node: NodeInfo, requests: Mapping[str, int]) -> str | None:
+    """None when ``pod`` fits ``node``; otherwise the reason, as kube-scheduler words it."""
+    return check_view(build_pod_view(pod, requests), node)
+
+
+def feasible_nodes_to_find(total: int) -> int:
+    """kube-scheduler's adaptive percentageOfNodesToScore: stop filtering after this many fits.
+
+    All nodes up to 100; then max(100, total * max(5, 50 - total/125) %).
+    """
+    if total <= 100:
+        return total
+    percent = max(5.0, 50.0 - total / 125.0)
+    return max(100, int(total * percent / 100))
 
 
 def score_node(node: NodeInfo, requests: Mapping[str, int]) -> float:
@@ -256,25 +293,42 @@ class Decision:
     message: str = ""
 
 
-def decide_node(pod: Obj, nodes: Mapping[str, NodeInfo], requests: Mapping[str, int] | None = None) -> Decision:
-    """The node to bind ``pod`` to, or None with a kube-scheduler style FailedScheduling message."""
+def decide_node(
+    pod: Obj, nodes: Mapping[str, NodeInfo], requests: Mapping[str, int] | None = None, *, start: int = 0
+) -> Decision:
+    """The node to bind ``pod`` to, or None with a kube-scheduler style FailedScheduling message.
+
+    Like kube-scheduler, filtering stops once :func:`feasible_nodes_to_find` nodes fit, starting
+    at ``start`` (the caller rotates it so that successive pods look at different nodes first).
+    """
     if requests is None:
         requests = compute_pod_requests(pod)
+    view = build_pod_view(pod, requests)
     names = candidate_names(pod)
-    pool: Iterable[NodeInfo] = (
-        (nodes[n] for n in sorted(names) if n in nodes) if names is not None else nodes.values()
-    )
+    pool: list[NodeInfo]
+    if names is not None:
+        pool = [nodes[n] for n in sorted(names) if n in nodes]
+    else:
+        pool = list(nodes.values())
+        if start and pool:
+            start %= len(pool)
+            pool = pool[start:] + pool[:start]
+    enough = feasible_nodes_to_find(len(pool))
     best: NodeInfo | None = None
     best_score = -1.0
+    found = 0
     reasons: dict[str, int] = {}
     for node in pool:
-        reason = check_node(pod, node, requests)
+        reason = check_view(view, node)
         if reason is not None:
             reasons[reason] = reasons.get(reason, 0) + 1
             continue
         score = score_node(node, requests)
         if score > best_score or (score == best_score and best is not None and node.name < best.name):
             best, best_score = node, score
+        found += 1
+        if found >= enough:
+            break
     if best is not None:
         return Decision(best.name)
     total = len(nodes)
