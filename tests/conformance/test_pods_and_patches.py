@@ -149,3 +149,25 @@ def test_pod_log_is_served_from_the_log_provider(cluster: Cluster, embedded_only
     status, _, _ = cluster.raw("GET", f"/api/v1/namespaces/{ns}/pods/logs/log", query={"container": "main"},
                                accept="*/*")
     assert status == 200
+
+
+def test_confirmed_pod_deletion_still_waits_for_finalizers(core: client.CoreV1Api, ns: str) -> None:
+    body = pod("fin", nodeName="node-x")
+    body["metadata"]["finalizers"] = ["railyard.io/hold"]
+    core.create_namespaced_pod(ns, body)
+    core.delete_namespaced_pod("fin", ns, grace_period_seconds=30)
+    core.delete_namespaced_pod("fin", ns, grace_period_seconds=0)
+    p = core.read_namespaced_pod("fin", ns)
+    assert p.metadata.deletion_timestamp is not None and p.metadata.deletion_grace_period_seconds == 0
+    core.patch_namespaced_pod("fin", ns, {"metadata": {"finalizers": None}})
+    wait_for(lambda: gone(lambda: core.read_namespaced_pod("fin", ns)), what="the pod to go with its finalizer")
+
+
+def test_terminating_pod_on_a_missing_node_goes_after_its_grace_period(embedded_only: None,
+                                                                       core: client.CoreV1Api, ns: str) -> None:
+    """Nobody can confirm for a node that does not exist (PodGC's job on a real cluster, after ~40 s)."""
+    core.create_namespaced_pod(ns, pod("orphan", nodeName="no-such-node"))
+    core.delete_namespaced_pod("orphan", ns, grace_period_seconds=1)
+    assert core.read_namespaced_pod("orphan", ns).metadata.deletion_timestamp is not None
+    wait_for(lambda: gone(lambda: core.read_namespaced_pod("orphan", ns)), timeout=10,
+             what="the orphaned terminating pod to be removed")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime
 import logging
 from typing import Any
 
@@ -19,6 +20,13 @@ from .registry import CRD_KEY, ResourceType
 from .store import Entry, ObjKey
 
 log = logging.getLogger(__name__)
+
+
+def parse_time(ts: str) -> float | None:
+    try:
+        return datetime.datetime.strptime(ts[:19], "%Y-%m-%dT%H:%M:%S").replace(tzinfo=datetime.UTC).timestamp()
+    except ValueError:
+        return None
 
 JSON = dict[str, Any]
 DEFAULT_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease")
@@ -32,6 +40,7 @@ class Controllers:
         self._pending_owners: set[ObjKey] = set()
         self._terminating: set[ObjKey] = set()
         self._new_namespaces: set[str] = set()
+        self._terminating_pods: set[ObjKey] = set()
         self._kick = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._stopped = False
@@ -63,6 +72,8 @@ class Controllers:
                                               and "customresourcecleanup.apiextensions.k8s.io" in fins):
                     self._terminating.add(key)
                     kick = True
+                if rt.key == "pods" and (entry.obj.get("spec") or {}).get("nodeName"):
+                    self._terminating_pods.add(key)
             elif rt.key == "namespaces":
                 self._new_namespaces.add(meta["name"])
                 kick = True
@@ -104,7 +115,7 @@ class Controllers:
 
     async def _run(self) -> None:
         while not self._stopped:
-            busy = bool(self._pending_owners or self._terminating)
+            busy = bool(self._pending_owners or self._terminating or self._terminating_pods)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._kick.wait(), timeout=1.0 if busy else 30.0)
             self._kick.clear()
@@ -142,6 +153,8 @@ class Controllers:
             await self._process_owner(key)
         for key in list(self._terminating):
             await self._process_terminating(key)
+        for key in list(self._terminating_pods):
+            await self._process_terminating_pod(key)
 
     async def _ensure_service_account(self, ns: str) -> None:
         entry = self.store.get("namespaces", "", ns)
@@ -217,6 +230,25 @@ class Controllers:
                 self._pending_owners.discard(key)
             return
         self._pending_owners.discard(key)
+
+    async def _process_terminating_pod(self, key: ObjKey) -> None:
+        """Pod GC: a terminating pod whose node does not exist has nobody to confirm its deletion;
+        remove it once its grace period is over (kube-controller-manager's PodGC does the same)."""
+        entry = self.store.get(*key)
+        rt = self._rt("pods")
+        if entry is None or rt is None or not entry.obj["metadata"].get("deletionTimestamp"):
+            self._terminating_pods.discard(key)
+            return
+        node = (entry.obj.get("spec") or {}).get("nodeName", "")
+        if self.store.get("nodes", "", node) is not None:
+            return
+        deadline = parse_time(entry.obj["metadata"]["deletionTimestamp"])
+        if deadline is not None and deadline > self.engine.clock():
+            return
+        obj = entry.clone()
+        obj["metadata"]["deletionGracePeriodSeconds"] = 0
+        self._terminating_pods.discard(key)
+        await self.engine.write_raw(rt, obj, delete=not obj["metadata"].get("finalizers"))
 
     def _has_content(self, ns: str) -> bool:
         for rkey in self.store.resource_keys():

@@ -294,8 +294,12 @@ class Engine:
             return None
         return new
 
-    def _should_remove(self, obj: JSON) -> bool:
+    @staticmethod
+    def _should_remove(obj: JSON) -> bool:
+        """Deleting, no finalizers left, grace period over (and, for a namespace, emptied)."""
         meta = obj["metadata"]
+        if obj.get("kind") == "Namespace" and (obj.get("spec") or {}).get("finalizers"):
+            return False
         return bool(meta.get("deletionTimestamp")) and not meta.get("finalizers") and \
             not meta.get("deletionGracePeriodSeconds")
 
@@ -401,9 +405,10 @@ class Engine:
             return await self._write(rt, obj, ctx, delete=True)
         if already:
             changed = False
-            if grace is not None and (meta.get("deletionGracePeriodSeconds") or 0) > grace:
-                meta["deletionGracePeriodSeconds"] = grace
-                meta["deletionTimestamp"] = rfc3339(self.clock() + grace)
+            if (meta.get("deletionGracePeriodSeconds") or 0) > (grace or 0):
+                # a shorter grace period (0: the node agent confirms) shortens the wait
+                meta["deletionGracePeriodSeconds"] = grace or 0
+                meta["deletionTimestamp"] = rfc3339(self.clock() + (grace or 0))
                 changed = True
             if finalizers != list(meta.get("finalizers") or []):
                 meta["finalizers"] = finalizers
