@@ -143,7 +143,7 @@ def _pod_row(o: JSON) -> list[Any]:
         reason = "SchedulingGated"
     if o["metadata"].get("deletionTimestamp"):
         reason = "Terminating"
-    return [o["metadata"]["name"], f"{ready}/{len(containers)}", reason, restarts,
+    return [o["metadata"]["name"], f"{ready}/{len(containers)}", reason, str(restarts),
             age(o["metadata"].get("creationTimestamp")), status.get("podIP") or "<none>",
             spec.get("nodeName") or "<none>", status.get("nominatedNodeName") or "<none>", "<none>"]
 
