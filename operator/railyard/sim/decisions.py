@@ -175,9 +175,10 @@ class Cluster:
     """
 
     def __init__(self, scn: Scenario, hot_spares: int) -> None:
+        total = scn.cluster_nodes + hot_spares
         per_spine = scn.nodes_per_leaf * scn.leaves_per_spine
-        spines = max(1, math.ceil(scn.cluster_nodes / per_spine))
-        leaves = min(scn.leaves_per_spine, math.ceil(scn.cluster_nodes / scn.nodes_per_leaf))
+        spines = max(1, math.ceil(total / per_spine))
+        leaves = min(scn.leaves_per_spine, math.ceil(total / scn.nodes_per_leaf))
         nodes = build_synthetic_nodes(spines, leaves, scn.nodes_per_leaf, scn.gpus_per_node)
         self.topo: Topology = build_topology(nodes)
         self._base_excluded = self.topo.excluded

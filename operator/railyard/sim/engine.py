@@ -159,47 +159,59 @@ class _Run:
     def slowdown(self) -> float:
         return max((s.slowdown for s in self.stragglers.values()), default=1.0)
 
-    def next_save_step(self) -> tuple[int, float]:
-        best = math.inf
-        for ts in self.tiers.values():
-            nxt = (math.floor(self.step / ts.interval + 1e-9) + 1) * ts.interval
-            best = min(best, nxt)
-        return (int(best), best) if best != math.inf else (0, math.inf)
-
     # ------------------------------------------------------------------ running
 
     def advance(self, until: float) -> None:
-        """Run (or sit out a restart) from ``self.t`` to ``until``."""
+        """Run (or sit out a restart) from ``self.t`` to ``until``.
+
+        The hot loop of the simulator (one iteration per save): locals only, losses summed once.
+        """
         until = min(until, self.horizon)
         if self.t < self.down_until:
             self.t = min(self.down_until, until)
         slow = self.slowdown()
         sps = self.step_s * slow
-        while self.t < until:
-            if self.t < self.busy_until:
-                dt = min(self.busy_until, until) - self.t
-                self.lose(STALL, "stall", dt)
-                self.t += dt
+        waste = 1.0 - 1.0 / slow
+        tiers = [
+            (tier, ts.interval, ts.stall, ts.commit_delay, ts.saved)
+            for tier, ts in self.tiers.items()
+        ]
+        t, step, busy = self.t, self.step, self.busy_until
+        stalled = 0.0
+        ran = 0.0
+        while t < until:
+            if t < busy:
+                dt = min(busy, until) - t
+                stalled += dt
+                t += dt
                 continue
-            save_step, save_at = self.next_save_step()
-            dt_run = (save_at - self.step) * sps
-            if self.t + dt_run > until:
-                dt = until - self.t
-                self.step += dt / sps
-                self.lose(SLOW, "slowdown", dt * (1.0 - 1.0 / slow))
-                self.t = until
+            if not tiers:
+                ran += until - t
+                step += (until - t) / sps
+                t = until
                 break
-            self.t += dt_run
-            self.lose(SLOW, "slowdown", dt_run * (1.0 - 1.0 / slow))
-            self.step = float(save_step)
+            save_step = min((math.floor(step / iv + 1e-9) + 1) * iv for _, iv, _, _, _ in tiers)
+            dt_run = (save_step - step) * sps
+            if t + dt_run > until:
+                dt = until - t
+                step += dt / sps
+                ran += dt
+                t = until
+                break
+            t += dt_run
+            ran += dt_run
+            step = float(save_step)
             stall = 0.0
-            for ts in self.tiers.values():
-                if save_step % ts.interval == 0:
-                    stall = max(stall, ts.stall)
-            for tier, ts in self.tiers.items():
-                if save_step % ts.interval == 0:
-                    ts.saved.append(Saved(tier, save_step, self.t + stall + ts.commit_delay))
-            self.busy_until = self.t + stall
+            for _, iv, st, _, _ in tiers:
+                if save_step % iv == 0 and st > stall:
+                    stall = st
+            for tier, iv, _, delay, saved in tiers:
+                if save_step % iv == 0:
+                    saved.append(Saved(tier, save_step, t + stall + delay))
+            busy = t + stall
+        self.t, self.step, self.busy_until = t, step, busy
+        self.lose(STALL, "stall", stalled)
+        self.lose(SLOW, "slowdown", ran * waste)
 
     def committed(self, at: float) -> list[Saved]:
         return [s for ts in self.tiers.values() for s in ts.saved if s.committed_at <= at]

@@ -57,7 +57,7 @@ LLAMA3_CAUSES: tuple[Cause, ...] = (
     Cause("GPU HBM3 memory", 72, True, "exit", "NodeNotReady"),
     Cause("Software bug", 54, False, "exit", "ApplicationExitCode"),
     Cause("Network switch/cable", 35, True, "hang", "HangVerdict"),
-    Cause("Host maintenance", 32, True, "dead", "NodeGone"),
+    Cause("Host maintenance", 32, False, "dead", "NodeGone"),
     Cause("GPU SRAM memory", 19, True, "exit", "NodeNotReady"),
     Cause("GPU system processor", 17, True, "hang", "HangVerdict"),
     Cause("NIC", 7, True, "hang", "HangVerdict"),
@@ -223,6 +223,7 @@ class Scenario:
 
     @property
     def cluster_nodes(self) -> int:
+        """The job's nodes plus free room; a policy's hot spares come on top."""
         return self.nodes + max(1, math.ceil(self.nodes * self.extra_nodes_fraction))
 
     def with_(self, **changes: object) -> Scenario:

@@ -1,0 +1,127 @@
+"""The simulator's calls into the project's policy code give the answers the policies define."""
+
+from __future__ import annotations
+
+import pytest
+
+from railyard.api.trainingjob import Checkpoint, Health, MemoryTier
+from railyard.protocol.exitcodes import FailureClass
+from railyard.sim.decisions import Cluster, Detector, Saved, choose_restore, classify
+from railyard.sim.model import STRAGGLER_CAUSE, baseline_policy, our_policy
+
+from .sim_builders import cause, tiny
+
+
+@pytest.mark.parametrize("u1", [0.0, 0.3, 0.99])
+@pytest.mark.parametrize("u2", [0.0, 0.7])
+def test_dead_and_hung_ranks_are_found_within_the_health_rules_bounds(u1: float, u2: float) -> None:
+    s = tiny()
+    pol = our_policy(hot_spares=1)
+    d = Detector(s, pol)
+    h = pol.health
+    dead = d.latency(cause("Host maintenance"), u1, u2)
+    assert (
+        h.heartbeat_timeout_seconds - h.heartbeat_interval_seconds
+        <= dead
+        <= h.heartbeat_timeout_seconds + s.eval_period_s
+    )
+    hang = d.latency(cause("Network switch/cable"), u1, u2)
+    timeout = max(h.hang_p99_multiplier * s.step_s, h.hang_timeout_seconds)
+    assert d.hang_timeout_s == pytest.approx(timeout)
+    assert timeout - s.step_s <= hang <= timeout + s.eval_period_s
+    assert d.latency(cause("Software bug"), u1, u2) == s.pod_exit_detect_s
+
+
+def test_the_baseline_waits_for_the_collective_timeout() -> None:
+    s = tiny()
+    d = Detector(s, baseline_policy(collective_timeout_s=321.0))
+    assert d.latency(cause("Host maintenance"), 0.5, 0.5) == 321.0
+    assert d.latency(cause("NIC"), 0.5, 0.5) == 321.0
+
+
+def test_a_rank_10_percent_slower_is_flagged_within_20_steps_and_a_normal_one_never() -> None:
+    d = Detector(tiny(), our_policy(hot_spares=1))
+    assert d.straggler_steps(1.3) <= 20
+    assert d.straggler_steps(1.12) <= 20
+    assert d.straggler_steps(1.0) >= 10**9
+
+
+@pytest.mark.parametrize(
+    ("name", "cls", "blamed"),
+    [
+        ("Faulty GPU", FailureClass.INFRASTRUCTURE, True),
+        ("Software bug", FailureClass.APPLICATION, False),
+        ("Silent data corruption", FailureClass.SDC, True),
+        ("Network switch/cable", FailureClass.STRAGGLER, True),
+        ("Dependency", FailureClass.INFRASTRUCTURE, False),
+    ],
+)
+def test_causes_map_to_the_operators_failure_classes(
+    name: str, cls: FailureClass, blamed: bool
+) -> None:
+    f = classify(cause(name), "node-7")
+    assert f.cls is cls
+    assert bool(f.nodes) is blamed
+    assert classify(STRAGGLER_CAUSE, "n").cls is FailureClass.STRAGGLER
+
+
+def saved(*items: tuple[str, int]) -> list[Saved]:
+    return [Saved(tier, step, 0.0) for tier, step in items]
+
+
+def test_restore_uses_the_peer_replica_when_the_node_is_lost() -> None:
+    s = tiny()
+    ck = saved(("memory", 100), ("memory", 90), ("local", 100), ("shared", 100))
+    kw = dict(scn=s, failed_pod=3, replica_peer=4, clean_up_to=float("inf"))
+    assert choose_restore(ck, replicate=True, node_lost=True, **kw) == ("memory", 100)  # type: ignore[arg-type]
+    # without a replica the lost node's memory and local copies are gone: fall back to shared
+    assert choose_restore(ck, replicate=False, node_lost=True, **kw) == ("shared", 100)  # type: ignore[arg-type]
+    assert choose_restore(ck, replicate=False, node_lost=False, **kw) == ("memory", 100)  # type: ignore[arg-type]
+
+
+def test_restore_skips_checkpoints_after_the_last_passing_sdc_check() -> None:
+    s = tiny()
+    ck = saved(("memory", 120), ("memory", 110), ("local", 100), ("local", 50), ("shared", 100))
+    got = choose_restore(
+        ck, scn=s, replicate=True, node_lost=False, failed_pod=0, replica_peer=1, clean_up_to=100
+    )
+    assert got == ("local", 100)
+    got = choose_restore(
+        ck, scn=s, replicate=True, node_lost=True, failed_pod=0, replica_peer=1, clean_up_to=100
+    )
+    assert got == ("shared", 100)
+    assert (
+        choose_restore(
+            [], scn=s, replicate=True, node_lost=True, failed_pod=0, replica_peer=1, clean_up_to=1
+        )
+        is None
+    )
+
+
+def test_quarantine_moves_only_the_failed_pod_to_a_spare_and_repairs_bring_nodes_back() -> None:
+    s = tiny()
+    c = Cluster(s, hot_spares=2)
+    before = c.nodes
+    spares = c.placement.spares
+    assert len(spares) == 2
+    bad = before[3]
+    assert c.quarantine_and_replace([bad], now=0.0, repair_s=100.0)
+    after = c.nodes
+    assert after[3] in spares
+    assert [a for i, a in enumerate(after) if i != 3] == [b for i, b in enumerate(before) if i != 3]
+    assert c.quarantined == {bad: 100.0}
+    assert c.next_repair() == 100.0
+    c.release_repaired(100.0)
+    assert c.quarantined == {}
+
+
+def test_the_policies_are_the_api_defaults_plus_what_a_long_run_sets() -> None:
+    ours = our_policy()
+    assert ours.checkpoint == Checkpoint()
+    assert ours.health.heartbeat_timeout_seconds == Health().heartbeat_timeout_seconds
+    assert ours.health.straggler.action == "Restart"
+    assert ours.intervals() == {"memory": 10, "local": 50, "shared": 100}
+    base = baseline_policy(interval_steps=300)
+    assert base.intervals() == {"shared": 300}
+    assert not (base.quarantine or base.sticky or base.straggler_restart or base.sdc_checks)
+    assert MemoryTier().replicate

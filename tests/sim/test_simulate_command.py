@@ -1,0 +1,77 @@
+"""``railyard simulate`` end to end on a small scenario: table, JSON in the bench format, plot."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from railyard.cli import main
+
+
+def test_simulate_prints_the_comparison_and_writes_json_and_a_plot(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "r" / "sim.json"
+    rc = main(
+        [
+            "simulate",
+            "--gpus",
+            "512",
+            "--days",
+            "10",
+            "--pp",
+            "1",
+            "--hot-spares",
+            "4",
+            "--seed",
+            "3",
+            "--out",
+            str(out),
+        ]
+    )
+    assert rc == 0
+    text = capsys.readouterr().out
+    assert "goodput (useful / wall time)" in text
+    assert "calibration: baseline on the Llama 3 trace alone" in text
+    data = json.loads(out.read_text())
+    assert data["bench"] == "simulate"
+    metrics = {r["metric"]: r for r in data["results"]}
+    assert {
+        "goodput_railyard",
+        "goodput_baseline",
+        "goodput_calibration",
+        "calibration_gap",
+    } <= set(metrics)
+    for r in data["results"]:
+        assert set(r) == {"metric", "value", "unit", "target", "meets"}
+    assert metrics["calibration_gap"]["value"] == pytest.approx(
+        metrics["goodput_calibration"]["value"] - 0.90
+    )
+    assert data["runs"]["railyard"]["goodput"] == metrics["goodput_railyard"]["value"]
+    assert data["policies"]["railyard"]["checkpoint"]["memory"]["intervalSteps"] == 10
+    png = out.with_suffix(".png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_bad_parameters_are_all_reported_with_their_field(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    rc = main(
+        [
+            "simulate",
+            "--gpus",
+            "100",
+            "--days",
+            "0",
+            "--hot-spares",
+            "-1",
+            "--out",
+            str(tmp_path / "x.json"),
+        ]
+    )
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert "gpus: 100" in err and "days: must be > 0" in err and "--hot-spares" in err
+    assert not (tmp_path / "x.json").exists()
