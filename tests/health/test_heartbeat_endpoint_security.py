@@ -39,7 +39,7 @@ class Harness:
         """Everything a refusal must leave alone, for every job."""
         out = []
         for jw in sorted(self.store.jobs(), key=lambda j: j.job):
-            ranks = tuple((r.rank, r.step, r.last_seen_at, len(r.compute)) for r in jw.ranks.values())
+            ranks = tuple((r.rank, r.step, r.last_seen_at, tuple(r.recent_compute(256))) for r in jw.ranks.values())
             out.append((jw.job, jw.attempt, jw.batches, jw.rank_beats, ranks, len(jw.health)))
         return tuple(out)
 
