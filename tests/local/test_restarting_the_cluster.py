@@ -47,3 +47,27 @@ def test_down_then_up_keeps_objects_and_failed_nodes(tmp_path: Path) -> None:
         api.close()
     finally:
         again.stop()
+
+
+def test_cli_up_detach_status_and_down(tmp_path: Path) -> None:
+    import json
+    import subprocess
+    import sys
+
+    state = tmp_path / "cli"
+    base = [sys.executable, "-m", "railyard.cli", "local", "--state-dir", str(state)]
+    up = subprocess.run([*base, "up", "--nodes", "2", "--detach"], capture_output=True, text=True, timeout=120)
+    try:
+        assert up.returncode == 0, up.stderr
+        assert f"export KUBECONFIG={state / 'kubeconfig'}" in up.stdout
+        again = subprocess.run([*base, "up", "--detach"], capture_output=True, text=True, timeout=60)
+        assert again.returncode == 1 and "already running" in again.stderr
+        status = subprocess.run([*base, "status", "-o", "json"], capture_output=True, text=True, timeout=60)
+        info = json.loads(status.stdout)
+        assert info["running"] and [n["name"] for n in info["nodes"]] == ["node-0", "node-1"]
+    finally:
+        down = subprocess.run([*base, "down"], capture_output=True, text=True, timeout=90)
+    assert down.returncode == 0 and "down" in down.stdout
+    assert not (state / "up.pid").exists()
+    stopped = subprocess.run([*base, "status", "-o", "json"], capture_output=True, text=True, timeout=60)
+    assert json.loads(stopped.stdout)["running"] is False
