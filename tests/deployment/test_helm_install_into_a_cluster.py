@@ -16,6 +16,7 @@ from helm_python.chart import Chart
 from helm_python.config import Config
 from helm_python.errors import HelmError
 
+from . import rawkube
 from .chart import CHART, render_objects
 
 pytestmark = pytest.mark.cluster
@@ -67,20 +68,8 @@ def _served(api: Any) -> dict[tuple[str, str], tuple[str, bool]]:
 
 
 def _get(api: Any, path: str) -> dict[str, Any]:
-    import json
-
-    resp = api.rest_client.pool_manager.request(
-        "GET", api.configuration.host + path, headers=_headers(api), preload_content=True,
-    )
-    return dict(json.loads(resp.data)) if resp.status == 200 else {}
-
-
-def _headers(api: Any) -> dict[str, str]:
-    headers = {"Accept": "application/json"}
-    auth = api.configuration.auth_settings().get("BearerToken")
-    if auth:
-        headers["Authorization"] = auth["value"]
-    return headers
+    status, body = rawkube.request(api, "GET", path)
+    return body if status == 200 else {}
 
 
 def _object_path(obj: dict[str, Any], served: dict[tuple[str, str], tuple[str, bool]]) -> str:
@@ -91,8 +80,7 @@ def _object_path(obj: dict[str, Any], served: dict[tuple[str, str], tuple[str, b
 
 
 def _exists(api: Any, path: str) -> bool:
-    resp = api.rest_client.pool_manager.request("GET", api.configuration.host + path, headers=_headers(api))
-    return bool(resp.status == 200)
+    return rawkube.request(api, "GET", path)[0] == 200
 
 
 def _wait_gone(api: Any, paths: list[str], timeout: float = 30.0) -> list[str]:
