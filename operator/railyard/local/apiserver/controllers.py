@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import datetime
 import logging
+from collections.abc import Coroutine
 from typing import Any
 
 from .engine import Ctx, DeleteOptions, Engine
@@ -169,6 +170,7 @@ class Controllers:
     async def _collect_dependents(self, owner_uid: str) -> None:
         if owner_uid in self.store.by_uid:
             return
+        work: list[Coroutine[Any, Any, None]] = []
         for key in list(self.store.dependents.get(owner_uid, ())):
             entry = self.store.get(*key)
             if entry is None:
@@ -176,9 +178,12 @@ class Controllers:
             refs = entry.obj["metadata"].get("ownerReferences") or []
             alive = [r for r in refs if r.get("uid") in self.store.by_uid]
             if not alive:
-                await self._delete(key)
+                work.append(self._delete(key))
             elif len(alive) != len(refs):
-                await self._set_owner_refs(key, alive)
+                work.append(self._set_owner_refs(key, alive))
+        # each coroutine writes before its first await, so running them together is safe and
+        # lets one group commit carry a whole gang's deletions
+        await asyncio.gather(*work)
 
     async def _set_owner_refs(self, key: ObjKey, refs: list[JSON]) -> None:
         rt = self._rt(key[0])
@@ -214,14 +219,14 @@ class Controllers:
             self._pending_owners.discard(key)
             return
         if "foregroundDeletion" in fins:
+            await asyncio.gather(*(self._delete(dep, "Foreground") for dep in deps))
             blocking = 0
             for dep in deps:
                 d = self.store.get(*dep)
                 if d is None:
                     continue
-                await self._delete(dep, "Foreground")
-                ref: JSON = next((r for r in d.obj["metadata"].get("ownerReferences") or [] if r.get("uid") == uid), {})
-                if ref.get("blockOwnerDeletion") and self.store.get(*dep) is not None:
+                refs = d.obj["metadata"].get("ownerReferences") or []
+                if any(r.get("uid") == uid and r.get("blockOwnerDeletion") for r in refs):
                     blocking += 1
             if blocking == 0:
                 cur = self.store.get(*key)
@@ -265,14 +270,16 @@ class Controllers:
             return
         if key[0] == "namespaces":
             ns = key[2]
+            work: list[Coroutine[Any, Any, None]] = []
             for rkey in self.store.resource_keys():
                 crt = self._rt(rkey)
                 if crt is None or not crt.namespaced:
                     continue
-                for e in list(self.store.items(rkey, ns)):
-                    await self._delete((rkey, ns, e.obj["metadata"]["name"]))
-            if not self._has_content(ns):
-                obj = entry.clone()
+                work.extend(self._delete((rkey, ns, e.obj["metadata"]["name"])) for e in self.store.items(rkey, ns))
+            await asyncio.gather(*work)
+            cur = self.store.get(*key)
+            if cur is not None and not self._has_content(ns):
+                obj = cur.clone()
                 obj.setdefault("spec", {})["finalizers"] = []
                 if obj["metadata"].get("finalizers"):
                     await self.engine.write_raw(rt, obj)
@@ -282,10 +289,8 @@ class Controllers:
         else:
             crd = entry.obj
             cr_key = f"{crd['spec']['names']['plural']}.{crd['spec']['group']}"
-            items = list(self.store.items(cr_key))
-            for e in items:
-                m = e.obj["metadata"]
-                await self._delete((cr_key, m.get("namespace", ""), m["name"]))
+            await asyncio.gather(*(self._delete((cr_key, e.obj["metadata"].get("namespace", ""),
+                                                  e.obj["metadata"]["name"])) for e in self.store.items(cr_key)))
             if not any(True for _ in self.store.items(cr_key)):
                 cur = self.store.get(*key)
                 if cur is not None:
