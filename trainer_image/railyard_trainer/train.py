@@ -45,7 +45,7 @@ from railyard_trainer.worker_env import WorkerEnv
 #: Above this many parameters the model is built on the meta device and initialised after
 #: sharding (each rank only ever holds its shard); below, it is built whole with the seed, so
 #: every layout starts from bit-identical weights.
-META_INIT_PARAMS = 500_000_000
+META_INIT_PARAMS = int(os.environ.get("RAILYARD_META_INIT_PARAMS", "500000000"))
 
 #: Dense bf16 peak FLOP/s per GPU, by device-name substring (for MFU).
 PEAK_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "A10G": 125e12}
