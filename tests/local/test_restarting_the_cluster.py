@@ -71,3 +71,19 @@ def test_cli_up_detach_status_and_down(tmp_path: Path) -> None:
     assert not (state / "up.pid").exists()
     stopped = subprocess.run([*base, "status", "-o", "json"], capture_output=True, text=True, timeout=60)
     assert json.loads(stopped.stdout)["running"] is False
+
+
+def test_existing_mode_adds_nodes_and_an_agent_to_a_running_cluster(local_cluster, core, namespace, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """kwok-style: a second runtime joins the session's cluster with its own nodes."""
+    edge = LocalCluster(tmp_path / "edge", kubeconfig=local_cluster.kubeconfig, nodes=1, node_prefix="edge-", node_ip_offset=100)
+    assert edge.mode == "existing" and not edge.config["scheduler"]
+    edge.start()
+    try:
+        node = core.read_node("edge-0")
+        assert node.status.addresses[0].address == "127.0.0.110"
+        core.create_namespaced_pod(namespace, make_pod("on-edge").command("true").on_node("edge-0").obj())
+        done = wait_phase(core, namespace, "on-edge", ("Succeeded", "Failed"))
+        assert done.status.phase == "Succeeded" and done.status.pod_ip == "127.0.0.110"
+    finally:
+        edge.stop()
+        core.delete_node("edge-0")

@@ -17,6 +17,7 @@ Everything the cluster needs to come back after ``stop()`` is in ``<state>/clust
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import ctypes
 import importlib
 import json
@@ -95,6 +96,8 @@ class LocalCluster:
         scheduler: bool | None = None,
         cpu_per_node: str | None = None,
         memory_per_node: str | None = None,
+        node_prefix: str | None = None,
+        node_ip_offset: int | None = None,
         lease_interval: float = 10.0,
         with_operator: bool = False,
         python: str = sys.executable,
@@ -121,13 +124,21 @@ class LocalCluster:
             self.config["scheduler"] = scheduler
         self.config.setdefault("scheduler", self.config["mode"] != "existing")
         self.config.setdefault("token", secrets.token_urlsafe(32))
-        shape_args = (nodes, gpus_per_node, topology, topology_file, cpu_per_node, memory_per_node)
+        shape_args = (nodes, gpus_per_node, topology, topology_file, cpu_per_node, memory_per_node, node_prefix, node_ip_offset)
         if "nodeSpecs" not in self.config or any(a is not None for a in shape_args):
             shape = self._shape(nodes, gpus_per_node, topology, topology_file, cpu_per_node, memory_per_node)
+            if node_prefix is not None:
+                shape = dataclasses.replace(shape, name_prefix=node_prefix)
+            if node_ip_offset is not None:
+                shape = dataclasses.replace(shape, ip_offset=node_ip_offset)
             self.config["shape"] = {
                 "nodes": shape.nodes,
                 "gpusPerNode": shape.gpus_per_node,
                 "levels": ",".join(f"{lv.name}={lv.count}" for lv in shape.levels),
+                "cpu": shape.cpu,
+                "memory": shape.memory,
+                "namePrefix": shape.name_prefix,
+                "ipOffset": shape.ip_offset,
             }
             self.config["nodeSpecs"] = [n.to_dict() for n in build_nodes(shape)]
 
@@ -198,11 +209,7 @@ class LocalCluster:
         else:
             prev = self.config.get("shape") or {}
             if prev:
-                base = ClusterShape(
-                    nodes=int(prev.get("nodes", base.nodes)),
-                    gpus_per_node=int(prev.get("gpusPerNode", 0)),
-                    levels=parse_topology_spec(str(prev.get("levels") or "spine=1,leaf=2")),
-                )
+                base = parse_topology_file(prev)
         return ClusterShape(
             nodes=nodes if nodes is not None else base.nodes,
             gpus_per_node=gpus if gpus is not None else base.gpus_per_node,
@@ -211,6 +218,7 @@ class LocalCluster:
             memory=memory or base.memory,
             max_pods=base.max_pods,
             name_prefix=base.name_prefix,
+            ip_offset=base.ip_offset,
         )
 
     # --- lifecycle ---

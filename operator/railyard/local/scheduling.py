@@ -252,16 +252,21 @@ def feasible_nodes_to_find(total: int) -> int:
     return max(100, int(total * percent / 100))
 
 
+_SCORED = ("cpu", "memory", "nvidia.com/gpu")
+
+
 def score_node(node: NodeInfo, requests: Mapping[str, int]) -> float:
     """LeastAllocated: the mean free fraction of cpu, memory and GPUs after placing the pod."""
-    fractions = []
-    for key in ("cpu", "memory", "nvidia.com/gpu"):
-        alloc = node.allocatable.get(key, 0)
-        if alloc <= 0:
-            continue
-        used = node.requested.get(key, 0) + requests.get(key, 0)
-        fractions.append(max(0.0, (alloc - used) / alloc))
-    return sum(fractions) / len(fractions) if fractions else 0.0
+    alloc, used = node.allocatable, node.requested
+    total, count = 0.0, 0
+    for key in _SCORED:
+        have = alloc.get(key, 0)
+        if have > 0:
+            free = have - used.get(key, 0) - requests.get(key, 0)
+            if free > 0:
+                total += free / have
+            count += 1
+    return total / count if count else 0.0
 
 
 def candidate_names(pod: Obj) -> set[str] | None:

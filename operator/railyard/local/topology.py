@@ -92,6 +92,8 @@ class ClusterShape:
     memory: str = "64Gi"
     max_pods: int = 110
     name_prefix: str = "node-"
+    #: first node's address is 127.0.0.(10 + ip_offset): two clusters on one machine stay apart
+    ip_offset: int = 0
 
 
 def parse_topology_spec(spec: str) -> tuple[Level, ...]:
@@ -122,7 +124,7 @@ def parse_topology_spec(spec: str) -> tuple[Level, ...]:
 
 def parse_topology_file(doc: Mapping[str, Any]) -> ClusterShape:
     """A topology YAML document (already loaded) -> shape. Unknown keys are errors."""
-    known = {"nodes", "gpusPerNode", "levels", "cpu", "memory", "maxPods", "namePrefix"}
+    known = {"nodes", "gpusPerNode", "levels", "cpu", "memory", "maxPods", "namePrefix", "ipOffset"}
     problems = [f"{k}: unknown field; known fields are {sorted(known)}" for k in doc if k not in known]
     levels_raw = doc.get("levels", DEFAULT_TOPOLOGY)
     levels: tuple[Level, ...] = ()
@@ -157,6 +159,7 @@ def parse_topology_file(doc: Mapping[str, Any]) -> ClusterShape:
         memory=str(doc.get("memory", "64Gi")),
         max_pods=int(doc.get("maxPods", 110)),
         name_prefix=str(doc.get("namePrefix", "node-")),
+        ip_offset=int(doc.get("ipOffset", 0)),
     )
 
 
@@ -214,7 +217,7 @@ def build_nodes(shape: ClusterShape) -> list[NodeSpec]:
         nodes.append(
             NodeSpec(
                 name=name,
-                ip=node_ip(i),
+                ip=node_ip(i + shape.ip_offset),
                 labels=labels,
                 cpu=shape.cpu,
                 memory=shape.memory,
