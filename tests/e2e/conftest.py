@@ -1,0 +1,131 @@
+"""End-to-end tests on a real cluster (marked ``e2e``).
+
+Two ways to get a cluster:
+
+* **kind** (default): pytest-kind creates a cluster (1 control plane + 2 workers), the two
+  images are built with Docker and loaded with ``kind load docker-image``. Needs a running
+  Docker engine; kind comes from ``--kind-bin``, the PATH, or pytest-kind's download.
+* **any cluster**: ``--kubeconfig PATH`` (pytest-kind's option) or ``RAILYARD_TEST_KUBECONFIG``.
+  Images are not built; name ones the cluster can pull with ``RAILYARD_E2E_OPERATOR_IMAGE`` and
+  ``RAILYARD_E2E_TRAINER_IMAGE`` (default: the chart's and the API's defaults).
+
+Without either, every test here is skipped with the reason.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import subprocess
+import textwrap
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+OPERATOR_IMAGE = "railyard-operator:e2e"
+TRAINER_IMAGE = "railyard-trainer:e2e"
+KIND_CONFIG = textwrap.dedent("""\
+    kind: Cluster
+    apiVersion: kind.x-k8s.io/v1alpha4
+    nodes:
+      - role: control-plane
+      - role: worker
+      - role: worker
+""")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    here = Path(__file__).parent
+    for item in items:
+        if here in Path(str(item.fspath)).parents:
+            item.add_marker(pytest.mark.e2e)
+
+
+def _given_kubeconfig(config: pytest.Config) -> str | None:
+    opt = None
+    with contextlib.suppress(ValueError):  # pytest-kind not installed: no --kubeconfig option
+        opt = config.getoption("kubeconfig")
+    return opt or os.environ.get("RAILYARD_TEST_KUBECONFIG") or None
+
+
+def docker_engine_problem() -> str | None:
+    """Why Docker cannot build images here (None: it can)."""
+    docker = shutil.which("docker")
+    if docker is None:
+        return "no docker CLI on PATH"
+    try:
+        out = subprocess.run([docker, "info", "--format", "{{.ServerVersion}}"], capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"docker info failed: {exc}"
+    if out.returncode != 0 or not out.stdout.strip():
+        return f"no Docker engine reachable ({(out.stderr or out.stdout).strip().splitlines()[-1] if (out.stderr or out.stdout).strip() else 'docker info failed'})"
+    return None
+
+
+@dataclass
+class E2ECluster:
+    kubeconfig: Path
+    mode: str  # "kind" or "existing"
+    operator_image: str
+    trainer_image: str
+    kind: Any = None
+    namespaces: list[str] = field(default_factory=list)
+
+    def kubectl(self, *args: str, check: bool = True, timeout: float = 120) -> str:
+        kubectl = shutil.which("kubectl") or str(ROOT / ".venv" / "bin" / "kubectl")
+        out = subprocess.run([kubectl, "--kubeconfig", str(self.kubeconfig), *args],
+                             capture_output=True, text=True, timeout=timeout)
+        if check and out.returncode != 0:
+            raise AssertionError(f"kubectl {' '.join(args)} failed: {out.stderr.strip()}")
+        return out.stdout
+
+
+def _build(tag: str, dockerfile: str) -> None:
+    epoch = subprocess.run(["git", "log", "-1", "--format=%ct"], capture_output=True, text=True, cwd=ROOT).stdout.strip() or "0"
+    subprocess.run(
+        ["docker", "build", "-f", dockerfile, "-t", tag, "--build-arg", f"SOURCE_DATE_EPOCH={epoch}", "."],
+        cwd=ROOT, check=True, timeout=3600,
+    )
+
+
+@pytest.fixture(scope="session")
+def e2e_cluster(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[E2ECluster]:
+    given = _given_kubeconfig(request.config)
+    if given:
+        yield E2ECluster(
+            Path(given), "existing",
+            os.environ.get("RAILYARD_E2E_OPERATOR_IMAGE", "ghcr.io/railyard-dev/railyard-operator:0.1.0"),
+            os.environ.get("RAILYARD_E2E_TRAINER_IMAGE", "ghcr.io/railyard-dev/railyard-trainer:0.1.0"),
+        )
+        return
+    problem = docker_engine_problem()
+    if problem:
+        pytest.skip(f"e2e needs a Docker engine for kind ({problem}) or a cluster: pass --kubeconfig PATH "
+                    "or set RAILYARD_TEST_KUBECONFIG")
+    try:
+        from pytest_kind.cluster import KindCluster
+    except ImportError:
+        pytest.skip("e2e on kind needs pytest-kind (pip install pytest-kind), or pass --kubeconfig")
+    kind_bin = request.config.getoption("kind_bin") or shutil.which("kind")
+    cluster = KindCluster(
+        request.config.getoption("cluster_name") or "railyard-e2e",
+        kind_path=Path(kind_bin) if kind_bin else None,
+        image=request.config.getoption("kind_image"),
+    )
+    config_file = tmp_path_factory.mktemp("kind") / "kind.yaml"
+    config_file.write_text(KIND_CONFIG)
+    cluster.create(config_file=config_file)
+    try:
+        _build(OPERATOR_IMAGE, "Dockerfile")
+        _build(TRAINER_IMAGE, "trainer_image/Dockerfile")  # CUDA base by default; see docs/deploy.md
+        for image in (OPERATOR_IMAGE, TRAINER_IMAGE):
+            cluster.load_docker_image(image)
+        yield E2ECluster(Path(cluster.kubeconfig_path), "kind", OPERATOR_IMAGE, TRAINER_IMAGE, kind=cluster)
+    finally:
+        if not request.config.getoption("keep_cluster"):
+            cluster.delete()
