@@ -42,7 +42,11 @@ def main(argv: list[str] | None = None) -> int:
         await serve(args.state_dir, token=token, event_window=args.event_window, host=args.host, port=args.port,
                     ready_file=args.ready_file, stop=stop, tls=not args.insecure_http)
 
-    asyncio.run(run())
+    try:
+        asyncio.run(run())
+    except (RuntimeError, OSError) as exc:
+        print(f"railyard apiserver: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -108,12 +108,14 @@ class APIServer:
         return self.url
 
     async def stop(self) -> None:
+        """Stop accepting, let in-flight requests finish (watches end), then commit and close."""
         self._stopping.set()
-        await self.controllers.stop()
-        await self.store.close()
+        self.store.end_watches()
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+        await self.controllers.stop()
+        await self.store.close()
 
     # ---- middleware ------------------------------------------------------------------------
 

@@ -14,7 +14,9 @@ from __future__ import annotations
 import asyncio
 import collections
 import concurrent.futures
+import fcntl
 import json
+import os
 import sqlite3
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -84,7 +86,7 @@ class Store:
     def __init__(self, state_dir: Path, *, event_window: int = 20_000,
                  watcher_queue_limit: int = 200_000) -> None:
         self.state_dir = state_dir
-        state_dir.mkdir(parents=True, exist_ok=True)
+        state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)  # the objects include Secrets
         self._db_path = state_dir / "objects.sqlite"
         self._objects: dict[str, dict[tuple[str, str], Entry]] = {}
         self.by_uid: dict[str, ObjKey] = {}
@@ -99,6 +101,7 @@ class Store:
         self._wake = asyncio.Event()
         self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="sqlite")
         self._db: sqlite3.Connection | None = None
+        self._lock_fd: int | None = None
         self._writer: asyncio.Task[None] | None = None
         self._closing = False
         self.listeners: list[Callable[[Event], None]] = []
@@ -106,7 +109,19 @@ class Store:
 
     # ---- lifecycle -------------------------------------------------------------------------
 
+    def _lock(self) -> None:
+        """One server per state dir: two would each trust their own memory and diverge."""
+        fd = os.open(self.state_dir / "lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise RuntimeError(f"another API server is using the state directory {self.state_dir}; stop it "
+                               "first (railyard local down) or choose another --state-dir") from None
+        self._lock_fd = fd
+
     def _open_db(self) -> list[tuple[str, str, str, bytes]]:
+        self._lock()
         db = sqlite3.connect(self._db_path, check_same_thread=False, isolation_level=None)
         db.execute("PRAGMA journal_mode=WAL")
         # NORMAL in WAL mode: a committed transaction survives a process kill (not power loss).
@@ -132,20 +147,27 @@ class Store:
         self.window_start_rv = self.rv
         self._writer = asyncio.create_task(self._write_loop(), name="apiserver-sqlite-writer")
 
+    def end_watches(self) -> None:
+        """Make every open watch stream finish (server shutdown)."""
+        for watchers in self._watchers.values():
+            for w in watchers:
+                w.overflowed = True
+                w.wake.set()
+
     async def close(self) -> None:
         self._closing = True
         self._wake.set()
         if self._writer is not None:
             await self._writer
-        for watchers in self._watchers.values():
-            for w in watchers:
-                w.overflowed = True
-                w.wake.set()
+        self.end_watches()
         loop = asyncio.get_running_loop()
         if self._db is not None:
             db = self._db
             await loop.run_in_executor(self._executor, db.close)
             self._db = None
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)  # releases the flock
+            self._lock_fd = None
         self._executor.shutdown(wait=True)
 
     # ---- reads -----------------------------------------------------------------------------
