@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import tempfile
 import time
 from pathlib import Path
@@ -141,7 +142,10 @@ def main() -> int:
         results.append({"metric": metric, "value": round(value, 2), "unit": unit, "target": target, "meets": meets})
     out = Path(__file__).parent / "results" / "local_scheduler.json"
     out.parent.mkdir(exist_ok=True)
-    out.write_text(json.dumps({"bench": "local_scheduler", "pods": args.pods, "nodes": args.nodes, "results": results}, indent=2))
+    load = os.getloadavg()[0]
+    print(f"(1-minute load average during the run: {load:.1f} on {os.cpu_count()} CPUs)")
+    out.write_text(json.dumps({"bench": "local_scheduler", "pods": args.pods, "nodes": args.nodes,
+                               "load_average_1m": round(load, 1), "cpus": os.cpu_count(), "results": results}, indent=2))
     return 0
 
 

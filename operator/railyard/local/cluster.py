@@ -17,8 +17,8 @@ Everything the cluster needs to come back after ``stop()`` is in ``<state>/clust
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import ctypes
+import dataclasses
 import importlib
 import json
 import os
