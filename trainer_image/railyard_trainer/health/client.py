@@ -113,7 +113,7 @@ class PodAggregator(threading.Thread):
         self._recent: dict[int, list[float]] = {}
         self._checkpoints: list[dict[str, Any]] = []
         self._restored: tuple[str, int] = ("", -1)
-        self._stop = threading.Event()
+        self._halt = threading.Event()
         self._urgent = threading.Event()
         self.posted = 0
         self.failures = 0
@@ -127,9 +127,9 @@ class PodAggregator(threading.Thread):
     def run(self) -> None:
         next_post = self.clock() + self.interval_s
         try:
-            while not self._stop.is_set():
+            while not self._halt.is_set():
                 self._receive_until(next_post)
-                if self._stop.is_set():
+                if self._halt.is_set():
                     break
                 self.flush()
                 next_post = self.clock() + self.interval_s
@@ -140,7 +140,7 @@ class PodAggregator(threading.Thread):
                 os.unlink(self.path)
 
     def _receive_until(self, deadline: float) -> None:
-        while not self._stop.is_set() and not self._urgent.is_set() and self.clock() < deadline:
+        while not self._halt.is_set() and not self._urgent.is_set() and self.clock() < deadline:
             try:
                 data = self.sock.recv(1 << 20)
             except TimeoutError:
@@ -231,7 +231,7 @@ class PodAggregator(threading.Thread):
         return False
 
     def stop(self, timeout_s: float = 5.0) -> None:
-        self._stop.set()
+        self._halt.set()
         if self.is_alive():
             self.join(timeout_s)
 
