@@ -76,3 +76,43 @@ async def test_acknowledged_writes_survive_sigkill_and_restart(embedded_only: No
     finally:
         proc.stop()
     assert proc.process.returncode == 0, "SIGTERM must shut the server down cleanly"
+
+
+def test_a_second_server_on_the_same_state_dir_is_refused(embedded_only: None, tmp_path: Path) -> None:
+    import pytest
+
+    proc = start_server_process(tmp_path)
+    try:
+        with pytest.raises(RuntimeError):
+            start_server_process(tmp_path, timeout_s=20)
+        assert "another API server is using the state directory" in (tmp_path / "apiserver.log").read_text()
+    finally:
+        proc.stop()
+
+
+def test_the_command_refuses_non_loopback_hosts(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    res = subprocess.run([sys.executable, "-m", "railyard.local.apiserver", "--state-dir", str(tmp_path),
+                          "--token", "t", "--host", "0.0.0.0"], capture_output=True, text=True, timeout=60)
+    assert res.returncode != 0 and "loopback" in res.stderr
+
+
+async def test_in_process_server_serves_and_stops(embedded_only: None, tmp_path: Path) -> None:
+    from railyard.local.apiserver import APIServer
+
+    server = APIServer(tmp_path, token="in-process")
+    url = await server.start()
+    try:
+        assert url.startswith("https://127.0.0.1:") and server.ca_file is not None
+        ctx = ssl.create_default_context(cafile=str(server.ca_file))
+        async with aiohttp.ClientSession(headers={"Authorization": "Bearer in-process"},
+                                         connector=aiohttp.TCPConnector(ssl=ctx)) as s:
+            async with s.post(f"{url}/api/v1/namespaces/default/configmaps",
+                              json={"metadata": {"name": "x"}, "data": {"a": "b"}}) as r:
+                assert r.status == 201
+            async with s.get(f"{url}/api/v1/namespaces/default/configmaps/x") as r:
+                assert (await r.json())["data"] == {"a": "b"}
+    finally:
+        await server.stop()
