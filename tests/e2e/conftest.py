@@ -85,10 +85,11 @@ class E2ECluster:
         return out.stdout
 
 
-def _build(tag: str, dockerfile: str) -> None:
+def _build(tag: str, dockerfile: str, *build_args: str) -> None:
     epoch = subprocess.run(["git", "log", "-1", "--format=%ct"], capture_output=True, text=True, cwd=ROOT).stdout.strip() or "0"
     subprocess.run(
-        ["docker", "build", "-f", dockerfile, "-t", tag, "--build-arg", f"SOURCE_DATE_EPOCH={epoch}", "."],
+        ["docker", "build", "-f", dockerfile, "-t", tag, "--build-arg", f"SOURCE_DATE_EPOCH={epoch}",
+         *(a for arg in build_args for a in ("--build-arg", arg)), "."],
         cwd=ROOT, check=True, timeout=3600,
     )
 
@@ -122,7 +123,9 @@ def e2e_cluster(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPat
     cluster.create(config_file=config_file)
     try:
         _build(OPERATOR_IMAGE, "Dockerfile")
-        _build(TRAINER_IMAGE, "trainer_image/Dockerfile")  # CUDA base by default; see docs/deploy.md
+        # kind has no GPUs: the CPU variant (docs/deploy.md)
+        _build(TRAINER_IMAGE, "trainer_image/Dockerfile", "BASE_IMAGE=ubuntu:24.04",
+               "TORCH_INDEX=https://download.pytorch.org/whl/cpu")
         for image in (OPERATOR_IMAGE, TRAINER_IMAGE):
             cluster.load_docker_image(image)
         yield E2ECluster(Path(cluster.kubeconfig_path), "kind", OPERATOR_IMAGE, TRAINER_IMAGE, kind=cluster)
