@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import os
 import subprocess
 import sys
 import textwrap
@@ -307,6 +308,9 @@ def test_node_fail_and_recover(local_cluster: Any, core: k8s.CoreV1Api, namespac
         wait_for(not_ready, 15, "node-2 NotReady")
         failed = wait_phase(core, namespace, "victim", ("Failed",), timeout=15)
         assert failed.status.container_statuses[0].state.terminated.exit_code == 137
+        pid = int(failed.status.container_statuses[0].container_id.rsplit("/", 1)[1])
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
         assert failed.status.reason == "NodeFailed"
         # a new pod pinned there is not started while the node is down
         core.create_namespaced_pod(namespace, make_pod("later").command(*py("pass")).on_node("node-2").obj())
@@ -356,3 +360,22 @@ def test_status_command_lists_nodes(local_cluster: Any, capsys: pytest.CaptureFi
     out = json.loads(capsys.readouterr().out)
     assert [n["name"] for n in out["nodes"]] == ["node-0", "node-1", "node-2"]
     assert all(n["ready"] for n in out["nodes"])
+
+
+def test_readiness_probe_gates_ready(core: k8s.CoreV1Api, namespace: str) -> None:
+    pod = make_pod("probed").command(*py("""
+        import time
+        time.sleep(3)
+        open('ready', 'w').close()
+        time.sleep(60)
+    """)).obj()
+    pod["spec"]["containers"][0]["readinessProbe"] = {"exec": {"command": ["test", "-f", "ready"]}, "periodSeconds": 1, "failureThreshold": 1}
+    core.create_namespaced_pod(namespace, pod)
+    running = wait_phase(core, namespace, "probed", ("Running",))
+    assert not running.status.container_statuses[0].ready  # the file does not exist yet
+
+    def ready() -> bool:
+        p = core.read_namespaced_pod("probed", namespace)
+        return bool(p.status.container_statuses[0].ready) and any(c.type == "Ready" and c.status == "True" for c in p.status.conditions)
+
+    wait_for(ready, 15, "the probe to pass")

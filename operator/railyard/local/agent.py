@@ -798,7 +798,7 @@ class Agent:
             self._write_hosts()
             if self.on_change is not None:
                 self.on_change()
-            await asyncio.sleep(0.02)
+            await asyncio.sleep(0.05)  # coalesce bursts (a gang starting) into one rewrite
 
     # --- shutdown ---
     async def stop(self) -> None:
