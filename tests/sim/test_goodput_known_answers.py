@@ -8,9 +8,9 @@ import pytest
 
 from railyard.sim.engine import STALL, simulate
 from railyard.sim.model import Scenario, baseline_policy, our_policy
-from railyard.sim.trace import generate_trace
+from railyard.sim.trace import Event, generate_trace
 
-from .sim_builders import one_fault, tiny
+from .sim_builders import cause, one_fault, tiny
 
 
 def snapshot_s(s: Scenario) -> float:
@@ -131,3 +131,17 @@ def test_every_gpu_second_is_accounted_for_once(policy: object) -> None:
     res = simulate(s, policy, generate_trace(s))  # type: ignore[arg-type]
     assert res.interruptions > 10
     assert res.useful_s + res.lost_total_s() == pytest.approx(s.wall_s, rel=1e-9)
+
+
+@pytest.mark.parametrize(
+    "policy", [our_policy(hot_spares=1), baseline_policy()], ids=["ours", "baseline"]
+)
+def test_a_corruption_that_starts_right_at_a_checkpoint_is_rolled_back_once(policy: object) -> None:
+    s = tiny()
+    stall = snapshot_s(s) + shared_write_s(s)
+    at = 10 * (200 * s.step_s + stall)  # the step-2000 save has just finished (a memory save too)
+    trace = (Event(0, at, "sdc", cause("Silent data corruption"), 2, u1=0.5, u2=0.5),)
+    res = simulate(s, policy, trace)  # type: ignore[arg-type]
+    # ours: one check + one restore; baseline: a restore of a corrupt checkpoint, then a rollback
+    assert 1 <= res.restarts["SDC"] <= 2
+    assert res.goodput > 0.9

@@ -470,7 +470,7 @@ class _Run:
         self.res.restore_tiers[tier] += 1
         recompute = max(0.0, self.step - step) * self.step_s
         self.step = float(min(self.step, step))
-        if c is not None and self.step < c.step:
+        if c is not None and self.step <= c.step:  # restored state predates the corruption
             self.corruption = None
         self.down(cause.name, parts, recompute)
 

@@ -1,0 +1,100 @@
+"""Benchmark: simulated goodput at 16,384 GPUs for 54 days with the Llama 3 failure trace.
+
+A thin wrapper over ``railyard simulate`` (railyard.sim, docs/simulate.md): runs the default
+scenario for a few seeds, and reports our goodput (target >= 97%, TARGETS.md), the baseline's, the
+calibration gap against Llama 3's reported >90%, and how long one default simulation takes
+(target < 60 s on this machine).
+
+Run: ``python bench/goodput.py [--seeds N]``. Writes bench/results/goodput.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+from railyard.sim.model import LLAMA3_REPORTED_GOODPUT, Scenario
+from railyard.sim.report import GOODPUT_TARGET, Comparison, compare
+
+RESULTS = Path(__file__).parent / "results" / "goodput.json"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seeds", type=int, default=3, help="seeds to run (default 3)")
+    args = ap.parse_args(argv)
+    runs: list[Comparison] = []
+    wall: list[float] = []
+    for seed in range(args.seeds):
+        started = time.perf_counter()
+        runs.append(compare(Scenario(seed=seed)))
+        wall.append(time.perf_counter() - started)
+    ours = [c.ours.goodput for c in runs]
+    base = [c.baseline.goodput for c in runs]
+    cal = [c.calibration.goodput for c in runs]
+    results = [
+        {
+            "metric": "goodput_railyard_min_over_seeds",
+            "value": min(ours),
+            "unit": "fraction",
+            "target": GOODPUT_TARGET,
+            "meets": min(ours) >= GOODPUT_TARGET,
+        },
+        {
+            "metric": "goodput_railyard_mean",
+            "value": statistics.fmean(ours),
+            "unit": "fraction",
+            "target": GOODPUT_TARGET,
+            "meets": statistics.fmean(ours) >= GOODPUT_TARGET,
+        },
+        {
+            "metric": "goodput_baseline_mean",
+            "value": statistics.fmean(base),
+            "unit": "fraction",
+            "target": None,
+            "meets": None,
+        },
+        {
+            "metric": "goodput_calibration_mean",
+            "value": statistics.fmean(cal),
+            "unit": "fraction",
+            "target": LLAMA3_REPORTED_GOODPUT,
+            "meets": None,
+        },
+        {
+            "metric": "calibration_gap_mean",
+            "value": statistics.fmean(cal) - LLAMA3_REPORTED_GOODPUT,
+            "unit": "fraction",
+            "target": None,
+            "meets": None,
+        },
+        {
+            "metric": "simulate_wall_seconds_max",
+            "value": max(wall),
+            "unit": "s",
+            "target": 60.0,
+            "meets": max(wall) < 60.0,
+        },
+    ]
+    print(f"{'seed':>4} {'railyard':>10} {'baseline':>10} {'calibration':>12} {'seconds':>8}")
+    for seed, c, w in zip(range(args.seeds), runs, wall, strict=True):
+        print(
+            f"{seed:>4} {c.ours.goodput:>10.2%} {c.baseline.goodput:>10.2%} {c.calibration.goodput:>12.2%} {w:>8.1f}"
+        )
+    print()
+    print(f"{'metric':<34} {'value':>10} {'target':>8}  meets")
+    for r in results:
+        target = "" if r["target"] is None else f"{r['target']:g}"
+        print(f"{r['metric']:<34} {r['value']:>10.4f} {target:>8}  {r['meets']}")
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps({"bench": "goodput", "results": results}, indent=1) + "\n")
+    print(f"wrote {RESULTS}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
