@@ -95,8 +95,23 @@ def builtin_types() -> list[ResourceType]:
     for plural, kind in (("selfsubjectaccessreviews", "SelfSubjectAccessReview"),
                          ("selfsubjectrulesreviews", "SelfSubjectRulesReview")):
         types.append(_builtin("authorization.k8s.io", "v1", plural, kind, False, verbs=["create"]))
+    # Stored and served, but no controller acts on them (as in envtest): enough for Helm charts
+    # and manifests that ship a Deployment, RBAC, a PodDisruptionBudget or a NetworkPolicy.
+    types += [
+        _builtin("apps", "v1", "deployments", "Deployment", True, ["deploy"], ("status",)),
+        _builtin("apps", "v1", "statefulsets", "StatefulSet", True, ["sts"], ("status",)),
+        _builtin("apps", "v1", "daemonsets", "DaemonSet", True, ["ds"], ("status",)),
+        _builtin("batch", "v1", "jobs", "Job", True, [], ("status",)),
+        _builtin("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget", True, ["pdb"], ("status",)),
+        _builtin("networking.k8s.io", "v1", "networkpolicies", "NetworkPolicy", True, ["netpol"]),
+        _builtin("scheduling.k8s.io", "v1", "priorityclasses", "PriorityClass", False, ["pc"]),
+        _builtin("rbac.authorization.k8s.io", "v1", "roles", "Role", True),
+        _builtin("rbac.authorization.k8s.io", "v1", "rolebindings", "RoleBinding", True),
+        _builtin("rbac.authorization.k8s.io", "v1", "clusterroles", "ClusterRole", False),
+        _builtin("rbac.authorization.k8s.io", "v1", "clusterrolebindings", "ClusterRoleBinding", False),
+    ]
     for t in types:
-        if t.key in ("pods", "services"):
+        if t.key in ("pods", "services", "deployments.apps", "statefulsets.apps", "daemonsets.apps", "jobs.batch"):
             t.categories = ["all"]
     return types
 
