@@ -93,12 +93,17 @@ def _wait_gone(api: Any, paths: list[str], timeout: float = 30.0) -> list[str]:
     return left
 
 
-def test_helm_install_creates_the_objects_and_uninstall_removes_them(kubeconfig: tuple[Path, str]) -> None:
+@pytest.mark.parametrize(
+    "values",
+    [{}, {"replicas": 2, "watchNamespaces": [NAMESPACE], "grafanaDashboard": {"enabled": True}}],
+    ids=["default", "two-replicas-namespaced"],
+)
+def test_helm_install_creates_the_objects_and_uninstall_removes_them(kubeconfig: tuple[Path, str], values: dict[str, Any]) -> None:
     from kubernetes import config as k8s_config
 
     path, which = kubeconfig
     api = k8s_config.new_client_from_config(config_file=str(path))
-    objs = render_objects({}, name=RELEASE, namespace=NAMESPACE)
+    objs = render_objects(values, name=RELEASE, namespace=NAMESPACE)
     served = _served(api)
     missing = sorted({f"{o['kind']} ({o['apiVersion']})" for o in objs if (o["apiVersion"], o["kind"]) not in served}
                      - {"ClusterKopfPeering (kopf.dev/v1)"})  # its CRD comes with the chart's crds/
@@ -106,7 +111,7 @@ def test_helm_install_creates_the_objects_and_uninstall_removes_them(kubeconfig:
     chart = Chart.load(CHART)
     try:
         try:
-            release = helm.install(chart, RELEASE, {}, namespace=NAMESPACE, create_namespace=True, timeout=120)
+            release = helm.install(chart, RELEASE, values, namespace=NAMESPACE, create_namespace=True, timeout=120)
         except HelmError as exc:
             text = str(exc)
             if not missing:
@@ -123,8 +128,10 @@ def test_helm_install_creates_the_objects_and_uninstall_removes_them(kubeconfig:
         served = _served(api)  # the chart's CRDs are served now
         paths = [_object_path(o, served) for o in objs]
         assert [p for p in paths if not _exists(api, p)] == []
+        # Helm keeps its release record in a Secret of the release namespace
+        assert _exists(api, f"/api/v1/namespaces/{NAMESPACE}/secrets/sh.helm.release.v1.{RELEASE}.v1")
         helm.uninstall(RELEASE, timeout=120)
-        assert _wait_gone(api, paths) == []
+        assert _wait_gone(api, [*paths, f"/api/v1/namespaces/{NAMESPACE}/secrets/sh.helm.release.v1.{RELEASE}.v1"]) == []
         # Helm never deletes what it installed from crds/ (documented Helm behaviour)
         assert _exists(api, "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/trainingjobs.railyard.dev")
     finally:
