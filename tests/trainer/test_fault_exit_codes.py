@@ -68,3 +68,37 @@ def test_bad_layout_is_a_permanent_configuration_error(tmp_path) -> None:  # typ
                        trainer={"batchSize": 6})
     assert run.code == ExitCode.CONFIG_PERMANENT, run.explain()
     assert all("parallelism.microbatches" in e["error"] for e in run.of("worker_failed"))
+
+
+@pytest.mark.parametrize("target", ["grad", "param"])
+def test_bitflip_is_caught_by_the_health_package_as_sdc(target: str, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    pytest.importorskip("railyard_trainer.health")
+    run = run_launcher(tmp_path, TWO, trainer={"steps": 8, "faults": [{"kind": "bitflip", "rank": 1, "step": 4, "target": target}]},
+                       RAILYARD_DISABLE_HEALTH="0")
+    assert run.code == ExitCode.SDC_DETECTED, run.explain()
+    assert run.of("fault", kind="bitflip", rank=1, step=4)
+    assert max(run.losses()) <= 5  # stopped at the corrupted step, not at the end
+
+
+def test_sigterm_is_forwarded_and_reported_as_143(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import json
+    import signal
+    import time
+
+    from .launch import BASE_TRAINER, launcher_env, start_launcher
+
+    proc = start_launcher(tmp_path, TWO, {"job": "t", "trainer": {**BASE_TRAINER, "steps": 100000}}, launcher_env())
+    assert proc.stdout is not None
+    deadline = time.monotonic() + 120
+    seen_step = False
+    while time.monotonic() < deadline and not seen_step:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        seen_step = line.startswith('{"event":"step"')
+    assert seen_step, proc.stderr.read() if proc.stderr else ""
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signal.SIGTERM
+    final = [json.loads(x) for x in out.splitlines() if x.startswith('{"event":"launcher_exit"')]
+    assert final and set(final[0]["workers"].values()) == {128 + signal.SIGTERM}
