@@ -1,4 +1,3 @@
-# syntax=docker/dockerfile:1
 # The Railyard operator image: the operator, its CLI and the heartbeat endpoint. No torch.
 #
 # Build (reproducible: same commit + same base image -> same layers):
@@ -26,12 +25,11 @@ RUN python -m venv /opt/railyard \
 COPY pyproject.toml README.md ./
 COPY operator/ operator/
 COPY trainer_image/railyard_trainer/ trainer_image/railyard_trainer/
+# The operator never carries torch (pyproject keeps it in the [trainer] extra): fail the build if
+# a dependency ever pulls it in.
 RUN /opt/railyard/bin/pip install --no-compile --no-deps -c /src/constraints.txt . \
- && /opt/railyard/bin/python - <<'PY'
-import importlib.util, sys
-# the operator never carries torch (pyproject keeps it in the [trainer] extra)
-sys.exit("torch must not be in the operator image" if importlib.util.find_spec("torch") else 0)
-PY
+ && /opt/railyard/bin/python -c "import importlib.util, sys; sys.exit('torch in the operator image' if importlib.util.find_spec('torch') else 0)" \
+ && /opt/railyard/bin/railyard --help >/dev/null
 # Byte-code with hash-based invalidation: deterministic (no source mtimes inside .pyc files).
 RUN find /opt/railyard -name '__pycache__' -prune -exec rm -rf {} + \
  && /opt/railyard/bin/python -m compileall -q --invalidation-mode unchecked-hash /opt/railyard/lib \

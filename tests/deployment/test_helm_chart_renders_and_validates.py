@@ -200,3 +200,12 @@ def test_rules_and_dashboard_use_only_metrics_the_code_exports() -> None:
     for needed in ("RailyardRestartsTooFrequent", "RailyardStragglers", "RailyardSilentDataCorruption",
                    "RailyardHeartbeatsStale", "RailyardJobUnplaceable"):
         assert needed in alerts
+
+
+def test_notes_tell_the_next_step() -> None:
+    notes = render({})["railyard/templates/NOTES.txt"]
+    assert "kubectl apply -f" in notes and "examples/tiny-cpu.yaml" in notes
+    assert "kubectl label node" in notes
+    assert "http://railyard.railyard-system.svc:8080/metrics" in notes
+    assert "WARNING" not in notes
+    assert "WARNING: replicas=2" in render({"replicas": 2})["railyard/templates/NOTES.txt"]
