@@ -259,6 +259,8 @@ def _validate_pod_update(new: JSON, old: JSON) -> list[Cause]:
 
 
 def prepare_create(rt: ResourceType, obj: JSON, eng: Engine) -> None:
+    if rt.key == "pods":
+        obj["status"] = {}  # a new pod's status is the server's (Pending), as upstream
     if rt.key == CRD_KEY:
         from .crd import prepare_crd
 
