@@ -130,6 +130,12 @@ def test_gpu_capacity_is_respected_and_freed(core: k8s.CoreV1Api, namespace: str
     waiting = wait_for(unschedulable, 15, "an unschedulable pod")
     msg = next(c.message for c in waiting.status.conditions if c.type == "PodScheduled")
     assert "Insufficient nvidia.com/gpu" in msg
+    wait_for(
+        lambda: any(e.reason == "FailedScheduling" and e.involved_object.name == waiting.metadata.name
+                    for e in core.list_namespaced_event(namespace).items),
+        10,
+        "a FailedScheduling event",
+    )
     per_node: dict[str, int] = {}
     for p in core.list_namespaced_pod(namespace).items:
         if p.spec.node_name:

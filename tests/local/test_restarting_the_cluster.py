@@ -87,3 +87,13 @@ def test_existing_mode_adds_nodes_and_an_agent_to_a_running_cluster(local_cluste
     finally:
         edge.stop()
         core.delete_node("edge-0")
+
+
+def test_restarting_with_fewer_nodes_removes_the_extra_ones(tmp_path: Path) -> None:
+    with LocalCluster(tmp_path / "s", nodes=3, topology="spine=1,leaf=1") as cluster:
+        pass
+    with LocalCluster(tmp_path / "s", nodes=2) as cluster:
+        api = k8s_config.new_client_from_config(config_file=str(cluster.kubeconfig))
+        names = [n.metadata.name for n in k8s.CoreV1Api(api).list_node().items]
+        api.close()
+    assert names == ["node-0", "node-1"]

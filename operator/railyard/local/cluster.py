@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from railyard.local.kubeconfig import write_kubeconfig
+from railyard.local.nodes import CLUSTER_LABEL
 from railyard.local.topology import (
     ClusterShape,
     NodeSpec,
@@ -140,7 +141,11 @@ class LocalCluster:
                 "namePrefix": shape.name_prefix,
                 "ipOffset": shape.ip_offset,
             }
-            self.config["nodeSpecs"] = [n.to_dict() for n in build_nodes(shape)]
+            self.config.setdefault("clusterId", secrets.token_hex(4))
+            specs = [n.to_dict() for n in build_nodes(shape)]
+            for spec in specs:
+                spec["labels"][CLUSTER_LABEL] = self.config["clusterId"]
+            self.config["nodeSpecs"] = specs
 
     # --- configuration ---
     @property

@@ -10,6 +10,7 @@ processes. Taints are plain ``spec.taints`` and need nothing from here.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -24,6 +25,9 @@ FAIL_ANNOTATION = f"{LOCAL_GROUP}/fail"
 SLOW_ANNOTATION = f"{LOCAL_GROUP}/slow-factor"
 LEASE_NS = "kube-node-lease"
 LEASE_SECONDS = 40
+#: Every node of one local cluster carries its cluster's id, so that a restart with fewer nodes
+#: removes the ones it no longer runs (and never touches another cluster's nodes).
+CLUSTER_LABEL = f"{LOCAL_GROUP}/cluster"
 
 
 def now_iso() -> str:
@@ -158,6 +162,18 @@ class NodeManager:
             if exc.status != 409:
                 raise
         await asyncio.gather(*(self._bounded(self._register_one(s)) for s in self.specs.values()))
+        await self._remove_stale()
+
+    async def _remove_stale(self) -> None:
+        ids = {s.labels.get(CLUSTER_LABEL) for s in self.specs.values()}
+        if len(ids) != 1 or None in ids:
+            return
+        listing = await self.client.get("/api/v1/nodes", labelSelector=f"{CLUSTER_LABEL}={ids.pop()}")
+        for node in listing.get("items") or []:
+            name = (node.get("metadata") or {}).get("name", "")
+            if name not in self.specs:
+                log.info("removing node %s: no longer part of this local cluster", name)
+                await retry(functools.partial(self.client.delete, f"/api/v1/nodes/{name}"), what=f"delete node {name}")
 
     async def _register_one(self, spec: NodeSpec) -> None:
         path = f"/api/v1/nodes/{spec.name}"

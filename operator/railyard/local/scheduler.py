@@ -110,7 +110,11 @@ class Scheduler:
         while True:
             key = await self.queue.get()
             self.queued.discard(key)
-            self._schedule_one(key)
+            try:
+                self._schedule_one(key)
+            except Exception:
+                log.exception("scheduling %s failed; it waits for the next change", key)
+                self.waiting[key] = "scheduler error"
             if self.queue.empty():
                 await asyncio.sleep(0)
 
@@ -200,7 +204,24 @@ class Scheduler:
                 "lastProbeTime": None,
             }
         )
+        stamp = now_iso()
+        event = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{name}.", "namespace": ns},
+            "involvedObject": {"apiVersion": "v1", "kind": "Pod", "name": name, "namespace": ns, "uid": meta.get("uid", "")},
+            "reason": "FailedScheduling",
+            "message": message,
+            "type": "Warning",
+            "source": {"component": "railyard-local-scheduler"},
+            "reportingComponent": "railyard-local-scheduler",
+            "reportingInstance": "railyard-local",
+            "firstTimestamp": stamp,
+            "lastTimestamp": stamp,
+            "count": 1,
+        }
         try:
             await self.client.patch(f"/api/v1/namespaces/{ns}/pods/{name}/status", {"status": {"conditions": conditions}})
+            await self.client.create(f"/api/v1/namespaces/{ns}/events", event)
         except (ApiError, OSError, TimeoutError) as exc:
             log.debug("could not mark %s/%s unschedulable: %s", ns, name, exc)
