@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -148,7 +149,7 @@ class OperatorProcess:
         argv = [sys.executable, "-m", "railyard", "operator", "run", "--standalone",
                 "--metrics-host", "127.0.0.1", "--metrics-port", str(self.port),
                 "--heartbeat-advertise-url", f"http://127.0.0.1:{self.port}", "--not-ready-grace", "0.5",
-                "--kubeconfig", str(kubeconfig)]
+                "--kubeconfig", str(kubeconfig)] + (["-v"] if os.environ.get("RAILYARD_TEST_OPERATOR_VERBOSE") else [])
         for ns in namespaces:
             argv += ["--namespace", ns]
         self.proc = subprocess.Popen(argv, stdout=log_path.open("ab"), stderr=subprocess.STDOUT, cwd=ROOT)

@@ -207,6 +207,12 @@ async def _step(c: Cycle, job: TrainingJob) -> float | None:
     if not c.old_wire.get("attempt") and pods:
         # an unreadable or missing status: the pods' attempt labels say where we were
         c.st = c.st.model_copy(update={"attempt": max(c.st.attempt, *(attempt_of(p) for p in pods))})
+    if pods and rt.tokens(c.ns, c.name) is None:
+        # an operator restarted under a running gang: accept its heartbeats again
+        token = await ops.read_token(c.kube, c.ns, c.name)
+        if token:
+            rt.tokens.set(c.ns, c.name, token)
+            rt.store.begin_attempt(c.ns, c.name, c.st.attempt)
     expected = c.st.placement.node_count if (c.st.placement and c.st.gang_created_time) else spec.nodes
     a = assess_gang(pods, nodes, attempt=c.st.attempt, expected=expected, now=c.now, not_ready_grace_s=rt.settings.not_ready_grace_s)
     stale = [p for p in pods if attempt_of(p) != c.st.attempt]
@@ -379,11 +385,7 @@ async def _place_and_create(c: Cycle, job: TrainingJob, nodes: Mapping[str, Mapp
     c.w.placement_failures = 0
     owner = owner_reference(c.body)
     kube = c.kube
-    token = rt.tokens(c.ns, c.name)
-    if token is None:
-        token = await ops.ensure_secret(kube, build_secret(c.name, c.ns, owner, ops.new_token()))
-        rt.tokens.set(c.ns, c.name, token)
-    await ops.create_object(kube, build_service(c.name, c.ns, owner))
+    await _ensure_job_objects(c, owner)
     table = with_addresses(result.rank_table, c.ns)
     restore = {"tier": c.st.last_checkpoint.tier, "step": c.st.last_checkpoint.step} if c.st.last_checkpoint else None
     config = build_trainer_config(spec, job=c.name, namespace=c.ns, attempt=attempt, restore=restore)
@@ -435,10 +437,7 @@ async def _finish_creation(c: Cycle, job: TrainingJob, current: Sequence[Mapping
     missing = [pods[i] for i in a.missing if i < len(pods)]
     if missing:
         rt.metrics.pods_created.inc(await ops.create_pods(c.kube, missing))
-    if rt.tokens(c.ns, c.name) is None:
-        token = await ops.read_token(c.kube, c.ns, c.name)
-        if token:
-            rt.tokens.set(c.ns, c.name, token)
+    await _ensure_job_objects(c, owner)
     await ops.lift_gates(c.kube, pods)
     update: dict[str, Any] = {}
     if c.st.gang_created_time is None:
@@ -450,6 +449,16 @@ async def _finish_creation(c: Cycle, job: TrainingJob, current: Sequence[Mapping
     if c.st.phase != "Starting":
         c.phase("Starting", "GangResumed", f"attempt {c.st.attempt}: finished creating {len(missing)} missing pods and released the gang")
     return 1.0
+
+
+async def _ensure_job_objects(c: Cycle, owner: Mapping[str, Any]) -> None:
+    """The per-job Secret (heartbeat token) and headless Service; idempotent, and the token is
+    re-read after an operator restart so heartbeats authenticate against the same one."""
+    rt = c.rt
+    if rt.tokens(c.ns, c.name) is None:
+        token = await ops.ensure_secret(c.kube, build_secret(c.name, c.ns, owner, ops.new_token()))
+        rt.tokens.set(c.ns, c.name, token)
+    await ops.create_object(c.kube, build_service(c.name, c.ns, owner))
 
 
 def _heartbeat_url(rt: Runtime, namespace: str, job: str) -> str:
