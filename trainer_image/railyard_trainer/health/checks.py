@@ -74,10 +74,23 @@ def bit_sums(tensors: Sequence[torch.Tensor]) -> list[int]:
         x = local_tensor(t).detach()
         iv = _INT_VIEW.get(x.dtype)
         if iv is None or x.numel() == 0:
-            sums.append(torch.zeros((), dtype=torch.int64))
+            sums.append(torch.zeros((), dtype=torch.int64, device=x.device))
             continue
-        sums.append(x.view(iv).sum(dtype=torch.int64).cpu())
-    return [int(v) for v in torch.stack(sums).tolist()] if sums else []
+        sums.append(x.view(iv).sum(dtype=torch.int64))
+    return _to_host_ints(sums)
+
+
+def _to_host_ints(values: list[torch.Tensor]) -> list[int]:
+    """One device-to-host transfer per device, not one per tensor (each would be a sync)."""
+    out: list[int] = [0] * len(values)
+    by_dev: dict[torch.device, list[int]] = {}
+    for i, v in enumerate(values):
+        by_dev.setdefault(v.device, []).append(i)
+    for idx in by_dev.values():
+        host = torch.stack([values[i] for i in idx]).cpu().tolist()
+        for i, v in zip(idx, host, strict=True):
+            out[i] = int(v)
+    return out
 
 
 @torch.no_grad()
@@ -109,10 +122,15 @@ def odd_ones_out(values: Sequence[int]) -> tuple[list[int], bool]:
 def max_abs_per_tensor(tensors: Sequence[torch.Tensor]) -> list[float]:
     """max |x| per tensor (rank-local data), non-finite preserved; one host transfer."""
     locs = [local_tensor(t).detach() for t in tensors]
-    vals = [x.abs().amax() if x.numel() else torch.zeros((), device=x.device, dtype=x.dtype) for x in locs]
-    if not vals:
-        return []
-    return [float(v) for v in torch.stack([v.float().cpu() for v in vals]).tolist()]
+    vals = [x.abs().amax().float() if x.numel() else torch.zeros((), device=x.device) for x in locs]
+    out: list[float] = [0.0] * len(vals)
+    by_dev: dict[torch.device, list[int]] = {}
+    for i, v in enumerate(vals):
+        by_dev.setdefault(v.device, []).append(i)
+    for idx in by_dev.values():
+        for i, v in zip(idx, torch.stack([vals[i] for i in idx]).cpu().tolist(), strict=True):
+            out[i] = float(v)
+    return out
 
 
 def magnitude_jumps(before: Sequence[float], after: Sequence[float], *, factor: float = 64.0, margin: float = 1.0) -> list[int]:
