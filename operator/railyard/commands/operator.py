@@ -29,6 +29,7 @@ def add_parser(sub: Any) -> None:
     peer.add_argument("--standalone", action="store_true", help="no peering with other operator instances")
     peer.add_argument("--peering", default=None, metavar="NAME", help="kopf peering object name (leader election)")
     r.add_argument("--not-ready-grace", type=float, default=2.0, help="seconds a node may be NotReady before its pods count as failed")
+    r.add_argument("--pod-annotation", action="append", default=[], metavar="KEY=VALUE", help="extra annotation on every gang pod (repeatable)")
     r.add_argument("-v", "--verbose", action="store_true", help="debug logging")
 
 
@@ -49,6 +50,13 @@ def run(args: argparse.Namespace) -> int:
         logging.getLogger(noisy).setLevel(logging.WARNING)
     if args.kubeconfig:
         os.environ["KUBECONFIG"] = args.kubeconfig
+    annotations: dict[str, str] = {}
+    for item in args.pod_annotation:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            print(f"--pod-annotation: {item!r} must look like KEY=VALUE", file=sys.stderr)
+            return 2
+        annotations[key] = value
     kopf_handlers.configure(
         OperatorSettings(
             heartbeat_url=args.heartbeat_advertise_url,
@@ -57,6 +65,7 @@ def run(args: argparse.Namespace) -> int:
             kubeconfig=args.kubeconfig,
             context=args.context,
             not_ready_grace_s=args.not_ready_grace,
+            pod_annotations=annotations,
         )
     )
     namespaces = list(args.namespace)

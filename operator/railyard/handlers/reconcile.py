@@ -390,7 +390,7 @@ async def _place_and_create(c: Cycle, job: TrainingJob, nodes: Mapping[str, Mapp
     restore = {"tier": c.st.last_checkpoint.tier, "step": c.st.last_checkpoint.step} if c.st.last_checkpoint else None
     config = build_trainer_config(spec, job=c.name, namespace=c.ns, attempt=attempt, restore=restore)
     await ops.create_object(kube, build_configmap(c.name, c.ns, owner, attempt=attempt, rank_table=table, config=config))
-    pods = build_gang_pods(spec, job=c.name, namespace=c.ns, owner=owner, attempt=attempt, nodes=result.nodes, heartbeat_url=_heartbeat_url(rt, c.ns, c.name))
+    pods = build_gang_pods(spec, job=c.name, namespace=c.ns, owner=owner, attempt=attempt, nodes=result.nodes, heartbeat_url=_heartbeat_url(rt, c.ns, c.name), annotations=rt.settings.pod_annotations)
     created = await ops.create_pods(kube, pods)
     rt.metrics.pods_created.inc(created)
     await ops.lift_gates(kube, pods)
@@ -433,7 +433,7 @@ async def _finish_creation(c: Cycle, job: TrainingJob, current: Sequence[Mapping
         return 0.5
     nodes = [p.node for p in sorted(table.pods, key=lambda p: p.pod_index)]
     owner = owner_reference(c.body)
-    pods = build_gang_pods(job.spec, job=c.name, namespace=c.ns, owner=owner, attempt=c.st.attempt, nodes=nodes, heartbeat_url=_heartbeat_url(rt, c.ns, c.name))
+    pods = build_gang_pods(job.spec, job=c.name, namespace=c.ns, owner=owner, attempt=c.st.attempt, nodes=nodes, heartbeat_url=_heartbeat_url(rt, c.ns, c.name), annotations=rt.settings.pod_annotations)
     missing = [pods[i] for i in a.missing if i < len(pods)]
     if missing:
         rt.metrics.pods_created.inc(await ops.create_pods(c.kube, missing))

@@ -45,6 +45,8 @@ class OperatorSettings:
     #: Longest sleep between cycles of an idle job (re-checks health, quarantine releases).
     idle_recheck_s: float = 30.0
     registry: CollectorRegistry | None = None
+    #: Extra annotations on every gang pod.
+    pod_annotations: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass

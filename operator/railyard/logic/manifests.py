@@ -271,8 +271,10 @@ def build_pod(
     pod_index: int,
     node: str,
     heartbeat_url: str,
+    annotations: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
-    """One gang member, gated (``railyard.dev/gang``) and pinned to ``node``."""
+    """One gang member, gated (``railyard.dev/gang``) and pinned to ``node``. ``annotations``:
+    extra pod annotations from the operator's settings (e.g. sidecar-injection opt-outs)."""
     labels = {**job_labels(job), ATTEMPT_LABEL: str(attempt), POD_INDEX_LABEL: str(pod_index)}
     pod_sc, container_sc = _security(spec)
     volumes, mounts = _volumes(spec, job, namespace, attempt)
@@ -329,7 +331,7 @@ def build_pod(
     if spec.gang.priority_class_name:
         pod_spec["priorityClassName"] = spec.gang.priority_class_name
     meta = _meta(pod_name(job, attempt, pod_index), namespace, labels, owner)
-    meta["annotations"] = {NODE_ANNOTATION: node}
+    meta["annotations"] = {**dict(annotations or {}), NODE_ANNOTATION: node}
     if spec.gang.queue_name:
         meta["labels"]["kueue.x-k8s.io/queue-name"] = spec.gang.queue_name
     return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": pod_spec}
@@ -344,9 +346,11 @@ def build_gang_pods(
     attempt: int,
     nodes: Sequence[str],
     heartbeat_url: str,
+    annotations: Mapping[str, str] | None = None,
 ) -> list[dict[str, Any]]:
     return [
-        build_pod(spec, job=job, namespace=namespace, owner=owner, attempt=attempt, pod_index=i, node=n, heartbeat_url=heartbeat_url)
+        build_pod(spec, job=job, namespace=namespace, owner=owner, attempt=attempt, pod_index=i, node=n,
+                  heartbeat_url=heartbeat_url, annotations=annotations)
         for i, n in enumerate(nodes)
     ]
 

@@ -1,0 +1,262 @@
+"""Benchmark: the operator starting a 1,000-pod gang, and restarting a 256-pod gang after a node
+failure, on the local cluster (1,000 simulated nodes).
+
+The operator runs as it does in production (``railyard operator run`` in its own process) and
+is told to annotate pods ``local.railyard.dev/simulate=true`` so the local node agent reports
+them Running without starting 1,000 processes on a 2-core machine: the numbers measure the
+operator + API server + scheduler + agent, not process start-up. Measured from a watch:
+
+- apply -> all 1,000 pods created (target > 300 pods/s, TARGETS.md "gang start");
+- apply -> all 1,000 pods Running;
+- a node of a running 256-pod gang fails -> the whole gang Running again (sticky: one pod moves).
+
+    python bench/operator.py [--pods 1000] [--restart-pods 256] [--nodes 1000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+
+from railyard.k8s.client import Kube
+from railyard.local.agent import SIMULATE_ANNOTATION
+from railyard.local.cluster import LocalCluster
+from railyard.local.nodes import FAIL_ANNOTATION
+
+ROOT = Path(__file__).resolve().parents[1]
+TARGET_PODS_PER_S = 300.0
+TARGET_RECOVERY_S = 30.0
+NS = "bench"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def job(name: str, pods: int) -> dict[str, Any]:
+    return {
+        "apiVersion": "railyard.dev/v1alpha1",
+        "kind": "TrainingJob",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {
+            "nodes": pods,
+            "procsPerNode": 1,
+            "command": ["true"],
+            "trainer": {"batchSize": pods},
+            "gang": {"scheduleTimeoutSeconds": 600},
+            "restartPolicy": {"infrastructure": {"limit": 5, "backoffSeconds": 0}},
+        },
+    }
+
+
+class PodWatch:
+    """Times of the first ADDED and first Running per pod name, from one watch."""
+
+    def __init__(self, kube: Kube) -> None:
+        self.kube = kube
+        self.added: dict[str, float] = {}
+        self.running: dict[str, float] = {}
+        self.task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        listing = await self.kube.request("GET", f"/api/v1/namespaces/{NS}/pods")
+        rv = listing["metadata"]["resourceVersion"]
+        self.task = asyncio.create_task(self._run(rv))
+
+    async def _run(self, rv: str) -> None:
+        sess = self.kube._sess()
+        while True:
+            url = f"{self.kube.server}/api/v1/namespaces/{NS}/pods"
+            params = {"watch": "true", "resourceVersion": rv, "timeoutSeconds": "300", "allowWatchBookmarks": "true"}
+            async with sess.get(url, params=params, timeout=None) as resp:
+                async for line in resp.content:
+                    if not line.strip():
+                        continue
+                    ev = json.loads(line)
+                    obj = ev.get("object") or {}
+                    meta = obj.get("metadata") or {}
+                    rv = meta.get("resourceVersion", rv)
+                    if ev.get("type") == "BOOKMARK":
+                        continue
+                    now = time.perf_counter()
+                    name = meta.get("name", "")
+                    if ev.get("type") == "ADDED":
+                        self.added.setdefault(name, now)
+                    if (obj.get("status") or {}).get("phase") == "Running" and not meta.get("deletionTimestamp"):
+                        self.running.setdefault(name, now)
+
+    async def until(self, what: str, pred: Any, timeout: float) -> float:
+        deadline = time.perf_counter() + timeout
+        while time.perf_counter() < deadline:
+            if pred():
+                return time.perf_counter()
+            await asyncio.sleep(0.02)
+        raise TimeoutError(f"{what} not reached within {timeout}s")
+
+    def stop(self) -> None:
+        if self.task:
+            self.task.cancel()
+
+
+def _names(job_name: str, attempt: int, n: int) -> list[str]:
+    return [f"{job_name}-a{attempt}-{i}" for i in range(n)]
+
+
+async def run_bench(kubeconfig: Path, pods: int, restart_pods: int, metrics_port: int) -> dict[str, float]:
+    kube = Kube.from_config(str(kubeconfig))
+    out: dict[str, float] = {}
+    try:
+        await kube.create("/api/v1/namespaces", {"metadata": {"name": NS}})
+        w = PodWatch(kube)
+        await w.start()
+        # -- gang start
+        names = _names("big", 0, pods)
+        t0 = time.perf_counter()
+        await kube.create(f"/apis/railyard.dev/v1alpha1/namespaces/{NS}/trainingjobs", job("big", pods))
+        t_created = await w.until("all pods created", lambda: all(n in w.added for n in names), 600)
+        t_running = await w.until("all pods Running", lambda: all(n in w.running for n in names), 600)
+        first = min(w.added[n] for n in names)
+        out["apply_to_created_s"] = t_created - t0
+        out["created_rate"] = pods / (t_created - t0)
+        out["created_rate_first_to_last"] = pods / max(max(w.added[n] for n in names) - first, 1e-9)
+        out["apply_to_running_s"] = t_running - t0
+        out["apply_to_first_pod_s"] = first - t0
+        await kube.delete(f"/apis/railyard.dev/v1alpha1/namespaces/{NS}/trainingjobs/big")
+        await w.until("big gang gone", lambda: True, 1)
+        for _ in range(600):
+            left = await kube.list(f"/api/v1/namespaces/{NS}/pods", labelSelector="railyard.dev/job=big")
+            if not left:
+                break
+            await asyncio.sleep(0.2)
+        # -- restart after a node failure
+        names0 = _names("mid", 0, restart_pods)
+        t0 = time.perf_counter()
+        await kube.create(f"/apis/railyard.dev/v1alpha1/namespaces/{NS}/trainingjobs", job("mid", restart_pods))
+        await w.until("mid gang Running", lambda: all(n in w.running for n in names0), 600)
+        out["mid_apply_to_running_s"] = time.perf_counter() - t0
+        status = await _status(kube, "mid", lambda st: st.get("phase") == "Running", 60)
+        victim = status["placement"]["nodes"][restart_pods // 2]
+        names1 = _names("mid", 1, restart_pods)
+        t_fail = time.perf_counter()
+        await kube.patch(f"/api/v1/nodes/{victim}", {"metadata": {"annotations": {FAIL_ANNOTATION: "true"}}})
+        t_back = await w.until("mid gang Running again", lambda: all(n in w.running for n in names1), 600)
+        out["failure_to_all_running_s"] = t_back - t_fail
+        st = await _status(kube, "mid", lambda s: s.get("attempt") == 1 and s.get("phase") == "Running", 60)
+        moved = sum(1 for a, b in zip(status["placement"]["nodes"], st["placement"]["nodes"], strict=False) if a != b)
+        out["pods_moved_of_shown"] = float(moved)
+        await kube.patch(f"/api/v1/nodes/{victim}", {"metadata": {"annotations": {FAIL_ANNOTATION: None}}})
+        w.stop()
+    finally:
+        await kube.close()
+    out.update(_scrape(metrics_port))
+    return out
+
+
+async def _status(kube: Kube, name: str, pred: Any, timeout: float) -> dict[str, Any]:
+    deadline = time.perf_counter() + timeout
+    st: dict[str, Any] = {}
+    while time.perf_counter() < deadline:
+        obj = await kube.get(f"/apis/railyard.dev/v1alpha1/namespaces/{NS}/trainingjobs/{name}")
+        st = (obj or {}).get("status") or {}
+        if pred(st):
+            return st
+        await asyncio.sleep(0.1)
+    raise TimeoutError(f"status of {name}: {st}")
+
+
+def _scrape(port: int) -> dict[str, float]:
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    out: dict[str, float] = {}
+    for fam in text_string_to_metric_families(text):
+        if fam.name == "railyard_placement_decision_seconds":
+            s = {x.name: x.value for x in fam.samples}
+            if s.get("railyard_placement_decision_seconds_count"):
+                out["placement_mean_s"] = s["railyard_placement_decision_seconds_sum"] / s["railyard_placement_decision_seconds_count"]
+        if fam.name == "railyard_reconcile_errors":
+            out["reconcile_errors"] = sum(x.value for x in fam.samples if x.name.endswith("_total"))
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--pods", type=int, default=1000)
+    parser.add_argument("--restart-pods", type=int, default=256)
+    parser.add_argument("--nodes", type=int, default=1000)
+    parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "operator.json"))
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        cluster = LocalCluster(Path(tmp) / "cluster", nodes=args.nodes, gpus_per_node=1, topology="spine=4,leaf=10", lease_interval=10.0)
+        kubeconfig = cluster.start(timeout=300)
+        port = _free_port()
+        op = None
+        try:
+            asyncio.run(_apply_crd(kubeconfig))
+            log = open(Path(tmp) / "operator.log", "wb")  # noqa: SIM115 - closed below
+            op = subprocess.Popen(
+                [sys.executable, "-m", "railyard", "operator", "run", "--standalone", "--metrics-host", "127.0.0.1",
+                 "--metrics-port", str(port), "--not-ready-grace", "0.5", "--kubeconfig", str(kubeconfig),
+                 "--pod-annotation", f"{SIMULATE_ANNOTATION}=true"],
+                stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
+            )
+            m = asyncio.run(run_bench(kubeconfig, args.pods, args.restart_pods, port))
+        finally:
+            if op is not None:
+                op.terminate()
+                op.wait(20)
+            cluster.stop()
+    rows = [
+        (f"apply -> all {args.pods} pods created", m["created_rate"], "pods/s", TARGET_PODS_PER_S, True),
+        (f"apply -> all {args.pods} pods created", m["apply_to_created_s"], "s", None, False),
+        ("first -> last pod created", m["created_rate_first_to_last"], "pods/s", TARGET_PODS_PER_S, True),
+        (f"apply -> all {args.pods} pods Running", m["apply_to_running_s"], "s", None, False),
+        (f"apply -> all {args.restart_pods} pods Running", m["mid_apply_to_running_s"], "s", None, False),
+        (f"node failure -> all {args.restart_pods} Running again", m["failure_to_all_running_s"], "s", TARGET_RECOVERY_S, False),
+        ("pods moved by the restart (of the first 64)", m["pods_moved_of_shown"], "pods", None, False),
+        ("placement decision, mean", m.get("placement_mean_s", float("nan")), "s", None, False),
+        ("reconcile errors", m.get("reconcile_errors", 0.0), "count", None, False),
+    ]
+    results = []
+    print(f"{'metric':<48}{'value':>10}  {'unit':<7}{'target':>8}  meets")
+    for metric, value, unit, target, higher in rows:
+        meets = None if target is None else (value >= target if higher else value <= target)
+        results.append({"metric": metric, "value": round(value, 4), "unit": unit, "target": target, "meets": meets})
+        t = "" if target is None else f"{target:g}"
+        print(f"{metric:<48}{value:>10.3f}  {unit:<7}{t:>8}  {'' if meets is None else ('yes' if meets else 'NO')}")
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps({"bench": "operator", "pods": args.pods, "nodes": args.nodes, "results": results}, indent=2) + "\n")
+    print(f"wrote {args.out}")
+    return 0
+
+
+async def _apply_crd(kubeconfig: Path) -> None:
+    kube = Kube.from_config(str(kubeconfig))
+    try:
+        await kube.create("/apis/apiextensions.k8s.io/v1/customresourcedefinitions", yaml.safe_load((ROOT / "crds" / "trainingjob.yaml").read_text()))
+        for _ in range(100):
+            try:
+                await kube.request("GET", "/apis/railyard.dev/v1alpha1/namespaces/default/trainingjobs")
+                return
+            except Exception:
+                await asyncio.sleep(0.1)
+    finally:
+        await kube.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
