@@ -33,6 +33,7 @@ VALUE_SETS: dict[str, Any] = {
         "grafanaDashboard": {"enabled": True},
         "image": {"digest": "sha256:" + "a" * 64},
         "logLevel": "debug",
+        "trainingPodAnnotations": {"sidecar.istio.io/inject": "false"},
     },
 }
 
@@ -98,6 +99,7 @@ def test_deployment_args_match_the_operator_cli() -> None:
         parsed = parser.parse_args(args)  # exits (SystemExit) on an unknown flag
         assert parsed.operator_command == "run"
         assert parsed.peering == "railyard" and not parsed.standalone
+        assert parsed.pod_annotation == [f"{k}={v}" for k, v in values.get("trainingPodAnnotations", {}).items()]
 
 
 def test_heartbeat_url_points_at_the_service() -> None:
