@@ -20,7 +20,6 @@ from . import rawkube
 from .auditproxy import audit_proxy, to_permission
 from .chart import CHART, ROOT, find, render_objects
 
-pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 T = TypeVar("T")
 NS = "audit"
 
@@ -53,6 +52,8 @@ def test_request_mapping_follows_the_authorizer() -> None:
     assert to_permission("GET", "/apis/apps/v1", {}) is None
 
 
+@pytest.mark.cluster
+@pytest.mark.slow
 def test_every_request_of_a_running_operator_is_granted(tmp_path: Path) -> None:
     from kubernetes import config as k8s_config
 
