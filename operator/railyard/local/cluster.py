@@ -337,8 +337,19 @@ class LocalCluster:
         self._wait_file("runtime", ready, timeout)
 
     def _start_operator(self) -> None:
+        """``railyard operator run`` with its heartbeat server on loopback, where pods reach it."""
+        port = int(self.config.get("operatorPort") or 0)
+        if not port or not _port_free(port):
+            port = _free_port()
+        self.config["operatorPort"] = port
+        self._save_config()
         env = dict(os.environ, KUBECONFIG=str(self.kubeconfig))
-        code = "import sys; from railyard.cli import main; sys.exit(main(['operator', 'run']))"
+        args = [
+            "operator", "run", "--standalone",
+            "--metrics-host", "127.0.0.1", "--metrics-port", str(port),
+            "--heartbeat-advertise-url", f"http://127.0.0.1:{port}",
+        ]
+        code = f"import sys; from railyard.cli import main; sys.exit(main({args!r}))"
         self._spawn("operator", [self.python, "-c", code], env=env)
 
     def exited(self) -> str | None:
