@@ -1,0 +1,91 @@
+"""Health metrics stay bounded per job; the pod aggregator batches, retries and forgets."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+
+from railyard.observe.health_metrics import HealthMetrics
+from railyard.protocol.heartbeat import HealthResult, RankBeat, parse_heartbeat
+from railyard_trainer.health.client import PodAggregator, beat_message
+
+from .sim import JOB, NS, SimJob
+
+
+def test_only_the_slowest_ranks_get_series_and_verdicts_are_counted() -> None:
+    reg = CollectorRegistry()
+    m = HealthMetrics(reg)
+    sim = SimJob(world=64, seed=2, slow={10: (21, 1.4)})
+    sim.run_steps(40)
+    for d in sim.decisions:
+        m.observe_decision(NS, JOB, d)
+    names = {s.labels["rank"] for fam in reg.collect() if fam.name == "railyard_straggler_score" for s in fam.samples}
+    assert len(names) == 5 and "10" in names
+    assert reg.get_sample_value("railyard_stragglers_flagged_total", {"namespace": NS, "job": JOB}) == 1
+    assert reg.get_sample_value("railyard_stragglers_flagged_current", {"namespace": NS, "job": JOB}) == 1
+    assert reg.get_sample_value("railyard_fault_detection_seconds_count", {"kind": "Straggler"}) == 1
+    assert reg.get_sample_value("railyard_step_time_seconds", {"namespace": NS, "job": JOB, "quantile": "0.99"}) > 0
+    m.forget_job(NS, JOB)
+    assert not [s for fam in reg.collect() if fam.name == "railyard_straggler_score" for s in fam.samples]
+
+
+class FakeOperator:
+    def __init__(self) -> None:
+        self.status = 204
+        self.bodies: list[dict[str, Any]] = []
+
+    def __call__(self, url: str, token: str, body: bytes) -> int:
+        assert token == "tok"
+        parse_heartbeat(body)  # what we send is always valid
+        self.bodies.append(json.loads(body))
+        return self.status
+
+
+def _aggregator(post: FakeOperator, clock: list[float]) -> PodAggregator:
+    path = os.path.join(tempfile.mkdtemp(), "agg.sock")
+    return PodAggregator(url="http://x", token="tok", job="j", attempt=2, pod_index=1, node="n1",
+                         interval_s=1.0, path=path, post=post, clock=lambda: clock[0])
+
+
+def _datagram(rank: int, step: int, **kw: Any) -> bytes:
+    beat = RankBeat(rank=rank, step=step, step_time_s=1.0, compute_s=0.5, recent_compute_s=(0.4, 0.5), **kw)
+    return json.dumps(beat_message(beat)).encode()
+
+
+def test_the_aggregator_batches_ranks_and_keeps_failed_checks_until_delivered() -> None:
+    op, clock = FakeOperator(), [100.0]
+    agg = _aggregator(op, clock)
+    try:
+        agg.accept(_datagram(8, 3, health=(HealthResult("kat", False, 3, confirmed=True),)))
+        agg.accept(_datagram(9, 3))
+        op.status = 503
+        assert not agg.flush()
+        op.status = 204
+        assert agg.flush()
+        first, second = op.bodies
+        assert [r["rank"] for r in second["ranks"]] == [8, 9] and second["pod_index"] == 1
+        assert second["ranks"][0]["health"] == first["ranks"][0]["health"] != []
+        assert second["ranks"][0]["recent_compute_s"] == [0.4, 0.5]
+        assert agg.flush() and op.bodies[-1]["ranks"][0]["health"] == [], "delivered once"
+    finally:
+        agg.sock.close()
+
+
+def test_a_rank_that_stopped_sending_drops_out_of_the_batch() -> None:
+    op, clock = FakeOperator(), [100.0]
+    agg = _aggregator(op, clock)
+    try:
+        agg.accept(_datagram(8, 3))
+        clock[0] += 2.0
+        agg.accept(_datagram(9, 4))
+        clock[0] += 2.0  # rank 8 silent for 4 s > 3 intervals
+        assert agg.flush()
+        assert [r["rank"] for r in op.bodies[-1]["ranks"]] == [9]
+        agg.accept(b"not json")  # our own pod's garbage never breaks the loop
+        assert agg.flush()
+    finally:
+        agg.sock.close()
