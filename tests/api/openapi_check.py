@@ -1,6 +1,6 @@
 """A generic, model-free check of a manifest against a CRD's openAPIV3Schema, the way the API
 server does it: apply schema defaults, reject unknown fields (strict field validation, as
-``kubectl apply`` asks), validate with a JSON-schema validator, then evaluate every CEL rule
+``kubectl apply`` asks), validate with a JSON-schema (draft 4, the dialect OpenAPI v3.0 builds on) validator, then evaluate every CEL rule
 ``x-kubernetes-validations`` at the node that carries it. Test-only: it exists to show that the
 CRD we generate and our pydantic models reach the same verdict."""
 
@@ -77,7 +77,7 @@ def check(manifest: dict[str, Any], crd: dict[str, Any]) -> list[str]:
     schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
     obj = apply_defaults(copy.deepcopy(manifest), schema)
     errors = [f"{p}: unknown field" for p in unknown_fields(obj, schema, "")]
-    validator = jsonschema.Draft7Validator(_json_schema(schema))
+    validator = jsonschema.Draft4Validator(_json_schema(schema))
     errors += [f"{'.'.join(str(p) for p in e.absolute_path)}: {e.message}" for e in validator.iter_errors(obj)]
     if not errors:
         errors += cel_errors(obj, schema, "")

@@ -150,19 +150,7 @@ def test_chart_crd_is_the_repositorys_crd() -> None:
 
 
 def _crd_params() -> list[Any]:
-    out = []
-    for crd in chart_crds():
-        name = crd["metadata"]["name"]
-        marks = []
-        if "exclusiveMinimum: 0.0" in (CHART / "crds" / "trainingjob.yaml").read_text() and name.startswith("trainingjobs."):
-            marks.append(pytest.mark.xfail(
-                reason="crds/trainingjob.yaml writes exclusiveMinimum as a number (draft-2019 JSON Schema); "
-                "apiextensions.k8s.io/v1 JSONSchemaProps wants a boolean next to minimum, so a real API "
-                "server rejects the CRD (railyard.api.crd must emit minimum: 0 + exclusiveMinimum: true)",
-                strict=True,
-            ))
-        out.append(pytest.param(crd, id=name, marks=marks))
-    return out
+    return [pytest.param(crd, id=crd["metadata"]["name"]) for crd in chart_crds()]
 
 
 @pytest.mark.parametrize("crd", _crd_params())

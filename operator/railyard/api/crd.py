@@ -68,6 +68,12 @@ def _convert(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
         return _convert({**options[0], **node}, defs)
 
     out: dict[str, Any] = {k: v for k, v in node.items() if k in _KEEP}
+    # JSON Schema 2020 writes exclusive bounds as numbers; OpenAPI v3.0 (Kubernetes) as a bound
+    # plus a boolean flag.
+    for bound, flag in (("exclusiveMinimum", "minimum"), ("exclusiveMaximum", "maximum")):
+        if isinstance(out.get(bound), int | float) and not isinstance(out[bound], bool):
+            out[flag] = out.pop(bound)
+            out[bound] = True
     if "const" in node:
         out["enum"] = [node["const"]]
     if "default" in out:
