@@ -84,3 +84,21 @@ def test_volumes_live_in_per_node_folders_and_host_paths_outlive_pods(tmp_path: 
     assert Path(dirs["scratch"]).is_dir() and Path(dirs["scratch"]).is_relative_to(pod_dir)
     assert (Path(dirs["cfg"]) / "sub" / "a.txt").read_text() == "x"
     assert not (Path(dirs["cfg"]) / "b").exists()
+
+
+def test_host_paths_under_mnt_and_claims_are_shared_by_all_nodes(tmp_path: Path) -> None:
+    nodes = build_nodes(ClusterShape(nodes=2))
+    agent = Agent(None, tmp_path, nodes, log_dir=tmp_path / "logs")  # type: ignore[arg-type]
+    pod: Any = make_pod("p", "ns").obj()
+    pod["spec"]["volumes"] = [
+        {"name": "shared", "hostPath": {"path": "/mnt/railyard-shared/job"}},
+        {"name": "local", "hostPath": {"path": "/var/lib/ckpt"}},
+        {"name": "claim", "persistentVolumeClaim": {"claimName": "data"}},
+    ]
+    seen = []
+    for node in nodes:
+        ctx = PodContext(pod=pod, pod_ip=node.ip, host_ip=node.ip)
+        seen.append(agent.materialise_volumes(pod, node, agent.node_dir(node.name) / "pods" / "p", ctx))
+    assert seen[0]["shared"] == seen[1]["shared"] == str(tmp_path / "shared" / "mnt" / "railyard-shared" / "job")
+    assert seen[0]["claim"] == seen[1]["claim"] == str(tmp_path / "shared" / "pvc" / "ns" / "data")
+    assert seen[0]["local"] != seen[1]["local"]

@@ -42,6 +42,8 @@ def add_parser(sub: Any) -> None:
     group.add_argument("--topology-file", type=Path, help="YAML: nodes, gpusPerNode, levels, cpu, memory")
     up.add_argument("--cpu", help="cpu capacity per node (default 16)")
     up.add_argument("--memory", help="memory capacity per node (default 64Gi)")
+    up.add_argument("--shared-host-path", action="append", default=None, metavar="PATH",
+                    help="hostPaths under PATH are one folder for all nodes, like a network filesystem (default /mnt; repeatable)")
     up.add_argument("--mode", choices=MODES, help="embedded (default), envtest ($KUBEBUILDER_ASSETS) or existing")
     up.add_argument("--kubeconfig", type=Path, help="existing mode: add nodes and the agent to this cluster")
     up.add_argument("--scheduler", action=argparse.BooleanOptionalAction, default=None,
@@ -128,6 +130,7 @@ def _up(args: argparse.Namespace, state_dir: Path) -> int:
         kubeconfig=args.kubeconfig,
         scheduler=args.scheduler,
         with_operator=args.with_operator,
+        shared_host_paths=args.shared_host_path,
     )
     stop = {"now": False}
 
@@ -182,6 +185,8 @@ def _up_detached(args: argparse.Namespace, state_dir: Path) -> int:
         argv.append("--scheduler" if args.scheduler else "--no-scheduler")
     if args.with_operator:
         argv.append("--with-operator")
+    for path in args.shared_host_path or []:
+        argv += ["--shared-host-path", path]
     (state_dir / "logs").mkdir(parents=True, exist_ok=True)
     (state_dir / "run").mkdir(parents=True, exist_ok=True)
     ready = state_dir / "run" / "up.json"

@@ -44,6 +44,8 @@ SLOW_PERIOD = 0.1
 #: A pod with this annotation set to "true" is reported Running without starting processes
 #: (as kwok does): for scale tests of 1,000-pod gangs on a 2-core machine.
 SIMULATE_ANNOTATION = "local.railyard.dev/simulate"
+#: hostPaths under these prefixes are one folder for all nodes (a shared filesystem mount).
+DEFAULT_SHARED_HOST_PATHS = ("/mnt",)
 
 
 def _pdeathsig() -> None:
@@ -494,8 +496,17 @@ class PodWorker:
 class Agent:
     """All pods on all simulated nodes of this runtime."""
 
-    def __init__(self, client: KubeClient, state_dir: Path, nodes: list[NodeSpec], *, log_dir: Path) -> None:
+    def __init__(
+        self,
+        client: KubeClient,
+        state_dir: Path,
+        nodes: list[NodeSpec],
+        *,
+        log_dir: Path,
+        shared_host_paths: tuple[str, ...] = DEFAULT_SHARED_HOST_PATHS,
+    ) -> None:
         self.client = client
+        self.shared_host_paths = tuple(p.rstrip("/") for p in shared_host_paths if p.strip("/"))
         self.state_dir = state_dir
         self.nodes = {n.name: n for n in nodes}
         self.log_dir = log_dir
@@ -520,6 +531,15 @@ class Agent:
     # --- paths and env ---
     def node_dir(self, node: str) -> Path:
         return self.state_dir / "nodes" / node
+
+    def host_path(self, node: str, path: str) -> Path:
+        """A hostPath's folder: per node, except under a shared prefix (a network filesystem
+        mounted on every node, like /mnt/lustre), which all nodes see as one folder."""
+        clean = "/" + path.strip("/")
+        for prefix in self.shared_host_paths:
+            if clean == prefix or clean.startswith(prefix + "/"):
+                return self.state_dir / "shared" / clean.lstrip("/")
+        return self.node_dir(node) / "hostpath" / clean.lstrip("/")
 
     def log_path(self, ns: str, name: str, container: str) -> Path:
         return self.log_dir / ns / name / f"{container}.log"
@@ -565,13 +585,19 @@ class Agent:
             name = str(vol.get("name", ""))
             if vol.get("hostPath"):
                 hp = vol["hostPath"]
-                real = self.node_dir(node.name) / "hostpath" / str(hp.get("path", "")).lstrip("/")
+                real = self.host_path(node.name, str(hp.get("path", "")))
                 if hp.get("type") in ("File", "FileOrCreate", "Socket", "CharDevice", "BlockDevice"):
                     real.parent.mkdir(parents=True, exist_ok=True)
                     if hp.get("type") == "FileOrCreate":
                         real.touch(exist_ok=True)
                 else:
                     real.mkdir(parents=True, exist_ok=True)
+                out[name] = str(real)
+                continue
+            if vol.get("persistentVolumeClaim"):
+                ns = str((pod.get("metadata") or {}).get("namespace", "default"))
+                real = self.state_dir / "shared" / "pvc" / ns / str(vol["persistentVolumeClaim"].get("claimName", name))
+                real.mkdir(parents=True, exist_ok=True)
                 out[name] = str(real)
                 continue
             real = pod_dir / "volumes" / name

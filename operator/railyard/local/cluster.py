@@ -99,6 +99,7 @@ class LocalCluster:
         memory_per_node: str | None = None,
         node_prefix: str | None = None,
         node_ip_offset: int | None = None,
+        shared_host_paths: list[str] | None = None,
         lease_interval: float = 10.0,
         with_operator: bool = False,
         python: str = sys.executable,
@@ -125,6 +126,8 @@ class LocalCluster:
             self.config["scheduler"] = scheduler
         self.config.setdefault("scheduler", self.config["mode"] != "existing")
         self.config.setdefault("token", secrets.token_urlsafe(32))
+        if shared_host_paths is not None:
+            self.config["sharedHostPaths"] = list(shared_host_paths)
         shape_args = (nodes, gpus_per_node, topology, topology_file, cpu_per_node, memory_per_node, node_prefix, node_ip_offset)
         if "nodeSpecs" not in self.config or any(a is not None for a in shape_args):
             shape = self._shape(nodes, gpus_per_node, topology, topology_file, cpu_per_node, memory_per_node)

@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from railyard.local.agent import Agent
+from railyard.local.agent import DEFAULT_SHARED_HOST_PATHS, Agent
 from railyard.local.kube import Informer, KubeClient
 from railyard.local.nodes import NodeManager
 from railyard.local.scheduler import Scheduler
@@ -33,6 +33,11 @@ def load_specs(config_path: Path) -> list[NodeSpec]:
     return [NodeSpec.from_dict(n) for n in data["nodeSpecs"]]
 
 
+def load_shared_host_paths(config_path: Path) -> tuple[str, ...]:
+    data = json.loads(config_path.read_text())
+    return tuple(str(p) for p in data.get("sharedHostPaths", DEFAULT_SHARED_HOST_PATHS))
+
+
 async def run_runtime(
     *,
     kubeconfig: str,
@@ -42,13 +47,14 @@ async def run_runtime(
     scheduler: bool,
     ready_file: Path | None,
     lease_interval: float = 10.0,
+    shared_host_paths: tuple[str, ...] = DEFAULT_SHARED_HOST_PATHS,
 ) -> None:
     client = KubeClient.from_kubeconfig(kubeconfig)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    agent = Agent(client, state_dir, specs, log_dir=log_dir)
+    agent = Agent(client, state_dir, specs, log_dir=log_dir, shared_host_paths=shared_host_paths)
     manager = NodeManager(client, specs, lease_interval=lease_interval, on_control=agent.on_control)
     tasks: list[asyncio.Task[Any]] = []
     try:
@@ -119,6 +125,7 @@ def main(argv: list[str] | None = None) -> int:
             scheduler=args.scheduler,
             ready_file=args.ready_file,
             lease_interval=args.lease_interval,
+            shared_host_paths=load_shared_host_paths(args.config),
         )
     )
     return 0
