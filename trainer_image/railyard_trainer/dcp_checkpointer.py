@@ -48,7 +48,7 @@ class DCPCheckpointer:
         assert self.root is not None
         path = self.root / step_dirname(steps[-1])
         t0 = time.monotonic()
-        dcp.load(app_state(ctx), checkpoint_id=str(path))  # type: ignore[arg-type]
+        dcp.load(app_state(ctx), checkpoint_id=str(path))  # type: ignore[attr-defined, unused-ignore]
         self._last_saved = ctx.step
         return RestoreResult(step=ctx.step, tier="dcp", duration_s=time.monotonic() - t0, detail=str(path))
 
@@ -61,7 +61,7 @@ class DCPCheckpointer:
         path = self.root / step_dirname(ctx.step)
         self._saving = True
         try:
-            dcp.save(app_state(ctx), checkpoint_id=str(path))  # type: ignore[arg-type]
+            dcp.save(app_state(ctx), checkpoint_id=str(path))  # type: ignore[attr-defined, unused-ignore]
             dist.barrier()
             if dist.get_rank() == 0:
                 (path / COMPLETE).write_text(f"checks_passed={checks_passed}\n")

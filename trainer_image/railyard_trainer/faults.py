@@ -18,7 +18,7 @@ first, so a test can tell an injected failure from a real one.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -76,7 +76,7 @@ class FaultInjector:
                 return extra
         return 0.0
 
-    def maybe_flip(self, step: int, target: str, parts: list[nn.Module]) -> None:
+    def maybe_flip(self, step: int, target: str, parts: Sequence[nn.Module]) -> None:
         if self._due("bitflip", step, target=target) is None:
             return
         name, tensor = _victim(parts, grad=target == "grad")
@@ -84,7 +84,7 @@ class FaultInjector:
         self.log("fault", rank=self.rank, kind="bitflip", step=step, target=target, tensor=name, index=index, before=before, after=after)
 
 
-def _victim(parts: list[nn.Module], *, grad: bool) -> tuple[str, torch.Tensor]:
+def _victim(parts: Sequence[nn.Module], *, grad: bool) -> tuple[str, torch.Tensor]:
     """The first block weight with a non-empty local shard (a real tensor the health checks see);
     embeddings come last because most of their gradient rows are exactly zero."""
     candidates = [(clean_fqn(n), p) for part in parts for n, p in part.named_parameters() if p.ndim >= 2]

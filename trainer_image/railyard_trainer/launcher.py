@@ -282,7 +282,7 @@ def launch(argv: Sequence[str] | None = None) -> int:
         plan = plan_launch(args, os.environ)
     except (ConfigError, RankTableError, ValueError) as exc:
         log_event("launcher_exit", code=int(ExitCode.CONFIG_PERMANENT), failure_class="Permanent", error=str(exc))
-        return ExitCode.CONFIG_PERMANENT
+        return int(ExitCode.CONFIG_PERMANENT)
     return supervise(plan, fail_grace_s=float(os.environ.get("RAILYARD_FAIL_GRACE_S", "5")), kill_grace_s=float(os.environ.get("RAILYARD_KILL_GRACE_S", "10")))
 
 

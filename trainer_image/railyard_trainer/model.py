@@ -33,7 +33,7 @@ def apply_rope(x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
     seq = x.shape[1]
     cos = rope[0, :seq].view(1, seq, 1, -1)
     sin = rope[1, :seq].view(1, seq, 1, -1)
-    xf = x.float().unflatten(-1, (-1, 2))
+    xf = x.float().reshape(*x.shape[:-1], -1, 2)
     x0, x1 = xf[..., 0], xf[..., 1]
     out = torch.stack((x0 * cos - x1 * sin, x0 * sin + x1 * cos), dim=-1)
     return out.flatten(-2).type_as(x)
@@ -73,7 +73,8 @@ class Attention(nn.Module):
         out = F.scaled_dot_product_attention(
             q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True, enable_gqa=True
         )
-        return self.wo(out.transpose(1, 2).reshape(bs, seq, -1))
+        proj: torch.Tensor = self.wo(out.transpose(1, 2).reshape(bs, seq, -1))
+        return proj
 
     def init_weights(self, std: float, out_std: float) -> None:
         for lin in (self.wq, self.wk, self.wv):
@@ -89,7 +90,8 @@ class FeedForward(nn.Module):
         self.w2 = nn.Linear(hidden, dim, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+        out: torch.Tensor = self.w2(F.silu(self.w1(x)) * self.w3(x))
+        return out
 
     def init_weights(self, std: float, out_std: float) -> None:
         nn.init.trunc_normal_(self.w1.weight, mean=0.0, std=std, a=-3 * std, b=3 * std)
@@ -108,8 +110,9 @@ class TransformerBlock(nn.Module):
         self.feed_forward = FeedForward(args.dim, args.ffn_dim)
 
     def forward(self, x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
-        h = x + self.attention(self.attention_norm(x), rope)
-        return h + self.feed_forward(self.ffn_norm(h))
+        h: torch.Tensor = x + self.attention(self.attention_norm(x), rope)
+        out: torch.Tensor = h + self.feed_forward(self.ffn_norm(h))
+        return out
 
     def init_weights(self) -> None:
         std = 0.02
@@ -121,6 +124,8 @@ class TransformerBlock(nn.Module):
 
 
 class Transformer(nn.Module):
+    rope: torch.Tensor
+
     def __init__(self, args: ModelArgs) -> None:
         super().__init__()
         self.args = args

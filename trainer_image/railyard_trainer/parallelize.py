@@ -9,7 +9,12 @@ from __future__ import annotations
 import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import (
+    CPUOffloadPolicy,
+    MixedPrecisionPolicy,
+    OffloadPolicy,
+    fully_shard,
+)
 from torch.distributed.tensor import Replicate
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
@@ -60,7 +65,7 @@ def apply_tp(model: Transformer, tp_mesh: DeviceMesh) -> None:
     if model.output is not None:
         top["output"] = ColwiseParallel(output_layouts=Replicate())
     if top:
-        parallelize_module(model, tp_mesh, top)  # type: ignore[arg-type]
+        parallelize_module(model, tp_mesh, top)  # type: ignore[arg-type, unused-ignore]
     block_plan = {
         "attention.wq": ColwiseParallel(),
         "attention.wk": ColwiseParallel(),
@@ -71,7 +76,7 @@ def apply_tp(model: Transformer, tp_mesh: DeviceMesh) -> None:
         "feed_forward.w2": RowwiseParallel(),
     }
     for block in model.layers.values():
-        parallelize_module(block, tp_mesh, block_plan)  # type: ignore[arg-type]
+        parallelize_module(block, tp_mesh, block_plan)
 
 
 def apply_ac(model: Transformer) -> None:
@@ -84,14 +89,15 @@ def apply_ac(model: Transformer) -> None:
 
 def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, *, param_dtype: torch.dtype, cpu_offload: bool, reshard_after_forward: bool) -> None:
     mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
-    kwargs: dict[str, object] = {"mesh": dp_mesh, "mp_policy": mp}
-    if cpu_offload:
-        kwargs["offload_policy"] = CPUOffloadPolicy()
-    blocks = list(model.layers.values())  # type: ignore[union-attr, operator]
+    offload = CPUOffloadPolicy() if cpu_offload else OffloadPolicy()
+    layers = model.layers
+    assert isinstance(layers, nn.ModuleDict)
+    blocks = list(layers.values())
     for i, block in enumerate(blocks):
         # The last block's backward starts right after forward: resharding it would only re-gather.
-        fully_shard(block, reshard_after_forward=reshard_after_forward and i < len(blocks) - 1, **kwargs)  # type: ignore[arg-type]
-    fully_shard(model, reshard_after_forward=reshard_after_forward, **kwargs)  # type: ignore[arg-type]
+        last = i == len(blocks) - 1
+        fully_shard(block, mesh=dp_mesh, mp_policy=mp, offload_policy=offload, reshard_after_forward=reshard_after_forward and not last)
+    fully_shard(model, mesh=dp_mesh, mp_policy=mp, offload_policy=offload, reshard_after_forward=reshard_after_forward)
 
 
 def clean_fqn(name: str) -> str:

@@ -21,6 +21,7 @@ from torch.distributed.pipelining import (
     ScheduleInterleaved1F1B,
 )
 from torch.distributed.pipelining.schedules import _PipelineSchedule
+from torch.distributed.pipelining.stage import _PipelineStageBase
 
 from railyard_trainer.config import ConfigError
 from railyard_trainer.model import Transformer
@@ -78,7 +79,8 @@ def build_pipeline(
     n_stages = pp * per_rank
     ranges = stage_layer_ranges(model.args.n_layers, n_stages)
     stage_ids = [pp_rank + v * pp for v in range(per_rank)]
-    parts, stages = [], []
+    parts: list[Transformer] = []
+    stages: list[_PipelineStageBase] = []
     for sid in stage_ids:
         part = copy.deepcopy(model)
         keep = {str(i) for i in ranges[sid]}

@@ -19,7 +19,7 @@ import os
 import resource
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -108,7 +108,7 @@ def init_distributed(env: WorkerEnv, timeout_s: float) -> torch.device:
     return device
 
 
-def clip_grad_norm_(parts: list[torch.nn.Module], max_norm: float, *, pp_group: dist.ProcessGroup | None) -> torch.Tensor:
+def clip_grad_norm_(parts: Sequence[torch.nn.Module], max_norm: float, *, pp_group: dist.ProcessGroup | None) -> torch.Tensor:
     """Total L2 norm of all gradients of the model (all stages), then clip to ``max_norm``.
 
     Gradients are grouped by their DTensor mesh (FSDP-only, FSDP+TP, plain) because one foreach
@@ -258,7 +258,7 @@ class Trainer:
         """Loss of this rank's batch (zero on pipeline stages without the loss), grads ready."""
         if self.schedule is None:
             loss = cross_entropy_loss(self.parts[0](inputs), labels)
-            loss.backward()
+            loss.backward()  # type: ignore[no-untyped-call, unused-ignore]
             return loss.detach()
         losses: list[torch.Tensor] = []
         target = labels if self.has_last else None
@@ -324,7 +324,7 @@ def _build_checkpointer(cfg: TrainerConfig, ctx: hooks.TrainContext) -> hooks.Ch
         except ImportError as exc:
             log_event("fallback", rank=ctx.rank, what="checkpointer", reason=repr(exc))
         else:
-            return build_checkpointer(cfg, ctx)  # type: ignore[no-any-return]
+            return build_checkpointer(cfg, ctx)
     return build_dcp_checkpointer(cfg)
 
 
@@ -335,5 +335,5 @@ def _build_health(cfg: TrainerConfig, ctx: hooks.TrainContext) -> hooks.HealthMo
         except ImportError as exc:
             log_event("fallback", rank=ctx.rank, what="health", reason=repr(exc))
         else:
-            return build_health_monitor(cfg, ctx)  # type: ignore[no-any-return]
+            return build_health_monitor(cfg, ctx)
     return hooks.NullHealth()

@@ -46,7 +46,7 @@ class Optimizers(torch.optim.Optimizer):
         super().__init__(all_params, {"lr": lr})
         self._ready = True
 
-    @property  # type: ignore[override]
+    @property
     def param_groups(self) -> list[dict[str, Any]]:
         # Read through every time: an inner optimizer's load_state_dict replaces its group dicts.
         if not self.__dict__.get("_ready"):
@@ -65,13 +65,13 @@ class Optimizers(torch.optim.Optimizer):
         for o in self.inner:
             o.zero_grad(set_to_none=set_to_none)
 
-    def state_dict(self) -> dict[str, Any]:  # type: ignore[override]
+    def state_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
         for m, o in zip(self.parts, self.inner, strict=True):
             out.update(get_optimizer_state_dict(m, o, options=_FLAT))
         return out
 
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:  # type: ignore[override]
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         for m, o in zip(self.parts, self.inner, strict=True):
             set_optimizer_state_dict(m, o, optim_state_dict=state_dict, options=_FLAT)
 
@@ -164,7 +164,7 @@ def app_state(ctx: TrainContext) -> dict[str, Stateful]:
     """
     return {
         "model": ModelState(ctx.model_parts),
-        "optim": ctx.optimizer,  # type: ignore[dict-item]
+        "optim": ctx.optimizer,
         "lr": ctx.lr_scheduler,
         "data": ctx.data,
         "trainer": StepState(ctx),

@@ -36,18 +36,18 @@ def exit_code_for(exc: BaseException) -> int:
     if isinstance(code, int) and not isinstance(code, bool):
         return code
     if isinstance(exc, ConfigError | RankTableError):
-        return ExitCode.CONFIG_PERMANENT
+        return int(ExitCode.CONFIG_PERMANENT)
     if isinstance(exc, SDCDetected):
-        return ExitCode.SDC_DETECTED
+        return int(ExitCode.SDC_DETECTED)
     if isinstance(exc, HangDetected):
-        return ExitCode.HANG_OR_STRAGGLER
+        return int(ExitCode.HANG_OR_STRAGGLER)
     if isinstance(exc, SystemExit):
-        return exc.code if isinstance(exc.code, int) else ExitCode.APPLICATION
+        return exc.code if isinstance(exc.code, int) else int(ExitCode.APPLICATION)
     if isinstance(exc, KeyboardInterrupt):
-        return 128 + signal.SIGINT
+        return 128 + int(signal.SIGINT)
     if _is_infrastructure(exc):
-        return ExitCode.INFRASTRUCTURE
-    return ExitCode.APPLICATION
+        return int(ExitCode.INFRASTRUCTURE)
+    return int(ExitCode.APPLICATION)
 
 
 def _is_infrastructure(exc: BaseException) -> bool:
