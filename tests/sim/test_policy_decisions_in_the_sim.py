@@ -125,3 +125,30 @@ def test_the_policies_are_the_api_defaults_plus_what_a_long_run_sets() -> None:
     assert base.intervals() == {"shared": 300}
     assert not (base.quarantine or base.sticky or base.straggler_restart or base.sdc_checks)
     assert MemoryTier().replicate
+
+
+@pytest.mark.parametrize("failed", [(0,), (5,), (17, 40), (63,)])
+def test_node_level_replacement_chooses_what_the_full_rank_request_chooses(
+    failed: tuple[int, ...],
+) -> None:
+    import dataclasses
+
+    from railyard.logic.placement import Placement, PreviousPlacement, plan_placement
+
+    s = tiny(gpus=512, pp=4)  # 64 nodes, dp 16
+    c = Cluster(s, hot_spares=4)
+    prev = PreviousPlacement(
+        nodes=c.nodes, spares=c.placement.spares, failed=frozenset(c.nodes[p] for p in failed)
+    )
+    full = plan_placement(c.topo, c.req, previous=prev)
+    node_level = plan_placement(c.topo, c.node_req, previous=prev)
+    assert isinstance(full, Placement) and isinstance(node_level, Placement)
+    assert (node_level.nodes, node_level.spares, node_level.moved) == (
+        full.nodes,
+        full.spares,
+        full.moved,
+    )
+    assert (
+        dataclasses.replace(c.req, procs_per_node=1, pp=1, tp=1, dp=s.nodes, gpus_per_pod=8)
+        == c.node_req
+    )
