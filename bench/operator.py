@@ -177,6 +177,24 @@ async def _status(kube: Kube, name: str, pred: Any, timeout: float) -> dict[str,
     raise TimeoutError(f"status of {name}: {st}")
 
 
+def _wait_ready(port: int, op: subprocess.Popen[bytes]) -> None:
+    """Until the operator has listed the cluster (/readyz): its start-up is not gang start."""
+    import urllib.request
+
+    deadline = time.perf_counter() + 300
+    while time.perf_counter() < deadline:
+        if op.poll() is not None:
+            raise RuntimeError(f"operator exited with {op.returncode}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.1)
+    raise TimeoutError("operator not ready")
+
+
 def _scrape(port: int) -> dict[str, float]:
     import urllib.request
 
@@ -214,6 +232,7 @@ def main() -> int:
                  "--pod-annotation", f"{SIMULATE_ANNOTATION}=true"],
                 stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
             )
+            _wait_ready(port, op)
             m = asyncio.run(run_bench(kubeconfig, args.pods, args.restart_pods, port))
         finally:
             if op is not None:

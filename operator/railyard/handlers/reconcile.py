@@ -25,6 +25,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from railyard.api.trainingjob import QuarantinedNode, TrainingJob, TrainingJobStatus
+from railyard.handlers.health import evaluate_health
 from railyard.handlers.runtime import JobWorker, Runtime
 from railyard.k8s import gang as ops
 from railyard.k8s.client import Kube
@@ -34,7 +35,7 @@ from railyard.logic.conditions import (
     parse_time,
     set_condition,
 )
-from railyard.logic.failures import node_is_ready
+from railyard.logic.failures import Failure, node_is_ready
 from railyard.logic.gang import GangAssessment, Unplaceable, assess_gang, attempt_of, plan_placement
 from railyard.logic.manifests import (
     build_configmap,
@@ -260,16 +261,23 @@ async def _act(
             return 0.5
         if c.st.phase != "Starting":
             c.phase("Starting", "GangCreated", f"{a.running}/{a.expected} pods running")
-        return deadline - c.now
+        verdict = evaluate_health(c, job, current)
+        if verdict is not None:
+            return await _handle_failure(c, job, verdict, current, nodes)
+        return min(deadline - c.now, job.spec.health.heartbeat_interval_seconds)
     if a.state == "Running":
         _mark_running(c, job, a)
-        return None
+        verdict = evaluate_health(c, job, current)
+        if verdict is not None:
+            return await _handle_failure(c, job, verdict, current, nodes)
+        return job.spec.health.heartbeat_interval_seconds if c.rt.store.job(c.ns, c.name) is not None else None
     if a.state == "Succeeded":
         await c.delete_pods(current, nodes)
         c.phase("Succeeded", "AllRanksSucceeded", f"all {a.expected} pods exited 0 (attempt {c.st.attempt})")
         return None
     if a.state == "Failed":
-        return await _handle_failure(c, job, a, current, nodes)
+        assert a.failure is not None
+        return await _handle_failure(c, job, a.failure, current, nodes)
     return None
 
 
@@ -306,12 +314,10 @@ def _mark_running(c: Cycle, job: TrainingJob, a: GangAssessment) -> None:
 async def _handle_failure(
     c: Cycle,
     job: TrainingJob,
-    a: GangAssessment,
+    f: Failure,
     current: Sequence[Mapping[str, Any]],
     nodes: Mapping[str, Mapping[str, Any]],
 ) -> float | None:
-    f = a.failure
-    assert f is not None
     m = c.rt.metrics
     m.failures.labels(**{"class": f.cls.value, "kind": f.kind}).inc()
     spec = job.spec

@@ -18,6 +18,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from railyard.k8s.client import Kube
+from railyard.observe.health_metrics import HealthMetrics
 from railyard.observe.heartbeats import HeartbeatStore, StaticTokens
 from railyard.observe.metrics import OperatorMetrics
 
@@ -65,6 +66,8 @@ class JobWorker:
     deleting: dict[str, float] = field(default_factory=dict)
     placement_failures: int = 0
     gone: bool = False
+    #: logic.health.HealthState of the current attempt (kept between cycles).
+    health_state: Any = None
 
 
 class Runtime:
@@ -72,6 +75,7 @@ class Runtime:
         self.settings = settings
         self.kube: Kube | None = None
         self.metrics = OperatorMetrics(settings.registry)
+        self.health_metrics = HealthMetrics(self.metrics.registry)
         self.tokens = StaticTokens()
         self.store = HeartbeatStore()
         self.job_pods: Any = None
@@ -133,6 +137,7 @@ class Runtime:
         self.store.forget_job(namespace, name)
         self.tokens.remove(namespace, name)
         self.metrics.forget_job(namespace, name)
+        self.health_metrics.forget_job(namespace, name)
         self.update_phase_gauge()
         if w is not None:
             w.gone = True

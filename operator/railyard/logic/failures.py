@@ -189,6 +189,25 @@ def classify_pod(
     return None
 
 
+#: Health verdict kind (logic.health.FaultKind value) -> evidence kind.
+VERDICT_EVIDENCE: Mapping[str, str] = {
+    "Dead": "DeadRankVerdict",
+    "Hang": "HangVerdict",
+    "Straggler": "StragglerVerdict",
+    "SDC": "SDCVerdict",
+}
+
+
+def build_verdict_failure(verdict_kind: str, message: str, nodes: Iterable[str]) -> Failure | None:
+    """The failure a health verdict that asks for a restart stands for (None: unknown kind)."""
+    kind = VERDICT_EVIDENCE.get(verdict_kind)
+    if kind is None:
+        return None
+    rule = RULES[kind]
+    blamed = tuple(dict.fromkeys(n for n in nodes if n)) if rule.blame_node else ()
+    return Failure(kind, rule.cls, blamed, rule.message.format(detail=message), "", rule.priority)
+
+
 def decide_root_failure(failures: Iterable[Failure]) -> Failure | None:
     """The failure that explains the gang: highest priority; ties keep the first seen. All nodes
     blamed by failures of that same class are quarantined together."""

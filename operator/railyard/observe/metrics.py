@@ -94,10 +94,11 @@ def build_http_app(
     registry: CollectorRegistry,
     *,
     healthy: Callable[[], bool] = lambda: True,
+    ready: Callable[[], bool] = lambda: True,
     extra_routes: Callable[[web.Application], Any] | None = None,
 ) -> web.Application:
-    """/metrics (Prometheus text), /healthz (200 while the operator loop is alive), plus routes
-    added by ``extra_routes`` (the heartbeat ingest)."""
+    """/metrics (Prometheus text), /healthz (200 while the operator loop is alive), /readyz (200
+    once the operator has its view of the cluster), plus ``extra_routes`` (heartbeat ingest)."""
 
     async def metrics(_: web.Request) -> web.Response:
         body = generate_latest(registry)
@@ -107,7 +108,12 @@ def build_http_app(
         ok = healthy()
         return web.Response(status=200 if ok else 503, text="ok\n" if ok else "unhealthy\n")
 
+    async def readyz(_: web.Request) -> web.Response:
+        ok = ready()
+        return web.Response(status=200 if ok else 503, text="ready\n" if ok else "not ready\n")
+
     app = web.Application(client_max_size=512 * 1024)
+    app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/healthz", healthz)
     if extra_routes is not None:

@@ -1,0 +1,90 @@
+"""Health glue: each cycle of a running job, read its heartbeat window, ask logic.health for a
+verdict, turn Restart verdicts into failures the reconcile handles like any other, and copy
+progress (step, loss, checkpoints, restore) into the status."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from railyard.api.trainingjob import CheckpointRef, RestoreStatus, StragglerStatus, TrainingJob
+from railyard.logic.checkpoint import latest_verified_per_tier
+from railyard.logic.conditions import format_time, parse_time
+from railyard.logic.failures import Failure, build_verdict_failure
+from railyard.logic.gang import attempt_of, pod_index_of
+from railyard.logic.health import HealthPolicy, HealthState, PodStatus, decide_health
+
+log = logging.getLogger(__name__)
+
+
+def _running_since(pod: Mapping[str, Any]) -> float | None:
+    status = pod.get("status") or {}
+    for cs in status.get("containerStatuses") or ():
+        started = ((cs.get("state") or {}).get("running") or {}).get("startedAt")
+        if started:
+            return parse_time(started)
+    return parse_time(status.get("startTime"))
+
+
+def evaluate_health(c: Any, job: TrainingJob, pods: Sequence[Mapping[str, Any]]) -> Failure | None:
+    """Update ``c.st`` from the job's heartbeats; return a failure when a verdict asks for a
+    restart. ``c`` is the reconcile Cycle."""
+    rt = c.rt
+    window = rt.store.job(c.ns, c.name)
+    if window is None or window.attempt != c.st.attempt:
+        return None
+    current = {pod_index_of(p): p for p in pods if attempt_of(p) == c.st.attempt}
+    pod_status = {
+        i: PodStatus(i, str((p.get("status") or {}).get("phase") or "Pending"), str((p.get("spec") or {}).get("nodeName") or ""), _running_since(p))
+        for i, p in current.items()
+    }
+    try:
+        policy = HealthPolicy.from_spec(job.spec.health.model_dump(by_alias=True))
+    except ValueError as exc:
+        log.warning("%s/%s: health policy: %s", c.ns, c.name, exc)
+        return None
+    state = c.w.health_state if isinstance(c.w.health_state, HealthState) else HealthState()
+    decision = decide_health(window, pod_status, state, policy, c.now)
+    c.w.health_state = decision.state
+    rt.health_metrics.observe_decision(c.ns, c.name, decision)
+    _copy_progress(c, window, decision)
+    for v in decision.verdicts:
+        c.event("Warning", v.reason or v.kind.value, v.message)
+    if not decision.restart:
+        return None
+    restarting = [v for v in decision.verdicts if v.action.value == "Restart"]
+    first = restarting[0] if restarting else decision.verdicts[0]
+    return build_verdict_failure(first.kind.value, first.message, decision.quarantine_nodes)
+
+
+def _copy_progress(c: Any, window: Any, decision: Any) -> None:
+    st = c.st
+    update: dict[str, Any] = {}
+    if window.max_step >= 0 and window.max_step != st.step:
+        update["step"] = int(window.max_step)
+    stragglers = [
+        StragglerStatus(rank=s.rank, node=s.node, score=round(float(s.score), 4), since=format_time(c.now))
+        for s in decision.stragglers
+    ]
+    old = {(s.rank, s.node): s for s in st.stragglers}
+    stragglers = [old.get((s.rank, s.node), s).model_copy(update={"score": s.score}) for s in stragglers]
+    if [(s.rank, s.node, s.score) for s in stragglers] != [(s.rank, s.node, s.score) for s in st.stragglers]:
+        update["stragglers"] = stragglers
+    latest = latest_verified_per_tier(window.last_checkpoints().values())
+    if latest:
+        per_tier = {ref.tier: ref for ref in st.checkpoints}
+        changed = False
+        for tier, step in latest.items():
+            if tier not in per_tier or per_tier[tier].step < step:
+                per_tier[tier] = CheckpointRef(step=step, tier=tier, time=format_time(c.now))
+                changed = True
+        if changed:
+            refs = sorted(per_tier.values(), key=lambda r: r.tier)
+            update["checkpoints"] = refs
+            update["last_checkpoint"] = max(refs, key=lambda r: (r.step, -("memory", "local", "shared").index(r.tier) if r.tier in ("memory", "local", "shared") else 0))
+    if window.restored_tier and (st.restore is None or st.restore.tier != window.restored_tier or st.restore.step != window.restored_step):
+        lost = max(st.step - window.restored_step, 0) if window.restored_step >= 0 else 0
+        update["restore"] = RestoreStatus(tier=window.restored_tier, step=window.restored_step, steps_lost=lost)
+    if update:
+        c.st = st.model_copy(update=update)
