@@ -89,3 +89,24 @@ def test_a_rank_that_stopped_sending_drops_out_of_the_batch() -> None:
         assert agg.flush()
     finally:
         agg.sock.close()
+
+
+def test_the_health_service_keeps_state_between_evaluations_and_forgets_jobs() -> None:
+    from railyard.logic.health import FaultKind, PodStatus
+    from railyard.observe.health import HealthService
+    from railyard.protocol.heartbeat import HeartbeatBatch
+
+    reg = CollectorRegistry()
+    svc = HealthService(metrics=HealthMetrics(reg))
+    svc.begin_attempt("ns", "j", 1)
+    pods = {0: PodStatus(0, "Running", "n0", running_since=0.0)}
+    spec = {"heartbeatTimeoutSeconds": 10}
+    beats = tuple(RankBeat(rank=r, step=1, step_time_s=1.0) for r in range(2))
+    svc.store.ingest("ns", "j", HeartbeatBatch("j", 1, 0, "n0", 0.0, beats), 1.0)
+    assert svc.evaluate("ns", "j", 1, pods, spec, 5.0).verdicts == ()
+    first = svc.evaluate("ns", "j", 1, pods, spec, 12.0)
+    assert [v.kind for v in first.verdicts] == [FaultKind.DEAD] and first.restart
+    assert svc.evaluate("ns", "j", 1, pods, spec, 14.0).verdicts == (), "reported once"
+    svc.forget("ns", "j")
+    assert svc.store.job("ns", "j") is None
+    assert reg.get_sample_value("railyard_heartbeat_age_seconds", {"namespace": "ns", "job": "j"}) is None
