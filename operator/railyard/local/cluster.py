@@ -125,7 +125,7 @@ class LocalCluster:
         if scheduler is not None:
             self.config["scheduler"] = scheduler
         self.config.setdefault("scheduler", self.config["mode"] != "existing")
-        self.config.setdefault("token", secrets.token_urlsafe(32))
+        self.config.setdefault("token", secrets.token_hex(24))
         if shared_host_paths is not None:
             self.config["sharedHostPaths"] = list(shared_host_paths)
         shape_args = (nodes, gpus_per_node, topology, topology_file, cpu_per_node, memory_per_node, node_prefix, node_ip_offset)
@@ -298,7 +298,7 @@ class LocalCluster:
                 "--state-dir", str(self.state_dir / "apiserver"),
                 "--host", "127.0.0.1",
                 "--port", str(port),
-                "--token", self.token,
+                "--token-file", str(self._write_token()),
                 "--ready-file", str(ready),
             ],
         )
@@ -306,6 +306,14 @@ class LocalCluster:
         self.url = str(info.get("url") or f"http://127.0.0.1:{port}")
         ca = info.get("caFile") or info.get("ca")
         write_kubeconfig(self.kubeconfig, self.url, self.token, ca_file=str(ca) if ca else None)
+
+    def _write_token(self) -> Path:
+        """The token in a 0600 file, so that it shows in no process listing."""
+        path = self.state_dir / "run" / "token"
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(self.token)
+        return path
 
     def _start_envtest(self, timeout: float) -> None:
         try:
