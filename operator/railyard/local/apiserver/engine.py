@@ -10,7 +10,6 @@ from __future__ import annotations
 import datetime
 import json
 import random
-import string
 import time
 import uuid
 from collections.abc import Callable
@@ -394,13 +393,9 @@ class Engine:
         grace = builtins.grace_period(rt, obj, opts.grace_period_seconds)
         if rt.key == "namespaces" and not already:
             obj.setdefault("status", {})["phase"] = "Terminating"
-        if rt.key == "namespaces" or (rt.key == CRD_KEY and not already):
-            # namespaces and CRDs empty themselves first (controllers.py)
-            pass
-        if (rt.key == "namespaces" and (obj.get("spec", {}).get("finalizers"))) or (rt.key == CRD_KEY and "customresourcecleanup.apiextensions.k8s.io" in finalizers):
-            pending_content = True
-        else:
-            pending_content = False
+        # namespaces and CRDs are emptied first by the controllers (controllers.py)
+        pending_content = (rt.key == "namespaces" and bool((obj.get("spec") or {}).get("finalizers"))) or (
+            rt.key == CRD_KEY and "customresourcecleanup.apiextensions.k8s.io" in finalizers)
         if not finalizers and not grace and not pending_content:
             return await self._write(rt, obj, ctx, delete=True)
         if already:
@@ -477,6 +472,3 @@ class Engine:
             opts.precondition_rv = pre.get("resourceVersion")
         await self.delete(rt, ns, name, opts, ctx)
 
-
-def random_suffix(n: int = 5) -> str:
-    return "".join(random.choices(string.ascii_lowercase, k=n))
