@@ -20,7 +20,8 @@ LAYOUTS = {
     "pp-gpipe": ["--nproc-per-node", "2", "--pp", "2", "--schedule", "GPipe"],
     "pp-1f1b": ["--nproc-per-node", "2", "--pp", "2", "--schedule", "1F1B"],
     "pp-interleaved": ["--nproc-per-node", "2", "--pp", "2", "--schedule", "Interleaved1F1B"],
-    "dp-x-tp": ["--nproc-per-node", "4", "--tp", "2"],
+    # With activation checkpointing: recomputation must not change the numbers.
+    "dp-x-tp+ac": ["--nproc-per-node", "4", "--tp", "2", "--activation-checkpointing"],
     "pp-x-dp": ["--nproc-per-node", "4", "--pp", "2", "--schedule", "1F1B"],
 }
 
