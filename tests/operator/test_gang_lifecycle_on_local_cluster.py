@@ -266,3 +266,41 @@ def test_malformed_job_gets_failed_condition_not_a_crash_loop(api: Api, operator
         assert not api.pods(NS, name)
     finally:
         api.delete_job(NS, name)
+
+
+def test_confirmed_sdc_heartbeat_restarts_the_gang_and_quarantines_the_node(api: Api, operator: OperatorProcess, workload: Workload, job_name: str) -> None:
+    import base64
+    import time
+
+    api.create_job(NS, job_name, base_spec(workload, nodes=2))
+    victim = ""
+    try:
+        wait_for("Running", lambda: _phase(api, job_name) == "Running", 40)
+        victim = api.status(NS, job_name)["placement"]["nodes"][1]
+        token = base64.b64decode(api.core.read_namespaced_secret(f"{job_name}-heartbeat", NS).data["token"]).decode()
+        beat = {
+            "job": job_name, "attempt": 0, "pod_index": 1, "node": victim, "sent_at": time.time(),
+            "ranks": [{"rank": 1, "step": 7, "step_time_s": 0.1, "compute_s": 0.05,
+                       "health": [{"kind": "replay", "ok": False, "step": 7, "confirmed": True, "suspect_rank": 1,
+                                   "detail": "replay of step 7 differs"}]}],
+        }
+        req = urllib.request.Request(
+            f"http://127.0.0.1:{operator.port}/v1/heartbeats/{NS}/{job_name}", data=json.dumps(beat).encode(),
+            headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"}, method="POST",
+        )
+        with urllib.request.urlopen(req, timeout=5) as resp:
+            assert resp.status == 204
+        wait_for("SDC restart", lambda: api.status(NS, job_name)["restarts"]["sdc"] == 1, 20)
+        st = api.status(NS, job_name)
+        assert [q["node"] for q in st["quarantinedNodes"]] == [victim]
+        assert st["restarts"]["lastReason"].startswith("SDCVerdict")
+        wait_for("attempt 1 Running", lambda: len(_running_pods(api, job_name, 1)) == 2, 40)
+        assert victim not in api.status(NS, job_name)["placement"]["nodes"]
+    except AssertionError:
+        print(on_exit_dump(api, NS, job_name, operator))
+        raise
+    finally:
+        if victim:
+            api.annotate_node(victim, {"railyard.dev/release": "true"})
+            wait_for("released", lambda: "railyard.dev/quarantined" not in (api.node(victim).metadata.labels or {}), 20)
+        api.delete_job(NS, job_name)
