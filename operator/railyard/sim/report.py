@@ -78,7 +78,8 @@ def format_table(c: Comparison) -> str:
     s = c.scenario
     n = c.counts()
     lines = [
-        f"railyard simulate: {s.gpus:,} GPUs ({s.nodes:,} nodes x {s.gpus_per_node}), {s.days:g} days, seed {s.seed}",
+        f"railyard simulate: {s.gpus:,} GPUs ({s.nodes:,} node{'s' if s.nodes != 1 else ''} "
+        f"x {s.gpus_per_node}), {s.days:g} days, seed {s.seed}",
         f"  model {s.model_params / 1e9:g}B, step {s.step_s:.2f} s, checkpoint {s.checkpoint_bytes / 1e12:.2f} TB "
         f"({s.bytes_per_node / 1e9:.2f} GB per node); pp={s.pp} dp={s.dp} tp={s.tp}",
         f"  trace: {n['fault'] + n['sdc']} unexpected interruptions ({expected_interruptions(s):.0f} expected), "
