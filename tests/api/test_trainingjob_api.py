@@ -71,6 +71,7 @@ def test_data_parallel_is_derived_from_the_world_size() -> None:
         ({"nodes": 2, "procsPerNode": 2, "trainer": {"batchSize": 6}}, "spec.trainer.batchSize"),
         ({"nodes": 2, "procsPerNode": 2, "trainer": {"batchSize": 4}, "parallelism": {"pipeline": 4, "microbatches": 2}}, "spec.parallelism.microbatches"),
         ({"parallelism": {"pipelineSchedule": "Interleaved1F1B"}}, "spec.parallelism.pipelineSchedule"),
+        ({"trainer": {"watchdogSeconds": 120}}, "spec.trainer.watchdogSeconds"),
         ({"topology": {"mode": "Required"}}, "spec.topology.requiredLevel"),
         ({"topology": {"levels": ["a", "kubernetes.io/hostname"], "requiredLevel": "b"}}, "spec.topology.requiredLevel"),
         ({"trainer": {"dataset": {"type": "files"}}}, "spec.trainer.dataset.path"),
@@ -84,7 +85,7 @@ def test_each_cross_field_rule_names_its_field(spec: dict[str, Any], field: str)
 
 def test_every_rule_is_exercised_above() -> None:
     # Keeps the table above honest when a rule is added.
-    assert len(SPEC_RULES) == 10
+    assert len(SPEC_RULES) == 11
 
 
 @pytest.mark.parametrize(

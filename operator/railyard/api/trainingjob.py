@@ -124,6 +124,8 @@ class TrainerSettings(_Model):
     mixed_precision: Annotated[Literal["auto", "bf16", "fp32"], Field(description="auto: bf16 on GPU, fp32 on CPU.")] = "auto"
     cpu_offload: Annotated[bool, Field(description="Offload parameters, gradients and optimizer state to CPU (FSDP2 offload policy).")] = False
     log_every_steps: Annotated[int, Field(ge=1, description="Log metrics every N steps.")] = 1
+    collective_timeout_seconds: Annotated[float, Field(gt=0.0, le=3600, description="A collective that takes longer fails the attempt as an infrastructure failure (instead of NCCL's 30-minute default).")] = 120.0
+    watchdog_seconds: Annotated[float, Field(gt=0.0, le=3600, description="A rank whose step makes no progress this long reports itself hung; must be below collectiveTimeoutSeconds.")] = 60.0
     faults: Annotated[list[FaultSpec], Field(max_length=32, description="Fault injection for tests and demos; empty in production.")] = []
 
 
@@ -271,6 +273,12 @@ SPEC_RULES: list[dict[str, str]] = [
         "rule": "self.parallelism.pipelineSchedule != 'Interleaved1F1B' || self.parallelism.pipeline > 1",
         "message": "parallelism.pipelineSchedule Interleaved1F1B needs pipeline > 1.",
         "fieldPath": ".parallelism.pipelineSchedule",
+        "reason": "FieldValueInvalid",
+    },
+    {
+        "rule": "double(self.trainer.watchdogSeconds) < double(self.trainer.collectiveTimeoutSeconds)",
+        "message": "trainer.watchdogSeconds must be below trainer.collectiveTimeoutSeconds, so a hung rank reports itself before its peers time out.",
+        "fieldPath": ".trainer.watchdogSeconds",
         "reason": "FieldValueInvalid",
     },
     {
