@@ -220,7 +220,9 @@ def main() -> int:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         cluster = LocalCluster(Path(tmp) / "cluster", nodes=args.nodes, gpus_per_node=1, topology="spine=4,leaf=10", lease_interval=10.0)
-        kubeconfig = cluster.start(timeout=300)
+        t_start = time.perf_counter()
+        kubeconfig = cluster.start(timeout=600)
+        print(f"local cluster with {args.nodes} nodes up in {time.perf_counter() - t_start:.1f}s", flush=True)
         port = _free_port()
         op = None
         try:
@@ -233,6 +235,7 @@ def main() -> int:
                 stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
             )
             _wait_ready(port, op)
+            print("operator ready", flush=True)
             m = asyncio.run(run_bench(kubeconfig, args.pods, args.restart_pods, port))
         finally:
             if op is not None:
