@@ -117,6 +117,9 @@ async def run(quick: bool) -> list[dict[str, Any]]:
     def add(metric: str, value: float, unit: str, target: str = "", meets: bool | None = None) -> None:
         results.append({"metric": metric, "value": value, "unit": unit, "target": target, "meets": meets})
 
+    import os
+
+    add("machine load average (1 min) at start; the cores are shared", round(os.getloadavg()[0], 2), "")
     with tempfile.TemporaryDirectory(prefix="railyard-bench-apiserver-") as tmp:
         proc = start_server_process(Path(tmp) / "state")
         try:
