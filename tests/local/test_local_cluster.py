@@ -151,7 +151,7 @@ def test_env_downward_api_value_from_and_volumes(local_cluster: Any, core: k8s.C
     core.create_namespaced_secret(namespace, {"metadata": {"name": "sec"}, "data": {"token": base64.b64encode(b"s3cret").decode()}})
     pod = make_pod("envy").command(*py("""
         import json, os
-        keys = ['POD', 'NS', 'UID', 'NODE', 'IP', 'HOST', 'MODE', 'TOKEN', 'ROLE', 'CPU_M', 'CFG_PATH']
+        keys = ['POD', 'NS', 'UID', 'NODE', 'IP', 'HOST', 'MODE', 'TOKEN', 'ROLE', 'CPU_M', 'CFG_PATH', 'KUBECONFIG']
         out = {k: os.environ.get(k) for k in keys}
         out['conf'] = open(os.environ['CFG_PATH'] + '/conf.txt').read()
         out['secret_file'] = open('/etc/sec/token'.replace('/etc/sec', os.environ['SEC_DIR'])).read()
@@ -195,6 +195,7 @@ def test_env_downward_api_value_from_and_volumes(local_cluster: Any, core: k8s.C
     assert out["NODE"] == done.spec.node_name and out["IP"] == done.status.pod_ip == out["HOST"]
     assert (out["MODE"], out["TOKEN"], out["ROLE"], out["CPU_M"]) == ("fast", "s3cret", "worker", "250")
     assert out["CFG_PATH"].startswith(str(local_cluster.state_dir))  # mount path rewritten
+    assert out["KUBECONFIG"] == str(local_cluster.kubeconfig)
     assert (out["conf"], out["secret_file"], out["scratch"]) == ("lr=0.1", "s3cret", "scratch ok")
 
 

@@ -94,6 +94,22 @@ class Container:
         return "terminated" in self.state
 
 
+def qos_class(pod: Obj) -> str:
+    """Guaranteed (every container limits cpu+memory = requests), Burstable (any), BestEffort."""
+    containers = list((pod.get("spec") or {}).get("containers") or [])
+    any_set, guaranteed = False, bool(containers)
+    for c in containers:
+        res = c.get("resources") or {}
+        limits, requests = res.get("limits") or {}, res.get("requests") or {}
+        any_set = any_set or bool(limits) or bool(requests)
+        for key in ("cpu", "memory"):
+            if key not in limits or requests.get(key, limits[key]) != limits[key]:
+                guaranteed = False
+    if guaranteed:
+        return "Guaranteed"
+    return "Burstable" if any_set else "BestEffort"
+
+
 class PodWorker:
     """Runs one pod from start to its terminal phase or deletion."""
 
@@ -465,7 +481,7 @@ class PodWorker:
             "podIP": self.node.ip,
             "podIPs": [{"ip": self.node.ip}],
             "startTime": self.start_time,
-            "qosClass": "BestEffort",
+            "qosClass": qos_class(self.pod),
             "conditions": [
                 self._cond("PodScheduled", True),
                 self._cond("Initialized", self.initialized or not self.init),
@@ -504,8 +520,10 @@ class Agent:
         *,
         log_dir: Path,
         shared_host_paths: tuple[str, ...] = DEFAULT_SHARED_HOST_PATHS,
+        kubeconfig: str = "",
     ) -> None:
         self.client = client
+        self.kubeconfig = kubeconfig
         self.shared_host_paths = tuple(p.rstrip("/") for p in shared_host_paths if p.strip("/"))
         self.state_dir = state_dir
         self.nodes = {n.name: n for n in nodes}
@@ -549,8 +567,11 @@ class Agent:
 
     def base_env(self, node: NodeSpec) -> dict[str, str]:
         env = dict(os.environ)
-        for key in ("KUBECONFIG", "PYTHONSTARTUP"):
-            env.pop(key, None)
+        env.pop("PYTHONSTARTUP", None)
+        if self.kubeconfig:
+            env["KUBECONFIG"] = self.kubeconfig  # the local stand-in for in-cluster credentials
+        else:
+            env.pop("KUBECONFIG", None)
         bindir = os.path.dirname(sys.executable)
         env["PATH"] = bindir + os.pathsep + env.get("PATH", "/usr/bin:/bin")
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(self.resolver_dir), env.get("PYTHONPATH", "")) if p)

@@ -54,7 +54,7 @@ async def run_runtime(
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    agent = Agent(client, state_dir, specs, log_dir=log_dir, shared_host_paths=shared_host_paths)
+    agent = Agent(client, state_dir, specs, log_dir=log_dir, shared_host_paths=shared_host_paths, kubeconfig=kubeconfig)
     manager = NodeManager(client, specs, lease_interval=lease_interval, on_control=agent.on_control)
     tasks: list[asyncio.Task[Any]] = []
     try:
