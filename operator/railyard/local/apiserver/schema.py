@@ -139,6 +139,12 @@ def _num(v: float) -> str:
     return str(int(v)) if float(v).is_integer() else str(v)
 
 
+def _cel_error(exc: BaseException) -> str:
+    """cel-python's CELEvalError carries (message, python exception type, its args); keep the message."""
+    first = exc.args[0] if exc.args else exc
+    return str(first)
+
+
 class Schema:
     """One CRD version's openAPIV3Schema, compiled."""
 
@@ -146,6 +152,7 @@ class Schema:
         errors: list[Cause] = []
         self.raw = openapi_schema
         self.root = _compile(openapi_schema, "openAPIV3Schema", errors)
+        self._cel_causes: list[Cause] = []
         if errors:
             raise SchemaError(errors)
 
@@ -216,7 +223,16 @@ class Schema:
             assert old is not None
             old_body["metadata"] = {k: old["metadata"][k] for k in ("name", "generateName", "namespace",
                                                                     "labels", "annotations") if k in old["metadata"]}
+        self._cel_causes = []
         self._validate(body, self.root, "", old_body, old is not None, causes, root=True)
+        if any(c.reason == "FieldValueTypeInvalid" for c in causes):
+            # as upstream: rules are not evaluated on an object of the wrong shape
+            if self._cel_causes:
+                causes.append(Cause("<root>", "FieldValueInvalid", 'Invalid value: "": some validation rules '
+                                    "were not checked because the object was invalid; correct the existing "
+                                    "errors to complete validation"))
+        else:
+            causes.extend(self._cel_causes)
         return causes
 
     def _validate(self, v: Any, node: _Node, path: str, old: Any, has_old: bool, causes: list[Cause],
@@ -327,7 +343,7 @@ class Schema:
             elif comb == "not" and not results[0]:
                 causes.append(invalid_value(shown, v, f"{shown} in body must not match the schema (not)"))
         if node.rules:
-            self._cel(v, node, path, old, has_old, causes)
+            self._cel(v, node, path, old, has_old, self._cel_causes)
 
     def _cel(self, v: Any, node: _Node, path: str, old: Any, has_old: bool, causes: list[Cause]) -> None:
         activation: dict[str, Any] = {"self": json_to_cel(v)}
@@ -338,13 +354,15 @@ class Schema:
                 continue
             field_path = path + r.field_path if r.field_path else path
             shown = field_path or "<root>"
+            # upstream shows the schema type of the rule's node as the "value"
+            type_name = node.s.get("type", "object")
             try:
                 result = r.program.evaluate(activation)
             except Exception as exc:
-                causes.append(invalid_value(shown, v, f"{exc}: evaluating rule: {r.rule}"))
+                causes.append(invalid_value(shown, type_name, f"{_cel_error(exc)} evaluating rule: {r.rule}"))
                 continue
             if isinstance(result, Exception):
-                causes.append(invalid_value(shown, v, f"{result}: evaluating rule: {r.rule}"))
+                causes.append(invalid_value(shown, type_name, f"{_cel_error(result)} evaluating rule: {r.rule}"))
                 continue
             if bool(result):
                 continue
@@ -363,4 +381,4 @@ class Schema:
             elif r.reason == "FieldValueDuplicate":
                 causes.append(Cause(shown, r.reason, f"Duplicate value: {message}"))
             else:
-                causes.append(invalid_value(shown, v, message))
+                causes.append(invalid_value(shown, type_name, message))
