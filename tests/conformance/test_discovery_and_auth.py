@@ -7,8 +7,9 @@ from .conftest import CRD_GROUP, Cluster
 
 def test_requests_without_or_with_a_wrong_token_get_401_status(cluster: Cluster) -> None:
     status, _, body = cluster.raw("GET", "/api/v1/namespaces", auth=False)
-    assert status == 401
-    assert body["kind"] == "Status" and body["code"] == 401 and body["reason"] == "Unauthorized"
+    # a given cluster may allow anonymous requests (then RBAC forbids them: 403)
+    allowed = (401, 403) if cluster.mode == "kubeconfig" else (401,)
+    assert status in allowed and body["kind"] == "Status" and body["code"] == status
     cfg = cluster.api.configuration
     saved = dict(cfg.api_key)
     if not saved:
