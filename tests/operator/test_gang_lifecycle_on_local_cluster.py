@@ -185,14 +185,19 @@ def test_suspend_deletes_pods_and_resume_replaces_them(api: Api, operator: Opera
     api.create_job(NS, job_name, base_spec(workload, nodes=2))
     try:
         wait_for("running", lambda: _phase(api, job_name) == "Running", 40)
+        api.patch_spec(NS, job_name, {"trainer": {"batchSize": 8, "steps": 7}})
+        pending = wait_for("pendingSpecChanges", lambda: api.status(NS, job_name).get("pendingSpecChanges"), 20)
+        assert "next restart" in pending
+        assert api.pods(NS, job_name)[0].metadata.labels["railyard.dev/attempt"] == "0", "a spec edit does not restart the gang"
         api.patch_spec(NS, job_name, {"suspend": True})
         wait_for("Suspended", lambda: _phase(api, job_name) == "Suspended", 20)
         wait_for("pods gone", lambda: not api.pods(NS, job_name), 30)
         assert api.condition(NS, job_name, "Suspended")["status"] == "True"  # type: ignore[index]
         api.patch_spec(NS, job_name, {"suspend": False})
         wait_for("running again", lambda: len(_running_pods(api, job_name, 1)) == 2, 40)
-        st = api.status(NS, job_name)
+        st = wait_for("Running with the new spec", lambda: (s := api.status(NS, job_name)).get("phase") == "Running" and s, 20)
         assert st["restarts"]["total"] == 0, "a resume is not a restart"
+        assert st["pendingSpecChanges"] == "" and st["observedGeneration"] == api.job(NS, job_name)["metadata"]["generation"]
         assert api.condition(NS, job_name, "Suspended")["status"] == "False"  # type: ignore[index]
     except AssertionError:
         print(on_exit_dump(api, NS, job_name, operator))
@@ -303,4 +308,22 @@ def test_confirmed_sdc_heartbeat_restarts_the_gang_and_quarantines_the_node(api:
         if victim:
             api.annotate_node(victim, {"railyard.dev/release": "true"})
             wait_for("released", lambda: "railyard.dev/quarantined" not in (api.node(victim).metadata.labels or {}), 20)
+        api.delete_job(NS, job_name)
+
+
+def test_gang_not_running_within_the_timeout_is_torn_down_and_replaced(api: Api, operator: OperatorProcess, workload: Workload, job_name: str) -> None:
+    # placement counts GPUs; the scheduler also checks memory, which no node has this much of
+    spec = base_spec(workload, nodes=2, resources={"requests": {"memory": "900Ti"}}, gang={"scheduleTimeoutSeconds": 10})
+    api.create_job(NS, job_name, spec)
+    try:
+        wait_for("gang created", lambda: len(api.pods(NS, job_name)) == 2, 20)
+        wait_for("attempt 1 after the timeout", lambda: api.status(NS, job_name).get("attempt", 0) >= 1, 40)
+        assert any(e.reason == "GangTimeout" and e.type == "Warning" for e in api.events(NS, job_name))
+        st = api.status(NS, job_name)
+        assert st["restarts"]["total"] == 0, "a gang timeout spends no failure budget"
+        assert all(p.metadata.labels["railyard.dev/attempt"] != "0" or p.metadata.deletion_timestamp for p in api.pods(NS, job_name))
+    except AssertionError:
+        print(on_exit_dump(api, NS, job_name, operator))
+        raise
+    finally:
         api.delete_job(NS, job_name)
