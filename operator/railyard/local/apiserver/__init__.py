@@ -18,7 +18,12 @@ In-process::
     ...
     await server.stop()
 
-or ``await serve(state_dir, token=..., ready_file=..., stop=asyncio.Event())``.
+or ``await serve(state_dir, token=..., ready_file=..., stop=asyncio.Event())``, or as a child
+process with ``process.start_server_process(state_dir)`` (returns url, token, CA file; ``stop()``
+is SIGTERM, ``kill()`` SIGKILL; ``write_kubeconfig(path)``). The server speaks HTTPS with a CA
+kept under ``<state-dir>/pki`` (kubectl sends bearer tokens only over TLS).
+
+``envtest.start_envtest(assets, work_dir)`` starts a real kube-apiserver and etcd instead.
 
 Pod logs are served by ``server.log_provider(pod, container, previous) -> Path | None``; the
 default reads ``<state-dir>/pods/<namespace>/<pod>/<container>.log`` (``.previous.log`` for the
