@@ -134,6 +134,7 @@ async def run_bench(kubeconfig: Path, pods: int, restart_pods: int, metrics_port
         out["created_rate_first_to_last"] = pods / max(max(w.added[n] for n in names) - first, 1e-9)
         out["apply_to_running_s"] = t_running - t0
         out["apply_to_first_pod_s"] = first - t0
+        print(f"gang start: {out}", flush=True)
         await kube.delete(f"/apis/railyard.dev/v1alpha1/namespaces/{NS}/trainingjobs/big")
         await w.until("big gang gone", lambda: True, 1)
         for _ in range(600):
@@ -148,7 +149,8 @@ async def run_bench(kubeconfig: Path, pods: int, restart_pods: int, metrics_port
         await w.until("mid gang Running", lambda: all(n in w.running for n in names0), 600)
         out["mid_apply_to_running_s"] = time.perf_counter() - t0
         status = await _status(kube, "mid", lambda st: st.get("phase") == "Running", 60)
-        victim = status["placement"]["nodes"][restart_pods // 2]
+        shown = status["placement"]["nodes"]  # the first 64 pod indices
+        victim = shown[len(shown) // 2]
         names1 = _names("mid", 1, restart_pods)
         t_fail = time.perf_counter()
         await kube.patch(f"/api/v1/nodes/{victim}", {"metadata": {"annotations": {FAIL_ANNOTATION: "true"}}})
