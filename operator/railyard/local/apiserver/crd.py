@@ -32,6 +32,15 @@ def version_priority(v: str) -> tuple[int, int, int, str]:
 
 
 def validate_crd(obj: JSON, old: JSON | None) -> list[Cause]:
+    try:
+        return _validate_crd(obj, old)
+    except (TypeError, AttributeError, KeyError, ValueError) as exc:
+        return [invalid_value("spec", "object", f"malformed CustomResourceDefinition ({exc!r}); see "
+                              "https://kubernetes.io/docs/reference/kubernetes-api/extend-resources/"
+                              "custom-resource-definition-v1/ for the expected shape")]
+
+
+def _validate_crd(obj: JSON, old: JSON | None) -> list[Cause]:
     causes: list[Cause] = []
     spec = obj.get("spec")
     if not isinstance(spec, dict):
@@ -80,6 +89,10 @@ def validate_crd(obj: JSON, old: JSON | None) -> list[Cause]:
 
 def prepare_crd(obj: JSON, old: JSON | None) -> None:
     spec = obj.setdefault("spec", {})
+    if not isinstance(spec, dict) or not isinstance(spec.get("names", {}), dict) or \
+            not isinstance(spec.get("versions", []), list) or \
+            not all(isinstance(v, dict) for v in spec.get("versions", [])):
+        return  # validate_crd reports it
     names = spec.setdefault("names", {})
     if names.get("kind"):
         names.setdefault("singular", names["kind"].lower())

@@ -202,6 +202,9 @@ class Engine:
             meta["namespace"] = ns
         else:
             meta.pop("namespace", None)
+        if not isinstance(meta.get("name", ""), str) or not isinstance(meta.get("generateName", ""), str):
+            raise invalid(rt.kind, rt.group, "", [Cause("metadata.name", "FieldValueInvalid",
+                                                       "Invalid value: name and generateName must be strings")])
         if not meta.get("name"):
             if meta.get("generateName"):
                 meta["name"] = meta["generateName"] + "".join(random.choices(_NAME_CHARS, k=5))

@@ -55,6 +55,7 @@ class _Node:
     addl_allowed: bool = False
     rules: list[_Rule] = field(default_factory=list)
     branches: list[tuple[str, list[_Node]]] = field(default_factory=list)
+    pattern: re.Pattern[str] | None = None
 
     @property
     def preserve(self) -> bool:
@@ -66,7 +67,18 @@ class _Node:
 
 
 def _compile(s: JSON, path: str, errors: list[Cause]) -> _Node:
+    if not isinstance(s, dict):
+        errors.append(invalid_value(path, s, "must be a schema object"))
+        return _Node({})
     node = _Node(s)
+    if not isinstance(s.get("properties") or {}, dict):
+        errors.append(invalid_value(f"{path}.properties", s["properties"], "must be a map of schemas"))
+        return node
+    if "pattern" in s:
+        try:
+            node.pattern = re.compile(s["pattern"])
+        except (re.error, TypeError) as exc:
+            errors.append(invalid_value(f"{path}.pattern", s["pattern"], f"must be a valid regular expression: {exc}"))
     for k, ps in (s.get("properties") or {}).items():
         node.props[k] = _compile(ps, f"{path}.properties[{k}]", errors)
     if isinstance(s.get("items"), dict):
@@ -275,7 +287,7 @@ class Schema:
             if "maxLength" in s and len(v) > s["maxLength"]:
                 causes.append(Cause(shown, "FieldValueTooLong",
                                     f"Too long: may not be more than {s['maxLength']} bytes"))
-            if "pattern" in s and not re.search(s["pattern"], v):
+            if node.pattern is not None and not node.pattern.search(v):
                 causes.append(invalid_value(shown, v, f"{shown} in body should match '{s['pattern']}'"))
         if isinstance(v, list):
             if "minItems" in s and len(v) < s["minItems"]:

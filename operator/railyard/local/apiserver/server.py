@@ -38,6 +38,16 @@ DISCONNECT_CHECK_S = 5.0
 _JSON_CT = "application/json"
 
 
+def int_param(request: web.Request, name: str, default: int = 0) -> int:
+    value = request.query.get(name)
+    if value in (None, ""):
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        raise bad_request(f"{name} must be an integer, got {value!r}") from None
+
+
 def _json(obj: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
     return web.Response(body=dumps(obj), status=status, content_type=_JSON_CT, headers=headers)
 
@@ -240,7 +250,10 @@ class APIServer:
         if ctype in ("application/yaml", "application/apply-patch+yaml"):
             import yaml
 
-            return yaml.safe_load(data)
+            try:
+                return yaml.safe_load(data)
+            except yaml.YAMLError as exc:
+                raise bad_request(f"error decoding YAML request body: {exc}") from exc
         try:
             return json.loads(data) if data else None
         except ValueError as exc:
@@ -353,6 +366,8 @@ class APIServer:
         q = request.query
         opts = DeleteOptions()
         body = await self._body(request) if request.can_read_body else None
+        if body is not None and not isinstance(body, dict):
+            raise bad_request("DeleteOptions must be a JSON object")
         if isinstance(body, dict):
             opts.grace_period_seconds = body.get("gracePeriodSeconds")
             opts.propagation_policy = body.get("propagationPolicy")
@@ -362,10 +377,7 @@ class APIServer:
             opts.precondition_uid = pre.get("uid")
             opts.precondition_rv = pre.get("resourceVersion")
         if "gracePeriodSeconds" in q:
-            try:
-                opts.grace_period_seconds = int(q["gracePeriodSeconds"])
-            except ValueError as exc:
-                raise bad_request("gracePeriodSeconds must be an integer") from exc
+            opts.grace_period_seconds = int_param(request, "gracePeriodSeconds")
         if "propagationPolicy" in q:
             opts.propagation_policy = q["propagationPolicy"]
         if q.get("orphanDependents") == "true" and not opts.propagation_policy:
@@ -388,7 +400,7 @@ class APIServer:
                 raise bad_request("continue key is not valid") from exc
             entries = [e for e in entries
                        if (e.obj["metadata"].get("namespace", ""), e.obj["metadata"]["name"]) > start_key]
-        limit = int(q.get("limit", "0") or 0)
+        limit = int_param(request, "limit")
         if limit > 0 and len(entries) > limit:
             last = entries[limit - 1].obj["metadata"]
             meta["continue"] = base64.urlsafe_b64encode(dumps(
@@ -423,7 +435,7 @@ class APIServer:
         matchers = self._matchers(request, rt)
         bookmarks = q.get("allowWatchBookmarks") in ("1", "true", "True")
         send_initial = q.get("sendInitialEvents") in ("1", "true", "True")
-        timeout = float(q["timeoutSeconds"]) if q.get("timeoutSeconds") else DEFAULT_WATCH_TIMEOUT_S
+        timeout = float(int_param(request, "timeoutSeconds")) or DEFAULT_WATCH_TIMEOUT_S
         want_table = table.wants_table(request)
         rv_param = q.get("resourceVersion", "")
         scope = ns if rt.namespaced else None
@@ -547,11 +559,11 @@ class APIServer:
                 return web.Response(body=b"", content_type="text/plain")
         data = path.read_bytes() if path is not None and path.exists() else b""
         if q.get("tailLines"):
-            n = int(q["tailLines"])
+            n = int_param(request, "tailLines")
             lines = data.splitlines(keepends=True)
             data = b"".join(lines[-n:]) if n > 0 else b""
         if q.get("limitBytes"):
-            data = data[: int(q["limitBytes"])]
+            data = data[: int_param(request, "limitBytes")]
         if not follow:
             return web.Response(body=data, content_type="text/plain")
         resp = web.StreamResponse(headers={"Content-Type": "text/plain"})
