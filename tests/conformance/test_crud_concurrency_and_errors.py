@@ -111,3 +111,26 @@ def test_service_gets_a_cluster_ip_and_defaults(core: client.CoreV1Api, ns: str)
         "selector": {"app": "web"}, "ports": [{"port": 80}]}})
     assert svc.spec.cluster_ip and svc.spec.type == "ClusterIP"
     assert svc.spec.ports[0].protocol == "TCP" and svc.spec.ports[0].target_port == 80
+
+
+@pytest.mark.parametrize(("method", "suffix", "body", "ctype"), [
+    ("POST", "", b"[]", "application/json"),
+    ("POST", "", b"{not json", "application/json"),
+    ("POST", "", b'{"metadata": "x"}', "application/json"),
+    ("POST", "", b'{"metadata": {"name": "a"}, "data": {"k": 1}}', "application/json"),
+    ("GET", "?limit=abc", None, "application/json"),
+    ("GET", "?watch=1&timeoutSeconds=x", None, "application/json"),
+    ("GET", "?labelSelector=a+in+x", None, "application/json"),
+    ("PATCH", "/target", b'"x"', "application/merge-patch+json"),
+    ("PATCH", "/target", b'[{"op": "remove", "path": "/nope"}]', "application/json-patch+json"),
+    ("PATCH", "/target", b'[{"op": "bogus", "path": "/x"}]', "application/json-patch+json"),
+    ("PATCH", "/target", b'{"metadata": {"finalizers": "x"}}', "application/strategic-merge-patch+json"),
+    ("DELETE", "/target?gracePeriodSeconds=x", None, "application/json"),
+])
+def test_malformed_requests_get_a_4xx_status(cluster: Cluster, core: client.CoreV1Api, ns: str, method: str,
+                                              suffix: str, body: bytes | None, ctype: str) -> None:
+    core.create_namespaced_config_map(ns, {"metadata": {"name": "target"}, "data": {"k": "v"}})
+    status, _, st = cluster.raw(method, f"/api/v1/namespaces/{ns}/configmaps{suffix}", body, content_type=ctype)
+    assert 400 <= status < 500, (status, st)
+    assert isinstance(st, dict) and st.get("kind") == "Status"
+    assert core.read_namespaced_config_map("target", ns).data == {"k": "v"}
