@@ -37,6 +37,9 @@ def run(args: argparse.Namespace) -> int:
     if getattr(args, "operator_command", None) != "run":
         print("usage: railyard operator run [--namespace NS | --all-namespaces] [--metrics-port 8080] ...", file=sys.stderr)
         return 2
+    if args.kubeconfig:
+        # before kopf (and with it the kubernetes package) is imported: both read it at import
+        os.environ["KUBECONFIG"] = args.kubeconfig
     import kopf
 
     from railyard.handlers import kopf_handlers
@@ -48,8 +51,6 @@ def run(args: argparse.Namespace) -> int:
     )
     for noisy in ("kopf.objects", "kopf._core.engines.peering", "aiohttp.access"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
-    if args.kubeconfig:
-        os.environ["KUBECONFIG"] = args.kubeconfig
     annotations: dict[str, str] = {}
     for item in args.pod_annotation:
         key, sep, value = item.partition("=")
