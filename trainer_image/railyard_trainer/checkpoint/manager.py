@@ -32,6 +32,7 @@ into its node's tier. See docs/checkpoints.md.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -59,6 +60,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
+from torch.distributed.tensor import DTensor
 
 from railyard.logic.checkpoint import (
     PER_NODE_TIERS,
@@ -192,10 +194,11 @@ class CheckpointManager:
         self.last_committed: dict[str, int] = {}
         self.last_restore: RestoreResult | None = None
         self._buffers: dict[str, Any] | None = None
+        self._preparing = False
         self._blocking = False
         self._pending = 0
         self._pending_cv = threading.Condition()
-        self._queue: queue.Queue[_SaveJob | None] = queue.Queue()
+        self._queue: queue.Queue[_SaveJob | Callable[[], None] | None] = queue.Queue()
         self._last_saved_step = -1
         self._closed = False
         self._worker = threading.Thread(target=self._work, name="railyard-ckpt", daemon=True)
@@ -209,6 +212,34 @@ class CheckpointManager:
         due = [t for t in self.tiers if t.due(ctx.step) or (final and ctx.step > 0)]
         if due and ctx.step != self._last_saved_step:
             self.save(ctx, tiers=due, checks_passed=checks_passed)
+        elif self._buffers is None and self.tiers and not self._preparing:
+            self.prepare(ctx)
+
+    def prepare(self, ctx: TrainContext) -> None:
+        """Allocate (and touch) the snapshot buffers in the background before the first save,
+        so the first save's blocked time is a copy, not an allocation. Local only: no collective."""
+        self._preparing = True
+        try:
+            state = tensor_state(ctx)
+        except Exception:
+            log.exception("checkpoint buffer preparation failed; the first save allocates them")
+            return
+        if not any(True for _ in _tensors(state.get("optim", {}))) and ctx.optimizer is not None:
+            # No optimizer state yet (before the first step): its structure would change.
+            self._preparing = False
+            return
+        on_gpu = any(t.is_cuda for t in _tensors(state))
+
+        def allocate() -> None:
+            buffers = _create_cpu_state_dict(state, pin_memory=on_gpu)
+            for t in _tensors(buffers):
+                # Fault the pages in now, not during the first blocking copy.
+                (t.to_local() if isinstance(t, DTensor) else t).zero_()
+            self._buffers = buffers
+
+        with self._pending_cv:
+            self._pending += 1
+        self._queue.put(allocate)
 
     def is_saving(self) -> bool:
         return self._blocking or self._pending > 0
@@ -306,10 +337,23 @@ class CheckpointManager:
         return out
 
     def _work(self) -> None:
+        # Background writes yield the CPU to training (Linux: per-thread nice value).
+        with contextlib.suppress(AttributeError, OSError):
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
         while True:
             job = self._queue.get()
             if job is None:
                 return
+            if not isinstance(job, _SaveJob):
+                try:
+                    job()
+                except Exception:
+                    log.exception("checkpoint background task failed")
+                finally:
+                    with self._pending_cv:
+                        self._pending -= 1
+                        self._pending_cv.notify_all()
+                continue
             try:
                 for tier in job.tiers:
                     self._save_tier(job, tier)
@@ -461,7 +505,17 @@ class CheckpointManager:
         recv_bufs: list[tuple[int, torch.Tensor]] = []
         try:
             if send_target is not None:
-                blob = b"".join(storage.read_bytes(step, s.path) for s in results[self.rank].shards)
+                expected = sum(s.bytes for s in results[self.rank].shards)
+                try:
+                    blob = b"".join(storage.read_bytes(step, s.path) for s in results[self.rank].shards)
+                except OSError as exc:
+                    # The receiver waits for exactly this many bytes: send zeros, which fail its
+                    # checksum, rather than leave it waiting for the group timeout.
+                    problems.append(f"rank {self.rank}: replica read failed: {exc!r}")
+                    blob = bytes(expected)
+                if len(blob) != expected:
+                    problems.append(f"rank {self.rank}: shard changed size after it was hashed")
+                    blob = bytes(expected)
                 payload = torch.frombuffer(bytearray(blob), dtype=torch.uint8) if blob else torch.empty(0, dtype=torch.uint8)
                 ops.append(dist.isend(payload, dst=send_target, group=self.pg))
             for src in sources:
@@ -644,6 +698,10 @@ class CheckpointManager:
             error = f"rank {self.rank}: state dict: {exc!r}"
             template = {}
         if src.tier in PER_NODE_TIERS:
+            # Every rank must be ready before the point-to-point transfers start.
+            ready = [e for e in self._gather(error) if e]
+            if ready and not error:
+                error = "skipped: " + ready[0]
             if not error:
                 try:
                     nbytes += self._fetch(storage, src)

@@ -1,0 +1,265 @@
+"""Checkpoint stall and restore time per tier, against a synchronous DCP save in the same run.
+
+Two gloo ranks on this machine play two pods (one rank each, separate memory/local tier
+directories, the memory tier replicated to the other pod). The model is the trainer's own
+(``--preset``, default ``small``) sharded with FSDP2, with the trainer's optimizer, schedule and
+data loader. Phases, all in one run:
+
+1./2. ``--rounds`` pairs of windows of ``--memory-interval`` steps, interleaved because the
+   machine's load drifts: one without checkpoints (step time, tokens/s), one whose first step
+   saves on the memory tier (with its replica) -> blocked time per save, save duration in the
+   background, bytes, tokens/s over the window; then one save on every tier at once ->
+   blocked time and background duration of the local and shared tiers;
+3. synchronous DCP: ``dcp.save`` of the same state into the memory tier's file system (tmpfs
+   when /dev/shm exists), which is what a plain checkpointer blocks for;
+4. restore time per tier (a fresh model restoring from only that tier), and from the memory
+   tier with one pod's memory wiped (its shard comes from the neighbour's replica).
+
+The target: a memory-tier save blocks at most 2% of the training time between two memory
+saves, i.e. ``blocked_s / (memory_interval x step_time) <= 0.02``.
+Usage: ``python bench/checkpoint.py [--preset small] [--rounds 3] [--memory-interval 4]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import socket
+import statistics
+import sys
+import tempfile
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+RESULTS = Path(__file__).resolve().parent / "results" / "checkpoint.json"
+TARGET_STALL = 0.02
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _worker(rank: int, world: int, port: int, args: argparse.Namespace, root: str, out: str) -> None:
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.checkpoint.filesystem import FileSystemWriter
+    from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
+
+    from railyard_trainer.checkpoint import build_checkpointer
+    from railyard_trainer.checkpoint.manager import tensor_state
+    from railyard_trainer.config import DatasetConfig
+    from railyard_trainer.data import ShardedBatches, build_source
+    from railyard_trainer.hooks import TrainContext
+    from railyard_trainer.model import Transformer, cross_entropy_loss
+    from railyard_trainer.model_args import PRESETS
+    from railyard_trainer.parallel_dims import ParallelDims
+    from railyard_trainer.parallelize import parallelize_llama
+    from railyard_trainer.train_state import Optimizers, WarmupCosine
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=600))
+    base = Path(root)
+    pg = dist.new_group(backend="gloo", timeout=timedelta(seconds=600))
+    dims = ParallelDims(pp=1, dp=world, tp=1, world_size=world, procs_per_node=1)
+    mesh = dims.build_mesh("cpu")
+    margs = PRESETS[args.preset]
+
+    def build(seed: int, attempt: int) -> TrainContext:
+        torch.manual_seed(seed)
+        model = parallelize_llama(Transformer(margs), mesh=mesh, dims=dims, param_dtype=torch.float32,
+                                  activation_checkpointing=False, cpu_offload=False)
+        opt = Optimizers([model], lr=3e-4, weight_decay=0.1)
+        sched = WarmupCosine(opt, peak_lr=3e-4, warmup_steps=2, total_steps=1000)
+        src = build_source(DatasetConfig(), vocab_size=margs.vocab_size, seed=0, seq_len=args.seq_len)
+        data = ShardedBatches(src, batch_size=args.batch_size, seq_len=args.seq_len, dp_rank=rank,
+                              dp_size=world, device=torch.device("cpu"))
+        return TrainContext(rank=rank, local_rank=0, world_size=world, node=f"node-{rank}", pod_index=rank,
+                            job="bench", attempt=attempt, dims=dims, mesh=mesh, model_parts=[model],
+                            optimizer=opt, lr_scheduler=sched, data=data)
+
+    def step(ctx: TrainContext) -> float:
+        t0 = time.perf_counter()
+        x, y = ctx.data.next_batch()
+        cross_entropy_loss(ctx.model_parts[0](x), y).backward()
+        assert ctx.optimizer is not None
+        ctx.optimizer.step()
+        ctx.lr_scheduler.step()
+        ctx.optimizer.zero_grad()
+        ctx.step += 1
+        return time.perf_counter() - t0
+
+    tiers = {"memory": base / "memory" / f"node-{rank}", "local": base / "local" / f"node-{rank}",
+             "shared": base / "shared"}
+
+    def config(only: str | None = None, interval: int = 1) -> dict[str, Any]:
+        return {"checkpoint": {
+            name: {"enabled": only in (None, name), "intervalSteps": interval, "keep": 2, "dir": str(tiers[name])}
+            for name in tiers
+        }}
+
+    ctx = build(0, 0)
+    step(ctx)  # warm-up (allocations, optimizer state)
+    ckpt = build_checkpointer(config(only="memory", interval=args.memory_interval), ctx, process_group=pg)
+    ckpt.prepare(ctx)
+    ckpt.wait(600)
+    memory = [t for t in ckpt.tiers if t.name == "memory"]
+    # Phases 1 and 2 interleaved (the machine's load drifts): a window of ``interval`` steps
+    # without checkpoints, then a window of ``interval`` steps whose first step saves on the
+    # memory tier (blocking copy + background write and replica overlapping the window).
+    base_times: list[float] = []
+    ck_times: list[float] = []
+    base_windows: list[float] = []
+    ck_windows: list[float] = []
+    for _ in range(args.rounds):
+        t_w = time.perf_counter()
+        base_times += [step(ctx) for _ in range(args.memory_interval)]
+        base_windows.append(time.perf_counter() - t_w)
+        t_w = time.perf_counter()
+        for i in range(args.memory_interval):
+            t = step(ctx)
+            t0 = time.perf_counter()
+            if i == 0:
+                ckpt.save(ctx, tiers=memory, checks_passed=True)
+            ck_times.append(t + time.perf_counter() - t0)
+        ck_windows.append(time.perf_counter() - t_w)
+        ckpt.wait(600)
+    history = [vars(h) | {"phase": "interval"} for h in ckpt.history]
+    ckpt.close()
+    # Phase 2b: one save on every tier at once (local and shared save rarely; their blocked
+    # time is the same snapshot, their background duration is what matters).
+    ckpt = build_checkpointer(config(interval=1), ctx, process_group=pg)
+    ckpt.prepare(ctx)
+    ckpt.wait(600)
+    step(ctx)
+    ckpt.maybe_save(ctx, checks_passed=True)
+    ckpt.wait(600)
+    history += [vars(h) | {"phase": "all"} for h in ckpt.history]
+    ckpt.close()
+
+    # The synchronous baseline: the same state, DCP save, same file system as the memory tier.
+    sync_times = []
+    for i in range(2):
+        dist.barrier()
+        t0 = time.perf_counter()
+        dcp_save(tensor_state(ctx), storage_writer=FileSystemWriter(base / f"sync-{i}"), process_group=pg)
+        sync_times.append(time.perf_counter() - t0)
+
+    restores: dict[str, float] = {}
+    for tier in ("memory", "local", "shared", "memory-replica"):
+        name = tier.split("-")[0]
+        if tier == "memory-replica":
+            dist.barrier()
+            if rank == 1:
+                shutil.rmtree(tiers["memory"])
+            dist.barrier()
+        fresh = build(1, 1)
+        m = build_checkpointer(config(only=name), fresh, process_group=pg)
+        res = m.restore(fresh)
+        m.close()
+        restores[tier] = res.duration_s if res is not None and res.tier == name else float("nan")
+
+    if rank == 0:
+        tokens = args.batch_size * args.seq_len
+        Path(out).write_text(json.dumps({
+            "base_times": base_times, "ck_times": ck_times, "history": history, "sync_times": sync_times,
+            "base_windows": base_windows, "ck_windows": ck_windows,
+            "restores": restores, "tokens_per_step": tokens,
+            "state_bytes": sum(t.numel() * t.element_size() for t in _tensors(tensor_state(ctx))),
+        }))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def _tensors(state: Any) -> list[Any]:
+    import torch
+    from torch.distributed.tensor import DTensor
+
+    if isinstance(state, DTensor):
+        return [state.to_local()]
+    if isinstance(state, torch.Tensor):
+        return [state]
+    if isinstance(state, dict):
+        return [t for v in state.values() for t in _tensors(v)]
+    return []
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--preset", default="small")
+    p.add_argument("--rounds", type=int, default=3, help="interleaved (baseline, checkpointed) window pairs")
+    p.add_argument("--memory-interval", type=int, default=4)
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--seq-len", type=int, default=64)
+    args = p.parse_args(argv)
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    import torch.multiprocessing as mp
+
+    shm = Path("/dev/shm")
+    root = tempfile.mkdtemp(prefix="railyard-bench-ckpt-", dir=shm if shm.is_dir() else None)
+    out = os.path.join(root, "out.json")
+    try:
+        mp.spawn(_worker, args=(2, _free_port(), args, root, out), nprocs=2, join=True)
+        raw = json.loads(Path(out).read_text())
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+    step_s = statistics.median(raw["base_times"])
+    ck_step_s = statistics.median(raw["ck_times"])
+    window_tokens = raw["tokens_per_step"] * args.memory_interval
+    tps_base = window_tokens / statistics.median(raw["base_windows"])
+    tps_ck = window_tokens / statistics.median(raw["ck_windows"])
+    sync_s = min(raw["sync_times"])
+    rows: list[dict[str, Any]] = []
+
+    def add(metric: str, value: float, unit: str, target: str = "", meets: bool | None = None) -> None:
+        rows.append({"metric": metric, "value": round(value, 6), "unit": unit, "target": target, "meets": meets})
+
+    add("state_bytes_per_rank", raw["state_bytes"], "bytes")
+    add("step_time_median", step_s, "s")
+    add("sync_dcp_save_blocked", sync_s, "s")
+    by_tier: dict[str, list[dict[str, Any]]] = {}
+    for h in raw["history"]:
+        by_tier.setdefault(h["tier"], []).append(h)
+    for tier, hs in sorted(by_tier.items()):
+        blocked = max(h["blocked_s"] for h in hs)
+        add(f"{tier}_saves_committed", sum(h["ok"] for h in hs), "count", f"{len(hs)}", all(h["ok"] for h in hs))
+        add(f"{tier}_blocked_per_save_max", blocked, "s", "< sync DCP save", blocked < sync_s)
+        add(f"{tier}_blocked_per_save_median", statistics.median(h["blocked_s"] for h in hs), "s")
+        add(f"{tier}_blocked_vs_sync", blocked / sync_s if sync_s else 0.0, "ratio")
+        add(f"{tier}_save_duration_background", max(h["duration_s"] for h in hs), "s")
+        add(f"{tier}_bytes_per_save", max(h["bytes"] for h in hs), "bytes")
+    mem = [h for h in by_tier.get("memory", []) if h["phase"] == "interval"]
+    if mem:
+        keeps_up = max(h["duration_s"] for h in mem) / (args.memory_interval * step_s)
+        add("memory_save_duration_vs_interval", keeps_up, "duration/(interval x step_time)", "< 1 (no queueing)", keeps_up < 1)
+        stall = max(h["blocked_s"] for h in mem) / (args.memory_interval * step_s)
+        add("memory_stall_fraction", stall, "blocked/(interval x step_time)", f"<= {TARGET_STALL}", stall <= TARGET_STALL)
+    sync_stall = sync_s / (args.memory_interval * step_s)
+    add("sync_dcp_stall_fraction_same_interval", sync_stall, "blocked/(interval x step_time)")
+    for tier, seconds in raw["restores"].items():
+        add(f"restore_{tier}", seconds, "s")
+    add("tokens_per_s_baseline", tps_base, "tokens/s")
+    add("tokens_per_s_with_checkpoints", tps_ck, "tokens/s")
+    add("tokens_per_s_overhead_memory_tier", 1 - tps_ck / tps_base, "fraction")
+    add("step_time_median_with_checkpoints", ck_step_s, "s")
+
+    print(f"checkpoint bench: preset={args.preset} rounds={args.rounds} memory interval={args.memory_interval}, 2 ranks (2 pods)")
+    print(f"{'metric':44} {'value':>14} {'unit':32} {'target':16} meets")
+    for r in rows:
+        meets = "" if r["meets"] is None else ("yes" if r["meets"] else "NO")
+        print(f"{r['metric']:44} {r['value']:>14.6g} {r['unit']:32} {r['target']:16} {meets}")
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps({"bench": "checkpoint", "preset": args.preset, "results": rows}, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
