@@ -81,3 +81,9 @@ def test_placement_summary_truncates_the_node_list_but_keeps_the_count() -> None
 def test_times_round_trip() -> None:
     assert parse_time(format_time(1_700_000_000.0)) == 1_700_000_000.0
     assert parse_time(None) is None and parse_time("garbage") is None
+
+
+def test_micro_times_keep_sub_second_precision() -> None:
+    from railyard.logic.conditions import format_micro_time
+
+    assert parse_time(format_micro_time(1_700_000_000.25)) == 1_700_000_000.25

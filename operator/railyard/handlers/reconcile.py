@@ -31,6 +31,7 @@ from railyard.k8s import gang as ops
 from railyard.k8s.client import Kube
 from railyard.logic.conditions import (
     find_condition,
+    format_micro_time,
     format_time,
     parse_time,
     set_condition,
@@ -341,8 +342,8 @@ async def _handle_failure(
         update={
             "restarts": record_restart(c.st.restarts, f.cls, f"{f.kind}: {f.message}", c.iso),
             "attempt": c.st.attempt + 1,
-            "failure_time": c.iso,
-            "next_attempt_time": format_time(c.now + backoff) if backoff > 0 else None,
+            "failure_time": format_micro_time(c.now),
+            "next_attempt_time": format_micro_time(c.now + backoff) if backoff > 0 else None,
             "gang_created_time": None,
             "quarantined_nodes": quarantined,
         }
@@ -411,7 +412,7 @@ async def _place_and_create(c: Cycle, job: TrainingJob, nodes: Mapping[str, Mapp
     rt.metrics.set_cross_bytes(c.ns, c.name, dict(result.cross_bytes_per_step), spine)
     c.st = c.st.model_copy(
         update={
-            "placement": placement, "gang_created_time": c.iso, "time_to_all_ready_seconds": None,
+            "placement": placement, "gang_created_time": format_micro_time(c.now), "time_to_all_ready_seconds": None,
             "observed_generation": c.generation, "pending_spec_changes": "", "next_attempt_time": None,
         }
     )
@@ -447,7 +448,7 @@ async def _finish_creation(c: Cycle, job: TrainingJob, current: Sequence[Mapping
     await ops.lift_gates(c.kube, pods)
     update: dict[str, Any] = {}
     if c.st.gang_created_time is None:
-        update["gang_created_time"] = c.iso
+        update["gang_created_time"] = format_micro_time(c.now)
     if c.st.placement is None or c.st.placement.node_count != len(nodes):
         update["placement"] = build_placement_status(nodes)
     if update:

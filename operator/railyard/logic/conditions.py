@@ -20,6 +20,11 @@ def format_time(now: float) -> str:
     return datetime.fromtimestamp(now, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def format_micro_time(now: float) -> str:
+    """RFC 3339 UTC with microseconds (Kubernetes MicroTime), for durations measured from it."""
+    return datetime.fromtimestamp(now, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
 def parse_time(value: str | None) -> float | None:
     if not value:
         return None
