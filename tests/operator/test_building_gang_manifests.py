@@ -158,3 +158,26 @@ def test_not_ready_grace_defers_the_verdict() -> None:
     assert early.state == "Running" and 1.9 < early.recheck_after < 2.1
     late = assess_gang(pods, nodes, attempt=0, expected=1, now=t + 4, not_ready_grace_s=3)
     assert late.state == "Failed" and late.failure is not None and late.failure.nodes == ("node-0",)
+
+
+def test_pods_on_dead_nodes_and_stuck_ones_are_force_deleted() -> None:
+    from tests.operator.builders import make_node, make_pod
+
+    from railyard.logic.conditions import parse_time
+    from railyard.logic.gang import plan_pod_deletions
+
+    nodes = {"ok": make_node("ok"), "dead": make_node("dead", ready=False)}
+    t = parse_time("2026-01-01T00:01:00Z") or 0.0
+    pods = [
+        make_pod(index=0, node="ok").obj(),                                   # graceful
+        make_pod(index=1, node="dead").obj(),                                 # force: kubelet gone
+        make_pod(index=2, node="ok").exited(1).obj(),                         # force: already ended
+        make_pod(index=3, node="ok").deleting("2026-01-01T00:00:50Z").obj(),  # terminating 10 s: wait
+        make_pod(index=4, node="ok").deleting("2026-01-01T00:00:00Z").obj(),  # stuck 60 s: force
+        make_pod(index=5, node="dead").deleting("2026-01-01T00:00:59Z").obj(),  # terminating on a dead node: force
+    ]
+    normal, force = plan_pod_deletions(pods, nodes, now=t, asked={}, stuck_terminating_s=30)
+    assert normal == ["j-a0-0"]
+    assert force == ["j-a0-1", "j-a0-2", "j-a0-4", "j-a0-5"]
+    normal, force = plan_pod_deletions(pods, nodes, now=t, asked={n: t - 1 for n in normal + force})
+    assert (normal, force) == ([], []), "no DELETE storm while pods terminate"

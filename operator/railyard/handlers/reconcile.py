@@ -36,8 +36,15 @@ from railyard.logic.conditions import (
     parse_time,
     set_condition,
 )
-from railyard.logic.failures import Failure, node_is_ready
-from railyard.logic.gang import GangAssessment, Unplaceable, assess_gang, attempt_of, plan_placement
+from railyard.logic.failures import Failure
+from railyard.logic.gang import (
+    GangAssessment,
+    Unplaceable,
+    assess_gang,
+    attempt_of,
+    plan_placement,
+    plan_pod_deletions,
+)
 from railyard.logic.manifests import (
     build_configmap,
     build_gang_pods,
@@ -129,26 +136,7 @@ class Cycle:
     async def delete_pods(self, pods: Sequence[Mapping[str, Any]], nodes: Mapping[str, Mapping[str, Any]]) -> int:
         """Delete pods; force on dead nodes and when stuck Terminating. Returns how many remain."""
         s = self.rt.settings
-        normal: list[str] = []
-        force: list[str] = []
-        for p in pods:
-            meta = p.get("metadata") or {}
-            name = str(meta.get("name"))
-            node = str((p.get("spec") or {}).get("nodeName") or "")
-            dead = bool(node) and not node_is_ready(nodes.get(node))
-            phase = (p.get("status") or {}).get("phase")
-            asked = self.w.deleting.get(name)
-            if meta.get("deletionTimestamp"):
-                since = parse_time(meta.get("deletionTimestamp")) or self.now
-                if (dead or self.now - since >= s.stuck_terminating_s) and (asked is None or self.now - asked > 2.0):
-                    force.append(name)
-                continue
-            if asked is not None and self.now - asked < 2.0:
-                continue
-            if dead or phase in ("Succeeded", "Failed") or not node:
-                force.append(name)
-            else:
-                normal.append(name)
+        normal, force = plan_pod_deletions(pods, nodes, now=self.now, asked=self.w.deleting, stuck_terminating_s=s.stuck_terminating_s)
         for n in normal + force:
             self.w.deleting[n] = self.now
         if normal:

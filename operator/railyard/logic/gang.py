@@ -18,7 +18,13 @@ from typing import Any
 from railyard.api.trainingjob import TrainingJob
 from railyard.logic import placement as _placement
 from railyard.logic.conditions import parse_time
-from railyard.logic.failures import Failure, build_failure, classify_pod, decide_root_failure
+from railyard.logic.failures import (
+    Failure,
+    build_failure,
+    classify_pod,
+    decide_root_failure,
+    node_is_ready,
+)
 from railyard.logic.manifests import ATTEMPT_LABEL, GANG_GATE, POD_INDEX_LABEL
 from railyard.logic.placement import PreviousPlacement, build_gang_request
 from railyard.logic.topology import build_topology
@@ -130,6 +136,44 @@ def _not_ready_since(node: Mapping[str, Any] | None) -> float | None:
         if c.get("type") == "Ready":
             return parse_time(c.get("lastTransitionTime"))
     return None
+
+
+def plan_pod_deletions(
+    pods: Sequence[Mapping[str, Any]],
+    nodes: Mapping[str, Mapping[str, Any]],
+    *,
+    now: float,
+    asked: Mapping[str, float],
+    stuck_terminating_s: float = 30.0,
+    reask_after_s: float = 2.0,
+) -> tuple[list[str], list[str]]:
+    """Which pods to delete with grace and which to force-delete (grace 0).
+
+    Force: pods on a NotReady or vanished node (no kubelet will confirm their end), pods already
+    terminated, unbound pods, and pods still Terminating ``stuck_terminating_s`` after their
+    deletion. ``asked`` (pod -> when we last asked) keeps a cycle from re-sending a DELETE for
+    a pod that is terminating normally."""
+    normal: list[str] = []
+    force: list[str] = []
+    for p in pods:
+        meta = p.get("metadata") or {}
+        name = str(meta.get("name"))
+        node = str((p.get("spec") or {}).get("nodeName") or "")
+        dead = bool(node) and not node_is_ready(nodes.get(node))
+        last = asked.get(name)
+        recently = last is not None and now - last < reask_after_s
+        if meta.get("deletionTimestamp"):
+            since = parse_time(meta.get("deletionTimestamp")) or now
+            if (dead or now - since >= stuck_terminating_s) and not recently:
+                force.append(name)
+            continue
+        if recently:
+            continue
+        if dead or (p.get("status") or {}).get("phase") in ("Succeeded", "Failed") or not node:
+            force.append(name)
+        else:
+            normal.append(name)
+    return normal, force
 
 
 # placement ------------------------------------------------------------------------------------
