@@ -261,6 +261,7 @@ async def _act(
             return await _handle_failure(c, job, verdict, current, nodes)
         return job.spec.health.heartbeat_interval_seconds if c.rt.store.job(c.ns, c.name) is not None else None
     if a.state == "Succeeded":
+        evaluate_health(c, job, current)  # the last progress (step, checkpoints) into the status
         await c.delete_pods(current, nodes)
         c.phase("Succeeded", "AllRanksSucceeded", f"all {a.expected} pods exited 0 (attempt {c.st.attempt})")
         return None
