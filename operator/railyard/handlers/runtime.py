@@ -122,6 +122,14 @@ class Runtime:
     def upsert_job(self, namespace: str, name: str, body: dict[str, Any]) -> JobWorker:
         key = (namespace, name)
         w = self.workers.get(key)
+        uid = (body.get("metadata") or {}).get("uid")
+        old_uid = (w.body.get("metadata") or {}).get("uid") if w is not None else None
+        if w is not None and old_uid and uid and old_uid != uid:
+            # deleted and recreated under the same name while we missed the deletion
+            w.gone = True
+            if w.task is not None:
+                w.task.cancel()
+            w = None
         if w is None or w.gone:
             w = JobWorker(namespace, name)
             self.workers[key] = w
