@@ -33,6 +33,11 @@ import json, os, pathlib, sys, time
 d = pathlib.Path(sys.argv[1])
 att, idx = os.environ["RAILYARD_ATTEMPT"], os.environ["RAILYARD_POD_INDEX"]
 keys = [k for k in os.environ if k.startswith(("RAILYARD_", "MASTER_", "NCCL_"))]
+for var in ("RAILYARD_CHECKPOINT_MEMORY_DIR", "RAILYARD_CHECKPOINT_SHARED_DIR"):
+    if os.environ.get(var):
+        p = pathlib.Path(os.environ[var]) / os.environ["RAILYARD_JOB"]
+        p.mkdir(parents=True, exist_ok=True)
+        (p / f"marker-{idx}").write_text("checkpoint stand-in")
 (d / f"started-{att}-{idx}.json").write_text(json.dumps({"t": time.time(), "env": {k: os.environ[k] for k in keys}}))
 while True:
     for name in (f"exit-{att}-{idx}", f"exit-{att}", "exit"):

@@ -181,3 +181,18 @@ def test_pods_on_dead_nodes_and_stuck_ones_are_force_deleted() -> None:
     assert force == ["j-a0-1", "j-a0-2", "j-a0-4", "j-a0-5"]
     normal, force = plan_pod_deletions(pods, nodes, now=t, asked={n: t - 1 for n in normal + force})
     assert (normal, force) == ([], []), "no DELETE storm while pods terminate"
+
+
+def test_cleanup_pod_mounts_the_tiers_and_runs_the_trainers_cleanup() -> None:
+    from railyard.logic.manifests import build_cleanup_pod
+
+    pod = build_cleanup_pod(_spec(checkpoint={"shared": {"claimName": "ckpt"}}), job="llm", namespace="ml", index=1, node="n-b", shared=False)
+    c = pod["spec"]["containers"][0]
+    assert c["command"] == ["python", "-m", "railyard_trainer.checkpoint.cleanup", "--job", "llm"]
+    assert pod["spec"]["nodeName"] == "n-b" and pod["metadata"]["name"] == "llm-cleanup-1"
+    assert {v["name"] for v in pod["spec"]["volumes"]} == {"ckpt-memory", "ckpt-local"}
+    env = {e["name"]: e["value"] for e in c["env"]}
+    assert env["RAILYARD_CHECKPOINT_SHARED_DIR"] == "" and env["RAILYARD_CHECKPOINT_MEMORY_DIR"]
+    shared = build_cleanup_pod(_spec(checkpoint={"shared": {"claimName": "ckpt"}}), job="llm", namespace="ml", index=0, node="n-a", shared=True)
+    assert {"name": "ckpt-shared", "persistentVolumeClaim": {"claimName": "ckpt"}} in shared["spec"]["volumes"]
+    assert "ownerReferences" not in shared["metadata"]

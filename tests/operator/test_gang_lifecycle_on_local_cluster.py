@@ -327,3 +327,36 @@ def test_gang_not_running_within_the_timeout_is_torn_down_and_replaced(api: Api,
         raise
     finally:
         api.delete_job(NS, job_name)
+
+
+def test_cleanup_on_delete_removes_checkpoints_then_the_finalizer(api: Api, operator: OperatorProcess, workload: Workload, job_name: str) -> None:
+    from pathlib import Path
+
+    spec = base_spec(workload, nodes=2)
+    spec["checkpoint"]["cleanupOnDelete"] = True
+    api.create_job(NS, job_name, spec)
+    try:
+        wait_for("our finalizer", lambda: "railyard.dev/checkpoint-cleanup" in (api.job(NS, job_name)["metadata"].get("finalizers") or []), 20)
+        started = wait_for("both pods started", lambda: len(workload.started(0)) == 2 and workload.started(0), 40)
+        markers = [Path(s["env"][var]) / job_name / f"marker-{i}" for i, s in started.items()
+                   for var in ("RAILYARD_CHECKPOINT_MEMORY_DIR", "RAILYARD_CHECKPOINT_SHARED_DIR")]
+        assert all(m.exists() for m in markers), markers
+        api.delete_job(NS, job_name)
+
+        def gone() -> bool:
+            from kubernetes.client.rest import ApiException
+
+            try:
+                api.job(NS, job_name)
+            except ApiException as exc:
+                return exc.status == 404
+            return False
+
+        wait_for("job gone after cleanup", gone, 60)
+        assert not any(m.exists() for m in markers), [m for m in markers if m.exists()]
+        assert not api.pods(NS, job_name), "gang and cleanup pods removed"
+    except AssertionError:
+        print(on_exit_dump(api, NS, job_name, operator))
+        raise
+    finally:
+        api.delete_job(NS, job_name)

@@ -25,6 +25,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from railyard.api.trainingjob import QuarantinedNode, TrainingJob, TrainingJobStatus
+from railyard.handlers.cleanup import cleanup_checkpoints
 from railyard.handlers.health import evaluate_health
 from railyard.handlers.runtime import JobWorker, Runtime
 from railyard.k8s import gang as ops
@@ -46,6 +47,7 @@ from railyard.logic.gang import (
     plan_pod_deletions,
 )
 from railyard.logic.manifests import (
+    CLEANUP_FINALIZER,
     build_configmap,
     build_gang_pods,
     build_secret,
@@ -149,9 +151,18 @@ class Cycle:
 async def reconcile_job(rt: Runtime, w: JobWorker) -> float | None:
     """Run one cycle; returns seconds until the next check is due (None: only on events)."""
     c = Cycle(rt, w, time.time())
+    finalizers = list(c.meta.get("finalizers") or [])
+    ours = CLEANUP_FINALIZER in finalizers
     if c.meta.get("deletionTimestamp"):
-        await ops.delete_owned(c.kube, c.ns, c.name)
-        return None
+        if not ours:
+            await ops.delete_owned(c.kube, c.ns, c.name)
+            return None
+        return await cleanup_checkpoints(c, finalizers)
+    wants = bool(((c.body.get("spec") or {}).get("checkpoint") or {}).get("cleanupOnDelete"))
+    if wants != ours:
+        # a finalizer only while the job asks for its checkpoints to be deleted with it
+        new = [*finalizers, CLEANUP_FINALIZER] if wants else [f for f in finalizers if f != CLEANUP_FINALIZER]
+        await ops.patch_job_finalizers(c.kube, c.ns, c.name, new, c.meta.get("resourceVersion"))
     try:
         job = TrainingJob.model_validate({"metadata": {"name": c.name, "namespace": c.ns}, "spec": c.body.get("spec") or {}})
         problems = check_names(c.name, job.spec.nodes)

@@ -18,6 +18,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from railyard.k8s.client import Kube
+from railyard.logic.manifests import CLEANUP_LABEL
 from railyard.observe.health_metrics import HealthMetrics
 from railyard.observe.heartbeats import HeartbeatStore, StaticTokens
 from railyard.observe.metrics import OperatorMetrics
@@ -98,10 +99,14 @@ class Runtime:
         self.nodes = kwargs.get("railyard_nodes", self.nodes)
         self.bound_pods = kwargs.get("railyard_bound_pods", self.bound_pods)
 
-    def pods_of(self, namespace: str, job: str) -> list[dict[str, Any]]:
+    def pods_of(self, namespace: str, job: str, *, cleanup: bool = False) -> list[dict[str, Any]]:
+        """The job's gang pods (``cleanup=True``: its checkpoint-cleanup pods instead)."""
         if self.job_pods is None:
             return []
-        return [dict(p) for p in self.job_pods.get((namespace, job), [])]
+        return [
+            dict(p) for p in self.job_pods.get((namespace, job), [])
+            if (((p.get("metadata") or {}).get("labels") or {}).get(CLEANUP_LABEL) == "true") == cleanup
+        ]
 
     def node_map(self) -> dict[str, dict[str, Any]]:
         if self.nodes is None:

@@ -240,3 +240,17 @@ async def release_node(kube: Kube, node: str) -> bool:
             if exc.status != 409:
                 raise
     return False
+
+
+async def patch_job_finalizers(kube: Kube, namespace: str, name: str, finalizers: Sequence[str], resource_version: str | None) -> bool:
+    """Set the job's finalizers (optimistic concurrency: False on a 409, retry next cycle)."""
+    path = custom_path(GROUP, VERSION, PLURAL, namespace, name)
+    meta: dict[str, Any] = {"finalizers": list(finalizers) or None}
+    if resource_version:
+        meta["resourceVersion"] = resource_version
+    try:
+        return await kube.patch(path, {"metadata": meta}) is not None
+    except ApiError as exc:
+        if exc.status == 409:
+            return False
+        raise

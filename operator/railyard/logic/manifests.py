@@ -362,3 +362,66 @@ def build_gate_removal(pod: Mapping[str, Any]) -> dict[str, Any] | None:
         return None
     rest = [g for g in gates if g.get("name") != GANG_GATE]
     return {"spec": {"schedulingGates": rest or None}}
+
+
+# checkpoint cleanup ---------------------------------------------------------------------------
+
+CLEANUP_FINALIZER = f"{GROUP}/checkpoint-cleanup"
+CLEANUP_LABEL = f"{GROUP}/cleanup"
+CLEANUP_COMMAND = ("python", "-m", "railyard_trainer.checkpoint.cleanup")
+
+
+def cleanup_pod_name(job: str, index: int) -> str:
+    return f"{job}-cleanup-{index}"
+
+
+def build_cleanup_pod(
+    spec: TrainingJobSpec,
+    *,
+    job: str,
+    namespace: str,
+    index: int,
+    node: str,
+    shared: bool,
+) -> dict[str, Any]:
+    """A pod that deletes the job's checkpoints on ``node`` (memory and local tiers) and, when
+    ``shared``, on the shared tier (``python -m railyard_trainer.checkpoint.cleanup``). Not owned
+    by the job: it runs while the job waits on our finalizer, and the operator deletes it."""
+    pod_sc, container_sc = _security(spec)
+    volumes, mounts = _volumes(spec, job, namespace, 0)
+    volumes = [v for v in volumes if v["name"] != "railyard-config"]
+    mounts = [m for m in mounts if m["name"] != "railyard-config"]
+    if not shared:
+        volumes = [v for v in volumes if v["name"] != "ckpt-shared"]
+        mounts = [m for m in mounts if m["name"] != "ckpt-shared"]
+    env = [
+        {"name": "RAILYARD_CHECKPOINT_MEMORY_DIR", "value": CHECKPOINT_MOUNTS["memory"]},
+        {"name": "RAILYARD_CHECKPOINT_LOCAL_DIR", "value": CHECKPOINT_MOUNTS["local"]},
+        {"name": "RAILYARD_CHECKPOINT_SHARED_DIR", "value": CHECKPOINT_MOUNTS["shared"] if shared else ""},
+    ]
+    labels = {**job_labels(job), CLEANUP_LABEL: "true"}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": cleanup_pod_name(job, index), "namespace": namespace, "labels": labels},
+        "spec": {
+            "restartPolicy": "Never",
+            "automountServiceAccountToken": False,
+            "enableServiceLinks": False,
+            "terminationGracePeriodSeconds": 5,
+            "nodeName": node,
+            "tolerations": [{"operator": "Exists"}],
+            "securityContext": pod_sc,
+            "containers": [{
+                "name": "cleanup",
+                "image": spec.image,
+                "imagePullPolicy": spec.image_pull_policy,
+                "command": [*CLEANUP_COMMAND, "--job", job],
+                "env": env,
+                "volumeMounts": mounts,
+                "securityContext": container_sc,
+                "resources": {"requests": {"cpu": "10m", "memory": "32Mi"}},
+            }],
+            "volumes": volumes,
+        },
+    }
