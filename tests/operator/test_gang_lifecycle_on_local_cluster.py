@@ -39,7 +39,7 @@ def _running_pods(api: Api, name: str, attempt: int) -> list[Any]:
 def test_gang_is_created_whole_gated_owned_and_succeeds(api: Api, operator: OperatorProcess, workload: Workload, job_name: str) -> None:
     api.create_job(NS, job_name, base_spec(workload, nodes=2))
     try:
-        wait_for("phase Running", lambda: _phase(api, job_name) == "Running", 40)
+        wait_for("phase Running", lambda: _phase(api, job_name) == "Running", 90)
         pods = api.pods(NS, job_name)
         assert sorted(p.metadata.name for p in pods) == [f"{job_name}-a0-0", f"{job_name}-a0-1"]
         assert len({p.spec.node_name for p in pods}) == 2, "one pod per node"
@@ -67,8 +67,8 @@ def test_gang_is_created_whole_gated_owned_and_succeeds(api: Api, operator: Oper
         assert api.core.read_namespaced_service(job_name, NS).spec.cluster_ip == "None"
 
         workload.exit(0)
-        wait_for("phase Succeeded", lambda: _phase(api, job_name) == "Succeeded", 30)
-        wait_for("pods cleaned up", lambda: not api.pods(NS, job_name), 30)
+        wait_for("phase Succeeded", lambda: _phase(api, job_name) == "Succeeded", 90)
+        wait_for("pods cleaned up", lambda: not api.pods(NS, job_name), 90)
         st = api.status(NS, job_name)
         assert st["completionTime"] and st["restarts"]["total"] == 0
         reasons = [e.reason for e in api.events(NS, job_name)]
@@ -85,17 +85,17 @@ def test_application_exit_restarts_within_budget_then_fails(api: Api, operator: 
     api.create_job(NS, job_name, spec)
     try:
         for attempt in range(3):
-            wait_for(f"attempt {attempt} running", lambda a=attempt: len(_running_pods(api, job_name, a)) == 2, 40)
+            wait_for(f"attempt {attempt} running", lambda a=attempt: len(_running_pods(api, job_name, a)) == 2, 90)
             workload.exit(1, attempt=attempt, pod=1)
             if attempt < 2:
-                wait_for(f"restart {attempt + 1}", lambda a=attempt: api.status(NS, job_name).get("attempt") == a + 1, 30)
-        wait_for("phase Failed", lambda: _phase(api, job_name) == "Failed", 30)
+                wait_for(f"restart {attempt + 1}", lambda a=attempt: api.status(NS, job_name).get("attempt") == a + 1, 90)
+        wait_for("phase Failed", lambda: _phase(api, job_name) == "Failed", 90)
         st = api.status(NS, job_name)
         assert st["restarts"]["application"] == 2 and st["restarts"]["infrastructure"] == 0
         failed = next(c for c in st["conditions"] if c["type"] == "Failed")
         assert failed["reason"] == "RestartBudgetSpent" and "2/2" in failed["message"]
         assert st["quarantinedNodes"] == [], "an application failure blames no node"
-        wait_for("pods cleaned up", lambda: not api.pods(NS, job_name), 30)
+        wait_for("pods cleaned up", lambda: not api.pods(NS, job_name), 90)
     except AssertionError:
         print(on_exit_dump(api, NS, job_name, operator))
         raise
@@ -106,9 +106,9 @@ def test_application_exit_restarts_within_budget_then_fails(api: Api, operator: 
 def test_permanent_exit_code_fails_at_once(api: Api, operator: OperatorProcess, workload: Workload, job_name: str) -> None:
     api.create_job(NS, job_name, base_spec(workload, nodes=2))
     try:
-        wait_for("running", lambda: len(_running_pods(api, job_name, 0)) == 2, 40)
+        wait_for("running", lambda: len(_running_pods(api, job_name, 0)) == 2, 90)
         workload.exit(64, attempt=0, pod=0)
-        wait_for("phase Failed", lambda: _phase(api, job_name) == "Failed", 30)
+        wait_for("phase Failed", lambda: _phase(api, job_name) == "Failed", 90)
         st = api.status(NS, job_name)
         assert st["restarts"]["total"] == 0 and st["attempt"] == 0
         failed = next(c for c in st["conditions"] if c["type"] == "Failed")
@@ -127,13 +127,13 @@ def test_unplaceable_job_waits_with_reason_and_starts_when_nodes_free_up(api: Ap
         api.core.patch_node(n, {"spec": {"taints": [{"key": "example.com/maintenance", "value": "x", "effect": "NoSchedule"}]}})
     api.create_job(NS, job_name, base_spec(workload, nodes=2))
     try:
-        cond = wait_for("Placed=False", lambda: (c := api.condition(NS, job_name, "Placed")) and c["status"] == "False" and c, 20)
+        cond = wait_for("Placed=False", lambda: (c := api.condition(NS, job_name, "Placed")) and c["status"] == "False" and c, 90)
         assert cond["reason"] == "NotEnoughNodes" and cond["message"], cond
         assert not api.pods(NS, job_name), "never part of a gang"
         assert any(e.reason == "NotEnoughNodes" and e.type == "Warning" for e in api.events(NS, job_name))
         for n in nodes:
             api.core.patch_node(n, {"spec": {"taints": None}})
-        wait_for("phase Running", lambda: _phase(api, job_name) == "Running", 40)
+        wait_for("phase Running", lambda: _phase(api, job_name) == "Running", 90)
         assert api.condition(NS, job_name, "Placed")["status"] == "True"  # type: ignore[index]
     except AssertionError:
         print(on_exit_dump(api, NS, job_name, operator))
@@ -150,7 +150,7 @@ def test_failed_node_moves_only_its_ranks_to_a_spare_and_is_quarantined(api: Api
     api.create_job(NS, job_name, base_spec(workload, nodes=2))
     victim = ""
     try:
-        wait_for("running", lambda: len(_running_pods(api, job_name, 0)) == 2, 40)
+        wait_for("running", lambda: len(_running_pods(api, job_name, 0)) == 2, 90)
         before = api.status(NS, job_name)["placement"]["nodes"]
         victim = before[1]
         api.annotate_node(victim, {FAIL_ANNOTATION: "true"})
@@ -165,37 +165,37 @@ def test_failed_node_moves_only_its_ranks_to_a_spare_and_is_quarantined(api: Api
         assert node.metadata.labels.get("railyard.dev/quarantined") == "true"
         assert any(t.key == "railyard.dev/quarantined" and t.effect == "NoSchedule" for t in node.spec.taints or [])
         assert any(e.reason == "NodeQuarantined" for e in api.events(NS, job_name))
-        assert wait_for("Running again", lambda: _phase(api, job_name) == "Running", 20)
+        assert wait_for("Running again", lambda: _phase(api, job_name) == "Running", 90)
         # a person releases the node: the operator removes the label and the taint
         api.annotate_node(victim, {FAIL_ANNOTATION: None, "railyard.dev/release": "true"})
         wait_for("release honoured", lambda: not any(t.key == "railyard.dev/quarantined" for t in api.node(victim).spec.taints or [])
-                 and "railyard.dev/quarantined" not in (api.node(victim).metadata.labels or {}), 20)
-        wait_for("status forgets the released node", lambda: api.status(NS, job_name)["quarantinedNodes"] == [], 20)
+                 and "railyard.dev/quarantined" not in (api.node(victim).metadata.labels or {}), 90)
+        wait_for("status forgets the released node", lambda: api.status(NS, job_name)["quarantinedNodes"] == [], 90)
     except AssertionError:
         print(on_exit_dump(api, NS, job_name, operator))
         raise
     finally:
         if victim:
             api.annotate_node(victim, {FAIL_ANNOTATION: None, "railyard.dev/release": "true"})
-            wait_for("node Ready", lambda: any(c.type == "Ready" and c.status == "True" for c in api.node(victim).status.conditions), 30)
+            wait_for("node Ready", lambda: any(c.type == "Ready" and c.status == "True" for c in api.node(victim).status.conditions), 90)
         api.delete_job(NS, job_name)
 
 
 def test_suspend_deletes_pods_and_resume_replaces_them(api: Api, operator: OperatorProcess, workload: Workload, job_name: str) -> None:
     api.create_job(NS, job_name, base_spec(workload, nodes=2))
     try:
-        wait_for("running", lambda: _phase(api, job_name) == "Running", 40)
+        wait_for("running", lambda: _phase(api, job_name) == "Running", 90)
         api.patch_spec(NS, job_name, {"trainer": {"batchSize": 8, "steps": 7}})
-        pending = wait_for("pendingSpecChanges", lambda: api.status(NS, job_name).get("pendingSpecChanges"), 20)
+        pending = wait_for("pendingSpecChanges", lambda: api.status(NS, job_name).get("pendingSpecChanges"), 90)
         assert "next restart" in pending
         assert api.pods(NS, job_name)[0].metadata.labels["railyard.dev/attempt"] == "0", "a spec edit does not restart the gang"
         api.patch_spec(NS, job_name, {"suspend": True})
-        wait_for("Suspended", lambda: _phase(api, job_name) == "Suspended", 20)
-        wait_for("pods gone", lambda: not api.pods(NS, job_name), 30)
+        wait_for("Suspended", lambda: _phase(api, job_name) == "Suspended", 90)
+        wait_for("pods gone", lambda: not api.pods(NS, job_name), 90)
         assert api.condition(NS, job_name, "Suspended")["status"] == "True"  # type: ignore[index]
         api.patch_spec(NS, job_name, {"suspend": False})
-        wait_for("running again", lambda: len(_running_pods(api, job_name, 1)) == 2, 40)
-        st = wait_for("Running with the new spec", lambda: (s := api.status(NS, job_name)).get("phase") == "Running" and s, 20)
+        wait_for("running again", lambda: len(_running_pods(api, job_name, 1)) == 2, 90)
+        st = wait_for("Running with the new spec", lambda: (s := api.status(NS, job_name)).get("phase") == "Running" and s, 90)
         assert st["restarts"]["total"] == 0, "a resume is not a restart"
         assert st["pendingSpecChanges"] == "" and st["observedGeneration"] == api.job(NS, job_name)["metadata"]["generation"]
         assert api.condition(NS, job_name, "Suspended")["status"] == "False"  # type: ignore[index]
@@ -208,7 +208,7 @@ def test_suspend_deletes_pods_and_resume_replaces_them(api: Api, operator: Opera
 
 def test_deleting_the_job_removes_everything_it_owns(api: Api, operator: OperatorProcess, workload: Workload, job_name: str) -> None:
     api.create_job(NS, job_name, base_spec(workload, nodes=2))
-    wait_for("running", lambda: _phase(api, job_name) == "Running", 40)
+    wait_for("running", lambda: _phase(api, job_name) == "Running", 90)
     api.delete_job(NS, job_name)
 
     def owned() -> list[str]:
@@ -219,7 +219,7 @@ def test_deleting_the_job_removes_everything_it_owns(api: Api, operator: Operato
         names += [s.metadata.name for s in api.core.list_namespaced_secret(NS, label_selector=sel).items]
         return names
 
-    wait_for("nothing owned left", lambda: not owned(), 40)
+    wait_for("nothing owned left", lambda: not owned(), 90)
 
 
 def test_metrics_are_served_and_count_restarts_by_class(api: Api, operator: OperatorProcess, workload: Workload, job_name: str) -> None:
@@ -234,9 +234,9 @@ def test_metrics_are_served_and_count_restarts_by_class(api: Api, operator: Oper
     before = restarts("Application")
     api.create_job(NS, job_name, base_spec(workload, nodes=2))
     try:
-        wait_for("running", lambda: len(_running_pods(api, job_name, 0)) == 2, 40)
+        wait_for("running", lambda: len(_running_pods(api, job_name, 0)) == 2, 90)
         workload.exit(3, attempt=0, pod=0)
-        wait_for("attempt 1 Running", lambda: api.status(NS, job_name).get("attempt") == 1 and _phase(api, job_name) == "Running", 40)
+        wait_for("attempt 1 Running", lambda: api.status(NS, job_name).get("attempt") == 1 and _phase(api, job_name) == "Running", 90)
         assert restarts("Application") == before + 1
         families = {f.name: f for f in text_string_to_metric_families(operator.metrics_text())}
         for name in ("railyard_jobs", "railyard_gang_ready_seconds", "railyard_failure_to_restarted_seconds",
@@ -265,7 +265,7 @@ def test_malformed_job_gets_failed_condition_not_a_crash_loop(api: Api, operator
     name = (job_name + "-" + "x" * 70)[:63].rstrip("-")
     api.create_job(NS, name, {"nodes": 1, "command": ["true"]})
     try:
-        cond = wait_for("Failed condition", lambda: (c := api.condition(NS, name, "Failed")) and c["status"] == "True" and c, 20)
+        cond = wait_for("Failed condition", lambda: (c := api.condition(NS, name, "Failed")) and c["status"] == "True" and c, 90)
         assert cond["reason"] == "InvalidSpec" and "metadata.name" in cond["message"]
         assert operator.proc.poll() is None
         assert not api.pods(NS, name)
@@ -280,7 +280,7 @@ def test_confirmed_sdc_heartbeat_restarts_the_gang_and_quarantines_the_node(api:
     api.create_job(NS, job_name, base_spec(workload, nodes=2))
     victim = ""
     try:
-        wait_for("Running", lambda: _phase(api, job_name) == "Running", 40)
+        wait_for("Running", lambda: _phase(api, job_name) == "Running", 90)
         victim = api.status(NS, job_name)["placement"]["nodes"][1]
         token = base64.b64decode(api.core.read_namespaced_secret(f"{job_name}-heartbeat", NS).data["token"]).decode()
         beat = {
@@ -295,11 +295,11 @@ def test_confirmed_sdc_heartbeat_restarts_the_gang_and_quarantines_the_node(api:
         )
         with urllib.request.urlopen(req, timeout=5) as resp:
             assert resp.status == 204
-        wait_for("SDC restart", lambda: api.status(NS, job_name)["restarts"]["sdc"] == 1, 20)
+        wait_for("SDC restart", lambda: api.status(NS, job_name)["restarts"]["sdc"] == 1, 90)
         st = api.status(NS, job_name)
         assert [q["node"] for q in st["quarantinedNodes"]] == [victim]
         assert st["restarts"]["lastReason"].startswith("SDCVerdict")
-        wait_for("attempt 1 Running", lambda: len(_running_pods(api, job_name, 1)) == 2, 40)
+        wait_for("attempt 1 Running", lambda: len(_running_pods(api, job_name, 1)) == 2, 90)
         assert victim not in api.status(NS, job_name)["placement"]["nodes"]
     except AssertionError:
         print(on_exit_dump(api, NS, job_name, operator))
@@ -307,7 +307,7 @@ def test_confirmed_sdc_heartbeat_restarts_the_gang_and_quarantines_the_node(api:
     finally:
         if victim:
             api.annotate_node(victim, {"railyard.dev/release": "true"})
-            wait_for("released", lambda: "railyard.dev/quarantined" not in (api.node(victim).metadata.labels or {}), 20)
+            wait_for("released", lambda: "railyard.dev/quarantined" not in (api.node(victim).metadata.labels or {}), 90)
         api.delete_job(NS, job_name)
 
 
@@ -316,8 +316,8 @@ def test_gang_not_running_within_the_timeout_is_torn_down_and_replaced(api: Api,
     spec = base_spec(workload, nodes=2, resources={"requests": {"memory": "900Ti"}}, gang={"scheduleTimeoutSeconds": 10})
     api.create_job(NS, job_name, spec)
     try:
-        wait_for("gang created", lambda: len(api.pods(NS, job_name)) == 2, 20)
-        wait_for("attempt 1 after the timeout", lambda: api.status(NS, job_name).get("attempt", 0) >= 1, 40)
+        wait_for("gang created", lambda: len(api.pods(NS, job_name)) == 2, 90)
+        wait_for("attempt 1 after the timeout", lambda: api.status(NS, job_name).get("attempt", 0) >= 1, 90)
         assert any(e.reason == "GangTimeout" and e.type == "Warning" for e in api.events(NS, job_name))
         st = api.status(NS, job_name)
         assert st["restarts"]["total"] == 0, "a gang timeout spends no failure budget"
@@ -336,8 +336,8 @@ def test_cleanup_on_delete_removes_checkpoints_then_the_finalizer(api: Api, oper
     spec["checkpoint"]["cleanupOnDelete"] = True
     api.create_job(NS, job_name, spec)
     try:
-        wait_for("our finalizer", lambda: "railyard.dev/checkpoint-cleanup" in (api.job(NS, job_name)["metadata"].get("finalizers") or []), 20)
-        started = wait_for("both pods started", lambda: len(workload.started(0)) == 2 and workload.started(0), 40)
+        wait_for("our finalizer", lambda: "railyard.dev/checkpoint-cleanup" in (api.job(NS, job_name)["metadata"].get("finalizers") or []), 90)
+        started = wait_for("both pods started", lambda: len(workload.started(0)) == 2 and workload.started(0), 90)
         markers = [Path(s["env"][var]) / job_name / f"marker-{i}" for i, s in started.items()
                    for var in ("RAILYARD_CHECKPOINT_MEMORY_DIR", "RAILYARD_CHECKPOINT_SHARED_DIR")]
         assert all(m.exists() for m in markers), markers
