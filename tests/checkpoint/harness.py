@@ -1,0 +1,402 @@
+"""Multi-process scenarios for the checkpoint tests (imported by spawned gloo ranks).
+
+A small stand-in model (an MLP sharded with FSDP2 ``fully_shard`` over a CPU gloo mesh), the
+trainer's WarmupCosine schedule and a stateful counter data loader stand in for the trainer;
+every rank plays a pod's process. Each scenario writes what it observed into
+``<tmp>/result-<name>-rank<r>.json``; the tests assert on those values.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+from collections.abc import Callable
+from datetime import timedelta
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor import DTensor
+
+from railyard_trainer.checkpoint import CheckpointManager, NoVerifiedCheckpoint, build_checkpointer
+from railyard_trainer.hooks import TrainContext
+from railyard_trainer.train_state import WarmupCosine
+
+GLOBAL_BATCH = 8
+PROCS_PER_POD = 2
+
+
+class CounterData:
+    """Batches are a pure function of the global sample position (like the trainer's loader)."""
+
+    def __init__(self, rank: int, world: int) -> None:
+        self.rank, self.world, self.position = rank, world, 0
+
+    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        g = torch.Generator().manual_seed(1000 + self.position)
+        x = torch.randn(GLOBAL_BATCH, 16, generator=g)
+        y = torch.randn(GLOBAL_BATCH, 8, generator=g)
+        self.position += GLOBAL_BATCH
+        per = GLOBAL_BATCH // self.world
+        sl = slice(self.rank * per, (self.rank + 1) * per)
+        return x[sl], y[sl]
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"position": self.position}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.position = int(state["position"])
+
+
+class FakeMonitor:
+    """The health monitor's reporting API (note_checkpoint / note_restore)."""
+
+    def __init__(self) -> None:
+        self.events: list[Any] = []
+        self.restored: list[Any] = []
+
+    def note_checkpoint(self, event: Any) -> None:
+        self.events.append(event)
+
+    def note_restore(self, tier: str, step: int) -> None:
+        self.restored.append([tier, step])
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def build_ctx(mesh: DeviceMesh, *, seed: int, job: str, attempt: int = 0) -> TrainContext:
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Linear(16, 64), nn.Tanh(), nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, 8))
+    for layer in model:
+        if isinstance(layer, nn.Linear):
+            fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
+    sched = WarmupCosine(opt, peak_lr=1e-2, warmup_steps=2, total_steps=20)
+    return TrainContext(
+        rank=rank, local_rank=rank % PROCS_PER_POD, world_size=world, node=f"node-{rank // PROCS_PER_POD}",
+        pod_index=rank // PROCS_PER_POD, job=job, attempt=attempt,
+        dims=SimpleNamespace(pp=1, dp=world, tp=1), mesh=mesh, model_parts=[model], optimizer=opt,
+        lr_scheduler=sched, data=CounterData(rank, world),
+    )
+
+
+def train_step(ctx: TrainContext) -> None:
+    model = ctx.model_parts[0]
+    x, y = ctx.data.next_batch()
+    loss = nn.functional.mse_loss(model(x), y)
+    loss.backward()
+    assert ctx.optimizer is not None
+    ctx.optimizer.step()
+    ctx.lr_scheduler.step()
+    ctx.optimizer.zero_grad()
+    ctx.step += 1
+
+
+def full_state(ctx: TrainContext) -> dict[str, torch.Tensor]:
+    """Unsharded parameters and optimizer state (collective)."""
+    out: dict[str, torch.Tensor] = {}
+    model = ctx.model_parts[0]
+    assert ctx.optimizer is not None
+    for name, p in model.named_parameters():
+        out[f"param.{name}"] = _full(p)
+        for k, v in ctx.optimizer.state.get(p, {}).items():
+            out[f"optim.{name}.{k}"] = _full(v) if isinstance(v, torch.Tensor) else torch.tensor(v)
+    return out
+
+
+def _full(t: torch.Tensor) -> torch.Tensor:
+    return (t.full_tensor() if isinstance(t, DTensor) else t).detach().clone()
+
+
+def compare(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> dict[str, Any]:
+    same_keys = sorted(a) == sorted(b)
+    diffs = [float((a[k].float() - b[k].float()).abs().max()) for k in a if k in b]
+    return {"same_keys": same_keys, "n": len(a), "equal": same_keys and all(torch.equal(a[k], b[k]) for k in a),
+            "max_diff": max(diffs) if diffs else -1.0}
+
+
+def trainer_view(ctx: TrainContext) -> dict[str, Any]:
+    return {"step": ctx.step, "position": ctx.data.position, "lr_steps": ctx.lr_scheduler.steps_taken}
+
+
+def tier_env(tmp: Path, pod: int, *, shared: Path | None = None) -> None:
+    os.environ["RAILYARD_CHECKPOINT_MEMORY_DIR"] = str(tmp / "memory" / f"node-{pod}")
+    os.environ["RAILYARD_CHECKPOINT_LOCAL_DIR"] = str(tmp / "local" / f"node-{pod}")
+    os.environ["RAILYARD_CHECKPOINT_SHARED_DIR"] = str(shared or tmp / "shared")
+
+
+def ckpt_config(*, memory: int = 2, local: int = 3, shared: int = 3, keep: int = 2, restore: Any = None) -> dict[str, Any]:
+    return {
+        "checkpoint": {
+            "memory": {"enabled": True, "intervalSteps": memory, "keep": keep, "replicate": True},
+            "local": {"enabled": True, "intervalSteps": local, "keep": keep},
+            "shared": {"enabled": True, "intervalSteps": shared, "keep": keep},
+            "timeoutSeconds": 60,
+        },
+        "restore": restore,
+    }
+
+
+def init(rank: int, world: int, port: int) -> tuple[DeviceMesh, dist.ProcessGroup]:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=60))
+    mesh = init_device_mesh("cpu", (world,))
+    pg = dist.new_group(backend="gloo", timeout=timedelta(seconds=60))
+    return mesh, pg
+
+
+def record(tmp: Path, name: str, data: dict[str, Any]) -> None:
+    (tmp / f"result-{name}-rank{dist.get_rank()}.json").write_text(json.dumps(data, default=str))
+
+
+def local_weight_bytes(ctx: TrainContext) -> bytes:
+    """This rank's shard of the second layer's weight, as stored in its checkpoint file."""
+    w = ctx.model_parts[0][2].weight
+    local = w.to_local() if isinstance(w, DTensor) else w
+    return bytes(local.detach().contiguous().numpy().tobytes())
+
+
+def flip_inside(path: Path, pattern: bytes) -> None:
+    """Flip the lowest mantissa bit of one float inside ``pattern``: the file still loads."""
+    data = bytearray(path.read_bytes())
+    i = data.find(pattern)
+    assert i >= 0, f"{path}: tensor bytes not found"
+    data[i + (len(pattern) // 8) * 4] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+def run(fn: Callable[..., None], world: int, *args: Any) -> None:
+    import torch.multiprocessing as mp
+
+    mp.spawn(fn, args=(world, free_port(), *args), nprocs=world, join=True)
+
+
+# ----------------------------------------------------------------------------- scenarios
+
+
+def main_scenarios(rank: int, world: int, port: int, tmp_s: str) -> None:
+    """4 ranks = 2 pods x 2: save/restore equality, replica recovery, corruption fallback,
+    SDC-suspect skip, failing shared tier; writes the step-6 reference for the reshard test."""
+    tmp = Path(tmp_s)
+    mesh, pg = init(rank, world, port)
+    pod = rank // PROCS_PER_POD
+    tier_env(tmp, pod)
+
+    def manager(ctx: TrainContext, **cfg: Any) -> CheckpointManager:
+        return build_checkpointer(ckpt_config(**cfg), ctx, process_group=pg)
+
+    # -- uninterrupted run with saves: memory every 2 (keep 2), local and shared every 3.
+    ctx = build_ctx(mesh, seed=0, job="main")
+    m1 = manager(ctx)
+    fresh = m1.restore(ctx)
+    refs: dict[int, dict[str, torch.Tensor]] = {}
+    views: dict[int, dict[str, Any]] = {}
+    shard_bytes: dict[int, bytes] = {}
+    blocked_during: list[bool] = []
+    for _ in range(8):
+        train_step(ctx)
+        m1.maybe_save(ctx, checks_passed=True)
+        blocked_during.append(m1.is_saving())
+        if ctx.step in (6, 8):
+            refs[ctx.step] = full_state(ctx)
+            views[ctx.step] = trainer_view(ctx)
+            shard_bytes[ctx.step] = local_weight_bytes(ctx)
+    finished = m1.wait(60)
+    for _ in range(2):  # steps 9, 10 without saves: the continuation reference
+        train_step(ctx)
+    refs[10] = full_state(ctx)
+    events = m1.drain_events()
+    m1.close()
+    if rank == 0:
+        torch.save({"ref6": refs[6], "view6": views[6]}, tmp / "ref6.pt")
+    committed = {
+        tier: sorted(int(p.parent.name[5:]) for p in (tmp / tier / f"node-{pod}" / "main").glob("step-*/manifest.json"))
+        for tier in ("memory", "local")
+    }
+    committed["shared"] = sorted(int(p.parent.name[5:]) for p in (tmp / "shared" / "main").glob("step-*/manifest.json"))
+    record(tmp, "save", {
+        "fresh_restore": fresh is None, "finished": finished, "committed": committed,
+        "events": [[e.tier, e.step, e.ok, e.bytes, e.blocked_s, e.duration_s] for e in events],
+        "saving_seen": any(blocked_during),
+    })
+
+    # -- restore into a differently initialised model: equals step 8, then continues like 9-10.
+    ctx2 = build_ctx(mesh, seed=123, job="main", attempt=1)
+    monitor = FakeMonitor()
+    ctx2.extra["health_monitor"] = monitor
+    m2 = build_checkpointer(ckpt_config(restore={"tier": "memory", "step": 8, "lastStep": 11}), ctx2, process_group=pg)
+    res = m2.restore(ctx2)
+    eq8 = compare(full_state(ctx2), refs[8])
+    view_after = trainer_view(ctx2)
+    for _ in range(2):
+        train_step(ctx2)
+    eq10 = compare(full_state(ctx2), refs[10])
+    restore_events = [[e.kind, e.tier, e.step, e.steps_lost] for e in monitor.events]
+    m2.close()
+    record(tmp, "restore", {
+        "tier": res.tier if res else None, "step": res.step if res else None, "eq8": eq8, "eq10": eq10,
+        "view": view_after, "view_ref": views[8], "events": restore_events, "noted": monitor.restored,
+        "left_to_drain": len(m2.drain_events()),
+    })
+
+    # -- node lost: pod 1's memory tier wiped; its shards come from pod 0's replica.
+    dist.barrier()
+    if rank == 2:
+        shutil.rmtree(tmp / "memory" / "node-1")
+    dist.barrier()
+    ctx3 = build_ctx(mesh, seed=7, job="main", attempt=2)
+    m3 = manager(ctx3)
+    res3 = m3.restore(ctx3)
+    eq = compare(full_state(ctx3), refs[8])
+    healed = (tmp / "memory" / f"node-{pod}" / "main" / "step-00000008" / f"rank-{rank:05d}" / ".metadata").exists()
+    m3.close()
+    record(tmp, "replica", {"tier": res3.tier if res3 else None, "step": res3.step if res3 else None,
+                            "eq8": eq, "healed": healed, "detail": res3.detail if res3 else ""})
+
+    # -- silently corrupt memory step 8 (one bit inside rank 0's weights, in its only copy
+    #    with a manifest, loaded in place; the file still loads): only the checksum can
+    #    catch it -> step 6.
+    patterns: list[Any] = [None] * world
+    dist.all_gather_object(patterns, shard_bytes[8])
+    dist.barrier()
+    if rank == 0:
+        flip_inside(tmp / "memory" / "node-0" / "main" / "step-00000008" / "rank-00000" / "__0_0.distcp", patterns[0])
+    dist.barrier()
+    ctx4 = build_ctx(mesh, seed=8, job="main", attempt=3)
+    m4 = manager(ctx4)
+    res4 = m4.restore(ctx4)
+    eq4 = compare(full_state(ctx4), refs[6])
+    view4 = trainer_view(ctx4)
+    m4.close()
+    # -- and corrupt every memory copy of step 6 as well: the local tier's step 6 is next.
+    dist.all_gather_object(patterns, shard_bytes[6])
+    dist.barrier()
+    if rank == 0:
+        flip_inside(tmp / "memory" / "node-0" / "main" / "step-00000006" / "rank-00001" / "__0_0.distcp", patterns[1])
+    dist.barrier()
+    ctx5 = build_ctx(mesh, seed=9, job="main", attempt=4)
+    m5 = manager(ctx5)
+    res5 = m5.restore(ctx5)
+    eq5 = compare(full_state(ctx5), refs[6])
+    m5.close()
+    record(tmp, "corrupt", {
+        "first": [res4.tier, res4.step] if res4 else None, "first_eq6": eq4, "first_view": view4,
+        "view_ref": views[6], "first_detail": res4.detail if res4 else "",
+        "second": [res5.tier, res5.step] if res5 else None, "second_eq6": eq5,
+    })
+
+    # -- SDC-suspect step and a failing shared tier (a file where its directory should be) plus
+    #    one rank's injected IOError on the local tier: training goes on, failures are events.
+    bad_shared = tmp / "not-a-dir"
+    if rank == 0:
+        bad_shared.write_text("x")
+    dist.barrier()
+    tier_env(tmp, pod, shared=bad_shared / "shared")
+    ctx6 = build_ctx(mesh, seed=0, job="flaky")
+    faults = {"before_write": _fail_local_on_rank3}
+    m6 = build_checkpointer(ckpt_config(memory=2, local=2, shared=2), ctx6, process_group=pg, faults=faults)
+    for _ in range(6):
+        train_step(ctx6)
+        m6.maybe_save(ctx6, checks_passed=ctx6.step != 6)
+    m6.wait(60)
+    ev6 = [[e.tier, e.step, e.ok, e.sdc_passed, e.detail[:200]] for e in m6.drain_events()]
+    m6.close()
+    ctx7 = build_ctx(mesh, seed=5, job="flaky", attempt=1)
+    m7 = build_checkpointer(ckpt_config(memory=2, local=2, shared=2), ctx7, process_group=pg)
+    res7 = m7.restore(ctx7)
+    m7.close()
+    record(tmp, "flaky", {"steps_done": ctx6.step, "events": ev6,
+                          "restored": [res7.tier, res7.step] if res7 else None})
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def _fail_local_on_rank3(tier: str, step: int, rank: int) -> None:
+    if tier == "local" and rank == 3:
+        raise OSError(28, "No space left on device (injected)")
+
+
+def kill_scenario(rank: int, world: int, port: int, tmp_s: str) -> None:
+    """2 pods x 1 rank: step 2 saved; rank 1 dies in the middle of the step-4 memory save."""
+    global PROCS_PER_POD
+    PROCS_PER_POD = 1
+    tmp = Path(tmp_s)
+    mesh, pg = init(rank, world, port)
+    tier_env(tmp, rank)
+    ctx = build_ctx(mesh, seed=0, job="killed")
+    faults = {"after_write": _die_on_rank1_step4}
+    cfg = ckpt_config(memory=2, local=100, shared=100)
+    m = build_checkpointer(cfg, ctx, process_group=pg, faults=faults)
+    for _ in range(4):
+        train_step(ctx)
+        m.maybe_save(ctx, checks_passed=True)
+        if ctx.step == 2:
+            m.wait(60)
+            (tmp / f"kill-step2-rank{rank}.ok").write_text(json.dumps(full_state(ctx)["param.0.weight"].tolist()))
+    m.wait(60)
+    # Rank 1 is gone; rank 0 fails on its next collective.
+    train_step(ctx)
+
+
+def _die_on_rank1_step4(tier: str, step: int, rank: int) -> None:
+    if tier == "memory" and step == 4 and rank == 1:
+        os._exit(137)
+
+
+def restore_scenario(rank: int, world: int, port: int, tmp_s: str, main_tmp_s: str) -> None:
+    """2 ranks: the killed job restores its last committed step; the 4-rank job's shared
+    checkpoint restores onto 2 ranks (DCP resharding)."""
+    global PROCS_PER_POD
+    PROCS_PER_POD = 1
+    tmp, main_tmp = Path(tmp_s), Path(main_tmp_s)
+    mesh, pg = init(rank, world, port)
+    tier_env(tmp, rank)
+    ctx = build_ctx(mesh, seed=3, job="killed", attempt=1)
+    m = build_checkpointer(ckpt_config(memory=2, local=100, shared=100), ctx, process_group=pg)
+    res = m.restore(ctx)
+    w = full_state(ctx)["param.0.weight"].tolist()
+    m.close()
+    saved_w = json.loads((tmp / "kill-step2-rank0.ok").read_text())
+    # The operator says step 5 exists, but nothing verifiable does: refuse to start fresh.
+    ctx0 = build_ctx(mesh, seed=3, job="vanished", attempt=1)
+    m0 = build_checkpointer(ckpt_config(restore={"tier": "memory", "step": 5}), ctx0, process_group=pg)
+    try:
+        m0.restore(ctx0)
+        refused: list[Any] = ["restored anyway"]
+    except NoVerifiedCheckpoint as exc:
+        refused = [exc.exit_code, str(exc)]
+    m0.close()
+    step4 = tmp / "memory" / f"node-{rank}" / "killed" / "step-00000004"
+    # Reshard: the main run's shared tier (written by 4 ranks) onto 2 ranks; node tiers of
+    # pod 0 are visible too but were written with 4 ranks, so they are rejected.
+    tier_env(main_tmp, 0)
+    ctx2 = build_ctx(mesh, seed=11, job="main", attempt=9)
+    m2 = build_checkpointer(ckpt_config(), ctx2, process_group=pg)
+    res2 = m2.restore(ctx2)
+    ref = torch.load(main_tmp / "ref6.pt")
+    eq = compare(full_state(ctx2), ref["ref6"])
+    m2.close()
+    record(tmp, "after_kill", {
+        "restored": [res.tier, res.step] if res else None, "weights_equal_step2": w == saved_w,
+        "refused": refused,
+        "step4_dir_exists": step4.exists(), "step4_has_files": any(step4.rglob("*.distcp")) if step4.exists() else False,
+        "step4_manifest": (step4 / "manifest.json").exists(),
+        "reshard": [res2.tier, res2.step] if res2 else None, "reshard_eq6": eq,
+        "reshard_view": trainer_view(ctx2), "view_ref": ref["view6"],
+    })
+    dist.barrier()
+    dist.destroy_process_group()
