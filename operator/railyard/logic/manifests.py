@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import json
+import zlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -30,7 +31,9 @@ CONFIG_DIR = "/etc/railyard"
 CONFIG_FILE = "config.json"
 RANK_TABLE_FILE = "ranktable.json"
 TOKEN_KEY = "token"
-MASTER_PORT = 29500
+#: Rendezvous ports are drawn from this range per job and attempt (see rendezvous_port).
+RENDEZVOUS_PORT_BASE = 20000
+RENDEZVOUS_PORT_SPAN = 20000
 CONTAINER_NAME = "trainer"
 DEFAULT_COMMAND = ("railyard-train",)
 CHECKPOINT_MOUNTS = {"memory": "/railyard/checkpoints/memory", "local": "/railyard/checkpoints/local", "shared": "/railyard/checkpoints/shared"}
@@ -108,6 +111,15 @@ def _meta(name: str, namespace: str, labels: Mapping[str, str], owner: Mapping[s
 # objects --------------------------------------------------------------------------------------
 
 
+def rendezvous_port(job: str, namespace: str, attempt: int) -> int:
+    """The rendezvous (TCPStore) port of one attempt: deterministic, so a re-run of a handler
+    builds the same pods, and different per job and attempt, so gangs that share a host's port
+    space (the local cluster, hostNetwork pods) or a lingering process of the previous attempt
+    never collide on it."""
+    digest = zlib.crc32(f"{namespace}/{job}/{attempt}".encode())
+    return RENDEZVOUS_PORT_BASE + digest % RENDEZVOUS_PORT_SPAN
+
+
 def build_service(job: str, namespace: str, owner: Mapping[str, Any]) -> dict[str, Any]:
     """Headless, publishing not-ready addresses: rendezvous must resolve before pods are Ready."""
     return {
@@ -118,7 +130,8 @@ def build_service(job: str, namespace: str, owner: Mapping[str, Any]) -> dict[st
             "clusterIP": "None",
             "publishNotReadyAddresses": True,
             "selector": {JOB_LABEL: job},
-            "ports": [{"name": "rendezvous", "port": MASTER_PORT, "targetPort": MASTER_PORT, "protocol": "TCP"}],
+            # Headless: DNS only, no proxying, so the per-attempt rendezvous port needs no entry.
+            "ports": [{"name": "rendezvous", "port": RENDEZVOUS_PORT_BASE, "protocol": "TCP"}],
         },
     }
 
@@ -191,7 +204,7 @@ def with_addresses(table: RankTable, namespace: str) -> RankTable:
     return RankTable(
         job=table.job, attempt=table.attempt, pp=table.pp, dp=table.dp, tp=table.tp,
         procs_per_node=table.procs_per_node, pods=pods, ranks=table.ranks,
-        master_addr=pod_address(table.job, namespace, 0), master_port=MASTER_PORT,
+        master_addr=pod_address(table.job, namespace, 0), master_port=rendezvous_port(table.job, namespace, table.attempt),
     )
 
 
@@ -248,7 +261,7 @@ def build_pod_env(
         {"name": "RAILYARD_NAMESPACE", "value": namespace},
         {"name": "RAILYARD_ATTEMPT", "value": str(attempt)},
         {"name": "MASTER_ADDR", "value": pod_address(job, namespace, 0)},
-        {"name": "MASTER_PORT", "value": str(MASTER_PORT)},
+        {"name": "MASTER_PORT", "value": str(rendezvous_port(job, namespace, attempt))},
         {"name": "RAILYARD_HEARTBEAT_URL", "value": heartbeat_url},
         {"name": "RAILYARD_HEARTBEAT_TOKEN", "valueFrom": {"secretKeyRef": {"name": secret_name(job), "key": TOKEN_KEY}}},
         {"name": "RAILYARD_CHECKPOINT_MEMORY_DIR", "value": CHECKPOINT_MOUNTS["memory"]},
@@ -294,7 +307,7 @@ def build_pod(
         "imagePullPolicy": spec.image_pull_policy,
         "command": list(spec.command) if spec.command else list(DEFAULT_COMMAND),
         "env": build_pod_env(spec, job=job, namespace=namespace, attempt=attempt, pod_index=pod_index, heartbeat_url=heartbeat_url),
-        "ports": [{"name": "rendezvous", "containerPort": MASTER_PORT, "protocol": "TCP"}],
+        "ports": [{"name": "rendezvous", "containerPort": rendezvous_port(job, namespace, attempt), "protocol": "TCP"}],
         "resources": resources,
         "volumeMounts": mounts,
         "securityContext": container_sc,
