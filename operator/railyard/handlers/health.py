@@ -5,11 +5,12 @@ progress (step, loss, checkpoints, restore) into the status."""
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from railyard.api.trainingjob import CheckpointRef, RestoreStatus, StragglerStatus, TrainingJob
-from railyard.logic.checkpoint import latest_verified_per_tier
+from railyard.logic.checkpoint import compute_steps_lost, latest_verified_per_tier
 from railyard.logic.conditions import format_time, parse_time
 from railyard.logic.failures import Failure, build_verdict_failure
 from railyard.logic.gang import attempt_of, pod_index_of
@@ -63,6 +64,10 @@ def _copy_progress(c: Any, window: Any, decision: Any) -> None:
     update: dict[str, Any] = {}
     if window.max_step >= 0 and window.max_step != st.step:
         update["step"] = int(window.max_step)
+        loss, tokens_per_s = window.progress()
+        if loss is not None and math.isfinite(loss):
+            update["loss"] = round(float(loss), 5)
+        update["tokens_per_second"] = round(float(tokens_per_s), 1)
     stragglers = [
         StragglerStatus(rank=s.rank, node=s.node, score=round(float(s.score), 4), since=format_time(c.now))
         for s in decision.stragglers
@@ -84,7 +89,10 @@ def _copy_progress(c: Any, window: Any, decision: Any) -> None:
             update["checkpoints"] = refs
             update["last_checkpoint"] = max(refs, key=lambda r: (r.step, -("memory", "local", "shared").index(r.tier) if r.tier in ("memory", "local", "shared") else 0))
     if window.restored_tier and (st.restore is None or st.restore.tier != window.restored_tier or st.restore.step != window.restored_step):
-        lost = max(st.step - window.restored_step, 0) if window.restored_step >= 0 else 0
+        # the previous attempt's newest step (kept by the store across the attempt change);
+        # st.step may already show the new attempt's progress
+        last = window.previous_max_step if window.previous_max_step >= 0 else st.step
+        lost = compute_steps_lost(last, window.restored_step) if window.restored_step >= 0 else 0
         update["restore"] = RestoreStatus(tier=window.restored_tier, step=window.restored_step, steps_lost=lost)
     if update:
         c.st = st.model_copy(update=update)

@@ -187,6 +187,8 @@ class JobWindow:
         self.checkpoints: dict[str, deque[tuple[float, CheckpointEvent]]] = {}
         self.restored_tier = ""
         self.restored_step = -1
+        #: The newest step the previous attempt reported (-1: unknown), for steps lost.
+        self.previous_max_step = -1
         self.batches = 0
         self.rank_beats = 0
 
@@ -225,6 +227,15 @@ class JobWindow:
     def health_events(self) -> Sequence[HealthEvent]:
         return list(self.health)
 
+    def progress(self) -> tuple[float | None, float]:
+        """Loss and tokens/s of the newest step any rank reported (both are global values that
+        every rank computes; the first rank at the newest step is taken)."""
+        for rw in self.ranks.values():
+            b = rw.last_beat
+            if b is not None and b.step == self.max_step:
+                return b.loss, b.tokens_per_s
+        return None, 0.0
+
     def last_checkpoints(self) -> dict[str, CheckpointEvent]:
         """Newest checkpoint event per tier."""
         return {tier: q[-1][1] for tier, q in self.checkpoints.items() if q}
@@ -249,7 +260,9 @@ class HeartbeatStore:
         key = (namespace, job)
         jw = self._jobs.get(key)
         if jw is None or attempt > jw.attempt:
+            previous = max(jw.max_step, jw.previous_max_step) if jw is not None else -1
             jw = self._jobs[key] = JobWindow(namespace, job, attempt, self.window)
+            jw.previous_max_step = previous
         return jw
 
     def forget_job(self, namespace: str, job: str) -> None:
