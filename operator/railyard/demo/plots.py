@@ -1,0 +1,134 @@
+"""Pictures of a demo run: loss with restart markers, phases per attempt, placement on the
+topology. matplotlib with the Agg backend; nothing is shown, PNGs are written."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from railyard.demo.record import Record
+
+PHASE_COLORS = {
+    "Pending": "#bbbbbb", "Placing": "#9ecae1", "Starting": "#6baed6", "Running": "#31a354",
+    "Restarting": "#fd8d3c", "Suspended": "#969696", "Succeeded": "#006d2c", "Failed": "#de2d26",
+}
+
+
+def draw_all(record: Record, out: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    out.mkdir(parents=True, exist_ok=True)
+    return [draw_loss(record, out / "loss.png"), draw_timeline(record, out / "timeline.png"), draw_placement(record, out / "placement.png")]
+
+
+def _restarts(record: Record) -> list[tuple[float, int]]:
+    out = []
+    for a, b in zip(record.samples, record.samples[1:], strict=False):
+        if b.attempt > a.attempt:
+            out.append((b.t - record.started_at, b.attempt))
+    return out
+
+
+def draw_loss(record: Record, path: Path) -> Path:
+    import matplotlib.pyplot as plt
+
+    fig, (ax_loss, ax_step) = plt.subplots(2, 1, figsize=(9, 6), sharex=True)
+    attempts = sorted({s.attempt for s in record.samples})
+    for attempt in attempts:
+        pts = [(s.t - record.started_at, s.loss, s.step) for s in record.samples if s.attempt == attempt and s.loss is not None]
+        if pts:
+            ax_loss.plot([p[0] for p in pts], [p[1] for p in pts], ".-", label=f"attempt {attempt}")
+            ax_step.plot([p[0] for p in pts], [p[2] for p in pts], "-", label=f"attempt {attempt}")
+    for t, attempt in _restarts(record):
+        for ax in (ax_loss, ax_step):
+            ax.axvline(t, color="#de2d26", linestyle="--", linewidth=1)
+        ax_loss.annotate(f"restart -> attempt {attempt}", (t, ax_loss.get_ylim()[1]), rotation=90, va="top", ha="right", fontsize=8, color="#de2d26")
+    for t, what in record.actions:
+        ax_step.axvline(t - record.started_at, color="#756bb1", linestyle=":", linewidth=1)
+        ax_step.annotate(what, (t - record.started_at, 0), rotation=90, va="bottom", ha="right", fontsize=8, color="#756bb1")
+    ax_loss.set_ylabel("loss")
+    ax_loss.set_title("Training loss; dashed: restarts, dotted: injected faults")
+    ax_loss.legend(fontsize=8)
+    ax_step.set_ylabel("step")
+    ax_step.set_xlabel("seconds since kubectl apply")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def phase_spans(record: Record) -> list[tuple[int, str, float, float]]:
+    """(attempt, phase, start, end) spans in seconds since the start."""
+    spans: list[tuple[int, str, float, float]] = []
+    end = (record.finished_at or (record.samples[-1].t if record.samples else record.started_at)) - record.started_at
+    for i, s in enumerate(record.samples):
+        nxt = record.samples[i + 1].t - record.started_at if i + 1 < len(record.samples) else end
+        start = s.t - record.started_at
+        if spans and spans[-1][0] == s.attempt and spans[-1][1] == s.phase:
+            spans[-1] = (s.attempt, s.phase, spans[-1][2], nxt)
+        else:
+            spans.append((s.attempt, s.phase, start, nxt))
+    return spans
+
+
+def draw_timeline(record: Record, path: Path) -> Path:
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+
+    spans = phase_spans(record)
+    attempts = sorted({a for a, *_ in spans}) or [0]
+    fig, ax = plt.subplots(figsize=(9, 1.2 + 0.6 * len(attempts)))
+    for attempt, phase, start, end in spans:
+        ax.broken_barh([(start, max(end - start, 0.05))], (attempt - 0.35, 0.7), color=PHASE_COLORS.get(phase, "#cccccc"))
+    ax.set_yticks(attempts, [f"attempt {a}" for a in attempts])
+    ax.invert_yaxis()
+    ax.set_xlabel("seconds since kubectl apply")
+    ax.set_title("Phases per attempt")
+    used = sorted({p for _, p, *_ in spans}, key=list(PHASE_COLORS).index)
+    ax.legend(handles=[Patch(color=PHASE_COLORS[p], label=p) for p in used], fontsize=8, ncol=len(used), loc="upper center", bbox_to_anchor=(0.5, -0.35))
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def draw_placement(record: Record, path: Path) -> Path:
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import FancyBboxPatch
+
+    nodes = sorted(record.topology, key=lambda n: (record.topology[n], n))
+    leaves: dict[tuple[str, str], list[str]] = {}
+    for n in nodes:
+        leaves.setdefault(record.topology[n], []).append(n)
+    first = record.placements.get(min(record.placements), []) if record.placements else []
+    last_attempt = max(record.placements) if record.placements else 0
+    last = record.placements.get(last_attempt, [])
+    spares = set(record.spares.get(last_attempt, []))
+    quarantined = set((record.final_status and [q.get("node", "") for q in record.final_status.get("quarantinedNodes") or []]) or [])
+    fig, ax = plt.subplots(figsize=(2.2 * max(len(nodes), 2), 3.2))
+    x = 0.0
+    for (spine, leaf), members in sorted(leaves.items()):
+        left = x
+        for n in members:
+            label = n
+            color = "#f0f0f0"
+            if n in quarantined:
+                color, label = "#fcbba1", f"{n}\nquarantined"
+            elif n in last:
+                color, label = "#a1d99b", f"{n}\npod {last.index(n)}" + (" (moved)" if n not in first else "")
+            elif n in spares:
+                color, label = "#c6dbef", f"{n}\nspare"
+            ax.add_patch(FancyBboxPatch((x, 0), 1.8, 1, boxstyle="round,pad=0.05", facecolor=color, edgecolor="#333333"))
+            ax.text(x + 0.9, 0.5, label, ha="center", va="center", fontsize=8)
+            x += 2.0
+        ax.plot([left + 0.9, x - 1.1], [1.35, 1.35], color="#555555")
+        ax.text((left + x - 0.2) / 2, 1.5, f"{spine} / {leaf}", ha="center", fontsize=9)
+        x += 0.5
+    ax.set_xlim(-0.3, x)
+    ax.set_ylim(-0.3, 1.9)
+    ax.axis("off")
+    ax.set_title(f"Placement of the final gang (attempt {last_attempt}); TP inside each node, FSDP across nodes on one rail")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -1,0 +1,137 @@
+"""What the demo observed, and the summary computed from it. Pure: no clock, no I/O.
+
+The runner appends a :class:`Sample` of the TrainingJob's status every poll and a
+:class:`Decision` for every Event the operator emits; :func:`summarise` turns the record into
+the numbers the demo prints (and checks against the status and the operator's metrics).
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Sample:
+    t: float
+    phase: str
+    attempt: int
+    step: int
+    loss: float | None
+    tokens_per_s: float
+
+
+@dataclass(frozen=True)
+class Decision:
+    t: float
+    reason: str
+    message: str
+    kind: str = "Normal"
+
+
+@dataclass(frozen=True)
+class Restore:
+    attempt: int
+    tier: str
+    step: int
+    steps_lost: int
+
+
+@dataclass
+class Record:
+    started_at: float
+    samples: list[Sample] = field(default_factory=list)
+    decisions: list[Decision] = field(default_factory=list)
+    #: attempt -> node per pod index
+    placements: dict[int, list[str]] = field(default_factory=dict)
+    spares: dict[int, list[str]] = field(default_factory=dict)
+    #: node -> (spine, leaf)
+    topology: dict[str, tuple[str, str]] = field(default_factory=dict)
+    #: scenario actions the runner took: (t, what)
+    actions: list[tuple[float, str]] = field(default_factory=list)
+    final_status: dict[str, Any] = field(default_factory=dict)
+    finished_at: float | None = None
+
+    def add_sample(self, sample: Sample) -> bool:
+        """Keep a sample when something a person would see changed; True if kept."""
+        last = self.samples[-1] if self.samples else None
+        if last and (last.phase, last.attempt, last.step) == (sample.phase, sample.attempt, sample.step):
+            return False
+        self.samples.append(sample)
+        return True
+
+
+@dataclass(frozen=True)
+class Summary:
+    phase: str
+    wall_s: float
+    steps: int
+    goodput: float
+    restarts: dict[str, int]
+    steps_lost: int
+    restores: list[Restore]
+    quarantined: list[str]
+    stragglers: list[str]
+    time_to_first_step_s: float | None
+
+
+def restores_from_status(history: list[dict[str, Any]]) -> list[Restore]:
+    """One restore per attempt > 0, from the ``status.restore`` seen in each attempt."""
+    seen: dict[int, Restore] = {}
+    for status in history:
+        restore = status.get("restore") or {}
+        attempt = int(status.get("attempt", 0))
+        if attempt > 0 and restore.get("tier"):
+            seen[attempt] = Restore(attempt, str(restore["tier"]), int(restore.get("step", -1)), int(restore.get("stepsLost", 0)))
+    return [seen[a] for a in sorted(seen)]
+
+
+def summarise(record: Record, restores: list[Restore]) -> Summary:
+    """Goodput here is the share of wall time (from the job's creation to its end) that produced
+    steps the final model kept: kept steps x the clean median step time / wall time. Restarts,
+    detection, restore and recomputed steps all count as lost."""
+    status = record.final_status
+    end = record.finished_at if record.finished_at is not None else (record.samples[-1].t if record.samples else record.started_at)
+    wall = max(end - record.started_at, 1e-9)
+    steps = int(status.get("step", record.samples[-1].step if record.samples else 0))
+    step_times = _clean_step_times(record.samples)
+    median = sorted(step_times)[len(step_times) // 2] if step_times else 0.0
+    restarts = {k: int(v) for k, v in (status.get("restarts") or {}).items() if isinstance(v, int)}
+    first = next((s.t for s in record.samples if s.step > 0), None)
+    return Summary(
+        phase=str(status.get("phase", record.samples[-1].phase if record.samples else "Unknown")),
+        wall_s=wall,
+        steps=steps,
+        goodput=min(1.0, steps * median / wall),
+        restarts=restarts,
+        steps_lost=sum(r.steps_lost for r in restores),
+        restores=restores,
+        quarantined=[q.get("node", "") for q in status.get("quarantinedNodes") or []],
+        stragglers=sorted({f"rank {s.get('rank')} on {s.get('node')}" for s in status.get("stragglers") or []}),
+        time_to_first_step_s=None if first is None else first - record.started_at,
+    )
+
+
+def _clean_step_times(samples: list[Sample]) -> list[float]:
+    """Per-step wall time between consecutive samples of the same attempt that advanced."""
+    out: list[float] = []
+    for a, b in itertools.pairwise(samples):
+        if a.attempt == b.attempt and b.step > a.step and a.phase == b.phase == "Running":
+            out.append((b.t - a.t) / (b.step - a.step))
+    return out
+
+
+def format_summary(s: Summary) -> str:
+    lines = [
+        f"  result          {s.phase} after {s.wall_s:.0f} s, {s.steps} steps",
+        f"  goodput         {s.goodput * 100:.0f}% of wall time produced kept steps",
+        "  restarts        " + (", ".join(f"{k} {v}" for k, v in s.restarts.items() if k not in ("total",) and v) or "none") + f" (total {s.restarts.get('total', 0)})",
+        f"  steps lost      {s.steps_lost}",
+        "  restores        " + ("; ".join(f"attempt {r.attempt}: {r.tier} tier at step {r.step} ({r.steps_lost} lost)" for r in s.restores) or "none"),
+        "  quarantined     " + (", ".join(s.quarantined) or "none"),
+        "  stragglers      " + (", ".join(s.stragglers) or "none flagged at the end"),
+    ]
+    if s.time_to_first_step_s is not None:
+        lines.append(f"  first step      {s.time_to_first_step_s:.0f} s after apply")
+    return "\n".join(lines)

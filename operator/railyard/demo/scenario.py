@@ -1,0 +1,152 @@
+"""The demo's fault scenario: which faults happen, at which training step, on which rank/node.
+
+Defaults give the three faults the demo is about; each can be turned off or moved with flags or
+a YAML scenario file (``--scenario``), e.g.::
+
+    steps: 80
+    nodeFailure: {step: 25}          # fail the node running pod 1 at step 25 (null: off)
+    straggler: {step: 10, factor: 1.6, node: auto}
+    bitflip: {step: 50, rank: 1, target: grad}
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class ScenarioError(ValueError):
+    """A scenario that cannot run; the message names the field."""
+
+
+@dataclass(frozen=True)
+class NodeFailure:
+    step: int
+    #: Pod index whose node fails (its memory tier is lost with it).
+    pod_index: int = 1
+
+
+@dataclass(frozen=True)
+class Straggler:
+    step: int
+    factor: float = 1.6
+    #: Pod index whose node is slowed ("auto": the last pod of the gang).
+    pod_index: int = 0
+
+
+@dataclass(frozen=True)
+class BitFlip:
+    step: int
+    rank: int = 1
+    target: str = "grad"
+
+
+@dataclass(frozen=True)
+class Scenario:
+    steps: int = 80
+    nodes: int = 2
+    procs_per_node: int = 2
+    tensor: int = 2
+    spares: int = 1
+    node_failure: NodeFailure | None = NodeFailure(step=25)
+    straggler: Straggler | None = Straggler(step=6)
+    bitflip: BitFlip | None = BitFlip(step=50)
+    memory_interval: int = 5
+    local_interval: int = 20
+    shared_interval: int = 40
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def validate(self) -> None:
+        problems = []
+        if self.steps < 10:
+            problems.append("steps: at least 10")
+        for name, fault in (("nodeFailure", self.node_failure), ("straggler", self.straggler), ("bitflip", self.bitflip)):
+            if fault is not None and not 1 <= fault.step < self.steps:
+                problems.append(f"{name}.step: {fault.step} must be in [1, steps={self.steps})")
+        if self.node_failure and not 0 <= self.node_failure.pod_index < self.nodes:
+            problems.append(f"nodeFailure.podIndex: must be below nodes={self.nodes}")
+        if self.bitflip and not 0 <= self.bitflip.rank < self.nodes * self.procs_per_node:
+            problems.append("bitflip.rank: must be a rank of the job")
+        if self.bitflip and self.bitflip.target not in ("grad", "param"):
+            problems.append("bitflip.target: grad or param")
+        if self.straggler and not 1.0 < self.straggler.factor <= 10:
+            problems.append("straggler.factor: must be in (1, 10]")
+        if self.node_failure and self.spares < 1:
+            problems.append("spares: a node failure needs at least one hot spare to show sticky re-placement")
+        if problems:
+            raise ScenarioError("; ".join(problems))
+
+    @property
+    def cluster_nodes(self) -> int:
+        """Two leaves, enough for the gang, its spares, and two more: one node fails and one is
+        quarantined in the default scenario, and the gang should still find a spare after both."""
+        need = self.nodes + self.spares + 2
+        return need + (need % 2)
+
+    def bitflip_attempt(self) -> int:
+        """The attempt in which the bit flip is injected: after the node failure's restart when
+        that comes first, so the demo shows both."""
+        if self.bitflip and self.node_failure and self.node_failure.step < self.bitflip.step:
+            return 1
+        return 0
+
+    def training_job(self, name: str = "demo") -> dict[str, Any]:
+        faults: list[dict[str, Any]] = []
+        if self.bitflip:
+            faults.append({"kind": "bitflip", "rank": self.bitflip.rank, "step": self.bitflip.step,
+                           "target": self.bitflip.target, "attempt": self.bitflip_attempt()})
+        return {
+            "apiVersion": "railyard.dev/v1alpha1",
+            "kind": "TrainingJob",
+            "metadata": {"name": name, "namespace": "default"},
+            "spec": {
+                "nodes": self.nodes,
+                "procsPerNode": self.procs_per_node,
+                "parallelism": {"tensor": self.tensor},
+                "trainer": {
+                    "preset": "tiny", "steps": self.steps, "batchSize": 8, "seqLen": 64,
+                    "learningRate": 0.003, "warmupSteps": 5, "faults": faults,
+                },
+                "topology": {"preset": "railyard", "mode": "Preferred"},
+                "gang": {"hotSpares": self.spares, "scheduleTimeoutSeconds": 120},
+                "checkpoint": {
+                    "memory": {"intervalSteps": self.memory_interval, "keep": 2},
+                    "local": {"intervalSteps": self.local_interval, "keep": 2},
+                    "shared": {"intervalSteps": self.shared_interval, "keep": 2},
+                },
+                "health": {
+                    "heartbeatIntervalSeconds": 1, "heartbeatTimeoutSeconds": 10,
+                    "straggler": {"threshold": 0.9, "windowSteps": 8, "action": "Report"},
+                    "sdc": {"intervalSteps": 5, "action": "Restart"},
+                },
+                "restartPolicy": {"application": {"limit": 3, "backoffSeconds": 1}},
+                **self.extra,
+            },
+        }
+
+
+def _fault(raw: Any, cls: type, where: str, keys: dict[str, str]) -> Any:
+    if raw is None or raw is False:
+        return None
+    if not isinstance(raw, dict):
+        raise ScenarioError(f"{where}: expected a mapping or null")
+    unknown = set(raw) - set(keys)
+    if unknown:
+        raise ScenarioError(f"{where}: unknown field(s) {sorted(unknown)}; known: {sorted(keys)}")
+    return cls(**{keys[k]: v for k, v in raw.items()})
+
+
+def scenario_from_dict(raw: dict[str, Any]) -> Scenario:
+    known = {"steps", "nodeFailure", "straggler", "bitflip"}
+    unknown = set(raw) - known
+    if unknown:
+        raise ScenarioError(f"scenario: unknown field(s) {sorted(unknown)}; known: {sorted(known)}")
+    base = Scenario()
+    scn = Scenario(
+        steps=int(raw.get("steps", base.steps)),
+        node_failure=_fault(raw.get("nodeFailure", {"step": base.node_failure.step} if base.node_failure else None), NodeFailure, "nodeFailure", {"step": "step", "podIndex": "pod_index"}),
+        straggler=_fault(raw.get("straggler", {"step": base.straggler.step} if base.straggler else None), Straggler, "straggler", {"step": "step", "factor": "factor", "podIndex": "pod_index"}),
+        bitflip=_fault(raw.get("bitflip", {"step": base.bitflip.step} if base.bitflip else None), BitFlip, "bitflip", {"step": "step", "rank": "rank", "target": "target"}),
+    )
+    scn.validate()
+    return scn
