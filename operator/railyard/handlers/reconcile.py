@@ -17,6 +17,7 @@ that flips becomes an Event.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Mapping, Sequence
@@ -39,6 +40,7 @@ from railyard.logic.conditions import (
 )
 from railyard.logic.failures import Failure
 from railyard.logic.gang import (
+    DEFAULT_ECHO_SETTLE_S,
     GangAssessment,
     Unplaceable,
     assess_gang,
@@ -215,7 +217,8 @@ async def _step(c: Cycle, job: TrainingJob) -> float | None:
             rt.tokens.set(c.ns, c.name, token)
             rt.store.begin_attempt(c.ns, c.name, c.st.attempt)
     expected = c.st.placement.node_count if (c.st.placement and c.st.gang_created_time) else spec.nodes
-    a = assess_gang(pods, nodes, attempt=c.st.attempt, expected=expected, now=c.now, not_ready_grace_s=rt.settings.not_ready_grace_s)
+    a = assess_gang(pods, nodes, attempt=c.st.attempt, expected=expected, now=c.now, not_ready_grace_s=rt.settings.not_ready_grace_s,
+                    echo_settle_s=DEFAULT_ECHO_SETTLE_S)
     stale = [p for p in pods if attempt_of(p) != c.st.attempt]
     if stale:
         await c.delete_pods(stale, nodes)
@@ -278,8 +281,21 @@ async def _act(
         return None
     if a.state == "Failed":
         assert a.failure is not None
-        return await _handle_failure(c, job, a.failure, current, nodes)
+        failure = a.failure
+        if failure.cls is FailureClass.SDC and failure.kind == "SDCExitCode":
+            failure = _sdc_culprit(c, job, current, failure)
+        return await _handle_failure(c, job, failure, current, nodes)
     return None
+
+
+def _sdc_culprit(c: Cycle, job: TrainingJob, current: Sequence[Mapping[str, Any]], f: Failure) -> Failure:
+    """Every rank of an SDC vote exits 75, so the exit codes do not say whose node is bad: the
+    suspect named in the heartbeats does. Take the health verdict (pending in the store) when
+    there is one; otherwise restart without quarantining anything (docs/operator.md)."""
+    verdict = evaluate_health(c, job, current)
+    if verdict is not None and verdict.cls is FailureClass.SDC:
+        return verdict
+    return dataclasses.replace(f, nodes=())
 
 
 def _mark_running(c: Cycle, job: TrainingJob, a: GangAssessment) -> None:

@@ -54,10 +54,14 @@ RULES: Mapping[str, Rule] = {
     "PodDeleted": Rule(FailureClass.INFRASTRUCTURE, False, 55, "pod deleted from outside: {detail}"),
     "PodLost": Rule(FailureClass.INFRASTRUCTURE, False, 55, "pod disappeared: {detail}"),
     "Killed": Rule(FailureClass.INFRASTRUCTURE, False, 50, "trainer killed by signal: {detail}"),
-    "InfrastructureExitCode": Rule(FailureClass.INFRASTRUCTURE, False, 40, "collective or rendezvous failure: {detail}"),
-    # the program: lowest priority, a crash of one rank makes its peers fail too
+    # the program: a crash of one rank makes its peers fail too
     "OOMKilled": Rule(FailureClass.APPLICATION, False, 30, "out of memory on a healthy node: {detail}"),
     "ApplicationExitCode": Rule(FailureClass.APPLICATION, False, 20, "trainer exited with code {detail}"),
+    # exit 70 is what a rank reports when a peer or a collective failed: the echo of another
+    # pod's failure, so every other cause explains the gang better (lowest priority). It blames
+    # no node: the first rank to notice a broken collective is not the one that broke it
+    # (docs/operator.md, "Collective errors").
+    "InfrastructureExitCode": Rule(FailureClass.INFRASTRUCTURE, False, 10, "collective or rendezvous failure: {detail}"),
 }
 
 #: Exit-code class -> evidence kind.

@@ -55,7 +55,8 @@ def _phase(pod: Mapping[str, Any]) -> str:
 
 @dataclass(frozen=True, slots=True)
 class GangAssessment:
-    #: Absent, Partial (some pods missing, none started), Gated, Starting, Running, Succeeded, Failed
+    #: Absent, Partial (some pods missing, none started), Gated, Starting, Running, Succeeded,
+    #: Settling (only echo failures so far, the cause may still come), Failed
     state: str
     expected: int
     present: int
@@ -79,7 +80,15 @@ def assess_gang(
     expected: int,
     now: float,
     not_ready_grace_s: float = 0.0,
+    echo_settle_s: float = 0.0,
 ) -> GangAssessment:
+    """What the gang of ``attempt`` is doing.
+
+    ``echo_settle_s``: when the only failures are echoes (:data:`ECHO_KINDS`: exit 70, "a peer
+    or a collective failed") while other pods of the gang still run, wait up to this long after
+    the first echo exited for the cause to show (the crashed rank's own exit code arrives a
+    moment later): state ``Settling`` with ``recheck_after``. 0 decides at once.
+    """
     current = [p for p in pods if attempt_of(p) == attempt]
     stale = tuple(sorted(str((p.get("metadata") or {}).get("name", "")) for p in pods if attempt_of(p) != attempt))
     by_index = {pod_index_of(p): p for p in current}
@@ -108,6 +117,11 @@ def assess_gang(
         # the whole gang existed once (gates are lifted only then): a pod vanished
         failures += [_lost(i) for i in missing]
     root = decide_root_failure(failures)
+    if root is not None and echo_settle_s > 0 and root.kind in ECHO_KINDS:
+        left = _echo_settle_left(current, now, echo_settle_s)
+        if left > 0:
+            recheck = left if recheck == 0 else min(recheck, left)
+            return GangAssessment("Settling", failure=None, failures=tuple(failures), recheck_after=recheck, **base)  # type: ignore[arg-type]
     if root is not None:
         return GangAssessment("Failed", failure=root, failures=tuple(failures), recheck_after=recheck, **base)  # type: ignore[arg-type]
     if not current:
@@ -123,6 +137,36 @@ def assess_gang(
     else:
         state = "Starting"
     return GangAssessment(state, recheck_after=recheck, **base)  # type: ignore[arg-type]
+
+
+#: Evidence kinds that are usually the echo of another pod's failure, not its cause.
+ECHO_KINDS = frozenset({"InfrastructureExitCode"})
+#: How long the operator waits for the cause behind echoes: the trainer's launcher waits 5 s
+#: (RAILYARD_FAIL_GRACE_S) for its other workers before it exits with the most specific code.
+DEFAULT_ECHO_SETTLE_S = 8.0
+
+
+def _echo_settle_left(current: Sequence[Mapping[str, Any]], now: float, settle_s: float) -> float:
+    """Seconds left to wait for the cause behind echo failures: 0 when no pod of the gang is
+    still running, or when an echo's exit time is unknown (decide at once, as before)."""
+    still_running = False
+    first_exit: float | None = None
+    for p in current:
+        terms = [((cs.get("state") or {}).get("terminated") or {}) for cs in (p.get("status") or {}).get("containerStatuses") or ()]
+        terms = [t for t in terms if t]
+        if _phase(p) == "Running" and not terms:
+            still_running = True
+            continue
+        for t in terms:
+            if int(t.get("exitCode", 0) or 0) == 0:
+                continue
+            at = parse_time(str(t.get("finishedAt") or ""))
+            if at is None:
+                return 0.0
+            first_exit = at if first_exit is None else min(first_exit, at)
+    if not still_running or first_exit is None:
+        return 0.0
+    return max(0.0, first_exit + settle_s - now)
 
 
 def _lost(index: int) -> Failure:

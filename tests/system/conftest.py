@@ -1,0 +1,139 @@
+"""Fixtures for the end-to-end system tests: ONE local cluster and ONE operator per module, the
+REAL trainer (``railyard-train``) in every pod, faults injected through ``spec.trainer.faults``
+or node annotations (``local.railyard.dev/fail``, ``local.railyard.dev/slow-factor``).
+
+The cluster here is module-scoped and larger than the session one of tests/conftest.py (it has
+room for several 2-node gangs in parallel, their hot spares, and nodes that get quarantined or
+failed), so the tests of this folder never disturb the nodes of other folders.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from tests.operator.conftest import ROOT, Api, OperatorProcess, _apply_crd, wait_for
+
+SYSTEM_NS = "railyard-system-e2e"
+NODES = 16
+
+__all__ = ["SYSTEM_NS", "Api", "OperatorProcess", "base_spec", "wait_for", "wait_status"]
+
+
+@pytest.fixture(scope="module")
+def local_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    from railyard.local.cluster import LocalCluster
+
+    state = tmp_path_factory.mktemp("railyard-system")
+    # lease every 1 s: a failed node is NotReady within a couple of seconds
+    cluster = LocalCluster(state, mode="embedded", nodes=NODES, gpus_per_node=2, topology="spine=1,leaf=2",
+                           lease_interval=1.0)
+    cluster.start(timeout=120)
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture(scope="module")
+def api(local_cluster: Any) -> Api:
+    import asyncio
+
+    a = Api(Path(local_cluster.kubeconfig))
+    crd = yaml.safe_load((ROOT / "crds" / "trainingjob.yaml").read_text())
+    asyncio.run(_apply_crd(a.kubeconfig, crd))
+    wait_for("the TrainingJob CRD to serve",
+             lambda: a.custom.list_namespaced_custom_object("railyard.dev", "v1alpha1", "default", "trainingjobs") is not None)
+    a.ensure_namespace(SYSTEM_NS)
+    return a
+
+
+@pytest.fixture(scope="module")
+def operator(api: Api, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OperatorProcess]:
+    log = tmp_path_factory.mktemp("operator") / "operator.log"
+    op = OperatorProcess(api.kubeconfig, log, [SYSTEM_NS])
+    try:
+        yield op
+    finally:
+        op.stop()
+
+
+def unique(name: str) -> str:
+    return f"{name}-{uuid.uuid4().hex[:4]}"
+
+
+BASE: dict[str, Any] = {
+    "nodes": 2,
+    "procsPerNode": 1,
+    "trainer": {
+        "preset": "tiny", "steps": 60, "batchSize": 8, "seqLen": 64, "logEverySteps": 1,
+        "collectiveTimeoutSeconds": 60, "watchdogSeconds": 40,
+    },
+    "checkpoint": {
+        "memory": {"intervalSteps": 5, "keep": 2},
+        "local": {"enabled": False},
+        "shared": {"intervalSteps": 1000, "keep": 1},
+    },
+    "health": {
+        "heartbeatIntervalSeconds": 0.5,
+        "heartbeatTimeoutSeconds": 20,
+        "hangTimeoutSeconds": 10,
+        "straggler": {"windowSteps": 10},
+    },
+    "gang": {"scheduleTimeoutSeconds": 180},
+    "restartPolicy": {
+        "application": {"limit": 2, "backoffSeconds": 0},
+        "infrastructure": {"limit": 3, "backoffSeconds": 0},
+        "sdc": {"limit": 2, "backoffSeconds": 0},
+        "straggler": {"limit": 2, "backoffSeconds": 0},
+    },
+}
+
+
+def base_spec(**overrides: Any) -> dict[str, Any]:
+    """A 2-node x 1-rank tiny-preset job of the real trainer; ``overrides`` merge one level deep."""
+    spec = copy.deepcopy(BASE)
+    for key, value in overrides.items():
+        if isinstance(value, dict) and isinstance(spec.get(key), dict):
+            spec[key].update(value)
+        else:
+            spec[key] = value
+    # the default host paths: memory /dev/shm/railyard is per node, shared /mnt/railyard-shared
+    # is one folder for every node (the local cluster's shared host path), both under the
+    # cluster's state dir and then <namespace>/<job>
+    return spec
+
+
+def wait_status(api: Api, name: str, what: str, pred: Callable[[dict[str, Any]], Any], timeout: float,
+                op: OperatorProcess | None = None) -> Any:
+    """Poll the job's status until ``pred(status)`` is truthy; on timeout show status + logs."""
+    try:
+        return wait_for(what, lambda: pred(api.status(SYSTEM_NS, name)), timeout=timeout, interval=0.2)
+    except AssertionError as exc:
+        extra = json.dumps(api.status(SYSTEM_NS, name), indent=1)[:3000]
+        if op is not None:
+            extra += "\n--- operator log ---\n" + op.log_tail(40)
+        raise AssertionError(f"{exc}\n--- status ---\n{extra}") from None
+
+
+def pod_log(local_cluster: Any, pod: str) -> str:
+    base = Path(local_cluster.state_dir) / "apiserver" / "pods" / SYSTEM_NS / pod
+    out = []
+    for f in sorted(base.glob("*.log")) if base.exists() else []:
+        out.append(f"== {f.name}\n" + f.read_text(errors="replace")[-3000:])
+    return "\n".join(out)
+
+
+def now() -> float:
+    return time.time()
+
+
+os.environ.setdefault("RAILYARD_KILL_GRACE_S", "3")

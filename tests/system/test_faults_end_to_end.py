@@ -1,0 +1,272 @@
+"""End to end on the local cluster with the REAL trainer: each fault the system claims to handle
+is injected into its own job, all jobs run in parallel on one cluster and one operator, and each
+test checks what the operator did about it (status, restarts, quarantine, restore) and how fast.
+
+Jobs and their node pools (nodeSelector on a pool label, so a slowed, failed or quarantined node
+never touches another job):
+
+| job | pool | fault |
+|---|---|---|
+| straggler | a (2 nodes) | ``slow`` 1.3x on rank 1 from step 20 |
+| clean | b (2 nodes) | none: nothing may be flagged |
+| crash | f (2 nodes) | ``crash`` on rank 1 at step 12 |
+| hang | c (3 nodes) | ``hang`` on rank 1 at step 15 |
+| sdc | d (4 nodes) | ``bitflip`` grad on rank 1 at step 12 (attempt 0), param on rank 0 at step 22 (attempt 1) |
+| nodefail | e (3 nodes, 1 hot spare) | ``local.railyard.dev/fail=true`` on pod 1's node after step 13 |
+
+Measured numbers are printed (``-s``) and kept in ``RESULTS`` for the report.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from tests.system.conftest import SYSTEM_NS, Api, OperatorProcess, base_spec, unique, wait_status
+
+pytestmark = [pytest.mark.slow, pytest.mark.cluster, pytest.mark.timeout(420)]
+
+POOL = "e2e.railyard.dev/pool"
+POOLS = {"a": 2, "b": 2, "c": 3, "d": 4, "e": 3, "f": 2}
+SLOW = "local.railyard.dev/slow-factor"
+FAIL = "local.railyard.dev/fail"
+MEMORY_INTERVAL = 5
+SLOW_FROM = 20
+CLEAN_STEPS = 120
+RESULTS: dict[str, dict[str, Any]] = {}
+
+
+@dataclass
+class Job:
+    name: str
+    spec: dict[str, Any]
+    #: every distinct status seen by the watcher (phase, attempt, step, stragglers)
+    notes: dict[str, Any] = field(default_factory=dict)
+    driver: threading.Thread | None = None
+
+
+def _terminal(s: dict[str, Any]) -> dict[str, Any] | None:
+    return s if s.get("phase") in ("Succeeded", "Failed") else None
+
+
+@pytest.fixture(scope="module")
+def jobs(api: Api, operator: OperatorProcess) -> dict[str, Job]:
+    """The fault jobs, all at once; the straggler and clean jobs start when they are done
+    (:func:`quiet_jobs`): on a 2-core machine a dozen busy ranks make compute times noisy."""
+    nodes = sorted(n.metadata.name for n in api.core.list_node().items)
+    need = sum(POOLS.values())
+    assert len(nodes) >= need, f"the system cluster has {len(nodes)} nodes, the pools need {need}"
+    i = 0
+    for pool, count in POOLS.items():
+        for n in nodes[i:i + count]:
+            api.core.patch_node(n, {"metadata": {"labels": {POOL: pool}}})
+        i += count
+
+    out = {
+        "crash": make("crash", "f", trainer={"steps": 30, "faults": [{"kind": "crash", "rank": 1, "step": 12}]}),
+        "hang": make("hang", "c", trainer={"steps": 30, "faults": [{"kind": "hang", "rank": 1, "step": 15}]}),
+        "sdc": make("sdc", "d", trainer={"steps": 30, "faults": [
+            {"kind": "bitflip", "target": "grad", "rank": 1, "step": 12, "attempt": 0},
+            {"kind": "bitflip", "target": "param", "rank": 0, "step": 22, "attempt": 1},
+        ]}),
+        "nodefail": make("nodefail", "e", trainer={"steps": 150}, gang={"scheduleTimeoutSeconds": 180, "hotSpares": 1}),
+    }
+    for job in out.values():
+        api.create_job(SYSTEM_NS, job.name, job.spec)
+    driver = threading.Thread(target=_fail_a_node_mid_run, args=(api, out["nodefail"]), daemon=True)
+    driver.start()
+    out["nodefail"].driver = driver
+    return out
+
+
+def _fail_a_node_mid_run(api: Api, job: Job) -> None:
+    """Runs beside the other tests: once the job is past step 13 with a memory checkpoint, fail
+    the node of pod 1 (``local.railyard.dev/fail=true``) and note what the status said then."""
+    try:
+        s = wait_status(api, job.name, "a memory checkpoint and step 13",
+                        lambda s: s if s.get("phase") == "Running" and s.get("step", 0) >= 13 and any(c["tier"] == "memory" for c in s.get("checkpoints") or []) else _terminal(s),
+                        240)
+        if s.get("phase") != "Running":
+            job.notes["error"] = f"the job ended before the node could fail: {s.get('phase')} at step {s.get('step')}"
+            return
+        victim = s["placement"]["nodes"][1]
+        api.annotate_node(victim, {FAIL: "true"})
+        job.notes.update(t_fail=time.time(), before=s["placement"]["nodes"], spares=s["placement"]["spares"], victim=victim,
+                         step_at_fail=int(api.status(SYSTEM_NS, job.name).get("step", 0)))
+    except Exception as exc:  # reported by the test
+        job.notes["error"] = repr(exc)
+
+
+def make(kind: str, pool: str, **overrides: Any) -> Job:
+    return Job(unique(kind), base_spec(nodeSelector={POOL: pool}, **overrides))
+
+
+@pytest.fixture(scope="module")
+def quiet_jobs(api: Api, operator: OperatorProcess, jobs: dict[str, Job]) -> dict[str, Job]:
+    for job in jobs.values():
+        wait_status(api, job.name, "the fault jobs to end first", _terminal, 400, operator)
+    out = {
+        "straggler": make("straggler", "a", trainer={"steps": 60, "faults": [{"kind": "slow", "rank": 1, "step": SLOW_FROM, "factor": 1.3}]}),
+        "clean": make("clean", "b", trainer={"steps": CLEAN_STEPS}),
+    }
+    # no checkpoints but the last: the background writer's CPU (serialise, hash, replicate) on a
+    # 2-core machine is uneven between ranks and is not what these two tests are about
+    # threshold 0.85 (default 0.9): on this shared 2-core machine two healthy ranks' median
+    # compute times differ by up to ~12% from CPU contention alone; 1.3x scores ~0.77
+    for job in out.values():
+        job.spec["checkpoint"]["memory"]["intervalSteps"] = 1000
+        job.spec["health"]["straggler"] = {"windowSteps": 20, "threshold": 0.85}
+    for job in out.values():
+        api.create_job(SYSTEM_NS, job.name, job.spec)
+    return out
+
+
+def _metric(op: OperatorProcess, name: str, **labels: str) -> float | None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    total = None
+    for fam in text_string_to_metric_families(op.metrics_text()):
+        for s in fam.samples:
+            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
+                total = (total or 0.0) + s.value
+    return total
+
+
+def _report(name: str, **values: Any) -> None:
+    RESULTS.setdefault(name, {}).update(values)
+    print(f"\n[system] {name}: " + json.dumps(values))
+
+
+def test_a_crash_restarts_within_the_application_budget(api: Api, operator: OperatorProcess, jobs: dict[str, Job]) -> None:
+    job = jobs["crash"]
+    s = wait_status(api, job.name, "the crashed job to finish", _terminal, 300, operator)
+    _report("crash", restarts=s["restarts"], restore=s.get("restore"))
+    assert s["phase"] == "Succeeded", s.get("message")
+    r = s["restarts"]
+    assert r["application"] == 1 and r["total"] == 1, f"a crash is an application failure, not its peers' exit 70: {r}"
+    assert "ApplicationExitCode" in r["lastReason"]
+    assert not s.get("quarantinedNodes"), "a crash blames no node"
+    # the newest committed memory checkpoint before step 12 (10, or 5 while 10 was still being
+    # written in the background); the steps lost are counted from the last reported step
+    assert s["restore"]["tier"] == "memory" and s["restore"]["step"] in (5, 10), s["restore"]
+    assert 1 <= s["restore"]["stepsLost"] <= 12 - s["restore"]["step"], s["restore"]
+
+
+def test_a_hang_is_detected_within_the_bound_and_the_gang_restarts(api: Api, operator: OperatorProcess, jobs: dict[str, Job]) -> None:
+    job = jobs["hang"]
+    s = wait_status(api, job.name, "a hang restart", lambda s: s if s["restarts"]["total"] >= 1 else _terminal(s), 300, operator)
+    detect_sum = _metric(operator, "railyard_fault_detection_seconds_sum", kind="Hang")
+    detect_n = _metric(operator, "railyard_fault_detection_seconds_count", kind="Hang")
+    reason = s["restarts"]["lastReason"]
+    m = re.search(r"for ([0-9.]+)s \(hang timeout ([0-9.]+)s\)", reason)
+    s = wait_status(api, job.name, "the job to finish", _terminal, 300, operator)
+    assert m, f"the restart reason names the stall and the timeout: {reason}"
+    stalled, timeout = float(m.group(1)), float(m.group(2))
+    detection = (detect_sum or 0.0) / (detect_n or 1.0)
+    _report("hang", detection_s=round(detection, 2), stalled_s=stalled, hang_timeout_s=timeout, restarts=s["restarts"])
+    r = s["restarts"]
+    assert r["straggler"] == 1 and r["total"] == 1 and "HangVerdict" in r["lastReason"], r
+    assert s["phase"] == "Succeeded", s.get("message")
+    assert detect_n, "railyard_fault_detection_seconds{kind=Hang} observed the detection"
+    # the bound of issue 7: max(3 x p99 step time, 10 s); the operator's timeout is exactly that
+    assert timeout >= 10.0
+    # one heartbeat interval and one reconcile of slack
+    assert stalled <= timeout + 2.0 and detection <= timeout + 2.0, f"hang detected after {detection:.1f}s (bound {timeout:.1f}s)"
+
+
+def test_a_bit_flip_restarts_with_sdc_quarantines_and_resumes_before_the_flip(api: Api, operator: OperatorProcess, jobs: dict[str, Job]) -> None:
+    job = jobs["sdc"]
+    restores: dict[int, dict[str, Any]] = {}
+
+    def watch(s: dict[str, Any]) -> dict[str, Any] | None:
+        r = s.get("restore") or {}
+        if r.get("tier") and s.get("attempt", 0) >= 1 and r not in restores.values():
+            restores.setdefault(int(s["attempt"]), dict(r))
+        return _terminal(s)
+
+    s = wait_status(api, job.name, "the job to finish", watch, 300, operator)
+    quarantined = [q["node"] for q in s.get("quarantinedNodes") or []]
+    _report("sdc", restores=restores, restarts=s["restarts"], quarantined=quarantined, reason=s["restarts"]["lastReason"])
+    assert s["phase"] == "Succeeded", s.get("message")
+    r = s["restarts"]
+    assert r["sdc"] == 2 and r["total"] == 2, f"both flips (grad, then param) restart with class SDC: {r}"
+    assert sorted(restores) == [1, 2], f"each new attempt restored from a checkpoint: {restores}"
+    assert 0 <= restores[1]["step"] < 12, f"grad flip at step 12, restored {restores[1]}"
+    assert restores[1]["step"] < restores[2]["step"] < 22, f"param flip at step 22, restored {restores[2]}"
+    assert len(set(quarantined)) == 2, f"each flip quarantines its (one) node: {quarantined}"
+    for n in quarantined:
+        assert (api.node(n).metadata.labels or {}).get("railyard.dev/quarantined") == "true"
+
+
+def test_a_failed_node_restarts_sticky_on_the_spare_from_the_memory_tier(api: Api, operator: OperatorProcess, jobs: dict[str, Job]) -> None:
+    job = jobs["nodefail"]
+    assert job.driver is not None
+    job.driver.join(300)
+    notes = job.notes
+    assert "error" not in notes, notes.get("error")
+    assert notes["spares"], "hotSpares: 1 holds a spare"
+    s = wait_status(api, job.name, "the new gang restored", lambda s: s if s.get("attempt", 0) >= 1 and (s.get("restore") or {}).get("tier") else _terminal(s), 240, operator)
+    t_restored = time.time()
+    after = s["placement"]["nodes"]
+    restore = s.get("restore") or {}
+    s = wait_status(api, job.name, "the job to finish", _terminal, 300, operator)
+    before, victim, spares = notes["before"], notes["victim"], notes["spares"]
+    _report("nodefail", failed_node=victim, step_at_fail=notes["step_at_fail"], restore=restore, before=before, after=after,
+            fail_to_restored_s=round(t_restored - notes["t_fail"], 1), restarts=s["restarts"])
+    assert s["phase"] == "Succeeded", s.get("message")
+    assert s["restarts"]["infrastructure"] == 1 and s["restarts"]["total"] == 1, s["restarts"]
+    assert after[0] == before[0] and after[1] in spares and victim not in after, f"sticky on the spare: {before} -> {after}"
+    assert restore.get("tier") == "memory", f"resumes from the memory tier (the lost shard from its replica): {restore}"
+    assert 0 <= restore["stepsLost"] <= MEMORY_INTERVAL, restore
+    assert restore["step"] >= notes["step_at_fail"] - MEMORY_INTERVAL - 1
+
+
+def test_a_rank_slowed_1_3x_is_flagged_within_20_steps_and_nothing_restarts(api: Api, operator: OperatorProcess, quiet_jobs: dict[str, Job]) -> None:
+    # The trainer's ``slow`` fault (1.3x inside rank 1's compute window from step SLOW_FROM).
+    # The node slow-down (``local.railyard.dev/slow-factor``) is not used: see docs/health.md,
+    # "Known limits" -- under FSDP the peers' compute_s absorbs a slowed node's delay.
+    job = quiet_jobs["straggler"]
+    seen_before: list[Any] = []
+
+    def flagged_or_done(s: dict[str, Any]) -> dict[str, Any] | None:
+        if int(s.get("step", 0)) < SLOW_FROM:
+            seen_before.extend(s.get("stragglers") or [])
+        return s if s.get("stragglers") else _terminal(s)
+
+    s = wait_status(api, job.name, "a straggler flagged", flagged_or_done, 300, operator)
+    flagged = s.get("stragglers") or []
+    steps = int(s.get("step", 0)) - SLOW_FROM
+    slow_node = s["placement"]["nodes"][1]
+    _report("straggler", slowed_rank=1, slowed_from_step=SLOW_FROM, flagged_after_steps=steps, stragglers=flagged)
+    assert not seen_before, f"flagged before any slowdown: {seen_before}"
+    assert flagged, f"not flagged before the job ended: {s.get('phase')} at step {s.get('step')}"
+    assert [(f["rank"], f["node"]) for f in flagged] == [(1, slow_node)], f"rank 1 and its node must be the ones named: {flagged}"
+    assert flagged[0]["score"] < 0.85
+    assert steps <= 20, f"flagged {steps} steps after the slowdown (bound 20)"
+    s = wait_status(api, job.name, "the job to finish", _terminal, 300, operator)
+    assert s["phase"] == "Succeeded" and s["restarts"]["total"] == 0, "action Report must not restart"
+
+
+def test_a_clean_run_flags_nothing(api: Api, operator: OperatorProcess, quiet_jobs: dict[str, Job]) -> None:
+    job = quiet_jobs["clean"]
+    flagged: list[Any] = []
+    max_step = 0
+
+    def watch(s: dict[str, Any]) -> dict[str, Any] | None:
+        nonlocal max_step
+        flagged.extend(s.get("stragglers") or [])
+        max_step = max(max_step, int(s.get("step", 0)))
+        return _terminal(s)
+
+    s = wait_status(api, job.name, "the clean job to finish", watch, 400, operator)
+    _report("clean", steps=s.get("step"), stragglers_seen=len(flagged), restarts=s["restarts"]["total"])
+    assert s["phase"] == "Succeeded", s.get("message")
+    assert s["step"] == CLEAN_STEPS and max_step == CLEAN_STEPS
+    assert not flagged, f"a clean run flagged {flagged}"
+    assert s["restarts"]["total"] == 0
+    assert (_metric(operator, "railyard_stragglers_flagged_total", job=job.name) or 0) == 0
