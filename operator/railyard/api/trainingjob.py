@@ -230,6 +230,7 @@ class RestartPolicy(_Model):
     sdc: Annotated[RestartBudget, Field(description="Silent data corruption confirmed.")] = RestartBudget(limit=5, backoff_seconds=0.0)
     straggler: Annotated[RestartBudget, Field(description="Hangs, and stragglers with action Restart.")] = RestartBudget(limit=5, backoff_seconds=0.0)
     max_backoff_seconds: Annotated[float, Field(ge=0, le=86400, description="Upper bound of the exponential backoff.")] = 300.0
+    reset_after_seconds: Annotated[float, Field(ge=0, le=30 * 86400, description="A gang that has run with every pod Running this long clears the restart streak: backoff starts again from backoffSeconds and each class gets its whole limit again (status.restarts keeps the totals). 0: never reset.")] = 600.0
 
 
 # --------------------------------------------------------------------------- spec
@@ -391,6 +392,7 @@ class Restarts(_Model):
     straggler: Annotated[int, Field(description="Restarts after hangs or stragglers.")] = 0
     last_reason: Annotated[str, Field(description="Why the last restart happened.")] = ""
     last_time: Annotated[str | None, Field(description="When the last restart happened.")] = None
+    streak: Annotated[dict[str, int] | None, Field(description="Restarts per class since the gang last ran healthy for restartPolicy.resetAfterSeconds; budgets and backoff count these (absent: the totals above).")] = None
 
 
 class StragglerStatus(_Model):

@@ -60,7 +60,7 @@ from railyard.logic.manifests import (
     owner_reference,
     with_addresses,
 )
-from railyard.logic.restarts import decide_restart, record_restart
+from railyard.logic.restarts import decide_restart, decide_streak_reset, record_restart
 from railyard.logic.status import (
     apply_phase,
     build_placement_status,
@@ -273,7 +273,9 @@ async def _act(
         verdict = evaluate_health(c, job, current)
         if verdict is not None:
             return await _handle_failure(c, job, verdict, current, nodes)
-        return job.spec.health.heartbeat_interval_seconds if c.rt.store.job(c.ns, c.name) is not None else None
+        reset_in = _reset_restart_streak(c, job)
+        due = job.spec.health.heartbeat_interval_seconds if c.rt.store.job(c.ns, c.name) is not None else None
+        return reset_in if due is None else (due if reset_in is None else min(due, reset_in))
     if a.state == "Succeeded":
         evaluate_health(c, job, current)  # the last progress (step, checkpoints) into the status
         await c.delete_pods(current, nodes)
@@ -286,6 +288,23 @@ async def _act(
             failure = _sdc_culprit(c, job, current, failure)
         return await _handle_failure(c, job, failure, current, nodes)
     return None
+
+
+def _reset_restart_streak(c: Cycle, job: TrainingJob) -> float | None:
+    """Clear the restart streak once the gang has run healthy long enough; returns the seconds
+    until that is due (None: nothing to wait for)."""
+    created = parse_time(c.st.gang_created_time)
+    if created is None or c.st.time_to_all_ready_seconds is None:
+        return None
+    running_since = created + c.st.time_to_all_ready_seconds
+    reset = decide_streak_reset(c.st.restarts, job.spec.restart_policy, running_since, c.now)
+    if reset is not None:
+        c.st = c.st.model_copy(update={"restarts": reset})
+        return None
+    streak = c.st.restarts.streak
+    if job.spec.restart_policy.reset_after_seconds <= 0 or (streak is not None and not any(streak.values())) or c.st.restarts.total == 0:
+        return None
+    return max(running_since + job.spec.restart_policy.reset_after_seconds - c.now, 0.5)
 
 
 def _sdc_culprit(c: Cycle, job: TrainingJob, current: Sequence[Mapping[str, Any]], f: Failure) -> Failure:

@@ -4,6 +4,13 @@ Each class (infrastructure, application, SDC, straggler) spends its own budget f
 ``spec.restartPolicy``, so a flaky node never burns the application's three retries and a
 permanent exit code spends nothing: it fails the job at once. Backoff doubles per restart of the
 same class, capped by ``maxBackoffSeconds``.
+
+Budgets and backoff count the **streak** (``status.restarts.streak``): restarts since the gang
+last ran with every pod Running for ``restartPolicy.resetAfterSeconds`` (default 600 s). A
+crash loop spends its budget and backs off; a job that fails once a day for weeks does not end
+up waiting the maximum backoff on every restart, nor fails for restarts spread over its life
+(the way the kubelet resets CrashLoopBackOff after 10 minutes of running). The per-class totals
+in ``status.restarts`` keep counting for people and metrics.
 """
 
 from __future__ import annotations
@@ -43,8 +50,25 @@ def budget_of(policy: RestartPolicy, cls: FailureClass) -> RestartBudget | None:
 
 
 def restarts_of(restarts: Restarts, cls: FailureClass) -> int:
+    """Restarts of ``cls`` in the current streak (a status without a streak: the total)."""
     name = _CLASS_FIELDS.get(cls)
-    return 0 if name is None else int(getattr(restarts, name))
+    if name is None:
+        return 0
+    if restarts.streak is not None:
+        return int(restarts.streak.get(name, 0))
+    return int(getattr(restarts, name))
+
+
+def decide_streak_reset(restarts: Restarts, policy: RestartPolicy, running_since: float | None, now: float) -> Restarts | None:
+    """The restarts with the streak cleared when the current gang has been all Running for
+    ``resetAfterSeconds`` and a streak is open; None when nothing changes. Cleared classes are
+    set to 0 (not removed), so a merge patch carries the change."""
+    if running_since is None or policy.reset_after_seconds <= 0 or now - running_since < policy.reset_after_seconds:
+        return None
+    current = restarts.streak if restarts.streak is not None else {n: int(getattr(restarts, n)) for n in _CLASS_FIELDS.values()}
+    if not any(current.values()):
+        return None
+    return restarts.model_copy(update={"streak": dict.fromkeys(current, 0)})
 
 
 def compute_backoff(budget: RestartBudget, used: int, max_backoff: float) -> float:
@@ -73,9 +97,12 @@ def decide_restart(policy: RestartPolicy, restarts: Restarts, cls: FailureClass)
 def record_restart(restarts: Restarts, cls: FailureClass, reason: str, now_iso: str) -> Restarts:
     """A copy of ``restarts`` with one more restart of ``cls``."""
     name = _CLASS_FIELDS[cls]
+    streak = dict(restarts.streak) if restarts.streak is not None else {n: int(getattr(restarts, n)) for n in _CLASS_FIELDS.values()}
+    streak[name] = streak.get(name, 0) + 1
     return restarts.model_copy(
         update={
             name: int(getattr(restarts, name)) + 1,
+            "streak": streak,
             "total": restarts.total + 1,
             "last_reason": reason,
             "last_time": now_iso,
