@@ -14,6 +14,7 @@ from railyard.logic.checkpoint import compute_steps_lost, latest_verified_per_ti
 from railyard.logic.conditions import format_time, parse_time
 from railyard.logic.failures import Failure, build_verdict_failure
 from railyard.logic.gang import attempt_of, pod_index_of
+from railyard.logic.goodput import compute_goodput
 from railyard.logic.health import HealthPolicy, HealthState, PodStatus, decide_health
 
 log = logging.getLogger(__name__)
@@ -50,6 +51,7 @@ def evaluate_health(c: Any, job: TrainingJob, pods: Sequence[Mapping[str, Any]])
     c.w.health_state = decision.state
     rt.health_metrics.observe_decision(c.ns, c.name, decision)
     _copy_progress(c, window, decision)
+    rt.checkpoint_metrics.set_goodput(c.ns, c.name, compute_goodput(c.st.step, decision.p50_step_time_s, parse_time(c.st.start_time), c.now))
     for v in decision.verdicts:
         c.event("Warning", v.reason or v.kind.value, v.message)
     if not decision.restart:
@@ -94,5 +96,7 @@ def _copy_progress(c: Any, window: Any, decision: Any) -> None:
         last = window.previous_max_step if window.previous_max_step >= 0 else st.step
         lost = compute_steps_lost(last, window.restored_step) if window.restored_step >= 0 else 0
         update["restore"] = RestoreStatus(tier=window.restored_tier, step=window.restored_step, steps_lost=lost)
+        if c.st.attempt > 0:
+            c.rt.checkpoint_metrics.observe_steps_lost(lost)
     if update:
         c.st = st.model_copy(update=update)

@@ -108,7 +108,8 @@ async def on_startup_operator(settings: kopf.OperatorSettings, **_: Any) -> None
         app = build_http_app(
             rt.metrics.registry,
             ready=lambda: rt.nodes is not None,
-            extra_routes=lambda a: add_heartbeat_routes(a, rt.store, rt.tokens, metrics=rt.health_metrics),
+            extra_routes=lambda a: add_heartbeat_routes(a, rt.store, rt.tokens, metrics=rt.health_metrics,
+                                                      on_batch=rt.checkpoint_metrics.observe_batch),
         )
         rt.http_runner = await start_http_server(app, rt.settings.metrics_host, rt.settings.metrics_port)
 

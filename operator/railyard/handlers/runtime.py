@@ -19,6 +19,7 @@ from prometheus_client import CollectorRegistry
 
 from railyard.k8s.client import Kube
 from railyard.logic.manifests import CLEANUP_LABEL
+from railyard.observe.checkpoint_metrics import CheckpointMetrics
 from railyard.observe.health_metrics import HealthMetrics
 from railyard.observe.heartbeats import HeartbeatStore, StaticTokens
 from railyard.observe.metrics import OperatorMetrics
@@ -77,6 +78,7 @@ class Runtime:
         self.kube: Kube | None = None
         self.metrics = OperatorMetrics(settings.registry)
         self.health_metrics = HealthMetrics(self.metrics.registry)
+        self.checkpoint_metrics = CheckpointMetrics(self.metrics.registry)
         self.tokens = StaticTokens()
         self.store = HeartbeatStore()
         self.job_pods: Any = None
@@ -151,6 +153,7 @@ class Runtime:
         self.tokens.remove(namespace, name)
         self.metrics.forget_job(namespace, name)
         self.health_metrics.forget_job(namespace, name)
+        self.checkpoint_metrics.forget_job(namespace, name)
         self.update_phase_gauge()
         if w is not None:
             w.gone = True

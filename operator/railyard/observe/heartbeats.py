@@ -171,6 +171,10 @@ class RankWindow:
         return out
 
 
+#: Called with (namespace, job, batch) for every stored batch.
+BatchHook = Callable[[str, str, HeartbeatBatch], None]
+
+
 class JobWindow:
     """One job's heartbeat state. Implements ``logic.health.JobSignals``."""
 
@@ -314,8 +318,10 @@ def build_heartbeat_handler(
     metrics: HealthMetrics | None = None,
     clock: Callable[[], float] = time.time,
     max_body_bytes: int = MAX_BODY_BYTES,
+    on_batch: BatchHook | None = None,
 ) -> Callable[[web.Request], Awaitable[web.Response]]:
-    """The request handler alone, for an operator that owns its aiohttp application."""
+    """The request handler alone, for an operator that owns its aiohttp application.
+    ``on_batch(namespace, job, batch)`` runs once per stored batch (checkpoint metrics)."""
 
     def done(code: int, resp: web.Response) -> web.Response:
         if metrics is not None:
@@ -354,6 +360,8 @@ def build_heartbeat_handler(
             return done(409, _refuse(409, f"attempt: {batch.attempt} is older than the job's current attempt {current}"))
         if metrics is not None:
             metrics.count_beats(namespace, job, batch)
+        if on_batch is not None:
+            on_batch(namespace, job, batch)
         return done(204, web.Response(status=204))
 
     return handle
@@ -366,8 +374,9 @@ def add_heartbeat_routes(
     *,
     metrics: HealthMetrics | None = None,
     clock: Callable[[], float] = time.time,
+    on_batch: BatchHook | None = None,
 ) -> None:
-    app.router.add_post(ROUTE, build_heartbeat_handler(store, token_for, metrics=metrics, clock=clock))
+    app.router.add_post(ROUTE, build_heartbeat_handler(store, token_for, metrics=metrics, clock=clock, on_batch=on_batch))
 
 
 def build_heartbeat_app(

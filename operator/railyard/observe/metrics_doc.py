@@ -101,7 +101,16 @@ def render_markdown(docs: list[MetricDoc]) -> str:
             labels = ", ".join(f"`{label}`" for label in d.labels) or "-"
             lines.append(f"| `{d.series}` | {d.type} | {labels} | {d.help} |")
         lines.append("")
+        notes = _doc_notes(source)
+        if notes:
+            lines += [notes.strip(), ""]
     return "\n".join(lines)
+
+
+def _doc_notes(source: str) -> str:
+    """A metrics class's optional ``DOC_NOTES`` (markdown shown under its table)."""
+    module, _, name = source.rpartition(".")
+    return str(getattr(getattr(importlib.import_module(module), name, None), "DOC_NOTES", "") or "")
 
 
 def default_path() -> Path:
