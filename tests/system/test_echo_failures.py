@@ -62,3 +62,16 @@ def test_every_rule_outranks_the_echo() -> None:
         if kind != "InfrastructureExitCode":
             root = decide_root_failure([echo, build_failure(kind, "x")])
             assert root is not None and root.kind == kind
+
+
+def test_a_replay_tie_restarts_without_blaming_every_reporter() -> None:
+    from railyard.logic.health.model import Action, FaultKind, HealthEvent, HealthPolicy
+    from railyard.logic.health.sdc import decide_sdc
+    from railyard.protocol.heartbeat import HealthResult
+
+    tie = HealthResult("replay", ok=False, step=12, detail="grad norm is inf", suspect_rank=-1, confirmed=False)
+    events = [HealthEvent(1, 0, 0, "node-0", 1.0, tie), HealthEvent(2, 1, 1, "node-1", 1.0, tie)]
+    verdicts, _ = decide_sdc(events, 0, {0: ("node-0", 0), 1: ("node-1", 1)}, HealthPolicy(), now=2.0)
+    [v] = verdicts
+    assert v.kind is FaultKind.SDC and v.action is Action.RESTART
+    assert v.node == "" and not v.quarantine_node

@@ -134,7 +134,10 @@ def clip_grad_norm_(parts: Sequence[torch.nn.Module], max_norm: float, *, pp_gro
     total = sq.sqrt()
     if max_norm > 0:
         coef = float((max_norm / (total + 1e-6)).clamp(max=1.0))
-        if coef < 1.0:
+        # A non-finite norm leaves the gradients as they are: scaling by 0 (or NaN) would zero
+        # every rank's gradients and erase which rank's share was corrupt, which the SDC replay
+        # needs to name the bad rank. The step is not usable either way.
+        if coef < 1.0 and bool(torch.isfinite(total)):
             for grads in groups.values():
                 torch._foreach_mul_(grads, coef)
     return total

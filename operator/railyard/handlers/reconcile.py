@@ -45,6 +45,7 @@ from railyard.logic.gang import (
     Unplaceable,
     assess_gang,
     attempt_of,
+    first_exit_time,
     plan_placement,
     plan_pod_deletions,
 )
@@ -285,7 +286,14 @@ async def _act(
         assert a.failure is not None
         failure = a.failure
         if failure.cls is FailureClass.SDC and failure.kind == "SDCExitCode":
-            failure = _sdc_culprit(c, job, current, failure)
+            culprit = _sdc_culprit(c, job, current)
+            if culprit is None:
+                # the suspect's heartbeat may trail its exit by a beat: wait a little for it
+                first = first_exit_time(current)
+                left = (first + SDC_VERDICT_WAIT_S - c.now) if first is not None else 0.0
+                if left > 0:
+                    return min(left, 0.5)
+            failure = culprit or dataclasses.replace(failure, nodes=())
         return await _handle_failure(c, job, failure, current, nodes)
     return None
 
@@ -307,14 +315,18 @@ def _reset_restart_streak(c: Cycle, job: TrainingJob) -> float | None:
     return max(running_since + job.spec.restart_policy.reset_after_seconds - c.now, 0.5)
 
 
-def _sdc_culprit(c: Cycle, job: TrainingJob, current: Sequence[Mapping[str, Any]], f: Failure) -> Failure:
+#: How long an SDC exit waits for the heartbeat that names the suspect (then: no node blamed).
+SDC_VERDICT_WAIT_S = 5.0
+
+
+def _sdc_culprit(c: Cycle, job: TrainingJob, current: Sequence[Mapping[str, Any]]) -> Failure | None:
     """Every rank of an SDC vote exits 75, so the exit codes do not say whose node is bad: the
-    suspect named in the heartbeats does. Take the health verdict (pending in the store) when
-    there is one; otherwise restart without quarantining anything (docs/operator.md)."""
+    suspect named in the heartbeats does. The health verdict when there is one (None: not yet);
+    without one the gang restarts without quarantining anything (docs/operator.md)."""
     verdict = evaluate_health(c, job, current)
     if verdict is not None and verdict.cls is FailureClass.SDC:
         return verdict
-    return dataclasses.replace(f, nodes=())
+    return None
 
 
 def _mark_running(c: Cycle, job: TrainingJob, a: GangAssessment) -> None:

@@ -146,6 +146,19 @@ ECHO_KINDS = frozenset({"InfrastructureExitCode"})
 DEFAULT_ECHO_SETTLE_S = 8.0
 
 
+def first_exit_time(pods: Sequence[Mapping[str, Any]]) -> float | None:
+    """When the first container of these pods exited non-zero (None: none did, or unknown)."""
+    first: float | None = None
+    for p in pods:
+        for cs in (p.get("status") or {}).get("containerStatuses") or ():
+            t = (cs.get("state") or {}).get("terminated") or {}
+            if t and int(t.get("exitCode", 0) or 0) != 0:
+                at = parse_time(str(t.get("finishedAt") or ""))
+                if at is not None:
+                    first = at if first is None else min(first, at)
+    return first
+
+
 def _echo_settle_left(current: Sequence[Mapping[str, Any]], now: float, settle_s: float) -> float:
     """Seconds left to wait for the cause behind echo failures: 0 when no pod of the gang is
     still running, or when an echo's exit time is unknown (decide at once, as before)."""

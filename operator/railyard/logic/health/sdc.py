@@ -15,6 +15,9 @@ from railyard.logic.health.model import Action, FaultKind, HealthEvent, HealthPo
 
 #: Checks whose failure is evidence on its own, even if the sender did not say confirmed.
 CONFIRMING_KINDS = frozenset({"replay", "state_guard"})
+#: Collective checks run by every rank: unconfirmed and without a named suspect (a tie), the
+#: reporter is not the culprit.
+UNATTRIBUTED_WITHOUT_SUSPECT = frozenset({"replay", "kat", "replica_checksum"})
 
 
 def decide_sdc(
@@ -44,6 +47,10 @@ def decide_sdc(
         if suspect == ev.rank:
             node, pod = ev.node, ev.pod_index
         confirmed = res.confirmed or res.kind in CONFIRMING_KINDS
+        if res.suspect_rank < 0 and not res.confirmed and res.kind in UNATTRIBUTED_WITHOUT_SUSPECT:
+            # a collective check that could not say whose data was bad: every rank reports it,
+            # the reporter is not the suspect; restart (from an SDC-clean checkpoint), blame no node
+            suspect, node, pod = -1, "", -1
         key = (suspect, res.step, confirmed)
         if key in done:
             continue
