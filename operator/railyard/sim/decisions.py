@@ -33,7 +33,12 @@ from railyard.logic.placement import (
     Unplaceable,
     plan_placement,
 )
-from railyard.logic.restarts import RestartDecision, decide_restart, record_restart
+from railyard.logic.restarts import (
+    RestartDecision,
+    decide_restart,
+    decide_streak_reset,
+    record_restart,
+)
 from railyard.logic.topology import QUARANTINED, Topology, build_synthetic_nodes, build_topology
 from railyard.protocol.exitcodes import FailureClass
 from railyard.protocol.manifest import Manifest, ShardInfo
@@ -158,6 +163,11 @@ class Budgets:
 
     def record(self, cls: FailureClass, reason: str) -> None:
         self.restarts = record_restart(self.restarts, cls, reason, "")
+
+    def healthy(self, running_since: float, now: float) -> None:
+        """The gang has run since ``running_since``: clear the restart streak as the operator
+        does after ``restartPolicy.resetAfterSeconds`` (logic.restarts.decide_streak_reset)."""
+        self.restarts = decide_streak_reset(self.restarts, self.policy.restart_policy, running_since, now) or self.restarts
 
     def reset(self) -> None:
         """A person resubmitted the job after it failed: a new TrainingJob, fresh budgets."""

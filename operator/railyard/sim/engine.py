@@ -405,6 +405,7 @@ class _Run:
         failure = classify(cause, node)
         cls = failure.cls
         parts: dict[str, float] = {"detection": detect_s}
+        self.budgets.healthy(self.down_until, failed_at)
         decision = self.budgets.decide(cls)
         if not decision.allowed:
             self.res.job_failures += 1
