@@ -39,6 +39,7 @@ from railyard_trainer.model_args import PRESETS
 from railyard_trainer.parallel_dims import ParallelDims
 from railyard_trainer.parallelize import clean_fqn, parallelize_llama, param_dtype_for
 from railyard_trainer.pipeline import STAGES_PER_RANK, build_pipeline, check_microbatches
+from railyard_trainer.speed_probe import SpeedProbe
 from railyard_trainer.train_state import Optimizers, WarmupCosine
 from railyard_trainer.worker_env import WorkerEnv
 
@@ -203,6 +204,7 @@ class Trainer:
         self.ctx.extra["checkpointer"] = self.checkpointer
         self.health = _build_health(cfg, self.ctx)
         self.faults = FaultInjector(cfg.active_faults(), rank=env.rank, log=log_event)
+        self.probe = SpeedProbe(self.device)
         self.watchdog = Watchdog(t.watchdog_s, rank=env.rank)
         self.log_all_ranks = os.environ.get("RAILYARD_LOG_ALL_RANKS") == "1"
         self.dump_grads_dir = os.environ.get("RAILYARD_DUMP_GRADS", "")
@@ -234,7 +236,11 @@ class Trainer:
         t0 = time.perf_counter()
         loss = self.forward_backward(inputs, labels)
         self._sync()
-        compute_s = time.perf_counter() - t0
+        fwd_bwd_s = time.perf_counter() - t0
+        fwd_bwd_s += self.faults.slow_down(step, fwd_bwd_s)
+        # The straggler signal (speed_probe.py): forward+backward includes FSDP's waits for
+        # the slowest peer, the probe does not. A "slow" fault slows it like the rest.
+        compute_s = self.probe.run()
         compute_s += self.faults.slow_down(step, compute_s)
         if self.dump_grads_dir and step == 1:
             self._dump_grads(Path(self.dump_grads_dir))
@@ -254,7 +260,7 @@ class Trainer:
             extra = {}
             if self.peak_flops:
                 extra["mfu"] = round(tokens_per_s / self.env.world_size * self.flops_per_token / self.peak_flops, 4)
-            log_event("step", rank=self.env.rank, step=step, loss=global_loss, grad_norm=metrics.grad_norm, lr=lr, step_time_s=round(step_time, 5), compute_s=round(compute_s, 5), tokens_per_s=round(tokens_per_s, 1), memory_bytes=metrics.memory_bytes, **extra)
+            log_event("step", rank=self.env.rank, step=step, loss=global_loss, grad_norm=metrics.grad_norm, lr=lr, step_time_s=round(step_time, 5), fwd_bwd_s=round(fwd_bwd_s, 5), compute_s=round(compute_s, 5), tokens_per_s=round(tokens_per_s, 1), memory_bytes=metrics.memory_bytes, **extra)
         return metrics
 
     def forward_backward(self, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

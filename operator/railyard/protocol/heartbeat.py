@@ -6,9 +6,11 @@ trainers may add some) and reject malformed input with :class:`HeartbeatError`, 
 names the field.
 
 The speed signal: in synchronous training every rank waits for the slowest at each collective,
-so wall-clock step time is the same everywhere. ``compute_s`` is the time a rank spent in its
-own forward/backward compute before the gradient collectives (measured with device sync), and
-``bench_s`` the time of a short fixed-size benchmark run every N steps; both expose a slow GPU.
+so wall-clock step time is the same everywhere, and under FSDP even forward/backward time is
+(parameters are all-gathered inside them). ``compute_s`` is therefore the time of a fixed,
+collective-free workload each rank runs every step on its own device (the trainer's speed
+probe, railyard_trainer/speed_probe.py): only a slow device makes it slower. ``bench_s`` is
+left for a longer benchmark run every N steps (0: none).
 """
 
 from __future__ import annotations
@@ -52,7 +54,7 @@ class RankBeat:
     step: int
     #: Wall time of the last completed step (seconds); equal across ranks in sync training.
     step_time_s: float
-    #: Rank-local compute time of the last step, before collectives (the straggler signal).
+    #: Rank-local, collective-free compute time of the last step (the straggler signal).
     compute_s: float = 0.0
     #: Time of the last fixed benchmark run (0: not run yet).
     bench_s: float = 0.0
