@@ -75,3 +75,17 @@ def test_a_replay_tie_restarts_without_blaming_every_reporter() -> None:
     [v] = verdicts
     assert v.kind is FaultKind.SDC and v.action is Action.RESTART
     assert v.node == "" and not v.quarantine_node
+
+
+def test_an_echo_waits_for_a_not_ready_node_in_its_grace_and_the_node_is_the_cause() -> None:
+    from railyard.logic.conditions import format_time
+
+    nodes = {**NODES, "node-1": make_node("node-1", ready=False, since=format_time(T0))}
+    # the dead node's pod was reported Failed by nobody (or by a simulated agent); its peer
+    # noticed the broken collective and exited 70 before the node's grace ran out
+    pods = [_exited(0, ExitCode.INFRASTRUCTURE, T0 + 0.5), make_pod(index=1, node="node-1").obj()]
+    early = assess_gang(pods, nodes, attempt=0, expected=2, now=T0 + 1, not_ready_grace_s=2, echo_settle_s=0)
+    assert early.state == "Settling" and early.failure is None and 0.9 < early.recheck_after < 1.1
+    late = assess_gang(pods, nodes, attempt=0, expected=2, now=T0 + 2.5, not_ready_grace_s=2, echo_settle_s=0)
+    assert late.state == "Failed" and late.failure is not None
+    assert late.failure.kind == "NodeNotReady" and late.failure.nodes == ("node-1",)

@@ -20,7 +20,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--no-bitflip", action="store_true", help="do not flip a bit")
     p.add_argument("--node-failure-step", type=int, help="step at which a node of the gang fails")
     p.add_argument("--straggler-step", type=int, help="step from which a node runs slow")
-    p.add_argument("--straggler-factor", type=float, help="how much slower (default 1.6)")
+    p.add_argument("--straggler-factor", type=float, help="how much slower (default 2.5)")
     p.add_argument("--bitflip-step", type=int, help="step at which a gradient bit flips")
     p.add_argument("--timeout", type=float, default=600.0, help="give up after this many seconds")
 

@@ -35,7 +35,10 @@ def draw_loss(record: Record, path: Path) -> Path:
     fig, (ax_loss, ax_step) = plt.subplots(2, 1, figsize=(9, 6), sharex=True)
     attempts = sorted({s.attempt for s in record.samples})
     for attempt in attempts:
-        pts = [(s.t - record.started_at, s.loss, s.step) for s in record.samples if s.attempt == attempt and s.loss is not None]
+        # from the attempt's first reported step on (before it, status still shows the last one)
+        own = [s for s in record.samples if s.attempt == attempt]
+        first = next((i for i, s in enumerate(own) if s.tokens_per_s > 0), len(own))
+        pts = [(s.t - record.started_at, s.loss, s.step) for s in own[first:] if s.loss is not None]
         if pts:
             ax_loss.plot([p[0] for p in pts], [p[1] for p in pts], ".-", label=f"attempt {attempt}")
             ax_step.plot([p[0] for p in pts], [p[2] for p in pts], "-", label=f"attempt {attempt}")

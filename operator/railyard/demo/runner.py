@@ -262,6 +262,10 @@ class Demo:
                 continue
             self.seen_events.add(key)
             self.record.decisions.append(Decision(time.time(), ev.reason or "", ev.message or "", ev.type or "Normal"))
+            if self.scenario.bitflip and "bitflip" not in self.done_actions and "silent data corruption" in (ev.message or "").lower():
+                # the flip and its detection are a step apart: status may never show the step
+                self.done_actions.add("bitflip")
+                self.record.actions.append((time.time(), f"bit flip (step {self.scenario.bitflip.step})"))
             self.echo(f"      operator: {ev.reason}: {ev.message}")
 
     def _act(self, s: Sample, status: dict[str, Any]) -> None:

@@ -29,8 +29,10 @@ class NodeFailure:
 @dataclass(frozen=True)
 class Straggler:
     step: int
-    factor: float = 1.6
-    #: Pod index whose node is slowed ("auto": the last pod of the gang).
+    #: Strong enough to stand out of this 2-core machine's scheduling noise (healthy ranks'
+    #: probe times differ by 10-15% here from CPU contention alone).
+    factor: float = 2.5
+    #: Pod index whose node is slowed.
     pod_index: int = 0
 
 
@@ -116,7 +118,7 @@ class Scenario:
                 },
                 "health": {
                     "heartbeatIntervalSeconds": 1, "heartbeatTimeoutSeconds": 10,
-                    "straggler": {"threshold": 0.9, "windowSteps": 8, "action": "Report"},
+                    "straggler": {"threshold": 0.8, "windowSteps": 16, "action": "Report"},
                     "sdc": {"intervalSteps": 5, "action": "Restart"},
                 },
                 "restartPolicy": {"application": {"limit": 3, "backoffSeconds": 1}},

@@ -64,7 +64,8 @@ def evaluate_health(c: Any, job: TrainingJob, pods: Sequence[Mapping[str, Any]])
 def _copy_progress(c: Any, window: Any, decision: Any) -> None:
     st = c.st
     update: dict[str, Any] = {}
-    if window.max_step >= 0 and window.max_step != st.step:
+    # a new attempt's first beats (before its first step) report 0: keep the step shown
+    if window.max_step > 0 and window.max_step != st.step:
         update["step"] = int(window.max_step)
         loss, tokens_per_s = window.progress()
         if loss is not None and math.isfinite(loss):

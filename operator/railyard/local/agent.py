@@ -55,6 +55,36 @@ def _pdeathsig() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)
 
 
+def process_tree(roots: list[int]) -> list[int]:
+    """The roots and all their descendants. A pod's processes may start new sessions (the
+    trainer's launcher does, to manage its workers), so a process group is not the pod; on a
+    real node the container's cgroup is. This walks /proc/<pid>/task/<tid>/children instead."""
+    seen: list[int] = []
+    stack = list(roots)
+    while stack:
+        pid = stack.pop()
+        if pid in seen:
+            continue
+        seen.append(pid)
+        try:
+            tasks = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue
+        for tid in tasks:
+            try:
+                with open(f"/proc/{pid}/task/{tid}/children", encoding="ascii") as fh:
+                    stack.extend(int(c) for c in fh.read().split())
+            except (OSError, ValueError):
+                continue
+    return seen
+
+
+def signal_pids(pids: list[int], sig: int) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, sig)
+
+
 def killpg(pgid: int, sig: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, sig)
@@ -176,9 +206,12 @@ class PodWorker:
         if self.stopping:
             return
         self.stopping = True
+        # the whole tree at once, as a node's death takes every process of its pods (workers
+        # in their own sessions included), not leaders first
+        tree = process_tree(self.pgids())
         for pgid in self.pgids():
             killpg(pgid, signal.SIGKILL)
-            killpg(pgid, signal.SIGCONT)
+        signal_pids(tree, signal.SIGKILL)
         await self._reap(2.0)
         if self.task is not None:
             self.task.cancel()
@@ -797,19 +830,22 @@ class Agent:
 
     async def _duty_cycle(self, node: str) -> None:
         """Let the node's processes run 1/factor of each period, so CPU-bound work takes factor x longer."""
+        pids: list[int] = []
+        refreshed = 0.0
         try:
             while True:
                 factor = self.control(node).slow_factor
                 run_for = SLOW_PERIOD / factor
-                for pg in self.pgids_on(node):
-                    killpg(pg, signal.SIGCONT)
+                signal_pids(pids, signal.SIGCONT)
+                if time.monotonic() - refreshed > 0.5:  # pods and their workers come and go
+                    pids = process_tree(self.pgids_on(node))
+                    refreshed = time.monotonic()
+                    signal_pids(pids, signal.SIGCONT)
                 await asyncio.sleep(run_for)
-                for pg in self.pgids_on(node):
-                    killpg(pg, signal.SIGSTOP)
+                signal_pids(pids, signal.SIGSTOP)
                 await asyncio.sleep(SLOW_PERIOD - run_for)
         finally:
-            for pg in self.pgids_on(node):
-                killpg(pg, signal.SIGCONT)
+            signal_pids(process_tree(self.pgids_on(node)) + pids, signal.SIGCONT)
 
     # --- DNS ---
     def build_hosts(self) -> str:

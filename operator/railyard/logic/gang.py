@@ -101,6 +101,7 @@ def assess_gang(
 
     failures: list[Failure] = []
     recheck = 0.0
+    deferred_node = False
     for p in current:
         f = classify_pod(p, nodes)
         if f is None:
@@ -110,6 +111,7 @@ def assess_gang(
             if since is not None and now - since < not_ready_grace_s:
                 left = not_ready_grace_s - (now - since)
                 recheck = left if recheck == 0 else min(recheck, left)
+                deferred_node = True
                 continue
         failures.append(f)
     started = len(current) > 0 and len(gated) < len(current)
@@ -117,6 +119,9 @@ def assess_gang(
         # the whole gang existed once (gates are lifted only then): a pod vanished
         failures += [_lost(i) for i in missing]
     root = decide_root_failure(failures)
+    if root is not None and root.kind in ECHO_KINDS and deferred_node:
+        # a NotReady node in its grace is the likelier cause of the echo: wait for the verdict
+        return GangAssessment("Settling", failure=None, failures=tuple(failures), recheck_after=recheck, **base)  # type: ignore[arg-type]
     if root is not None and echo_settle_s > 0 and root.kind in ECHO_KINDS:
         left = _echo_settle_left(current, now, echo_settle_s)
         if left > 0:

@@ -345,7 +345,11 @@ def build_heartbeat_handler(
             return done(404, _refuse(404, f"job {namespace}/{job} is not known to this operator"))
         if not hmac.compare_digest(token.encode(), str(expected).encode()):
             return done(403, _refuse(403, f"Authorization: the token is not {namespace}/{job}'s"))
-        body = await _read_limited(request, max_body_bytes)
+        try:
+            body = await _read_limited(request, max_body_bytes)
+        except ConnectionResetError:
+            # the pod went away mid-request (killed, node lost): nothing to store, nothing to say
+            return done(400, _refuse(400, "body: the connection closed before the body arrived"))
         if body is None:
             return done(413, _refuse(413, f"body: over the {max_body_bytes} byte limit"))
         try:

@@ -120,6 +120,8 @@ class RailyardHealthMonitor:
     # ------------------------------------------------------------------ hooks
     def preflight(self, ctx: TrainContext) -> None:
         self._bind_saving(ctx)
+        with self._lock:  # after a restore the first beats report the restored step, not 0
+            self._beat = RankBeat(rank=ctx.rank, step=ctx.step, step_time_s=0.0)
         restore = ctx.extra.get("restore")
         tier = getattr(restore, "tier", None) if restore is not None else None
         if tier:
