@@ -118,7 +118,7 @@ class Scenario:
                 },
                 "health": {
                     "heartbeatIntervalSeconds": 1, "heartbeatTimeoutSeconds": 10,
-                    "straggler": {"threshold": 0.8, "windowSteps": 16, "action": "Report"},
+                    "straggler": {"threshold": 0.75, "windowSteps": 16, "action": "Report"},
                     "sdc": {"intervalSteps": 5, "action": "Restart"},
                 },
                 "restartPolicy": {"application": {"limit": 3, "backoffSeconds": 1}},
