@@ -30,7 +30,7 @@ from railyard.handlers.cleanup import cleanup_checkpoints
 from railyard.handlers.health import evaluate_health
 from railyard.handlers.runtime import JobWorker, Runtime
 from railyard.k8s import gang as ops
-from railyard.k8s.client import Kube
+from railyard.k8s.client import ApiError, Kube
 from railyard.logic.conditions import (
     find_condition,
     format_micro_time,
@@ -62,6 +62,12 @@ from railyard.logic.manifests import (
     with_addresses,
 )
 from railyard.logic.restarts import decide_restart, decide_streak_reset, record_restart
+from railyard.logic.schedulers import (
+    GangSchedulingPlan,
+    apply_to_pods,
+    group_name,
+    plan_gang_scheduling,
+)
 from railyard.logic.status import (
     apply_phase,
     build_placement_status,
@@ -74,6 +80,9 @@ from railyard.protocol.exitcodes import FailureClass
 from railyard.protocol.ranktable import RankTable
 
 log = logging.getLogger(__name__)
+
+#: Seconds between tries to create a PodGroup whose CRD is missing (spec.gang.schedulerName).
+PODGROUP_RETRY_S = 10.0
 
 def _format_validation(exc: ValidationError) -> str:
     parts = []
@@ -439,12 +448,17 @@ async def _place_and_create(c: Cycle, job: TrainingJob, nodes: Mapping[str, Mapp
     c.w.placement_failures = 0
     owner = owner_reference(c.body)
     kube = c.kube
+    gang_size = len(result.nodes)
+    plan = plan_gang_scheduling(spec, job=c.name, namespace=c.ns, attempt=attempt, owner=owner, gang_size=gang_size)
+    if not await _ensure_podgroups(c, plan):
+        return PODGROUP_RETRY_S
     await _ensure_job_objects(c, owner)
     table = with_addresses(result.rank_table, c.ns)
     restore = {"tier": c.st.last_checkpoint.tier, "step": c.st.last_checkpoint.step} if c.st.last_checkpoint else None
     config = build_trainer_config(spec, job=c.name, namespace=c.ns, attempt=attempt, restore=restore)
     await ops.create_object(kube, build_configmap(c.name, c.ns, owner, attempt=attempt, rank_table=table, config=config))
     pods = build_gang_pods(spec, job=c.name, namespace=c.ns, owner=owner, attempt=attempt, nodes=result.nodes, heartbeat_url=_heartbeat_url(rt, c.ns, c.name), annotations=rt.settings.pod_annotations)
+    pods = apply_to_pods(pods, plan)  # schedulerName, queue/group labels; our gate and node affinity stay
     created = await ops.create_pods(kube, pods)
     rt.metrics.pods_created.inc(created)
     await ops.lift_gates(kube, pods)
@@ -466,7 +480,32 @@ async def _place_and_create(c: Cycle, job: TrainingJob, nodes: Mapping[str, Mapp
     moved = f"; moved pod indices {list(result.moved)[:16]}" if previous and result.moved else ""
     c.phase("Starting", "GangCreated", f"attempt {attempt}: {len(pods)} pods created and released together on {placement.summary}{moved}")
     await ops.delete_configmaps(kube, c.ns, [configmap_name(c.name, a) for a in range(max(attempt - 4, 0), attempt)])
+    if plan.objects:
+        # one PodGroup per attempt: the earlier attempts' groups go with their pods
+        earlier = [group_name(c.name, a) for a in range(max(attempt - 4, 0), attempt)]
+        await ops.delete_podgroups(kube, c.ns, plan.objects[0]["apiVersion"], earlier)
     return float(spec.gang.schedule_timeout_seconds)
+
+
+async def _ensure_podgroups(c: Cycle, plan: GangSchedulingPlan) -> bool:
+    """Create the gang scheduler's PodGroup before any pod (idempotent). False, with the job
+    kept Placing and the reason in its status, when the API server does not serve the kind."""
+    if not plan.objects:
+        return True
+    try:
+        await ops.create_podgroups(c.kube, plan.objects)
+    except ApiError as exc:
+        if exc.status not in (403, 404):
+            raise
+        api = plan.objects[0]["apiVersion"]
+        why = "is not installed (no PodGroup CRD)" if exc.status == 404 else "is not granted to the operator (RBAC)"
+        c.phase(
+            "Placing", "PodGroupUnavailable",
+            f"spec.gang.schedulerName={plan.scheduler_name}: creating PodGroup {api} {plan.group_name} failed ({exc.status}): "
+            f"{api} {why}; install that scheduler's CRDs or remove spec.gang.schedulerName (retrying every {PODGROUP_RETRY_S:g}s)",
+        )
+        return False
+    return True
 
 
 async def _finish_creation(c: Cycle, job: TrainingJob, current: Sequence[Mapping[str, Any]], a: GangAssessment) -> float | None:
@@ -488,6 +527,10 @@ async def _finish_creation(c: Cycle, job: TrainingJob, current: Sequence[Mapping
     nodes = [p.node for p in sorted(table.pods, key=lambda p: p.pod_index)]
     owner = owner_reference(c.body)
     pods = build_gang_pods(job.spec, job=c.name, namespace=c.ns, owner=owner, attempt=c.st.attempt, nodes=nodes, heartbeat_url=_heartbeat_url(rt, c.ns, c.name), annotations=rt.settings.pod_annotations)
+    plan = plan_gang_scheduling(job.spec, job=c.name, namespace=c.ns, attempt=c.st.attempt, owner=owner, gang_size=len(pods))
+    if not await _ensure_podgroups(c, plan):
+        return PODGROUP_RETRY_S
+    pods = apply_to_pods(pods, plan)
     missing = [pods[i] for i in a.missing if i < len(pods)]
     if missing:
         rt.metrics.pods_created.inc(await ops.create_pods(c.kube, missing))

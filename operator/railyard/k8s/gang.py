@@ -24,6 +24,13 @@ from railyard.logic.quarantine import (
     RELEASE_ANNOTATION,
     TIME_ANNOTATION,
 )
+from railyard.logic.schedulers import (
+    COSCHEDULING_API_VERSION,
+    COSCHEDULING_GROUP,
+    PODGROUP_PLURAL,
+    VOLCANO_API_VERSION,
+    VOLCANO_GROUP,
+)
 from railyard.logic.topology import QUARANTINE_KEY
 
 log = logging.getLogger(__name__)
@@ -50,6 +57,33 @@ async def create_object(kube: Kube, obj: Mapping[str, Any]) -> bool:
     meta = obj["metadata"]
     plural = {"Pod": "pods", "Service": "services", "ConfigMap": "configmaps", "Secret": "secrets"}[obj["kind"]]
     return await kube.create(core_path(plural, meta["namespace"]), dict(obj)) is not None
+
+
+async def create_podgroups(kube: Kube, objects: Sequence[Mapping[str, Any]]) -> int:
+    """Create a gang scheduler's PodGroups (before the pods); returns how many were new.
+    AlreadyExists is fine (names are deterministic per attempt); a missing CRD raises ApiError 404."""
+    created = 0
+    for obj in objects:
+        api_version = obj["apiVersion"]
+        group = {VOLCANO_API_VERSION: VOLCANO_GROUP, COSCHEDULING_API_VERSION: COSCHEDULING_GROUP}[api_version]
+        version = api_version.split("/", 1)[1]
+        path = custom_path(group, version, PODGROUP_PLURAL, obj["metadata"]["namespace"])
+        created += await kube.create(path, dict(obj)) is not None
+    return created
+
+
+async def delete_podgroups(kube: Kube, namespace: str, api_version: str, names: Iterable[str]) -> int:
+    """Delete earlier attempts' PodGroups (at most a few, one by one); NotFound, and a CRD that
+    is gone, are fine."""
+    group = {VOLCANO_API_VERSION: VOLCANO_GROUP, COSCHEDULING_API_VERSION: COSCHEDULING_GROUP}[api_version]
+    version = api_version.split("/", 1)[1]
+    deleted = 0
+    for name in names:
+        try:
+            deleted += await kube.delete(custom_path(group, version, PODGROUP_PLURAL, namespace, name))
+        except ApiError as exc:
+            log.warning("deleting PodGroup %s/%s: %s", namespace, name, exc)
+    return deleted
 
 
 async def ensure_secret(kube: Kube, secret: Mapping[str, Any]) -> str:

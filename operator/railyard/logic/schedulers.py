@@ -31,10 +31,13 @@ KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 KUEUE_GROUP_LABEL = "kueue.x-k8s.io/pod-group-name"
 KUEUE_TOTAL_ANNOTATION = "kueue.x-k8s.io/pod-group-total-count"
 VOLCANO_GROUP_ANNOTATION = "scheduling.k8s.io/group-name"
-VOLCANO_API_VERSION = "scheduling.volcano.sh/v1beta1"
+VOLCANO_GROUP = "scheduling.volcano.sh"
+VOLCANO_API_VERSION = f"{VOLCANO_GROUP}/v1beta1"
 VOLCANO_SCHEDULER = "volcano"
 COSCHEDULING_GROUP_LABEL = "scheduling.x-k8s.io/pod-group"
-COSCHEDULING_API_VERSION = "scheduling.x-k8s.io/v1alpha1"
+COSCHEDULING_GROUP = "scheduling.x-k8s.io"
+COSCHEDULING_API_VERSION = f"{COSCHEDULING_GROUP}/v1alpha1"
+PODGROUP_PLURAL = "podgroups"
 #: Scheduler names scheduler-plugins installs under (its Helm chart and all-in-one manifests).
 COSCHEDULING_SCHEDULERS = frozenset({"scheduler-plugins-scheduler", "scheduler-plugins", "coscheduling"})
 
