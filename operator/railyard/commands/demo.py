@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -62,6 +63,10 @@ def run(args: argparse.Namespace) -> int:
     except (ScenarioError, OSError) as exc:
         print(f"railyard demo: {exc}", file=sys.stderr)
         return 2
+    def _terminate(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt  # run the same clean-up as Ctrl-C
+
+    signal.signal(signal.SIGTERM, _terminate)
     try:
         summary = Demo(scenario, Path(args.out), timeout=args.timeout, echo=lambda s: print(s, flush=True)).run()
     except KeyboardInterrupt:

@@ -6,6 +6,7 @@ Everything this starts lives in child processes of this one (cluster, operator, 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -50,6 +51,14 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _die_with_parent() -> None:
+    """PR_SET_PDEATHSIG: the operator goes when the demo goes, however the demo ends."""
+    import ctypes
+
+    with contextlib.suppress(Exception):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)
+
+
 class Operator:
     """``railyard operator run`` as a child process in its own process group."""
 
@@ -62,7 +71,9 @@ class Operator:
             "--heartbeat-advertise-url", f"http://127.0.0.1:{self.port}",
         ]
         env = dict(os.environ, KUBECONFIG=str(kubeconfig), PYTHONUNBUFFERED="1")
-        self.proc = subprocess.Popen(argv, stdout=log.open("ab"), stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        self.proc = subprocess.Popen(
+            argv, stdout=log.open("ab"), stderr=subprocess.STDOUT, env=env, start_new_session=True, preexec_fn=_die_with_parent
+        )
 
     def get(self, path: str) -> str:
         with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=5) as resp:
