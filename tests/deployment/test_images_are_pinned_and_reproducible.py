@@ -94,8 +94,12 @@ def test_trainer_image_user_matches_the_uid_the_operator_runs_it_as() -> None:
     uid = _arg_defaults(text).get("UID") or re.findall(r"^USER\s+(\d+)", text, flags=re.M)[-1]
     pod = build_pod(TrainingJobSpec.model_validate({"nodes": 1}), job="j", namespace="n", owner={}, attempt=0,
                     pod_index=0, node="n0", heartbeat_url="http://x")
-    run_as = pod["spec"]["securityContext"].get("runAsUser")
-    if run_as is not None and int(uid) != run_as:
-        pytest.xfail(f"trainer_image/Dockerfile user {uid} != runAsUser {run_as} set by logic/manifests.py "
-                     "(the trainer and operator engineers must agree on one UID)")
-    assert run_as is None or int(uid) == run_as
+    sc = pod["spec"]["securityContext"]
+    assert int(uid) != 0 and sc["runAsNonRoot"] is True
+    assert sc["runAsUser"] == sc["runAsGroup"] == sc["fsGroup"] == int(uid)
+    # the kubelet creates hostPath folders as root: the init container hands them to that UID
+    [init] = pod["spec"]["initContainers"]
+    assert init["command"][:2] == ["chown", f"{uid}:{uid}"]
+    assert set(init["command"][2:]) == {m["mountPath"] for m in init["volumeMounts"]}
+    assert {m["name"] for m in init["volumeMounts"]} == {"ckpt-memory", "ckpt-local", "ckpt-shared"}
+    assert init["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["CHOWN"]}

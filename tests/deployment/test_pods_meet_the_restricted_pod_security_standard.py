@@ -126,23 +126,44 @@ def build_training_pods(**spec_overrides: Any) -> list[dict[str, Any]]:
     )
 
 
+#: What the init container that hands the hostPath folders to the trainer's UID needs (root with
+#: CAP_CHOWN only; reported in docs/deploy.md). Only pods of the default image have it.
+CHOWN_INIT = [
+    "container checkpoint-dirs: capability CHOWN may not be added",
+    "container checkpoint-dirs: runAsNonRoot must be true (pod or container)",
+    "container checkpoint-dirs: runAsUser must not be 0",
+]
+
+
 def test_training_pods_deviate_only_by_their_hostpath_checkpoint_tiers() -> None:
     """Reported in docs/deploy.md: tier 1 (node RAM, /dev/shm-backed) and tier 2 (node-local disk)
-    must survive the pod, so they are hostPath volumes; everything else is restricted-clean."""
+    must survive the pod, so they are hostPath volumes (and, for the default image, a root init
+    container makes them the trainer UID's); everything else is restricted-clean."""
     pods = build_training_pods()
     for pod in pods:
         assert validate(pod) == []
         deviations = restricted_violations(pod["spec"])
         assert sorted(deviations) == [
+            *CHOWN_INIT,
             "spec.volumes[ckpt-local]: volume type hostPath not allowed",
             "spec.volumes[ckpt-memory]: volume type hostPath not allowed",
             "spec.volumes[ckpt-shared]: volume type hostPath not allowed",
         ]
+    # the main container itself is restricted-clean
+    main_only = {**pods[0]["spec"], "initContainers": []}
+    assert not [d for d in restricted_violations(main_only) if d.startswith("container")]
+
+
+def test_a_custom_image_gets_no_uid_and_no_chown_init_container() -> None:
+    pods = build_training_pods(image="registry.example/trainer:1.2.3")
+    assert "initContainers" not in pods[0]["spec"]
+    assert "runAsUser" not in pods[0]["spec"]["securityContext"]
 
 
 def test_a_shared_tier_on_a_claim_leaves_only_the_node_tiers() -> None:
     pods = build_training_pods(checkpoint={"shared": {"intervalSteps": 30, "claimName": "ckpt"}})
     assert sorted(restricted_violations(pods[0]["spec"])) == [
+        *CHOWN_INIT,
         "spec.volumes[ckpt-local]: volume type hostPath not allowed",
         "spec.volumes[ckpt-memory]: volume type hostPath not allowed",
     ]

@@ -36,6 +36,10 @@ RENDEZVOUS_PORT_BASE = 20000
 RENDEZVOUS_PORT_SPAN = 20000
 CONTAINER_NAME = "trainer"
 DEFAULT_COMMAND = ("railyard-train",)
+#: The trainer image's numeric user and group (trainer_image/Dockerfile ``ARG UID``): pods using
+#: the default image run as it, so the kubelet can check runAsNonRoot and files stay this owner's.
+TRAINER_UID = 10001
+
 CHECKPOINT_MOUNTS = {"memory": "/railyard/checkpoints/memory", "local": "/railyard/checkpoints/local", "shared": "/railyard/checkpoints/shared"}
 
 #: NCCL settings that keep rail traffic on its rail; ``spec.nccl`` overrides any of them.
@@ -217,8 +221,35 @@ def _security(spec: TrainingJobSpec) -> tuple[dict[str, Any], dict[str, Any]]:
     }
     if spec.image == DEFAULT_IMAGE:
         # our image runs as an unprivileged user; a custom image may need root, so only ours is forced
-        pod_sc.update({"runAsNonRoot": True, "runAsUser": 1000, "runAsGroup": 1000, "fsGroup": 1000})
+        pod_sc.update({"runAsNonRoot": True, "runAsUser": TRAINER_UID, "runAsGroup": TRAINER_UID, "fsGroup": TRAINER_UID})
     return pod_sc, container_sc
+
+
+def _checkpoint_dirs_init(spec: TrainingJobSpec, volumes: Sequence[Mapping[str, Any]], mounts: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """For our image (non-root, TRAINER_UID): an init container that hands the job's hostPath
+    checkpoint folders to that UID. The kubelet creates a ``DirectoryOrCreate`` folder as root,
+    mode 0755, and ``fsGroup`` does not apply to hostPath, so without it the trainer could not
+    write tiers 1 and 2. It runs as root with only CAP_CHOWN, changes the owner of the per-job
+    folders (not recursively: what is inside was written by the trainer) and exits."""
+    if spec.image != DEFAULT_IMAGE:
+        return []
+    host = {v["name"] for v in volumes if "hostPath" in v}
+    own = [dict(m) for m in mounts if m["name"] in host]
+    if not own:
+        return []
+    return [{
+        "name": "checkpoint-dirs",
+        "image": spec.image,
+        "imagePullPolicy": spec.image_pull_policy,
+        "command": ["chown", f"{TRAINER_UID}:{TRAINER_UID}", *(m["mountPath"] for m in own)],
+        "volumeMounts": own,
+        "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}, "limits": {"memory": "16Mi"}},
+        "securityContext": {
+            "runAsUser": 0, "runAsGroup": 0, "runAsNonRoot": False,
+            "allowPrivilegeEscalation": False, "privileged": False,
+            "capabilities": {"drop": ["ALL"], "add": ["CHOWN"]},
+        },
+    }]
 
 
 def _volumes(spec: TrainingJobSpec, job: str, namespace: str, attempt: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -333,6 +364,9 @@ def build_pod(
         "containers": [container],
         "volumes": volumes,
     }
+    init = _checkpoint_dirs_init(spec, volumes, mounts)
+    if init:
+        pod_spec["initContainers"] = init
     if spec.node_selector:
         pod_spec["nodeSelector"] = dict(spec.node_selector)
     if spec.tolerations:
