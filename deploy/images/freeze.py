@@ -1,5 +1,8 @@
-"""Write deploy/images/operator-constraints.txt: the installed versions of the operator's
-dependency closure (pyproject's [project] dependencies), for reproducible image builds.
+"""Write deploy/images/operator-constraints.txt and trainer-constraints.txt: the installed
+versions of each image's dependency closure, for reproducible image builds. The operator's is
+pyproject's [project] dependencies; the trainer's is the [trainer] extra only (torch, numpy and
+what they pull in; the trainer never imports the operator's kopf/kubernetes/pydantic stack, and
+the image installs railyard itself with --no-deps).
 
 Run from the repository's virtualenv: ``python deploy/images/freeze.py``.
 """
@@ -10,16 +13,27 @@ import importlib.metadata as md
 import re
 import tomllib
 from pathlib import Path
+from typing import Any
 
 from packaging.markers import Marker
 from packaging.requirements import Requirement
 
 ROOT = Path(__file__).resolve().parents[2]
 OUT = Path(__file__).resolve().parent / "operator-constraints.txt"
+TRAINER_OUT = Path(__file__).resolve().parent / "trainer-constraints.txt"
 HEADER = """\
 # Exact versions of the operator image's Python dependencies (the closure of pyproject's
 # [project] dependencies, as tested). The Dockerfile installs with -c this file so two
 # builds of one commit get the same packages. Refresh: python deploy/images/freeze.py
+"""
+
+
+TRAINER_HEADER = """\
+# Exact versions of the trainer image's Python dependencies (the closure of pyproject's
+# [trainer] extra, as tested; local version labels such as +cpu dropped: the torch pin matches
+# the +cu128 and +cpu builds, and trainer_image/Dockerfile names the build). The CUDA wheels of
+# torch (nvidia-*, triton) are not listed: torch's own metadata pins them exactly.
+# Refresh: python deploy/images/freeze.py
 """
 
 
@@ -44,11 +58,20 @@ def closure(roots: list[str]) -> dict[str, str]:
     return seen
 
 
+def trainer_closure(project: dict[str, Any]) -> dict[str, str]:
+    """The [trainer] extra's closure, without local version labels (``2.13.0+cpu`` -> ``2.13.0``)."""
+    pins = closure(project["optional-dependencies"]["trainer"])
+    return {k: v.split("+", 1)[0] for k, v in pins.items()}
+
+
 def main() -> None:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     pins = closure(project["dependencies"])
     OUT.write_text(HEADER + "".join(f"{k}=={v}\n" for k, v in sorted(pins.items())))
     print(f"wrote {OUT} ({len(pins)} packages)")
+    trainer = trainer_closure(project)
+    TRAINER_OUT.write_text(TRAINER_HEADER + "".join(f"{k}=={v}\n" for k, v in sorted(trainer.items())))
+    print(f"wrote {TRAINER_OUT} ({len(trainer)} packages)")
 
 
 if __name__ == "__main__":

@@ -84,6 +84,36 @@ def test_operator_constraints_pin_the_tested_dependency_closure_without_torch() 
     assert "torch" not in pins and "numpy" not in pins
 
 
+def test_trainer_build_is_reproducible_by_construction() -> None:
+    text = TRAINER.read_text()
+    assert "SOURCE_DATE_EPOCH" in text
+    assert "--invalidation-mode unchecked-hash" in text
+    assert "-r /src/constraints.txt" in text and "--no-deps -c /src/constraints.txt" in text
+    assert "COPY deploy/images/trainer-constraints.txt /src/constraints.txt" in text
+    # nothing unpinned from Debian mirrors, and no CUDA base duplicating what the torch wheel bundles
+    instructions = "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("#"))
+    assert "apt-get" not in instructions and "useradd" not in instructions
+    assert not [r for r in base_images(TRAINER) if r.startswith("nvidia/")]
+    assert _arg_defaults(text)["TORCH_VERSION"] == "2.13.0"
+
+
+def test_trainer_constraints_pin_the_trainer_closure_without_the_operator_stack() -> None:
+    sys.path.insert(0, str(ROOT / "deploy" / "images"))
+    try:
+        import freeze
+    finally:
+        sys.path.pop(0)
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    pins = dict(line.split("==") for line in (ROOT / "deploy" / "images" / "trainer-constraints.txt").read_text().split()
+                if "==" in line)
+    assert pins == freeze.trainer_closure(project), "stale: run python deploy/images/freeze.py"
+    assert pins["torch"] == _arg_defaults(TRAINER.read_text())["TORCH_VERSION"]
+    assert not {"kopf", "kubernetes", "pydantic", "aiohttp", "prometheus-client"} & set(pins)
+    assert all("+" not in v for v in pins.values()), "local labels (+cpu) would not match the CUDA build"
+
+
 def test_trainer_image_user_matches_the_uid_the_operator_runs_it_as() -> None:
     """The operator sets runAsUser on pods using the default trainer image; the image's own user
     must be that UID or its home directory is not writable."""

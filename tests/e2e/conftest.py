@@ -124,8 +124,7 @@ def e2e_cluster(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPat
     try:
         _build(OPERATOR_IMAGE, "Dockerfile")
         # kind has no GPUs: the CPU variant (docs/deploy.md)
-        _build(TRAINER_IMAGE, "trainer_image/Dockerfile", "BASE_IMAGE=ubuntu:24.04",
-               "TORCH_INDEX=https://download.pytorch.org/whl/cpu")
+        _build(TRAINER_IMAGE, "trainer_image/Dockerfile", "TORCH_VARIANT=cpu")
         for image in (OPERATOR_IMAGE, TRAINER_IMAGE):
             cluster.load_docker_image(image)
         yield E2ECluster(Path(cluster.kubeconfig_path), "kind", OPERATOR_IMAGE, TRAINER_IMAGE, kind=cluster)
