@@ -37,7 +37,7 @@ OWNER = {"apiVersion": "railyard.dev/v1alpha1", "kind": "TrainingJob", "name": "
 class RecordingKube:
     """Records create/delete calls; ``exists`` names answer AlreadyExists, ``fail`` raises."""
 
-    def __init__(self, exists: set[str] = frozenset(), fail: int | None = None) -> None:  # type: ignore[assignment]
+    def __init__(self, exists: frozenset[str] = frozenset(), fail: int | None = None) -> None:
         self.calls: list[tuple[str, str, Any]] = []
         self.exists, self.fail = set(exists), fail
 
@@ -100,9 +100,9 @@ async def test_podgroup_schedulers_get_their_group_and_pods_keep_our_pinning(
     kube = RecordingKube()
     assert await ops.create_podgroups(kube, plan.objects) == 1  # type: ignore[arg-type]
     assert kube.calls == [("create", path, group)]
-    again = RecordingKube(exists={"tiny-a2"})
+    again = RecordingKube(exists=frozenset({"tiny-a2"}))
     assert await ops.create_podgroups(again, plan.objects) == 0, "AlreadyExists is not an error"  # type: ignore[arg-type]
-    gone = RecordingKube(exists={"tiny-a0"})
+    gone = RecordingKube(exists=frozenset({"tiny-a0"}))
     assert await ops.delete_podgroups(gone, "ml", api_version, ["tiny-a0", "tiny-a1"]) == 1  # type: ignore[arg-type]
     assert [c[1] for c in gone.calls] == [f"{path}/tiny-a0", f"{path}/tiny-a1"]
 
