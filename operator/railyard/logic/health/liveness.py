@@ -46,12 +46,7 @@ def decide_dead_ranks(
         if pod is None or pod.phase != RUNNING:
             continue
         if now - r.last_seen_at >= policy.heartbeat_timeout_s:
-            prev = worst.get(r.pod_index)
-            if prev is None:
-                worst[r.pod_index] = (r, 1)
-            else:
-                first = prev[0] if prev[0].rank < r.rank else r
-                worst[r.pod_index] = (first, prev[1] + 1)
+            _tally(worst, r)
     out = []
     for pod_index, (r, count) in sorted(worst.items()):
         pod = pods[pod_index]
@@ -111,12 +106,7 @@ def decide_hung_ranks(
             continue  # silent, not hung: the dead rule owns it
         since = max(r.step_advanced_at, r.last_saving_at)
         if now - since >= hang_timeout_s:
-            prev = worst.get(r.pod_index)
-            if prev is None:
-                worst[r.pod_index] = (r, 1)
-            else:
-                first = prev[0] if prev[0].rank < r.rank else r
-                worst[r.pod_index] = (first, prev[1] + 1)
+            _tally(worst, r)
     out = []
     for pod_index, (r, count) in sorted(worst.items()):
         since = max(r.step_advanced_at, r.last_saving_at)
@@ -137,3 +127,12 @@ def decide_hung_ranks(
             )
         )
     return out
+
+
+def _tally(worst: dict[int, tuple[RankSignals, int]], r: RankSignals) -> None:
+    """Count ``r`` against its pod, keeping the pod's lowest-numbered offending rank."""
+    prev = worst.get(r.pod_index)
+    if prev is None:
+        worst[r.pod_index] = (r, 1)
+    else:
+        worst[r.pod_index] = (prev[0] if prev[0].rank < r.rank else r, prev[1] + 1)
