@@ -14,7 +14,7 @@ os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
 
 
 # --- the local cluster (railyard/local) -------------------------------------------------------
-import pytest  # noqa: E402
+import pytest
 
 
 @pytest.fixture(scope="session")
