@@ -11,7 +11,6 @@ it means "already exists" (fine: names are deterministic) or "conflict" (re-read
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import random
 import ssl
@@ -20,25 +19,18 @@ from typing import Any
 
 import aiohttp
 
+from railyard.kubeclient import MERGE, ApiError, BaseClient, Obj, load_connection
+
+__all__ = ["MERGE", "TRANSIENT", "ApiError", "Kube", "Obj", "core_path", "custom_path"]
+
 log = logging.getLogger(__name__)
-Obj = dict[str, Any]
-MERGE = "application/merge-patch+json"
 TRANSIENT = frozenset({429, 500, 502, 503, 504})
 
 
-class ApiError(Exception):
-    """A non-2xx answer; ``status`` is the HTTP code, ``reason`` the Status reason if given."""
+class Kube(BaseClient):
+    """One aiohttp session against one API server, retrying what is transient."""
 
-    def __init__(self, status: int, body: Any, method: str, path: str) -> None:
-        self.status = status
-        self.body = body
-        self.reason = str(body.get("reason", "")) if isinstance(body, dict) else ""
-        message = body.get("message") if isinstance(body, dict) else str(body)[:300]
-        super().__init__(f"{method} {path}: {status} {message}")
-
-
-class Kube:
-    """One aiohttp session against one API server."""
+    session_timeout = aiohttp.ClientTimeout(total=60, sock_connect=10)
 
     def __init__(
         self,
@@ -50,54 +42,15 @@ class Kube:
         retries: int = 6,
         backoff_s: float = 0.1,
     ) -> None:
-        self.server = server.rstrip("/")
-        self._headers = {"Accept": "application/json"}
-        if token:
-            self._headers["Authorization"] = token if token.lower().startswith("bearer ") else f"Bearer {token}"
-        self._ssl = ssl_context
-        self._limit = limit
+        super().__init__(server, token=token, ssl_context=ssl_context, limit=limit)
         self._retries = retries
         self._backoff = backoff_s
-        self._session: aiohttp.ClientSession | None = None
 
     @classmethod
     def from_config(cls, kubeconfig: str | None = None, context: str | None = None, **kw: Any) -> Kube:
         """From a kubeconfig (``None``: $KUBECONFIG or ~/.kube/config), else in-cluster."""
-        from kubernetes import client as k8s_client
-        from kubernetes import config as k8s_config
-
-        cfg = k8s_client.Configuration()
-        try:
-            k8s_config.load_kube_config(  # type: ignore[no-untyped-call]
-                config_file=kubeconfig, context=context, client_configuration=cfg)
-        except k8s_config.ConfigException:
-            if kubeconfig:
-                raise
-            k8s_config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
-        token = (cfg.api_key or {}).get("authorization") or (cfg.api_key or {}).get("BearerToken")
-        ctx: ssl.SSLContext | bool | None = None
-        if str(cfg.host).startswith("https"):
-            if not cfg.verify_ssl:
-                ctx = False
-            else:
-                ctx = ssl.create_default_context(cafile=cfg.ssl_ca_cert) if cfg.ssl_ca_cert else ssl.create_default_context()
-                if cfg.cert_file:
-                    ctx.load_cert_chain(cfg.cert_file, cfg.key_file)
-        return cls(str(cfg.host), token=token, ssl_context=ctx, **kw)
-
-    def _sess(self) -> aiohttp.ClientSession:
-        if self._session is None or self._session.closed:
-            self._session = aiohttp.ClientSession(
-                headers=self._headers,
-                connector=aiohttp.TCPConnector(limit=self._limit, ssl=self._ssl if self._ssl is not None else True),
-                timeout=aiohttp.ClientTimeout(total=60, sock_connect=10),
-            )
-        return self._session
-
-    async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        conn = load_connection(kubeconfig, context)
+        return cls(conn.server, token=conn.token, ssl_context=conn.ssl_context, **kw)
 
     async def request(
         self,
@@ -108,23 +61,14 @@ class Kube:
         params: Mapping[str, Any] | None = None,
         content_type: str = "application/json",
     ) -> Obj:
-        data = None if body is None else json.dumps(body)
-        headers = {"Content-Type": content_type} if data is not None else {}
-        query = {k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in (params or {}).items() if v is not None}
         attempt = 0
         while True:
             try:
-                async with self._sess().request(method, self.server + path, data=data, headers=headers, params=query) as resp:
-                    text = await resp.text()
-                    try:
-                        payload: Any = json.loads(text) if text else {}
-                    except ValueError:
-                        payload = text
-                    if resp.status < 400:
-                        return payload if isinstance(payload, dict) else {"raw": payload}
-                    err = ApiError(resp.status, payload, method, path)
-                    if resp.status not in TRANSIENT:
-                        raise err
+                return await self.send(method, path, body=body, params=params, content_type=content_type)
+            except ApiError as exc:
+                if exc.status not in TRANSIENT:
+                    raise
+                err = exc
             except (aiohttp.ClientConnectionError, TimeoutError) as exc:
                 err = ApiError(0, str(exc), method, path)
             attempt += 1

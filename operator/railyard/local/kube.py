@@ -13,89 +13,40 @@ import asyncio
 import contextlib
 import json
 import logging
-import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 
 import aiohttp
 
+from railyard.kubeclient import (
+    JSON_PATCH,
+    MERGE,
+    STRATEGIC,
+    ApiError,
+    BaseClient,
+    Obj,
+    json_or_text,
+    load_connection,
+)
+
+__all__ = ["JSON_PATCH", "MERGE", "STRATEGIC", "ApiError", "Informer", "KubeClient", "Obj", "client_from", "key_of", "retry"]
+
 log = logging.getLogger(__name__)
-Obj = dict[str, Any]
-MERGE = "application/merge-patch+json"
-STRATEGIC = "application/strategic-merge-patch+json"
-JSON_PATCH = "application/json-patch+json"
 
 
-class ApiError(Exception):
-    """A non-2xx answer; ``status`` is the HTTP code, ``body`` the Status object when given."""
-
-    def __init__(self, status: int, body: Any, method: str, path: str) -> None:
-        self.status = status
-        self.body = body
-        message = body.get("message") if isinstance(body, dict) else str(body)[:300]
-        super().__init__(f"{method} {path}: {status} {message}")
-
-
-class KubeClient:
-    """One aiohttp session against one API server."""
-
-    def __init__(
-        self,
-        server: str,
-        *,
-        token: str | None = None,
-        ssl_context: ssl.SSLContext | bool | None = None,
-        limit: int = 64,
-    ) -> None:
-        self.server = server.rstrip("/")
-        self._headers = {"Accept": "application/json"}
-        if token:
-            self._headers["Authorization"] = token if token.lower().startswith("bearer ") else f"Bearer {token}"
-        self._ssl = ssl_context
-        self._limit = limit
-        self._session: aiohttp.ClientSession | None = None
+class KubeClient(BaseClient):
+    """One aiohttp session against one API server; requests time out per call, watches stream."""
 
     @classmethod
     def from_kubeconfig(cls, path: str, context: str | None = None) -> KubeClient:
-        from kubernetes import client as k8s_client
-        from kubernetes import config as k8s_config
-
-        cfg = k8s_client.Configuration()
-        k8s_config.load_kube_config(  # type: ignore[no-untyped-call]
-            config_file=path, context=context, client_configuration=cfg
-        )
-        keys = cfg.api_key or {}
-        token = keys.get("BearerToken") or keys.get("authorization")
-        ssl_ctx: ssl.SSLContext | bool | None = None
-        if str(cfg.host).startswith("https"):
-            if not cfg.verify_ssl:
-                ssl_ctx = False
-            else:
-                ctx = ssl.create_default_context(cafile=cfg.ssl_ca_cert) if cfg.ssl_ca_cert else ssl.create_default_context()
-                if cfg.cert_file:
-                    ctx.load_cert_chain(cfg.cert_file, cfg.key_file)
-                ssl_ctx = ctx
-        return cls(str(cfg.host), token=token, ssl_context=ssl_ctx)
+        conn = load_connection(path, context)
+        return cls(conn.server, token=conn.token, ssl_context=conn.ssl_context)
 
     async def __aenter__(self) -> KubeClient:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
-
-    def _sess(self) -> aiohttp.ClientSession:
-        if self._session is None or self._session.closed:
-            self._session = aiohttp.ClientSession(
-                headers=self._headers,
-                connector=aiohttp.TCPConnector(limit=self._limit, ssl=self._ssl if self._ssl is not None else True),
-                timeout=aiohttp.ClientTimeout(total=None, sock_connect=10),
-            )
-        return self._session
-
-    async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
 
     async def request(
         self,
@@ -107,24 +58,7 @@ class KubeClient:
         content_type: str = "application/json",
         timeout: float = 30.0,
     ) -> Obj:
-        data = None if body is None else json.dumps(body)
-        headers = {"Content-Type": content_type} if data is not None else {}
-        async with self._sess().request(
-            method,
-            self.server + path,
-            params=_params(params),
-            data=data,
-            headers=headers,
-            timeout=aiohttp.ClientTimeout(total=timeout),
-        ) as resp:
-            text = await resp.text()
-            try:
-                payload: Any = json.loads(text) if text else {}
-            except ValueError:
-                payload = text
-            if resp.status >= 400:
-                raise ApiError(resp.status, payload, method, path)
-            return payload if isinstance(payload, dict) else {"raw": payload}
+        return await self.send(method, path, params=params, body=body, content_type=content_type, timeout=timeout)
 
     async def get(self, path: str, **params: Any) -> Obj:
         return await self.request("GET", path, params=params)
@@ -154,7 +88,7 @@ class KubeClient:
         ) as resp:
             if resp.status >= 400:
                 text = await resp.text()
-                raise ApiError(resp.status, _json_or_text(text), "WATCH", path)
+                raise ApiError(resp.status, json_or_text(text), "WATCH", path)
             buf = b""
             async for chunk in resp.content.iter_any():
                 buf += chunk
@@ -164,19 +98,6 @@ class KubeClient:
                         yield json.loads(line)
             if buf.strip():
                 yield json.loads(buf)
-
-
-def _params(params: Mapping[str, Any] | None) -> dict[str, str] | None:
-    if not params:
-        return None
-    return {k: (str(v).lower() if isinstance(v, bool) else str(v)) for k, v in params.items() if v is not None}
-
-
-def _json_or_text(text: str) -> Any:
-    try:
-        return json.loads(text)
-    except ValueError:
-        return text
 
 
 def key_of(obj: Mapping[str, Any]) -> str:
