@@ -10,7 +10,7 @@ import asyncio
 import logging
 import secrets
 import time
-from collections.abc import Awaitable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from railyard import GROUP, VERSION
@@ -216,17 +216,13 @@ def _without_ours(taints: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
 
 async def quarantine_node(kube: Kube, node: str, *, reason: str, job: str, now: float) -> bool:
     """Taint, label and annotate ``node`` (one patch, optimistic concurrency, 409 re-read)."""
-    path = core_path("nodes", None, node)
-    for _ in range(8):
-        obj = await kube.get(path)
-        if obj is None:
-            return False
+    value = "".join(ch if ch.isalnum() or ch in "-_." else "-" for ch in reason)[:63].strip("-_.") or "failed"
+
+    def build(obj: dict[str, Any]) -> dict[str, Any]:
         taints = _without_ours((obj.get("spec") or {}).get("taints") or [])
-        value = "".join(ch if ch.isalnum() or ch in "-_." else "-" for ch in reason)[:63].strip("-_.") or "failed"
         taints.append({"key": QUARANTINE_KEY, "value": value, "effect": "NoSchedule"})
-        patch = {
+        return {
             "metadata": {
-                "resourceVersion": obj["metadata"].get("resourceVersion"),
                 "labels": {QUARANTINE_KEY: "true"},
                 "annotations": {
                     REASON_ANNOTATION: reason[:1024],
@@ -237,26 +233,17 @@ async def quarantine_node(kube: Kube, node: str, *, reason: str, job: str, now: 
             },
             "spec": {"taints": taints},
         }
-        try:
-            await kube.patch(path, patch)
-            return True
-        except ApiError as exc:
-            if exc.status != 409:
-                raise
-    return False
+
+    return await _patch_node(kube, node, build)
 
 
 async def release_node(kube: Kube, node: str) -> bool:
     """Remove our taint, label and annotations from ``node``."""
-    path = core_path("nodes", None, node)
-    for _ in range(8):
-        obj = await kube.get(path)
-        if obj is None:
-            return False
+
+    def build(obj: dict[str, Any]) -> dict[str, Any]:
         taints = _without_ours((obj.get("spec") or {}).get("taints") or [])
-        patch = {
+        return {
             "metadata": {
-                "resourceVersion": obj["metadata"].get("resourceVersion"),
                 "labels": {QUARANTINE_KEY: None},
                 "annotations": {
                     REASON_ANNOTATION: None,
@@ -267,6 +254,20 @@ async def release_node(kube: Kube, node: str) -> bool:
             },
             "spec": {"taints": taints or None},
         }
+
+    return await _patch_node(kube, node, build)
+
+
+async def _patch_node(kube: Kube, node: str, build: Callable[[dict[str, Any]], dict[str, Any]]) -> bool:
+    """Patch ``node`` with ``build(node object)`` at the resourceVersion read; a 409 re-reads and
+    rebuilds (8 tries). False when the node is gone or the conflicts outlast the tries."""
+    path = core_path("nodes", None, node)
+    for _ in range(8):
+        obj = await kube.get(path)
+        if obj is None:
+            return False
+        patch = build(obj)
+        patch["metadata"]["resourceVersion"] = obj["metadata"].get("resourceVersion")
         try:
             await kube.patch(path, patch)
             return True
