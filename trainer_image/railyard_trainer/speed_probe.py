@@ -7,8 +7,11 @@ signal. The probe is: the same matrix products on every rank, on the rank's own 
 with a device sync and no communication. A throttled GPU (or a throttled simulated node) takes
 longer; nothing else does. Its time is what heartbeats carry as ``compute_s``.
 
-Sizes: about 1.5 ms on an H100-class GPU (4096^2 bf16, 8 products) and about 15 ms on one CPU
-core (256^2 fp32, 80 products), a few percent of a step of the presets meant for each.
+Each probe is three short runs and reports the median: one run delayed from outside (the OS
+scheduling another process on a shared CPU, a page fault) does not move it, while a throttled
+device is slow in every run. Sizes: about 3 x 0.5 ms
+on an H100-class GPU (4096^2 bf16, 3 products each) and about 3 x 6 ms on one CPU core (256^2
+fp32, 32 products each), a few percent of a step of the presets meant for each.
 """
 
 from __future__ import annotations
@@ -22,9 +25,10 @@ class SpeedProbe:
     def __init__(self, device: torch.device) -> None:
         self.device = device
         if device.type == "cuda":
-            n, self.iters, dtype = 4096, 8, torch.bfloat16
+            n, self.iters, dtype = 4096, 3, torch.bfloat16
         else:
-            n, self.iters, dtype = 256, 80, torch.float32
+            n, self.iters, dtype = 256, 32, torch.float32
+        self.repeats = 3
         gen = torch.Generator(device="cpu").manual_seed(1234)
         self.a = torch.randn(n, n, generator=gen, dtype=torch.float32).to(device=device, dtype=dtype) / n**0.5
         self.b = torch.randn(n, n, generator=gen, dtype=torch.float32).to(device=device, dtype=dtype) / n**0.5
@@ -34,9 +38,13 @@ class SpeedProbe:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
-    @torch.no_grad()
     def run(self) -> float:
-        """Seconds one probe took on this rank."""
+        """Seconds of the median of this probe's runs on this rank."""
+        runs = sorted(self._once() for _ in range(self.repeats))
+        return runs[len(runs) // 2]
+
+    @torch.no_grad()
+    def _once(self) -> float:
         self._sync()
         start = time.perf_counter()
         x = self.a

@@ -40,8 +40,9 @@ log = logging.getLogger(__name__)
 RESOLVER_SOURCE = Path(__file__).with_name("_resolver_site.py")
 DEFAULT_GRACE = 30
 RESTART_BACKOFF_MAX = 10.0
-#: Short enough that the trainer's ~15 ms speed probe sees the average slow-down.
-SLOW_PERIOD = 0.02
+#: Much shorter than one run of the trainer's speed probe (~6 ms on a CPU core), so every run
+#: sees the slow-down, as on a throttled device, rather than some runs slipping between stops.
+SLOW_PERIOD = 0.004
 #: A pod with this annotation set to "true" is reported Running without starting processes
 #: (as kwok does): for scale tests of 1,000-pod gangs on a 2-core machine.
 SIMULATE_ANNOTATION = "local.railyard.dev/simulate"
