@@ -594,7 +594,7 @@ class CheckpointManager:
             if not errors:
                 return self._restored(ctx, decision.source, t0, nbytes, decision.rejected)
             load_failures.append(f"{decision.source.tier} step {decision.source.step}: load failed: {errors[0]}")
-            found = _mark_corrupt(found, decision.source, None)
+            found = _mark_corrupt(found, decision.source)
         raise NoVerifiedCheckpoint("restore: gave up after too many rounds")  # pragma: no cover
 
     def _restored(
@@ -869,7 +869,7 @@ def _hint(raw: Mapping[str, Any] | None) -> RestoreHint | None:
     return None
 
 
-def _mark_corrupt(found: list[FoundCheckpoint], src: RestoreSource, paths: set[str] | None) -> list[FoundCheckpoint]:
+def _mark_corrupt(found: list[FoundCheckpoint], src: RestoreSource) -> list[FoundCheckpoint]:
     """Drop the copies a failed load used, so the next decision picks something else."""
     out = []
     for f in found:
@@ -877,7 +877,7 @@ def _mark_corrupt(found: list[FoundCheckpoint], src: RestoreSource, paths: set[s
         if (m.tier, m.step, m.attempt) != (src.tier, src.step, src.attempt):
             out.append(f)
             continue
-        used = {p for p, loc in src.sources.items() if loc == f.location and (paths is None or p in paths)}
+        used = {p for p, loc in src.sources.items() if loc == f.location}
         out.append(replace(f, corrupt=f.corrupt | used))
     return out
 
