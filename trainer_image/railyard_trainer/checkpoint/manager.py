@@ -777,6 +777,11 @@ def _uses_default_state_dict(opt: torch.optim.Optimizer) -> bool:
     return type(opt).state_dict is torch.optim.Optimizer.state_dict
 
 
+def _optim_holder(ctx: TrainContext) -> nn.Module:
+    """The module the optimizer's parameters belong to (all parts when there are several)."""
+    return ctx.model_parts[0] if len(ctx.model_parts) == 1 else nn.ModuleList(ctx.model_parts)
+
+
 def tensor_state(ctx: TrainContext) -> dict[str, Any]:
     """Model and optimizer state keyed by parameter name (DCP reshards by name)."""
     model: dict[str, Any] = {}
@@ -786,8 +791,7 @@ def tensor_state(ctx: TrainContext) -> dict[str, Any]:
     opt = ctx.optimizer
     if opt is not None:
         if _uses_default_state_dict(opt):
-            holder = ctx.model_parts[0] if len(ctx.model_parts) == 1 else nn.ModuleList(ctx.model_parts)
-            state["optim"] = get_optimizer_state_dict(holder, opt, options=_FLAT)
+            state["optim"] = get_optimizer_state_dict(_optim_holder(ctx), opt, options=_FLAT)
         else:
             # The trainer's Optimizers container already gives a flat, name-keyed dict.
             state["optim"] = opt.state_dict()
@@ -800,8 +804,7 @@ def apply_tensor_state(ctx: TrainContext, state: Mapping[str, Any]) -> None:
     opt = ctx.optimizer
     if opt is not None and "optim" in state:
         if _uses_default_state_dict(opt):
-            holder = ctx.model_parts[0] if len(ctx.model_parts) == 1 else nn.ModuleList(ctx.model_parts)
-            set_optimizer_state_dict(holder, opt, optim_state_dict=state["optim"], options=_FLAT)
+            set_optimizer_state_dict(_optim_holder(ctx), opt, optim_state_dict=state["optim"], options=_FLAT)
         else:
             opt.load_state_dict(dict(state["optim"]))
 
