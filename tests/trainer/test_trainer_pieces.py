@@ -57,6 +57,15 @@ def test_plan_refuses_a_config_that_disagrees_with_the_table(tmp_path) -> None: 
         plan_launch(_args(), {"RAILYARD_RANK_TABLE": str(path), "RAILYARD_POD_INDEX": "0", "MASTER_ADDR": "no-such-host.invalid"})
 
 
+def test_plan_names_the_variable_that_is_not_a_number(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    path = tmp_path / "rt.json"
+    path.write_text(_table().to_json())
+    with pytest.raises(ConfigError, match="RAILYARD_POD_INDEX: expected an integer, got 'one'"):
+        plan_launch(_args(), {"RAILYARD_RANK_TABLE": str(path), "RAILYARD_POD_INDEX": "one"})
+    with pytest.raises(ConfigError, match="MASTER_PORT: expected an integer"):
+        plan_launch(_args(), {"MASTER_PORT": "29500/tcp"})
+
+
 def test_plan_by_hand_builds_a_single_node_table() -> None:
     plan = plan_launch(_args("--nproc-per-node", "4", "--tp", "2", "--pp", "2", "--steps", "3"), {})
     assert [w.coords for w in plan.workers] == [(0, 0, 0), (0, 0, 1), (1, 0, 0), (1, 0, 1)]

@@ -159,6 +159,17 @@ def resolve(host: str, port: int) -> str:
     return str(infos[0][4][0])
 
 
+def _env_int(env: Mapping[str, str], name: str) -> int | None:
+    """An integer environment variable (None when unset or empty); ConfigError naming it otherwise."""
+    raw = env.get(name)
+    if not raw:
+        return None
+    try:
+        return int(raw)
+    except ValueError as exc:
+        raise ConfigError([f"{name}: expected an integer, got {raw!r}"]) from exc
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -170,16 +181,16 @@ def plan_launch(args: argparse.Namespace, env: Mapping[str, str]) -> LaunchPlan:
     cfg = load_config(config_path) if config_path else TrainerConfig()
     cfg = apply_overrides(cfg, args, env)
     table_path = args.rank_table or env.get("RAILYARD_RANK_TABLE")
-    env_port = env.get("MASTER_PORT")
+    env_port = _env_int(env, "MASTER_PORT")
     if table_path:
         try:
             table = RankTable.from_json(Path(table_path).read_text())
         except OSError as exc:
             raise ConfigError([f"RAILYARD_RANK_TABLE: cannot read {table_path} ({exc.strerror})"]) from exc
-        pod_raw = args.pod_index if args.pod_index is not None else env.get("RAILYARD_POD_INDEX")
-        if pod_raw is None:
+        pod = args.pod_index if args.pod_index is not None else _env_int(env, "RAILYARD_POD_INDEX")
+        if pod is None:
             raise ConfigError(["RAILYARD_POD_INDEX: required with a rank table (which pod am I?)"])
-        pod_index = int(pod_raw)
+        pod_index = pod
         # The rank table is authoritative; a config that names other (non-default) sizes is
         # refused rather than silently overridden.
         p = cfg.parallelism
@@ -192,13 +203,13 @@ def plan_launch(args: argparse.Namespace, env: Mapping[str, str]) -> LaunchPlan:
             raise ConfigError(problems)
     else:
         pod_index = 0
-        port = args.master_port or (int(env_port) if env_port else _free_port())
+        port = args.master_port or (env_port if env_port is not None else _free_port())
         table = single_node_table(cfg, args.nproc_per_node or 1, node=env.get("RAILYARD_NODE_NAME") or socket.gethostname(), master_port=port)
     mine = table.ranks_of_pod(pod_index)
     if not mine:
         raise ConfigError([f"RAILYARD_POD_INDEX: pod {pod_index} has no ranks in the rank table"])
     master = args.master_addr or env.get("MASTER_ADDR") or table.master_addr or "127.0.0.1"
-    port = args.master_port or (int(env_port) if env_port else table.master_port)
+    port = args.master_port or (env_port if env_port is not None else table.master_port)
     node = env.get("RAILYARD_NODE_NAME") or mine[0].node
     plan = LaunchPlan(cfg, table, pod_index, resolve(master, port), port)
     # TP groups stay inside a node, so a pod's own rank count is the per-node process count.
