@@ -5,11 +5,10 @@ Hooks (see hooks.py) are called at fixed points: ``checkpointer.restore`` before
 the optimizer step, ``health.after_step`` with the step's metrics, and
 ``checkpointer.maybe_save(checks_passed=health.checks_passed())`` after every step.
 
-``compute_s`` (the straggler signal) is this rank's forward+backward wall time, measured with a
-device sync at both ends. Under FSDP the parameter all-gathers and gradient reduce-scatters
-overlap with it and are included; the gradient-norm all-reduce, loss all-reduce and optimizer
-step are not. A slow rank therefore shows up in its own ``compute_s`` while its peers wait in
-the (excluded) norm all-reduce.
+``compute_s`` (the straggler signal) is the time of this rank's speed probe (speed_probe.py), a
+fixed, collective-free workload run every step: under FSDP a healthy rank's forward+backward
+waits for the slowest peer inside the all-gathers, so forward+backward time (logged as
+``fwd_bwd_s``) cannot tell the slow rank from the ones waiting for it.
 """
 
 from __future__ import annotations
