@@ -147,7 +147,9 @@ def _up(args: argparse.Namespace, state_dir: Path) -> int:
         print(f"railyard local: {cluster.mode} cluster up with {len(cluster.node_specs)} nodes; state in {state_dir}")
         print(f"kubeconfig: {kubeconfig}")
         print(f"export KUBECONFIG={kubeconfig}", flush=True)
-        ready.write_text(json.dumps({"pid": os.getpid(), "kubeconfig": str(kubeconfig)}))
+        tmp = ready.with_suffix(".tmp")  # `up --detach` polls for this file: never let it read half of it
+        tmp.write_text(json.dumps({"pid": os.getpid(), "kubeconfig": str(kubeconfig)}))
+        os.replace(tmp, ready)
         operator_reported = False
         while not stop["now"]:
             code = cluster.operator_exit_code()
