@@ -10,7 +10,6 @@ list/watch/get/create/patch/delete plus a list-then-watch :class:`Informer`.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
@@ -29,7 +28,7 @@ from railyard.kubeclient import (
     load_connection,
 )
 
-__all__ = ["JSON_PATCH", "MERGE", "STRATEGIC", "ApiError", "Informer", "KubeClient", "Obj", "client_from", "key_of", "retry"]
+__all__ = ["JSON_PATCH", "MERGE", "STRATEGIC", "ApiError", "Informer", "KubeClient", "Obj", "key_of", "retry"]
 
 log = logging.getLogger(__name__)
 
@@ -170,7 +169,7 @@ class Informer:
                             need_list = True
                             break
                         raise ApiError(int(code or 500), obj, "WATCH", self.path)
-                    rv = str((obj.get("metadata") or {}).get("resourceVersion", ""))
+                    rv = _rv(obj)
                     if rv:
                         self._rv = rv
                     if kind == "BOOKMARK":
@@ -222,11 +221,3 @@ async def retry(call: Callable[[], Awaitable[Obj]], *, attempts: int = 6, what: 
         delay = min(delay * 2, 2.0)
     return None
 
-
-@contextlib.asynccontextmanager
-async def client_from(path: str) -> AsyncIterator[KubeClient]:
-    client = KubeClient.from_kubeconfig(path)
-    try:
-        yield client
-    finally:
-        await client.close()
