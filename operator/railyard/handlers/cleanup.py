@@ -16,8 +16,7 @@ from railyard.api.trainingjob import TrainingJob
 from railyard.k8s import gang as ops
 from railyard.logic.conditions import parse_time
 from railyard.logic.failures import node_is_ready
-from railyard.logic.manifests import CLEANUP_FINALIZER, build_cleanup_pod, configmap_name
-from railyard.protocol.ranktable import RankTable
+from railyard.logic.manifests import CLEANUP_FINALIZER, build_cleanup_pod
 
 #: Longest a deletion waits for the cleanup pods.
 CLEANUP_TIMEOUT_S = 120.0
@@ -26,14 +25,9 @@ CLEANUP_TIMEOUT_S = 120.0
 async def _nodes_that_held_the_job(c: Any) -> list[str]:
     nodes: list[str] = list(c.st.placement.nodes) if c.st.placement else []
     for attempt in range(max(c.st.attempt - 4, 0), c.st.attempt + 1):
-        cm = await ops.get_configmap(c.kube, c.ns, configmap_name(c.name, attempt))
-        if cm is None:
-            continue
-        try:
-            table = RankTable.from_json((cm.get("data") or {}).get("ranktable.json", ""))
-        except ValueError:
-            continue
-        nodes += [p.node for p in table.pods]
+        table = await ops.read_rank_table(c.kube, c.ns, c.name, attempt)
+        if table is not None:
+            nodes += [p.node for p in table.pods]
     return sorted(set(nodes))
 
 

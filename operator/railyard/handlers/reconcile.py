@@ -414,12 +414,9 @@ async def _previous_placement(c: Cycle) -> RankTable | None:
     if c.st.attempt == 0:
         return None
     for prev in range(c.st.attempt - 1, max(c.st.attempt - 4, -1), -1):
-        cm = await ops.get_configmap(c.kube, c.ns, configmap_name(c.name, prev))
-        if cm is not None:
-            try:
-                return RankTable.from_json((cm.get("data") or {}).get("ranktable.json", ""))
-            except ValueError:
-                return None
+        table = await ops.read_rank_table(c.kube, c.ns, c.name, prev)
+        if table is not None:
+            return table
     return None
 
 
@@ -512,13 +509,7 @@ async def _finish_creation(c: Cycle, job: TrainingJob, current: Sequence[Mapping
     """Resume a gang whose creation was interrupted: same names, same nodes (from the
     attempt's ConfigMap), then lift every gate."""
     rt = c.rt
-    cm = await ops.get_configmap(c.kube, c.ns, configmap_name(c.name, c.st.attempt))
-    table = None
-    if cm is not None:
-        try:
-            table = RankTable.from_json((cm.get("data") or {}).get("ranktable.json", ""))
-        except ValueError:
-            table = None
+    table = await ops.read_rank_table(c.kube, c.ns, c.name, c.st.attempt)
     if table is None:
         # nothing says where the rest goes: start this attempt over
         await c.delete_pods(current, rt.node_map())

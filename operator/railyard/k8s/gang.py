@@ -17,7 +17,12 @@ from railyard import GROUP, VERSION
 from railyard.api.trainingjob import API_VERSION, KIND, PLURAL
 from railyard.k8s.client import ApiError, Kube, core_path, custom_path
 from railyard.logic.conditions import format_time
-from railyard.logic.manifests import build_gate_removal, secret_name
+from railyard.logic.manifests import (
+    RANK_TABLE_FILE,
+    build_gate_removal,
+    configmap_name,
+    secret_name,
+)
 from railyard.logic.quarantine import (
     JOB_ANNOTATION,
     REASON_ANNOTATION,
@@ -32,6 +37,7 @@ from railyard.logic.schedulers import (
     VOLCANO_GROUP,
 )
 from railyard.logic.topology import QUARANTINE_KEY
+from railyard.protocol.ranktable import RankTable
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -130,6 +136,17 @@ async def lift_gates(kube: Kube, pods: Sequence[Mapping[str, Any]]) -> int:
 
 async def get_configmap(kube: Kube, namespace: str, name: str) -> dict[str, Any] | None:
     return await kube.get(core_path("configmaps", namespace, name))
+
+
+async def read_rank_table(kube: Kube, namespace: str, job: str, attempt: int) -> RankTable | None:
+    """The rank table an attempt's ConfigMap holds; None when the ConfigMap is gone or unreadable."""
+    cm = await get_configmap(kube, namespace, configmap_name(job, attempt))
+    if cm is None:
+        return None
+    try:
+        return RankTable.from_json((cm.get("data") or {}).get(RANK_TABLE_FILE, ""))
+    except ValueError:
+        return None
 
 
 async def delete_configmaps(kube: Kube, namespace: str, names: Iterable[str]) -> None:
