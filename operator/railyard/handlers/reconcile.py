@@ -114,6 +114,7 @@ class Cycle:
         except ValidationError:
             log.warning("%s/%s: unreadable status, rebuilding from the cluster", self.ns, self.name)
             self.st = TrainingJobStatus()
+        self.old_st = self.st  # what the Events compare against (updates replace st, never mutate it)
         self.extra_events: list[tuple[str, str, str]] = []
 
     def phase(self, phase: str, reason: str, message: str) -> None:
@@ -132,18 +133,10 @@ class Cycle:
                 return
             self.w.status_wire = new_wire
         self.rt.set_phase(self.ns, self.name, self.st.phase)
-        old = TrainingJobStatus.model_validate(self.old_wire) if self._valid_old() else TrainingJobStatus()
-        for type_, reason, message in build_transition_events(old, self.st):
+        for type_, reason, message in build_transition_events(self.old_st, self.st):
             await ops.create_event(self.kube, self.body, type_=type_, reason=reason, message=message, now=self.now)
         for type_, reason, message in self.extra_events:
             await ops.create_event(self.kube, self.body, type_=type_, reason=reason, message=message, now=self.now)
-
-    def _valid_old(self) -> bool:
-        try:
-            TrainingJobStatus.model_validate(self.old_wire)
-            return True
-        except ValidationError:
-            return False
 
     # deletion -----------------------------------------------------------------------------
 
@@ -464,9 +457,8 @@ async def _place_and_create(c: Cycle, job: TrainingJob, nodes: Mapping[str, Mapp
         result.nodes, spares=result.spares, domains=result.domains,
         cross_bytes_per_step=result.cross_bytes_per_step, rail_aligned=result.rail_aligned,
     )
-    spine = next((k for k in result.cross_bytes_per_step if k not in ("host", "network")), None)
     levels = [k for k in result.cross_bytes_per_step if k not in ("host", "network")]
-    spine = levels[-1] if levels else spine
+    spine = levels[-1] if levels else None
     rt.metrics.set_cross_bytes(c.ns, c.name, dict(result.cross_bytes_per_step), spine)
     c.st = c.st.model_copy(
         update={
