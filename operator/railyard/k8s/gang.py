@@ -7,6 +7,7 @@ killed half way and restarted, converges instead of duplicating.
 from __future__ import annotations
 
 import asyncio
+import base64
 import logging
 import secrets
 import time
@@ -94,17 +95,15 @@ async def delete_podgroups(kube: Kube, namespace: str, api_version: str, names: 
 
 async def ensure_secret(kube: Kube, secret: Mapping[str, Any]) -> str:
     """Create the job's heartbeat Secret if missing; return the token it holds."""
-    import base64
-
-    await kube.create(core_path("secrets", secret["metadata"]["namespace"]), dict(secret))
-    got = await kube.get(core_path("secrets", secret["metadata"]["namespace"], secret["metadata"]["name"]))
+    meta = secret["metadata"]
+    got = await kube.create(core_path("secrets", meta["namespace"]), dict(secret))
+    if got is None:  # it existed already: the token is the one it holds, not ours
+        got = await kube.get(core_path("secrets", meta["namespace"], meta["name"]))
     data = (got or secret).get("data") or {}
     return base64.b64decode(data.get("token", "")).decode()
 
 
 async def read_token(kube: Kube, namespace: str, job: str) -> str | None:
-    import base64
-
     got = await kube.get(core_path("secrets", namespace, secret_name(job)))
     if got is None:
         return None
