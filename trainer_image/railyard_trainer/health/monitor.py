@@ -450,20 +450,10 @@ def _replay_fn(ctx: TrainContext) -> ReplayFn | None:
 
 def _global_grad_norm(ctx: TrainContext) -> float:
     """The total gradient norm exactly as the train loop computes it (so a clean replay
-    reproduces it): the loop's own norm function without clipping, when it is importable."""
-    try:
-        from railyard_trainer.train import clip_grad_norm_
-    except ImportError:
-        clip_grad_norm_ = None  # type: ignore[assignment]
-    if clip_grad_norm_ is not None:
-        return float(clip_grad_norm_(ctx.model_parts, 0.0, pp_group=None))
-    grads = [local_tensor(p.grad).detach() for p in _params(ctx) if p.grad is not None]
-    sq = torch.zeros((), dtype=torch.float64, device=grads[0].device if grads else "cpu")
-    for g in grads:
-        sq = sq + g.double().pow(2).sum()
-    if _dist_on():
-        dist.all_reduce(sq)  # plain FSDP shards: the global norm is the sum over ranks
-    return float(sq.sqrt())
+    reproduces it): the loop's own norm function without clipping."""
+    from railyard_trainer.train import clip_grad_norm_
+
+    return float(clip_grad_norm_(ctx.model_parts, 0.0, pp_group=None))
 
 
 def _replicated_sets(ctx: TrainContext) -> list[tuple[str, Any, list[torch.Tensor]]]:
