@@ -148,7 +148,7 @@ class NodeManager:
         self._since: dict[str, str] = {}
         self._on_control = on_control
         self._sem = asyncio.Semaphore(32)
-        self._wake = asyncio.Event()
+        self._tasks: set[asyncio.Task[None]] = set()  # the loop keeps only weak references
 
     async def _bounded(self, coro: Any) -> Any:
         async with self._sem:
@@ -231,7 +231,9 @@ class NodeManager:
         self.controls[name] = control
         if control.failed != before.failed:
             self._since[name] = now_iso()
-            asyncio.get_running_loop().create_task(self._safe(self.patch_status(name)))
+            task = asyncio.get_running_loop().create_task(self._safe(self.patch_status(name)))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
         if self._on_control is not None:
             self._on_control(name, before, control)
 
