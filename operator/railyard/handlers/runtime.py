@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -63,7 +63,6 @@ class JobWorker:
     task: asyncio.Task[None] | None = None
     #: The status this worker wrote last (the watch may not have delivered it yet).
     status_wire: dict[str, Any] | None = None
-    status_rv: str = ""
     #: pod name -> when we last asked for its deletion (no DELETE storm while it terminates).
     deleting: dict[str, float] = field(default_factory=dict)
     placement_failures: int = 0
@@ -167,9 +166,9 @@ class Runtime:
         if w is not None:
             w.wake.set()
 
-    def wake_jobs(self, keys: Iterable[Key] | None = None) -> None:
-        for key in (self.workers if keys is None else keys):
-            self.wake(*key)
+    def wake_jobs(self) -> None:
+        for w in self.workers.values():
+            w.wake.set()
 
     def set_phase(self, namespace: str, name: str, phase: str) -> None:
         if self.phases.get((namespace, name)) != phase:
