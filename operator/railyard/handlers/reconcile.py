@@ -190,6 +190,10 @@ async def _step(c: Cycle, job: TrainingJob) -> float | None:
     rt, spec = c.rt, job.spec
     pods = rt.pods_of(c.ns, c.name)
     nodes = rt.node_map()
+    if c.w.deleting:
+        # forget the deletions of pods that are gone (the names of every attempt would pile up)
+        present = {str((p.get("metadata") or {}).get("name")) for p in pods}
+        c.w.deleting = {n: t for n, t in c.w.deleting.items() if n in present}
     _refresh_quarantine(c, nodes)
     if c.st.phase in ("Succeeded", "Failed"):
         failed = find_condition(c.st.conditions, "Failed")
