@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
+from railyard.local.kube import KubeClient
 from railyard.local.quantity import QuantityError, parse_quantity, to_milli
+from railyard.local.scheduler import Scheduler
 from railyard.local.scheduling import (
     build_node_info,
     candidate_names,
@@ -176,3 +178,17 @@ def test_quantities(text: str, milli: int) -> None:
 def test_bad_quantity_names_the_fix() -> None:
     with pytest.raises(QuantityError, match="64Gi"):
         parse_quantity("64 gigs")
+
+
+async def test_a_node_deleted_and_added_again_still_counts_the_pods_bound_to_it() -> None:
+    sched = Scheduler(cast(KubeClient, None), {})
+    node = make_node("node-0", gpus=2)
+    pod = make_pod("a", "default").gpus(2).on_node("node-0").obj()
+    pod["metadata"]["uid"] = "uid-a"
+    sched.on_node("ADDED", node, None)
+    sched.on_pod("ADDED", pod, None)
+    sched.on_node("DELETED", node, node)
+    sched.on_node("ADDED", node, None)
+    assert sched.nodes["node-0"].requested["nvidia.com/gpu"] == 2000
+    sched.on_pod("DELETED", pod, pod)
+    assert sched.nodes["node-0"].requested["nvidia.com/gpu"] == 0

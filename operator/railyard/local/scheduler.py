@@ -55,6 +55,10 @@ class Scheduler:
         previous = self.nodes.get(name)
         if previous is not None:
             info.requested = previous.requested
+        else:  # new, or deleted and added again: count the pods already bound to it
+            for on, requests in self.usage.values():
+                if on == name:
+                    info.add(requests)
         self.nodes[name] = info
         self._wake_waiting()
 
