@@ -830,21 +830,31 @@ class Agent:
         return [pg for w in list(self.workers.values()) if w.node.name == node and not w.stopping for pg in w.pgids()]
 
     async def _duty_cycle(self, node: str) -> None:
-        """Let the node's processes run 1/factor of each period, so CPU-bound work takes factor x longer."""
+        """Let the node's processes run 1/factor of the time, so CPU-bound work takes factor x
+        longer. Timers on a busy machine overshoot by about a millisecond, a large part of a
+        4 ms period, so the cycle keeps count: it runs the processes only while their running
+        time is behind ``elapsed / factor``, and the overshoot of one run is taken off the next."""
         pids: list[int] = []
         refreshed = 0.0
+        loop = asyncio.get_running_loop()
+        factor, start, ran = 0.0, 0.0, 0.0
         try:
             while True:
-                factor = self.control(node).slow_factor
-                run_for = SLOW_PERIOD / factor
-                signal_pids(pids, signal.SIGCONT)
-                if time.monotonic() - refreshed > 0.5:  # pods and their workers come and go
+                now = loop.time()
+                if self.control(node).slow_factor != factor or now - start > 2.0:
+                    # a new factor, or a fresh window so an old debt cannot starve or burst
+                    factor, start, ran = self.control(node).slow_factor, now, 0.0
+                share = 1.0 / max(factor, 1.0)
+                if now - refreshed > 0.5:  # pods and their workers come and go
                     pids = process_tree(self.pgids_on(node))
-                    refreshed = time.monotonic()
+                    refreshed = now
+                if ran <= share * (now - start):
                     signal_pids(pids, signal.SIGCONT)
-                await asyncio.sleep(run_for)
-                signal_pids(pids, signal.SIGSTOP)
-                await asyncio.sleep(SLOW_PERIOD - run_for)
+                    await asyncio.sleep(SLOW_PERIOD * share)
+                    signal_pids(pids, signal.SIGSTOP)
+                    ran += loop.time() - now
+                else:
+                    await asyncio.sleep(SLOW_PERIOD * (1.0 - share))
         finally:
             signal_pids(process_tree(self.pgids_on(node)) + pids, signal.SIGCONT)
 
