@@ -181,6 +181,20 @@ def test_bit_flip_hits_a_high_exponent_bit() -> None:
 
 
 @pytest.mark.torch
+def test_a_slow_fault_is_logged_once_though_it_stretches_two_timings() -> None:
+    from railyard_trainer.config import FaultSpec
+    from railyard_trainer.faults import FaultInjector
+
+    logged: list[dict[str, object]] = []
+    faults = FaultInjector((FaultSpec("slow", rank=0, step=2, factor=1.5),), rank=0, log=lambda event, **kw: logged.append({"event": event, **kw}))
+    for step in (1, 2, 3):
+        faults.before_step(step)
+        slept = [faults.slow_down(step, 0.002), faults.slow_down(step, 0.002)]
+        assert slept == ([0.0, 0.0] if step == 1 else [pytest.approx(0.001)] * 2)
+    assert logged == [{"event": "fault", "rank": 0, "kind": "slow", "step": 2, "factor": 1.5}]
+
+
+@pytest.mark.torch
 def test_warmup_cosine_schedule_resumes_from_its_state() -> None:
     from railyard_trainer.train_state import WarmupCosine
 

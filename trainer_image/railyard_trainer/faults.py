@@ -60,6 +60,9 @@ class FaultInjector:
         if f := self._due("exit", step):
             self.log("fault", rank=self.rank, kind="exit", step=step, code=f.code)
             raise InjectedExit(f.code)
+        if f := self._due("slow", step):
+            # Logged here, once: slow_down runs more than once per step.
+            self.log("fault", rank=self.rank, kind="slow", step=step, factor=f.factor)
         if self._due("hang", step):
             self.log("fault", rank=self.rank, kind="hang", step=step)
             while True:
@@ -71,8 +74,6 @@ class FaultInjector:
             if f.kind == "slow" and step >= f.step:
                 extra = (f.factor - 1.0) * compute_s
                 time.sleep(extra)
-                if step == f.step:
-                    self.log("fault", rank=self.rank, kind="slow", step=step, factor=f.factor)
                 return extra
         return 0.0
 
