@@ -29,7 +29,6 @@ No I/O, no clock: callers pass listings and ``now``-free values.
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -146,8 +145,10 @@ def decide_restore(
         tier, step, attempt = key
         copies = sorted(groups[key], key=lambda f: f.location)
         name = f"{tier} step {step} (attempt {attempt})"
-        reference = _reference_shards(copies)
-        ref_manifest = next(f.manifest for f in copies if f.manifest.shards == reference)
+        listings = _group_by_listing(copies)
+        # the shard list most copies agree on (ties: the first location's)
+        reference = max(listings, key=lambda shards: len(listings[shards]))
+        ref_manifest = listings[reference][0].manifest
         if not ref_manifest.sdc_passed:
             rejected.append(f"{name}: SDC checks had not passed at that step")
             continue
@@ -161,14 +162,9 @@ def decide_restore(
         sources: dict[str, str] = {}
         to_verify: list[tuple[str, str]] = []
         missing: list[str] = []
+        holders_of = _holders_by_path(copies, listings, reference)
         for shard in reference:
-            holders = [
-                f
-                for f in copies
-                if shard.path in f.present
-                and shard.path not in f.corrupt
-                and _lists_same(f.manifest, shard)
-            ]
+            holders = holders_of.get(shard.path, [])
             if not holders:
                 missing.append(shard.path)
                 continue
@@ -197,15 +193,40 @@ def _copy_preference(shard: ShardInfo, preferred: str) -> Callable[[FoundCheckpo
     return key
 
 
-def _reference_shards(copies: Sequence[FoundCheckpoint]) -> tuple[ShardInfo, ...]:
-    """The shard list most copies agree on (ties: the first location's)."""
-    counts = Counter(f.manifest.shards for f in copies)
-    best = max(counts.values())
-    return next(f.manifest.shards for f in copies if counts[f.manifest.shards] == best)
+def _group_by_listing(
+    copies: Sequence[FoundCheckpoint],
+) -> dict[tuple[ShardInfo, ...], list[FoundCheckpoint]]:
+    """Copies grouped by their manifest's shard list, in order of first appearance. Every pod's
+    manifest lists all shards, so each list is hashed here once and never compared again."""
+    out: dict[tuple[ShardInfo, ...], list[FoundCheckpoint]] = {}
+    for f in copies:
+        out.setdefault(f.manifest.shards, []).append(f)
+    return out
 
 
-def _lists_same(manifest: Manifest, shard: ShardInfo) -> bool:
-    return any(s == shard for s in manifest.shards)
+def _holders_by_path(
+    copies: Sequence[FoundCheckpoint],
+    listings: Mapping[tuple[ShardInfo, ...], Sequence[FoundCheckpoint]],
+    reference: tuple[ShardInfo, ...],
+) -> dict[str, list[FoundCheckpoint]]:
+    """Per shard path of ``reference``, the copies (in ``copies`` order) that hold it intact and
+    whose manifest lists that very shard, in one pass over each copy's present files (a scan of
+    every manifest per shard is cubic in the gang size)."""
+    by_path = {s.path: s for s in reference}
+    # None: the copy lists exactly the reference shards
+    listed: dict[int, frozenset[ShardInfo] | None] = {}
+    for shards, group in listings.items():
+        mine = None if shards is reference else frozenset(shards)
+        for f in group:
+            listed[id(f)] = mine
+    out: dict[str, list[FoundCheckpoint]] = {}
+    for f in copies:
+        mine = listed[id(f)]
+        for path in f.present - f.corrupt:
+            shard = by_path.get(path)
+            if shard is not None and (mine is None or shard in mine):
+                out.setdefault(path, []).append(f)
+    return out
 
 
 def plan_gc(
