@@ -570,10 +570,11 @@ def _top_up(
     cand: list[bool],
     notes: list[str],
 ) -> list[int]:
-    spares = [i for i in spares if i not in set(gang)][: req.hot_spares]
+    in_gang = set(gang)
+    spares = [i for i in spares if i not in in_gang][: req.hot_spares]
     if len(spares) >= req.hot_spares:
         return spares
-    taken = set(gang) | set(spares)
+    taken = in_gang | set(spares)
     used = [{topo.domain_of[lv][i] for i in gang} for lv in range(len(topo.levels))]
     extra = sorted(
         (i for i in range(topo.size) if cand[i] and i not in taken),
