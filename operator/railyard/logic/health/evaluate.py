@@ -6,6 +6,7 @@ under a second of one core, see bench/heartbeats.py). The returned state goes in
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Mapping
 
 from railyard.logic.health.liveness import (
@@ -58,7 +59,7 @@ def decide_health(
     new += sdc
 
     ages = [now - r.last_seen_at for r in ranks if (p := pods.get(r.pod_index)) and p.phase == RUNNING]
-    slowest = sorted((s.score for s in scores), key=lambda s: s.score)[: policy.slowest_ranks_reported]
+    slowest = heapq.nsmallest(policy.slowest_ranks_reported, (s.score for s in scores), key=lambda s: s.score)
     return HealthDecision(
         verdicts=tuple(new),
         active=tuple(liveness),
