@@ -89,8 +89,6 @@ def check_spec_rules(spec: dict[str, Any]) -> list[Problem]:
             continue
         if isinstance(ok, celpy.celtypes.BoolType) and not bool(ok):
             problems.append(Problem("spec" + rule["fieldPath"], rule["message"]))
-        elif not isinstance(ok, celpy.celtypes.BoolType):
-            continue
     return problems
 
 
