@@ -41,7 +41,7 @@ import queue
 import shutil
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from typing import Any
@@ -527,12 +527,8 @@ class CheckpointManager:
                 if op is not None:
                     op.wait()
             for src, buf in recv_bufs:
-                data = buf.numpy().tobytes()
-                offset = 0
-                for s in results[src].shards:
-                    chunk = data[offset : offset + s.bytes]
-                    offset += s.bytes
-                    if _sha256(chunk) != s.sha256:
+                for s, chunk, ok in _split_verified(buf, results[src].shards):
+                    if not ok:
                         problems.append(f"replica of {s.path} arrived corrupt")
                         continue
                     storage.write_bytes(step, s.path, chunk)
@@ -758,12 +754,8 @@ class CheckpointManager:
             elif self.rank == receiver:
                 buf = torch.empty(sum(s.bytes for s in shards), dtype=torch.uint8)
                 dist.recv(buf, src=sender, group=self.pg)
-                data = buf.numpy().tobytes()
-                offset = 0
-                for s in shards:
-                    chunk = data[offset : offset + s.bytes]
-                    offset += s.bytes
-                    if _sha256(chunk) != s.sha256:
+                for s, chunk, ok in _split_verified(buf, shards):
+                    if not ok:
                         raise OSError(f"{s.path} from pod {self.pod_of[sender]} arrived corrupt")
                     storage.write_bytes(src.step, s.path, chunk)
                     received += s.bytes
@@ -861,6 +853,16 @@ def _tensors(state: Any) -> list[torch.Tensor]:
 
 def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
+
+
+def _split_verified(buf: torch.Tensor, shards: Sequence[ShardInfo]) -> Iterator[tuple[ShardInfo, bytes, bool]]:
+    """The received bytes of ``shards``, sent back to back, cut per shard: (shard, bytes, checksum ok)."""
+    data = buf.numpy().tobytes()
+    offset = 0
+    for s in shards:
+        chunk = data[offset : offset + s.bytes]
+        offset += s.bytes
+        yield s, chunk, _sha256(chunk) == s.sha256
 
 
 def _hint(raw: Mapping[str, Any] | None) -> RestoreHint | None:
