@@ -20,6 +20,7 @@ Measured numbers are printed (``-s``) and kept in ``RESULTS`` for the report.
 from __future__ import annotations
 
 import json
+import os
 import re
 import threading
 import time
@@ -142,10 +143,19 @@ def quiet_job(kind: str, pool: str, **trainer: Any) -> Job:
     return job
 
 
+#: Straggler scoring compares ranks' speed; on a 2-core machine that other work keeps busy
+#: (load average per core above this), CPU contention alone makes healthy ranks 2x apart, which
+#: is a real straggler as far as any detector can tell. CI runs these tests alone, well below it.
+MAX_LOAD_PER_CORE = 3.0
+
+
 @pytest.fixture(scope="module")
 def quiet_jobs(api: Api, operator: OperatorProcess, jobs: dict[str, Job]) -> dict[str, Job]:
     for job in jobs.values():
         wait_status(api, job.name, "the fault jobs to end first", _terminal, 400, operator)
+    load = os.getloadavg()[0] / (os.cpu_count() or 1)
+    if load > MAX_LOAD_PER_CORE:
+        pytest.skip(f"load average {load:.1f} per core: too busy to tell a 1.3x straggler from CPU contention (see MAX_LOAD_PER_CORE)")
     out = {
         "straggler": quiet_job("straggler", "a", steps=70),
         "clean": quiet_job("clean", "b", steps=CLEAN_STEPS),
