@@ -71,8 +71,8 @@ def test_gang_is_created_whole_gated_owned_and_succeeds(api: Api, operator: Oper
         wait_for("pods cleaned up", lambda: not api.pods(NS, job_name), 90)
         st = api.status(NS, job_name)
         assert st["completionTime"] and st["restarts"]["total"] == 0
-        reasons = [e.reason for e in api.events(NS, job_name)]
-        assert "GangCreated" in reasons and "AllPodsRunning" in reasons and "AllRanksSucceeded" in reasons
+        wanted = {"GangCreated", "AllPodsRunning", "AllRanksSucceeded"}
+        wait_for(f"Events {sorted(wanted)}", lambda: wanted <= {e.reason for e in api.events(NS, job_name)}, 30)
     except AssertionError:
         print(on_exit_dump(api, NS, job_name, operator))
         raise
@@ -130,7 +130,7 @@ def test_unplaceable_job_waits_with_reason_and_starts_when_nodes_free_up(api: Ap
         cond = wait_for("Placed=False", lambda: (c := api.condition(NS, job_name, "Placed")) and c["status"] == "False" and c, 90)
         assert cond["reason"] == "NotEnoughNodes" and cond["message"], cond
         assert not api.pods(NS, job_name), "never part of a gang"
-        assert any(e.reason == "NotEnoughNodes" and e.type == "Warning" for e in api.events(NS, job_name))
+        wait_for("the NotEnoughNodes Event", lambda: any(e.reason == "NotEnoughNodes" and e.type == "Warning" for e in api.events(NS, job_name)), 30)
         for n in nodes:
             api.core.patch_node(n, {"spec": {"taints": None}})
         wait_for("phase Running", lambda: _phase(api, job_name) == "Running", 90)
@@ -164,7 +164,7 @@ def test_failed_node_moves_only_its_ranks_to_a_spare_and_is_quarantined(api: Api
         node = api.node(victim)
         assert node.metadata.labels.get("railyard.dev/quarantined") == "true"
         assert any(t.key == "railyard.dev/quarantined" and t.effect == "NoSchedule" for t in node.spec.taints or [])
-        assert any(e.reason == "NodeQuarantined" for e in api.events(NS, job_name))
+        wait_for("the NodeQuarantined Event", lambda: any(e.reason == "NodeQuarantined" for e in api.events(NS, job_name)), 30)
         assert wait_for("Running again", lambda: _phase(api, job_name) == "Running", 90)
         # a person releases the node: the operator removes the label and the taint
         api.annotate_node(victim, {FAIL_ANNOTATION: None, "railyard.dev/release": "true"})
@@ -318,7 +318,7 @@ def test_gang_not_running_within_the_timeout_is_torn_down_and_replaced(api: Api,
     try:
         wait_for("gang created", lambda: len(api.pods(NS, job_name)) == 2, 90)
         wait_for("attempt 1 after the timeout", lambda: api.status(NS, job_name).get("attempt", 0) >= 1, 90)
-        assert any(e.reason == "GangTimeout" and e.type == "Warning" for e in api.events(NS, job_name))
+        wait_for("the GangTimeout Event", lambda: any(e.reason == "GangTimeout" and e.type == "Warning" for e in api.events(NS, job_name)), 30)
         st = api.status(NS, job_name)
         assert st["restarts"]["total"] == 0, "a gang timeout spends no failure budget"
         assert all(p.metadata.labels["railyard.dev/attempt"] != "0" or p.metadata.deletion_timestamp for p in api.pods(NS, job_name))
