@@ -89,16 +89,22 @@ def _from_cluster(kubeconfig: str) -> tuple[list[dict[str, Any]], list[dict[str,
 
     # Typed as Any: the kubernetes client ships without type hints.
     k8s: Any = importlib.import_module("kubernetes")
-    k8s.config.load_kube_config(config_file=kubeconfig)
-    api = k8s.client.CoreV1Api()
-    to_dict = k8s.client.ApiClient().sanitize_for_serialization
-    nodes = [to_dict(n) for n in api.list_node().items]
-    pods = [
-        to_dict(p)
-        for p in api.list_pod_for_all_namespaces(
-            field_selector="status.phase!=Succeeded,status.phase!=Failed"
-        ).items
-    ]
+    try:
+        k8s.config.load_kube_config(config_file=kubeconfig)
+        api = k8s.client.CoreV1Api()
+        to_dict = k8s.client.ApiClient().sanitize_for_serialization
+        nodes = [to_dict(n) for n in api.list_node().items]
+        pods = [
+            to_dict(p)
+            for p in api.list_pod_for_all_namespaces(
+                field_selector="status.phase!=Succeeded,status.phase!=Failed"
+            ).items
+        ]
+    except (k8s.config.ConfigException, k8s.client.exceptions.ApiException) as exc:
+        raise ValueError(
+            f"--kubeconfig {kubeconfig}: cannot list nodes and pods ({exc}); check the file and "
+            "that it may list nodes and pods in all namespaces"
+        ) from exc
     return nodes, pods
 
 
