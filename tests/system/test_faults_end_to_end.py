@@ -145,15 +145,28 @@ def quiet_job(kind: str, pool: str, **trainer: Any) -> Job:
 
 #: Straggler scoring compares ranks' speed; on a 2-core machine that other work keeps busy
 #: (load average per core above this), CPU contention alone makes healthy ranks 2x apart, which
-#: is a real straggler as far as any detector can tell. CI runs these tests alone, well below it.
-MAX_LOAD_PER_CORE = 3.0
+#: is a real straggler as far as any detector can tell. Measured here: clean runs stay clean at
+#: 2.9-3.5 per core (these tests' own processes plus the decaying load of the fault jobs before
+#: them) and flag at 5.5-6 (four other test suites running beside them).
+MAX_LOAD_PER_CORE = 4.5
+
+
+def _wait_for_a_quieter_machine(timeout: float = 90.0) -> float:
+    """The 1-minute load average right after the fault jobs still counts them: give it time to
+    fall below the limit (it decays by ~1/60 per second), and return the load per core."""
+    deadline = time.monotonic() + timeout
+    while True:
+        load = os.getloadavg()[0] / (os.cpu_count() or 1)
+        if load <= MAX_LOAD_PER_CORE or time.monotonic() > deadline:
+            return load
+        time.sleep(1.0)
 
 
 @pytest.fixture(scope="module")
 def quiet_jobs(api: Api, operator: OperatorProcess, jobs: dict[str, Job]) -> dict[str, Job]:
     for job in jobs.values():
         wait_status(api, job.name, "the fault jobs to end first", _terminal, 400, operator)
-    load = os.getloadavg()[0] / (os.cpu_count() or 1)
+    load = _wait_for_a_quieter_machine()
     if load > MAX_LOAD_PER_CORE:
         pytest.skip(f"load average {load:.1f} per core: too busy to tell a 1.3x straggler from CPU contention (see MAX_LOAD_PER_CORE)")
     out = {
