@@ -7,7 +7,7 @@ never touches another job):
 
 | job | pool | fault |
 |---|---|---|
-| straggler | a (2 nodes) | pod 1's node slowed 1.3x (``local.railyard.dev/slow-factor``) from step 20 |
+| straggler | a (2 nodes) | pod 1's node slowed (``local.railyard.dev/slow-factor`` 1.4, ~1.3x measured) from step 20 |
 | clean | b (2 nodes) | none: nothing may be flagged |
 | crash | f (2 nodes) | ``crash`` on rank 1 at step 12 |
 | hang | c (3 nodes) | ``hang`` on rank 1 at step 15 |
@@ -294,8 +294,11 @@ def test_checkpoint_and_goodput_metrics_reach_the_operator(api: Api, operator: O
 
 
 def test_a_rank_slowed_1_3x_is_flagged_within_20_steps_and_nothing_restarts(api: Api, operator: OperatorProcess, quiet_jobs: dict[str, Job]) -> None:
-    # The real mechanism: the node of pod 1 is throttled to 1/1.3 of its speed
-    # (local.railyard.dev/slow-factor: a SIGSTOP/SIGCONT duty cycle over the pod's processes).
+    # The real mechanism: the node of pod 1 is throttled (local.railyard.dev/slow-factor: a
+    # SIGSTOP/SIGCONT duty cycle over the pod's processes). The duty cycle is asked for 1.4x
+    # because on this loaded 2-core machine it delivers less than it is asked for: the probe
+    # measured 1.2x for a 1.3x setting (score ~0.83). What the test checks is the issue's case: a
+    # rank measurably ~1.3x slower (score < 0.8) flagged within 20 steps.
     # The trainer's speed probe (collective-free) sees it; forward/backward time would not,
     # since under FSDP the healthy peer waits inside its own forward/backward.
     job = quiet_jobs["straggler"]
@@ -308,7 +311,7 @@ def test_a_rank_slowed_1_3x_is_flagged_within_20_steps_and_nothing_restarts(api:
     s = wait_status(api, job.name, f"step {SLOW_FROM}", reached_slow_step, 300, operator)
     assert s.get("phase") == "Running", f"the job ended before step {SLOW_FROM}: {s.get('phase')}"
     slow_node = s["placement"]["nodes"][1]
-    api.annotate_node(slow_node, {SLOW: "1.3"})
+    api.annotate_node(slow_node, {SLOW: "1.4"})
     slowed_at = int(api.status(SYSTEM_NS, job.name).get("step", 0))
     try:
         s = wait_status(api, job.name, "a straggler flagged", lambda s: s if s.get("stragglers") else _terminal(s), 300, operator)
@@ -316,7 +319,7 @@ def test_a_rank_slowed_1_3x_is_flagged_within_20_steps_and_nothing_restarts(api:
         api.annotate_node(slow_node, {SLOW: None})
     flagged = s.get("stragglers") or []
     steps = int(s.get("step", 0)) - slowed_at
-    _report("straggler", slowed_node=slow_node, slowed_at_step=slowed_at, flagged_after_steps=steps, stragglers=flagged)
+    _report("straggler", slowed_node=slow_node, slow_factor_asked=1.4, slowed_at_step=slowed_at, flagged_after_steps=steps, stragglers=flagged)
     assert not seen_before, f"flagged before any slowdown: {seen_before}"
     assert flagged, f"not flagged before the job ended: {s.get('phase')} at step {s.get('step')}"
     assert [(f["rank"], f["node"]) for f in flagged] == [(1, slow_node)], f"rank 1 and its node must be the ones named: {flagged}"
