@@ -24,7 +24,7 @@ from railyard.local.cluster import MODES, LocalCluster, LocalClusterError, defau
 from railyard.local.kube import MERGE, ApiError, KubeClient
 from railyard.local.nodes import FAIL_ANNOTATION, SLOW_ANNOTATION
 from railyard.local.scheduling import is_node_ready
-from railyard.local.topology import TopologyError
+from railyard.local.topology import SIMULATED_LABEL, TopologyError
 
 EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
 
@@ -251,7 +251,7 @@ async def _status(args: argparse.Namespace, state_dir: Path) -> int:
     if pid is not None or getattr(args, "kubeconfig", None):
         async with KubeClient.from_kubeconfig(str(kubeconfig)) as client:
             try:
-                nodes = (await client.get("/api/v1/nodes", labelSelector="local.railyard.dev/simulated=true")).get("items") or []
+                nodes = (await client.get("/api/v1/nodes", labelSelector=f"{SIMULATED_LABEL}=true")).get("items") or []
                 pods = (await client.get("/api/v1/pods")).get("items") or []
             except (ApiError, OSError) as exc:
                 print(f"railyard local: API server not reachable: {exc}", file=sys.stderr)

@@ -60,13 +60,13 @@ def process_tree(roots: list[int]) -> list[int]:
     """The roots and all their descendants. A pod's processes may start new sessions (the
     trainer's launcher does, to manage its workers), so a process group is not the pod; on a
     real node the container's cgroup is. This walks /proc/<pid>/task/<tid>/children instead."""
-    seen: list[int] = []
+    seen: dict[int, None] = {}  # insertion-ordered set
     stack = list(roots)
     while stack:
         pid = stack.pop()
         if pid in seen:
             continue
-        seen.append(pid)
+        seen[pid] = None
         try:
             tasks = os.listdir(f"/proc/{pid}/task")
         except OSError:
@@ -77,7 +77,7 @@ def process_tree(roots: list[int]) -> list[int]:
                     stack.extend(int(c) for c in fh.read().split())
             except (OSError, ValueError):
                 continue
-    return seen
+    return list(seen)
 
 
 def signal_pids(pids: list[int], sig: int) -> None:
