@@ -86,13 +86,16 @@ def substitute(expr: str, values: Mapping[str, str]) -> str:
     return _VAR.sub(one, expr)
 
 
-def grafana_values(*, scrape_interval_s: float, namespace: str = ".*", trainingjob: str = ".*") -> dict[str, str]:
-    """What Grafana puts in for the built-ins at this scrape interval (``$__rate_interval`` is
-    max(interval + scrape interval, 4 x scrape interval)) and the multi-value variables."""
-    rate = max(2 * scrape_interval_s, 4 * scrape_interval_s)
+def grafana_values(*, scrape_interval_s: float, interval_s: float | None = None, namespace: str = ".*",
+                   trainingjob: str = ".*") -> dict[str, str]:
+    """What Grafana puts in for the built-ins and the multi-value variables. ``$__interval`` is
+    the time range over the panel's width in points (6 h over ~1000 points is ~20 s);
+    ``$__rate_interval`` is max($__interval + scrape interval, 4 x scrape interval)."""
+    interval = scrape_interval_s if interval_s is None else interval_s
+    rate = max(interval + scrape_interval_s, 4 * scrape_interval_s)
     return {
         "__rate_interval": f"{rate:g}s",
-        "__interval": f"{scrape_interval_s:g}s",
+        "__interval": f"{interval:g}s",
         "__range": "1h",
         "namespace": namespace,
         "trainingjob": trainingjob,

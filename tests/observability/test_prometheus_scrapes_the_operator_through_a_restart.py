@@ -25,7 +25,7 @@ import yaml
 from tests.operator.conftest import ROOT, Api, OperatorProcess, _apply_crd, wait_for
 from tests.system.conftest import base_spec
 
-from railyard.demo.prometheus import SCRAPE_JOB, Prometheus, start_prometheus
+from railyard.demo.prometheus import SCRAPE_JOB, Prometheus, build_report, start_prometheus
 from railyard.protocol.exitcodes import FailureClass
 
 from .dashboards import (
@@ -191,7 +191,9 @@ def test_restarts_total_agrees_with_the_job_status(run: Run) -> None:
 
 
 def _values(run: Run) -> dict[str, str]:
-    return grafana_values(scrape_interval_s=SCRAPE_S, namespace=NS, trainingjob=run.job)
+    # a panel a few minutes wide: $__interval 10 s, so $__rate_interval is 11 s (a late scrape
+    # on a loaded machine still leaves two samples around each event)
+    return grafana_values(scrape_interval_s=SCRAPE_S, interval_s=10, namespace=NS, trainingjob=run.job)
 
 
 def _may_be_empty() -> dict[str, str]:
@@ -252,3 +254,10 @@ def test_a_finished_job_keeps_its_counters_not_its_live_gauges(run: Run) -> None
 def test_promtool_finds_nothing_to_lint_in_the_exposition(run: Run, promtool: str) -> None:
     out = subprocess.run([promtool, "check", "metrics"], input=run.operator.metrics_text(), capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_the_demos_prometheus_report_tells_what_happened(run: Run) -> None:
+    """``railyard demo --prometheus`` prints this report: the same restarts, the alert that fired."""
+    report = build_report(run.prom, run.start, run.end)
+    assert report.restarts == {"sdc": 1}
+    assert report.alerts_fired == [f"RailyardSilentDataCorruption {NS}/{run.job}"]

@@ -229,3 +229,42 @@ def start_prometheus(
         if port or "address already in use" not in last_error:
             break
     raise PrometheusError(f"prometheus did not start: {last_error}")
+
+
+# ------------------------------------------------------------------------ what the demo shows
+
+#: Queries worth trying while the demo runs (printed with links into Prometheus's UI).
+EXAMPLE_QUERIES = (
+    "sum by (class) (railyard_restarts_total)",
+    'railyard_step_time_seconds{percentile="50"}',
+    "railyard_job_goodput_ratio",
+    "ALERTS",
+)
+
+
+def graph_url(base: str, expr: str, range_s: int = 900) -> str:
+    """A link to Prometheus's graph page showing ``expr`` over the last ``range_s`` seconds."""
+    return f"{base}/graph?" + urllib.parse.urlencode({"g0.expr": expr, "g0.tab": "0", "g0.range_input": f"{range_s}s"})
+
+
+@dataclass(frozen=True)
+class PrometheusReport:
+    """What Prometheus saw of a run: restarts by class (lower case, non-zero) and the alerts
+    that fired (``AlertName namespace/job``, or the bare name for operator-wide alerts)."""
+
+    restarts: dict[str, int]
+    alerts_fired: list[str]
+
+
+def build_report(prom: Prometheus, start: float, end: float) -> PrometheusReport:
+    restarts = {
+        r["metric"].get("class", "").lower(): int(float(r["value"][1]))
+        for r in prom.query("sum by (class) (railyard_restarts_total)", at=end)
+        if float(r["value"][1])
+    }
+    fired = set()
+    for s in prom.query_range('ALERTS{alertstate="firing"}', start, end, max(1.0, (end - start) / 1000)):
+        m = s["metric"]
+        where = f" {m['namespace']}/{m['job']}" if "namespace" in m and m.get("job") != SCRAPE_JOB else ""
+        fired.add(f"{m['alertname']}{where}")
+    return PrometheusReport(restarts, sorted(fired))
