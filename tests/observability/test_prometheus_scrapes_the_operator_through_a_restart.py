@@ -15,6 +15,7 @@ import json
 import re
 import subprocess
 import time
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -101,7 +102,7 @@ def run(prometheus_binary: str, local_cluster: Any, tmp_path_factory: pytest.Tem
                                 rule_files=[PLAIN_RULES], binary=prometheus_binary)
         prom.wait_for_targets(timeout=60)
         start = time.time()
-        name = "scraped"
+        name = f"scraped-{uuid.uuid4().hex[:4]}"
         spec = base_spec(trainer={"steps": 16, "faults": [{"kind": "bitflip", "target": "grad", "rank": 1, "step": FLIP_STEP, "attempt": 0}]})
         api.create_job(NS, name, spec)
         try:
