@@ -174,6 +174,12 @@ class Runtime:
         if self.phases.get((namespace, name)) != phase:
             self.phases[(namespace, name)] = phase
             self.update_phase_gauge()
+            if phase in ("Succeeded", "Failed"):
+                # A finished job has no live heartbeats, step time, stragglers or placement: its
+                # last values would otherwise stay until it is deleted (and keep an alert such as
+                # RailyardStragglers firing). Counters and goodput stay.
+                self.health_metrics.forget_job(namespace, name)
+                self.metrics.forget_job(namespace, name)
 
     def update_phase_gauge(self) -> None:
         counts: dict[str, int] = {}
