@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
 from railyard import GROUP, VERSION
+from railyard.protocol.mesh import derive_data_parallel
 
 KIND = "TrainingJob"
 PLURAL = "trainingjobs"
@@ -343,8 +344,7 @@ class TrainingJobSpec(_Model):
         """The data-parallel degree, given or derived (0 when the shape is inconsistent)."""
         if self.parallelism.data is not None:
             return self.parallelism.data
-        denom = self.parallelism.tensor * self.parallelism.pipeline
-        return self.world_size // denom if self.world_size % denom == 0 else 0
+        return derive_data_parallel(self.world_size, self.parallelism.pipeline, self.parallelism.tensor)
 
     @property
     def gpus(self) -> int:

@@ -10,12 +10,12 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from railyard.api.trainingjob import CheckpointRef, RestoreStatus, StragglerStatus, TrainingJob
-from railyard.logic.checkpoint import compute_steps_lost, latest_verified_per_tier
 from railyard.logic.conditions import format_time, parse_time
 from railyard.logic.failures import Failure, build_verdict_failure
 from railyard.logic.gang import attempt_of, pod_index_of
 from railyard.logic.goodput import compute_goodput
 from railyard.logic.health import HealthPolicy, HealthState, PodStatus, decide_health
+from railyard.protocol.restore import compute_steps_lost, latest_verified_per_tier
 
 log = logging.getLogger(__name__)
 

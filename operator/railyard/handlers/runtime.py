@@ -18,10 +18,11 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from railyard.k8s.client import Kube
+from railyard.logic.health.window import HeartbeatStore
 from railyard.logic.manifests import CLEANUP_LABEL
 from railyard.observe.checkpoint_metrics import CheckpointMetrics
 from railyard.observe.health_metrics import HealthMetrics
-from railyard.observe.heartbeats import HeartbeatStore, StaticTokens
+from railyard.observe.heartbeats import StaticTokens
 from railyard.observe.metrics import OperatorMetrics
 
 log = logging.getLogger(__name__)

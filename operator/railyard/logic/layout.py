@@ -1,7 +1,8 @@
 """Rank layout: which pod and local rank every global rank of a ``pp x dp x tp`` mesh runs on.
 
-The mesh order is fixed by the trainer (``rank == (pp * dp_size + dp) * tp_size + tp``, tp
-innermost); what we choose is where each rank runs. With ``S = procs_per_node / tp`` tensor-
+The arithmetic (:class:`railyard.protocol.mesh.MeshShape`) is shared with the trainer; this
+module builds the rank table from it. The mesh order is fixed by the trainer
+(``rank == (pp * dp_size + dp) * tp_size + tp``, tp innermost); what we choose is where each rank runs. With ``S = procs_per_node / tp`` tensor-
 parallel groups per pod, TP group ``g = p * dp_size + d`` goes to pod ``g % nodes`` in slot
 ``g // nodes`` (local ranks ``slot * tp .. slot * tp + tp - 1``). Hence:
 
@@ -17,72 +18,11 @@ parallel groups per pod, TP group ``g = p * dp_size + d`` goes to pod ``g % node
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
+from railyard.protocol.mesh import MeshShape, mesh_rank
 from railyard.protocol.ranktable import PodEntry, RankEntry, RankTable
 
-
-@dataclass(frozen=True, slots=True)
-class MeshShape:
-    """The gang's shape; self-validating like torchtitan's ParallelDims."""
-
-    nodes: int
-    procs_per_node: int
-    pp: int = 1
-    dp: int = 1
-    tp: int = 1
-
-    def problems(self) -> list[str]:
-        """Every inconsistency at once, each naming its field and the fix."""
-        out: list[str] = []
-        for name in ("nodes", "procs_per_node", "pp", "dp", "tp"):
-            if getattr(self, name) < 1:
-                out.append(f"{name}: must be >= 1, got {getattr(self, name)}")
-        if out:
-            return out
-        world = self.nodes * self.procs_per_node
-        if self.pp * self.dp * self.tp != world:
-            out.append(
-                f"parallelism: pipeline x data x tensor = {self.pp}x{self.dp}x{self.tp} = "
-                f"{self.pp * self.dp * self.tp} but nodes x procsPerNode = {world}; "
-                f"set parallelism.data to {world // (self.pp * self.tp) if world % (self.pp * self.tp) == 0 else 'a divisor'} or change nodes"
-            )
-        if self.procs_per_node % self.tp:
-            out.append(
-                f"parallelism.tensor: {self.tp} does not divide procsPerNode {self.procs_per_node}; "
-                "a tensor-parallel group must stay inside one node"
-            )
-        return out
-
-    @property
-    def slots_per_node(self) -> int:
-        return self.procs_per_node // self.tp
-
-    @property
-    def rail_pure(self) -> bool:
-        """Whether every DP group can share one local GPU index (rail)."""
-        return self.pp % self.slots_per_node == 0
-
-    @property
-    def block_nodes(self) -> int:
-        """Pods per placement block: ``dp`` when layouts are rail-pure (each block holds whole
-        DP groups), else 1 (no block structure)."""
-        return self.dp if self.rail_pure else 1
-
-    def position(self, rank: int) -> tuple[int, int]:
-        """(pod index, local rank) of a global rank."""
-        g, t = divmod(rank, self.tp)
-        slot, pod = divmod(g, self.nodes)
-        return pod, slot * self.tp + t
-
-    def coords(self, rank: int) -> tuple[int, int, int]:
-        """(pp, dp, tp) coordinates of a global rank."""
-        g, t = divmod(rank, self.tp)
-        p, d = divmod(g, self.dp)
-        return p, d, t
-
-    def rank_of(self, p: int, d: int, t: int) -> int:
-        return (p * self.dp + d) * self.tp + t
+__all__ = ["MeshShape", "build_rank_table", "compute_dp_groups", "compute_rails_per_dp_group", "ranks_in_order"]
 
 
 def build_rank_table(
@@ -96,7 +36,7 @@ def build_rank_table(
     replica_peers: Sequence[int] | None = None,
 ) -> RankTable:
     """The rank table for pods placed on ``pod_nodes`` (pod index -> node name)."""
-    n, tp, dp = shape.nodes, shape.tp, shape.dp
+    n = shape.nodes
     if len(pod_nodes) != n:
         raise ValueError(f"pod_nodes: {len(pod_nodes)} nodes for a gang of {n}")
     peers = replica_peers if replica_peers is not None else [-1] * n
@@ -104,11 +44,10 @@ def build_rank_table(
     ranks: list[RankEntry] = []
     append = ranks.append
     world = n * shape.procs_per_node
+    position, coords = shape.position, shape.coords
     for r in range(world):
-        g, t = divmod(r, tp)
-        slot, pod = divmod(g, n)
-        p, d = divmod(g, dp)
-        local = slot * tp + t
+        pod, local = position(r)
+        p, d, t = coords(r)
         gp = pod_gpus[pod]
         rail = (local + pod_rail_offset[pod]) % gp if gp > 0 else local
         append(RankEntry(r, pod_nodes[pod], pod, local, rail, p, d, t))
@@ -116,8 +55,8 @@ def build_rank_table(
         job=job,
         attempt=attempt,
         pp=shape.pp,
-        dp=dp,
-        tp=tp,
+        dp=shape.dp,
+        tp=shape.tp,
         procs_per_node=shape.procs_per_node,
         pods=pods,
         ranks=tuple(ranks),
@@ -135,7 +74,7 @@ def ranks_in_order(table: RankTable) -> tuple[RankEntry, ...]:
 def compute_dp_groups(table: RankTable) -> list[list[int]]:
     """Ranks of every data-parallel group ``(p, t)``, each in ring (dp) order."""
     tp, dp = table.tp, table.dp
-    return [[(p * dp + d) * tp + t for d in range(dp)] for p in range(table.pp) for t in range(tp)]
+    return [[mesh_rank(p, d, t, dp, tp) for d in range(dp)] for p in range(table.pp) for t in range(tp)]
 
 
 def compute_rails_per_dp_group(table: RankTable) -> int:

@@ -5,7 +5,7 @@ Nothing here decides on its own: detection latencies come from the health rules
 to quarantine from :mod:`railyard.logic.failures`, restart permission and backoff from
 :mod:`railyard.logic.restarts`, placement and sticky re-placement from
 :mod:`railyard.logic.placement`, and which checkpoint to restore from
-:func:`railyard.logic.checkpoint.decide_restore`. This module only translates the simulator's
+:func:`railyard.protocol.restore.decide_restore`. This module only translates the simulator's
 state into their inputs.
 """
 
@@ -17,7 +17,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from railyard.api.trainingjob import Restarts
-from railyard.logic.checkpoint import FoundCheckpoint, Layout, decide_restore, pod_location
 from railyard.logic.failures import Failure, build_failure
 from railyard.logic.health.liveness import (
     compute_hang_timeout,
@@ -42,6 +41,7 @@ from railyard.logic.restarts import (
 from railyard.logic.topology import QUARANTINED, Topology, build_synthetic_nodes, build_topology
 from railyard.protocol.exitcodes import FailureClass
 from railyard.protocol.manifest import Manifest, ShardInfo
+from railyard.protocol.restore import FoundCheckpoint, Layout, decide_restore, pod_location
 from railyard.sim.model import Cause, PolicyConfig, Scenario
 
 # --------------------------------------------------------------------------- detection
