@@ -6,8 +6,9 @@ from typing import Any, cast
 
 import pytest
 
+from railyard.api.corev1 import Toleration
+from railyard.api.quantity import QuantityError, parse_quantity, to_milli
 from railyard.local.kube import KubeClient
-from railyard.local.quantity import QuantityError, parse_quantity, to_milli
 from railyard.local.scheduler import Scheduler
 from railyard.local.scheduling import (
     build_node_info,
@@ -16,7 +17,6 @@ from railyard.local.scheduling import (
     compute_pod_requests,
     decide_node,
     is_gated,
-    tolerates,
 )
 
 from .builders import make_node, make_pod
@@ -82,7 +82,7 @@ TAINT = {"key": "gpu", "value": "broken", "effect": "NoSchedule"}
     ],
 )
 def test_toleration_matching(toleration: dict[str, str], taint: dict[str, str], ok: bool) -> None:
-    assert tolerates(toleration, taint) == ok
+    assert Toleration.from_dict(toleration).tolerates(taint) == ok
 
 
 @pytest.mark.parametrize(

@@ -12,10 +12,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from railyard.api.corev1 import node_is_ready
 from railyard.api.trainingjob import TrainingJob
 from railyard.k8s import gang as ops
 from railyard.logic.conditions import parse_time
-from railyard.logic.failures import node_is_ready
 from railyard.logic.manifests import CLEANUP_FINALIZER, build_cleanup_pod
 
 #: Longest a deletion waits for the cleanup pods.

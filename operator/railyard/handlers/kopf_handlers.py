@@ -14,14 +14,13 @@ from typing import Any
 import kopf
 
 from railyard import GROUP, VERSION
+from railyard.api.corev1 import node_is_ready
 from railyard.api.trainingjob import PLURAL
 from railyard.handlers.reconcile import reconcile_job
 from railyard.handlers.runtime import OperatorSettings, Runtime
 from railyard.k8s import gang as ops
-from railyard.logic.failures import node_is_ready
 from railyard.logic.manifests import JOB_LABEL
-from railyard.logic.quarantine import wants_release
-from railyard.logic.topology import QUARANTINE_KEY
+from railyard.logic.quarantine import QUARANTINE_KEY, wants_release
 
 log = logging.getLogger(__name__)
 

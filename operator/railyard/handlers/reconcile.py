@@ -61,6 +61,7 @@ from railyard.logic.manifests import (
     owner_reference,
     with_addresses,
 )
+from railyard.logic.quarantine import QUARANTINE_KEY
 from railyard.logic.restarts import decide_restart, decide_streak_reset, record_restart
 from railyard.logic.schedulers import (
     GangSchedulingPlan,
@@ -75,7 +76,6 @@ from railyard.logic.status import (
     build_transition_events,
     status_to_wire,
 )
-from railyard.logic.topology import QUARANTINE_KEY
 from railyard.protocol.exitcodes import FailureClass
 from railyard.protocol.ranktable import RankTable
 

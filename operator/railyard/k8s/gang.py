@@ -26,6 +26,7 @@ from railyard.logic.manifests import (
 )
 from railyard.logic.quarantine import (
     JOB_ANNOTATION,
+    QUARANTINE_KEY,
     REASON_ANNOTATION,
     RELEASE_ANNOTATION,
     TIME_ANNOTATION,
@@ -37,7 +38,6 @@ from railyard.logic.schedulers import (
     VOLCANO_API_VERSION,
     VOLCANO_GROUP,
 )
-from railyard.logic.topology import QUARANTINE_KEY
 from railyard.protocol.ranktable import RankTable
 
 log = logging.getLogger(__name__)

@@ -15,6 +15,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from railyard.api.corev1 import node_is_ready, node_ready_changed_at
 from railyard.api.trainingjob import TrainingJob
 from railyard.logic import placement as _placement
 from railyard.logic.conditions import parse_time
@@ -23,7 +24,6 @@ from railyard.logic.failures import (
     build_failure,
     classify_pod,
     decide_root_failure,
-    node_is_ready,
 )
 from railyard.logic.manifests import ATTEMPT_LABEL, GANG_GATE, POD_INDEX_LABEL
 from railyard.logic.placement import PreviousPlacement, build_gang_request
@@ -192,12 +192,7 @@ def _lost(index: int) -> Failure:
 
 
 def _not_ready_since(node: Mapping[str, Any] | None) -> float | None:
-    if node is None:
-        return None
-    for c in (node.get("status") or {}).get("conditions") or ():
-        if c.get("type") == "Ready":
-            return parse_time(c.get("lastTransitionTime"))
-    return None
+    return parse_time(node_ready_changed_at(node))
 
 
 def plan_pod_deletions(

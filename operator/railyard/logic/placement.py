@@ -25,6 +25,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from railyard.api.corev1 import Toleration
 from railyard.api.trainingjob import PlacementStatus, TrainingJob
 from railyard.logic.cost import CostInputs, CostReport, compute_cost
 from railyard.logic.layout import (
@@ -33,7 +34,7 @@ from railyard.logic.layout import (
     compute_dp_groups,
     compute_rails_per_dp_group,
 )
-from railyard.logic.topology import BUSY, LEVEL_PRESETS, Toleration, Topology, resolve_level_keys
+from railyard.logic.topology import BUSY, LEVEL_PRESETS, Topology, resolve_level_keys
 from railyard.protocol.ranktable import RankTable
 
 Mode = Literal["Required", "Preferred"]

@@ -13,7 +13,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from railyard import GROUP
-from railyard.logic.topology import QUARANTINE_KEY
+
+#: Taint key and label of a node we quarantined.
+QUARANTINE_KEY = f"{GROUP}/quarantined"
 
 REASON_ANNOTATION = f"{GROUP}/quarantine-reason"
 TIME_ANNOTATION = f"{GROUP}/quarantine-time"
