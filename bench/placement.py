@@ -27,7 +27,7 @@ from typing import Any
 
 from railyard.logic.cost import CostInputs, compute_cost
 from railyard.logic.layout import compute_rails_per_dp_group
-from railyard.logic.placement import GangRequest, Placement, plan_placement
+from railyard.logic.placement import GangRequest, Placement, PlacementInput, plan_placement
 from railyard.logic.topology import Topology, build_synthetic_nodes, build_topology
 from railyard.protocol.ranktable import PodEntry, RankEntry, RankTable
 
@@ -128,7 +128,7 @@ def time_decision(
         t0 = time.perf_counter()
         topo = build_topology(nodes, pods, levels=req.levels, ignore_job=req.job)
         t1 = time.perf_counter()
-        out = plan_placement(topo, req, cost_inputs=COST)
+        out = plan_placement(PlacementInput(topo, req, cost_inputs=COST))
         t2 = time.perf_counter()
         if not isinstance(out, Placement):
             raise SystemExit(f"unplaceable: {out.reason}")

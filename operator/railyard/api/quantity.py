@@ -175,6 +175,8 @@ def to_count(value: str | int | None) -> int:
     absent or malformed value (a node that advertises garbage offers nothing)."""
     if value is None:
         return 0
+    if isinstance(value, str) and value.isascii() and value.isdigit():
+        return int(value)  # the common case, and exactly what the parser would say
     try:
         q = parse_quantity(value)
     except QuantityError:

@@ -425,6 +425,8 @@ class Condition(_Model):
 
 
 class PlacementStatus(_Model):
+    attempt: Annotated[int, Field(description="The attempt this placement was made for (status.attempt moves on at a restart before the next gang is placed).")] = 0
+    moved: Annotated[list[int], Field(description="Pod indices whose node changed from the previous attempt (sticky re-placement), first 64.")] = []
     nodes: Annotated[list[str], Field(description="Nodes of the gang by pod index (first 64 shown for large gangs).")] = []
     node_count: Annotated[int, Field(description="Number of nodes in the gang.")] = 0
     spares: Annotated[list[str], Field(description="Hot spare nodes held for the gang.")] = []

@@ -25,6 +25,33 @@ from railyard.protocol.ranktable import PodEntry, RankEntry, RankTable
 __all__ = ["MeshShape", "build_rank_table", "compute_dp_groups", "compute_rails_per_dp_group", "ranks_in_order"]
 
 
+def compute_rail(local_rank: int, rail_offset: int, gpus: int) -> int:
+    """The rail of a local rank: GPU ``i`` of a node is on rail ``(i + offset) % gpus``."""
+    return (local_rank + rail_offset) % gpus if gpus > 0 else local_rank
+
+
+def compute_dp_group_spread(
+    shape: MeshShape, *, pod_rail_offset: Sequence[int], pod_gpus: Sequence[int], pod_domain: Sequence[int]
+) -> tuple[int, int, int]:
+    """Over every data-parallel group: the most rails one uses, the most domains of
+    ``pod_domain`` (e.g. leaves) one spans, and the most pods one holds. Computed from the
+    layout without building the rank table (placement asks this for every decision)."""
+    rails: dict[tuple[int, int], set[int]] = {}
+    pods: dict[tuple[int, int], set[int]] = {}
+    for _, pod, local, p, _, t in shape.layout():
+        key = (p, t)
+        r = rails.get(key)
+        if r is None:
+            r = rails[key] = set()
+            pods[key] = set()
+        r.add(compute_rail(local, pod_rail_offset[pod], pod_gpus[pod]))
+        pods[key].add(pod)
+    most_rails = max((len(v) for v in rails.values()), default=0)
+    most_domains = max((len({pod_domain[x] for x in v}) for v in pods.values()), default=0)
+    most_pods = max((len(v) for v in pods.values()), default=0)
+    return most_rails, most_domains, most_pods
+
+
 def build_rank_table(
     *,
     job: str,
@@ -43,13 +70,8 @@ def build_rank_table(
     pods = tuple(PodEntry(pod_index=i, node=pod_nodes[i], replica_peer=peers[i]) for i in range(n))
     ranks: list[RankEntry] = []
     append = ranks.append
-    world = n * shape.procs_per_node
-    position, coords = shape.position, shape.coords
-    for r in range(world):
-        pod, local = position(r)
-        p, d, t = coords(r)
-        gp = pod_gpus[pod]
-        rail = (local + pod_rail_offset[pod]) % gp if gp > 0 else local
+    for r, pod, local, p, d, t in shape.layout():
+        rail = compute_rail(local, pod_rail_offset[pod], pod_gpus[pod])
         append(RankEntry(r, pod_nodes[pod], pod, local, rail, p, d, t))
     return RankTable(
         job=job,
@@ -74,7 +96,8 @@ def ranks_in_order(table: RankTable) -> tuple[RankEntry, ...]:
 def compute_dp_groups(table: RankTable) -> list[list[int]]:
     """Ranks of every data-parallel group ``(p, t)``, each in ring (dp) order."""
     tp, dp = table.tp, table.dp
-    return [[mesh_rank(p, d, t, dp, tp) for d in range(dp)] for p in range(table.pp) for t in range(tp)]
+    step = mesh_rank(0, 1, 0, dp, tp)
+    return [list(range(mesh_rank(p, 0, t, dp, tp), mesh_rank(p, dp, t, dp, tp), step)) for p in range(table.pp) for t in range(tp)]
 
 
 def compute_rails_per_dp_group(table: RankTable) -> int:

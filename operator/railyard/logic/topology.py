@@ -116,10 +116,6 @@ class Topology:
     def leaf_of(self, node: int) -> int:
         return self.domain_of[self.leaf_level][node] if self.levels else 0
 
-    def rail(self, node: int, local_rank: int) -> int:
-        g = self.gpus[node]
-        return (local_rank + self.rail_offset[node]) % g if g > 0 else local_rank
-
     def path(self, node: int) -> tuple[str, ...]:
         return tuple(
             self.domain_names[lv][self.domain_of[lv][node]] for lv in range(len(self.levels))
@@ -134,6 +130,20 @@ class Topology:
                 f"topology.requiredLevel: {key!r} is not a level of this cluster; "
                 f"levels are {list(self.levels)} (dropped, no node carries them: {list(self.dropped_levels)})"
             ) from None
+
+
+def placement_signature(node: Mapping[str, Any]) -> tuple[Any, ...]:
+    """What placement reads of a node that can change under a running cluster: readiness,
+    cordon, taints, our quarantine mark, GPUs. A change of any of them is worth a new decision
+    (index 3 is True while the node is quarantined)."""
+    spec = node.get("spec") or {}
+    return (
+        node_is_ready(node),
+        bool(spec.get("unschedulable")),
+        tuple(sorted((str(t.get("key")), str(t.get("value") or ""), str(t.get("effect"))) for t in spec.get("taints") or ())),
+        is_quarantined(node),
+        str(((node.get("status") or {}).get("allocatable") or {}).get(GPU_RESOURCE)),
+    )
 
 
 def resolve_level_keys(

@@ -11,6 +11,7 @@ torchtitan's ``ParallelDims``.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 MESH_DIM_NAMES = ("pp", "dp", "tp")
@@ -112,3 +113,15 @@ class MeshShape:
 
     def rank_of(self, p: int, d: int, t: int) -> int:
         return mesh_rank(p, d, t, self.dp, self.tp)
+
+    def layout(self) -> Iterator[tuple[int, int, int, int, int, int]]:
+        """(rank, pod index, local rank, pp, dp, tp) of every rank in rank order: the same
+        answers as :meth:`position` and :meth:`coords`, one division per TP group (the rank
+        table of a 16,384-rank gang is built per re-placement)."""
+        tp, dp, n = self.tp, self.dp, self.nodes
+        for g in range(self.pp * dp):
+            p, d = divmod(g, dp)
+            slot, pod = divmod(g, n)
+            base = g * tp
+            for t in range(tp):
+                yield base + t, pod, slot * tp + t, p, d, t
