@@ -204,21 +204,22 @@ class Cluster:
         self._start(build_sim_job(scn, hot_spares), nodes)
 
     @classmethod
-    def from_job(cls, job: TrainingJob, nodes: Sequence[Mapping[str, Any]]) -> Cluster:
-        """A cluster of the given Node objects running ``job`` (tests feed the operator, ``plan``
-        and the simulator the same cluster)."""
+    def from_job(cls, job: TrainingJob, nodes: Sequence[Mapping[str, Any]], pods: Sequence[Mapping[str, Any]] = ()) -> Cluster:
+        """A cluster of the given Node objects (and other jobs' Pods) running ``job``; tests
+        feed the operator, ``plan`` and the simulator the same cluster."""
         c = cls.__new__(cls)
-        c._start(job, nodes)
+        c._start(job, nodes, pods)
         return c
 
-    def _start(self, job: TrainingJob, nodes: Sequence[Mapping[str, Any]]) -> None:
+    def _start(self, job: TrainingJob, nodes: Sequence[Mapping[str, Any]], pods: Sequence[Mapping[str, Any]] = ()) -> None:
         self.job = job
+        self.pods = list(pods)
         self._healthy: dict[str, Mapping[str, Any]] = {str(n["metadata"]["name"]): n for n in nodes}
         #: node name -> time it comes back from repair
         self.quarantined: dict[str, float] = {}
         self.attempt = 0
         self.replacements = 0
-        placed = plan_placement(build_placement_input(job, nodes=list(self._healthy.values())))
+        placed = plan_placement(build_placement_input(job, nodes=list(self._healthy.values()), pods=self.pods))
         if isinstance(placed, Unplaceable):
             raise ValueError(f"placement: the gang does not fit the simulated cluster: {placed.message}")
         self.placement: Placement = placed
@@ -256,7 +257,7 @@ class Cluster:
             self.quarantined[n] = now + repair_s
         self.release_repaired(now)
         inp = build_placement_input(
-            self.job, nodes=self.node_objects(), attempt=self.attempt + 1,
+            self.job, nodes=self.node_objects(), pods=self.pods, attempt=self.attempt + 1,
             previous_nodes=self.placement.nodes, previous_spares=self.placement.spares,
             failed=set(self.quarantined),
         )
