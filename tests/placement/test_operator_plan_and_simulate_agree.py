@@ -13,14 +13,14 @@ import random
 from typing import Any
 
 import pytest
+from tests.operator.builders import make_node
+from tests.operator.fake_cluster import Harness
 
 from railyard.api.trainingjob import TrainingJob
 from railyard.commands.plan import plan
 from railyard.logic.conditions import find_condition
 from railyard.logic.placement import Placement, Unplaceable
 from railyard.sim.decisions import Cluster
-from tests.operator.builders import make_node
-from tests.operator.fake_cluster import Harness
 
 CASES = 60
 
