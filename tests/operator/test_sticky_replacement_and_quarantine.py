@@ -64,3 +64,12 @@ def test_quarantine_release_rules() -> None:
     assert wants_release(label_removed), "half a quarantine is cleaned up"
     foreign = make_node("n", labels={Q: "true"})
     assert not wants_release(foreign), "marks we did not set are left alone"
+
+
+def test_a_released_or_vanished_node_leaves_the_jobs_quarantine_list() -> None:
+    from railyard.api.trainingjob import QuarantinedNode
+    from railyard.logic.quarantine import decide_still_quarantined
+
+    marked = [QuarantinedNode(node=n, reason="x") for n in ("kept", "released", "gone")]
+    nodes = {"kept": make_node("kept", labels={Q: "true"}), "released": make_node("released")}
+    assert [q.node for q in decide_still_quarantined(marked, nodes)] == ["kept"]

@@ -35,7 +35,6 @@ from railyard.logic.conditions import (
     find_condition,
     format_micro_time,
     parse_time,
-    set_condition,
 )
 from railyard.logic.failures import Failure
 from railyard.logic.gang import (
@@ -57,8 +56,8 @@ from railyard.logic.manifests import (
     owner_reference,
     with_addresses,
 )
-from railyard.logic.placement import Unplaceable, build_placement_input, plan_placement
-from railyard.logic.quarantine import QUARANTINE_KEY
+from railyard.logic.placement import Placement, Unplaceable, build_placement_input, plan_placement
+from railyard.logic.quarantine import QUARANTINE_KEY, decide_still_quarantined
 from railyard.logic.restarts import decide_restart, decide_streak_reset, record_restart
 from railyard.logic.schedulers import (
     GangSchedulingPlan,
@@ -66,7 +65,7 @@ from railyard.logic.schedulers import (
     group_name,
     plan_gang_scheduling,
 )
-from railyard.logic.status import build_placement_status, placement_status
+from railyard.logic.status import build_placement_status, decide_degraded, placement_status
 from railyard.protocol.exitcodes import FailureClass
 from railyard.protocol.ranktable import RankTable
 
@@ -370,22 +369,10 @@ async def _place_and_create(c: Cycle, job: TrainingJob, nodes: Mapping[str, Mapp
         c.phase("Placing", result.condition_reason, f"{result.message}; retrying (and on every node change)")
         return retry
     c.w.placement_failures = 0
-    owner = owner_reference(c.body)
-    gang_size = len(result.nodes)
-    plan = plan_gang_scheduling(spec, job=c.name, namespace=c.ns, attempt=attempt, owner=owner, gang_size=gang_size)
-    if not await _ensure_podgroups(c, plan):
+    created = await create_gang(c, job, result)
+    if created is None:
         return PODGROUP_RETRY_S
-    await _ensure_job_objects(c, owner)
-    table = with_addresses(result.rank_table, c.ns)
-    restore = {"tier": c.st.last_checkpoint.tier, "step": c.st.last_checkpoint.step} if c.st.last_checkpoint else None
-    config = build_trainer_config(spec, job=c.name, namespace=c.ns, attempt=attempt, restore=restore)
-    await c.io.create_object(build_configmap(c.name, c.ns, owner, attempt=attempt, rank_table=table, config=config))
-    pods = build_gang_pods(spec, job=c.name, namespace=c.ns, owner=owner, attempt=attempt, nodes=result.nodes, heartbeat_url=_heartbeat_url(rt, c.ns, c.name), annotations=rt.settings.pod_annotations)
-    pods = apply_to_pods(pods, plan)  # schedulerName, queue/group labels; our gate and node affinity stay
-    created = await c.io.create_pods(pods)
-    rt.metrics.pods_created.inc(created)
-    await c.io.lift_gates(pods)
-    rt.store.begin_attempt(c.ns, c.name, attempt)
+    pods, plan = created
     placement = placement_status(result, attempt=attempt)
     levels = [k for k in result.cross_bytes_per_step if k not in ("host", "network")]
     spine = levels[-1] if levels else None
@@ -403,6 +390,31 @@ async def _place_and_create(c: Cycle, job: TrainingJob, nodes: Mapping[str, Mapp
         earlier = [group_name(c.name, a) for a in range(max(attempt - 4, 0), attempt)]
         await c.io.delete_podgroups(c.ns, plan.objects[0]["apiVersion"], earlier)
     return float(spec.gang.schedule_timeout_seconds)
+
+
+async def create_gang(c: Cycle, job: TrainingJob, placed: Placement) -> tuple[list[dict[str, Any]], GangSchedulingPlan] | None:
+    """Create the gang of ``c.st.attempt`` on ``placed``: the scheduler's PodGroup, the job's
+    Secret and Service, the attempt's ConfigMap, every pod gated, then every gate lifted at once.
+    None when the PodGroup kind is unavailable (the job stays Placing).
+
+    Every object the API server may refuse for this gang is created here, so this is where a
+    4xx on the gang's own objects is to become a Failed phase or a waiting condition."""
+    rt, spec, attempt = c.rt, job.spec, c.st.attempt
+    owner = owner_reference(c.body)
+    plan = plan_gang_scheduling(spec, job=c.name, namespace=c.ns, attempt=attempt, owner=owner, gang_size=len(placed.nodes))
+    if not await _ensure_podgroups(c, plan):
+        return None
+    await _ensure_job_objects(c, owner)
+    table = with_addresses(placed.rank_table, c.ns)
+    restore = {"tier": c.st.last_checkpoint.tier, "step": c.st.last_checkpoint.step} if c.st.last_checkpoint else None
+    config = build_trainer_config(spec, job=c.name, namespace=c.ns, attempt=attempt, restore=restore)
+    await c.io.create_object(build_configmap(c.name, c.ns, owner, attempt=attempt, rank_table=table, config=config))
+    pods = build_gang_pods(spec, job=c.name, namespace=c.ns, owner=owner, attempt=attempt, nodes=placed.nodes, heartbeat_url=_heartbeat_url(rt, c.ns, c.name), annotations=rt.settings.pod_annotations)
+    pods = apply_to_pods(pods, plan)  # schedulerName, queue/group labels; our gate and node affinity stay
+    rt.metrics.pods_created.inc(await c.io.create_pods(pods))
+    await c.io.lift_gates(pods)
+    rt.store.begin_attempt(c.ns, c.name, attempt)
+    return pods, plan
 
 
 async def _ensure_podgroups(c: Cycle, plan: GangSchedulingPlan) -> bool:
@@ -477,30 +489,10 @@ def _heartbeat_url(rt: Runtime, namespace: str, job: str) -> str:
 
 def _refresh_quarantine(c: Cycle, nodes: Mapping[str, Mapping[str, Any]]) -> None:
     """Drop nodes a person released (label or taint removed) from the job's quarantine list."""
-    keep = []
-    for q in c.st.quarantined_nodes:
-        node = nodes.get(q.node)
-        labels = ((node or {}).get("metadata") or {}).get("labels") or {}
-        if node is not None and labels.get(QUARANTINE_KEY) == "true":
-            keep.append(q)
+    keep = decide_still_quarantined(c.st.quarantined_nodes, nodes)
     if len(keep) != len(c.st.quarantined_nodes):
-        c.st = c.st.model_copy(update={"quarantined_nodes": keep})
+        c.update(quarantined_nodes=keep)
 
 
 def _update_degraded(c: Cycle, job: TrainingJob) -> None:
-    reasons = []
-    if c.st.stragglers:
-        reasons.append(f"{len(c.st.stragglers)} straggling ranks")
-    spares = len(c.st.placement.spares) if c.st.placement else 0
-    if c.st.phase in ("Starting", "Running") and spares < job.spec.gang.hot_spares:
-        reasons.append(f"{spares}/{job.spec.gang.hot_spares} hot spares held")
-    status = "True" if reasons else "False"
-    old = next((x for x in c.st.conditions if x.type == "Degraded"), None)
-    if old is None and status == "False":
-        return
-    if old is not None and old.status == status and old.message == "; ".join(reasons):
-        return
-    c.st = c.st.model_copy(update={"conditions": set_condition(
-        c.st.conditions, "Degraded", status, reason="Degraded" if reasons else "Healthy",
-        message="; ".join(reasons), now=c.iso, generation=c.st.observed_generation or None,
-    )})
+    c.st = decide_degraded(c.st, hot_spares=job.spec.gang.hot_spares, now=c.iso)

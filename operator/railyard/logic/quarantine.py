@@ -9,13 +9,15 @@ taint; the operator then removes the rest, so a node is never half quarantined.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Any, TypeVar
 
 from railyard import GROUP
 
 #: Taint key and label of a node we quarantined.
 QUARANTINE_KEY = f"{GROUP}/quarantined"
+
+T = TypeVar("T")
 
 REASON_ANNOTATION = f"{GROUP}/quarantine-reason"
 TIME_ANNOTATION = f"{GROUP}/quarantine-time"
@@ -51,6 +53,18 @@ def apply_merge_patch(obj: Mapping[str, Any], patch: Mapping[str, Any]) -> dict[
         else:
             out[key] = value
     return out
+
+
+def decide_still_quarantined(marked: Sequence[T], nodes: Mapping[str, Mapping[str, Any]]) -> list[T]:
+    """The entries of a job's ``status.quarantinedNodes`` whose node still carries our label
+    (a person releases a node by removing it; a node that is gone is dropped too)."""
+    keep = []
+    for q in marked:
+        node = nodes.get(getattr(q, "node", ""))
+        labels = ((node or {}).get("metadata") or {}).get("labels") or {}
+        if node is not None and labels.get(QUARANTINE_KEY) == "true":
+            keep.append(q)
+    return keep
 
 
 def is_quarantined(node: Mapping[str, Any]) -> bool:

@@ -112,6 +112,28 @@ def placement_status(pl: Placement, *, attempt: int) -> PlacementStatus:
     )
 
 
+def decide_degraded(status: TrainingJobStatus, *, hot_spares: int, now: str) -> TrainingJobStatus:
+    """``Degraded`` is True while ranks straggle or a running gang holds fewer hot spares than
+    ``spec.gang.hotSpares`` (a sticky re-placement may have spent them); it is orthogonal to the
+    phase. Returns ``status`` itself when nothing changes."""
+    reasons = []
+    if status.stragglers:
+        reasons.append(f"{len(status.stragglers)} straggling ranks")
+    spares = len(status.placement.spares) if status.placement else 0
+    if status.phase in ("Starting", "Running") and spares < hot_spares:
+        reasons.append(f"{spares}/{hot_spares} hot spares held")
+    value = "True" if reasons else "False"
+    old = next((x for x in status.conditions if x.type == "Degraded"), None)
+    if old is None and value == "False":
+        return status
+    if old is not None and old.status == value and old.message == "; ".join(reasons):
+        return status
+    return status.model_copy(update={"conditions": set_condition(
+        status.conditions, "Degraded", value, reason="Degraded" if reasons else "Healthy",
+        message="; ".join(reasons), now=now, generation=status.observed_generation or None,
+    )})
+
+
 def status_to_wire(status: TrainingJobStatus) -> dict[str, Any]:
     return status.model_dump(by_alias=True, mode="json")
 
