@@ -72,7 +72,11 @@ ResourceQuantity = Annotated[
     Field(min_length=1, max_length=64, json_schema_extra={"pattern": NON_NEGATIVE_QUANTITY_PATTERN}),
 ]
 DnsSubdomain = Annotated[str, _rule(corev1.check_dns_subdomain), Field(max_length=253, json_schema_extra={"pattern": corev1.DNS_SUBDOMAIN_PATTERN})]
-LabelKey = Annotated[str, _rule(corev1.check_qualified_name)]
+LabelKey = Annotated[str, _rule(corev1.check_qualified_name), Field(json_schema_extra={"pattern": corev1.QUALIFIED_NAME_PATTERN})]
+# Map keys: the same rules without a schema pattern (pydantic would turn a keyed pattern into
+# patternProperties, which a structural schema does not allow; the CRD cannot check map keys).
+LabelKeyOfMap = Annotated[str, _rule(corev1.check_qualified_name)]
+EnvVarNameOfMap = Annotated[str, _rule(corev1.check_env_var_name)]
 ResourceName = Annotated[str, _rule(corev1.check_resource_name)]
 LabelValue = Annotated[str, _rule(corev1.check_label_value), Field(max_length=63, json_schema_extra={"pattern": corev1.LABEL_VALUE_PATTERN})]
 EnvVarName = Annotated[str, _rule(corev1.check_env_var_name), Field(min_length=1, max_length=256, json_schema_extra={"pattern": corev1.ENV_VAR_NAME_PATTERN})]
@@ -377,7 +381,7 @@ class TrainingJobSpec(_Model):
     nodes: Annotated[int, Field(ge=1, le=100_000, description="Number of nodes, one pod per node.")] = 1
     procs_per_node: Annotated[int, Field(ge=1, le=64, description="Training processes (ranks) per pod, usually one per GPU.")] = 1
     gpus_per_pod: Annotated[int | None, Field(ge=0, le=64, description="GPUs each pod uses (nvidia.com/gpu); 0 for CPU-only nodes. Empty: procsPerNode.")] = None
-    node_selector: Annotated[dict[LabelKey, LabelValue], Field(max_length=64, description="Only place on nodes with these labels (label keys and values).")] = {}
+    node_selector: Annotated[dict[LabelKeyOfMap, LabelValue], Field(max_length=64, description="Only place on nodes with these labels (label keys and values).")] = {}
     tolerations: Annotated[list[Toleration], Field(max_length=32, description="Tolerations for the gang's pods (placement honours them too).")] = []
     service_account_name: Annotated[DnsSubdomain | None, Field(description="ServiceAccount of the pods (default: the namespace's default, with no token mounted).")] = None
     parallelism: Annotated[Parallelism, Field(description="How the world is split: pipeline x data x tensor.")] = Parallelism()
@@ -387,7 +391,7 @@ class TrainingJobSpec(_Model):
     checkpoint: Annotated[Checkpoint, Field(description="Checkpoint tiers.")] = Checkpoint()
     health: Annotated[Health, Field(description="Heartbeats, hang, straggler and SDC detection.")] = Health()
     restart_policy: Annotated[RestartPolicy, Field(description="Restart budgets per failure class and backoff.")] = RestartPolicy()
-    nccl: Annotated[dict[EnvVarName, Annotated[str, Field(max_length=32768)]], Field(max_length=128, description="NCCL environment overrides (defaults keep each rank's inter-node traffic on its rail, e.g. NCCL_CROSS_NIC=0).")] = {}
+    nccl: Annotated[dict[EnvVarNameOfMap, Annotated[str, Field(max_length=32768)]], Field(max_length=128, description="NCCL environment overrides (defaults keep each rank's inter-node traffic on its rail, e.g. NCCL_CROSS_NIC=0).")] = {}
 
     model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": list[Any](SPEC_RULES)})
 
