@@ -6,7 +6,7 @@ from typing import Any, cast
 
 import pytest
 
-from railyard.api.corev1 import Toleration
+from railyard.api.corev1 import Toleration, compute_pod_requests
 from railyard.api.quantity import QuantityError, parse_quantity, to_milli
 from railyard.local.kube import KubeClient
 from railyard.local.scheduler import Scheduler
@@ -14,7 +14,6 @@ from railyard.local.scheduling import (
     build_node_info,
     candidate_names,
     check_node,
-    compute_pod_requests,
     decide_node,
     is_gated,
 )

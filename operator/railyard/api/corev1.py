@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
-from railyard.api.quantity import QuantityError, parse_quantity
+from railyard.api.quantity import QuantityError, parse_quantity, to_milli
 
 # --------------------------------------------------------------------------- names
 
@@ -144,6 +144,44 @@ def check_resource_requirements(requests: Mapping[str, str], limits: Mapping[str
         elif want > cap:
             problems.append((f"requests.{name}", f"{requests[name]!r}: must be less than or equal to the limit {limits[name]!r}"))
     return problems
+
+
+def compute_pod_requests(pod: Mapping[str, Any], *, only: str | None = None) -> dict[str, int]:
+    """A pod's effective requests in milli-units, as kube-scheduler counts them:
+    max(sum of containers, largest init container) + overhead; a container that sets only a
+    limit requests that limit (the API server defaults it so). ``only``: just that resource
+    (placement asks for GPUs of thousands of pods). Unparseable values count as nothing."""
+    spec = pod.get("spec") or {}
+
+    def of(container: Mapping[str, Any]) -> dict[str, int]:
+        res = container.get("resources") or {}
+        merged = dict(res.get("limits") or {})
+        merged.update(res.get("requests") or {})
+        out: dict[str, int] = {}
+        for key, value in merged.items():
+            if only is not None and key != only:
+                continue
+            try:
+                out[key] = to_milli(value)
+            except QuantityError:
+                continue
+        return out
+
+    total: dict[str, int] = {}
+    for c in spec.get("containers") or ():
+        for key, value in of(c).items():
+            total[key] = total.get(key, 0) + value
+    for c in spec.get("initContainers") or ():
+        for key, value in of(c).items():
+            total[key] = max(total.get(key, 0), value)
+    for key, value in (spec.get("overhead") or {}).items():
+        if only is not None and key != only:
+            continue
+        try:
+            total[key] = total.get(key, 0) + to_milli(value)
+        except QuantityError:
+            continue
+    return {k: v for k, v in total.items() if v > 0}
 
 
 # --------------------------------------------------------------------------- tolerations, taints

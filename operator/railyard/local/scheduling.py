@@ -14,7 +14,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from railyard.api.corev1 import Toleration, build_tolerations, node_is_ready, untolerated_taint
+from railyard.api.corev1 import (
+    Toleration,
+    build_tolerations,
+    compute_pod_requests,
+    node_is_ready,
+    untolerated_taint,
+)
 from railyard.api.quantity import QuantityError, to_milli
 
 Obj = Mapping[str, Any]
@@ -78,40 +84,6 @@ def is_gated(pod: Obj) -> bool:
 
 def is_terminated(pod: Obj) -> bool:
     return (pod.get("status", {}) or {}).get("phase") in TERMINAL_PHASES
-
-
-def compute_pod_requests(pod: Obj) -> dict[str, int]:
-    """Effective requests in milli-units: max(sum of containers, largest init container) + overhead.
-
-    A container that sets only a limit requests that limit, as the API server defaults it.
-    """
-    spec = pod.get("spec", {}) or {}
-
-    def of(container: Obj) -> dict[str, int]:
-        res = container.get("resources", {}) or {}
-        merged = dict(res.get("limits") or {})
-        merged.update(res.get("requests") or {})
-        out: dict[str, int] = {}
-        for key, value in merged.items():
-            try:
-                out[key] = to_milli(value)
-            except QuantityError:
-                continue
-        return out
-
-    total: dict[str, int] = {}
-    for c in spec.get("containers") or []:
-        for key, value in of(c).items():
-            total[key] = total.get(key, 0) + value
-    for c in spec.get("initContainers") or []:
-        for key, value in of(c).items():
-            total[key] = max(total.get(key, 0), value)
-    for key, value in (spec.get("overhead") or {}).items():
-        try:
-            total[key] = total.get(key, 0) + to_milli(value)
-        except QuantityError:
-            continue
-    return {k: v for k, v in total.items() if v > 0}
 
 
 def match_expression(expr: Obj, value: str | None) -> bool:

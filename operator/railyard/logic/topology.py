@@ -28,7 +28,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from railyard.api.corev1 import Toleration, node_is_ready, untolerated_taint
+from railyard.api.corev1 import Toleration, compute_pod_requests, node_is_ready, untolerated_taint
 from railyard.api.quantity import to_count
 from railyard.logic.quarantine import is_quarantined
 
@@ -188,18 +188,7 @@ def _int_label(v: Any) -> int:
 
 
 def _pod_gpus(pod: Mapping[str, Any]) -> int:
-    spec = pod.get("spec") or {}
-
-    def req(c: Mapping[str, Any]) -> int:
-        res = c.get("resources") or {}
-        r = (res.get("requests") or {}).get(GPU_RESOURCE)
-        if r is None:
-            r = (res.get("limits") or {}).get(GPU_RESOURCE)
-        return to_count(r)
-
-    main = sum(req(c) for c in spec.get("containers") or ())
-    init = max((req(c) for c in spec.get("initContainers") or ()), default=0)
-    return max(main, init)
+    return compute_pod_requests(pod, only=GPU_RESOURCE).get(GPU_RESOURCE, 0) // 1000
 
 
 def compute_used_gpus(
