@@ -39,6 +39,9 @@ from railyard.demo.record import (
     Sample,
     Summary,
     format_summary,
+    note_placement,
+    note_pods,
+    placement_picture,
     restores_from_status,
     summarise,
 )
@@ -296,6 +299,7 @@ class Demo:
                 self.echo(self._progress_line(sample, status))
                 last_line = now
             self._note_placement(status)
+            self._note_pods()
             for s in status.get("stragglers") or []:
                 self.stragglers_seen.add(f"rank {s.get('rank')} on {s.get('node')}")
             self._print_events()
@@ -315,13 +319,25 @@ class Demo:
         return f"  [{t:6.1f}s] {s.phase:<10} attempt {s.attempt}  step {s.step:>4}/{self.scenario.steps}  {loss}  {s.tokens_per_s:8,.0f} tok/s  restarts {restarts}  {ck}"
 
     def _note_placement(self, status: dict[str, Any]) -> None:
-        placement = status.get("placement") or {}
-        nodes = placement.get("nodes") or []
-        attempt = int(status.get("attempt", 0))
-        if nodes and attempt not in self.record.placements:
-            self.record.placements[attempt] = list(nodes)
-            self.record.spares[attempt] = list(placement.get("spares") or [])
-            self.echo(f"  placed attempt {attempt}: pods on {', '.join(nodes)}; spares {', '.join(placement.get('spares') or []) or 'none'}; {placement.get('summary', '')}")
+        attempt = note_placement(self.record, status)
+        if attempt is not None:
+            nodes, spares = self.record.placements[attempt], self.record.spares[attempt]
+            moved = self.record.moved[attempt]
+            self.echo(f"  placed attempt {attempt}: pods on {', '.join(nodes)}; spares {', '.join(spares) or 'none'}"
+                      + (f"; moved pod indices {moved}" if moved else ""))
+
+    def _note_pods(self) -> None:
+        pods = self.core.list_namespaced_pod(self.ns, label_selector=f"railyard.dev/job={self.name}").items
+        seen = []
+        for p in pods:
+            labels = p.metadata.labels or {}
+            if labels.get("railyard.dev/cleanup") == "true" or not p.spec.node_name:
+                continue
+            try:
+                seen.append((int(labels.get("railyard.dev/attempt", -1)), int(labels.get("railyard.dev/pod-index", -1)), str(p.spec.node_name)))
+            except ValueError:
+                continue
+        note_pods(self.record, seen)
 
     def _print_events(self) -> None:
         events = self.core.list_namespaced_event(self.ns, field_selector=f"involvedObject.name={self.name}").items
@@ -340,7 +356,9 @@ class Demo:
     def _act(self, s: Sample, status: dict[str, Any]) -> None:
         """Inject the scenario's cluster-level faults when training reaches their step."""
         scn = self.scenario
-        nodes = self.record.placements.get(s.attempt) or []
+        # faults go to the nodes of the gang that runs now, not the previous attempt's
+        current = int((status.get("placement") or {}).get("attempt", -1)) == s.attempt
+        nodes = (self.record.placements.get(s.attempt) or []) if current else []
         if s.phase != "Running" or not nodes:
             return
         if scn.straggler and "straggler" not in self.done_actions and s.step >= scn.straggler.step:
@@ -393,6 +411,8 @@ class Demo:
             "decisions": [asdict(d) for d in self.record.decisions],
             "samples": [asdict(s) for s in self.record.samples],
             "placements": self.record.placements,
+            "pods": self.record.pods,
+            "placementPicture": placement_picture(self.record).pods(),
         }
         (self.out / "summary.json").write_text(json.dumps(data, indent=1, default=str))
         (self.out / "trainingjob.yaml").write_text(yaml.safe_dump(self.job, sort_keys=False))
