@@ -23,10 +23,12 @@ from railyard.logic.conditions import format_time
 from railyard.logic.manifests import (
     ATTEMPT_LABEL,
     CLEANUP_LABEL,
+    CONFIG_FILE,
     GANG_GATE,
     JOB_LABEL,
     POD_INDEX_LABEL,
     RANK_TABLE_FILE,
+    SPARE_LABEL,
     configmap_name,
 )
 from railyard.logic.quarantine import apply_merge_patch, build_quarantine_patch
@@ -91,6 +93,8 @@ class FakeCluster:
                 continue
             pod = copy.deepcopy(dict(p))
             pod.setdefault("status", {})["phase"] = "Pending"
+            if not pod["spec"].get("schedulingGates"):
+                pod["spec"]["nodeName"] = _pinned_node(pod)  # the scheduler binds ungated pods at once
             self.pods[name] = pod
             self.calls.append(("create", f"Pod/{name}"))
             new += 1
@@ -154,6 +158,10 @@ class FakeCluster:
             return None
         return RankTable.from_json(cm["data"][RANK_TABLE_FILE])
 
+    async def read_attempt_config(self, namespace: str, job: str, attempt: int) -> dict[str, Any] | None:
+        cm = self.objects.get(("ConfigMap", configmap_name(job, attempt)))
+        return None if cm is None else dict(json.loads(cm["data"][CONFIG_FILE]))
+
     async def read_token(self, namespace: str, job: str) -> str | None:
         secret = self.objects.get(("Secret", f"{job}-heartbeat"))
         return base64.b64decode(secret["data"]["token"]).decode() if secret else None
@@ -192,8 +200,9 @@ class FakeCluster:
         self.events.append((type_, reason, message))
 
     # -- what kubelets and nodes do
-    def pods_of(self, attempt: int | None = None, *, cleanup: bool = False) -> list[dict[str, Any]]:
-        out = [p for p in self.pods.values() if (p["metadata"]["labels"].get(CLEANUP_LABEL) == "true") == cleanup]
+    def pods_of(self, attempt: int | None = None, *, cleanup: bool = False, spare: bool = False) -> list[dict[str, Any]]:
+        out = [p for p in self.pods.values() if (p["metadata"]["labels"].get(CLEANUP_LABEL) == "true") == cleanup
+               and (p["metadata"]["labels"].get(SPARE_LABEL) == "true") == spare]
         if attempt is not None:
             out = [p for p in out if int(p["metadata"]["labels"].get(ATTEMPT_LABEL, -1)) == attempt]
         return sorted(out, key=lambda p: int(p["metadata"]["labels"].get(POD_INDEX_LABEL, 0)))
@@ -261,6 +270,36 @@ class Harness:
 
     def reasons(self) -> list[str]:
         return [r for _, r, _ in self.cluster.events]
+
+    # -- the pods' launchers on the restart control channel (railyard.protocol.control)
+    def members(self) -> list[dict[str, Any]]:
+        """The gang's pods of the current attempt (an in-place restart keeps older ones)."""
+        from railyard.handlers.inplace import members_since
+        from railyard.handlers.cycle import Cycle
+        from railyard.logic.gang import gang_members
+
+        st = self.status
+        since = st.pods_since_attempt if st.last_restart and st.last_restart.mode == "InPlace" and st.last_restart.attempt == st.attempt else None
+        del members_since, Cycle
+        gang, _ = gang_members(self.cluster.pods_of(), attempt=st.attempt, since=since)
+        return [dict(p) for p in gang]
+
+    def report(self, index: int, state: str = "running", *, attempt: int | None = None, code: int = 0, pod: str | None = None) -> Any:
+        """The launcher of pod ``index`` reports; returns the operator's answer (ControlOrder)."""
+        from railyard.protocol.control import LauncherReport, LauncherState, parse_order
+
+        member = next((p for p in self.members() if int(p["metadata"]["labels"][POD_INDEX_LABEL]) == index), None)
+        name = pod or (member["metadata"]["name"] if member else f"j-a0-{index}")
+        a = self.status.attempt if attempt is None else attempt
+        r = LauncherReport(job=self.worker.name, attempt=a, pod_index=index, pod=name, state=LauncherState(state), code=code,
+                           workers=((index, code),) if code else (), sent_at=self.now)
+        self.rt.control.clock = lambda: self.now
+        self.rt.control.record(self.worker.namespace, self.worker.name, r)
+        order, _ = self.rt.control.answer(self.worker.namespace, self.worker.name, r)
+        return parse_order(order) if isinstance(order, bytes) else order
+
+    def all_report(self, state: str = "running", **kw: Any) -> list[Any]:
+        return [self.report(int(p["metadata"]["labels"][POD_INDEX_LABEL]), state, **kw) for p in self.members()]
 
 
 def dump(obj: Any) -> str:

@@ -294,7 +294,16 @@ def launch(argv: Sequence[str] | None = None) -> int:
     except (ConfigError, RankTableError, ValueError) as exc:
         log_event("launcher_exit", code=int(ExitCode.CONFIG_PERMANENT), failure_class="Permanent", error=str(exc))
         return int(ExitCode.CONFIG_PERMANENT)
-    return supervise(plan, fail_grace_s=float(os.environ.get("RAILYARD_FAIL_GRACE_S", "5")), kill_grace_s=float(os.environ.get("RAILYARD_KILL_GRACE_S", "10")))
+    fail_grace_s = float(os.environ.get("RAILYARD_FAIL_GRACE_S", "5"))
+    kill_grace_s = float(os.environ.get("RAILYARD_KILL_GRACE_S", "10"))
+    # under the operator's restart control channel the launcher outlives failed workers and
+    # restarts them in place when told (railyard_trainer.inplace); otherwise as always
+    from railyard_trainer.inplace import launch_in_place
+
+    code = launch_in_place(plan, os.environ, fail_grace_s=fail_grace_s, kill_grace_s=kill_grace_s)
+    if code is not None:
+        return code
+    return supervise(plan, fail_grace_s=fail_grace_s, kill_grace_s=kill_grace_s)
 
 
 def main() -> None:

@@ -98,13 +98,18 @@ class Watchdog:
 
 
 def init_distributed(env: WorkerEnv, timeout_s: float) -> torch.device:
+    from railyard_trainer.rendezvous import build_attempt_store
+
+    # a store fenced by the attempt (railyard_trainer/rendezvous.py), or env://
+    store = build_attempt_store(timeout_s)
+    fenced: dict[str, object] = {} if store is None else {"store": store, "rank": env.rank, "world_size": env.world_size}
     if torch.cuda.is_available():
         device = torch.device("cuda", env.local_rank)
         torch.cuda.set_device(device)
-        dist.init_process_group("nccl", timeout=timedelta(seconds=timeout_s), device_id=device)
+        dist.init_process_group("nccl", timeout=timedelta(seconds=timeout_s), device_id=device, **fenced)  # type: ignore[arg-type]
     else:
         device = torch.device("cpu")
-        dist.init_process_group("gloo", timeout=timedelta(seconds=timeout_s))
+        dist.init_process_group("gloo", timeout=timedelta(seconds=timeout_s), **fenced)  # type: ignore[arg-type]
     return device
 
 

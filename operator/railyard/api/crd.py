@@ -36,6 +36,7 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
     {"name": "Nodes", "type": "integer", "jsonPath": ".spec.nodes", "description": "Nodes in the gang."},
     {"name": "Step", "type": "integer", "jsonPath": ".status.step", "description": "Newest training step."},
     {"name": "Restarts", "type": "integer", "jsonPath": ".status.restarts.total", "description": "Restarts, all classes."},
+    {"name": "Spares", "type": "integer", "jsonPath": ".status.sparesHeld", "description": "Hot spare nodes held (placeholder pods)."},
     {"name": "Checkpoint", "type": "string", "jsonPath": ".status.lastCheckpoint.tier", "priority": 1, "description": "Tier of the newest verified checkpoint."},
     {"name": "Message", "type": "string", "jsonPath": ".status.message", "priority": 1, "description": "What is happening now."},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},

@@ -224,11 +224,16 @@ class Gang(_Model):
 
 
 class MemoryTier(_Model):
-    enabled: Annotated[bool, Field(description="Save to node RAM (a hostPath on tmpfs that outlives the pod).")] = True
+    enabled: Annotated[bool, Field(description="Save to node RAM (a hostPath on tmpfs that outlives the pod, or the pod's own memory volume).")] = True
     interval_steps: Annotated[int, Field(ge=1, description="Save every N steps.")] = 10
     keep: Annotated[int, Field(ge=1, le=100, description="Keep the newest K checkpoints of this tier.")] = 2
     replicate: Annotated[bool, Field(description="Also keep a replica of each pod's shard in a neighbour node's memory tier (survives the loss of one node).")] = True
-    host_path: Annotated[str, Field(min_length=1, max_length=4096, description="Folder on the node (tmpfs).")] = "/dev/shm/railyard"
+    medium: Annotated[
+        Literal["HostPath", "Pod"],
+        Field(description="HostPath: a tmpfs folder on the node (hostPath), which outlives the pod. Pod: an emptyDir of medium Memory in the pod, which lives as long as the pod: an in-place restart keeps it, a replaced pod gets its shard back from its neighbour's replica, a full restart loses the tier (local/shared tiers remain); no hostPath, so the pods pass the baseline Pod Security Standard (with local disabled and shared on a claim).")
+    ] = "HostPath"
+    size_limit: Annotated[ResourceQuantity | None, Field(description="With medium Pod: the emptyDir's sizeLimit (counts against the pod's memory; e.g. 64Gi). Empty: no limit.")] = None
+    host_path: Annotated[str, Field(min_length=1, max_length=4096, description="With medium HostPath: the folder on the node (tmpfs).")] = "/dev/shm/railyard"
 
 
 class LocalTier(_Model):
@@ -292,6 +297,8 @@ class RestartPolicy(_Model):
     straggler: Annotated[RestartBudget, Field(description="Hangs, and stragglers with action Restart.")] = RestartBudget(limit=5, backoff_seconds=0.0)
     max_backoff_seconds: Annotated[float, Field(ge=0, le=86400, description="Upper bound of the exponential backoff.")] = 300.0
     reset_after_seconds: Annotated[float, Field(ge=0, le=30 * 86400, description="A gang that has run with every pod Running this long clears the restart streak: backoff starts again from backoffSeconds and each class gets its whole limit again (status.restarts keeps the totals). 0: never reset.")] = 600.0
+    in_place: Annotated[bool, Field(description="Restart in place: pods on healthy nodes stay (same pod, same node, memory tier intact) and their launchers restart the workers for the new attempt; only pods that must move are replaced. false: every restart deletes and recreates the whole gang.")] = True
+    in_place_timeout_seconds: Annotated[float, Field(ge=1, le=3600, description="A kept pod's launcher that has not restarted its workers this long after being told turns the restart into a full restart.")] = 30.0
 
 
 # --------------------------------------------------------------------------- spec
@@ -476,6 +483,17 @@ class RestoreStatus(_Model):
     steps_lost: Annotated[int, Field(description="Steps trained before the failure that were lost.")] = 0
 
 
+class LastRestart(_Model):
+    attempt: Annotated[int, Field(description="The attempt this restart started.")] = 0
+    mode: Annotated[Literal["InPlace", "Full"], Field(description="InPlace: pods on healthy nodes kept, only the others replaced; Full: the whole gang recreated.")] = "Full"
+    state: Annotated[Literal["Pending", "Started", "Done"], Field(description="Pending: waiting for backoff and the replacements' placement; Started: replacements created, launchers told; Done: every pod runs the attempt.")] = "Pending"
+    reason: Annotated[str, Field(description="For a Full restart after an in-place one was wanted: why (InPlaceDisabled, SpecChanged, NoControlChannel, NothingToKeep, NotPlaceable, RestartNotAnswered).")] = ""
+    message: Annotated[str, Field(description="Which pods stayed, which moved where, and why.")] = ""
+    kept: Annotated[int, Field(description="Pods kept on their nodes.")] = 0
+    replaced: Annotated[list[int], Field(description="Pod indices replaced (first 64).")] = []
+    started_time: Annotated[str | None, Field(description="When the kept launchers were told to restart.")] = None
+
+
 class TrainingJobStatus(_Model):
     model_config = ConfigDict(extra="ignore")
 
@@ -504,6 +522,9 @@ class TrainingJobStatus(_Model):
     gang_created_time: Annotated[str | None, Field(description="When the current attempt's pods were created (the gang schedule timeout counts from here).")] = None
     failure_time: Annotated[str | None, Field(description="When the failure that ended the previous attempt was detected.")] = None
     next_attempt_time: Annotated[str | None, Field(description="Restart backoff: the next gang is not placed before this time.")] = None
+    pods_since_attempt: Annotated[int | None, Field(description="The attempt of the last full gang creation: the current attempt's pods are, per pod index, the newest pod created since then (in-place restarts keep pods of earlier attempts). Empty: the current attempt.")] = None
+    last_restart: Annotated[LastRestart | None, Field(description="How the current attempt was started from the previous one.")] = None
+    spares_held: Annotated[int, Field(description="Hot spare nodes held by a placeholder pod (gang.hotSpares wanted).")] = 0
 
 
 class ObjectMeta(BaseModel):

@@ -15,7 +15,7 @@ place a gang's objects are created).
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
 from pydantic import ValidationError
@@ -51,6 +51,7 @@ class GangIO(Protocol):
     async def create_podgroups(self, objects: Sequence[Obj]) -> int: ...
     async def delete_podgroups(self, namespace: str, api_version: str, names: Iterable[str]) -> int: ...
     async def read_rank_table(self, namespace: str, job: str, attempt: int) -> RankTable | None: ...
+    async def read_attempt_config(self, namespace: str, job: str, attempt: int) -> dict[str, Any] | None: ...
     async def read_token(self, namespace: str, job: str) -> str | None: ...
     async def ensure_secret(self, secret: Obj) -> str: ...
     def new_token(self) -> str: ...
@@ -93,6 +94,9 @@ class KubeGangIO:
 
     async def read_rank_table(self, namespace: str, job: str, attempt: int) -> RankTable | None:
         return await ops.read_rank_table(self.kube, namespace, job, attempt)
+
+    async def read_attempt_config(self, namespace: str, job: str, attempt: int) -> dict[str, Any] | None:
+        return await ops.read_attempt_config(self.kube, namespace, job, attempt)
 
     async def read_token(self, namespace: str, job: str) -> str | None:
         return await ops.read_token(self.kube, namespace, job)
@@ -144,6 +148,9 @@ class Cycle:
             self.st = TrainingJobStatus()
         self.old_st = self.st  # what the Events compare against (updates replace st, never mutate it)
         self.extra_events: list[tuple[str, str, str]] = []
+        #: Run once the status is written (what must not happen before it is durable: telling
+        #: launchers to restart for an attempt the status does not yet name).
+        self.after_commit: list[Callable[[], None]] = []
 
     @property
     def spec(self) -> Mapping[str, Any]:
@@ -174,6 +181,9 @@ class Cycle:
             if got is None:
                 return
             self.w.status_wire = new_wire
+        for hook in self.after_commit:
+            hook()
+        self.after_commit.clear()
         self.rt.set_phase(self.ns, self.name, self.st.phase)
         for type_, reason, message in build_transition_events(self.old_st, self.st):
             await self.io.create_event(self.body, type_=type_, reason=reason, message=message, now=self.now)

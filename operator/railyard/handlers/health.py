@@ -13,7 +13,7 @@ from railyard.api.trainingjob import CheckpointRef, RestoreStatus, StragglerStat
 from railyard.handlers.cycle import Cycle
 from railyard.logic.conditions import format_time, parse_time
 from railyard.logic.failures import Failure, build_verdict_failure
-from railyard.logic.gang import attempt_of, pod_index_of
+from railyard.logic.gang import pod_index_of
 from railyard.logic.goodput import compute_goodput
 from railyard.logic.health import (
     HealthDecision,
@@ -28,13 +28,21 @@ from railyard.protocol.restore import compute_steps_lost, latest_verified_per_ti
 log = logging.getLogger(__name__)
 
 
-def _running_since(pod: Mapping[str, Any]) -> float | None:
+def _running_since(pod: Mapping[str, Any], floor: float | None = None) -> float | None:
+    """When the pod's trainer started running this attempt: its container's start, or for a pod
+    kept by an in-place restart, the restart (``floor``), when its workers started again."""
     status = pod.get("status") or {}
+    since = None
     for cs in status.get("containerStatuses") or ():
         started = ((cs.get("state") or {}).get("running") or {}).get("startedAt")
         if started:
-            return parse_time(started)
-    return parse_time(status.get("startTime"))
+            since = parse_time(started)
+            break
+    else:
+        since = parse_time(status.get("startTime"))
+    if since is not None and floor is not None:
+        return max(since, floor)
+    return since
 
 
 def evaluate_health(c: Cycle, job: TrainingJob, pods: Sequence[Mapping[str, Any]]) -> Failure | None:
@@ -44,9 +52,11 @@ def evaluate_health(c: Cycle, job: TrainingJob, pods: Sequence[Mapping[str, Any]
     window = rt.store.job(c.ns, c.name)
     if window is None or window.attempt != c.st.attempt:
         return None
-    current = {pod_index_of(p): p for p in pods if attempt_of(p) == c.st.attempt}
+    # the gang's pods (``pods`` are its members: an in-place restart keeps pods of older attempts)
+    current = {pod_index_of(p): p for p in pods}
+    floor = parse_time(c.st.gang_created_time)
     pod_status = {
-        i: PodStatus(i, str((p.get("status") or {}).get("phase") or "Pending"), str((p.get("spec") or {}).get("nodeName") or ""), _running_since(p))
+        i: PodStatus(i, str((p.get("status") or {}).get("phase") or "Pending"), str((p.get("spec") or {}).get("nodeName") or ""), _running_since(p, floor))
         for i, p in current.items()
     }
     try:

@@ -100,15 +100,15 @@ async def on_startup_operator(settings: kopf.OperatorSettings, **_: Any) -> None
     settings.networking.error_backoffs = [0.5, 1, 2, 5]
     rt.api()
     if rt.settings.metrics_port:
+        from railyard.observe.control import add_control_routes
         from railyard.observe.heartbeats import add_heartbeat_routes
         from railyard.observe.metrics import build_http_app, start_http_server
 
-        app = build_http_app(
-            rt.metrics.registry,
-            ready=lambda: rt.nodes is not None,
-            extra_routes=lambda a: add_heartbeat_routes(a, rt.store, rt.tokens, metrics=rt.health_metrics,
-                                                      on_batch=rt.checkpoint_metrics.observe_batch),
-        )
+        def routes(a: Any) -> None:
+            add_heartbeat_routes(a, rt.store, rt.tokens, metrics=rt.health_metrics, on_batch=rt.checkpoint_metrics.observe_batch)
+            add_control_routes(a, rt.control, rt.tokens)
+
+        app = build_http_app(rt.metrics.registry, ready=lambda: rt.nodes is not None, extra_routes=routes)
         rt.http_runner = await start_http_server(app, rt.settings.metrics_host, rt.settings.metrics_port)
 
 

@@ -29,7 +29,19 @@ from railyard.api.trainingjob import QuarantinedNode, TrainingJob, TrainingJobSt
 from railyard.handlers.cleanup import cleanup_checkpoints
 from railyard.handlers.cycle import Cycle, GangIO, KubeGangIO
 from railyard.handlers.health import evaluate_health
+from railyard.handlers.inplace import (
+    begin_in_place,
+    check_restarted,
+    continue_in_place,
+    fall_back_to_full,
+    in_place_restart,
+    members_since,
+    plan_restart,
+    record_full,
+    republish,
+)
 from railyard.handlers.runtime import JobWorker, Runtime
+from railyard.handlers.spares import reconcile_spares
 from railyard.k8s.client import ApiError
 from railyard.logic.conditions import (
     find_condition,
@@ -43,7 +55,9 @@ from railyard.logic.gang import (
     assess_gang,
     attempt_of,
     first_exit_time,
+    gang_members,
 )
+from railyard.logic.inplace import RestartPlan, apply_launcher_reports
 from railyard.logic.manifests import (
     CLEANUP_FINALIZER,
     build_configmap,
@@ -54,6 +68,7 @@ from railyard.logic.manifests import (
     check_names,
     configmap_name,
     owner_reference,
+    pod_name,
     with_addresses,
 )
 from railyard.logic.placement import Placement, Unplaceable, build_placement_input, plan_placement
@@ -113,6 +128,9 @@ async def reconcile_job(rt: Runtime, w: JobWorker, *, now: float | None = None, 
         await c.commit()
         return None
     delay = await _step(c, job)
+    spares_in = await reconcile_spares(c, job)
+    if spares_in is not None:
+        delay = spares_in if delay is None else min(delay, spares_in)
     await c.commit()
     return delay
 
@@ -155,16 +173,55 @@ async def _step(c: Cycle, job: TrainingJob) -> float | None:
             rt.tokens.set(c.ns, c.name, token)
             rt.store.begin_attempt(c.ns, c.name, c.st.attempt)
     expected = c.st.placement.node_count if (c.st.placement and c.st.gang_created_time) else spec.nodes
-    a = assess_gang(pods, nodes, attempt=c.st.attempt, expected=expected, now=c.now, not_ready_grace_s=rt.settings.not_ready_grace_s,
-                    echo_settle_s=DEFAULT_ECHO_SETTLE_S)
-    stale = [p for p in pods if attempt_of(p) != c.st.attempt]
+    # what the launchers report (their workers' exits, while the pod runs on) is pod evidence too
+    view = apply_launcher_reports(pods, rt.control.reports(c.ns, c.name), attempt=c.st.attempt)
+    since = members_since(c)
+    a = assess_gang(view, nodes, attempt=c.st.attempt, expected=expected, now=c.now, not_ready_grace_s=rt.settings.not_ready_grace_s,
+                    echo_settle_s=DEFAULT_ECHO_SETTLE_S, since=since)
+    old = set(a.stale)
+    stale = [p for p in pods if str((p.get("metadata") or {}).get("name")) in old]
     if stale:
         await c.delete_pods(stale, nodes)
-    state_delay = await _act(c, job, a, pods, nodes, stale)
+    members, _ = gang_members(view, attempt=c.st.attempt, since=since)
+    if pods and rt.control.get(c.ns, c.name) is None:
+        await republish(c, members)  # an operator restarted under a running gang
+    state_delay = await _act_in_place(c, job, a, view, nodes, stale, members)
     _update_degraded(c, job)
     if a.recheck_after > 0:
         state_delay = a.recheck_after if state_delay is None else min(state_delay, a.recheck_after)
     return state_delay
+
+
+async def _act_in_place(
+    c: Cycle,
+    job: TrainingJob,
+    a: GangAssessment,
+    view: Sequence[Mapping[str, Any]],
+    nodes: Mapping[str, Mapping[str, Any]],
+    stale: Sequence[Mapping[str, Any]],
+    members: Sequence[Mapping[str, Any]],
+) -> float | None:
+    """The in-place restart's steps (handlers/inplace.py) around the state machine of
+    :func:`_act`: the replacements are created and the launchers told by continue_in_place,
+    and the gang is Running once every kept launcher has restarted its workers."""
+    lr = in_place_restart(c)
+    if lr is None:
+        return await _act(c, job, a, view, nodes, stale)
+    if lr.state == "Pending":
+        # the replaced indices have no pod yet: that is the plan, not a lost pod
+        return await continue_in_place(c, job, nodes)
+    if a.state in ("Partial", "Gated"):
+        return await continue_in_place(c, job, nodes)
+    if a.state in ("Starting", "Running"):
+        got = check_restarted(c, job, members)
+        if isinstance(got, str):
+            return await fall_back_to_full(c, job, "RestartNotAnswered", got, nodes)
+        if got is not None:
+            if a.state == "Starting":
+                state = await _act(c, job, a, view, nodes, stale)
+                return got if state is None else min(got, state)
+            return got
+    return await _act(c, job, a, view, nodes, stale)
 
 
 async def _act(
@@ -176,7 +233,7 @@ async def _act(
     stale: Sequence[Mapping[str, Any]],
 ) -> float | None:
     spec = job.spec
-    current = [p for p in pods if attempt_of(p) == c.st.attempt]
+    current, _ = gang_members(pods, attempt=c.st.attempt, since=members_since(c))
     if a.state == "Absent":
         if stale:
             if c.st.phase not in ("Restarting", "Placing"):
@@ -320,7 +377,17 @@ async def _handle_failure(
         if await c.io.quarantine_node(node, reason=f.kind, job=f"{c.ns}/{c.name}", now=c.now):
             quarantined = [q for q in quarantined if q.node != node] + [QuarantinedNode(node=node, reason=f.message, time=c.iso)]
             c.event("Warning", "NodeQuarantined", f"node {node} quarantined: {f.message} (release: label {QUARANTINE_KEY}- or annotate railyard.dev/release=true)")
-    await c.delete_pods(current, nodes)
+    # the pods themselves, not the launchers' reports laid over them (a launcher that waits to
+    # restart in place is alive: it gets the normal grace)
+    real = {str((p.get("metadata") or {}).get("name")): p for p in c.rt.pods_of(c.ns, c.name)}
+    plan: RestartPlan | None
+    plan, stragglers = plan_restart(c, job, f, current, nodes, quarantined)
+    if plan.mode == "InPlace":
+        got = await begin_in_place(c, job, f, decision, plan, stragglers, current, real, nodes, quarantined)
+        if not isinstance(got, RestartPlan):
+            return got
+        plan = got
+    await c.delete_pods([real.get(str((p.get("metadata") or {}).get("name")), p) for p in current], nodes)
     backoff = decision.backoff_seconds
     c.st = c.st.model_copy(
         update={
@@ -333,8 +400,10 @@ async def _handle_failure(
         }
     )
     m.restarts.labels(**{"class": f.cls.value}).inc()
+    record_full(c, plan)
     wait = f", next gang in {backoff:g}s" if backoff > 0 else ""
-    c.phase("Restarting", f.kind, f"{f.message}; {decision.reason}{wait}")
+    full = f"; {plan.message}" if plan.reason and plan.reason != "InPlaceDisabled" else ""
+    c.phase("Restarting", f.kind, f"{f.message}; {decision.reason}{full}{wait}")
     return backoff if backoff > 0 else 0.2
 
 
@@ -414,6 +483,8 @@ async def create_gang(c: Cycle, job: TrainingJob, placed: Placement) -> tuple[li
     rt.metrics.pods_created.inc(await c.io.create_pods(pods))
     await c.io.lift_gates(pods)
     rt.store.begin_attempt(c.ns, c.name, attempt)
+    members = {i: pod_name(c.name, attempt, i) for i in range(len(pods))}
+    c.after_commit.append(lambda: rt.control.publish(c.ns, c.name, attempt=attempt, members=members, table=table, restore=restore))
     return pods, plan
 
 

@@ -20,8 +20,9 @@ from prometheus_client import CollectorRegistry
 from railyard.k8s.client import Kube
 from railyard.logic.health import HealthState
 from railyard.logic.health.window import HeartbeatStore
-from railyard.logic.manifests import CLEANUP_LABEL
+from railyard.logic.manifests import CLEANUP_LABEL, SPARE_LABEL
 from railyard.observe.checkpoint_metrics import CheckpointMetrics
+from railyard.observe.control import ControlBoard
 from railyard.observe.health_metrics import HealthMetrics
 from railyard.observe.heartbeats import StaticTokens
 from railyard.observe.metrics import OperatorMetrics
@@ -86,6 +87,8 @@ class Runtime:
         self.checkpoint_metrics = CheckpointMetrics(self.metrics.registry)
         self.tokens = StaticTokens()
         self.store = HeartbeatStore()
+        #: What each job's launchers are told (the restart control channel) and what they said.
+        self.control = ControlBoard(on_report=self.wake)
         self.job_pods: Any = None
         self.nodes: Any = None
         self.bound_pods: Any = None
@@ -108,14 +111,17 @@ class Runtime:
         self.nodes = kwargs.get("railyard_nodes", self.nodes)
         self.bound_pods = kwargs.get("railyard_bound_pods", self.bound_pods)
 
-    def pods_of(self, namespace: str, job: str, *, cleanup: bool = False) -> list[dict[str, Any]]:
-        """The job's gang pods (``cleanup=True``: its checkpoint-cleanup pods instead)."""
+    def pods_of(self, namespace: str, job: str, *, cleanup: bool = False, spare: bool = False) -> list[dict[str, Any]]:
+        """The job's gang pods (``cleanup=True``: its checkpoint-cleanup pods instead;
+        ``spare=True``: its hot-spare placeholders instead)."""
         if self.job_pods is None:
             return []
-        return [
-            dict(p) for p in self.job_pods.get((namespace, job), [])
-            if (((p.get("metadata") or {}).get("labels") or {}).get(CLEANUP_LABEL) == "true") == cleanup
-        ]
+        out = []
+        for p in self.job_pods.get((namespace, job), []):
+            labels = (p.get("metadata") or {}).get("labels") or {}
+            if (labels.get(CLEANUP_LABEL) == "true") == cleanup and (labels.get(SPARE_LABEL) == "true") == spare:
+                out.append(dict(p))
+        return out
 
     def node_map(self) -> dict[str, dict[str, Any]]:
         if self.nodes is None:
@@ -157,6 +163,7 @@ class Runtime:
         w = self.workers.pop((namespace, name), None)
         self.phases.pop((namespace, name), None)
         self.store.forget_job(namespace, name)
+        self.control.forget(namespace, name)
         self.tokens.remove(namespace, name)
         self.metrics.forget_job(namespace, name)
         self.health_metrics.forget_job(namespace, name)
@@ -183,6 +190,8 @@ class Runtime:
             self.phases[(namespace, name)] = phase
             self.update_phase_gauge()
             if phase in ("Succeeded", "Failed"):
+                # every launcher still asking is told to stop
+                self.control.finish(namespace, name, f"the job is {phase}")
                 # A finished job has no live heartbeats, step time, stragglers or placement: its
                 # last values would otherwise stay until it is deleted (and keep an alert such as
                 # RailyardStragglers firing). Counters and goodput stay.
@@ -232,6 +241,7 @@ class Runtime:
                 w.task.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await w.task
+        self.control.close()
         if self.http_runner is not None:
             await self.http_runner.cleanup()
             self.http_runner = None

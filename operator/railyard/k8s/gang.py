@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 import logging
 import secrets
 import time
@@ -19,6 +20,7 @@ from railyard.api.trainingjob import API_VERSION, KIND, PLURAL
 from railyard.k8s.client import ApiError, Kube, core_path, custom_path
 from railyard.logic.conditions import format_time
 from railyard.logic.manifests import (
+    CONFIG_FILE,
     RANK_TABLE_FILE,
     build_gate_removal,
     configmap_name,
@@ -147,6 +149,18 @@ async def read_rank_table(kube: Kube, namespace: str, job: str, attempt: int) ->
         return RankTable.from_json((cm.get("data") or {}).get(RANK_TABLE_FILE, ""))
     except ValueError:
         return None
+
+
+async def read_attempt_config(kube: Kube, namespace: str, job: str, attempt: int) -> dict[str, Any] | None:
+    """The config.json an attempt's ConfigMap holds (its restore hint); None when gone or unreadable."""
+    cm = await get_configmap(kube, namespace, configmap_name(job, attempt))
+    if cm is None:
+        return None
+    try:
+        raw = json.loads((cm.get("data") or {}).get(CONFIG_FILE, ""))
+    except ValueError:
+        return None
+    return raw if isinstance(raw, dict) else None
 
 
 async def delete_configmaps(kube: Kube, namespace: str, names: Iterable[str]) -> None:

@@ -37,6 +37,37 @@ def attempt_of(pod: Mapping[str, Any]) -> int:
         return -1
 
 
+def gang_members(
+    pods: Sequence[Mapping[str, Any]], *, attempt: int, since: int | None = None
+) -> tuple[list[Mapping[str, Any]], list[Mapping[str, Any]]]:
+    """The pods serving ``attempt``, and the stale rest.
+
+    A pod's ``railyard.dev/attempt`` label is the attempt it was created for. An in-place
+    restart keeps the pods on healthy nodes and creates replacements (labelled with the new
+    attempt) only for the others, so the gang of ``attempt`` is, per pod index, the newest pod
+    created in ``[since, attempt]``; ``since`` is the attempt of the last full (re)creation
+    (``status.podsSinceAttempt``; None: ``attempt``, every pod was created for it). Every other
+    pod (an older attempt, a pod superseded by a replacement of its index) is stale."""
+    low = attempt if since is None else min(since, attempt)
+    newest: dict[int, Mapping[str, Any]] = {}
+    stale: list[Mapping[str, Any]] = []
+    for p in pods:
+        a = attempt_of(p)
+        if not low <= a <= attempt:
+            stale.append(p)
+            continue
+        i = pod_index_of(p)
+        other = newest.get(i)
+        if other is None:
+            newest[i] = p
+        elif attempt_of(other) < a:
+            stale.append(other)
+            newest[i] = p
+        else:
+            stale.append(p)
+    return [newest[i] for i in sorted(newest)], stale
+
+
 def is_gated(pod: Mapping[str, Any]) -> bool:
     return any(g.get("name") == GANG_GATE for g in (pod.get("spec") or {}).get("schedulingGates") or ())
 
@@ -73,16 +104,17 @@ def assess_gang(
     now: float,
     not_ready_grace_s: float = 0.0,
     echo_settle_s: float = 0.0,
+    since: int | None = None,
 ) -> GangAssessment:
-    """What the gang of ``attempt`` is doing.
+    """What the gang of ``attempt`` is doing (its pods: :func:`gang_members` with ``since``).
 
     ``echo_settle_s``: when the only failures are echoes (:data:`ECHO_KINDS`: exit 70, "a peer
     or a collective failed") while other pods of the gang still run, wait up to this long after
     the first echo exited for the cause to show (the crashed rank's own exit code arrives a
     moment later): state ``Settling`` with ``recheck_after``. 0 decides at once.
     """
-    current = [p for p in pods if attempt_of(p) == attempt]
-    stale = tuple(sorted(str((p.get("metadata") or {}).get("name", "")) for p in pods if attempt_of(p) != attempt))
+    current, old = gang_members(pods, attempt=attempt, since=since)
+    stale = tuple(sorted(str((p.get("metadata") or {}).get("name", "")) for p in old))
     by_index = {pod_index_of(p): p for p in current}
     missing = tuple(i for i in range(expected) if i not in by_index)
     gated = tuple(sorted(str(p["metadata"]["name"]) for p in current if is_gated(p)))
@@ -99,9 +131,9 @@ def assess_gang(
         if f is None:
             continue
         if f.kind == "NodeNotReady" and not_ready_grace_s > 0:
-            since = _not_ready_since(nodes.get(f.nodes[0]) if f.nodes else None)
-            if since is not None and now - since < not_ready_grace_s:
-                left = not_ready_grace_s - (now - since)
+            down = _not_ready_since(nodes.get(f.nodes[0]) if f.nodes else None)
+            if down is not None and now - down < not_ready_grace_s:
+                left = not_ready_grace_s - (now - down)
                 recheck = left if recheck == 0 else min(recheck, left)
                 deferred_node = True
                 continue

@@ -252,24 +252,40 @@ def _checkpoint_dirs_init(spec: TrainingJobSpec, volumes: Sequence[Mapping[str, 
     }]
 
 
+def _memory_volume(spec: TrainingJobSpec, per_job: str) -> dict[str, Any]:
+    """The memory tier: a tmpfs hostPath that outlives the pod, or (medium Pod) the pod's own
+    memory-backed emptyDir, which an in-place restart keeps and which needs no hostPath."""
+    mem = spec.checkpoint.memory
+    if mem.medium == "Pod":
+        empty: dict[str, Any] = {"medium": "Memory"}
+        if mem.size_limit:
+            empty["sizeLimit"] = mem.size_limit
+        return {"name": "ckpt-memory", "emptyDir": empty}
+    return {"name": "ckpt-memory", "hostPath": {"path": f"{mem.host_path.rstrip('/')}/{per_job}", "type": "DirectoryOrCreate"}}
+
+
 def _volumes(spec: TrainingJobSpec, job: str, namespace: str, attempt: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The config and the checkpoint tiers' volumes. A disabled tier gets no volume (a hostPath
+    nobody writes would still keep the pods out of the baseline Pod Security Standard)."""
     ck = spec.checkpoint
     per_job = f"{namespace}/{job}"
     volumes: list[dict[str, Any]] = [
         {"name": "railyard-config", "configMap": {"name": configmap_name(job, attempt)}},
-        {"name": "ckpt-memory", "hostPath": {"path": f"{ck.memory.host_path.rstrip('/')}/{per_job}", "type": "DirectoryOrCreate"}},
-        {"name": "ckpt-local", "hostPath": {"path": f"{ck.local.host_path.rstrip('/')}/{per_job}", "type": "DirectoryOrCreate"}},
+        _memory_volume(spec, per_job),
     ]
-    if ck.shared.claim_name:
-        volumes.append({"name": "ckpt-shared", "persistentVolumeClaim": {"claimName": ck.shared.claim_name}})
-    else:
-        volumes.append({"name": "ckpt-shared", "hostPath": {"path": f"{ck.shared.host_path.rstrip('/')}/{per_job}", "type": "DirectoryOrCreate"}})
     mounts: list[dict[str, Any]] = [
         {"name": "railyard-config", "mountPath": CONFIG_DIR, "readOnly": True},
         {"name": "ckpt-memory", "mountPath": CHECKPOINT_MOUNTS["memory"]},
-        {"name": "ckpt-local", "mountPath": CHECKPOINT_MOUNTS["local"]},
-        {"name": "ckpt-shared", "mountPath": CHECKPOINT_MOUNTS["shared"]},
     ]
+    if ck.local.enabled:
+        volumes.append({"name": "ckpt-local", "hostPath": {"path": f"{ck.local.host_path.rstrip('/')}/{per_job}", "type": "DirectoryOrCreate"}})
+        mounts.append({"name": "ckpt-local", "mountPath": CHECKPOINT_MOUNTS["local"]})
+    if ck.shared.claim_name:
+        volumes.append({"name": "ckpt-shared", "persistentVolumeClaim": {"claimName": ck.shared.claim_name}})
+        mounts.append({"name": "ckpt-shared", "mountPath": CHECKPOINT_MOUNTS["shared"]})
+    elif ck.shared.enabled:
+        volumes.append({"name": "ckpt-shared", "hostPath": {"path": f"{ck.shared.host_path.rstrip('/')}/{per_job}", "type": "DirectoryOrCreate"}})
+        mounts.append({"name": "ckpt-shared", "mountPath": CHECKPOINT_MOUNTS["shared"]})
     return volumes, mounts
 
 
@@ -281,12 +297,16 @@ def build_pod_env(
     attempt: int,
     pod_index: int,
     heartbeat_url: str,
+    control_url: str = "",
 ) -> list[dict[str, Any]]:
-    """The pod contract of docs/trainer.md, then NCCL defaults, ``spec.nccl``, ``spec.env``."""
+    """The pod contract of docs/trainer.md, then NCCL defaults, ``spec.nccl``, ``spec.env``.
+    ``control_url``: the operator's restart control endpoint (default: beside the heartbeat
+    ingest, :func:`control_url_for`)."""
     env: list[dict[str, Any]] = [
         {"name": "RAILYARD_CONFIG", "value": f"{CONFIG_DIR}/{CONFIG_FILE}"},
         {"name": "RAILYARD_RANK_TABLE", "value": f"{CONFIG_DIR}/{RANK_TABLE_FILE}"},
         {"name": "RAILYARD_POD_INDEX", "value": str(pod_index)},
+        {"name": "RAILYARD_POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
         {"name": "RAILYARD_NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
         {"name": "RAILYARD_JOB", "value": job},
         {"name": "RAILYARD_NAMESPACE", "value": namespace},
@@ -295,6 +315,10 @@ def build_pod_env(
         {"name": "MASTER_PORT", "value": str(rendezvous_port(job, namespace, attempt))},
         {"name": "RAILYARD_HEARTBEAT_URL", "value": heartbeat_url},
         {"name": "RAILYARD_HEARTBEAT_TOKEN", "valueFrom": {"secretKeyRef": {"name": secret_name(job), "key": TOKEN_KEY}}},
+        {"name": "RAILYARD_CONTROL_URL", "value": control_url or control_url_for(heartbeat_url, namespace, job)},
+        # a launcher whose workers failed waits this long without word from the operator before
+        # it exits (and the pod fails): the in-place restart's window, with room for the backoff
+        {"name": "RAILYARD_RESTART_WAIT_S", "value": f"{max(60.0, 2 * spec.restart_policy.in_place_timeout_seconds):g}"},
         {"name": "RAILYARD_CHECKPOINT_MEMORY_DIR", "value": CHECKPOINT_MOUNTS["memory"]},
         {"name": "RAILYARD_CHECKPOINT_LOCAL_DIR", "value": CHECKPOINT_MOUNTS["local"]},
         {"name": "RAILYARD_CHECKPOINT_SHARED_DIR", "value": CHECKPOINT_MOUNTS["shared"]},
@@ -303,6 +327,14 @@ def build_pod_env(
     env += [{"name": k, "value": v} for k, v in sorted(nccl.items())]
     overridden = {x.name for x in spec.env}
     return [e for e in env if e["name"] not in overridden] + [{"name": e.name, "value": e.value} for e in spec.env]
+
+
+def control_url_for(heartbeat_url: str, namespace: str, job: str) -> str:
+    """The restart control endpoint on the operator that serves ``heartbeat_url``
+    (``.../v1/heartbeats/<ns>/<job>`` -> ``.../v1/control/<ns>/<job>``)."""
+    suffix = f"/v1/heartbeats/{namespace}/{job}"
+    base = heartbeat_url[: -len(suffix)] if heartbeat_url.endswith(suffix) else heartbeat_url.rstrip("/")
+    return f"{base}/v1/control/{namespace}/{job}"
 
 
 def build_pod(
@@ -409,6 +441,83 @@ def build_gate_removal(pod: Mapping[str, Any]) -> dict[str, Any] | None:
         return None
     rest = [g for g in gates if g.get("name") != GANG_GATE]
     return {"spec": {"schedulingGates": rest or None}}
+
+
+# hot spares ------------------------------------------------------------------------------------
+
+SPARE_LABEL = f"{GROUP}/spare"
+#: The placeholder's command: it holds the node's resources and does nothing (our image, and any
+#: image with coreutils, has sleep; on the local cluster any command runs as a process).
+SPARE_COMMAND = ("sleep", "infinity")
+#: An unprivileged user for the placeholder whatever the image (restricted Pod Security).
+SPARE_UID = 65534
+
+
+def spare_pod_name(job: str, node: str) -> str:
+    """A placeholder's name: one per (job, spare node), whatever the node's name length."""
+    return f"{job}-spare-{zlib.crc32(node.encode()):08x}"
+
+
+def build_spare_pod(
+    spec: TrainingJobSpec,
+    *,
+    job: str,
+    namespace: str,
+    owner: Mapping[str, Any],
+    node: str,
+    annotations: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    """A placeholder that holds a hot spare for the gang: pinned to ``node``, requesting what a
+    gang pod requests (GPUs included), so no other pod is scheduled there and no other job's
+    placement counts the node free, at the gang's own priority (another job of the same
+    priority cannot preempt it). It runs the job's image, so the image is already on the node
+    when a replacement comes. The operator deletes it right before a replacement takes the
+    node (the replacement's gate is lifted once the placeholder is gone, as a preemptor waits
+    for its victims), and when the job ends."""
+    requests = dict(spec.resources.requests)
+    limits = dict(spec.resources.limits)
+    if spec.gpus > 0:
+        limits.setdefault("nvidia.com/gpu", str(spec.gpus))
+        requests.setdefault("nvidia.com/gpu", limits["nvidia.com/gpu"])
+    resources: dict[str, Any] = {}
+    if requests:
+        resources["requests"] = requests
+    if limits:
+        resources["limits"] = limits
+    pod_spec: dict[str, Any] = {
+        "restartPolicy": "Always",
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        # not 0: a pod whose grace is 0 is removed from the API at once, before its kubelet has
+        # stopped it and released its devices; the replacement must wait for that
+        "terminationGracePeriodSeconds": 1,
+        "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}]}}},
+        "securityContext": {"runAsNonRoot": True, "runAsUser": SPARE_UID, "runAsGroup": SPARE_UID, "seccompProfile": {"type": "RuntimeDefault"}},
+        "containers": [{
+            "name": "placeholder",
+            "image": spec.image,
+            "imagePullPolicy": spec.image_pull_policy,
+            "command": list(SPARE_COMMAND),
+            "resources": resources,
+            "securityContext": {"allowPrivilegeEscalation": False, "privileged": False, "capabilities": {"drop": ["ALL"]}},
+        }],
+    }
+    if spec.node_selector:
+        pod_spec["nodeSelector"] = dict(spec.node_selector)
+    if spec.tolerations:
+        pod_spec["tolerations"] = [t.model_dump(by_alias=True, exclude_none=True) for t in spec.tolerations]
+    if spec.gang.scheduler_name:
+        pod_spec["schedulerName"] = spec.gang.scheduler_name
+    if spec.gang.priority_class_name:
+        pod_spec["priorityClassName"] = spec.gang.priority_class_name
+    meta = _meta(spare_pod_name(job, node), namespace, {**job_labels(job), SPARE_LABEL: "true"}, owner)
+    meta["annotations"] = {**dict(annotations or {}), NODE_ANNOTATION: node}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": pod_spec}
+
+
+def is_spare_pod(pod: Mapping[str, Any]) -> bool:
+    return (((pod.get("metadata") or {}).get("labels") or {}).get(SPARE_LABEL)) == "true"
 
 
 # checkpoint cleanup ---------------------------------------------------------------------------

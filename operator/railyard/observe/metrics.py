@@ -23,6 +23,7 @@ from prometheus_client import (
 )
 
 from railyard.logic.failures import RULES
+from railyard.logic.inplace import FALLBACKS
 from railyard.protocol.exitcodes import FailureClass
 
 log = logging.getLogger(__name__)
@@ -73,6 +74,20 @@ class OperatorMetrics:
         self.reconcile_errors = Counter("railyard_reconcile_errors", "Reconcile cycles that failed, by kind.", ["kind"], registry=reg)
         self.reconciles = Counter("railyard_reconciles", "Reconcile cycles run.", registry=reg)
         self.pods_created = Counter("railyard_pods_created", "Pods created for gangs.", registry=reg)
+        self.hot_spares = Gauge(
+            "railyard_hot_spares", "Hot spare nodes per job: wanted (spec.gang.hotSpares while the job runs) and held by a placeholder pod.",
+            ["namespace", "job", "state"], registry=reg,
+        )
+        self.restart_modes = Counter(
+            "railyard_restart_modes", "Gang restarts by how they were done: InPlace, or Full with the reason an in-place restart was not possible.",
+            ["mode", "reason"], registry=reg,
+        )
+        self.pods_replaced = Counter("railyard_pods_replaced", "Pods replaced by in-place restarts (the rest of each gang stayed).", registry=reg)
+        self.in_place_restart = Histogram(
+            "railyard_in_place_restart_seconds",
+            "Time from telling the kept launchers to restart to every one of them running the new attempt.",
+            buckets=_RESTART_BUCKETS, registry=reg,
+        )
         for phase in PHASES:
             self.jobs.labels(phase=phase).set(0)
         # Labelled counters over a known set start at 0: a series that appears with its first
@@ -83,6 +98,10 @@ class OperatorMetrics:
                 self.restarts.labels(**{"class": cls.value})
         for kind, rule in RULES.items():
             self.failures.labels(**{"class": rule.cls.value, "kind": kind})
+        self.restart_modes.labels(mode="InPlace", reason="")
+        for reason in FALLBACKS:
+            self.restart_modes.labels(mode="Full", reason=reason)
+        self.restart_modes.labels(mode="Full", reason="")
 
     def set_phases(self, counts: dict[str, int]) -> None:
         for phase in PHASES:
@@ -94,8 +113,12 @@ class OperatorMetrics:
         if spine_level is not None:
             self.spine_bytes.labels(namespace=namespace, job=job).set(per_level.get(spine_level, 0.0))
 
+    def set_spares(self, namespace: str, job: str, *, wanted: int, held: int) -> None:
+        self.hot_spares.labels(namespace=namespace, job=job, state="wanted").set(wanted)
+        self.hot_spares.labels(namespace=namespace, job=job, state="held").set(held)
+
     def forget_job(self, namespace: str, job: str) -> None:
-        for metric in (self.cross_bytes, self.spine_bytes):
+        for metric in (self.cross_bytes, self.spine_bytes, self.hot_spares):
             for labels in list(metric._metrics):  # prometheus-client keeps children by label tuple
                 if labels[:2] == (namespace, job):
                     metric.remove(*labels)

@@ -1,0 +1,385 @@
+"""In-place restarts in the reconcile cycle: keep the pods on healthy nodes, replace the others,
+tell every kept launcher to restart its workers, fall back to a full restart when that cannot
+work. The decisions are railyard.logic.inplace's; this module reads the cycle, calls them and
+acts through the cycle's GangIO.
+
+The sequence (docs/operator.md "Restarting in place"):
+
+1. :func:`begin_in_place` (the failure's cycle): decide which pods move, place them sticky,
+   write the new attempt's ConfigMap, delete the pods that move, record attempt + 1 with
+   ``lastRestart`` (mode InPlace, state Pending) and the backoff. The launchers of the failed
+   attempt are told to wait; those of replaced pods to stop.
+2. :func:`continue_in_place` (once the backoff passed; every cycle until all pods run): create
+   the replacements gated, delete the hot-spare placeholders on their nodes, lift each gate once
+   its placeholder is gone; then (state Started, after the status is written) open the restart
+   orders, which the waiting launchers receive at once.
+3. :func:`check_restarted`: the kept launchers report the new attempt running (then state Done,
+   and the gang is Running as any other); one that has not within
+   ``restartPolicy.inPlaceTimeoutSeconds`` turns this into a full restart
+   (:func:`fall_back_to_full`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from railyard.api.trainingjob import LastRestart, QuarantinedNode, TrainingJob
+from railyard.handlers.cycle import Cycle
+from railyard.handlers.spares import delete_placeholders
+from railyard.logic.conditions import format_micro_time, parse_time
+from railyard.logic.failures import Failure
+from railyard.logic.gang import attempt_of, gang_members, is_gated, pod_index_of
+from railyard.logic.inplace import (
+    RestartPlan,
+    decide_nodes_to_leave,
+    decide_restart_mode,
+    decide_unacknowledged,
+    describe_in_place,
+)
+from railyard.logic.manifests import (
+    NODE_ANNOTATION,
+    build_configmap,
+    build_pod,
+    build_trainer_config,
+    configmap_name,
+    owner_reference,
+    pod_name,
+    with_addresses,
+)
+from railyard.logic.placement import Placement, Unplaceable, build_placement_input, plan_placement
+from railyard.logic.restarts import RestartDecision, record_restart
+from railyard.logic.schedulers import apply_to_pods, plan_gang_scheduling
+from railyard.logic.status import placement_status
+from railyard.protocol.ranktable import RankTable
+
+log = logging.getLogger(__name__)
+Obj = Mapping[str, Any]
+
+
+def _name(p: Obj) -> str:
+    return str((p.get("metadata") or {}).get("name") or "")
+
+
+def _node(p: Obj) -> str:
+    return str((p.get("spec") or {}).get("nodeName") or "")
+
+
+def in_place_restart(c: Cycle) -> LastRestart | None:
+    """The in-place restart the current attempt is going through (None: none, or done)."""
+    lr = c.st.last_restart
+    if lr is None or lr.mode != "InPlace" or lr.attempt != c.st.attempt or lr.state == "Done":
+        return None
+    return lr
+
+
+def members_since(c: Cycle) -> int | None:
+    """The ``since`` of :func:`railyard.logic.gang.gang_members` for the current attempt: the
+    attempt of the last full creation while the current attempt was started in place."""
+    lr = c.st.last_restart
+    if lr is not None and lr.mode == "InPlace" and lr.attempt == c.st.attempt:
+        return c.st.pods_since_attempt
+    return None
+
+
+def capable_pods(c: Cycle, members: Sequence[Obj]) -> frozenset[int]:
+    """Pod indices whose launcher spoke the control protocol in the current attempt."""
+    reports = c.rt.control.reports(c.ns, c.name)
+    out = set()
+    for p in members:
+        i = pod_index_of(p)
+        got = reports.get(i)
+        if got is not None and got[0].pod == _name(p) and got[0].attempt == c.st.attempt:
+            out.add(i)
+    return frozenset(out)
+
+
+def plan_restart(c: Cycle, job: TrainingJob, f: Failure, members: Sequence[Obj], nodes: Mapping[str, Obj],
+                 quarantined: Sequence[QuarantinedNode]) -> tuple[RestartPlan, dict[str, str]]:
+    """In place or full, and the nodes the restart moves off (blamed, quarantined, stragglers)."""
+    move_off = {n: f"blamed: {f.kind}" for n in f.nodes}
+    for q in quarantined:
+        move_off.setdefault(q.node, "quarantined")
+    stragglers = decide_nodes_to_leave([(s.node, s.rank, s.score) for s in c.st.stragglers],
+                                       [_node(p) for p in members if _node(p) not in move_off])
+    spec_changed = bool(c.st.observed_generation) and c.generation != c.st.observed_generation
+    expected = c.st.placement.node_count if c.st.placement and c.st.placement.node_count else job.spec.nodes
+    plan = decide_restart_mode(
+        enabled=job.spec.restart_policy.in_place, spec_changed=spec_changed, members=members, expected=expected,
+        nodes=nodes, move_off=move_off, leave=stragglers, capable=capable_pods(c, members),
+    )
+    return plan, stragglers
+
+
+async def _current_table(c: Cycle) -> RankTable | None:
+    table = c.rt.control.table(c.ns, c.name, c.st.attempt)
+    if table is None:
+        table = await c.io.read_rank_table(c.ns, c.name, c.st.attempt)
+    return table
+
+
+def _place(c: Cycle, job: TrainingJob, prev: RankTable, nodes: Mapping[str, Obj], failed: set[str], attempt: int) -> Placement | Unplaceable:
+    return plan_placement(build_placement_input(
+        job, nodes=list(nodes.values()), pods=c.rt.all_bound_pods(), attempt=attempt,
+        previous_nodes=[p.node for p in sorted(prev.pods, key=lambda p: p.pod_index)],
+        previous_spares=c.st.placement.spares if c.st.placement else (), failed=failed,
+    ))
+
+
+def _node_of(table: RankTable, index: int) -> str:
+    return next((p.node for p in table.pods if p.pod_index == index), "")
+
+
+def restore_hint(c: Cycle) -> dict[str, Any] | None:
+    """The restore hint of the next attempt: the newest verified checkpoint, and the newest step
+    reported (so the trainer counts the steps lost)."""
+    lc = c.st.last_checkpoint
+    if lc is None:
+        return None
+    return {"tier": lc.tier, "step": lc.step, "lastStep": c.st.step}
+
+
+async def begin_in_place(
+    c: Cycle,
+    job: TrainingJob,
+    f: Failure,
+    decision: RestartDecision,
+    plan: RestartPlan,
+    stragglers: Mapping[str, str],
+    members: Sequence[Obj],
+    real: Mapping[str, Obj],
+    nodes: Mapping[str, Obj],
+    quarantined: list[QuarantinedNode],
+) -> float | RestartPlan | None:
+    """Step 1. Returns the delay until the next look, or a Full :class:`RestartPlan` when the
+    pods that must move cannot be placed (the caller restarts in full)."""
+    rt, spec, attempt = c.rt, job.spec, c.st.attempt + 1
+    prev = await _current_table(c)
+    if prev is None:
+        return RestartPlan("Full", "NotPlaceable", "full restart (NotPlaceable): the running attempt's rank table is gone")
+    failed = {q.node for q in quarantined} | set(f.nodes)
+    t0 = time.perf_counter()
+    leave = {prev_node for i in plan.optional for prev_node in [_node_of(prev, i)]}
+    result = _place(c, job, prev, nodes, failed | leave, attempt)
+    replace = set(plan.replace)
+    left_behind = {n: w for n, w in stragglers.items() if n in leave}
+    if isinstance(result, Unplaceable) and leave:
+        # no room to leave the stragglers behind: they stay, only what must move moves
+        left_behind = {}
+        replace -= set(plan.optional)
+        result = _place(c, job, prev, nodes, failed, attempt)
+    rt.metrics.placement.observe(time.perf_counter() - t0)
+    if isinstance(result, Unplaceable):
+        return RestartPlan("Full", "NotPlaceable", f"full restart (NotPlaceable): {result.message}")
+    why = dict(plan.why)
+    for i in result.moved:
+        if i not in replace:
+            replace.add(i)
+            why[i] = f"node {_node_of(prev, i)} no longer usable by placement"
+    keep = [i for i in range(len(result.nodes)) if i not in replace]
+    if not keep:
+        return RestartPlan("Full", "NothingToKeep", "full restart (NothingToKeep): no pod can stay where it is")
+    moves = {i: (_node_of(prev, i), result.nodes[i]) for i in sorted(replace)}
+    message = describe_in_place(sorted(replace), why, len(keep), moves)
+    if left_behind:
+        message += f"; left stragglers behind: {', '.join(f'{n} ({w})' for n, w in sorted(left_behind.items()))}"
+
+    owner = owner_reference(c.body)
+    table = with_addresses(result.rank_table, c.ns)
+    restore = restore_hint(c)
+    config = build_trainer_config(spec, job=c.name, namespace=c.ns, attempt=attempt, restore=restore)
+    if not await c.io.create_object(build_configmap(c.name, c.ns, owner, attempt=attempt, rank_table=table, config=config)):
+        # written by an earlier try of this same restart (an operator that died before its
+        # status patch): that table is the one some launchers may already run
+        again = await c.io.read_rank_table(c.ns, c.name, attempt)
+        if again is not None and len(again.pods) == len(table.pods):
+            table = again
+            written = await c.io.read_attempt_config(c.ns, c.name, attempt)
+            restore = (written or {}).get("restore", restore)
+    moving = [real[_name(p)] for p in members if pod_index_of(p) in replace and _name(p) in real]
+    await c.delete_pods(moving, nodes)
+
+    backoff = decision.backoff_seconds
+    by_index = {pod_index_of(p): _name(p) for p in members}
+    names = {i: (by_index[i] if i in keep else pod_name(c.name, attempt, i)) for i in range(len(table.pods))}
+    since = c.st.pods_since_attempt if c.st.pods_since_attempt is not None else c.st.attempt
+    c.st = c.st.model_copy(update={
+        "restarts": record_restart(c.st.restarts, f.cls, f"{f.kind}: {f.message}", c.iso),
+        "attempt": attempt,
+        "failure_time": format_micro_time(c.now),
+        "next_attempt_time": format_micro_time(c.now + backoff) if backoff > 0 else None,
+        "quarantined_nodes": quarantined,
+        "pods_since_attempt": since,
+        "placement": placement_status(result, attempt=attempt),
+        "last_restart": LastRestart(attempt=attempt, mode="InPlace", state="Pending", message=message, kept=len(keep), replaced=sorted(replace)[:64]),
+    })
+    rt.control.publish(c.ns, c.name, attempt=attempt, members=names, table=table, restore=restore, open_=False,
+                       waiting=f"restart to attempt {attempt} in {backoff:g}s" if backoff > 0 else f"preparing attempt {attempt}")
+    rt.metrics.restarts.labels(**{"class": f.cls.value}).inc()
+    rt.metrics.restart_modes.labels(mode="InPlace", reason="").inc()
+    rt.metrics.pods_replaced.inc(len(replace))
+    wait = f", workers restart in {backoff:g}s" if backoff > 0 else ""
+    c.phase("Restarting", f.kind, f"{f.message}; {decision.reason}; {message}{wait}")
+    if backoff > 0:
+        return backoff
+    # the Restarting phase lasts no cycle: its Event is written here, the Starting one follows
+    c.event("Warning", f.kind, c.st.message)
+    return await continue_in_place(c, job, nodes)
+
+
+async def continue_in_place(c: Cycle, job: TrainingJob, nodes: Mapping[str, Obj]) -> float | None:
+    """Step 2, idempotent: replacements created, placeholders out of their way, gates lifted,
+    orders opened. Returns when to look again (None: on events)."""
+    lr = in_place_restart(c)
+    assert lr is not None
+    rt, attempt = c.rt, c.st.attempt
+    if lr.state == "Pending":
+        nat = parse_time(c.st.next_attempt_time)
+        if nat is not None and c.now < nat:
+            return nat - c.now
+    table = rt.control.table(c.ns, c.name, attempt) or await c.io.read_rank_table(c.ns, c.name, attempt)
+    if table is None:
+        return await fall_back_to_full(c, job, "NotPlaceable", f"the rank table of attempt {attempt} is gone", nodes)
+    # pods this operator asked to delete are gone as far as the plan goes (the watch may not
+    # have caught up with the deletion yet)
+    pods = [p for p in rt.pods_of(c.ns, c.name) if _name(p) not in c.w.deleting and not (p.get("metadata") or {}).get("deletionTimestamp")]
+    members, _ = gang_members(pods, attempt=attempt, since=c.st.pods_since_attempt)
+    present = {pod_index_of(p): p for p in members}
+    owner = owner_reference(c.body)
+    sched = plan_gang_scheduling(job.spec, job=c.name, namespace=c.ns, attempt=attempt, owner=owner, gang_size=len(table.pods))
+    from railyard.handlers.reconcile import _heartbeat_url  # the one place the URL is built
+
+    url = _heartbeat_url(rt, c.ns, c.name)
+    missing = [
+        build_pod(job.spec, job=c.name, namespace=c.ns, owner=owner, attempt=attempt, pod_index=e.pod_index, node=e.node,
+                  heartbeat_url=url, annotations=rt.settings.pod_annotations)
+        for e in table.pods if e.pod_index not in present
+    ]
+    if missing:
+        missing = apply_to_pods(missing, sched)
+        rt.metrics.pods_created.inc(await c.io.create_pods(missing))
+    # replacements (new or from a previous cycle) still gated, and the placeholders in their way
+    gated = [p for p in [*missing, *(p for p in members if is_gated(p))] if attempt_of(p) == attempt]
+    targets = {str((p.get("metadata") or {}).get("annotations", {}).get(NODE_ANNOTATION) or "") for p in gated}
+    in_way = [s for s in rt.pods_of(c.ns, c.name, spare=True) if str(((s.get("metadata") or {}).get("annotations") or {}).get(NODE_ANNOTATION) or "") in targets]
+    if in_way:
+        await delete_placeholders(c, in_way, nodes)
+    blocked = {str(((s.get("metadata") or {}).get("annotations") or {}).get(NODE_ANNOTATION) or "") for s in in_way}
+    ready = [p for p in gated if str(p["metadata"].get("annotations", {}).get(NODE_ANNOTATION) or "") not in blocked]
+    if ready:
+        await c.io.lift_gates(ready)
+    if lr.state == "Pending":
+        started = format_micro_time(c.now)
+        c.st = c.st.model_copy(update={
+            "last_restart": lr.model_copy(update={"state": "Started", "started_time": started}),
+            "gang_created_time": started, "time_to_all_ready_seconds": None, "next_attempt_time": None,
+            "observed_generation": c.generation, "pending_spec_changes": "",
+        })
+        names = {i: _name(present[i]) if i in present else pod_name(c.name, attempt, i) for i in range(len(table.pods))}
+
+        def open_orders() -> None:
+            rt.control.publish(c.ns, c.name, attempt=attempt, members=names, table=table, open_=True)
+            rt.store.begin_attempt(c.ns, c.name, attempt)
+
+        c.after_commit.append(open_orders)
+        c.phase("Starting", "RestartedInPlace", f"attempt {attempt}: {lr.message}")
+        await _drop_old_configmaps(c, members)
+    # placeholders go within a kubelet round trip; their deletion events wake this job
+    return 0.5 if blocked else None
+
+
+async def _drop_old_configmaps(c: Cycle, members: Sequence[Obj]) -> None:
+    """Delete the ConfigMaps of attempts no pod of the gang was created for (kept pods still
+    mount their own attempt's), keeping the newest five."""
+    used = {attempt_of(p) for p in members}
+    old = [configmap_name(c.name, a) for a in range(max(c.st.attempt - 8, 0), c.st.attempt - 4) if a not in used]
+    if old:
+        await c.io.delete_configmaps(c.ns, old)
+
+
+def check_restarted(c: Cycle, job: TrainingJob, members: Sequence[Obj]) -> float | str | None:
+    """Step 3. None: every kept launcher runs the new attempt (state Done). A number: wait that
+    long (some have not said so yet). A string: the message of a full restart to fall back to."""
+    lr = in_place_restart(c)
+    if lr is None or lr.state != "Started":
+        return None
+    attempt = c.st.attempt
+    kept = [pod_index_of(p) for p in members if attempt_of(p) < attempt]
+    names = {pod_index_of(p): _name(p) for p in members}
+    reports = c.rt.control.reports(c.ns, c.name)
+    waiting = decide_unacknowledged(kept, reports, names, attempt=attempt)
+    started = parse_time(lr.started_time) or c.now
+    timeout = job.spec.restart_policy.in_place_timeout_seconds
+    if not waiting:
+        c.rt.metrics.in_place_restart.observe(max(c.now - started, 0.0))
+        c.st = c.st.model_copy(update={"last_restart": lr.model_copy(update={"state": "Done"})})
+        return None
+    if c.now - started >= timeout:
+        stuck = ", ".join(f"{names[i]} (index {i}{_said(reports.get(i), attempt)})" for i in waiting[:8])
+        return f"{len(waiting)} kept pods did not restart their workers within {timeout:g}s (restartPolicy.inPlaceTimeoutSeconds): {stuck}"
+    if c.st.phase == "Starting":
+        c.st = c.st.model_copy(update={"message": f"attempt {attempt}: waiting for {len(waiting)} kept pods' launchers to restart their workers"})
+    return max(min(started + timeout - c.now, 1.0), 0.1)
+
+
+def _said(got: Any, attempt: int) -> str:
+    if got is None:
+        return ", never reported"
+    report = got[0]
+    if report.attempt < attempt:
+        return f", last reported attempt {report.attempt} {report.state.value}"
+    return ""
+
+
+async def fall_back_to_full(c: Cycle, job: TrainingJob, reason: str, message: str, nodes: Mapping[str, Obj]) -> float:
+    """Turn the current in-place restart into a full one: every pod of the gang goes, the next
+    attempt is created whole (the budget was spent when the failure was handled)."""
+    rt = c.rt
+    pods = rt.pods_of(c.ns, c.name)
+    await c.delete_pods(pods, nodes)
+    attempt = c.st.attempt + 1
+    c.st = c.st.model_copy(update={
+        "attempt": attempt, "pods_since_attempt": None, "gang_created_time": None, "next_attempt_time": None,
+        "last_restart": LastRestart(attempt=attempt, mode="Full", state="Pending", reason=reason, message=f"full restart ({reason}): {message}"),
+    })
+    rt.control.publish(c.ns, c.name, attempt=attempt, members={}, open_=False, waiting="full restart")
+    rt.metrics.restart_modes.labels(mode="Full", reason=reason).inc()
+    c.phase("Restarting", reason, f"in-place restart abandoned: {message}; restarting the whole gang")
+    return 1.0
+
+
+def record_full(c: Cycle, plan: RestartPlan | None) -> None:
+    """A full restart's ``lastRestart`` (after the attempt was bumped), and the Event of a
+    fallback from in place; the old launchers are told to stop."""
+    attempt = c.st.attempt
+    reason = plan.reason if plan is not None else ""
+    message = plan.message if plan is not None else "full restart"
+    c.st = c.st.model_copy(update={"pods_since_attempt": None,
+                                   "last_restart": LastRestart(attempt=attempt, mode="Full", state="Pending", reason=reason, message=message)})
+    c.rt.control.publish(c.ns, c.name, attempt=attempt, members={}, open_=False, waiting="full restart")
+    c.rt.metrics.restart_modes.labels(mode="Full", reason=reason).inc()
+    if plan is not None and reason and reason != "InPlaceDisabled":
+        c.event("Warning", "FullRestart", message)
+
+
+async def republish(c: Cycle, members: Sequence[Obj]) -> None:
+    """After an operator restart: what the launchers of the current attempt are told, rebuilt
+    from the attempt's ConfigMap and the pods."""
+    attempt = c.st.attempt
+    table = await c.io.read_rank_table(c.ns, c.name, attempt)
+    config = await c.io.read_attempt_config(c.ns, c.name, attempt)
+    if table is None:
+        return
+    present = {pod_index_of(p): _name(p) for p in members}
+    names = {i: present.get(i, pod_name(c.name, attempt, i)) for i in range(len(table.pods))}
+    lr = in_place_restart(c)
+    c.rt.control.publish(c.ns, c.name, attempt=attempt, members=names, table=table, restore=(config or {}).get("restore"),
+                         open_=not (lr is not None and lr.state == "Pending"))
+    for a in sorted({attempt_of(p) for p in members if attempt_of(p) < attempt}):
+        # kept launchers run these tables: the delta of their restart is built against them
+        old = await c.io.read_rank_table(c.ns, c.name, a)
+        if old is not None:
+            c.rt.control.jobs[(c.ns, c.name)].tables.setdefault(a, old)
+

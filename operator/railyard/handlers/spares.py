@@ -1,0 +1,56 @@
+"""Hot spares that stay spares: one placeholder pod per spare node of the gang.
+
+Without a pod on it, a spare is free for anyone: another job's placement or the scheduler can
+take it, and the next failure finds none. A placeholder (logic.manifests.build_spare_pod)
+requests what a gang pod requests, at the gang's priority, so the node stays ours; the in-place
+restart deletes it right before a replacement takes the node (handlers/inplace.py), and every
+placeholder goes as soon as the job is not running (Succeeded, Failed, Suspended) or deleted
+(owner references). The count held is ``status.sparesHeld`` (``kubectl get tj`` column Spares)
+and the gauge ``railyard_hot_spares{state="held"}``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from railyard.api.trainingjob import TrainingJob
+from railyard.handlers.cycle import Cycle
+from railyard.logic.gang import plan_pod_deletions
+from railyard.logic.manifests import build_spare_pod, owner_reference
+from railyard.logic.spares import HOLDING, decide_spares
+
+#: A placeholder's deletion grace (its sleep has nothing to save; the replacement waits for it).
+PLACEHOLDER_GRACE_S = 1
+
+
+async def delete_placeholders(c: Cycle, pods: Sequence[Mapping[str, Any]], nodes: Mapping[str, Mapping[str, Any]]) -> None:
+    """Delete placeholders (force on dead nodes), once each."""
+    normal, force = plan_pod_deletions(pods, nodes, now=c.now, asked=c.w.deleting, stuck_terminating_s=c.rt.settings.stuck_terminating_s)
+    for n in normal + force:
+        c.w.deleting[n] = c.now
+    if normal:
+        await c.io.delete_pods(c.ns, normal, grace_seconds=PLACEHOLDER_GRACE_S)
+    if force:
+        await c.io.delete_pods(c.ns, force, grace_seconds=0)
+
+
+async def reconcile_spares(c: Cycle, job: TrainingJob) -> float | None:
+    """Make the placeholders match the placement's spares; returns when to look again."""
+    rt = c.rt
+    have = rt.pods_of(c.ns, c.name, spare=True)
+    deleting = c.meta.get("deletionTimestamp") or job.spec.suspend
+    spares = list(c.st.placement.spares) if c.st.placement is not None else []
+    nodes = rt.node_map()
+    create, delete, held = decide_spares(phase="" if deleting else c.st.phase, wanted=job.spec.gang.hot_spares,
+                                         spares=spares, nodes=nodes, have=have)
+    if delete:
+        await delete_placeholders(c, delete, nodes)
+    if create:
+        owner = owner_reference(c.body)
+        await c.io.create_pods([build_spare_pod(job.spec, job=c.name, namespace=c.ns, owner=owner, node=n,
+                                                annotations=rt.settings.pod_annotations) for n in create])
+    if held != c.st.spares_held:
+        c.update(spares_held=held)
+    rt.metrics.set_spares(c.ns, c.name, wanted=job.spec.gang.hot_spares if c.st.phase in HOLDING else 0, held=held)
+    return 1.0 if create else None

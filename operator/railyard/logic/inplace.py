@@ -1,0 +1,273 @@
+"""In-place restart: which pods stay, which move, what each launcher is told. Pure decisions.
+
+A recoverable failure restarts the gang *in place* by default: pods on healthy nodes stay (the
+same pod object on the same node, with its memory tier) and their launchers restart the worker
+processes for the new attempt; only the pods that cannot stay are replaced, each by a pod with
+the same index on a spare (sticky placement). A full restart (every pod deleted and created
+again, as before) is the fallback, and the Event says which fallback and why
+(:data:`FALLBACKS`).
+
+The launchers learn of the new attempt through the control channel (railyard.protocol.control);
+:func:`decide_control_answer` is what the operator answers each of them, and
+:func:`apply_launcher_reports` turns what they report (their workers' exit codes, while the pod
+itself keeps running) into the pod evidence the failure rules of railyard.logic.failures read.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from railyard.api.corev1 import node_is_ready
+from railyard.logic.conditions import format_micro_time
+from railyard.logic.gang import pod_index_of
+from railyard.protocol.control import Action, LauncherReport, LauncherState
+
+Obj = Mapping[str, Any]
+Mode = Literal["InPlace", "Full"]
+
+#: Why a restart was not done in place: reason -> what it means (docs/operator.md).
+FALLBACKS: Mapping[str, str] = {
+    "InPlaceDisabled": "spec.restartPolicy.inPlace is false",
+    "SpecChanged": "the spec changed since the gang was built; a full restart applies it",
+    "NoControlChannel": "a pod that would stay has not spoken the restart protocol in this attempt (an image without railyard-train's launcher, or no route to the operator)",
+    "NothingToKeep": "no pod can stay where it is",
+    "NotPlaceable": "the pods that must move cannot be re-placed sticky",
+    "RestartNotAnswered": "a kept pod's launcher did not restart its workers in time",
+}
+
+
+def _name(pod: Obj) -> str:
+    return str((pod.get("metadata") or {}).get("name") or "")
+
+
+def _terminated(pod: Obj) -> bool:
+    """The pod's trainer container has exited (restartPolicy Never: its process cannot come back)."""
+    if str((pod.get("status") or {}).get("phase") or "") in ("Succeeded", "Failed"):
+        return True
+    return any(((cs.get("state") or {}).get("terminated")) for cs in (pod.get("status") or {}).get("containerStatuses") or ())
+
+
+# --------------------------------------------------------------------------- launcher reports as evidence
+
+
+#: Reason of the container state synthesised from a launcher's report (its workers exited, the
+#: launcher and the pod still run).
+WORKERS_EXITED = "WorkersExited"
+
+
+def apply_launcher_reports(
+    pods: Sequence[Obj],
+    reports: Mapping[int, tuple[LauncherReport, float]],
+    *,
+    attempt: int,
+) -> list[dict[str, Any]]:
+    """The pods as the failure rules should see them: a pod whose launcher reported that the
+    workers of ``attempt`` failed looks as if its container had exited with that code (at the
+    time the report arrived), although the launcher keeps the pod running to restart in place.
+    Reports of other attempts, of other pods (a replaced pod's name) and pods that did exit are
+    left alone. ``reports``: pod index -> (latest report, when it arrived)."""
+    out: list[dict[str, Any]] = []
+    for p in pods:
+        got = reports.get(pod_index_of(p))
+        if got is None or _terminated(p):
+            out.append(dict(p))
+            continue
+        report, at = got
+        if report.attempt != attempt or report.pod != _name(p) or report.state is not LauncherState.FAILED or report.code == 0:
+            out.append(dict(p))
+            continue
+        view = copy.deepcopy(dict(p))
+        status = view.setdefault("status", {})
+        status["phase"] = "Failed"
+        started = ""
+        for cs in status.get("containerStatuses") or ():
+            started = ((cs.get("state") or {}).get("running") or {}).get("startedAt") or started
+        status["containerStatuses"] = [{
+            "name": "trainer",
+            "state": {"terminated": {"exitCode": report.code, "reason": WORKERS_EXITED, "startedAt": started, "finishedAt": format_micro_time(at),
+                                     "message": f"workers of attempt {attempt} exited ({', '.join(f'rank {r}: {c}' for r, c in report.workers)}); the launcher waits to restart them"}},
+        }]
+        out.append(view)
+    return out
+
+
+# --------------------------------------------------------------------------- restart mode
+
+
+@dataclass(frozen=True, slots=True)
+class RestartPlan:
+    """How to restart the gang: in place (``replace`` moves, the rest stays) or full."""
+
+    mode: Mode
+    #: A :data:`FALLBACKS` key when the mode is Full.
+    reason: str = ""
+    message: str = ""
+    #: Pod indices whose pods are replaced (in place), and why each.
+    replace: tuple[int, ...] = ()
+    why: Mapping[int, str] = field(default_factory=dict)
+    #: Pod indices that stay.
+    keep: tuple[int, ...] = ()
+    #: Of ``replace``: the pods that move only to leave a straggler node behind (they stay when
+    #: the placement finds no room for them).
+    optional: tuple[int, ...] = ()
+
+
+def _full(reason: str, detail: str = "") -> RestartPlan:
+    text = FALLBACKS[reason] + (f": {detail}" if detail else "")
+    return RestartPlan("Full", reason, f"full restart ({reason}): {text}")
+
+
+def decide_restart_mode(
+    *,
+    enabled: bool,
+    spec_changed: bool,
+    members: Sequence[Obj],
+    expected: int,
+    nodes: Mapping[str, Obj],
+    move_off: Mapping[str, str],
+    capable: frozenset[int],
+    leave: Mapping[str, str] | None = None,
+) -> RestartPlan:
+    """In place or full, and which pods must move.
+
+    A pod must move when it is gone or being deleted, its container has exited (restartPolicy
+    Never), its node is NotReady or gone, or its node is in ``move_off`` (node -> why: the nodes
+    the failure blames and quarantined ones). A pod on a node of ``leave`` (straggler nodes)
+    moves too, if the placement has room (``optional``). Every pod that may stay must have a
+    launcher that spoke the control protocol in this attempt (``capable``: pod indices), else
+    nothing could tell it to restart."""
+    leave = leave or {}
+    if not enabled:
+        return _full("InPlaceDisabled")
+    if spec_changed:
+        return _full("SpecChanged")
+    by_index = {pod_index_of(p): p for p in members}
+    move: list[int] = []
+    why: dict[int, str] = {}
+    keep: list[int] = []
+    optional: list[int] = []
+    for i in range(expected):
+        p = by_index.get(i)
+        if p is None:
+            move.append(i)
+            why[i] = "pod gone"
+            continue
+        node = str((p.get("spec") or {}).get("nodeName") or "")
+        if (p.get("metadata") or {}).get("deletionTimestamp"):
+            reason = "pod being deleted"
+        elif not node:
+            reason = "pod not bound"
+        elif node in move_off:
+            reason = f"node {node} {move_off[node]}"
+        elif node not in nodes or not node_is_ready(nodes.get(node)):
+            reason = f"node {node} {'gone' if node not in nodes else 'NotReady'}"
+        elif _terminated(p):
+            reason = "its container exited"
+        elif node in leave:
+            optional.append(i)
+            move.append(i)
+            why[i] = f"node {node} {leave[node]}"
+            continue
+        else:
+            keep.append(i)
+            continue
+        move.append(i)
+        why[i] = reason
+    if not keep:
+        return _full("NothingToKeep")
+    deaf = [i for i in keep + optional if i not in capable]
+    if deaf:
+        return _full("NoControlChannel", f"pod indices {_short(deaf)}")
+    return RestartPlan("InPlace", replace=tuple(move), why=why, keep=tuple(keep), optional=tuple(optional),
+                       message=describe_in_place(tuple(move), why, len(keep)))
+
+
+def describe_in_place(replace: Sequence[int], why: Mapping[int, str], kept: int, moves: Mapping[int, tuple[str, str]] | None = None) -> str:
+    """One line for the Event: what stayed, what moved where, and why."""
+    parts = []
+    for i in replace[:8]:
+        where = ""
+        if moves and i in moves:
+            where = f" {moves[i][0] or '?'} -> {moves[i][1]}"
+        parts.append(f"pod {i}{where} ({why.get(i, 'moved')})")
+    more = f" and {len(replace) - 8} more" if len(replace) > 8 else ""
+    moved = f"; replaced {', '.join(parts)}{more}" if parts else "; no pod moved"
+    return f"restart in place: {kept} pods kept on their nodes{moved}"
+
+
+def _short(xs: Sequence[int]) -> str:
+    head = ", ".join(str(x) for x in xs[:8])
+    return f"[{head}{', ...' if len(xs) > 8 else ''}]"
+
+
+def decide_nodes_to_leave(stragglers: Sequence[tuple[str, int, float]], keep_nodes: Sequence[str]) -> dict[str, str]:
+    """Straggler nodes (node, rank, score) in the current window that a restart moves off:
+    only nodes the gang keeps a pod on (a node already being replaced needs nothing); whether a
+    spare is there for them is for the placement to say (the caller retries without them)."""
+    kept = set(keep_nodes)
+    out: dict[str, str] = {}
+    for node, rank, score in stragglers:
+        if node in kept and node not in out:
+            out[node] = f"flagged as a straggler (rank {rank}, score {score:.2f})"
+    return out
+
+
+def decide_unacknowledged(
+    keep: Sequence[int],
+    reports: Mapping[int, tuple[LauncherReport, float]],
+    names: Mapping[int, str],
+    *,
+    attempt: int,
+) -> list[int]:
+    """Kept pod indices whose launcher has not yet reported running (or done with) ``attempt``."""
+    out = []
+    for i in keep:
+        got = reports.get(i)
+        if got is None:
+            out.append(i)
+            continue
+        r = got[0]
+        if r.attempt < attempt or r.pod != names.get(i):
+            out.append(i)
+    return out
+
+
+# --------------------------------------------------------------------------- the operator's answer
+
+
+@dataclass(frozen=True, slots=True)
+class GangControl:
+    """What the operator has published for one job's launchers."""
+
+    attempt: int
+    #: Pod index -> the name of the pod that is that index's member in ``attempt``.
+    members: Mapping[int, str]
+    #: Restart orders may go out (the new attempt's status is written, its pods created).
+    open: bool = True
+    #: The job is over (Succeeded, Failed, deleted): every launcher stops.
+    finished: str = ""
+    #: Why the launchers of a failed attempt are told to wait (backoff, placement).
+    waiting: str = ""
+
+
+def decide_control_answer(gang: GangControl, report: LauncherReport) -> tuple[Action, str]:
+    """What one launcher is told (the order's payload is the caller's: rank table, restore)."""
+    if gang.finished:
+        return Action.STOP, gang.finished
+    member = gang.members.get(report.pod_index)
+    if member is not None and member != report.pod:
+        return Action.STOP, f"pod index {report.pod_index} of attempt {gang.attempt} is {member}; {report.pod} was replaced"
+    if member is None:
+        return Action.STOP, f"pod index {report.pod_index} is not part of attempt {gang.attempt}"
+    if report.attempt < gang.attempt:
+        if gang.open:
+            return Action.RESTART, f"restart in place for attempt {gang.attempt}"
+        return Action.CONTINUE, gang.waiting or f"attempt {gang.attempt} is being prepared"
+    if report.attempt > gang.attempt:
+        # the launcher is ahead of what this operator published (it restarted and has not yet
+        # caught up): never move a launcher backwards; it keeps its attempt
+        return Action.CONTINUE, f"the operator is at attempt {gang.attempt}"
+    return Action.CONTINUE, gang.waiting

@@ -1,0 +1,406 @@
+"""The launcher's side of in-place restarts: it stays up when its workers fail and starts them
+again when the operator says so (protocol: railyard.protocol.control; docs/trainer.md
+"Restarting in place").
+
+With ``RAILYARD_CONTROL_URL`` (set by the operator) the launcher keeps a long poll open to the
+operator, reporting its state: workers running, workers failed (with their exit codes: the
+operator reads them as it reads a pod's exit code), done. Orders come back on the poll:
+
+- ``restart``: stop the workers that still run (``RAILYARD_RESTART_KILL_GRACE_S``, default 2 s,
+  then SIGKILL) and start them again for the order's attempt, with the rank table the order
+  names (checked against the operator's digest), the new rendezvous port and the restore hint;
+- ``stop``: this pod is not a member of the job's current attempt (it was replaced) or the job
+  is over: stop the workers and exit.
+
+A restart to an attempt that is not newer than the running one is never acted on, so late or
+replayed answers are harmless. When the workers have failed and the operator says nothing for
+``RAILYARD_RESTART_WAIT_S`` (default 60 s), the launcher exits with the most specific code as
+before, the pod fails and the operator restarts the whole gang. A launcher that never reached
+the operator behaves as before (exits after its workers). Torch-free.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+from types import FrameType
+
+from railyard.protocol.control import (
+    MAX_WAIT_S,
+    Action,
+    ControlError,
+    ControlOrder,
+    LauncherReport,
+    LauncherState,
+    decide_launcher_step,
+    parse_order,
+    rank_table_for,
+)
+from railyard.protocol.exitcodes import classify_exit_code
+from railyard_trainer.config import ConfigError
+from railyard_trainer.events import log_event
+from railyard_trainer.launcher import LaunchPlan, _die_with_parent, most_specific, resolve
+
+#: Seconds one long poll may be held by the operator.
+POLL_WAIT_S = 20.0
+
+#: post(url, token, body, timeout) -> (HTTP status, body); raises OSError on transport errors.
+Post = Callable[[str, str, bytes, float], tuple[int, bytes]]
+
+
+def post_json(url: str, token: str, body: bytes, timeout_s: float) -> tuple[int, bytes]:
+    req = urllib.request.Request(url, data=body, method="POST",
+                                 headers={"Content-Type": "application/json", "Authorization": f"Bearer {token}"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+            return int(resp.status), resp.read()
+    except urllib.error.HTTPError as exc:
+        return int(exc.code), exc.read()
+
+
+class ControlChannel:
+    """The launcher's connection to the operator: one long poll at a time in a daemon thread,
+    plus an immediate post whenever the state changes (a failure must not wait for the poll)."""
+
+    def __init__(self, url: str, token: str, *, job: str, pod_index: int, pod: str, post: Post = post_json,
+                 clock: Callable[[], float] = time.monotonic, poll_wait_s: float = POLL_WAIT_S) -> None:
+        self.url, self.token, self.job, self.pod_index, self.pod = url, token, job, pod_index, pod
+        self.post, self.clock, self.poll_wait_s = post, clock, min(poll_wait_s, MAX_WAIT_S)
+        self._lock = threading.Lock()
+        self._report: LauncherReport | None = None
+        self._order: ControlOrder | None = None
+        self._got_order = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        #: when the operator last answered (None: never)
+        self.last_contact: float | None = None
+        self._last_error_log = -1e9
+
+    @property
+    def contacted(self) -> bool:
+        return self.last_contact is not None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="railyard-control", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        self._stop.set()
+
+    def set_state(self, attempt: int, state: LauncherState, *, code: int = 0, workers: Mapping[int, int] | None = None) -> None:
+        """A new state: kept for the polls, and posted at once from a short-lived thread."""
+        report = LauncherReport(self.job, attempt, self.pod_index, self.pod, state, code,
+                                tuple(sorted((workers or {}).items())), time.time())
+        with self._lock:
+            if self._report is not None and report == replace(self._report, sent_at=report.sent_at):
+                return
+            self._report = report
+        threading.Thread(target=self._exchange, args=(report, 0.0), name="railyard-control-post", daemon=True).start()
+
+    def take_order(self) -> ControlOrder | None:
+        with self._lock:
+            order, self._order = self._order, None
+            self._got_order.clear()
+            return order
+
+    def wait_order(self, timeout: float) -> None:
+        self._got_order.wait(timeout)
+
+    def _loop(self) -> None:
+        delay = 0.5
+        while not self._stop.is_set():
+            with self._lock:
+                report = self._report
+            if report is None:  # nothing to say yet
+                self._stop.wait(0.05)
+                continue
+            # the first exchange is answered at once: the launcher knows early that it has an operator
+            if self._exchange(report, self.poll_wait_s if self.contacted else 0.0):
+                delay = 0.5
+            else:
+                self._stop.wait(delay)
+                delay = min(delay * 2, 5.0)
+
+    def _exchange(self, report: LauncherReport, wait: float) -> bool:
+        body = replace(report, sent_at=time.time()).to_json().encode()
+        try:
+            status, answer = self.post(f"{self.url}?wait={wait:g}", self.token, body, wait + 10.0)
+        except OSError as exc:
+            self._log_error(repr(exc))
+            return False
+        if status != 200:
+            self._log_error(f"HTTP {status}: {answer[:200]!r}")
+            return False
+        try:
+            order = parse_order(answer)
+        except ControlError as exc:
+            self._log_error(f"unreadable answer: {exc}")
+            return False
+        self.last_contact = self.clock()
+        if order.action is not Action.CONTINUE:
+            with self._lock:
+                self._order = order
+                self._got_order.set()
+        return True
+
+    def _log_error(self, what: str) -> None:
+        now = self.clock()
+        if now - self._last_error_log > 30:
+            self._last_error_log = now
+            log_event("control_error", url=self.url, error=what)
+
+
+def channel_from_env(plan: LaunchPlan, env: Mapping[str, str]) -> ControlChannel | None:
+    """The channel the operator set up for this pod (None: by hand, or an operator without it)."""
+    url = env.get("RAILYARD_CONTROL_URL", "").strip()
+    token = env.get("RAILYARD_HEARTBEAT_TOKEN", "").strip()
+    pod = env.get("RAILYARD_POD_NAME", "").strip()
+    if not (url and token and pod and env.get("RAILYARD_RANK_TABLE")):
+        return None
+    return ControlChannel(url, token, job=plan.config.job, pod_index=plan.pod_index, pod=pod)
+
+
+def resolve_until(host: str, port: int, deadline: float) -> str:
+    """:func:`resolve`, retried until ``deadline``: after a restart the rendezvous pod may be a
+    replacement whose name is not served yet."""
+    while True:
+        try:
+            return resolve(host, port)
+        except ConfigError:
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(0.2)
+
+
+def replan(plan: LaunchPlan, order: ControlOrder, *, env: Mapping[str, str], resolve_deadline: float) -> LaunchPlan:
+    """The launch plan of the order's attempt: same workers (an in-place restart keeps every
+    rank where it is: checked), the order's rank table, rendezvous and restore hint."""
+    table = rank_table_for(order, plan.table)
+    old = [(e.rank, e.local_rank, e.pp, e.dp, e.tp) for e in plan.table.ranks_of_pod(plan.pod_index)]
+    new = [(e.rank, e.local_rank, e.pp, e.dp, e.tp) for e in table.ranks_of_pod(plan.pod_index)]
+    if old != new:
+        raise ControlError(f"rank_table: pod {plan.pod_index}'s ranks differ in attempt {table.attempt}; an in-place restart keeps them")
+    cfg = replace(plan.config, attempt=order.attempt, restore=dict(order.restore) if order.restore is not None else None)
+    host = table.master_addr or env.get("MASTER_ADDR") or "127.0.0.1"
+    return LaunchPlan(cfg, table, plan.pod_index, resolve_until(host, table.master_port, resolve_deadline), table.master_port, workers=list(plan.workers))
+
+
+@dataclass
+class _Generation:
+    """The workers of one attempt."""
+
+    plan: LaunchPlan
+    procs: dict[int, subprocess.Popen[bytes]]
+    failed_at: float | None = None
+    term_at: float | None = None
+
+    def codes(self) -> dict[int, int]:
+        return {r: (128 - rc if rc < 0 else rc) for r, p in self.procs.items() for rc in [p.poll()] if rc is not None}
+
+    def alive(self) -> list[subprocess.Popen[bytes]]:
+        return [p for p in self.procs.values() if p.poll() is None]
+
+
+def _spawn(plan: LaunchPlan, run_dir: Path) -> _Generation:
+    attempt = plan.config.attempt
+    config_path = run_dir / f"config-a{attempt}.json"
+    config_path.write_text(json.dumps(plan.config.to_dict()))
+    table_path = run_dir / f"ranktable-a{attempt}.json"
+    table_path.write_text(plan.table.to_json())
+    base = dict(os.environ)
+    base.update({
+        "MASTER_ADDR": plan.master_addr, "MASTER_PORT": str(plan.master_port), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
+        "PYTHONUNBUFFERED": "1", "RAILYARD_ATTEMPT": str(attempt), "RAILYARD_RANK_TABLE": str(table_path),
+    })
+    if plan.master_addr.startswith("127.") and len(plan.table.pods) == 1:
+        base.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    log_event("launch", pod_index=plan.pod_index, ranks=[w.rank for w in plan.workers], world_size=plan.table.world_size,
+              mesh=[plan.table.pp, plan.table.dp, plan.table.tp], master=f"{plan.master_addr}:{plan.master_port}", attempt=attempt)
+    procs = {}
+    for w in plan.workers:
+        env = {**base, **replace(w, config_path=str(config_path)).to_env()}
+        procs[w.rank] = subprocess.Popen([sys.executable, "-m", "railyard_trainer.worker"], env=env, start_new_session=True, preexec_fn=_die_with_parent)
+    return _Generation(plan, procs)
+
+
+def _stop(gen: _Generation, grace_s: float) -> None:
+    for p in gen.alive():
+        with contextlib.suppress(ProcessLookupError):
+            p.terminate()
+    deadline = time.monotonic() + grace_s
+    while gen.alive() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    for p in gen.alive():
+        with contextlib.suppress(ProcessLookupError):
+            p.kill()
+    for p in gen.procs.values():
+        p.wait()
+
+
+def supervise_in_place(
+    plan: LaunchPlan,
+    channel: ControlChannel,
+    *,
+    fail_grace_s: float,
+    kill_grace_s: float,
+    restart_wait_s: float,
+    restart_kill_grace_s: float,
+    env: Mapping[str, str],
+    ignore_orders: bool = False,
+) -> int:
+    """Run the workers of ``plan``; restart them in place when told; returns the exit code.
+    ``ignore_orders``: a test knob (``RAILYARD_CONTROL_IGNORE_ORDERS=1``) that makes this
+    launcher drop every restart order, as a wedged one would."""
+    run_dir = Path(tempfile.mkdtemp(prefix="railyard-"))
+    received: list[int] = []
+    gen: _Generation | None = None
+
+    def forward(signum: int, frame: FrameType | None) -> None:
+        received.append(signum)
+        if gen is not None:
+            for p in gen.alive():
+                with contextlib.suppress(ProcessLookupError):
+                    p.send_signal(signum)
+
+    old = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
+    channel.start()
+    code = 0
+    try:
+        while True:
+            gen = _spawn(plan, run_dir)
+            attempt = plan.config.attempt
+            channel.set_state(attempt, LauncherState.RUNNING)
+            outcome, value = _watch(gen, channel, fail_grace_s=fail_grace_s, kill_grace_s=kill_grace_s, restart_wait_s=restart_wait_s,
+                                    restart_kill_grace_s=restart_kill_grace_s, received=received, ignore_orders=ignore_orders, env=env)
+            if isinstance(value, LaunchPlan):
+                log_event("restart_in_place", from_attempt=attempt, attempt=value.config.attempt, workers=gen.codes(),
+                          restore=value.config.restore, master=f"{value.master_addr}:{value.master_port}")
+                plan = value
+                continue
+            code = int(value)
+            state = LauncherState.SUCCEEDED if code == 0 else LauncherState.STOPPED
+            channel.set_state(attempt, state, code=code, workers=gen.codes())
+            log_event("launcher_exit", code=code, failure_class=str(classify_exit_code(code)) if code else "", reason=outcome,
+                      workers={str(r): c for r, c in sorted(gen.codes().items())}, attempt=attempt)
+            return code
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+        if gen is not None:
+            for p in gen.alive():
+                p.kill()
+                p.wait()
+        channel.close()
+        shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def _watch(
+    gen: _Generation,
+    channel: ControlChannel,
+    *,
+    fail_grace_s: float,
+    kill_grace_s: float,
+    restart_wait_s: float,
+    restart_kill_grace_s: float,
+    received: list[int],
+    ignore_orders: bool,
+    env: Mapping[str, str],
+) -> tuple[str, int | LaunchPlan]:
+    """Until this generation ends: ('restart', next plan), or (why, exit code)."""
+    attempt = gen.plan.config.attempt
+    reported: dict[int, int] = {}
+    waiting_since: float | None = None
+    while True:
+        now = time.monotonic()
+        order = channel.take_order()
+        if order is not None:
+            step = decide_launcher_step(attempt, order)
+            if step is Action.STOP:
+                log_event("stop_ordered", attempt=attempt, reason=order.reason)
+                _stop(gen, restart_kill_grace_s)
+                bad = [c for c in gen.codes().values() if c != 0]
+                return "stopped", most_specific(bad) if bad else 128 + int(signal.SIGTERM)
+            if step is Action.RESTART and ignore_orders:
+                log_event("restart_ignored", attempt=attempt, ordered=order.attempt)
+            elif step is Action.RESTART:
+                try:
+                    nxt = replan(gen.plan, order, env=env, resolve_deadline=now + restart_wait_s)
+                except (ControlError, ConfigError) as exc:
+                    # keep what runs; the operator's timeout turns this into a full restart
+                    log_event("restart_refused", attempt=attempt, ordered=order.attempt, error=str(exc))
+                else:
+                    _stop(gen, restart_kill_grace_s)
+                    return "restart", nxt
+        codes = gen.codes()
+        if received:
+            if gen.term_at is None:
+                gen.term_at = now
+            if now - gen.term_at >= kill_grace_s:
+                for p in gen.alive():
+                    p.kill()
+            if len(codes) == len(gen.procs):
+                return "signal", 128 + received[0]
+            time.sleep(0.05)
+            continue
+        failed = {r: c for r, c in codes.items() if c != 0}
+        if failed and failed != reported:
+            reported = dict(failed)
+            if gen.failed_at is None:
+                gen.failed_at = now
+                log_event("worker_exited", failed=failed, attempt=attempt)
+            channel.set_state(attempt, LauncherState.FAILED, code=most_specific(list(failed.values())), workers=failed)
+        if gen.failed_at is not None and gen.term_at is None and now - gen.failed_at >= fail_grace_s:
+            gen.term_at = now
+            for p in gen.alive():
+                p.terminate()
+        if gen.term_at is not None and now - gen.term_at >= kill_grace_s:
+            for p in gen.alive():
+                p.kill()
+        if len(codes) == len(gen.procs):
+            code = most_specific(list(codes.values()))
+            if code == 0:
+                return "done", 0
+            if not channel.contacted:
+                return "failed", code  # no operator to wait for: exit as a plain launcher does
+            if waiting_since is None:
+                waiting_since = now
+                log_event("waiting_for_restart", attempt=attempt, code=code, wait_s=restart_wait_s)
+            last = max(channel.last_contact or 0.0, waiting_since)
+            if now - last >= restart_wait_s:
+                return "no word from the operator", code
+            channel.wait_order(0.1)
+            continue
+        time.sleep(0.05)
+
+
+def is_ignoring_orders(env: Mapping[str, str]) -> bool:
+    return env.get("RAILYARD_CONTROL_IGNORE_ORDERS", "") == "1"
+
+
+def launch_in_place(plan: LaunchPlan, env: Mapping[str, str], *, fail_grace_s: float, kill_grace_s: float) -> int | None:
+    """Run ``plan`` under the control channel when the operator set one up; None otherwise."""
+    channel = channel_from_env(plan, env)
+    if channel is None:
+        return None
+    return supervise_in_place(
+        plan, channel, fail_grace_s=fail_grace_s, kill_grace_s=kill_grace_s,
+        restart_wait_s=float(env.get("RAILYARD_RESTART_WAIT_S", "60")),
+        restart_kill_grace_s=float(env.get("RAILYARD_RESTART_KILL_GRACE_S", "2")),
+        env=env, ignore_orders=is_ignoring_orders(env),
+    )
+
+
+__all__ = ["ControlChannel", "channel_from_env", "launch_in_place", "replan", "supervise_in_place"]
