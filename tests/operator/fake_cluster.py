@@ -274,13 +274,10 @@ class Harness:
     # -- the pods' launchers on the restart control channel (railyard.protocol.control)
     def members(self) -> list[dict[str, Any]]:
         """The gang's pods of the current attempt (an in-place restart keeps older ones)."""
-        from railyard.handlers.inplace import members_since
-        from railyard.handlers.cycle import Cycle
         from railyard.logic.gang import gang_members
 
         st = self.status
         since = st.pods_since_attempt if st.last_restart and st.last_restart.mode == "InPlace" and st.last_restart.attempt == st.attempt else None
-        del members_since, Cycle
         gang, _ = gang_members(self.cluster.pods_of(), attempt=st.attempt, since=since)
         return [dict(p) for p in gang]
 

@@ -190,7 +190,7 @@ def test_a_stale_rank_of_an_older_attempt_cannot_join_the_new_rendezvous(tmp_pat
     assert stale_code != 0
     assert code0 == 0 and code1 == 0, f"{err0[-2000:]}\n{err1[-2000:]}"
     started = [e for e in events0 if e["event"] == "start"]
-    launched_new = [e for e in events1 if e["event"] == "launch"][0]
+    launched_new = next(e for e in events1 if e["event"] == "launch")
     assert started and started[0]["time"] >= launched_new["time"], "rank 0's gang formed only with the real pod 1"
 
 
@@ -204,7 +204,7 @@ def test_a_pod_that_is_no_longer_a_member_is_told_to_stop(tmp_path: Path, operat
         wait("both launchers running", lambda: (r := operator.reports()) and len(r) == 2 and all(x.state is LauncherState.RUNNING for x in r.values()), 60)
         # pod 1 was replaced (a partition healed late): the new attempt names another pod for index 1
         operator.call(operator.board.publish, NS, JOB, attempt=1, members={0: "pod-0", 1: "pod-1-new"}, table=replace(t0, attempt=1), open_=False)
-        code, events, err = finish(pods[1], 120)
+        code, events, _ = finish(pods[1], 120)
     finally:
         for p in pods:
             if p.poll() is None:
