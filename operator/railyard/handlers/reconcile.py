@@ -380,14 +380,15 @@ async def _handle_failure(
     # the pods themselves, not the launchers' reports laid over them (a launcher that waits to
     # restart in place is alive: it gets the normal grace)
     real = {str((p.get("metadata") or {}).get("name")): p for p in c.rt.pods_of(c.ns, c.name)}
+    gang = [real.get(str((p.get("metadata") or {}).get("name")), p) for p in current]
     plan: RestartPlan | None
-    plan, stragglers = plan_restart(c, job, f, current, nodes, quarantined)
+    plan, stragglers = plan_restart(c, job, f, gang, nodes, quarantined)
     if plan.mode == "InPlace":
-        got = await begin_in_place(c, job, f, decision, plan, stragglers, current, real, nodes, quarantined)
+        got = await begin_in_place(c, job, f, decision, plan, stragglers, gang, real, nodes, quarantined)
         if not isinstance(got, RestartPlan):
             return got
         plan = got
-    await c.delete_pods([real.get(str((p.get("metadata") or {}).get("name")), p) for p in current], nodes)
+    await c.delete_pods(gang, nodes)
     backoff = decision.backoff_seconds
     c.st = c.st.model_copy(
         update={
