@@ -167,3 +167,29 @@ def test_a_shared_tier_on_a_claim_leaves_only_the_node_tiers() -> None:
         "spec.volumes[ckpt-local]: volume type hostPath not allowed",
         "spec.volumes[ckpt-memory]: volume type hostPath not allowed",
     ]
+
+
+def test_the_memory_tier_in_the_pod_makes_training_pods_restricted_clean() -> None:
+    """``checkpoint.memory.medium: Pod`` (an emptyDir of medium Memory, kept by in-place
+    restarts), the local tier off and the shared tier on a claim: no hostPath, no root init
+    container, so the pods pass restricted (and with it baseline)."""
+    pods = build_training_pods(checkpoint={"memory": {"medium": "Pod", "sizeLimit": "2Gi"}, "local": {"enabled": False},
+                                           "shared": {"intervalSteps": 30, "claimName": "ckpt"}})
+    for pod in pods:
+        assert validate(pod) == []
+        assert restricted_violations(pod["spec"]) == []
+        vol = next(v for v in pod["spec"]["volumes"] if v["name"] == "ckpt-memory")
+        assert vol == {"name": "ckpt-memory", "emptyDir": {"medium": "Memory", "sizeLimit": "2Gi"}}
+
+
+def test_hot_spare_placeholders_are_restricted_clean() -> None:
+    from railyard.api.trainingjob import TrainingJobSpec
+    from railyard.logic.manifests import build_spare_pod, owner_reference
+
+    job = yaml.safe_load((ROOT / "examples" / "tiny-cpu.yaml").read_text())
+    job["metadata"].update(namespace="ml", uid="u-1")
+    for image in (None, "registry.example/trainer:1.2.3"):
+        spec = TrainingJobSpec.model_validate({**job["spec"], **({"image": image} if image else {})})
+        pod = build_spare_pod(spec, job="tiny", namespace="ml", owner=owner_reference(job), node="n9")
+        assert validate(pod) == []
+        assert restricted_violations(pod["spec"]) == []
