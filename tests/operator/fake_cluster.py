@@ -66,12 +66,15 @@ class FakeCluster:
     def bind(self, rt: Runtime) -> None:
         job_pods: dict[tuple[str, str], list[dict[str, Any]]] = {}
         bound: dict[str, list[dict[str, Any]]] = {}
+        from railyard.handlers.kopf_handlers import compact_pod
+
         for p in self.pods.values():
             meta = p["metadata"]
-            job_pods.setdefault((meta["namespace"], meta["labels"][JOB_LABEL]), []).append(copy.deepcopy(p))
+            # what kopf's index holds: the compact copy (no annotations, no env, no volumes)
+            job_pods.setdefault((meta["namespace"], meta["labels"][JOB_LABEL]), []).append(compact_pod(copy.deepcopy(p)))
             node = (p.get("spec") or {}).get("nodeName")
             if node and (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed"):
-                bound.setdefault(node, []).append(copy.deepcopy(p))
+                bound.setdefault(node, []).append(compact_pod(copy.deepcopy(p)))
         rt.job_pods = job_pods
         rt.bound_pods = bound
         rt.nodes = {name: [copy.deepcopy(n)] for name, n in self.nodes.items()}

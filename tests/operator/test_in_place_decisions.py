@@ -20,6 +20,7 @@ from railyard.logic.inplace import (
     decide_restart_mode,
     decide_unacknowledged,
 )
+from railyard.logic.manifests import spare_pod_name
 from railyard.logic.spares import decide_spares
 from railyard.protocol.control import (
     Action,
@@ -240,16 +241,17 @@ def test_a_pod_that_really_exited_keeps_its_own_exit_code() -> None:
 def test_which_spares_get_a_placeholder() -> None:
     nodes = {n: make_node(n) for n in ("s0", "s1", "s2")}
     nodes["s2"] = make_node("s2", ready=False)
+    # placeholders are known by name (the operator's pod index keeps no annotations)
     have = [
-        {"metadata": {"name": "j-spare-a", "annotations": {"railyard.dev/node": "s0"}}, "spec": {"nodeName": "s0"}, "status": {"phase": "Running"}},
-        {"metadata": {"name": "j-spare-b", "annotations": {"railyard.dev/node": "old"}}, "spec": {"nodeName": "old"}, "status": {"phase": "Running"}},
+        {"metadata": {"name": spare_pod_name("j", "s0")}, "spec": {"nodeName": "s0"}, "status": {"phase": "Running"}},
+        {"metadata": {"name": spare_pod_name("j", "old")}, "spec": {"nodeName": "old"}, "status": {"phase": "Running"}},
     ]
-    create, delete, held = decide_spares(phase="Running", wanted=3, spares=["s0", "s1", "s2"], nodes=nodes, have=have)
+    create, delete, held = decide_spares(job="j", phase="Running", wanted=3, spares=["s0", "s1", "s2"], nodes=nodes, have=have)
     assert create == ["s1"], "a NotReady spare gets none"
-    assert [p["metadata"]["name"] for p in delete] == ["j-spare-b"]
+    assert [p["metadata"]["name"] for p in delete] == [spare_pod_name("j", "old")]
     assert held == 1
     for phase in ("Succeeded", "Failed", "Suspended", "Placing"):
-        create, delete, _ = decide_spares(phase=phase, wanted=3, spares=["s0", "s1"], nodes=nodes, have=have)
+        create, delete, _ = decide_spares(job="j", phase=phase, wanted=3, spares=["s0", "s1"], nodes=nodes, have=have)
         assert not create and len(delete) == 2, phase
 
 

@@ -40,13 +40,13 @@ from railyard.logic.inplace import (
     describe_in_place,
 )
 from railyard.logic.manifests import (
-    NODE_ANNOTATION,
     build_configmap,
     build_pod,
     build_trainer_config,
     configmap_name,
     owner_reference,
     pod_name,
+    spare_pod_name,
     with_addresses,
 )
 from railyard.logic.placement import Placement, Unplaceable, build_placement_input, plan_placement
@@ -261,13 +261,15 @@ async def continue_in_place(c: Cycle, job: TrainingJob, nodes: Mapping[str, Obj]
         missing = apply_to_pods(missing, sched)
         rt.metrics.pods_created.inc(await c.io.create_pods(missing))
     # replacements (new or from a previous cycle) still gated, and the placeholders in their way
+    # (found by name: the pod index keeps no annotations)
+    node_of = {e.pod_index: e.node for e in table.pods}
     gated = [p for p in [*missing, *(p for p in members if is_gated(p))] if attempt_of(p) == attempt]
-    targets = {str((p.get("metadata") or {}).get("annotations", {}).get(NODE_ANNOTATION) or "") for p in gated}
-    in_way = [s for s in rt.pods_of(c.ns, c.name, spare=True) if str(((s.get("metadata") or {}).get("annotations") or {}).get(NODE_ANNOTATION) or "") in targets]
+    in_way_names = {spare_pod_name(c.name, node_of[pod_index_of(p)]): node_of[pod_index_of(p)] for p in gated}
+    in_way = [s for s in rt.pods_of(c.ns, c.name, spare=True) if _name(s) in in_way_names]
     if in_way:
         await delete_placeholders(c, in_way, nodes)
-    blocked = {str(((s.get("metadata") or {}).get("annotations") or {}).get(NODE_ANNOTATION) or "") for s in in_way}
-    ready = [p for p in gated if str(p["metadata"].get("annotations", {}).get(NODE_ANNOTATION) or "") not in blocked]
+    blocked = {in_way_names[_name(s)] for s in in_way}
+    ready = [p for p in gated if node_of[pod_index_of(p)] not in blocked]
     if ready:
         await c.io.lift_gates(ready)
     if lr.state == "Pending":

@@ -42,7 +42,7 @@ async def reconcile_spares(c: Cycle, job: TrainingJob) -> float | None:
     deleting = c.meta.get("deletionTimestamp") or job.spec.suspend
     spares = list(c.st.placement.spares) if c.st.placement is not None else []
     nodes = rt.node_map()
-    create, delete, held = decide_spares(phase="" if deleting else c.st.phase, wanted=job.spec.gang.hot_spares,
+    create, delete, held = decide_spares(job=c.name, phase="" if deleting else c.st.phase, wanted=job.spec.gang.hot_spares,
                                          spares=spares, nodes=nodes, have=have)
     if delete:
         await delete_placeholders(c, delete, nodes)

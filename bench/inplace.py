@@ -1,0 +1,415 @@
+"""Benchmark: one node lost from a 2,048-pod gang, restarted in place vs in full, in one run.
+
+The local cluster (embedded API server, simulated nodes: the node agent reports the pods
+Running without processes) and the operator as in production (``railyard operator run`` in its
+own process). Every pod's launcher is played by this process: 2,048 long polls on the
+operator's control endpoint (railyard.protocol.control), one connection each, as real pods
+hold them. Then a node of the gang fails (``local.railyard.dev/fail``) and, from one pod watch
+and the launchers' own clocks:
+
+- gang pods deleted and created by the restart (target: exactly 1 and 1; placeholders of the hot
+  spares counted apart);
+- the operator's part, from the node NotReady to the replacement Running and every kept
+  launcher told to restart (target < 5 s), and to every launcher running the new attempt;
+- the restart signal alone: the order published (``status.lastRestart.startedTime``) to the
+  last launcher told.
+
+The same gang with ``restartPolicy.inPlace: false`` (a full restart, as before) runs next on
+the same cluster, for pods touched and time to all Running again.
+
+    python bench/inplace.py [--pods 2048] [--nodes 2100] [--skip-full]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from railyard.k8s.client import Kube
+from railyard.local.agent import SIMULATE_ANNOTATION
+from railyard.local.cluster import LocalCluster
+from railyard.local.nodes import FAIL_ANNOTATION
+from railyard.logic.conditions import parse_time
+from railyard.protocol.control import Action, LauncherReport, LauncherState, parse_order
+
+ROOT = Path(__file__).resolve().parents[1]
+NS = "bench-inplace"
+TARGET_REPAIR_S = 5.0
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _wait_ready(port: int, op: subprocess.Popen[bytes]) -> None:
+    """Until the operator has listed the cluster (/readyz)."""
+    import urllib.request
+
+    deadline = time.perf_counter() + 600
+    while time.perf_counter() < deadline:
+        if op.poll() is not None:
+            raise RuntimeError(f"operator exited with {op.returncode}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.2)
+    raise TimeoutError("operator not ready")
+
+
+async def _apply_crd(kubeconfig: Path) -> None:
+    import yaml
+
+    kube = Kube.from_config(str(kubeconfig))
+    try:
+        await kube.create("/apis/apiextensions.k8s.io/v1/customresourcedefinitions", yaml.safe_load((ROOT / "crds" / "trainingjob.yaml").read_text()))
+        for _ in range(200):
+            try:
+                await kube.request("GET", "/apis/railyard.dev/v1alpha1/namespaces/default/trainingjobs")
+                return
+            except Exception:
+                await asyncio.sleep(0.1)
+    finally:
+        await kube.close()
+
+
+def job(name: str, pods: int, *, in_place: bool) -> dict[str, Any]:
+    return {
+        "apiVersion": "railyard.dev/v1alpha1",
+        "kind": "TrainingJob",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {
+            "nodes": pods,
+            "procsPerNode": 1,
+            "image": "railyard.local/bench:none",  # simulated pods: nothing runs
+            "trainer": {"batchSize": pods},
+            "gang": {"scheduleTimeoutSeconds": 900, "hotSpares": 1},
+            # no hostPath tier: no init container for the simulated pods to run
+            "checkpoint": {"memory": {"medium": "Pod"}, "local": {"enabled": False}, "shared": {"enabled": False}},
+            "restartPolicy": {"infrastructure": {"limit": 5, "backoffSeconds": 0}, "inPlace": in_place, "inPlaceTimeoutSeconds": 120},
+        },
+    }
+
+
+class PodWatch:
+    """Per gang pod: first ADDED, first Running, DELETED; placeholders apart."""
+
+    def __init__(self, kube: Kube) -> None:
+        self.kube = kube
+        self.added: dict[str, float] = {}
+        self.running: dict[str, float] = {}
+        self.deleted: dict[str, float] = {}
+        self.index: dict[str, int] = {}
+        self.spare_added: dict[str, float] = {}
+        self.spare_deleted: dict[str, float] = {}
+        self.task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        listing = await self.kube.request("GET", f"/api/v1/namespaces/{NS}/pods")
+        self.task = asyncio.create_task(self._run(listing["metadata"]["resourceVersion"]))
+
+    async def _run(self, rv: str) -> None:
+        sess = self.kube._sess()
+        while True:
+            params = {"watch": "true", "resourceVersion": rv, "timeoutSeconds": "300", "allowWatchBookmarks": "true"}
+            async with sess.get(f"{self.kube.server}/api/v1/namespaces/{NS}/pods", params=params, timeout=None) as resp:
+                async for line in resp.content:
+                    if not line.strip():
+                        continue
+                    ev = json.loads(line)
+                    obj = ev.get("object") or {}
+                    meta = obj.get("metadata") or {}
+                    rv = meta.get("resourceVersion", rv)
+                    if ev.get("type") == "BOOKMARK":
+                        continue
+                    now = time.perf_counter()
+                    name = meta.get("name", "")
+                    labels = meta.get("labels") or {}
+                    if labels.get("railyard.dev/spare") == "true":
+                        (self.spare_added if ev["type"] == "ADDED" else self.spare_deleted if ev["type"] == "DELETED" else {}).setdefault(name, now)
+                        continue
+                    if "railyard.dev/pod-index" in labels:
+                        self.index[name] = int(labels["railyard.dev/pod-index"])
+                    if ev["type"] == "ADDED":
+                        self.added.setdefault(name, now)
+                    if ev["type"] == "DELETED":
+                        self.deleted.setdefault(name, now)
+                    elif (obj.get("status") or {}).get("phase") == "Running" and not meta.get("deletionTimestamp"):
+                        self.running.setdefault(name, now)
+
+    def stop(self) -> None:
+        if self.task:
+            self.task.cancel()
+
+
+@dataclass
+class Launcher:
+    index: int
+    pod: str
+    attempt: int
+    told: float | None = None
+    acked: float | None = None
+    stopped: float | None = None
+
+
+@dataclass
+class Fleet:
+    """2,048 launchers long-polling the operator, one connection each."""
+
+    url: str
+    token: str
+    job: str
+    launchers: dict[str, Launcher] = field(default_factory=dict)
+    tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    session: aiohttp.ClientSession | None = None
+    errors: int = 0
+
+    async def open(self) -> None:
+        self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), timeout=aiohttp.ClientTimeout(total=60))
+
+    def add(self, pod: str, index: int, attempt: int) -> None:
+        if pod in self.launchers:
+            return
+        launcher = Launcher(index, pod, attempt)
+        self.launchers[pod] = launcher
+        self.tasks.append(asyncio.create_task(self._run(launcher)))
+
+    async def _run(self, ln: Launcher) -> None:
+        assert self.session is not None
+        state = LauncherState.RUNNING
+        while ln.stopped is None:
+            body = LauncherReport(self.job, ln.attempt, ln.index, ln.pod, state, sent_at=time.time()).to_json().encode()
+            try:
+                async with self.session.post(f"{self.url}?wait=20", data=body, headers={"Authorization": f"Bearer {self.token}"}) as resp:
+                    raw = await resp.read()
+                    if resp.status != 200:
+                        self.errors += 1
+                        await asyncio.sleep(0.5)
+                        continue
+            except (aiohttp.ClientError, TimeoutError):
+                self.errors += 1
+                await asyncio.sleep(0.5)
+                continue
+            order = parse_order(raw)
+            now = time.perf_counter()
+            if order.action is Action.STOP:
+                ln.stopped = now
+            elif order.action is Action.RESTART and order.attempt > ln.attempt:
+                ln.told = now
+                ln.attempt = order.attempt  # the workers restart at once (nothing to run here)
+                ln.acked = time.perf_counter()
+
+    async def close(self) -> None:
+        for t in self.tasks:
+            t.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+        if self.session is not None:
+            await self.session.close()
+
+
+async def until(what: str, pred: Any, timeout: float, step: float = 0.02) -> float:
+    deadline = time.perf_counter() + timeout
+    while time.perf_counter() < deadline:
+        if pred():
+            return time.perf_counter()
+        await asyncio.sleep(step)
+    raise TimeoutError(f"{what} not reached within {timeout}s")
+
+
+async def status(kube: Kube, name: str) -> dict[str, Any]:
+    obj = await kube.get(f"/apis/railyard.dev/v1alpha1/namespaces/{NS}/trainingjobs/{name}")
+    return dict((obj or {}).get("status") or {})
+
+
+async def wait_status(kube: Kube, name: str, pred: Any, timeout: float) -> dict[str, Any]:
+    deadline = time.perf_counter() + timeout
+    st: dict[str, Any] = {}
+    while time.perf_counter() < deadline:
+        st = await status(kube, name)
+        if pred(st):
+            return st
+        await asyncio.sleep(0.1)
+    raise TimeoutError(f"status of {name}: {json.dumps(st)[:600]}")
+
+
+async def one_failure(kube: Kube, w: PodWatch, name: str, pods: int, metrics_port: int, *, in_place: bool) -> dict[str, float]:
+    """Start the gang, fail one node, measure the repair."""
+    out: dict[str, float] = {}
+    t0 = time.perf_counter()
+    await kube.create(f"/apis/railyard.dev/v1alpha1/namespaces/{NS}/trainingjobs", job(name, pods, in_place=in_place))
+    names0 = [f"{name}-a0-{i}" for i in range(pods)]
+    await until(f"{name}: all pods Running", lambda: all(n in w.running for n in names0), 900, 0.1)
+    out["start_to_running_s"] = time.perf_counter() - t0
+    st = await wait_status(kube, name, lambda s: s.get("phase") == "Running" and s.get("sparesHeld") == 1, 120)
+    secret = await kube.get(f"/api/v1/namespaces/{NS}/secrets/{name}-heartbeat")
+    token = base64.b64decode((secret or {})["data"]["token"]).decode()
+    fleet = Fleet(f"http://127.0.0.1:{metrics_port}/v1/control/{NS}/{name}", token, name)
+    await fleet.open()
+    try:
+        if in_place:
+            for i, n in enumerate(names0):
+                fleet.add(n, i, 0)
+            await until("every launcher reported", lambda: True, 1)
+            await asyncio.sleep(3.0)  # the first polls are answered at once; then they are held
+        victim = st["placement"]["nodes"][pods // 2]
+        victim_pod = names0[pods // 2]
+        mark = time.perf_counter()
+        deleted_before, added_before = set(w.deleted), set(w.added)
+        spare_del_before, spare_add_before = set(w.spare_deleted), set(w.spare_added)
+        await kube.patch(f"/api/v1/nodes/{victim}", {"metadata": {"annotations": {FAIL_ANNOTATION: "true"}}})
+        t_fail = time.perf_counter()
+        wall_fail = time.time()
+        if in_place:
+            replacement = f"{name}-a1-{pods // 2}"
+            await until("the replacement Running", lambda: replacement in w.running, 300)
+            # the replacement's launcher starts polling at the new attempt
+            fleet.add(replacement, pods // 2, 1)
+            kept = [ln for ln in fleet.launchers.values() if ln.pod != victim_pod and ln.pod != replacement]
+            await until("every kept launcher told", lambda: all(ln.told is not None for ln in kept), 300)
+            st = await wait_status(kube, name, lambda s: s.get("phase") == "Running" and s.get("attempt") == 1, 300)
+            t_all = time.perf_counter()
+            node = await kube.get(f"/api/v1/nodes/{victim}")
+            ready = next(c for c in node["status"]["conditions"] if c["type"] == "Ready")  # type: ignore[index]
+            not_ready = parse_time(ready["lastTransitionTime"]) or wall_fail
+            to_perf = t_fail - wall_fail  # wall clock -> perf_counter
+            t_not_ready = max(not_ready + to_perf, t_fail)
+            last_told = max(ln.told for ln in kept if ln.told is not None)
+            started = parse_time((st.get("lastRestart") or {}).get("startedTime")) or wall_fail
+            out["replacement_running_s"] = w.running[replacement] - t_not_ready
+            out["all_told_s"] = last_told - t_not_ready
+            out["repair_s"] = max(w.running[replacement], last_told) - t_not_ready
+            out["signal_s"] = last_told - (started + to_perf)
+            out["fail_to_all_running_s"] = t_all - t_fail
+            out["not_ready_after_fail_s"] = t_not_ready - t_fail
+            out["kept_launchers_told"] = float(sum(1 for ln in kept if ln.told is not None))
+            out["launcher_errors"] = float(fleet.errors)
+        else:
+            names1 = [f"{name}-a1-{i}" for i in range(pods)]
+            await until(f"{name}: the whole new gang Running", lambda: all(n in w.running for n in names1), 900, 0.1)
+            out["fail_to_all_running_s"] = time.perf_counter() - t_fail
+        await asyncio.sleep(2.0)  # let the watch see any late writes
+        out["gang_pods_deleted"] = float(len({n for n in w.deleted if n not in deleted_before and w.deleted[n] >= mark}))
+        out["gang_pods_created"] = float(len({n for n in w.added if n not in added_before and w.added[n] >= mark}))
+        out["placeholders_deleted"] = float(len(set(w.spare_deleted) - spare_del_before))
+        out["placeholders_created"] = float(len(set(w.spare_added) - spare_add_before))
+        await kube.patch(f"/api/v1/nodes/{victim}", {"metadata": {"annotations": {FAIL_ANNOTATION: None}}})
+        await kube.patch(f"/api/v1/nodes/{victim}", {"metadata": {"labels": {"railyard.dev/quarantined": None},
+                                                                   "annotations": {"railyard.dev/release": "true"}}})
+    finally:
+        await fleet.close()
+    await kube.delete(f"/apis/railyard.dev/v1alpha1/namespaces/{NS}/trainingjobs/{name}")
+    for _i in range(1200):
+        left = await kube.list(f"/api/v1/namespaces/{NS}/pods", labelSelector=f"railyard.dev/job={name}")
+        if not left:
+            break
+        await asyncio.sleep(0.25)
+    return out
+
+
+async def run_bench(kubeconfig: Path, pods: int, metrics_port: int, skip_full: bool) -> dict[str, dict[str, float]]:
+    kube = Kube.from_config(str(kubeconfig))
+    try:
+        await kube.create("/api/v1/namespaces", {"metadata": {"name": NS}})
+        w = PodWatch(kube)
+        await w.start()
+        res = {"in_place": await one_failure(kube, w, "gang", pods, metrics_port, in_place=True)}
+        print(f"in place: {json.dumps(res['in_place'])}", flush=True)
+        if not skip_full:
+            res["full"] = await one_failure(kube, w, "full", pods, metrics_port, in_place=False)
+            print(f"full: {json.dumps(res['full'])}", flush=True)
+        w.stop()
+    finally:
+        await kube.close()
+    return res
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--pods", type=int, default=2048)
+    parser.add_argument("--nodes", type=int, default=0, help="default: pods + 40")
+    parser.add_argument("--skip-full", action="store_true", help="only the in-place restart")
+    parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "inplace.json"))
+    args = parser.parse_args()
+    nodes = args.nodes or args.pods + 40
+    with tempfile.TemporaryDirectory() as tmp:
+        cluster = LocalCluster(Path(tmp) / "cluster", nodes=nodes, gpus_per_node=1, topology="spine=4,leaf=16", lease_interval=10.0)
+        t0 = time.perf_counter()
+        kubeconfig = cluster.start(timeout=900)
+        print(f"local cluster with {nodes} nodes up in {time.perf_counter() - t0:.1f}s", flush=True)
+        port = _free_port()
+        op = None
+        try:
+            asyncio.run(_apply_crd(kubeconfig))
+            log = open(Path(tmp) / "operator.log", "wb")  # noqa: SIM115 - closed with the process
+            op = subprocess.Popen(
+                [sys.executable, "-m", "railyard", "operator", "run", "--standalone", "--metrics-host", "127.0.0.1",
+                 "--metrics-port", str(port), "--heartbeat-advertise-url", f"http://127.0.0.1:{port}", "--not-ready-grace", "0.5",
+                 "--kubeconfig", str(kubeconfig), "--pod-annotation", f"{SIMULATE_ANNOTATION}=true"],
+                stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
+            )
+            _wait_ready(port, op)
+            print("operator ready", flush=True)
+            m = asyncio.run(run_bench(kubeconfig, args.pods, port, args.skip_full))
+        finally:
+            if op is not None:
+                op.terminate()
+                op.wait(30)
+            cluster.stop()
+    ip, full = m["in_place"], m.get("full", {})
+    n = args.pods
+    rows: list[tuple[str, float, str, float | None, bool]] = [
+        ("in place: gang pods deleted", ip["gang_pods_deleted"], "pods", 1.0, False),
+        ("in place: gang pods created", ip["gang_pods_created"], "pods", 1.0, False),
+        ("in place: placeholder pods deleted / created", ip["placeholders_deleted"] + ip["placeholders_created"] / 1000, "pods", None, False),
+        ("in place: NotReady -> replacement Running + all told", ip["repair_s"], "s", TARGET_REPAIR_S, False),
+        ("in place: NotReady -> replacement Running", ip["replacement_running_s"], "s", None, False),
+        (f"in place: NotReady -> all {n - 1} kept launchers told", ip["all_told_s"], "s", None, False),
+        ("in place: restart signal (published -> last told)", ip["signal_s"], "s", 1.0, False),
+        ("in place: node failure -> job Running again", ip["fail_to_all_running_s"], "s", None, False),
+    ]
+    if full:
+        rows += [
+            ("full restart: gang pods deleted", full["gang_pods_deleted"], "pods", None, False),
+            ("full restart: gang pods created", full["gang_pods_created"], "pods", None, False),
+            (f"full restart: node failure -> all {n} Running again", full["fail_to_all_running_s"], "s", None, False),
+            ("pods touched per failure, full / in place", (full["gang_pods_deleted"] + full["gang_pods_created"]) / max(ip["gang_pods_deleted"] + ip["gang_pods_created"], 1), "x", None, False),
+        ]
+    results = []
+    print(f"{'metric':<58}{'value':>10}  {'unit':<6}{'target':>8}  meets")
+    for metric, value, unit, target, higher in rows:
+        if "placeholder" in metric:
+            value = ip["placeholders_deleted"]
+            shown = f"{ip['placeholders_deleted']:.0f} / {ip['placeholders_created']:.0f}"
+        else:
+            shown = f"{value:.3f}"
+        meets = None if target is None else (value >= target if higher else value <= target)
+        if metric.endswith(("deleted", "created")) and target is not None:
+            meets = value == target
+        results.append({"metric": metric, "value": round(value, 4), "unit": unit, "target": target, "meets": meets})
+        t = "" if target is None else f"{target:g}"
+        print(f"{metric:<58}{shown:>10}  {unit:<6}{t:>8}  {'' if meets is None else ('yes' if meets else 'NO')}")
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps({"bench": "inplace", "pods": n, "nodes": nodes, "results": results, "raw": m}, indent=2) + "\n")
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
