@@ -56,7 +56,7 @@ def test_one_software_failure_costs_detection_backoff_restart_restore_and_recomp
     cycle = 10 * s.step_s + stall
     at = 100 * cycle + 5.0  # 5 steps after the memory save at step 1000 committed
     res = simulate(s, our_policy(hot_spares=1), one_fault(at, "Software bug"))
-    restart = s.placement_s + s.process_restart_s + s.init_s  # pods kept, processes restart
+    restart = s.placement_s + s.control_signal_s + s.process_restart_s + s.init_s  # pods kept, processes restart in place
     restore = s.bytes_per_node / (s.gpus_per_node * s.host_copy_bw_per_gpu)  # node RAM, same node
     expected = {
         "detection": s.pod_exit_detect_s,
@@ -83,7 +83,8 @@ def test_one_gpu_failure_quarantines_and_restores_the_lost_node_from_its_peer_re
     expected = {
         "detection": s.pod_exit_detect_s,
         "backoff": 0.0,
-        "restart": s.placement_s + max(s.pod_start_s, s.process_restart_s) + s.init_s,
+        # the lost node's pod on a held spare (image there), the rest restart in place
+        "restart": s.placement_s + s.control_signal_s + max(s.replacement_s + s.spare_container_start_s, s.process_restart_s) + s.init_s,
         "restore": h2d + s.bytes_per_node / s.peer_bw_per_node,
         "recompute": 5 * s.step_s,
     }
@@ -145,3 +146,16 @@ def test_a_corruption_that_starts_right_at_a_checkpoint_is_rolled_back_once(poli
     # ours: one check + one restore; baseline: a restore of a corrupt checkpoint, then a rollback
     assert 1 <= res.restarts["SDC"] <= 2
     assert res.goodput > 0.9
+
+
+def test_without_in_place_restart_every_restart_recreates_the_gang() -> None:
+    s = tiny()
+    cycle = 10 * s.step_s + snapshot_s(s)
+    at = 100 * cycle + 5.0
+    full = simulate(s, our_policy(hot_spares=1, in_place=False), one_fault(at, "Faulty GPU"))
+    ours = simulate(s, our_policy(hot_spares=1), one_fault(at, "Faulty GPU"))
+    whole = s.teardown_s + s.nodes / s.schedule_pods_per_s + s.pod_start_s + s.init_s
+    assert full.lost["Faulty GPU"]["restart"] == pytest.approx(whole, rel=1e-9)
+    assert ours.lost["Faulty GPU"]["restart"] < whole
+    assert ours.goodput > full.goodput
+    assert full.restore_tiers == ours.restore_tiers == {"memory": 1}, "sticky either way: the memory tier still serves"

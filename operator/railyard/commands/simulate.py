@@ -110,6 +110,10 @@ def add_parser(sub: Any) -> None:
         default=600.0,
         help="baseline collective timeout in seconds (default 600)",
     )
+    p.add_argument(
+        "--init-seconds", type=float, default=_D.init_s,
+        help=f"communicator set-up and warm-up after every restart, both policies (default {_D.init_s:g})",
+    )
     p.add_argument("--out", default=DEFAULT_OUT, help=f"JSON output (default {DEFAULT_OUT})")
     p.add_argument(
         "--plot", default=None, metavar="PATH", help="PNG plot (default: next to --out, .png)"
@@ -135,6 +139,7 @@ def build_scenario(args: argparse.Namespace) -> Scenario:
         repeat_fraction=args.repeat_fraction,
         shared_write_bw=args.shared_bw * 1e12,
         shared_read_bw=args.shared_bw * 1e12,
+        init_s=args.init_seconds,
     )
 
 

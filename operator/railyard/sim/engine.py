@@ -387,6 +387,13 @@ class _Run:
         s = self.scn
         return s.teardown_s + s.nodes / s.schedule_pods_per_s + s.pod_start_s + s.init_s
 
+    def in_place_restart_s(self, *, node_lost: bool) -> float:
+        """Kept pods restart their workers in place while the lost node's pod comes up on a held
+        spare (its image already there); then the communicators are set up again."""
+        s = self.scn
+        replacement = s.replacement_s + s.spare_container_start_s if node_lost else 0.0
+        return s.placement_s + s.control_signal_s + max(replacement, s.process_restart_s) + s.init_s
+
     def restore_s(self, tier: str, *, node_lost: bool) -> float:
         s = self.scn
         h2d = s.bytes_per_node / (s.gpus_per_node * s.host_copy_bw_per_gpu)
@@ -439,12 +446,8 @@ class _Run:
             for sid in [k for k, s in self.stragglers.items() if s.pod == ev.pod]:
                 self.removed.add(sid)
                 del self.stragglers[sid]
-        if pol.sticky:
-            restart = (
-                scn.placement_s
-                + max(scn.pod_start_s if node_lost else 0.0, scn.process_restart_s)
-                + scn.init_s
-            )
+        if pol.in_place:
+            restart = self.in_place_restart_s(node_lost=node_lost)
         parts["restart"] = restart
 
         c = self.corruption

@@ -146,7 +146,18 @@ class Scenario:
     #: Pod creation rate for a whole gang (JobSet: ~290 pods/s during recovery at 15k nodes).
     schedule_pods_per_s: float = 290.0
     pod_start_s: float = 60.0
+    #: A kept pod's workers started again in place (Python + CUDA context on a GPU node; the
+    #: tiny CPU trainer measures 3-6 s from the order to its process group, tests/system).
     process_restart_s: float = 20.0
+    #: In-place restart, operator side, measured by bench/inplace.py (2,048-pod gang, embedded
+    #: API server): the order published to the last of the 2,047 kept launchers told ...
+    control_signal_s: float = 0.5
+    #: ... and the node failure to the replacement pod Running on the held spare (the
+    #: operator's part: quarantine, placement, the placeholder out of the way, the pod bound).
+    replacement_s: float = 1.5
+    #: The replacement's container start on a held spare: its placeholder ran the job's image,
+    #: so nothing is pulled (vs pod_start_s for a pod on a node that never had the image).
+    spare_container_start_s: float = 10.0
     #: NCCL communicator init and warm-up of a 16K-rank job.
     init_s: float = 90.0
     placement_s: float = 1.0
@@ -244,8 +255,7 @@ class PolicyConfig:
     #: heartbeat: Railyard's health rules (dead, hang) from spec.health; timeout: the gang
     #: learns of a silent or hung rank only from the collective timeout.
     detection: Literal["heartbeat", "timeout"]
-    #: Replace only failed pods (on hot spares) and keep the rest running; else tear the whole
-    #: gang down and create it again.
+    #: Re-place sticky: failed pods on hot spares, the rest on their nodes (memory tier there).
     sticky: bool
     quarantine: bool
     straggler_restart: bool
@@ -258,6 +268,9 @@ class PolicyConfig:
     collective_timeout_s: float = 600.0
     #: Baseline: a pod failure seen by the job controller (JobSet failure policy).
     exit_detect_s: float = 30.0
+    #: Restart in place (spec.restartPolicy.inPlace): the kept pods' launchers restart their
+    #: workers; only the pods that must move are new. Else every restart recreates the gang.
+    in_place: bool = False
 
     def intervals(self) -> dict[Tier, int]:
         """Enabled tiers -> save interval in steps."""
@@ -272,11 +285,13 @@ class PolicyConfig:
         return out
 
 
-def our_policy(*, hot_spares: int = 32, restart_limit: int = 10_000) -> PolicyConfig:
+def our_policy(*, hot_spares: int = 32, restart_limit: int = 10_000, in_place: bool = True) -> PolicyConfig:
     """The TrainingJob defaults (tiers every 10/50/100 steps, heartbeats, SDC checks every 50
-    steps), with straggler action Restart, hot spares, and budgets sized for a 54-day run."""
+    steps, restarts in place), with straggler action Restart, hot spares, and budgets sized for
+    a 54-day run. ``in_place=False``: the same, with every restart recreating the whole gang."""
     return PolicyConfig(
-        name="railyard",
+        name="railyard" if in_place else "railyard, full restarts",
+        in_place=in_place,
         checkpoint=Checkpoint(),
         async_save=True,
         detection="heartbeat",
