@@ -114,3 +114,26 @@ def test_the_placement_picture_shows_the_pods_that_ran_in_the_final_attempt() ->
     cells = {c.node: c for cells in pic.leaves.values() for c in cells}
     assert cells["node-3"].moved and not cells["node-2"].moved
     assert cells["node-0"].role == cells["node-1"].role == "quarantined" and cells["node-4"].role == "spare"
+
+
+def test_an_in_place_restart_is_shown_with_what_stayed_and_what_moved() -> None:
+    from railyard.demo.record import format_summary, members_of, note_restart, summarise
+
+    r = Record(started_at=0.0)
+    pending = {"attempt": 1, "lastRestart": {"attempt": 1, "mode": "InPlace", "state": "Pending", "message": "restart in place: ..."}}
+    assert note_restart(r, pending) is None, "shown once the replacements are placed"
+    started = {"attempt": 1, "podsSinceAttempt": 0, "lastRestart": {
+        "attempt": 1, "mode": "InPlace", "state": "Started", "kept": 1, "replaced": [1],
+        "message": "restart in place: 1 pods kept on their nodes; replaced pod 1 node-1 -> node-3 (node node-1 blamed: NodeNotReady)"}}
+    assert note_restart(r, started) is not None and note_restart(r, started) is None
+    # the kept pod 0 (created for attempt 0) serves attempt 1 beside the replacement
+    bound = [(0, 0, "node-0"), (0, 1, "node-1"), (1, 1, "node-3")]
+    assert members_of(started, bound) == [(1, 0, "node-0"), (1, 1, "node-3")]
+    full = {"attempt": 3, "lastRestart": {"attempt": 3, "mode": "Full", "state": "Pending", "reason": "RestartNotAnswered",
+                                          "message": "full restart (RestartNotAnswered): 1 kept pods did not restart"}}
+    note_restart(r, full)
+    assert members_of(full, [*bound, (3, 0, "node-0")]) == [(3, 0, "node-0")]
+    r.final_status = {"phase": "Succeeded", "step": 10}
+    text = format_summary(summarise(r, []))
+    assert "attempt 1: restart in place: 1 pods kept on their nodes; replaced pod 1 node-1 -> node-3" in text
+    assert "attempt 3: full restart (RestartNotAnswered)" in text

@@ -278,10 +278,10 @@ class Harness:
     def members(self) -> list[dict[str, Any]]:
         """The gang's pods of the current attempt (an in-place restart keeps older ones)."""
         from railyard.logic.gang import gang_members
+        from railyard.logic.inplace import members_since
 
         st = self.status
-        since = st.pods_since_attempt if st.last_restart and st.last_restart.mode == "InPlace" and st.last_restart.attempt == st.attempt else None
-        gang, _ = gang_members(self.cluster.pods_of(), attempt=st.attempt, since=since)
+        gang, _ = gang_members(self.cluster.pods_of(), attempt=st.attempt, since=members_since(st))
         return [dict(p) for p in gang]
 
     def report(self, index: int, state: str = "running", *, attempt: int | None = None, code: int = 0, pod: str | None = None) -> Any:

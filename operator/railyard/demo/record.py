@@ -56,6 +56,8 @@ class Record:
     actions: list[tuple[float, str]] = field(default_factory=list)
     final_status: dict[str, Any] = field(default_factory=dict)
     finished_at: float | None = None
+    #: attempt -> how the restart that started it was done (``status.lastRestart``)
+    restarts: dict[int, dict[str, Any]] = field(default_factory=dict)
 
     def add_sample(self, sample: Sample) -> bool:
         """Keep a sample when something a person would see changed; True if kept."""
@@ -82,6 +84,44 @@ def note_placement(record: Record, status: dict[str, Any]) -> int | None:
     record.spares[attempt] = list(placement.get("spares") or [])
     record.moved[attempt] = [int(i) for i in placement.get("moved") or []]
     return attempt
+
+
+def note_restart(record: Record, status: dict[str, Any]) -> dict[str, Any] | None:
+    """Record ``status.lastRestart`` under the attempt it started, once it says what it did
+    (in place: started, with what stayed and moved; full: decided); returns it when new."""
+    last = status.get("lastRestart") or {}
+    if "attempt" not in last or not last.get("message"):
+        return None
+    if last.get("mode") == "InPlace" and last.get("state") == "Pending":
+        return None  # wait for the replacements: the message then names where they went
+    attempt = int(last["attempt"])
+    note = {k: last.get(k) for k in ("mode", "reason", "message", "kept", "replaced")}
+    if record.restarts.get(attempt) == note:
+        return None
+    record.restarts[attempt] = note
+    return note
+
+
+def describe_restart(attempt: int, note: dict[str, Any]) -> str:
+    """One line: which pods stayed, which moved, and why."""
+    if note.get("mode") == "InPlace":
+        return f"attempt {attempt}: {note.get('message')}"
+    return f"attempt {attempt}: {note.get('message') or 'full restart'}"
+
+
+def members_of(status: dict[str, Any], pods: list[tuple[int, int, str]]) -> list[tuple[int, int, str]]:
+    """The bound pods (created-for attempt, pod index, node) that serve the status's attempt, by
+    the operator's own rule (railyard.logic.gang.gang_members: an in-place restart keeps pods of
+    earlier attempts), as (serving attempt, pod index, node)."""
+    from railyard.api.trainingjob import TrainingJobStatus
+    from railyard.logic.gang import gang_members, pod_index_of
+    from railyard.logic.inplace import members_since
+    from railyard.logic.manifests import ATTEMPT_LABEL, POD_INDEX_LABEL
+
+    st = TrainingJobStatus.model_validate(status)
+    objs = [{"metadata": {"labels": {ATTEMPT_LABEL: str(a), POD_INDEX_LABEL: str(i)}}, "spec": {"nodeName": n}} for a, i, n in pods]
+    members, _ = gang_members(objs, attempt=st.attempt, since=members_since(st))
+    return [(st.attempt, pod_index_of(p), str(p["spec"]["nodeName"])) for p in members]
 
 
 def note_pods(record: Record, pods: list[tuple[int, int, str]]) -> None:
@@ -143,6 +183,8 @@ class Summary:
     quarantined: list[str]
     stragglers: list[str]
     time_to_first_step_s: float | None
+    #: how each restart was done: what stayed, what moved where, and why
+    restarts_how: list[str] = field(default_factory=list)
 
 
 def restores_from_status(history: list[dict[str, Any]]) -> list[Restore]:
@@ -179,6 +221,7 @@ def summarise(record: Record, restores: list[Restore]) -> Summary:
         quarantined=[q.get("node", "") for q in status.get("quarantinedNodes") or []],
         stragglers=sorted({f"rank {s.get('rank')} on {s.get('node')}" for s in status.get("stragglers") or []}),
         time_to_first_step_s=None if first is None else first - record.started_at,
+        restarts_how=[describe_restart(a, n) for a, n in sorted(record.restarts.items())],
     )
 
 
@@ -201,6 +244,8 @@ def format_summary(s: Summary) -> str:
         "  quarantined     " + (", ".join(s.quarantined) or "none"),
         "  stragglers      " + (", ".join(s.stragglers) or "none flagged at the end"),
     ]
+    for i, how in enumerate(s.restarts_how):
+        lines.append(f"  {'how restarted' if i == 0 else '':<15} {how}")
     if s.time_to_first_step_s is not None:
         lines.append(f"  first step      {s.time_to_first_step_s:.0f} s after apply")
     return "\n".join(lines)

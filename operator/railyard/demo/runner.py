@@ -38,9 +38,12 @@ from railyard.demo.record import (
     Record,
     Sample,
     Summary,
+    describe_restart,
     format_summary,
+    members_of,
     note_placement,
     note_pods,
+    note_restart,
     placement_picture,
     restores_from_status,
     summarise,
@@ -299,7 +302,8 @@ class Demo:
                 self.echo(self._progress_line(sample, status))
                 last_line = now
             self._note_placement(status)
-            self._note_pods()
+            self._note_restart(status)
+            self._note_pods(status)
             for s in status.get("stragglers") or []:
                 self.stragglers_seen.add(f"rank {s.get('rank')} on {s.get('node')}")
             self._print_events()
@@ -326,18 +330,27 @@ class Demo:
             self.echo(f"  placed attempt {attempt}: pods on {', '.join(nodes)}; spares {', '.join(spares) or 'none'}"
                       + (f"; moved pod indices {moved}" if moved else ""))
 
-    def _note_pods(self) -> None:
+    def _note_restart(self, status: dict[str, Any]) -> None:
+        note = note_restart(self.record, status)
+        if note is not None:
+            attempt = int((status.get("lastRestart") or {}).get("attempt", 0))
+            self.echo(f"  restarted {describe_restart(attempt, note)}")
+
+    def _note_pods(self, status: dict[str, Any]) -> None:
         pods = self.core.list_namespaced_pod(self.ns, label_selector=f"railyard.dev/job={self.name}").items
         seen = []
         for p in pods:
             labels = p.metadata.labels or {}
-            if labels.get("railyard.dev/cleanup") == "true" or not p.spec.node_name:
+            if labels.get("railyard.dev/cleanup") == "true" or labels.get("railyard.dev/spare") == "true" or not p.spec.node_name:
+                continue
+            if p.metadata.deletion_timestamp:
                 continue
             try:
                 seen.append((int(labels.get("railyard.dev/attempt", -1)), int(labels.get("railyard.dev/pod-index", -1)), str(p.spec.node_name)))
             except ValueError:
                 continue
-        note_pods(self.record, seen)
+        # the pods that serve the current attempt (kept ones were created for earlier attempts)
+        note_pods(self.record, members_of(status, seen))
 
     def _print_events(self) -> None:
         events = self.core.list_namespaced_event(self.ns, field_selector=f"involvedObject.name={self.name}").items

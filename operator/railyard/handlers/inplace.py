@@ -39,6 +39,7 @@ from railyard.logic.inplace import (
     decide_unacknowledged,
     describe_in_place,
 )
+from railyard.logic.inplace import members_since as logic_members_since
 from railyard.logic.manifests import (
     build_configmap,
     build_pod,
@@ -76,12 +77,8 @@ def in_place_restart(c: Cycle) -> LastRestart | None:
 
 
 def members_since(c: Cycle) -> int | None:
-    """The ``since`` of :func:`railyard.logic.gang.gang_members` for the current attempt: the
-    attempt of the last full creation while the current attempt was started in place."""
-    lr = c.st.last_restart
-    if lr is not None and lr.mode == "InPlace" and lr.attempt == c.st.attempt:
-        return c.st.pods_since_attempt
-    return None
+    """The ``since`` of :func:`railyard.logic.gang.gang_members` for the cycle's attempt."""
+    return logic_members_since(c.st)
 
 
 def capable_pods(c: Cycle, members: Sequence[Obj]) -> frozenset[int]:

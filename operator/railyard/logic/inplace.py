@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from railyard.api.corev1 import node_is_ready
+from railyard.api.trainingjob import TrainingJobStatus
 from railyard.logic.conditions import format_micro_time
 from railyard.logic.gang import pod_index_of
 from railyard.protocol.control import Action, LauncherReport, LauncherState
@@ -92,6 +93,15 @@ def apply_launcher_reports(
         }]
         out.append(view)
     return out
+
+
+def members_since(status: TrainingJobStatus) -> int | None:
+    """The ``since`` of :func:`railyard.logic.gang.gang_members` for the status's attempt: the
+    attempt of the last full creation while that attempt was started in place, else None."""
+    lr = status.last_restart
+    if lr is not None and lr.mode == "InPlace" and lr.attempt == status.attempt:
+        return status.pods_since_attempt
+    return None
 
 
 # --------------------------------------------------------------------------- restart mode
