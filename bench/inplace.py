@@ -268,8 +268,8 @@ async def one_failure(kube: Kube, w: PodWatch, name: str, pods: int, metrics_por
                 fleet.add(n, i, 0)
             await until("every launcher reported", lambda: True, 1)
             await asyncio.sleep(3.0)  # the first polls are answered at once; then they are held
-        victim = st["placement"]["nodes"][pods // 2]
         victim_pod = names0[pods // 2]
+        victim = ((await kube.get(f"/api/v1/namespaces/{NS}/pods/{victim_pod}")) or {})["spec"]["nodeName"]
         mark = time.perf_counter()
         deleted_before, added_before = set(w.deleted), set(w.added)
         spare_del_before, spare_add_before = set(w.spare_deleted), set(w.spare_added)
@@ -296,6 +296,9 @@ async def one_failure(kube: Kube, w: PodWatch, name: str, pods: int, metrics_por
             out["all_told_s"] = last_told - t_not_ready
             out["repair_s"] = max(w.running[replacement], last_told) - t_not_ready
             out["signal_s"] = last_told - (started + to_perf)
+            told = sorted(ln.told - (started + to_perf) for ln in kept if ln.told is not None)
+            out["signal_first_s"], out["signal_median_s"] = told[0], told[len(told) // 2]
+            out["published_after_fail_s"] = started + to_perf - t_fail
             out["fail_to_all_running_s"] = t_all - t_fail
             out["not_ready_after_fail_s"] = t_not_ready - t_fail
             out["kept_launchers_told"] = float(sum(1 for ln in kept if ln.told is not None))

@@ -284,12 +284,11 @@ async def continue_in_place(c: Cycle, job: TrainingJob, nodes: Mapping[str, Obj]
 
         c.after_commit.append(open_orders)
         c.phase("Starting", "RestartedInPlace", f"attempt {attempt}: {lr.message}")
-        await _drop_old_configmaps(c, members)
     # placeholders go within a kubelet round trip; their deletion events wake this job
     return 0.5 if blocked else None
 
 
-async def _drop_old_configmaps(c: Cycle, members: Sequence[Obj]) -> None:
+async def drop_old_configmaps(c: Cycle, members: Sequence[Obj]) -> None:
     """Delete the ConfigMaps of attempts no pod of the gang was created for (kept pods still
     mount their own attempt's), keeping the newest five."""
     used = {attempt_of(p) for p in members}

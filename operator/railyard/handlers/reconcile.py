@@ -33,6 +33,7 @@ from railyard.handlers.inplace import (
     begin_in_place,
     check_restarted,
     continue_in_place,
+    drop_old_configmaps,
     fall_back_to_full,
     in_place_restart,
     members_since,
@@ -216,6 +217,9 @@ async def _act_in_place(
         got = check_restarted(c, job, members)
         if isinstance(got, str):
             return await fall_back_to_full(c, job, "RestartNotAnswered", got, nodes)
+        if got is None:
+            # every kept launcher runs the attempt: the restart is done (old ConfigMaps can go)
+            await drop_old_configmaps(c, members)
         if got is not None:
             if a.state == "Starting":
                 state = await _act(c, job, a, view, nodes, stale)

@@ -46,6 +46,10 @@ async def reconcile_spares(c: Cycle, job: TrainingJob) -> float | None:
                                          spares=spares, nodes=nodes, have=have)
     if delete:
         await delete_placeholders(c, delete, nodes)
+    lr = c.st.last_restart
+    if create and lr is not None and lr.mode == "InPlace" and lr.attempt == c.st.attempt and lr.state != "Done":
+        # a restart in place is opening: its replacements and orders first, new spares after
+        create = []
     if create:
         owner = owner_reference(c.body)
         await c.io.create_pods([build_spare_pod(job.spec, job=c.name, namespace=c.ns, owner=owner, node=n,

@@ -33,6 +33,7 @@ from railyard.protocol.control import (
     ControlError,
     ControlOrder,
     LauncherReport,
+    LauncherState,
     build_rank_table_delta,
     parse_report,
 )
@@ -126,13 +127,15 @@ class ControlBoard:
 
     # -- the launchers' side
     def record(self, namespace: str, job: str, report: LauncherReport) -> None:
-        """Keep the report; wake the job's reconcile when it says something new (a failure, an
-        attempt started, a state change), not for every repeated poll."""
+        """Keep the report; wake the job's reconcile when it says something the cycle must act
+        on at once (workers failed, stopped or done), not for every poll, and not for each of
+        2,047 launchers saying they run the new attempt (the cycle that waits for them looks
+        again within a second)."""
         j = self.jobs.setdefault((namespace, job), _Job())
         old = j.reports.get(report.pod_index)
         j.reports[report.pod_index] = (report, self.clock())
         news = old is None or (old[0].pod, old[0].attempt, old[0].state, old[0].code) != (report.pod, report.attempt, report.state, report.code)
-        if news and self.on_report is not None:
+        if news and report.state is not LauncherState.RUNNING and self.on_report is not None:
             self.on_report(namespace, job)
 
     def answer(self, namespace: str, job: str, report: LauncherReport) -> tuple[ControlOrder | bytes, Action]:
