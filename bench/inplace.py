@@ -26,6 +26,7 @@ import argparse
 import asyncio
 import base64
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -46,6 +47,8 @@ from railyard.protocol.control import Action, LauncherReport, LauncherState, par
 ROOT = Path(__file__).resolve().parents[1]
 NS = "bench-inplace"
 TARGET_REPAIR_S = 5.0
+#: What a launcher takes to start its workers again before it reports the new attempt.
+SPAWN_S = 0.1
 
 
 def _free_port() -> int:
@@ -213,7 +216,10 @@ class Fleet:
                 ln.stopped = now
             elif order.action is Action.RESTART and order.attempt > ln.attempt:
                 ln.told = now
-                ln.attempt = order.attempt  # the workers restart at once (nothing to run here)
+                # a real launcher starts its workers (one Popen per rank) before it reports the
+                # new attempt running: ~0.1 s for 8 ranks
+                await asyncio.sleep(SPAWN_S)
+                ln.attempt = order.attempt
                 ln.acked = time.perf_counter()
 
     async def close(self) -> None:
@@ -249,7 +255,13 @@ async def wait_status(kube: Kube, name: str, pred: Any, timeout: float) -> dict[
     raise TimeoutError(f"status of {name}: {json.dumps(st)[:600]}")
 
 
-async def one_failure(kube: Kube, w: PodWatch, name: str, pods: int, metrics_port: int, *, in_place: bool) -> dict[str, float]:
+def _cpu_of(pid: int) -> float:
+    """User + system CPU seconds of a process (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def one_failure(kube: Kube, w: PodWatch, name: str, pods: int, metrics_port: int, *, in_place: bool, op_pid: int) -> dict[str, float]:
     """Start the gang, fail one node, measure the repair."""
     out: dict[str, float] = {}
     t0 = time.perf_counter()
@@ -273,6 +285,7 @@ async def one_failure(kube: Kube, w: PodWatch, name: str, pods: int, metrics_por
         mark = time.perf_counter()
         deleted_before, added_before = set(w.deleted), set(w.added)
         spare_del_before, spare_add_before = set(w.spare_deleted), set(w.spare_added)
+        cpu0 = _cpu_of(op_pid)
         await kube.patch(f"/api/v1/nodes/{victim}", {"metadata": {"annotations": {FAIL_ANNOTATION: "true"}}})
         t_fail = time.perf_counter()
         wall_fail = time.time()
@@ -283,8 +296,10 @@ async def one_failure(kube: Kube, w: PodWatch, name: str, pods: int, metrics_por
             fleet.add(replacement, pods // 2, 1)
             kept = [ln for ln in fleet.launchers.values() if ln.pod != victim_pod and ln.pod != replacement]
             await until("every kept launcher told", lambda: all(ln.told is not None for ln in kept), 300)
+            cpu1 = _cpu_of(op_pid)
             st = await wait_status(kube, name, lambda s: s.get("phase") == "Running" and s.get("attempt") == 1, 300)
             t_all = time.perf_counter()
+            out["operator_cpu_s"] = cpu1 - cpu0
             node = await kube.get(f"/api/v1/nodes/{victim}")
             ready = next(c for c in node["status"]["conditions"] if c["type"] == "Ready")  # type: ignore[index]
             not_ready = parse_time(ready["lastTransitionTime"]) or wall_fail
@@ -326,16 +341,16 @@ async def one_failure(kube: Kube, w: PodWatch, name: str, pods: int, metrics_por
     return out
 
 
-async def run_bench(kubeconfig: Path, pods: int, metrics_port: int, skip_full: bool) -> dict[str, dict[str, float]]:
+async def run_bench(kubeconfig: Path, pods: int, metrics_port: int, skip_full: bool, op_pid: int) -> dict[str, dict[str, float]]:
     kube = Kube.from_config(str(kubeconfig))
     try:
         await kube.create("/api/v1/namespaces", {"metadata": {"name": NS}})
         w = PodWatch(kube)
         await w.start()
-        res = {"in_place": await one_failure(kube, w, "gang", pods, metrics_port, in_place=True)}
+        res = {"in_place": await one_failure(kube, w, "gang", pods, metrics_port, in_place=True, op_pid=op_pid)}
         print(f"in place: {json.dumps(res['in_place'])}", flush=True)
         if not skip_full:
-            res["full"] = await one_failure(kube, w, "full", pods, metrics_port, in_place=False)
+            res["full"] = await one_failure(kube, w, "full", pods, metrics_port, in_place=False, op_pid=op_pid)
             print(f"full: {json.dumps(res['full'])}", flush=True)
         w.stop()
     finally:
@@ -369,7 +384,7 @@ def main() -> int:
             )
             _wait_ready(port, op)
             print("operator ready", flush=True)
-            m = asyncio.run(run_bench(kubeconfig, args.pods, port, args.skip_full))
+            m = asyncio.run(run_bench(kubeconfig, args.pods, port, args.skip_full, op.pid))
         finally:
             if op is not None:
                 op.terminate()
@@ -385,6 +400,9 @@ def main() -> int:
         ("in place: NotReady -> replacement Running", ip["replacement_running_s"], "s", None, False),
         (f"in place: NotReady -> all {n - 1} kept launchers told", ip["all_told_s"], "s", None, False),
         ("in place: restart signal (published -> last told)", ip["signal_s"], "s", 1.0, False),
+        ("in place: restart signal (published -> median told)", ip["signal_median_s"], "s", None, False),
+        ("in place: operator CPU, failure -> all told", ip["operator_cpu_s"], "s", None, False),
+        ("in place: operator CPU per launcher told", ip["operator_cpu_s"] / max(ip["kept_launchers_told"], 1) * 1000, "ms", None, False),
         ("in place: node failure -> job Running again", ip["fail_to_all_running_s"], "s", None, False),
     ]
     if full:
