@@ -175,17 +175,24 @@ def build_rank_table_delta(old: RankTable, new: RankTable) -> RankTableDelta | N
     if not _same_layout(old, new):
         return None
     changed = tuple(q for p, q in zip(old.pods, new.pods, strict=True) if p != q)
-    delta = RankTableDelta(old.attempt, new.attempt, new.master_addr, new.master_port, changed, rank_table_digest(new))
+    delta = RankTableDelta(old.attempt, new.attempt, new.master_addr, new.master_port, changed, "")
     try:
-        rebuilt = apply_rank_table_delta(old, delta)
+        rebuilt = _apply(old, delta)
     except ControlError:
         return None
-    return delta if rebuilt == new else None
+    return replace(delta, digest=rank_table_digest(new)) if rebuilt == new else None
 
 
 def apply_rank_table_delta(table: RankTable, delta: RankTableDelta) -> RankTable:
     """``table`` moved on to ``delta.attempt``; ControlError when ``table`` is not the delta's base
     or the result is not the table the operator built (the digest differs)."""
+    out = _apply(table, delta)
+    if rank_table_digest(out) != delta.digest:
+        raise ControlError(f"delta.digest: the rank table rebuilt for attempt {delta.attempt} differs from the operator's")
+    return out
+
+
+def _apply(table: RankTable, delta: RankTableDelta) -> RankTable:
     if table.attempt != delta.base:
         raise ControlError(f"delta.base: the delta applies to attempt {delta.base}, this rank table is attempt {table.attempt}")
     by_index = {p.pod_index: p for p in delta.pods}
@@ -195,10 +202,7 @@ def apply_rank_table_delta(table: RankTable, delta: RankTableDelta) -> RankTable
     pods = tuple(by_index.get(p.pod_index, p) for p in table.pods)
     node_of = {p.pod_index: p.node for p in pods}
     ranks = tuple(replace(r, node=node_of[r.pod_index]) if r.node != node_of[r.pod_index] else r for r in table.ranks)
-    out = replace(table, attempt=delta.attempt, pods=pods, ranks=ranks, master_addr=delta.master_addr, master_port=delta.master_port)
-    if rank_table_digest(out) != delta.digest:
-        raise ControlError(f"delta.digest: the rank table rebuilt for attempt {delta.attempt} differs from the operator's")
-    return out
+    return replace(table, attempt=delta.attempt, pods=pods, ranks=ranks, master_addr=delta.master_addr, master_port=delta.master_port)
 
 
 # --------------------------------------------------------------------------- the launcher's fence

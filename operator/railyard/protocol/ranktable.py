@@ -11,7 +11,7 @@ a rail.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 SCHEMA_VERSION = 1
@@ -94,7 +94,19 @@ class RankTable:
             raise RankTableError("; ".join(problems))
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), sort_keys=True, separators=(",", ":"))
+        return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+
+    def to_dict(self) -> dict[str, Any]:
+        """The table as plain JSON types (what ``dataclasses.asdict`` gives, several times faster:
+        a 16,384-rank table is written for every attempt and digested for every restart)."""
+        return {
+            "job": self.job, "attempt": self.attempt, "pp": self.pp, "dp": self.dp, "tp": self.tp,
+            "procs_per_node": self.procs_per_node, "master_addr": self.master_addr, "master_port": self.master_port,
+            "version": self.version,
+            "pods": [{"pod_index": p.pod_index, "node": p.node, "address": p.address, "replica_peer": p.replica_peer} for p in self.pods],
+            "ranks": [{"rank": r.rank, "node": r.node, "pod_index": r.pod_index, "local_rank": r.local_rank, "rail": r.rail,
+                       "pp": r.pp, "dp": r.dp, "tp": r.tp} for r in self.ranks],
+        }
 
     @classmethod
     def from_json(cls, text: str) -> RankTable:
