@@ -4,6 +4,11 @@ The mesh order is ``("pp", "dp", "tp")`` with tp innermost, so
 ``rank == (pp * dp_size + dp) * tp_size + tp``: the same convention as the operator's rank table
 (``railyard.protocol.ranktable``). Validation is torch-free; only :meth:`ParallelDims.build_mesh`
 imports torch.
+
+HSDP (``dp_replicas > 1``, TorchTitan's ``dp_replicate`` x ``dp_shard``): the data-parallel
+dimension is split into ``("dp_replicate", "dp_shard")`` with ``dp == replica * dp_shard +
+shard``, so the rank order and the rank table are unchanged; the mesh also carries their
+flattening under the name ``"dp"`` (batches are split over it).
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
 
 MESH_DIM_NAMES = ("pp", "dp", "tp")
+HSDP_MESH_DIM_NAMES = ("pp", "dp_replicate", "dp_shard", "tp")
 
 
 @dataclass(frozen=True)
@@ -26,6 +32,8 @@ class ParallelDims:
     tp: int
     world_size: int
     procs_per_node: int
+    #: HSDP replica groups (1: plain FSDP over all dp ranks).
+    dp_replicas: int = 1
 
     def __post_init__(self) -> None:
         problems: list[str] = []
@@ -43,6 +51,8 @@ class ParallelDims:
             object.__setattr__(self, "dp", self.world_size // (self.pp * self.tp))
         if self.pp * self.dp * self.tp != self.world_size:
             problems.append(f"parallelism: pipeline x data x tensor = {self.pp} x {self.dp} x {self.tp} = {self.pp * self.dp * self.tp}, but the world size is {self.world_size}")
+        if self.dp_replicas < 1 or self.dp % self.dp_replicas:
+            problems.append(f"parallelism.dataReplicas: {self.dp_replicas} does not divide the data-parallel size {self.dp}")
         if self.procs_per_node % self.tp:
             problems.append(f"parallelism.tensor: {self.tp} does not divide the {self.procs_per_node} processes per node; tensor-parallel groups must stay inside a node")
         if problems:
@@ -60,6 +70,15 @@ class ParallelDims:
     def tp_enabled(self) -> bool:
         return self.tp > 1
 
+    @property
+    def hsdp_enabled(self) -> bool:
+        return self.dp_replicas > 1
+
+    @property
+    def dp_shard(self) -> int:
+        """Ranks each replica group shards the model over (dp without HSDP)."""
+        return self.dp // self.dp_replicas
+
     def coordinates(self, rank: int) -> tuple[int, int, int]:
         """(pp, dp, tp) of a global rank."""
         if not 0 <= rank < self.world_size:
@@ -72,4 +91,15 @@ class ParallelDims:
     def build_mesh(self, device_type: str) -> DeviceMesh:
         from torch.distributed.device_mesh import init_device_mesh
 
-        return init_device_mesh(device_type, (self.pp, self.dp, self.tp), mesh_dim_names=MESH_DIM_NAMES)
+        if not self.hsdp_enabled:
+            return init_device_mesh(device_type, (self.pp, self.dp, self.tp), mesh_dim_names=MESH_DIM_NAMES)
+        mesh = init_device_mesh(device_type, (self.pp, self.dp_replicas, self.dp_shard, self.tp), mesh_dim_names=HSDP_MESH_DIM_NAMES)
+        mesh["dp_replicate", "dp_shard"]._flatten("dp")
+        return mesh
+
+    def mesh_coordinates(self, mesh: DeviceMesh) -> tuple[int, int, int]:
+        """This rank's (pp, dp, tp) on a mesh from :meth:`build_mesh` (HSDP dims combined)."""
+        c = tuple(int(x) for x in mesh.get_coordinate() or ())
+        if len(c) == 4:
+            return c[0], c[1] * self.dp_shard + c[2], c[3]
+        return c[0], c[1], c[2]

@@ -124,11 +124,15 @@ def decide_restore(
     layout: Layout,
     hint: RestoreHint | None = None,
     home: Mapping[int, str] | None = None,
+    node_reshard: bool = False,
 ) -> RestoreDecision:
     """Choose the newest restorable checkpoint, fastest tier first.
 
     ``home`` maps a shard owner (rank) to the location it should preferably be read from (the
-    pod that will load it), so a local copy wins over a neighbour's replica.
+    pod that will load it), so a local copy wins over a neighbour's replica. ``node_reshard``:
+    the loader can reshard the per-rank shards of the memory and local tiers onto another
+    layout (the trainer fetches the old ranks' files each new rank overlaps), so those tiers
+    are not skipped when the layout changed.
     """
     groups: dict[tuple[str, int, int], list[FoundCheckpoint]] = {}
     for f in found:
@@ -153,7 +157,7 @@ def decide_restore(
             rejected.append(f"{name}: SDC checks had not passed at that step")
             continue
         reshard = Layout.of(ref_manifest) != layout
-        if reshard and tier in PER_NODE_TIERS:
+        if reshard and tier in PER_NODE_TIERS and not node_reshard:
             rejected.append(
                 f"{name}: written with layout pp={ref_manifest.pp} dp={ref_manifest.dp} "
                 f"tp={ref_manifest.tp}; the {tier} tier holds per-rank shards and cannot reshard"
