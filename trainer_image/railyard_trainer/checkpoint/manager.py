@@ -613,7 +613,10 @@ class CheckpointManager:
         hint = self.settings.restore_hint or {}
         last = hint.get("lastStep")
         lost = compute_steps_lost(int(last), src.step) if isinstance(last, int) else -1
-        detail = f"step {src.step} from {src.tier}" + (" (resharded)" if src.reshard else "")
+        m = src.manifest
+        detail = f"step {src.step} from {src.tier}" + (
+            f" (resharded from pp={m.pp} dp={m.dp} tp={m.tp}; each rank keeps its own RNG stream)" if src.reshard else ""
+        )
         remote = sorted({loc for loc in src.sources.values()} - {SHARED_LOCATION})
         if len(remote) > 1:
             detail += f" (shards from {', '.join(remote)})"
