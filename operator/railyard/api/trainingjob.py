@@ -104,6 +104,7 @@ class FaultSpec(_Model):
     step: Annotated[int, Field(ge=0, description="Training step at which to inject.")] = 1
     factor: Annotated[float, Field(ge=1.0, le=100.0, description="Slow-down factor for kind=slow.")] = 1.5
     target: Annotated[Literal["param", "grad"], Field(description="For kind=bitflip: flip a bit in a parameter or a gradient.")] = "param"
+    bit: Annotated[int, Field(ge=0, le=30, description="For kind=bitflip: which bit of the float32 layout to flip (30: the top exponent bit, 23-29 the others, 0-22 the mantissa; bf16 flips the same bit of its top 16).")] = 30
     code: Annotated[int, Field(ge=0, le=255, description="Exit code for kind=exit.")] = 1
     attempt: Annotated[int, Field(ge=0, description="Only inject in this attempt (restarts do not re-inject).")] = 0
 

@@ -40,6 +40,8 @@ class FaultSpec:
     step: int = _c(1, ge=0)
     factor: float = _c(1.5, ge=1.0, le=100.0)
     target: Literal["param", "grad"] = "param"
+    #: bitflip: the bit of the float32 layout (30: top exponent bit; bf16 uses its top 16 bits).
+    bit: int = _c(30, ge=0, le=30)
     code: int = _c(1, ge=0, le=255)
     attempt: int = _c(0, ge=0)
 

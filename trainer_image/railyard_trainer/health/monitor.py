@@ -330,7 +330,9 @@ class RailyardHealthMonitor:
         _, replay_norm = replay()
         replay_local = _local_sq([p.grad for p in params])
         self.runs["replay"] += 1
-        reproduced = _close(orig, replay_norm, self.s.replay_tolerance)
+        # Agreed: with replicas (HSDP, TP-replicated norms) a corrupted local gradient makes
+        # the ranks' norms differ, and every rank must take the same branch below.
+        reproduced = not _any_rank(not _close(orig, replay_norm, self.s.replay_tolerance), _device(ctx))
         if reproduced:
             for p, g in zip(params, saved, strict=True):
                 p.grad = g
@@ -482,6 +484,14 @@ def _all_gather_float(value: float, device: torch.device) -> list[float]:
     out = [torch.zeros_like(t) for _ in range(dist.get_world_size())]
     dist.all_gather(out, t)
     return [float(x.item()) for x in out]
+
+
+def _any_rank(flag: bool, device: torch.device) -> bool:
+    if not _dist_on():
+        return flag
+    t = torch.tensor([1 if flag else 0], dtype=torch.int32, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return bool(t.item())
 
 
 @torch.no_grad()
