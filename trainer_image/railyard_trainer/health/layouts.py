@@ -206,7 +206,7 @@ def layout_worker(rank: int, world: int, port: int, layout: str, plan: list[dict
     from railyard_trainer.train import Trainer
     from railyard_trainer.worker_env import WorkerEnv
 
-    nproc, pp, tp, replicas = LAYOUTS[layout]
+    _, pp, tp, replicas = LAYOUTS[layout]
     interval = int(opts["interval"])
     cfg = TrainerConfig.from_dict({
         "job": f"sdc-{layout}",
