@@ -225,6 +225,9 @@ def layout_worker(rank: int, world: int, port: int, layout: str, plan: list[dict
     injector = _Injector(rank)
     trainer.faults = injector  # type: ignore[assignment]
     results: list[TrialResult] = []
+    false_verdicts: list[str] = []
+    unclean: list[int] = []
+    clean_steps = 0
     t0 = time.perf_counter()
     try:
         trainer.health.preflight(trainer.ctx)
@@ -233,6 +236,16 @@ def layout_worker(rank: int, world: int, port: int, layout: str, plan: list[dict
         while trainer.ctx.step % interval:
             trainer.run_step()
         snap = _local_state(trainer)
+        # Clean steps first: any verdict or unclean boundary here is a false positive.
+        for _ in range(int(opts.get("clean_steps", 0))):
+            try:
+                trainer.run_step()
+            except SDCDetected as exc:
+                false_verdicts.append(str(exc)[:200])
+                _restore_local_state(trainer, snap)
+                trainer.health.preflight(trainer.ctx)
+        unclean = [step for step, ok in boundary.passed.items() if not ok]
+        clean_steps = int(opts.get("clean_steps", 0))
         for raw in plan:
             trial = Trial(**raw)
             _restore_local_state(trainer, snap)
@@ -258,7 +271,10 @@ def layout_worker(rank: int, world: int, port: int, layout: str, plan: list[dict
     finally:
         wall = time.perf_counter() - t0
         if rank == 0:
-            Path(out).write_text(json.dumps({"layout": layout, "wall_s": wall, "results": [asdict(r) for r in results]}))
+            Path(out).write_text(json.dumps({
+                "layout": layout, "wall_s": wall, "results": [asdict(r) for r in results],
+                "clean_steps": clean_steps, "clean_false_verdicts": false_verdicts, "clean_unclean_checkpoints": unclean,
+            }))
         trainer.close()
 
 
@@ -276,12 +292,14 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def run_layout(layout: str, trials: list[Trial], out: Path, *, interval: int = 2, warmup: int = 20, seed: int = 0, sdc_interval: int = 10_000) -> dict[str, Any]:
-    """Run ``trials`` on ``layout`` (spawns its ranks); returns what rank 0 recorded."""
+def run_layout(layout: str, trials: list[Trial], out: Path, *, interval: int = 2, warmup: int = 20, seed: int = 0,
+               sdc_interval: int = 10_000, clean_steps: int = 0) -> dict[str, Any]:
+    """Run ``clean_steps`` without flips (false positives), then ``trials``, on ``layout``
+    (spawns its ranks); returns what rank 0 recorded."""
     import torch.multiprocessing as mp
 
     nproc = LAYOUTS[layout][0]
-    opts = {"interval": interval, "warmup": warmup, "seed": seed, "sdc_interval": sdc_interval}
+    opts = {"interval": interval, "warmup": warmup, "seed": seed, "sdc_interval": sdc_interval, "clean_steps": clean_steps}
     mp.spawn(layout_worker, args=(nproc, free_port(), layout, [asdict(t) for t in trials], opts, str(out)), nprocs=nproc, join=True)
     data: dict[str, Any] = json.loads(out.read_text())
     return data

@@ -577,6 +577,9 @@ def _replicated_sets(ctx: TrainContext) -> list[tuple[str, Any, list[torch.Tenso
     # A flattened "dp" stands for the HSDP pair it was made from.
     covers = {"dp": {"dp", "dp_replicate", "dp_shard"}, "dp_replicate": {"dp_replicate", "dp"}, "dp_shard": {"dp_shard", "dp"}}
     sets: dict[str, list[torch.Tensor]] = {d: [] for d in dims}
+    # A parameter's optimizer moments are replicated exactly as it is: a corrupted gradient that
+    # reached exp_avg / exp_avg_sq but moved the parameter by less than an ulp shows there.
+    moments = _optimizer_moments(ctx)
     for p in _params(ctx):
         placements = getattr(p, "placements", None)
         pnames: tuple[str, ...] = tuple(p.device_mesh.mesh_dim_names or ()) if placements is not None else ()  # type: ignore[attr-defined]
@@ -588,9 +591,23 @@ def _replicated_sets(ctx: TrainContext) -> list[tuple[str, Any, list[torch.Tenso
                 i = pnames.index(d)
                 if placements[i].is_replicate():  # type: ignore[index]
                     sets[d].append(p)
+                    sets[d].extend(moments.get(id(p), ()))
             elif d not in present:
                 sets[d].append(p)
+                sets[d].extend(moments.get(id(p), ()))
     return [(d, mesh[d].get_group(), sets[d]) for d in dims if sets[d]]
+
+
+def _optimizer_moments(ctx: TrainContext) -> dict[int, list[torch.Tensor]]:
+    """id(parameter) -> its optimizer state tensors (Adam's moments), in a fixed order."""
+    opt = ctx.optimizer
+    if opt is None:
+        return {}
+    out: dict[int, list[torch.Tensor]] = {}
+    for o in getattr(opt, "inner", None) or [opt]:
+        for param, st in o.state.items():
+            out[id(param)] = [st[k] for k in sorted(st) if isinstance(st[k], torch.Tensor) and st[k].is_floating_point() and st[k].numel() > 1]
+    return out
 
 
 def _nonfinite_optimizer_state(ctx: TrainContext) -> str | None:
