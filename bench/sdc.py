@@ -54,30 +54,39 @@ def _pct(n: int, caught: int) -> float:
     return round(100 * caught / max(1, n), 1)
 
 
+def _cell(cell: list[int]) -> str:
+    n, caught, absorbed = cell
+    text = f"{_pct(n, caught)}% ({caught}/{n})" if n else "-"
+    return text + (f" +{absorbed} absorbed" if absorbed else "")
+
+
 def layout_rows(table: CatchTable, bits: tuple[int, ...]) -> tuple[list[Row], list[str]]:
     rows: list[Row] = []
     md = ["| layout | target | " + " | ".join(f"bit {b}" for b in bits) + " |", "|---|---|" + "---|" * len(bits)]
     for layout, by_target in table.cells.items():
         for target, cells in by_target.items():
-            md.append(f"| {layout} | {target} | " + " | ".join(
-                f"{_pct(*cells[b])}% ({cells[b][1]}/{cells[b][0]})" if b in cells else "" for b in bits) + " |")
+            md.append(f"| {layout} | {target} | " + " | ".join(_cell(cells[b]) if b in cells else "" for b in bits) + " |")
             for b in bits:
                 if b in cells:
-                    n, c = cells[b]
+                    n, c, absorbed = cells[b]
                     rows.append((f"caught: {layout} {target} bit {b}", _pct(n, c), "%", None, None))
-            exp = [cells[b] for b in bits if b in cells and b >= 23]
-            man = [cells[b] for b in bits if b in cells and b < 23]
+                    if absorbed:
+                        rows.append((f"absorbed (no effect on the state): {layout} {target} bit {b}", absorbed, "flips", None, None))
+            exp = [cells[b][:2] for b in bits if b in cells and b >= 23]
+            man = [cells[b][:2] for b in bits if b in cells and b < 23]
             if exp:
                 n, c = sum(x[0] for x in exp), sum(x[1] for x in exp)
                 top = cells.get(30)
                 rows.append((f"caught: {layout} {target}, exponent bits", _pct(n, c), "%", None, None))
                 if top:
                     rate = top[1] / max(1, top[0])
-                    rows.append((f"caught: {layout} {target}, top exponent bit (30)", _pct(*top), "%", ">= 99", rate >= 0.99))
+                    rows.append((f"caught: {layout} {target}, top exponent bit (30)", _pct(top[0], top[1]), "%", ">= 99", rate >= 0.99))
+            if layout == "hsdp" and exp + man:
+                n, c = sum(x[0] for x in exp + man), sum(x[1] for x in exp + man)
+                rows.append((f"caught: hsdp {target}, every bit measured", _pct(n, c), "%", "100", c == n))
             if man:
                 n, c = sum(x[0] for x in man), sum(x[1] for x in man)
-                meets = target == "param" and layout == "hsdp"
-                rows.append((f"caught: {layout} {target}, top mantissa bits", _pct(n, c), "%", "100" if meets else None, (c == n) if meets else None))
+                rows.append((f"caught: {layout} {target}, top mantissa bits", _pct(n, c), "%", None, None))
     return rows, md
 
 

@@ -71,6 +71,9 @@ class TrialResult:
     caught: bool = False
     by: str = ""
     latency_steps: int = -1
+    #: not caught, and the state at the checkpoint is bit-identical to the clean run's: the flip
+    #: was absorbed (e.g. a tiny value added below the ulp of Adam's moments) and did no harm
+    absorbed: bool = False
 
 
 def plan_trials(*, targets: tuple[str, ...], bits: tuple[int, ...], trials: int, world: int, interval: int, seed: int, only: str = "") -> list[Trial]:
@@ -246,6 +249,13 @@ def layout_worker(rank: int, world: int, port: int, layout: str, plan: list[dict
                 trainer.health.preflight(trainer.ctx)
         unclean = [step for step, ok in boundary.passed.items() if not ok]
         clean_steps = int(opts.get("clean_steps", 0))
+        # The clean continuation from the snapshot to the next checkpoint: a missed flip whose
+        # state there is bit-identical to this one had no effect at all.
+        _restore_local_state(trainer, snap)
+        trainer.health.preflight(trainer.ctx)
+        for _ in range(interval):
+            trainer.run_step()
+        reference = _fingerprint(trainer)
         for raw in plan:
             trial = Trial(**raw)
             _restore_local_state(trainer, snap)
@@ -267,6 +277,8 @@ def layout_worker(rank: int, world: int, port: int, layout: str, plan: list[dict
             hit = _gather_hit(injector.hit, trial.rank)
             if hit is not None:
                 res.tensor, res.before, res.after = hit
+            if not res.caught:
+                res.absorbed = _fingerprint(trainer) == reference
             results.append(res)
     finally:
         wall = time.perf_counter() - t0
@@ -276,6 +288,21 @@ def layout_worker(rank: int, world: int, port: int, layout: str, plan: list[dict
                 "clean_steps": clean_steps, "clean_false_verdicts": false_verdicts, "clean_unclean_checkpoints": unclean,
             }))
         trainer.close()
+
+
+def _fingerprint(trainer: Any) -> list[int]:
+    """Every rank's checksum of its parameters and optimizer state (collective)."""
+    import torch.distributed as dist
+
+    from railyard_trainer.health.checks import tensor_checksum
+
+    tensors = [p for part in trainer.parts for p in part.parameters()]
+    for o in trainer.optimizer.inner:
+        for st in o.state.values():
+            tensors.extend(v for _, v in sorted(st.items()) if isinstance(v, torch.Tensor))
+    objs: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(objs, tensor_checksum(tensors))
+    return [int(x) for x in objs]
 
 
 def _gather_hit(hit: tuple[str, float, float] | None, victim: int) -> tuple[str, float, float] | None:
@@ -307,13 +334,16 @@ def run_layout(layout: str, trials: list[Trial], out: Path, *, interval: int = 2
 
 @dataclass
 class CatchTable:
-    """layout -> target -> bit -> [flips, caught]."""
+    """layout -> target -> bit -> [flips that changed the state, caught, absorbed]."""
 
     cells: dict[str, dict[str, dict[int, list[int]]]] = field(default_factory=dict)
     by: dict[str, dict[str, int]] = field(default_factory=dict)
 
     def add(self, r: dict[str, Any]) -> None:
-        cell = self.cells.setdefault(r["layout"], {}).setdefault(r["target"], {}).setdefault(int(r["bit"]), [0, 0])
+        cell = self.cells.setdefault(r["layout"], {}).setdefault(r["target"], {}).setdefault(int(r["bit"]), [0, 0, 0])
+        if r.get("absorbed"):
+            cell[2] += 1
+            return
         cell[0] += 1
         cell[1] += bool(r["caught"])
         if r["caught"]:
