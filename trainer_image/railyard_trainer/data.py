@@ -119,8 +119,13 @@ class TokenWindows:
         return self.sampler.windows
 
     def sample(self, index: int, length: int) -> np.ndarray:
-        start = int(self.sampler.starts(np.array([index]))[0])
-        return self.shards.read(start, length)
+        return self.samples(index, 1, length)[0]
+
+    def samples(self, first: int, count: int, length: int) -> np.ndarray:
+        """Global samples ``first .. first + count - 1`` as a (count, length) int64 array (one
+        vectorised permutation for the whole slice)."""
+        starts = self.sampler.starts(np.arange(first, first + count, dtype=np.int64))
+        return np.stack([self.shards.read(int(s), length) for s in starts])
 
 
 def build_source(cfg: DatasetConfig, *, vocab_size: int, seed: int, seq_len: int) -> TokenSource:
@@ -155,7 +160,11 @@ class ShardedBatches:
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(inputs, labels), each (local_batch, seq_len) int64, labels shifted by one."""
         first = self.consumed + self.dp_rank * self.local_batch
-        rows = np.stack([self.source.sample(first + j, self.seq_len + 1) for j in range(self.local_batch)])
+        many = getattr(self.source, "samples", None)
+        if callable(many):
+            rows = many(first, self.local_batch, self.seq_len + 1)
+        else:
+            rows = np.stack([self.source.sample(first + j, self.seq_len + 1) for j in range(self.local_batch)])
         self.consumed += self.batch_size
         t = torch.from_numpy(rows).to(self.device)
         return t[:, :-1].contiguous(), t[:, 1:].contiguous()
