@@ -13,6 +13,7 @@ validating admission (Pod Security).
 
 from __future__ import annotations
 
+import copy
 import datetime
 import json
 import random
@@ -37,8 +38,15 @@ _GENERATION = frozenset({"pods", CRD_KEY, "deployments.apps", "statefulsets.apps
                          "poddisruptionbudgets.policy", "networkpolicies.networking.k8s.io"})
 
 
+_LAST_SECOND: list[Any] = [None, ""]
+
+
 def rfc3339(ts: float) -> str:
-    return datetime.datetime.fromtimestamp(ts, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    second = int(ts)
+    if _LAST_SECOND[0] != second:  # one strftime per second, not one per write
+        _LAST_SECOND[:] = [second, datetime.datetime.fromtimestamp(second, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")]
+    text: str = _LAST_SECOND[1]
+    return text
 
 
 def random_suffix(n: int = 5) -> str:
@@ -511,7 +519,7 @@ class Engine:
         if live_entry is None and subresource is not None:
             raise not_found(rt.group, rt.plural, name)
         if live_entry is None:
-            live = typeinfo.zero_object(rt.key, rt.group)
+            live = copy.deepcopy(typeinfo.zero_object(rt.key, rt.group))
             live.setdefault("metadata", {})
             live["metadata"] = {k: v for k, v in live["metadata"].items() if v is not None}
             managers: list[fieldmanager.Manager] = []

@@ -25,6 +25,8 @@ from typing import Any
 from .errors import APIError
 from .typeinfo import TypeNode, deduced
 
+_DEDUCED = deduced()
+
 JSON = dict[str, Any]
 Trie = dict[str, Any]
 """Path element -> child trie; the key ``"."`` marks the node itself as a member."""
@@ -40,15 +42,25 @@ _STRIP_META = ("name", "namespace", "creationTimestamp", "selfLink", "uid", "clu
 # ---- path elements ------------------------------------------------------------------------------
 
 
+_ENCODE = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, sort_keys=True).encode
+
+
 def _go_json(v: Any) -> str:
-    text = json.dumps(v, separators=(",", ":"), ensure_ascii=False, sort_keys=True)
-    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+    text = _ENCODE(v)
+    if "<" in text or ">" in text or "&" in text:
+        text = text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+    return text
 
 
 def item_element(item: Any, t: TypeNode, index: int) -> str:
     if t.list_type == "set":
         return "v:" + _go_json(item)
     if t.list_type == "map" and isinstance(item, dict):
+        if len(t.keys) == 1:
+            key = t.keys[0]
+            if key in item:
+                return 'k:{"' + key + '":' + _go_json(item[key]) + "}"
+            return "k:{}"
         return "k:" + _go_json({k: item[k] for k in sorted(t.keys) if k in item})
     return f"i:{index}"
 
@@ -69,69 +81,119 @@ def element_string(pe: str) -> str:
 # ---- tries --------------------------------------------------------------------------------------
 
 
-def insert(trie: Trie, path: tuple[str, ...]) -> None:
-    node = trie
-    for pe in path:
-        node = node.setdefault(pe, {})
-    node[MEMBER] = {}
+# Sets are kept in FieldsV1's own form, so that managedFields are read and written as they are:
+# a set is a dict of path element -> node; a node ``{}`` is a member with nothing below it, a
+# node with children is a member only when it holds ``"."``. The top level is never a member.
+
+
+def _member(node: Trie) -> bool:
+    return not node or MEMBER in node
+
+
+def _node(member: bool, kids: Trie) -> Trie | None:
+    """A node from its membership and children; None when it would be neither."""
+    if not kids:
+        return {} if member else None
+    if member:
+        kids[MEMBER] = {}
+    return kids
+
+
+def _kids(node: Trie) -> Trie:
+    return {k: v for k, v in node.items() if k != MEMBER}
 
 
 def is_empty(trie: Trie) -> bool:
-    return not any(k == MEMBER or not is_empty(v) for k, v in trie.items())
+    return not trie
+
+
+def _union_node(a: Trie, b: Trie) -> Trie:
+    kids = _kids(a)
+    for k, v in b.items():
+        if k != MEMBER:
+            kids[k] = _union_node(kids[k], v) if k in kids else v
+    out = _node(_member(a) or _member(b), kids)
+    assert out is not None
+    return out
 
 
 def union(a: Trie, b: Trie) -> Trie:
-    out: Trie = {}
-    for k in set(a) | set(b):
-        if k == MEMBER:
-            out[MEMBER] = {}
-        else:
-            out[k] = union(a.get(k) or {}, b.get(k) or {})
+    if not b:
+        return a
+    if not a:
+        return b
+    out: Trie = dict(a)
+    for k, v in b.items():
+        out[k] = _union_node(out[k], v) if k in out else v
     return out
+
+
+def _difference_node(a: Trie, b: Trie) -> Trie | None:
+    kids: Trie = {}
+    for k, v in a.items():
+        if k == MEMBER:
+            continue
+        child = _difference_node(v, b[k]) if k in b and k != MEMBER else v
+        if child is not None:
+            kids[k] = child
+    return _node(_member(a) and not _member(b), kids)
 
 
 def difference(a: Trie, b: Trie) -> Trie:
     """Members of ``a`` that are not members of ``b``."""
+    if not b or not a:
+        return a
     out: Trie = {}
     for k, v in a.items():
-        if k == MEMBER:
-            if MEMBER not in b:
-                out[MEMBER] = {}
-            continue
-        child = difference(v, b[k]) if k in b else v
-        if not is_empty(child):
+        child = _difference_node(v, b[k]) if k in b else v
+        if child is not None:
             out[k] = child
     return out
+
+
+def _recursive_difference_node(a: Trie, b: Trie) -> Trie | None:
+    if _member(b):
+        return None
+    kids: Trie = {}
+    for k, v in a.items():
+        if k == MEMBER:
+            continue
+        child = _recursive_difference_node(v, b[k]) if k in b else v
+        if child is not None:
+            kids[k] = child
+    return _node(_member(a), kids)
 
 
 def recursive_difference(a: Trie, b: Trie) -> Trie:
     """``a`` without every member of ``b`` and everything below them."""
+    if not b or not a:
+        return a
     out: Trie = {}
     for k, v in a.items():
-        if k == MEMBER:
-            if MEMBER not in b:
-                out[MEMBER] = {}
-            continue
-        if k in b:
-            if MEMBER in b[k]:
-                continue
-            child = recursive_difference(v, b[k])
-        else:
-            child = v
-        if not is_empty(child):
+        child = _recursive_difference_node(v, b[k]) if k in b else v
+        if child is not None:
             out[k] = child
     return out
 
 
+def _intersection_node(a: Trie, b: Trie) -> Trie | None:
+    kids: Trie = {}
+    for k, v in a.items():
+        if k != MEMBER and k in b:
+            child = _intersection_node(v, b[k])
+            if child is not None:
+                kids[k] = child
+    return _node(_member(a) and _member(b), kids)
+
+
 def intersection(a: Trie, b: Trie) -> Trie:
+    if not a or not b:
+        return {}
     out: Trie = {}
     for k, v in a.items():
-        if k == MEMBER:
-            if MEMBER in b:
-                out[MEMBER] = {}
-        elif k in b:
-            child = intersection(v, b[k])
-            if not is_empty(child):
+        if k in b:
+            child = _intersection_node(v, b[k])
+            if child is not None:
                 out[k] = child
     return out
 
@@ -140,37 +202,16 @@ def members(trie: Trie, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
     out: list[tuple[str, ...]] = []
     for k in sorted(trie):
         if k == MEMBER:
-            out.append(prefix)
-        else:
-            out.extend(members(trie[k], (*prefix, k)))
-    return out
-
-
-def to_fields_v1(trie: Trie) -> JSON:
-    out: JSON = {}
-    for k in sorted(trie):
-        if k == MEMBER:
             continue
-        child = to_fields_v1(trie[k])
-        if MEMBER in trie[k] and child:
-            child = {MEMBER: {}, **child}
-        out[k] = child
+        node = trie[k]
+        if _member(node):
+            out.append((*prefix, k))
+        out.extend(members(node, (*prefix, k)))
     return out
 
 
-def from_fields_v1(doc: Any) -> Trie:
-    if not isinstance(doc, dict):
-        raise ValueError("fieldsV1 must be an object")
-    out: Trie = {}
-    for k, v in doc.items():
-        if k == MEMBER:
-            out[MEMBER] = {}
-            continue
-        child = from_fields_v1(v)
-        if not child:
-            child = {MEMBER: {}}
-        out[k] = child
-    return out
+def _valid(doc: Any) -> bool:
+    return isinstance(doc, dict) and all(isinstance(v, dict) and _valid(v) for v in doc.values())
 
 
 def strip_ignored(trie: Trie, ignored: Trie | None) -> Trie:
@@ -178,16 +219,13 @@ def strip_ignored(trie: Trie, ignored: Trie | None) -> Trie:
     meta = t.get("f:metadata")
     if meta is not None:
         meta = {k: v for k, v in meta.items() if k != MEMBER and k not in {f"f:{s}" for s in _STRIP_META}}
-        if is_empty(meta):
+        if not meta:
             t.pop("f:metadata")
         else:
             t["f:metadata"] = meta
     if ignored:
         t = recursive_difference(t, ignored)
     return t
-
-
-# ---- walking typed values -----------------------------------------------------------------------
 
 
 def _child_type(t: TypeNode, key: str) -> tuple[TypeNode, bool]:
@@ -210,30 +248,28 @@ def _is_leaf(t: TypeNode, v: Any) -> bool:
     return not isinstance(v, dict)
 
 
-def field_set(value: Any, t: TypeNode, path: tuple[str, ...] = ()) -> Trie:
+def field_set(value: Any, t: TypeNode) -> Trie:
     """The fields a configuration sets (``ToFieldSet``)."""
-    out: Trie = {}
-    _to_set(value, t, path, out)
-    return out
+    return _to_set(value, t, False) or {}
 
 
-def _to_set(v: Any, t: TypeNode, path: tuple[str, ...], out: Trie) -> None:
+def _to_set(v: Any, t: TypeNode, member: bool) -> Trie | None:
     if _is_leaf(t, v):
-        insert(out, path)
-        return
+        return {}
+    kids: Trie = {}
     if isinstance(v, list):
         elem = t.elem or deduced()
         for i, item in enumerate(v):
-            p = (*path, item_element(item, t, i))
-            _to_set(item, elem, p, out)
-            insert(out, p)
-        return
-    for k, child in v.items():
+            child = _to_set(item, elem, True)
+            if child is not None:
+                kids[item_element(item, t, i)] = child
+        return _node(member, kids)
+    for k, child_v in v.items():
         ct, declared = _child_type(t, k)
-        p = (*path, f"f:{k}")
-        _to_set(child, ct, p, out)
-        if child is None or child == {} or not declared:
-            insert(out, p)
+        child = _to_set(child_v, ct, child_v is None or child_v == {} or not declared)
+        if child is not None:
+            kids[f"f:{k}"] = child
+    return _node(member, kids)
 
 
 @dataclass
@@ -247,41 +283,82 @@ _ABSENT = object()
 
 
 def compare(old: Any, new: Any, t: TypeNode) -> Comparison:
-    c = Comparison()
-    _compare(old, new, t, (), c)
-    return c
+    a, r, m = _compare(old, new, t)
+    return Comparison(_kids(a) if a else {}, _kids(r) if r else {}, _kids(m) if m else {})
 
 
-def _compare(old: Any, new: Any, t: TypeNode, path: tuple[str, ...], c: Comparison) -> None:
-    if old is not _ABSENT and new is not _ABSENT and old == new:
-        return
-    ref = new if new is not _ABSENT and new is not None else old
-    if ref is None or ref is _ABSENT or _is_leaf(t, ref) or (
-            old is not _ABSENT and old is not None and new is not _ABSENT and new is not None and _is_leaf(t, old)):
-        if old is _ABSENT:
-            insert(c.added, path)
-        elif new is _ABSENT:
-            insert(c.removed, path)
-        else:
-            insert(c.modified, path)
-        return
-    if isinstance(ref, list) or (isinstance(old, list) and old is not _ABSENT):
+def _whole(v: Any, t: TypeNode) -> Trie:
+    """Every path of ``v`` (added or removed as a whole), this node included. (The hot path of
+    every create: inlined type lookups.)"""
+    kind = t.kind
+    if kind == "atomic" or kind == "scalar":
+        return {}
+    cls = type(v)
+    kids: Trie = {}
+    if cls is dict:
+        if not v:
+            return {}
+        fields = t.fields
+        default = (t.elem or _DEDUCED) if kind in ("struct", "map") else _DEDUCED
+        for k, child in v.items():
+            ct = fields.get(k, default)
+            kids["f:" + k] = _whole(child, ct) if type(child) in (dict, list) else {}
+    elif cls is list:
+        if kind != "list" or t.list_type == "atomic" or not v:
+            return {}
+        elem = t.elem or _DEDUCED
+        for i, item in enumerate(v):
+            pe = item_element(item, t, i)
+            if pe not in kids:
+                kids[pe] = _whole(item, elem) if type(item) in (dict, list) else {}
+    else:
+        return {}
+    kids[MEMBER] = {}
+    return kids
+
+
+def _compare(old: Any, new: Any, t: TypeNode) -> tuple[Trie | None, Trie | None, Trie | None]:
+    """(added, removed, modified) below and at this node, as nodes rooted here."""
+    if old is _ABSENT:
+        return _whole(new, t), None, None
+    if new is _ABSENT:
+        return None, _whole(old, t), None
+    if old == new:
+        return None, None, None
+    ref = new if new is not None else old
+    if ref is None or _is_leaf(t, ref) or (old is not None and new is not None and _is_leaf(t, old)):
+        return None, None, {}
+    added: Trie = {}
+    removed: Trie = {}
+    modified: Trie = {}
+    if isinstance(ref, list):
         elem = t.elem or deduced()
         olds = _index_items(old if isinstance(old, list) else [], t)
         news = _index_items(new if isinstance(new, list) else [], t)
-        for pe in list(olds) + [p for p in news if p not in olds]:
-            _compare(olds.get(pe, _ABSENT), news.get(pe, _ABSENT), elem, (*path, pe), c)
+        pairs = [(pe, olds[pe], news.get(pe, _ABSENT)) for pe in olds]
+        pairs += [(pe, _ABSENT, v) for pe, v in news.items() if pe not in olds]
+        for pe, o, n in pairs:
+            ca, cr, cm = _compare(o, n, elem)
+            if ca is not None:
+                added[pe] = ca
+            if cr is not None:
+                removed[pe] = cr
+            if cm is not None:
+                modified[pe] = cm
     else:
         od = old if isinstance(old, dict) else {}
         nd = new if isinstance(new, dict) else {}
         for k in list(od) + [k for k in nd if k not in od]:
             ct, _ = _child_type(t, k)
-            _compare(od.get(k, _ABSENT), nd.get(k, _ABSENT), ct, (*path, f"f:{k}"), c)
-    if path:
-        if old is _ABSENT:
-            insert(c.added, path)
-        elif new is _ABSENT:
-            insert(c.removed, path)
+            ca, cr, cm = _compare(od.get(k, _ABSENT), nd.get(k, _ABSENT), ct)
+            pe = f"f:{k}"
+            if ca is not None:
+                added[pe] = ca
+            if cr is not None:
+                removed[pe] = cr
+            if cm is not None:
+                modified[pe] = cm
+    return added or None, removed or None, modified or None
 
 
 def _index_items(items: list[Any], t: TypeNode) -> dict[str, Any]:
@@ -368,7 +445,7 @@ def remove_fields(value: Any, drop: Trie, keep: Trie, t: TypeNode) -> Any:
                 out[k] = v
                 continue
             sub = drop[pe]
-            if MEMBER in sub and is_empty(keep.get(pe) or {}):
+            if _member(sub) and not _kids(keep.get(pe) or {}):
                 continue
             out[k] = remove_fields(v, sub, keep.get(pe) or {}, ct)
         return out
@@ -381,7 +458,7 @@ def remove_fields(value: Any, drop: Trie, keep: Trie, t: TypeNode) -> Any:
                 res.append(item)
                 continue
             sub = drop[pe]
-            if MEMBER in sub and is_empty(keep.get(pe) or {}):
+            if _member(sub) and not _kids(keep.get(pe) or {}):
                 continue
             res.append(remove_fields(item, sub, keep.get(pe) or {}, elem))
         return res
@@ -409,7 +486,7 @@ class Manager:
         if self.time is not None:
             out["time"] = self.time
         out["fieldsType"] = "FieldsV1"
-        out["fieldsV1"] = to_fields_v1(self.fields)
+        out["fieldsV1"] = self.fields
         if self.subresource:
             out["subresource"] = self.subresource
         return out
@@ -434,9 +511,8 @@ def decode(entries: Any) -> list[Manager] | None:
     for e in entries:
         if not isinstance(e, dict) or e.get("fieldsType", "FieldsV1") != "FieldsV1":
             return None
-        try:
-            fields = from_fields_v1(e.get("fieldsV1") or {})
-        except ValueError:
+        fields = e.get("fieldsV1") or {}
+        if not _valid(fields):
             return None
         out.append(Manager(str(e.get("manager", "")), str(e.get("operation", "Update")), str(e.get("apiVersion", "")),
                            str(e.get("subresource", "") or ""), e.get("time"), fields))

@@ -224,8 +224,9 @@ def _zero_objects() -> dict[str, JSON]:
 
 
 def zero_object(rkey: str, group: str = "") -> JSON:
-    """A copy of the kind's empty serialised form (custom resources: ``{}``)."""
-    import copy
-
+    """The kind's empty serialised form (custom resources: ``{}``). Shared: do not mutate."""
     key = "events.k8s.io" if group == "events.k8s.io" else rkey
-    return copy.deepcopy(_zero_objects().get(key, {}))
+    return _zero_objects().get(key, _EMPTY)
+
+
+_EMPTY: JSON = {}
