@@ -363,7 +363,9 @@ class Engine:
             raise conflict(rt.group, rt.plural, name, "Precondition failed: UID in precondition does not match")
         request_meta = dict(meta)
         self._decode(rt, new, version, ctx)
-        live_view = json.loads(self.from_storage(rt, old_entry, version))
+        # the live object as the request's version sees it (read only: no copy when it is stored so)
+        live_view = old_entry.obj if rt.storage_key is None and version == rt.storage_version else \
+            json.loads(self.from_storage(rt, old_entry, version))
         if not managed:
             self._manage_update(rt, live_view, new, version, ctx, subresource, request_meta)
         managed_fields = new["metadata"].get("managedFields")
