@@ -557,6 +557,12 @@ class _Checker:
         return _Typed(DYN, Cost(1, 1) + arg_sum, _UNBOUNDED)
 
 
+#: Identifiers cel-go declares besides ``self``/``oldSelf``: the type names, and the namespaces of
+#: the extension libraries Kubernetes enables (their functions are called as ``math.greatest(...)``).
+_GLOBALS = ("int", "uint", "double", "bool", "string", "bytes", "list", "map", "null_type", "type",
+            "optional", "math", "strings", "sets", "lists", "base64", "encoders")
+
+
 @dataclass
 class CompiledRule:
     text: str
@@ -577,7 +583,8 @@ def compile_rule(text: str, self_type: CelType, *, old_self: bool = True,
         ast = builder.build(tree)
     except _CheckError as exc:
         raise CompileError(_format_issue(text, exc.pos, exc.message)) from None
-    variables = {"self": self_type}
+    variables = {name: DYN for name in _GLOBALS}
+    variables["self"] = self_type
     if old_self:
         variables["oldSelf"] = self_type
     checker = _Checker(text, variables)
