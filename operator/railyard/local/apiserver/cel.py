@@ -377,18 +377,16 @@ class Cost:
     hi: int = 0
 
     def __add__(self, other: Cost) -> Cost:
-        return Cost(_sat(self.lo + other.lo), _sat(self.hi + other.hi))
-
-    def times(self, n: int) -> Cost:
-        return Cost(_sat(self.lo * 0), _sat(self.hi * n))
+        return Cost(saturate(self.lo + other.lo), saturate(self.hi + other.hi))
 
 
-def _sat(v: float) -> int:
+def saturate(v: float) -> int:
+    """An estimate capped at the largest int64 (cel-go saturates its cost arithmetic)."""
     return int(min(v, _UNBOUNDED))
 
 
 def _factor(size: int, f: float) -> int:
-    return _sat(math.ceil(size * f))
+    return saturate(math.ceil(size * f))
 
 
 @dataclass
@@ -505,7 +503,7 @@ class _Checker:
             loop = Cost(2, 2) + body[-1].cost + (body[0].cost if len(body) == 2 else Cost())
             result_t = CelType("list", elem=body[-1].type, max_size=rng.size)
             size = rng.size
-        total = rng.cost + Cost(1, 1) + step_extra + Cost(0, _sat(loop.hi * rng.size))
+        total = rng.cost + Cost(1, 1) + step_extra + Cost(0, saturate(loop.hi * rng.size))
         return _Typed(result_t, total, size)
 
     def _call(self, n: Node) -> _Typed:
@@ -527,7 +525,7 @@ class _Checker:
             per = coll.size if coll.type.kind in ("list", "dyn") else 1
             return _Typed(BOOL, Cost(1, per) + arg_sum, 1)
         if fn == "_+_" and args and args[0].type.kind in ("string", "bytes", "list"):
-            size = _sat(args[0].size + args[1].size)
+            size = saturate(args[0].size + args[1].size)
             if args[0].type.kind == "list":
                 return _Typed(args[0].type, Cost(1, 1) + arg_sum, size)
             return _Typed(CelType(args[0].type.kind, max_size=size), Cost(0, _factor(size, _STRING_TRAVERSAL)) + arg_sum,
@@ -535,11 +533,11 @@ class _Checker:
         if target is not None and fn in ("startsWith", "endsWith") and len(args) == 1:
             return _Typed(BOOL, Cost(0, _factor(args[0].size, _STRING_TRAVERSAL)) + arg_sum, 1)
         if target is not None and fn == "contains" and len(args) == 1:
-            return _Typed(BOOL, Cost(0, _sat(_factor(target.size, _STRING_TRAVERSAL) *
+            return _Typed(BOOL, Cost(0, saturate(_factor(target.size, _STRING_TRAVERSAL) *
                                              _factor(args[0].size, _STRING_TRAVERSAL))) + arg_sum, 1)
         if fn == "matches" and (target is not None or len(args) == 2):
             s, pattern = (target, args[0]) if target is not None else (args[0], args[1])
-            cost = _sat(_factor(_sat(s.size + 1), _STRING_TRAVERSAL) * _factor(pattern.size, _REGEX_LENGTH))
+            cost = saturate(_factor(saturate(s.size + 1), _STRING_TRAVERSAL) * _factor(pattern.size, _REGEX_LENGTH))
             return _Typed(BOOL, Cost(0, cost) + arg_sum, 1)
         if fn == "size":
             return _Typed(INT, Cost(1, 1) + arg_sum, 1)

@@ -112,12 +112,12 @@ class _Compiler:
             size = cel.decl_type(s).max_size if s.get("type") == "array" else 1
             items = s["items"]
             n.items = self.node(items, f"{path}.items", root=bool(items.get("x-kubernetes-embedded-resource")),
-                                cardinality=cel._sat(cardinality * max(size, 1)))
+                                cardinality=cel.saturate(cardinality * max(size, 1)))
         addl = s.get("additionalProperties")
         if isinstance(addl, dict):
             size = cel.decl_type(s).max_size
             n.addl = self.node(addl, f"{path}.additionalProperties", root=bool(addl.get("x-kubernetes-embedded-resource")),
-                               cardinality=cel._sat(cardinality * max(size, 1)))
+                               cardinality=cel.saturate(cardinality * max(size, 1)))
         elif addl is True:
             n.addl_allowed = True
         for comb in ("allOf", "anyOf", "oneOf"):
@@ -154,7 +154,7 @@ class _Compiler:
                 self.errors.append(Cause(f"{rule_path}.messageExpression", "FieldValueInvalid",
                                          f"Invalid value: {cel.go_struct_json(r)}: messageExpression compilation "
                                          f"failed: {exc.detail}"))
-        cost = cel._sat(compiled.max_cost * max(cardinality, 1))
+        cost = cel.saturate(compiled.max_cost * max(cardinality, 1))
         self.costs.append(RuleCost(f"{rule_path}.rule", cost))
         reason = r.get("reason")
         n.rules.append(_Rule(
