@@ -18,10 +18,12 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from railyard.k8s.client import Kube
+from railyard.logic.health import HealthState
+from railyard.logic.health.window import HeartbeatStore
 from railyard.logic.manifests import CLEANUP_LABEL
 from railyard.observe.checkpoint_metrics import CheckpointMetrics
 from railyard.observe.health_metrics import HealthMetrics
-from railyard.observe.heartbeats import HeartbeatStore, StaticTokens
+from railyard.observe.heartbeats import StaticTokens
 from railyard.observe.metrics import OperatorMetrics
 
 log = logging.getLogger(__name__)
@@ -67,12 +69,16 @@ class JobWorker:
     deleting: dict[str, float] = field(default_factory=dict)
     placement_failures: int = 0
     gone: bool = False
-    #: logic.health.HealthState of the current attempt (kept between cycles).
-    health_state: Any = None
+    #: Health detection state of the current attempt (kept between cycles).
+    health_state: HealthState | None = None
+
+
+#: One reconcile cycle of a job's worker (handlers.reconcile.reconcile_job); returns when to look again.
+Reconcile = Callable[["Runtime", JobWorker], Awaitable["float | None"]]
 
 
 class Runtime:
-    def __init__(self, settings: OperatorSettings) -> None:
+    def __init__(self, settings: OperatorSettings, reconcile: Reconcile) -> None:
         self.settings = settings
         self.kube: Kube | None = None
         self.metrics = OperatorMetrics(settings.registry)
@@ -86,7 +92,9 @@ class Runtime:
         self.workers: dict[Key, JobWorker] = {}
         self.phases: dict[Key, str] = {}
         self.http_runner: Any = None
-        self.reconcile: Callable[[Runtime, JobWorker], Awaitable[float | None]] | None = None
+        self.reconcile = reconcile
+        #: node name -> what placement reads of it, as last seen (handlers.nodes)
+        self.node_signatures: dict[str, tuple[Any, ...]] = {}
 
     def api(self) -> Kube:
         if self.kube is None:
@@ -174,6 +182,12 @@ class Runtime:
         if self.phases.get((namespace, name)) != phase:
             self.phases[(namespace, name)] = phase
             self.update_phase_gauge()
+            if phase in ("Succeeded", "Failed"):
+                # A finished job has no live heartbeats, step time, stragglers or placement: its
+                # last values would otherwise stay until it is deleted (and keep an alert such as
+                # RailyardStragglers firing). Counters and goodput stay.
+                self.health_metrics.forget_job(namespace, name)
+                self.metrics.forget_job(namespace, name)
 
     def update_phase_gauge(self) -> None:
         counts: dict[str, int] = {}
@@ -187,7 +201,6 @@ class Runtime:
             w.wake.clear()
             delay: float | None
             try:
-                assert self.reconcile is not None
                 self.metrics.reconciles.inc()
                 delay = await self.reconcile(self, w)
                 failures = 0

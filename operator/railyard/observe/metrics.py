@@ -22,6 +22,9 @@ from prometheus_client import (
     generate_latest,
 )
 
+from railyard.logic.failures import RULES
+from railyard.protocol.exitcodes import FailureClass
+
 log = logging.getLogger(__name__)
 
 PHASES = ("Pending", "Placing", "Starting", "Running", "Restarting", "Suspended", "Succeeded", "Failed")
@@ -72,6 +75,14 @@ class OperatorMetrics:
         self.pods_created = Counter("railyard_pods_created", "Pods created for gangs.", registry=reg)
         for phase in PHASES:
             self.jobs.labels(phase=phase).set(0)
+        # Labelled counters over a known set start at 0: a series that appears with its first
+        # restart already counted is invisible to increase() (RailyardRestartsTooFrequent, the
+        # dashboard's per-hour panels), so the first restart of each class would never count.
+        for cls in FailureClass:
+            if cls is not FailureClass.PERMANENT:  # a permanent failure is never restarted
+                self.restarts.labels(**{"class": cls.value})
+        for kind, rule in RULES.items():
+            self.failures.labels(**{"class": rule.cls.value, "kind": kind})
 
     def set_phases(self, counts: dict[str, int]) -> None:
         for phase in PHASES:

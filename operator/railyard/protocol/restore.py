@@ -1,6 +1,6 @@
 """Which checkpoint to restore, and which to delete: pure decisions over manifests.
 
-Both sides call this module. The trainer, at start, lists the committed manifests it can see in
+Both sides call this module (it lives in protocol/ so the trainer may import it). The trainer, at start, lists the committed manifests it can see in
 every tier (its node's memory and local tiers, the replicas its node holds for a neighbour, the
 shared tier), gathers those listings from all pods, and asks :func:`decide_restore` for the best
 source; it verifies the shards the decision names, feeds the results back, and asks again until
