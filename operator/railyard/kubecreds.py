@@ -24,6 +24,7 @@ user has. Like the other clients here, this module imports no other ``railyard``
 from __future__ import annotations
 
 import asyncio
+import atexit
 import base64
 import contextlib
 import datetime as dt
@@ -359,14 +360,26 @@ def _merge(paths: Sequence[Path]) -> _Merged:
     return merged
 
 
+_TEMP_FILES: list[str] = []
+
+
+@atexit.register
+def _remove_temp_files() -> None:
+    for name in _TEMP_FILES:
+        with contextlib.suppress(OSError):
+            os.unlink(name)
+
+
 def _file_or_data(entry: Obj, file_key: str, data_key: str, base: Path, *, decode: bool = True) -> str | None:
-    """A path to the entry's file, or to a private temp file holding its (base64) data."""
+    """A path to the entry's file, or to a private temp file (removed at exit) holding its
+    (base64) data: ssl and kopf take certificates as files."""
     data = entry.get(data_key)
     if data:
         raw = base64.b64decode(data) if decode else str(data).encode()
         fd, name = tempfile.mkstemp(prefix="railyard-kube-", suffix=".pem")
         with os.fdopen(fd, "wb") as f:
             f.write(raw)
+        _TEMP_FILES.append(name)
         return name
     if entry.get(file_key):
         p = Path(str(entry[file_key])).expanduser()

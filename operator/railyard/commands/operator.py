@@ -65,6 +65,13 @@ def run(args: argparse.Namespace) -> int:
     if args.kubeconfig:
         # before kopf (and with it the kubernetes package) is imported: both read it at import
         os.environ["KUBECONFIG"] = args.kubeconfig
+    from railyard.kubecreds import KubeConfigError, load_connection
+
+    try:  # a clear message now, not a login handler retrying inside kopf
+        load_connection(args.kubeconfig, args.context)
+    except KubeConfigError as exc:
+        print(f"railyard operator run: {exc}", file=sys.stderr)
+        return 2
     import kopf
 
     from railyard.handlers import kopf_handlers

@@ -22,9 +22,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 Key = tuple[str, str]
-#: Longer than any healthy cycle: a 1,000-pod gang is created in seconds, and each API call gives
-#: up after its retries (about a minute with backoff).
-DEFAULT_STUCK_AFTER_S = 300.0
+#: Longer than any healthy cycle: a 1,000-pod gang is created in seconds, and one API call gives
+#: up after its retries within about 7 minutes even against a server that accepts connections
+#: and never answers (60 s per try, 6 retries).
+DEFAULT_STUCK_AFTER_S = 600.0
 
 
 @dataclass(frozen=True)
