@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from railyard.local.quantity import parse_quantity
+from railyard.api.quantity import parse_quantity
 
 Obj = dict[str, Any]
 SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"

@@ -24,7 +24,6 @@ def build_gang() -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
     job of the default trainer image (the build under test runs in its place, as it would once
     tagged with that name: docs/deploy.md)."""
     from railyard.api.trainingjob import TrainingJob
-    from railyard.logic.gang import GangPlacement, plan_placement
     from railyard.logic.manifests import (
         build_configmap,
         build_gang_pods,
@@ -32,6 +31,7 @@ def build_gang() -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
         owner_reference,
         with_addresses,
     )
+    from railyard.logic.placement import Placement, build_placement_input, plan_placement
 
     body = {
         "apiVersion": "railyard.dev/v1alpha1", "kind": "TrainingJob",
@@ -46,8 +46,8 @@ def build_gang() -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
     }
     job = TrainingJob.model_validate(body)
     node = make_node("node-0", gpus=0)
-    result = plan_placement(job, attempt=0, nodes=[node], pods=[])
-    assert isinstance(result, GangPlacement), result
+    result = plan_placement(build_placement_input(job, nodes=[node], attempt=0))
+    assert isinstance(result, Placement), result
     table = with_addresses(result.rank_table, "ml")
     config = build_trainer_config(job.spec, job="tiny", namespace="ml", attempt=0)
     owner = owner_reference(body)
