@@ -28,7 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from railyard.logic.health import FaultKind, HealthPolicy, HealthState, PodStatus, decide_health
-from railyard.observe.heartbeats import HeartbeatStore, StaticTokens, build_heartbeat_app
+from railyard.logic.health.window import HeartbeatStore
+from railyard.observe.heartbeats import StaticTokens, build_heartbeat_app
 from railyard.protocol.heartbeat import HealthResult, HeartbeatBatch, RankBeat
 
 RESULTS = Path(__file__).parent / "results" / "heartbeats.json"

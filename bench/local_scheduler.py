@@ -23,10 +23,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from railyard.api.corev1 import compute_pod_requests
 from railyard.local.agent import SIMULATE_ANNOTATION
 from railyard.local.cluster import LocalCluster
 from railyard.local.kube import KubeClient
-from railyard.local.scheduling import build_node_info, compute_pod_requests, decide_node
+from railyard.local.scheduling import build_node_info, decide_node
 from railyard.local.topology import ClusterShape, build_nodes, parse_topology_spec
 
 TARGET_PODS_PER_S = 300.0

@@ -27,7 +27,7 @@ from typing import Any
 
 from railyard.logic.cost import CostInputs, compute_cost
 from railyard.logic.layout import compute_rails_per_dp_group
-from railyard.logic.placement import GangRequest, Placement, plan_placement
+from railyard.logic.placement import GangRequest, Placement, PlacementInput, plan_placement
 from railyard.logic.topology import Topology, build_synthetic_nodes, build_topology
 from railyard.protocol.ranktable import PodEntry, RankEntry, RankTable
 
@@ -128,10 +128,12 @@ def time_decision(
         t0 = time.perf_counter()
         topo = build_topology(nodes, pods, levels=req.levels, ignore_job=req.job)
         t1 = time.perf_counter()
-        out = plan_placement(topo, req, cost_inputs=COST)
-        t2 = time.perf_counter()
+        out = plan_placement(PlacementInput(topo, req, cost_inputs=COST))
         if not isinstance(out, Placement):
             raise SystemExit(f"unplaceable: {out.reason}")
+        # the operator reads both (ConfigMap, status); they are built when first read
+        _ = out.rank_table, out.cost
+        t2 = time.perf_counter()
         result = out
         totals.append(t2 - t0)
         places.append(t2 - t1)

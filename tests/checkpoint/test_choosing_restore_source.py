@@ -1,4 +1,4 @@
-"""Table-driven checks of the pure restore choice and GC rules (railyard.logic.checkpoint)."""
+"""Table-driven checks of the pure restore choice and GC rules (railyard.protocol.restore)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,9 @@ from dataclasses import dataclass, field, replace
 
 import pytest
 
-from railyard.logic.checkpoint import (
+from railyard.protocol.heartbeat import CheckpointEvent
+from railyard.protocol.manifest import Manifest, ShardInfo
+from railyard.protocol.restore import (
     FoundCheckpoint,
     Layout,
     RestoreHint,
@@ -15,8 +17,6 @@ from railyard.logic.checkpoint import (
     latest_verified_per_tier,
     plan_gc,
 )
-from railyard.protocol.heartbeat import CheckpointEvent
-from railyard.protocol.manifest import Manifest, ShardInfo
 
 LAYOUT = Layout(pp=1, dp=4, tp=1)
 

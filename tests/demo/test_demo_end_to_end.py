@@ -18,7 +18,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.cluster, pytest.mark.torch]
 def test_short_demo_survives_its_faults_and_reports_consistently(tmp_path: Path) -> None:
     scenario = Scenario(steps=30, node_failure=NodeFailure(step=12), straggler=Straggler(step=3, factor=1.6), bitflip=BitFlip(step=22))
     lines: list[str] = []
-    summary = Demo(scenario, tmp_path / "out", echo=lines.append, timeout=420).run()
+    demo = Demo(scenario, tmp_path / "out", echo=lines.append, timeout=420)
+    summary = demo.run()
     log = "\n".join(lines)
     assert summary.phase == "Succeeded", log
     assert summary.steps == 30
@@ -32,5 +33,11 @@ def test_short_demo_survives_its_faults_and_reports_consistently(tmp_path: Path)
     data = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert data["metricsAgree"], log
     assert data["status"]["restarts"]["total"] == sum(v for k, v in summary.restarts.items() if k != "total")
+    # the placement picture shows the final attempt's pods where they really ran
+    from railyard.demo.record import placement_picture
+
+    final = max(demo.record.pods)
+    assert final == data["status"]["attempt"], log
+    assert placement_picture(demo.record).pods() == demo.record.pods[final], log
     for picture in ("loss.png", "timeline.png", "placement.png"):
         assert (tmp_path / "out" / picture).stat().st_size > 5000

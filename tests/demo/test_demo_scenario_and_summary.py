@@ -71,3 +71,46 @@ def test_restores_are_taken_once_per_attempt_from_the_status_history() -> None:
         {"attempt": 2, "restore": {"tier": "local", "step": 40, "stepsLost": 9}},
     ]
     assert restores_from_status(history) == [Restore(1, "memory", 20, 5), Restore(2, "local", 40, 9)]
+
+
+def _history() -> list[dict[str, object]]:
+    """What a demo run's polls see: at each restart status.attempt moves on while
+    status.placement still describes the previous attempt's gang."""
+    def st(attempt: int, placed: int, nodes: list[str], spares: list[str], moved: list[int]) -> dict[str, object]:
+        return {"attempt": attempt, "placement": {"attempt": placed, "nodes": nodes, "spares": spares, "moved": moved}}
+
+    return [
+        st(0, 0, ["node-0", "node-1"], ["node-2"], []),
+        st(1, 0, ["node-0", "node-1"], ["node-2"], []),  # node-1 failed: Restarting
+        st(1, 1, ["node-0", "node-2"], ["node-3"], [1]),
+        st(2, 1, ["node-0", "node-2"], ["node-3"], []),  # SDC on node-0: Restarting
+        st(2, 2, ["node-3", "node-2"], ["node-4"], [0]),
+    ]
+
+
+def test_each_placement_is_recorded_under_the_attempt_it_was_made_for() -> None:
+    from railyard.demo.record import note_placement
+
+    r = Record(started_at=0.0)
+    new = [note_placement(r, s) for s in _history()]
+    assert new == [0, None, 1, None, 2]
+    assert r.placements == {0: ["node-0", "node-1"], 1: ["node-0", "node-2"], 2: ["node-3", "node-2"]}
+    assert r.moved[2] == [0] and r.spares[2] == ["node-4"]
+
+
+def test_the_placement_picture_shows_the_pods_that_ran_in_the_final_attempt() -> None:
+    from railyard.demo.record import note_placement, note_pods, placement_picture
+
+    r = Record(started_at=0.0)
+    r.topology = {f"node-{i}": ("spine-0", f"leaf-{i // 3}") for i in range(6)}
+    for s in _history():
+        note_placement(r, s)
+    # the pods the runner saw bound (attempt, pod index, node)
+    note_pods(r, [(0, 0, "node-0"), (0, 1, "node-1"), (1, 0, "node-0"), (1, 1, "node-2"), (2, 0, "node-3"), (2, 1, "node-2")])
+    r.final_status = {"quarantinedNodes": [{"node": "node-1"}, {"node": "node-0"}]}
+    pic = placement_picture(r)
+    assert pic.attempt == 2
+    assert pic.pods() == r.pods[2] == {0: "node-3", 1: "node-2"}
+    cells = {c.node: c for cells in pic.leaves.values() for c in cells}
+    assert cells["node-3"].moved and not cells["node-2"].moved
+    assert cells["node-0"].role == cells["node-1"].role == "quarantined" and cells["node-4"].role == "spare"

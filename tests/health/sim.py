@@ -14,7 +14,7 @@ from railyard.logic.health import (
     Verdict,
     decide_health,
 )
-from railyard.observe.heartbeats import HeartbeatStore
+from railyard.logic.health.window import HeartbeatStore
 from railyard.protocol.heartbeat import HealthResult, HeartbeatBatch, RankBeat
 
 NS, JOB = "team", "llm"

@@ -28,7 +28,7 @@ def test_only_the_slowest_ranks_get_series_and_verdicts_are_counted() -> None:
     assert reg.get_sample_value("railyard_stragglers_flagged_total", {"namespace": NS, "job": JOB}) == 1
     assert reg.get_sample_value("railyard_stragglers_flagged_current", {"namespace": NS, "job": JOB}) == 1
     assert reg.get_sample_value("railyard_fault_detection_seconds_count", {"kind": "Straggler"}) == 1
-    assert reg.get_sample_value("railyard_step_time_seconds", {"namespace": NS, "job": JOB, "quantile": "0.99"}) > 0
+    assert reg.get_sample_value("railyard_step_time_seconds", {"namespace": NS, "job": JOB, "percentile": "99"}) > 0
     m.forget_job(NS, JOB)
     assert not [s for fam in reg.collect() if fam.name == "railyard_straggler_score" for s in fam.samples]
 

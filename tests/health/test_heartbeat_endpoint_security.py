@@ -11,8 +11,9 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client import CollectorRegistry
 
+from railyard.logic.health.window import HeartbeatStore
 from railyard.observe.health_metrics import HealthMetrics
-from railyard.observe.heartbeats import HeartbeatStore, StaticTokens, build_heartbeat_app
+from railyard.observe.heartbeats import StaticTokens, build_heartbeat_app
 from railyard.protocol.heartbeat import MAX_BODY_BYTES, HeartbeatBatch, RankBeat
 
 TOKENS = {("team", "llm"): "tok-llm", ("team", "other"): "tok-other"}

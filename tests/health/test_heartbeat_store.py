@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from railyard.observe.heartbeats import SAMPLE_WINDOW, HeartbeatStore, RankWindow
+from railyard.logic.health.window import SAMPLE_WINDOW, HeartbeatStore, RankWindow
 from railyard.protocol.heartbeat import CheckpointEvent, HealthResult, HeartbeatBatch, RankBeat
 
 

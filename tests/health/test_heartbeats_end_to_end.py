@@ -13,7 +13,8 @@ import torch
 from aiohttp import web
 
 from railyard.logic.health import FaultKind, HealthPolicy, HealthState, PodStatus, decide_health
-from railyard.observe.heartbeats import HeartbeatStore, StaticTokens, build_heartbeat_app
+from railyard.logic.health.window import HeartbeatStore
+from railyard.observe.heartbeats import StaticTokens, build_heartbeat_app
 from railyard_trainer.health import build_health_monitor
 from railyard_trainer.health.harness import build_model, flip_bit
 from railyard_trainer.hooks import SDCDetected, StepMetrics, TrainContext

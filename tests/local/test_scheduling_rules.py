@@ -6,17 +6,16 @@ from typing import Any, cast
 
 import pytest
 
+from railyard.api.corev1 import Toleration, compute_pod_requests
+from railyard.api.quantity import QuantityError, parse_quantity, to_milli
 from railyard.local.kube import KubeClient
-from railyard.local.quantity import QuantityError, parse_quantity, to_milli
 from railyard.local.scheduler import Scheduler
 from railyard.local.scheduling import (
     build_node_info,
     candidate_names,
     check_node,
-    compute_pod_requests,
     decide_node,
     is_gated,
-    tolerates,
 )
 
 from .builders import make_node, make_pod
@@ -82,7 +81,7 @@ TAINT = {"key": "gpu", "value": "broken", "effect": "NoSchedule"}
     ],
 )
 def test_toleration_matching(toleration: dict[str, str], taint: dict[str, str], ok: bool) -> None:
-    assert tolerates(toleration, taint) == ok
+    assert Toleration.from_dict(toleration).tolerates(taint) == ok
 
 
 @pytest.mark.parametrize(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from railyard.api.trainingjob import DEFAULT_IMAGE, TrainingJobSpec
-from railyard.logic.gang import assess_gang, plan_placement
+from railyard.logic.gang import assess_gang
 from railyard.logic.manifests import (
     GANG_GATE,
     NCCL_DEFAULTS,
@@ -17,6 +17,7 @@ from railyard.logic.manifests import (
     check_names,
     with_addresses,
 )
+from railyard.logic.placement import build_placement_input, plan_placement
 
 OWNER = {"apiVersion": "railyard.dev/v1alpha1", "kind": "TrainingJob", "name": "llm", "uid": "u-1", "controller": True}
 
@@ -90,7 +91,7 @@ def test_configmap_holds_rank_table_and_trainer_config() -> None:
     job = __import__("railyard.api.trainingjob", fromlist=["TrainingJob"]).TrainingJob.model_validate(
         {"metadata": {"name": "llm", "namespace": "ml"}, "spec": spec.model_dump(by_alias=True)}
     )
-    placed = plan_placement(job, attempt=3, nodes=[make_node("n-a"), make_node("n-b")], pods=[])
+    placed = plan_placement(build_placement_input(job, attempt=3, nodes=[make_node("n-a"), make_node("n-b")]))
     table = with_addresses(placed.rank_table, "ml")  # type: ignore[union-attr]
     cfg = build_trainer_config(spec, job="llm", namespace="ml", attempt=3, restore={"tier": "memory", "step": 40})
     cm = build_configmap("llm", "ml", OWNER, attempt=3, rank_table=table, config=cfg)

@@ -40,7 +40,7 @@ def _pods(api: Api, job: str) -> list[Any]:
 def test_killed_mid_creation_then_restarted_creates_no_duplicates(
     api: Api, workload: Workload, job_name: str, tmp_path: Path
 ) -> None:
-    from railyard.logic.gang import plan_placement
+    from railyard.logic.placement import build_placement_input, plan_placement
 
     api.ensure_namespace(NS)
     spec_dict = base_spec(workload, nodes=2)
@@ -52,7 +52,7 @@ def test_killed_mid_creation_then_restarted_creates_no_duplicates(
     spec: TrainingJobSpec = job.spec
     nodes = [n.to_dict() if hasattr(n, "to_dict") else n for n in api.core.list_node().items]
     node_dicts = [make_node(n["metadata"]["name"]) if isinstance(n, dict) else make_node(n.metadata.name) for n in nodes]
-    placed = plan_placement(job, attempt=0, nodes=node_dicts, pods=[])
+    placed = plan_placement(build_placement_input(job, nodes=node_dicts))
     owner = owner_reference(created)
     from railyard.logic.manifests import with_addresses
 

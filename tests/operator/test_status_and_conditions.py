@@ -74,7 +74,7 @@ def test_status_patch_holds_only_what_changed() -> None:
 
 def test_placement_summary_truncates_the_node_list_but_keeps_the_count() -> None:
     nodes = [f"n{i}" for i in range(100)]
-    p = build_placement_status(nodes, domains={"railyard.dev/spine": 2}, cross_bytes_per_step={"railyard.dev/spine": 2e9})
+    p = build_placement_status(nodes, attempt=3, domains={"railyard.dev/spine": 2}, cross_bytes_per_step={"railyard.dev/spine": 2e9})
     assert len(p.nodes) == 64 and p.node_count == 100 and "2 spine" in p.summary and "2.00 GB/step" in p.summary
 
 

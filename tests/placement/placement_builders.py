@@ -6,13 +6,13 @@ import copy
 from dataclasses import replace
 from typing import Any
 
+from railyard.api.corev1 import Toleration
 from railyard.logic.placement import GangRequest, Mode, Placement
+from railyard.logic.quarantine import QUARANTINE_KEY
 from railyard.logic.topology import (
     GPU_RESOURCE,
     JOB_LABEL,
-    QUARANTINE_KEY,
     RAIL_OFFSET_LABEL,
-    Toleration,
     Topology,
     build_synthetic_nodes,
     build_topology,

@@ -8,7 +8,7 @@ import pytest
 
 from railyard.logic.cost import CostInputs, compute_cost
 from railyard.logic.layout import MeshShape, build_rank_table
-from railyard.logic.placement import Placement, plan_placement
+from railyard.logic.placement import Placement, PlacementInput, plan_placement
 
 from .placement_builders import make_job, make_nodes
 
@@ -83,7 +83,7 @@ def test_our_layout_crosses_spines_less_than_the_same_nodes_in_random_order():
     nodes = make_nodes(4, 2, 4)
     req = make_job(nodes=32, procs=8).with_parallelism(tp=8, pp=4).obj()
     topo = nodes.topology(req)
-    pl = plan_placement(topo, req)
+    pl = plan_placement(PlacementInput(topo, req))
     assert isinstance(pl, Placement)
     shuffled = list(pl.nodes)
     random.Random(1).shuffle(shuffled)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from railyard.logic.placement import Placement, Unplaceable, plan_placement
+from railyard.logic.placement import Placement, PlacementInput, Unplaceable, plan_placement
 
 from .placement_builders import assert_valid, make_job, make_nodes, node
 
@@ -29,13 +29,13 @@ def test_unusable_nodes_are_never_chosen(spoil):
     # 7 usable nodes, the gang needs all 7: the bad one must be left out
     req = make_job(nodes=7, procs=8).with_parallelism(tp=8).obj()
     topo = nodes.topology(req)
-    pl = plan_placement(topo, req)
+    pl = plan_placement(PlacementInput(topo, req))
     assert isinstance(pl, Placement), pl
     assert BAD not in pl.nodes
     assert_valid(pl, topo, req)
     # and one more node than usable is refused, with the count
     bigger = make_job(nodes=8, procs=8).with_parallelism(tp=8).obj()
-    out = plan_placement(nodes.topology(bigger), bigger)
+    out = plan_placement(PlacementInput(nodes.topology(bigger), bigger))
     assert isinstance(out, Unplaceable)
     assert out.constraint == "capacity" and out.short == 1
     assert "1 short" in out.reason
@@ -44,7 +44,7 @@ def test_unusable_nodes_are_never_chosen(spoil):
 def test_taint_with_matching_toleration_is_usable():
     nodes = make_nodes(1, 1, 2).taint(node(0, 0, 0), "dedicated", value="training")
     req = make_job(nodes=2, procs=8).with_parallelism(tp=8).tolerate("dedicated").obj()
-    pl = plan_placement(nodes.topology(req), req)
+    pl = plan_placement(PlacementInput(nodes.topology(req), req))
     assert isinstance(pl, Placement)
     assert node(0, 0, 0) in pl.nodes
 
@@ -52,13 +52,13 @@ def test_taint_with_matching_toleration_is_usable():
 def test_prefer_no_schedule_taint_does_not_exclude():
     nodes = make_nodes(1, 1, 2).taint(node(0, 0, 0), "soft", effect="PreferNoSchedule")
     req = make_job(nodes=2, procs=8).with_parallelism(tp=8).obj()
-    assert isinstance(plan_placement(nodes.topology(req), req), Placement)
+    assert isinstance(plan_placement(PlacementInput(nodes.topology(req), req)), Placement)
 
 
 def test_quarantine_is_not_tolerated_away():
     nodes = make_nodes(1, 1, 2).quarantine(node(0, 0, 0))
     req = make_job(nodes=2, procs=8).with_parallelism(tp=8).tolerate("", "Exists").obj()
-    out = plan_placement(nodes.topology(req), req)
+    out = plan_placement(PlacementInput(nodes.topology(req), req))
     assert isinstance(out, Unplaceable)
     assert out.excluded == {"Quarantined": 1}
 
@@ -74,7 +74,7 @@ def test_quarantine_is_not_tolerated_away():
 def test_partially_used_nodes_are_respected(used, gpus_per_pod, chosen):
     nodes = make_nodes(1, 1, 4).busy(node(0, 0, 2), used)
     req = make_job(nodes=1, procs=gpus_per_pod).with_parallelism(tp=gpus_per_pod).obj()
-    pl = plan_placement(nodes.topology(req), req)
+    pl = plan_placement(PlacementInput(nodes.topology(req), req))
     assert isinstance(pl, Placement)
     assert (node(0, 0, 2) in pl.nodes) is chosen
 
@@ -86,17 +86,17 @@ def test_finished_pods_and_the_jobs_own_pods_do_not_use_gpus():
         .busy(node(0, 0, 1), 8, job="job")
     )
     req = make_job("job", nodes=2, procs=8).with_parallelism(tp=8).obj()
-    pl = plan_placement(nodes.topology(req), req)
+    pl = plan_placement(PlacementInput(nodes.topology(req), req))
     assert isinstance(pl, Placement)
 
 
 def test_all_or_nothing_includes_hot_spares():
     nodes = make_nodes(1, 2, 4)
     req = make_job(nodes=6, procs=8).with_parallelism(tp=8).with_spares(3).obj()
-    out = plan_placement(nodes.topology(req), req)
+    out = plan_placement(PlacementInput(nodes.topology(req), req))
     assert isinstance(out, Unplaceable) and out.short == 1
     fits = make_job(nodes=6, procs=8).with_parallelism(tp=8).with_spares(2).obj()
-    pl = plan_placement(nodes.topology(fits), fits)
+    pl = plan_placement(PlacementInput(nodes.topology(fits), fits))
     assert isinstance(pl, Placement) and len(pl.spares) == 2
 
 
@@ -104,7 +104,7 @@ def test_spares_sit_next_to_the_gang():
     nodes = make_nodes(2, 2, 4)
     req = make_job(nodes=3, procs=8).with_parallelism(tp=8).with_spares(1).obj()
     topo = nodes.topology(req)
-    pl = plan_placement(topo, req)
+    pl = plan_placement(PlacementInput(topo, req))
     assert isinstance(pl, Placement)
     assert {topo.leaf_of(topo.index[n]) for n in pl.nodes} == {
         topo.leaf_of(topo.index[pl.spares[0]])
@@ -114,11 +114,11 @@ def test_spares_sit_next_to_the_gang():
 def test_cpu_mode_uses_nodes_without_gpus():
     nodes = make_nodes(1, 2, 2, gpus=0)
     req = make_job(nodes=4, procs=2).with_parallelism(tp=1).gpus(0).obj()
-    pl = plan_placement(nodes.topology(req), req)
+    pl = plan_placement(PlacementInput(nodes.topology(req), req))
     assert isinstance(pl, Placement)
     assert len(pl.nodes) == 4
     gpu_req = make_job(nodes=4, procs=2).with_parallelism(tp=1).obj()
-    out = plan_placement(nodes.topology(gpu_req), gpu_req)
+    out = plan_placement(PlacementInput(nodes.topology(gpu_req), gpu_req))
     assert isinstance(out, Unplaceable) and out.excluded == {"NotEnoughFreeGPUs": 4}
 
 
@@ -127,7 +127,7 @@ def test_best_fit_fills_the_most_used_leaf_first():
     nodes = make_nodes(1, 2, 4).busy(node(0, 0, 0), 8).busy(node(0, 0, 1), 8)
     req = make_job(nodes=2, procs=8).with_parallelism(tp=8).obj()
     topo = nodes.topology(req)
-    pl = plan_placement(topo, req)
+    pl = plan_placement(PlacementInput(topo, req))
     assert isinstance(pl, Placement)
     assert set(pl.nodes) == {node(0, 0, 2), node(0, 0, 3)}
 
@@ -136,6 +136,6 @@ def test_best_fit_keeps_whole_spines_free():
     nodes = make_nodes(2, 2, 4).busy(node(1, 0, 0), 8)
     req = make_job(nodes=6, procs=8).with_parallelism(tp=8).obj()
     topo = nodes.topology(req)
-    pl = plan_placement(topo, req)
+    pl = plan_placement(PlacementInput(topo, req))
     assert isinstance(pl, Placement)
     assert pl.domains["railyard.dev/spine"] == ("spine-1",)

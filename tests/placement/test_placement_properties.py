@@ -7,7 +7,13 @@ import itertools
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from railyard.logic.placement import Placement, PreviousPlacement, Unplaceable, plan_placement
+from railyard.logic.placement import (
+    Placement,
+    PlacementInput,
+    PreviousPlacement,
+    Unplaceable,
+    plan_placement,
+)
 
 from .placement_builders import LEAF, SPINE, Nodes, assert_valid, make_job, make_nodes
 
@@ -99,13 +105,13 @@ def _brute_force_feasible(nodes: Nodes, state: dict[str, str], req) -> bool:
 def test_placement_is_valid_or_truly_impossible(cluster, req):
     nodes, state = cluster
     topo = nodes.topology(req)
-    out = plan_placement(topo, req)
+    out = plan_placement(PlacementInput(topo, req))
     event(f"{type(out).__name__} {getattr(out, 'constraint', '')}")
     if isinstance(out, Placement):
         assert_valid(out, topo, req)
         for name in (*out.nodes, *out.spares):
             assert _usable_by_state(state[name], req.gpus_needed)
-        assert out == plan_placement(nodes.topology(req), req), "deterministic"
+        assert out == plan_placement(PlacementInput(nodes.topology(req), req)), "deterministic"
     else:
         assert isinstance(out, Unplaceable)
         assert out.constraint in ("capacity", "requiredLevel")
@@ -117,7 +123,7 @@ def test_placement_is_valid_or_truly_impossible(cluster, req):
 @given(cluster=clusters(), req=jobs(), data=st.data())
 def test_sticky_replacement_keeps_every_healthy_node(cluster, req, data):
     nodes, state = cluster
-    first = plan_placement(nodes.topology(req), req)
+    first = plan_placement(PlacementInput(nodes.topology(req), req))
     if not isinstance(first, Placement):
         return
     failed = data.draw(st.sets(st.sampled_from(first.nodes), min_size=1, max_size=len(first.nodes)))
@@ -125,7 +131,7 @@ def test_sticky_replacement_keeps_every_healthy_node(cluster, req, data):
     for name in failed:
         state[name] = "notready"
     topo = nodes.topology(req)
-    again = plan_placement(topo, req, previous=PreviousPlacement(first.nodes, first.spares))
+    again = plan_placement(PlacementInput(topo, req, previous=PreviousPlacement(first.nodes, first.spares)))
     lost = sorted(i for i, n in enumerate(first.nodes) if n in failed)
     if isinstance(again, Placement):
         assert again.moved == tuple(lost)

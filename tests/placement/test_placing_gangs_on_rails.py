@@ -8,7 +8,7 @@ import random
 import pytest
 
 from railyard.logic.layout import MeshShape
-from railyard.logic.placement import Placement, plan_placement
+from railyard.logic.placement import Placement, PlacementInput, plan_placement
 
 from .placement_builders import assert_valid, dp_group_leaves, make_job, make_nodes
 
@@ -29,7 +29,7 @@ def test_tp_groups_stay_inside_a_node_and_dp_groups_share_a_rail(topo_shape, job
     nodes = make_nodes(*topo_shape)
     n, procs, tp, pp = job_shape
     req = make_job(nodes=n, procs=procs).with_parallelism(tp=tp, pp=pp).obj()
-    pl = plan_placement(nodes.topology(req), req)
+    pl = plan_placement(PlacementInput(nodes.topology(req), req))
     assert isinstance(pl, Placement), pl
     assert_valid(pl, nodes.topology(req), req)
     assert pl.rails_per_dp_group == 1
@@ -53,7 +53,7 @@ def test_shapes_that_cannot_be_rail_pure_report_rails_per_dp_group(job_shape, ra
     nodes = make_nodes(1, 2, 4, gpus=4)
     n, procs, tp, pp = job_shape
     req = make_job(nodes=n, procs=procs).with_parallelism(tp=tp, pp=pp).obj()
-    pl = plan_placement(nodes.topology(req), req)
+    pl = plan_placement(PlacementInput(nodes.topology(req), req))
     assert isinstance(pl, Placement)
     assert_valid(pl, nodes.topology(req), req)
     assert pl.rails_per_dp_group == rails
@@ -75,7 +75,7 @@ def test_every_dp_group_spans_the_fewest_leaf_domains(topo_shape, job_shape):
     nodes = make_nodes(*topo_shape)
     n, procs, tp, pp = job_shape
     req = make_job(nodes=n, procs=procs).with_parallelism(tp=tp, pp=pp).obj()
-    pl = plan_placement(nodes.topology(req), req)
+    pl = plan_placement(PlacementInput(nodes.topology(req), req))
     assert isinstance(pl, Placement)
     dp_nodes = len({e.node for e in pl.rank_table.ranks if e.pp == 0 and e.tp == 0})
     minimum = math.ceil(dp_nodes / topo_shape[2])
@@ -90,7 +90,7 @@ def test_dp_groups_stay_in_one_leaf_even_when_busy_nodes_break_up_leaves():
     for lf in range(4):
         nodes.busy(f"node-s0-l{lf}-n0", 8)
     req = make_job(nodes=16, procs=8).with_parallelism(tp=8, pp=4).obj()
-    pl = plan_placement(nodes.topology(req), req)
+    pl = plan_placement(PlacementInput(nodes.topology(req), req))
     assert isinstance(pl, Placement)
     assert max(dp_group_leaves(pl, nodes.topology(req))) == 1
 
@@ -98,11 +98,11 @@ def test_dp_groups_stay_in_one_leaf_even_when_busy_nodes_break_up_leaves():
 def test_same_input_gives_the_same_placement_whatever_the_node_order():
     nodes = make_nodes(2, 3, 4).busy("node-s0-l1-n2", 8).not_ready("node-s1-l0-n0")
     req = make_job(nodes=8, procs=8).with_parallelism(tp=4, pp=2).with_spares(2).obj()
-    first = plan_placement(nodes.topology(req), req)
-    again = plan_placement(nodes.topology(req), req)
+    first = plan_placement(PlacementInput(nodes.topology(req), req))
+    again = plan_placement(PlacementInput(nodes.topology(req), req))
     shuffled = nodes.copy()
     random.Random(7).shuffle(shuffled.nodes)
-    third = plan_placement(shuffled.topology(req), req)
+    third = plan_placement(PlacementInput(shuffled.topology(req), req))
     assert isinstance(first, Placement)
     assert first == again
     assert isinstance(third, Placement)
@@ -136,7 +136,7 @@ def test_replica_peer_is_in_another_leaf():
     nodes = make_nodes(1, 4, 4)
     req = make_job(nodes=16, procs=8).with_parallelism(tp=8, pp=4).obj()
     topo = nodes.topology(req)
-    pl = plan_placement(topo, req)
+    pl = plan_placement(PlacementInput(topo, req))
     assert isinstance(pl, Placement)
     peers = [p.replica_peer for p in pl.rank_table.pods]
     assert sorted(peers) == list(range(16)), "each pod holds exactly one replica"
@@ -149,7 +149,7 @@ def test_replica_peer_is_in_another_leaf():
 def test_rail_offset_label_shifts_the_reported_rail():
     nodes = make_nodes(1, 1, 2).rail_offset("node-s0-l0-n1", 4)
     req = make_job(nodes=2, procs=8).with_parallelism(tp=8).obj()
-    pl = plan_placement(nodes.topology(req), req)
+    pl = plan_placement(PlacementInput(nodes.topology(req), req))
     assert isinstance(pl, Placement)
     shifted = [e for e in pl.rank_table.ranks if e.node == "node-s0-l0-n1"]
     assert {(e.local_rank + 4) % 8 == e.rail for e in shifted} == {True}

@@ -68,14 +68,31 @@ def test_gang_request_from_the_trainingjob_model():
 
 
 def test_placement_status_for_the_trainingjob():
-    from railyard.logic.placement import Unplaceable, build_placement_status, plan_placement
-    from railyard.logic.topology import build_topology
+    from railyard.logic.placement import (
+        Placement,
+        Unplaceable,
+        build_placement_input,
+        plan_placement,
+    )
+    from railyard.logic.status import placement_status
 
-    req = build_gang_request(TrainingJob.model_validate(yaml.safe_load(JOB.read_text())))
-    topo = build_topology(build_synthetic_nodes(2, 4, 4, 8), levels=req.levels)
-    status = build_placement_status(plan_placement(topo, req))
-    assert status.node_count == 8 and status.rail_aligned
+    job = TrainingJob.model_validate(yaml.safe_load(JOB.read_text()))
+    placed = plan_placement(build_placement_input(job, nodes=build_synthetic_nodes(2, 4, 4, 8)))
+    assert isinstance(placed, Placement)
+    status = placement_status(placed, attempt=2)
+    assert status.node_count == 8 and status.rail_aligned and status.attempt == 2 and status.moved == []
     assert status.domains == {"railyard.dev/spine": 1, "railyard.dev/leaf": 2}
     assert status.cross_bytes_per_step["railyard.dev/spine"] == 0
-    refused = build_placement_status(Unplaceable("capacity", "needs 9 nodes", short=1))
-    assert refused.summary.startswith("unplaceable (capacity)")
+    refused = Unplaceable("capacity", "needs 9 nodes", short=1)
+    assert refused.condition_reason == "NotEnoughNodes" and not refused.permanent
+    assert refused.message == "needs 9 nodes; 1 nodes short"
+
+
+def test_generated_nodes_carry_the_jobs_topology_preset_labels(capsys):
+    """The README's 16k-GPU example names the topograph preset; nodes from a --nodes spec must
+    carry that preset's level keys, or the job's requiredLevel names a level no node has."""
+    example = Path(__file__).parents[2] / "examples" / "llama-8b-16k-gpus.yaml"
+    assert main(["plan", str(example), "--nodes", "spine=2,leaf=32,nodes=66,gpus=8"]) == 0
+    out = capsys.readouterr().out
+    assert "placed llama-8b: 2048 pods on 2048 nodes + 16 hot spares" in out
+    assert "fabric.topograph.run/tier-1: 1 domains" in out

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from railyard.logic.placement import Placement, Unplaceable, plan_placement
+from railyard.logic.placement import Placement, PlacementInput, Unplaceable, plan_placement
 
 from .placement_builders import LEAF, SPINE, assert_valid, make_job, make_nodes, node
 
@@ -29,7 +29,7 @@ def test_required_level_holds_the_whole_gang(level, nodes_, spares, placed):
         .obj()
     )
     topo = nodes.topology(req)
-    out = plan_placement(topo, req)
+    out = plan_placement(PlacementInput(topo, req))
     if placed:
         assert isinstance(out, Placement), out
         assert_valid(out, topo, req)
@@ -44,7 +44,7 @@ def test_required_level_holds_the_whole_gang(level, nodes_, spares, placed):
 def test_required_refusal_counts_only_usable_nodes():
     nodes = make_nodes(2, 1, 4).not_ready(node(0, 0, 0)).busy(node(1, 0, 0), 2)
     req = make_job(nodes=4, procs=8).with_parallelism(tp=8).required(SPINE).obj()
-    out = plan_placement(nodes.topology(req), req)
+    out = plan_placement(PlacementInput(nodes.topology(req), req))
     assert isinstance(out, Unplaceable)
     assert out.short == 1
     assert "spine-0 (3 usable)" in out.reason
@@ -54,7 +54,7 @@ def test_preferred_spreads_when_no_single_domain_fits():
     nodes = make_nodes(2, 2, 4)
     req = make_job(nodes=10, procs=8).with_parallelism(tp=8).preferred(SPINE).obj()
     topo = nodes.topology(req)
-    pl = plan_placement(topo, req)
+    pl = plan_placement(PlacementInput(topo, req))
     assert isinstance(pl, Placement)
     assert len(pl.domains[SPINE]) == 2
     assert any("Preferred" in n for n in pl.notes)
@@ -63,7 +63,7 @@ def test_preferred_spreads_when_no_single_domain_fits():
 def test_required_picks_the_fullest_domain_that_fits():
     nodes = make_nodes(3, 1, 4).busy(node(1, 0, 0), 8).busy(node(2, 0, 0), 8).busy(node(2, 0, 1), 8)
     req = make_job(nodes=2, procs=8).with_parallelism(tp=8).required(SPINE).obj()
-    pl = plan_placement(nodes.topology(req), req)
+    pl = plan_placement(PlacementInput(nodes.topology(req), req))
     assert isinstance(pl, Placement)
     assert pl.domains[SPINE] == ("spine-2",)
 
@@ -71,6 +71,6 @@ def test_required_picks_the_fullest_domain_that_fits():
 def test_unknown_required_level_names_the_known_levels():
     nodes = make_nodes(1, 1, 2)
     req = make_job(nodes=1, procs=8).with_parallelism(tp=8).required("example.com/rack").obj()
-    out = plan_placement(nodes.topology(req), req)
+    out = plan_placement(PlacementInput(nodes.topology(req), req))
     assert isinstance(out, Unplaceable) and out.constraint == "topology"
     assert SPINE in out.reason

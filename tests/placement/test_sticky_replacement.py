@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
-from railyard.logic.placement import Placement, PreviousPlacement, Unplaceable, plan_placement
+from railyard.logic.placement import (
+    Placement,
+    PlacementInput,
+    PreviousPlacement,
+    Unplaceable,
+    plan_placement,
+)
 
 from .placement_builders import assert_valid, make_job, make_nodes
 
 
 def _first(nodes, req):
-    pl = plan_placement(nodes.topology(req), req)
+    pl = plan_placement(PlacementInput(nodes.topology(req), req))
     assert isinstance(pl, Placement)
     return pl
 
@@ -20,7 +26,7 @@ def test_only_the_failed_nodes_ranks_move():
     failed = first.nodes[3]
     nodes.not_ready(failed)
     topo = nodes.topology(req)
-    again = plan_placement(topo, req, previous=PreviousPlacement(first.nodes, first.spares))
+    again = plan_placement(PlacementInput(topo, req, previous=PreviousPlacement(first.nodes, first.spares)))
     assert isinstance(again, Placement)
     assert_valid(again, topo, req)
     assert again.moved == (3,)
@@ -47,7 +53,7 @@ def test_replacement_prefers_a_spare_in_the_failed_nodes_leaf():
         spares=("node-s0-l1-n3", "node-s0-l0-n3"),
         failed=frozenset({"node-s0-l0-n1"}),
     )
-    pl = plan_placement(topo, req, previous=prev)
+    pl = plan_placement(PlacementInput(topo, req, previous=prev))
     assert isinstance(pl, Placement)
     assert pl.nodes[1] == "node-s0-l0-n3"
     assert pl.moved == (1,)
@@ -63,9 +69,9 @@ def test_quarantined_node_is_replaced_and_healthy_busy_looking_nodes_are_kept():
     for n in first.nodes:
         nodes.busy(n, 8, job="job")
     nodes.quarantine(first.nodes[0])
-    again = plan_placement(
+    again = plan_placement(PlacementInput(
         nodes.topology(req), req, previous=PreviousPlacement(first.nodes, first.spares)
-    )
+    ))
     assert isinstance(again, Placement)
     assert again.moved == (0,)
     assert again.nodes[1:] == first.nodes[1:]
@@ -75,9 +81,9 @@ def test_nothing_failed_keeps_everything():
     nodes = make_nodes(1, 2, 4)
     req = make_job(nodes=4, procs=8).with_parallelism(tp=8).with_spares(1).obj()
     first = _first(nodes, req)
-    again = plan_placement(
+    again = plan_placement(PlacementInput(
         nodes.topology(req), req, previous=PreviousPlacement(first.nodes, first.spares)
-    )
+    ))
     assert isinstance(again, Placement)
     assert again.nodes == first.nodes and again.spares == first.spares and again.moved == ()
 
@@ -87,7 +93,7 @@ def test_no_replacement_left_is_unplaceable():
     req = make_job(nodes=4, procs=8).with_parallelism(tp=8).obj()
     first = _first(nodes, req)
     nodes.not_ready(first.nodes[2])
-    out = plan_placement(nodes.topology(req), req, previous=PreviousPlacement(first.nodes))
+    out = plan_placement(PlacementInput(nodes.topology(req), req, previous=PreviousPlacement(first.nodes)))
     assert isinstance(out, Unplaceable)
     assert out.constraint == "capacity" and out.short == 1 and "[2]" in out.reason
 
@@ -104,9 +110,9 @@ def test_required_level_keeps_replacements_and_spares_in_the_gangs_domain():
     first = _first(nodes, req)
     spine = first.domains["railyard.dev/spine"]
     nodes.not_ready(first.nodes[0])
-    again = plan_placement(
+    again = plan_placement(PlacementInput(
         nodes.topology(req), req, previous=PreviousPlacement(first.nodes, first.spares)
-    )
+    ))
     assert isinstance(again, Placement)
     assert again.domains["railyard.dev/spine"] == spine
     assert again.nodes[0] == first.spares[0]

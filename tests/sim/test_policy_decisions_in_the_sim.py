@@ -128,27 +128,21 @@ def test_the_policies_are_the_api_defaults_plus_what_a_long_run_sets() -> None:
 
 
 @pytest.mark.parametrize("failed", [(0,), (5,), (17, 40), (63,)])
-def test_node_level_replacement_chooses_what_the_full_rank_request_chooses(
-    failed: tuple[int, ...],
-) -> None:
-    import dataclasses
-
-    from railyard.logic.placement import Placement, PreviousPlacement, plan_placement
+def test_the_sims_replacement_is_the_operators_decision(failed: tuple[int, ...]) -> None:
+    """The simulator re-places through the operator's input builder and decision: the same
+    answer as building the input from the same job and nodes directly."""
+    from railyard.logic.placement import Placement, build_placement_input, plan_placement
 
     s = tiny(gpus=512, pp=4)  # 64 nodes, dp 16
     c = Cluster(s, hot_spares=4)
-    prev = PreviousPlacement(
-        nodes=c.nodes, spares=c.placement.spares, failed=frozenset(c.nodes[p] for p in failed)
-    )
-    full = plan_placement(c.topo, c.req, previous=prev)
-    node_level = plan_placement(c.topo, c.node_req, previous=prev)
-    assert isinstance(full, Placement) and isinstance(node_level, Placement)
-    assert (node_level.nodes, node_level.spares, node_level.moved) == (
-        full.nodes,
-        full.spares,
-        full.moved,
-    )
-    assert (
-        dataclasses.replace(c.req, procs_per_node=1, pp=1, tp=1, dp=s.nodes, gpus_per_pod=8)
-        == c.node_req
-    )
+    first = c.placement
+    victims = [c.nodes[p] for p in failed]
+    assert c.quarantine_and_replace(victims, now=0.0, repair_s=3600.0)
+    direct = plan_placement(build_placement_input(
+        c.job, nodes=c.node_objects(), attempt=1, previous_nodes=first.nodes,
+        previous_spares=first.spares, failed=victims,
+    ))
+    assert isinstance(direct, Placement)
+    assert (c.placement.nodes, c.placement.spares, c.placement.moved) == (direct.nodes, direct.spares, direct.moved)
+    assert c.placement.moved == tuple(sorted(failed))
+    assert not set(victims) & set(c.placement.nodes)

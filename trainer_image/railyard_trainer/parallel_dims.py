@@ -2,7 +2,8 @@
 
 The mesh order is ``("pp", "dp", "tp")`` with tp innermost, so
 ``rank == (pp * dp_size + dp) * tp_size + tp``: the same convention as the operator's rank table
-(``railyard.protocol.ranktable``). Validation is torch-free; only :meth:`ParallelDims.build_mesh`
+(``railyard.protocol.ranktable``); the arithmetic and its validation are
+:mod:`railyard.protocol.mesh`, shared with the operator. Validation is torch-free; only :meth:`ParallelDims.build_mesh`
 imports torch.
 
 HSDP (``dp_replicas > 1``, TorchTitan's ``dp_replicate`` x ``dp_shard``): the data-parallel
@@ -16,17 +17,25 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from railyard.protocol.mesh import (
+    MESH_DIM_NAMES,
+    check_mesh,
+    derive_data_parallel,
+    mesh_coordinates,
+    mesh_rank,
+)
 from railyard_trainer.config import ConfigError
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
 
-MESH_DIM_NAMES = ("pp", "dp", "tp")
 HSDP_MESH_DIM_NAMES = ("pp", "dp_replicate", "dp_shard", "tp")
 
 
 @dataclass(frozen=True)
 class ParallelDims:
+    """The trainer's view of the mesh; the rules are :mod:`railyard.protocol.mesh`'s."""
+
     pp: int
     dp: int
     tp: int
@@ -36,25 +45,17 @@ class ParallelDims:
     dp_replicas: int = 1
 
     def __post_init__(self) -> None:
-        problems: list[str] = []
-        for name in ("pp", "tp", "world_size", "procs_per_node"):
-            if getattr(self, name) < 1:
-                problems.append(f"{name}: {getattr(self, name)} must be at least 1")
         if self.dp < -1:
-            problems.append(f"dp: {self.dp} must be at least 1 (or -1/0 to derive it)")
-        if problems:
-            raise ConfigError(problems)
-        if self.dp in (-1, 0):
-            if self.world_size % (self.pp * self.tp):
+            raise ConfigError([f"dp: {self.dp} must be at least 1 (or -1/0 to derive it)"])
+        if self.dp in (-1, 0) and self.pp >= 1 and self.tp >= 1:
+            dp = derive_data_parallel(self.world_size, self.pp, self.tp)
+            if not dp:
                 raise ConfigError([f"parallelism: world size {self.world_size} is not divisible by pipeline x tensor = {self.pp * self.tp}; choose sizes whose product divides the number of processes"])
             # Frozen dataclass: deriving dp is the one mutation, done before anyone sees the object.
-            object.__setattr__(self, "dp", self.world_size // (self.pp * self.tp))
-        if self.pp * self.dp * self.tp != self.world_size:
-            problems.append(f"parallelism: pipeline x data x tensor = {self.pp} x {self.dp} x {self.tp} = {self.pp * self.dp * self.tp}, but the world size is {self.world_size}")
+            object.__setattr__(self, "dp", dp)
+        problems = check_mesh(world_size=self.world_size, procs_per_node=self.procs_per_node, pp=self.pp, dp=max(self.dp, 1) if self.dp in (-1, 0) else self.dp, tp=self.tp)
         if self.dp_replicas < 1 or self.dp % self.dp_replicas:
             problems.append(f"parallelism.dataReplicas: {self.dp_replicas} does not divide the data-parallel size {self.dp}")
-        if self.procs_per_node % self.tp:
-            problems.append(f"parallelism.tensor: {self.tp} does not divide the {self.procs_per_node} processes per node; tensor-parallel groups must stay inside a node")
         if problems:
             raise ConfigError(problems)
 
@@ -83,10 +84,10 @@ class ParallelDims:
         """(pp, dp, tp) of a global rank."""
         if not 0 <= rank < self.world_size:
             raise ValueError(f"rank {rank} outside [0, {self.world_size})")
-        return rank // (self.dp * self.tp), (rank // self.tp) % self.dp, rank % self.tp
+        return mesh_coordinates(rank, self.dp, self.tp)
 
     def rank_of(self, pp: int, dp: int, tp: int) -> int:
-        return (pp * self.dp + dp) * self.tp + tp
+        return mesh_rank(pp, dp, tp, self.dp, self.tp)
 
     def build_mesh(self, device_type: str) -> DeviceMesh:
         from torch.distributed.device_mesh import init_device_mesh

@@ -11,10 +11,13 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
 
 from railyard import GROUP, VERSION
+from railyard.api import corev1
+from railyard.api.quantity import NON_NEGATIVE_QUANTITY_PATTERN, parse_quantity
+from railyard.protocol.mesh import derive_data_parallel
 
 KIND = "TrainingJob"
 PLURAL = "trainingjobs"
@@ -41,27 +44,72 @@ def _desc(text: str) -> Any:
     return Field(description=text)
 
 
+# --------------------------------------------------------------------------- Kubernetes field rules
+# Fields passed through to the pods are checked as the pods' API checks them (railyard.api.corev1),
+# and the CRD carries the same rule as a schema pattern, so the API server refuses at apply time
+# what a pod create would refuse later.
+
+
+def _rule(check: Any) -> Any:
+    def run(value: str) -> str:
+        problem = check(value)
+        if problem is not None:
+            raise ValueError(problem)
+        return value
+
+    return AfterValidator(run)
+
+
+def _quantity(value: str) -> str:
+    if parse_quantity(value) < 0:  # QuantityError is a ValueError naming the value and the fix
+        raise ValueError(f"{value!r}: must be greater than or equal to 0")
+    return value
+
+
+ResourceQuantity = Annotated[
+    str,
+    AfterValidator(_quantity),
+    Field(min_length=1, max_length=64, json_schema_extra={"pattern": NON_NEGATIVE_QUANTITY_PATTERN}),
+]
+DnsSubdomain = Annotated[str, _rule(corev1.check_dns_subdomain), Field(max_length=253, json_schema_extra={"pattern": corev1.DNS_SUBDOMAIN_PATTERN})]
+LabelKey = Annotated[str, _rule(corev1.check_qualified_name), Field(json_schema_extra={"pattern": corev1.QUALIFIED_NAME_PATTERN})]
+# Map keys: the same rules without a schema pattern (pydantic would turn a keyed pattern into
+# patternProperties, which a structural schema does not allow; the CRD cannot check map keys).
+LabelKeyOfMap = Annotated[str, _rule(corev1.check_qualified_name)]
+EnvVarNameOfMap = Annotated[str, _rule(corev1.check_env_var_name)]
+ResourceName = Annotated[str, _rule(corev1.check_resource_name)]
+LabelValue = Annotated[str, _rule(corev1.check_label_value), Field(max_length=63, json_schema_extra={"pattern": corev1.LABEL_VALUE_PATTERN})]
+EnvVarName = Annotated[str, _rule(corev1.check_env_var_name), Field(min_length=1, max_length=256, json_schema_extra={"pattern": corev1.ENV_VAR_NAME_PATTERN})]
+
+
 # --------------------------------------------------------------------------- workload
 
 
 class EnvVar(_Model):
-    name: Annotated[str, Field(min_length=1, max_length=256, description="Environment variable name.")]
+    name: Annotated[EnvVarName, Field(description="Environment variable name (printable ASCII, no '=').")]
     value: Annotated[str, Field(default="", max_length=32768, description="Literal value.")] = ""
 
 
 class ResourceRequirements(_Model):
     requests: Annotated[
-        dict[str, str],
-        Field(description="Resource requests per pod, as Kubernetes quantities (e.g. cpu: '8', memory: 64Gi)."),
+        dict[ResourceName, ResourceQuantity],
+        Field(max_length=32, description="Resource requests per pod, as Kubernetes quantities (e.g. cpu: '8', memory: 64Gi)."),
     ] = {}
     limits: Annotated[
-        dict[str, str],
-        Field(description="Resource limits per pod. nvidia.com/gpu defaults to gpusPerPod."),
+        dict[ResourceName, ResourceQuantity],
+        Field(max_length=32, description="Resource limits per pod. nvidia.com/gpu defaults to gpusPerPod."),
     ] = {}
+
+    @model_validator(mode="after")
+    def _pods_api_rules(self) -> ResourceRequirements:
+        problems = corev1.check_resource_requirements(self.requests, self.limits)
+        if problems:
+            raise ValueError("; ".join(f"resources.{field}: {message}" for field, message in problems))
+        return self
 
 
 class Toleration(_Model):
-    key: Annotated[str | None, Field(description="Taint key the toleration applies to; empty matches all keys with operator Exists.")] = None
+    key: Annotated[LabelKey | None, Field(max_length=316, description="Taint key the toleration applies to; empty matches all keys with operator Exists.")] = None
     operator: Annotated[Literal["Exists", "Equal"], Field(description="Exists or Equal.")] = "Equal"
     value: Annotated[str | None, Field(description="Taint value to match with operator Equal.")] = None
     effect: Annotated[
@@ -69,6 +117,19 @@ class Toleration(_Model):
         Field(description="Taint effect to match; empty matches all effects."),
     ] = None
     toleration_seconds: Annotated[int | None, Field(ge=0, description="For NoExecute: how long the pod stays bound after the taint appears.")] = None
+
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [
+        {"rule": "(has(self.key) && self.key != '') || self.operator == 'Exists'", "message": "an empty key matches every taint only with operator Exists; set a key or use Exists", "fieldPath": ".operator", "reason": "FieldValueInvalid"},
+        {"rule": "self.operator != 'Exists' || !has(self.value) || self.value == ''", "message": "value must be empty when operator is Exists", "fieldPath": ".value", "reason": "FieldValueInvalid"},
+        {"rule": "!has(self.tolerationSeconds) || (has(self.effect) && self.effect == 'NoExecute')", "message": "tolerationSeconds only applies to effect NoExecute", "fieldPath": ".tolerationSeconds", "reason": "FieldValueInvalid"},
+    ]})
+
+    @model_validator(mode="after")
+    def _pods_api_rules(self) -> Toleration:
+        problems = corev1.check_toleration(self.key or "", self.operator, self.value or "", self.effect or "", self.toleration_seconds)
+        if problems:
+            raise ValueError("; ".join(f"{field}: {message}" for field, message in problems))
+        return self
 
 
 # --------------------------------------------------------------------------- parallelism
@@ -162,10 +223,10 @@ class Topology(_Model):
 
 class Gang(_Model):
     schedule_timeout_seconds: Annotated[int, Field(ge=10, le=86400, description="If the whole gang is not Running within this time, tear it down and re-place it.")] = 300
-    scheduler_name: Annotated[str | None, Field(max_length=253, description="Scheduler to bind the pods (e.g. volcano, scheduler-plugins). Empty: the cluster default.")] = None
-    queue_name: Annotated[str | None, Field(max_length=253, description="Kueue LocalQueue (kueue.x-k8s.io/queue-name) or Volcano queue for admission.")] = None
+    scheduler_name: Annotated[DnsSubdomain | None, Field(description="Scheduler to bind the pods (e.g. volcano, scheduler-plugins). Empty: the cluster default.")] = None
+    queue_name: Annotated[LabelValue | None, Field(description="Kueue LocalQueue (kueue.x-k8s.io/queue-name) or Volcano queue for admission; a label value (<= 63 characters).")] = None
     hot_spares: Annotated[int, Field(ge=0, le=1024, description="Spare nodes reserved next to the gang (same domains) to replace a failed node without re-placing the rest.")] = 0
-    priority_class_name: Annotated[str | None, Field(max_length=253, description="PriorityClass for the gang's pods.")] = None
+    priority_class_name: Annotated[DnsSubdomain | None, Field(description="PriorityClass for the gang's pods.")] = None
 
 
 # --------------------------------------------------------------------------- checkpoints
@@ -190,7 +251,7 @@ class SharedTier(_Model):
     enabled: Annotated[bool, Field(description="Save to shared storage (durable; supports resuming on a different world size).")] = True
     interval_steps: Annotated[int, Field(ge=1, description="Save every N steps.")] = 100
     keep: Annotated[int, Field(ge=1, le=100, description="Keep the newest K checkpoints of this tier.")] = 3
-    claim_name: Annotated[str | None, Field(max_length=253, description="PersistentVolumeClaim (ReadWriteMany) for the shared tier.")] = None
+    claim_name: Annotated[DnsSubdomain | None, Field(description="PersistentVolumeClaim (ReadWriteMany) for the shared tier.")] = None
     host_path: Annotated[str, Field(min_length=1, max_length=4096, description="Without claimName: a folder mounted on every node (e.g. NFS).")] = "/mnt/railyard-shared"
 
 
@@ -335,9 +396,9 @@ class TrainingJobSpec(_Model):
     nodes: Annotated[int, Field(ge=1, le=100_000, description="Number of nodes, one pod per node.")] = 1
     procs_per_node: Annotated[int, Field(ge=1, le=64, description="Training processes (ranks) per pod, usually one per GPU.")] = 1
     gpus_per_pod: Annotated[int | None, Field(ge=0, le=64, description="GPUs each pod uses (nvidia.com/gpu); 0 for CPU-only nodes. Empty: procsPerNode.")] = None
-    node_selector: Annotated[dict[str, str], Field(description="Only place on nodes with these labels.")] = {}
+    node_selector: Annotated[dict[LabelKeyOfMap, LabelValue], Field(max_length=64, description="Only place on nodes with these labels (label keys and values).")] = {}
     tolerations: Annotated[list[Toleration], Field(max_length=32, description="Tolerations for the gang's pods (placement honours them too).")] = []
-    service_account_name: Annotated[str | None, Field(max_length=253, description="ServiceAccount of the pods (default: the namespace's default, with no token mounted).")] = None
+    service_account_name: Annotated[DnsSubdomain | None, Field(description="ServiceAccount of the pods (default: the namespace's default, with no token mounted).")] = None
     parallelism: Annotated[Parallelism, Field(description="How the world is split: pipeline x data x tensor.")] = Parallelism()
     trainer: Annotated[TrainerSettings, Field(description="Model and training settings of the bundled trainer.")] = TrainerSettings()
     topology: Annotated[Topology, Field(description="Network topology used for rail-aware placement.")] = Topology()
@@ -345,7 +406,7 @@ class TrainingJobSpec(_Model):
     checkpoint: Annotated[Checkpoint, Field(description="Checkpoint tiers.")] = Checkpoint()
     health: Annotated[Health, Field(description="Heartbeats, hang, straggler and SDC detection.")] = Health()
     restart_policy: Annotated[RestartPolicy, Field(description="Restart budgets per failure class and backoff.")] = RestartPolicy()
-    nccl: Annotated[dict[str, str], Field(description="NCCL environment overrides (defaults keep each rank's inter-node traffic on its rail, e.g. NCCL_CROSS_NIC=0).")] = {}
+    nccl: Annotated[dict[EnvVarNameOfMap, Annotated[str, Field(max_length=32768)]], Field(max_length=128, description="NCCL environment overrides (defaults keep each rank's inter-node traffic on its rail, e.g. NCCL_CROSS_NIC=0).")] = {}
 
     model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": list[Any](SPEC_RULES)})
 
@@ -358,8 +419,7 @@ class TrainingJobSpec(_Model):
         """The data-parallel degree, given or derived (0 when the shape is inconsistent)."""
         if self.parallelism.data is not None:
             return self.parallelism.data
-        denom = self.parallelism.tensor * self.parallelism.pipeline
-        return self.world_size // denom if self.world_size % denom == 0 else 0
+        return derive_data_parallel(self.world_size, self.parallelism.pipeline, self.parallelism.tensor)
 
     @property
     def gpus(self) -> int:
@@ -384,6 +444,8 @@ class Condition(_Model):
 
 
 class PlacementStatus(_Model):
+    attempt: Annotated[int, Field(description="The attempt this placement was made for (status.attempt moves on at a restart before the next gang is placed).")] = 0
+    moved: Annotated[list[int], Field(description="Pod indices whose node changed from the previous attempt (sticky re-placement), first 64.")] = []
     nodes: Annotated[list[str], Field(description="Nodes of the gang by pod index (first 64 shown for large gangs).")] = []
     node_count: Annotated[int, Field(description="Number of nodes in the gang.")] = 0
     spares: Annotated[list[str], Field(description="Hot spare nodes held for the gang.")] = []

@@ -112,6 +112,10 @@ def validate_manifest(obj: Any) -> list[Problem]:
             msg = err["msg"]
             if err["type"] == "extra_forbidden":
                 msg = "unknown field"
+            elif err["type"] == "value_error":
+                # our rules (railyard.api.corev1, api.quantity) say what to write instead
+                problems.append(Problem(path, msg.removeprefix("Value error, ")))
+                continue
             problems.append(Problem(path, f"{msg}; {fix}"))
     spec = obj.get("spec") or {}
     if isinstance(spec, dict):

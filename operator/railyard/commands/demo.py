@@ -24,6 +24,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--straggler-factor", type=float, help="how much slower (default 2.5)")
     p.add_argument("--bitflip-step", type=int, help="step at which a gradient bit flips")
     p.add_argument("--timeout", type=float, default=600.0, help="give up after this many seconds")
+    p.add_argument("--prometheus", action="store_true",
+                   help="also run a real Prometheus (the `prometheus` binary, e.g. Debian's package) on 127.0.0.1 that scrapes the operator and loads the alerting rules; prints its URL and example queries")
+    p.add_argument("--prometheus-port", type=int, default=0, help="port for --prometheus (default: a free one)")
 
 
 def build_scenario(args: argparse.Namespace) -> Any:
@@ -63,12 +66,20 @@ def run(args: argparse.Namespace) -> int:
     except (ScenarioError, OSError) as exc:
         print(f"railyard demo: {exc}", file=sys.stderr)
         return 2
+    if args.prometheus:
+        from railyard.demo.prometheus import find_prometheus
+
+        if find_prometheus() is None:
+            print("railyard demo: --prometheus needs the `prometheus` binary on PATH "
+                  "(Debian: apt-get install --no-install-recommends prometheus); or leave out --prometheus", file=sys.stderr)
+            return 2
     def _terminate(signum: int, frame: object) -> None:
         raise KeyboardInterrupt  # run the same clean-up as Ctrl-C
 
     signal.signal(signal.SIGTERM, _terminate)
     try:
-        summary = Demo(scenario, Path(args.out), timeout=args.timeout, echo=lambda s: print(s, flush=True)).run()
+        summary = Demo(scenario, Path(args.out), timeout=args.timeout, echo=lambda s: print(s, flush=True),
+                       prometheus=args.prometheus, prometheus_port=args.prometheus_port).run()
     except KeyboardInterrupt:
         print("\nrailyard demo: interrupted; the cluster, the operator and every pod were stopped", file=sys.stderr)
         return 130

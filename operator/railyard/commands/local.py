@@ -20,10 +20,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from railyard.api.corev1 import node_is_ready
 from railyard.local.cluster import MODES, LocalCluster, LocalClusterError, default_state_dir
 from railyard.local.kube import MERGE, ApiError, KubeClient
 from railyard.local.nodes import FAIL_ANNOTATION, SLOW_ANNOTATION
-from railyard.local.scheduling import is_node_ready
 from railyard.local.topology import SIMULATED_LABEL, TopologyError
 
 EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
@@ -266,7 +266,7 @@ async def _status(args: argparse.Namespace, state_dir: Path) -> int:
             ann = meta.get("annotations") or {}
             out["nodes"].append({
                 "name": meta.get("name"),
-                "ready": is_node_ready(n),
+                "ready": node_is_ready(n),
                 "failed": ann.get(FAIL_ANNOTATION) == "true",
                 "slowFactor": float(ann.get(SLOW_ANNOTATION, 1) or 1),
                 "taints": [f"{t.get('key')}{'=' + t['value'] if t.get('value') else ''}:{t.get('effect')}" for t in (n.get("spec") or {}).get("taints") or []],

@@ -22,12 +22,11 @@ from railyard.logic.cost import CostInputs
 from railyard.logic.placement import (
     GangRequest,
     Placement,
-    PreviousPlacement,
     Unplaceable,
-    build_gang_request,
+    build_placement_input,
     plan_placement,
 )
-from railyard.logic.topology import build_topology, parse_synthetic_spec
+from railyard.logic.topology import parse_synthetic_spec, synthetic_levels
 
 EXIT_UNPLACEABLE = 3
 _DEFAULTS = CostInputs()
@@ -148,6 +147,7 @@ def _as_json(pl: Placement | Unplaceable) -> dict[str, Any]:
         return {
             "placed": False,
             "constraint": pl.constraint,
+            "conditionReason": pl.condition_reason,
             "reason": pl.reason,
             "short": pl.short,
             "domains": list(pl.domains),
@@ -173,20 +173,23 @@ def plan(
     fail: Sequence[str] = (),
     cost_inputs: CostInputs | None = None,
 ) -> tuple[GangRequest, Placement | Unplaceable, Placement | Unplaceable | None]:
-    """Plan a job (and, with ``fail``, its re-placement); the testable core of the command."""
+    """Plan a job (and, with ``fail``, its re-placement); the testable core of the command.
+
+    The same input and decision as the operator's (:func:`build_placement_input`,
+    :func:`plan_placement`): attempt 0, then attempt 1 sticky on it with ``fail`` moved off."""
     from railyard.api.trainingjob import TrainingJob
 
     job = TrainingJob.model_validate(job_doc)
-    req = build_gang_request(job, nodes=nodes)
-    topo = build_topology(
-        nodes, pods, levels=req.levels, tolerations=req.tolerations, ignore_job=req.job
-    )
-    first = plan_placement(topo, req, cost_inputs=cost_inputs)
+    inp = build_placement_input(job, nodes=nodes, pods=pods, cost_inputs=cost_inputs)
+    first = plan_placement(inp)
     second: Placement | Unplaceable | None = None
     if fail and isinstance(first, Placement):
-        prev = PreviousPlacement(first.nodes, first.spares, frozenset(fail))
-        second = plan_placement(topo, req, previous=prev, cost_inputs=cost_inputs)
-    return req, first, second
+        again = build_placement_input(
+            job, nodes=nodes, pods=pods, attempt=1, previous_nodes=first.nodes,
+            previous_spares=first.spares, failed=fail, cost_inputs=cost_inputs,
+        )
+        second = plan_placement(again)
+    return inp.request, first, second
 
 
 def run(args: argparse.Namespace) -> int:
@@ -201,7 +204,8 @@ def run(args: argparse.Namespace) -> int:
         if args.kubeconfig:
             nodes, pods = _from_cluster(args.kubeconfig)
         elif "=" in args.nodes and not args.nodes.endswith((".yaml", ".yml", ".json")):
-            nodes, pods = parse_synthetic_spec(args.nodes), []
+            preset = ((job_doc.get("spec") or {}).get("topology") or {}).get("preset")
+            nodes, pods = parse_synthetic_spec(args.nodes, levels=synthetic_levels(preset)), []
         else:
             nodes = _load_objects(args.nodes)
             pods = _load_objects(args.pods) if args.pods else []

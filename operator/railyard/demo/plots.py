@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from railyard.demo.record import Record
+from railyard.demo.record import Record, placement_picture
 
 PHASE_COLORS = {
     "Pending": "#bbbbbb", "Placing": "#9ecae1", "Starting": "#6baed6", "Running": "#31a354",
@@ -99,29 +99,20 @@ def draw_placement(record: Record, path: Path) -> Path:
     import matplotlib.pyplot as plt
     from matplotlib.patches import FancyBboxPatch
 
-    nodes = sorted(record.topology, key=lambda n: (record.topology[n], n))
-    leaves: dict[tuple[str, str], list[str]] = {}
-    for n in nodes:
-        leaves.setdefault(record.topology[n], []).append(n)
-    first = record.placements.get(min(record.placements), []) if record.placements else []
-    last_attempt = max(record.placements) if record.placements else 0
-    last = record.placements.get(last_attempt, [])
-    spares = set(record.spares.get(last_attempt, []))
-    quarantined = set((record.final_status and [q.get("node", "") for q in record.final_status.get("quarantinedNodes") or []]) or [])
-    fig, ax = plt.subplots(figsize=(2.2 * max(len(nodes), 2), 3.2))
+    picture = placement_picture(record)
+    colors = {"pod": "#a1d99b", "spare": "#c6dbef", "quarantined": "#fcbba1", "free": "#f0f0f0"}
+    width = sum(len(cells) for cells in picture.leaves.values())
+    fig, ax = plt.subplots(figsize=(2.2 * max(width, 2), 3.2))
     x = 0.0
-    for (spine, leaf), members in sorted(leaves.items()):
+    for (spine, leaf), cells in sorted(picture.leaves.items()):
         left = x
-        for n in members:
-            label = n
-            color = "#f0f0f0"
-            if n in quarantined:
-                color, label = "#fcbba1", f"{n}\nquarantined"
-            elif n in last:
-                color, label = "#a1d99b", f"{n}\npod {last.index(n)}" + (" (moved)" if n not in first else "")
-            elif n in spares:
-                color, label = "#c6dbef", f"{n}\nspare"
-            ax.add_patch(FancyBboxPatch((x, 0), 1.8, 1, boxstyle="round,pad=0.05", facecolor=color, edgecolor="#333333"))
+        for c in cells:
+            label = c.node
+            if c.role == "pod":
+                label = f"{c.node}\npod {c.pod_index}" + (" (moved)" if c.moved else "")
+            elif c.role != "free":
+                label = f"{c.node}\n{c.role}"
+            ax.add_patch(FancyBboxPatch((x, 0), 1.8, 1, boxstyle="round,pad=0.05", facecolor=colors[c.role], edgecolor="#333333"))
             ax.text(x + 0.9, 0.5, label, ha="center", va="center", fontsize=8)
             x += 2.0
         ax.plot([left + 0.9, x - 1.1], [1.35, 1.35], color="#555555")
@@ -130,7 +121,7 @@ def draw_placement(record: Record, path: Path) -> Path:
     ax.set_xlim(-0.3, x)
     ax.set_ylim(-0.3, 1.9)
     ax.axis("off")
-    ax.set_title(f"Placement of the final gang (attempt {last_attempt}); TP inside each node, FSDP across nodes on one rail")
+    ax.set_title(f"Placement of the final gang (attempt {picture.attempt}); TP inside each node, FSDP across nodes on one rail")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

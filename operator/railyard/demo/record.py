@@ -43,9 +43,13 @@ class Record:
     started_at: float
     samples: list[Sample] = field(default_factory=list)
     decisions: list[Decision] = field(default_factory=list)
-    #: attempt -> node per pod index
+    #: attempt -> node per pod index, from ``status.placement`` of that attempt
     placements: dict[int, list[str]] = field(default_factory=dict)
     spares: dict[int, list[str]] = field(default_factory=dict)
+    #: attempt -> pod indices that moved to another node (``status.placement.moved``)
+    moved: dict[int, list[int]] = field(default_factory=dict)
+    #: attempt -> {pod index: node} of the pods seen bound (what really ran)
+    pods: dict[int, dict[int, str]] = field(default_factory=dict)
     #: node -> (spine, leaf)
     topology: dict[str, tuple[str, str]] = field(default_factory=dict)
     #: scenario actions the runner took: (t, what)
@@ -60,6 +64,71 @@ class Record:
             return False
         self.samples.append(sample)
         return True
+
+
+def note_placement(record: Record, status: dict[str, Any]) -> int | None:
+    """Record ``status.placement`` under the attempt it was made for; returns that attempt when
+    it is new. ``status.attempt`` moves on at a restart before the next gang is placed, so the
+    placement's own ``attempt`` says whose it is (reading status.attempt showed attempt N+1 on
+    attempt N's nodes)."""
+    placement = status.get("placement") or {}
+    nodes = list(placement.get("nodes") or [])
+    if not nodes or "attempt" not in placement:
+        return None
+    attempt = int(placement["attempt"])
+    if record.placements.get(attempt) == nodes:
+        return None
+    record.placements[attempt] = nodes
+    record.spares[attempt] = list(placement.get("spares") or [])
+    record.moved[attempt] = [int(i) for i in placement.get("moved") or []]
+    return attempt
+
+
+def note_pods(record: Record, pods: list[tuple[int, int, str]]) -> None:
+    """Record (attempt, pod index, node) of bound pods: the placement that really ran."""
+    for attempt, index, node in pods:
+        if node and index >= 0:
+            record.pods.setdefault(attempt, {})[index] = node
+
+
+@dataclass(frozen=True)
+class Cell:
+    node: str
+    #: "pod", "spare", "quarantined" or "free"
+    role: str
+    pod_index: int | None = None
+    moved: bool = False
+
+
+@dataclass(frozen=True)
+class PlacementPicture:
+    attempt: int
+    #: (spine, leaf) -> the nodes of that leaf, in order
+    leaves: dict[tuple[str, str], list[Cell]]
+
+    def pods(self) -> dict[int, str]:
+        return {c.pod_index: c.node for cells in self.leaves.values() for c in cells if c.pod_index is not None}
+
+
+def placement_picture(record: Record) -> PlacementPicture:
+    """What the placement picture shows: the final attempt's gang, as its status recorded it."""
+    attempt = max(record.placements) if record.placements else 0
+    gang = record.placements.get(attempt, [])
+    moved = set(record.moved.get(attempt, []))
+    spares = set(record.spares.get(attempt, []))
+    quarantined = {q.get("node", "") for q in record.final_status.get("quarantinedNodes") or []}
+    leaves: dict[tuple[str, str], list[Cell]] = {}
+    for n in sorted(record.topology, key=lambda n: (record.topology[n], n)):
+        if n in gang:
+            cell = Cell(n, "pod", gang.index(n), gang.index(n) in moved)
+        elif n in quarantined:
+            cell = Cell(n, "quarantined")
+        elif n in spares:
+            cell = Cell(n, "spare")
+        else:
+            cell = Cell(n, "free")
+        leaves.setdefault(record.topology[n], []).append(cell)
+    return PlacementPicture(attempt, leaves)
 
 
 @dataclass(frozen=True)

@@ -24,12 +24,24 @@ from typing import Any
 import yaml
 
 from railyard.demo.plots import draw_all
+from railyard.demo.prometheus import (
+    EXAMPLE_QUERIES,
+    RULES_FILE,
+    Prometheus,
+    PrometheusError,
+    build_report,
+    graph_url,
+    start_prometheus,
+)
 from railyard.demo.record import (
     Decision,
     Record,
     Sample,
     Summary,
     format_summary,
+    note_placement,
+    note_pods,
+    placement_picture,
     restores_from_status,
     summarise,
 )
@@ -117,7 +129,8 @@ def _wait(what: str, pred: Callable[[], bool], timeout: float, log_hint: str) ->
 
 
 class Demo:
-    def __init__(self, scenario: Scenario, out: Path, *, echo: Callable[[str], None] = print, timeout: float = 600.0) -> None:
+    def __init__(self, scenario: Scenario, out: Path, *, echo: Callable[[str], None] = print, timeout: float = 600.0,
+                 prometheus: bool = False, prometheus_port: int = 0) -> None:
         scenario.validate()
         self.scenario = scenario
         self.out = out.absolute()
@@ -132,6 +145,10 @@ class Demo:
         self.done_actions: set[str] = set()
         self.seen_events: set[str] = set()
         self.metrics_restarts: dict[str, int] = {}
+        #: start a real Prometheus beside the cluster (railyard.demo.prometheus)
+        self.prometheus = prometheus
+        self.prometheus_port = prometheus_port
+        self.prometheus_report: dict[str, Any] | None = None
 
     # ------------------------------------------------------------------ orchestration
 
@@ -146,6 +163,7 @@ class Demo:
         self.echo(f"railyard demo: starting a local cluster of {n} simulated nodes x {self.scenario.procs_per_node} GPUs (1 spine, 2 leaves) in {state}")
         cluster = LocalCluster(state, nodes=n, gpus_per_node=self.scenario.procs_per_node, topology="spine=1,leaf=2")
         operator: Operator | None = None
+        prom: Prometheus | None = None
         try:
             kubeconfig = cluster.start()
             self.echo(f"  kubeconfig: {kubeconfig}  (export KUBECONFIG={kubeconfig} to watch with kubectl)")
@@ -154,6 +172,8 @@ class Demo:
             operator = Operator(kubeconfig, self.out / "operator.log")
             _wait("the operator", operator.ready, 60, str(operator.log))
             self.echo(f"  operator running (metrics on http://127.0.0.1:{operator.port}/metrics)")
+            if self.prometheus:
+                prom = self._start_prometheus(operator)
             self._read_topology()
             self.record.started_at = time.time()
             self.custom.create_namespaced_custom_object(GROUP, VERSION, self.ns, PLURAL, self.job)
@@ -164,11 +184,52 @@ class Demo:
                 self.metrics_restarts = restarts_from_metrics(operator.get("/metrics"))
             except OSError:
                 self.metrics_restarts = {}
+            if prom is not None:
+                self._report_prometheus(prom)
         finally:
+            if prom is not None:
+                prom.stop()
             if operator is not None:
                 operator.stop()
             cluster.stop()
         return self._finish()
+
+    def _start_prometheus(self, operator: Operator) -> Prometheus:
+        folder = self.out / "prometheus"
+        if folder.exists():
+            shutil.rmtree(folder)
+        rules = [RULES_FILE] if RULES_FILE.exists() else []
+        try:
+            prom = start_prometheus(folder, [f"127.0.0.1:{operator.port}"], scrape_interval_s=2.0, rule_files=rules,
+                                    port=self.prometheus_port)
+        except PrometheusError as exc:
+            raise DemoError(f"--prometheus: {exc}") from None
+        self.echo(f"  prometheus: {prom.url}  (scrapes the operator every 2 s; {'alerting rules ' + str(RULES_FILE) if rules else 'no rules file found'})")
+        self.echo(f"    alerts {prom.url}/alerts   targets {prom.url}/targets   try:")
+        for expr in EXAMPLE_QUERIES:
+            self.echo(f"    {expr:<45} {graph_url(prom.url, expr)}")
+        return prom
+
+    def _report_prometheus(self, prom: Prometheus) -> None:
+        """What Prometheus saw, once it has scraped the final state (bounded wait)."""
+        metric = {k.lower(): v for k, v in self.metrics_restarts.items() if v}
+        end = time.time()
+        try:
+            report = prom.wait_until("Prometheus to scrape the last restarts",
+                                     lambda: (r := build_report(prom, self.record.started_at, time.time())).restarts == metric and r, 15)
+        except PrometheusError:
+            try:
+                report = build_report(prom, self.record.started_at, end)
+            except PrometheusError as exc:
+                self.echo(f"  prometheus: {exc}; see {prom.log_file}")
+                return
+        self.prometheus_report = {
+            "url": prom.url,
+            "restarts": report.restarts,
+            "restartsAgree": report.restarts == metric,
+            "alertsFired": report.alerts_fired,
+            "reopen": f"prometheus --config.file={prom.config_file} --storage.tsdb.path={prom.data_dir} --web.listen-address=127.0.0.1:9090",
+        }
 
     def _clients(self, kubeconfig: Path) -> None:
         from kubernetes import client, config
@@ -238,6 +299,7 @@ class Demo:
                 self.echo(self._progress_line(sample, status))
                 last_line = now
             self._note_placement(status)
+            self._note_pods()
             for s in status.get("stragglers") or []:
                 self.stragglers_seen.add(f"rank {s.get('rank')} on {s.get('node')}")
             self._print_events()
@@ -257,13 +319,25 @@ class Demo:
         return f"  [{t:6.1f}s] {s.phase:<10} attempt {s.attempt}  step {s.step:>4}/{self.scenario.steps}  {loss}  {s.tokens_per_s:8,.0f} tok/s  restarts {restarts}  {ck}"
 
     def _note_placement(self, status: dict[str, Any]) -> None:
-        placement = status.get("placement") or {}
-        nodes = placement.get("nodes") or []
-        attempt = int(status.get("attempt", 0))
-        if nodes and attempt not in self.record.placements:
-            self.record.placements[attempt] = list(nodes)
-            self.record.spares[attempt] = list(placement.get("spares") or [])
-            self.echo(f"  placed attempt {attempt}: pods on {', '.join(nodes)}; spares {', '.join(placement.get('spares') or []) or 'none'}; {placement.get('summary', '')}")
+        attempt = note_placement(self.record, status)
+        if attempt is not None:
+            nodes, spares = self.record.placements[attempt], self.record.spares[attempt]
+            moved = self.record.moved[attempt]
+            self.echo(f"  placed attempt {attempt}: pods on {', '.join(nodes)}; spares {', '.join(spares) or 'none'}"
+                      + (f"; moved pod indices {moved}" if moved else ""))
+
+    def _note_pods(self) -> None:
+        pods = self.core.list_namespaced_pod(self.ns, label_selector=f"railyard.dev/job={self.name}").items
+        seen = []
+        for p in pods:
+            labels = p.metadata.labels or {}
+            if labels.get("railyard.dev/cleanup") == "true" or not p.spec.node_name:
+                continue
+            try:
+                seen.append((int(labels.get("railyard.dev/attempt", -1)), int(labels.get("railyard.dev/pod-index", -1)), str(p.spec.node_name)))
+            except ValueError:
+                continue
+        note_pods(self.record, seen)
 
     def _print_events(self) -> None:
         events = self.core.list_namespaced_event(self.ns, field_selector=f"involvedObject.name={self.name}").items
@@ -282,7 +356,9 @@ class Demo:
     def _act(self, s: Sample, status: dict[str, Any]) -> None:
         """Inject the scenario's cluster-level faults when training reaches their step."""
         scn = self.scenario
-        nodes = self.record.placements.get(s.attempt) or []
+        # faults go to the nodes of the gang that runs now, not the previous attempt's
+        current = int((status.get("placement") or {}).get("attempt", -1)) == s.attempt
+        nodes = (self.record.placements.get(s.attempt) or []) if current else []
         if s.phase != "Running" or not nodes:
             return
         if scn.straggler and "straggler" not in self.done_actions and s.step >= scn.straggler.step:
@@ -320,15 +396,23 @@ class Demo:
         metric_restarts = {k.lower(): v for k, v in self.metrics_restarts.items() if v}
         agree = {k.lower(): v for k, v in status_restarts.items()} == metric_restarts
         self.echo(f"  metrics         railyard_restarts_total {metric_restarts or '{}'} {'agrees' if agree else 'DISAGREES'} with status.restarts")
+        if self.prometheus_report is not None:
+            p = self.prometheus_report
+            agrees = "agrees with the operator" if p["restartsAgree"] else "DISAGREES with the operator"
+            self.echo(f"  prometheus      railyard_restarts_total {p['restarts'] or '{}'} {agrees}; alerts fired: {', '.join(p['alertsFired']) or 'none'}")
+            self.echo(f"                  to look again: {p['reopen']}")
         self.echo("  pictures        " + ", ".join(str(p) for p in pictures))
         data = {
             "summary": {**asdict(summary), "restores": [asdict(r) for r in restores]},
             "metricsRestarts": self.metrics_restarts,
             "metricsAgree": agree,
+            "prometheus": self.prometheus_report,
             "status": self.record.final_status,
             "decisions": [asdict(d) for d in self.record.decisions],
             "samples": [asdict(s) for s in self.record.samples],
             "placements": self.record.placements,
+            "pods": self.record.pods,
+            "placementPicture": placement_picture(self.record).pods(),
         }
         (self.out / "summary.json").write_text(json.dumps(data, indent=1, default=str))
         (self.out / "trainingjob.yaml").write_text(yaml.safe_dump(self.job, sort_keys=False))

@@ -10,28 +10,27 @@ is removed once they have finished, their node is gone, or a bounded time has pa
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
+from railyard.api.corev1 import node_is_ready
 from railyard.api.trainingjob import TrainingJob
-from railyard.k8s import gang as ops
+from railyard.handlers.cycle import Cycle
 from railyard.logic.conditions import parse_time
-from railyard.logic.failures import node_is_ready
 from railyard.logic.manifests import CLEANUP_FINALIZER, build_cleanup_pod
 
 #: Longest a deletion waits for the cleanup pods.
 CLEANUP_TIMEOUT_S = 120.0
 
 
-async def _nodes_that_held_the_job(c: Any) -> list[str]:
+async def _nodes_that_held_the_job(c: Cycle) -> list[str]:
     nodes: list[str] = list(c.st.placement.nodes) if c.st.placement else []
     for attempt in range(max(c.st.attempt - 4, 0), c.st.attempt + 1):
-        table = await ops.read_rank_table(c.kube, c.ns, c.name, attempt)
+        table = await c.io.read_rank_table(c.ns, c.name, attempt)
         if table is not None:
             nodes += [p.node for p in table.pods]
     return sorted(set(nodes))
 
 
-async def cleanup_checkpoints(c: Any, finalizers: Sequence[str]) -> float | None:
+async def cleanup_checkpoints(c: Cycle, finalizers: Sequence[str]) -> float | None:
     """One cycle of a deletion with our finalizer; returns when to look again."""
     rt = c.rt
     nodes = rt.node_map()
@@ -39,25 +38,25 @@ async def cleanup_checkpoints(c: Any, finalizers: Sequence[str]) -> float | None
     if gang:
         await c.delete_pods(gang, nodes)
     try:
-        job = TrainingJob.model_validate({"metadata": {"name": c.name, "namespace": c.ns}, "spec": c.body.get("spec") or {}})
+        job: TrainingJob | None = TrainingJob.model_validate({"metadata": {"name": c.name, "namespace": c.ns}, "spec": c.spec})
     except ValueError:
         job = None
     since = parse_time(str(c.meta.get("deletionTimestamp") or "")) or c.now
     timed_out = c.now - since > CLEANUP_TIMEOUT_S
     done = job is None or timed_out
     cleaners = {str((p.get("metadata") or {}).get("name")): p for p in rt.pods_of(c.ns, c.name, cleanup=True)}
-    if not done:
+    if job is not None and not done:
         targets = [n for n in await _nodes_that_held_the_job(c) if node_is_ready(nodes.get(n))]
         pods = [
             # a shared hostPath is cleaned from every node (it may not really be shared); a
             # claim once
-            build_cleanup_pod(job.spec, job=c.name, namespace=c.ns, index=i, node=n,  # type: ignore[union-attr]
-                              shared=i == 0 or not job.spec.checkpoint.shared.claim_name)  # type: ignore[union-attr]
+            build_cleanup_pod(job.spec, job=c.name, namespace=c.ns, index=i, node=n,
+                              shared=i == 0 or not job.spec.checkpoint.shared.claim_name)
             for i, n in enumerate(targets)
         ]
         missing = [p for p in pods if p["metadata"]["name"] not in cleaners]
         if missing:
-            await ops.create_pods(c.kube, missing)
+            await c.io.create_pods(missing)
             return 1.0
         finished = [
             p for p in pods
@@ -69,13 +68,11 @@ async def cleanup_checkpoints(c: Any, finalizers: Sequence[str]) -> float | None
         c.event("Normal", "CheckpointsDeleted", f"checkpoints deleted on {len(pods)} nodes (spec.checkpoint.cleanupOnDelete)")
     elif timed_out:
         c.event("Warning", "CheckpointCleanupTimedOut", f"checkpoint cleanup did not finish within {CLEANUP_TIMEOUT_S:g}s; some files may remain")
-    for _type, reason, message in c.extra_events:
-        await ops.create_event(c.kube, c.body, type_=_type, reason=reason, message=message, now=c.now)
-    c.extra_events.clear()
+    await c.flush_events()
     if cleaners:
-        await ops.delete_pods(c.kube, c.ns, list(cleaners), grace_seconds=0)
+        await c.io.delete_pods(c.ns, list(cleaners), grace_seconds=0)
     rest = [f for f in finalizers if f != CLEANUP_FINALIZER]
-    if not await ops.patch_job_finalizers(c.kube, c.ns, c.name, rest, c.meta.get("resourceVersion")):
+    if not await c.io.patch_job_finalizers(c.ns, c.name, rest, c.meta.get("resourceVersion")):
         return 0.5
-    await ops.delete_owned(c.kube, c.ns, c.name)
+    await c.io.delete_owned(c.ns, c.name)
     return None

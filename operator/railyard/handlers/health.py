@@ -10,12 +10,20 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from railyard.api.trainingjob import CheckpointRef, RestoreStatus, StragglerStatus, TrainingJob
-from railyard.logic.checkpoint import compute_steps_lost, latest_verified_per_tier
+from railyard.handlers.cycle import Cycle
 from railyard.logic.conditions import format_time, parse_time
 from railyard.logic.failures import Failure, build_verdict_failure
 from railyard.logic.gang import attempt_of, pod_index_of
 from railyard.logic.goodput import compute_goodput
-from railyard.logic.health import HealthPolicy, HealthState, PodStatus, decide_health
+from railyard.logic.health import (
+    HealthDecision,
+    HealthPolicy,
+    HealthState,
+    PodStatus,
+    decide_health,
+)
+from railyard.logic.health.window import JobWindow
+from railyard.protocol.restore import compute_steps_lost, latest_verified_per_tier
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +37,7 @@ def _running_since(pod: Mapping[str, Any]) -> float | None:
     return parse_time(status.get("startTime"))
 
 
-def evaluate_health(c: Any, job: TrainingJob, pods: Sequence[Mapping[str, Any]]) -> Failure | None:
+def evaluate_health(c: Cycle, job: TrainingJob, pods: Sequence[Mapping[str, Any]]) -> Failure | None:
     """Update ``c.st`` from the job's heartbeats; return a failure when a verdict asks for a
     restart. ``c`` is the reconcile Cycle."""
     rt = c.rt
@@ -46,7 +54,7 @@ def evaluate_health(c: Any, job: TrainingJob, pods: Sequence[Mapping[str, Any]])
     except ValueError as exc:
         log.warning("%s/%s: health policy: %s", c.ns, c.name, exc)
         return None
-    state = c.w.health_state if isinstance(c.w.health_state, HealthState) else HealthState()
+    state = c.w.health_state if c.w.health_state is not None else HealthState()
     decision = decide_health(window, pod_status, state, policy, c.now)
     c.w.health_state = decision.state
     rt.health_metrics.observe_decision(c.ns, c.name, decision)
@@ -61,7 +69,7 @@ def evaluate_health(c: Any, job: TrainingJob, pods: Sequence[Mapping[str, Any]])
     return build_verdict_failure(first.kind.value, first.message, decision.quarantine_nodes)
 
 
-def _copy_progress(c: Any, window: Any, decision: Any) -> None:
+def _copy_progress(c: Cycle, window: JobWindow, decision: HealthDecision) -> None:
     st = c.st
     update: dict[str, Any] = {}
     # a new attempt's first beats (before its first step) report 0: keep the step shown

@@ -15,13 +15,12 @@ import kopf
 
 from railyard import GROUP, VERSION
 from railyard.api.trainingjob import PLURAL
+from railyard.handlers.cycle import KubeGangIO
+from railyard.handlers.nodes import on_node_change
 from railyard.handlers.reconcile import reconcile_job
 from railyard.handlers.runtime import OperatorSettings, Runtime
 from railyard.k8s import gang as ops
-from railyard.logic.failures import node_is_ready
 from railyard.logic.manifests import JOB_LABEL
-from railyard.logic.quarantine import wants_release
-from railyard.logic.topology import QUARANTINE_KEY
 
 log = logging.getLogger(__name__)
 
@@ -31,8 +30,7 @@ RUNTIME: Runtime | None = None
 def configure(settings: OperatorSettings) -> Runtime:
     """Set the settings before kopf starts (the command does this); returns the runtime."""
     global RUNTIME
-    RUNTIME = Runtime(settings)
-    RUNTIME.reconcile = reconcile_job
+    RUNTIME = Runtime(settings, reconcile_job)
     return RUNTIME
 
 
@@ -94,6 +92,26 @@ def railyard_nodes(name: str, body: Any, **_: Any) -> dict[str, dict[str, Any]]:
 # lifecycle ------------------------------------------------------------------------------------
 
 
+@kopf.on.login()
+async def on_login_operator(**_: Any) -> kopf.ConnectionInfo:
+    """kopf's client logs in with our connection: the same kubeconfig and ``--context`` (kopf's
+    own login reads the current context only) and the same renewing credentials. kopf asks again
+    when what it was given expired or was refused (401), so that one is dropped first."""
+    rt = runtime()
+    conn = rt.connection()
+    if rt.kopf_credential is not None:
+        conn.credentials.invalidate(rt.kopf_credential)
+    cred = await conn.credentials.current()
+    rt.kopf_credential = cred
+    token = cred.token[7:] if cred.token and cred.token.lower().startswith("bearer ") else cred.token
+    return kopf.ConnectionInfo(
+        server=conn.server, ca_path=conn.ca_file, insecure=conn.insecure or None,
+        scheme="Bearer" if token else None, token=token, username=cred.username, password=cred.password,
+        certificate_path=cred.cert_file, private_key_path=cred.key_file,
+        default_namespace=conn.namespace, expiration=cred.expires,
+    )
+
+
 @kopf.on.startup()
 async def on_startup_operator(settings: kopf.OperatorSettings, **_: Any) -> None:
     rt = runtime()
@@ -107,11 +125,13 @@ async def on_startup_operator(settings: kopf.OperatorSettings, **_: Any) -> None
 
         app = build_http_app(
             rt.metrics.registry,
-            ready=lambda: rt.nodes is not None,
+            healthy=rt.probes.liveness,
+            ready=rt.probes.readiness,
             extra_routes=lambda a: add_heartbeat_routes(a, rt.store, rt.tokens, metrics=rt.health_metrics,
                                                       on_batch=rt.checkpoint_metrics.observe_batch),
         )
         rt.http_runner = await start_http_server(app, rt.settings.metrics_host, rt.settings.metrics_port)
+    rt.probes.started = True
 
 
 @kopf.on.cleanup()
@@ -143,36 +163,11 @@ def on_event_pod(namespace: str | None, labels: Any, **kwargs: Any) -> None:
     rt.wake(namespace or "", labels[JOB_LABEL])
 
 
-_NODE_SEEN: dict[str, tuple[Any, ...]] = {}
-
-
-def _node_signature(body: Any) -> tuple[Any, ...]:
-    meta = body.get("metadata") or {}
-    spec = body.get("spec") or {}
-    return (
-        node_is_ready(body),
-        bool(spec.get("unschedulable")),
-        tuple(sorted((t.get("key"), t.get("effect")) for t in spec.get("taints") or ())),
-        (meta.get("labels") or {}).get(QUARANTINE_KEY),
-        str(((body.get("status") or {}).get("allocatable") or {}).get("nvidia.com/gpu")),
-    )
-
-
 @kopf.on.event("nodes")
 async def on_event_node(event: Any, name: str, body: Any, **kwargs: Any) -> None:
     rt = runtime()
     rt.bind_indexes(kwargs)
-    if event.get("type") == "DELETED":
-        _NODE_SEEN.pop(name, None)
-        rt.wake_jobs()
-        return
-    if wants_release(body):
-        await ops.release_node(rt.api(), name)
-    sig = _node_signature(body)
-    if _NODE_SEEN.get(name) != sig:
-        _NODE_SEEN[name] = sig
-        rt.wake_jobs()
-    rt.metrics.quarantined.set(sum(1 for s in _NODE_SEEN.values() if s[3] == "true"))
+    await on_node_change(rt, KubeGangIO(rt.api()), deleted=event.get("type") == "DELETED", name=name, body=body)
 
 
 def _plain(body: Any) -> dict[str, Any]:

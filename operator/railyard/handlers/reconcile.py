@@ -27,27 +27,22 @@ from pydantic import ValidationError
 
 from railyard.api.trainingjob import QuarantinedNode, TrainingJob, TrainingJobStatus
 from railyard.handlers.cleanup import cleanup_checkpoints
+from railyard.handlers.cycle import Cycle, GangIO, KubeGangIO
 from railyard.handlers.health import evaluate_health
 from railyard.handlers.runtime import JobWorker, Runtime
-from railyard.k8s import gang as ops
-from railyard.k8s.client import ApiError, Kube
+from railyard.k8s.client import ApiError
 from railyard.logic.conditions import (
     find_condition,
     format_micro_time,
-    format_time,
     parse_time,
-    set_condition,
 )
 from railyard.logic.failures import Failure
 from railyard.logic.gang import (
     DEFAULT_ECHO_SETTLE_S,
     GangAssessment,
-    Unplaceable,
     assess_gang,
     attempt_of,
     first_exit_time,
-    plan_placement,
-    plan_pod_deletions,
 )
 from railyard.logic.manifests import (
     CLEANUP_FINALIZER,
@@ -61,6 +56,8 @@ from railyard.logic.manifests import (
     owner_reference,
     with_addresses,
 )
+from railyard.logic.placement import Placement, Unplaceable, build_placement_input, plan_placement
+from railyard.logic.quarantine import QUARANTINE_KEY, decide_still_quarantined
 from railyard.logic.restarts import decide_restart, decide_streak_reset, record_restart
 from railyard.logic.schedulers import (
     GangSchedulingPlan,
@@ -68,14 +65,7 @@ from railyard.logic.schedulers import (
     group_name,
     plan_gang_scheduling,
 )
-from railyard.logic.status import (
-    apply_phase,
-    build_placement_status,
-    build_status_patch,
-    build_transition_events,
-    status_to_wire,
-)
-from railyard.logic.topology import QUARANTINE_KEY
+from railyard.logic.status import build_placement_status, decide_degraded, placement_status
 from railyard.protocol.exitcodes import FailureClass
 from railyard.protocol.ranktable import RankTable
 
@@ -92,82 +82,23 @@ def _format_validation(exc: ValidationError) -> str:
     return "; ".join(parts)
 
 
-class Cycle:
-    """The state one reconcile cycle works on, and its deferred writes."""
+async def reconcile_job(rt: Runtime, w: JobWorker, *, now: float | None = None, io: GangIO | None = None) -> float | None:
+    """Run one cycle; returns seconds until the next check is due (None: only on events).
 
-    def __init__(self, rt: Runtime, w: JobWorker, now: float) -> None:
-        self.rt = rt
-        self.w = w
-        self.kube: Kube = rt.api()
-        self.body = w.body
-        self.meta: Mapping[str, Any] = self.body.get("metadata") or {}
-        self.ns = w.namespace
-        self.name = w.name
-        self.generation = int(self.meta.get("generation") or 0)
-        self.now = now
-        self.iso = format_time(now)
-        body_status = dict(self.body.get("status") or {})
-        # our own last write wins over a watch event that has not caught up with it yet
-        self.old_wire = w.status_wire if w.status_wire is not None else body_status
-        try:
-            self.st = TrainingJobStatus.model_validate(self.old_wire)
-        except ValidationError:
-            log.warning("%s/%s: unreadable status, rebuilding from the cluster", self.ns, self.name)
-            self.st = TrainingJobStatus()
-        self.old_st = self.st  # what the Events compare against (updates replace st, never mutate it)
-        self.extra_events: list[tuple[str, str, str]] = []
-
-    def phase(self, phase: str, reason: str, message: str) -> None:
-        self.st = apply_phase(self.st, phase, reason=reason, message=message, now=self.iso, generation=self.st.observed_generation or None)
-        self.rt.set_phase(self.ns, self.name, phase)
-
-    def event(self, type_: str, reason: str, message: str) -> None:
-        self.extra_events.append((type_, reason, message))
-
-    async def commit(self) -> None:
-        new_wire = status_to_wire(self.st)
-        patch = build_status_patch(self.old_wire, new_wire)
-        if patch:
-            got = await ops.patch_job_status(self.kube, self.ns, self.name, patch)
-            if got is None:
-                return
-            self.w.status_wire = new_wire
-        self.rt.set_phase(self.ns, self.name, self.st.phase)
-        for type_, reason, message in build_transition_events(self.old_st, self.st):
-            await ops.create_event(self.kube, self.body, type_=type_, reason=reason, message=message, now=self.now)
-        for type_, reason, message in self.extra_events:
-            await ops.create_event(self.kube, self.body, type_=type_, reason=reason, message=message, now=self.now)
-
-    # deletion -----------------------------------------------------------------------------
-
-    async def delete_pods(self, pods: Sequence[Mapping[str, Any]], nodes: Mapping[str, Mapping[str, Any]]) -> int:
-        """Delete pods; force on dead nodes and when stuck Terminating. Returns how many remain."""
-        s = self.rt.settings
-        normal, force = plan_pod_deletions(pods, nodes, now=self.now, asked=self.w.deleting, stuck_terminating_s=s.stuck_terminating_s)
-        for n in normal + force:
-            self.w.deleting[n] = self.now
-        if normal:
-            await ops.delete_pods(self.kube, self.ns, normal, grace_seconds=s.delete_grace_s)
-        if force:
-            await ops.delete_pods(self.kube, self.ns, force, grace_seconds=0)
-        return len(pods)
-
-
-async def reconcile_job(rt: Runtime, w: JobWorker) -> float | None:
-    """Run one cycle; returns seconds until the next check is due (None: only on events)."""
-    c = Cycle(rt, w, time.time())
+    ``now`` and ``io`` default to the clock and the real API; tests pass their own."""
+    c = Cycle(rt, w, time.time() if now is None else now, io if io is not None else KubeGangIO(rt.api()))
     finalizers = list(c.meta.get("finalizers") or [])
     ours = CLEANUP_FINALIZER in finalizers
     if c.meta.get("deletionTimestamp"):
         if not ours:
-            await ops.delete_owned(c.kube, c.ns, c.name)
+            await c.io.delete_owned(c.ns, c.name)
             return None
         return await cleanup_checkpoints(c, finalizers)
     wants = bool(((c.body.get("spec") or {}).get("checkpoint") or {}).get("cleanupOnDelete"))
     if wants != ours:
         # a finalizer only while the job asks for its checkpoints to be deleted with it
         new = [*finalizers, CLEANUP_FINALIZER] if wants else [f for f in finalizers if f != CLEANUP_FINALIZER]
-        await ops.patch_job_finalizers(c.kube, c.ns, c.name, new, c.meta.get("resourceVersion"))
+        await c.io.patch_job_finalizers(c.ns, c.name, new, c.meta.get("resourceVersion"))
     try:
         job = TrainingJob.model_validate({"metadata": {"name": c.name, "namespace": c.ns}, "spec": c.body.get("spec") or {}})
         problems = check_names(c.name, job.spec.nodes)
@@ -219,7 +150,7 @@ async def _step(c: Cycle, job: TrainingJob) -> float | None:
         c.st = c.st.model_copy(update={"attempt": max(c.st.attempt, *(attempt_of(p) for p in pods))})
     if pods and rt.tokens(c.ns, c.name) is None:
         # an operator restarted under a running gang: accept its heartbeats again
-        token = await ops.read_token(c.kube, c.ns, c.name)
+        token = await c.io.read_token(c.ns, c.name)
         if token:
             rt.tokens.set(c.ns, c.name, token)
             rt.store.begin_attempt(c.ns, c.name, c.st.attempt)
@@ -386,7 +317,7 @@ async def _handle_failure(
         return None
     quarantined = list(c.st.quarantined_nodes)
     for node in f.nodes:
-        if await ops.quarantine_node(c.kube, node, reason=f.kind, job=f"{c.ns}/{c.name}", now=c.now):
+        if await c.io.quarantine_node(node, reason=f.kind, job=f"{c.ns}/{c.name}", now=c.now):
             quarantined = [q for q in quarantined if q.node != node] + [QuarantinedNode(node=node, reason=f.message, time=c.iso)]
             c.event("Warning", "NodeQuarantined", f"node {node} quarantined: {f.message} (release: label {QUARANTINE_KEY}- or annotate railyard.dev/release=true)")
     await c.delete_pods(current, nodes)
@@ -411,7 +342,7 @@ async def _previous_placement(c: Cycle) -> RankTable | None:
     if c.st.attempt == 0:
         return None
     for prev in range(c.st.attempt - 1, max(c.st.attempt - 4, -1), -1):
-        table = await ops.read_rank_table(c.kube, c.ns, c.name, prev)
+        table = await c.io.read_rank_table(c.ns, c.name, prev)
         if table is not None:
             return table
     return None
@@ -420,47 +351,29 @@ async def _previous_placement(c: Cycle) -> RankTable | None:
 async def _place_and_create(c: Cycle, job: TrainingJob, nodes: Mapping[str, Mapping[str, Any]]) -> float | None:
     rt, spec, attempt = c.rt, job.spec, c.st.attempt
     prev = await _previous_placement(c)
-    previous = [p.node for p in sorted(prev.pods, key=lambda p: p.pod_index)] if prev is not None else None
-    failed = {q.node for q in c.st.quarantined_nodes}
     t0 = time.perf_counter()
-    node_list = list(nodes.values())
-    result = plan_placement(
-        job, attempt=attempt, nodes=node_list, pods=rt.all_bound_pods(),
-        previous=previous if previous and len(previous) == spec.nodes else None,
-        previous_spares=c.st.placement.spares if c.st.placement else (), failed=failed,
-    )
+    result = plan_placement(build_placement_input(
+        job, nodes=list(nodes.values()), pods=rt.all_bound_pods(), attempt=attempt,
+        previous_nodes=[p.node for p in sorted(prev.pods, key=lambda p: p.pod_index)] if prev is not None else None,
+        previous_spares=c.st.placement.spares if c.st.placement else (),
+        failed={q.node for q in c.st.quarantined_nodes},
+    ))
     rt.metrics.placement.observe(time.perf_counter() - t0)
 
     if isinstance(result, Unplaceable):
         c.w.placement_failures += 1
         if result.permanent:
-            c.phase("Failed", result.reason, result.message)
+            c.phase("Failed", result.condition_reason, result.message)
             return None
         retry = min(2.0 ** c.w.placement_failures, 30.0)
-        c.phase("Placing", result.reason, f"{result.message}; retrying (and on every node change)")
+        c.phase("Placing", result.condition_reason, f"{result.message}; retrying (and on every node change)")
         return retry
     c.w.placement_failures = 0
-    owner = owner_reference(c.body)
-    kube = c.kube
-    gang_size = len(result.nodes)
-    plan = plan_gang_scheduling(spec, job=c.name, namespace=c.ns, attempt=attempt, owner=owner, gang_size=gang_size)
-    if not await _ensure_podgroups(c, plan):
+    created = await create_gang(c, job, result)
+    if created is None:
         return PODGROUP_RETRY_S
-    await _ensure_job_objects(c, owner)
-    table = with_addresses(result.rank_table, c.ns)
-    restore = {"tier": c.st.last_checkpoint.tier, "step": c.st.last_checkpoint.step} if c.st.last_checkpoint else None
-    config = build_trainer_config(spec, job=c.name, namespace=c.ns, attempt=attempt, restore=restore)
-    await ops.create_object(kube, build_configmap(c.name, c.ns, owner, attempt=attempt, rank_table=table, config=config))
-    pods = build_gang_pods(spec, job=c.name, namespace=c.ns, owner=owner, attempt=attempt, nodes=result.nodes, heartbeat_url=_heartbeat_url(rt, c.ns, c.name), annotations=rt.settings.pod_annotations)
-    pods = apply_to_pods(pods, plan)  # schedulerName, queue/group labels; our gate and node affinity stay
-    created = await ops.create_pods(kube, pods)
-    rt.metrics.pods_created.inc(created)
-    await ops.lift_gates(kube, pods)
-    rt.store.begin_attempt(c.ns, c.name, attempt)
-    placement = build_placement_status(
-        result.nodes, spares=result.spares, domains=result.domains,
-        cross_bytes_per_step=result.cross_bytes_per_step, rail_aligned=result.rail_aligned,
-    )
+    pods, plan = created
+    placement = placement_status(result, attempt=attempt)
     levels = [k for k in result.cross_bytes_per_step if k not in ("host", "network")]
     spine = levels[-1] if levels else None
     rt.metrics.set_cross_bytes(c.ns, c.name, dict(result.cross_bytes_per_step), spine)
@@ -470,14 +383,38 @@ async def _place_and_create(c: Cycle, job: TrainingJob, nodes: Mapping[str, Mapp
             "observed_generation": c.generation, "pending_spec_changes": "", "next_attempt_time": None,
         }
     )
-    moved = f"; moved pod indices {list(result.moved)[:16]}" if previous and result.moved else ""
-    c.phase("Starting", "GangCreated", f"attempt {attempt}: {len(pods)} pods created and released together on {placement.summary}{moved}")
-    await ops.delete_configmaps(kube, c.ns, [configmap_name(c.name, a) for a in range(max(attempt - 4, 0), attempt)])
+    c.phase("Starting", "GangCreated", f"attempt {attempt}: {len(pods)} pods created and released together on {placement.summary}")
+    await c.io.delete_configmaps(c.ns, [configmap_name(c.name, a) for a in range(max(attempt - 4, 0), attempt)])
     if plan.objects:
         # one PodGroup per attempt: the earlier attempts' groups go with their pods
         earlier = [group_name(c.name, a) for a in range(max(attempt - 4, 0), attempt)]
-        await ops.delete_podgroups(kube, c.ns, plan.objects[0]["apiVersion"], earlier)
+        await c.io.delete_podgroups(c.ns, plan.objects[0]["apiVersion"], earlier)
     return float(spec.gang.schedule_timeout_seconds)
+
+
+async def create_gang(c: Cycle, job: TrainingJob, placed: Placement) -> tuple[list[dict[str, Any]], GangSchedulingPlan] | None:
+    """Create the gang of ``c.st.attempt`` on ``placed``: the scheduler's PodGroup, the job's
+    Secret and Service, the attempt's ConfigMap, every pod gated, then every gate lifted at once.
+    None when the PodGroup kind is unavailable (the job stays Placing).
+
+    Every object the API server may refuse for this gang is created here, so this is where a
+    4xx on the gang's own objects is to become a Failed phase or a waiting condition."""
+    rt, spec, attempt = c.rt, job.spec, c.st.attempt
+    owner = owner_reference(c.body)
+    plan = plan_gang_scheduling(spec, job=c.name, namespace=c.ns, attempt=attempt, owner=owner, gang_size=len(placed.nodes))
+    if not await _ensure_podgroups(c, plan):
+        return None
+    await _ensure_job_objects(c, owner)
+    table = with_addresses(placed.rank_table, c.ns)
+    restore = {"tier": c.st.last_checkpoint.tier, "step": c.st.last_checkpoint.step} if c.st.last_checkpoint else None
+    config = build_trainer_config(spec, job=c.name, namespace=c.ns, attempt=attempt, restore=restore)
+    await c.io.create_object(build_configmap(c.name, c.ns, owner, attempt=attempt, rank_table=table, config=config))
+    pods = build_gang_pods(spec, job=c.name, namespace=c.ns, owner=owner, attempt=attempt, nodes=placed.nodes, heartbeat_url=_heartbeat_url(rt, c.ns, c.name), annotations=rt.settings.pod_annotations)
+    pods = apply_to_pods(pods, plan)  # schedulerName, queue/group labels; our gate and node affinity stay
+    rt.metrics.pods_created.inc(await c.io.create_pods(pods))
+    await c.io.lift_gates(pods)
+    rt.store.begin_attempt(c.ns, c.name, attempt)
+    return pods, plan
 
 
 async def _ensure_podgroups(c: Cycle, plan: GangSchedulingPlan) -> bool:
@@ -486,7 +423,7 @@ async def _ensure_podgroups(c: Cycle, plan: GangSchedulingPlan) -> bool:
     if not plan.objects:
         return True
     try:
-        await ops.create_podgroups(c.kube, plan.objects)
+        await c.io.create_podgroups(plan.objects)
     except ApiError as exc:
         if exc.status not in (403, 404):
             raise
@@ -505,7 +442,7 @@ async def _finish_creation(c: Cycle, job: TrainingJob, current: Sequence[Mapping
     """Resume a gang whose creation was interrupted: same names, same nodes (from the
     attempt's ConfigMap), then lift every gate."""
     rt = c.rt
-    table = await ops.read_rank_table(c.kube, c.ns, c.name, c.st.attempt)
+    table = await c.io.read_rank_table(c.ns, c.name, c.st.attempt)
     if table is None:
         # nothing says where the rest goes: start this attempt over
         await c.delete_pods(current, rt.node_map())
@@ -520,14 +457,14 @@ async def _finish_creation(c: Cycle, job: TrainingJob, current: Sequence[Mapping
     pods = apply_to_pods(pods, plan)
     missing = [pods[i] for i in a.missing if i < len(pods)]
     if missing:
-        rt.metrics.pods_created.inc(await ops.create_pods(c.kube, missing))
+        rt.metrics.pods_created.inc(await c.io.create_pods(missing))
     await _ensure_job_objects(c, owner)
-    await ops.lift_gates(c.kube, pods)
+    await c.io.lift_gates(pods)
     update: dict[str, Any] = {}
     if c.st.gang_created_time is None:
         update["gang_created_time"] = format_micro_time(c.now)
-    if c.st.placement is None or c.st.placement.node_count != len(nodes):
-        update["placement"] = build_placement_status(nodes)
+    if c.st.placement is None or c.st.placement.attempt != c.st.attempt or c.st.placement.node_count != len(nodes):
+        update["placement"] = build_placement_status(nodes, attempt=c.st.attempt)
     if update:
         c.st = c.st.model_copy(update=update)
     if c.st.phase != "Starting":
@@ -540,9 +477,9 @@ async def _ensure_job_objects(c: Cycle, owner: Mapping[str, Any]) -> None:
     re-read after an operator restart so heartbeats authenticate against the same one."""
     rt = c.rt
     if rt.tokens(c.ns, c.name) is None:
-        token = await ops.ensure_secret(c.kube, build_secret(c.name, c.ns, owner, ops.new_token()))
+        token = await c.io.ensure_secret(build_secret(c.name, c.ns, owner, c.io.new_token()))
         rt.tokens.set(c.ns, c.name, token)
-    await ops.create_object(c.kube, build_service(c.name, c.ns, owner))
+    await c.io.create_object(build_service(c.name, c.ns, owner))
 
 
 def _heartbeat_url(rt: Runtime, namespace: str, job: str) -> str:
@@ -552,30 +489,10 @@ def _heartbeat_url(rt: Runtime, namespace: str, job: str) -> str:
 
 def _refresh_quarantine(c: Cycle, nodes: Mapping[str, Mapping[str, Any]]) -> None:
     """Drop nodes a person released (label or taint removed) from the job's quarantine list."""
-    keep = []
-    for q in c.st.quarantined_nodes:
-        node = nodes.get(q.node)
-        labels = ((node or {}).get("metadata") or {}).get("labels") or {}
-        if node is not None and labels.get(QUARANTINE_KEY) == "true":
-            keep.append(q)
+    keep = decide_still_quarantined(c.st.quarantined_nodes, nodes)
     if len(keep) != len(c.st.quarantined_nodes):
-        c.st = c.st.model_copy(update={"quarantined_nodes": keep})
+        c.update(quarantined_nodes=keep)
 
 
 def _update_degraded(c: Cycle, job: TrainingJob) -> None:
-    reasons = []
-    if c.st.stragglers:
-        reasons.append(f"{len(c.st.stragglers)} straggling ranks")
-    spares = len(c.st.placement.spares) if c.st.placement else 0
-    if c.st.phase in ("Starting", "Running") and spares < job.spec.gang.hot_spares:
-        reasons.append(f"{spares}/{job.spec.gang.hot_spares} hot spares held")
-    status = "True" if reasons else "False"
-    old = next((x for x in c.st.conditions if x.type == "Degraded"), None)
-    if old is None and status == "False":
-        return
-    if old is not None and old.status == status and old.message == "; ".join(reasons):
-        return
-    c.st = c.st.model_copy(update={"conditions": set_condition(
-        c.st.conditions, "Degraded", status, reason="Degraded" if reasons else "Healthy",
-        message="; ".join(reasons), now=c.iso, generation=c.st.observed_generation or None,
-    )})
+    c.st = decide_degraded(c.st, hot_spares=job.spec.gang.hot_spares, now=c.iso)

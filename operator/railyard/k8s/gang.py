@@ -26,9 +26,11 @@ from railyard.logic.manifests import (
 )
 from railyard.logic.quarantine import (
     JOB_ANNOTATION,
+    QUARANTINE_KEY,
     REASON_ANNOTATION,
     RELEASE_ANNOTATION,
     TIME_ANNOTATION,
+    build_quarantine_patch,
 )
 from railyard.logic.schedulers import (
     COSCHEDULING_API_VERSION,
@@ -37,7 +39,6 @@ from railyard.logic.schedulers import (
     VOLCANO_API_VERSION,
     VOLCANO_GROUP,
 )
-from railyard.logic.topology import QUARANTINE_KEY
 from railyard.protocol.ranktable import RankTable
 
 log = logging.getLogger(__name__)
@@ -232,23 +233,9 @@ def _without_ours(taints: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
 
 async def quarantine_node(kube: Kube, node: str, *, reason: str, job: str, now: float) -> bool:
     """Taint, label and annotate ``node`` (one patch, optimistic concurrency, 409 re-read)."""
-    value = "".join(ch if ch.isalnum() or ch in "-_." else "-" for ch in reason)[:63].strip("-_.") or "failed"
 
     def build(obj: dict[str, Any]) -> dict[str, Any]:
-        taints = _without_ours((obj.get("spec") or {}).get("taints") or [])
-        taints.append({"key": QUARANTINE_KEY, "value": value, "effect": "NoSchedule"})
-        return {
-            "metadata": {
-                "labels": {QUARANTINE_KEY: "true"},
-                "annotations": {
-                    REASON_ANNOTATION: reason[:1024],
-                    TIME_ANNOTATION: format_time(now),
-                    JOB_ANNOTATION: job,
-                    RELEASE_ANNOTATION: None,
-                },
-            },
-            "spec": {"taints": taints},
-        }
+        return build_quarantine_patch(obj, reason=reason, job=job, time=format_time(now))
 
     return await _patch_node(kube, node, build)
 

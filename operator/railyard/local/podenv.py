@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from railyard.local.quantity import QuantityError, parse_quantity
+from railyard.api.quantity import QuantityError, parse_quantity
 
 Obj = Mapping[str, Any]
 _ENV_NAME = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")

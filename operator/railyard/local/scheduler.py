@@ -15,12 +15,12 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
+from railyard.api.corev1 import compute_pod_requests
 from railyard.local.kube import ApiError, KubeClient, Obj, key_of
 from railyard.local.nodes import now_iso
 from railyard.local.scheduling import (
     NodeInfo,
     build_node_info,
-    compute_pod_requests,
     decide_node,
     is_gated,
     is_terminated,

@@ -3,17 +3,25 @@
 The rules are those of kube-scheduler's default filter plugins that our workloads rely on:
 NodeName, NodeUnschedulable, NodeAffinity (nodeSelector + required node affinity), TaintToleration
 (NoSchedule/NoExecute) and NodeResourcesFit (every requested resource, ``pods`` included),
-plus scheduling gates. Scoring is LeastAllocated (spread), ties broken by node name so the
+plus scheduling gates. Taints, tolerations, node readiness and quantities are
+:mod:`railyard.api.corev1`'s and :mod:`railyard.api.quantity`'s, the same rules placement uses. Scoring is LeastAllocated (spread), ties broken by node name so the
 result is deterministic. Everything here works on plain dicts: no I/O, no clock.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from railyard.local.quantity import QuantityError, to_milli
+from railyard.api.corev1 import (
+    Toleration,
+    build_tolerations,
+    compute_pod_requests,
+    node_is_ready,
+    untolerated_taint,
+)
+from railyard.api.quantity import QuantityError, to_milli
 
 Obj = Mapping[str, Any]
 NOT_READY_TAINT = {"key": "node.kubernetes.io/not-ready", "effect": "NoSchedule"}
@@ -65,16 +73,9 @@ def build_node_info(node: Obj) -> NodeInfo:
         labels=dict(meta.get("labels") or {}),
         taints=list(spec.get("taints") or []),
         allocatable=allocatable,
-        ready=is_node_ready(node),
+        ready=node_is_ready(node),
         unschedulable=bool(spec.get("unschedulable", False)),
     )
-
-
-def is_node_ready(node: Obj) -> bool:
-    for cond in (node.get("status", {}) or {}).get("conditions") or []:
-        if cond.get("type") == "Ready":
-            return bool(cond.get("status") == "True")
-    return False
 
 
 def is_gated(pod: Obj) -> bool:
@@ -83,66 +84,6 @@ def is_gated(pod: Obj) -> bool:
 
 def is_terminated(pod: Obj) -> bool:
     return (pod.get("status", {}) or {}).get("phase") in TERMINAL_PHASES
-
-
-def compute_pod_requests(pod: Obj) -> dict[str, int]:
-    """Effective requests in milli-units: max(sum of containers, largest init container) + overhead.
-
-    A container that sets only a limit requests that limit, as the API server defaults it.
-    """
-    spec = pod.get("spec", {}) or {}
-
-    def of(container: Obj) -> dict[str, int]:
-        res = container.get("resources", {}) or {}
-        merged = dict(res.get("limits") or {})
-        merged.update(res.get("requests") or {})
-        out: dict[str, int] = {}
-        for key, value in merged.items():
-            try:
-                out[key] = to_milli(value)
-            except QuantityError:
-                continue
-        return out
-
-    total: dict[str, int] = {}
-    for c in spec.get("containers") or []:
-        for key, value in of(c).items():
-            total[key] = total.get(key, 0) + value
-    for c in spec.get("initContainers") or []:
-        for key, value in of(c).items():
-            total[key] = max(total.get(key, 0), value)
-    for key, value in (spec.get("overhead") or {}).items():
-        try:
-            total[key] = total.get(key, 0) + to_milli(value)
-        except QuantityError:
-            continue
-    return {k: v for k, v in total.items() if v > 0}
-
-
-def tolerates(toleration: Obj, taint: Obj) -> bool:
-    """Whether one toleration tolerates one taint (kube's ToleratesTaint)."""
-    effect = toleration.get("effect") or ""
-    if effect and effect != taint.get("effect"):
-        return False
-    key = toleration.get("key") or ""
-    op = toleration.get("operator") or "Equal"
-    if not key:
-        return op == "Exists"
-    if key != taint.get("key"):
-        return False
-    if op == "Exists":
-        return True
-    return (toleration.get("value") or "") == (taint.get("value") or "")
-
-
-def untolerated_taint(tolerations: Sequence[Obj], taints: Iterable[Obj]) -> Obj | None:
-    """The first NoSchedule/NoExecute taint no toleration covers, or None."""
-    for taint in taints:
-        if taint.get("effect") not in ("NoSchedule", "NoExecute"):
-            continue
-        if not any(tolerates(t, taint) for t in tolerations):
-            return taint
-    return None
 
 
 def match_expression(expr: Obj, value: str | None) -> bool:
@@ -199,7 +140,7 @@ class PodView:
 
     node_selector: tuple[tuple[str, str], ...]
     terms: list[Obj] | None
-    tolerations: list[Obj]
+    tolerations: tuple[Toleration, ...]
     requests: Mapping[str, int]
 
 
@@ -208,7 +149,7 @@ def build_pod_view(pod: Obj, requests: Mapping[str, int]) -> PodView:
     return PodView(
         node_selector=tuple((spec.get("nodeSelector") or {}).items()),
         terms=required_terms(pod),
-        tolerations=list(spec.get("tolerations") or []),
+        tolerations=build_tolerations(spec.get("tolerations") or ()),
         requests=requests,
     )
 

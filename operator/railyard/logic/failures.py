@@ -13,6 +13,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from railyard.api.corev1 import node_is_ready
 from railyard.protocol.exitcodes import FailureClass, classify_exit_code
 
 #: Pod condition types a health checker (or a test) may set to report a verdict on a pod.
@@ -121,15 +122,6 @@ def build_failure(kind: str, detail: str, *, node: str = "", pod: str = "") -> F
         pod=pod,
         priority=rule.priority,
     )
-
-
-def node_is_ready(node: Mapping[str, Any] | None) -> bool:
-    if node is None:
-        return False
-    for c in (node.get("status") or {}).get("conditions") or ():
-        if c.get("type") == "Ready":
-            return bool(c.get("status") == "True")
-    return False
 
 
 def _terminated_states(pod: Mapping[str, Any]) -> list[Mapping[str, Any]]:

@@ -1,34 +1,26 @@
-"""Pure gang decisions: what state is a gang in, and where should the next one go.
+"""Pure gang decisions: what state is a gang in, and which of its pods to delete how.
 
 :func:`assess_gang` reads the pods of one attempt (and the nodes under them) and says what the
 gang is doing: absent, partly created (an operator died mid-creation), gated, starting, running,
-finished, or failed, with the failure explained by :mod:`railyard.logic.failures`.
-
-:func:`plan_placement` turns the job and the cluster into a :class:`GangPlacement` (nodes by pod
-index and the rank table) or an :class:`Unplaceable` with the reason. It calls the rail-aware
-placement of :mod:`railyard.logic.placement` and keeps only what the operator needs.
+finished, or failed, with the failure explained by :mod:`railyard.logic.failures`. Where the
+next gang goes is :func:`railyard.logic.placement.plan_placement`'s decision.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from railyard.api.trainingjob import TrainingJob
-from railyard.logic import placement as _placement
+from railyard.api.corev1 import node_is_ready, node_ready_changed_at
 from railyard.logic.conditions import parse_time
 from railyard.logic.failures import (
     Failure,
     build_failure,
     classify_pod,
     decide_root_failure,
-    node_is_ready,
 )
 from railyard.logic.manifests import ATTEMPT_LABEL, GANG_GATE, POD_INDEX_LABEL
-from railyard.logic.placement import PreviousPlacement, build_gang_request
-from railyard.logic.topology import build_topology
-from railyard.protocol.ranktable import RankTable
 
 
 def pod_index_of(pod: Mapping[str, Any]) -> int:
@@ -192,12 +184,7 @@ def _lost(index: int) -> Failure:
 
 
 def _not_ready_since(node: Mapping[str, Any] | None) -> float | None:
-    if node is None:
-        return None
-    for c in (node.get("status") or {}).get("conditions") or ():
-        if c.get("type") == "Ready":
-            return parse_time(c.get("lastTransitionTime"))
-    return None
+    return parse_time(node_ready_changed_at(node))
 
 
 def plan_pod_deletions(
@@ -236,72 +223,3 @@ def plan_pod_deletions(
         else:
             normal.append(name)
     return normal, force
-
-
-# placement ------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class GangPlacement:
-    nodes: tuple[str, ...]
-    rank_table: RankTable
-    spares: tuple[str, ...] = ()
-    domains: Mapping[str, int] = field(default_factory=dict)
-    cross_bytes_per_step: Mapping[str, float] = field(default_factory=dict)
-    rail_aligned: bool = False
-    #: Pod indices whose node differs from the previous placement.
-    moved: tuple[int, ...] = ()
-
-
-@dataclass(frozen=True, slots=True)
-class Unplaceable:
-    reason: str
-    message: str
-    #: The job's shape can never be placed (not a matter of waiting for capacity).
-    permanent: bool = False
-
-
-def plan_placement(
-    job: TrainingJob,
-    *,
-    attempt: int,
-    nodes: Sequence[Mapping[str, Any]],
-    pods: Sequence[Mapping[str, Any]],
-    previous: Sequence[str] | None = None,
-    previous_spares: Sequence[str] = (),
-    failed: Iterable[str] = (),
-) -> GangPlacement | Unplaceable:
-    """Where the gang of ``attempt`` goes, by the rail-aware placement of
-    :mod:`railyard.logic.placement`. ``previous``: the last attempt's nodes by pod index; sticky
-    re-placement keeps those still usable (with their ranks) and replaces ``failed`` ones,
-    spares first. ``pods``: all pods bound to nodes (GPU accounting; this job's are ignored)."""
-    spec = job.spec
-    name = job.metadata.name or ""
-    selected = [n for n in nodes if _matches(n, spec.node_selector)]
-    req = build_gang_request(job, nodes=selected, attempt=attempt)
-    topo = build_topology(selected, pods, levels=req.levels, tolerations=req.tolerations, ignore_job=name)
-    prev = None
-    if previous:
-        prev = PreviousPlacement(tuple(previous), tuple(previous_spares), frozenset(failed))
-    result = _placement.plan_placement(topo, req, previous=prev)
-    if isinstance(result, _placement.Unplaceable):
-        where = f" in {', '.join(result.domains[:5])}" if result.domains else ""
-        excluded = ", ".join(f"{v} {k}" for k, v in sorted(result.excluded.items()))
-        short = f"; {result.short} nodes short{where}" if result.short else ""
-        more = f" (excluded: {excluded})" if excluded else ""
-        reason = {"shape": "InvalidShape", "capacity": "NotEnoughNodes", "requiredLevel": "NoDomainFits", "topology": "TopologyMismatch"}.get(result.constraint, "Unplaceable")
-        return Unplaceable(reason, f"{result.reason}{short}{more}", permanent=result.constraint == "shape")
-    return GangPlacement(
-        nodes=result.nodes,
-        rank_table=result.rank_table,
-        spares=result.spares,
-        domains={k: len(v) for k, v in result.domains.items()},
-        cross_bytes_per_step={c.level: c.bytes_per_step for c in result.cost.levels},
-        rail_aligned=result.rail_aligned,
-        moved=result.moved,
-    )
-
-
-def _matches(node: Mapping[str, Any], selector: Mapping[str, str]) -> bool:
-    labels = (node.get("metadata") or {}).get("labels") or {}
-    return all(labels.get(k) == v for k, v in selector.items())

@@ -1,7 +1,8 @@
 """Rank layout: which pod and local rank every global rank of a ``pp x dp x tp`` mesh runs on.
 
-The mesh order is fixed by the trainer (``rank == (pp * dp_size + dp) * tp_size + tp``, tp
-innermost); what we choose is where each rank runs. With ``S = procs_per_node / tp`` tensor-
+The arithmetic (:class:`railyard.protocol.mesh.MeshShape`) is shared with the trainer; this
+module builds the rank table from it. The mesh order is fixed by the trainer
+(``rank == (pp * dp_size + dp) * tp_size + tp``, tp innermost); what we choose is where each rank runs. With ``S = procs_per_node / tp`` tensor-
 parallel groups per pod, TP group ``g = p * dp_size + d`` goes to pod ``g % nodes`` in slot
 ``g // nodes`` (local ranks ``slot * tp .. slot * tp + tp - 1``). Hence:
 
@@ -17,72 +18,38 @@ parallel groups per pod, TP group ``g = p * dp_size + d`` goes to pod ``g % node
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
+from railyard.protocol.mesh import MeshShape, mesh_rank
 from railyard.protocol.ranktable import PodEntry, RankEntry, RankTable
 
+__all__ = ["MeshShape", "build_rank_table", "compute_dp_groups", "compute_rails_per_dp_group", "ranks_in_order"]
 
-@dataclass(frozen=True, slots=True)
-class MeshShape:
-    """The gang's shape; self-validating like torchtitan's ParallelDims."""
 
-    nodes: int
-    procs_per_node: int
-    pp: int = 1
-    dp: int = 1
-    tp: int = 1
+def compute_rail(local_rank: int, rail_offset: int, gpus: int) -> int:
+    """The rail of a local rank: GPU ``i`` of a node is on rail ``(i + offset) % gpus``."""
+    return (local_rank + rail_offset) % gpus if gpus > 0 else local_rank
 
-    def problems(self) -> list[str]:
-        """Every inconsistency at once, each naming its field and the fix."""
-        out: list[str] = []
-        for name in ("nodes", "procs_per_node", "pp", "dp", "tp"):
-            if getattr(self, name) < 1:
-                out.append(f"{name}: must be >= 1, got {getattr(self, name)}")
-        if out:
-            return out
-        world = self.nodes * self.procs_per_node
-        if self.pp * self.dp * self.tp != world:
-            out.append(
-                f"parallelism: pipeline x data x tensor = {self.pp}x{self.dp}x{self.tp} = "
-                f"{self.pp * self.dp * self.tp} but nodes x procsPerNode = {world}; "
-                f"set parallelism.data to {world // (self.pp * self.tp) if world % (self.pp * self.tp) == 0 else 'a divisor'} or change nodes"
-            )
-        if self.procs_per_node % self.tp:
-            out.append(
-                f"parallelism.tensor: {self.tp} does not divide procsPerNode {self.procs_per_node}; "
-                "a tensor-parallel group must stay inside one node"
-            )
-        return out
 
-    @property
-    def slots_per_node(self) -> int:
-        return self.procs_per_node // self.tp
-
-    @property
-    def rail_pure(self) -> bool:
-        """Whether every DP group can share one local GPU index (rail)."""
-        return self.pp % self.slots_per_node == 0
-
-    @property
-    def block_nodes(self) -> int:
-        """Pods per placement block: ``dp`` when layouts are rail-pure (each block holds whole
-        DP groups), else 1 (no block structure)."""
-        return self.dp if self.rail_pure else 1
-
-    def position(self, rank: int) -> tuple[int, int]:
-        """(pod index, local rank) of a global rank."""
-        g, t = divmod(rank, self.tp)
-        slot, pod = divmod(g, self.nodes)
-        return pod, slot * self.tp + t
-
-    def coords(self, rank: int) -> tuple[int, int, int]:
-        """(pp, dp, tp) coordinates of a global rank."""
-        g, t = divmod(rank, self.tp)
-        p, d = divmod(g, self.dp)
-        return p, d, t
-
-    def rank_of(self, p: int, d: int, t: int) -> int:
-        return (p * self.dp + d) * self.tp + t
+def compute_dp_group_spread(
+    shape: MeshShape, *, pod_rail_offset: Sequence[int], pod_gpus: Sequence[int], pod_domain: Sequence[int]
+) -> tuple[int, int, int]:
+    """Over every data-parallel group: the most rails one uses, the most domains of
+    ``pod_domain`` (e.g. leaves) one spans, and the most pods one holds. Computed from the
+    layout without building the rank table (placement asks this for every decision)."""
+    rails: dict[tuple[int, int], set[int]] = {}
+    pods: dict[tuple[int, int], set[int]] = {}
+    for _, pod, local, p, _, t in shape.layout():
+        key = (p, t)
+        r = rails.get(key)
+        if r is None:
+            r = rails[key] = set()
+            pods[key] = set()
+        r.add(compute_rail(local, pod_rail_offset[pod], pod_gpus[pod]))
+        pods[key].add(pod)
+    most_rails = max((len(v) for v in rails.values()), default=0)
+    most_domains = max((len({pod_domain[x] for x in v}) for v in pods.values()), default=0)
+    most_pods = max((len(v) for v in pods.values()), default=0)
+    return most_rails, most_domains, most_pods
 
 
 def build_rank_table(
@@ -96,28 +63,22 @@ def build_rank_table(
     replica_peers: Sequence[int] | None = None,
 ) -> RankTable:
     """The rank table for pods placed on ``pod_nodes`` (pod index -> node name)."""
-    n, tp, dp = shape.nodes, shape.tp, shape.dp
+    n = shape.nodes
     if len(pod_nodes) != n:
         raise ValueError(f"pod_nodes: {len(pod_nodes)} nodes for a gang of {n}")
     peers = replica_peers if replica_peers is not None else [-1] * n
     pods = tuple(PodEntry(pod_index=i, node=pod_nodes[i], replica_peer=peers[i]) for i in range(n))
     ranks: list[RankEntry] = []
     append = ranks.append
-    world = n * shape.procs_per_node
-    for r in range(world):
-        g, t = divmod(r, tp)
-        slot, pod = divmod(g, n)
-        p, d = divmod(g, dp)
-        local = slot * tp + t
-        gp = pod_gpus[pod]
-        rail = (local + pod_rail_offset[pod]) % gp if gp > 0 else local
+    for r, pod, local, p, d, t in shape.layout():
+        rail = compute_rail(local, pod_rail_offset[pod], pod_gpus[pod])
         append(RankEntry(r, pod_nodes[pod], pod, local, rail, p, d, t))
     return RankTable(
         job=job,
         attempt=attempt,
         pp=shape.pp,
-        dp=dp,
-        tp=tp,
+        dp=shape.dp,
+        tp=shape.tp,
         procs_per_node=shape.procs_per_node,
         pods=pods,
         ranks=tuple(ranks),
@@ -135,7 +96,8 @@ def ranks_in_order(table: RankTable) -> tuple[RankEntry, ...]:
 def compute_dp_groups(table: RankTable) -> list[list[int]]:
     """Ranks of every data-parallel group ``(p, t)``, each in ring (dp) order."""
     tp, dp = table.tp, table.dp
-    return [[(p * dp + d) * tp + t for d in range(dp)] for p in range(table.pp) for t in range(tp)]
+    step = mesh_rank(0, 1, 0, dp, tp)
+    return [list(range(mesh_rank(p, 0, t, dp, tp), mesh_rank(p, dp, t, dp, tp), step)) for p in range(table.pp) for t in range(tp)]
 
 
 def compute_rails_per_dp_group(table: RankTable) -> int:

@@ -17,23 +17,32 @@ Policy (issue 4, docs/placement.md):
 - Sticky re-placement: keep every healthy node of the previous placement with the same pod
   index (hence the same ranks); replace only failed, quarantined or otherwise unusable ones,
   preferring the gang's spares, and among those the ones sharing the deepest domain.
+
+One entry point, one input: :func:`build_placement_input` makes a :class:`PlacementInput` from a
+TrainingJob and the cluster (Node and Pod dicts: nodeSelector, tolerations, readiness, cordons,
+quarantine marks, GPUs in use, the previous attempt's nodes and hot spares, the nodes that
+failed), and :func:`plan_placement` decides from it. The operator (handlers/reconcile.py),
+``railyard plan`` and ``railyard simulate`` all call these two, so they show the same answer.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Literal
 
-from railyard.api.trainingjob import PlacementStatus, TrainingJob
+from railyard.api.corev1 import Toleration
+from railyard.api.trainingjob import TrainingJob
 from railyard.logic.cost import CostInputs, CostReport, compute_cost
-from railyard.logic.layout import (
-    MeshShape,
-    build_rank_table,
-    compute_dp_groups,
-    compute_rails_per_dp_group,
+from railyard.logic.layout import MeshShape, build_rank_table, compute_dp_group_spread
+from railyard.logic.topology import (
+    BUSY,
+    LEVEL_PRESETS,
+    Topology,
+    build_topology,
+    resolve_level_keys,
 )
-from railyard.logic.topology import BUSY, LEVEL_PRESETS, Toleration, Topology, resolve_level_keys
 from railyard.protocol.ranktable import RankTable
 
 Mode = Literal["Required", "Preferred"]
@@ -87,24 +96,80 @@ class PreviousPlacement:
 
 
 @dataclass(frozen=True, slots=True)
+class PlacementInput:
+    """Everything one placement decision reads; build it with :func:`build_placement_input`."""
+
+    topology: Topology
+    request: GangRequest
+    previous: PreviousPlacement | None = None
+    cost_inputs: CostInputs | None = None
+
+
+@dataclass(frozen=True)
 class Placement:
     nodes: tuple[str, ...]
     spares: tuple[str, ...]
-    rank_table: RankTable
+    #: Pod i's checkpoint replica goes to pod ``replica_peers[i]`` (-1: none).
+    replica_peers: tuple[int, ...]
     #: Level key -> names of the domains the gang spans (sorted).
     domains: dict[str, tuple[str, ...]]
     rails_per_dp_group: int
     #: Largest number of leaf domains any DP group spans, and the least it could span.
     dp_leaf_spans: int
     dp_leaf_minimum: int
-    cost: CostReport
     #: Pod indices whose node changed (sticky re-placement); empty for a fresh placement.
     moved: tuple[int, ...] = ()
     notes: tuple[str, ...] = ()
+    topology: Topology | None = field(default=None, repr=False, compare=False)
+    request: GangRequest | None = field(default=None, repr=False, compare=False)
+    cost_inputs: CostInputs | None = field(default=None, repr=False, compare=False)
 
     @property
     def rail_aligned(self) -> bool:
         return self.rails_per_dp_group <= 1
+
+    @cached_property
+    def rank_table(self) -> RankTable:
+        """The rank table of this placement (built when asked: 16,384 entries for a big gang,
+        which a re-placement in the simulator does not need)."""
+        if self.topology is None or self.request is None:
+            raise ValueError("placement: no topology and request to build the rank table from")
+        topo, index = self.topology, self.topology.index
+        return build_rank_table(
+            job=self.request.job,
+            attempt=self.request.attempt,
+            shape=self.request.shape,
+            pod_nodes=self.nodes,
+            pod_rail_offset=[topo.rail_offset[index[n]] for n in self.nodes],
+            pod_gpus=[topo.gpus[index[n]] for n in self.nodes],
+            replica_peers=self.replica_peers,
+        )
+
+    @cached_property
+    def cost(self) -> CostReport:
+        """Network bytes per step per level (computed when asked: a re-placement in the
+        simulator needs the nodes, not the traffic report)."""
+        if self.topology is None:
+            raise ValueError("placement: no topology to compute the cost on")
+        return compute_cost(self.rank_table, self.topology, self.cost_inputs)
+
+    @property
+    def domain_counts(self) -> dict[str, int]:
+        return {k: len(v) for k, v in self.domains.items()}
+
+    @property
+    def cross_bytes_per_step(self) -> dict[str, float]:
+        """Bytes per step crossing each level (``host``, ``network``, then the level keys)."""
+        return {c.level: c.bytes_per_step for c in self.cost.levels}
+
+
+#: Placement constraint -> the reason the operator writes into the Placed condition.
+CONDITION_REASONS: Mapping[str, str] = {
+    "shape": "InvalidShape",
+    "capacity": "NotEnoughNodes",
+    "requiredLevel": "NoDomainFits",
+    "topology": "TopologyMismatch",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,6 +180,24 @@ class Unplaceable:
     short: int = 0
     domains: tuple[str, ...] = ()
     excluded: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def condition_reason(self) -> str:
+        return CONDITION_REASONS.get(self.constraint, "Unplaceable")
+
+    @property
+    def permanent(self) -> bool:
+        """The job's shape can never be placed (not a matter of waiting for capacity)."""
+        return self.constraint == "shape"
+
+    @property
+    def message(self) -> str:
+        """The reason with the shortfall and the unusable nodes, for a condition or Event."""
+        where = f" in {', '.join(self.domains[:5])}" if self.domains else ""
+        excluded = ", ".join(f"{v} {k}" for k, v in sorted(self.excluded.items()))
+        short = f"; {self.short} nodes short{where}" if self.short else ""
+        more = f" (excluded: {excluded})" if excluded else ""
+        return f"{self.reason}{short}{more}"
 
 
 # --------------------------------------------------------------------------- helpers
@@ -340,28 +423,21 @@ def _finish(
     moved: tuple[int, ...] = (),
 ) -> Placement:
     shape = req.shape
-    table = build_rank_table(
-        job=req.job,
-        attempt=req.attempt,
-        shape=shape,
-        pod_nodes=[topo.names[i] for i in gang],
-        pod_rail_offset=[topo.rail_offset[i] for i in gang],
-        pod_gpus=[topo.gpus[i] for i in gang],
-        replica_peers=_replica_peers(topo, gang),
-    )
     domains = {
         key: tuple(sorted({topo.domain_names[lv][topo.domain_of[lv][i]] for i in gang}))
         for lv, key in enumerate(topo.levels)
     }
-    rails = compute_rails_per_dp_group(table)
-    spans = 1
+    rails, spans, widest = compute_dp_group_spread(
+        shape,
+        pod_rail_offset=[topo.rail_offset[i] for i in gang],
+        pod_gpus=[topo.gpus[i] for i in gang],
+        pod_domain=[topo.leaf_of(i) for i in gang],
+    )
+    spans = max(spans, 1)
     minimum = 1
     if topo.levels:
         leaf_size = max(len(x) for x in topo.leaf_nodes)
-        for grp in compute_dp_groups(table):
-            pods = {table.ranks[r].pod_index for r in grp}
-            spans = max(spans, len({topo.leaf_of(gang[p]) for p in pods}))
-            minimum = max(minimum, -(-len(pods) // leaf_size))
+        minimum = max(1, -(-widest // leaf_size))
     if rails > 1:
         notes.append(
             f"data-parallel groups span up to {rails} rails: procsPerNode/tensor = {shape.slots_per_node} "
@@ -372,34 +448,32 @@ def _finish(
             f"a data-parallel group spans {spans} leaf domains (least possible on an empty cluster: {minimum})"
         )
     return Placement(
-        nodes=tuple(table.pods[p].node for p in range(len(gang))),
+        nodes=tuple(topo.names[i] for i in gang),
         spares=tuple(topo.names[i] for i in spares),
-        rank_table=table,
+        replica_peers=tuple(_replica_peers(topo, gang)),
         domains=domains,
         rails_per_dp_group=rails,
         dp_leaf_spans=spans,
         dp_leaf_minimum=minimum,
-        cost=compute_cost(table, topo, cost_inputs),
         moved=moved,
         notes=tuple(notes),
+        topology=topo,
+        request=req,
+        cost_inputs=cost_inputs,
     )
 
 
 # --------------------------------------------------------------------------- entry point
 
 
-def plan_placement(
-    topo: Topology,
-    req: GangRequest,
-    *,
-    previous: PreviousPlacement | None = None,
-    cost_inputs: CostInputs | None = None,
-) -> Placement | Unplaceable:
-    """Place the gang (or repair ``previous``) on ``topo``. Deterministic for the same input.
+def plan_placement(inp: PlacementInput) -> Placement | Unplaceable:
+    """Place the gang (or repair ``inp.previous``) on ``inp.topology``. Deterministic for the
+    same input.
 
-    ``topo`` must be built with this job's tolerations and ``ignore_job=req.job`` so that the
-    job's own pods do not make its kept nodes look busy.
+    The topology must be built with this job's tolerations and ``ignore_job=req.job`` so that
+    the job's own pods do not make its kept nodes look busy (:func:`build_placement_input` does).
     """
+    topo, req, previous, cost_inputs = inp.topology, inp.request, inp.previous, inp.cost_inputs
     problems = req.problems()
     if problems:
         return Unplaceable("shape", "; ".join(problems))
@@ -607,32 +681,40 @@ def build_gang_request(
         required_level=topo.required_level
         if topo.mode == "Required" or topo.required_level
         else None,
-        tolerations=tuple(
-            Toleration(
-                key=t.key or "", operator=t.operator, value=t.value or "", effect=t.effect or ""
-            )
-            for t in spec.tolerations
-        ),
+        tolerations=tuple(Toleration.from_dict(t.model_dump(exclude_none=True)) for t in spec.tolerations),
         gpus_per_pod=spec.gpus_per_pod,
         attempt=attempt,
     )
 
 
-def build_placement_status(pl: Placement | Unplaceable, *, max_nodes: int = 64) -> PlacementStatus:
-    """The TrainingJob ``status.placement`` for a decision (node list capped for big gangs)."""
-    if isinstance(pl, Unplaceable):
-        return PlacementStatus(summary=f"unplaceable ({pl.constraint}): {pl.reason}")
-    t = pl.rank_table
-    return PlacementStatus(
-        nodes=list(pl.nodes[:max_nodes]),
-        node_count=len(pl.nodes),
-        spares=list(pl.spares),
-        domains={k: len(v) for k, v in pl.domains.items()},
-        cross_bytes_per_step=pl.cost.as_dict(),
-        rail_aligned=pl.rail_aligned,
-        summary=(
-            f"{len(pl.nodes)} nodes (+{len(pl.spares)} spares), pp{t.pp} x dp{t.dp} x tp{t.tp}, "
-            f"{pl.rails_per_dp_group} rail(s) per DP group, DP groups in <= {pl.dp_leaf_spans} leaves"
-            + (f", moved pods {list(pl.moved)}" if pl.moved else "")
-        ),
-    )
+def _matches_selector(node: Mapping[str, Any], selector: Mapping[str, str]) -> bool:
+    labels = (node.get("metadata") or {}).get("labels") or {}
+    return all(labels.get(k) == v for k, v in selector.items())
+
+
+def build_placement_input(
+    job: TrainingJob,
+    *,
+    nodes: Sequence[Mapping[str, Any]],
+    pods: Iterable[Mapping[str, Any]] = (),
+    attempt: int = 0,
+    previous_nodes: Sequence[str] | None = None,
+    previous_spares: Sequence[str] = (),
+    failed: Iterable[str] = (),
+    cost_inputs: CostInputs | None = None,
+) -> PlacementInput:
+    """The one place a placement decision's input is made, from the job and the cluster.
+
+    ``nodes``: Node dicts (kopf's index, ``kubectl get nodes -o yaml``, a generated cluster);
+    only those matching ``spec.nodeSelector`` are candidates, and readiness, cordons, taints
+    against ``spec.tolerations`` and our quarantine marks exclude nodes. ``pods``: pods bound
+    to nodes (their GPUs are in use; this job's own are not counted). ``previous_nodes``: the
+    last attempt's nodes by pod index, ``previous_spares`` its hot spares, ``failed`` the nodes
+    to move off (the job's quarantined nodes): sticky re-placement."""
+    selected = [n for n in nodes if _matches_selector(n, job.spec.node_selector)]
+    req = build_gang_request(job, nodes=selected, attempt=attempt)
+    topo = build_topology(selected, pods, levels=req.levels, tolerations=req.tolerations, ignore_job=req.job)
+    previous = None
+    if previous_nodes:
+        previous = PreviousPlacement(tuple(previous_nodes), tuple(previous_spares), frozenset(failed))
+    return PlacementInput(topo, req, previous, cost_inputs)

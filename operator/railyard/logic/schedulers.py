@@ -25,6 +25,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from railyard.api.quantity import format_quantity, parse_quantity
 from railyard.api.trainingjob import TrainingJobSpec
 
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
@@ -79,14 +80,8 @@ def group_name(job: str, attempt: int) -> str:
 
 
 def _quantity_sum(value: str, count: int) -> str:
-    """``count`` x a Kubernetes quantity, keeping its suffix (``"500m" x 4 = "2000m"``)."""
-    digits = len(value) - len(value.lstrip("0123456789."))
-    number, suffix = value[:digits], value[digits:]
-    if not number:
-        raise ValueError(f"resource quantity {value!r}: expected a number with an optional suffix")
-    total = float(number) * count
-    text = str(int(total)) if total.is_integer() else f"{total:g}"
-    return text + suffix
+    """``count`` x a Kubernetes quantity, exactly (``"500m" x 4 = "2"``, ``"1.5Gi" x 2 = "3Gi"``)."""
+    return format_quantity(parse_quantity(value) * count, like=value)
 
 
 def gang_min_resources(spec: TrainingJobSpec, gang_size: int) -> dict[str, str]:

@@ -13,6 +13,7 @@ from typing import Any
 
 from railyard.api.trainingjob import PlacementStatus, TrainingJobStatus
 from railyard.logic.conditions import compute_transitions, set_condition
+from railyard.logic.placement import Placement
 
 #: phase -> {condition type: status}. The first entry is the phase's headline condition and
 #: carries the phase's reason and message; the rest carry them as context.
@@ -71,19 +72,27 @@ def _context_reason(conditions: Sequence[Any], ctype: str, cstatus: str, phase: 
 def build_placement_status(
     nodes: Sequence[str],
     *,
+    attempt: int,
     spares: Sequence[str] = (),
     domains: Mapping[str, int] | None = None,
     cross_bytes_per_step: Mapping[str, float] | None = None,
     rail_aligned: bool = False,
+    moved: Sequence[int] = (),
     shown: int = 64,
 ) -> PlacementStatus:
+    """``status.placement``: where the gang of ``attempt`` runs (see :func:`placement_status`
+    for a fresh decision)."""
     doms = dict(domains or {})
     cross = dict(cross_bytes_per_step or {})
     parts = [f"{len(nodes)} nodes"]
     parts += [f"{v} {k.rsplit('/', 1)[-1]}" for k, v in doms.items()]
     if cross:
         parts.append("cross " + ", ".join(f"{k.rsplit('/', 1)[-1]} {v / 1e9:.2f} GB/step" for k, v in cross.items()))
+    if moved:
+        parts.append(f"moved pod indices {list(moved)[:16]}")
     return PlacementStatus(
+        attempt=attempt,
+        moved=list(moved[:shown]),
         nodes=list(nodes[:shown]),
         node_count=len(nodes),
         spares=list(spares),
@@ -92,6 +101,37 @@ def build_placement_status(
         rail_aligned=rail_aligned,
         summary="; ".join(parts),
     )
+
+
+def placement_status(pl: Placement, *, attempt: int) -> PlacementStatus:
+    """``status.placement`` for a placement decision (the one the operator writes; the demo and
+    ``kubectl describe`` read it)."""
+    return build_placement_status(
+        pl.nodes, attempt=attempt, spares=pl.spares, domains=pl.domain_counts,
+        cross_bytes_per_step=pl.cross_bytes_per_step, rail_aligned=pl.rail_aligned, moved=pl.moved,
+    )
+
+
+def decide_degraded(status: TrainingJobStatus, *, hot_spares: int, now: str) -> TrainingJobStatus:
+    """``Degraded`` is True while ranks straggle or a running gang holds fewer hot spares than
+    ``spec.gang.hotSpares`` (a sticky re-placement may have spent them); it is orthogonal to the
+    phase. Returns ``status`` itself when nothing changes."""
+    reasons = []
+    if status.stragglers:
+        reasons.append(f"{len(status.stragglers)} straggling ranks")
+    spares = len(status.placement.spares) if status.placement else 0
+    if status.phase in ("Starting", "Running") and spares < hot_spares:
+        reasons.append(f"{spares}/{hot_spares} hot spares held")
+    value = "True" if reasons else "False"
+    old = next((x for x in status.conditions if x.type == "Degraded"), None)
+    if old is None and value == "False":
+        return status
+    if old is not None and old.status == value and old.message == "; ".join(reasons):
+        return status
+    return status.model_copy(update={"conditions": set_condition(
+        status.conditions, "Degraded", value, reason="Degraded" if reasons else "Healthy",
+        message="; ".join(reasons), now=now, generation=status.observed_generation or None,
+    )})
 
 
 def status_to_wire(status: TrainingJobStatus) -> dict[str, Any]:

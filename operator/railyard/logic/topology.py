@@ -17,6 +17,8 @@ Conventions (see docs/placement.md):
   ``railyard.dev/rail-offset`` (default 0, the rail-optimised convention ``GPU i on rail i``).
 - A node is unusable when NotReady, cordoned, quarantined by us (taint key or label
   ``railyard.dev/quarantined``), or tainted NoSchedule/NoExecute without a matching toleration.
+  Readiness, tolerations and quantities are the Kubernetes rules of :mod:`railyard.api.corev1`
+  and :mod:`railyard.api.quantity`, shared with the local cluster's scheduler.
 """
 
 from __future__ import annotations
@@ -26,9 +28,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from railyard.api.corev1 import Toleration, compute_pod_requests, node_is_ready, untolerated_taint
+from railyard.api.quantity import to_count
+from railyard.logic.quarantine import is_quarantined
+
 GPU_RESOURCE = "nvidia.com/gpu"
 HOSTNAME_KEY = "kubernetes.io/hostname"
-QUARANTINE_KEY = "railyard.dev/quarantined"
 RAIL_OFFSET_LABEL = "railyard.dev/rail-offset"
 #: Pods carrying this label with the job's name do not count against free GPUs of that job
 #: (its own pods are about to be replaced, or are the ones being kept).
@@ -75,34 +80,6 @@ BUSY = "NotEnoughFreeGPUs"
 
 
 @dataclass(frozen=True, slots=True)
-class Toleration:
-    """A pod toleration, as in ``spec.tolerations`` (``operator`` is Equal or Exists)."""
-
-    key: str = ""
-    operator: str = "Equal"
-    value: str = ""
-    effect: str = ""
-
-    def tolerates(self, taint: Mapping[str, Any]) -> bool:
-        if self.effect and self.effect != taint.get("effect", ""):
-            return False
-        if not self.key:
-            return self.operator == "Exists"
-        if self.key != taint.get("key", ""):
-            return False
-        return self.operator == "Exists" or self.value == str(taint.get("value") or "")
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> Toleration:
-        return cls(
-            key=str(d.get("key") or ""),
-            operator=str(d.get("operator") or "Equal"),
-            value=str(d.get("value") or ""),
-            effect=str(d.get("effect") or ""),
-        )
-
-
-@dataclass(frozen=True, slots=True)
 class Topology:
     """Flat, read-only arrays describing the cluster for one decision.
 
@@ -139,10 +116,6 @@ class Topology:
     def leaf_of(self, node: int) -> int:
         return self.domain_of[self.leaf_level][node] if self.levels else 0
 
-    def rail(self, node: int, local_rank: int) -> int:
-        g = self.gpus[node]
-        return (local_rank + self.rail_offset[node]) % g if g > 0 else local_rank
-
     def path(self, node: int) -> tuple[str, ...]:
         return tuple(
             self.domain_names[lv][self.domain_of[lv][node]] for lv in range(len(self.levels))
@@ -157,6 +130,20 @@ class Topology:
                 f"topology.requiredLevel: {key!r} is not a level of this cluster; "
                 f"levels are {list(self.levels)} (dropped, no node carries them: {list(self.dropped_levels)})"
             ) from None
+
+
+def placement_signature(node: Mapping[str, Any]) -> tuple[Any, ...]:
+    """What placement reads of a node that can change under a running cluster: readiness,
+    cordon, taints, our quarantine mark, GPUs. A change of any of them is worth a new decision
+    (index 3 is True while the node is quarantined)."""
+    spec = node.get("spec") or {}
+    return (
+        node_is_ready(node),
+        bool(spec.get("unschedulable")),
+        tuple(sorted((str(t.get("key")), str(t.get("value") or ""), str(t.get("effect"))) for t in spec.get("taints") or ())),
+        is_quarantined(node),
+        str(((node.get("status") or {}).get("allocatable") or {}).get(GPU_RESOURCE)),
+    )
 
 
 def resolve_level_keys(
@@ -193,7 +180,7 @@ def natural_key(s: str) -> tuple[str | int, ...]:
     return tuple(parts)
 
 
-def _int_quantity(v: Any) -> int:
+def _int_label(v: Any) -> int:
     try:
         return int(str(v))
     except (TypeError, ValueError):
@@ -201,18 +188,7 @@ def _int_quantity(v: Any) -> int:
 
 
 def _pod_gpus(pod: Mapping[str, Any]) -> int:
-    spec = pod.get("spec") or {}
-
-    def req(c: Mapping[str, Any]) -> int:
-        res = c.get("resources") or {}
-        r = (res.get("requests") or {}).get(GPU_RESOURCE)
-        if r is None:
-            r = (res.get("limits") or {}).get(GPU_RESOURCE)
-        return _int_quantity(r) if r is not None else 0
-
-    main = sum(req(c) for c in spec.get("containers") or ())
-    init = max((req(c) for c in spec.get("initContainers") or ()), default=0)
-    return max(main, init)
+    return compute_pod_requests(pod, only=GPU_RESOURCE).get(GPU_RESOURCE, 0) // 1000
 
 
 def compute_used_gpus(
@@ -240,24 +216,16 @@ def compute_used_gpus(
 def _exclusion(
     node: Mapping[str, Any], labels: Mapping[str, str], tolerations: Sequence[Toleration]
 ) -> str:
-    status = node.get("status") or {}
-    ready = any(
-        c.get("type") == "Ready" and c.get("status") == "True"
-        for c in status.get("conditions") or ()
-    )
-    if not ready:
+    if not node_is_ready(node):
         return NOT_READY
     spec = node.get("spec") or {}
     if spec.get("unschedulable"):
         return UNSCHEDULABLE
     taints = spec.get("taints") or ()
-    if labels.get(QUARANTINE_KEY) == "true" or any(t.get("key") == QUARANTINE_KEY for t in taints):
+    if is_quarantined(node):
         return QUARANTINED
-    for t in taints:
-        if t.get("effect") in ("NoSchedule", "NoExecute") and not any(
-            tol.tolerates(t) for tol in tolerations
-        ):
-            return TAINTED
+    if untolerated_taint(tolerations, taints) is not None:
+        return TAINTED
     return ""
 
 
@@ -329,12 +297,10 @@ def build_topology(
         if n_levels:
             leaf_nodes[parent].append(new_i)
         o_names.append(names[i])
-        g = _int_quantity(
-            ((node.get("status") or {}).get("allocatable") or {}).get(GPU_RESOURCE, 0)
-        )
+        g = to_count(((node.get("status") or {}).get("allocatable") or {}).get(GPU_RESOURCE))
         gpus.append(g)
         free.append(max(g - used.get(names[i], 0), 0))
-        offs.append(_int_quantity(lb.get(RAIL_OFFSET_LABEL, 0)))
+        offs.append(_int_label(lb.get(RAIL_OFFSET_LABEL, 0)))
         excluded.append(_exclusion(node, lb, tolerations))
     if not n_levels:
         leaf_nodes = [list(range(len(o_names)))]
@@ -398,9 +364,18 @@ def build_synthetic_nodes(
     return out
 
 
-def parse_synthetic_spec(spec: str) -> list[dict[str, Any]]:
+def synthetic_levels(preset: str | None) -> tuple[str, str]:
+    """The two label keys generated nodes carry for a topology preset: the preset's two levels
+    nearest the host (its first candidate list), so a job naming the preset finds its levels."""
+    keys = LEVEL_PRESETS.get(preset or "railyard", LEVEL_PRESETS["railyard"])[0]
+    return keys[-2], keys[-1]
+
+
+def parse_synthetic_spec(
+    spec: str, *, levels: Sequence[str] = LEVEL_PRESETS["railyard"][0]
+) -> list[dict[str, Any]]:
     """Nodes from a compact spec ``spine=2,leaf=4,nodes=32,gpus=8`` (leaf per spine, nodes per
-    leaf; gpus defaults to 8)."""
+    leaf; gpus defaults to 8), labelled with ``levels`` (see :func:`synthetic_levels`)."""
     fields: dict[str, int] = {}
     for part in spec.split(","):
         k, sep, v = part.partition("=")
@@ -419,5 +394,5 @@ def parse_synthetic_spec(spec: str) -> list[dict[str, Any]]:
             f"--nodes: {spec!r} lacks {missing}; expected spine=N,leaf=N,nodes=N[,gpus=N]"
         )
     return build_synthetic_nodes(
-        fields["spine"], fields["leaf"], fields["nodes"], fields.get("gpus", 8)
+        fields["spine"], fields["leaf"], fields["nodes"], fields.get("gpus", 8), levels=levels
     )

@@ -16,6 +16,7 @@ import contextlib
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
 
 from railyard.protocol.heartbeat import HeartbeatBatch
+from railyard.protocol.manifest import TIERS
 
 _SAVE_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600)
 _BLOCKED_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30)
@@ -82,9 +83,20 @@ job's heartbeats arrive, from the operator's heartbeat window (`railyard.logic.g
             "Fraction of the wall time since the job's first gang started that went into kept training steps (docs/metrics.md).",
             ["namespace", "job"], registry=reg,
         )
+        # Every tier's series exist from the start at 0. A labelled series that appears with its
+        # first event already counted is invisible to rate() and increase() (they need a
+        # sample before the change): the first restore, the first failed save and the first
+        # save's duration would be missing from the dashboard and from alerts.
+        for tier in TIERS:
+            for result in ("ok", "failed"):
+                self.saves.labels(tier, result)
+            for child in (self.restores, self.save_seconds, self.blocked_seconds, self.restore_seconds):
+                child.labels(tier)
 
     def observe_batch(self, namespace: str, job: str, batch: HeartbeatBatch) -> None:
         """Count the checkpoint events of one accepted heartbeat batch."""
+        for tier in TIERS:  # the job's byte counters, at 0 before its first save (see __init__)
+            self.bytes_written.labels(namespace, job, tier)
         for e in batch.checkpoints:
             if e.kind == "restore":
                 if e.ok:

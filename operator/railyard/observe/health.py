@@ -19,8 +19,9 @@ from railyard.logic.health import (
     PodStatus,
     decide_health,
 )
+from railyard.logic.health.window import HeartbeatStore
 from railyard.observe.health_metrics import HealthMetrics
-from railyard.observe.heartbeats import HeartbeatStore, TokenLookup, add_heartbeat_routes
+from railyard.observe.heartbeats import TokenLookup, add_heartbeat_routes
 
 
 class HealthService:

@@ -15,6 +15,9 @@ from railyard.protocol.heartbeat import HeartbeatBatch
 
 _JOB = ("namespace", "job")
 _DETECTION_BUCKETS = (0.5, 1, 2, 5, 10, 15, 20, 30, 45, 60, 120, 300, 600)
+#: Step time percentiles. Not ``quantile``: Prometheus reserves that label for summaries
+#: (``promtool check metrics`` flags it on a gauge).
+_PERCENTILES = ("50", "99")
 
 
 class HealthMetrics:
@@ -30,7 +33,7 @@ class HealthMetrics:
             "railyard_heartbeat_age_seconds", "Age of the stalest heartbeat among the job's running ranks.", _JOB, registry=reg
         )
         self.step_time = Gauge(
-            "railyard_step_time_seconds", "Job step time over recent steps, by quantile.", [*_JOB, "quantile"], registry=reg
+            "railyard_step_time_seconds", "Job step time over recent steps, by percentile (50, 99).", [*_JOB, "percentile"], registry=reg
         )
         self.hang_timeout = Gauge(
             "railyard_hang_timeout_seconds", "Current hang timeout: max(k x p99 step time, floor).", _JOB, registry=reg
@@ -65,6 +68,8 @@ class HealthMetrics:
             buckets=_DETECTION_BUCKETS,
             registry=reg,
         )
+        for kind in FaultKind:  # from 0, or rate() misses the first detection of each kind
+            self.detection.labels(kind.value)
         self._rank_labels: dict[tuple[str, str], set[str]] = {}
 
     def count_request(self, code: int) -> None:
@@ -75,16 +80,23 @@ class HealthMetrics:
         for b in batch.ranks:
             for h in b.health:
                 self.sdc_checks.labels(namespace, job, h.kind).inc()
+                # exported at 0 from the first check on: increase() and rate() cannot see the
+                # first failure of a series that appears already at 1
+                failed = self.sdc_checks_failed.labels(namespace, job, h.kind)
                 if not h.ok:
-                    self.sdc_checks_failed.labels(namespace, job, h.kind).inc()
+                    failed.inc()
 
     def observe_decision(self, namespace: str, job: str, d: HealthDecision) -> None:
+        # the job's verdict counters start at 0 (see count_beats): the first hang, dead rank,
+        # straggler or corruption of a job must move increase(), which alerts are built on
+        for counter in (self.stragglers_flagged, self.hangs, self.dead, self.sdc_detected):
+            counter.labels(namespace, job)
         if d.max_heartbeat_age_s is not None:
             self.heartbeat_age.labels(namespace, job).set(d.max_heartbeat_age_s)
         if d.p50_step_time_s is not None:
-            self.step_time.labels(namespace, job, "0.5").set(d.p50_step_time_s)
+            self.step_time.labels(namespace, job, "50").set(d.p50_step_time_s)
         if d.p99_step_time_s is not None:
-            self.step_time.labels(namespace, job, "0.99").set(d.p99_step_time_s)
+            self.step_time.labels(namespace, job, "99").set(d.p99_step_time_s)
         self.hang_timeout.labels(namespace, job).set(d.hang_timeout_s)
         self.stragglers_current.labels(namespace, job).set(len(d.stragglers))
         ranks = {str(s.rank) for s in d.slowest}
@@ -111,7 +123,7 @@ class HealthMetrics:
         for g in (self.heartbeat_age, self.hang_timeout, self.stragglers_current):
             with contextlib.suppress(KeyError):
                 g.remove(namespace, job)
-        for q in ("0.5", "0.99"):
+        for q in _PERCENTILES:
             with contextlib.suppress(KeyError):
                 self.step_time.remove(namespace, job, q)
         for r in self._rank_labels.pop((namespace, job), set()):

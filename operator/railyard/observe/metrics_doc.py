@@ -104,7 +104,45 @@ def render_markdown(docs: list[MetricDoc]) -> str:
         notes = _doc_notes(source)
         if notes:
             lines += [notes.strip(), ""]
+    lines += [*SCRAPING.strip().splitlines(), ""]
     return "\n".join(lines)
+
+
+SCRAPING = """
+## Scraping, alerting and dashboards
+
+Scrape with `honor_labels: true` (the chart's ServiceMonitor and PodMonitor set `honorLabels`):
+per-job series carry the TrainingJob's name in `job`, which Prometheus would otherwise rename
+`exported_job`, replacing it by the scrape job's name. The operator's own series (no TrainingJob)
+get the scrape job in `job`. A Prometheus without the Prometheus Operator:
+
+```yaml
+scrape_configs:
+  - job_name: railyard
+    honor_labels: true
+    static_configs: [{targets: ["railyard.railyard-system.svc:8080"]}]
+rule_files: [railyard-alerts.yaml]   # deploy/prometheus/railyard-alerts.yaml
+```
+
+The alerts come as a plain rule file (`deploy/prometheus/railyard-alerts.yaml`), as a
+PrometheusRule (`deploy/prometheus/railyard-rules.yaml`) and from the chart
+(`prometheusRule.enabled=true`): the same rules, checked by `promtool check rules` and unit
+tested by `promtool test rules deploy/prometheus/tests/*.yaml` (each alert fires after its
+`for:` and stays quiet on healthy series). The Grafana dashboard is
+`deploy/grafana/railyard-dashboard.json` (the chart's `grafanaDashboard.enabled=true`). In CI a
+real Prometheus scrapes the operator through a restart and every metric above, every dashboard
+query and every rule is checked against what it stored (tests/observability).
+
+Series over a known set of labels start at 0 (restarts per class, failures per kind, detections
+per fault kind, checkpoint series per tier, a job's verdict counters from its first heartbeats):
+`increase()` and `rate()` need a sample before a change, so a series that appeared already at 1
+would hide its first event from alerts and panels. A job's live gauges (heartbeat age, step
+time, hang timeout, stragglers, slowest ranks, placement bytes) are dropped when it finishes
+(Succeeded or Failed); its counters and goodput stay until it is deleted.
+
+Try it on one machine: `railyard demo --prometheus` runs a real Prometheus beside the local
+cluster and prints its URL and example queries ([demo.md](demo.md)).
+"""
 
 
 def _doc_notes(source: str) -> str:

@@ -5,7 +5,7 @@ Nothing here decides on its own: detection latencies come from the health rules
 to quarantine from :mod:`railyard.logic.failures`, restart permission and backoff from
 :mod:`railyard.logic.restarts`, placement and sticky re-placement from
 :mod:`railyard.logic.placement`, and which checkpoint to restore from
-:func:`railyard.logic.checkpoint.decide_restore`. This module only translates the simulator's
+:func:`railyard.protocol.restore.decide_restore`. This module only translates the simulator's
 state into their inputs.
 """
 
@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
-from railyard.api.trainingjob import Restarts
-from railyard.logic.checkpoint import FoundCheckpoint, Layout, decide_restore, pod_location
+from railyard.api.trainingjob import Restarts, TrainingJob
 from railyard.logic.failures import Failure, build_failure
 from railyard.logic.health.liveness import (
     compute_hang_timeout,
@@ -26,22 +26,18 @@ from railyard.logic.health.liveness import (
 )
 from railyard.logic.health.model import HealthPolicy, PodStatus
 from railyard.logic.health.straggler import compute_straggler_scores, decide_stragglers
-from railyard.logic.placement import (
-    GangRequest,
-    Placement,
-    PreviousPlacement,
-    Unplaceable,
-    plan_placement,
-)
+from railyard.logic.placement import Placement, Unplaceable, build_placement_input, plan_placement
+from railyard.logic.quarantine import apply_merge_patch, build_quarantine_patch
 from railyard.logic.restarts import (
     RestartDecision,
     decide_restart,
     decide_streak_reset,
     record_restart,
 )
-from railyard.logic.topology import QUARANTINED, Topology, build_synthetic_nodes, build_topology
+from railyard.logic.topology import build_synthetic_nodes
 from railyard.protocol.exitcodes import FailureClass
 from railyard.protocol.manifest import Manifest, ShardInfo
+from railyard.protocol.restore import FoundCheckpoint, Layout, decide_restore, pod_location
 from railyard.sim.model import Cause, PolicyConfig, Scenario
 
 # --------------------------------------------------------------------------- detection
@@ -177,11 +173,26 @@ class Budgets:
 # --------------------------------------------------------------------------- placement
 
 
-class Cluster:
-    """The synthetic cluster, the gang's placement and the quarantined nodes.
+def build_sim_job(scn: Scenario, hot_spares: int, *, name: str = "sim") -> TrainingJob:
+    """The TrainingJob the simulated gang is: the scenario's shape and our hot spares."""
+    return TrainingJob.model_validate({
+        "metadata": {"name": name, "namespace": "sim"},
+        "spec": {
+            "nodes": scn.nodes,
+            "procsPerNode": scn.gpus_per_node,
+            "parallelism": {"tensor": scn.tp, "pipeline": scn.pp, "data": scn.dp},
+            "gang": {"hotSpares": hot_spares},
+        },
+    })
 
-    Placement (fresh, and sticky re-placement after a failure) is :func:`plan_placement` on a
-    topology built once by :func:`build_topology`; quarantine only flips a node's exclusion.
+
+class Cluster:
+    """The synthetic cluster's Node objects, the gang's placement and the quarantined nodes.
+
+    Placement, fresh and sticky after a failure, is the operator's: the input is built by
+    :func:`build_placement_input` from the job and the nodes (quarantined ones carry the marks
+    of :func:`build_quarantine_patch`, as the operator's node patch writes them) and decided by
+    :func:`plan_placement`.
     """
 
     def __init__(self, scn: Scenario, hot_spares: int) -> None:
@@ -190,32 +201,28 @@ class Cluster:
         spines = max(1, math.ceil(total / per_spine))
         leaves = min(scn.leaves_per_spine, math.ceil(total / scn.nodes_per_leaf))
         nodes = build_synthetic_nodes(spines, leaves, scn.nodes_per_leaf, scn.gpus_per_node)
-        self.topo: Topology = build_topology(nodes)
-        self._base_excluded = self.topo.excluded
-        self.req = GangRequest(
-            job="sim",
-            nodes=scn.nodes,
-            procs_per_node=scn.gpus_per_node,
-            pp=scn.pp,
-            dp=scn.dp,
-            tp=scn.tp,
-            hot_spares=hot_spares,
-        )
-        # Re-placement is a node-level decision (keep healthy nodes, move failed pods to the best
-        # spare): the same gang seen one rank per node gives the same choice without building
-        # a 16,384-rank table per failure.
-        self.node_req = dataclasses.replace(
-            self.req, procs_per_node=1, pp=1, dp=scn.nodes, tp=1, gpus_per_pod=scn.gpus_per_node
-        )
+        self._start(build_sim_job(scn, hot_spares), nodes)
+
+    @classmethod
+    def from_job(cls, job: TrainingJob, nodes: Sequence[Mapping[str, Any]], pods: Sequence[Mapping[str, Any]] = ()) -> Cluster:
+        """A cluster of the given Node objects (and other jobs' Pods) running ``job``; tests
+        feed the operator, ``plan`` and the simulator the same cluster."""
+        c = cls.__new__(cls)
+        c._start(job, nodes, pods)
+        return c
+
+    def _start(self, job: TrainingJob, nodes: Sequence[Mapping[str, Any]], pods: Sequence[Mapping[str, Any]] = ()) -> None:
+        self.job = job
+        self.pods = list(pods)
+        self._healthy: dict[str, Mapping[str, Any]] = {str(n["metadata"]["name"]): n for n in nodes}
         #: node name -> time it comes back from repair
         self.quarantined: dict[str, float] = {}
-        placed = plan_placement(self.topo, self.req)
-        if isinstance(placed, Unplaceable):
-            raise ValueError(
-                f"placement: the gang does not fit the simulated cluster: {placed.reason}"
-            )
-        self.placement: Placement = placed
+        self.attempt = 0
         self.replacements = 0
+        placed = plan_placement(build_placement_input(job, nodes=list(self._healthy.values()), pods=self.pods))
+        if isinstance(placed, Unplaceable):
+            raise ValueError(f"placement: the gang does not fit the simulated cluster: {placed.message}")
+        self.placement: Placement = placed
 
     @property
     def nodes(self) -> tuple[str, ...]:
@@ -225,20 +232,20 @@ class Cluster:
         return self.placement.nodes[pod]
 
     def replica_peer(self, pod: int) -> int:
-        return self.placement.rank_table.pods[pod].replica_peer
+        return self.placement.replica_peers[pod]
 
-    def _refresh(self) -> None:
-        excl = list(self._base_excluded)
-        for name in self.quarantined:
-            excl[self.topo.index[name]] = QUARANTINED
-        self.topo = dataclasses.replace(self.topo, excluded=tuple(excl))
+    def node_objects(self) -> list[Mapping[str, Any]]:
+        """The cluster's Node objects now: quarantined ones carry our marks."""
+        out: list[Mapping[str, Any]] = []
+        for name, node in self._healthy.items():
+            if name in self.quarantined:
+                node = apply_merge_patch(node, build_quarantine_patch(node, reason="simulated failure", job=f"sim/{self.job.metadata.name}", time=""))
+            out.append(node)
+        return out
 
     def release_repaired(self, now: float) -> None:
-        back = [n for n, t in self.quarantined.items() if t <= now]
-        for n in back:
+        for n in [n for n, t in self.quarantined.items() if t <= now]:
             del self.quarantined[n]
-        if back:
-            self._refresh()
 
     def next_repair(self) -> float:
         return min(self.quarantined.values(), default=math.inf)
@@ -249,13 +256,15 @@ class Cluster:
         for n in nodes:
             self.quarantined[n] = now + repair_s
         self.release_repaired(now)
-        self._refresh()
-        prev = PreviousPlacement(
-            nodes=self.placement.nodes, spares=self.placement.spares, failed=frozenset(nodes)
+        inp = build_placement_input(
+            self.job, nodes=self.node_objects(), pods=self.pods, attempt=self.attempt + 1,
+            previous_nodes=self.placement.nodes, previous_spares=self.placement.spares,
+            failed=set(self.quarantined),
         )
-        placed = plan_placement(self.topo, self.node_req, previous=prev)
+        placed = plan_placement(inp)
         if isinstance(placed, Unplaceable):
             return False
+        self.attempt += 1
         self.replacements += len(placed.moved)
         self.placement = placed
         return True

@@ -19,9 +19,9 @@ from dataclasses import asdict, is_dataclass
 from pathlib import Path
 from typing import Any
 
-from railyard.logic.checkpoint import Layout
 from railyard.protocol.manifest import TIERS
 from railyard.protocol.ranktable import RankTable
+from railyard.protocol.restore import Layout
 from railyard_trainer.checkpoint.manager import CheckpointManager, NoVerifiedCheckpoint, SaveRecord
 from railyard_trainer.checkpoint.settings import (
     CheckpointConfigError,

@@ -22,7 +22,7 @@ Saving (:meth:`CheckpointManager.maybe_save`, after every optimizer step):
 
 Restoring (:meth:`CheckpointManager.restore`, before the first step): every pod lists the
 committed manifests it can see, the listings are gathered, and
-:func:`railyard.logic.checkpoint.decide_restore` picks the newest complete, SDC-clean step,
+:func:`railyard.protocol.restore.decide_restore` picks the newest complete, SDC-clean step,
 fastest tier first. The shards it names are checksum-verified (spread over the ranks that can
 read them) before anything is loaded; corrupt copies are dropped and the choice is made again,
 so a corrupt checkpoint is never loaded and never retried. Shards held only by a neighbour
@@ -65,7 +65,10 @@ from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 from torch.distributed.tensor import DTensor
 
-from railyard.logic.checkpoint import (
+from railyard.protocol.exitcodes import ExitCode
+from railyard.protocol.heartbeat import CheckpointEvent
+from railyard.protocol.manifest import Manifest, ShardInfo
+from railyard.protocol.restore import (
     PER_NODE_TIERS,
     SHARED_LOCATION,
     FoundCheckpoint,
@@ -77,9 +80,6 @@ from railyard.logic.checkpoint import (
     plan_gc,
     pod_location,
 )
-from railyard.protocol.exitcodes import ExitCode
-from railyard.protocol.heartbeat import CheckpointEvent
-from railyard.protocol.manifest import Manifest, ShardInfo
 from railyard_trainer.checkpoint.settings import CheckpointSettings, TierSettings
 from railyard_trainer.checkpoint.storage import TierStorage
 from railyard_trainer.hooks import RestoreResult, TrainContext

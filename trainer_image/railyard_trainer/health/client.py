@@ -1,7 +1,7 @@
 """Heartbeats from the trainer: per-rank senders and one aggregator per pod.
 
 Batching per pod (the operator sees 2,048 POSTs per interval, not 16,384): every rank sends
-its latest beat as one datagram over a Unix socket private to the pod (job, attempt, pod index
+its latest beat as one datagram over a Unix socket private to the pod (namespace, job, attempt, pod index
 in the name); local rank 0 runs :class:`PodAggregator` in a daemon thread, which keeps the
 newest beat per rank and POSTs one :class:`HeartbeatBatch` per interval. Datagrams never block
 (a full buffer or a missing aggregator drops the beat), and the POST runs in the aggregator's
@@ -44,9 +44,10 @@ log = logging.getLogger(__name__)
 Poster = Callable[[str, str, bytes], int]
 
 
-def aggregator_path(job: str, attempt: int, pod_index: int) -> str:
-    """A socket path unique to the pod (several pods may share a machine on the local cluster)."""
-    key = hashlib.sha1(f"{job}/{attempt}/{pod_index}/{os.getuid()}".encode()).hexdigest()[:16]
+def aggregator_path(namespace: str, job: str, attempt: int, pod_index: int) -> str:
+    """A socket path unique to the pod: several pods may share a machine (the local cluster, or
+    two jobs of the same name in different namespaces on one host)."""
+    key = hashlib.sha1(f"{namespace}/{job}/{attempt}/{pod_index}/{os.getuid()}".encode()).hexdigest()[:16]
     return os.path.join(tempfile.gettempdir(), f"railyard-hb-{key}.sock")
 
 

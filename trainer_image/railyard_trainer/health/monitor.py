@@ -121,7 +121,7 @@ class RailyardHealthMonitor:
         self.sender: BeatSender | None = None
         self._thread: threading.Thread | None = None
         if settings.url:
-            path = aggregator_path(ctx.job, ctx.attempt, ctx.pod_index)
+            path = aggregator_path(getattr(ctx.config, "namespace", "default"), ctx.job, ctx.attempt, ctx.pod_index)
             if ctx.local_rank == 0:
                 self.aggregator = PodAggregator(
                     url=settings.url, token=settings.token, job=ctx.job, attempt=ctx.attempt,

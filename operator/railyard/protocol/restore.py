@@ -1,6 +1,6 @@
 """Which checkpoint to restore, and which to delete: pure decisions over manifests.
 
-Both sides call this module. The trainer, at start, lists the committed manifests it can see in
+Both sides call this module (it lives in protocol/ so the trainer may import it). The trainer, at start, lists the committed manifests it can see in
 every tier (its node's memory and local tiers, the replicas its node holds for a neighbour, the
 shared tier), gathers those listings from all pods, and asks :func:`decide_restore` for the best
 source; it verifies the shards the decision names, feeds the results back, and asks again until
@@ -17,8 +17,9 @@ Rules (docs/checkpoints.md):
 - a checkpoint is usable when every shard it lists is present somewhere with a matching
   manifest and is not known corrupt: shards may come from different places of one tier (a lost
   node's memory-tier shard from the neighbour that holds its replica);
-- memory and local tiers hold per-rank shards and restore only onto the same layout
-  (pp, dp, tp); the shared tier is a DCP checkpoint that reshards onto any layout;
+- memory and local tiers hold per-rank shards; they restore onto another layout (pp, dp, tp)
+  only for a caller that can reshard them (``node_reshard``: the trainer reads the old ranks'
+  files as one checkpoint); the shared tier is a DCP checkpoint that reshards onto any layout;
 - a shard is loaded only after its checksum verified; a corrupt shard removes that copy, and
   the next call falls back to another copy, another tier or an older step. Each call either
   returns a source with nothing left to verify, asks to verify copies not yet checked, or gives

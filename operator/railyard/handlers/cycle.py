@@ -1,0 +1,192 @@
+"""The reconcile cycle as a typed object, and the one seam through which it touches the cluster.
+
+A :class:`Cycle` is what one reconcile of one TrainingJob works on: the job as read, the status
+being built (``st``, replaced, never mutated, by the pure functions of :mod:`railyard.logic`),
+the Events to write, and :class:`GangIO`, every call to the Kubernetes API the cycle may make.
+:class:`KubeGangIO` is that seam over :mod:`railyard.k8s.gang`; tests fake it
+(tests/operator/fake_cluster.py) and run the whole state machine in-process.
+
+The seam is where later work plugs in: an in-place restart adds an I/O call here and a decision
+in logic/; a 4xx from the API server on the gang's own objects surfaces from these calls as
+:class:`railyard.k8s.client.ApiError` (see ``create_gang`` in handlers/reconcile.py, the one
+place a gang's objects are created).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Protocol
+
+from pydantic import ValidationError
+
+from railyard.api.trainingjob import TrainingJobStatus
+from railyard.handlers.runtime import JobWorker, Runtime
+from railyard.k8s import gang as ops
+from railyard.k8s.client import Kube
+from railyard.logic.conditions import format_time
+from railyard.logic.gang import plan_pod_deletions
+from railyard.logic.status import (
+    apply_phase,
+    build_status_patch,
+    build_transition_events,
+    status_to_wire,
+)
+from railyard.protocol.ranktable import RankTable
+
+log = logging.getLogger(__name__)
+
+Obj = Mapping[str, Any]
+
+
+class GangIO(Protocol):
+    """Every API call a reconcile cycle makes (idempotent, as :mod:`railyard.k8s.gang`)."""
+
+    async def create_object(self, obj: Obj) -> bool: ...
+    async def create_pods(self, pods: Sequence[Obj]) -> int: ...
+    async def lift_gates(self, pods: Sequence[Obj]) -> int: ...
+    async def delete_pods(self, namespace: str, names: Iterable[str], *, grace_seconds: int | None = None) -> int: ...
+    async def delete_owned(self, namespace: str, job: str) -> None: ...
+    async def delete_configmaps(self, namespace: str, names: Iterable[str]) -> None: ...
+    async def create_podgroups(self, objects: Sequence[Obj]) -> int: ...
+    async def delete_podgroups(self, namespace: str, api_version: str, names: Iterable[str]) -> int: ...
+    async def read_rank_table(self, namespace: str, job: str, attempt: int) -> RankTable | None: ...
+    async def read_token(self, namespace: str, job: str) -> str | None: ...
+    async def ensure_secret(self, secret: Obj) -> str: ...
+    def new_token(self) -> str: ...
+    async def quarantine_node(self, node: str, *, reason: str, job: str, now: float) -> bool: ...
+    async def release_node(self, node: str) -> bool: ...
+    async def patch_job_status(self, namespace: str, name: str, status_patch: Obj) -> dict[str, Any] | None: ...
+    async def patch_job_finalizers(self, namespace: str, name: str, finalizers: Sequence[str], resource_version: str | None) -> bool: ...
+    async def create_event(self, involved: Obj, *, type_: str, reason: str, message: str, now: float) -> None: ...
+
+
+class KubeGangIO:
+    """:class:`GangIO` on the real API (:mod:`railyard.k8s.gang` with one client)."""
+
+    def __init__(self, kube: Kube) -> None:
+        self.kube = kube
+
+    async def create_object(self, obj: Obj) -> bool:
+        return await ops.create_object(self.kube, obj)
+
+    async def create_pods(self, pods: Sequence[Obj]) -> int:
+        return await ops.create_pods(self.kube, pods)
+
+    async def lift_gates(self, pods: Sequence[Obj]) -> int:
+        return await ops.lift_gates(self.kube, pods)
+
+    async def delete_pods(self, namespace: str, names: Iterable[str], *, grace_seconds: int | None = None) -> int:
+        return await ops.delete_pods(self.kube, namespace, names, grace_seconds=grace_seconds)
+
+    async def delete_owned(self, namespace: str, job: str) -> None:
+        await ops.delete_owned(self.kube, namespace, job)
+
+    async def delete_configmaps(self, namespace: str, names: Iterable[str]) -> None:
+        await ops.delete_configmaps(self.kube, namespace, names)
+
+    async def create_podgroups(self, objects: Sequence[Obj]) -> int:
+        return await ops.create_podgroups(self.kube, objects)
+
+    async def delete_podgroups(self, namespace: str, api_version: str, names: Iterable[str]) -> int:
+        return await ops.delete_podgroups(self.kube, namespace, api_version, names)
+
+    async def read_rank_table(self, namespace: str, job: str, attempt: int) -> RankTable | None:
+        return await ops.read_rank_table(self.kube, namespace, job, attempt)
+
+    async def read_token(self, namespace: str, job: str) -> str | None:
+        return await ops.read_token(self.kube, namespace, job)
+
+    async def ensure_secret(self, secret: Obj) -> str:
+        return await ops.ensure_secret(self.kube, secret)
+
+    def new_token(self) -> str:
+        return ops.new_token()
+
+    async def quarantine_node(self, node: str, *, reason: str, job: str, now: float) -> bool:
+        return await ops.quarantine_node(self.kube, node, reason=reason, job=job, now=now)
+
+    async def release_node(self, node: str) -> bool:
+        return await ops.release_node(self.kube, node)
+
+    async def patch_job_status(self, namespace: str, name: str, status_patch: Obj) -> dict[str, Any] | None:
+        return await ops.patch_job_status(self.kube, namespace, name, status_patch)
+
+    async def patch_job_finalizers(self, namespace: str, name: str, finalizers: Sequence[str], resource_version: str | None) -> bool:
+        return await ops.patch_job_finalizers(self.kube, namespace, name, finalizers, resource_version)
+
+    async def create_event(self, involved: Obj, *, type_: str, reason: str, message: str, now: float) -> None:
+        await ops.create_event(self.kube, involved, type_=type_, reason=reason, message=message, now=now)
+
+
+class Cycle:
+    """The state one reconcile cycle works on, and its deferred writes (one status patch and
+    the Events, at :meth:`commit`)."""
+
+    def __init__(self, rt: Runtime, w: JobWorker, now: float, io: GangIO) -> None:
+        self.rt = rt
+        self.w = w
+        self.io = io
+        self.body: dict[str, Any] = w.body
+        self.meta: Mapping[str, Any] = self.body.get("metadata") or {}
+        self.ns = w.namespace
+        self.name = w.name
+        self.generation = int(self.meta.get("generation") or 0)
+        self.now = now
+        self.iso = format_time(now)
+        body_status = dict(self.body.get("status") or {})
+        # our own last write wins over a watch event that has not caught up with it yet
+        self.old_wire: dict[str, Any] = w.status_wire if w.status_wire is not None else body_status
+        try:
+            self.st = TrainingJobStatus.model_validate(self.old_wire)
+        except ValidationError:
+            log.warning("%s/%s: unreadable status, rebuilding from the cluster", self.ns, self.name)
+            self.st = TrainingJobStatus()
+        self.old_st = self.st  # what the Events compare against (updates replace st, never mutate it)
+        self.extra_events: list[tuple[str, str, str]] = []
+
+    @property
+    def spec(self) -> Mapping[str, Any]:
+        return self.body.get("spec") or {}
+
+    def phase(self, phase: str, reason: str, message: str) -> None:
+        self.st = apply_phase(self.st, phase, reason=reason, message=message, now=self.iso, generation=self.st.observed_generation or None)
+        self.rt.set_phase(self.ns, self.name, phase)
+
+    def update(self, **fields: Any) -> None:
+        """Replace status fields (snake_case names of :class:`TrainingJobStatus`)."""
+        self.st = self.st.model_copy(update=fields)
+
+    def event(self, type_: str, reason: str, message: str) -> None:
+        self.extra_events.append((type_, reason, message))
+
+    async def flush_events(self) -> None:
+        for type_, reason, message in self.extra_events:
+            await self.io.create_event(self.body, type_=type_, reason=reason, message=message, now=self.now)
+        self.extra_events.clear()
+
+    async def commit(self) -> None:
+        """Write the status once (the merge patch of what changed), then the Events."""
+        new_wire = status_to_wire(self.st)
+        patch = build_status_patch(self.old_wire, new_wire)
+        if patch:
+            got = await self.io.patch_job_status(self.ns, self.name, patch)
+            if got is None:
+                return
+            self.w.status_wire = new_wire
+        self.rt.set_phase(self.ns, self.name, self.st.phase)
+        for type_, reason, message in build_transition_events(self.old_st, self.st):
+            await self.io.create_event(self.body, type_=type_, reason=reason, message=message, now=self.now)
+        await self.flush_events()
+
+    async def delete_pods(self, pods: Sequence[Obj], nodes: Mapping[str, Obj]) -> int:
+        """Delete pods; force on dead nodes and when stuck Terminating. Returns how many remain."""
+        s = self.rt.settings
+        normal, force = plan_pod_deletions(pods, nodes, now=self.now, asked=self.w.deleting, stuck_terminating_s=s.stuck_terminating_s)
+        for n in normal + force:
+            self.w.deleting[n] = self.now
+        if normal:
+            await self.io.delete_pods(self.ns, normal, grace_seconds=s.delete_grace_s)
+        if force:
+            await self.io.delete_pods(self.ns, force, grace_seconds=0)
+        return len(pods)

@@ -1,0 +1,269 @@
+"""The heartbeat window model: what the operator remembers of each job's heartbeats.
+
+Each pod posts one batch for its local ranks every interval (protocol.heartbeat); the ingest
+endpoint (:mod:`railyard.observe.heartbeats`) authenticates and parses it and hands it to the
+:class:`HeartbeatStore` here. The store keeps, per job, a fixed-size rolling window per rank
+(``collections.deque``), the job's recent step times, failed health checks, the last checkpoint
+events per tier and what the attempt restored from. Work per rank beat is constant; memory is
+bounded by ranks x window. The rank windows implement :class:`railyard.logic.health.RankSignals`
+so the detection rules read them in place.
+
+Pure: no I/O, no clock (every method that records takes ``now``, Unix seconds, the clock pod
+start times use too).
+"""
+
+from __future__ import annotations
+
+import enum
+from array import array
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from itertools import islice
+
+from railyard.logic.health.model import HealthEvent
+from railyard.protocol.heartbeat import CheckpointEvent, HeartbeatBatch, RankBeat
+
+#: Steps of compute time kept per rank (the straggler window needs at most window + 2).
+DEFAULT_WINDOW = 256
+#: Beats kept per rank (arrival, step, step time, compute, loss, grad norm).
+SAMPLE_WINDOW = 64
+_SAMPLE_FIELDS = 6
+_NAN = float("nan")
+HEALTH_EVENTS_KEPT = 1024
+CHECKPOINT_EVENTS_PER_TIER = 8
+
+
+@dataclass(frozen=True, slots=True)
+class StepSample:
+    arrived_at: float
+    step: int
+    step_time_s: float
+    compute_s: float
+    loss: float | None
+    grad_norm: float | None
+
+
+class RankWindow:
+    """One rank's recent history in fixed-size rings. Implements ``logic.health.RankSignals``.
+
+    Compute times (one per step, the straggler signal) live in a float32 ring of ``window``
+    steps; per-beat samples (arrival, step, step time, compute, loss, grad norm) in a float64
+    ring of ``sample_window`` beats. 16,384 ranks x 256 steps stay near 50 MiB.
+    """
+
+    __slots__ = (
+        "_c",
+        "_ci",
+        "_cn",
+        "_s",
+        "_si",
+        "_sn",
+        "last_beat",
+        "last_saving_at",
+        "last_seen_at",
+        "node",
+        "pod_index",
+        "rank",
+        "saving",
+        "step",
+        "step_advanced_at",
+    )
+
+    def __init__(self, rank: int, window: int, sample_window: int = SAMPLE_WINDOW) -> None:
+        self.rank = rank
+        self.pod_index = -1
+        self.node = ""
+        self.last_seen_at = float("-inf")
+        self.step = -1
+        self.step_advanced_at = float("-inf")
+        self.saving = False
+        self.last_saving_at = float("-inf")
+        self.last_beat: RankBeat | None = None
+        self._c = array("f", bytes(4 * window))
+        self._ci = 0
+        self._cn = 0
+        self._s = array("d", bytes(8 * _SAMPLE_FIELDS * sample_window))
+        self._si = 0
+        self._sn = 0
+
+    def update(self, b: RankBeat, pod_index: int, node: str, now: float) -> bool:
+        """Record one beat; True when the step advanced."""
+        self.last_seen_at = now
+        self.pod_index = pod_index
+        self.node = node
+        self.saving = b.saving
+        if b.saving:
+            self.last_saving_at = now
+        self.last_beat = b
+        if b.step <= self.step:
+            return False
+        recent = b.recent_compute_s
+        advanced = b.step - self.step if self.step >= 0 else len(recent) or 1
+        self.step = b.step
+        self.step_advanced_at = now
+        c, cap = self._c, len(self._c)
+        i = self._ci
+        if recent:
+            for x in recent[-min(advanced, len(recent), cap) :]:
+                c[i] = x
+                i = i + 1 if i + 1 < cap else 0
+                self._cn += 1
+        elif b.compute_s > 0.0:
+            c[i] = b.compute_s
+            i = i + 1 if i + 1 < cap else 0
+            self._cn += 1
+        self._ci = i
+        if self._cn > cap:
+            self._cn = cap
+        j = self._si * _SAMPLE_FIELDS
+        sv = self._s
+        sv[j] = now
+        sv[j + 1] = b.step
+        sv[j + 2] = b.step_time_s
+        sv[j + 3] = b.compute_s
+        sv[j + 4] = _NAN if b.loss is None else b.loss
+        sv[j + 5] = _NAN if b.grad_norm is None else b.grad_norm
+        self._si = self._si + 1 if (self._si + 1) * _SAMPLE_FIELDS < len(sv) else 0
+        if self._sn * _SAMPLE_FIELDS < len(sv):
+            self._sn += 1
+        return True
+
+    def recent_compute(self, n: int) -> Sequence[float]:
+        k = min(n, self._cn)
+        if k <= 0:
+            return []
+        cap, end = len(self._c), self._ci
+        start = end - k
+        if start >= 0:
+            return self._c[start:end].tolist()
+        return self._c[start + cap :].tolist() + self._c[:end].tolist()
+
+    def samples(self) -> list[StepSample]:
+        """The per-beat samples, oldest first (for status and debugging; not on a hot path)."""
+        cap = len(self._s) // _SAMPLE_FIELDS
+        first = (self._si - self._sn) % cap
+        out = []
+        for k in range(self._sn):
+            j = ((first + k) % cap) * _SAMPLE_FIELDS
+            a, st, t, c, loss, gn = self._s[j : j + _SAMPLE_FIELDS]
+            out.append(StepSample(a, int(st), t, c, None if loss != loss else loss, None if gn != gn else gn))
+        return out
+
+
+#: Called with (namespace, job, batch) for every stored batch.
+BatchHook = Callable[[str, str, HeartbeatBatch], None]
+
+
+class JobWindow:
+    """One job's heartbeat state. Implements ``logic.health.JobSignals``."""
+
+    def __init__(self, namespace: str, job: str, attempt: int, window: int) -> None:
+        self.namespace = namespace
+        self.job = job
+        self.attempt = attempt
+        self.window = window
+        self.ranks: dict[int, RankWindow] = {}
+        self.step_times: deque[float] = deque(maxlen=1024)
+        self.max_step = -1
+        self.health: deque[HealthEvent] = deque(maxlen=HEALTH_EVENTS_KEPT)
+        self.health_seq = 0
+        self.checkpoints: dict[str, deque[tuple[float, CheckpointEvent]]] = {}
+        self.restored_tier = ""
+        self.restored_step = -1
+        #: The newest step the previous attempt reported (-1: unknown), for steps lost.
+        self.previous_max_step = -1
+        self.batches = 0
+        self.rank_beats = 0
+
+    def ingest(self, batch: HeartbeatBatch, now: float) -> None:
+        self.batches += 1
+        for b in batch.ranks:
+            rw = self.ranks.get(b.rank)
+            if rw is None:
+                rw = self.ranks[b.rank] = RankWindow(b.rank, self.window)
+            if rw.update(b, batch.pod_index, batch.node, now) and b.step > self.max_step:
+                self.max_step = b.step
+                if b.step_time_s > 0.0:
+                    self.step_times.append(b.step_time_s)
+            for res in b.health:
+                if not res.ok:
+                    self.health_seq += 1
+                    self.health.append(HealthEvent(self.health_seq, b.rank, batch.pod_index, batch.node, now, res))
+        self.rank_beats += len(batch.ranks)
+        for cp in batch.checkpoints:
+            q = self.checkpoints.get(cp.tier)
+            if q is None:
+                q = self.checkpoints[cp.tier] = deque(maxlen=CHECKPOINT_EVENTS_PER_TIER)
+            q.append((now, cp))
+        if batch.restored_tier:
+            self.restored_tier = batch.restored_tier
+            self.restored_step = batch.restored_step
+
+    # JobSignals
+    def rank_signals(self) -> Iterable[RankWindow]:
+        return self.ranks.values()
+
+    def recent_step_times(self, n: int) -> Sequence[float]:
+        st = self.step_times
+        return list(st) if n >= len(st) else list(islice(st, len(st) - n, None))
+
+    def health_events(self) -> Sequence[HealthEvent]:
+        return list(self.health)
+
+    def progress(self) -> tuple[float | None, float]:
+        """Loss and tokens/s of the newest step any rank reported (both are global values that
+        every rank computes; the first rank at the newest step is taken)."""
+        for rw in self.ranks.values():
+            b = rw.last_beat
+            if b is not None and b.step == self.max_step:
+                return b.loss, b.tokens_per_s
+        return None, 0.0
+
+    def last_checkpoints(self) -> dict[str, CheckpointEvent]:
+        """Newest checkpoint event per tier."""
+        return {tier: q[-1][1] for tier, q in self.checkpoints.items() if q}
+
+
+class IngestResult(enum.Enum):
+    ACCEPTED = "accepted"
+    STALE_ATTEMPT = "stale_attempt"
+
+
+class HeartbeatStore:
+    """All jobs' windows. The operator calls :meth:`begin_attempt` when it starts an attempt."""
+
+    def __init__(self, window: int = DEFAULT_WINDOW) -> None:
+        if window < 8:
+            raise ValueError(f"window: {window} is too small, use at least 8 steps")
+        self.window = window
+        self._jobs: dict[tuple[str, str], JobWindow] = {}
+
+    def begin_attempt(self, namespace: str, job: str, attempt: int) -> JobWindow:
+        """The job's current attempt; a higher one drops the old attempt's windows."""
+        key = (namespace, job)
+        jw = self._jobs.get(key)
+        if jw is None or attempt > jw.attempt:
+            previous = max(jw.max_step, jw.previous_max_step) if jw is not None else -1
+            jw = self._jobs[key] = JobWindow(namespace, job, attempt, self.window)
+            jw.previous_max_step = previous
+        return jw
+
+    def forget_job(self, namespace: str, job: str) -> None:
+        self._jobs.pop((namespace, job), None)
+
+    def job(self, namespace: str, job: str) -> JobWindow | None:
+        return self._jobs.get((namespace, job))
+
+    def jobs(self) -> list[JobWindow]:
+        return list(self._jobs.values())
+
+    def ingest(self, namespace: str, job: str, batch: HeartbeatBatch, now: float) -> IngestResult:
+        """Store an authenticated, parsed batch. An older attempt changes nothing."""
+        jw = self._jobs.get((namespace, job))
+        if jw is not None and batch.attempt < jw.attempt:
+            return IngestResult.STALE_ATTEMPT
+        if jw is None or batch.attempt > jw.attempt:
+            jw = self.begin_attempt(namespace, job, batch.attempt)
+        jw.ingest(batch, now)
+        return IngestResult.ACCEPTED

@@ -1,0 +1,127 @@
+"""The mesh arithmetic of a ``pp x dp x tp`` gang, written once for the operator and the trainer.
+
+The mesh order is ``("pp", "dp", "tp")`` with tp innermost, so
+``rank == (pp * dp_size + dp) * tp_size + tp`` (the rank order of
+``torch.distributed.device_mesh.init_device_mesh(..., (pp, dp, tp))``). The operator's placement
+and rank table (:mod:`railyard.logic.layout`), the API's derived data-parallel degree and the
+trainer's ``ParallelDims`` all use these functions, so the two sides cannot disagree on which
+rank sits where or which shapes are valid. Standard library only; self-validating like
+torchtitan's ``ParallelDims``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+MESH_DIM_NAMES = ("pp", "dp", "tp")
+
+
+def derive_data_parallel(world_size: int, pp: int, tp: int) -> int:
+    """``world_size / (pp x tp)``, or 0 when that does not divide (the shape is invalid)."""
+    denom = pp * tp
+    if denom < 1 or world_size % denom:
+        return 0
+    return world_size // denom
+
+
+def check_mesh(*, world_size: int, procs_per_node: int, pp: int, dp: int, tp: int) -> list[str]:
+    """Every inconsistency of a mesh at once, each naming its field and the fix (empty: valid).
+
+    ``dp`` must already be derived (see :func:`derive_data_parallel`)."""
+    out: list[str] = []
+    for name, value in (("pp", pp), ("dp", dp), ("tp", tp), ("world_size", world_size), ("procs_per_node", procs_per_node)):
+        if value < 1:
+            out.append(f"{name}: must be >= 1, got {value}")
+    if out:
+        return out
+    if pp * dp * tp != world_size:
+        fit = derive_data_parallel(world_size, pp, tp)
+        out.append(
+            f"parallelism: pipeline x data x tensor = {pp}x{dp}x{tp} = {pp * dp * tp}, but the world size is "
+            f"{world_size} (nodes x procsPerNode); set parallelism.data to {fit or 'a divisor'} or change nodes"
+        )
+    if procs_per_node % tp:
+        out.append(
+            f"parallelism.tensor: {tp} does not divide procsPerNode {procs_per_node}; "
+            "a tensor-parallel group must stay inside one node"
+        )
+    return out
+
+
+def mesh_coordinates(rank: int, dp: int, tp: int) -> tuple[int, int, int]:
+    """(pp, dp, tp) coordinates of a global rank."""
+    g, t = divmod(rank, tp)
+    p, d = divmod(g, dp)
+    return p, d, t
+
+
+def mesh_rank(p: int, d: int, t: int, dp: int, tp: int) -> int:
+    """The global rank at mesh coordinates (p, d, t)."""
+    return (p * dp + d) * tp + t
+
+
+@dataclass(frozen=True, slots=True)
+class MeshShape:
+    """A gang's shape: ``nodes`` pods of ``procs_per_node`` ranks split ``pp x dp x tp``.
+
+    Where a rank runs is the operator's choice (:meth:`position`): with ``S = procs_per_node /
+    tp`` tensor-parallel groups per pod, TP group ``g = p * dp + d`` goes to pod ``g % nodes``
+    in slot ``g // nodes``, so a TP group never leaves a pod and, when ``S`` divides ``pp``,
+    every data-parallel group shares one local GPU index (one rail)."""
+
+    nodes: int
+    procs_per_node: int
+    pp: int = 1
+    dp: int = 1
+    tp: int = 1
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.procs_per_node
+
+    def problems(self) -> list[str]:
+        """Every inconsistency at once, each naming its field and the fix."""
+        if self.nodes < 1:
+            return [f"nodes: must be >= 1, got {self.nodes}"]
+        return check_mesh(world_size=self.world_size, procs_per_node=self.procs_per_node, pp=self.pp, dp=self.dp, tp=self.tp)
+
+    @property
+    def slots_per_node(self) -> int:
+        return self.procs_per_node // self.tp
+
+    @property
+    def rail_pure(self) -> bool:
+        """Whether every DP group can share one local GPU index (rail)."""
+        return self.pp % self.slots_per_node == 0
+
+    @property
+    def block_nodes(self) -> int:
+        """Pods per placement block: ``dp`` when layouts are rail-pure (each block holds whole
+        DP groups), else 1 (no block structure)."""
+        return self.dp if self.rail_pure else 1
+
+    def position(self, rank: int) -> tuple[int, int]:
+        """(pod index, local rank) of a global rank."""
+        g, t = divmod(rank, self.tp)
+        slot, pod = divmod(g, self.nodes)
+        return pod, slot * self.tp + t
+
+    def coords(self, rank: int) -> tuple[int, int, int]:
+        """(pp, dp, tp) coordinates of a global rank."""
+        return mesh_coordinates(rank, self.dp, self.tp)
+
+    def rank_of(self, p: int, d: int, t: int) -> int:
+        return mesh_rank(p, d, t, self.dp, self.tp)
+
+    def layout(self) -> Iterator[tuple[int, int, int, int, int, int]]:
+        """(rank, pod index, local rank, pp, dp, tp) of every rank in rank order: the same
+        answers as :meth:`position` and :meth:`coords`, one division per TP group (the rank
+        table of a 16,384-rank gang is built per re-placement)."""
+        tp, dp, n = self.tp, self.dp, self.nodes
+        for g in range(self.pp * dp):
+            p, d = divmod(g, dp)
+            slot, pod = divmod(g, n)
+            base = g * tp
+            for t in range(tp):
+                yield base + t, pod, slot * tp + t, p, d, t

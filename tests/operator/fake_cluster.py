@@ -1,0 +1,267 @@
+"""An in-memory cluster behind the reconcile cycle's I/O seam (railyard.handlers.cycle.GangIO),
+and a harness that drives railyard.handlers.reconcile.reconcile_job in-process with a clock the
+test controls. The fake keeps what a real API server would: pods (gated, bound when the gates
+lift, Terminating after a graceful delete), ConfigMaps, Secrets, Services, PodGroups, Events,
+the job's status (merge patches) and node quarantine patches; it fills the kopf indexes the
+runtime reads."""
+
+from __future__ import annotations
+
+import base64
+import copy
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+
+from railyard.api.trainingjob import TrainingJobStatus
+from railyard.handlers.reconcile import reconcile_job
+from railyard.handlers.runtime import JobWorker, OperatorSettings, Runtime
+from railyard.k8s.client import ApiError
+from railyard.logic.conditions import format_time
+from railyard.logic.manifests import (
+    ATTEMPT_LABEL,
+    CLEANUP_LABEL,
+    GANG_GATE,
+    JOB_LABEL,
+    POD_INDEX_LABEL,
+    RANK_TABLE_FILE,
+    configmap_name,
+)
+from railyard.logic.quarantine import apply_merge_patch, build_quarantine_patch
+from railyard.protocol.ranktable import RankTable
+
+Obj = Mapping[str, Any]
+
+
+def _pinned_node(pod: Obj) -> str:
+    terms = (((pod.get("spec") or {}).get("affinity") or {}).get("nodeAffinity") or {}).get(
+        "requiredDuringSchedulingIgnoredDuringExecution", {}).get("nodeSelectorTerms") or []
+    for term in terms:
+        for expr in term.get("matchFields") or ():
+            if expr.get("key") == "metadata.name":
+                return str(expr["values"][0])
+    return ""
+
+
+class FakeCluster:
+    """GangIO on dicts. ``calls`` records every write, in order, as (verb, what)."""
+
+    def __init__(self, nodes: Iterable[dict[str, Any]], *, clock: Any = None) -> None:
+        self.nodes: dict[str, dict[str, Any]] = {n["metadata"]["name"]: copy.deepcopy(n) for n in nodes}
+        self.pods: dict[str, dict[str, Any]] = {}
+        self.objects: dict[tuple[str, str], dict[str, Any]] = {}
+        self.events: list[tuple[str, str, str]] = []
+        self.status: dict[str, Any] = {}
+        self.finalizers: list[str] = []
+        self.calls: list[tuple[str, str]] = []
+        self.podgroup_error: int | None = None
+        self.clock = clock
+        self.tokens = 0
+
+    # -- what the runtime's kopf indexes would hold
+    def bind(self, rt: Runtime) -> None:
+        job_pods: dict[tuple[str, str], list[dict[str, Any]]] = {}
+        bound: dict[str, list[dict[str, Any]]] = {}
+        for p in self.pods.values():
+            meta = p["metadata"]
+            job_pods.setdefault((meta["namespace"], meta["labels"][JOB_LABEL]), []).append(copy.deepcopy(p))
+            node = (p.get("spec") or {}).get("nodeName")
+            if node and (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed"):
+                bound.setdefault(node, []).append(copy.deepcopy(p))
+        rt.job_pods = job_pods
+        rt.bound_pods = bound
+        rt.nodes = {name: [copy.deepcopy(n)] for name, n in self.nodes.items()}
+
+    # -- GangIO
+    async def create_object(self, obj: Obj) -> bool:
+        key = (str(obj["kind"]), str(obj["metadata"]["name"]))
+        if key in self.objects:
+            return False
+        self.objects[key] = copy.deepcopy(dict(obj))
+        self.calls.append(("create", f"{key[0]}/{key[1]}"))
+        return True
+
+    async def create_pods(self, pods: Sequence[Obj]) -> int:
+        new = 0
+        for p in pods:
+            name = p["metadata"]["name"]
+            if name in self.pods:
+                continue
+            pod = copy.deepcopy(dict(p))
+            pod.setdefault("status", {})["phase"] = "Pending"
+            self.pods[name] = pod
+            self.calls.append(("create", f"Pod/{name}"))
+            new += 1
+        return new
+
+    async def lift_gates(self, pods: Sequence[Obj]) -> int:
+        lifted = 0
+        for p in pods:
+            pod = self.pods.get(p["metadata"]["name"])
+            if pod is None:
+                continue
+            gates = pod["spec"].get("schedulingGates") or []
+            if any(g.get("name") == GANG_GATE for g in gates):
+                pod["spec"]["schedulingGates"] = [g for g in gates if g.get("name") != GANG_GATE]
+                pod["spec"]["nodeName"] = _pinned_node(pod)  # the scheduler binds where we pinned
+                lifted += 1
+        if lifted:
+            self.calls.append(("lift", f"{lifted} gates"))
+        return lifted
+
+    async def delete_pods(self, namespace: str, names: Iterable[str], *, grace_seconds: int | None = None) -> int:
+        n = 0
+        for name in names:
+            pod = self.pods.get(name)
+            if pod is None:
+                continue
+            self.calls.append(("delete", f"Pod/{name}" + (" force" if grace_seconds == 0 else "")))
+            if grace_seconds == 0:
+                del self.pods[name]
+            else:
+                pod["metadata"]["deletionTimestamp"] = format_time(self.clock() if self.clock else 0.0)
+            n += 1
+        return n
+
+    def finish_deletions(self) -> None:
+        """The kubelets confirm every graceful deletion."""
+        for name in [n for n, p in self.pods.items() if p["metadata"].get("deletionTimestamp")]:
+            del self.pods[name]
+
+    async def delete_owned(self, namespace: str, job: str) -> None:
+        self.calls.append(("delete", f"owned by {job}"))
+        self.pods = {n: p for n, p in self.pods.items() if p["metadata"]["labels"].get(JOB_LABEL) != job}
+        self.objects.clear()
+
+    async def delete_configmaps(self, namespace: str, names: Iterable[str]) -> None:
+        for name in names:
+            if self.objects.pop(("ConfigMap", name), None) is not None:
+                self.calls.append(("delete", f"ConfigMap/{name}"))
+
+    async def create_podgroups(self, objects: Sequence[Obj]) -> int:
+        if self.podgroup_error is not None:
+            raise ApiError(self.podgroup_error, {"reason": "NotFound", "message": "the server could not find the requested resource"}, "POST", "/apis/podgroups")
+        return sum([await self.create_object(o) for o in objects])
+
+    async def delete_podgroups(self, namespace: str, api_version: str, names: Iterable[str]) -> int:
+        return sum(1 for name in names if self.objects.pop(("PodGroup", name), None) is not None)
+
+    async def read_rank_table(self, namespace: str, job: str, attempt: int) -> RankTable | None:
+        cm = self.objects.get(("ConfigMap", configmap_name(job, attempt)))
+        if cm is None:
+            return None
+        return RankTable.from_json(cm["data"][RANK_TABLE_FILE])
+
+    async def read_token(self, namespace: str, job: str) -> str | None:
+        secret = self.objects.get(("Secret", f"{job}-heartbeat"))
+        return base64.b64decode(secret["data"]["token"]).decode() if secret else None
+
+    async def ensure_secret(self, secret: Obj) -> str:
+        await self.create_object(secret)
+        stored = self.objects[("Secret", secret["metadata"]["name"])]
+        return base64.b64decode(stored["data"]["token"]).decode()
+
+    def new_token(self) -> str:
+        self.tokens += 1
+        return f"token-{self.tokens}"
+
+    async def quarantine_node(self, node: str, *, reason: str, job: str, now: float) -> bool:
+        if node not in self.nodes:
+            return False
+        self.nodes[node] = apply_merge_patch(self.nodes[node], build_quarantine_patch(self.nodes[node], reason=reason, job=job, time=format_time(now)))
+        self.calls.append(("quarantine", node))
+        return True
+
+    async def release_node(self, node: str) -> bool:
+        self.calls.append(("release", node))
+        return True
+
+    async def patch_job_status(self, namespace: str, name: str, status_patch: Obj) -> dict[str, Any] | None:
+        self.status = apply_merge_patch(self.status, status_patch)
+        self.calls.append(("status", ",".join(sorted(status_patch))))
+        return {"status": self.status}
+
+    async def patch_job_finalizers(self, namespace: str, name: str, finalizers: Sequence[str], resource_version: str | None) -> bool:
+        self.finalizers = list(finalizers)
+        self.calls.append(("finalizers", ",".join(finalizers)))
+        return True
+
+    async def create_event(self, involved: Obj, *, type_: str, reason: str, message: str, now: float) -> None:
+        self.events.append((type_, reason, message))
+
+    # -- what kubelets and nodes do
+    def pods_of(self, attempt: int | None = None, *, cleanup: bool = False) -> list[dict[str, Any]]:
+        out = [p for p in self.pods.values() if (p["metadata"]["labels"].get(CLEANUP_LABEL) == "true") == cleanup]
+        if attempt is not None:
+            out = [p for p in out if int(p["metadata"]["labels"].get(ATTEMPT_LABEL, -1)) == attempt]
+        return sorted(out, key=lambda p: int(p["metadata"]["labels"].get(POD_INDEX_LABEL, 0)))
+
+
+def make_job(name: str = "j", namespace: str = "ns", *, generation: int = 1, **spec: Any) -> dict[str, Any]:
+    body = {"apiVersion": "railyard.dev/v1alpha1", "kind": "TrainingJob",
+            "metadata": {"name": name, "namespace": namespace, "uid": f"uid-{name}", "generation": generation,
+                         "creationTimestamp": "2026-01-01T00:00:00Z", "resourceVersion": "1"},
+            "spec": {"nodes": 2, "procsPerNode": 2, "parallelism": {"tensor": 2}, **spec}}
+    return body
+
+
+class Harness:
+    """One job, one fake cluster, one operator runtime; ``cycle()`` is one reconcile at ``now``."""
+
+    def __init__(self, nodes: Iterable[dict[str, Any]], job: dict[str, Any], *, now: float = 1_767_225_600.0, **settings: Any) -> None:
+        self.now = now
+        self.cluster = FakeCluster(nodes, clock=lambda: self.now)
+        self.rt = Runtime(OperatorSettings(metrics_port=0, registry=CollectorRegistry(), coalesce_s=0, **settings), reconcile_job)
+        meta = job["metadata"]
+        self.worker = JobWorker(meta["namespace"], meta["name"], body=copy.deepcopy(job))
+        self.delays: list[float | None] = []
+
+    @property
+    def job(self) -> dict[str, Any]:
+        return self.worker.body
+
+    @property
+    def status(self) -> TrainingJobStatus:
+        return TrainingJobStatus.model_validate(self.cluster.status)
+
+    async def cycle(self, after: float = 0.0) -> float | None:
+        self.now += after
+        self.cluster.bind(self.rt)
+        delay = await reconcile_job(self.rt, self.worker, now=self.now, io=self.cluster)
+        # the watch delivers what was written
+        self.worker.body["status"] = copy.deepcopy(self.cluster.status)
+        self.worker.body["metadata"]["finalizers"] = list(self.cluster.finalizers)
+        self.delays.append(delay)
+        return delay
+
+    def edit_spec(self, **spec: Any) -> None:
+        self.worker.body["spec"] = {**self.worker.body["spec"], **spec}
+        self.worker.body["metadata"]["generation"] += 1
+
+    # -- pod lifecycles, as the kubelet reports them
+    def run_pods(self, attempt: int | None = None) -> None:
+        a = self.status.attempt if attempt is None else attempt
+        for p in self.cluster.pods_of(a):
+            p["status"] = {"phase": "Running", "startTime": format_time(self.now),
+                           "containerStatuses": [{"name": "trainer", "state": {"running": {"startedAt": format_time(self.now)}}}]}
+
+    def exit_pod(self, index: int, code: int, *, reason: str = "Error") -> None:
+        pod = self.cluster.pods_of(self.status.attempt)[index]
+        pod["status"] = {"phase": "Succeeded" if code == 0 else "Failed",
+                         "containerStatuses": [{"name": "trainer", "state": {"terminated": {"exitCode": code, "reason": reason, "finishedAt": format_time(self.now)}}}]}
+
+    def node_down(self, name: str) -> None:
+        self.cluster.nodes[name]["status"]["conditions"] = [{"type": "Ready", "status": "False", "lastTransitionTime": format_time(self.now)}]
+
+    def pod_nodes(self, attempt: int | None = None) -> list[str]:
+        a = self.status.attempt if attempt is None else attempt
+        return [_pinned_node(p) for p in self.cluster.pods_of(a)]
+
+    def reasons(self) -> list[str]:
+        return [r for _, r, _ in self.cluster.events]
+
+
+def dump(obj: Any) -> str:
+    return json.dumps(obj, indent=1, default=str)

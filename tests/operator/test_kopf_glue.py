@@ -1,0 +1,44 @@
+"""The kopf module is glue only: compact index copies, and events that wake the right worker."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from railyard.handlers import kopf_handlers
+from railyard.handlers.runtime import JobWorker, OperatorSettings
+
+
+@pytest.fixture
+def glue() -> Iterator[None]:
+    kopf_handlers.configure(OperatorSettings(metrics_port=0, registry=CollectorRegistry()))
+    try:
+        yield
+    finally:
+        kopf_handlers.RUNTIME = None
+
+
+def test_index_copies_keep_only_what_the_decisions_read() -> None:
+    pod = {"metadata": {"name": "p", "namespace": "ns", "labels": {"a": "b"}, "managedFields": [{"x": 1}]},
+           "spec": {"nodeName": "n", "containers": [{"name": "c", "image": "i", "resources": {"limits": {"nvidia.com/gpu": "2"}}}], "volumes": [{}]},
+           "status": {"phase": "Running", "podIP": "1.2.3.4"}}
+    small = kopf_handlers.compact_pod(pod)
+    assert small == {"metadata": {"name": "p", "namespace": "ns", "labels": {"a": "b"}},
+                     "spec": {"nodeName": "n", "containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "2"}}}]},
+                     "status": {"phase": "Running"}}
+    node = {"metadata": {"name": "n", "labels": {"x": "y"}, "annotations": {}, "managedFields": []},
+            "spec": {"taints": [{"key": "k", "effect": "NoSchedule"}], "podCIDR": "10.0.0.0/24"},
+            "status": {"conditions": [{"type": "Ready", "status": "True"}], "allocatable": {"nvidia.com/gpu": "8"}, "images": [1]}}
+    assert set(kopf_handlers.compact_node(node)["status"]) == {"conditions", "allocatable"}
+    assert "podCIDR" not in kopf_handlers.compact_node(node)["spec"]
+
+
+def test_a_pod_event_wakes_only_its_jobs_worker(glue: None) -> None:
+    rt = kopf_handlers.runtime()
+    mine, other = JobWorker("ns", "j"), JobWorker("ns", "k")
+    rt.workers[("ns", "j")], rt.workers[("ns", "k")] = mine, other
+    kopf_handlers.on_event_pod(namespace="ns", labels={"railyard.dev/job": "j"}, railyard_job_pods={})
+    assert mine.wake.is_set() and not other.wake.is_set()
+    assert rt.reconcile is not None and rt.job_pods == {}

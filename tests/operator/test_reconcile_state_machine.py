@@ -1,0 +1,428 @@
+"""The reconcile state machine, table-driven and in-process: a start state, one event, and the
+decisions that must follow (phase, headline reason, what was written to the cluster). Every
+phase transition of docs/operator.md has a row. No cluster: the cycle's I/O seam is
+tests/operator/fake_cluster.py, the clock is the test's."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from tests.operator.builders import make_node
+from tests.operator.fake_cluster import Harness, make_job
+
+from railyard.logic.conditions import find_condition
+from railyard.logic.manifests import CLEANUP_FINALIZER
+
+Step = Callable[[Harness], Awaitable[None]]
+
+
+def cluster(n: int = 4, *, gpus: int = 2) -> list[dict[str, Any]]:
+    return [make_node(f"node-{i}", gpus=gpus, leaf=f"leaf-{i // 2}") for i in range(n)]
+
+
+# --------------------------------------------------------------------------- start states
+
+
+async def fresh(h: Harness) -> None:
+    return None
+
+
+async def starting(h: Harness) -> None:
+    await h.cycle()
+    assert h.status.phase == "Starting", h.cluster.events
+
+
+async def running(h: Harness) -> None:
+    await starting(h)
+    h.run_pods()
+    await h.cycle(1.0)
+    assert h.status.phase == "Running", h.cluster.events
+
+
+async def restarting(h: Harness) -> None:
+    await running(h)
+    h.exit_pod(0, 1)
+    await h.cycle(1.0)
+    assert h.status.phase == "Restarting", h.cluster.events
+
+
+async def suspended(h: Harness) -> None:
+    await running(h)
+    h.edit_spec(suspend=True)
+    await h.cycle(1.0)
+    h.cluster.finish_deletions()
+    await h.cycle(1.0)
+    assert h.status.phase == "Suspended"
+
+
+async def invalid(h: Harness) -> None:
+    h.edit_spec(nodes=0)
+    await h.cycle()
+    assert h.status.phase == "Failed"
+
+
+# --------------------------------------------------------------------------- events
+
+
+def cycle(after: float = 1.0) -> Step:
+    async def go(h: Harness) -> None:
+        await h.cycle(after)
+
+    return go
+
+
+def then(*steps: Step) -> Step:
+    async def go(h: Harness) -> None:
+        for s in steps:
+            await s(h)
+
+    return go
+
+
+def do(fn: Callable[[Harness], Any]) -> Step:
+    async def go(h: Harness) -> None:
+        fn(h)
+
+    return go
+
+
+def all_running() -> Step:
+    return then(do(lambda h: h.run_pods()), cycle())
+
+
+def pod_exits(index: int, code: int, **kw: Any) -> Step:
+    return then(do(lambda h: h.exit_pod(index, code, **kw)), cycle())
+
+
+def all_exit_0() -> Step:
+    return then(do(lambda h: [h.exit_pod(i, 0) for i in range(len(h.cluster.pods_of(h.status.attempt)))]), cycle())
+
+
+def node_of_pod_down(index: int, after: float = 5.0) -> Step:
+    return then(do(lambda h: h.node_down(h.pod_nodes()[index])), cycle(after))
+
+
+def old_pods_gone_then(after: float) -> Step:
+    return then(do(lambda h: h.cluster.finish_deletions()), cycle(after))
+
+
+def edit(**spec: Any) -> Step:
+    return then(do(lambda h: h.edit_spec(**spec)), cycle())
+
+
+# --------------------------------------------------------------------------- checks
+
+
+def pods_created(n: int, attempt: int) -> Callable[[Harness], None]:
+    def check(h: Harness) -> None:
+        pods = h.cluster.pods_of(attempt)
+        assert len(pods) == n and len(set(h.pod_nodes(attempt))) == n
+        assert all(not p["spec"].get("schedulingGates") for p in pods), "every gate lifted"
+        kinds = {k for k, _ in h.cluster.objects}
+        assert {"ConfigMap", "Service", "Secret"} <= kinds
+        assert h.status.placement is not None and h.status.placement.attempt == attempt
+        assert h.status.placement.nodes == h.pod_nodes(attempt)
+
+    return check
+
+
+def live_pods(h: Harness, attempt: int) -> list[dict[str, Any]]:
+    return [p for p in h.cluster.pods_of(attempt) if not p["metadata"].get("deletionTimestamp")]
+
+
+def no_pods_of(attempt: int) -> Callable[[Harness], None]:
+    def check(h: Harness) -> None:
+        assert not live_pods(h, attempt)
+
+    return check
+
+
+def quarantined(index_of_failed: int = 0) -> Callable[[Harness], None]:
+    def check(h: Harness) -> None:
+        q = [n for verb, n in h.cluster.calls if verb == "quarantine"]
+        assert len(q) == 1 and h.status.quarantined_nodes[0].node == q[0]
+        assert "NodeQuarantined" in h.reasons()
+
+    return check
+
+
+def delay_is(expected: float) -> Callable[[Harness], None]:
+    def check(h: Harness) -> None:
+        assert h.delays[-1] == pytest.approx(expected)
+
+    return check
+
+
+def then_all(*checks: Callable[[Harness], None]) -> Callable[[Harness], None]:
+    def check(h: Harness) -> None:
+        for c in checks:
+            c(h)
+
+    return check
+
+
+def nothing(h: Harness) -> None:
+    return None
+
+
+def expect(pred: Callable[[Harness], bool]) -> Callable[[Harness], None]:
+    def check(h: Harness) -> None:
+        assert pred(h), h.cluster.events
+
+    return check
+
+
+@dataclass(frozen=True)
+class Row:
+    name: str
+    given: Step
+    when: Step
+    phase: str
+    reason: str
+    check: Callable[[Harness], None] = nothing
+    spec: tuple[tuple[str, Any], ...] = ()
+    nodes: int = 4
+
+
+ROWS = [
+    # Pending -> Starting: placed whole and created gated, gates lifted together
+    Row("absent gang is placed and created", fresh, cycle(0), "Starting", "GangCreated", pods_created(2, 0)),
+    # Pending -> Placing: not enough nodes, retried with backoff
+    Row("too few nodes", fresh, cycle(0), "Placing", "NotEnoughNodes", delay_is(2.0), nodes=1),
+    # Pending -> Failed: a shape placement can never satisfy
+    Row("impossible shape", fresh, cycle(0), "Failed", "InvalidShape", no_pods_of(0), spec=(("parallelism", {"tensor": 1, "data": 3}),)),
+    # Pending -> Failed: a spec the models refuse
+    Row("invalid spec", fresh, edit(nodes=0), "Failed", "InvalidSpec", no_pods_of(0)),
+    # Failed/InvalidSpec -> Starting: the spec was fixed (a new generation)
+    Row("fixed spec starts over", invalid, edit(nodes=2), "Starting", "GangCreated", expect(lambda h: h.status.attempt == 1)),
+    # Pending -> Placing: the scheduler's PodGroup CRD is missing
+    Row("podgroup kind missing", fresh, then(do(lambda h: setattr(h.cluster, "podgroup_error", 404)), cycle(0)), "Placing", "PodGroupUnavailable",
+        no_pods_of(0), spec=(("gang", {"schedulerName": "volcano"}),)),
+    # Starting -> Running
+    Row("all pods running", starting, all_running(), "Running", "AllPodsRunning", expect(lambda h: h.status.time_to_all_ready_seconds is not None)),
+    # Starting -> Placing: the schedule timeout passed (tear down, attempt + 1)
+    Row("gang timeout", starting, cycle(301.0), "Placing", "GangTimeout", expect(lambda h: h.status.attempt == 1 and not live_pods(h, 0))),
+    # Running -> Restarting: an application crash spends the application budget, backs off
+    Row("application crash", running, pod_exits(0, 1), "Restarting", "ApplicationExitCode",
+        expect(lambda h: h.status.restarts.application == 1 and h.status.next_attempt_time is not None and h.status.attempt == 1)),
+    # Running -> Restarting: a node NotReady past the grace: quarantined, the gang deleted by force
+    Row("node lost", running, node_of_pod_down(1), "Restarting", "NodeNotReady", quarantined()),
+    # Running -> Failed: a permanent exit code is not retried
+    Row("permanent exit", running, pod_exits(0, 64), "Failed", "PermanentExitCode", no_pods_of(0)),
+    # Running -> Failed: the class's budget is spent
+    Row("budget spent", running, pod_exits(0, 1), "Failed", "RestartBudgetSpent", no_pods_of(0),
+        spec=(("restartPolicy", {"application": {"limit": 0}}),)),
+    # Running -> Succeeded: every pod exited 0
+    Row("all succeeded", running, all_exit_0(), "Succeeded", "AllRanksSucceeded", expect(lambda h: h.status.completion_time is not None)),
+    # Running: exit 70 while peers run is an echo; wait for the cause (Settling), no decision
+    Row("echo settles", running, pod_exits(0, 70), "Running", "AllPodsRunning", expect(lambda h: h.delays[-1] is not None and h.delays[-1] <= 8.0)),
+    # Restarting: the old pods are still terminating: no new gang yet, look again in a second
+    Row("waits for old pods", restarting, cycle(30.0), "Restarting", "ApplicationExitCode",
+        then_all(delay_is(1.0), expect(lambda h: not h.cluster.pods_of(1)))),
+    # Restarting -> Starting: old pods gone and the backoff passed: placed sticky, attempt 1
+    Row("restart re-places", restarting, old_pods_gone_then(30.0), "Starting", "GangCreated", pods_created(2, 1)),
+    # Running -> Suspended
+    Row("suspend", running, then(edit(suspend=True)), "Suspended", "Suspended", expect(lambda h: h.status.gang_created_time is None)),
+    # Suspended -> Starting (via Placing/Resumed, not a restart)
+    Row("resume", suspended, edit(suspend=False), "Starting", "GangCreated", expect(lambda h: h.status.attempt == 1 and h.status.restarts.total == 0 and len(h.cluster.pods_of(1)) == 2)),
+]
+
+
+@pytest.mark.parametrize("row", ROWS, ids=[r.name for r in ROWS])
+async def test_transition(row: Row) -> None:
+    h = Harness(cluster(row.nodes), make_job(**dict(row.spec)))
+    await row.given(h)
+    await row.when(h)
+    st = h.status
+    assert st.phase == row.phase, (st.phase, st.message, h.cluster.events)
+    head = find_condition(st.conditions, _HEADLINE[row.phase])
+    assert head is not None and head.reason == row.reason, (head, st.message)
+    row.check(h)
+    # one Event per phase transition: the last one says what the status says
+    if row.phase != "Running":
+        assert any(r == row.reason for r in h.reasons()), h.cluster.events
+
+
+_HEADLINE = {"Placing": "Placed", "Starting": "Placed", "Running": "Running", "Restarting": "Restarting",
+             "Suspended": "Suspended", "Succeeded": "Succeeded", "Failed": "Failed"}
+
+
+#: The phase transitions docs/operator.md describes (How a job runs, Failures, Lifecycle).
+DOCUMENTED = {
+    ("Pending", "Starting"), ("Pending", "Placing"), ("Pending", "Failed"), ("Failed", "Starting"),
+    ("Starting", "Running"), ("Starting", "Placing"), ("Running", "Restarting"), ("Running", "Failed"),
+    ("Running", "Succeeded"), ("Restarting", "Restarting"), ("Restarting", "Starting"),
+    ("Running", "Suspended"), ("Suspended", "Starting"), ("Running", "Running"),
+}
+_START = {fresh: "Pending", starting: "Starting", running: "Running", restarting: "Restarting", suspended: "Suspended", invalid: "Failed"}
+
+
+def test_every_documented_transition_has_a_row() -> None:
+    assert {(_START[r.given], r.phase) for r in ROWS} == DOCUMENTED
+
+
+# --------------------------------------------------------------------------- beyond single steps
+
+
+async def test_sticky_restart_keeps_healthy_pods_and_moves_the_failed_one_to_the_spare() -> None:
+    h = Harness(cluster(4), make_job(gang={"hotSpares": 1}))
+    await running(h)
+    first = h.pod_nodes(0)
+    spare = h.status.placement.spares[0]  # type: ignore[union-attr]
+    await node_of_pod_down(1)(h)
+    assert h.status.phase == "Restarting"
+    h.cluster.finish_deletions()
+    await h.cycle(1.0)
+    second = h.pod_nodes(1)
+    assert second[0] == first[0] and second[1] == spare
+    assert h.status.placement.moved == [1] and h.status.placement.attempt == 1  # type: ignore[union-attr]
+    assert any("moved pod indices [1]" in m for _, r, m in h.cluster.events if r == "GangCreated")
+
+
+async def test_an_operator_killed_mid_creation_finishes_the_same_gang() -> None:
+    h = Harness(cluster(4), make_job())
+    await starting(h)
+    # a restart that lost one pod and left the gates on the rest
+    names = sorted(h.cluster.pods)
+    del h.cluster.pods[names[1]]
+    h.cluster.pods[names[0]]["spec"]["schedulingGates"] = [{"name": "railyard.dev/gang"}]
+    h.worker.status_wire = None
+    h.worker.body["status"] = {**h.cluster.status, "phase": "Placing"}
+    h.cluster.status = dict(h.worker.body["status"])
+    await h.cycle(1.0)
+    assert h.status.phase == "Starting" and "GangResumed" in h.reasons()
+    assert sorted(h.cluster.pods) == names and h.pod_nodes(0) == h.status.placement.nodes  # type: ignore[union-attr]
+
+
+async def test_a_spec_edit_while_running_waits_for_the_next_restart() -> None:
+    h = Harness(cluster(4), make_job())
+    await running(h)
+    h.edit_spec(trainer={"steps": 500})
+    await h.cycle(1.0)
+    assert h.status.phase == "Running" and "next restart" in h.status.pending_spec_changes
+
+
+async def test_missing_hot_spares_mark_the_job_degraded_and_the_gauge_counts_phases() -> None:
+    h = Harness(cluster(3), make_job(gang={"hotSpares": 2}))
+    await h.cycle()
+    assert h.status.phase == "Placing"  # a fresh placement needs its spares
+    h2 = Harness(cluster(4), make_job(gang={"hotSpares": 2}))
+    await running(h2)
+    h2.node_down(h2.status.placement.spares[0])  # type: ignore[union-attr]
+    await node_of_pod_down(0)(h2)
+    h2.cluster.finish_deletions()
+    await h2.cycle(1.0)
+    degraded = find_condition(h2.status.conditions, "Degraded")
+    assert h2.status.phase == "Starting" and degraded is not None and degraded.status == "True" and "hot spares" in degraded.message
+
+
+async def test_deleting_a_job_without_our_finalizer_deletes_what_it_owns() -> None:
+    h = Harness(cluster(4), make_job())
+    await running(h)
+    h.worker.body["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    assert await h.cycle(1.0) is None
+    assert ("delete", "owned by j") in h.cluster.calls and not h.cluster.pods
+
+
+async def test_cleanup_on_delete_runs_one_cleanup_pod_per_node_then_drops_the_finalizer() -> None:
+    h = Harness(cluster(4), make_job(checkpoint={"cleanupOnDelete": True}))
+    await running(h)
+    assert CLEANUP_FINALIZER in h.cluster.finalizers
+    h.worker.body["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    await h.cycle(1.0)  # the gang goes
+    h.cluster.finish_deletions()
+    await h.cycle(1.0)  # cleanup pods on the nodes that held the job
+    cleaners = h.cluster.pods_of(cleanup=True)
+    assert len(cleaners) == 2
+    for p in cleaners:
+        p["status"] = {"phase": "Succeeded"}
+    assert await h.cycle(1.0) is None
+    assert CLEANUP_FINALIZER not in h.cluster.finalizers and "CheckpointsDeleted" in h.reasons()
+
+
+# --------------------------------------------------------------------------- heartbeats, nodes, the worker loop
+
+
+def _beat(h: Harness, pod: int, step: int, *, ranks: tuple[int, ...], checkpoints: tuple[Any, ...] = ()) -> None:
+    from railyard.protocol.heartbeat import HeartbeatBatch, RankBeat
+
+    batch = HeartbeatBatch(job="j", attempt=h.status.attempt, pod_index=pod, node=h.pod_nodes()[pod], sent_at=h.now,
+                           ranks=tuple(RankBeat(rank=r, step=step, step_time_s=1.0, compute_s=0.9, loss=2.5, tokens_per_s=100.0) for r in ranks),
+                           checkpoints=checkpoints)
+    h.rt.store.ingest("ns", "j", batch, h.now)
+
+
+async def test_heartbeats_put_progress_in_the_status_and_a_silent_rank_restarts_the_gang() -> None:
+    from railyard.protocol.heartbeat import CheckpointEvent
+
+    h = Harness(cluster(4), make_job())
+    await running(h)
+    saved = (CheckpointEvent(step=5, tier="memory", ok=True),)
+    for step in range(1, 6):
+        _beat(h, 0, step, ranks=(0, 1), checkpoints=saved if step == 5 else ())
+        _beat(h, 1, step, ranks=(2, 3))
+        await h.cycle(1.0)
+    st = h.status
+    assert st.phase == "Running" and st.step == 5 and st.loss == 2.5
+    assert st.last_checkpoint is not None and (st.last_checkpoint.tier, st.last_checkpoint.step) == ("memory", 5)
+    # pod 1's ranks go silent past the heartbeat timeout while its pod still runs: dead ranks
+    for _ in range(8):
+        _beat(h, 0, st.step, ranks=(0, 1))
+        await h.cycle(2.0)
+        if h.status.phase != "Running":
+            break
+    assert h.status.phase == "Restarting", h.cluster.events
+    head = find_condition(h.status.conditions, "Restarting")
+    assert h.status.restarts.infrastructure == 1 and head is not None and head.reason == "DeadRankVerdict"
+
+
+async def test_node_events_release_what_a_person_released_and_wake_only_on_changes() -> None:
+    from railyard.handlers.nodes import on_node_change
+    from railyard.logic.quarantine import REASON_ANNOTATION, RELEASE_ANNOTATION
+
+    h = Harness(cluster(2), make_job())
+    w = h.rt.upsert_job("ns", "j", h.job)
+    try:
+        node = make_node("node-0", labels={"railyard.dev/quarantined": "true"}, annotations={REASON_ANNOTATION: "x", RELEASE_ANNOTATION: "true"},
+                         taints=[{"key": "railyard.dev/quarantined", "effect": "NoSchedule"}])
+        w.wake.clear()
+        await on_node_change(h.rt, h.cluster, deleted=False, name="node-0", body=node)
+        assert ("release", "node-0") in h.cluster.calls and w.wake.is_set()
+        w.wake.clear()
+        await on_node_change(h.rt, h.cluster, deleted=False, name="node-0", body=node)
+        assert not w.wake.is_set(), "nothing placement reads changed"
+        await on_node_change(h.rt, h.cluster, deleted=True, name="node-0", body=node)
+        assert w.wake.is_set() and "node-0" not in h.rt.node_signatures
+    finally:
+        await h.rt.close()
+
+
+async def test_the_worker_loop_runs_cycles_counts_errors_and_stops_with_the_job() -> None:
+    import asyncio
+
+    from prometheus_client import CollectorRegistry
+
+    from railyard.handlers.runtime import OperatorSettings, Runtime
+
+    calls: list[str] = []
+    done = asyncio.Event()
+
+    async def reconcile(rt: Runtime, w: Any) -> float | None:
+        calls.append(w.name)
+        if len(calls) == 1:
+            raise RuntimeError("boom")  # counted, retried with backoff
+        done.set()
+        return None
+
+    rt = Runtime(OperatorSettings(metrics_port=0, registry=CollectorRegistry(), coalesce_s=0), reconcile)
+    rt.upsert_job("ns", "a", make_job("a"))
+    await asyncio.wait_for(done.wait(), timeout=30)
+    assert calls[:2] == ["a", "a"]
+    errors = rt.metrics.registry.get_sample_value("railyard_reconcile_errors_total", {"kind": "RuntimeError"})
+    assert errors == 1
+    await rt.remove_job("ns", "a")
+    assert ("ns", "a") not in rt.workers
+    await rt.close()
