@@ -45,6 +45,20 @@ def _bounds(metadata: list[Any]) -> dict[str, Any]:
     return out
 
 
+def _nested_metadata(tp: Any) -> list[Any]:
+    """Constraints carried inside a field's type (``Optional[Annotated[str, Field(max_length=...)]]``)."""
+    out: list[Any] = []
+    origin = get_origin(tp)
+    if origin is typing.Annotated:
+        for m in get_args(tp)[1:]:
+            out.extend(getattr(m, "metadata", None) or [m])
+        out.extend(_nested_metadata(get_args(tp)[0]))
+    elif origin in (typing.Union, types.UnionType):
+        for a in get_args(tp):
+            out.extend(_nested_metadata(a))
+    return out
+
+
 def _shape(tp: Any) -> Any:
     """A comparable description of a field type: Literal choices, optional, list/tuple items."""
     origin = get_origin(tp)
@@ -86,7 +100,7 @@ def test_every_field_default_bound_and_choice_agrees(model: type[BaseModel], sch
             assert default is dataclasses.MISSING, f"{model.__name__}.{wire}: required on one side only"
         else:
             assert _plain_default(default) == _plain_default(f.default), f"{model.__name__}.{wire}: default"
-        assert dict(bounds) == _bounds(f.metadata), f"{model.__name__}.{wire}: bounds"
+        assert dict(bounds) == _bounds([*f.metadata, *_nested_metadata(hints[name])]), f"{model.__name__}.{wire}: bounds"
 
 
 def test_what_the_operator_writes_the_trainer_reads_as_the_same_values() -> None:

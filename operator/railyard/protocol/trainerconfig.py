@@ -147,6 +147,7 @@ class SharedTier:
     enabled: bool = True
     interval_steps: int = _c(100, ge=1)
     keep: int = _c(3, ge=1, le=100)
+    #: The operator checks it is a DNS subdomain; the trainer never reads it.
     claim_name: str | None = _c(None, max_length=253)
     host_path: str = _c("/mnt/railyard-shared", min_length=1, max_length=4096)
 
