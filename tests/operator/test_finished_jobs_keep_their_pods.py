@@ -24,18 +24,23 @@ T0 = 1_767_225_600.0
 @dataclass(frozen=True)
 class Case:
     name: str
-    pods: str  # the pods: letters per pod, "S" succeeded, "F" failed, "R" running, "D" failed+deleting, "o" old attempt (failed)
+    #: the pods, a letter each: S succeeded, F failed, R running, D failed and being deleted,
+    #: o failed in an earlier attempt, p a running pod of the job that is no gang member (a placeholder)
+    pods: str
     job_phase: str
     policy: str
     ttl: int
     age: float  # seconds since the job finished
     kept: str  # indices of the pods kept, e.g. "01"
     due_in: float | None
+    settling: str = ""  # indices of running members given time to exit
 
 
 CASES = [
     Case("success keeps every finished pod", "SS", "Succeeded", "Keep", 600, 0, "01", 600),
-    Case("failure keeps the finished, deletes the running", "FR", "Failed", "Keep", 600, 10, "0", 590),
+    Case("a running peer gets time to exit", "FR", "Failed", "Keep", 600, 10, "0", 20, settling="1"),
+    Case("then it is deleted", "FR", "Failed", "Keep", 600, 30, "0", 570),
+    Case("a placeholder goes at once", "Sp", "Succeeded", "Keep", 600, 0, "0", 600),
     Case("pods of earlier attempts go", "oF", "Failed", "Keep", 600, 0, "1", 600),
     Case("a pod being deleted is not kept", "DF", "Failed", "Keep", 600, 0, "1", 600),
     Case("the TTL is up", "SS", "Succeeded", "Keep", 600, 600, "", None),
@@ -50,6 +55,11 @@ def _pods(spec: str) -> list[dict[str, Any]]:
     out = []
     for i, k in enumerate(spec):
         b = make_pod(attempt=0 if k == "o" else 1, index=i, node=f"node-{i}")
+        if k == "p":
+            pod = b.obj()
+            del pod["metadata"]["labels"]["railyard.dev/pod-index"]
+            out.append(pod)
+            continue
         if k == "S":
             b.exited(0)
         elif k in "FoD":
@@ -66,8 +76,9 @@ def test_which_pods_a_finished_job_keeps(case: Case) -> None:
     done = decide_finished_pods(pods, job_phase=case.job_phase, attempt=1, cleanup=Cleanup(pods=case.policy, ttl_seconds_after_finished=case.ttl),  # type: ignore[arg-type]
                                 completion_time=T0, now=T0 + case.age)
     kept = "".join(p["metadata"]["labels"]["railyard.dev/pod-index"] for p in done.keep)
-    assert kept == case.kept
-    assert len(done.keep) + len(done.delete) == len(pods), "every pod is decided"
+    settling = "".join(p["metadata"]["labels"]["railyard.dev/pod-index"] for p in done.settling)
+    assert (kept, settling) == (case.kept, case.settling)
+    assert len(done.keep) + len(done.settling) + len(done.delete) == len(pods), "every pod is decided"
     assert done.due_in == (pytest.approx(case.due_in) if case.due_in is not None else None)
 
 
@@ -98,6 +109,32 @@ async def test_kept_pods_go_when_their_ttl_is_up_and_the_cycle_is_due_then() -> 
     await h.cycle(60.0)
     assert not h.cluster.pods_of(0), "deleted at the TTL"
     assert h.status.phase == "Succeeded" and h.status.completion_time is not None, "the job and its status stay"
+
+
+async def test_a_peer_still_running_when_the_job_failed_may_exit_on_its_own_or_is_deleted() -> None:
+    h = Harness(cluster(), make_job(restartPolicy={"application": {"limit": 0}}))
+    await h.cycle()
+    h.run_pods()
+    await h.cycle(1.0)
+    h.exit_pod(0, 1)
+    await h.cycle(1.0)
+    assert h.status.phase == "Failed" and h.delays[-1] == pytest.approx(30.0)
+    h.exit_pod(1, 70)  # the peer sees the broken collective and exits: kept, with its last words
+    await h.cycle(5.0)
+    assert [p["status"]["phase"] for p in h.cluster.pods_of(0)] == ["Failed", "Failed"]
+    assert not any(c[0] == "delete" for c in h.cluster.calls)
+
+    h2 = Harness(cluster(), make_job(restartPolicy={"application": {"limit": 0}}))
+    await h2.cycle()
+    h2.run_pods()
+    await h2.cycle(1.0)
+    h2.exit_pod(0, 1)
+    await h2.cycle(1.0)
+    await h2.cycle(29.0)
+    assert len(h2.cluster.pods_of(0)) == 2 and not any(p["metadata"].get("deletionTimestamp") for p in h2.cluster.pods_of(0))
+    await h2.cycle(1.0)  # a peer that is still running after the settle time is deleted
+    phases = {p["metadata"]["name"]: (p["status"]["phase"], bool(p["metadata"].get("deletionTimestamp"))) for p in h2.cluster.pods_of(0)}
+    assert phases == {"j-a0-0": ("Failed", False), "j-a0-1": ("Running", True)}
 
 
 async def test_a_shorter_ttl_set_after_the_finish_applies_at_once() -> None:

@@ -577,9 +577,10 @@ async def _ensure_job_objects(c: Cycle, owner: Mapping[str, Any]) -> None:
 
 
 async def _release_finished(c: Cycle, job: TrainingJob, nodes: Mapping[str, Mapping[str, Any]]) -> float | None:
-    """A finished job: delete what must go now (running pods, other attempts, spares), keep the
-    last attempt's finished pods until ``spec.cleanup`` says; no more health verdicts. Returns
-    when to look again (the kept pods' TTL)."""
+    """A finished job: delete what must go now (other attempts, spares, placeholders), keep the
+    last attempt's finished pods until ``spec.cleanup`` says, give its members still running a
+    little time to exit on their own (logic/finished.py); no more health news. Returns when to
+    look again (a settle time or the TTL)."""
     if c.st.stragglers:
         c.update(stragglers=[])
     _update_degraded(c, job)  # a finished job is not Degraded (no Event: it finished)
