@@ -680,17 +680,25 @@ class Agent:
                 obj_name = src.get("secretName") if secret else src.get("name")
                 self._write_keys(real, ctx, str(obj_name), src, secret=secret, field=f"volumes[{name}]")
             elif vol.get("projected"):
+                # serviceAccountToken sources get no file: this agent issues no tokens (the
+                # service-account volume admission adds still carries ca.crt and namespace)
                 for s in vol["projected"].get("sources") or []:
                     for kind, secret in (("configMap", False), ("secret", True)):
                         if s.get(kind):
                             self._write_keys(real, ctx, str(s[kind].get("name")), s[kind], secret=secret, field=f"volumes[{name}]")
+                    if s.get("downwardAPI"):
+                        self._write_field_refs(real, ctx, s["downwardAPI"])
             elif vol.get("downwardAPI"):
-                for item in vol["downwardAPI"].get("items") or []:
-                    if item.get("fieldRef"):
-                        target = real / str(item.get("path"))
-                        target.parent.mkdir(parents=True, exist_ok=True)
-                        target.write_text(podenv.resolve_field_ref(ctx, str(item["fieldRef"].get("fieldPath"))))
+                self._write_field_refs(real, ctx, vol["downwardAPI"])
         return out
+
+    @staticmethod
+    def _write_field_refs(folder: Path, ctx: PodContext, src: Obj) -> None:
+        for item in src.get("items") or []:
+            if item.get("fieldRef"):
+                target = folder / str(item.get("path"))
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_text(podenv.resolve_field_ref(ctx, str(item["fieldRef"].get("fieldPath"))))
 
     def _write_keys(self, folder: Path, ctx: PodContext, obj_name: str, src: Obj, *, secret: bool, field: str) -> None:
         obj = (ctx.secrets if secret else ctx.configmaps).get(obj_name)

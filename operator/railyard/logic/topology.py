@@ -364,9 +364,18 @@ def build_synthetic_nodes(
     return out
 
 
-def parse_synthetic_spec(spec: str) -> list[dict[str, Any]]:
+def synthetic_levels(preset: str | None) -> tuple[str, str]:
+    """The two label keys generated nodes carry for a topology preset: the preset's two levels
+    nearest the host (its first candidate list), so a job naming the preset finds its levels."""
+    keys = LEVEL_PRESETS.get(preset or "railyard", LEVEL_PRESETS["railyard"])[0]
+    return keys[-2], keys[-1]
+
+
+def parse_synthetic_spec(
+    spec: str, *, levels: Sequence[str] = LEVEL_PRESETS["railyard"][0]
+) -> list[dict[str, Any]]:
     """Nodes from a compact spec ``spine=2,leaf=4,nodes=32,gpus=8`` (leaf per spine, nodes per
-    leaf; gpus defaults to 8)."""
+    leaf; gpus defaults to 8), labelled with ``levels`` (see :func:`synthetic_levels`)."""
     fields: dict[str, int] = {}
     for part in spec.split(","):
         k, sep, v = part.partition("=")
@@ -385,5 +394,5 @@ def parse_synthetic_spec(spec: str) -> list[dict[str, Any]]:
             f"--nodes: {spec!r} lacks {missing}; expected spine=N,leaf=N,nodes=N[,gpus=N]"
         )
     return build_synthetic_nodes(
-        fields["spine"], fields["leaf"], fields["nodes"], fields.get("gpus", 8)
+        fields["spine"], fields["leaf"], fields["nodes"], fields.get("gpus", 8), levels=levels
     )
