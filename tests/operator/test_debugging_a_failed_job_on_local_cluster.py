@@ -1,8 +1,7 @@
 """What a person debugging a job finds on the local cluster (or RAILYARD_TEST_KUBECONFIG's API
 server): the crash job of issue 19 (``kubectl describe`` shows what it printed, ``kubectl logs``
-works on the last attempt's pods until the TTL, ``railyard logs`` shows every rank), finished
-pods kept then released at their TTL without ever blocking a new job's placement, and an object
-the API server refuses turning into a Failed phase with the server's message and an Event."""
+works on the last attempt's pods until the TTL, ``railyard logs`` shows every rank), and finished
+pods kept then released at their TTL without ever blocking a new job's placement."""
 
 from __future__ import annotations
 
@@ -143,26 +142,3 @@ def test_kept_pods_never_block_a_new_job_and_go_at_their_ttl(api: Api, operator:
     finally:
         api.delete_job(NS, second)
         api.delete_job(NS, first)
-
-
-def test_an_object_the_api_server_refuses_fails_the_job_with_its_message(api: Api, operator: OperatorProcess, workload: Workload, job_name: str) -> None:
-    # A dotted name is a valid TrainingJob name, but not a Service name (a DNS label): the API
-    # server refuses the gang's Service with 422, on any conformant server.
-    name = f"v1.{job_name}"[:50]
-    api.create_job(NS, name, base_spec(workload, nodes=2))
-    try:
-        cond = wait_for("Failed", lambda: (c := api.condition(NS, name, "Failed")) and c["status"] == "True" and c, 90)
-        assert cond["reason"] == "ObjectInvalid", cond
-        assert f"Service {name}" in cond["message"] and "(422 Invalid)" in cond["message"] and "is invalid" in cond["message"], cond
-        assert _phase(api, name) == "Failed" and not api.pods(NS, name), "no pod of a refused gang"
-        event = wait_for("the ObjectInvalid Event", lambda: next((e for e in api.events(NS, name) if e.reason == "ObjectInvalid"), None), 30)
-        assert event.type == "Warning" and "is invalid" in event.message
-        # a decision, not a failed reconcile retried with a traceback
-        assert operator.proc.poll() is None
-        errors = [line for line in operator.metrics_text().splitlines() if line.startswith("railyard_reconcile_errors_total")]
-        assert not any("ApiError422" in e or "GangRefused" in e for e in errors), errors
-    except AssertionError:
-        print(on_exit_dump(api, NS, name, operator))
-        raise
-    finally:
-        api.delete_job(NS, name)

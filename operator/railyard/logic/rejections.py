@@ -49,6 +49,11 @@ RULES: tuple[Rule, ...] = (
           "pod-security.kubernetes.io/enforce label or the spec, then " + _FIX),
     _rule({403}, ("being terminated",), "NamespaceTerminating", False, 10.0,
           "the namespace is being deleted"),
+    # admission looks up objects the pods name; they may be created after the job (one apply)
+    _rule({403}, ("error looking up service account",), "ServiceAccountNotFound", False, 10.0,
+          "create the ServiceAccount that spec.serviceAccountName names, or remove the field"),
+    _rule({403}, ("no priorityclass with name",), "PriorityClassNotFound", False, 10.0,
+          "create the PriorityClass that spec.gang.priorityClassName names, or remove the field"),
     _rule({403}, (" cannot ", " resource "), "OperatorNotPermitted", False, 30.0,
           "the operator's ServiceAccount lacks this permission: grant it (the Helm chart's RBAC rules, "
           "helm/railyard/rbac-rules.yaml)"),
