@@ -96,6 +96,26 @@ def railyard_nodes(name: str, body: Any, **_: Any) -> dict[str, dict[str, Any]]:
 # lifecycle ------------------------------------------------------------------------------------
 
 
+@kopf.on.login()
+async def on_login_operator(**_: Any) -> kopf.ConnectionInfo:
+    """kopf's client logs in with our connection: the same kubeconfig and ``--context`` (kopf's
+    own login reads the current context only) and the same renewing credentials. kopf asks again
+    when what it was given expired or was refused (401), so that one is dropped first."""
+    rt = runtime()
+    conn = rt.connection()
+    if rt.kopf_credential is not None:
+        conn.credentials.invalidate(rt.kopf_credential)
+    cred = await conn.credentials.current()
+    rt.kopf_credential = cred
+    token = cred.token[7:] if cred.token and cred.token.lower().startswith("bearer ") else cred.token
+    return kopf.ConnectionInfo(
+        server=conn.server, ca_path=conn.ca_file, insecure=conn.insecure or None,
+        scheme="Bearer" if token else None, token=token, username=cred.username, password=cred.password,
+        certificate_path=cred.cert_file, private_key_path=cred.key_file,
+        default_namespace=conn.namespace, expiration=cred.expires,
+    )
+
+
 @kopf.on.startup()
 async def on_startup_operator(settings: kopf.OperatorSettings, **_: Any) -> None:
     rt = runtime()
@@ -109,11 +129,13 @@ async def on_startup_operator(settings: kopf.OperatorSettings, **_: Any) -> None
 
         app = build_http_app(
             rt.metrics.registry,
-            ready=lambda: rt.nodes is not None,
+            healthy=rt.probes.liveness,
+            ready=rt.probes.readiness,
             extra_routes=lambda a: add_heartbeat_routes(a, rt.store, rt.tokens, metrics=rt.health_metrics,
                                                       on_batch=rt.checkpoint_metrics.observe_batch),
         )
         rt.http_runner = await start_http_server(app, rt.settings.metrics_host, rt.settings.metrics_port)
+    rt.probes.started = True
 
 
 @kopf.on.cleanup()

@@ -18,6 +18,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from railyard.k8s.client import Kube
+from railyard.kubecreds import Connection, Credential, load_connection
 from railyard.logic.health import HealthState
 from railyard.logic.health.window import HeartbeatStore
 from railyard.logic.manifests import CLEANUP_LABEL
@@ -25,6 +26,7 @@ from railyard.observe.checkpoint_metrics import CheckpointMetrics
 from railyard.observe.health_metrics import HealthMetrics
 from railyard.observe.heartbeats import StaticTokens
 from railyard.observe.metrics import OperatorMetrics
+from railyard.observe.probes import DEFAULT_STUCK_AFTER_S, Probes
 
 log = logging.getLogger(__name__)
 Key = tuple[str, str]
@@ -52,6 +54,8 @@ class OperatorSettings:
     registry: CollectorRegistry | None = None
     #: Extra annotations on every gang pod.
     pod_annotations: dict[str, str] = field(default_factory=dict)
+    #: A reconcile cycle running longer than this fails liveness (observe/probes.py).
+    stuck_reconcile_s: float = DEFAULT_STUCK_AFTER_S
 
 
 @dataclass
@@ -81,6 +85,9 @@ class Runtime:
     def __init__(self, settings: OperatorSettings, reconcile: Reconcile) -> None:
         self.settings = settings
         self.kube: Kube | None = None
+        self._connection: Connection | None = None
+        #: What kopf's client was last given (kopf logs in again when it expired or was refused).
+        self.kopf_credential: Credential | None = None
         self.metrics = OperatorMetrics(settings.registry)
         self.health_metrics = HealthMetrics(self.metrics.registry)
         self.checkpoint_metrics = CheckpointMetrics(self.metrics.registry)
@@ -95,15 +102,24 @@ class Runtime:
         self.reconcile = reconcile
         #: node name -> what placement reads of it, as last seen (handlers.nodes)
         self.node_signatures: dict[str, tuple[Any, ...]] = {}
+        self.probes = Probes(stuck_after_s=settings.stuck_reconcile_s)
+
+    def connection(self) -> Connection:
+        """The API server and its (renewing) credentials, shared by our client and kopf's."""
+        if self._connection is None:
+            self._connection = load_connection(self.settings.kubeconfig, self.settings.context)
+        return self._connection
 
     def api(self) -> Kube:
         if self.kube is None:
-            self.kube = Kube.from_config(self.settings.kubeconfig, self.settings.context)
+            self.kube = Kube.for_connection(self.connection())
         return self.kube
 
     # indexes ------------------------------------------------------------------------------
 
     def bind_indexes(self, kwargs: dict[str, Any]) -> None:
+        # Only event handlers call this, and kopf runs them only once every index is filled.
+        self.probes.synced = True
         self.job_pods = kwargs.get("railyard_job_pods", self.job_pods)
         self.nodes = kwargs.get("railyard_nodes", self.nodes)
         self.bound_pods = kwargs.get("railyard_bound_pods", self.bound_pods)
@@ -202,7 +218,11 @@ class Runtime:
             delay: float | None
             try:
                 self.metrics.reconciles.inc()
-                delay = await self.reconcile(self, w)
+                self.probes.cycle_started((w.namespace, w.name))
+                try:
+                    delay = await self.reconcile(self, w)
+                finally:
+                    self.probes.cycle_finished((w.namespace, w.name))
                 failures = 0
             except asyncio.CancelledError:
                 raise

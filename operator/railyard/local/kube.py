@@ -38,8 +38,7 @@ class KubeClient(BaseClient):
 
     @classmethod
     def from_kubeconfig(cls, path: str, context: str | None = None) -> KubeClient:
-        conn = load_connection(path, context)
-        return cls(conn.server, token=conn.token, ssl_context=conn.ssl_context)
+        return cls.for_connection(load_connection(path, context))
 
     async def __aenter__(self) -> KubeClient:
         return self

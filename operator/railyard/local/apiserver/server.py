@@ -124,8 +124,13 @@ class APIServer:
     """The embedded API server; ``await start()`` then ``url``; ``await stop()`` to shut down."""
 
     def __init__(self, state_dir: Path | str, *, token: str, host: str = "127.0.0.1", port: int = 0,
-                 log_provider: LogProvider | None = None, event_window: int = 20_000, tls: bool = True) -> None:
+                 log_provider: LogProvider | None = None, event_window: int = 20_000, tls: bool = True,
+                 accept_token_file: Path | str | None = None) -> None:
         self.state_dir = Path(state_dir)
+        self.accept_token_file = Path(accept_token_file) if accept_token_file else None
+        """More bearer tokens, re-read on every request that does not carry ``token``: one per line,
+        ``TOKEN`` or ``TOKEN EXPIRES`` (Unix seconds; refused after). Tests hand out tokens that
+        expire or rotate through it (exec plugins, service-account token files)."""
         self.tls = tls
         self.ca_file: Path | None = None
         """The CA that signed the serving certificate (None with ``tls=False``)."""
@@ -186,7 +191,7 @@ class APIServer:
                           handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
         auth = request.headers.get("Authorization", "")
         expected = f"Bearer {self.token}"
-        if not hmac.compare_digest(auth.encode(), expected.encode()):
+        if not hmac.compare_digest(auth.encode(), expected.encode()) and not self._accepted(auth):
             return _json(status_object(401, "Unauthorized", "Unauthorized"), 401)
         try:
             return await handler(request)
@@ -201,6 +206,20 @@ class APIServer:
 
             traceback.print_exc()
             return _json(status_object(500, f"Internal error occurred: {exc!r}", "InternalError"), 500)
+
+    def _accepted(self, auth: str) -> bool:
+        if self.accept_token_file is None or not auth.startswith("Bearer "):
+            return False
+        try:
+            lines = self.accept_token_file.read_text().splitlines()
+        except OSError:
+            return False
+        given, now, ok = auth[len("Bearer "):].encode(), time.time(), False
+        for line in lines:
+            token, _, expires = line.strip().partition(" ")
+            if token and hmac.compare_digest(given, token.encode()) and (not expires or now < float(expires)):
+                ok = True
+        return ok
 
     # ---- routing ---------------------------------------------------------------------------
 
