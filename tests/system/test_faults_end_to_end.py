@@ -201,6 +201,11 @@ def test_a_crash_restarts_within_the_application_budget(api: Api, operator: Oper
     r = s["restarts"]
     assert r["application"] == 1 and r["total"] == 1, f"a crash is an application failure, not its peers' exit 70: {r}"
     assert "ApplicationExitCode" in r["lastReason"]
+    # the crashed rank's last words (the launcher's termination message) outlive its pod
+    last = s["lastFailure"]
+    assert (last["attempt"], last["podIndex"], last["exitCode"]) == (0, 1, 1), last
+    assert last["message"].startswith("rank 1 exited with code 1 (Application) first"), last
+    assert "injected crash on rank 1 at step 12" in last["message"], last
     assert not s.get("quarantinedNodes"), "a crash blames no node"
     # the newest committed memory checkpoint before step 12 (10, or 5 while 10 was still being
     # written in the background); the steps lost are counted from the last reported step

@@ -38,6 +38,13 @@ from railyard.protocol.ranktable import PodEntry, RankEntry, RankTable, RankTabl
 from railyard_trainer.config import ConfigError, DatasetConfig, TrainerConfig, load_config
 from railyard_trainer.events import log_event
 from railyard_trainer.parallel_dims import ParallelDims
+from railyard_trainer.termination import (
+    WORKER_ERROR_FILE_ENV,
+    build_termination_message,
+    read_worker_errors,
+    worker_error_file,
+    write_termination_message,
+)
 from railyard_trainer.worker_env import WorkerEnv
 
 #: Most specific first: the root cause beats its consequences (a crash makes peers see a
@@ -262,7 +269,7 @@ def supervise(plan: LaunchPlan, *, fail_grace_s: float, kill_grace_s: float) -> 
     log_event("launch", pod_index=plan.pod_index, ranks=[w.rank for w in plan.workers], world_size=plan.table.world_size, mesh=[plan.table.pp, plan.table.dp, plan.table.tp], master=f"{plan.master_addr}:{plan.master_port}", attempt=plan.config.attempt)
     try:
         for w in plan.workers:
-            env = {**base, **replace(w, config_path=str(config_path)).to_env()}
+            env = {**base, **replace(w, config_path=str(config_path)).to_env(), WORKER_ERROR_FILE_ENV: str(worker_error_file(run_dir, w.rank))}
             procs[w.rank] = subprocess.Popen([sys.executable, "-m", "railyard_trainer.worker"], env=env, start_new_session=True, preexec_fn=_die_with_parent)
         failed_at: float | None = None
         term_at: float | None = None
@@ -293,12 +300,15 @@ def supervise(plan: LaunchPlan, *, fail_grace_s: float, kill_grace_s: float) -> 
             if p.poll() is None:
                 p.kill()
                 p.wait()
+        errors = read_worker_errors(run_dir, list(procs))
         shutil.rmtree(run_dir, ignore_errors=True)
     codes = {r: (128 - rc if rc < 0 else rc) for r, p in procs.items() for rc in [p.returncode]}
     code = most_specific(list(codes.values()))
     if code == 0 and received:
         code = 128 + received[0]
     log_event("launcher_exit", code=code, failure_class=str(classify_exit_code(code)) if code else "", workers={str(r): c for r, c in sorted(codes.items())})
+    if code != 0:
+        write_termination_message(build_termination_message(codes, errors, code=code))
     return code
 
 
@@ -329,6 +339,7 @@ def launch(argv: Sequence[str] | None = None) -> int:
         plan = plan_launch(args, os.environ)
     except (ConfigError, RankTableError, ValueError) as exc:
         log_event("launcher_exit", code=int(ExitCode.CONFIG_PERMANENT), failure_class="Permanent", error=str(exc))
+        write_termination_message(f"configuration error (exit code {int(ExitCode.CONFIG_PERMANENT)}): {exc}")
         return int(ExitCode.CONFIG_PERMANENT)
     return supervise(plan, fail_grace_s=float(os.environ.get("RAILYARD_FAIL_GRACE_S", "5")), kill_grace_s=float(os.environ.get("RAILYARD_KILL_GRACE_S", "10")))
 

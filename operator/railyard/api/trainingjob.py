@@ -303,6 +303,20 @@ class RestartPolicy(_Model):
     reset_after_seconds: Annotated[float, Field(ge=0, le=30 * 86400, description="A gang that has run with every pod Running this long clears the restart streak: backoff starts again from backoffSeconds and each class gets its whole limit again (status.restarts keeps the totals). 0: never reset.")] = 600.0
 
 
+# --------------------------------------------------------------------------- finished jobs
+
+
+class Cleanup(_Model):
+    pods: Annotated[
+        Literal["Keep", "KeepFailed", "Delete"],
+        Field(description="What happens to the pods when the job finishes (Succeeded or Failed). Pods still running are always deleted, and so are held spares and pods of earlier attempts. Keep (Kubeflow's cleanPodPolicy Running): the finished pods of the last attempt stay, so kubectl logs and their exit codes remain; their containers have exited, so they hold no GPUs and block no placement. KeepFailed: keep them only when the job Failed. Delete (cleanPodPolicy All): delete every pod at once."),
+    ] = "Keep"
+    ttl_seconds_after_finished: Annotated[
+        int,
+        Field(ge=0, le=31_536_000, description="How long kept pods stay after the job finished (counted from status.completionTime), as Job's ttlSecondsAfterFinished but for the pods only: the TrainingJob and its status stay. 0 deletes them at once. Deleting the TrainingJob deletes them too."),
+    ] = 86_400
+
+
 # --------------------------------------------------------------------------- spec
 
 
@@ -407,6 +421,7 @@ class TrainingJobSpec(_Model):
     health: Annotated[Health, Field(description="Heartbeats, hang, straggler and SDC detection.")] = Health()
     restart_policy: Annotated[RestartPolicy, Field(description="Restart budgets per failure class and backoff.")] = RestartPolicy()
     nccl: Annotated[dict[EnvVarNameOfMap, Annotated[str, Field(max_length=32768)]], Field(max_length=128, description="NCCL environment overrides (defaults keep each rank's inter-node traffic on its rail, e.g. NCCL_CROSS_NIC=0).")] = {}
+    cleanup: Annotated[Cleanup, Field(description="What stays of a finished job's pods, and for how long (for debugging: kubectl logs, exit codes, termination messages).")] = Cleanup()
 
     model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": list[Any](SPEC_RULES)})
 
@@ -491,6 +506,17 @@ class RestoreStatus(_Model):
     steps_lost: Annotated[int, Field(description="Steps trained before the failure that were lost.")] = 0
 
 
+class LastFailure(_Model):
+    attempt: Annotated[int, Field(description="The attempt that failed.")] = 0
+    reason: Annotated[str, Field(description="The failure's kind (the Restarting or Failed condition's reason), e.g. ApplicationExitCode, NodeNotReady, HangVerdict.")] = ""
+    pod: Annotated[str, Field(description="The first failing pod (empty when no pod is to blame, e.g. a hang verdict).")] = ""
+    pod_index: Annotated[int | None, Field(description="That pod's index in the gang.")] = None
+    node: Annotated[str, Field(description="The node it ran on.")] = ""
+    exit_code: Annotated[int | None, Field(description="Exit code of its trainer container (empty when it had not exited).")] = None
+    message: Annotated[str, Field(description="The tail of its termination message: what the trainer wrote to /dev/termination-log, else the last lines of its log (terminationMessagePolicy FallbackToLogsOnError). Kept across restarts, when the pod itself is gone.")] = ""
+    time: Annotated[str | None, Field(description="When the operator saw the failure.")] = None
+
+
 class TrainingJobStatus(_Model):
     model_config = ConfigDict(extra="ignore")
 
@@ -519,6 +545,7 @@ class TrainingJobStatus(_Model):
     gang_created_time: Annotated[str | None, Field(description="When the current attempt's pods were created (the gang schedule timeout counts from here).")] = None
     failure_time: Annotated[str | None, Field(description="When the failure that ended the previous attempt was detected.")] = None
     next_attempt_time: Annotated[str | None, Field(description="Restart backoff: the next gang is not placed before this time.")] = None
+    last_failure: Annotated[LastFailure | None, Field(description="The failure that ended the last failed attempt: its first failing pod, node, exit code and last words.")] = None
 
 
 class ObjectMeta(BaseModel):

@@ -53,8 +53,10 @@ def compact_pod(body: Any) -> dict[str, Any]:
     spec = body.get("spec") or {}
     status = body.get("status") or {}
     containers = [{"name": c.get("name"), "resources": c.get("resources") or {}} for c in spec.get("containers") or ()]
+    owners = [_pick(o, "uid", "controller") for o in meta.get("ownerReferences") or ()]
     return {
-        "metadata": {**_pick(meta, "name", "namespace", "uid", "deletionTimestamp", "creationTimestamp"), "labels": dict(meta.get("labels") or {})},
+        "metadata": {**_pick(meta, "name", "namespace", "uid", "deletionTimestamp", "creationTimestamp"), "labels": dict(meta.get("labels") or {}),
+                     **({"ownerReferences": owners} if owners else {})},
         "spec": {**_pick(spec, "nodeName", "schedulingGates"), "containers": containers},
         "status": _pick(status, "phase", "reason", "message", "conditions", "containerStatuses", "startTime"),
     }
@@ -78,9 +80,11 @@ def railyard_job_pods(namespace: str | None, labels: Any, body: Any, **_: Any) -
 
 
 @kopf.index("pods", field="spec.nodeName", value=kopf.PRESENT)
-def railyard_bound_pods(spec: Any, body: Any, status: Any, **_: Any) -> dict[str, dict[str, Any]] | None:
-    if (status or {}).get("phase") in ("Succeeded", "Failed"):
-        return None
+def railyard_bound_pods(spec: Any, body: Any, **_: Any) -> dict[str, dict[str, Any]]:
+    # Every bound pod, finished ones too, with its latest phase: placement counts only pods that
+    # are not Succeeded/Failed (logic.topology.compute_used_gpus). Returning None for a finished
+    # pod would not drop it: kopf keeps an index's last value when a handler returns None, so
+    # the pod would look Running, holding its GPUs, until deleted.
     return {spec["nodeName"]: compact_pod(body)}
 
 

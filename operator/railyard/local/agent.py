@@ -34,6 +34,7 @@ from railyard.local import podenv
 from railyard.local.kube import ApiError, Informer, KubeClient, Obj, key_of, retry
 from railyard.local.nodes import NodeControl, now_iso
 from railyard.local.podenv import ContainerConfigError, PodContext
+from railyard.local.termination import build_termination_message, termination_message_path
 from railyard.local.topology import NodeSpec
 
 log = logging.getLogger(__name__)
@@ -275,6 +276,8 @@ class PodWorker:
     def _plan(self, c: Container) -> tuple[list[str], dict[str, str], str]:
         env = podenv.build_env(self.ctx, c.spec)
         mounts = podenv.build_mounts(c.spec, self.volume_dirs)
+        # the container's terminationMessagePath is a file of its own, as the kubelet mounts it
+        mounts.setdefault(termination_message_path(c.spec), str(self._termination_file(c)))
         env = {k: podenv.rewrite_paths(v, mounts) for k, v in env.items()}
         argv = podenv.build_command(c.spec, env, mounts)
         workdir = str(c.spec.get("workingDir") or "")
@@ -297,8 +300,18 @@ class PodWorker:
         full.update(env)
         return argv, full, cwd
 
+    def _termination_file(self, c: Container) -> Path:
+        return self.pod_dir / f"{c.name}.termination-log"
+
+    def _termination_message(self, c: Container, code: int) -> str:
+        policy = str(c.spec.get("terminationMessagePolicy") or "File")
+        log_path = self.agent.log_path(self.ns, self.name, c.name)
+        return build_termination_message(self._termination_file(c), log_path, policy=policy, exit_code=code)
+
     async def _spawn(self, c: Container) -> int | None:
         """Start the container's process; None when it started, else an exit code to report."""
+        with contextlib.suppress(OSError):
+            self._termination_file(c).write_bytes(b"")  # each run of the container starts with an empty one
         argv, env, cwd = self._plan(c)
         if self.simulated:
             c.started_at = now_iso()
@@ -347,7 +360,7 @@ class PodWorker:
         rc = await c.proc.wait()
         code = 128 - rc if rc < 0 else rc
         c.ready = False
-        c.state = {"terminated": self._terminated(code, "Completed" if code == 0 else "Error", c.started_at)}
+        c.state = {"terminated": self._terminated(code, "Completed" if code == 0 else "Error", c.started_at, self._termination_message(c, code))}
         return code
 
     async def _run_to_completion(self, c: Container) -> bool:

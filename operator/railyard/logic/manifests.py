@@ -18,6 +18,7 @@ from typing import Any
 from railyard import GROUP
 from railyard.api.trainingjob import API_VERSION, DEFAULT_IMAGE, KIND, TrainingJobSpec
 from railyard.protocol.ranktable import PodEntry, RankTable
+from railyard.protocol.termination import TERMINATION_LOG, TERMINATION_LOG_ENV
 
 # labels, annotations, names ------------------------------------------------------------------
 JOB_LABEL = f"{GROUP}/job"
@@ -102,6 +103,16 @@ def owner_reference(job: Mapping[str, Any]) -> dict[str, Any]:
         "controller": True,
         "blockOwnerDeletion": True,
     }
+
+
+def is_owned_by(obj: Mapping[str, Any], uid: str | None) -> bool:
+    """Whether ``obj`` belongs to the job of ``uid``: its controller reference names that uid
+    (an object without owner references, or a job without a uid, is not told apart). A pod of
+    a deleted job of the same name, not yet garbage-collected, is not the new job's."""
+    refs = [r for r in (obj.get("metadata") or {}).get("ownerReferences") or () if r.get("controller")]
+    if not refs or not uid:
+        return True
+    return any(r.get("uid") == uid for r in refs)
 
 
 def job_labels(job: str) -> dict[str, str]:
@@ -300,6 +311,7 @@ def build_pod_env(
         {"name": "RAILYARD_CHECKPOINT_MEMORY_DIR", "value": CHECKPOINT_MOUNTS["memory"]},
         {"name": "RAILYARD_CHECKPOINT_LOCAL_DIR", "value": CHECKPOINT_MOUNTS["local"]},
         {"name": "RAILYARD_CHECKPOINT_SHARED_DIR", "value": CHECKPOINT_MOUNTS["shared"]},
+        {"name": TERMINATION_LOG_ENV, "value": TERMINATION_LOG},
     ]
     nccl = {**NCCL_DEFAULTS, **spec.nccl}
     env += [{"name": k, "value": v} for k, v in sorted(nccl.items())]
@@ -344,6 +356,10 @@ def build_pod(
         "resources": resources,
         "volumeMounts": mounts,
         "securityContext": container_sc,
+        # the failing rank's last words: what the launcher writes there, else (any other
+        # program) the tail of the log, survive the pod in state.terminated.message
+        "terminationMessagePath": TERMINATION_LOG,
+        "terminationMessagePolicy": "FallbackToLogsOnError",
     }
     if spec.args:
         container["args"] = list(spec.args)
