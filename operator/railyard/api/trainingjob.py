@@ -142,6 +142,10 @@ class Parallelism(_Model):
         int | None,
         Field(ge=1, description="Data-parallel (FSDP) degree. Leave empty to derive it: nodes x procsPerNode / (tensor x pipeline)."),
     ] = None
+    data_replicas: Annotated[
+        int,
+        Field(ge=1, le=4096, description="HSDP (hybrid sharded data parallel): the data-parallel ranks form this many replica groups, each sharding the model over data / dataReplicas ranks; the SDC cross-replica vote compares the replicas. 1: plain FSDP over all data-parallel ranks."),
+    ] = 1
     pipeline_schedule: Annotated[
         Literal["GPipe", "1F1B", "Interleaved1F1B"],
         Field(description="Pipeline schedule used when pipeline > 1."),
@@ -161,13 +165,18 @@ class FaultSpec(_Model):
     step: Annotated[int, Field(ge=0, description="Training step at which to inject.")] = 1
     factor: Annotated[float, Field(ge=1.0, le=100.0, description="Slow-down factor for kind=slow.")] = 1.5
     target: Annotated[Literal["param", "grad"], Field(description="For kind=bitflip: flip a bit in a parameter or a gradient.")] = "param"
+    bit: Annotated[int, Field(ge=0, le=30, description="For kind=bitflip: which bit of the float32 layout to flip (30: the top exponent bit, 23-29 the others, 0-22 the mantissa; bf16 flips the same bit of its top 16).")] = 30
     code: Annotated[int, Field(ge=0, le=255, description="Exit code for kind=exit.")] = 1
     attempt: Annotated[int, Field(ge=0, description="Only inject in this attempt (restarts do not re-inject).")] = 0
 
 
 class Dataset(_Model):
-    type: Annotated[Literal["synthetic", "files"], Field(description="synthetic: a deterministic learnable language; files: byte-level text from path.")] = "synthetic"
-    path: Annotated[str | None, Field(max_length=4096, description="Folder or file of text for type=files (inside the pod).")] = None
+    type: Annotated[
+        Literal["synthetic", "files", "tokens"],
+        Field(description="synthetic: a deterministic learnable language; files: byte-level text from path (vocabulary 256); tokens: pre-tokenized shards written by `railyard-train prepare` (a folder with index.json and uint16/uint32 token files, memory-mapped)."),
+    ] = "synthetic"
+    path: Annotated[str | None, Field(max_length=4096, description="Inside the pod: the folder of shards for type=tokens, the folder or file of text for type=files.")] = None
+    shuffle: Annotated[bool, Field(description="type=tokens: visit each epoch's sequences in a seeded random order (resumable exactly); false: in file order.")] = True
 
 
 class TrainerSettings(_Model):
@@ -370,8 +379,14 @@ SPEC_RULES: list[dict[str, str]] = [
         "reason": "FieldValueInvalid",
     },
     {
-        "rule": "self.trainer.dataset.type != 'files' || has(self.trainer.dataset.path)",
-        "message": "trainer.dataset.path is required when trainer.dataset.type is files.",
+        "rule": "self.parallelism.dataReplicas == 1 || (self.nodes * self.procsPerNode) % (self.parallelism.tensor * self.parallelism.pipeline) != 0 || ((self.nodes * self.procsPerNode) / (self.parallelism.tensor * self.parallelism.pipeline)) % self.parallelism.dataReplicas == 0",
+        "message": "parallelism.dataReplicas must divide the data-parallel degree (nodes x procsPerNode / (tensor x pipeline)).",
+        "fieldPath": ".parallelism.dataReplicas",
+        "reason": "FieldValueInvalid",
+    },
+    {
+        "rule": "self.trainer.dataset.type == 'synthetic' || has(self.trainer.dataset.path)",
+        "message": "trainer.dataset.path is required when trainer.dataset.type is files or tokens.",
         "fieldPath": ".trainer.dataset.path",
         "reason": "FieldValueRequired",
     },

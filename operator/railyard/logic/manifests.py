@@ -176,12 +176,14 @@ def build_trainer_config(
         "namespace": namespace,
         "attempt": attempt,
         "trainer": spec.trainer.model_dump(by_alias=True, exclude_none=True, mode="json"),
+        # railyard.protocol.trainerconfig.Parallelism, with the data degree resolved
         "parallelism": {
             "tensor": p.tensor,
             "pipeline": p.pipeline,
-            "data": spec.data_parallel or -1,
+            "data": spec.data_parallel or None,
+            "dataReplicas": p.data_replicas,
             "pipelineSchedule": p.pipeline_schedule,
-            "microbatches": p.microbatches or 0,
+            "microbatches": p.microbatches,
         },
         "checkpoint": spec.checkpoint.model_dump(by_alias=True, exclude_none=True, mode="json"),
         "health": spec.health.model_dump(by_alias=True, exclude_none=True, mode="json"),

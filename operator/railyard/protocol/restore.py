@@ -17,8 +17,9 @@ Rules (docs/checkpoints.md):
 - a checkpoint is usable when every shard it lists is present somewhere with a matching
   manifest and is not known corrupt: shards may come from different places of one tier (a lost
   node's memory-tier shard from the neighbour that holds its replica);
-- memory and local tiers hold per-rank shards and restore only onto the same layout
-  (pp, dp, tp); the shared tier is a DCP checkpoint that reshards onto any layout;
+- memory and local tiers hold per-rank shards; they restore onto another layout (pp, dp, tp)
+  only for a caller that can reshard them (``node_reshard``: the trainer reads the old ranks'
+  files as one checkpoint); the shared tier is a DCP checkpoint that reshards onto any layout;
 - a shard is loaded only after its checksum verified; a corrupt shard removes that copy, and
   the next call falls back to another copy, another tier or an older step. Each call either
   returns a source with nothing left to verify, asks to verify copies not yet checked, or gives
@@ -124,11 +125,15 @@ def decide_restore(
     layout: Layout,
     hint: RestoreHint | None = None,
     home: Mapping[int, str] | None = None,
+    node_reshard: bool = False,
 ) -> RestoreDecision:
     """Choose the newest restorable checkpoint, fastest tier first.
 
     ``home`` maps a shard owner (rank) to the location it should preferably be read from (the
-    pod that will load it), so a local copy wins over a neighbour's replica.
+    pod that will load it), so a local copy wins over a neighbour's replica. ``node_reshard``:
+    the loader can reshard the per-rank shards of the memory and local tiers onto another
+    layout (the trainer fetches the old ranks' files each new rank overlaps), so those tiers
+    are not skipped when the layout changed.
     """
     groups: dict[tuple[str, int, int], list[FoundCheckpoint]] = {}
     for f in found:
@@ -153,7 +158,7 @@ def decide_restore(
             rejected.append(f"{name}: SDC checks had not passed at that step")
             continue
         reshard = Layout.of(ref_manifest) != layout
-        if reshard and tier in PER_NODE_TIERS:
+        if reshard and tier in PER_NODE_TIERS and not node_reshard:
             rejected.append(
                 f"{name}: written with layout pp={ref_manifest.pp} dp={ref_manifest.dp} "
                 f"tp={ref_manifest.tp}; the {tier} tier holds per-rank shards and cannot reshard"
