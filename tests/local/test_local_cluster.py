@@ -20,6 +20,8 @@ import pytest
 from kubernetes import client as k8s
 
 from railyard.commands import local as local_cmd
+from railyard.local.agent import SIMULATE_ANNOTATION
+from railyard.protocol.device import read_device
 
 from .builders import make_pod
 from .conftest import wait_for, wait_phase
@@ -348,12 +350,33 @@ def test_slow_node_exports_its_factor(local_cluster: Any, core: k8s.CoreV1Api, n
     assert cli(local_cluster, "node", "slow", "node-1", "--factor", "1.5") == 0
     try:
         wait_for(lambda: (core.read_node("node-1").metadata.annotations or {}).get("local.railyard.dev/slow-factor") == "1.5", 10)
-        pod = make_pod("slowpoke").command(*py("import os; print(os.environ['RAILYARD_NODE_SLOW_FACTOR'])")).on_node("node-1").obj()
+        # the static factor, and the simulated device the trainer's speed probe reads each step
+        pod = make_pod("slowpoke").command(*py("""
+            import os
+            from railyard.protocol.device import SIMULATED_DEVICE_ENV, read_device
+            print(os.environ['RAILYARD_NODE_SLOW_FACTOR'], read_device(os.environ[SIMULATED_DEVICE_ENV]).slow_factor)
+        """)).on_node("node-1").obj()
         core.create_namespaced_pod(namespace, pod)
         done = wait_phase(core, namespace, "slowpoke", ("Succeeded",))
-        assert _log(local_cluster, core, namespace, "slowpoke", done).strip() == "1.5"
+        assert _log(local_cluster, core, namespace, "slowpoke", done).split() == ["1.5", "1.5"]
     finally:
         assert cli(local_cluster, "node", "slow", "node-1", "--factor", "1") == 0
+    device = Path(local_cluster.state_dir) / "nodes" / "node-1" / "device.json"
+    wait_for(lambda: read_device(device).slow_factor == 1.0, 10, "the device back at full speed")
+
+
+def test_a_simulated_pod_runs_its_init_containers_and_stays_running(core: k8s.CoreV1Api, namespace: str) -> None:
+    # The operator's gang pods have an init container; simulated (kwok-style) pods must get past
+    # it, or every pod of bench/operator.py waits in PodInitializing forever.
+    pod = make_pod("sim").command("/nonexistent/never-started").obj()
+    pod["metadata"]["annotations"] = {SIMULATE_ANNOTATION: "true"}
+    pod["spec"]["initContainers"] = [{"name": "prepare", "image": "none", "command": ["/nonexistent/either"]}]
+    core.create_namespaced_pod(namespace, pod)
+    running = wait_phase(core, namespace, "sim", ("Running",))
+    (init,) = running.status.init_container_statuses
+    assert init.state.terminated is not None and init.state.terminated.exit_code == 0, init.state
+    assert running.status.container_statuses[0].state.running is not None
+    assert any(c.type == "Initialized" and c.status == "True" for c in running.status.conditions)
 
 
 def test_status_command_lists_nodes(local_cluster: Any, capsys: pytest.CaptureFixture[str]) -> None:
