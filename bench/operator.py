@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -38,6 +39,8 @@ ROOT = Path(__file__).resolve().parents[1]
 TARGET_PODS_PER_S = 300.0
 TARGET_RECOVERY_S = 30.0
 NS = "bench"
+#: The embedded API server bookmarks every 15 s: a watch quiet for longer than this is dead.
+WATCH_INACTIVITY_S = 30.0
 
 
 def _free_port() -> int:
@@ -77,34 +80,51 @@ class PodWatch:
         self.task = asyncio.create_task(self._run(rv))
 
     async def _run(self, rv: str) -> None:
+        """Watch until cancelled; a stream that ends, breaks or delivers nothing (not even a
+        bookmark) for WATCH_INACTIVITY_S is watched again from the last resourceVersion."""
         sess = self.kube._sess()
+        url = f"{self.kube.server}/api/v1/namespaces/{NS}/pods"
         while True:
-            url = f"{self.kube.server}/api/v1/namespaces/{NS}/pods"
             params = {"watch": "true", "resourceVersion": rv, "timeoutSeconds": "300", "allowWatchBookmarks": "true"}
-            async with sess.get(url, params=params, timeout=None) as resp:
-                async for line in resp.content:
-                    if not line.strip():
-                        continue
-                    ev = json.loads(line)
-                    obj = ev.get("object") or {}
-                    meta = obj.get("metadata") or {}
-                    rv = meta.get("resourceVersion", rv)
-                    if ev.get("type") == "BOOKMARK":
-                        continue
-                    now = time.perf_counter()
-                    name = meta.get("name", "")
-                    if ev.get("type") == "ADDED":
-                        self.added.setdefault(name, now)
-                    if (obj.get("status") or {}).get("phase") == "Running" and not meta.get("deletionTimestamp"):
-                        self.running.setdefault(name, now)
+            try:
+                async with sess.get(url, params=params, timeout=aiohttp.ClientTimeout(total=330, sock_read=WATCH_INACTIVITY_S)) as resp:
+                    async for line in resp.content:
+                        if not line.strip():
+                            continue
+                        ev = json.loads(line)
+                        obj = ev.get("object") or {}
+                        meta = obj.get("metadata") or {}
+                        if ev.get("type") == "ERROR":  # 410: too old, start from a fresh list
+                            listing = await self.kube.request("GET", f"/api/v1/namespaces/{NS}/pods")
+                            rv = listing["metadata"]["resourceVersion"]
+                            for pod in listing.get("items") or []:
+                                self._see("MODIFIED", pod, time.perf_counter())
+                            break
+                        rv = meta.get("resourceVersion", rv)
+                        if ev.get("type") == "BOOKMARK":
+                            continue
+                        self._see(str(ev.get("type")), obj, time.perf_counter())
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                print(f"pod watch: {exc!r}; watching again from {rv}", flush=True)
+
+    def _see(self, kind: str, obj: dict[str, Any], now: float) -> None:
+        meta = obj.get("metadata") or {}
+        name = meta.get("name", "")
+        if kind == "ADDED":
+            self.added.setdefault(name, now)
+        if (obj.get("status") or {}).get("phase") == "Running" and not meta.get("deletionTimestamp"):
+            self.running.setdefault(name, now)
 
     async def until(self, what: str, pred: Any, timeout: float) -> float:
         deadline = time.perf_counter() + timeout
         while time.perf_counter() < deadline:
             if pred():
                 return time.perf_counter()
+            if self.task is not None and self.task.done():
+                exc = None if self.task.cancelled() else self.task.exception()
+                raise RuntimeError(f"the pod watch ended while waiting for {what}: {exc!r}") from exc
             await asyncio.sleep(0.02)
-        raise TimeoutError(f"{what} not reached within {timeout}s")
+        raise TimeoutError(f"{what} not reached within {timeout}s ({len(self.added)} pods seen, {len(self.running)} Running)")
 
     def stop(self) -> None:
         if self.task:

@@ -30,6 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--tier2-interval", type=int, default=20)
     ap.add_argument("--sdc-interval", type=int, default=10)
+    ap.add_argument("--wide-flips", type=int, default=None, help="flips of the wider bit mix (default max(12, flips / 4))")
     ap.add_argument("--out", type=Path, default=RESULTS)
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.ERROR)
@@ -37,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     main_run = run(flips=args.flips, clean_steps=args.clean_steps, seed=args.seed, tier2_interval=args.tier2_interval, sdc_interval=args.sdc_interval, bits=(30,))
     # Reported, no target: any of the top four exponent bits. Flips of a bit that is already set
     # shrink a value by 2^16..2^128 (to ~0): numerically benign, and invisible without replicas.
-    wide = run(flips=max(12, args.flips // 4), clean_steps=0, seed=args.seed + 1, tier2_interval=args.tier2_interval, sdc_interval=args.sdc_interval, bits=(27, 28, 29, 30))
+    wide = run(flips=args.wide_flips if args.wide_flips is not None else max(12, args.flips // 4), clean_steps=0, seed=args.seed + 1, tier2_interval=args.tier2_interval, sdc_interval=args.sdc_interval, bits=(27, 28, 29, 30))
 
     rate = main_run.caught / max(1, main_run.flips)
     rows = [
