@@ -95,3 +95,33 @@ def test_the_committed_results_have_the_documented_shape() -> None:
         path = BENCH / "results" / f"{name}.json"
         assert path.exists(), f"{script}: no committed {path.name}"
         check_shape(json.loads(path.read_text()), name)
+
+
+def test_the_stability_script_reports_a_test_whose_verdict_flips(tmp_path: Path) -> None:
+    """bench/ci_stability.sh at its smallest: two runs (one with a CPU hog) of a steady test and
+    of one that fails every second time it runs."""
+    tests = tmp_path / "t"
+    tests.mkdir()
+    counter = tmp_path / "count"
+    (tests / "test_probe.py").write_text(
+        "from pathlib import Path\n"
+        f"COUNT = Path({str(counter)!r})\n"
+        "def test_steady():\n    assert True\n"
+        "def test_flips():\n"
+        "    n = int(COUNT.read_text()) if COUNT.exists() else 0\n"
+        "    COUNT.write_text(str(n + 1))\n"
+        "    assert n % 2 == 0\n"
+    )
+    out = tmp_path / "ci_stability.json"
+    done = subprocess.run(["bash", str(BENCH / "ci_stability.sh"), "-n", "2", "--out", str(out), "--junit-dir", str(tmp_path / "junit"),
+                           str(tests)], cwd=ROOT, capture_output=True, text=True, timeout=HANG_S)
+    assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]  # a mixed verdict fails it
+    report = json.loads(out.read_text())
+    check_shape(report, "ci_stability")
+    assert [r["loaded"] for r in report["runs"]] == [False, True]
+    (flips,) = report["mixed"]
+    assert flips.endswith("::test_flips")
+    assert report["tests"][flips]["verdicts"] == ["passed", "failed"]
+    steady = next(n for n in report["tests"] if n.endswith("::test_steady"))
+    assert report["tests"][steady]["verdicts"] == ["passed", "passed"]
+    assert "test_flips" in done.stdout and "passed / failed" in done.stdout
