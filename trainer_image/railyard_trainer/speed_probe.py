@@ -18,11 +18,12 @@ the healthy ones would hide one.
   useless on a shared machine (another process on the core stretches it), and so, measured here,
   is process CPU time alone: on a virtual machine the same products cost 7 ms of CPU on one
   vCPU and 10-11 ms on the other for seconds at a time, because the host's sibling hyperthreads
-  and other tenants change a vCPU's speed. So each run is a pair measured back to back on the
-  same thread, in that thread's CPU time: the nominal work (the host's cost of it right now),
-  then the stand-in device's work. The ratio is the device's slow-down, free of the host's
-  noise (healthy ranks score 0.97-1.01 against each other with another process hogging a core);
-  ``compute_s`` is that ratio times the stand-in device's rated probe time.
+  and other tenants change a vCPU's speed. So each run measures, in the thread's CPU time, the
+  nominal work (the host's cost of it right now) and the stand-in device's work, interleaved
+  product by product on the same thread. The ratio is the device's slow-down, free of the
+  host's noise (healthy ranks score 0.95-1.0 against each other even with the machine's load at
+  18 and a busy loop on one core); ``compute_s`` is that ratio times the stand-in's rated probe
+  time.
 
 The device's work is the nominal work times its slow-down: ``slow_factor`` from the trainer's
 own ``slow`` fault, times the simulated node's throttle (``railyard local node slow``), which the
@@ -102,14 +103,33 @@ class SpeedProbe:
         return float(start.elapsed_time(end)) / 1e3
 
     def _standin_once(self, work: int) -> float:
-        """The device's work over the nominal work, each in this thread's CPU seconds."""
+        """The device's work over the nominal work, in this thread's CPU time.
+
+        One chain of products, the nominal ones and the device's interleaved in proportion, each
+        product timed on its own: both sides see the same moments of the host (its speed changes
+        within milliseconds). Each side's time is its count times its median product: a product
+        hit by a preemption (its caches refilled afterwards) or an interrupt moves neither.
+        """
         clock = _cpu_clock()
-        t0 = clock()
-        self._products(self.iters)
-        t1 = clock()
-        self._products(work)
-        t2 = clock()
-        return (t2 - t1) / max(t1 - t0, 1e-9)
+        nominal: list[float] = []
+        device: list[float] = []
+        x = self.a
+        with torch.no_grad():
+            while len(nominal) < self.iters or len(device) < work:
+                t0 = clock()
+                x = torch.mm(x, self.b)
+                t = clock() - t0
+                if len(device) >= work or (len(nominal) < self.iters and len(nominal) * work <= len(device) * self.iters):
+                    nominal.append(t)
+                else:
+                    device.append(t)
+        return (len(device) * _median(device)) / max(len(nominal) * _median(nominal), 1e-12)
+
+
+def _median(xs: list[float]) -> float:
+    ys = sorted(xs)
+    k = len(ys)
+    return ys[k // 2] if k % 2 else (ys[k // 2 - 1] + ys[k // 2]) * 0.5
 
 
 def _cpu_clock() -> Callable[[], float]:

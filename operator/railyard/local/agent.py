@@ -42,8 +42,9 @@ log = logging.getLogger(__name__)
 RESOLVER_SOURCE = Path(__file__).with_name("_resolver_site.py")
 DEFAULT_GRACE = 30
 RESTART_BACKOFF_MAX = 10.0
-#: Much shorter than one run of the trainer's speed probe (~6 ms on a CPU core), so every run
-#: sees the slow-down, as on a throttled device, rather than some runs slipping between stops.
+#: Period of a slow node's SIGSTOP/SIGCONT duty cycle: short, so the node's processes are slowed
+#: evenly (wall clock) rather than in visible bursts. The straggler signal does not come from it:
+#: the speed probe sees the node's simulated device (device_file), which is exact under any load.
 SLOW_PERIOD = 0.004
 #: A pod with this annotation set to "true" is reported Running without starting processes
 #: (as kwok does): for scale tests of 1,000-pod gangs on a 2-core machine. Its init containers
