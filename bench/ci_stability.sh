@@ -7,7 +7,7 @@
 #   bash bench/ci_stability.sh [-n N] [--out FILE] [--junit-dir DIR] [pytest args...]
 #   bash bench/ci_stability.sh -n 2 tests/system tests/local tests/operator
 #
-# Writes one JUnit XML per run (--junit-dir, default .railyard/ci-stability) and FILE (default
+# Writes one JUnit XML and pytest log per run (--junit-dir, default .railyard/ci-stability) and FILE (default
 # bench/results/ci_stability.json):
 # {"bench": "ci_stability", "results": [...], "runs": [...], "tests": {nodeid: {...}}}; prints a
 # table of the tests with mixed verdicts. Exit 0 when no test had a mixed verdict.
@@ -40,6 +40,7 @@ meta="$junit_dir/runs.tsv"
 : > "$meta"
 
 hog_pid=""
+test_pid=""
 stop_hog() {
   if [[ -n "$hog_pid" ]]; then
     kill "$hog_pid" 2>/dev/null || true
@@ -47,7 +48,14 @@ stop_hog() {
     hog_pid=""
   fi
 }
-trap stop_hog EXIT INT TERM
+interrupted() {
+  [[ -n "$test_pid" ]] && kill "$test_pid" 2>/dev/null
+  stop_hog
+  echo "ci_stability: interrupted" >&2
+  exit 130
+}
+trap stop_hog EXIT
+trap interrupted INT TERM
 
 for ((i = 1; i <= runs; i++)); do
   loaded=$(( i % 2 == 0 ? 1 : 0 ))
@@ -59,11 +67,17 @@ for ((i = 1; i <= runs; i++)); do
   echo "== run $i of $runs ($label): pytest $*"
   start=$(date +%s)
   load_before=$(cut -d' ' -f1 /proc/loadavg)
+  # in the background and waited for, so that an interrupt reaches the trap at once
+  "$python" -m pytest -q -p no:cacheprovider -o junit_logging=system-out --junitxml="$junit_dir/run-$i.xml" "$@" \
+    > "$junit_dir/run-$i.log" 2>&1 &
+  test_pid=$!
   set +e
-  "$python" -m pytest -q -p no:cacheprovider --junitxml="$junit_dir/run-$i.xml" "$@" | tail -n 15
-  rc=${PIPESTATUS[0]}
+  wait "$test_pid"
+  rc=$?
   set -e
+  test_pid=""
   stop_hog
+  tail -n 15 "$junit_dir/run-$i.log"
   printf '%s\t%s\t%s\t%s\t%s\n' "$i" "$loaded" "$rc" "$(( $(date +%s) - start ))" "$load_before" >> "$meta"
 done
 
