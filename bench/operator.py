@@ -168,7 +168,7 @@ async def run_bench(kubeconfig: Path, pods: int, restart_pods: int, metrics_port
         await kube.create(f"/apis/railyard.dev/v1alpha1/namespaces/{NS}/trainingjobs", job("mid", restart_pods))
         await w.until("mid gang Running", lambda: all(n in w.running for n in names0), 600)
         out["mid_apply_to_running_s"] = time.perf_counter() - t0
-        status = await _status(kube, "mid", lambda st: st.get("phase") == "Running", 60)
+        status = await _status(kube, "mid", lambda st: st.get("phase") == "Running", 600)
         shown = status["placement"]["nodes"]  # the first 64 pod indices
         victim = shown[len(shown) // 2]
         names1 = _names("mid", 1, restart_pods)
@@ -176,7 +176,7 @@ async def run_bench(kubeconfig: Path, pods: int, restart_pods: int, metrics_port
         await kube.patch(f"/api/v1/nodes/{victim}", {"metadata": {"annotations": {FAIL_ANNOTATION: "true"}}})
         t_back = await w.until("mid gang Running again", lambda: all(n in w.running for n in names1), 600)
         out["failure_to_all_running_s"] = t_back - t_fail
-        st = await _status(kube, "mid", lambda s: s.get("attempt") == 1 and s.get("phase") == "Running", 60)
+        st = await _status(kube, "mid", lambda s: s.get("attempt") == 1 and s.get("phase") == "Running", 600)
         moved = sum(1 for a, b in zip(status["placement"]["nodes"], st["placement"]["nodes"], strict=False) if a != b)
         out["pods_moved_of_shown"] = float(moved)
         await kube.patch(f"/api/v1/nodes/{victim}", {"metadata": {"annotations": {FAIL_ANNOTATION: None}}})
@@ -188,15 +188,22 @@ async def run_bench(kubeconfig: Path, pods: int, restart_pods: int, metrics_port
 
 
 async def _status(kube: Kube, name: str, pred: Any, timeout: float) -> dict[str, Any]:
+    """Poll the job's status until ``pred``; every phase it passes through is printed (a
+    post-mortem of a slow run starts there). ``timeout`` only catches a stuck operator."""
     deadline = time.perf_counter() + timeout
     st: dict[str, Any] = {}
+    seen: tuple[Any, ...] = ()
     while time.perf_counter() < deadline:
         obj = await kube.get(f"/apis/railyard.dev/v1alpha1/namespaces/{NS}/trainingjobs/{name}")
         st = (obj or {}).get("status") or {}
+        now = (st.get("phase"), st.get("attempt"), st.get("message"))
+        if now != seen:
+            seen = now
+            print(f"  {name}: phase {now[0]}, attempt {now[1]}: {str(now[2])[:160]}", flush=True)
         if pred(st):
             return st
         await asyncio.sleep(0.1)
-    raise TimeoutError(f"status of {name}: {st}")
+    raise TimeoutError(f"status of {name} after {timeout:g}s: {json.dumps(st)[:3000]}")
 
 
 def _wait_ready(port: int, op: subprocess.Popen[bytes]) -> None:
