@@ -117,7 +117,11 @@ class PodWatch:
 
     async def until(self, what: str, pred: Any, timeout: float) -> float:
         deadline = time.perf_counter() + timeout
+        report = time.perf_counter() + 30
         while time.perf_counter() < deadline:
+            if time.perf_counter() > report:
+                report += 30
+                print(f"  still waiting for {what}: {len(self.added)} pods seen, {len(self.running)} Running", flush=True)
             if pred():
                 return time.perf_counter()
             if self.task is not None and self.task.done():
@@ -174,7 +178,12 @@ async def run_bench(kubeconfig: Path, pods: int, restart_pods: int, metrics_port
         names1 = _names("mid", 1, restart_pods)
         t_fail = time.perf_counter()
         await kube.patch(f"/api/v1/nodes/{victim}", {"metadata": {"annotations": {FAIL_ANNOTATION: "true"}}})
-        t_back = await w.until("mid gang Running again", lambda: all(n in w.running for n in names1), 600)
+        tracer = asyncio.create_task(_status(kube, "mid", lambda s: False, 600))  # prints each phase meanwhile
+        try:
+            t_back = await w.until("mid gang Running again", lambda: all(n in w.running for n in names1), 600)
+        finally:
+            tracer.cancel()
+            await asyncio.gather(tracer, return_exceptions=True)
         out["failure_to_all_running_s"] = t_back - t_fail
         st = await _status(kube, "mid", lambda s: s.get("attempt") == 1 and s.get("phase") == "Running", 600)
         moved = sum(1 for a, b in zip(status["placement"]["nodes"], st["placement"]["nodes"], strict=False) if a != b)
