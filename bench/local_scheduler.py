@@ -124,6 +124,8 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--pods", type=int, default=1000)
     parser.add_argument("--nodes", type=int, default=128)
+    parser.add_argument("--decision-nodes", type=int, default=4096, help="nodes of the pure decision-rate measurement")
+    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "local_scheduler.json")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         cluster = LocalCluster(Path(tmp), nodes=args.nodes, gpus_per_node=8, topology="spine=4,leaf=8", lease_interval=30)
@@ -138,7 +140,7 @@ def main() -> int:
         finally:
             cluster.stop()
     rows = [
-        ("scheduler decisions, 4,096 nodes", decision_rate(4096, 300), "pods/s", TARGET_PODS_PER_S),
+        (f"scheduler decisions, {args.decision_nodes:,} nodes", decision_rate(args.decision_nodes, 300), "pods/s", TARGET_PODS_PER_S),
         ("cluster start-up", startup, "s", None),
         ("pod create rate (1 client)", m["create_rate"], "pods/s", TARGET_PODS_PER_S),
         ("create -> bound, end to end", m["bind_throughput"], "pods/s", TARGET_PODS_PER_S),
@@ -155,8 +157,8 @@ def main() -> int:
         meets = None if target is None else value >= target
         print(f"{metric:<34}{value:>10.1f}  {unit:<8}{'' if target is None else f'>={target:.0f}':>8}  {'' if meets is None else meets}")
         results.append({"metric": metric, "value": round(value, 2), "unit": unit, "target": target, "meets": meets})
-    out = Path(__file__).parent / "results" / "local_scheduler.json"
-    out.parent.mkdir(exist_ok=True)
+    out = args.out
+    out.parent.mkdir(parents=True, exist_ok=True)
     load = os.getloadavg()[0]
     print(f"(1-minute load average during the run: {load:.1f} on {os.cpu_count()} CPUs)")
     out.write_text(json.dumps({"bench": "local_scheduler", "pods": args.pods, "nodes": args.nodes,

@@ -17,6 +17,7 @@ Run: ``python bench/placement.py`` (about a minute). Writes bench/results/placem
 
 from __future__ import annotations
 
+import argparse
 import json
 import random
 import statistics
@@ -141,7 +142,20 @@ def time_decision(
     return statistics.median(totals), statistics.median(places), result, topo
 
 
-def main() -> int:
+#: (spines, leaves per spine, nodes per leaf) of the two clusters and (nodes, pp, dp, spares) of
+#: the two jobs (tp=8, 8 GPUs per node); ``--small`` is the smoke-run size of tests/bench.
+SIZES = {
+    "full": {"cluster": (8, 16, 32), "job": (2048, 4, 512, 16), "big_cluster": (16, 64, 32), "big_job": (8192, 8, 1024, 32)},
+    "small": {"cluster": (2, 4, 8), "job": (40, 2, 20, 2), "big_cluster": (2, 8, 8), "big_job": (80, 2, 40, 2)},
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--small", action="store_true", help="a tiny cluster and job (a smoke run; no meaningful figures)")
+    ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "placement.json")
+    args = ap.parse_args(argv)
+    size = SIZES["small" if args.small else "full"]
     rows: list[dict[str, Any]] = []
 
     def add(
@@ -151,22 +165,23 @@ def main() -> int:
             {"metric": metric, "value": value, "unit": unit, "target": target, "meets": meets}
         )
 
+    job_nodes, job_pp, job_dp, job_spares = size["job"]
     req = GangRequest(
         job="llm-16k",
-        nodes=2048,
+        nodes=job_nodes,
         procs_per_node=8,
-        pp=4,
-        dp=512,
+        pp=job_pp,
+        dp=job_dp,
         tp=8,
-        hot_spares=16,
+        hot_spares=job_spares,
         levels=(SPINE, LEAF),
     )
-    nodes, pods = make_cluster(8, 16, 32, seed=1)
+    nodes, pods = make_cluster(*size["cluster"], seed=1)
     total, place, ours, topo = time_decision(nodes, pods, req, repeats=5)
     unusable = sum(1 for i in range(topo.size) if topo.excluded[i] or topo.free_gpus[i] < 8)
     add("nodes unusable (NotReady, quarantined, busy)", unusable, "nodes")
     add(
-        "decision time 4,096 nodes (dicts -> placement, rank table, cost)",
+        f"decision time {len(nodes):,} nodes (dicts -> placement, rank table, cost)",
         total,
         "s",
         "< 1 s",
@@ -230,25 +245,26 @@ def main() -> int:
         "rails",
     )
 
-    big_nodes, big_pods = make_cluster(16, 64, 32, seed=4)
+    big_nodes, big_pods = make_cluster(*size["big_cluster"], seed=4)
     t32, p32, _, _ = time_decision(big_nodes, big_pods, req, repeats=3)
-    add("decision time 32,768 nodes, same 16,384-GPU job", t32, "s")
+    add(f"decision time {len(big_nodes):,} nodes, same {req.nodes * 8:,}-GPU job", t32, "s")
     add("  of which placement + rank table + cost", p32, "s")
+    big_job_nodes, big_pp, big_dp, big_spares = size["big_job"]
     req64 = GangRequest(
         job="llm-64k",
-        nodes=8192,
+        nodes=big_job_nodes,
         procs_per_node=8,
-        pp=8,
-        dp=1024,
+        pp=big_pp,
+        dp=big_dp,
         tp=8,
-        hot_spares=32,
+        hot_spares=big_spares,
         levels=(SPINE, LEAF),
     )
     t64, p64, pl64, _ = time_decision(big_nodes, big_pods, req64, repeats=1)
-    add("decision time 32,768 nodes, 65,536-GPU job (8,192 nodes)", t64, "s")
+    add(f"decision time {len(big_nodes):,} nodes, {req64.nodes * 8:,}-GPU job ({req64.nodes:,} nodes)", t64, "s")
     add("  of which placement + rank table + cost", p64, "s")
     add(
-        "rails per DP group, 65,536-GPU job",
+        f"rails per DP group, {req64.nodes * 8:,}-GPU job",
         pl64.rails_per_dp_group,
         "rails",
         "1",
@@ -264,7 +280,7 @@ def main() -> int:
         )
         meets = "" if r["meets"] is None else ("yes" if r["meets"] else "NO")
         print(f"{r['metric']:<{width}}  {shown:>14}  {r['unit']:<7} {r['target']:<12} {meets}")
-    out = Path(__file__).parent / "results" / "placement.json"
+    out = args.out
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"bench": "placement", "results": rows}, indent=2) + "\n")
     print(f"wrote {out}")

@@ -25,6 +25,7 @@ from railyard.local.scheduling import (
     is_gated,
     is_terminated,
 )
+from railyard.local.tasks import TaskSet
 
 log = logging.getLogger(__name__)
 SCHEDULER_NAMES = frozenset({"", "default-scheduler"})
@@ -43,7 +44,7 @@ class Scheduler:
         self.bound_count = 0
         self._start = 0
         self._sem = asyncio.Semaphore(concurrency)
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks = TaskSet("scheduler")
 
     # --- informer handlers (sync, quick) ---
     def on_node(self, kind: str, node: Obj, old: Obj | None) -> None:
@@ -146,9 +147,7 @@ class Scheduler:
         self._spawn(self._bind(pod, decision.node))
 
     def _spawn(self, coro: Any) -> None:
-        task: asyncio.Task[None] = asyncio.get_running_loop().create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._tasks.spawn(coro)
 
     async def _bind(self, pod: Obj, node: str) -> None:
         meta = pod.get("metadata") or {}
