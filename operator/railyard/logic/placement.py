@@ -686,10 +686,8 @@ def _replace(
         old = topo.index.get(prev.nodes[p], -1)
         if spares_left:
             # a spare first: the one sharing the deepest domain, then best fit, then tree order
-            best = min(
-                spares_left,
-                key=lambda i, old=old: (-_shared_depth(topo, old, i) if old >= 0 else 0, topo.free_gpus[i], i),
-            )
+            depth = {i: _shared_depth(topo, old, i) if old >= 0 else 0 for i in spares_left}
+            best = min(spares_left, key=lambda i: (-depth[i], topo.free_gpus[i], i))
             spares_left.remove(best)
         else:
             best = nearest.take(old)
