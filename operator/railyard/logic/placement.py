@@ -40,6 +40,7 @@ from railyard.logic.topology import (
     BUSY,
     LEVEL_PRESETS,
     Topology,
+    TopologyCache,
     build_topology,
     resolve_level_keys,
 )
@@ -765,6 +766,7 @@ def build_placement_input(
     previous_spares: Sequence[str] = (),
     failed: Iterable[str] = (),
     cost_inputs: CostInputs | None = None,
+    cache: TopologyCache | None = None,
 ) -> PlacementInput:
     """The one place a placement decision's input is made, from the job and the cluster.
 
@@ -773,10 +775,15 @@ def build_placement_input(
     against ``spec.tolerations`` and our quarantine marks exclude nodes. ``pods``: pods bound
     to nodes (their GPUs are in use; this job's own are not counted). ``previous_nodes``: the
     last attempt's nodes by pod index, ``previous_spares`` its hot spares, ``failed`` the nodes
-    to move off (the job's quarantined nodes): sticky re-placement."""
-    selected = [n for n in nodes if _matches_selector(n, job.spec.node_selector)]
+    to move off (the job's quarantined nodes): sticky re-placement. ``cache``: what the last
+    call derived from the same Node objects (:class:`~railyard.logic.topology.TopologyCache`),
+    for callers that decide again and again on one cluster; the answer is the same without."""
+    selector = job.spec.node_selector
+    selected = [n for n in nodes if _matches_selector(n, selector)] if selector else list(nodes)
     req = build_gang_request(job, nodes=selected, attempt=attempt)
-    topo = build_topology(selected, pods, levels=req.levels, tolerations=req.tolerations, ignore_job=req.job)
+    topo = build_topology(
+        selected, pods, levels=req.levels, tolerations=req.tolerations, ignore_job=req.job, cache=cache
+    )
     previous = None
     if previous_nodes:
         previous = PreviousPlacement(tuple(previous_nodes), tuple(previous_spares), frozenset(failed))
