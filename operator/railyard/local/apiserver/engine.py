@@ -395,16 +395,19 @@ class Engine:
                     result.pop("status", None)
                 new = result
             else:
+                # The stored spec itself: stored objects are never mutated, and nothing below
+                # changes a built-in's spec in place (a JSON round trip of the whole object
+                # for one field was most of a status write).
                 result = dict(new)
                 for k in ("spec",):
                     if k in old:
-                        result[k] = old_entry.clone()[k]
+                        result[k] = old[k]
                     else:
                         result.pop(k, None)
                 new = result
         elif rt.status_subresource:
             if "status" in old:
-                new["status"] = old_entry.clone()["status"]
+                new["status"] = old["status"]  # shared, read only (as the spec above)
             else:
                 new.pop("status", None)
         meta = new["metadata"]
