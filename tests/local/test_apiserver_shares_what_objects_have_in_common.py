@@ -31,10 +31,11 @@ def test_the_interner_shares_equal_values_and_leaves_odd_ones_alone() -> None:
     assert c is not a and json.dumps(c) == json.dumps([other]), "key order is kept"
     odd = [{"manager": "m", "fieldsV1": {"f:x": []}}]
     assert interner.managed_fields(odd) is odd
-    small = ManagedFieldsInterner(limit=2)
-    for i in range(5):  # the table starts afresh, values stay right
-        e = dict(entry, time=str(i))
-        assert small.managed_fields([dict(e)]) == [e]
+    for small in (ManagedFieldsInterner(limit=2), ManagedFieldsInterner(key_bytes=40)):
+        for i in range(5):  # the table starts afresh, values stay right
+            e = dict(entry, time=str(i), fieldsV1={"f:spec": {f"f:x{i}": {}}})
+            assert small.managed_fields([json.loads(json.dumps(e))]) == [e]
+        assert len(small._by_key) <= 3
 
 
 async def test_stored_objects_share_managed_fields_and_stay_as_written(tmp_path: Path) -> None:

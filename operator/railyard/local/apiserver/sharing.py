@@ -28,13 +28,18 @@ class ManagedFieldsInterner:
 
     Equal tries in the same key order share one object (the order is kept: it is what a
     serialisation writes); a trie becomes canonical as it is, so the stored object keeps the
-    one it was given when no equal one is known. ``limit`` bounds the table: past it the table
-    starts afresh (objects keep the values they share; new ones share among themselves).
+    one it was given when no equal one is known. ``limit`` (entries) and ``key_bytes`` (the
+    tries' JSON kept as keys) bound the table: past them it starts afresh (objects keep the
+    values they share; new ones share among themselves).
     """
 
-    def __init__(self, limit: int = 200_000) -> None:
+    def __init__(self, limit: int = 200_000, key_bytes: int = 32 << 20) -> None:
         self.limit = limit
+        #: the trie keys are JSON text: a cluster of objects with tries all different must not
+        #: grow the table without bound either
+        self.key_bytes = key_bytes
         self._by_key: dict[tuple[Any, ...], Any] = {}
+        self._key_total = 0
         #: id -> canonical object, for objects that are canonical already (and to keep them alive)
         self._canonical: dict[int, Any] = {}
 
@@ -42,9 +47,12 @@ class ManagedFieldsInterner:
         return self._canonical.get(id(value)) is value
 
     def _remember(self, key: tuple[Any, ...], value: Any) -> Any:
-        if len(self._by_key) >= self.limit:
+        size = len(key[1]) if key[0] == "t" else 0
+        if len(self._by_key) >= self.limit or self._key_total + size > self.key_bytes:
             self._by_key.clear()
             self._canonical.clear()
+            self._key_total = 0
+        self._key_total += size
         self._by_key[key] = value
         self._canonical[id(value)] = value
         return value
