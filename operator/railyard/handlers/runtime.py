@@ -22,6 +22,7 @@ from railyard.kubecreds import Connection, Credential, load_connection
 from railyard.logic.health import HealthState
 from railyard.logic.health.window import HeartbeatStore
 from railyard.logic.manifests import CLEANUP_LABEL
+from railyard.logic.topology import TopologyCache
 from railyard.observe.checkpoint_metrics import CheckpointMetrics
 from railyard.observe.health_metrics import HealthMetrics
 from railyard.observe.heartbeats import StaticTokens
@@ -77,6 +78,10 @@ class JobWorker:
     gone: bool = False
     #: Health detection state of the current attempt (kept between cycles).
     health_state: HealthState | None = None
+    #: What the last placement input derived from each Node object of the index (a node's
+    #: index entry is a new dict when it changes), so a re-placement on a big cluster does not
+    #: re-derive the domain tree.
+    topology_cache: TopologyCache = field(default_factory=TopologyCache)
 
 
 #: One reconcile cycle of a job's worker (handlers.reconcile.reconcile_job); returns when to look again.

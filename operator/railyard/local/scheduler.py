@@ -19,6 +19,7 @@ from railyard.api.corev1 import compute_pod_requests
 from railyard.local.kube import ApiError, KubeClient, Obj, key_of
 from railyard.local.nodes import now_iso
 from railyard.local.scheduling import (
+    DecisionCache,
     NodeInfo,
     build_node_info,
     decide_node,
@@ -41,6 +42,7 @@ class Scheduler:
         self.queued: set[str] = set()
         self.waiting: dict[str, str] = {}  # unschedulable pod key -> last message
         self.in_flight: set[str] = set()
+        self.decisions = DecisionCache()
         self.bound_count = 0
         self._start = 0
         self._sem = asyncio.Semaphore(concurrency)
@@ -135,7 +137,7 @@ class Scheduler:
         uid = str(meta.get("uid", ""))
         requests = compute_pod_requests(pod)
         self._start += 1
-        decision = decide_node(pod, self.nodes, requests, start=self._start)
+        decision = decide_node(pod, self.nodes, requests, start=self._start, cache=self.decisions)
         if decision.node is None:
             if self.waiting.get(key) != decision.message:
                 self.waiting[key] = decision.message
