@@ -34,8 +34,8 @@ from railyard.local import podenv
 from railyard.local.kube import ApiError, Informer, KubeClient, Obj, key_of, retry
 from railyard.local.nodes import NodeControl, now_iso
 from railyard.local.podenv import ContainerConfigError, PodContext
-from railyard.local.termination import build_termination_message, termination_message_path
 from railyard.local.tasks import TaskSet
+from railyard.local.termination import build_termination_message, termination_message_path
 from railyard.local.topology import NodeSpec
 from railyard.protocol.device import SIMULATED_DEVICE_ENV, SimulatedDevice, write_device
 
