@@ -32,7 +32,7 @@ RUN /opt/railyard/bin/pip install --no-compile --no-deps -c /src/constraints.txt
  && /opt/railyard/bin/railyard --help >/dev/null
 # Byte-code with hash-based invalidation: deterministic (no source mtimes inside .pyc files).
 RUN find /opt/railyard -name '__pycache__' -prune -exec rm -rf {} + \
- && /opt/railyard/bin/python -m compileall -q --invalidation-mode unchecked-hash /opt/railyard/lib \
+ && /opt/railyard/bin/python -m compileall -q -j 0 --invalidation-mode unchecked-hash /opt/railyard/lib \
  && find /opt/railyard -exec touch -h -d "@${SOURCE_DATE_EPOCH}" {} +
 
 FROM ${PYTHON_IMAGE}

@@ -14,6 +14,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "plan": ("plan", "show where a TrainingJob would be placed, its rank table and network cost"),
     "local": ("local", "the embedded single-machine cluster: up, down, status, node ..."),
     "operator": ("operator", "run the operator against the current kubeconfig"),
+    "logs": ("logs", "print a TrainingJob's logs, every line prefixed with its pod and ranks"),
     "demo": ("demo", "run the main job with faults on the local cluster and summarise it"),
     "simulate": ("simulate", "simulate goodput of a long run on a large cluster"),
 }

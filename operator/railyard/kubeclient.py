@@ -3,21 +3,29 @@
 The generated ``kubernetes`` client is synchronous and slow at hundreds of calls a second, so
 the operator (:class:`railyard.k8s.client.Kube`, which adds retries) and the local cluster's
 runtime (:class:`railyard.local.kube.KubeClient`, which adds watches) speak plain HTTP with
-aiohttp over one pooled session. Credentials come from the ``kubernetes`` package's kubeconfig /
-in-cluster loaders, so token, client-certificate, CA and exec-plugin setups all work.
+aiohttp over one pooled session. Credentials come from :mod:`railyard.kubecreds` (kubeconfig or
+in-cluster: token, token file, client certificate, CA, exec plugin) and are refreshed the way
+client-go refreshes them: before a request when they have expired, and once after a 401.
 
-This module belongs to neither side: it imports no other ``railyard`` module.
+This module belongs to neither side: it imports no ``railyard`` module but
+:mod:`railyard.kubecreds` (which imports none).
 """
 
 from __future__ import annotations
 
 import json
 import ssl
-from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, Self
 
 import aiohttp
+
+from railyard.kubecreds import Connection, Credential, Credentials, Static, load_connection
+
+__all__ = [
+    "JSON_PATCH", "MERGE", "STRATEGIC", "ApiError", "BaseClient", "Connection", "Obj", "json_or_text",
+    "load_connection", "query_params",
+]
 
 Obj = dict[str, Any]
 MERGE = "application/merge-patch+json"
@@ -37,46 +45,6 @@ class ApiError(Exception):
         super().__init__(f"{method} {path}: {status} {message}")
 
 
-@dataclass(frozen=True)
-class Connection:
-    """Where the API server is and how to authenticate to it."""
-
-    server: str
-    token: str | None
-    ssl_context: ssl.SSLContext | bool | None
-
-
-def load_connection(kubeconfig: str | None = None, context: str | None = None) -> Connection:
-    """From a kubeconfig (``None``: $KUBECONFIG or ~/.kube/config), else in-cluster.
-
-    The in-cluster fallback applies only when no kubeconfig was named; a named one that cannot
-    be read raises the loader's ``ConfigException``.
-    """
-    from kubernetes import client as k8s_client
-    from kubernetes import config as k8s_config
-
-    cfg = k8s_client.Configuration()
-    try:
-        k8s_config.load_kube_config(  # type: ignore[no-untyped-call]
-            config_file=kubeconfig, context=context, client_configuration=cfg
-        )
-    except k8s_config.ConfigException:
-        if kubeconfig:
-            raise
-        k8s_config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
-    keys = cfg.api_key or {}  # the loaders set "BearerToken"
-    token = keys.get("BearerToken") or keys.get("authorization")
-    ctx: ssl.SSLContext | bool | None = None
-    if str(cfg.host).startswith("https"):
-        if not cfg.verify_ssl:
-            ctx = False
-        else:
-            ctx = ssl.create_default_context(cafile=cfg.ssl_ca_cert) if cfg.ssl_ca_cert else ssl.create_default_context()
-            if cfg.cert_file:
-                ctx.load_cert_chain(cfg.cert_file, cfg.key_file)
-    return Connection(str(cfg.host), token, ctx)
-
-
 def query_params(params: Mapping[str, Any] | None) -> dict[str, str]:
     """Query parameters as the API server reads them: booleans lower-case, ``None`` left out."""
     return {k: (str(v).lower() if isinstance(v, bool) else str(v)) for k, v in (params or {}).items() if v is not None}
@@ -91,7 +59,8 @@ def json_or_text(text: str) -> Any:
 
 
 class BaseClient:
-    """One aiohttp session against one API server; :meth:`send` makes one request, no retries."""
+    """One aiohttp session against one API server; :meth:`send` makes one request (and repeats it
+    once when the server refused a credential that can be renewed)."""
 
     session_timeout = aiohttp.ClientTimeout(total=None, sock_connect=10)
 
@@ -102,14 +71,26 @@ class BaseClient:
         token: str | None = None,
         ssl_context: ssl.SSLContext | bool | None = None,
         limit: int = 64,
+        credentials: Credentials | None = None,
+        tls: Callable[[Credential | None], ssl.SSLContext | bool | None] | None = None,
     ) -> None:
+        """``token``/``ssl_context``: fixed credentials. ``credentials``: ones that change (exec
+        plugins, rotated token files), with ``tls`` making the TLS settings for a credential's
+        client certificate (``Connection.ssl_context_for``)."""
         self.server = server.rstrip("/")
         self._headers = {"Accept": "application/json"}
-        if token:
-            self._headers["Authorization"] = token if token.lower().startswith("bearer ") else f"Bearer {token}"
+        self._credentials: Credentials = credentials if credentials is not None else Static(Credential(token=token))
         self._ssl = ssl_context
+        self._tls = tls
         self._limit = limit
         self._session: aiohttp.ClientSession | None = None
+        self._session_cert: str | None = None
+
+    @classmethod
+    def for_connection(cls, conn: Connection, **kw: Any) -> Self:
+        """A client of ``conn``'s server, with its (refreshing) credentials."""
+        return cls(conn.server, ssl_context=conn.ssl_context, credentials=conn.credentials,
+                   tls=conn.ssl_context_for, **kw)
 
     def _sess(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
@@ -119,6 +100,28 @@ class BaseClient:
                 timeout=self.session_timeout,
             )
         return self._session
+
+    async def _authorize(self) -> Credential:
+        """The current credential, set on the session (so streams opened with ``_sess()`` carry
+        it too); a new client certificate gets a new session."""
+        cred = await self._credentials.current()
+        if cred.cert_file != self._session_cert and self._tls is not None:
+            self._ssl = self._tls(cred)
+            self._session_cert = cred.cert_file
+            if self._session is not None:
+                await self._session.close()
+                self._session = None
+        auth = cred.authorization
+        if auth:
+            self._headers["Authorization"] = auth
+        else:
+            self._headers.pop("Authorization", None)
+        sess = self._sess()
+        if auth:
+            sess.headers["Authorization"] = auth
+        else:
+            sess.headers.pop("Authorization", None)
+        return cred
 
     async def close(self) -> None:
         if self._session is not None:
@@ -137,16 +140,22 @@ class BaseClient:
     ) -> Obj:
         """One request; the JSON object answered (non-objects as ``{"raw": ...}``), or ApiError.
 
-        ``timeout`` (seconds, whole request) overrides the session's. Connection errors and
-        timeouts propagate as aiohttp / ``TimeoutError`` exceptions.
+        ``timeout`` (seconds, whole request) overrides the session's. A 401 to a credential that
+        can be renewed (an exec plugin's, a rotated token file's) is retried once with a fresh
+        one. Connection errors and timeouts propagate as aiohttp / ``TimeoutError`` exceptions.
         """
         data = None if body is None else json.dumps(body)
         headers = {"Content-Type": content_type} if data is not None else {}
         extra: dict[str, Any] = {} if timeout is None else {"timeout": aiohttp.ClientTimeout(total=timeout)}
-        async with self._sess().request(
-            method, self.server + path, data=data, headers=headers, params=query_params(params), **extra
-        ) as resp:
-            payload = json_or_text(await resp.text())
-            if resp.status >= 400:
-                raise ApiError(resp.status, payload, method, path)
-            return payload if isinstance(payload, dict) else {"raw": payload}
+        for attempt in range(2):
+            cred = await self._authorize()
+            async with self._sess().request(
+                method, self.server + path, data=data, headers=headers, params=query_params(params), **extra
+            ) as resp:
+                payload = json_or_text(await resp.text())
+                if resp.status == 401 and attempt == 0 and self._credentials.invalidate(cred):
+                    continue
+                if resp.status >= 400:
+                    raise ApiError(resp.status, payload, method, path)
+                return payload if isinstance(payload, dict) else {"raw": payload}
+        raise AssertionError("unreachable")  # pragma: no cover

@@ -29,6 +29,8 @@ def make_job(**spec: Any) -> dict[str, Any]:
 def test_crds_folder_is_what_railyard_crd_prints() -> None:
     on_disk = (ROOT / "crds" / "trainingjob.yaml").read_text()
     assert on_disk == render_crd_yaml(), "crds/ is out of date: run `railyard crd > crds/trainingjob.yaml`"
+    chart = (ROOT / "helm" / "railyard" / "crds" / "trainingjob.yaml").read_text()
+    assert chart == on_disk, "the chart's CRD differs: cp crds/trainingjob.yaml helm/railyard/crds/trainingjob.yaml"
 
 
 def test_every_schema_field_has_a_description() -> None:
@@ -75,6 +77,8 @@ def test_data_parallel_is_derived_from_the_world_size() -> None:
         ({"topology": {"mode": "Required"}}, "spec.topology.requiredLevel"),
         ({"topology": {"levels": ["a", "kubernetes.io/hostname"], "requiredLevel": "b"}}, "spec.topology.requiredLevel"),
         ({"trainer": {"dataset": {"type": "files"}}}, "spec.trainer.dataset.path"),
+        ({"trainer": {"dataset": {"type": "tokens"}}}, "spec.trainer.dataset.path"),
+        ({"nodes": 2, "procsPerNode": 2, "parallelism": {"dataReplicas": 3}}, "spec.parallelism.dataReplicas"),
         ({"procsPerNode": 4, "gpusPerPod": 2}, "spec.gpusPerPod"),
     ],
 )
@@ -85,7 +89,7 @@ def test_each_cross_field_rule_names_its_field(spec: dict[str, Any], field: str)
 
 def test_every_rule_is_exercised_above() -> None:
     # Keeps the table above honest when a rule is added.
-    assert len(SPEC_RULES) == 11
+    assert len(SPEC_RULES) == 12
 
 
 @pytest.mark.parametrize(

@@ -85,6 +85,7 @@ def build_ctx(mesh: DeviceMesh, *, seed: int, job: str, attempt: int = 0) -> Tra
     fully_shard(model, mesh=mesh)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
     sched = WarmupCosine(opt, peak_lr=1e-2, warmup_steps=2, total_steps=20)
+    torch.manual_seed(seed * 1000 + rank)  # as the trainer: a stream of each rank's own
     return TrainContext(
         rank=rank, local_rank=rank % PROCS_PER_POD, world_size=world, node=f"node-{rank // PROCS_PER_POD}",
         pod_index=rank // PROCS_PER_POD, job=job, attempt=attempt,
@@ -215,6 +216,9 @@ def main_scenarios(rank: int, world: int, port: int, tmp_s: str) -> None:
             refs[ctx.step] = full_state(ctx)
             views[ctx.step] = trainer_view(ctx)
             shard_bytes[ctx.step] = local_weight_bytes(ctx)
+        if ctx.step == 8:
+            # what this rank's RNG gives right after the step-8 snapshot (each rank its own)
+            rng8 = torch.rand(4).tolist()
     finished = m1.wait(60)
     for _ in range(2):  # steps 9, 10 without saves: the continuation reference
         train_step(ctx)
@@ -240,6 +244,7 @@ def main_scenarios(rank: int, world: int, port: int, tmp_s: str) -> None:
     ctx2.extra["health_monitor"] = monitor
     m2 = build_checkpointer(ckpt_config(restore={"tier": "memory", "step": 8, "lastStep": 11}), ctx2, process_group=pg)
     res = m2.restore(ctx2)
+    rng_after = torch.rand(4).tolist()
     eq8 = compare(full_state(ctx2), refs[8])
     view_after = trainer_view(ctx2)
     for _ in range(2):
@@ -250,6 +255,7 @@ def main_scenarios(rank: int, world: int, port: int, tmp_s: str) -> None:
     record(tmp, "restore", {
         "tier": res.tier if res else None, "step": res.step if res else None, "eq8": eq8, "eq10": eq10,
         "view": view_after, "view_ref": views[8], "events": restore_events, "noted": monitor.restored,
+        "rng_restored": rng_after == rng8, "rng": rng_after,
         "left_to_drain": len(m2.drain_events()),
     })
 
@@ -397,6 +403,54 @@ def restore_scenario(rank: int, world: int, port: int, tmp_s: str, main_tmp_s: s
         "step4_manifest": (step4 / "manifest.json").exists(),
         "reshard": [res2.tier, res2.step] if res2 else None, "reshard_eq6": eq,
         "reshard_view": trainer_view(ctx2), "view_ref": ref["view6"],
+    })
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def reshard_source_scenario(rank: int, world: int, port: int, tmp_s: str) -> None:
+    """4 ranks = 2 pods x 2 train 4 steps with the memory tier every 2 (each pod's shards also
+    replicated to the other pod's node); the step-4 state is the reference."""
+    tmp = Path(tmp_s)
+    mesh, pg = init(rank, world, port)
+    tier_env(tmp, rank // PROCS_PER_POD)
+    ctx = build_ctx(mesh, seed=0, job="grow")
+    m = build_checkpointer(ckpt_config(memory=2, local=100, shared=100), ctx, process_group=pg)
+    for _ in range(4):
+        train_step(ctx)
+        m.maybe_save(ctx, checks_passed=True)
+    m.wait(60)
+    ref = full_state(ctx)
+    m.close()
+    if rank == 0:
+        torch.save({"ref4": ref, "view4": trainer_view(ctx)}, tmp / "ref4.pt")
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def node_reshard_scenario(rank: int, world: int, port: int, tmp_s: str) -> None:
+    """2 ranks, one per pod, restore the 4-rank memory tier (data-parallel 4 -> 2). Pod 1's
+    node lost its own shards of old ranks 2 and 3: they come from the replica on pod 0's node."""
+    global PROCS_PER_POD
+    PROCS_PER_POD = 1
+    tmp = Path(tmp_s)
+    mesh, pg = init(rank, world, port)
+    tier_env(tmp, rank)
+    step_dir = tmp / "memory" / "node-1" / "grow" / "step-00000004"
+    if rank == 1:
+        for old in ("rank-00002", "rank-00003"):
+            shutil.rmtree(step_dir / old)
+    dist.barrier()
+    ctx = build_ctx(mesh, seed=42, job="grow", attempt=1)
+    m = build_checkpointer(ckpt_config(memory=2, local=100, shared=100), ctx, process_group=pg)
+    res = m.restore(ctx)
+    ref = torch.load(tmp / "ref4.pt")
+    eq = compare(full_state(ctx), ref["ref4"])
+    m.close()
+    record(tmp, "node_reshard", {
+        "restored": [res.tier, res.step] if res else None, "detail": res.detail if res else "",
+        "eq4": eq, "view": trainer_view(ctx), "view_ref": ref["view4"],
+        "healed": sorted(p.name for p in step_dir.iterdir() if p.is_dir()) if rank == 1 else [],
     })
     dist.barrier()
     dist.destroy_process_group()

@@ -71,7 +71,9 @@ def test_restore_equals_uninterrupted_run(main_run: Path) -> None:
         assert r["eq8"]["equal"] and r["eq8"]["n"] > 6, r["eq8"]
         assert r["view"] == r["view_ref"] == {"step": 8, "position": 64, "lr_steps": 8}
         assert r["eq10"]["equal"], r["eq10"]
+        assert r["rng_restored"], "the rank's RNG continues where the checkpoint left it"
     rs = results(main_run, "restore", 4)
+    assert len({tuple(r["rng"]) for r in rs}) == 4, "each rank has its own RNG stream"
     # Events reach the health monitor (rank 0 only); every rank notes what it restored.
     assert rs[0]["events"] == [["restore", "memory", 8, 3]]
     assert all(r["events"] == [] for r in rs[1:])
@@ -130,3 +132,16 @@ def test_resume_on_different_world_size_from_shared(kill_run: Path) -> None:
         assert r["reshard"] == ["shared", 6]
         assert r["reshard_eq6"]["equal"], r["reshard_eq6"]
         assert r["reshard_view"]["step"] == 6 and r["reshard_view"] == r["view_ref"]
+
+
+def test_node_tier_reshards_onto_fewer_ranks_fetching_what_a_node_lacks(tmp_path: Path) -> None:
+    harness.run(harness.reshard_source_scenario, 4, str(tmp_path))
+    harness.run(harness.node_reshard_scenario, 2, str(tmp_path))
+    rs = results(tmp_path, "node_reshard", 2)
+    for r in rs:
+        assert r["restored"] == ["memory", 4], r["detail"]
+        assert "resharded" in r["detail"]
+        assert r["eq4"]["equal"] and r["eq4"]["n"] > 6, r["eq4"]
+        assert r["view"] == r["view_ref"] == {"step": 4, "position": 32, "lr_steps": 4}
+    # new rank 1 needs old ranks 2 and 3: its node got them back from pod 0's replica
+    assert {"rank-00002", "rank-00003"} <= set(rs[1]["healed"])

@@ -3,7 +3,10 @@ strategic merge patch on the built-in kinds."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from kubernetes import client
@@ -115,7 +118,8 @@ def test_strategic_merge_patch_delete_directive_and_maps(cluster: Cluster, core:
         content_type="application/strategic-merge-patch+json")
     assert status == 200
     assert cm["metadata"]["labels"] == {"b": "2", "c": "3"}
-    assert cm["metadata"]["finalizers"] == ["x.io/one", "x.io/two"]
+    # the patch's items first, then the server's (apimachinery's normalizeElementOrder; corpus case 043)
+    assert cm["metadata"]["finalizers"] == ["x.io/two", "x.io/one"]
     assert cm["data"] == {"k": "v", "k2": "v2"}
     status, _, cm = cluster.raw("PATCH", f"/api/v1/namespaces/{ns}/configmaps/cm", {
         "metadata": {"$deleteFromPrimitiveList/finalizers": ["x.io/one", "x.io/two"]}},
@@ -171,3 +175,77 @@ def test_terminating_pod_on_a_missing_node_goes_after_its_grace_period(embedded_
     assert core.read_namespaced_pod("orphan", ns).metadata.deletion_timestamp is not None
     wait_for(lambda: gone(lambda: core.read_namespaced_pod("orphan", ns)), timeout=10,
              what="the orphaned terminating pod to be removed")
+
+
+def test_admission_adds_the_token_volume_and_default_tolerations(cluster: Cluster, core: client.CoreV1Api,
+                                                                  ns: str) -> None:
+    """ServiceAccount admission projects the token, CA bundle and namespace; DefaultTolerationSeconds
+    tolerates not-ready/unreachable nodes for 300 s; automountServiceAccountToken: false opts out."""
+    wait_for(lambda: not gone(lambda: core.read_namespaced_service_account("default", ns)),
+             what="the namespace's default ServiceAccount")
+    p = core.create_namespaced_pod(ns, pod("sa"))
+    tolerations = {(t.key, t.effect, t.toleration_seconds) for t in p.spec.tolerations or []}
+    assert {("node.kubernetes.io/not-ready", "NoExecute", 300),
+            ("node.kubernetes.io/unreachable", "NoExecute", 300)} <= tolerations
+    assert p.spec.service_account_name == "default"
+    if cluster.mode == "envtest":
+        pytest.skip("envtest runs kube-apiserver without the ServiceAccount admission plugin")
+    vols = [v for v in p.spec.volumes or [] if v.name.startswith("kube-api-access-")]
+    assert len(vols) == 1 and vols[0].projected is not None
+    sources = vols[0].projected.sources
+    assert sources[0].service_account_token.path == "token"
+    assert sources[1].config_map.name == "kube-root-ca.crt"
+    assert sources[2].downward_api.items[0].field_ref.field_path == "metadata.namespace"
+    mounts = [m for m in p.spec.containers[0].volume_mounts or [] if m.name == vols[0].name]
+    assert mounts and mounts[0].mount_path == "/var/run/secrets/kubernetes.io/serviceaccount" and mounts[0].read_only
+    plain = core.create_namespaced_pod(ns, pod("no-token", automountServiceAccountToken=False))
+    assert not [v for v in plain.spec.volumes or [] if v.name.startswith("kube-api-access-")]
+
+
+def test_gates_and_node_name_may_not_come_together(cluster: Cluster, ns: str) -> None:
+    status, _, body = cluster.raw("POST", f"/api/v1/namespaces/{ns}/pods",
+                                  pod("gn", nodeName="n1", schedulingGates=[{"name": "x"}]))
+    assert status == 422
+    assert body["details"]["causes"] == [{"reason": "FieldValueForbidden", "field": "spec.nodeName",
+                                          "message": "Forbidden: cannot be set until all schedulingGates have been cleared"}]
+
+
+@pytest.fixture
+def labelled_namespace(core: client.CoreV1Api, ns: str) -> Iterator[Callable[[dict[str, str]], str]]:
+    made: list[str] = []
+
+    def make(labels: dict[str, str]) -> str:
+        name = f"{ns}-psa{len(made)}"
+        core.create_namespace({"metadata": {"name": name, "labels": labels}})
+        made.append(name)
+        wait_for(lambda: not gone(lambda: core.read_namespaced_service_account("default", name)),
+                 what="the namespace's default ServiceAccount")
+        return name
+
+    yield make
+    for name in made:
+        with contextlib.suppress(ApiException):
+            core.delete_namespace(name)
+
+
+def test_pod_security_enforce_label_refuses_what_the_level_forbids(cluster: Cluster, core: client.CoreV1Api,
+                                                                   labelled_namespace: Any) -> None:
+    baseline = labelled_namespace({"pod-security.kubernetes.io/enforce": "baseline"})
+    body = pod("hp")
+    body["spec"]["volumes"] = [{"name": "y", "hostPath": {"path": "/var/tmp"}}]
+    status, _, st = cluster.raw("POST", f"/api/v1/namespaces/{baseline}/pods", body)
+    assert status == 403 and st["reason"] == "Forbidden"
+    assert st["message"] == 'pods "hp" is forbidden: violates PodSecurity "baseline:latest": hostPath volumes (volume "y")'
+    assert core.create_namespaced_pod(baseline, pod("plain")).metadata.name == "plain"  # baseline allows it
+    open_ns = labelled_namespace({"pod-security.kubernetes.io/enforce": "privileged"})
+    status, _, _ = cluster.raw("POST", f"/api/v1/namespaces/{open_ns}/pods", body)
+    assert status == 201
+
+
+def test_pod_security_warn_label_warns_and_admits(cluster: Cluster, labelled_namespace: Any) -> None:
+    warned = labelled_namespace({"pod-security.kubernetes.io/warn": "restricted"})
+    status, headers, _ = cluster.raw("POST", f"/api/v1/namespaces/{warned}/pods", pod("w"))
+    assert status == 201
+    warning = headers.get("Warning", "")
+    assert 'would violate PodSecurity \\"restricted:latest\\"' in warning
+    assert "allowPrivilegeEscalation != false" in warning

@@ -50,13 +50,31 @@ def test_core_events_are_visible_through_events_k8s_io(cluster: Cluster, core: c
 
 
 def test_events_k8s_io_events_are_visible_as_core_events(cluster: Cluster, core: client.CoreV1Api, ns: str) -> None:
-    now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.000000Z")
-    client.EventsV1Api(cluster.api).create_namespaced_event(ns, {
+    # Raw JSON: the Python client re-serialises eventTime with isoformat(), which drops zero
+    # microseconds and writes +00:00, and a real server refuses anything but a MicroTime.
+    now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    status, _, body = cluster.raw("POST", f"/apis/events.k8s.io/v1/namespaces/{ns}/events", {
+        "apiVersion": "events.k8s.io/v1", "kind": "Event",
         "metadata": {"name": "e2"}, "regarding": {"kind": "Pod", "name": "q", "namespace": ns},
         "reason": "Killing", "note": "stopping", "type": "Normal", "eventTime": now,
         "action": "Kill", "reportingController": "railyard.io/agent", "reportingInstance": "agent-1"})
+    assert status == 201, body
     ev = core.read_namespaced_event("e2", ns)
     assert ev.involved_object.name == "q" and ev.message == "stopping"
+
+
+def test_events_k8s_io_refuses_what_a_real_server_refuses(cluster: Cluster, ns: str) -> None:
+    """eventTime must be a MicroTime (six fraction digits); reportingController is required."""
+    body = {"apiVersion": "events.k8s.io/v1", "kind": "Event", "metadata": {"name": "bad"},
+            "regarding": {"kind": "Pod", "name": "q", "namespace": ns}, "reason": "R", "note": "n",
+            "type": "Normal", "action": "A", "reportingController": "railyard.io/agent", "reportingInstance": "i"}
+    path = f"/apis/events.k8s.io/v1/namespaces/{ns}/events"
+    status, _, st = cluster.raw("POST", path, {**body, "eventTime": "2026-12-01T08:00:00Z"})
+    assert status == 400 and "cannot parse" in st["message"], st
+    missing = {k: v for k, v in body.items() if k != "reportingController"}
+    status, _, st = cluster.raw("POST", path, {**missing, "eventTime": "2026-12-01T08:00:00.000000Z"})
+    assert status == 422 and st["details"]["causes"][0] == {
+        "reason": "FieldValueRequired", "message": "Required value", "field": "reportingController"}, st
 
 
 def test_leases_create_renew_and_conflict(cluster: Cluster, ns: str) -> None:

@@ -133,3 +133,25 @@ def test_trainer_image_user_matches_the_uid_the_operator_runs_it_as() -> None:
     assert set(init["command"][2:]) == {m["mountPath"] for m in init["volumeMounts"]}
     assert {m["name"] for m in init["volumeMounts"]} == {"ckpt-memory", "ckpt-local", "ckpt-shared"}
     assert init["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["CHOWN"]}
+
+
+def test_trainer_torch_comes_from_the_cuda_index_unless_a_wheel_file_is_given() -> None:
+    """Real builds get torch from the CUDA index; deploy/images/build-local.sh hands a wheel
+    file in by build argument, and the file stays in the build stage."""
+    text = TRAINER.read_text()
+    args = _arg_defaults(text)
+    assert args["TORCH_VARIANT"] == "cu128"
+    assert args["TORCH_INDEX"] == "https://download.pytorch.org/whl/${TORCH_VARIANT}"
+    assert re.search(r"^ARG TORCH_WHEEL=$", text, flags=re.M), "TORCH_WHEEL must default to empty (the index)"
+    image_stage = text.split("\nFROM ")[-1]
+    assert "/src/wheels" not in image_stage and "COPY --from=build /opt/railyard /opt/railyard" in image_stage
+    script = (ROOT / "deploy" / "images" / "build-local.sh").read_text()
+    assert '--build-arg "TORCH_WHEEL=$TORCH_WHEEL"' in script and "pip download" in script
+
+
+def test_the_local_build_script_parses() -> None:
+    import subprocess
+
+    script = ROOT / "deploy" / "images" / "build-local.sh"
+    assert subprocess.run(["bash", "-n", str(script)], capture_output=True).returncode == 0
+    assert script.stat().st_mode & 0o111, "build-local.sh must be executable"

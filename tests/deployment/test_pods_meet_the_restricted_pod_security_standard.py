@@ -108,8 +108,9 @@ def test_operator_pod_is_restricted(values: dict[str, Any]) -> None:
     # beyond the profile: a read-only root filesystem and resources
     assert c["securityContext"]["readOnlyRootFilesystem"] is True
     assert c["resources"]["requests"] and c["resources"]["limits"]["memory"]
-    for probe in ("livenessProbe", "readinessProbe", "startupProbe"):
-        assert c[probe]["httpGet"]["path"] == "/healthz"
+    # liveness (and start-up) on /healthz, readiness on /readyz: two different facts
+    paths = {probe: c[probe]["httpGet"]["path"] for probe in ("livenessProbe", "readinessProbe", "startupProbe")}
+    assert paths == {"livenessProbe": "/healthz", "readinessProbe": "/readyz", "startupProbe": "/healthz"}
 
 
 def build_training_pods(**spec_overrides: Any) -> list[dict[str, Any]]:

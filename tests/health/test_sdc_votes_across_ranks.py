@@ -58,7 +58,7 @@ def _worker(rank: int, port: int, out: Any) -> None:
                         local.view(-1)[5] = local.view(-1)[5] * -1.0  # a sign flip: no magnitude change
             ctx.step += 5
             try:
-                m._periodic_checks(ctx)
+                m.verify(ctx)  # the collective checks and the agreement on their verdict
                 out.put((scenario, rank, "passed", -1, ""))
             except SDCDetected as exc:
                 out.put((scenario, rank, str(exc).split(":")[0], exc.rank, exc.node))

@@ -59,6 +59,10 @@ class FakeCluster:
         self.finalizers: list[str] = []
         self.calls: list[tuple[str, str]] = []
         self.podgroup_error: int | None = None
+        #: (status, Status body, pods created before the refusal): the API server refuses pods
+        self.pod_create_error: tuple[int, dict[str, Any], int] | None = None
+        #: kind -> (status, Status body): the API server refuses creating objects of that kind
+        self.create_errors: dict[str, tuple[int, dict[str, Any]]] = {}
         self.clock = clock
         self.tokens = 0
 
@@ -73,7 +77,7 @@ class FakeCluster:
             # what kopf's index holds: the compact copy (no annotations, no env, no volumes)
             job_pods.setdefault((meta["namespace"], meta["labels"][JOB_LABEL]), []).append(compact_pod(copy.deepcopy(p)))
             node = (p.get("spec") or {}).get("nodeName")
-            if node and (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed"):
+            if node:  # finished pods too, as the operator's index keeps them (with their phase)
                 bound.setdefault(node, []).append(compact_pod(copy.deepcopy(p)))
         rt.job_pods = job_pods
         rt.bound_pods = bound
@@ -82,6 +86,9 @@ class FakeCluster:
     # -- GangIO
     async def create_object(self, obj: Obj) -> bool:
         key = (str(obj["kind"]), str(obj["metadata"]["name"]))
+        if key[0] in self.create_errors:
+            status, body = self.create_errors[key[0]]
+            raise ApiError(status, body, "POST", f"/api/v1/namespaces/{obj['metadata']['namespace']}/{key[0].lower()}s")
         if key in self.objects:
             return False
         self.objects[key] = copy.deepcopy(dict(obj))
@@ -90,8 +97,11 @@ class FakeCluster:
 
     async def create_pods(self, pods: Sequence[Obj]) -> int:
         new = 0
-        for p in pods:
+        for i, p in enumerate(pods):
             name = p["metadata"]["name"]
+            if self.pod_create_error is not None and i >= self.pod_create_error[2]:
+                status, body, _ = self.pod_create_error
+                raise ApiError(status, {**body, "details": {"name": name, "kind": "pods"}}, "POST", f"/api/v1/namespaces/{p['metadata']['namespace']}/pods")
             if name in self.pods:
                 continue
             pod = copy.deepcopy(dict(p))
@@ -259,10 +269,15 @@ class Harness:
             p["status"] = {"phase": "Running", "startTime": format_time(self.now),
                            "containerStatuses": [{"name": "trainer", "state": {"running": {"startedAt": format_time(self.now)}}}]}
 
-    def exit_pod(self, index: int, code: int, *, reason: str = "Error") -> None:
+    def exit_pod(self, index: int, code: int, *, reason: str = "Error", message: str = "") -> None:
+        """Pod ``index`` of the current attempt exits ``code``; ``message``: its termination
+        message (what the kubelet puts in ``state.terminated.message``)."""
         pod = self.cluster.pods_of(self.status.attempt)[index]
+        term: dict[str, Any] = {"exitCode": code, "reason": reason, "finishedAt": format_time(self.now)}
+        if message:
+            term["message"] = message
         pod["status"] = {"phase": "Succeeded" if code == 0 else "Failed",
-                         "containerStatuses": [{"name": "trainer", "state": {"terminated": {"exitCode": code, "reason": reason, "finishedAt": format_time(self.now)}}}]}
+                         "containerStatuses": [{"name": "trainer", "state": {"terminated": term}}]}
 
     def node_down(self, name: str) -> None:
         self.cluster.nodes[name]["status"]["conditions"] = [{"type": "Ready", "status": "False", "lastTransitionTime": format_time(self.now)}]

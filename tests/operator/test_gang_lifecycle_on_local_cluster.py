@@ -68,7 +68,9 @@ def test_gang_is_created_whole_gated_owned_and_succeeds(api: Api, operator: Oper
 
         workload.exit(0)
         wait_for("phase Succeeded", lambda: _phase(api, job_name) == "Succeeded", 90)
-        wait_for("pods cleaned up", lambda: not api.pods(NS, job_name), 90)
+        # the finished pods stay (spec.cleanup: Keep, for a day by default) for kubectl logs
+        kept = wait_for("both pods Succeeded", lambda: (ps := api.pods(NS, job_name)) and all(p.status.phase == "Succeeded" for p in ps) and ps, 90)
+        assert sorted(p.metadata.name for p in kept) == [f"{job_name}-a0-0", f"{job_name}-a0-1"]
         st = api.status(NS, job_name)
         assert st["completionTime"] and st["restarts"]["total"] == 0
         wanted = {"GangCreated", "AllPodsRunning", "AllRanksSucceeded"}
@@ -95,7 +97,12 @@ def test_application_exit_restarts_within_budget_then_fails(api: Api, operator: 
         failed = next(c for c in st["conditions"] if c["type"] == "Failed")
         assert failed["reason"] == "RestartBudgetSpent" and "2/2" in failed["message"]
         assert st["quarantinedNodes"] == [], "an application failure blames no node"
-        wait_for("pods cleaned up", lambda: not api.pods(NS, job_name), 90)
+        # the failed pod of the last attempt stays (its peer, still running, gets 30 s to exit,
+        # then goes); the earlier attempts' pods are gone
+        wait_for("the earlier attempts' pods gone", lambda: all(p.metadata.labels["railyard.dev/attempt"] == "2" for p in api.pods(NS, job_name)), 90)
+        (kept,) = [p for p in api.pods(NS, job_name) if p.status.phase == "Failed"]
+        assert kept.metadata.labels["railyard.dev/pod-index"] == "1" and not kept.metadata.deletion_timestamp
+        assert st["lastFailure"]["pod"] == kept.metadata.name and st["lastFailure"]["exitCode"] == 1
     except AssertionError:
         print(on_exit_dump(api, NS, job_name, operator))
         raise

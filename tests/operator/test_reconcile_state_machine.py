@@ -140,6 +140,29 @@ def no_pods_of(attempt: int) -> Callable[[Harness], None]:
     return check
 
 
+def keeps_pods(attempt: int, n: int) -> Callable[[Harness], None]:
+    """A finished job keeps its pods (logs, exit codes; a running peer gets time to exit)."""
+    def check(h: Harness) -> None:
+        assert len(live_pods(h, attempt)) == n
+
+    return check
+
+
+def refuse_pods(status: int, reason: str, message: str, *, after: int = 1) -> Step:
+    """The API server refuses the gang's pods from the ``after``-th on."""
+    return do(lambda h: setattr(h.cluster, "pod_create_error", (status, {"kind": "Status", "reason": reason, "message": message, "code": status}, after)))
+
+
+INVALID_POD = 'Pod "j-a0-1" is invalid: spec.containers[0].resources.requests[memory]: Invalid value: "lots": quantities must match the regular expression'
+QUOTA = 'pods "j-a0-1" is forbidden: exceeded quota: gpus, requested: requests.nvidia.com/gpu=2, used: requests.nvidia.com/gpu=6, limited: requests.nvidia.com/gpu=8'
+
+
+def rolled_back(h: Harness) -> None:
+    """No half gang: the refused attempt's pods and its ConfigMap are gone."""
+    assert not h.cluster.pods_of(0), "the pods created before the refusal are deleted"
+    assert ("ConfigMap", "j-a0") not in h.cluster.objects
+
+
 def quarantined(index_of_failed: int = 0) -> Callable[[Harness], None]:
     def check(h: Harness) -> None:
         q = [n for verb, n in h.cluster.calls if verb == "quarantine"]
@@ -211,12 +234,25 @@ ROWS = [
     # Running -> Restarting: a node NotReady past the grace: quarantined, the gang deleted by force
     Row("node lost", running, node_of_pod_down(1), "Restarting", "NodeNotReady", quarantined()),
     # Running -> Failed: a permanent exit code is not retried
-    Row("permanent exit", running, pod_exits(0, 64), "Failed", "PermanentExitCode", no_pods_of(0)),
-    # Running -> Failed: the class's budget is spent
-    Row("budget spent", running, pod_exits(0, 1), "Failed", "RestartBudgetSpent", no_pods_of(0),
+    Row("permanent exit", running, pod_exits(0, 64), "Failed", "PermanentExitCode", keeps_pods(0, 2)),
+    # Running -> Failed: the class's budget is spent; the failed pod stays, its running peer goes
+    Row("budget spent", running, pod_exits(0, 1), "Failed", "RestartBudgetSpent", keeps_pods(0, 2),
         spec=(("restartPolicy", {"application": {"limit": 0}}),)),
-    # Running -> Succeeded: every pod exited 0
-    Row("all succeeded", running, all_exit_0(), "Succeeded", "AllRanksSucceeded", expect(lambda h: h.status.completion_time is not None)),
+    # Running -> Succeeded: every pod exited 0; they stay (spec.cleanup.pods Keep) until the TTL
+    Row("all succeeded", running, all_exit_0(), "Succeeded", "AllRanksSucceeded",
+        then_all(expect(lambda h: h.status.completion_time is not None), keeps_pods(0, 2), delay_is(86400.0))),
+    # Running -> Succeeded with spec.cleanup.pods Delete: every pod goes at once
+    Row("succeeded, pods deleted", running, all_exit_0(), "Succeeded", "AllRanksSucceeded", no_pods_of(0),
+        spec=(("cleanup", {"pods": "Delete"}),)),
+    # Running -> Succeeded with spec.cleanup.pods KeepFailed: a success keeps nothing
+    Row("succeeded, KeepFailed", running, all_exit_0(), "Succeeded", "AllRanksSucceeded", no_pods_of(0),
+        spec=(("cleanup", {"pods": "KeepFailed"}),)),
+    # Pending -> Failed: the API server refuses the gang's pods for good (400/422/policy)
+    Row("pods invalid", fresh, then(refuse_pods(422, "Invalid", INVALID_POD), cycle(0)), "Failed", "ObjectInvalid",
+        then_all(rolled_back, expect(lambda h: INVALID_POD in h.status.message))),
+    # Pending -> Placing: the API server refuses the pods for now (quota): waits, creates again later
+    Row("quota exceeded", fresh, then(refuse_pods(403, "Forbidden", QUOTA), cycle(0)), "Placing", "QuotaExceeded",
+        then_all(rolled_back, delay_is(30.0), expect(lambda h: QUOTA in h.status.message and h.status.next_attempt_time is not None))),
     # Running: exit 70 while peers run is an echo; wait for the cause (Settling), no decision
     Row("echo settles", running, pod_exits(0, 70), "Running", "AllPodsRunning", expect(lambda h: h.delays[-1] is not None and h.delays[-1] <= 8.0)),
     # Restarting: the old pods are still terminating: no new gang yet, look again in a second

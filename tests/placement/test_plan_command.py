@@ -86,3 +86,13 @@ def test_placement_status_for_the_trainingjob():
     refused = Unplaceable("capacity", "needs 9 nodes", short=1)
     assert refused.condition_reason == "NotEnoughNodes" and not refused.permanent
     assert refused.message == "needs 9 nodes; 1 nodes short"
+
+
+def test_generated_nodes_carry_the_jobs_topology_preset_labels(capsys):
+    """The README's 16k-GPU example names the topograph preset; nodes from a --nodes spec must
+    carry that preset's level keys, or the job's requiredLevel names a level no node has."""
+    example = Path(__file__).parents[2] / "examples" / "llama-8b-16k-gpus.yaml"
+    assert main(["plan", str(example), "--nodes", "spine=2,leaf=32,nodes=66,gpus=8"]) == 0
+    out = capsys.readouterr().out
+    assert "placed llama-8b: 2048 pods on 2048 nodes + 16 hot spares" in out
+    assert "fabric.topograph.run/tier-1: 1 domains" in out

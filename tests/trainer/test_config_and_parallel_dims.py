@@ -15,7 +15,7 @@ from railyard_trainer.parallel_dims import ParallelDims
 def test_empty_config_gives_working_defaults() -> None:
     cfg = TrainerConfig.from_dict({})
     assert cfg.trainer.preset == "tiny"
-    assert cfg.parallelism.data == -1
+    assert cfg.parallelism.data is None  # derived from the world size
     assert cfg.trainer.faults == ()
 
 
@@ -27,9 +27,11 @@ def test_config_round_trips_through_camel_case() -> None:
                     "faults": [{"kind": "slow", "rank": 1, "step": 3, "factor": 1.5, "attempt": 2}]},
         "parallelism": {"tensor": 2, "pipeline": 2, "data": 1, "pipelineSchedule": "GPipe", "microbatches": 4},
         "checkpoint": {"anything": {"passed": "through"}},
+        "health": {"sdc": {"intervalSteps": 7}},
         "restore": {"tier": "memory", "step": 5},
     }
     cfg = TrainerConfig.from_dict(raw)
+    assert cfg.health.sdc.interval_steps == 7 and cfg.health.heartbeat_interval_seconds == 2.0
     assert cfg.trainer.dataset.path == "/data"
     assert cfg.parallelism.pipeline_schedule == "GPipe"
     assert cfg.checkpoint == {"anything": {"passed": "through"}}
@@ -48,6 +50,24 @@ def test_every_problem_is_reported_with_its_field() -> None:
                   "trainer.faults[0].kind", "parallelism.pipelineSchedule", "parallelism.tensor"):
         assert field in text, field
     assert len(err.value.problems) == 7
+
+
+def test_unknown_fields_are_errors_with_the_likely_fix() -> None:
+    with pytest.raises(ConfigError) as err:
+        TrainerConfig.from_dict({"trainer": {"learning_rate": 0.1}, "health": {"sdc": {"intervalsteps": 3}}, "tranier": {}})
+    text = str(err.value)
+    assert "trainer.learning_rate: unknown field; did you mean 'learningRate'?" in text
+    assert "health.sdc.intervalsteps: unknown field; did you mean 'intervalSteps'?" in text
+    assert "tranier: unknown top-level field" in text
+
+
+def test_health_settings_come_from_the_shared_schema_only() -> None:
+    from railyard_trainer.health.monitor import HealthSettings
+
+    s = HealthSettings.from_config({"heartbeatIntervalSeconds": 0.5, "sdc": {"intervalSteps": 4, "replayOnSpike": False}}, {})
+    assert (s.interval_s, s.sdc_interval_steps, s.replay_on_spike) == (0.5, 4, False)
+    with pytest.raises(ValueError, match="interval_steps: unknown field"):
+        HealthSettings.from_config({"sdc": {"interval_steps": 4}}, {})  # no snake_case second spelling
 
 
 def test_faults_apply_only_to_the_attempt_they_name() -> None:

@@ -14,8 +14,14 @@ TWO = ["--nproc-per-node", "2"]
 
 
 def test_crash_is_an_application_error_and_peers_see_infrastructure(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    run = run_launcher(tmp_path, TWO, trainer={"steps": 5, "faults": [{"kind": "crash", "rank": 1, "step": 3}]})
+    last_words = tmp_path / "termination-log"
+    run = run_launcher(tmp_path, TWO, trainer={"steps": 5, "faults": [{"kind": "crash", "rank": 1, "step": 3}]},
+                       RAILYARD_TERMINATION_LOG=str(last_words))
     assert run.code == ExitCode.APPLICATION, run.explain()
+    # the pod's termination message names the crashed rank and ends with its exception
+    message = last_words.read_text()
+    assert message.startswith("rank 1 exited with code 1 (Application) first"), message
+    assert message.rstrip().endswith("injected crash on rank 1 at step 3"), message
     workers = run.of("launcher_exit")[0]["workers"]
     assert workers["1"] == ExitCode.APPLICATION
     # The survivor either saw the broken connection itself or was stopped by the launcher.
@@ -60,9 +66,10 @@ def test_slow_and_bitflips_are_injected_into_real_tensors(tmp_path) -> None:  # 
 
 def test_bad_layout_is_a_permanent_configuration_error(tmp_path) -> None:  # type: ignore[no-untyped-def]
     # Caught by the launcher before any worker starts: tp=2 does not divide 3 processes.
-    run = run_launcher(tmp_path / "launcher", ["--nproc-per-node", "3", "--tp", "2"])
+    run = run_launcher(tmp_path / "launcher", ["--nproc-per-node", "3", "--tp", "2"], RAILYARD_TERMINATION_LOG=str(tmp_path / "last-words"))
     assert run.code == ExitCode.CONFIG_PERMANENT, run.explain()
     assert "parallelism" in run.of("launcher_exit")[0]["error"]
+    assert (tmp_path / "last-words").read_text().startswith("configuration error (exit code 64): ")
     # Caught by the workers: Interleaved1F1B needs a multiple of pp microbatches.
     run = run_launcher(tmp_path / "workers", [*TWO, "--pp", "2", "--schedule", "Interleaved1F1B", "--microbatches", "3"],
                        trainer={"batchSize": 6})

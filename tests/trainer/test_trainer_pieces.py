@@ -122,8 +122,12 @@ def test_global_batches_do_not_depend_on_the_data_parallel_size() -> None:
     b = ShardedBatches(src, batch_size=8, seq_len=16, dp_rank=0, dp_size=1, device=torch.device("cpu"))
     b.load_state_dict(a.state_dict())
     assert torch.equal(b.next_batch()[0], one[1])
-    with pytest.raises(ConfigError, match=r"trainer\.batchSize"):
-        ShardedBatches(src, batch_size=6, seq_len=16, dp_rank=0, dp_size=1, device=torch.device("cpu")).load_state_dict({"consumed_samples": 8, "source": src.name})
+    # Another global batch size continues at the same sample: nothing skipped or repeated.
+    c = ShardedBatches(src, batch_size=6, seq_len=16, dp_rank=0, dp_size=1, device=torch.device("cpu"))
+    c.load_state_dict(a.state_dict())
+    assert torch.equal(c.next_batch()[0], one[1][:6])
+    with pytest.raises(ConfigError, match=r"trainer\.seqLen"):
+        ShardedBatches(src, batch_size=8, seq_len=32, dp_rank=0, dp_size=1, device=torch.device("cpu")).load_state_dict(a.state_dict())
 
 
 @pytest.mark.torch
@@ -135,10 +139,10 @@ def test_synthetic_language_is_learnable_and_files_are_bytes(tmp_path) -> None: 
     assert src.entropy < math.log(256) / 4
     assert (src.sample(5, 100) == src.sample(5, 100)).all()
     (tmp_path / "a.txt").write_bytes(b"hello railyard " * 10)
-    files = build_source(DatasetConfig("files", str(tmp_path)), vocab_size=256, seed=0, seq_len=8)
+    files = build_source(DatasetConfig(type="files", path=str(tmp_path)), vocab_size=256, seed=0, seq_len=8)
     assert bytes(files.sample(0, 9).tolist()) == b"hello rai"
     with pytest.raises(ConfigError, match=r"trainer\.dataset\.path"):
-        build_source(DatasetConfig("files", str(tmp_path / "missing")), vocab_size=256, seed=0, seq_len=8)
+        build_source(DatasetConfig(type="files", path=str(tmp_path / "missing")), vocab_size=256, seed=0, seq_len=8)
 
 
 @pytest.mark.torch
@@ -181,7 +185,7 @@ def test_bit_flip_hits_a_high_exponent_bit() -> None:
 
 
 @pytest.mark.torch
-def test_a_slow_fault_is_logged_once_though_it_stretches_two_timings() -> None:
+def test_a_slow_fault_is_logged_once_and_slows_the_device_from_its_step() -> None:
     from railyard_trainer.config import FaultSpec
     from railyard_trainer.faults import FaultInjector
 
@@ -189,9 +193,11 @@ def test_a_slow_fault_is_logged_once_though_it_stretches_two_timings() -> None:
     faults = FaultInjector((FaultSpec("slow", rank=0, step=2, factor=1.5),), rank=0, log=lambda event, **kw: logged.append({"event": event, **kw}))
     for step in (1, 2, 3):
         faults.before_step(step)
-        slept = [faults.slow_down(step, 0.002), faults.slow_down(step, 0.002)]
-        assert slept == ([0.0, 0.0] if step == 1 else [pytest.approx(0.001)] * 2)
+        assert faults.slow_down(step, 0.002) == (0.0 if step == 1 else pytest.approx(0.001))  # forward/backward
+        assert faults.slow_factor(step) == (1.0 if step == 1 else 1.5)  # the speed probe's work
     assert logged == [{"event": "fault", "rank": 0, "kind": "slow", "step": 2, "factor": 1.5}]
+    other_rank = FaultInjector((FaultSpec("slow", rank=0, step=2, factor=1.5),), rank=1, log=lambda event, **kw: None)
+    assert other_rank.slow_factor(3) == 1.0
 
 
 @pytest.mark.torch

@@ -1,10 +1,16 @@
-"""Training data: a deterministic synthetic language and a byte-level dataset from files.
+"""Training data: pre-tokenized shards, a deterministic synthetic language, and byte-level files.
 
 Every sample is a pure function of its *global sample index*, and the loader's position is the
 number of global samples consumed. Each step takes the next ``batch_size`` global samples and
 data-parallel rank ``r`` of ``n`` takes the ``r``-th contiguous slice of them. So the global
 batch of step ``s`` is the same whatever the data-parallel size, and a run resumed on a
 different world size continues with exactly the samples the old one would have seen.
+
+- ``tokens``: shards written by ``railyard-train prepare`` (:mod:`railyard_trainer.tokens`),
+  memory-mapped; sample ``g`` is the window :class:`railyard_trainer.sampler.WindowSampler`
+  assigns it (shuffled per epoch, seeded).
+- ``synthetic``: a fixed random Markov chain (tests and demos).
+- ``files``: the raw bytes of text files (vocabulary 256, no tokenizer).
 """
 
 from __future__ import annotations
@@ -18,10 +24,13 @@ import numpy as np
 import torch
 
 from railyard_trainer.config import ConfigError, DatasetConfig
+from railyard_trainer.sampler import WindowSampler
+from railyard_trainer.tokens import TokenFormatError, TokenShards
 
 
 class TokenSource(Protocol):
     name: str
+    vocab_size: int
 
     def sample(self, index: int, length: int) -> np.ndarray:
         """``length`` int64 tokens of global sample ``index``."""
@@ -89,11 +98,47 @@ class ByteFiles:
         return self.data[start : start + length].astype(np.int64)
 
 
+class TokenWindows:
+    """Pre-tokenized shards: global sample ``g`` is the window the sampler assigns it."""
+
+    def __init__(self, path: str, *, seq_len: int, seed: int, shuffle: bool) -> None:
+        try:
+            self.shards = TokenShards(path)
+        except TokenFormatError as exc:
+            raise ConfigError([f"trainer.dataset.path: {p}" for p in exc.problems]) from exc
+        index = self.shards.index
+        try:
+            self.sampler = WindowSampler(self.shards.tokens, seq_len, seed=seed, shuffle=shuffle)
+        except ValueError as exc:
+            raise ConfigError([f"trainer.seqLen: the shards at {path} hold {self.shards.tokens} tokens; {exc}. Lower trainer.seqLen or add data"]) from exc
+        self.vocab_size = index.vocab_size
+        self.name = f"tokens({index.digest()},shuffle={shuffle},seed={seed})"
+
+    @property
+    def windows(self) -> int:
+        return self.sampler.windows
+
+    def sample(self, index: int, length: int) -> np.ndarray:
+        return self.samples(index, 1, length)[0]
+
+    def samples(self, first: int, count: int, length: int) -> np.ndarray:
+        """Global samples ``first .. first + count - 1`` as a (count, length) int64 array (one
+        vectorised permutation for the whole slice)."""
+        starts = self.sampler.starts(np.arange(first, first + count, dtype=np.int64))
+        return np.stack([self.shards.read(int(s), length) for s in starts])
+
+
 def build_source(cfg: DatasetConfig, *, vocab_size: int, seed: int, seq_len: int) -> TokenSource:
+    """The dataset of ``trainer.dataset``; its vocabulary must fit the model's (``vocab_size``)."""
     if cfg.type == "files":
         if vocab_size < 256:
             raise ConfigError([f"trainer.dataset.type: 'files' needs a vocabulary of at least 256 (bytes); the preset has {vocab_size}"])
-        return ByteFiles(cfg.path, stride=seq_len)
+        return ByteFiles(cfg.path or "", stride=seq_len)
+    if cfg.type == "tokens":
+        src = TokenWindows(cfg.path or "", seq_len=seq_len, seed=seed, shuffle=cfg.shuffle)
+        if src.vocab_size > vocab_size:
+            raise ConfigError([f"trainer.dataset.path: the shards' tokenizer has {src.vocab_size} tokens but the model's vocabulary is {vocab_size}; use a preset with a larger vocabulary or a smaller tokenizer"])
+        return src
     return SyntheticLanguage(vocab_size, seed)
 
 
@@ -115,21 +160,30 @@ class ShardedBatches:
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(inputs, labels), each (local_batch, seq_len) int64, labels shifted by one."""
         first = self.consumed + self.dp_rank * self.local_batch
-        rows = np.stack([self.source.sample(first + j, self.seq_len + 1) for j in range(self.local_batch)])
+        many = getattr(self.source, "samples", None)
+        if callable(many):
+            rows = many(first, self.local_batch, self.seq_len + 1)
+        else:
+            rows = np.stack([self.source.sample(first + j, self.seq_len + 1) for j in range(self.local_batch)])
         self.consumed += self.batch_size
         t = torch.from_numpy(rows).to(self.device)
         return t[:, :-1].contiguous(), t[:, 1:].contiguous()
 
     def state_dict(self) -> dict[str, Any]:
-        return {"consumed_samples": self.consumed, "source": self.source.name}
+        return {"consumed_samples": self.consumed, "source": self.source.name, "seq_len": self.seq_len}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue at the checkpoint's position. The position is in global samples, so another
+        data-parallel degree or global batch size continues exactly (nothing skipped or
+        repeated); another dataset or sequence length would give the number another meaning."""
         consumed = int(state["consumed_samples"])
-        if consumed % self.batch_size:
-            # A changed global batch size would silently skip or repeat samples.
-            raise ConfigError([f"trainer.batchSize: checkpoint position {consumed} samples is not a multiple of the batch size {self.batch_size}; resume with the batch size the run was started with"])
+        problems = []
         if state.get("source", self.source.name) != self.source.name:
-            raise ConfigError([f"trainer.dataset: checkpoint was written for {state['source']}, this run reads {self.source.name}"])
+            problems.append(f"trainer.dataset: the checkpoint was written reading {state['source']}, this run reads {self.source.name}; resume with the dataset (and seed) the run started with")
+        if int(state.get("seq_len", self.seq_len)) != self.seq_len:
+            problems.append(f"trainer.seqLen: the checkpoint was written with seqLen {state['seq_len']}, this run has {self.seq_len}")
+        if problems:
+            raise ConfigError(problems)
         self.consumed = consumed
 
 

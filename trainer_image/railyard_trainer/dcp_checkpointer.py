@@ -16,11 +16,12 @@ from pathlib import Path
 
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.filesystem import FileSystemReader
 
 from railyard.protocol.manifest import step_dirname
 from railyard_trainer.config import TrainerConfig
 from railyard_trainer.hooks import RestoreResult, TrainContext
-from railyard_trainer.train_state import app_state
+from railyard_trainer.train_state import app_state, rng_key
 
 COMPLETE = "COMPLETE"
 
@@ -48,16 +49,22 @@ class DCPCheckpointer:
         assert self.root is not None
         path = self.root / step_dirname(steps[-1])
         t0 = time.monotonic()
-        dcp.load(app_state(ctx), checkpoint_id=str(path))  # type: ignore[attr-defined, unused-ignore]
+        saved = FileSystemReader(path).read_metadata().state_dict_metadata
+        # This rank's RNG state exists only in a checkpoint of the same layout.
+        rng = any(k.startswith(f"rng.{rng_key(ctx)}.") for k in saved)
+        dcp.load(app_state(ctx, rng=rng), checkpoint_id=str(path))  # type: ignore[attr-defined, unused-ignore]
         self._last_saved = ctx.step
         return RestoreResult(step=ctx.step, tier="dcp", duration_s=time.monotonic() - t0, detail=str(path))
 
+    def due(self, step: int) -> bool:
+        if self.root is None or step == self._last_saved:
+            return False
+        return step == self.last_step or (self.interval > 0 and step % self.interval == 0)
+
     def maybe_save(self, ctx: TrainContext, *, checks_passed: bool) -> None:
-        if self.root is None or ctx.step == self._last_saved:
+        if not self.due(ctx.step):
             return
-        due = ctx.step == self.last_step or (self.interval > 0 and ctx.step % self.interval == 0)
-        if not due:
-            return
+        assert self.root is not None
         path = self.root / step_dirname(ctx.step)
         self._saving = True
         try:

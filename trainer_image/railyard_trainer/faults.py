@@ -7,9 +7,11 @@ first, so a test can tell an injected failure from a real one.
 - ``crash``: raises at the start of step S -> the worker exits APPLICATION (1).
 - ``exit``: exits with ``code`` at the start of step S (a process dying with a given status).
 - ``hang``: stops making progress at the start of step S -> the watchdog exits 76.
-- ``slow``: from step S the rank's compute takes ``factor`` times as long (a sleep of
-  ``(factor - 1) x compute`` inside the measured compute window, as a throttled GPU would).
-- ``bitflip``: flips one high-order exponent bit of one element of a real tensor of the rank:
+- ``slow``: from step S the rank's device is ``factor`` times slower, as a throttled GPU is:
+  its forward/backward takes ``factor`` times as long (a sleep of ``(factor - 1) x`` its time)
+  and its speed probe does ``factor`` times the work (speed_probe.py), so the slow-down shows in
+  the device time the straggler rule reads, whatever else the machine is doing.
+- ``bitflip``: flips bit ``bit`` (default 30, the top exponent bit) of one element of a real tensor of the rank:
   ``target: grad`` right after backward at step S (before clipping and ``after_backward``),
   ``target: param`` right after the optimizer step at step S (before ``after_step`` and the
   checkpoint). Detecting it is the health package's job (exit SDC_DETECTED).
@@ -61,15 +63,22 @@ class FaultInjector:
             self.log("fault", rank=self.rank, kind="exit", step=step, code=f.code)
             raise InjectedExit(f.code)
         if f := self._due("slow", step):
-            # Logged here, once: slow_down runs more than once per step.
+            # Logged here, once: the slow-down applies to every later step.
             self.log("fault", rank=self.rank, kind="slow", step=step, factor=f.factor)
         if self._due("hang", step):
             self.log("fault", rank=self.rank, kind="hang", step=step)
             while True:
                 time.sleep(1.0)
 
+    def slow_factor(self, step: int) -> float:
+        """How many times slower this rank's device is at ``step`` (1.0: not slowed)."""
+        for f in self.faults:
+            if f.kind == "slow" and step >= f.step:
+                return f.factor
+        return 1.0
+
     def slow_down(self, step: int, compute_s: float) -> float:
-        """Sleep to stretch this step's compute; returns the seconds slept."""
+        """Sleep to stretch this step's forward/backward; returns the seconds slept."""
         for f in self.faults:
             if f.kind == "slow" and step >= f.step:
                 extra = (f.factor - 1.0) * compute_s
@@ -80,8 +89,10 @@ class FaultInjector:
     def maybe_flip(self, step: int, target: str, parts: Sequence[nn.Module]) -> None:
         if self._due("bitflip", step, target=target) is None:
             return
+        f = self._due("bitflip", step, target=target)
+        assert f is not None
         name, tensor = _victim(parts, grad=target == "grad")
-        index, before, after = flip_high_bit(tensor)
+        index, before, after = flip_bit(tensor, f.bit)
         self.log("fault", rank=self.rank, kind="bitflip", step=step, target=target, tensor=name, index=index, before=before, after=after)
 
 
@@ -101,12 +112,19 @@ def _victim(parts: Sequence[nn.Module], *, grad: bool) -> tuple[str, torch.Tenso
 
 
 @torch.no_grad()
-def flip_high_bit(t: torch.Tensor) -> tuple[int, float, float]:
-    """Flip the highest exponent bit of the middle element of ``t`` in place."""
-    int_dtype, mask = _HIGH_BIT[t.dtype]
+def flip_bit(t: torch.Tensor, bit: int = 30) -> tuple[int, float, float]:
+    """Flip bit ``bit`` (of the float32 layout; 16-bit floats: the same bit of their top 16)
+    of the middle element of ``t`` in place."""
+    int_dtype, _ = _HIGH_BIT[t.dtype]
+    mask = 1 << (bit if int_dtype == torch.int32 else max(bit - 16, 0))
     flat = t.view(-1)
     index = flat.numel() // 2
     cell = flat[index : index + 1]
     before = float(cell.item())
     cell.view(int_dtype).bitwise_xor_(torch.tensor(mask, dtype=int_dtype, device=t.device))
     return index, before, float(cell.item())
+
+
+def flip_high_bit(t: torch.Tensor) -> tuple[int, float, float]:
+    """Flip the highest exponent bit of the middle element of ``t`` in place."""
+    return flip_bit(t, 30)

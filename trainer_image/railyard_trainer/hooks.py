@@ -35,7 +35,8 @@ class StepMetrics:
     loss: float
     grad_norm: float
     step_time_s: float
-    #: Rank-local compute before collectives (the straggler signal; see protocol.heartbeat).
+    #: Device time of the rank's speed probe: collective-free, in the device's own clock (the
+    #: straggler signal; see speed_probe.py and protocol.heartbeat).
     compute_s: float
     tokens_per_s: float
     lr: float
@@ -83,6 +84,9 @@ class Checkpointer(Protocol):
     def maybe_save(self, ctx: TrainContext, *, checks_passed: bool) -> None:
         """Called after every optimizer step; saves on the tiers whose interval is due."""
 
+    def due(self, step: int) -> bool:
+        """Whether ``maybe_save`` at ``step`` will save (the loop verifies the state first)."""
+
     def is_saving(self) -> bool:
         """True while a save is blocking or in flight (heartbeats report it)."""
 
@@ -100,8 +104,14 @@ class HealthMonitor(Protocol):
     def after_step(self, ctx: TrainContext, metrics: StepMetrics) -> None:
         """Periodic checks and the heartbeat. May raise SDCDetected."""
 
+    def verify(self, ctx: TrainContext) -> None:
+        """Run the full (collective) checks now: a checkpoint of this step follows. May raise
+        SDCDetected."""
+
     def checks_passed(self) -> bool:
-        """Whether every check run since the last call passed (recorded in checkpoints)."""
+        """Whether the state at this step may be marked clean in a checkpoint: the checks of
+        this step ran and passed, and no earlier check of this attempt failed (a corrupted
+        step taints every state derived from it)."""
 
     def close(self) -> None: ...
 
@@ -116,7 +126,11 @@ class NullHealth:
     def after_step(self, ctx: TrainContext, metrics: StepMetrics) -> None:
         return None
 
+    def verify(self, ctx: TrainContext) -> None:
+        return None
+
     def checks_passed(self) -> bool:
+        """Health checks are switched off: checkpoints are marked clean by configuration."""
         return True
 
     def close(self) -> None:

@@ -38,6 +38,13 @@ from railyard.protocol.ranktable import PodEntry, RankEntry, RankTable, RankTabl
 from railyard_trainer.config import ConfigError, DatasetConfig, TrainerConfig, load_config
 from railyard_trainer.events import log_event
 from railyard_trainer.parallel_dims import ParallelDims
+from railyard_trainer.termination import (
+    WORKER_ERROR_FILE_ENV,
+    build_termination_message,
+    read_worker_errors,
+    worker_error_file,
+    write_termination_message,
+)
 from railyard_trainer.worker_env import WorkerEnv
 
 #: Most specific first: the root cause beats its consequences (a crash makes peers see a
@@ -63,7 +70,12 @@ def most_specific(codes: Sequence[int]) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="railyard-train", description="Start the Railyard trainer's worker processes for this pod.")
+    p = argparse.ArgumentParser(
+        prog="railyard-train",
+        description="Start the Railyard trainer's worker processes for this pod. Other commands: "
+        "`railyard-train prepare` (tokenize text into shards), `railyard-train tokenizer` (train a small "
+        "tokenizer.json), `railyard-train export` (a checkpoint as safetensors for Hugging Face transformers).",
+    )
     p.add_argument("--config", help="config.json (default: $RAILYARD_CONFIG; none: built-in defaults)")
     p.add_argument("--rank-table", help="rank table JSON (default: $RAILYARD_RANK_TABLE; none: single node)")
     p.add_argument("--pod-index", type=int, help="this pod's index in the rank table (default: $RAILYARD_POD_INDEX)")
@@ -71,6 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tp", type=int, help="tensor-parallel size")
     p.add_argument("--pp", type=int, help="pipeline-parallel size")
     p.add_argument("--dp", type=int, help="data-parallel size (default: derived)")
+    p.add_argument("--dp-replicas", type=int, help="HSDP: data-parallel replica groups, each sharding over dp / dp-replicas ranks (default 1)")
     p.add_argument("--schedule", choices=["GPipe", "1F1B", "Interleaved1F1B"], help="pipeline schedule")
     p.add_argument("--microbatches", type=int)
     p.add_argument("--preset", choices=["tiny", "small", "1b", "8b"])
@@ -79,7 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seq-len", type=int)
     p.add_argument("--lr", type=float)
     p.add_argument("--seed", type=int)
-    p.add_argument("--dataset-path", help="train on the bytes of these files instead of the synthetic language")
+    p.add_argument("--dataset-path", help="train on these shards (a folder with index.json, from `railyard-train prepare`) or on the bytes of these text files, instead of the synthetic language")
     p.add_argument("--activation-checkpointing", action="store_true")
     p.add_argument("--checkpoint-dir", help="plain DCP checkpoint directory")
     p.add_argument("--checkpoint-interval", type=int, help="save every N steps (plain DCP checkpointer)")
@@ -110,7 +123,7 @@ def apply_overrides(cfg: TrainerConfig, args: argparse.Namespace, env: Mapping[s
         seq_len=args.seq_len if args.seq_len is not None else t.seq_len,
         learning_rate=args.lr if args.lr is not None else t.learning_rate,
         seed=args.seed if args.seed is not None else t.seed,
-        dataset=DatasetConfig("files", args.dataset_path) if args.dataset_path else t.dataset,
+        dataset=_dataset_from_flag(args.dataset_path) if args.dataset_path else t.dataset,
         activation_checkpointing=args.activation_checkpointing or t.activation_checkpointing,
     )
     p = replace(
@@ -118,6 +131,7 @@ def apply_overrides(cfg: TrainerConfig, args: argparse.Namespace, env: Mapping[s
         tensor=args.tp or p.tensor,
         pipeline=args.pp or p.pipeline,
         data=args.dp if args.dp is not None else p.data,
+        data_replicas=args.dp_replicas if args.dp_replicas is not None else p.data_replicas,
         pipeline_schedule=args.schedule or p.pipeline_schedule,
         microbatches=args.microbatches if args.microbatches is not None else p.microbatches,
     )
@@ -140,9 +154,15 @@ def apply_overrides(cfg: TrainerConfig, args: argparse.Namespace, env: Mapping[s
     return TrainerConfig.from_dict(out.to_dict())
 
 
+def _dataset_from_flag(path: str) -> DatasetConfig:
+    """``--dataset-path``: shards when the folder has an index.json, else byte-level text."""
+    kind = "tokens" if (Path(path) / "index.json").is_file() else "files"
+    return DatasetConfig(type=kind, path=path)
+
+
 def single_node_table(cfg: TrainerConfig, nproc: int, *, node: str, master_port: int) -> RankTable:
     p = cfg.parallelism
-    dims = ParallelDims(pp=p.pipeline, dp=p.data, tp=p.tensor, world_size=nproc, procs_per_node=nproc)
+    dims = ParallelDims(pp=p.pipeline, dp=p.data or -1, tp=p.tensor, world_size=nproc, procs_per_node=nproc, dp_replicas=p.data_replicas)
     ranks = tuple(RankEntry(rank=r, node=node, pod_index=0, local_rank=r, rail=r, pp=c[0], dp=c[1], tp=c[2]) for r in range(nproc) for c in [dims.coordinates(r)])
     table = RankTable(job=cfg.job, attempt=cfg.attempt, pp=dims.pp, dp=dims.dp, tp=dims.tp, procs_per_node=nproc, pods=(PodEntry(0, node, "127.0.0.1"),), ranks=ranks, master_addr="127.0.0.1", master_port=master_port)
     table.validate()
@@ -196,9 +216,11 @@ def plan_launch(args: argparse.Namespace, env: Mapping[str, str]) -> LaunchPlan:
         p = cfg.parallelism
         problems = [
             f"parallelism.{name}: config says {want} but the rank table has {have}"
-            for name, want, have, default in (("tensor", p.tensor, table.tp, 1), ("pipeline", p.pipeline, table.pp, 1), ("data", p.data, table.dp, -1))
+            for name, want, have, default in (("tensor", p.tensor, table.tp, 1), ("pipeline", p.pipeline, table.pp, 1), ("data", p.data or -1, table.dp, -1))
             if want > 0 and want != default and want != have
         ]
+        if table.dp % p.data_replicas:
+            problems.append(f"parallelism.dataReplicas: {p.data_replicas} does not divide the rank table's data-parallel size {table.dp}")
         if problems:
             raise ConfigError(problems)
     else:
@@ -247,7 +269,7 @@ def supervise(plan: LaunchPlan, *, fail_grace_s: float, kill_grace_s: float) -> 
     log_event("launch", pod_index=plan.pod_index, ranks=[w.rank for w in plan.workers], world_size=plan.table.world_size, mesh=[plan.table.pp, plan.table.dp, plan.table.tp], master=f"{plan.master_addr}:{plan.master_port}", attempt=plan.config.attempt)
     try:
         for w in plan.workers:
-            env = {**base, **replace(w, config_path=str(config_path)).to_env()}
+            env = {**base, **replace(w, config_path=str(config_path)).to_env(), WORKER_ERROR_FILE_ENV: str(worker_error_file(run_dir, w.rank))}
             procs[w.rank] = subprocess.Popen([sys.executable, "-m", "railyard_trainer.worker"], env=env, start_new_session=True, preexec_fn=_die_with_parent)
         failed_at: float | None = None
         term_at: float | None = None
@@ -278,21 +300,46 @@ def supervise(plan: LaunchPlan, *, fail_grace_s: float, kill_grace_s: float) -> 
             if p.poll() is None:
                 p.kill()
                 p.wait()
+        errors = read_worker_errors(run_dir, list(procs))
         shutil.rmtree(run_dir, ignore_errors=True)
     codes = {r: (128 - rc if rc < 0 else rc) for r, p in procs.items() for rc in [p.returncode]}
     code = most_specific(list(codes.values()))
     if code == 0 and received:
         code = 128 + received[0]
     log_event("launcher_exit", code=code, failure_class=str(classify_exit_code(code)) if code else "", workers={str(r): c for r, c in sorted(codes.items())})
+    if code != 0:
+        write_termination_message(build_termination_message(codes, errors, code=code))
     return code
 
 
+def _subcommand(name: str, argv: Sequence[str]) -> int:
+    """``railyard-train prepare|tokenizer|export ...`` (each imports only what it needs)."""
+    if name == "prepare":
+        from railyard_trainer.prepare import main as prepare_main
+
+        return prepare_main(argv)
+    if name == "tokenizer":
+        from railyard_trainer.prepare import tokenizer_main
+
+        return tokenizer_main(argv)
+    from railyard_trainer.export import main as export_main
+
+    return export_main(argv)
+
+
+SUBCOMMANDS = ("prepare", "tokenizer", "export")
+
+
 def launch(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in SUBCOMMANDS:
+        return _subcommand(argv[0], argv[1:])
     args = build_parser().parse_args(argv)
     try:
         plan = plan_launch(args, os.environ)
     except (ConfigError, RankTableError, ValueError) as exc:
         log_event("launcher_exit", code=int(ExitCode.CONFIG_PERMANENT), failure_class="Permanent", error=str(exc))
+        write_termination_message(f"configuration error (exit code {int(ExitCode.CONFIG_PERMANENT)}): {exc}")
         return int(ExitCode.CONFIG_PERMANENT)
     fail_grace_s = float(os.environ.get("RAILYARD_FAIL_GRACE_S", "5"))
     kill_grace_s = float(os.environ.get("RAILYARD_KILL_GRACE_S", "10"))

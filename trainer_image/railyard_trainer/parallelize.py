@@ -46,7 +46,9 @@ def parallelize_llama(
     if dims.dp_enabled or param_dtype != torch.float32 or cpu_offload:
         apply_fsdp(
             model,
-            mesh["dp"],
+            # HSDP: a 2-D (replicate, shard) mesh, so FSDP shards within a replica group and
+            # all-reduces gradients across the groups (placements (Replicate(), Shard(0))).
+            mesh["dp_replicate", "dp_shard"] if dims.hsdp_enabled else mesh["dp"],
             param_dtype=param_dtype,
             cpu_offload=cpu_offload,
             # With PP several microbatches pass through each block: keep it gathered between them.

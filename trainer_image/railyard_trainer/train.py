@@ -5,10 +5,10 @@ Hooks (see hooks.py) are called at fixed points: ``checkpointer.restore`` before
 the optimizer step, ``health.after_step`` with the step's metrics, and
 ``checkpointer.maybe_save(checks_passed=health.checks_passed())`` after every step.
 
-``compute_s`` (the straggler signal) is the time of this rank's speed probe (speed_probe.py), a
-fixed, collective-free workload run every step: under FSDP a healthy rank's forward+backward
-waits for the slowest peer inside the all-gathers, so forward+backward time (logged as
-``fwd_bwd_s``) cannot tell the slow rank from the ones waiting for it.
+``compute_s`` (the straggler signal) is the device time of this rank's speed probe
+(speed_probe.py), a fixed, collective-free workload run every step: under FSDP a healthy rank's
+forward+backward waits for the slowest peer inside the all-gathers, so forward+backward time
+(logged as ``fwd_bwd_s``) cannot tell the slow rank from the ones waiting for it.
 """
 
 from __future__ import annotations
@@ -152,7 +152,7 @@ class Trainer:
     def __init__(self, cfg: TrainerConfig, env: WorkerEnv) -> None:
         self.cfg, self.env = cfg, env
         t = cfg.trainer
-        self.dims = ParallelDims(pp=env.mesh_shape[0], dp=env.mesh_shape[1], tp=env.mesh_shape[2], world_size=env.world_size, procs_per_node=env.procs_per_node)
+        self.dims = ParallelDims(pp=env.mesh_shape[0], dp=env.mesh_shape[1], tp=env.mesh_shape[2], world_size=env.world_size, procs_per_node=env.procs_per_node, dp_replicas=cfg.parallelism.data_replicas)
         args = PRESETS[t.preset]
         stages = self.dims.pp * STAGES_PER_RANK[cfg.parallelism.pipeline_schedule] if self.dims.pp_enabled else 1
         problems = args.problems(tp=self.dims.tp, stages=stages)
@@ -160,11 +160,11 @@ class Trainer:
             problems.append(f"trainer.batchSize: {t.batch_size} is not divisible by the data-parallel size {self.dims.dp}")
         if problems:
             raise ConfigError(problems)
-        self.microbatches = check_microbatches(cfg.parallelism.pipeline_schedule, self.dims.pp, cfg.parallelism.microbatches, t.batch_size // self.dims.dp) if self.dims.pp_enabled else 1
+        self.microbatches = check_microbatches(cfg.parallelism.pipeline_schedule, self.dims.pp, cfg.parallelism.microbatches or 0, t.batch_size // self.dims.dp) if self.dims.pp_enabled else 1
 
-        self.device = init_distributed(env, t.collective_timeout_s)
+        self.device = init_distributed(env, t.collective_timeout_seconds)
         self.mesh = self.dims.build_mesh(self.device.type)
-        coords = tuple(int(c) for c in self.mesh.get_coordinate() or ())
+        coords = self.dims.mesh_coordinates(self.mesh)
         log_event("start", rank=env.rank, local_rank=env.local_rank, node=env.node, coords=list(env.coords), mesh_coords=list(coords), device=str(self.device))
         if coords != env.coords:
             raise ConfigError([f"rank table: rank {env.rank} has coordinates {env.coords} but the mesh puts it at {coords}; the rank table is inconsistent"])
@@ -191,6 +191,8 @@ class Trainer:
             for part in self.parts:
                 part.to_empty(device="cpu" if offload else self.device)
                 part.init_weights(buffer_device=self.device)
+        # From here on each rank draws from its own stream (saved and restored with checkpoints).
+        seed_rank_rng(t.seed, env.rank)
         self.optimizer = Optimizers(self.parts, lr=t.learning_rate, weight_decay=t.weight_decay)  # type: ignore[arg-type]
         self.lr_scheduler = WarmupCosine(self.optimizer, peak_lr=t.learning_rate, warmup_steps=t.warmup_steps, total_steps=t.steps)
         source = build_source(t.dataset, vocab_size=args.vocab_size, seed=t.seed, seq_len=t.seq_len)
@@ -204,12 +206,14 @@ class Trainer:
             data=self.data, step=0, config=cfg,
         )
         self.ctx.extra["device"] = self.device
+        # The health package replays a suspect step with this (every layout, pipelines included).
+        self.ctx.extra["replay_step"] = self.replay_step
         self.checkpointer = _build_checkpointer(cfg, self.ctx)
         self.ctx.extra["checkpointer"] = self.checkpointer
         self.health = _build_health(cfg, self.ctx)
         self.faults = FaultInjector(cfg.active_faults(), rank=env.rank, log=log_event)
         self.probe = SpeedProbe(self.device)
-        self.watchdog = Watchdog(t.watchdog_s, rank=env.rank)
+        self.watchdog = Watchdog(t.watchdog_seconds, rank=env.rank)
         self.log_all_ranks = os.environ.get("RAILYARD_LOG_ALL_RANKS") == "1"
         self.dump_grads_dir = os.environ.get("RAILYARD_DUMP_GRADS", "")
 
@@ -222,14 +226,33 @@ class Trainer:
         self.health.preflight(self.ctx)
         self.watchdog.start()
         while self.ctx.step < t.steps:
-            self.ctx.step += 1
-            metrics = self.train_step(self.ctx.step)
-            self.health.after_step(self.ctx, metrics)
-            with self.watchdog.paused():
-                self.checkpointer.maybe_save(self.ctx, checks_passed=self.health.checks_passed())
+            self.run_step()
             self.watchdog.beat()
         self.watchdog.stop()
         log_event("done", rank=self.env.rank, step=self.ctx.step)
+
+    def run_step(self) -> hooks.StepMetrics:
+        """One step with its checks and checkpoint. Before a checkpoint the health package
+        verifies the state it would hold (its collective checks run at that very step), so a
+        checkpoint is marked clean only when checks covering its step ran and passed."""
+        self.ctx.step += 1
+        metrics = self.train_step(self.ctx.step)
+        self.health.after_step(self.ctx, metrics)
+        due = getattr(self.checkpointer, "due", None)
+        if callable(due) and due(self.ctx.step):
+            self.health.verify(self.ctx)
+        with self.watchdog.paused():
+            self.checkpointer.maybe_save(self.ctx, checks_passed=self.health.checks_passed())
+        return metrics
+
+    def replay_step(self) -> tuple[float, float]:
+        """Forward+backward of this step's batch again (all ranks together): (loss, grad norm),
+        the norm computed exactly as the step's own (all stages, no clipping)."""
+        inputs, labels = self.ctx.extra["batch"]
+        with torch.enable_grad():
+            loss = self.forward_backward(inputs, labels)
+        norm = clip_grad_norm_(self.parts, 0.0, pp_group=self.mesh["pp"].get_group() if self.dims.pp_enabled else None)
+        return float(loss), float(norm)
 
     def train_step(self, step: int) -> hooks.StepMetrics:
         start = time.perf_counter()
@@ -243,9 +266,8 @@ class Trainer:
         fwd_bwd_s = time.perf_counter() - t0
         fwd_bwd_s += self.faults.slow_down(step, fwd_bwd_s)
         # The straggler signal (speed_probe.py): forward+backward includes FSDP's waits for
-        # the slowest peer, the probe does not. A "slow" fault slows it like the rest.
-        compute_s = self.probe.run()
-        compute_s += self.faults.slow_down(step, compute_s)
+        # the slowest peer, the probe does not. A "slow" fault slows the device, probe included.
+        compute_s = self.probe.run(self.faults.slow_factor(step))
         if self.dump_grads_dir and step == 1:
             self._dump_grads(Path(self.dump_grads_dir))
         self.faults.maybe_flip(step, "grad", self.parts)
@@ -319,6 +341,11 @@ class Trainer:
         # Nobody leaves while a peer may still talk to the store rank 0 hosts.
         dist.barrier()
         dist.destroy_process_group()
+
+
+def seed_rank_rng(seed: int, rank: int) -> None:
+    """Give each rank its own RNG stream, a function of (seed, rank) only."""
+    torch.manual_seed((seed * 1_000_003 + rank + 1) & ((1 << 63) - 1))  # CPU and every CUDA device
 
 
 def _peak_flops(device: torch.device) -> float:

@@ -156,16 +156,66 @@ class StepState(Stateful):
         self.ctx.step = int(state_dict["step"])
 
 
-def app_state(ctx: TrainContext) -> dict[str, Stateful]:
-    """What a checkpoint holds: model, optimizer, lr schedule, data position and step.
+def rng_key(ctx: TrainContext) -> str:
+    """The checkpoint key of this rank's RNG state: its coordinates *and* the layout, so the
+    state is found again only by the same rank of the same layout (on another layout a rank's
+    role differs, and it keeps the stream :func:`railyard_trainer.train.seed_rank_rng` gave it)."""
+    dims = ctx.dims
+    coordinates = getattr(dims, "coordinates", None)
+    if not callable(coordinates):
+        return f"rank{ctx.rank}-of-{ctx.world_size}"
+    pp, dp, tp = coordinates(ctx.rank)
+    replicas = int(getattr(dims, "dp_replicas", 1))
+    hsdp = f"-hsdp{replicas}" if replicas > 1 else ""
+    return f"pp{pp}-dp{dp}-tp{tp}-of-{dims.pp}x{dims.dp}x{dims.tp}{hsdp}"
+
+
+def rng_state(ctx: TrainContext) -> dict[str, torch.Tensor]:
+    """This rank's torch RNG states (CPU, and its CUDA device's), as uint8 tensors."""
+    out = {"cpu": torch.get_rng_state()}
+    device = ctx.extra.get("device")
+    if isinstance(device, torch.device) and device.type == "cuda":
+        out["cuda"] = torch.cuda.get_rng_state(device)
+    return out
+
+
+def set_rng_state(ctx: TrainContext, state: dict[str, torch.Tensor]) -> None:
+    torch.set_rng_state(state["cpu"].to(torch.uint8).cpu())
+    device = ctx.extra.get("device")
+    if "cuda" in state and isinstance(device, torch.device) and device.type == "cuda":
+        torch.cuda.set_rng_state(state["cuda"].to(torch.uint8).cpu(), device)
+
+
+class RNGState(Stateful):
+    """One entry per rank and layout (see :func:`rng_key`)."""
+
+    def __init__(self, ctx: TrainContext) -> None:
+        self.ctx = ctx
+
+    def state_dict(self) -> dict[str, Any]:
+        return {rng_key(self.ctx): rng_state(self.ctx)}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        mine = state_dict.get(rng_key(self.ctx))
+        if mine is not None:
+            set_rng_state(self.ctx, mine)
+
+
+def app_state(ctx: TrainContext, *, rng: bool = True) -> dict[str, Stateful]:
+    """What a checkpoint holds: model, optimizer, lr schedule, data position, step and this
+    rank's RNG state (``rng=False`` leaves it out: a checkpoint of another layout has none for
+    this rank).
 
     Pass it to ``torch.distributed.checkpoint.save``/``load`` as the state dict; every rank
     must call it (the optimizer state dict is gathered by name collectively).
     """
-    return {
+    out: dict[str, Stateful] = {
         "model": ModelState(ctx.model_parts),
         "optim": ctx.optimizer,
         "lr": ctx.lr_scheduler,
         "data": ctx.data,
         "trainer": StepState(ctx),
     }
+    if rng:
+        out["rng"] = RNGState(ctx)
+    return out

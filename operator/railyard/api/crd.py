@@ -98,6 +98,25 @@ def _convert(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def defaulted(value: Any, schema: dict[str, Any]) -> Any:
+    """``value`` with the schema's defaults filled in, as the API server fills them (a default
+    first, then the defaults inside it)."""
+    if isinstance(value, dict) and schema.get("type") == "object":
+        out = dict(value)
+        for key, sub in (schema.get("properties") or {}).items():
+            if key not in out and "default" in sub:
+                out[key] = copy.deepcopy(sub["default"])
+            if key in out:
+                out[key] = defaulted(out[key], sub)
+        extra = schema.get("additionalProperties")
+        if isinstance(extra, dict):
+            out = {k: v if k in (schema.get("properties") or {}) else defaulted(v, extra) for k, v in out.items()}
+        return out
+    if isinstance(value, list) and isinstance(schema.get("items"), dict):
+        return [defaulted(v, schema["items"]) for v in value]
+    return value
+
+
 def openapi_schema(model: type[TrainingJobSpec] | type[TrainingJobStatus]) -> dict[str, Any]:
     raw = model.model_json_schema(by_alias=True, mode="validation")
     defs = raw.pop("$defs", {})
@@ -107,7 +126,10 @@ def openapi_schema(model: type[TrainingJobSpec] | type[TrainingJobStatus]) -> di
 def build_crd() -> dict[str, Any]:
     spec_schema = openapi_schema(TrainingJobSpec)
     spec_schema["description"] = "What to train and how: the gang's shape, parallelism, topology, checkpoints, health and restart policy."
-    spec_schema["default"] = {}
+    # A TrainingJob without a spec runs the default job. The API server checks a default as it
+    # is written, against its own schema and rules, without defaulting it first: so the default is
+    # what `spec: {}` defaults to, spelled out (a bare {} fails every rule that reads a field).
+    spec_schema["default"] = defaulted({}, spec_schema)
     status_schema = openapi_schema(TrainingJobStatus)
     status_schema["description"] = "Observed state, written by the operator once per reconcile."
     schema = {

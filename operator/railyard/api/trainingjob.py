@@ -142,6 +142,10 @@ class Parallelism(_Model):
         int | None,
         Field(ge=1, description="Data-parallel (FSDP) degree. Leave empty to derive it: nodes x procsPerNode / (tensor x pipeline)."),
     ] = None
+    data_replicas: Annotated[
+        int,
+        Field(ge=1, le=4096, description="HSDP (hybrid sharded data parallel): the data-parallel ranks form this many replica groups, each sharding the model over data / dataReplicas ranks; the SDC cross-replica vote compares the replicas. 1: plain FSDP over all data-parallel ranks."),
+    ] = 1
     pipeline_schedule: Annotated[
         Literal["GPipe", "1F1B", "Interleaved1F1B"],
         Field(description="Pipeline schedule used when pipeline > 1."),
@@ -161,13 +165,18 @@ class FaultSpec(_Model):
     step: Annotated[int, Field(ge=0, description="Training step at which to inject.")] = 1
     factor: Annotated[float, Field(ge=1.0, le=100.0, description="Slow-down factor for kind=slow.")] = 1.5
     target: Annotated[Literal["param", "grad"], Field(description="For kind=bitflip: flip a bit in a parameter or a gradient.")] = "param"
+    bit: Annotated[int, Field(ge=0, le=30, description="For kind=bitflip: which bit of the float32 layout to flip (30: the top exponent bit, 23-29 the others, 0-22 the mantissa; bf16 flips the same bit of its top 16).")] = 30
     code: Annotated[int, Field(ge=0, le=255, description="Exit code for kind=exit.")] = 1
     attempt: Annotated[int, Field(ge=0, description="Only inject in this attempt (restarts do not re-inject).")] = 0
 
 
 class Dataset(_Model):
-    type: Annotated[Literal["synthetic", "files"], Field(description="synthetic: a deterministic learnable language; files: byte-level text from path.")] = "synthetic"
-    path: Annotated[str | None, Field(max_length=4096, description="Folder or file of text for type=files (inside the pod).")] = None
+    type: Annotated[
+        Literal["synthetic", "files", "tokens"],
+        Field(description="synthetic: a deterministic learnable language; files: byte-level text from path (vocabulary 256); tokens: pre-tokenized shards written by `railyard-train prepare` (a folder with index.json and uint16/uint32 token files, memory-mapped)."),
+    ] = "synthetic"
+    path: Annotated[str | None, Field(max_length=4096, description="Inside the pod: the folder of shards for type=tokens, the folder or file of text for type=files.")] = None
+    shuffle: Annotated[bool, Field(description="type=tokens: visit each epoch's sequences in a seeded random order (resumable exactly); false: in file order.")] = True
 
 
 class TrainerSettings(_Model):
@@ -301,6 +310,20 @@ class RestartPolicy(_Model):
     in_place_timeout_seconds: Annotated[float, Field(ge=1, le=3600, description="A kept pod's launcher that has not restarted its workers this long after being told turns the restart into a full restart.")] = 30.0
 
 
+# --------------------------------------------------------------------------- finished jobs
+
+
+class Cleanup(_Model):
+    pods: Annotated[
+        Literal["Keep", "KeepFailed", "Delete"],
+        Field(description="What happens to the pods when the job finishes (Succeeded or Failed). Pods still running are always deleted, and so are held spares and pods of earlier attempts. Keep (Kubeflow's cleanPodPolicy Running): the finished pods of the last attempt stay, so kubectl logs and their exit codes remain; their containers have exited, so they hold no GPUs and block no placement. KeepFailed: keep them only when the job Failed. Delete (cleanPodPolicy All): delete every pod at once."),
+    ] = "Keep"
+    ttl_seconds_after_finished: Annotated[
+        int,
+        Field(ge=0, le=31_536_000, description="How long kept pods stay after the job finished (counted from status.completionTime), as Job's ttlSecondsAfterFinished but for the pods only: the TrainingJob and its status stay. 0 deletes them at once. Deleting the TrainingJob deletes them too."),
+    ] = 86_400
+
+
 # --------------------------------------------------------------------------- spec
 
 
@@ -363,8 +386,14 @@ SPEC_RULES: list[dict[str, str]] = [
         "reason": "FieldValueInvalid",
     },
     {
-        "rule": "self.trainer.dataset.type != 'files' || has(self.trainer.dataset.path)",
-        "message": "trainer.dataset.path is required when trainer.dataset.type is files.",
+        "rule": "self.parallelism.dataReplicas == 1 || (self.nodes * self.procsPerNode) % (self.parallelism.tensor * self.parallelism.pipeline) != 0 || ((self.nodes * self.procsPerNode) / (self.parallelism.tensor * self.parallelism.pipeline)) % self.parallelism.dataReplicas == 0",
+        "message": "parallelism.dataReplicas must divide the data-parallel degree (nodes x procsPerNode / (tensor x pipeline)).",
+        "fieldPath": ".parallelism.dataReplicas",
+        "reason": "FieldValueInvalid",
+    },
+    {
+        "rule": "self.trainer.dataset.type == 'synthetic' || has(self.trainer.dataset.path)",
+        "message": "trainer.dataset.path is required when trainer.dataset.type is files or tokens.",
         "fieldPath": ".trainer.dataset.path",
         "reason": "FieldValueRequired",
     },
@@ -399,6 +428,7 @@ class TrainingJobSpec(_Model):
     health: Annotated[Health, Field(description="Heartbeats, hang, straggler and SDC detection.")] = Health()
     restart_policy: Annotated[RestartPolicy, Field(description="Restart budgets per failure class and backoff.")] = RestartPolicy()
     nccl: Annotated[dict[EnvVarNameOfMap, Annotated[str, Field(max_length=32768)]], Field(max_length=128, description="NCCL environment overrides (defaults keep each rank's inter-node traffic on its rail, e.g. NCCL_CROSS_NIC=0).")] = {}
+    cleanup: Annotated[Cleanup, Field(description="What stays of a finished job's pods, and for how long (for debugging: kubectl logs, exit codes, termination messages).")] = Cleanup()
 
     model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": list[Any](SPEC_RULES)})
 
@@ -494,6 +524,17 @@ class LastRestart(_Model):
     started_time: Annotated[str | None, Field(description="When the kept launchers were told to restart.")] = None
 
 
+class LastFailure(_Model):
+    attempt: Annotated[int, Field(description="The attempt that failed.")] = 0
+    reason: Annotated[str, Field(description="The failure's kind (the Restarting or Failed condition's reason), e.g. ApplicationExitCode, NodeNotReady, HangVerdict.")] = ""
+    pod: Annotated[str, Field(description="The first failing pod (empty when no pod is to blame, e.g. a hang verdict).")] = ""
+    pod_index: Annotated[int | None, Field(description="That pod's index in the gang.")] = None
+    node: Annotated[str, Field(description="The node it ran on.")] = ""
+    exit_code: Annotated[int | None, Field(description="Exit code of its trainer container (empty when it had not exited).")] = None
+    message: Annotated[str, Field(description="The tail of its termination message: what the trainer wrote to /dev/termination-log, else the last lines of its log (terminationMessagePolicy FallbackToLogsOnError). Kept across restarts, when the pod itself is gone.")] = ""
+    time: Annotated[str | None, Field(description="When the operator saw the failure.")] = None
+
+
 class TrainingJobStatus(_Model):
     model_config = ConfigDict(extra="ignore")
 
@@ -525,6 +566,7 @@ class TrainingJobStatus(_Model):
     pods_since_attempt: Annotated[int | None, Field(description="The attempt of the last full gang creation: the current attempt's pods are, per pod index, the newest pod created since then (in-place restarts keep pods of earlier attempts). Empty: the current attempt.")] = None
     last_restart: Annotated[LastRestart | None, Field(description="How the current attempt was started from the previous one.")] = None
     spares_held: Annotated[int, Field(description="Hot spare nodes held by a placeholder pod (gang.hotSpares wanted).")] = 0
+    last_failure: Annotated[LastFailure | None, Field(description="The failure that ended the last failed attempt: its first failing pod, node, exit code and last words.")] = None
 
 
 class ObjectMeta(BaseModel):

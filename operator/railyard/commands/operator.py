@@ -4,10 +4,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import datetime as dt
 import logging
 import os
+import secrets
+import socket
 import sys
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, cast
+
+from railyard.observe.probes import DEFAULT_STUCK_AFTER_S
 
 
 def add_parser(sub: Any) -> None:
@@ -30,7 +36,26 @@ def add_parser(sub: Any) -> None:
     peer.add_argument("--peering", default=None, metavar="NAME", help="kopf peering object name (leader election)")
     r.add_argument("--not-ready-grace", type=float, default=2.0, help="seconds a node may be NotReady before its pods count as failed")
     r.add_argument("--pod-annotation", action="append", default=[], metavar="KEY=VALUE", help="extra annotation on every gang pod (repeatable)")
+    r.add_argument("--stuck-reconcile-seconds", type=float, default=DEFAULT_STUCK_AFTER_S,
+                   help="a job's reconcile cycle running longer than this fails /healthz (liveness)")
     r.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+
+
+def peering_identity(env: Mapping[str, str] | None = None) -> str:
+    """Who this operator is in kopf's peering records: the pod's name where the chart gives it
+    (``POD_NAME``, from the downward API; kopf's own ``POD_ID`` too), else user@host/time/random.
+
+    Never from the passwd database: kopf's default asks ``getpass.getuser()``, which raises for a
+    UID without a passwd entry -- the chart's 65532 in a distroless-style image, OpenShift's
+    random UIDs -- and the operator died at start-up.
+    """
+    env = os.environ if env is None else env
+    pod = env.get("POD_NAME") or env.get("POD_ID")
+    if pod:
+        return pod
+    user = env.get("USER") or env.get("LOGNAME") or f"uid{os.getuid()}"
+    now = dt.datetime.now(dt.UTC).strftime("%Y%m%d%H%M%S")
+    return f"{user}@{socket.gethostname()}/{now}/{secrets.token_hex(2)}"
 
 
 def run(args: argparse.Namespace) -> int:
@@ -40,6 +65,13 @@ def run(args: argparse.Namespace) -> int:
     if args.kubeconfig:
         # before kopf (and with it the kubernetes package) is imported: both read it at import
         os.environ["KUBECONFIG"] = args.kubeconfig
+    from railyard.kubecreds import KubeConfigError, load_connection
+
+    try:  # a clear message now, not a login handler retrying inside kopf
+        load_connection(args.kubeconfig, args.context)
+    except KubeConfigError as exc:
+        print(f"railyard operator run: {exc}", file=sys.stderr)
+        return 2
     import kopf
 
     from railyard.handlers import kopf_handlers
@@ -67,6 +99,7 @@ def run(args: argparse.Namespace) -> int:
             context=args.context,
             not_ready_grace_s=args.not_ready_grace,
             pod_annotations=annotations,
+            stuck_reconcile_s=args.stuck_reconcile_seconds,
         )
     )
     namespaces = list(args.namespace)
@@ -77,6 +110,7 @@ def run(args: argparse.Namespace) -> int:
                 peering_name=args.peering,
                 clusterwide=not namespaces,
                 namespaces=namespaces,
+                identity=cast(Any, peering_identity()),  # kopf's Identity: a NewType of str, not exported
             )
         )
     except KeyboardInterrupt:

@@ -26,7 +26,7 @@ from railyard.logic.placement import (
     build_placement_input,
     plan_placement,
 )
-from railyard.logic.topology import parse_synthetic_spec
+from railyard.logic.topology import parse_synthetic_spec, synthetic_levels
 
 EXIT_UNPLACEABLE = 3
 _DEFAULTS = CostInputs()
@@ -204,7 +204,8 @@ def run(args: argparse.Namespace) -> int:
         if args.kubeconfig:
             nodes, pods = _from_cluster(args.kubeconfig)
         elif "=" in args.nodes and not args.nodes.endswith((".yaml", ".yml", ".json")):
-            nodes, pods = parse_synthetic_spec(args.nodes), []
+            preset = ((job_doc.get("spec") or {}).get("topology") or {}).get("preset")
+            nodes, pods = parse_synthetic_spec(args.nodes, levels=synthetic_levels(preset)), []
         else:
             nodes = _load_objects(args.nodes)
             pods = _load_objects(args.pods) if args.pods else []

@@ -45,9 +45,10 @@ def _running_since(pod: Mapping[str, Any], floor: float | None = None) -> float 
     return since
 
 
-def evaluate_health(c: Cycle, job: TrainingJob, pods: Sequence[Mapping[str, Any]]) -> Failure | None:
+def evaluate_health(c: Cycle, job: TrainingJob, pods: Sequence[Mapping[str, Any]], *, report: bool = True) -> Failure | None:
     """Update ``c.st`` from the job's heartbeats; return a failure when a verdict asks for a
-    restart. ``c`` is the reconcile Cycle."""
+    restart. ``c`` is the reconcile Cycle. ``report=False`` (the gang has finished): progress
+    only, no verdict Events and no failure."""
     rt = c.rt
     window = rt.store.job(c.ns, c.name)
     if window is None or window.attempt != c.st.attempt:
@@ -70,6 +71,8 @@ def evaluate_health(c: Cycle, job: TrainingJob, pods: Sequence[Mapping[str, Any]
     rt.health_metrics.observe_decision(c.ns, c.name, decision)
     _copy_progress(c, window, decision)
     rt.checkpoint_metrics.set_goodput(c.ns, c.name, compute_goodput(c.st.step, decision.p50_step_time_s, parse_time(c.st.start_time), c.now))
+    if not report:
+        return None
     for v in decision.verdicts:
         c.event("Warning", v.reason or v.kind.value, v.message)
     if not decision.restart:

@@ -30,6 +30,7 @@ from railyard.api.trainingjob import LastRestart, QuarantinedNode, TrainingJob
 from railyard.handlers.cycle import Cycle
 from railyard.handlers.spares import delete_placeholders
 from railyard.logic.conditions import format_micro_time, parse_time
+from railyard.logic.failure_report import describe_failure
 from railyard.logic.failures import Failure
 from railyard.logic.gang import attempt_of, gang_members, is_gated, pod_index_of
 from railyard.logic.inplace import (
@@ -218,7 +219,8 @@ async def begin_in_place(
     rt.metrics.restart_modes.labels(mode="InPlace", reason="").inc()
     rt.metrics.pods_replaced.inc(len(replace))
     wait = f", workers restart in {backoff:g}s" if backoff > 0 else ""
-    c.phase("Restarting", f.kind, f"{f.message}; {decision.reason}; {message}{wait}")
+    said = describe_failure(f, c.st.last_failure) if c.st.last_failure is not None else f.message
+    c.phase("Restarting", f.kind, f"{said}; {decision.reason}; {message}{wait}")
     if backoff > 0:
         return backoff
     # the Restarting phase lasts no cycle: its Event is written here, the Starting one follows

@@ -53,8 +53,10 @@ def compact_pod(body: Any) -> dict[str, Any]:
     spec = body.get("spec") or {}
     status = body.get("status") or {}
     containers = [{"name": c.get("name"), "resources": c.get("resources") or {}} for c in spec.get("containers") or ()]
+    owners = [_pick(o, "uid", "controller") for o in meta.get("ownerReferences") or ()]
     return {
-        "metadata": {**_pick(meta, "name", "namespace", "uid", "deletionTimestamp", "creationTimestamp"), "labels": dict(meta.get("labels") or {})},
+        "metadata": {**_pick(meta, "name", "namespace", "uid", "deletionTimestamp", "creationTimestamp"), "labels": dict(meta.get("labels") or {}),
+                     **({"ownerReferences": owners} if owners else {})},
         "spec": {**_pick(spec, "nodeName", "schedulingGates"), "containers": containers},
         "status": _pick(status, "phase", "reason", "message", "conditions", "containerStatuses", "startTime"),
     }
@@ -78,9 +80,11 @@ def railyard_job_pods(namespace: str | None, labels: Any, body: Any, **_: Any) -
 
 
 @kopf.index("pods", field="spec.nodeName", value=kopf.PRESENT)
-def railyard_bound_pods(spec: Any, body: Any, status: Any, **_: Any) -> dict[str, dict[str, Any]] | None:
-    if (status or {}).get("phase") in ("Succeeded", "Failed"):
-        return None
+def railyard_bound_pods(spec: Any, body: Any, **_: Any) -> dict[str, dict[str, Any]]:
+    # Every bound pod, finished ones too, with its latest phase: placement counts only pods that
+    # are not Succeeded/Failed (logic.topology.compute_used_gpus). Returning None for a finished
+    # pod would not drop it: kopf keeps an index's last value when a handler returns None, so
+    # the pod would look Running, holding its GPUs, until deleted.
     return {spec["nodeName"]: compact_pod(body)}
 
 
@@ -91,12 +95,51 @@ def railyard_nodes(name: str, body: Any, **_: Any) -> dict[str, dict[str, Any]]:
 
 # lifecycle ------------------------------------------------------------------------------------
 
+#: No watch waits forever. The server ends each watch after WATCH_SERVER_TIMEOUT_S; the client
+#: gives up on one that outlives that by WATCH_CLIENT_MARGIN_S (a connection that died without
+#: closing); and one that delivers nothing, not even a bookmark, for WATCH_INACTIVITY_S (API
+#: servers bookmark about once a minute, ours every 15 s) is reconnected by kopf from the last
+#: resourceVersion, relisting on 410.
+WATCH_SERVER_TIMEOUT_S = 300
+WATCH_CLIENT_MARGIN_S = 30
+WATCH_CONNECT_TIMEOUT_S = 10
+WATCH_INACTIVITY_S = 70.0
+
+
+def apply_watch_settings(settings: kopf.OperatorSettings) -> None:
+    settings.watching.server_timeout = WATCH_SERVER_TIMEOUT_S
+    settings.watching.client_timeout = WATCH_SERVER_TIMEOUT_S + WATCH_CLIENT_MARGIN_S
+    settings.watching.connect_timeout = WATCH_CONNECT_TIMEOUT_S
+    if hasattr(settings.watching, "inactivity_timeout"):  # kopf >= 1.44; before, client_timeout bounds it
+        settings.watching.inactivity_timeout = WATCH_INACTIVITY_S
+
+
+
+@kopf.on.login()
+async def on_login_operator(**_: Any) -> kopf.ConnectionInfo:
+    """kopf's client logs in with our connection: the same kubeconfig and ``--context`` (kopf's
+    own login reads the current context only) and the same renewing credentials. kopf asks again
+    when what it was given expired or was refused (401), so that one is dropped first."""
+    rt = runtime()
+    conn = rt.connection()
+    if rt.kopf_credential is not None:
+        conn.credentials.invalidate(rt.kopf_credential)
+    cred = await conn.credentials.current()
+    rt.kopf_credential = cred
+    token = cred.token[7:] if cred.token and cred.token.lower().startswith("bearer ") else cred.token
+    return kopf.ConnectionInfo(
+        server=conn.server, ca_path=conn.ca_file, insecure=conn.insecure or None,
+        scheme="Bearer" if token else None, token=token, username=cred.username, password=cred.password,
+        certificate_path=cred.cert_file, private_key_path=cred.key_file,
+        default_namespace=conn.namespace, expiration=cred.expires,
+    )
+
 
 @kopf.on.startup()
 async def on_startup_operator(settings: kopf.OperatorSettings, **_: Any) -> None:
     rt = runtime()
     settings.posting.enabled = False  # we write our own Events, one per transition
-    settings.watching.server_timeout = 300
+    apply_watch_settings(settings)
     settings.networking.error_backoffs = [0.5, 1, 2, 5]
     rt.api()
     if rt.settings.metrics_port:
@@ -108,8 +151,14 @@ async def on_startup_operator(settings: kopf.OperatorSettings, **_: Any) -> None
             add_heartbeat_routes(a, rt.store, rt.tokens, metrics=rt.health_metrics, on_batch=rt.checkpoint_metrics.observe_batch)
             add_control_routes(a, rt.control, rt.tokens)
 
-        app = build_http_app(rt.metrics.registry, ready=lambda: rt.nodes is not None, extra_routes=routes)
+        app = build_http_app(
+            rt.metrics.registry,
+            healthy=rt.probes.liveness,
+            ready=rt.probes.readiness,
+            extra_routes=routes,
+        )
         rt.http_runner = await start_http_server(app, rt.settings.metrics_host, rt.settings.metrics_port)
+    rt.probes.started = True
 
 
 @kopf.on.cleanup()

@@ -9,7 +9,13 @@ The cycle is a small state machine over what :func:`railyard.logic.gang.assess_g
 - Starting: all Running within the schedule timeout, else tear down and re-place.
 - Running / Succeeded: record it.
 - Failed: classify, spend the class's budget or fail the job, quarantine the nodes to blame,
-  delete the gang (force on dead nodes), bump the attempt, back off, re-place.
+  delete the gang (force on dead nodes), bump the attempt, back off, re-place; the first
+  failing pod's exit code, node and last words go into the status, the condition and the Event.
+- Finished (Succeeded/Failed): keep the last attempt's finished pods until
+  ``spec.cleanup.ttlSecondsAfterFinished`` (logic/finished.py), delete the rest at once.
+
+The API server refusing one of the gang's own objects fails the job or makes it wait with the
+server's message (logic/rejections.py), never a silent retry.
 
 Status changes are collected on a copy and written in one patch at the end; every condition
 that flips becomes an Event.
@@ -17,10 +23,11 @@ that flips becomes an Event.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
 from pydantic import ValidationError
@@ -49,7 +56,9 @@ from railyard.logic.conditions import (
     format_micro_time,
     parse_time,
 )
+from railyard.logic.failure_report import describe_failure, explain_failure
 from railyard.logic.failures import Failure
+from railyard.logic.finished import decide_finished_pods
 from railyard.logic.gang import (
     DEFAULT_ECHO_SETTLE_S,
     GangAssessment,
@@ -68,12 +77,16 @@ from railyard.logic.manifests import (
     build_trainer_config,
     check_names,
     configmap_name,
+    is_owned_by,
     owner_reference,
     pod_name,
+    secret_name,
+    service_name,
     with_addresses,
 )
 from railyard.logic.placement import Placement, Unplaceable, build_placement_input, plan_placement
 from railyard.logic.quarantine import QUARANTINE_KEY, decide_still_quarantined
+from railyard.logic.rejections import PERMANENT_REASONS, decide_rejection
 from railyard.logic.restarts import decide_restart, decide_streak_reset, record_restart
 from railyard.logic.schedulers import (
     GangSchedulingPlan,
@@ -81,7 +94,12 @@ from railyard.logic.schedulers import (
     group_name,
     plan_gang_scheduling,
 )
-from railyard.logic.status import build_placement_status, decide_degraded, placement_status
+from railyard.logic.status import (
+    TERMINAL_PHASES,
+    build_placement_status,
+    decide_degraded,
+    placement_status,
+)
 from railyard.protocol.exitcodes import FailureClass
 from railyard.protocol.ranktable import RankTable
 
@@ -89,6 +107,9 @@ log = logging.getLogger(__name__)
 
 #: Seconds between tries to create a PodGroup whose CRD is missing (spec.gang.schedulerName).
 PODGROUP_RETRY_S = 10.0
+#: Failed reasons a new spec generation recovers from: the spec itself, or an object built from
+#: it, could not be accepted.
+RESTART_ON_EDIT = frozenset({"InvalidSpec"}) | PERMANENT_REASONS
 
 def _format_validation(exc: ValidationError) -> str:
     parts = []
@@ -138,7 +159,7 @@ async def reconcile_job(rt: Runtime, w: JobWorker, *, now: float | None = None, 
 
 async def _step(c: Cycle, job: TrainingJob) -> float | None:
     rt, spec = c.rt, job.spec
-    pods = rt.pods_of(c.ns, c.name)
+    pods = _own_pods(c)
     nodes = rt.node_map()
     if c.w.deleting:
         # forget the deletions of pods that are gone (the names of every attempt would pile up)
@@ -147,13 +168,12 @@ async def _step(c: Cycle, job: TrainingJob) -> float | None:
     _refresh_quarantine(c, nodes)
     if c.st.phase in ("Succeeded", "Failed"):
         failed = find_condition(c.st.conditions, "Failed")
-        if c.st.phase == "Failed" and failed is not None and failed.reason == "InvalidSpec" and c.st.observed_generation != c.generation:
+        if (c.st.phase == "Failed" and failed is not None and failed.reason in RESTART_ON_EDIT
+                and c.st.observed_generation != c.generation):
             # the spec was fixed: start over
-            c.st = TrainingJobStatus(attempt=c.st.attempt + 1, restarts=c.st.restarts)
+            c.st = TrainingJobStatus(attempt=c.st.attempt + 1, restarts=c.st.restarts, last_failure=c.st.last_failure)
         else:
-            if pods:
-                await c.delete_pods(pods, nodes)
-            return None
+            return await _release_finished(c, job, nodes)
     if spec.suspend:
         if pods:
             await c.delete_pods(pods, nodes)
@@ -187,6 +207,8 @@ async def _step(c: Cycle, job: TrainingJob) -> float | None:
     if pods and rt.control.get(c.ns, c.name) is None:
         await republish(c, members)  # an operator restarted under a running gang
     state_delay = await _act_in_place(c, job, a, view, nodes, stale, members)
+    if c.st.phase in TERMINAL_PHASES:
+        return await _release_finished(c, job, nodes)
     _update_degraded(c, job)
     if a.recheck_after > 0:
         state_delay = a.recheck_after if state_delay is None else min(state_delay, a.recheck_after)
@@ -248,6 +270,10 @@ async def _act(
             return nat - c.now
         return await _place_and_create(c, job, nodes)
     if a.state in ("Partial", "Gated"):
+        if current and all(_name(p) in c.w.deleting for p in current):
+            # what is left of a creation the API server refused (rolled back): let it go
+            await c.delete_pods(current, nodes)
+            return 1.0
         return await _finish_creation(c, job, current, a)
     if a.state == "Starting":
         created = parse_time(c.st.gang_created_time) or c.now
@@ -262,7 +288,8 @@ async def _act(
             )
             return 0.5
         if c.st.phase != "Starting":
-            c.phase("Starting", "GangCreated", f"{a.running}/{a.expected} pods running")
+            c.phase("Starting", "GangStarting", f"attempt {c.st.attempt}: {a.running}/{a.expected} pods Running; waiting for the rest "
+                    f"(spec.gang.scheduleTimeoutSeconds={spec.gang.schedule_timeout_seconds})")
         verdict = evaluate_health(c, job, current)
         if verdict is not None:
             return await _handle_failure(c, job, verdict, current, nodes)
@@ -276,8 +303,7 @@ async def _act(
         due = job.spec.health.heartbeat_interval_seconds if c.rt.store.job(c.ns, c.name) is not None else None
         return reset_in if due is None else (due if reset_in is None else min(due, reset_in))
     if a.state == "Succeeded":
-        evaluate_health(c, job, current)  # the last progress (step, checkpoints) into the status
-        await c.delete_pods(current, nodes)
+        evaluate_health(c, job, current, report=False)  # the last progress (step, checkpoints); no more verdicts
         c.phase("Succeeded", "AllRanksSucceeded", f"all {a.expected} pods exited 0 (attempt {c.st.attempt})")
         return None
     if a.state == "Failed":
@@ -367,14 +393,17 @@ async def _handle_failure(
     m = c.rt.metrics
     m.failures.labels(**{"class": f.cls.value, "kind": f.kind}).inc()
     spec = job.spec
+    # the first failing pod's exit code, node and last words: its pod is deleted below (or at
+    # the TTL), the status and the Event keep them
+    f, report = explain_failure(f, current, nodes, attempt=c.st.attempt, time=c.iso)
+    said = describe_failure(f, report)
+    c.update(last_failure=report)
     if f.cls is FailureClass.PERMANENT:
-        await c.delete_pods(current, nodes)
-        c.phase("Failed", f.kind, f"{f.message}: not retried (permanent)")
+        c.phase("Failed", f.kind, f"{said}: not retried (permanent)")
         return None
     decision = decide_restart(spec.restart_policy, c.st.restarts, f.cls)
     if not decision.allowed:
-        await c.delete_pods(current, nodes)
-        c.phase("Failed", "RestartBudgetSpent", f"{f.message}; {decision.reason}")
+        c.phase("Failed", "RestartBudgetSpent", f"{said}; {decision.reason}")
         return None
     quarantined = list(c.st.quarantined_nodes)
     for node in f.nodes:
@@ -408,7 +437,7 @@ async def _handle_failure(
     record_full(c, plan)
     wait = f", next gang in {backoff:g}s" if backoff > 0 else ""
     full = f"; {plan.message}" if plan.reason and plan.reason != "InPlaceDisabled" else ""
-    c.phase("Restarting", f.kind, f"{f.message}; {decision.reason}{full}{wait}")
+    c.phase("Restarting", f.kind, f"{said}; {decision.reason}{full}{wait}")
     return backoff if backoff > 0 else 0.2
 
 
@@ -430,7 +459,7 @@ async def _place_and_create(c: Cycle, job: TrainingJob, nodes: Mapping[str, Mapp
         job, nodes=list(nodes.values()), pods=rt.all_bound_pods(), attempt=attempt,
         previous_nodes=[p.node for p in sorted(prev.pods, key=lambda p: p.pod_index)] if prev is not None else None,
         previous_spares=c.st.placement.spares if c.st.placement else (),
-        failed={q.node for q in c.st.quarantined_nodes},
+        failed={q.node for q in c.st.quarantined_nodes}, cache=c.w.topology_cache,
     ))
     rt.metrics.placement.observe(time.perf_counter() - t0)
 
@@ -443,7 +472,10 @@ async def _place_and_create(c: Cycle, job: TrainingJob, nodes: Mapping[str, Mapp
         c.phase("Placing", result.condition_reason, f"{result.message}; retrying (and on every node change)")
         return retry
     c.w.placement_failures = 0
-    created = await create_gang(c, job, result)
+    try:
+        created = await create_gang(c, job, result)
+    except GangRefused as refused:
+        return await _gang_refused(c, refused)
     if created is None:
         return PODGROUP_RETRY_S
     pods, plan = created
@@ -471,26 +503,76 @@ async def create_gang(c: Cycle, job: TrainingJob, placed: Placement) -> tuple[li
     Secret and Service, the attempt's ConfigMap, every pod gated, then every gate lifted at once.
     None when the PodGroup kind is unavailable (the job stays Placing).
 
-    Every object the API server may refuse for this gang is created here, so this is where a
-    4xx on the gang's own objects is to become a Failed phase or a waiting condition."""
+    Every object the API server may refuse for this gang is created here: a refusal raises
+    :class:`GangRefused` (naming the object and what to roll back), which
+    :func:`_gang_refused` turns into a Failed phase or a waiting condition."""
     rt, spec, attempt = c.rt, job.spec, c.st.attempt
     owner = owner_reference(c.body)
     plan = plan_gang_scheduling(spec, job=c.name, namespace=c.ns, attempt=attempt, owner=owner, gang_size=len(placed.nodes))
-    if not await _ensure_podgroups(c, plan):
-        return None
+    pods = build_gang_pods(spec, job=c.name, namespace=c.ns, owner=owner, attempt=attempt, nodes=placed.nodes, heartbeat_url=_heartbeat_url(rt, c.ns, c.name), annotations=rt.settings.pod_annotations)
+    pods = apply_to_pods(pods, plan)  # schedulerName, queue/group labels; our gate and node affinity stay
+    names = [str(p["metadata"]["name"]) for p in pods]
+    cm = configmap_name(c.name, attempt)
+    async with _refusals(f"PodGroup {plan.group_name}"):
+        if not await _ensure_podgroups(c, plan):
+            return None
     await _ensure_job_objects(c, owner)
     table = with_addresses(placed.rank_table, c.ns)
     restore = {"tier": c.st.last_checkpoint.tier, "step": c.st.last_checkpoint.step} if c.st.last_checkpoint else None
     config = build_trainer_config(spec, job=c.name, namespace=c.ns, attempt=attempt, restore=restore)
-    await c.io.create_object(build_configmap(c.name, c.ns, owner, attempt=attempt, rank_table=table, config=config))
-    pods = build_gang_pods(spec, job=c.name, namespace=c.ns, owner=owner, attempt=attempt, nodes=placed.nodes, heartbeat_url=_heartbeat_url(rt, c.ns, c.name), annotations=rt.settings.pod_annotations)
-    pods = apply_to_pods(pods, plan)  # schedulerName, queue/group labels; our gate and node affinity stay
-    rt.metrics.pods_created.inc(await c.io.create_pods(pods))
-    await c.io.lift_gates(pods)
+    async with _refusals(f"ConfigMap {cm}"):
+        await c.io.create_object(build_configmap(c.name, c.ns, owner, attempt=attempt, rank_table=table, config=config))
+    # the attempt's ConfigMap goes with a refused gang too: a retry may place it elsewhere
+    async with _refusals("the gang's pods", pods=names, configmap=cm):
+        rt.metrics.pods_created.inc(await c.io.create_pods(pods))
+        await c.io.lift_gates(pods)
     rt.store.begin_attempt(c.ns, c.name, attempt)
     members = {i: pod_name(c.name, attempt, i) for i in range(len(pods))}
     c.after_commit.append(lambda: rt.control.publish(c.ns, c.name, attempt=attempt, members=members, table=table, restore=restore))
     return pods, plan
+
+
+class GangRefused(Exception):
+    """The API server refused one of the gang's own objects (``what``); ``pods`` and
+    ``configmap`` are what this attempt may already have created of the gang."""
+
+    def __init__(self, what: str, error: ApiError, pods: Sequence[str] = (), configmap: str | None = None) -> None:
+        super().__init__(f"{what}: {error}")
+        self.what = what
+        self.error = error
+        self.pods = list(pods)
+        self.configmap = configmap
+
+
+@contextlib.asynccontextmanager
+async def _refusals(what: str, *, pods: Sequence[str] = (), configmap: str | None = None) -> AsyncIterator[None]:
+    try:
+        yield
+    except ApiError as exc:
+        raise GangRefused(what, exc, pods, configmap) from exc
+
+
+async def _gang_refused(c: Cycle, refused: GangRefused) -> float | None:
+    """Roll back what this attempt created of the gang (no half gang waits or runs), then fail
+    the job (a refusal that cannot pass) or wait and create it again (one that can), with the
+    server's message in the condition and its Event."""
+    exc = refused.error
+    message = exc.body.get("message", "") if isinstance(exc.body, dict) else str(exc.body or "")
+    decision = decide_rejection(exc.status, exc.reason, str(message), what=refused.what)
+    log.warning("%s/%s: %s", c.ns, c.name, decision.message)
+    if refused.pods:
+        for n in refused.pods:
+            c.w.deleting[n] = c.now
+        await c.io.delete_pods(c.ns, refused.pods, grace_seconds=0)  # gated, never bound: gone at once
+    if refused.configmap:
+        await c.io.delete_configmaps(c.ns, [refused.configmap])
+    c.st = c.st.model_copy(update={"observed_generation": c.generation, "gang_created_time": None})
+    if decision.permanent:
+        c.phase("Failed", decision.reason, decision.message)
+        return None
+    c.st = c.st.model_copy(update={"next_attempt_time": format_micro_time(c.now + decision.retry_after_s)})
+    c.phase("Placing", decision.reason, decision.message)
+    return decision.retry_after_s
 
 
 async def _ensure_podgroups(c: Cycle, plan: GangSchedulingPlan) -> bool:
@@ -528,14 +610,24 @@ async def _finish_creation(c: Cycle, job: TrainingJob, current: Sequence[Mapping
     owner = owner_reference(c.body)
     pods = build_gang_pods(job.spec, job=c.name, namespace=c.ns, owner=owner, attempt=c.st.attempt, nodes=nodes, heartbeat_url=_heartbeat_url(rt, c.ns, c.name), annotations=rt.settings.pod_annotations)
     plan = plan_gang_scheduling(job.spec, job=c.name, namespace=c.ns, attempt=c.st.attempt, owner=owner, gang_size=len(pods))
-    if not await _ensure_podgroups(c, plan):
-        return PODGROUP_RETRY_S
-    pods = apply_to_pods(pods, plan)
-    missing = [pods[i] for i in a.missing if i < len(pods)]
-    if missing:
-        rt.metrics.pods_created.inc(await c.io.create_pods(missing))
-    await _ensure_job_objects(c, owner)
-    await c.io.lift_gates(pods)
+    names = [str(p["metadata"]["name"]) for p in pods]
+    try:
+        async with _refusals(f"PodGroup {plan.group_name}"):
+            if not await _ensure_podgroups(c, plan):
+                return PODGROUP_RETRY_S
+        pods = apply_to_pods(pods, plan)
+        missing = [pods[i] for i in a.missing if i < len(pods)]
+        async with _refusals("the gang's pods", pods=names, configmap=configmap_name(c.name, c.st.attempt)):
+            if missing:
+                rt.metrics.pods_created.inc(await c.io.create_pods(missing))
+        await _ensure_job_objects(c, owner)
+        async with _refusals("the gang's pods", pods=names, configmap=configmap_name(c.name, c.st.attempt)):
+            await c.io.lift_gates(pods)
+    except GangRefused as refused:
+        # the rest of this gang exists already: it goes too
+        refused.pods = names
+        refused.configmap = configmap_name(c.name, c.st.attempt)
+        return await _gang_refused(c, refused)
     update: dict[str, Any] = {}
     if c.st.gang_created_time is None:
         update["gang_created_time"] = format_micro_time(c.now)
@@ -553,9 +645,40 @@ async def _ensure_job_objects(c: Cycle, owner: Mapping[str, Any]) -> None:
     re-read after an operator restart so heartbeats authenticate against the same one."""
     rt = c.rt
     if rt.tokens(c.ns, c.name) is None:
-        token = await c.io.ensure_secret(build_secret(c.name, c.ns, owner, c.io.new_token()))
+        async with _refusals(f"Secret {secret_name(c.name)}"):
+            token = await c.io.ensure_secret(build_secret(c.name, c.ns, owner, c.io.new_token()))
         rt.tokens.set(c.ns, c.name, token)
-    await c.io.create_object(build_service(c.name, c.ns, owner))
+    async with _refusals(f"Service {service_name(c.name)}"):
+        await c.io.create_object(build_service(c.name, c.ns, owner))
+
+
+async def _release_finished(c: Cycle, job: TrainingJob, nodes: Mapping[str, Mapping[str, Any]]) -> float | None:
+    """A finished job: delete what must go now (other attempts, spares, placeholders), keep the
+    last attempt's finished pods until ``spec.cleanup`` says, give its members still running a
+    little time to exit on their own (logic/finished.py); no more health news. Returns when to
+    look again (a settle time or the TTL)."""
+    if c.st.stragglers:
+        c.update(stragglers=[])
+    _update_degraded(c, job)  # a finished job is not Degraded (no Event: it finished)
+    done = decide_finished_pods(
+        _own_pods(c), job_phase=c.st.phase, attempt=c.st.attempt, cleanup=job.spec.cleanup,
+        completion_time=parse_time(c.st.completion_time), now=c.now,
+    )
+    if done.delete:
+        await c.delete_pods(done.delete, nodes)
+        return 2.0 if done.due_in is None else min(2.0, done.due_in)
+    return done.due_in
+
+
+def _own_pods(c: Cycle) -> list[dict[str, Any]]:
+    """The job's gang pods; a deleted job's pods (same name, another uid, finished pods kept for
+    their TTL) are not this job's, whatever their labels say."""
+    uid = c.meta.get("uid")
+    return [p for p in c.rt.pods_of(c.ns, c.name) if is_owned_by(p, str(uid) if uid else None)]
+
+
+def _name(pod: Mapping[str, Any]) -> str:
+    return str((pod.get("metadata") or {}).get("name") or "")
 
 
 def _heartbeat_url(rt: Runtime, namespace: str, job: str) -> str:

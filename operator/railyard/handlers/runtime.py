@@ -18,17 +18,22 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from railyard.k8s.client import Kube
+from railyard.kubecreds import Connection, Credential, load_connection
 from railyard.logic.health import HealthState
 from railyard.logic.health.window import HeartbeatStore
 from railyard.logic.manifests import CLEANUP_LABEL, SPARE_LABEL
+from railyard.logic.topology import TopologyCache
 from railyard.observe.checkpoint_metrics import CheckpointMetrics
 from railyard.observe.control import ControlBoard
 from railyard.observe.health_metrics import HealthMetrics
 from railyard.observe.heartbeats import StaticTokens
 from railyard.observe.metrics import OperatorMetrics
+from railyard.observe.probes import DEFAULT_STUCK_AFTER_S, Probes
 
 log = logging.getLogger(__name__)
 Key = tuple[str, str]
+#: A job worker that died is restarted after this long (not at once: no restart storm).
+WORKER_RESTART_DELAY_S = 1.0
 
 
 @dataclass
@@ -53,6 +58,8 @@ class OperatorSettings:
     registry: CollectorRegistry | None = None
     #: Extra annotations on every gang pod.
     pod_annotations: dict[str, str] = field(default_factory=dict)
+    #: A reconcile cycle running longer than this fails liveness (observe/probes.py).
+    stuck_reconcile_s: float = DEFAULT_STUCK_AFTER_S
 
 
 @dataclass
@@ -72,6 +79,10 @@ class JobWorker:
     gone: bool = False
     #: Health detection state of the current attempt (kept between cycles).
     health_state: HealthState | None = None
+    #: What the last placement input derived from each Node object of the index (a node's
+    #: index entry is a new dict when it changes), so a re-placement on a big cluster does not
+    #: re-derive the domain tree.
+    topology_cache: TopologyCache = field(default_factory=TopologyCache)
 
 
 #: One reconcile cycle of a job's worker (handlers.reconcile.reconcile_job); returns when to look again.
@@ -82,6 +93,9 @@ class Runtime:
     def __init__(self, settings: OperatorSettings, reconcile: Reconcile) -> None:
         self.settings = settings
         self.kube: Kube | None = None
+        self._connection: Connection | None = None
+        #: What kopf's client was last given (kopf logs in again when it expired or was refused).
+        self.kopf_credential: Credential | None = None
         self.metrics = OperatorMetrics(settings.registry)
         self.health_metrics = HealthMetrics(self.metrics.registry)
         self.checkpoint_metrics = CheckpointMetrics(self.metrics.registry)
@@ -98,15 +112,24 @@ class Runtime:
         self.reconcile = reconcile
         #: node name -> what placement reads of it, as last seen (handlers.nodes)
         self.node_signatures: dict[str, tuple[Any, ...]] = {}
+        self.probes = Probes(stuck_after_s=settings.stuck_reconcile_s)
+
+    def connection(self) -> Connection:
+        """The API server and its (renewing) credentials, shared by our client and kopf's."""
+        if self._connection is None:
+            self._connection = load_connection(self.settings.kubeconfig, self.settings.context)
+        return self._connection
 
     def api(self) -> Kube:
         if self.kube is None:
-            self.kube = Kube.from_config(self.settings.kubeconfig, self.settings.context)
+            self.kube = Kube.for_connection(self.connection())
         return self.kube
 
     # indexes ------------------------------------------------------------------------------
 
     def bind_indexes(self, kwargs: dict[str, Any]) -> None:
+        # Only event handlers call this, and kopf runs them only once every index is filled.
+        self.probes.synced = True
         self.job_pods = kwargs.get("railyard_job_pods", self.job_pods)
         self.nodes = kwargs.get("railyard_nodes", self.nodes)
         self.bound_pods = kwargs.get("railyard_bound_pods", self.bound_pods)
@@ -155,9 +178,29 @@ class Runtime:
             self.workers[key] = w
         w.body = body
         if w.task is None or w.task.done():
-            w.task = asyncio.create_task(self._loop(w), name=f"railyard-job-{namespace}/{name}")
+            self._start_worker(w)
         w.wake.set()
         return w
+
+    def _start_worker(self, w: JobWorker) -> None:
+        w.task = asyncio.create_task(self._loop(w), name=f"railyard-job-{w.namespace}/{w.name}")
+        w.task.add_done_callback(lambda task: self._on_worker_done(w, task))
+
+    def _on_worker_done(self, w: JobWorker, task: asyncio.Task[None]) -> None:
+        """A job's worker runs until its job is gone; one that ended otherwise is logged and
+        restarted at once, so the job is not left unreconciled until its next event."""
+        if w.gone or task.cancelled() or w.task is not task or self.workers.get((w.namespace, w.name)) is not w:
+            return
+        exc = task.exception()
+        log.error("the worker of %s/%s ended unexpectedly (%r); restarting it in %.0fs", w.namespace, w.name, exc,
+                  WORKER_RESTART_DELAY_S, exc_info=exc)
+        self.metrics.reconcile_errors.labels(kind="WorkerDied").inc()
+        asyncio.get_running_loop().call_later(WORKER_RESTART_DELAY_S, self._restart_worker, w, task)
+
+    def _restart_worker(self, w: JobWorker, dead: asyncio.Task[None]) -> None:
+        if not w.gone and w.task is dead and self.workers.get((w.namespace, w.name)) is w:
+            self._start_worker(w)
+            w.wake.set()
 
     async def remove_job(self, namespace: str, name: str) -> None:
         w = self.workers.pop((namespace, name), None)
@@ -211,7 +254,11 @@ class Runtime:
             delay: float | None
             try:
                 self.metrics.reconciles.inc()
-                delay = await self.reconcile(self, w)
+                self.probes.cycle_started((w.namespace, w.name))
+                try:
+                    delay = await self.reconcile(self, w)
+                finally:
+                    self.probes.cycle_finished((w.namespace, w.name))
                 failures = 0
             except asyncio.CancelledError:
                 raise

@@ -1,9 +1,10 @@
 """The operator's Kubernetes API client: plain async HTTP, retries for what is transient.
 
 The generated ``kubernetes`` client is synchronous; a 1,000-pod gang must be created at
-hundreds of pods per second, so the operator speaks HTTP with aiohttp over one pooled session
-and reads credentials through the ``kubernetes`` package's kubeconfig / in-cluster loaders (so
-token, client certificate and exec-plugin setups all work). 429, 5xx and connection errors are
+hundreds of pods per second, so the operator speaks HTTP with aiohttp over one pooled session;
+credentials come from the kubeconfig or the pod (``railyard.kubecreds``: token, token file,
+client certificate, exec plugin) and are renewed when they expire or the server answers 401
+(``railyard.kubeclient``). 429, 5xx and connection errors are
 retried with exponential backoff and jitter; 409 is returned to the caller, who knows whether
 it means "already exists" (fine: names are deterministic) or "conflict" (re-read and retry).
 """
@@ -14,12 +15,13 @@ import asyncio
 import logging
 import random
 import ssl
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import aiohttp
 
 from railyard.kubeclient import MERGE, ApiError, BaseClient, Obj, load_connection
+from railyard.kubecreds import Credential, Credentials
 
 __all__ = ["MERGE", "TRANSIENT", "ApiError", "Kube", "Obj", "core_path", "custom_path"]
 
@@ -41,16 +43,17 @@ class Kube(BaseClient):
         limit: int = 64,
         retries: int = 6,
         backoff_s: float = 0.1,
+        credentials: Credentials | None = None,
+        tls: Callable[[Credential | None], ssl.SSLContext | bool | None] | None = None,
     ) -> None:
-        super().__init__(server, token=token, ssl_context=ssl_context, limit=limit)
+        super().__init__(server, token=token, ssl_context=ssl_context, limit=limit, credentials=credentials, tls=tls)
         self._retries = retries
         self._backoff = backoff_s
 
     @classmethod
     def from_config(cls, kubeconfig: str | None = None, context: str | None = None, **kw: Any) -> Kube:
         """From a kubeconfig (``None``: $KUBECONFIG or ~/.kube/config), else in-cluster."""
-        conn = load_connection(kubeconfig, context)
-        return cls(conn.server, token=conn.token, ssl_context=conn.ssl_context, **kw)
+        return cls.for_connection(load_connection(kubeconfig, context), **kw)
 
     async def request(
         self,

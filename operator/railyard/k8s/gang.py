@@ -119,9 +119,21 @@ def new_token() -> str:
 
 
 async def create_pods(kube: Kube, pods: Sequence[Mapping[str, Any]]) -> int:
-    """Create all pods concurrently; returns how many were new."""
-    results = await _bounded(create_object(kube, p) for p in pods)
-    return sum(results)
+    """Create all pods concurrently; returns how many were new. When the API server refuses
+    some, every create is still waited for, then the first refusal is raised: no create is in
+    flight behind the caller's roll-back."""
+    results = await _bounded(_settled(create_object(kube, p)) for p in pods)
+    errors = [r for r in results if isinstance(r, BaseException)]
+    if errors:
+        raise errors[0]
+    return sum(1 for r in results if r is True)
+
+
+async def _settled(call: Awaitable[T]) -> T | Exception:
+    try:
+        return await call
+    except Exception as exc:
+        return exc
 
 
 async def lift_gates(kube: Kube, pods: Sequence[Mapping[str, Any]]) -> int:

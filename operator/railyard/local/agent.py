@@ -34,17 +34,22 @@ from railyard.local import podenv
 from railyard.local.kube import ApiError, Informer, KubeClient, Obj, key_of, retry
 from railyard.local.nodes import NodeControl, now_iso
 from railyard.local.podenv import ContainerConfigError, PodContext
+from railyard.local.tasks import TaskSet
+from railyard.local.termination import build_termination_message, termination_message_path
 from railyard.local.topology import NodeSpec
+from railyard.protocol.device import SIMULATED_DEVICE_ENV, SimulatedDevice, write_device
 
 log = logging.getLogger(__name__)
 RESOLVER_SOURCE = Path(__file__).with_name("_resolver_site.py")
 DEFAULT_GRACE = 30
 RESTART_BACKOFF_MAX = 10.0
-#: Much shorter than one run of the trainer's speed probe (~6 ms on a CPU core), so every run
-#: sees the slow-down, as on a throttled device, rather than some runs slipping between stops.
+#: Period of a slow node's SIGSTOP/SIGCONT duty cycle: short, so the node's processes are slowed
+#: evenly (wall clock) rather than in visible bursts. The straggler signal does not come from it:
+#: the speed probe sees the node's simulated device (device_file), which is exact under any load.
 SLOW_PERIOD = 0.004
 #: A pod with this annotation set to "true" is reported Running without starting processes
-#: (as kwok does): for scale tests of 1,000-pod gangs on a 2-core machine.
+#: (as kwok does): for scale tests of 1,000-pod gangs on a 2-core machine. Its init containers
+#: complete at once (exit 0), its containers run until the pod is deleted or its node fails.
 SIMULATE_ANNOTATION = "local.railyard.dev/simulate"
 #: hostPaths under these prefixes are one folder for all nodes (a shared filesystem mount).
 DEFAULT_SHARED_HOST_PATHS = ("/mnt",)
@@ -173,7 +178,7 @@ class PodWorker:
 
     # --- public ---
     def start(self) -> None:
-        self.task = asyncio.get_running_loop().create_task(self._run())
+        self.task = self.agent.tasks.spawn(self._run(), f"pod {self.ns}/{self.name}")
 
     @property
     def running(self) -> bool:
@@ -275,6 +280,8 @@ class PodWorker:
     def _plan(self, c: Container) -> tuple[list[str], dict[str, str], str]:
         env = podenv.build_env(self.ctx, c.spec)
         mounts = podenv.build_mounts(c.spec, self.volume_dirs)
+        # the container's terminationMessagePath is a file of its own, as the kubelet mounts it
+        mounts.setdefault(termination_message_path(c.spec), str(self._termination_file(c)))
         env = {k: podenv.rewrite_paths(v, mounts) for k, v in env.items()}
         argv = podenv.build_command(c.spec, env, mounts)
         workdir = str(c.spec.get("workingDir") or "")
@@ -292,13 +299,24 @@ class PodWorker:
                 "RAILYARD_POD_DIR": str(self.pod_dir),
                 "RAILYARD_MOUNTS": podenv.mounts_json(mounts),
                 "RAILYARD_NODE_SLOW_FACTOR": str(self.agent.control(self.node.name).slow_factor),
+                SIMULATED_DEVICE_ENV: str(self.agent.device_file(self.node.name)),
             }
         )
         full.update(env)
         return argv, full, cwd
 
+    def _termination_file(self, c: Container) -> Path:
+        return self.pod_dir / f"{c.name}.termination-log"
+
+    def _termination_message(self, c: Container, code: int) -> str:
+        policy = str(c.spec.get("terminationMessagePolicy") or "File")
+        log_path = self.agent.log_path(self.ns, self.name, c.name)
+        return build_termination_message(self._termination_file(c), log_path, policy=policy, exit_code=code)
+
     async def _spawn(self, c: Container) -> int | None:
         """Start the container's process; None when it started, else an exit code to report."""
+        with contextlib.suppress(OSError):
+            self._termination_file(c).write_bytes(b"")  # each run of the container starts with an empty one
         argv, env, cwd = self._plan(c)
         if self.simulated:
             c.started_at = now_iso()
@@ -341,13 +359,16 @@ class PodWorker:
         return out
 
     async def _wait(self, c: Container) -> int:
-        if c.proc is None:  # simulated: runs until the pod is deleted or its node fails
+        if c.proc is not None:
+            rc = await c.proc.wait()
+            code = 128 - rc if rc < 0 else rc
+        elif c.init:  # simulated: an init container has done its work
+            code = 0
+        else:  # simulated: runs until the pod is deleted or its node fails
             await asyncio.get_running_loop().create_future()
-        assert c.proc is not None
-        rc = await c.proc.wait()
-        code = 128 - rc if rc < 0 else rc
+            code = 0
         c.ready = False
-        c.state = {"terminated": self._terminated(code, "Completed" if code == 0 else "Error", c.started_at)}
+        c.state = {"terminated": self._terminated(code, "Completed" if code == 0 else "Error", c.started_at, self._termination_message(c, code))}
         return code
 
     async def _run_to_completion(self, c: Container) -> bool:
@@ -357,7 +378,8 @@ class PodWorker:
             code = await self._spawn(c)
             if code is None:
                 self.phase = "Pending"
-                await self._patch_status()
+                if not self.simulated:  # a simulated one completes at once: one patch, not two
+                    await self._patch_status()
                 code = await self._wait(c)
             if code == 0:
                 await self._patch_status()
@@ -380,7 +402,7 @@ class PodWorker:
                 code = await self._spawn(c)
                 if code is None:
                     if c.spec.get("readinessProbe"):
-                        probe = asyncio.get_running_loop().create_task(self._probe(c))
+                        probe = self.agent.tasks.spawn(self._probe(c), f"readiness probe {self.ns}/{self.name}/{c.name}")
                     else:
                         c.ready = True
                     self._update_phase()
@@ -576,7 +598,7 @@ class Agent:
         self.on_change: Callable[[], None] | None = None
         self._finishing: set[str] = set()
         self._done: set[str] = set()
-        self._tasks: set[asyncio.Task[None]] = set()
+        self.tasks = TaskSet("node agent")
         self.resolver_dir.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(RESOLVER_SOURCE, self.resolver_dir / "sitecustomize.py")
         self._write_hosts()
@@ -584,6 +606,13 @@ class Agent:
     # --- paths and env ---
     def node_dir(self, node: str) -> Path:
         return self.state_dir / "nodes" / node
+
+    def device_file(self, node: str) -> Path:
+        """The node's simulated accelerator (railyard.protocol.device), read by the trainer."""
+        return self.node_dir(node) / "device.json"
+
+    def _publish_device(self, node: str) -> None:
+        write_device(self.device_file(node), SimulatedDevice(slow_factor=self.control(node).slow_factor))
 
     def host_path(self, node: str, path: str) -> Path:
         """A hostPath's folder: per node, except under a shared prefix (a network filesystem
@@ -667,17 +696,25 @@ class Agent:
                 obj_name = src.get("secretName") if secret else src.get("name")
                 self._write_keys(real, ctx, str(obj_name), src, secret=secret, field=f"volumes[{name}]")
             elif vol.get("projected"):
+                # serviceAccountToken sources get no file: this agent issues no tokens (the
+                # service-account volume admission adds still carries ca.crt and namespace)
                 for s in vol["projected"].get("sources") or []:
                     for kind, secret in (("configMap", False), ("secret", True)):
                         if s.get(kind):
                             self._write_keys(real, ctx, str(s[kind].get("name")), s[kind], secret=secret, field=f"volumes[{name}]")
+                    if s.get("downwardAPI"):
+                        self._write_field_refs(real, ctx, s["downwardAPI"])
             elif vol.get("downwardAPI"):
-                for item in vol["downwardAPI"].get("items") or []:
-                    if item.get("fieldRef"):
-                        target = real / str(item.get("path"))
-                        target.parent.mkdir(parents=True, exist_ok=True)
-                        target.write_text(podenv.resolve_field_ref(ctx, str(item["fieldRef"].get("fieldPath"))))
+                self._write_field_refs(real, ctx, vol["downwardAPI"])
         return out
+
+    @staticmethod
+    def _write_field_refs(folder: Path, ctx: PodContext, src: Obj) -> None:
+        for item in src.get("items") or []:
+            if item.get("fieldRef"):
+                target = folder / str(item.get("path"))
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_text(podenv.resolve_field_ref(ctx, str(item["fieldRef"].get("fieldPath"))))
 
     def _write_keys(self, folder: Path, ctx: PodContext, obj_name: str, src: Obj, *, secret: bool, field: str) -> None:
         obj = (ctx.secrets if secret else ctx.configmaps).get(obj_name)
@@ -705,14 +742,14 @@ class Agent:
     def apply_controls(self, controls: Mapping[str, NodeControl]) -> None:
         """The node controls read at start-up (a node slowed before a restart stays slow)."""
         self.controls = dict(controls)
+        for node in self.nodes:
+            self._publish_device(node)
         for node, control in self.controls.items():
             if control.slow_factor > 1.0:
                 self._restart_slow(node)
 
-    def _bg(self, coro: Any) -> None:
-        task: asyncio.Task[None] = asyncio.get_running_loop().create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+    def _bg(self, coro: Any, what: str = "") -> None:
+        self.tasks.spawn(coro, what)
 
     def on_pod(self, kind: str, pod: Obj, old: Obj | None) -> None:
         spec = pod.get("spec") or {}
@@ -810,6 +847,7 @@ class Agent:
                 if (pod.get("spec") or {}).get("nodeName") == node:
                     self.on_pod("MODIFIED", pod, None)
         if after.slow_factor != before.slow_factor:
+            self._publish_device(node)
             self._restart_slow(node)
 
     def on_service(self, kind: str, svc: Obj, old: Obj | None) -> None:
@@ -824,7 +862,7 @@ class Agent:
         if task is not None:
             task.cancel()
         if self.control(node).slow_factor > 1.0:
-            self._slow_tasks[node] = asyncio.get_running_loop().create_task(self._duty_cycle(node))
+            self._slow_tasks[node] = self.tasks.spawn(self._duty_cycle(node), f"slow-down of {node}")
 
     def pgids_on(self, node: str) -> list[int]:
         return [pg for w in list(self.workers.values()) if w.node.name == node and not w.stopping for pg in w.pgids()]

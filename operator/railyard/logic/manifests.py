@@ -18,6 +18,7 @@ from typing import Any
 from railyard import GROUP
 from railyard.api.trainingjob import API_VERSION, DEFAULT_IMAGE, KIND, TrainingJobSpec
 from railyard.protocol.ranktable import PodEntry, RankTable
+from railyard.protocol.termination import TERMINATION_LOG, TERMINATION_LOG_ENV
 
 # labels, annotations, names ------------------------------------------------------------------
 JOB_LABEL = f"{GROUP}/job"
@@ -104,6 +105,16 @@ def owner_reference(job: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+def is_owned_by(obj: Mapping[str, Any], uid: str | None) -> bool:
+    """Whether ``obj`` belongs to the job of ``uid``: its controller reference names that uid
+    (an object without owner references, or a job without a uid, is not told apart). A pod of
+    a deleted job of the same name, not yet garbage-collected, is not the new job's."""
+    refs = [r for r in (obj.get("metadata") or {}).get("ownerReferences") or () if r.get("controller")]
+    if not refs or not uid:
+        return True
+    return any(r.get("uid") == uid for r in refs)
+
+
 def job_labels(job: str) -> dict[str, str]:
     return {JOB_LABEL: job, MANAGED_BY_LABEL: MANAGED_BY}
 
@@ -165,12 +176,14 @@ def build_trainer_config(
         "namespace": namespace,
         "attempt": attempt,
         "trainer": spec.trainer.model_dump(by_alias=True, exclude_none=True, mode="json"),
+        # railyard.protocol.trainerconfig.Parallelism, with the data degree resolved
         "parallelism": {
             "tensor": p.tensor,
             "pipeline": p.pipeline,
-            "data": spec.data_parallel or -1,
+            "data": spec.data_parallel or None,
+            "dataReplicas": p.data_replicas,
             "pipelineSchedule": p.pipeline_schedule,
-            "microbatches": p.microbatches or 0,
+            "microbatches": p.microbatches,
         },
         "checkpoint": spec.checkpoint.model_dump(by_alias=True, exclude_none=True, mode="json"),
         "health": spec.health.model_dump(by_alias=True, exclude_none=True, mode="json"),
@@ -322,6 +335,7 @@ def build_pod_env(
         {"name": "RAILYARD_CHECKPOINT_MEMORY_DIR", "value": CHECKPOINT_MOUNTS["memory"]},
         {"name": "RAILYARD_CHECKPOINT_LOCAL_DIR", "value": CHECKPOINT_MOUNTS["local"]},
         {"name": "RAILYARD_CHECKPOINT_SHARED_DIR", "value": CHECKPOINT_MOUNTS["shared"]},
+        {"name": TERMINATION_LOG_ENV, "value": TERMINATION_LOG},
     ]
     nccl = {**NCCL_DEFAULTS, **spec.nccl}
     env += [{"name": k, "value": v} for k, v in sorted(nccl.items())]
@@ -374,6 +388,10 @@ def build_pod(
         "resources": resources,
         "volumeMounts": mounts,
         "securityContext": container_sc,
+        # the failing rank's last words: what the launcher writes there, else (any other
+        # program) the tail of the log, survive the pod in state.terminated.message
+        "terminationMessagePath": TERMINATION_LOG,
+        "terminationMessagePolicy": "FallbackToLogsOnError",
     }
     if spec.args:
         container["args"] = list(spec.args)

@@ -115,21 +115,23 @@ def placement_status(pl: Placement, *, attempt: int) -> PlacementStatus:
 def decide_degraded(status: TrainingJobStatus, *, hot_spares: int, now: str) -> TrainingJobStatus:
     """``Degraded`` is True while ranks straggle or a running gang holds fewer hot spares than
     ``spec.gang.hotSpares`` (a sticky re-placement may have spent them); it is orthogonal to the
-    phase. Returns ``status`` itself when nothing changes."""
+    phase, except that a finished job is never Degraded (reason ``Finished``). Returns
+    ``status`` itself when nothing changes."""
     reasons = []
-    if status.stragglers:
+    if status.stragglers and status.phase not in TERMINAL_PHASES:
         reasons.append(f"{len(status.stragglers)} straggling ranks")
     spares = len(status.placement.spares) if status.placement else 0
     if status.phase in ("Starting", "Running") and spares < hot_spares:
         reasons.append(f"{spares}/{hot_spares} hot spares held")
     value = "True" if reasons else "False"
+    healthy = "Finished" if status.phase in TERMINAL_PHASES else "Healthy"
     old = next((x for x in status.conditions if x.type == "Degraded"), None)
     if old is None and value == "False":
         return status
     if old is not None and old.status == value and old.message == "; ".join(reasons):
         return status
     return status.model_copy(update={"conditions": set_condition(
-        status.conditions, "Degraded", value, reason="Degraded" if reasons else "Healthy",
+        status.conditions, "Degraded", value, reason="Degraded" if reasons else healthy,
         message="; ".join(reasons), now=now, generation=status.observed_generation or None,
     )})
 
@@ -157,7 +159,8 @@ WARNING_PHASES = frozenset({"Restarting", "Failed", "Placing"})
 
 def build_transition_events(old: TrainingJobStatus, new: TrainingJobStatus) -> list[tuple[str, str, str]]:
     """(type, reason, message) per transition: one for a phase change (or a new reason within a
-    phase, e.g. a different placement problem), one per flip of Degraded."""
+    phase, e.g. a different placement problem), one per flip of Degraded while the job has not
+    finished (no health news after Succeeded or Failed)."""
     events: list[tuple[str, str, str]] = []
     old_head = _headline(old)
     new_head = _headline(new)
@@ -165,7 +168,7 @@ def build_transition_events(old: TrainingJobStatus, new: TrainingJobStatus) -> l
         reason = new_head.reason if new_head is not None and new_head.reason else new.phase
         events.append(("Warning" if new.phase in WARNING_PHASES else "Normal", reason, new.message or f"phase {new.phase}"))
     for t in compute_transitions(old.conditions, new.conditions):
-        if t.type == "Degraded":
+        if t.type == "Degraded" and new.phase not in TERMINAL_PHASES:
             events.append(("Warning" if t.status == "True" else "Normal", t.reason or "Degraded", t.message or f"Degraded is {t.status}"))
     return events
 

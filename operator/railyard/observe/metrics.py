@@ -1,4 +1,4 @@
-"""The operator's Prometheus metrics and its HTTP server (/metrics, /healthz, heartbeat ingest).
+"""The operator's Prometheus metrics and its HTTP server (/metrics, /healthz, /readyz, heartbeat ingest).
 
 Names follow Prometheus conventions: ``railyard_`` prefix, base units (seconds, bytes),
 ``_total`` for counters (prometheus-client appends it). Label sets stay small: per job only
@@ -24,6 +24,7 @@ from prometheus_client import (
 
 from railyard.logic.failures import RULES
 from railyard.logic.inplace import FALLBACKS
+from railyard.observe.probes import Verdict
 from railyard.protocol.exitcodes import FailureClass
 
 log = logging.getLogger(__name__)
@@ -124,27 +125,33 @@ class OperatorMetrics:
                     metric.remove(*labels)
 
 
+def _always_ok() -> Verdict:
+    return Verdict(True, "ok")
+
+
 def build_http_app(
     registry: CollectorRegistry,
     *,
-    healthy: Callable[[], bool] = lambda: True,
-    ready: Callable[[], bool] = lambda: True,
+    healthy: Callable[[], Verdict] = _always_ok,
+    ready: Callable[[], Verdict] = _always_ok,
     extra_routes: Callable[[web.Application], Any] | None = None,
 ) -> web.Application:
-    """/metrics (Prometheus text), /healthz (200 while the operator loop is alive), /readyz (200
-    once the operator has its view of the cluster), plus ``extra_routes`` (heartbeat ingest)."""
+    """/metrics (Prometheus text), /healthz (liveness) and /readyz (readiness), each 200 or 503
+    with its reason as the body (``observe/probes.py`` says what they mean), plus
+    ``extra_routes`` (heartbeat ingest)."""
 
     async def metrics(_: web.Request) -> web.Response:
         body = generate_latest(registry)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
+    def answer(verdict: Verdict) -> web.Response:
+        return web.Response(status=200 if verdict.ok else 503, text=verdict.reason + "\n")
+
     async def healthz(_: web.Request) -> web.Response:
-        ok = healthy()
-        return web.Response(status=200 if ok else 503, text="ok\n" if ok else "unhealthy\n")
+        return answer(healthy())
 
     async def readyz(_: web.Request) -> web.Response:
-        ok = ready()
-        return web.Response(status=200 if ok else 503, text="ready\n" if ok else "not ready\n")
+        return answer(ready())
 
     app = web.Application(client_max_size=512 * 1024)
     app.router.add_get("/readyz", readyz)
@@ -160,5 +167,5 @@ async def start_http_server(app: web.Application, host: str, port: int) -> web.A
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     await site.start()
-    log.info("operator HTTP server on %s:%d (/metrics, /healthz)", host, port)
+    log.info("operator HTTP server on %s:%d (/metrics, /healthz, /readyz)", host, port)
     return runner

@@ -37,6 +37,7 @@ import hashlib
 import json
 import logging
 import os
+import pickle
 import queue
 import shutil
 import threading
@@ -50,7 +51,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_state_dict
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.filesystem import FileSystemReader, FileSystemWriter
+from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex, TensorStorageMetadata
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
@@ -74,12 +77,14 @@ from railyard.protocol.restore import (
     RestoreSource,
     compute_steps_lost,
     decide_restore,
+    merge_verified,
     plan_gc,
     pod_location,
 )
 from railyard_trainer.checkpoint.settings import CheckpointSettings, TierSettings
 from railyard_trainer.checkpoint.storage import TierStorage
 from railyard_trainer.hooks import RestoreResult, TrainContext
+from railyard_trainer.train_state import rng_key, rng_state, set_rng_state
 
 log = logging.getLogger("railyard.checkpoint")
 
@@ -206,11 +211,20 @@ class CheckpointManager:
 
     # ------------------------------------------------------------------ hooks.Checkpointer
 
+    def _due_tiers(self, step: int) -> list[TierSettings]:
+        if step == self._last_saved_step:
+            return []
+        final = self.final_step is not None and step == self.final_step
+        return [t for t in self.tiers if t.due(step) or (final and step > 0)]
+
+    def due(self, step: int) -> bool:
+        """Whether :meth:`maybe_save` at ``step`` saves (the train loop verifies first)."""
+        return bool(self._due_tiers(step))
+
     def maybe_save(self, ctx: TrainContext, *, checks_passed: bool) -> None:
         self.forward_events(ctx)
-        final = self.final_step is not None and ctx.step == self.final_step
-        due = [t for t in self.tiers if t.due(ctx.step) or (final and ctx.step > 0)]
-        if due and ctx.step != self._last_saved_step:
+        due = self._due_tiers(ctx.step)
+        if due:
             self.save(ctx, tiers=due, checks_passed=checks_passed)
         elif self._buffers is None and self.tiers and not self._preparing:
             self.prepare(ctx)
@@ -576,7 +590,7 @@ class CheckpointManager:
         home = {r: pod_location(self.pod_of[r]) for r in range(self.world)}
         load_failures: list[str] = []
         for _ in range(4 * (len(found) + 1) + 8):
-            decision = decide_restore(found, layout=self.layout, hint=hint, home=home)
+            decision = decide_restore(found, layout=self.layout, hint=hint, home=home, node_reshard=True)
             if decision.source is None:
                 why = decision.reason + "".join(f"; {r}" for r in decision.rejected + tuple(load_failures))
                 if load_failures or (hint is not None and hint.step >= 0):
@@ -600,7 +614,10 @@ class CheckpointManager:
         hint = self.settings.restore_hint or {}
         last = hint.get("lastStep")
         lost = compute_steps_lost(int(last), src.step) if isinstance(last, int) else -1
-        detail = f"step {src.step} from {src.tier}" + (" (resharded)" if src.reshard else "")
+        m = src.manifest
+        detail = f"step {src.step} from {src.tier}" + (
+            f" (resharded from pp={m.pp} dp={m.dp} tp={m.tp}; each rank keeps its own RNG stream)" if src.reshard else ""
+        )
         remote = sorted({loc for loc in src.sources.values()} - {SHARED_LOCATION})
         if len(remote) > 1:
             detail += f" (shards from {', '.join(remote)})"
@@ -672,16 +689,7 @@ class CheckpointManager:
                 log.warning("restore: %s step %d %s at %s failed its checksum", src.tier, src.step, path, location)
             mine.append((path, location, ok))
         results = [x for part in self._gather(mine) for x in part]
-        out = []
-        for f in found:
-            m = f.manifest
-            if (m.tier, m.step, m.attempt) != (src.tier, src.step, src.attempt):
-                out.append(f)
-                continue
-            good = {p for p, loc, ok in results if ok and loc == f.location}
-            bad = {p for p, loc, ok in results if not ok and loc == f.location}
-            out.append(replace(f, verified=f.verified | good, corrupt=f.corrupt | bad))
-        return out
+        return merge_verified(found, src, results)
 
     def _load(self, ctx: TrainContext, src: RestoreSource) -> tuple[int, list[str]]:
         """Fetch missing shards, load, apply. Collective. Returns (bytes, errors of all ranks)."""
@@ -698,28 +706,35 @@ class CheckpointManager:
             ready = [e for e in self._gather(error) if e]
             if ready and not error:
                 error = "skipped: " + ready[0]
-            if not error:
-                try:
-                    nbytes += self._fetch(storage, src)
-                except Exception as exc:
-                    error = f"rank {self.rank}: fetch: {exc!r}"
-            errors = [e for e in self._gather(error) if e]
-            if not errors:
-                try:
-                    d = storage.step_dir(src.step) / rank_dirname(self.rank)
-                    dcp_load(template, storage_reader=FileSystemReader(d), no_dist=True)
-                    nbytes += sum(s.bytes for s in src.manifest.shards if s.owner == self.rank)
-                except Exception as exc:
-                    error = f"rank {self.rank}: load: {exc!r}"
+            if src.reshard:
+                # Another layout: the old ranks' checkpoints are read as one (merged metadata),
+                # after each node fetched the files its new ranks overlap. Collective.
+                loaded, error = self._load_resharded(storage, src, template, error)
+                nbytes += loaded
+                errors = [error] if error else []
+            else:
+                if not error:
+                    try:
+                        nbytes += self._fetch(storage, src)
+                    except Exception as exc:
+                        error = f"rank {self.rank}: fetch: {exc!r}"
+                errors = [e for e in self._gather(error) if e]
+                if not errors:
+                    try:
+                        d = storage.step_dir(src.step) / rank_dirname(self.rank)
+                        reader = FileSystemReader(d)
+                        _keep_saved_rng(template, reader.read_metadata())
+                        dcp_load(template, storage_reader=reader, no_dist=True)
+                        nbytes += sum(s.bytes for s in src.manifest.shards if s.owner == self.rank)
+                    except Exception as exc:
+                        error = f"rank {self.rank}: load: {exc!r}"
         else:
             errors = [e for e in self._gather(error) if e]
             if not errors:
                 try:
-                    dcp_load(
-                        template,
-                        storage_reader=FileSystemReader(storage.step_dir(src.step)),
-                        process_group=self.pg,
-                    )
+                    reader = FileSystemReader(storage.step_dir(src.step))
+                    _keep_saved_rng(template, reader.read_metadata())
+                    dcp_load(template, storage_reader=reader, process_group=self.pg)
                     nbytes += sum(s.bytes for s in src.manifest.shards if s.owner in (self.rank, -1))
                 except Exception as exc:
                     error = f"rank {self.rank}: load: {exc!r}"
@@ -731,6 +746,88 @@ class CheckpointManager:
                 error = f"rank {self.rank}: apply: {exc!r}"
         all_errors = [e for e in self._gather(error) if e]
         return (sum(self._gather(nbytes)), all_errors)
+
+    def _load_resharded(self, storage: TierStorage, src: RestoreSource, template: dict[str, Any], error: str) -> tuple[int, str]:
+        """Load a node-tier checkpoint written with another layout. Collective.
+
+        1. Every old rank's ``.metadata`` is read once (by a rank that holds a verified copy) and
+           shared; merged, they describe the old ranks' files as one DCP checkpoint.
+        2. DCP's load planner, run locally on this rank's template, names the old files this
+           rank's shards overlap; files a node does not hold are sent to it (one receiver per
+           node and file), checked against the manifest and kept in its tier directory.
+        3. ``dcp.load(no_dist=True)`` from the node's step directory through the merged metadata.
+        """
+        nbytes = 0
+        meta_paths = sorted(s.path for s in src.manifest.shards if s.path.endswith("/.metadata"))
+        mine: list[tuple[str, bytes]] = []
+        if not error:
+            try:
+                for i, path in enumerate(meta_paths):
+                    readers = self._readers(src.sources[path])
+                    if readers[i % len(readers)] == self.rank:
+                        mine.append((path, storage.read_bytes(src.step, path)))
+            except Exception as exc:
+                error = f"rank {self.rank}: reading shard metadata: {exc!r}"
+        parts: list[tuple[str, list[tuple[str, bytes]]]] = self._gather((error, mine))
+        errors = [e for e, _ in parts if e]
+        needed: set[str] = set()
+        merged: Metadata | None = None
+        if not errors:
+            try:
+                metas = {path.rsplit("/", 1)[0]: pickle.loads(blob) for _, got in parts for path, blob in got}
+                merged = merge_rank_metadata(metas)
+                _keep_saved_rng(template, merged)
+                needed = files_needed(template, merged)
+            except Exception as exc:
+                error = f"rank {self.rank}: planning the reshard: {exc!r}"
+        wants: list[tuple[str, list[str]]] = self._gather((error, sorted(needed)))
+        errors = [e for e, _ in wants if e]
+        if not errors:
+            try:
+                nbytes += self._fetch_files(storage, src, [set(w) for _, w in wants])
+            except Exception as exc:
+                error = f"rank {self.rank}: fetch: {exc!r}"
+        errors = [e for e in self._gather(error) if e]
+        if not errors and merged is not None:
+            try:
+                reader = _MergedReader(storage.step_dir(src.step), merged)
+                dcp_load(template, storage_reader=reader, no_dist=True)
+                by_path = {s.path: s.bytes for s in src.manifest.shards}
+                nbytes += sum(by_path.get(p, 0) for p in needed)
+            except Exception as exc:
+                error = f"rank {self.rank}: load: {exc!r}"
+        return nbytes, error or (errors[0] if errors else "")
+
+    def _fetch_files(self, storage: TierStorage, src: RestoreSource, needed: Sequence[set[str]]) -> int:
+        """Send every file some rank needs to that rank's node when the node lacks it (the
+        first rank of the node that needs it receives and writes it; the others read it)."""
+        shard = {s.path: s for s in src.manifest.shards}
+        moves: dict[tuple[int, int], list[ShardInfo]] = {}
+        taken: set[tuple[int, str]] = set()
+        for r in range(self.world):
+            here = pod_location(self.pod_of[r])
+            for path in sorted(needed[r]):
+                loc = src.sources[path]
+                if loc == here or (self.pod_of[r], path) in taken:
+                    continue
+                taken.add((self.pod_of[r], path))
+                readers = self._readers(loc)
+                sender = next((x for x in readers if self.local_of[x] == self.local_of[r]), readers[0])
+                moves.setdefault((sender, r), []).append(shard[path])
+        received = 0
+        for (sender, receiver), shards in sorted(moves.items()):
+            if self.rank == sender:
+                blob = b"".join(storage.read_bytes(src.step, s.path) for s in shards)
+                dist.send(torch.frombuffer(bytearray(blob), dtype=torch.uint8), dst=receiver, group=self.pg)
+            elif self.rank == receiver:
+                buf = torch.empty(sum(s.bytes for s in shards), dtype=torch.uint8)
+                dist.recv(buf, src=sender, group=self.pg)
+                for s, chunk, ok in _split_verified(buf, shards):
+                    if not ok:
+                        raise OSError(f"{s.path} from pod {self.pod_of[sender]} arrived corrupt")
+                    storage.write_bytes(src.step, s.path, chunk)
+                    received += s.bytes
+        return received
 
     def _fetch(self, storage: TierStorage, src: RestoreSource) -> int:
         """Shards a rank needs that live on another pod's node are sent to it (and kept)."""
@@ -775,11 +872,12 @@ def _optim_holder(ctx: TrainContext) -> nn.Module:
 
 
 def tensor_state(ctx: TrainContext) -> dict[str, Any]:
-    """Model and optimizer state keyed by parameter name (DCP reshards by name)."""
+    """Model and optimizer state keyed by parameter name (DCP reshards by name), and this
+    rank's RNG state under a key only the same rank of the same layout has."""
     model: dict[str, Any] = {}
     for m in ctx.model_parts:
         model.update(get_model_state_dict(m))
-    state: dict[str, Any] = {"model": model}
+    state: dict[str, Any] = {"model": model, "rng": {rng_key(ctx): rng_state(ctx)}}
     opt = ctx.optimizer
     if opt is not None:
         if _uses_default_state_dict(opt):
@@ -791,6 +889,9 @@ def tensor_state(ctx: TrainContext) -> dict[str, Any]:
 
 
 def apply_tensor_state(ctx: TrainContext, state: Mapping[str, Any]) -> None:
+    rng = (state.get("rng") or {}).get(rng_key(ctx))
+    if rng is not None:
+        set_rng_state(ctx, rng)
     for m in ctx.model_parts:
         set_model_state_dict(m, state["model"], options=StateDictOptions(strict=len(ctx.model_parts) == 1))
     opt = ctx.optimizer
@@ -799,6 +900,62 @@ def apply_tensor_state(ctx: TrainContext, state: Mapping[str, Any]) -> None:
             set_optimizer_state_dict(_optim_holder(ctx), opt, optim_state_dict=state["optim"], options=_FLAT)
         else:
             opt.load_state_dict(dict(state["optim"]))
+
+
+def _keep_saved_rng(template: dict[str, Any], metadata: Metadata) -> None:
+    """Drop the RNG entry from a load template when the checkpoint has none for this rank
+    (another layout, or written before RNG states were saved): the rank keeps its own stream."""
+    keys = list(template.get("rng") or {})
+    if not any(k.startswith(f"rng.{key}.") for key in keys for k in metadata.state_dict_metadata):
+        template.pop("rng", None)
+
+
+def merge_rank_metadata(metas: Mapping[str, Metadata]) -> Metadata:
+    """Per-rank DCP checkpoints (``rank-RRRRR/`` -> its metadata) as one checkpoint: every
+    tensor's chunks from all ranks (a replicated chunk once), storage paths prefixed with the
+    rank's folder, non-tensor values from the first rank that has them."""
+    state: dict[str, Any] = {}
+    storage: dict[MetadataIndex, Any] = {}
+    planner: dict[str, Any] = {}
+    for folder in sorted(metas):
+        m = metas[folder]
+        for fqn, md in m.state_dict_metadata.items():
+            if isinstance(md, TensorStorageMetadata):
+                cur = state.setdefault(fqn, TensorStorageMetadata(properties=md.properties, size=md.size, chunks=[]))
+                have = {tuple(c.offsets) for c in cur.chunks}
+                for c in md.chunks:
+                    if tuple(c.offsets) not in have:
+                        cur.chunks.append(c)
+                        have.add(tuple(c.offsets))
+            else:
+                state.setdefault(fqn, md)
+        for idx, info in (m.storage_data or {}).items():
+            key = MetadataIndex(idx.fqn, idx.offset)
+            if key not in storage:
+                storage[key] = replace(info, relative_path=f"{folder}/{info.relative_path}")
+        for k, v in (m.planner_data or {}).items():
+            planner.setdefault(k, v)
+    return Metadata(state_dict_metadata=state, planner_data=planner, storage_data=storage)
+
+
+def files_needed(template: dict[str, Any], metadata: Metadata) -> set[str]:
+    """Relative paths of the files a load of ``template`` from ``metadata`` reads."""
+    planner = DefaultLoadPlanner()
+    planner.set_up_planner(template, metadata, is_coordinator=False)
+    plan = planner.create_local_plan()
+    storage = metadata.storage_data
+    return {storage[MetadataIndex(i.storage_index.fqn, i.storage_index.offset)].relative_path for i in plan.items}
+
+
+class _MergedReader(FileSystemReader):
+    """Reads a node tier's step directory through merged per-rank metadata."""
+
+    def __init__(self, path: Any, metadata: Metadata) -> None:
+        super().__init__(path)
+        self._merged = metadata
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+        return self._merged
 
 
 def _data_position(results: Sequence[_Local]) -> dict[str, Any]:
@@ -876,13 +1033,5 @@ def _hint(raw: Mapping[str, Any] | None) -> RestoreHint | None:
 
 def _mark_corrupt(found: list[FoundCheckpoint], src: RestoreSource) -> list[FoundCheckpoint]:
     """Drop the copies a failed load used, so the next decision picks something else."""
-    out = []
-    for f in found:
-        m = f.manifest
-        if (m.tier, m.step, m.attempt) != (src.tier, src.step, src.attempt):
-            out.append(f)
-            continue
-        used = {p for p, loc in src.sources.items() if loc == f.location}
-        out.append(replace(f, corrupt=f.corrupt | used))
-    return out
+    return merge_verified(found, src, [(path, loc, False) for path, loc in src.sources.items()])
 

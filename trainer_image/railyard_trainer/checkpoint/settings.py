@@ -12,17 +12,19 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from railyard.protocol.manifest import TIERS
+from railyard.protocol.trainerconfig import Checkpoint
 
 ENV_DIRS = {
     "memory": "RAILYARD_CHECKPOINT_MEMORY_DIR",
     "local": "RAILYARD_CHECKPOINT_LOCAL_DIR",
     "shared": "RAILYARD_CHECKPOINT_SHARED_DIR",
 }
-#: Defaults per tier: (enabled, intervalSteps, keep).
+#: Defaults per tier: (enabled, intervalSteps, keep), the CRD's (spec.checkpoint), from the
+#: schema both sides share. A tier without a directory is inactive whatever it says.
 DEFAULTS: Mapping[str, tuple[bool, int, int]] = {
-    "memory": (True, 10, 2),
-    "local": (False, 50, 2),
-    "shared": (True, 100, 3),
+    name: (tier.enabled, tier.interval_steps, tier.keep)
+    for name in TIERS
+    for tier in [getattr(Checkpoint(), name)]
 }
 
 

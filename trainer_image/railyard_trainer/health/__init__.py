@@ -14,7 +14,8 @@ from railyard_trainer.hooks import TrainContext
 
 
 def build_health_monitor(config: Any, ctx: TrainContext) -> RailyardHealthMonitor:
-    """``config``: the TrainerConfig (its ``health`` dict is the job's spec.health) or a dict."""
+    """``config``: the TrainerConfig (its ``health`` is the job's spec.health, read with the
+    shared schema) or a config.json-shaped dict."""
     health = config.get("health") if isinstance(config, dict) else getattr(config, "health", None)
     settings = HealthSettings.from_config(health, os.environ)
     monitor = RailyardHealthMonitor(settings, ctx)

@@ -121,7 +121,7 @@ class Harness:
         self.model.load_state_dict(snap[0])
         self.opt.load_state_dict(snap[1])
         self.ctx.step = snap[2]
-        self.monitor.checks_passed()
+        self.monitor.reset_after_restore()
         self.monitor.preflight(self.ctx)
 
 

@@ -1,11 +1,19 @@
 """The health monitor the train loop calls (hooks.HealthMonitor): SDC checks and heartbeats.
 
 Per step (cheap, local): the parameter magnitude guard across the optimizer step and at rest,
-and the gradient-norm spike detector, which triggers a collective replay of the step. Every
-``sdc.intervalSteps`` steps and before the first step (collective): the known-answer test and
-the cross-replica checksums. A confirmed corruption is sent to the operator at once and raised
-as :class:`hooks.SDCDetected` (the launcher exits SDC_DETECTED); a suspicion is reported and
-makes :meth:`checks_passed` false, so the checkpoint written next is not marked sdc_passed.
+and the gradient-norm spike detector, which triggers a collective replay of the step (every
+layout: the train loop provides ``ctx.extra["replay_step"]``, pipelines included). Every
+``sdc.intervalSteps`` steps, before the first step and before every checkpoint (collective,
+:meth:`RailyardHealthMonitor.verify`): the known-answer test, the cross-replica checksums
+(over every mesh dimension a parameter is replicated along: HSDP replicas, and the tensor
+parallel group for norms) and a finiteness check of the optimizer state.
+
+Verdicts are agreed: a rank that confirms corruption locally tells the others at the next
+agreement point (one small all-reduce), so every rank raises :class:`hooks.SDCDetected`
+together (the launcher exits SDC_DETECTED) instead of leaving peers in a collective. A check
+that fails without confirming taints the attempt: every later state derives from the suspect
+step, so :meth:`~RailyardHealthMonitor.checks_passed` stays false (and no later checkpoint is
+marked sdc_passed) until the gang restarts from a clean checkpoint.
 """
 
 from __future__ import annotations
@@ -23,6 +31,7 @@ import torch
 import torch.distributed as dist
 
 from railyard.protocol.heartbeat import CheckpointEvent, HealthResult, RankBeat
+from railyard.protocol.trainerconfig import Health, parse
 from railyard_trainer.health.checks import (
     bit_sums,
     known_answer_checksum,
@@ -39,17 +48,20 @@ from railyard_trainer.hooks import SDCDetected, StepMetrics, TrainContext
 log = logging.getLogger(__name__)
 
 
-def _get(d: Mapping[str, Any], camel: str, snake: str, default: Any) -> Any:
-    return d.get(camel, d.get(snake, default))
+_DEFAULT = Health()
 
 
 @dataclass
 class HealthSettings:
+    """What the monitor runs. The job's settings (``spec.health``) come from the shared schema
+    (:class:`railyard.protocol.trainerconfig.Health`, :meth:`from_config`); the switches below
+    them are for the SDC harness and tests, not part of the job's spec."""
+
     url: str = ""
     token: str = ""
-    interval_s: float = 2.0
-    sdc_interval_steps: int = 50
-    replay_on_spike: bool = True
+    interval_s: float = _DEFAULT.heartbeat_interval_seconds
+    sdc_interval_steps: int = _DEFAULT.sdc.interval_steps
+    replay_on_spike: bool = _DEFAULT.sdc.replay_on_spike
     kat: bool = True
     replica_check: bool = True
     magnitude_guard: bool = True
@@ -59,19 +71,15 @@ class HealthSettings:
     extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
-    def from_config(cls, health: Mapping[str, Any] | None, env: Mapping[str, str]) -> HealthSettings:
-        h = dict(health or {})
-        sdc = dict(h.get("sdc") or {})
+    def from_config(cls, health: Health | Mapping[str, Any] | None, env: Mapping[str, str]) -> HealthSettings:
+        """``health``: the config's :class:`Health` (or its camelCase form, as in config.json)."""
+        h = health if isinstance(health, Health) else parse(Health, health, where="health")
         return cls(
             url=env.get("RAILYARD_HEARTBEAT_URL", ""),
             token=env.get("RAILYARD_HEARTBEAT_TOKEN", ""),
-            interval_s=float(_get(h, "heartbeatIntervalSeconds", "heartbeat_interval_seconds", 2.0)),
-            sdc_interval_steps=max(1, int(_get(sdc, "intervalSteps", "interval_steps", 50))),
-            replay_on_spike=bool(_get(sdc, "replayOnSpike", "replay_on_spike", True)),
-            kat=bool(sdc.get("knownAnswerTest", True)),
-            replica_check=bool(sdc.get("replicaChecksum", True)),
-            magnitude_guard=bool(sdc.get("magnitudeGuard", True)),
-            spike_z=float(sdc.get("spikeZ", 8.0)),
+            interval_s=h.heartbeat_interval_seconds,
+            sdc_interval_steps=h.sdc.interval_steps,
+            replay_on_spike=h.sdc.replay_on_spike,
         )
 
 
@@ -88,7 +96,14 @@ class RailyardHealthMonitor:
         self.conc_spikes = SpikeDetector(z_threshold=settings.spike_z, early_ratio=8.0)
         self.runs: Counter[str] = Counter()
         self.failures: Counter[str] = Counter()
-        self._passed = True
+        #: The first failed check of this attempt that could mean corruption (persistent).
+        self._taint: str | None = None
+        #: A failed check that concerns only this step (a loss spike without a gradient spike).
+        self._step_failed = False
+        #: A corruption this rank confirmed, raised on every rank at the next agreement point.
+        self._verdict: SDCDetected | None = None
+        self._verdict_kind = ""
+        self._checked_at = -1
         self._kat_reference: int | None = None
         self._after_step_max: list[float] | None = None
         self._before_step_max: list[float] | None = None
@@ -127,6 +142,7 @@ class RailyardHealthMonitor:
         if tier:
             self.note_restore(str(tier), int(getattr(restore, "step", -1)))
         self._periodic_checks(ctx)
+        self._settle(ctx)
         if self.s.magnitude_guard:
             self._after_step_max = max_abs_per_tensor(_params(ctx))
             self._after_step_sums = bit_sums(_params(ctx))
@@ -149,16 +165,21 @@ class RailyardHealthMonitor:
         conc = _concentration(_params(ctx))
         cspike = self.conc_spikes.check(conc, "largest gradient element's share of the norm")
         self.runs["spike"] += 1
-        # The norm is global but the concentration is this rank's: agree before a collective replay.
-        if _any_rank(spike.spike or cspike.spike, _device(ctx)):
+        # One agreement for both: a verdict from the state guard, and a spike (the norm is
+        # global but the concentration is this rank's) that needs a collective replay.
+        verdict, spiked = self._agree(ctx, spike.spike or cspike.spike)
+        if verdict is not None:
+            raise verdict
+        if spiked:
             self._suspect(ctx, step, spike.detail or cspike.detail or "a peer rank saw a gradient spike", gn)
+            self._settle(ctx)
         else:
             self.grad_spikes.accept(gn)
             self.conc_spikes.accept(conc)
         lv = float(loss)
         ls = self.loss_spikes.check(lv, "loss") if lv != 0.0 else None
         if ls is not None and ls.spike and not spike.spike:
-            self._fail("spike", step, f"loss spike without a gradient spike: {ls.detail}")
+            self._fail("spike", step, f"loss spike without a gradient spike: {ls.detail}", persistent=False)
         elif ls is not None:
             self.loss_spikes.accept(lv)
 
@@ -184,13 +205,37 @@ class RailyardHealthMonitor:
                 rank=ctx.rank, step=step, step_time_s=max(0.0, metrics.step_time_s), compute_s=max(0.0, metrics.compute_s),
                 loss=metrics.loss, grad_norm=metrics.grad_norm, tokens_per_s=max(0.0, metrics.tokens_per_s),
             )
+        self._settle(ctx)
         if time.monotonic() - self._last_sent >= self.s.interval_s / 2:
             self._send()
 
+    def verify(self, ctx: TrainContext) -> None:
+        """Before a checkpoint of this step: the collective checks (unless they just ran at this
+        step), the optimizer state's finiteness, and one agreement, so every rank (and the rank
+        that writes the manifest) holds the same verdict on the state about to be saved."""
+        if self._checked_at != ctx.step:
+            self._periodic_checks(ctx)
+        self._optimizer_state(ctx)
+        verdict, (taint, step_failed) = self._agree_all(ctx, self._taint is not None, self._step_failed)
+        if verdict is not None:
+            raise verdict
+        if taint and self._taint is None:
+            self._taint = f"step {ctx.step}: a peer rank's checks failed"
+        self._step_failed = self._step_failed or step_failed
+
     def checks_passed(self) -> bool:
+        """The state at this step may be marked clean: this step's checks passed and nothing
+        that could mean corruption failed earlier in this attempt."""
         with self._lock:
-            ok, self._passed = self._passed, True
+            ok = self._taint is None and not self._step_failed
+            self._step_failed = False
         return ok
+
+    def reset_after_restore(self) -> None:
+        """Forget this attempt's failures (the SDC harness restores a clean snapshot in place,
+        as a restarted gang would from a clean checkpoint)."""
+        with self._lock:
+            self._taint, self._step_failed, self._verdict = None, False, None
 
     def close(self) -> None:
         self._send(force=True)
@@ -215,10 +260,19 @@ class RailyardHealthMonitor:
 
     # ------------------------------------------------------------------ checks
     def _periodic_checks(self, ctx: TrainContext) -> None:
+        self._checked_at = ctx.step
         if self.s.kat:
             self._known_answer(ctx)
         if self.s.replica_check:
             self._replicas(ctx)
+
+    def _optimizer_state(self, ctx: TrainContext) -> None:
+        """Adam's moments must be finite: an inf/NaN there (a corrupted gradient squared into
+        exp_avg_sq) stops moving its parameter without changing it, so no parameter check sees it."""
+        bad = _nonfinite_optimizer_state(ctx)
+        self._record("optimizer_state", ctx.step, bad is None)
+        if bad is not None:
+            self._fail("optimizer_state", ctx.step, f"optimizer state {bad} holds non-finite values")
 
     def _known_answer(self, ctx: TrainContext) -> None:
         step = ctx.step
@@ -240,6 +294,9 @@ class RailyardHealthMonitor:
         self._fail("kat", step, f"known-answer checksums disagree with no majority ({len(set(values))} distinct values in {len(values)} ranks)")
 
     def _replicas(self, ctx: TrainContext) -> None:
+        """Per mesh dimension, the parameters replicated along it must be bit-identical across
+        its group. A majority names the odd rank; a tie (two replicas) is corruption all the
+        same (replicas run the same arithmetic), only without a name."""
         for dim_name, group, tensors in _replicated_sets(ctx):
             if not tensors:
                 continue
@@ -254,8 +311,10 @@ class RailyardHealthMonitor:
             ranks = dist.get_process_group_ranks(group) if group is not None else list(range(len(values)))
             if majority:
                 suspect = ranks[bad[0]]
-                self._confirmed(ctx, kind, ctx.step, f"parameters replicated over {dim_name!r} differ on rank {suspect} from the majority", suspect)
-            self._fail(kind, ctx.step, f"parameters replicated over {dim_name!r} differ between ranks {ranks} with no majority")
+                self._confirmed(ctx, kind, ctx.step, f"parameters replicated over {dim_name!r} differ on rank {suspect} from the majority of {len(ranks)}", suspect)
+            else:
+                self._confirmed(ctx, kind, ctx.step, f"parameters replicated over {dim_name!r} differ between ranks {ranks}; no majority names the bad one", -1)
+            return
 
     def _suspect(self, ctx: TrainContext, step: int, detail: str, orig: float) -> None:
         """A spike: replay the step on the same batch (all ranks together) to confirm."""
@@ -271,12 +330,15 @@ class RailyardHealthMonitor:
         _, replay_norm = replay()
         replay_local = _local_sq([p.grad for p in params])
         self.runs["replay"] += 1
-        reproduced = _close(orig, replay_norm, self.s.replay_tolerance)
+        # Agreed: with replicas (HSDP, TP-replicated norms) a corrupted local gradient makes
+        # the ranks' norms differ, and every rank must take the same branch below.
+        reproduced = not _any_rank(not _close(orig, replay_norm, self.s.replay_tolerance), _device(ctx))
         if reproduced:
             for p, g in zip(params, saved, strict=True):
                 p.grad = g
+            # Deterministic arithmetic gave the same norm twice: a real spike, not corruption.
             self._record("replay", step, True)
-            self._fail("spike", step, f"{detail}; the replay reproduced it (a real spike, not corruption)")
+            log.info("step %d: %s; the replay reproduced it (a real spike, not corruption)", step, detail)
             return
         ratio = math.inf if not math.isfinite(orig_local) else orig_local / max(replay_local, 1e-300)
         ratios = _all_gather_float(ratio, _device(ctx))
@@ -290,20 +352,58 @@ class RailyardHealthMonitor:
             with self._lock:
                 self._results.append(HealthResult(kind, True, step))
 
-    def _fail(self, kind: str, step: int, detail: str, *, suspect: int = -1, confirmed: bool = False) -> None:
+    def _fail(self, kind: str, step: int, detail: str, *, suspect: int = -1, confirmed: bool = False, persistent: bool = True) -> None:
         self.failures[kind] += 1
         log.warning("health check %s failed at step %d: %s", kind, step, detail)
         with self._lock:
-            self._passed = False
+            if persistent and self._taint is None:
+                self._taint = f"step {step}: {kind}: {detail}"
+            self._step_failed = True
             self._results.append(HealthResult(kind, False, step, detail[:500], suspect_rank=suspect, confirmed=confirmed))
 
     def _confirmed(self, ctx: TrainContext, kind: str, step: int, detail: str, suspect: int) -> None:
+        """Corruption for certain: report it at once; it is raised at the next agreement
+        point, on every rank together (``suspect`` -1: which rank is unknown)."""
         self._fail(kind, step, detail, suspect=suspect, confirmed=suspect >= 0)
         self._send(force=True, urgent=True)
         if self.aggregator is not None:
             self.aggregator.flush()
-        node = ctx.node if suspect == ctx.rank else ""
-        raise SDCDetected(f"{kind}: {detail}", rank=suspect, node=node, step=step)
+        if self._verdict is None:
+            node = ctx.node if suspect == ctx.rank else ""
+            self._verdict = SDCDetected(f"{kind}: {detail}", rank=suspect, node=node, step=step)
+            self._verdict_kind = kind
+
+    def _agree_all(self, ctx: TrainContext, *flags: bool) -> tuple[SDCDetected | None, tuple[bool, ...]]:
+        """One all-reduce (MAX) over the world: is there a verdict anywhere (and whose, which
+        check), and each flag ORed over the ranks. Every rank calls it at the same points."""
+        world = dist.get_world_size() if _dist_on() else 1
+        v = self._verdict
+        code = 0 if v is None else _VERDICT_KINDS.index(self._verdict_kind) + 1
+        vec = [code, world - v.rank if v is not None and v.rank >= 0 else 0, *(int(f) for f in flags)]
+        if _dist_on():
+            t = torch.tensor(vec, dtype=torch.int64, device=_device(ctx))
+            dist.all_reduce(t, op=dist.ReduceOp.MAX)
+            vec = [int(x) for x in t.tolist()]
+        verdict = None
+        if vec[0]:
+            self._verdict = None
+            if v is not None:
+                verdict = v
+            else:
+                kind = _VERDICT_KINDS[vec[0] - 1]
+                suspect = world - vec[1] if vec[1] else -1
+                verdict = SDCDetected(f"{kind}: confirmed by a peer rank (suspect rank {suspect})", rank=suspect, step=ctx.step)
+        return verdict, tuple(bool(x) for x in vec[2:])
+
+    def _agree(self, ctx: TrainContext, flag: bool) -> tuple[SDCDetected | None, bool]:
+        verdict, (any_flag,) = self._agree_all(ctx, flag)
+        return verdict, any_flag
+
+    def _settle(self, ctx: TrainContext) -> None:
+        """Agreement point: raise a verdict confirmed on any rank, on every rank."""
+        verdict, _ = self._agree_all(ctx)
+        if verdict is not None:
+            raise verdict
 
     def _bind_saving(self, ctx: TrainContext) -> None:
         cp = ctx.extra.get("checkpointer")
@@ -343,6 +443,10 @@ class RailyardHealthMonitor:
 
 
 # ---------------------------------------------------------------------- helpers
+#: Checks whose confirmed verdict travels to the other ranks by index (see _agree_all).
+_VERDICT_KINDS = ("kat", "replica_checksum", "state_guard", "magnitude_guard", "replay", "optimizer_state")
+
+
 def _params(ctx: TrainContext) -> list[torch.Tensor]:
     return [p for m in ctx.model_parts for p in m.parameters()]
 
@@ -457,19 +561,69 @@ def _global_grad_norm(ctx: TrainContext) -> float:
 
 
 def _replicated_sets(ctx: TrainContext) -> list[tuple[str, Any, list[torch.Tensor]]]:
-    """Per mesh dimension: its process group and the local tensors replicated along it."""
+    """Per dimension of the world mesh: its process group and the local tensors that must be
+    bit-identical along it. A parameter is replicated along a dimension when its DTensor
+    placement there is ``Replicate`` (HSDP's ``dp_replicate``), or when its mesh does not
+    include that dimension at all: the norms under tensor parallelism are plain tensors (or
+    DTensors over ``dp`` only) that every rank of the TP group holds whole. Pipeline stages
+    hold different parameters and are never compared."""
     mesh = ctx.mesh
     if mesh is None or not _dist_on():
         return []
-    names = mesh.mesh_dim_names or tuple(str(i) for i in range(mesh.ndim))
-    sets: dict[int, list[torch.Tensor]] = {}
+    names = tuple(mesh.mesh_dim_names or ())
+    dims = [n for n in names if n != "pp" and mesh[n].size() > 1]
+    if not dims:
+        return []
+    # A flattened "dp" stands for the HSDP pair it was made from.
+    covers = {"dp": {"dp", "dp_replicate", "dp_shard"}, "dp_replicate": {"dp_replicate", "dp"}, "dp_shard": {"dp_shard", "dp"}}
+    sets: dict[str, list[torch.Tensor]] = {d: [] for d in dims}
+    # A parameter's optimizer moments are replicated exactly as it is: a corrupted gradient that
+    # reached exp_avg / exp_avg_sq but moved the parameter by less than an ulp shows there.
+    moments = _optimizer_moments(ctx)
     for p in _params(ctx):
         placements = getattr(p, "placements", None)
-        if placements is None:
-            continue
-        pmesh = p.device_mesh  # type: ignore[attr-defined]
-        pnames = pmesh.mesh_dim_names or ()
-        for i, pl in enumerate(placements):
-            if pl.is_replicate() and pmesh.size(i) > 1 and pnames and pnames[i] in names:
-                sets.setdefault(names.index(pnames[i]), []).append(p)
-    return [(names[i], mesh.get_group(i), ts) for i, ts in sorted(sets.items())]
+        pnames: tuple[str, ...] = tuple(p.device_mesh.mesh_dim_names or ()) if placements is not None else ()  # type: ignore[attr-defined]
+        present: set[str] = set()
+        for n in pnames:
+            present |= covers.get(n, {n})
+        for d in dims:
+            if d in pnames:
+                i = pnames.index(d)
+                if placements[i].is_replicate():  # type: ignore[index]
+                    sets[d].append(p)
+                    sets[d].extend(moments.get(id(p), ()))
+            elif d not in present:
+                sets[d].append(p)
+                sets[d].extend(moments.get(id(p), ()))
+    return [(d, mesh[d].get_group(), sets[d]) for d in dims if sets[d]]
+
+
+def _optimizer_moments(ctx: TrainContext) -> dict[int, list[torch.Tensor]]:
+    """id(parameter) -> its optimizer state tensors (Adam's moments), in a fixed order."""
+    opt = ctx.optimizer
+    if opt is None:
+        return {}
+    out: dict[int, list[torch.Tensor]] = {}
+    for o in getattr(opt, "inner", None) or [opt]:
+        for param, st in o.state.items():
+            out[id(param)] = [st[k] for k in sorted(st) if isinstance(st[k], torch.Tensor) and st[k].is_floating_point() and st[k].numel() > 1]
+    return out
+
+
+def _nonfinite_optimizer_state(ctx: TrainContext) -> str | None:
+    """The name of the first optimizer state tensor with a non-finite element, or None."""
+    opt = ctx.optimizer
+    if opt is None:
+        return None
+    inners = getattr(opt, "inner", None) or [opt]
+    names = {id(p): n for m in ctx.model_parts for n, p in m.named_parameters()}
+    tensors: list[tuple[str, torch.Tensor]] = []
+    for o in inners:
+        for param, st in o.state.items():
+            for key, v in st.items():
+                if isinstance(v, torch.Tensor) and v.is_floating_point() and v.numel() > 1:
+                    tensors.append((f"{names.get(id(param), '?')}.{key}", local_tensor(v).detach()))
+    if not tensors:
+        return None
+    finite = torch.stack([t.isfinite().all() if t.numel() else torch.ones((), dtype=torch.bool, device=t.device) for _, t in tensors]).cpu().tolist()
+    return next((name for (name, _), ok in zip(tensors, finite, strict=True) if not ok), None)

@@ -2,10 +2,14 @@
 
 One Python process, loopback only, bearer-token auth, objects in SQLite (WAL) under a state
 directory so that every acknowledged write survives SIGKILL and restart. It serves what kopf,
-kubectl and our operator use: discovery and OpenAPI, CRDs with schema/CEL validation and
-defaults, status subresources, list/watch with selectors and bookmarks, the three patch types,
-finalizers, garbage collection, namespaces, Table output, Events, Leases, and the Pod
-subresources binding, eviction and log. See docs/local-apiserver.md.
+kubectl, Helm and our operator use: discovery (aggregated too) and OpenAPI, CRDs checked as
+kube-apiserver checks them (structural schema, defaults, CEL compilation and cost) with
+schema/CEL validation and defaults, status subresources, list/watch with selectors and
+bookmarks, the three patch types and server-side apply with managedFields, the admission a
+default cluster runs (service-account volume, tolerations, priority, Pod Security), finalizers,
+garbage collection, namespaces, Table output, Events, Leases, and the Pod subresources binding,
+eviction and log. tests/golden replays a real kube-apiserver's answers against it. See
+docs/local-apiserver.md.
 
 Command line::
 

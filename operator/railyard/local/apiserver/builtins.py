@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import base64
 import binascii
+import copy
+import datetime
 import hashlib
 import re
 from typing import TYPE_CHECKING, Any
 
-from .errors import Cause, forbidden, invalid_value, required
+from .errors import Cause, bad_request, forbidden, invalid_value, required
 from .registry import CRD_KEY
 
 if TYPE_CHECKING:
@@ -122,20 +124,14 @@ def default(rt: ResourceType, obj: JSON, eng: Engine) -> None:
         spec.setdefault("terminationGracePeriodSeconds", 30)
         spec.setdefault("securityContext", {})
         spec.setdefault("enableServiceLinks", True)
-        spec.setdefault("priority", 0)
-        spec.setdefault("preemptionPolicy", "PreemptLowerPriority")
-        if not spec.get("serviceAccountName"):
-            spec["serviceAccountName"] = spec.get("serviceAccount") or "default"
-        spec.setdefault("serviceAccount", spec["serviceAccountName"])
+        if spec.get("serviceAccount") and not spec.get("serviceAccountName"):
+            spec["serviceAccountName"] = spec["serviceAccount"]
         for c in (spec.get("containers") or []) + (spec.get("initContainers") or []):
             _default_container(c)
         for v in spec.get("volumes") or []:
             if isinstance(v, dict) and len(v) == 1 and "name" in v:
                 v["emptyDir"] = {}
-        status = obj.setdefault("status", {})
-        if isinstance(status, dict):
-            status.setdefault("phase", "Pending")
-            status.setdefault("qosClass", _qos(spec))
+        _null_condition_times(obj, ("lastProbeTime", "lastTransitionTime"))
     elif key == "namespaces":
         spec = obj.setdefault("spec", {})
         if not obj["metadata"].get("deletionTimestamp"):
@@ -165,11 +161,96 @@ def default(rt: ResourceType, obj: JSON, eng: Engine) -> None:
             for k, v in string_data.items():
                 data[k] = base64.b64encode(str(v).encode()).decode()
     elif key == "events":
-        obj.setdefault("involvedObject", {})
-        obj.setdefault("type", "Normal")
+        if rt.group == "events.k8s.io":
+            for k, v in (("regarding", {}), ("deprecatedSource", {}), ("deprecatedFirstTimestamp", None),
+                         ("deprecatedLastTimestamp", None), ("eventTime", None)):
+                obj.setdefault(k, v)
+        else:
+            for k, v in _CORE_EVENT_ZERO:
+                obj.setdefault(k, copy.deepcopy(v))
+    elif key == CRD_KEY:
+        from .crd import default_crd
+
+        default_crd(obj)
     elif key == "nodes":
         obj.setdefault("spec", {})
         obj.setdefault("status", {})
+        _null_condition_times(obj, ("lastHeartbeatTime", "lastTransitionTime"))
+
+
+_CORE_EVENT_ZERO: tuple[tuple[str, Any], ...] = (
+    ("involvedObject", {}), ("source", {}), ("firstTimestamp", None), ("lastTimestamp", None), ("eventTime", None),
+    ("reportingComponent", ""), ("reportingInstance", ""))
+
+
+def _null_condition_times(obj: JSON, keys: tuple[str, ...]) -> None:
+    """Condition times are non-pointer Go structs: a missing one serialises as null."""
+    status = obj.get("status")
+    if isinstance(status, dict) and isinstance(status.get("conditions"), list):
+        for c in status["conditions"]:
+            if isinstance(c, dict):
+                for k in keys:
+                    c.setdefault(k, None)
+
+
+# ---- decoding: time formats ----------------------------------------------------------------------
+
+#: MicroTime fields (RFC 3339 with exactly six fraction digits) per kind.
+_MICRO_TIMES = {"events": (("eventTime",), ("series", "lastObservedTime")),
+                "leases.coordination.k8s.io": (("spec", "acquireTime"), ("spec", "renewTime"))}
+_TIMES = {"events": (("firstTimestamp",), ("lastTimestamp",), ("deprecatedFirstTimestamp",),
+                     ("deprecatedLastTimestamp",))}
+
+_GO_LAYOUT = [("2006", r"\d{4}"), ("-", "-"), ("01", r"\d{2}"), ("-", "-"), ("02", r"\d{2}"), ("T", "T"),
+              ("15", r"\d{2}"), (":", ":"), ("04", r"\d{2}"), (":", ":"), ("05", r"\d{2}")]
+
+
+def parse_go_time(value: str, micro: bool) -> str | None:
+    """Go's ``time.Parse`` with RFC3339 (``micro``: RFC3339Micro, ``...05.000000Z07:00``), as
+    metav1.Time/MicroTime unmarshal. Returns the error text (Go's words), or None when valid."""
+    layout = "2006-01-02T15:04:05.000000Z07:00" if micro else "2006-01-02T15:04:05Z07:00"
+    rest = value
+    for elem, pattern in _GO_LAYOUT:
+        m = re.match(pattern, rest)
+        if m is None:
+            return f'parsing time "{value}" as "{layout}": cannot parse "{rest}" as "{elem}"'
+        rest = rest[m.end():]
+    if micro:
+        m = re.match(r"\.\d{6}(?!\d)", rest)
+        if m is None:
+            return f'parsing time "{value}" as "{layout}": cannot parse "{rest}" as ".000000"'
+        rest = rest[m.end():]
+    else:
+        m = re.match(r"[.,]\d+", rest)
+        if m is not None:
+            rest = rest[m.end():]
+    if rest == "Z" or re.fullmatch(r"[+-]\d{2}:\d{2}", rest):
+        try:
+            datetime.datetime.fromisoformat(value.replace("Z", "+00:00"))
+        except ValueError:
+            return f'parsing time "{value}": month out of range'
+        return None
+    return f'parsing time "{value}" as "{layout}": cannot parse "{rest}" as "Z07:00"'
+
+
+def _utc(value: str, micro: bool) -> str:
+    t = datetime.datetime.fromisoformat(value.replace("Z", "+00:00")).astimezone(datetime.UTC)
+    return t.strftime("%Y-%m-%dT%H:%M:%S.%fZ" if micro else "%Y-%m-%dT%H:%M:%SZ")
+
+
+def decode(rt: ResourceType, obj: JSON, version: str) -> None:
+    """Time fields parse as Go parses them; a value Go refuses is a 400, as upstream."""
+    for paths, micro in ((_MICRO_TIMES.get(rt.key, ()), True), (_TIMES.get(rt.key, ()), False)):
+        for path in paths:
+            parent: Any = obj
+            for p in path[:-1]:
+                parent = parent.get(p) if isinstance(parent, dict) else None
+            if not isinstance(parent, dict) or not isinstance(parent.get(path[-1]), str):
+                continue
+            err = parse_go_time(parent[path[-1]], micro)
+            if err is not None:
+                raise bad_request(f'{rt.kind} in version "{version}" cannot be handled as a {rt.kind}: {err}')
+            parent[path[-1]] = _utc(parent[path[-1]], micro)
 
 
 def validate(rt: ResourceType, obj: JSON, old: JSON | None, eng: Engine) -> list[Cause]:
@@ -205,8 +286,12 @@ def validate(rt: ResourceType, obj: JSON, old: JSON | None, eng: Engine) -> list
         for i, g in enumerate(names):
             if not g:
                 causes.append(required(f"spec.schedulingGates[{i}].name"))
+        if old is None and gates and spec.get("nodeName"):
+            causes.append(forbidden("spec.nodeName", "cannot be set until all schedulingGates have been cleared"))
         if old is not None:
             causes.extend(_validate_pod_update(obj, old))
+    elif key == "events":
+        causes.extend(_validate_event(rt, obj, old))
     elif key == "secrets":
         for k, v in (obj.get("data") or {}).items():
             try:
@@ -236,9 +321,9 @@ def _validate_pod_update(new: JSON, old: JSON) -> list[Cause]:
     causes: list[Cause] = []
     ns, os_ = new.get("spec") or {}, old.get("spec") or {}
     old_gates = {g.get("name") for g in os_.get("schedulingGates") or []}
-    for g in ns.get("schedulingGates") or []:
+    for i, g in enumerate(ns.get("schedulingGates") or []):
         if g.get("name") not in old_gates:
-            causes.append(forbidden("spec.schedulingGates",
+            causes.append(forbidden(f"spec.schedulingGates[{i}].name",
                                     f"only deletion is allowed, but found new scheduling gate '{g.get('name')}'"))
 
     def mask(spec: JSON) -> JSON:
@@ -254,27 +339,41 @@ def _validate_pod_update(new: JSON, old: JSON) -> list[Cause]:
             "spec", "pod updates may not change fields other than `spec.containers[*].image`,"
             "`spec.initContainers[*].image`,`spec.activeDeadlineSeconds`,`spec.tolerations` (only additions to "
             "existing tolerations),`spec.terminationGracePeriodSeconds` (allow it to be set to 1 if it was "
-            "previously negative),`spec.schedulingGates` (only deletion)"))
+            "previously negative)\n" + _spec_diff(mask(os_), mask(ns))))
     return causes
+
+
+def _spec_diff(old: JSON, new: JSON) -> str:
+    """A unified diff of the two specs, as upstream appends one (of its internal Go types)."""
+    import difflib
+    import json
+
+    a = json.dumps(old, indent=1, sort_keys=True).splitlines(keepends=True)
+    b = json.dumps(new, indent=1, sort_keys=True).splitlines(keepends=True)
+    return "".join(list(difflib.unified_diff(a, b, n=3))[2:])
 
 
 def prepare_create(rt: ResourceType, obj: JSON, eng: Engine) -> None:
     if rt.key == "pods":
-        obj["status"] = {}  # a new pod's status is the server's (Pending), as upstream
+        # a new pod's status is the server's, as upstream (PrepareForCreate)
+        spec: JSON = obj["spec"] if isinstance(obj.get("spec"), dict) else {}
+        status: JSON = {"phase": "Pending", "qosClass": _qos(spec)}
+        if spec.get("schedulingGates"):
+            status["conditions"] = [{"type": "PodScheduled", "status": "False", "lastProbeTime": None,
+                                     "lastTransitionTime": eng.now(), "reason": "SchedulingGated",
+                                     "message": "Scheduling is blocked due to non-empty scheduling gates"}]
+        obj["status"] = status
     if rt.key == CRD_KEY:
         from .crd import prepare_crd
 
         prepare_crd(obj, None)
-        fins = obj["metadata"].setdefault("finalizers", [])
-        if "customresourcecleanup.apiextensions.k8s.io" not in fins:
-            fins.append("customresourcecleanup.apiextensions.k8s.io")
 
 
 def prepare_update(rt: ResourceType, new: JSON, old: JSON, subresource: str | None, eng: Engine) -> None:
     if rt.key == "namespaces" and subresource != "finalize" and "spec" in old:
         # spec.finalizers changes only through /finalize
         new["spec"] = dict(old["spec"])
-    if rt.key == CRD_KEY:
+    if rt.key == CRD_KEY and subresource != "status":
         from .crd import prepare_crd
 
         prepare_crd(new, old)
@@ -294,7 +393,86 @@ def grace_period(rt: ResourceType, obj: JSON, requested: int | None) -> int | No
     return int(grace) if grace > 0 else None
 
 
-# ---- events.k8s.io/v1 <-> core/v1 Event -----------------------------------------------------------
+# ---- events ------------------------------------------------------------------------------------
+
+_QUALIFIED_NAME_MSG = ("name part must consist of alphanumeric characters, '-', '_' or '.', and must start and end "
+                       "with an alphanumeric character (e.g. 'MyName',  or 'my.name',  or '123-abc', regex used for "
+                       "validation is '([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]')")
+
+
+def _qualified_name(value: str, path: str) -> list[Cause]:
+    """apimachinery's IsQualifiedName: ``[prefix/]name``."""
+    out: list[Cause] = []
+    parts = value.split("/")
+    name = parts[-1]
+    if len(parts) > 2:
+        return [invalid_value(path, value, "a qualified name must consist of alphanumeric characters, '-', '_' or "
+                              "'.', and must start and end with an alphanumeric character (e.g. 'MyName',  or "
+                              "'my.name',  or '123-abc', regex used for validation is "
+                              "'([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]') with an optional DNS subdomain prefix "
+                              "and '/' (e.g. 'example.com/MyName')")]
+    if len(parts) == 2:
+        prefix = parts[0]
+        if not prefix:
+            out.append(invalid_value(path, value, "prefix part must be non-empty"))
+        elif len(prefix) > 253 or not _DNS1123_SUBDOMAIN.match(prefix):
+            out.append(invalid_value(path, value, "prefix part a lowercase RFC 1123 subdomain must consist of lower "
+                                     "case alphanumeric characters, '-' or '.', and must start and end with an "
+                                     "alphanumeric character (e.g. 'example.com', regex used for validation is "
+                                     "'[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')"))
+    if not name:
+        out.append(invalid_value(path, value, "name part must be non-empty"))
+    elif len(name) > 63:
+        out.append(invalid_value(path, value, "name part must be no more than 63 characters"))
+    if not _LABEL_NAME.match(name):
+        out.append(invalid_value(path, value, _QUALIFIED_NAME_MSG))
+    return out
+
+
+def _validate_event(rt: ResourceType, ev: JSON, old: JSON | None) -> list[Cause]:
+    """ValidateEventCreate/Update, on the stored (core/v1) form; events.k8s.io/v1 is strict."""
+    causes: list[Cause] = []
+    v1 = rt.group == "events.k8s.io"
+    ns = ev["metadata"].get("namespace", "")
+    inv = ev.get("involvedObject") or {}
+    reporting_field = "reportingController" if v1 else "reportingComponent"
+    regarding = "regarding" if v1 else "involvedObject"
+    if not ev.get("eventTime"):
+        if not inv.get("namespace"):
+            if ns not in ("", "default"):
+                causes.append(invalid_value(f"{regarding}.namespace", inv.get("namespace", ""),
+                                            "does not match event.namespace"))
+        elif ns != inv.get("namespace"):
+            causes.append(invalid_value(f"{regarding}.namespace", inv.get("namespace"), "does not match event.namespace"))
+    else:
+        if not inv.get("namespace") and ns not in ("default", "kube-system"):
+            causes.append(invalid_value(f"{regarding}.namespace", inv.get("namespace", ""),
+                                        "does not match event.namespace"))
+        controller = str(ev.get("reportingComponent") or "")
+        if not controller:
+            causes.append(required(reporting_field))
+        causes.extend(_qualified_name(controller, reporting_field))
+        if not ev.get("reportingInstance"):
+            causes.append(required("reportingInstance"))
+        if len(str(ev.get("reportingInstance") or "")) > 128:
+            causes.append(invalid_value("reportingInstance", "", "can have at most 128 characters"))
+        if not ev.get("action"):
+            causes.append(required("action"))
+        if len(str(ev.get("action") or "")) > 128:
+            causes.append(invalid_value("action", "", "can have at most 128 characters"))
+        if not ev.get("reason"):
+            causes.append(required("reason"))
+        if len(str(ev.get("reason") or "")) > 128:
+            causes.append(invalid_value("reason", "", "can have at most 128 characters"))
+        if len(str(ev.get("message") or "")) > 1024:
+            causes.append(invalid_value("note" if v1 else "message", "", "can have at most 1024 characters"))
+    if v1 and old is None:
+        if not ev.get("eventTime"):
+            causes.append(required("eventTime"))
+        if ev.get("type") not in ("Normal", "Warning"):
+            causes.append(invalid_value("type", "", f"has invalid value: {ev.get('type', '')}"))
+    return causes
+
 
 _EV_RENAMES = [
     ("regarding", "involvedObject"), ("note", "message"), ("deprecatedSource", "source"),
@@ -308,6 +486,8 @@ def event_from_events_v1(obj: JSON) -> JSON:
     for new, core in _EV_RENAMES:
         if new in out:
             out[core] = out.pop(new)
+    for k, v in _CORE_EVENT_ZERO:
+        out.setdefault(k, copy.deepcopy(v))
     out["apiVersion"] = "v1"
     return out
 
@@ -317,5 +497,13 @@ def event_to_events_v1(obj: JSON) -> JSON:
     for new, core in _EV_RENAMES:
         if core in out:
             out[new] = out.pop(core)
+    # events.k8s.io/v1 serialises these only when set
+    for k in ("reportingController", "reportingInstance", "note", "deprecatedCount", "action", "reason", "type"):
+        if out.get(k) in ("", 0, None):
+            out.pop(k, None)
+    out.setdefault("deprecatedSource", {})
+    out.setdefault("deprecatedFirstTimestamp", None)
+    out.setdefault("deprecatedLastTimestamp", None)
+    out.setdefault("eventTime", None)
     out["apiVersion"] = "events.k8s.io/v1"
     return out

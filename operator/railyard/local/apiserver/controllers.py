@@ -15,6 +15,7 @@ import logging
 from collections.abc import Coroutine
 from typing import Any
 
+from .crd import established_status
 from .engine import Ctx, DeleteOptions, Engine
 from .errors import APIError
 from .registry import CRD_KEY, ResourceType
@@ -31,17 +32,35 @@ def parse_time(ts: str) -> float | None:
 
 JSON = dict[str, Any]
 DEFAULT_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease")
+ROOT_CA_DESCRIPTION = ("Contains a CA bundle that can be used to verify the kube-apiserver when using internal "
+                       "endpoints such as the internal service IP or kubernetes.default.svc. No other usage is "
+                       "guaranteed across distributions of Kubernetes clusters.")
+
+
+def namespace_children(ns: str, ca_bundle: str) -> list[JSON]:
+    """What kube-controller-manager adds to every namespace: the ``default`` ServiceAccount and
+    the ``kube-root-ca.crt`` ConfigMap (the API server's CA, for in-cluster clients)."""
+    return [
+        {"_rkey": "serviceaccounts", "apiVersion": "v1", "kind": "ServiceAccount",
+         "metadata": {"name": "default", "namespace": ns}},
+        {"_rkey": "configmaps", "_manager": "kube-controller-manager", "apiVersion": "v1", "kind": "ConfigMap",
+         "metadata": {"name": "kube-root-ca.crt", "namespace": ns,
+                      "annotations": {"kubernetes.io/description": ROOT_CA_DESCRIPTION}},
+         "data": {"ca.crt": ca_bundle}},
+    ]
 
 
 class Controllers:
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, ca_bundle: str = "") -> None:
         self.engine = engine
+        self.ca_bundle = ca_bundle
         self.store = engine.store
         self._gone_owners: set[str] = set()
         self._pending_owners: set[ObjKey] = set()
         self._terminating: set[ObjKey] = set()
         self._new_namespaces: set[str] = set()
         self._terminating_pods: set[ObjKey] = set()
+        self._new_crds: set[str] = set()
         self._kick = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._stopped = False
@@ -53,6 +72,10 @@ class Controllers:
         key: ObjKey = (rt.key, meta.get("namespace", ""), meta["name"])
         uid = meta.get("uid", "")
         kick = False
+        if rt.key in ("configmaps", "serviceaccounts") and meta["name"] in ("kube-root-ca.crt", "default") and (
+                deleted or (rt.key == "configmaps" and (entry.obj.get("data") or {}).get("ca.crt") != self.ca_bundle)):
+            self._new_namespaces.add(meta.get("namespace", ""))
+            kick = True
         if deleted:
             if uid in self.store.dependents:
                 self._gone_owners.add(uid)
@@ -77,6 +100,9 @@ class Controllers:
                     self._terminating_pods.add(key)
             elif rt.key == "namespaces":
                 self._new_namespaces.add(meta["name"])
+                kick = True
+            elif rt.key == CRD_KEY:
+                self._new_crds.add(meta["name"])
                 kick = True
             for ref in meta.get("ownerReferences") or []:
                 if ref.get("uid") and ref["uid"] not in self.store.by_uid:
@@ -147,6 +173,9 @@ class Controllers:
         for name in list(self._new_namespaces):
             self._new_namespaces.discard(name)
             await self._ensure_service_account(name)
+        for name in list(self._new_crds):
+            self._new_crds.discard(name)
+            await self._establish_crd(name)
         for uid in list(self._gone_owners):
             self._gone_owners.discard(uid)
             await self._collect_dependents(uid)
@@ -158,14 +187,35 @@ class Controllers:
             await self._process_terminating_pod(key)
 
     async def _ensure_service_account(self, ns: str) -> None:
+        """The ServiceAccount and root-CA publishers: every live namespace has both objects."""
         entry = self.store.get("namespaces", "", ns)
         if entry is None or entry.obj["metadata"].get("deletionTimestamp"):
             return
-        if self.store.get("serviceaccounts", ns, "default") is None:
-            rt = self._rt("serviceaccounts")
+        for child in namespace_children(ns, self.ca_bundle):
+            rt = self._rt(child.pop("_rkey"))
+            manager = child.pop("_manager", None)
             assert rt is not None
-            with contextlib.suppress(APIError):
-                await self.engine.create(rt, ns, {"metadata": {"name": "default"}}, Ctx())
+            cur = self.store.get(rt.key, ns, child["metadata"]["name"])
+            if cur is None:
+                with contextlib.suppress(APIError):
+                    await self.engine.create(rt, ns, child, Ctx(manager=manager))
+            elif rt.key == "configmaps" and (cur.obj.get("data") or {}).get("ca.crt") != self.ca_bundle:
+                obj = cur.clone()
+                obj["data"] = {"ca.crt": self.ca_bundle}
+                with contextlib.suppress(APIError):
+                    await self.engine.update(rt, ns, obj["metadata"]["name"], obj, Ctx(manager=manager))
+
+    async def _establish_crd(self, name: str) -> None:
+        """The apiextensions controllers: accept the names, mark the CRD Established."""
+        entry = self.store.get(CRD_KEY, "", name)
+        rt = self._rt(CRD_KEY)
+        if entry is None or rt is None or entry.obj["metadata"].get("deletionTimestamp"):
+            return
+        status = established_status(entry.obj, self.engine.now())
+        if status is not None:
+            obj = entry.clone()
+            obj["status"] = status
+            await self.engine.write_raw(rt, obj)
 
     async def _collect_dependents(self, owner_uid: str) -> None:
         if owner_uid in self.store.by_uid:

@@ -1,22 +1,29 @@
-"""The API semantics, independent of HTTP: create, update, patch, delete, get, list.
+"""The API semantics, independent of HTTP: create, update, patch, apply, delete, get, list.
 
 Every method that changes state computes the new object and hands it to the store without
 awaiting in between, so the check-then-write sequences (resourceVersion preconditions, name
 uniqueness) are atomic on the event loop. Durability is awaited afterwards.
+
+A write goes through the stages kube-apiserver runs, in its order: decode (pruning unknown
+fields, time formats), defaulting, field management (``metadata.managedFields``; server-side
+apply merges here), the kind's strategy (status reset, generation), mutating admission
+(admission.py: service-account token volume, default tolerations, priority), validation, then
+validating admission (Pod Security).
 """
 
 from __future__ import annotations
 
+import copy
 import datetime
 import json
+import os
 import random
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import builtins, patch
+from . import admission, builtins, fieldmanager, patch, typeinfo
 from .errors import APIError, Cause, already_exists, bad_request, conflict, invalid, not_found
 from .registry import CRD_KEY, LEASE_KEY, Registry, ResourceType
 from .selectors import Matcher, field_matcher, label_matcher
@@ -26,9 +33,41 @@ JSON = dict[str, Any]
 
 _NAME_CHARS = "bcdfghjklmnpqrstvwxz2456789"
 
+#: Kinds whose strategy keeps metadata.generation (the others have none).
+_GENERATION = frozenset({"pods", CRD_KEY, "deployments.apps", "statefulsets.apps", "daemonsets.apps", "jobs.batch",
+                         "poddisruptionbudgets.policy", "networkpolicies.networking.k8s.io"})
+
+
+_LAST_SECOND: list[Any] = [None, ""]
+
 
 def rfc3339(ts: float) -> str:
-    return datetime.datetime.fromtimestamp(ts, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    second = int(ts)
+    if _LAST_SECOND[0] != second:  # one strftime per second, not one per write
+        _LAST_SECOND[:] = [second, datetime.datetime.fromtimestamp(second, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")]
+    text: str = _LAST_SECOND[1]
+    return text
+
+
+_RANDOM_POOL = bytearray()
+
+
+def new_uid() -> str:
+    """A random (version 4) UUID, as ``str(uuid.uuid4())``, from urandom read 4 KiB at a time
+    (one system call per 256 objects, not one per create)."""
+    if len(_RANDOM_POOL) < 16:
+        _RANDOM_POOL.extend(os.urandom(4096))
+    b = _RANDOM_POOL[-16:]
+    del _RANDOM_POOL[-16:]
+    b[6] = (b[6] & 0x0F) | 0x40
+    b[8] = (b[8] & 0x3F) | 0x80
+    h = b.hex()
+    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+
+
+def random_suffix(n: int = 5) -> str:
+    """apimachinery's utilrand.String: lower-case consonants and digits that spell no words."""
+    return "".join(random.choices(_NAME_CHARS, k=n))
 
 
 @dataclass
@@ -38,6 +77,10 @@ class Ctx:
     dry_run: bool = False
     field_validation: str = "Warn"
     warnings: list[str] = field(default_factory=list)
+    manager: str | None = None
+    """The field manager (``fieldManager``, else the User-Agent's first word); None for the
+    server's own writes, which leave managedFields as they are."""
+    force: bool = False
 
 
 @dataclass
@@ -60,6 +103,8 @@ class Engine:
         self.clock = clock
         self.on_write: list[Callable[[ResourceType, Entry, bool], None]] = []
         """Hooks run synchronously after every non-dry-run write (controllers, CRD registration)."""
+        self.after_namespace_created: list[Callable[[str], list[JSON]]] = []
+        """Objects to create in a new namespace in the same turn as it (ServiceAccount, CA bundle)."""
 
     def now(self) -> str:
         return rfc3339(self.clock())
@@ -98,7 +143,7 @@ class Engine:
                 for sf in v.get("selectableFields") or []:
                     extra.add(sf["jsonPath"].lstrip("."))
             allowed = (allowed or frozenset()) | frozenset(extra)
-        fm = field_matcher(field_selector, allowed, rt.kind)
+        fm = field_matcher(field_selector, allowed, rt.kind, custom_labels=rt.field_label_conversion)
         if fm:
             out.append(fm)
         return out
@@ -165,9 +210,30 @@ class Engine:
         obj["apiVersion"] = rt.api_version(version)
         return dumps(obj)
 
-    def _validate_and_default(self, rt: ResourceType, obj: JSON, old: JSON | None, version: str, ctx: Ctx,
-                              subresource: str | None = None) -> None:
-        causes: list[Cause] = []
+    def type_of(self, rt: ResourceType, version: str) -> typeinfo.TypeNode:
+        """The shape server-side apply merges by (CRD schema, or the built-in kind's)."""
+        if rt.is_custom:
+            cached = rt.types.get(version)
+            if cached is None:
+                schema = rt.schemas.get(version) or rt.schemas.get(rt.storage_version)
+                cached = typeinfo.from_schema(schema.raw if schema is not None else {}, root=True)
+                rt.types[version] = cached
+            return cached
+        return typeinfo.builtin(rt.key)
+
+    @staticmethod
+    def _reset_fields(rt: ResourceType, subresource: str | None, obj: JSON) -> fieldmanager.Trie | None:
+        """Fields an operation cannot own: status on the main resource (when it has a status
+        subresource), everything but status on /status."""
+        if subresource == "status":
+            return {f"f:{k}": {fieldmanager.MEMBER: {}} for k in obj if k not in ("status", "apiVersion", "kind")}
+        if rt.status_subresource:
+            return {"f:status": {fieldmanager.MEMBER: {}}}
+        return None
+
+    def _decode(self, rt: ResourceType, obj: JSON, version: str, ctx: Ctx) -> None:
+        """What decoding does: prune unknown fields of a custom resource (warning or, with
+        ``fieldValidation=Strict``, refusing), parse time formats, apply the defaults."""
         if rt.is_custom:
             schema = rt.schemas.get(version) or rt.schemas.get(rt.storage_version)
             if schema is not None:
@@ -175,24 +241,53 @@ class Engine:
                 if pruned:
                     msgs = [f'unknown field "{p}"' for p in pruned]
                     if ctx.field_validation == "Strict":
-                        raise bad_request(".".join([]) + "strict decoding error: " + ", ".join(msgs))
+                        raise bad_request(f'{rt.kind} in version "{version}" cannot be handled as a {rt.kind}: '
+                                          "strict decoding error: " + ", ".join(msgs))
                     if ctx.field_validation == "Warn":
                         ctx.warnings.extend(msgs)
                 schema.default(obj)
-                causes.extend(schema.validate(obj, old))
         else:
+            builtins.decode(rt, obj, version)
             builtins.default(rt, obj, self)
+
+    def _validate(self, rt: ResourceType, obj: JSON, old: JSON | None, version: str) -> None:
+        causes: list[Cause] = []
+        if rt.is_custom:
+            schema = rt.schemas.get(version) or rt.schemas.get(rt.storage_version)
+            if schema is not None:
+                causes.extend(schema.validate(obj, old))
         causes.extend(builtins.validate_meta(rt, obj, old))
         causes.extend(builtins.validate(rt, obj, old, self))
         if causes:
-            raise invalid(rt.kind, rt.group, obj["metadata"].get("name", ""), causes)
+            group = "" if rt.group == "events.k8s.io" else rt.group
+            raise invalid(rt.kind, group, obj["metadata"].get("name", ""), causes)
+
+    def _manage_update(self, rt: ResourceType, live: JSON | None, new: JSON, version: str, ctx: Ctx,
+                       subresource: str | None, request_meta: JSON | None) -> None:
+        """Record an Update operation of ``ctx.manager`` in ``new``'s managedFields."""
+        meta = new["metadata"]
+        live_meta = live["metadata"] if live is not None else None
+        managers = fieldmanager.managers_for_request(live_meta, request_meta, subresource)
+        meta.pop("managedFields", None)
+        if ctx.manager is not None:
+            base = {k: v for k, v in live.items()} if live is not None else typeinfo.zero_object(rt.key, rt.group)
+            base = dict(base)
+            if "metadata" in base:
+                base["metadata"] = {k: v for k, v in base["metadata"].items() if k != "managedFields"}
+            me = fieldmanager.Manager(ctx.manager, "Update", rt.api_version(version), subresource or "")
+            managers = fieldmanager.update(managers, base, new, self.type_of(rt, version), me,
+                                           self._reset_fields(rt, subresource, new), self.now())
+        encoded = fieldmanager.encode(managers)
+        if encoded:
+            meta["managedFields"] = encoded
 
     # ---- create ----------------------------------------------------------------------------
 
-    async def create(self, rt: ResourceType, ns: str, body: Any, ctx: Ctx, version: str | None = None) -> Entry:
+    async def create(self, rt: ResourceType, ns: str, body: Any, ctx: Ctx, version: str | None = None, *,
+                     managed: bool = False) -> Entry:
+        """Create ``body``. ``managed``: its managedFields are already computed (apply)."""
         version = version or rt.storage_version
         obj = self._check_type(rt, body, version)
-        obj = self.to_storage(rt, obj, version)
         meta = obj["metadata"]
         if rt.namespaced:
             if meta.get("namespace") and meta["namespace"] != ns:
@@ -205,38 +300,71 @@ class Engine:
         if not isinstance(meta.get("name", ""), str) or not isinstance(meta.get("generateName", ""), str):
             raise invalid(rt.kind, rt.group, "", [Cause("metadata.name", "FieldValueInvalid",
                                                        "Invalid value: name and generateName must be strings")])
-        if not meta.get("name"):
-            if meta.get("generateName"):
-                meta["name"] = meta["generateName"] + "".join(random.choices(_NAME_CHARS, k=5))
-            else:
-                raise invalid(rt.kind, rt.group, "", [
-                    Cause("metadata.name", "FieldValueRequired", "Required value: name or generateName is required")])
+        if not meta.get("name") and not meta.get("generateName"):
+            raise invalid(rt.kind, rt.group, "", [
+                Cause("metadata.name", "FieldValueRequired", "Required value: name or generateName is required")])
         self._check_namespace(rt, ns)
         if rt.crd is not None:
             crd = self.store.get(CRD_KEY, "", rt.crd["metadata"]["name"])
             if crd is not None and crd.obj["metadata"].get("deletionTimestamp"):
                 raise APIError(405, "create not allowed while custom resource definition is terminating",
                                reason="MethodNotAllowed")
-        for k in ("resourceVersion", "deletionTimestamp", "deletionGracePeriodSeconds", "managedFields"):
+        request_meta = dict(meta)
+        for k in ("resourceVersion", "deletionTimestamp", "deletionGracePeriodSeconds", "uid", "creationTimestamp",
+                  "generation", "selfLink"):
             meta.pop(k, None)
-        meta["uid"] = str(uuid.uuid4())
+        self._decode(rt, obj, version, ctx)
+        if not managed:
+            self._manage_update(rt, None, obj, version, ctx, None, request_meta)
+        obj = self.to_storage(rt, obj, version)
+        meta = obj["metadata"]
+        if not meta.get("name"):
+            meta["name"] = meta["generateName"] + random_suffix()
+        meta["uid"] = new_uid()
         meta["creationTimestamp"] = self.now()
-        meta["generation"] = 1
+        if rt.key in _GENERATION or rt.is_custom:
+            meta["generation"] = 1
         if rt.status_subresource and rt.is_custom:
             obj.pop("status", None)
         builtins.prepare_create(rt, obj, self)
-        self._validate_and_default(rt, obj, None, version, ctx)
+        admission.mutate(self, rt, obj, None, ctx)
+        self._validate(rt, obj, None, version)
+        admission.validate(self, rt, obj, None, ctx)
         if self.store.get(rt.key, meta.get("namespace", ""), meta["name"]) is not None:
             if meta.get("generateName") and not body.get("metadata", {}).get("name"):
                 raise APIError(409, f'{rt.plural} "{meta["name"]}" already exists, the server was not able to '
                                "generate a unique name for the object", reason="AlreadyExists")
             raise already_exists(rt.group, rt.plural, meta["name"])
+        if rt.key == "namespaces" and not ctx.dry_run:
+            return await self._create_namespace(rt, obj, ctx)
         return await self._write(rt, obj, ctx)
+
+    async def _create_namespace(self, rt: ResourceType, obj: JSON, ctx: Ctx) -> Entry:
+        """A namespace, and in the same turn what its controllers would add (so that no client
+        sees a namespace without its ``default`` ServiceAccount)."""
+        entry, fut = self._commit(rt, obj, ctx)
+        futures = [fut]
+        for hook in self.after_namespace_created:
+            for child in hook(obj["metadata"]["name"]):
+                crt = self.registry.by_key(child.pop("_rkey"))
+                manager = child.pop("_manager", None)
+                if crt is None or self.store.get(crt.key, child["metadata"]["namespace"],
+                                                 child["metadata"]["name"]) is not None:
+                    continue
+                if manager:
+                    self._manage_update(crt, None, child, crt.storage_version, Ctx(manager=manager), None, None)
+                child["metadata"].setdefault("uid", new_uid())
+                child["metadata"].setdefault("creationTimestamp", self.now())
+                futures.append(self._commit(crt, child, Ctx())[1])
+        for f in futures:
+            if f is not None:
+                await f
+        return entry
 
     # ---- update ----------------------------------------------------------------------------
 
     def _prepare_update(self, rt: ResourceType, old_entry: Entry, new: JSON, subresource: str | None,
-                        ctx: Ctx, version: str) -> JSON | None:
+                        ctx: Ctx, version: str, *, managed: bool = False) -> JSON | None:
         """The object to store, or None when nothing changed. Raises on conflicts and invalid objects."""
         old = old_entry.obj
         meta = new["metadata"]
@@ -249,6 +377,15 @@ class Engine:
                            "the object has been modified; please apply your changes to the latest version and try again")
         if meta.get("uid") and meta["uid"] != old["metadata"]["uid"]:
             raise conflict(rt.group, rt.plural, name, "Precondition failed: UID in precondition does not match")
+        request_meta = dict(meta)
+        self._decode(rt, new, version, ctx)
+        # the live object as the request's version sees it (read only: no copy when it is stored so)
+        live_view = old_entry.obj if rt.storage_key is None and version == rt.storage_version else \
+            json.loads(self.from_storage(rt, old_entry, version))
+        if not managed:
+            self._manage_update(rt, live_view, new, version, ctx, subresource, request_meta)
+        managed_fields = new["metadata"].get("managedFields")
+        new = self.to_storage(rt, new, version)
         if subresource == "status":
             if rt.is_custom:
                 result = old_entry.clone()
@@ -258,16 +395,19 @@ class Engine:
                     result.pop("status", None)
                 new = result
             else:
+                # The stored spec itself: stored objects are never mutated, and nothing below
+                # changes a built-in's spec in place (a JSON round trip of the whole object
+                # for one field was most of a status write).
                 result = dict(new)
                 for k in ("spec",):
                     if k in old:
-                        result[k] = old_entry.clone()[k]
+                        result[k] = old[k]
                     else:
                         result.pop(k, None)
                 new = result
         elif rt.status_subresource:
             if "status" in old:
-                new["status"] = old_entry.clone()["status"]
+                new["status"] = old["status"]  # shared, read only (as the spec above)
             else:
                 new.pop("status", None)
         meta = new["metadata"]
@@ -278,7 +418,10 @@ class Engine:
             else:
                 meta.pop(k, None)
         meta.pop("resourceVersion", None)
-        meta.pop("managedFields", None)
+        if managed_fields:
+            meta["managedFields"] = managed_fields
+        else:
+            meta.pop("managedFields", None)
         if subresource != "status" and old["metadata"].get("deletionTimestamp"):
             added = set(meta.get("finalizers") or []) - set(old["metadata"].get("finalizers") or [])
             if added:
@@ -287,8 +430,11 @@ class Engine:
                     "Forbidden: no new finalizers can be added if the object is being deleted, found new "
                     f"finalizers {sorted(added)}")])
         builtins.prepare_update(rt, new, old, subresource, self)
-        self._validate_and_default(rt, new, old, version, ctx, subresource)
-        if strip_for_generation(new, rt.status_subresource) != strip_for_generation(old, rt.status_subresource):
+        admission.mutate(self, rt, new, old, ctx)
+        self._validate(rt, new, old, version)
+        admission.validate(self, rt, new, old, ctx)
+        if "generation" in old["metadata"] and \
+                strip_for_generation(new, rt.status_subresource) != strip_for_generation(old, rt.status_subresource):
             meta["generation"] = int(old["metadata"].get("generation", 1)) + 1
         old_cmp = dict(old)
         old_cmp["metadata"] = {k: v for k, v in old["metadata"].items() if k != "resourceVersion"}
@@ -314,7 +460,6 @@ class Engine:
                      subresource: str | None = None, version: str | None = None) -> Entry:
         version = version or rt.storage_version
         new = self._check_type(rt, body, version)
-        new = self.to_storage(rt, new, version)
         old_entry = self.store.get(rt.key, ns if rt.namespaced else "", name)
         if old_entry is None:
             if rt.key in (LEASE_KEY, "events", "nodes") and subresource is None:
@@ -361,11 +506,68 @@ class Engine:
             raise bad_request("metadata must be an object")
         result["metadata"].setdefault("resourceVersion", old_entry.obj["metadata"]["resourceVersion"])
         new = self._check_type(rt, result, version)
-        new = self.to_storage(rt, new, version)
         prepared = self._prepare_update(rt, old_entry, new, subresource, ctx, version)
         if prepared is None:
             return old_entry
         return await self._store_update(rt, prepared, ctx)
+
+    async def apply(self, rt: ResourceType, ns: str, name: str, config: Any, ctx: Ctx,
+                    subresource: str | None = None, version: str | None = None) -> tuple[Entry, bool]:
+        """Server-side apply of ``config`` by ``ctx.manager``; returns (entry, created)."""
+        version = version or rt.storage_version
+        if not isinstance(config, dict):
+            raise bad_request("apply patch must be an object")
+        if ctx.manager is None:
+            raise invalid("PatchOptions", "meta.k8s.io", "", [Cause(
+                "fieldManager", "FieldValueRequired", "Required value: is required for apply patch")])
+        for key in ("apiVersion", "kind"):
+            if not config.get(key):
+                raise bad_request(f"{key} must be set")
+        config = self._check_type(rt, config, version)
+        cmeta = config["metadata"]
+        if cmeta.get("name") and cmeta["name"] != name:
+            raise bad_request(f"the name of the object ({cmeta['name']}) does not match the name on the URL ({name})")
+        cmeta.pop("managedFields", None)
+        if rt.is_custom:
+            schema = rt.schemas.get(version) or rt.schemas.get(rt.storage_version)
+            if schema is not None:
+                pruned = schema.prune(config)
+                if pruned and ctx.field_validation == "Strict":
+                    raise bad_request("error strict decoding YAML: " + ", ".join(f'unknown field "{p}"' for p in pruned))
+                if pruned and ctx.field_validation == "Warn":
+                    ctx.warnings.extend(f'unknown field "{p}"' for p in pruned)
+        live_entry = self.store.get(rt.key, ns if rt.namespaced else "", name)
+        if live_entry is None and subresource is not None:
+            raise not_found(rt.group, rt.plural, name)
+        if live_entry is None:
+            live = copy.deepcopy(typeinfo.zero_object(rt.key, rt.group))
+            live.setdefault("metadata", {})
+            live["metadata"] = {k: v for k, v in live["metadata"].items() if v is not None}
+            managers: list[fieldmanager.Manager] = []
+        else:
+            live = json.loads(self.from_storage(rt, live_entry, version))
+            managers = fieldmanager.decode(live["metadata"].get("managedFields") or []) or []
+            live["metadata"].pop("managedFields", None)
+        me = fieldmanager.Manager(ctx.manager, "Apply", rt.api_version(version), subresource or "")
+        result = fieldmanager.apply(managers, live, config, self.type_of(rt, version), me, ctx.force,
+                                    self._reset_fields(rt, subresource, config), self.now())
+        obj = result.obj
+        obj.setdefault("metadata", {})
+        if live_entry is None:
+            obj["metadata"]["name"] = name
+        encoded = fieldmanager.encode(result.managers)
+        if encoded:
+            obj["metadata"]["managedFields"] = encoded
+        else:
+            obj["metadata"].pop("managedFields", None)
+        if live_entry is None:
+            return await self.create(rt, ns, obj, ctx, version, managed=True), True
+        obj["metadata"]["resourceVersion"] = live_entry.obj["metadata"]["resourceVersion"]
+        new = self._check_type(rt, obj, version)
+        prepared = self._prepare_update(rt, live_entry, new, subresource, ctx, version, managed=True)
+        if prepared is None:
+            return live_entry, False
+        return await self._store_update(rt, prepared, ctx), False
 
     # ---- delete ----------------------------------------------------------------------------
 
@@ -389,6 +591,9 @@ class Engine:
             raise invalid("DeleteOptions", "", "", [Cause("propagationPolicy", "FieldValueNotSupported",
                           f'Unsupported value: "{policy}": supported values: "Foreground", "Background", "Orphan"')])
         already = bool(meta.get("deletionTimestamp"))
+        if rt.key == CRD_KEY and not already and "customresourcecleanup.apiextensions.k8s.io" not in finalizers:
+            # upstream adds it on the first delete, then empties the resource before removing it
+            finalizers.append("customresourcecleanup.apiextensions.k8s.io")
         if policy == "Foreground" and "foregroundDeletion" not in finalizers:
             finalizers.append("foregroundDeletion")
         if policy == "Orphan" and "orphan" not in finalizers:
@@ -447,19 +652,25 @@ class Engine:
         target = body["target"].get("name")
         if not target:
             raise invalid("Binding", "", name, [Cause("target.name", "FieldValueRequired", "Required value")])
-        pod = entry.clone()
-        if pod["metadata"].get("deletionTimestamp"):
+        live = entry.obj
+        if live["metadata"].get("deletionTimestamp"):
             raise conflict("", "pods", name, "pod is being deleted, cannot be assigned to a host")
-        if pod["spec"].get("nodeName"):
+        if live["spec"].get("nodeName"):
             raise conflict("", "pods", name,
-                           f"pod {name} is already assigned to node \"{pod['spec']['nodeName']}\"")
-        if pod["spec"].get("schedulingGates"):
+                           f"pod {name} is already assigned to node \"{live['spec']['nodeName']}\"")
+        if live["spec"].get("schedulingGates"):
             raise conflict("", "pods", name, f"pod {name} has non-empty .spec.schedulingGates")
-        pod["spec"]["nodeName"] = target
-        conds = [c for c in pod.setdefault("status", {}).get("conditions", []) if c.get("type") != "PodScheduled"]
+        # A new object sharing the live one's unchanged parts (stored objects are never mutated):
+        # only metadata (the store sets its resourceVersion), spec and status are new dicts.
+        pod = dict(live)
+        pod["metadata"] = dict(live["metadata"])
+        pod["spec"] = {**live["spec"], "nodeName": target}
+        status = dict(live.get("status") or {})
+        conds = [c for c in status.get("conditions", []) if c.get("type") != "PodScheduled"]
         conds.append({"type": "PodScheduled", "status": "True", "lastProbeTime": None,
                       "lastTransitionTime": self.now()})
-        pod["status"]["conditions"] = conds
+        status["conditions"] = conds
+        pod["status"] = status
         await self._write(rt, pod, ctx)
 
     async def evict(self, ns: str, name: str, body: Any, ctx: Ctx) -> None:

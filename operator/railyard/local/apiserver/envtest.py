@@ -1,8 +1,9 @@
 """Start a real kube-apiserver and etcd on loopback (controller-runtime's envtest convention).
 
 ``KUBEBUILDER_ASSETS`` names a folder holding ``kube-apiserver`` and ``etcd``. The API server
-gets a serving certificate from our own CA (pki.py), a static bearer token for a user in
-``system:masters``, and no controller manager: garbage collection and namespace cleanup do not
+gets a serving certificate from our own CA (pki.py), a dedicated RSA key pair for
+service-account tokens, a static bearer token for a user in ``system:masters``, and no
+controller manager: garbage collection and namespace cleanup do not
 run there (as in envtest), which callers must expect.
 """
 
@@ -21,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .kubeconfig import write_kubeconfig
-from .pki import ensure_certs
+from .pki import ServiceAccountKeys, ServingCerts, ensure_certs, ensure_service_account_keys
 
 
 def assets_dir() -> Path | None:
@@ -62,6 +63,25 @@ class EnvtestCluster:
                 p.wait()
 
 
+def apiserver_args(*, etcd_url: str, port: int, cert_dir: Path, certs: ServingCerts, tokens: Path,
+                   sa_keys: ServiceAccountKeys) -> list[str]:
+    """kube-apiserver's command line, as controller-runtime's envtest starts it: loopback only,
+    our serving certificate, a static admin token, RBAC, service-account tokens signed with a
+    dedicated RSA key. The ServiceAccount admission plugin is off: without a controller manager
+    no namespace gets its ``default`` ServiceAccount, and every pod would be refused."""
+    return [
+        f"--etcd-servers={etcd_url}", "--advertise-address=127.0.0.1", "--bind-address=127.0.0.1",
+        f"--secure-port={port}", f"--cert-dir={cert_dir}",
+        f"--tls-cert-file={certs.cert}", f"--tls-private-key-file={certs.key}",
+        f"--token-auth-file={tokens}", "--authorization-mode=RBAC", "--anonymous-auth=false",
+        "--service-cluster-ip-range=10.0.0.0/24", "--allow-privileged=true",
+        f"--service-account-issuer=https://127.0.0.1:{port}",
+        f"--service-account-key-file={sa_keys.public_key}",
+        f"--service-account-signing-key-file={sa_keys.private_key}",
+        "--disable-admission-plugins=ServiceAccount",
+    ]
+
+
 def start_envtest(assets: Path, work_dir: Path, *, timeout_s: float = 90.0) -> EnvtestCluster:
     """Start etcd and kube-apiserver from ``assets`` with state in ``work_dir``; wait until ready."""
     work_dir.mkdir(parents=True, exist_ok=True)
@@ -83,15 +103,11 @@ def start_envtest(assets: Path, work_dir: Path, *, timeout_s: float = 90.0) -> E
         stdout=(logs / "etcd.log").open("wb"), stderr=subprocess.STDOUT,
     )
     procs.append(etcd)
+    sa_keys = ensure_service_account_keys(work_dir / "pki")
     apiserver = subprocess.Popen(
-        [str(assets / "kube-apiserver"), f"--etcd-servers=http://127.0.0.1:{etcd_port}",
-         "--bind-address=127.0.0.1", f"--secure-port={api_port}", f"--cert-dir={work_dir / 'certs'}",
-         f"--tls-cert-file={certs.cert}", f"--tls-private-key-file={certs.key}",
-         f"--token-auth-file={tokens}", "--authorization-mode=RBAC",
-         "--service-cluster-ip-range=10.0.0.0/24", "--allow-privileged=true",
-         "--service-account-issuer=https://kubernetes.default.svc",
-         f"--service-account-key-file={certs.key}", f"--service-account-signing-key-file={certs.key}",
-         "--disable-admission-plugins=ServiceAccount", "--anonymous-auth=false"],
+        [str(assets / "kube-apiserver"), *apiserver_args(
+            etcd_url=f"http://127.0.0.1:{etcd_port}", port=api_port, cert_dir=work_dir / "certs", certs=certs,
+            tokens=tokens, sa_keys=sa_keys)],
         stdout=(logs / "kube-apiserver.log").open("wb"), stderr=subprocess.STDOUT,
     )
     procs.append(apiserver)

@@ -45,10 +45,12 @@ def status_object(code: int, message: str, reason: str, details: dict[str, Any] 
         "reason": reason,
         "code": code,
     }
-    if details:
+    if details is not None:
         out["details"] = details
     if success:
         del out["reason"]
+        if not message:
+            del out["message"]
     return out
 
 
@@ -56,19 +58,25 @@ def resource_name(group: str, plural: str) -> str:
     return plural if not group else f"{plural}.{group}"
 
 
+def details_of(name: str, group: str, kind: str, **extra: Any) -> dict[str, Any]:
+    """StatusDetails as Go serialises it: empty fields omitted."""
+    out: dict[str, Any] = {k: v for k, v in (("name", name), ("group", group), ("kind", kind)) if v}
+    out.update(extra)
+    return out
+
+
 def not_found(group: str, plural: str, name: str) -> APIError:
-    return APIError(404, f'{resource_name(group, plural)} "{name}" not found',
-                    details={"name": name, "group": group, "kind": plural})
+    return APIError(404, f'{resource_name(group, plural)} "{name}" not found', details=details_of(name, group, plural))
 
 
 def already_exists(group: str, plural: str, name: str) -> APIError:
     return APIError(409, f'{resource_name(group, plural)} "{name}" already exists',
-                    reason="AlreadyExists", details={"name": name, "group": group, "kind": plural})
+                    reason="AlreadyExists", details=details_of(name, group, plural))
 
 
 def conflict(group: str, plural: str, name: str, why: str) -> APIError:
     return APIError(409, f'Operation cannot be fulfilled on {resource_name(group, plural)} "{name}": {why}',
-                    reason="Conflict", details={"name": name, "group": group, "kind": plural})
+                    reason="Conflict", details=details_of(name, group, plural))
 
 
 def bad_request(message: str) -> APIError:
@@ -139,5 +147,5 @@ def invalid(kind: str, group: str, name: str, causes: list[Cause]) -> APIError:
     return APIError(
         422,
         f'{qualified} "{name}" is invalid: {joined}',
-        details={"name": name, "group": group, "kind": kind, "causes": [c.as_dict() for c in causes]},
+        details=details_of(name, group, kind, causes=[c.as_dict() for c in causes]),
     )

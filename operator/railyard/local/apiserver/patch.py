@@ -2,6 +2,10 @@
 
 Strategic merge patch knows the merge keys of the built-in kinds this server serves (the
 ``patchMergeKey`` tags of the upstream Go types); lists without one are replaced, as upstream.
+
+The functions consume their arguments: the caller (Engine.patch) passes a freshly decoded copy
+of the live object and a freshly decoded patch, so nothing is deep-copied again; the result may
+share parts with both.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ JSON = dict[str, Any]
 
 def merge_patch(target: Any, patch: Any) -> Any:
     if not isinstance(patch, dict):
-        return copy.deepcopy(patch)
+        return patch
     result = dict(target) if isinstance(target, dict) else {}
     for k, v in patch.items():
         if v is None:
@@ -37,13 +41,15 @@ def _split(pointer: str) -> list[str]:
     if pointer == "":
         return []
     if not pointer.startswith("/"):
-        raise APIError(422, f"the server rejected our request due to an error in our request: invalid path {pointer!r}",
-                       reason="Invalid")
+        raise _fail(f"invalid path {pointer!r}")
     return [_unescape(t) for t in pointer[1:].split("/")]
 
 
 def _fail(msg: str) -> APIError:
-    return APIError(422, msg, reason="Invalid")
+    """A JSON patch that does not apply: kube-apiserver answers with the generic 422 and no
+    details (``msg`` says what failed, for our logs only)."""
+    return APIError(422, "the server rejected our request due to an error in our request", reason="Invalid",
+                    details={})
 
 
 def _get(doc: Any, tokens: list[str]) -> Any:
@@ -106,7 +112,6 @@ def _remove(doc: Any, tokens: list[str]) -> Any:
 def json_patch(doc: Any, ops: Any) -> Any:
     if not isinstance(ops, list):
         raise APIError(400, "json patch must be a list of operations")
-    doc = copy.deepcopy(doc)
     for op in ops:
         if not isinstance(op, dict) or "op" not in op or "path" not in op:
             raise _fail(f"jsonpatch: invalid operation {op!r}")
@@ -177,7 +182,7 @@ def _merge_key(path: list[str], field: str) -> str | bool | None:
 def strategic_merge_patch(original: JSON, patch: JSON, kind: str) -> JSON:
     if not isinstance(patch, dict):
         raise APIError(400, "strategic merge patch must be a JSON object")
-    result: JSON = _smp_map(copy.deepcopy(original), patch, [])
+    result: JSON = _smp_map(original, patch, [])
     return result
 
 
@@ -189,12 +194,12 @@ def _smp_map(orig: Any, patch: JSON, path: list[str]) -> Any:
     result = dict(orig) if isinstance(orig, dict) else {}
     retain = patch.get("$retainKeys")
     for k, v in patch.items():
-        if k in ("$patch", "$retainKeys") or k.startswith("$setElementOrder/"):
-            continue
         if k.startswith("$deleteFromPrimitiveList/"):
-            field = k.split("/", 1)[1]
-            if isinstance(result.get(field), list) and isinstance(v, list):
-                result[field] = [x for x in result[field] if x not in v]
+            fld = k.split("/", 1)[1]
+            if isinstance(result.get(fld), list) and isinstance(v, list):
+                result[fld] = [x for x in result[fld] if x not in v]
+    for k, v in patch.items():
+        if k in ("$patch", "$retainKeys") or k.startswith(("$setElementOrder/", "$deleteFromPrimitiveList/")):
             continue
         if v is None:
             result.pop(k, None)
@@ -207,12 +212,16 @@ def _smp_map(orig: Any, patch: JSON, path: list[str]) -> Any:
                 result[k] = merged
         elif isinstance(v, list):
             mk = _merge_key(path, k)
+            order = patch.get(f"$setElementOrder/{k}")
             if mk is False or mk is True or not isinstance(result.get(k), list):
-                result[k] = [x for x in v if not (isinstance(x, dict) and x.get("$patch") == "delete")]
-                result[k] = [{kk: vv for kk, vv in x.items() if kk != "$patch"} if isinstance(x, dict) else x
-                             for x in result[k]]
+                items = [x for x in v if not (isinstance(x, dict) and x.get("$patch") == "delete")]
+                items = [{kk: vv for kk, vv in x.items() if kk != "$patch"} if isinstance(x, dict) else x
+                         for x in items]
+                if mk is None:
+                    items = _dedupe(items)
+                result[k] = items
             else:
-                result[k] = _smp_list(result[k], v, mk, [*path, k])
+                result[k] = _smp_list(result[k], v, mk, [*path, k], order if isinstance(order, list) else None)
         else:
             result[k] = v
     if isinstance(retain, list):
@@ -220,15 +229,30 @@ def _smp_map(orig: Any, patch: JSON, path: list[str]) -> Any:
     return result
 
 
-def _smp_list(orig: list[Any], patch: list[Any], key: str | None, path: list[str]) -> list[Any]:
-    result = list(orig)
+def _dedupe(items: list[Any]) -> list[Any]:
+    out: list[Any] = []
+    for x in items:
+        if x not in out:
+            out.append(x)
+    return out
+
+
+def _smp_list(orig: list[Any], patch: list[Any], key: str | None, path: list[str],
+              order: list[Any] | None = None) -> list[Any]:
+    """Merge a list with a patch strategy of merge, keeping apimachinery's element order: the
+    patch's items in the patch's order, the server's other items slotted in by their place in
+    the original list (``normalizeElementOrder``)."""
     if key is None:
-        for x in patch:
-            if x not in result:
-                result.append(x)
-        return result
+        merged = _dedupe(list(orig) + [x for x in patch])
+        patch_items = [x for x in merged if x in patch]
+        server_only = [x for x in merged if x not in patch]
+        if order is not None:
+            patch_items.sort(key=lambda x: order.index(x) if x in order else len(order))
+        return _merge_sorted(server_only, patch_items, list(orig), lambda x: x)
     if any(isinstance(x, dict) and x.get("$patch") == "replace" for x in patch):
         return [x for x in patch if not (isinstance(x, dict) and x.get("$patch") == "replace")]
+    result = list(orig)
+    patched_keys: list[Any] = []
     for item in patch:
         if not isinstance(item, dict) or key not in item:
             raise APIError(422, f"map: {item!r} does not contain declared merge key: {key}", reason="Invalid")
@@ -237,8 +261,44 @@ def _smp_list(orig: list[Any], patch: list[Any], key: str | None, path: list[str
             if idx is not None:
                 result.pop(idx)
             continue
+        patched_keys.append(item[key])
         if idx is None:
             result.append({k: v for k, v in item.items() if k != "$patch"})
         else:
             result[idx] = _smp_map(result[idx], item, path)
-    return result
+    patch_items = sorted((x for x in result if isinstance(x, dict) and x.get(key) in patched_keys),
+                         key=lambda x: patched_keys.index(x.get(key)))
+    if order is not None:
+        order_keys = [o.get(key) if isinstance(o, dict) else o for o in order]
+        patch_items.sort(key=lambda x: order_keys.index(x.get(key)) if x.get(key) in order_keys else len(order_keys))
+    server_only = [x for x in result if not (isinstance(x, dict) and x.get(key) in patched_keys)]
+    return _merge_sorted(server_only, patch_items, list(orig), lambda x: x.get(key) if isinstance(x, dict) else x)
+
+
+def _merge_sorted(left: list[Any], right: list[Any], server: list[Any], ident: Any) -> list[Any]:
+    """apimachinery's mergeSortedSlice: interleave, keeping each list's order; a server item goes
+    before a patch item only when both are in the original and it came first there."""
+    server_ids = [ident(x) for x in server]
+
+    def pos(x: Any) -> int:
+        i = ident(x)
+        return server_ids.index(i) if i in server_ids else -1
+
+    out: list[Any] = []
+    i = j = 0
+    while i < len(left) or j < len(right):
+        if i >= len(left):
+            out.append(right[j])
+            j += 1
+        elif j >= len(right):
+            out.append(left[i])
+            i += 1
+        else:
+            li, ri = pos(left[i]), pos(right[j])
+            if li >= 0 and ri >= 0 and li < ri:
+                out.append(left[i])
+                i += 1
+            else:
+                out.append(right[j])
+                j += 1
+    return out

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import NameOID
 
 
@@ -84,3 +84,32 @@ def ensure_certs(pki_dir: Path, hosts: tuple[str, ...] = ("127.0.0.1", "localhos
     _write(certs.cert, cert.public_bytes(serialization.Encoding.PEM))
     _write(certs.ca_cert, ca.public_bytes(serialization.Encoding.PEM))
     return certs
+
+
+@dataclass(frozen=True)
+class ServiceAccountKeys:
+    """The key pair kube-apiserver signs and verifies service-account tokens with."""
+
+    private_key: Path
+    """PKCS#1 ``RSA PRIVATE KEY`` PEM (``--service-account-signing-key-file``)."""
+    public_key: Path
+    """SubjectPublicKeyInfo ``PUBLIC KEY`` PEM (``--service-account-key-file``)."""
+
+
+def ensure_service_account_keys(pki_dir: Path) -> ServiceAccountKeys:
+    """A dedicated 2048-bit RSA pair, kept beside the serving certificate.
+
+    Not the serving key: kube-apiserver reads ``--service-account-key-file`` as PEM public keys
+    (or RSA/EC private keys in their own PEM types), and refuses a PKCS#8 ECDSA serving key with
+    "data does not contain any valid RSA or ECDSA public keys".
+    """
+    pki_dir.mkdir(parents=True, exist_ok=True)
+    keys = ServiceAccountKeys(pki_dir / "sa.key", pki_dir / "sa.pub")
+    if keys.private_key.exists() and keys.public_key.exists():
+        return keys
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    _write(keys.private_key, key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.TraditionalOpenSSL,
+                                               serialization.NoEncryption()), private=True)
+    _write(keys.public_key, key.public_key().public_bytes(serialization.Encoding.PEM,
+                                                          serialization.PublicFormat.SubjectPublicKeyInfo))
+    return keys

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .schema import Schema
+    from .typeinfo import TypeNode
 
 JSON = dict[str, Any]
 
@@ -37,6 +38,11 @@ class ResourceType:
     printer_columns: dict[str, list[JSON]] = field(default_factory=dict)
     storage_key: str | None = None
     """Store under another resource's key (events.k8s.io events share core events)."""
+    types: dict[str, TypeNode] = field(default_factory=dict)
+    """Server-side apply's view of each version's schema (custom resources), built on first use."""
+    field_label_conversion: bool = False
+    """The kind converts its own field labels (an unknown one: ``field label not supported: x``);
+    otherwise only metadata.name/namespace and the generic message, as upstream."""
 
     @property
     def key(self) -> str:
@@ -63,7 +69,7 @@ def _builtin(group: str, version: str, plural: str, kind: str, namespaced: bool,
     rt = ResourceType(
         group=group, versions=[version], storage_version=version, plural=plural, singular=kind.lower(),
         kind=kind, namespaced=namespaced, short_names=short or [], subresources=frozenset(subresources),
-        field_selectors=_META_FIELDS | frozenset(fields), storage_key=storage_key,
+        field_selectors=_META_FIELDS | frozenset(fields), storage_key=storage_key, field_label_conversion=bool(fields),
     )
     if verbs is not None:
         rt.verbs = verbs
@@ -76,7 +82,8 @@ def builtin_types() -> list[ResourceType]:
         _builtin("", "v1", "nodes", "Node", False, ["no"], ("status",), ("spec.unschedulable",)),
         _builtin("", "v1", "pods", "Pod", True, ["po"], ("status", "binding", "eviction", "log"),
                  ("spec.nodeName", "status.phase", "spec.restartPolicy", "spec.schedulerName",
-                  "spec.serviceAccountName", "status.podIP", "status.nominatedNodeName")),
+                  "spec.serviceAccountName", "spec.hostNetwork", "status.podIP", "status.podIPs",
+                  "status.nominatedNodeName")),
         _builtin("", "v1", "services", "Service", True, ["svc"], ("status",)),
         _builtin("", "v1", "configmaps", "ConfigMap", True, ["cm"]),
         _builtin("", "v1", "secrets", "Secret", True, [], (), ("type",)),
@@ -113,6 +120,8 @@ def builtin_types() -> list[ResourceType]:
     for t in types:
         if t.key in ("pods", "services", "deployments.apps", "statefulsets.apps", "daemonsets.apps", "jobs.batch"):
             t.categories = ["all"]
+        if t.key == CRD_KEY:
+            t.categories = ["api-extensions"]
     return types
 
 

@@ -13,12 +13,13 @@ from pathlib import Path
 from typing import Any
 
 from aiohttp import web
+from multidict import CIMultiDict
 
-from . import openapi, protobuf, table
-from .controllers import Controllers
+from . import discovery, fieldmanager, openapi, protobuf, table
+from .controllers import Controllers, namespace_children
 from .crd import register_crd_hook, restore_crds
 from .engine import Ctx, DeleteOptions, Engine
-from .errors import APIError, bad_request, status_object
+from .errors import APIError, Cause, bad_request, forbidden, invalid, not_supported, status_object
 from .pki import ensure_certs
 from .registry import Registry, ResourceType
 from .selectors import Matcher
@@ -48,12 +49,27 @@ def int_param(request: web.Request, name: str, default: int = 0) -> int:
         raise bad_request(f"{name} must be an integer, got {value!r}") from None
 
 
-def _json(obj: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
-    return web.Response(body=dumps(obj), status=status, content_type=_JSON_CT, headers=headers)
+Headers = dict[str, str] | CIMultiDict[str] | None
 
 
-def _raw(body: bytes, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
+def _json(obj: Any, status: int = 200, headers: Headers = None, content_type: str = _JSON_CT) -> web.Response:
+    if not content_type:  # the Content-Type (with parameters) is in ``headers``
+        return web.Response(body=dumps(obj), status=status, headers=headers)
+    return web.Response(body=dumps(obj), status=status, content_type=content_type, headers=headers)
+
+
+def _raw(body: bytes, status: int = 200, headers: Headers = None) -> web.Response:
     return web.Response(body=body, status=status, content_type=_JSON_CT, headers=headers)
+
+
+def warning_headers(warnings: list[str]) -> CIMultiDict[str] | None:
+    """One ``Warning: 299 - "text"`` header per warning (RFC 7234 quoting), as kube-apiserver sends."""
+    if not warnings:
+        return None
+    out: CIMultiDict[str] = CIMultiDict()
+    for w in warnings[:50]:
+        out.add("Warning", '299 - "' + w.replace("\\", "\\\\").replace('"', '\\"') + '"')
+    return out
 
 
 def default_log_provider(state_dir: Path) -> LogProvider:
@@ -70,12 +86,51 @@ def default_log_provider(state_dir: Path) -> LogProvider:
     return provider
 
 
+def validate_list_options(q: Any, *, watch: bool) -> None:
+    """ListOptions validation (apimachinery's ValidateListOptions): sendInitialEvents only on
+    watches and only with resourceVersionMatch=NotOlderThan."""
+    causes: list[Cause] = []
+    match = q.get("resourceVersionMatch", "")
+    send_initial = q.get("sendInitialEvents")
+    if watch:
+        if send_initial is not None and match != "NotOlderThan":
+            causes.append(forbidden("resourceVersionMatch",
+                                    "sendInitialEvents requires setting resourceVersionMatch to NotOlderThan"))
+        if match:
+            if send_initial is None:
+                causes.append(forbidden("resourceVersionMatch",
+                                        "resourceVersionMatch is forbidden for watch unless sendInitialEvents is provided"))
+            if match != "NotOlderThan":
+                causes.append(not_supported("resourceVersionMatch", match, ["NotOlderThan"]))
+    else:
+        if match:
+            if not q.get("resourceVersion"):
+                causes.append(forbidden("resourceVersionMatch",
+                                        "resourceVersionMatch is forbidden unless resourceVersion is provided"))
+            if q.get("continue"):
+                causes.append(forbidden("resourceVersionMatch", "resourceVersionMatch is forbidden when continue is provided"))
+            if match not in ("Exact", "NotOlderThan"):
+                causes.append(not_supported("resourceVersionMatch", match, ["Exact", "NotOlderThan", ""]))
+            if match == "Exact" and q.get("resourceVersion") == "0":
+                causes.append(forbidden("resourceVersionMatch", 'resourceVersionMatch "exact" is forbidden for '
+                                        'resourceVersion "0"'))
+        if send_initial is not None:
+            causes.append(forbidden("sendInitialEvents", "sendInitialEvents is forbidden for list"))
+    if causes:
+        raise invalid("ListOptions", "meta.k8s.io", "", causes)
+
+
 class APIServer:
     """The embedded API server; ``await start()`` then ``url``; ``await stop()`` to shut down."""
 
     def __init__(self, state_dir: Path | str, *, token: str, host: str = "127.0.0.1", port: int = 0,
-                 log_provider: LogProvider | None = None, event_window: int = 20_000, tls: bool = True) -> None:
+                 log_provider: LogProvider | None = None, event_window: int = 20_000, tls: bool = True,
+                 accept_token_file: Path | str | None = None) -> None:
         self.state_dir = Path(state_dir)
+        self.accept_token_file = Path(accept_token_file) if accept_token_file else None
+        """More bearer tokens, re-read on every request that does not carry ``token``: one per line,
+        ``TOKEN`` or ``TOKEN EXPIRES`` (Unix seconds; refused after). Tests hand out tokens that
+        expire or rotate through it (exec plugins, service-account token files)."""
         self.tls = tls
         self.ca_file: Path | None = None
         """The CA that signed the serving certificate (None with ``tls=False``)."""
@@ -85,7 +140,9 @@ class APIServer:
         self.store = Store(self.state_dir, event_window=event_window)
         self.registry = Registry()
         self.engine = Engine(self.store, self.registry)
-        self.controllers = Controllers(self.engine)
+        self.controllers = Controllers(self.engine, ensure_certs(self.state_dir / "pki").ca_cert.read_text())
+        self.engine.after_namespace_created.append(
+            lambda ns: namespace_children(ns, self.controllers.ca_bundle))
         self.log_provider: LogProvider = log_provider or default_log_provider(self.state_dir)
         self._runner: web.AppRunner | None = None
         self._site: web.TCPSite | None = None
@@ -134,7 +191,7 @@ class APIServer:
                           handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
         auth = request.headers.get("Authorization", "")
         expected = f"Bearer {self.token}"
-        if not hmac.compare_digest(auth.encode(), expected.encode()):
+        if not hmac.compare_digest(auth.encode(), expected.encode()) and not self._accepted(auth):
             return _json(status_object(401, "Unauthorized", "Unauthorized"), 401)
         try:
             return await handler(request)
@@ -150,6 +207,20 @@ class APIServer:
             traceback.print_exc()
             return _json(status_object(500, f"Internal error occurred: {exc!r}", "InternalError"), 500)
 
+    def _accepted(self, auth: str) -> bool:
+        if self.accept_token_file is None or not auth.startswith("Bearer "):
+            return False
+        try:
+            lines = self.accept_token_file.read_text().splitlines()
+        except OSError:
+            return False
+        given, now, ok = auth[len("Bearer "):].encode(), time.time(), False
+        for line in lines:
+            token, _, expires = line.strip().partition(" ")
+            if token and hmac.compare_digest(given, token.encode()) and (not expires or now < float(expires)):
+                ok = True
+        return ok
+
     # ---- routing ---------------------------------------------------------------------------
 
     async def _dispatch(self, request: web.Request) -> web.StreamResponse:
@@ -164,60 +235,38 @@ class APIServer:
             return _json(SERVER_VERSION)
         if head == "openapi":
             return openapi.handle(self.registry, request, segs[1:])
+        accept = request.headers.get("Accept", "")
         if head == "api":
             if len(segs) == 1:
+                if discovery.wants_aggregated(accept):
+                    return _json(discovery.aggregated(self.registry, core=True),
+                                 headers={"Content-Type": discovery.AGGREGATED_CT}, content_type="")
                 return _json({"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": [
                     {"clientCIDR": "0.0.0.0/0", "serverAddress": f"{self.host}:{self.port}"}]})
             if segs[1] != "v1":
                 raise APIError(404, "the server could not find the requested resource", reason="NotFound")
             if len(segs) == 2:
-                return _json(self._resource_list("", "v1"))
+                return _json(discovery.resource_list(self.registry, "", "v1"))
             return await self._resource(request, "", "v1", segs[2:])
         if head == "apis":
             groups = self.registry.groups()
             if len(segs) == 1:
-                return _json({"kind": "APIGroupList", "apiVersion": "v1",
-                              "groups": [self._group(g, vs) for g, vs in sorted(groups.items())]})
+                if discovery.wants_aggregated(accept):
+                    return _json(discovery.aggregated(self.registry, core=False),
+                                 headers={"Content-Type": discovery.AGGREGATED_CT}, content_type="")
+                return _json(discovery.group_list(self.registry))
             group = segs[1]
             if group not in groups:
                 raise APIError(404, "the server could not find the requested resource", reason="NotFound")
             if len(segs) == 2:
-                return _json(dict(self._group(group, groups[group]), kind="APIGroup", apiVersion="v1"))
+                return _json(dict(discovery.group_entry(group, groups[group]), kind="APIGroup", apiVersion="v1"))
             version = segs[2]
             if version not in groups[group]:
                 raise APIError(404, "the server could not find the requested resource", reason="NotFound")
             if len(segs) == 3:
-                return _json(self._resource_list(group, version))
+                return _json(discovery.resource_list(self.registry, group, version))
             return await self._resource(request, group, version, segs[3:])
         raise APIError(404, "the server could not find the requested resource", reason="NotFound")
-
-    def _group(self, group: str, versions: list[str]) -> JSON:
-        vs = [{"groupVersion": f"{group}/{v}", "version": v} for v in versions]
-        return {"name": group, "versions": vs, "preferredVersion": vs[0]}
-
-    def _resource_list(self, group: str, version: str) -> JSON:
-        resources: list[JSON] = []
-        for rt in self.registry.all():
-            if rt.group != group or version not in rt.versions:
-                continue
-            entry: JSON = {"name": rt.plural, "singularName": rt.singular, "namespaced": rt.namespaced,
-                           "kind": rt.kind, "verbs": rt.verbs}
-            if rt.short_names:
-                entry["shortNames"] = rt.short_names
-            if rt.categories:
-                entry["categories"] = rt.categories
-            resources.append(entry)
-            for sub in sorted(rt.subresources):
-                verbs = {"status": ["get", "patch", "update"], "binding": ["create"], "eviction": ["create"],
-                         "log": ["get"], "finalize": ["update"], "scale": ["get", "patch", "update"]}[sub]
-                sub_kind = {"binding": "Binding", "eviction": "Eviction", "log": "Pod"}.get(sub, rt.kind)
-                sub_entry: JSON = {"name": f"{rt.plural}/{sub}", "singularName": "", "namespaced": rt.namespaced,
-                                   "kind": sub_kind, "verbs": verbs}
-                if sub == "eviction":
-                    sub_entry.update(group="policy", version="v1")
-                resources.append(sub_entry)
-        gv = version if not group else f"{group}/{version}"
-        return {"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv, "resources": resources}
 
     def _parse_resource_path(self, group: str, version: str, rest: list[str]) -> tuple[ResourceType, str | None,
                                                                                         str | None, str | None]:
@@ -260,18 +309,27 @@ class APIServer:
             raise bad_request(f"error decoding request body: {exc}") from exc
 
     @staticmethod
-    def _ctx(request: web.Request) -> Ctx:
+    def _ctx(request: web.Request, *, apply: bool = False) -> Ctx:
         q = request.query
         fv = q.get("fieldValidation", "Warn")
         if fv not in ("Strict", "Warn", "Ignore"):
             raise bad_request(f'fieldValidation must be one of "Strict", "Warn", "Ignore": got {fv!r}')
-        return Ctx(dry_run="All" in q.getall("dryRun", []), field_validation=fv)
+        manager = q.get("fieldManager") or None
+        if manager is not None and len(manager) > 128:
+            raise invalid("PatchOptions" if request.method == "PATCH" else "UpdateOptions", "meta.k8s.io", "", [Cause(
+                "fieldManager", "FieldValueTooLong", "Too long: may not be more than 128 bytes")])
+        force = q.get("force")
+        if force is not None and not apply:
+            raise invalid("PatchOptions", "meta.k8s.io", "", [Cause(
+                "force", "FieldValueForbidden", "Forbidden: may not be specified for non-apply patch")])
+        if manager is None and not apply:
+            manager = fieldmanager.manager_from_user_agent(request.headers.get("User-Agent", "")) or None
+        return Ctx(dry_run="All" in q.getall("dryRun", []), field_validation=fv, manager=manager,
+                   force=force in ("true", "True", "1"))
 
     def _respond(self, request: web.Request, rt: ResourceType, version: str, entry: Entry, ctx: Ctx,
                  status: int = 200) -> web.Response:
-        headers: dict[str, str] = {}
-        if ctx.warnings:
-            headers["Warning"] = ", ".join(f'299 - "{w}"' for w in ctx.warnings[:20])
+        headers = warning_headers(ctx.warnings)
         if table.wants_table(request):
             return _json(table.render(self.engine, rt, [entry], self.store.rv, request), status, headers)
         return _raw(self.engine.from_storage(rt, entry, version), status, headers)
@@ -322,12 +380,13 @@ class APIServer:
             entry = await eng.update(rt, ns_, name, await self._body(request), ctx, sub, version)
             return self._respond(request, rt, version, entry, ctx)
         if method == "PATCH":
-            ctx = self._ctx(request)
             ctype = request.headers.get("Content-Type", "")
             if ctype.startswith("application/apply-patch"):
-                entry = await self._apply(request, rt, version, ns_, name, sub, ctx)
-            else:
-                entry = await eng.patch(rt, ns_, name, ctype, await request.read(), ctx, sub, version)
+                ctx = self._ctx(request, apply=True)
+                entry, created = await self._apply(request, rt, version, ns_, name, sub, ctx)
+                return self._respond(request, rt, version, entry, ctx, 201 if created else 200)
+            ctx = self._ctx(request)
+            entry = await eng.patch(rt, ns_, name, ctype, await request.read(), ctx, sub, version)
             return self._respond(request, rt, version, entry, ctx)
         if method == "DELETE" and sub is None:
             ctx = self._ctx(request)
@@ -351,16 +410,10 @@ class APIServer:
         return out
 
     async def _apply(self, request: web.Request, rt: ResourceType, version: str, ns: str, name: str,
-                     sub: str | None, ctx: Ctx) -> Entry:
-        """Server-side apply, approximated: create if absent, else a JSON merge patch of the intent."""
+                     sub: str | None, ctx: Ctx) -> tuple[Entry, bool]:
+        """Server-side apply (fieldmanager.py): field ownership, conflicts, force."""
         body = await self._body(request)
-        if not isinstance(body, dict):
-            raise bad_request("apply patch must be an object")
-        if self.store.get(rt.key, ns if rt.namespaced else "", name) is None and sub is None:
-            body.setdefault("metadata", {})["name"] = name
-            return await self.engine.create(rt, ns, body, ctx, version)
-        body.get("metadata", {}).pop("resourceVersion", None)
-        return await self.engine.patch(rt, ns, name, "application/merge-patch+json", dumps(body), ctx, sub, version)
+        return await self.engine.apply(rt, ns, name, body, ctx, sub, version)
 
     async def _delete_options(self, request: web.Request) -> DeleteOptions:
         q = request.query
@@ -388,6 +441,7 @@ class APIServer:
         return self.engine.matchers(rt, request.query.get("labelSelector"), request.query.get("fieldSelector"))
 
     def _list(self, request: web.Request, rt: ResourceType, version: str, ns: str | None) -> web.Response:
+        validate_list_options(request.query, watch=False)
         entries, rv = self.engine.list(rt, ns, self._matchers(request, rt))
         q = request.query
         meta: JSON = {"resourceVersion": str(rv)}
@@ -409,9 +463,38 @@ class APIServer:
             entries = entries[:limit]
         if table.wants_table(request):
             return _json(table.render(self.engine, rt, entries, rv, request, meta))
-        items = b",".join(self.engine.from_storage(rt, e, version) for e in entries)
         head = dumps({"kind": f"{rt.kind}List", "apiVersion": rt.api_version(version), "metadata": meta})
-        return _raw(head[:-1] + b',"items":[' + items + b"]}")
+        # one join of every piece: the items are not copied into an intermediate list body
+        prefix = self._typed_prefix(rt, version)
+        parts: list[bytes | memoryview] = [head[:-1], b',"items":[']
+        for i, e in enumerate(entries):
+            if i:
+                parts.append(b",")
+            parts.extend(self._list_item(rt, e, version, prefix))
+        parts.append(b"]}")
+        return _raw(b"".join(parts))
+
+    @staticmethod
+    def _typed_prefix(rt: ResourceType, version: str) -> bytes | None:
+        """What a stored built-in object starts with and a typed list item leaves out (None for
+        custom resources, whose list items keep apiVersion and kind)."""
+        if rt.is_custom:
+            return None
+        return b'{"apiVersion":' + dumps(rt.api_version(version)) + b',"kind":' + dumps(rt.kind) + b","
+
+    def _list_item(self, rt: ResourceType, entry: Entry, version: str,
+                   prefix: bytes | None) -> tuple[bytes | memoryview, ...]:
+        """An item of a list, as pieces to join: built-in kinds' lists are typed, their items
+        carry no apiVersion and kind (custom resources' items do)."""
+        raw = self.engine.from_storage(rt, entry, version)
+        if prefix is None:
+            return (raw,)
+        if raw.startswith(prefix):
+            return (b"{", memoryview(raw)[len(prefix):])
+        obj = json.loads(raw)
+        obj.pop("apiVersion", None)
+        obj.pop("kind", None)
+        return (dumps(obj),)
 
     async def _delete_collection(self, request: web.Request, rt: ResourceType, version: str,
                                  ns: str | None) -> web.Response:
@@ -432,6 +515,7 @@ class APIServer:
 
     async def _watch(self, request: web.Request, rt: ResourceType, version: str, ns: str | None) -> web.StreamResponse:
         q = request.query
+        validate_list_options(q, watch=True)
         matchers = self._matchers(request, rt)
         bookmarks = q.get("allowWatchBookmarks") in ("1", "true", "True")
         send_initial = q.get("sendInitialEvents") in ("1", "true", "True")

@@ -121,9 +121,10 @@ def _col(name: str, ctype: str = "string", fmt: str = "", desc: str = "", priori
     return {"name": name, "type": ctype, "format": fmt, "description": desc or name, "priority": priority}
 
 
-_NAME = _col("Name", "string", "name", "Name must be unique within a namespace.")
-_AGE = _col("Age", "string", "", "CreationTimestamp is a timestamp representing the server time when this object "
-            "was created.")
+_NAME_DESCRIPTION = ('Name must be unique within a namespace. Is required when creating resources, although some resources may allow a client to request the generation of an appropriate name automatically. Name is primarily intended for creation idempotence and configuration definition. Cannot be updated. More info: https://kubernetes.io/docs/concepts/overview/working-with-objects/names#names')
+_AGE_DESCRIPTION = ('CreationTimestamp is a timestamp representing the server time when this object was created. It is not guaranteed to be set in happens-before order across separate operations. Clients may not set this value. It is represented in RFC3339 form and is in UTC.\n\nPopulated by the system. Read-only. Null for lists. More info: https://git.k8s.io/community/contributors/devel/sig-architecture/api-conventions.md#metadata')
+_NAME = _col("Name", "string", "name", _NAME_DESCRIPTION)
+_AGE = _col("Age", "string", "", _AGE_DESCRIPTION)
 
 
 def _pod_row(o: JSON) -> list[Any]:
@@ -180,8 +181,13 @@ def _event_row(o: JSON) -> list[Any]:
 
 
 _BUILTIN: dict[str, tuple[list[JSON], Any]] = {
-    "pods": ([_NAME, _col("Ready"), _col("Status"), _col("Restarts", "string"), _AGE, _col("IP", priority=1),
-              _col("Node", priority=1), _col("Nominated Node", priority=1), _col("Readiness Gates", priority=1)],
+    "pods": ([_NAME, _col("Ready", desc='The aggregate readiness state of this pod for accepting traffic.'),
+              _col("Status", desc='The aggregate status of the containers in this pod.'),
+              _col("Restarts", "string", desc='The number of times the containers in this pod have been restarted and when the last container in this pod has restarted.'), _AGE,
+              _col("IP", priority=1, desc='podIP address allocated to the pod. Routable at least within the cluster. Empty if not yet allocated.'),
+              _col("Node", priority=1, desc='NodeName indicates in which node this pod is scheduled. If empty, this pod is a candidate for scheduling by the scheduler defined in schedulerName. Once this field is set, the kubelet for this node becomes responsible for the lifecycle of this pod. This field should not be used to express a desire for the pod to be scheduled on a specific node. https://kubernetes.io/docs/concepts/scheduling-eviction/assign-pod-node/#nodename'),
+              _col("Nominated Node", priority=1, desc='nominatedNodeName is set only when this pod preempts other pods on the node, but it cannot be scheduled right away as preemption victims receive their graceful termination periods. This field does not guarantee that the pod will be scheduled on this node. Scheduler may decide to place the pod elsewhere if other nodes become available sooner. Scheduler may also decide to give the resources on this node to a higher priority pod that is created after preemption. As a result, this field may be different than PodSpec.nodeName when the pod is scheduled.'),
+              _col("Readiness Gates", priority=1, desc='If specified, all readiness gates will be evaluated for pod readiness. A pod is ready when all its containers are ready AND all conditions specified in the readiness gates have status equal to "True" More info: https://git.k8s.io/enhancements/keps/sig-network/580-pod-readiness-gates')],
              _pod_row),
     "nodes": ([_NAME, _col("Status"), _col("Roles"), _AGE, _col("Version"), _col("Internal-IP", priority=1),
                _col("External-IP", priority=1), _col("OS-Image", priority=1), _col("Kernel-Version", priority=1),
@@ -210,7 +216,8 @@ def columns_and_rows(rt: ResourceType, version: str, objs: list[JSON]) -> tuple[
         cols = rt.printer_columns.get(version) or rt.printer_columns.get(rt.storage_version) or []
         if not cols:
             return [_NAME, _AGE], [[o["metadata"]["name"], age(o["metadata"].get("creationTimestamp"))] for o in objs]
-        defs = [_NAME] + [_col(c["name"], c.get("type", "string"), c.get("format", ""), c.get("description", ""),
+        defs = [_NAME] + [_col(c["name"], c.get("type", "string"), c.get("format", ""), c.get("description") or
+                               f"Custom resource definition column (in JSONPath format): {c['jsonPath']}",
                                c.get("priority", 0)) for c in cols]
         rows = [[o["metadata"]["name"]] + [_cell(jsonpath(o, c["jsonPath"]), c.get("type", "string")) for c in cols]
                 for o in objs]
