@@ -82,6 +82,21 @@ def test_which_pods_a_finished_job_keeps(case: Case) -> None:
     assert done.due_in == (pytest.approx(case.due_in) if case.due_in is not None else None)
 
 
+def test_an_attempt_started_in_place_keeps_its_kept_pods_and_its_replacements() -> None:
+    # attempt 0 created pods 0..2; attempt 1 started in place: pod 1 replaced, 0 and 2 kept
+    kept0 = make_pod(attempt=0, index=0, node="node-0").exited(0).obj()
+    old1 = make_pod(attempt=0, index=1, node="node-1").exited(1).obj()
+    new1 = make_pod(attempt=1, index=1, node="node-3").exited(0).obj()
+    kept2 = make_pod(attempt=0, index=2, node="node-2").exited(0).obj()
+    pods = [kept0, old1, new1, kept2]
+    done = decide_finished_pods(pods, job_phase="Succeeded", attempt=1, cleanup=Cleanup(), completion_time=T0, now=T0, since=0)
+    assert [p["metadata"]["name"] for p in done.keep] == [kept0["metadata"]["name"], new1["metadata"]["name"], kept2["metadata"]["name"]]
+    assert done.delete == (old1,)
+    # without ``since`` (a full restart) only pods of the last attempt are members
+    full = decide_finished_pods(pods, job_phase="Succeeded", attempt=1, cleanup=Cleanup(), completion_time=T0, now=T0)
+    assert full.keep == (new1,)
+
+
 def test_the_defaults_keep_pods_for_a_day() -> None:
     assert TrainingJob.model_validate({"spec": {}}).spec.cleanup == Cleanup(pods="Keep", ttl_seconds_after_finished=86400)
 

@@ -54,6 +54,10 @@ def table(attempt: int = 0, nodes: tuple[str, ...] = ("n0", "n1", "n2"), port: i
 def test_messages_round_trip_and_bad_ones_name_their_field() -> None:
     r = LauncherReport("j", 3, 1, "j-a1-1", LauncherState.FAILED, 75, ((2, 75), (3, 70)), 12.5)
     assert parse_report(r.to_json()) == r
+    said = replace(r, message="rank 2 exited with code 75 (SDC) first\nSDCError: checksum mismatch")
+    assert parse_report(said.to_json()) == said
+    with pytest.raises(ControlError, match="message"):
+        parse_report(replace(r, message="x" * 5000).to_json())
     delta = build_rank_table_delta(table(0), table(1, ("n0", "n9", "n2"), port=20002))
     assert delta is not None
     o = ControlOrder("j", 1, Action.RESTART, "why", delta=delta, restore={"tier": "memory", "step": 10})
@@ -227,6 +231,13 @@ def test_a_launchers_report_reads_as_its_pods_exit(report: LauncherReport, kind:
     f = classify_pod(view[0], nodes)
     assert (f.kind if f else None) == kind
     assert pod["status"]["phase"] == "Running", "the pod itself is not touched"
+
+
+def test_a_launchers_report_carries_the_workers_last_words() -> None:
+    pod = make_pod(index=0, attempt=0).obj()
+    words = "rank 1 exited with code 1 (Application) first\nInjectedCrash: injected crash on rank 1 at step 3"
+    view = apply_launcher_reports([pod], {0: (LauncherReport("j", 0, 0, "j-a0-0", LauncherState.FAILED, 1, ((1, 1),), message=words), 1.0)}, attempt=0)
+    assert view[0]["status"]["containerStatuses"][0]["state"]["terminated"]["message"] == words
 
 
 def test_a_pod_that_really_exited_keeps_its_own_exit_code() -> None:

@@ -143,6 +143,8 @@ def test_workers_restart_in_place_for_the_new_attempt(tmp_path: Path, operator: 
         got = wait("both launchers to report failed workers",
                    lambda: (r := operator.reports()) and all(i in r and r[i].state is LauncherState.FAILED for i in (0, 1)) and r, 120)
         assert got[1].code == 1 and got[1].attempt == 0, got[1]
+        # its last words travel with the report (the pod keeps running: no termination message yet)
+        assert "rank 1 exited with code 1" in got[1].message and "injected crash on rank 1" in got[1].message, got[1].message
         assert got[0].code != 0, got[0]
         assert all(p.poll() is None for p in pods), "launchers wait for the operator instead of exiting"
         operator.call(operator.board.publish, NS, JOB, attempt=1, members={0: "pod-0", 1: "pod-1"}, table=t1,

@@ -39,6 +39,7 @@ from pathlib import Path
 from types import FrameType
 
 from railyard.protocol.control import (
+    MAX_MESSAGE_CHARS,
     MAX_WAIT_S,
     Action,
     ControlError,
@@ -53,6 +54,14 @@ from railyard.protocol.exitcodes import classify_exit_code
 from railyard_trainer.config import ConfigError
 from railyard_trainer.events import log_event
 from railyard_trainer.launcher import LaunchPlan, _die_with_parent, most_specific, resolve
+from railyard_trainer.termination import (
+    WORKER_ERROR_FILE_ENV,
+    build_termination_message,
+    fit_termination_message,
+    read_worker_errors,
+    worker_error_file,
+    write_termination_message,
+)
 
 #: Seconds one long poll may be held by the operator.
 POLL_WAIT_S = 20.0
@@ -100,10 +109,11 @@ class ControlChannel:
     def close(self) -> None:
         self._stop.set()
 
-    def set_state(self, attempt: int, state: LauncherState, *, code: int = 0, workers: Mapping[int, int] | None = None) -> None:
+    def set_state(self, attempt: int, state: LauncherState, *, code: int = 0, workers: Mapping[int, int] | None = None,
+                  message: str = "") -> None:
         """A new state: kept for the polls, and posted at once from a short-lived thread."""
         report = LauncherReport(self.job, attempt, self.pod_index, self.pod, state, code,
-                                tuple(sorted((workers or {}).items())), time.time())
+                                tuple(sorted((workers or {}).items())), time.time(), message=message[-MAX_MESSAGE_CHARS:])
         with self._lock:
             if self._report is not None and report == replace(self._report, sent_at=report.sent_at):
                 return
@@ -204,6 +214,8 @@ class _Generation:
 
     plan: LaunchPlan
     procs: dict[int, subprocess.Popen[bytes]]
+    #: where its workers record their errors (railyard_trainer.termination)
+    run_dir: Path
     failed_at: float | None = None
     term_at: float | None = None
 
@@ -212,6 +224,15 @@ class _Generation:
 
     def alive(self) -> list[subprocess.Popen[bytes]]:
         return [p for p in self.procs.values() if p.poll() is None]
+
+    def last_words(self, codes: Mapping[int, int]) -> str:
+        """The termination message for the workers' ``codes`` (the rank that explains the most
+        specific code, its traceback tail), as the plain launcher writes it."""
+        bad = [c for c in codes.values() if c != 0]
+        if not bad:
+            return ""
+        errors = read_worker_errors(self.run_dir, list(self.procs))
+        return fit_termination_message(build_termination_message(codes, errors, code=most_specific(bad)))
 
 
 def _spawn(plan: LaunchPlan, run_dir: Path) -> _Generation:
@@ -227,13 +248,15 @@ def _spawn(plan: LaunchPlan, run_dir: Path) -> _Generation:
     })
     if plan.master_addr.startswith("127.") and len(plan.table.pods) == 1:
         base.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    errors_dir = run_dir / f"errors-a{attempt}"
+    errors_dir.mkdir(exist_ok=True)
     log_event("launch", pod_index=plan.pod_index, ranks=[w.rank for w in plan.workers], world_size=plan.table.world_size,
               mesh=[plan.table.pp, plan.table.dp, plan.table.tp], master=f"{plan.master_addr}:{plan.master_port}", attempt=attempt)
     procs = {}
     for w in plan.workers:
-        env = {**base, **replace(w, config_path=str(config_path)).to_env()}
+        env = {**base, **replace(w, config_path=str(config_path)).to_env(), WORKER_ERROR_FILE_ENV: str(worker_error_file(errors_dir, w.rank))}
         procs[w.rank] = subprocess.Popen([sys.executable, "-m", "railyard_trainer.worker"], env=env, start_new_session=True, preexec_fn=_die_with_parent)
-    return _Generation(plan, procs)
+    return _Generation(plan, procs, errors_dir)
 
 
 def _stop(gen: _Generation, grace_s: float) -> None:
@@ -292,9 +315,12 @@ def supervise_in_place(
                 continue
             code = int(value)
             state = LauncherState.SUCCEEDED if code == 0 else LauncherState.STOPPED
-            channel.set_state(attempt, state, code=code, workers=gen.codes())
+            words = gen.last_words(gen.codes()) if code != 0 else ""
+            channel.set_state(attempt, state, code=code, workers=gen.codes(), message=words)
             log_event("launcher_exit", code=code, failure_class=str(classify_exit_code(code)) if code else "", reason=outcome,
                       workers={str(r): c for r, c in sorted(gen.codes().items())}, attempt=attempt)
+            if code != 0:
+                write_termination_message(words or f"exited with code {code} ({classify_exit_code(code)}): {outcome}")
             return code
     finally:
         for s, h in old.items():
@@ -361,7 +387,8 @@ def _watch(
             if gen.failed_at is None:
                 gen.failed_at = now
                 log_event("worker_exited", failed=failed, attempt=attempt)
-            channel.set_state(attempt, LauncherState.FAILED, code=most_specific(list(failed.values())), workers=failed)
+            channel.set_state(attempt, LauncherState.FAILED, code=most_specific(list(failed.values())), workers=failed,
+                              message=gen.last_words(failed))
         if gen.failed_at is not None and gen.term_at is None and now - gen.failed_at >= fail_grace_s:
             gen.term_at = now
             for p in gen.alive():

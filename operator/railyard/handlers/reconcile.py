@@ -662,7 +662,7 @@ async def _release_finished(c: Cycle, job: TrainingJob, nodes: Mapping[str, Mapp
     _update_degraded(c, job)  # a finished job is not Degraded (no Event: it finished)
     done = decide_finished_pods(
         _own_pods(c), job_phase=c.st.phase, attempt=c.st.attempt, cleanup=job.spec.cleanup,
-        completion_time=parse_time(c.st.completion_time), now=c.now,
+        completion_time=parse_time(c.st.completion_time), now=c.now, since=members_since(c),
     )
     if done.delete:
         await c.delete_pods(done.delete, nodes)

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from railyard.api.trainingjob import Cleanup
-from railyard.logic.gang import attempt_of, pod_index_of
+from railyard.logic.gang import gang_members, pod_index_of
 
 Pod = Mapping[str, Any]
 FINISHED_POD_PHASES = frozenset({"Succeeded", "Failed"})
@@ -54,12 +54,15 @@ def decide_finished_pods(
     completion_time: float | None,
     now: float,
     settle_s: float = FINISH_SETTLE_S,
+    since: int | None = None,
 ) -> FinishedPods:
     """Split a finished job's pods into those to delete now, those kept until the TTL and the
     last attempt's members still running, given until ``settle_s`` after the finish to exit.
 
     ``attempt`` is the job's last attempt (``status.attempt``); ``completion_time`` the job's
-    ``status.completionTime`` (None: counted from ``now``)."""
+    ``status.completionTime`` (None: counted from ``now``); ``since`` the attempt of the last
+    full creation when the last attempt was started in place (its kept pods carry older attempt
+    labels; :func:`railyard.logic.gang.gang_members`)."""
     finished_at = now if completion_time is None else completion_time
     expires = finished_at + cleanup.ttl_seconds_after_finished
     keeping = keeps_pods(cleanup, job_phase) and now < expires
@@ -67,10 +70,12 @@ def decide_finished_pods(
     keep: list[Pod] = []
     settling: list[Pod] = []
     delete: list[Pod] = []
+    members, _ = gang_members([p for p in pods if pod_index_of(p) >= 0], attempt=attempt, since=since)
+    is_member = {id(p) for p in members}
     for p in pods:
         phase = (p.get("status") or {}).get("phase")
         gone = bool((p.get("metadata") or {}).get("deletionTimestamp"))
-        member = attempt_of(p) == attempt and pod_index_of(p) >= 0
+        member = id(p) in is_member
         if keeping and not gone and member and phase in FINISHED_POD_PHASES:
             keep.append(p)
         elif keeping and not gone and member and now < settles_until:

@@ -67,7 +67,8 @@ def apply_launcher_reports(
 ) -> list[dict[str, Any]]:
     """The pods as the failure rules should see them: a pod whose launcher reported that the
     workers of ``attempt`` failed looks as if its container had exited with that code (at the
-    time the report arrived), although the launcher keeps the pod running to restart in place.
+    time the report arrived, with the workers' last words as its termination message), although
+    the launcher keeps the pod running to restart in place.
     Reports of other attempts, of other pods (a replaced pod's name) and pods that did exit are
     left alone. ``reports``: pod index -> (latest report, when it arrived)."""
     out: list[dict[str, Any]] = []
@@ -89,7 +90,7 @@ def apply_launcher_reports(
         status["containerStatuses"] = [{
             "name": "trainer",
             "state": {"terminated": {"exitCode": report.code, "reason": WORKERS_EXITED, "startedAt": started, "finishedAt": format_micro_time(at),
-                                     "message": f"workers of attempt {attempt} exited ({', '.join(f'rank {r}: {c}' for r, c in report.workers)}); the launcher waits to restart them"}},
+                                     "message": report.message or f"workers of attempt {attempt} exited ({', '.join(f'rank {r}: {c}' for r, c in report.workers)}); the launcher waits to restart them"}},
         }]
         out.append(view)
     return out

@@ -45,6 +45,8 @@ MAX_WAIT_S = 30.0
 MAX_REPORT_BYTES = 64 * 1024
 #: Most worker exit codes one report carries (a pod runs at most 64 ranks).
 MAX_WORKERS = 64
+#: Longest ``message`` of a report: the kubelet's limit of a termination message.
+MAX_MESSAGE_CHARS = 4096
 
 
 class ControlError(ValueError):
@@ -86,6 +88,9 @@ class LauncherReport:
     workers: tuple[tuple[int, int], ...] = ()
     sent_at: float = 0.0
     version: int = SCHEMA_VERSION
+    #: The failed workers' last words (state Failed): what the launcher would write to the pod's
+    #: termination message, which it does not write while it keeps the pod to restart in place.
+    message: str = ""
 
     def to_json(self) -> str:
         return json.dumps(
@@ -93,6 +98,7 @@ class LauncherReport:
                 "version": self.version, "job": self.job, "attempt": self.attempt, "pod_index": self.pod_index,
                 "pod": self.pod, "state": self.state.value, "code": self.code,
                 "workers": [[r, c] for r, c in self.workers], "sent_at": self.sent_at,
+                **({"message": self.message} if self.message else {}),
             },
             separators=(",", ":"),
         )
@@ -254,10 +260,13 @@ def parse_report(body: bytes | str) -> LauncherReport:
     sent_at = raw.get("sent_at", 0.0)
     if not isinstance(sent_at, int | float) or isinstance(sent_at, bool) or not math.isfinite(sent_at):
         raise ControlError("sent_at: expected a finite number of seconds")
+    message = raw.get("message", "")
+    if not isinstance(message, str) or len(message) > MAX_MESSAGE_CHARS:
+        raise ControlError(f"message: expected a string of at most {MAX_MESSAGE_CHARS} characters")
     return LauncherReport(
         job=_str(raw, "job"), attempt=_int(raw, "attempt", 0), pod_index=_int(raw, "pod_index", 0), pod=_str(raw, "pod"),
         state=state, code=_int(raw, "code", 0, default=0), workers=tuple(workers), sent_at=float(sent_at),
-        version=_int(raw, "version", 1, default=SCHEMA_VERSION),
+        version=_int(raw, "version", 1, default=SCHEMA_VERSION), message=message,
     )
 
 
