@@ -131,6 +131,8 @@ class MemoryTier:
     interval_steps: int = _c(10, ge=1)
     keep: int = _c(2, ge=1, le=100)
     replicate: bool = True
+    medium: Literal["HostPath", "Pod"] = "HostPath"
+    size_limit: str | None = _c(None, min_length=1, max_length=64)
     host_path: str = _c("/dev/shm/railyard", min_length=1, max_length=4096)
 
 
