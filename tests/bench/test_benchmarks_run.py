@@ -28,12 +28,15 @@ SMOKE: dict[str, tuple[list[str], str]] = {
     "apiserver.py": (["--scale", "64"], "apiserver"),
     "checkpoint.py": (["--preset", "tiny", "--rounds", "1", "--memory-interval", "2"], "checkpoint"),
     "goodput.py": (["--seeds", "1", "--days", "2"], "goodput"),
+    # one node lost from a gang with a held spare, restarted in place then in full
+    "inplace.py": (["--pods", "8", "--nodes", "12"], "inplace"),
     "heartbeats.py": (["--seconds", "1", "--clients", "1", "--concurrency", "4", "--prefill-steps", "2",
                        "--client", "aiohttp", "--pods", "32"], "heartbeats"),
     "local_scheduler.py": (["--pods", "24", "--nodes", "6", "--decision-nodes", "64"], "local_scheduler"),
     # the simulated-pod path: the operator in its own process, a gang, a node failure, a restart
     "operator.py": (["--pods", "8", "--restart-pods", "4", "--nodes", "12"], "operator"),
     "placement.py": (["--small"], "placement"),
+    "restore_choice.py": (["--pods", "16", "--repeats", "1"], "restore_choice"),
     "sdc.py": (["--smoke", "--layouts", "fsdp"], "sdc"),
     "trainer.py": (["--layouts", "single", "--steps", "4", "--batch-size", "4", "--seq-len", "16"], "trainer"),
 }

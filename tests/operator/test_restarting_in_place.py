@@ -167,7 +167,7 @@ async def test_the_gang_runs_again_once_every_kept_launcher_restarted() -> None:
     st = h.status
     assert st.phase == "Running" and st.last_restart.state == "Done"  # type: ignore[union-attr]
     assert h.rt.metrics.registry.get_sample_value("railyard_in_place_restart_seconds_count") == 1
-    assert h.rt.metrics.registry.get_sample_value("railyard_restart_modes_total", {"mode": "InPlace", "reason": ""}) == 1
+    assert h.rt.metrics.registry.get_sample_value("railyard_restart_modes_total", {"mode": "InPlace", "reason": "None"}) == 1
 
 
 async def test_a_launcher_that_does_not_restart_in_time_turns_it_into_a_full_restart() -> None:

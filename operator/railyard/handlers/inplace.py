@@ -216,7 +216,7 @@ async def begin_in_place(
     rt.control.publish(c.ns, c.name, attempt=attempt, members=names, table=table, restore=restore, open_=False,
                        waiting=f"restart to attempt {attempt} in {backoff:g}s" if backoff > 0 else f"preparing attempt {attempt}")
     rt.metrics.restarts.labels(**{"class": f.cls.value}).inc()
-    rt.metrics.restart_modes.labels(mode="InPlace", reason="").inc()
+    rt.metrics.restart_modes.labels(mode="InPlace", reason="None").inc()
     rt.metrics.pods_replaced.inc(len(replace))
     wait = f", workers restart in {backoff:g}s" if backoff > 0 else ""
     said = describe_failure(f, c.st.last_failure) if c.st.last_failure is not None else f.message
