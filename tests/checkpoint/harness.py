@@ -212,6 +212,9 @@ def main_scenarios(rank: int, world: int, port: int, tmp_s: str) -> None:
         train_step(ctx)
         m1.maybe_save(ctx, checks_passed=True)
         blocked_during.append(m1.is_saving())
+        # Steps here take milliseconds: let each save finish before the next is due (a save due
+        # while one is running is skipped, see test_saves_do_not_queue).
+        m1.wait(60)
         if ctx.step in (6, 8):
             refs[ctx.step] = full_state(ctx)
             views[ctx.step] = trainer_view(ctx)
@@ -419,7 +422,7 @@ def reshard_source_scenario(rank: int, world: int, port: int, tmp_s: str) -> Non
     for _ in range(4):
         train_step(ctx)
         m.maybe_save(ctx, checks_passed=True)
-    m.wait(60)
+        m.wait(60)  # millisecond steps: no save is due while one runs
     ref = full_state(ctx)
     m.close()
     if rank == 0:

@@ -3,8 +3,9 @@
 A checkpoint directory ``<tier root>/<job>/step-<NNNNNNNN>/`` holds shard files and, written
 last and atomically (write to a temp name, fsync, rename), ``manifest.json``. A directory without
 a manifest is an interrupted save and does not exist. The manifest lists every shard with its
-size and SHA-256 so a restore can verify before loading; it records whether the SDC checks at
-that step passed, so a restore never picks a suspect checkpoint.
+size and checksum (``sha256``, under the algorithm named by ``algorithm``) so a restore can verify
+before loading; it records whether the SDC checks at that step passed, so a restore never picks a
+suspect checkpoint.
 
 The operator reads manifests (through the trainer's heartbeats and the shared tier) to report
 the last verified checkpoint per tier and to choose what the next attempt restores from.
@@ -30,9 +31,14 @@ class ShardInfo:
     #: Path relative to the checkpoint directory.
     path: str
     bytes: int
+    #: The file's hex digest under ``algorithm``. (The field keeps its first algorithm's name so
+    #: that manifests written before ``algorithm`` existed read unchanged.)
     sha256: str
     #: The rank (or pod index for per-pod files) that wrote it; -1 for shared metadata.
     owner: int = -1
+    #: The checksum algorithm of ``sha256``: "sha256", or "xxh3-128" (XXH3, 128 bits), which the
+    #: trainer writes. Absent in a manifest: "sha256".
+    algorithm: str = "sha256"
 
 
 @dataclass(frozen=True, slots=True)
