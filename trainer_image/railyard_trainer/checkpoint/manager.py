@@ -60,6 +60,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_state_dict
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.filesystem import FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex, TensorStorageMetadata
@@ -113,6 +114,10 @@ _NONSTRICT = StateDictOptions(flatten_optimizer_state_dict=True, strict=False)
 #: Fault-injection points (tests): called as hook(tier, step, rank); may raise or block.
 FaultHook = Callable[[str, int, int], None]
 MAX_EVENTS = 256
+#: What a failed ``dcp.save`` / ``dcp.load`` raises: DCP wraps the ranks' errors in a
+#: ``CheckpointException``, a ``BaseException``, which ``except Exception`` would let through
+#: (and kill the save worker, or the restore instead of falling back).
+_DCP_ERRORS = (Exception, CheckpointException)
 #: Tiers whose save is skipped (not waited for) when it falls due while a save is in flight.
 SKIPPABLE_TIERS = frozenset({"memory"})
 
@@ -483,7 +488,7 @@ class CheckpointManager:
                 )
                 self._fault("after_write", tier.name, job.step)
                 mine.shards = self._hash_shared_files(storage, job.step)
-        except Exception as exc:
+        except _DCP_ERRORS as exc:
             mine.error = f"rank {self.rank}: {exc!r}"
         results: list[_Local] = self._gather(mine)
         errors = [r.error for r in results if r.error]
@@ -794,7 +799,7 @@ class CheckpointManager:
                         _keep_saved_rng(template, reader.read_metadata())
                         dcp_load(template, storage_reader=reader, no_dist=True)
                         nbytes += sum(s.bytes for s in src.manifest.shards if s.owner == self.rank)
-                    except Exception as exc:
+                    except _DCP_ERRORS as exc:
                         error = f"rank {self.rank}: load: {exc!r}"
         else:
             errors = [e for e in self._gather(error) if e]
@@ -804,7 +809,7 @@ class CheckpointManager:
                     _keep_saved_rng(template, shared_reader.read_metadata())
                     dcp_load(template, storage_reader=shared_reader, process_group=self.pg)
                     nbytes += sum(s.bytes for s in src.manifest.shards if s.owner in (self.rank, -1))
-                except Exception as exc:
+                except _DCP_ERRORS as exc:
                     error = f"rank {self.rank}: load: {exc!r}"
         if not error and not errors:
             try:
@@ -862,7 +867,7 @@ class CheckpointManager:
                 dcp_load(template, storage_reader=reader, no_dist=True)
                 by_path = {s.path: s.bytes for s in src.manifest.shards}
                 nbytes += sum(by_path.get(p, 0) for p in needed)
-            except Exception as exc:
+            except _DCP_ERRORS as exc:
                 error = f"rank {self.rank}: load: {exc!r}"
         return nbytes, error or (errors[0] if errors else "")
 
