@@ -82,8 +82,10 @@ class CheckpointEvent:
     bytes: int = 0
     sdc_passed: bool = True
     detail: str = ""
-    #: "save" (a tier's save committed or failed) or "restore" (this attempt loaded ``step``
-    #: from ``tier`` in ``duration_s``; ``bytes`` read). Added field: readers default to "save".
+    #: "save" (a tier's save committed or failed), "skip" (a save due at ``step`` was not
+    #: written because a rank's previous save was still running; ``ok`` False) or "restore"
+    #: (this attempt loaded ``step`` from ``tier`` in ``duration_s``; ``bytes`` read). Added
+    #: field: readers default to "save".
     kind: str = "save"
     #: restore only: steps trained before the failure that are redone (-1: unknown).
     steps_lost: int = -1
