@@ -1,4 +1,7 @@
-"""Trainer-side monitor -> per-pod aggregator -> the operator's ingest route -> the store."""
+"""Trainer-side monitor and reporter -> per-pod aggregator -> the operator's ingest route -> the store.
+
+The train loop reports its steps through the rank's reporter (what ``railyard_trainer.sdk.report_step``
+does); the monitor adds its check results to the same reporter."""
 
 from __future__ import annotations
 
@@ -90,6 +93,7 @@ def test_two_ranks_of_a_pod_arrive_in_one_batch_and_a_confirmed_sdc_reaches_the_
             for m, c in zip(monitors, ctxs, strict=True):
                 c.step = step
                 m.after_step(c, StepMetrics(step, 2.0, 1.0, 0.1, 0.05 * (1 + c.rank), 100.0, 1e-3))
+                m.reporter.report_step(step, step_time_s=0.1, compute_s=0.05 * (1 + c.rank), loss=2.0, grad_norm=1.0, tokens_per_s=100.0)
         _until(lambda: server.read(lambda s: sorted((r.rank, r.step) for r in s.job("ns", "job").ranks.values())) == [(0, 3), (1, 3)])
         jw = server.store.job("ns", "job")
         assert jw is not None
@@ -125,6 +129,7 @@ def test_a_monitor_without_an_operator_url_never_fails_training(monkeypatch: pyt
         for step in range(1, 4):
             ctx.step = step
             m.after_step(ctx, StepMetrics(step, 2.0, 1.0, 0.1, 0.05, 100.0, 1e-3))
+            m.reporter.report_step(step, step_time_s=0.1, compute_s=0.05)
         assert m.aggregator is not None
         _until(lambda: m.aggregator is not None and m.aggregator.failures >= 1)
         assert m.checks_passed()
