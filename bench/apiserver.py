@@ -109,8 +109,7 @@ async def create_all(s: aiohttp.ClientSession, url: str, path: str, bodies: list
     return len(bodies) / (time.perf_counter() - start)
 
 
-async def run(quick: bool) -> list[dict[str, Any]]:
-    scale = 8 if quick else 1
+async def run(scale: int) -> list[dict[str, Any]]:
     n_nodes, n_pods, n_throughput = 4096 // scale, 16384 // scale, 2000 // scale
     results: list[dict[str, Any]] = []
 
@@ -205,18 +204,23 @@ async def run(quick: bool) -> list[dict[str, Any]]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="1/8 of the load, for a smoke run")
+    parser.add_argument("--quick", action="store_true", help="1/8 of the load (same as --scale 8)")
+    parser.add_argument("--scale", type=int, default=1, help="divide the load by this (tests/bench runs it at 64)")
+    parser.add_argument("--out", type=Path, default=None,
+                        help=f"where to write the results (default {RESULTS}, and only at full load)")
     args = parser.parse_args()
-    results = asyncio.run(run(args.quick))
+    scale = max(args.scale, 8 if args.quick else 1)
+    results = asyncio.run(run(scale))
     width = max(len(r["metric"]) for r in results)
     print(f"{'metric':<{width}}  {'value':>10}  {'unit':<7}  {'target':<8}  meets")
     for r in results:
         meets = "" if r["meets"] is None else ("yes" if r["meets"] else "NO")
         print(f"{r['metric']:<{width}}  {r['value']:>10}  {r['unit']:<7}  {r['target']:<8}  {meets}")
-    if not args.quick:
-        RESULTS.parent.mkdir(parents=True, exist_ok=True)
-        RESULTS.write_text(json.dumps({"bench": "apiserver", "results": results}, indent=2) + "\n")
-        print(f"wrote {RESULTS}")
+    out = args.out or (RESULTS if scale == 1 else None)
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps({"bench": "apiserver", "scale": scale, "results": results}, indent=2) + "\n")
+        print(f"wrote {out}")
     return 0
 
 

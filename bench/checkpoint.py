@@ -197,6 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--memory-interval", type=int, default=4)
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--seq-len", type=int, default=64)
+    p.add_argument("--out", type=Path, default=RESULTS)
     args = p.parse_args(argv)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
@@ -256,8 +257,8 @@ def main(argv: list[str] | None = None) -> int:
     for r in rows:
         meets = "" if r["meets"] is None else ("yes" if r["meets"] else "NO")
         print(f"{r['metric']:44} {r['value']:>14.6g} {r['unit']:32} {r['target']:16} {meets}")
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps({"bench": "checkpoint", "preset": args.preset, "results": rows}, indent=1) + "\n")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"bench": "checkpoint", "preset": args.preset, "results": rows}, indent=1) + "\n")
     return 0
 
 

@@ -17,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-from railyard.sim.model import LLAMA3_REPORTED_GOODPUT, Scenario
+from railyard.sim.model import LLAMA3_DAYS, LLAMA3_REPORTED_GOODPUT, Scenario
 from railyard.sim.report import GOODPUT_TARGET, Comparison, compare
 
 RESULTS = Path(__file__).parent / "results" / "goodput.json"
@@ -26,12 +26,14 @@ RESULTS = Path(__file__).parent / "results" / "goodput.json"
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=int, default=3, help="seeds to run (default 3)")
+    ap.add_argument("--days", type=float, default=LLAMA3_DAYS, help=f"simulated days (default {LLAMA3_DAYS:g})")
+    ap.add_argument("--out", type=Path, default=RESULTS)
     args = ap.parse_args(argv)
     runs: list[Comparison] = []
     wall: list[float] = []
     for seed in range(args.seeds):
         started = time.perf_counter()
-        runs.append(compare(Scenario(seed=seed)))
+        runs.append(compare(Scenario(seed=seed, days=args.days)))
         wall.append(time.perf_counter() - started)
     ours = [c.ours.goodput for c in runs]
     base = [c.baseline.goodput for c in runs]
@@ -90,9 +92,9 @@ def main(argv: list[str] | None = None) -> int:
     for r in results:
         target = "" if r["target"] is None else f"{r['target']:g}"
         print(f"{r['metric']:<34} {r['value']:>10.4f} {target:>8}  {r['meets']}")
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps({"bench": "goodput", "results": results}, indent=1) + "\n")
-    print(f"wrote {RESULTS}")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"bench": "goodput", "days": args.days, "results": results}, indent=1) + "\n")
+    print(f"wrote {args.out}")
     return 0
 
 

@@ -27,7 +27,7 @@ from railyard.api.corev1 import compute_pod_requests
 from railyard.local.agent import SIMULATE_ANNOTATION
 from railyard.local.cluster import LocalCluster
 from railyard.local.kube import KubeClient
-from railyard.local.scheduling import build_node_info, decide_node
+from railyard.local.scheduling import DecisionCache, build_node_info, decide_node
 from railyard.local.topology import ClusterShape, build_nodes, parse_topology_spec
 
 TARGET_PODS_PER_S = 300.0
@@ -103,18 +103,20 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def decision_rate(nodes: int, pods: int) -> float:
-    """Pure scheduler decisions per second (filter + score over every node), no API."""
+def decision_rate(nodes: int, pods: int, *, cached: bool = True) -> float:
+    """Pure scheduler decisions per second (filter + score over the nodes), no API; ``cached``:
+    with the DecisionCache the scheduler keeps (same answers, unchanged nodes not re-scored)."""
     infos = {}
     for spec in build_nodes(ClusterShape(nodes=nodes, gpus_per_node=8, levels=parse_topology_spec("spine=8,leaf=16"))):
         node = {"metadata": {"name": spec.name, "labels": spec.labels}, "spec": {},
                 "status": {"allocatable": spec.capacity(), "conditions": [{"type": "Ready", "status": "True"}]}}
         infos[spec.name] = build_node_info(node)
+    cache = DecisionCache() if cached else None
     t0 = time.perf_counter()
     for i in range(pods):
         p = pod(i)
         req = compute_pod_requests(p)
-        decision = decide_node(p, infos, req)
+        decision = decide_node(p, infos, req, start=i + 1, cache=cache)
         assert decision.node is not None
         infos[decision.node].add(req)
     return pods / (time.perf_counter() - t0)
@@ -124,6 +126,8 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--pods", type=int, default=1000)
     parser.add_argument("--nodes", type=int, default=128)
+    parser.add_argument("--decision-nodes", type=int, default=4096, help="nodes of the pure decision-rate measurement")
+    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "local_scheduler.json")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         cluster = LocalCluster(Path(tmp), nodes=args.nodes, gpus_per_node=8, topology="spine=4,leaf=8", lease_interval=30)
@@ -138,7 +142,8 @@ def main() -> int:
         finally:
             cluster.stop()
     rows = [
-        ("scheduler decisions, 4,096 nodes", decision_rate(4096, 300), "pods/s", TARGET_PODS_PER_S),
+        (f"scheduler decisions, {args.decision_nodes:,} nodes", decision_rate(args.decision_nodes, 300), "pods/s", TARGET_PODS_PER_S),
+        ("  same, without the decision cache", decision_rate(args.decision_nodes, 300, cached=False), "pods/s", None),
         ("cluster start-up", startup, "s", None),
         ("pod create rate (1 client)", m["create_rate"], "pods/s", TARGET_PODS_PER_S),
         ("create -> bound, end to end", m["bind_throughput"], "pods/s", TARGET_PODS_PER_S),
@@ -155,8 +160,8 @@ def main() -> int:
         meets = None if target is None else value >= target
         print(f"{metric:<34}{value:>10.1f}  {unit:<8}{'' if target is None else f'>={target:.0f}':>8}  {'' if meets is None else meets}")
         results.append({"metric": metric, "value": round(value, 2), "unit": unit, "target": target, "meets": meets})
-    out = Path(__file__).parent / "results" / "local_scheduler.json"
-    out.parent.mkdir(exist_ok=True)
+    out = args.out
+    out.parent.mkdir(parents=True, exist_ok=True)
     load = os.getloadavg()[0]
     print(f"(1-minute load average during the run: {load:.1f} on {os.cpu_count()} CPUs)")
     out.write_text(json.dumps({"bench": "local_scheduler", "pods": args.pods, "nodes": args.nodes,

@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -38,6 +39,8 @@ ROOT = Path(__file__).resolve().parents[1]
 TARGET_PODS_PER_S = 300.0
 TARGET_RECOVERY_S = 30.0
 NS = "bench"
+#: The embedded API server bookmarks every 15 s: a watch quiet for longer than this is dead.
+WATCH_INACTIVITY_S = 30.0
 
 
 def _free_port() -> int:
@@ -77,34 +80,55 @@ class PodWatch:
         self.task = asyncio.create_task(self._run(rv))
 
     async def _run(self, rv: str) -> None:
+        """Watch until cancelled; a stream that ends, breaks or delivers nothing (not even a
+        bookmark) for WATCH_INACTIVITY_S is watched again from the last resourceVersion."""
         sess = self.kube._sess()
+        url = f"{self.kube.server}/api/v1/namespaces/{NS}/pods"
         while True:
-            url = f"{self.kube.server}/api/v1/namespaces/{NS}/pods"
             params = {"watch": "true", "resourceVersion": rv, "timeoutSeconds": "300", "allowWatchBookmarks": "true"}
-            async with sess.get(url, params=params, timeout=None) as resp:
-                async for line in resp.content:
-                    if not line.strip():
-                        continue
-                    ev = json.loads(line)
-                    obj = ev.get("object") or {}
-                    meta = obj.get("metadata") or {}
-                    rv = meta.get("resourceVersion", rv)
-                    if ev.get("type") == "BOOKMARK":
-                        continue
-                    now = time.perf_counter()
-                    name = meta.get("name", "")
-                    if ev.get("type") == "ADDED":
-                        self.added.setdefault(name, now)
-                    if (obj.get("status") or {}).get("phase") == "Running" and not meta.get("deletionTimestamp"):
-                        self.running.setdefault(name, now)
+            try:
+                async with sess.get(url, params=params, timeout=aiohttp.ClientTimeout(total=330, sock_read=WATCH_INACTIVITY_S)) as resp:
+                    async for line in resp.content:
+                        if not line.strip():
+                            continue
+                        ev = json.loads(line)
+                        obj = ev.get("object") or {}
+                        meta = obj.get("metadata") or {}
+                        if ev.get("type") == "ERROR":  # 410: too old, start from a fresh list
+                            listing = await self.kube.request("GET", f"/api/v1/namespaces/{NS}/pods")
+                            rv = listing["metadata"]["resourceVersion"]
+                            for pod in listing.get("items") or []:
+                                self._see("MODIFIED", pod, time.perf_counter())
+                            break
+                        rv = meta.get("resourceVersion", rv)
+                        if ev.get("type") == "BOOKMARK":
+                            continue
+                        self._see(str(ev.get("type")), obj, time.perf_counter())
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                print(f"pod watch: {exc!r}; watching again from {rv}", flush=True)
+
+    def _see(self, kind: str, obj: dict[str, Any], now: float) -> None:
+        meta = obj.get("metadata") or {}
+        name = meta.get("name", "")
+        if kind == "ADDED":
+            self.added.setdefault(name, now)
+        if (obj.get("status") or {}).get("phase") == "Running" and not meta.get("deletionTimestamp"):
+            self.running.setdefault(name, now)
 
     async def until(self, what: str, pred: Any, timeout: float) -> float:
         deadline = time.perf_counter() + timeout
+        report = time.perf_counter() + 30
         while time.perf_counter() < deadline:
+            if time.perf_counter() > report:
+                report += 30
+                print(f"  still waiting for {what}: {len(self.added)} pods seen, {len(self.running)} Running", flush=True)
             if pred():
                 return time.perf_counter()
+            if self.task is not None and self.task.done():
+                exc = None if self.task.cancelled() else self.task.exception()
+                raise RuntimeError(f"the pod watch ended while waiting for {what}: {exc!r}") from exc
             await asyncio.sleep(0.02)
-        raise TimeoutError(f"{what} not reached within {timeout}s")
+        raise TimeoutError(f"{what} not reached within {timeout}s ({len(self.added)} pods seen, {len(self.running)} Running)")
 
     def stop(self) -> None:
         if self.task:
@@ -148,15 +172,20 @@ async def run_bench(kubeconfig: Path, pods: int, restart_pods: int, metrics_port
         await kube.create(f"/apis/railyard.dev/v1alpha1/namespaces/{NS}/trainingjobs", job("mid", restart_pods))
         await w.until("mid gang Running", lambda: all(n in w.running for n in names0), 600)
         out["mid_apply_to_running_s"] = time.perf_counter() - t0
-        status = await _status(kube, "mid", lambda st: st.get("phase") == "Running", 60)
+        status = await _status(kube, "mid", lambda st: st.get("phase") == "Running", 600)
         shown = status["placement"]["nodes"]  # the first 64 pod indices
         victim = shown[len(shown) // 2]
         names1 = _names("mid", 1, restart_pods)
         t_fail = time.perf_counter()
         await kube.patch(f"/api/v1/nodes/{victim}", {"metadata": {"annotations": {FAIL_ANNOTATION: "true"}}})
-        t_back = await w.until("mid gang Running again", lambda: all(n in w.running for n in names1), 600)
+        tracer = asyncio.create_task(_status(kube, "mid", lambda s: False, 600))  # prints each phase meanwhile
+        try:
+            t_back = await w.until("mid gang Running again", lambda: all(n in w.running for n in names1), 600)
+        finally:
+            tracer.cancel()
+            await asyncio.gather(tracer, return_exceptions=True)
         out["failure_to_all_running_s"] = t_back - t_fail
-        st = await _status(kube, "mid", lambda s: s.get("attempt") == 1 and s.get("phase") == "Running", 60)
+        st = await _status(kube, "mid", lambda s: s.get("attempt") == 1 and s.get("phase") == "Running", 600)
         moved = sum(1 for a, b in zip(status["placement"]["nodes"], st["placement"]["nodes"], strict=False) if a != b)
         out["pods_moved_of_shown"] = float(moved)
         await kube.patch(f"/api/v1/nodes/{victim}", {"metadata": {"annotations": {FAIL_ANNOTATION: None}}})
@@ -168,15 +197,22 @@ async def run_bench(kubeconfig: Path, pods: int, restart_pods: int, metrics_port
 
 
 async def _status(kube: Kube, name: str, pred: Any, timeout: float) -> dict[str, Any]:
+    """Poll the job's status until ``pred``; every phase it passes through is printed (a
+    post-mortem of a slow run starts there). ``timeout`` only catches a stuck operator."""
     deadline = time.perf_counter() + timeout
     st: dict[str, Any] = {}
+    seen: tuple[Any, ...] = ()
     while time.perf_counter() < deadline:
         obj = await kube.get(f"/apis/railyard.dev/v1alpha1/namespaces/{NS}/trainingjobs/{name}")
         st = (obj or {}).get("status") or {}
+        now = (st.get("phase"), st.get("attempt"), st.get("message"))
+        if now != seen:
+            seen = now
+            print(f"  {name}: phase {now[0]}, attempt {now[1]}: {str(now[2])[:160]}", flush=True)
         if pred(st):
             return st
         await asyncio.sleep(0.1)
-    raise TimeoutError(f"status of {name}: {st}")
+    raise TimeoutError(f"status of {name} after {timeout:g}s: {json.dumps(st)[:3000]}")
 
 
 def _wait_ready(port: int, op: subprocess.Popen[bytes]) -> None:

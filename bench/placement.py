@@ -10,14 +10,19 @@ busy). Measured in one process (one core):
     random order, ranks in pod order);
   * packing: Kueue TAS-like, compact domains (fullest-free spines and leaves first) but ranks in
     arbitrary order (pods bound to the chosen nodes in random order);
-- decision time on 32,768 nodes, for the same job and for a 65,536-GPU job.
+- decision time on 32,768 nodes, for the same job and for a 65,536-GPU job;
+- sticky re-placement on 32,768 nodes after 256 of the gang's 2,048 nodes failed (target
+  < 0.5 s), against, in the same run and on the same input, the exhaustive scan it replaced
+  (every lost pod scored against every free node), which must pick the same nodes.
 
 Run: ``python bench/placement.py`` (about a minute). Writes bench/results/placement.json.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
+import os
 import random
 import statistics
 import sys
@@ -27,8 +32,15 @@ from typing import Any
 
 from railyard.logic.cost import CostInputs, compute_cost
 from railyard.logic.layout import compute_rails_per_dp_group
-from railyard.logic.placement import GangRequest, Placement, PlacementInput, plan_placement
-from railyard.logic.topology import Topology, build_synthetic_nodes, build_topology
+from railyard.logic.placement import (
+    GangRequest,
+    Placement,
+    PlacementInput,
+    PreviousPlacement,
+    plan_placement,
+)
+from railyard.logic.quarantine import apply_merge_patch, build_quarantine_patch
+from railyard.logic.topology import Topology, TopologyCache, build_synthetic_nodes, build_topology
 from railyard.protocol.ranktable import PodEntry, RankEntry, RankTable
 
 SPINE = "railyard.dev/spine"
@@ -141,7 +153,110 @@ def time_decision(
     return statistics.median(totals), statistics.median(places), result, topo
 
 
-def main() -> int:
+def exhaustive_replacements(topo: Topology, req: GangRequest, prev: PreviousPlacement) -> list[str]:
+    """The previous implementation of sticky re-placement's choice, as the baseline: each lost
+    pod takes the minimum over every free node of (not a spare, -shared depth, free GPUs,
+    index). Only the choice, not the rest of the decision."""
+    cand = [not why and f >= req.gpus_needed for why, f in zip(topo.excluded, topo.free_gpus, strict=True)]
+    for name in prev.failed:
+        cand[topo.index[name]] = False
+    gang = [topo.index[n] if cand[topo.index[n]] else -1 for n in prev.nodes]
+    taken = {i for i in gang if i >= 0}
+    spare_set = {topo.index[s] for s in prev.spares if s not in prev.failed}
+    pool = {i for i in range(topo.size) if cand[i] and i not in taken}
+
+    def depth(a: int, b: int) -> int:
+        d = 0
+        for lv in range(len(topo.levels)):
+            if topo.domain_of[lv][a] != topo.domain_of[lv][b]:
+                break
+            d = lv + 1
+        return d
+
+    for p, i in enumerate(gang):
+        if i >= 0:
+            continue
+        old = topo.index[prev.nodes[p]]
+        best = min(pool, key=lambda j: (j not in spare_set, -depth(old, j), topo.free_gpus[j], j))
+        pool.discard(best)
+        gang[p] = best
+    return [topo.names[i] for i in gang]
+
+
+def time_replacement(
+    topo: Topology, req: GangRequest, placed: Placement, lost: int, seed: int
+) -> tuple[float, float, bool, int]:
+    """(ours: the whole re-placement decision, baseline: the exhaustive choice alone, same
+    nodes, pods moved) for ``lost`` random gang nodes failing."""
+    failed = frozenset(random.Random(seed).sample(list(placed.nodes), lost))
+    prev = PreviousPlacement(placed.nodes, placed.spares, failed)
+    inp = PlacementInput(topo, req, prev, cost_inputs=COST)
+    ours = []
+    for _ in range(3):
+        t0 = time.process_time()
+        again = plan_placement(inp)
+        if not isinstance(again, Placement):
+            raise SystemExit(f"re-placement unplaceable: {again.reason}")
+        _ = again.rank_table, again.cost  # the operator writes both for the new attempt
+        ours.append(time.process_time() - t0)
+    t0 = time.process_time()
+    reference = exhaustive_replacements(topo, req, prev)
+    base = time.process_time() - t0
+    return min(ours), base, list(again.nodes) == reference, len(again.moved)
+
+
+def time_replacement_from_nodes(
+    nodes: list[dict[str, Any]],
+    pods: list[dict[str, Any]],
+    req: GangRequest,
+    placed: Placement,
+    lost: int,
+    seed: int,
+) -> tuple[float, float]:
+    """The operator's path after ``lost`` gang nodes were quarantined (each a new Node dict with
+    our marks): Node dicts -> topology -> re-placement, rank table, cost. (cold: no cache,
+    warm: the job worker's TopologyCache from the first placement), CPU seconds."""
+    failed = set(random.Random(seed).sample(list(placed.nodes), lost))
+    after = [
+        apply_merge_patch(n, build_quarantine_patch(n, reason="bench", job="bench/llm", time=""))
+        if n["metadata"]["name"] in failed
+        else n
+        for n in nodes
+    ]
+    prev = PreviousPlacement(placed.nodes, placed.spares, frozenset(failed))
+
+    def decide(cache: TopologyCache | None) -> float:
+        t0 = time.process_time()
+        topo = build_topology(after, pods, levels=req.levels, ignore_job=req.job, cache=cache)
+        again = plan_placement(PlacementInput(topo, req, prev, cost_inputs=COST))
+        if not isinstance(again, Placement) or len(again.moved) != lost:
+            raise SystemExit("re-placement from nodes: unexpected answer")
+        _ = again.rank_table, again.cost
+        return time.process_time() - t0
+
+    cold = min(decide(None) for _ in range(2))
+    warm = []
+    for _ in range(2):
+        cache = TopologyCache()
+        build_topology(nodes, pods, levels=req.levels, ignore_job=req.job, cache=cache)
+        warm.append(decide(cache))
+    return cold, min(warm)
+
+
+#: (spines, leaves per spine, nodes per leaf) of the two clusters and (nodes, pp, dp, spares) of
+#: the two jobs (tp=8, 8 GPUs per node); ``--small`` is the smoke-run size of tests/bench.
+SIZES = {
+    "full": {"cluster": (8, 16, 32), "job": (2048, 4, 512, 16), "big_cluster": (16, 64, 32), "big_job": (8192, 8, 1024, 32)},
+    "small": {"cluster": (2, 4, 8), "job": (40, 2, 20, 2), "big_cluster": (2, 8, 8), "big_job": (80, 2, 40, 2)},
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--small", action="store_true", help="a tiny cluster and job (a smoke run; no meaningful figures)")
+    ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "placement.json")
+    args = ap.parse_args(argv)
+    size = SIZES["small" if args.small else "full"]
     rows: list[dict[str, Any]] = []
 
     def add(
@@ -151,22 +266,24 @@ def main() -> int:
             {"metric": metric, "value": value, "unit": unit, "target": target, "meets": meets}
         )
 
+    job_nodes, job_pp, job_dp, job_spares = size["job"]
+    add("machine load average (1 min) at start; the cores are shared", round(os.getloadavg()[0], 2), "")
     req = GangRequest(
         job="llm-16k",
-        nodes=2048,
+        nodes=job_nodes,
         procs_per_node=8,
-        pp=4,
-        dp=512,
+        pp=job_pp,
+        dp=job_dp,
         tp=8,
-        hot_spares=16,
+        hot_spares=job_spares,
         levels=(SPINE, LEAF),
     )
-    nodes, pods = make_cluster(8, 16, 32, seed=1)
+    nodes, pods = make_cluster(*size["cluster"], seed=1)
     total, place, ours, topo = time_decision(nodes, pods, req, repeats=5)
     unusable = sum(1 for i in range(topo.size) if topo.excluded[i] or topo.free_gpus[i] < 8)
     add("nodes unusable (NotReady, quarantined, busy)", unusable, "nodes")
     add(
-        "decision time 4,096 nodes (dicts -> placement, rank table, cost)",
+        f"decision time {len(nodes):,} nodes (dicts -> placement, rank table, cost)",
         total,
         "s",
         "< 1 s",
@@ -230,25 +347,48 @@ def main() -> int:
         "rails",
     )
 
-    big_nodes, big_pods = make_cluster(16, 64, 32, seed=4)
-    t32, p32, _, _ = time_decision(big_nodes, big_pods, req, repeats=3)
-    add("decision time 32,768 nodes, same 16,384-GPU job", t32, "s")
+    big_nodes, big_pods = make_cluster(*size["big_cluster"], seed=4)
+    t32, p32, placed32, topo32 = time_decision(big_nodes, big_pods, req, repeats=3)
+    add(f"decision time {len(big_nodes):,} nodes, same {req.nodes * 8:,}-GPU job", t32, "s")
     add("  of which placement + rank table + cost", p32, "s")
+    lost = max(1, req.nodes // 8)
+    ours_s, base_s, same, moved = time_replacement(topo32, req, placed32, lost=lost, seed=5)
+    add(
+        f"re-placement, {lost:,} of {req.nodes:,} nodes failed, {len(big_nodes):,} nodes (CPU s; + rank table, cost)",
+        ours_s,
+        "s",
+        "< 0.5 s",
+        ours_s < 0.5,
+    )
+    add(f"  pods moved ({req.hot_spares} onto spares)", moved, "pods", str(lost), moved == lost)
+    add("  baseline: exhaustive scan per lost pod, the choice alone (CPU s)", base_s, "s")
+    add("  baseline / ours", base_s / ours_s, "ratio")
+    add("  same nodes as the exhaustive scan", same, "", "true", same)
+    cold_s, warm_s = time_replacement_from_nodes(big_nodes, big_pods, req, placed32, lost=lost, seed=5)
+    add("  from Node dicts (operator's path), no TopologyCache (CPU s)", cold_s, "s")
+    add(
+        "  from Node dicts, the job worker's warm TopologyCache (CPU s)",
+        warm_s,
+        "s",
+        "< 0.5 s",
+        warm_s < 0.5,
+    )
+    big_job_nodes, big_pp, big_dp, big_spares = size["big_job"]
     req64 = GangRequest(
         job="llm-64k",
-        nodes=8192,
+        nodes=big_job_nodes,
         procs_per_node=8,
-        pp=8,
-        dp=1024,
+        pp=big_pp,
+        dp=big_dp,
         tp=8,
-        hot_spares=32,
+        hot_spares=big_spares,
         levels=(SPINE, LEAF),
     )
     t64, p64, pl64, _ = time_decision(big_nodes, big_pods, req64, repeats=1)
-    add("decision time 32,768 nodes, 65,536-GPU job (8,192 nodes)", t64, "s")
+    add(f"decision time {len(big_nodes):,} nodes, {req64.nodes * 8:,}-GPU job ({req64.nodes:,} nodes)", t64, "s")
     add("  of which placement + rank table + cost", p64, "s")
     add(
-        "rails per DP group, 65,536-GPU job",
+        f"rails per DP group, {req64.nodes * 8:,}-GPU job",
         pl64.rails_per_dp_group,
         "rails",
         "1",
@@ -264,7 +404,7 @@ def main() -> int:
         )
         meets = "" if r["meets"] is None else ("yes" if r["meets"] else "NO")
         print(f"{r['metric']:<{width}}  {shown:>14}  {r['unit']:<7} {r['target']:<12} {meets}")
-    out = Path(__file__).parent / "results" / "placement.json"
+    out = args.out
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"bench": "placement", "results": rows}, indent=2) + "\n")
     print(f"wrote {out}")

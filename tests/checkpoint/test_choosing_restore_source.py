@@ -15,6 +15,7 @@ from railyard.protocol.restore import (
     compute_steps_lost,
     decide_restore,
     latest_verified_per_tier,
+    merge_verified,
     plan_gc,
 )
 
@@ -183,6 +184,46 @@ def test_manifest_disagreeing_copy_is_not_used() -> None:
     d = decide_restore([new, old], layout=LAYOUT)
     assert d.source is not None and d.source.attempt == 1
     assert set(d.source.sources.values()) == {"pod-1"}
+
+
+def test_copies_of_one_step_that_disagree_on_a_shard_follow_the_majority() -> None:
+    """Three pods' manifests of one step list the same shards, one lists rank 3's shard with
+    another checksum: the majority's list is the reference; the odd copy's rank-3 file is not a
+    copy of the reference shard, its other files are."""
+    good = [mem(20).at(f"pod-{i}").holding(i) for i in range(3)]
+    odd_manifest = mem(20).obj().manifest
+    odd_shards = (*odd_manifest.shards[:3], replace(odd_manifest.shards[3], sha256="other"))
+    odd = FoundCheckpoint(
+        manifest=replace(odd_manifest, shards=odd_shards), location="pod-3",
+        present=frozenset(s.path for s in odd_shards),
+    )
+    found = [f.obj() for f in good] + [odd]
+    assert odd.manifest.shards_digest != found[0].manifest.shards_digest
+    d = decide_restore(found, layout=LAYOUT)
+    assert d.source is None, "rank 3's shard has no copy matching the reference list"
+    assert any("rank-00003" in r for r in d.rejected)
+    # Another pod with the reference list holding rank 3 completes it; the odd copy stays unused
+    # for rank 3 but still serves as a second holder of what it lists identically.
+    found.append(mem(20).at("pod-4").holding(3).obj())
+    d = decide_restore(found, layout=LAYOUT, home={0: "pod-3"})
+    assert d.source is not None
+    assert d.source.manifest.shards_digest == found[0].manifest.shards_digest
+    assert d.source.sources["rank-00003/data"] == "pod-4"
+    assert d.source.sources["rank-00000/data"] == "pod-3"
+
+
+def test_merge_verified_marks_only_the_named_copies_of_the_source() -> None:
+    found = [mem(20).at("pod-0").obj(), mem(20).at("pod-1").obj(), mem(10).at("pod-0").obj()]
+    d = decide_restore(found, layout=LAYOUT)
+    assert d.source is not None and d.source.step == 20
+    merged = merge_verified(
+        found, d.source, [("rank-00000/data", "pod-0", True), ("rank-00001/data", "pod-0", False)]
+    )
+    assert merged[0].verified == {"rank-00000/data"} and merged[0].corrupt == {"rank-00001/data"}
+    assert merged[1] is found[1], "no result for pod-1"
+    assert merged[2] is found[2], "another step is left alone"
+    again = decide_restore(merged, layout=LAYOUT)
+    assert again.source is not None and again.source.sources["rank-00001/data"] == "pod-1"
 
 
 def _m(step: int, sdc: bool = True) -> Manifest:

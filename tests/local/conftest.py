@@ -14,8 +14,8 @@ from kubernetes import config as k8s_config
 T = TypeVar("T")
 
 
-def wait_for(check: Callable[[], T | None], timeout: float = 30.0, what: str = "condition") -> T:
-    """Poll ``check`` until it returns something truthy (with a deadline)."""
+def wait_for(check: Callable[[], T | None], timeout: float = 60.0, what: str = "condition") -> T:
+    """Poll ``check`` until it returns something truthy; the deadline only catches a hang."""
     deadline = time.monotonic() + timeout
     last: Any = None
     while time.monotonic() < deadline:
@@ -55,7 +55,7 @@ def phase_of(core: k8s.CoreV1Api, ns: str, name: str) -> str:
     return str(core.read_namespaced_pod(name, ns).status.phase)
 
 
-def wait_phase(core: k8s.CoreV1Api, ns: str, name: str, phases: tuple[str, ...], timeout: float = 30.0) -> Any:
+def wait_phase(core: k8s.CoreV1Api, ns: str, name: str, phases: tuple[str, ...], timeout: float = 60.0) -> Any:
     def check() -> Any:
         pod = core.read_namespaced_pod(name, ns)
         return pod if pod.status.phase in phases else None

@@ -20,6 +20,8 @@ import pytest
 from kubernetes import client as k8s
 
 from railyard.commands import local as local_cmd
+from railyard.local.agent import SIMULATE_ANNOTATION
+from railyard.protocol.device import read_device
 
 from .builders import make_pod
 from .conftest import wait_for, wait_phase
@@ -64,7 +66,7 @@ def test_nodes_are_ready_with_capacity_and_topology_labels(local_cluster: Any, c
 def test_node_leases_are_renewed(local_cluster: Any, api_client: k8s.ApiClient) -> None:
     coord = k8s.CoordinationV1Api(api_client)
     first = coord.read_namespaced_lease("node-0", "kube-node-lease").spec.renew_time
-    wait_for(lambda: coord.read_namespaced_lease("node-0", "kube-node-lease").spec.renew_time > first, 15, "lease renewal")
+    wait_for(lambda: coord.read_namespaced_lease("node-0", "kube-node-lease").spec.renew_time > first, 60, "lease renewal")
 
 
 def test_a_command_succeeds_and_a_failing_one_reports_its_exit_code(core: k8s.CoreV1Api, namespace: str) -> None:
@@ -106,7 +108,7 @@ def test_a_gated_pod_is_never_bound_until_ungated(core: k8s.CoreV1Api, namespace
     core.create_namespaced_pod(namespace, make_pod("gated").gate().command(*py("pass")).obj())
     core.create_namespaced_pod(namespace, make_pod("canary").command(*py("pass")).obj())
     # the canary is scheduled after the gated pod was seen: a bound canary means the scheduler ran
-    wait_for(lambda: core.read_namespaced_pod("canary", namespace).spec.node_name, 20, "canary bound")
+    wait_for(lambda: core.read_namespaced_pod("canary", namespace).spec.node_name, 60, "canary bound")
     assert core.read_namespaced_pod("gated", namespace).spec.node_name is None
     core.patch_namespaced_pod("gated", namespace, {"spec": {"schedulingGates": None}})
     done = wait_phase(core, namespace, "gated", ("Succeeded",), timeout=30)
@@ -127,7 +129,7 @@ def test_gpu_capacity_is_respected_and_freed(core: k8s.CoreV1Api, namespace: str
         cond = conds.get("PodScheduled")
         return pending[0] if cond is not None and cond.reason == "Unschedulable" else None
 
-    waiting = wait_for(unschedulable, 15, "an unschedulable pod")
+    waiting = wait_for(unschedulable, 60, "an unschedulable pod")
     msg = next(c.message for c in waiting.status.conditions if c.type == "PodScheduled")
     assert "Insufficient nvidia.com/gpu" in msg
     wait_for(
@@ -235,7 +237,7 @@ def test_graceful_delete_sends_sigterm_and_keeps_host_path(local_cluster: Any, c
     core.create_namespaced_pod(namespace, pod)
     running = wait_phase(core, namespace, "graceful", ("Running",))
     host_dir = Path(local_cluster.state_dir) / "nodes" / running.spec.node_name / "hostpath" / "dev/shm/railyard-test" / namespace
-    wait_for(lambda: (host_dir / "started").exists(), 15, "the process to start")
+    wait_for(lambda: (host_dir / "started").exists(), 60, "the process to start")
     core.delete_namespaced_pod("graceful", namespace)
 
     def gone() -> bool:
@@ -245,7 +247,7 @@ def test_graceful_delete_sends_sigterm_and_keeps_host_path(local_cluster: Any, c
             return exc.status == 404
         return False
 
-    wait_for(gone, 20, "the pod to be removed")
+    wait_for(gone, 60, "the pod to be removed")
     assert (host_dir / "stopped").read_text() == "sigterm"
 
 
@@ -261,7 +263,7 @@ def test_sigkill_after_the_grace_period(local_cluster: Any, core: k8s.CoreV1Api,
     core.create_namespaced_pod(namespace, pod)
     wait_phase(core, namespace, "stubborn", ("Running",))
     log = Path(local_cluster.log_dir) / namespace / "stubborn" / "main.log"
-    wait_for(lambda: log.exists() and "armed" in log.read_text(), 15, "the SIGTERM handler installed")
+    wait_for(lambda: log.exists() and "armed" in log.read_text(), 60, "the SIGTERM handler installed")
     started = time.monotonic()
     core.delete_namespaced_pod("stubborn", namespace)
 
@@ -272,7 +274,7 @@ def test_sigkill_after_the_grace_period(local_cluster: Any, core: k8s.CoreV1Api,
             return exc.status == 404
         return False
 
-    wait_for(gone, 15, "the pod to be removed")
+    wait_for(gone, 60, "the pod to be removed")
     assert time.monotonic() - started >= 0.9  # it waited the grace period before SIGKILL
 
 
@@ -312,21 +314,25 @@ def test_node_fail_and_recover(local_cluster: Any, core: k8s.CoreV1Api, namespac
             node = core.read_node("node-2")
             return any(c.type == "Ready" and c.status != "True" for c in node.status.conditions)
 
-        wait_for(not_ready, 15, "node-2 NotReady")
-        failed = wait_phase(core, namespace, "victim", ("Failed",), timeout=15)
+        wait_for(not_ready, 60, "node-2 NotReady")
+        failed = wait_phase(core, namespace, "victim", ("Failed",), timeout=60)
         assert failed.status.container_statuses[0].state.terminated.exit_code == 137
         pid = int(failed.status.container_statuses[0].container_id.rsplit("/", 1)[1])
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
         assert failed.status.reason == "NodeFailed"
-        # a new pod pinned there is not started while the node is down
+        # A new pod pinned there is not started while the node is down. The agent handles pod
+        # events in the order of its one watch: once a pod created after "later" on a healthy
+        # node has been started, the agent has seen "later" too, and left it alone.
         core.create_namespaced_pod(namespace, make_pod("later").command(*py("pass")).on_node("node-2").obj())
-        time.sleep(1.0)  # a negative check: give the agent a chance to (wrongly) start it
-        assert core.read_namespaced_pod("later", namespace).status.phase == "Pending"
+        core.create_namespaced_pod(namespace, make_pod("witness").command(*py("pass")).on_node("node-1").obj())
+        wait_phase(core, namespace, "witness", ("Succeeded",))
+        later = core.read_namespaced_pod("later", namespace)
+        assert later.status.phase == "Pending" and not later.status.container_statuses, later.status
     finally:
         assert cli(local_cluster, "node", "recover", "node-2") == 0
-    wait_for(lambda: not any(c.type == "Ready" and c.status != "True" for c in core.read_node("node-2").status.conditions), 15, "node-2 Ready")
-    assert wait_phase(core, namespace, "later", ("Succeeded",), timeout=20)
+    wait_for(lambda: not any(c.type == "Ready" and c.status != "True" for c in core.read_node("node-2").status.conditions), 60, "node-2 Ready")
+    assert wait_phase(core, namespace, "later", ("Succeeded",), timeout=60)
 
 
 def test_taints_via_the_cli_keep_pods_off(local_cluster: Any, core: k8s.CoreV1Api, namespace: str) -> None:
@@ -347,13 +353,34 @@ def test_taints_via_the_cli_keep_pods_off(local_cluster: Any, core: k8s.CoreV1Ap
 def test_slow_node_exports_its_factor(local_cluster: Any, core: k8s.CoreV1Api, namespace: str) -> None:
     assert cli(local_cluster, "node", "slow", "node-1", "--factor", "1.5") == 0
     try:
-        wait_for(lambda: (core.read_node("node-1").metadata.annotations or {}).get("local.railyard.dev/slow-factor") == "1.5", 10)
-        pod = make_pod("slowpoke").command(*py("import os; print(os.environ['RAILYARD_NODE_SLOW_FACTOR'])")).on_node("node-1").obj()
+        wait_for(lambda: (core.read_node("node-1").metadata.annotations or {}).get("local.railyard.dev/slow-factor") == "1.5", 60)
+        # the static factor, and the simulated device the trainer's speed probe reads each step
+        pod = make_pod("slowpoke").command(*py("""
+            import os
+            from railyard.protocol.device import SIMULATED_DEVICE_ENV, read_device
+            print(os.environ['RAILYARD_NODE_SLOW_FACTOR'], read_device(os.environ[SIMULATED_DEVICE_ENV]).slow_factor)
+        """)).on_node("node-1").obj()
         core.create_namespaced_pod(namespace, pod)
         done = wait_phase(core, namespace, "slowpoke", ("Succeeded",))
-        assert _log(local_cluster, core, namespace, "slowpoke", done).strip() == "1.5"
+        assert _log(local_cluster, core, namespace, "slowpoke", done).split() == ["1.5", "1.5"]
     finally:
         assert cli(local_cluster, "node", "slow", "node-1", "--factor", "1") == 0
+    device = Path(local_cluster.state_dir) / "nodes" / "node-1" / "device.json"
+    wait_for(lambda: read_device(device).slow_factor == 1.0, 60, "the device back at full speed")
+
+
+def test_a_simulated_pod_runs_its_init_containers_and_stays_running(core: k8s.CoreV1Api, namespace: str) -> None:
+    # The operator's gang pods have an init container; simulated (kwok-style) pods must get past
+    # it, or every pod of bench/operator.py waits in PodInitializing forever.
+    pod = make_pod("sim").command("/nonexistent/never-started").obj()
+    pod["metadata"]["annotations"] = {SIMULATE_ANNOTATION: "true"}
+    pod["spec"]["initContainers"] = [{"name": "prepare", "image": "none", "command": ["/nonexistent/either"]}]
+    core.create_namespaced_pod(namespace, pod)
+    running = wait_phase(core, namespace, "sim", ("Running",))
+    (init,) = running.status.init_container_statuses
+    assert init.state.terminated is not None and init.state.terminated.exit_code == 0, init.state
+    assert running.status.container_statuses[0].state.running is not None
+    assert any(c.type == "Initialized" and c.status == "True" for c in running.status.conditions)
 
 
 def test_status_command_lists_nodes(local_cluster: Any, capsys: pytest.CaptureFixture[str]) -> None:
@@ -369,20 +396,23 @@ def test_status_command_lists_nodes(local_cluster: Any, capsys: pytest.CaptureFi
     assert all(n["ready"] for n in out["nodes"])
 
 
-def test_readiness_probe_gates_ready(core: k8s.CoreV1Api, namespace: str) -> None:
-    pod = make_pod("probed").command(*py("""
-        import time
-        time.sleep(3)
+def test_readiness_probe_gates_ready(core: k8s.CoreV1Api, namespace: str, tmp_path: Path) -> None:
+    go = tmp_path / "go"  # the test decides when the program becomes ready, not a timer
+    pod = make_pod("probed").command(*py(f"""
+        import os, time
+        while not os.path.exists({str(go)!r}):
+            time.sleep(0.05)
         open('ready', 'w').close()
-        time.sleep(60)
+        time.sleep(600)
     """)).obj()
     pod["spec"]["containers"][0]["readinessProbe"] = {"exec": {"command": ["test", "-f", "ready"]}, "periodSeconds": 1, "failureThreshold": 1}
     core.create_namespaced_pod(namespace, pod)
     running = wait_phase(core, namespace, "probed", ("Running",))
-    assert not running.status.container_statuses[0].ready  # the file does not exist yet
+    assert not running.status.container_statuses[0].ready  # the file cannot exist yet
+    go.touch()
 
     def ready() -> bool:
         p = core.read_namespaced_pod("probed", namespace)
         return bool(p.status.container_statuses[0].ready) and any(c.type == "Ready" and c.status == "True" for c in p.status.conditions)
 
-    wait_for(ready, 15, "the probe to pass")
+    wait_for(ready, 60, "the probe to pass")

@@ -26,7 +26,7 @@ def test_down_then_up_keeps_objects_and_failed_nodes(tmp_path: Path) -> None:
         core.create_namespaced_pod("default", make_pod("sleeper").command("sleep", "300").obj())
         wait_phase(core, "default", "sleeper", ("Running",))
         core.patch_node("node-1", {"metadata": {"annotations": {"local.railyard.dev/fail": "true"}}})
-        wait_for(lambda: any(c.type == "Ready" and c.status == "False" for c in core.read_node("node-1").status.conditions), 10)
+        wait_for(lambda: any(c.type == "Ready" and c.status == "False" for c in core.read_node("node-1").status.conditions), 60)
         api.close()
     finally:
         cluster.stop()
@@ -41,7 +41,7 @@ def test_down_then_up_keeps_objects_and_failed_nodes(tmp_path: Path) -> None:
         assert any(c.type == "Ready" and c.status == "False" for c in core.read_node("node-1").status.conditions)
         assert any(c.type == "Ready" and c.status == "True" for c in core.read_node("node-0").status.conditions)
         # the pod's processes died with the old runtime: reported, not silently re-run
-        lost = wait_phase(core, "default", "sleeper", ("Failed",), timeout=15)
+        lost = wait_phase(core, "default", "sleeper", ("Failed",), timeout=60)
         assert lost.status.reason in ("NodeShutdown", "NodeRestart")
         assert lost.status.container_statuses[0].state.terminated.exit_code in (137, 143)
         api.close()

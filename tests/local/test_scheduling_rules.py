@@ -11,6 +11,7 @@ from railyard.api.quantity import QuantityError, parse_quantity, to_milli
 from railyard.local.kube import KubeClient
 from railyard.local.scheduler import Scheduler
 from railyard.local.scheduling import (
+    DecisionCache,
     build_node_info,
     candidate_names,
     check_node,
@@ -159,6 +160,54 @@ def test_pinned_pods_only_consider_their_nodes() -> None:
     assert candidate_names(make_pod().obj()) is None
     nodes = {f"node-{i}": build_node_info(make_node(f"node-{i}")) for i in range(10)}
     assert decide_node(pinned, nodes).node == "node-7"
+
+
+def test_the_decision_cache_changes_no_decision() -> None:
+    """Pods of a few shapes scheduled one after another, with nodes filling up, being replaced
+    (a taint, a readiness change) and pods released: with and without the scheduler's cache,
+    every decision (node or message) is the same."""
+    import random
+
+    rng = random.Random(7)
+    shapes = [
+        make_pod().gpus(1),
+        make_pod().requests(cpu="3"),
+        make_pod().node_selector(**{"railyard.dev/leaf": "leaf-1"}).gpus(1),
+        make_pod().affinity({"matchExpressions": [expr("gen", "In", "5")]}).requests(cpu="1"),
+        make_pod().toleration(key="maintenance", operator="Exists").gpus(2),
+    ]
+
+    def fresh() -> dict[str, Any]:
+        return {f"node-{i}": build_node_info(make_node(
+            f"node-{i}", gpus=4, labels={"railyard.dev/leaf": f"leaf-{i % 3}", "gen": str(4 + i % 2)}))
+            for i in range(12)}
+
+    plain, cached = fresh(), fresh()
+    cache = DecisionCache(max_shapes=3)  # fewer than the shapes: the cache also starts afresh
+    placed: list[tuple[str, dict[str, int]]] = []
+    for step in range(400):
+        pod = rng.choice(shapes).obj()
+        req = compute_pod_requests(pod)
+        a = decide_node(pod, plain, req, start=step)
+        b = decide_node(pod, cached, req, start=step, cache=cache)
+        assert (a.node, a.message) == (b.node, b.message), step
+        if a.node is not None:
+            plain[a.node].add(req)
+            cached[a.node].add(req)
+            placed.append((a.node, req))
+        if placed and rng.random() < 0.3:  # a pod ends
+            node, r = placed.pop(rng.randrange(len(placed)))
+            plain[node].add(r, sign=-1)
+            cached[node].add(r, sign=-1)
+        if rng.random() < 0.05:  # a node changes: the informer builds a new NodeInfo
+            name = f"node-{rng.randrange(12)}"
+            taints = [{"key": "maintenance", "effect": "NoSchedule"}] if rng.random() < 0.5 else []
+            node = make_node(name, gpus=4, taints=taints, ready=rng.random() < 0.8,
+                             labels={"railyard.dev/leaf": f"leaf-{int(name[5:]) % 3}", "gen": "5"})
+            for infos in (plain, cached):
+                info = build_node_info(node)
+                info.requested = dict(infos[name].requested)
+                infos[name] = info
 
 
 def test_gates() -> None:

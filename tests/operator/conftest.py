@@ -64,6 +64,15 @@ def wait_for(what: str, pred: Callable[[], Any], timeout: float = 30.0, interval
     raise AssertionError(f"timed out after {timeout}s waiting for {what}; last: {last!r}"[:3000])
 
 
+def _die_with_parent() -> None:
+    """In the child before exec: PR_SET_PDEATHSIG, SIGTERM."""
+    import ctypes
+    import signal
+
+    with contextlib.suppress(Exception):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -157,7 +166,10 @@ class OperatorProcess:
                 "--kubeconfig", str(kubeconfig)] + (["-v"] if os.environ.get("RAILYARD_TEST_OPERATOR_VERBOSE") else [])
         for ns in namespaces:
             argv += ["--namespace", ns]
-        self.proc = subprocess.Popen(argv, stdout=log_path.open("ab"), stderr=subprocess.STDOUT, cwd=ROOT)
+        # dies with this process even when pytest is killed (no operator left behind to load
+        # the machine or act on a later run's cluster)
+        self.proc = subprocess.Popen(argv, stdout=log_path.open("ab"), stderr=subprocess.STDOUT, cwd=ROOT,
+                                     preexec_fn=_die_with_parent)
         wait_for("the operator's /healthz", self.healthy, timeout=60)
 
     def healthy(self) -> bool:

@@ -7,8 +7,10 @@ first, so a test can tell an injected failure from a real one.
 - ``crash``: raises at the start of step S -> the worker exits APPLICATION (1).
 - ``exit``: exits with ``code`` at the start of step S (a process dying with a given status).
 - ``hang``: stops making progress at the start of step S -> the watchdog exits 76.
-- ``slow``: from step S the rank's compute takes ``factor`` times as long (a sleep of
-  ``(factor - 1) x compute`` inside the measured compute window, as a throttled GPU would).
+- ``slow``: from step S the rank's device is ``factor`` times slower, as a throttled GPU is:
+  its forward/backward takes ``factor`` times as long (a sleep of ``(factor - 1) x`` its time)
+  and its speed probe does ``factor`` times the work (speed_probe.py), so the slow-down shows in
+  the device time the straggler rule reads, whatever else the machine is doing.
 - ``bitflip``: flips bit ``bit`` (default 30, the top exponent bit) of one element of a real tensor of the rank:
   ``target: grad`` right after backward at step S (before clipping and ``after_backward``),
   ``target: param`` right after the optimizer step at step S (before ``after_step`` and the
@@ -61,15 +63,22 @@ class FaultInjector:
             self.log("fault", rank=self.rank, kind="exit", step=step, code=f.code)
             raise InjectedExit(f.code)
         if f := self._due("slow", step):
-            # Logged here, once: slow_down runs more than once per step.
+            # Logged here, once: the slow-down applies to every later step.
             self.log("fault", rank=self.rank, kind="slow", step=step, factor=f.factor)
         if self._due("hang", step):
             self.log("fault", rank=self.rank, kind="hang", step=step)
             while True:
                 time.sleep(1.0)
 
+    def slow_factor(self, step: int) -> float:
+        """How many times slower this rank's device is at ``step`` (1.0: not slowed)."""
+        for f in self.faults:
+            if f.kind == "slow" and step >= f.step:
+                return f.factor
+        return 1.0
+
     def slow_down(self, step: int, compute_s: float) -> float:
-        """Sleep to stretch this step's compute; returns the seconds slept."""
+        """Sleep to stretch this step's forward/backward; returns the seconds slept."""
         for f in self.faults:
             if f.kind == "slow" and step >= f.step:
                 extra = (f.factor - 1.0) * compute_s

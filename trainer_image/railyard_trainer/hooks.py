@@ -35,7 +35,8 @@ class StepMetrics:
     loss: float
     grad_norm: float
     step_time_s: float
-    #: Rank-local compute before collectives (the straggler signal; see protocol.heartbeat).
+    #: Device time of the rank's speed probe: collective-free, in the device's own clock (the
+    #: straggler signal; see speed_probe.py and protocol.heartbeat).
     compute_s: float
     tokens_per_s: float
     lr: float

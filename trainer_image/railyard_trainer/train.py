@@ -9,10 +9,10 @@ Heartbeats, the watchdog and the checkpoint tiers are the SDK's (railyard_traine
 calls a program of one's own makes: ``session.report_step`` after each step, and the
 checkpointer is the SDK's facade over the tiers.
 
-``compute_s`` (the straggler signal) is the time of this rank's speed probe (speed_probe.py), a
-fixed, collective-free workload run every step: under FSDP a healthy rank's forward+backward
-waits for the slowest peer inside the all-gathers, so forward+backward time (logged as
-``fwd_bwd_s``) cannot tell the slow rank from the ones waiting for it.
+``compute_s`` (the straggler signal) is the device time of this rank's speed probe
+(speed_probe.py), a fixed, collective-free workload run every step: under FSDP a healthy rank's
+forward+backward waits for the slowest peer inside the all-gathers, so forward+backward time
+(logged as ``fwd_bwd_s``) cannot tell the slow rank from the ones waiting for it.
 """
 
 from __future__ import annotations
@@ -218,9 +218,8 @@ class Trainer:
         fwd_bwd_s = time.perf_counter() - t0
         fwd_bwd_s += self.faults.slow_down(step, fwd_bwd_s)
         # The straggler signal (speed_probe.py): forward+backward includes FSDP's waits for
-        # the slowest peer, the probe does not. A "slow" fault slows it like the rest.
-        compute_s = self.probe.run()
-        compute_s += self.faults.slow_down(step, compute_s)
+        # the slowest peer, the probe does not. A "slow" fault slows the device, probe included.
+        compute_s = self.probe.run(self.faults.slow_factor(step))
         if self.dump_grads_dir and step == 1:
             self._dump_grads(Path(self.dump_grads_dir))
         self.faults.maybe_flip(step, "grad", self.parts)

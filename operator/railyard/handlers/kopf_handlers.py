@@ -95,6 +95,25 @@ def railyard_nodes(name: str, body: Any, **_: Any) -> dict[str, dict[str, Any]]:
 
 # lifecycle ------------------------------------------------------------------------------------
 
+#: No watch waits forever. The server ends each watch after WATCH_SERVER_TIMEOUT_S; the client
+#: gives up on one that outlives that by WATCH_CLIENT_MARGIN_S (a connection that died without
+#: closing); and one that delivers nothing, not even a bookmark, for WATCH_INACTIVITY_S (API
+#: servers bookmark about once a minute, ours every 15 s) is reconnected by kopf from the last
+#: resourceVersion, relisting on 410.
+WATCH_SERVER_TIMEOUT_S = 300
+WATCH_CLIENT_MARGIN_S = 30
+WATCH_CONNECT_TIMEOUT_S = 10
+WATCH_INACTIVITY_S = 70.0
+
+
+def apply_watch_settings(settings: kopf.OperatorSettings) -> None:
+    settings.watching.server_timeout = WATCH_SERVER_TIMEOUT_S
+    settings.watching.client_timeout = WATCH_SERVER_TIMEOUT_S + WATCH_CLIENT_MARGIN_S
+    settings.watching.connect_timeout = WATCH_CONNECT_TIMEOUT_S
+    if hasattr(settings.watching, "inactivity_timeout"):  # kopf >= 1.44; before, client_timeout bounds it
+        settings.watching.inactivity_timeout = WATCH_INACTIVITY_S
+
+
 
 @kopf.on.login()
 async def on_login_operator(**_: Any) -> kopf.ConnectionInfo:
@@ -120,7 +139,7 @@ async def on_login_operator(**_: Any) -> kopf.ConnectionInfo:
 async def on_startup_operator(settings: kopf.OperatorSettings, **_: Any) -> None:
     rt = runtime()
     settings.posting.enabled = False  # we write our own Events, one per transition
-    settings.watching.server_timeout = 300
+    apply_watch_settings(settings)
     settings.networking.error_backoffs = [0.5, 1, 2, 5]
     rt.api()
     if rt.settings.metrics_port:

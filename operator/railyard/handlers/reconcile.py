@@ -385,7 +385,7 @@ async def _place_and_create(c: Cycle, job: TrainingJob, nodes: Mapping[str, Mapp
         job, nodes=list(nodes.values()), pods=rt.all_bound_pods(), attempt=attempt,
         previous_nodes=[p.node for p in sorted(prev.pods, key=lambda p: p.pod_index)] if prev is not None else None,
         previous_spares=c.st.placement.spares if c.st.placement else (),
-        failed={q.node for q in c.st.quarantined_nodes},
+        failed={q.node for q in c.st.quarantined_nodes}, cache=c.w.topology_cache,
     ))
     rt.metrics.placement.observe(time.perf_counter() - t0)
 

@@ -22,6 +22,7 @@ from railyard.kubecreds import Connection, Credential, load_connection
 from railyard.logic.health import HealthState
 from railyard.logic.health.window import HeartbeatStore
 from railyard.logic.manifests import CLEANUP_LABEL
+from railyard.logic.topology import TopologyCache
 from railyard.observe.checkpoint_metrics import CheckpointMetrics
 from railyard.observe.health_metrics import HealthMetrics
 from railyard.observe.heartbeats import StaticTokens
@@ -30,6 +31,8 @@ from railyard.observe.probes import DEFAULT_STUCK_AFTER_S, Probes
 
 log = logging.getLogger(__name__)
 Key = tuple[str, str]
+#: A job worker that died is restarted after this long (not at once: no restart storm).
+WORKER_RESTART_DELAY_S = 1.0
 
 
 @dataclass
@@ -75,6 +78,10 @@ class JobWorker:
     gone: bool = False
     #: Health detection state of the current attempt (kept between cycles).
     health_state: HealthState | None = None
+    #: What the last placement input derived from each Node object of the index (a node's
+    #: index entry is a new dict when it changes), so a re-placement on a big cluster does not
+    #: re-derive the domain tree.
+    topology_cache: TopologyCache = field(default_factory=TopologyCache)
 
 
 #: One reconcile cycle of a job's worker (handlers.reconcile.reconcile_job); returns when to look again.
@@ -165,9 +172,29 @@ class Runtime:
             self.workers[key] = w
         w.body = body
         if w.task is None or w.task.done():
-            w.task = asyncio.create_task(self._loop(w), name=f"railyard-job-{namespace}/{name}")
+            self._start_worker(w)
         w.wake.set()
         return w
+
+    def _start_worker(self, w: JobWorker) -> None:
+        w.task = asyncio.create_task(self._loop(w), name=f"railyard-job-{w.namespace}/{w.name}")
+        w.task.add_done_callback(lambda task: self._on_worker_done(w, task))
+
+    def _on_worker_done(self, w: JobWorker, task: asyncio.Task[None]) -> None:
+        """A job's worker runs until its job is gone; one that ended otherwise is logged and
+        restarted at once, so the job is not left unreconciled until its next event."""
+        if w.gone or task.cancelled() or w.task is not task or self.workers.get((w.namespace, w.name)) is not w:
+            return
+        exc = task.exception()
+        log.error("the worker of %s/%s ended unexpectedly (%r); restarting it in %.0fs", w.namespace, w.name, exc,
+                  WORKER_RESTART_DELAY_S, exc_info=exc)
+        self.metrics.reconcile_errors.labels(kind="WorkerDied").inc()
+        asyncio.get_running_loop().call_later(WORKER_RESTART_DELAY_S, self._restart_worker, w, task)
+
+    def _restart_worker(self, w: JobWorker, dead: asyncio.Task[None]) -> None:
+        if not w.gone and w.task is dead and self.workers.get((w.namespace, w.name)) is w:
+            self._start_worker(w)
+            w.wake.set()
 
     async def remove_job(self, namespace: str, name: str) -> None:
         w = self.workers.pop((namespace, name), None)

@@ -34,18 +34,22 @@ from railyard.local import podenv
 from railyard.local.kube import ApiError, Informer, KubeClient, Obj, key_of, retry
 from railyard.local.nodes import NodeControl, now_iso
 from railyard.local.podenv import ContainerConfigError, PodContext
+from railyard.local.tasks import TaskSet
 from railyard.local.termination import build_termination_message, termination_message_path
 from railyard.local.topology import NodeSpec
+from railyard.protocol.device import SIMULATED_DEVICE_ENV, SimulatedDevice, write_device
 
 log = logging.getLogger(__name__)
 RESOLVER_SOURCE = Path(__file__).with_name("_resolver_site.py")
 DEFAULT_GRACE = 30
 RESTART_BACKOFF_MAX = 10.0
-#: Much shorter than one run of the trainer's speed probe (~6 ms on a CPU core), so every run
-#: sees the slow-down, as on a throttled device, rather than some runs slipping between stops.
+#: Period of a slow node's SIGSTOP/SIGCONT duty cycle: short, so the node's processes are slowed
+#: evenly (wall clock) rather than in visible bursts. The straggler signal does not come from it:
+#: the speed probe sees the node's simulated device (device_file), which is exact under any load.
 SLOW_PERIOD = 0.004
 #: A pod with this annotation set to "true" is reported Running without starting processes
-#: (as kwok does): for scale tests of 1,000-pod gangs on a 2-core machine.
+#: (as kwok does): for scale tests of 1,000-pod gangs on a 2-core machine. Its init containers
+#: complete at once (exit 0), its containers run until the pod is deleted or its node fails.
 SIMULATE_ANNOTATION = "local.railyard.dev/simulate"
 #: hostPaths under these prefixes are one folder for all nodes (a shared filesystem mount).
 DEFAULT_SHARED_HOST_PATHS = ("/mnt",)
@@ -174,7 +178,7 @@ class PodWorker:
 
     # --- public ---
     def start(self) -> None:
-        self.task = asyncio.get_running_loop().create_task(self._run())
+        self.task = self.agent.tasks.spawn(self._run(), f"pod {self.ns}/{self.name}")
 
     @property
     def running(self) -> bool:
@@ -295,6 +299,7 @@ class PodWorker:
                 "RAILYARD_POD_DIR": str(self.pod_dir),
                 "RAILYARD_MOUNTS": podenv.mounts_json(mounts),
                 "RAILYARD_NODE_SLOW_FACTOR": str(self.agent.control(self.node.name).slow_factor),
+                SIMULATED_DEVICE_ENV: str(self.agent.device_file(self.node.name)),
             }
         )
         full.update(env)
@@ -354,11 +359,14 @@ class PodWorker:
         return out
 
     async def _wait(self, c: Container) -> int:
-        if c.proc is None:  # simulated: runs until the pod is deleted or its node fails
+        if c.proc is not None:
+            rc = await c.proc.wait()
+            code = 128 - rc if rc < 0 else rc
+        elif c.init:  # simulated: an init container has done its work
+            code = 0
+        else:  # simulated: runs until the pod is deleted or its node fails
             await asyncio.get_running_loop().create_future()
-        assert c.proc is not None
-        rc = await c.proc.wait()
-        code = 128 - rc if rc < 0 else rc
+            code = 0
         c.ready = False
         c.state = {"terminated": self._terminated(code, "Completed" if code == 0 else "Error", c.started_at, self._termination_message(c, code))}
         return code
@@ -370,7 +378,8 @@ class PodWorker:
             code = await self._spawn(c)
             if code is None:
                 self.phase = "Pending"
-                await self._patch_status()
+                if not self.simulated:  # a simulated one completes at once: one patch, not two
+                    await self._patch_status()
                 code = await self._wait(c)
             if code == 0:
                 await self._patch_status()
@@ -393,7 +402,7 @@ class PodWorker:
                 code = await self._spawn(c)
                 if code is None:
                     if c.spec.get("readinessProbe"):
-                        probe = asyncio.get_running_loop().create_task(self._probe(c))
+                        probe = self.agent.tasks.spawn(self._probe(c), f"readiness probe {self.ns}/{self.name}/{c.name}")
                     else:
                         c.ready = True
                     self._update_phase()
@@ -589,7 +598,7 @@ class Agent:
         self.on_change: Callable[[], None] | None = None
         self._finishing: set[str] = set()
         self._done: set[str] = set()
-        self._tasks: set[asyncio.Task[None]] = set()
+        self.tasks = TaskSet("node agent")
         self.resolver_dir.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(RESOLVER_SOURCE, self.resolver_dir / "sitecustomize.py")
         self._write_hosts()
@@ -597,6 +606,13 @@ class Agent:
     # --- paths and env ---
     def node_dir(self, node: str) -> Path:
         return self.state_dir / "nodes" / node
+
+    def device_file(self, node: str) -> Path:
+        """The node's simulated accelerator (railyard.protocol.device), read by the trainer."""
+        return self.node_dir(node) / "device.json"
+
+    def _publish_device(self, node: str) -> None:
+        write_device(self.device_file(node), SimulatedDevice(slow_factor=self.control(node).slow_factor))
 
     def host_path(self, node: str, path: str) -> Path:
         """A hostPath's folder: per node, except under a shared prefix (a network filesystem
@@ -726,14 +742,14 @@ class Agent:
     def apply_controls(self, controls: Mapping[str, NodeControl]) -> None:
         """The node controls read at start-up (a node slowed before a restart stays slow)."""
         self.controls = dict(controls)
+        for node in self.nodes:
+            self._publish_device(node)
         for node, control in self.controls.items():
             if control.slow_factor > 1.0:
                 self._restart_slow(node)
 
-    def _bg(self, coro: Any) -> None:
-        task: asyncio.Task[None] = asyncio.get_running_loop().create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+    def _bg(self, coro: Any, what: str = "") -> None:
+        self.tasks.spawn(coro, what)
 
     def on_pod(self, kind: str, pod: Obj, old: Obj | None) -> None:
         spec = pod.get("spec") or {}
@@ -831,6 +847,7 @@ class Agent:
                 if (pod.get("spec") or {}).get("nodeName") == node:
                     self.on_pod("MODIFIED", pod, None)
         if after.slow_factor != before.slow_factor:
+            self._publish_device(node)
             self._restart_slow(node)
 
     def on_service(self, kind: str, svc: Obj, old: Obj | None) -> None:
@@ -845,7 +862,7 @@ class Agent:
         if task is not None:
             task.cancel()
         if self.control(node).slow_factor > 1.0:
-            self._slow_tasks[node] = asyncio.get_running_loop().create_task(self._duty_cycle(node))
+            self._slow_tasks[node] = self.tasks.spawn(self._duty_cycle(node), f"slow-down of {node}")
 
     def pgids_on(self, node: str) -> list[int]:
         return [pg for w in list(self.workers.values()) if w.node.name == node and not w.stopping for pg in w.pgids()]

@@ -43,6 +43,9 @@ from railyard.local.topology import (
 
 MODES = ("embedded", "envtest", "existing")
 CONFIG_VERSION = 1
+#: Twice the embedded API server's bookmark interval: a watch of it that delivers nothing for
+#: this long is dead, and the runtime re-establishes it.
+EMBEDDED_WATCH_INACTIVITY_S = 30.0
 
 
 class LocalClusterError(RuntimeError):
@@ -342,6 +345,9 @@ class LocalCluster:
             "--ready-file", str(ready),
             "--lease-interval", str(self.lease_interval),
         ]
+        if self.mode == "embedded":
+            # our server bookmarks every 15 s; other servers about every minute (the default)
+            argv += ["--watch-inactivity", str(EMBEDDED_WATCH_INACTIVITY_S)]
         if self.config.get("scheduler"):
             argv.append("--scheduler")
         self._spawn("runtime", argv)

@@ -28,9 +28,14 @@ from railyard.kubeclient import (
     load_connection,
 )
 
-__all__ = ["JSON_PATCH", "MERGE", "STRATEGIC", "ApiError", "Informer", "KubeClient", "Obj", "key_of", "retry"]
+__all__ = [
+    "JSON_PATCH", "MERGE", "STRATEGIC", "ApiError", "Informer", "KubeClient", "Obj", "WatchInactive", "key_of", "retry",
+]
 
 log = logging.getLogger(__name__)
+#: Longer than any API server's bookmark interval (kube-apiserver: about a minute), as kopf's
+#: ``settings.watching.inactivity_timeout``.
+DEFAULT_WATCH_INACTIVITY_S = 70.0
 
 
 class KubeClient(BaseClient):
@@ -73,8 +78,20 @@ class KubeClient(BaseClient):
     async def delete(self, path: str, body: Obj | None = None, **params: Any) -> Obj:
         return await self.request("DELETE", path, body=body, params=params)
 
-    async def watch(self, path: str, resource_version: str, *, timeout_seconds: int = 300) -> AsyncIterator[Obj]:
-        """Yield watch events until the server ends the stream."""
+    async def watch(
+        self,
+        path: str,
+        resource_version: str,
+        *,
+        timeout_seconds: int = 300,
+        inactivity_timeout: float | None = None,
+    ) -> AsyncIterator[Obj]:
+        """Yield watch events until the server ends the stream.
+
+        With ``inactivity_timeout``, a stream that delivers nothing (no event, no bookmark) for
+        that long raises :class:`WatchInactive`: a connection that went quiet without closing
+        (a half-dead proxy, a server that stopped serving it) would otherwise wait forever.
+        """
         params = {
             "watch": "true",
             "resourceVersion": resource_version,
@@ -88,7 +105,13 @@ class KubeClient(BaseClient):
                 text = await resp.text()
                 raise ApiError(resp.status, json_or_text(text), "WATCH", path)
             buf = b""
-            async for chunk in resp.content.iter_any():
+            while True:
+                try:
+                    chunk = await asyncio.wait_for(resp.content.readany(), inactivity_timeout)
+                except TimeoutError:
+                    raise WatchInactive(path, inactivity_timeout or 0.0) from None
+                if not chunk:
+                    break
                 buf += chunk
                 while b"\n" in buf:
                     line, buf = buf.split(b"\n", 1)
@@ -96,6 +119,15 @@ class KubeClient(BaseClient):
                         yield json.loads(line)
             if buf.strip():
                 yield json.loads(buf)
+
+
+class WatchInactive(TimeoutError):
+    """A watch stream delivered nothing, not even a bookmark, for longer than allowed."""
+
+    def __init__(self, path: str, seconds: float) -> None:
+        super().__init__(f"watch of {path}: nothing received for {seconds:g}s")
+        self.path = path
+        self.seconds = seconds
 
 
 def key_of(obj: Mapping[str, Any]) -> str:
@@ -113,16 +145,38 @@ class Informer:
     Handlers get (type, object, previous) with type ADDED/MODIFIED/DELETED; on a relist after
     410 Gone the difference to the cache is replayed as such events, so handlers never miss a
     deletion. Handlers must be quick and must not block (they enqueue work).
+
+    The watch never waits forever: every API server sends a bookmark at least once per
+    bookmark interval on a watch that asks for them (ours every 15 s, kube-apiserver about every
+    minute), so a stream that delivers nothing for ``inactivity_timeout`` is treated as dead and
+    re-established from the last resourceVersion seen (and relisted if that is too old: 410).
     """
 
-    def __init__(self, client: KubeClient, path: str, name: str) -> None:
+    def __init__(
+        self,
+        client: KubeClient,
+        path: str,
+        name: str,
+        *,
+        inactivity_timeout: float = DEFAULT_WATCH_INACTIVITY_S,
+        server_timeout: int = 300,
+    ) -> None:
         self.client = client
         self.path = path
         self.name = name
+        self.inactivity_timeout = inactivity_timeout
+        self.server_timeout = server_timeout
         self.cache: dict[str, Obj] = {}
         self.handlers: list[Handler] = []
         self.synced = asyncio.Event()
         self._rv = ""
+        #: How many times a silent watch was re-established, and how many full lists were made.
+        self.rewatches = 0
+        self.lists = 0
+
+    @property
+    def resource_version(self) -> str:
+        return self._rv
 
     def add_handler(self, handler: Handler) -> None:
         self.handlers.append(handler)
@@ -136,6 +190,7 @@ class Informer:
 
     async def _relist(self) -> None:
         listing = await self.client.get(self.path)
+        self.lists += 1
         self._rv = str((listing.get("metadata") or {}).get("resourceVersion", ""))
         fresh = {key_of(o): o for o in listing.get("items") or []}
         for key, gone in list(self.cache.items()):
@@ -159,7 +214,9 @@ class Informer:
                     await self._relist()
                     need_list = False
                     self.synced.set()
-                async for event in self.client.watch(self.path, self._rv):
+                async for event in self.client.watch(
+                    self.path, self._rv, timeout_seconds=self.server_timeout, inactivity_timeout=self.inactivity_timeout
+                ):
                     kind = event.get("type")
                     obj = event.get("object") or {}
                     if kind == "ERROR":
@@ -183,6 +240,11 @@ class Informer:
                 backoff = 0.2
             except asyncio.CancelledError:
                 raise
+            except WatchInactive as exc:
+                # no backoff: the server is not failing, this one stream went quiet
+                self.rewatches += 1
+                log.warning("%s: %s; watching again from resourceVersion %s", self.name, exc, self._rv or "(list)")
+                need_list = need_list or not self._rv
             except ApiError as exc:
                 if exc.status == 410:
                     need_list = True

@@ -18,6 +18,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from railyard.local.kube import ApiError, KubeClient, Obj, retry
+from railyard.local.tasks import TaskSet
 from railyard.local.topology import LOCAL_GROUP, SIMULATED_LABEL, NodeSpec
 
 log = logging.getLogger(__name__)
@@ -148,7 +149,7 @@ class NodeManager:
         self._since: dict[str, str] = {}
         self._on_control = on_control
         self._sem = asyncio.Semaphore(32)
-        self._tasks: set[asyncio.Task[None]] = set()  # the loop keeps only weak references
+        self._tasks = TaskSet("node manager")
 
     async def _bounded(self, coro: Any) -> Any:
         async with self._sem:
@@ -231,9 +232,7 @@ class NodeManager:
         self.controls[name] = control
         if control.failed != before.failed:
             self._since[name] = now_iso()
-            task = asyncio.get_running_loop().create_task(self._safe(self.patch_status(name)))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            self._tasks.spawn(self._safe(self.patch_status(name)), f"status of node {name}")
         if self._on_control is not None:
             self._on_control(name, before, control)
 

@@ -3,26 +3,27 @@
 Started by :class:`railyard.local.cluster.LocalCluster` as ``python -m railyard.local.runtime``
 against any API server (embedded, envtest or an existing cluster). One asyncio loop, one shared
 list+watch per kind (nodes, pods, services). SIGTERM/SIGINT stop it; every pod process is
-killed before it exits.
+killed before it exits. Its loops run under a :class:`~railyard.local.tasks.Supervisor`: one
+that dies is logged and restarted, one that keeps dying stops the process with exit code 1 and
+a message naming it; a watch that goes quiet is re-established (``--watch-inactivity``).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import logging
 import os
 import signal
 import sys
 from pathlib import Path
-from typing import Any
 
 from railyard.local.agent import DEFAULT_SHARED_HOST_PATHS, Agent
-from railyard.local.kube import Informer, KubeClient
+from railyard.local.kube import DEFAULT_WATCH_INACTIVITY_S, Informer, KubeClient
 from railyard.local.nodes import NodeManager
 from railyard.local.scheduler import Scheduler
+from railyard.local.tasks import Supervisor
 from railyard.local.topology import NodeSpec
 
 log = logging.getLogger("railyard.local.runtime")
@@ -48,7 +49,10 @@ async def run_runtime(
     ready_file: Path | None,
     lease_interval: float = 10.0,
     shared_host_paths: tuple[str, ...] = DEFAULT_SHARED_HOST_PATHS,
-) -> None:
+    watch_inactivity_s: float = DEFAULT_WATCH_INACTIVITY_S,
+) -> str | None:
+    """Run until SIGTERM/SIGINT (returns None) or until a loop of the runtime keeps dying
+    (returns why: the process must then exit non-zero rather than sit there looking alive)."""
     client = KubeClient.from_kubeconfig(kubeconfig)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -56,13 +60,17 @@ async def run_runtime(
         loop.add_signal_handler(sig, stop.set)
     agent = Agent(client, state_dir, specs, log_dir=log_dir, shared_host_paths=shared_host_paths, kubeconfig=kubeconfig)
     manager = NodeManager(client, specs, lease_interval=lease_interval, on_control=agent.on_control)
-    tasks: list[asyncio.Task[Any]] = []
+    supervisor = Supervisor()
     try:
         await manager.register()
         agent.apply_controls(manager.controls)
-        nodes = Informer(client, "/api/v1/nodes", "nodes")
-        pods = Informer(client, "/api/v1/pods", "pods")
-        services = Informer(client, "/api/v1/services", "services")
+
+        def informer(path: str, name: str) -> Informer:
+            return Informer(client, path, name, inactivity_timeout=watch_inactivity_s)
+
+        nodes = informer("/api/v1/nodes", "nodes")
+        pods = informer("/api/v1/pods", "pods")
+        services = informer("/api/v1/services", "services")
         nodes.add_handler(manager.on_node_event)
         sched: Scheduler | None = None
         if scheduler:
@@ -73,32 +81,38 @@ async def run_runtime(
         agent.pods = pods
         services.add_handler(agent.on_service)
         agent.services = services.cache
-        tasks.append(loop.create_task(nodes.run()))
-        await nodes.synced.wait()
-        tasks += [loop.create_task(pods.run()), loop.create_task(services.run())]
-        await pods.synced.wait()
-        tasks += [loop.create_task(manager.run()), loop.create_task(agent.run_hosts_writer())]
-        if sched is not None:
-            tasks.append(loop.create_task(sched.run()))
-        if ready_file is not None:
-            tmp = ready_file.with_suffix(".tmp")
-            tmp.write_text(json.dumps({"pid": os.getpid(), "nodes": [s.name for s in specs]}))
-            os.replace(tmp, ready_file)
-        log.info("runtime ready: %d nodes, scheduler=%s", len(specs), scheduler)
-        waiter = loop.create_task(stop.wait())
-        done, _ = await asyncio.wait([waiter, *tasks], return_when=asyncio.FIRST_COMPLETED)
-        for task in done:
-            if task is not waiter and task.exception() is not None:
-                log.error("runtime task failed", exc_info=task.exception())
-        waiter.cancel()
+        supervisor.start("nodes informer", nodes.run)
+        if await _until(nodes.synced, supervisor, stop):
+            supervisor.start("pods informer", pods.run)
+            supervisor.start("services informer", services.run)
+        if await _until(pods.synced, supervisor, stop):
+            supervisor.start("node heartbeats", manager.run)
+            supervisor.start("hosts writer", agent.run_hosts_writer)
+            if sched is not None:
+                supervisor.start("scheduler", sched.run)
+            if ready_file is not None:
+                tmp = ready_file.with_suffix(".tmp")
+                tmp.write_text(json.dumps({"pid": os.getpid(), "nodes": [s.name for s in specs]}))
+                os.replace(tmp, ready_file)
+            log.info("runtime ready: %d nodes, scheduler=%s", len(specs), scheduler)
+            await supervisor.wait(stop)
+        return supervisor.fatal
     finally:
         await agent.stop()
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        await supervisor.cancel_all()
         await client.close()
+
+
+async def _until(event: asyncio.Event, supervisor: Supervisor, stop: asyncio.Event) -> bool:
+    """Wait for ``event``; False when the runtime is stopped or failing first."""
+    waiter = asyncio.get_running_loop().create_task(event.wait())
+    ender = asyncio.get_running_loop().create_task(supervisor.wait(stop))
+    try:
+        await asyncio.wait([waiter, ender], return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        waiter.cancel()
+        ender.cancel()
+    return event.is_set() and not stop.is_set() and supervisor.fatal is None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -110,13 +124,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scheduler", action="store_true")
     parser.add_argument("--ready-file", type=Path)
     parser.add_argument("--lease-interval", type=float, default=10.0)
+    parser.add_argument(
+        "--watch-inactivity", type=float, default=DEFAULT_WATCH_INACTIVITY_S,
+        help="re-establish a watch that delivers nothing, not even a bookmark, for this many seconds",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=os.environ.get("RAILYARD_LOCAL_LOG", "INFO"),
         format="%(asctime)s runtime %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
-    asyncio.run(
+    fatal = asyncio.run(
         run_runtime(
             kubeconfig=args.kubeconfig,
             state_dir=args.state_dir,
@@ -126,8 +144,12 @@ def main(argv: list[str] | None = None) -> int:
             ready_file=args.ready_file,
             lease_interval=args.lease_interval,
             shared_host_paths=load_shared_host_paths(args.config),
+            watch_inactivity_s=args.watch_inactivity,
         )
     )
+    if fatal is not None:
+        print(f"railyard local runtime: {fatal}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -19,12 +19,14 @@ from railyard.api.corev1 import compute_pod_requests
 from railyard.local.kube import ApiError, KubeClient, Obj, key_of
 from railyard.local.nodes import now_iso
 from railyard.local.scheduling import (
+    DecisionCache,
     NodeInfo,
     build_node_info,
     decide_node,
     is_gated,
     is_terminated,
 )
+from railyard.local.tasks import TaskSet
 
 log = logging.getLogger(__name__)
 SCHEDULER_NAMES = frozenset({"", "default-scheduler"})
@@ -40,10 +42,11 @@ class Scheduler:
         self.queued: set[str] = set()
         self.waiting: dict[str, str] = {}  # unschedulable pod key -> last message
         self.in_flight: set[str] = set()
+        self.decisions = DecisionCache()
         self.bound_count = 0
         self._start = 0
         self._sem = asyncio.Semaphore(concurrency)
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks = TaskSet("scheduler")
 
     # --- informer handlers (sync, quick) ---
     def on_node(self, kind: str, node: Obj, old: Obj | None) -> None:
@@ -134,7 +137,7 @@ class Scheduler:
         uid = str(meta.get("uid", ""))
         requests = compute_pod_requests(pod)
         self._start += 1
-        decision = decide_node(pod, self.nodes, requests, start=self._start)
+        decision = decide_node(pod, self.nodes, requests, start=self._start, cache=self.decisions)
         if decision.node is None:
             if self.waiting.get(key) != decision.message:
                 self.waiting[key] = decision.message
@@ -146,9 +149,7 @@ class Scheduler:
         self._spawn(self._bind(pod, decision.node))
 
     def _spawn(self, coro: Any) -> None:
-        task: asyncio.Task[None] = asyncio.get_running_loop().create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._tasks.spawn(coro)
 
     async def _bind(self, pod: Obj, node: str) -> None:
         meta = pod.get("metadata") or {}

@@ -10,6 +10,7 @@ result is deterministic. Everything here works on plain dicts: no I/O, no clock.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,11 +41,15 @@ class NodeInfo:
     ready: bool = True
     unschedulable: bool = False
     requested: dict[str, int] = field(default_factory=dict)  # milli-units, incl. "pods"
+    #: Bumped by every :meth:`add`: what a :class:`DecisionCache` knows of this node is valid
+    #: while the NodeInfo object and its version are the same.
+    version: int = 0
 
     def add(self, requests: Mapping[str, int], sign: int = 1) -> None:
         for key, value in requests.items():
             self.requested[key] = self.requested.get(key, 0) + sign * value
         self.requested["pods"] = self.requested.get("pods", 0) + sign * 1000
+        self.version += 1
 
     def effective_taints(self) -> list[Mapping[str, Any]]:
         """Node taints plus the ones the node lifecycle controller would add."""
@@ -239,17 +244,51 @@ class Decision:
     message: str = ""
 
 
+#: node name -> (the NodeInfo it was computed on, its version, filter verdict, score)
+_Verdicts = dict[str, tuple[NodeInfo, int, "str | None", float]]
+
+
+class DecisionCache:
+    """Each node's filter verdict and score per pod shape (what :func:`check_view` and
+    :func:`score_node` read of a pod), kept while the node's NodeInfo object and version stay
+    the same. A gang's pods share one shape and each decision changes one node, so the next
+    decision recomputes that node only instead of every node. The scheduler keeps one; NodeInfo
+    must change only through :meth:`NodeInfo.add` or be replaced by a new object."""
+
+    def __init__(self, max_shapes: int = 64) -> None:
+        self.max_shapes = max_shapes
+        self._shapes: dict[tuple[object, ...], _Verdicts] = {}
+
+    def verdicts(self, view: PodView) -> _Verdicts:
+        terms = None if view.terms is None else json.dumps(view.terms, sort_keys=True, default=str)
+        key = (view.node_selector, terms, view.tolerations, tuple(sorted(view.requests.items())))
+        found = self._shapes.get(key)
+        if found is None:
+            if len(self._shapes) >= self.max_shapes:
+                self._shapes.clear()
+            found = self._shapes[key] = {}
+        return found
+
+
 def decide_node(
-    pod: Obj, nodes: Mapping[str, NodeInfo], requests: Mapping[str, int] | None = None, *, start: int = 0
+    pod: Obj,
+    nodes: Mapping[str, NodeInfo],
+    requests: Mapping[str, int] | None = None,
+    *,
+    start: int = 0,
+    cache: DecisionCache | None = None,
 ) -> Decision:
     """The node to bind ``pod`` to, or None with a kube-scheduler style FailedScheduling message.
 
     Like kube-scheduler, filtering stops once :func:`feasible_nodes_to_find` nodes fit, starting
     at ``start`` (the caller rotates it so that successive pods look at different nodes first).
+    ``cache`` reuses verdicts and scores of nodes that did not change since an earlier decision
+    for a pod of the same shape (the answer is the same).
     """
     if requests is None:
         requests = compute_pod_requests(pod)
     view = build_pod_view(pod, requests)
+    memo = cache.verdicts(view) if cache is not None else None
     names = candidate_names(pod)
     pool: list[NodeInfo]
     if names is not None:
@@ -265,11 +304,17 @@ def decide_node(
     found = 0
     reasons: dict[str, int] = {}
     for node in pool:
-        reason = check_view(view, node)
+        known = memo.get(node.name) if memo is not None else None
+        if known is not None and known[0] is node and known[1] == node.version:
+            reason, score = known[2], known[3]
+        else:
+            reason = check_view(view, node)
+            score = score_node(node, requests) if reason is None else 0.0
+            if memo is not None:
+                memo[node.name] = (node, node.version, reason, score)
         if reason is not None:
             reasons[reason] = reasons.get(reason, 0) + 1
             continue
-        score = score_node(node, requests)
         if score > best_score or (score == best_score and best is not None and node.name < best.name):
             best, best_score = node, score
         found += 1

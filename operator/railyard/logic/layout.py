@@ -36,19 +36,23 @@ def compute_dp_group_spread(
     """Over every data-parallel group: the most rails one uses, the most domains of
     ``pod_domain`` (e.g. leaves) one spans, and the most pods one holds. Computed from the
     layout without building the rank table (placement asks this for every decision)."""
-    rails: dict[tuple[int, int], set[int]] = {}
-    pods: dict[tuple[int, int], set[int]] = {}
-    for _, pod, local, p, _, t in shape.layout():
-        key = (p, t)
-        r = rails.get(key)
-        if r is None:
-            r = rails[key] = set()
-            pods[key] = set()
-        r.add(compute_rail(local, pod_rail_offset[pod], pod_gpus[pod]))
-        pods[key].add(pod)
-    most_rails = max((len(v) for v in rails.values()), default=0)
-    most_domains = max((len({pod_domain[x] for x in v}) for v in pods.values()), default=0)
-    most_pods = max((len(v) for v in pods.values()), default=0)
+    # Group (p, t) holds TP groups g = p * dp + d (d < dp), on pod g % nodes at local rank
+    # (g // nodes) * tp + t: its pods do not depend on t, and its rails only on the distinct
+    # (slot base, rail offset, GPUs) of those pods, usually one. So pp x dp steps, not pp x dp x tp.
+    tp, dp, n = shape.tp, shape.dp, shape.nodes
+    most_rails = most_domains = most_pods = 0
+    for p in range(shape.pp):
+        pods: set[int] = set()
+        wiring: set[tuple[int, int, int]] = set()
+        for g in range(p * dp, (p + 1) * dp):
+            slot, pod = divmod(g, n)
+            pods.add(pod)
+            wiring.add((slot * tp, pod_rail_offset[pod], pod_gpus[pod]))
+        for t in range(tp):
+            rails = {compute_rail(base + t, offset, gpus) for base, offset, gpus in wiring}
+            most_rails = max(most_rails, len(rails))
+        most_pods = max(most_pods, len(pods))
+        most_domains = max(most_domains, len({pod_domain[x] for x in pods}))
     return most_rails, most_domains, most_pods
 
 

@@ -40,6 +40,7 @@ from railyard.logic.topology import (
     BUSY,
     LEVEL_PRESETS,
     Topology,
+    TopologyCache,
     build_topology,
     resolve_level_keys,
 )
@@ -388,6 +389,66 @@ def _shared_depth(topo: Topology, a: int, b: int) -> int:
     return depth
 
 
+class _NearestFree:
+    """The free node closest to a lost one (sharing the deepest domain), best fit (fewest free
+    GPUs), then tree order, from a pool that shrinks as nodes are taken: what a scan of the
+    whole pool per lost pod finds, without the scan. Nodes sharing depth >= l + 1 with ``old``
+    are exactly those of ``old``'s domain at level l (domains are keyed by their whole path), so
+    the answer is the best node of the deepest of ``old``'s domains that still has one. Each
+    domain's candidates are sorted once, when first asked for, and consumed from the front
+    (nodes taken through another domain are skipped), so n lost pods cost about
+    n x levels + the sizes of the domains they touch, not n x the pool."""
+
+    def __init__(self, topo: Topology, pool: set[int]) -> None:
+        self.topo = topo
+        self.pool = pool
+        self.n_lv = len(topo.levels)
+        self._members: list[list[list[int]] | None] = [None] * self.n_lv
+        self._queues: dict[tuple[int, int], list[int]] = {}
+        self._heads: dict[tuple[int, int], int] = {}
+
+    def _domain_nodes(self, lv: int, d: int) -> Sequence[int]:
+        if lv == self.n_lv - 1:
+            return self.topo.leaf_nodes[d]
+        members = self._members[lv]
+        if members is None:
+            members = [[] for _ in self.topo.domain_names[lv]]
+            for i, dom in enumerate(self.topo.domain_of[lv]):
+                members[dom].append(i)
+            self._members[lv] = members
+        return members[d]
+
+    def _best_in(self, key: tuple[int, int]) -> int:
+        """The best node of domain ``key`` (level, domain; level -1: everywhere) still in the
+        pool, or -1."""
+        queue = self._queues.get(key)
+        if queue is None:
+            lv, d = key
+            nodes = range(self.topo.size) if lv < 0 else self._domain_nodes(lv, d)
+            free, size = self.topo.free_gpus, self.topo.size
+            queue = sorted((i for i in nodes if i in self.pool), key=lambda i: free[i] * size + i)
+            self._queues[key] = queue
+            self._heads[key] = 0
+        head = self._heads[key]
+        while head < len(queue) and queue[head] not in self.pool:
+            head += 1
+        self._heads[key] = head
+        return queue[head] if head < len(queue) else -1
+
+    def take(self, old: int) -> int:
+        """The node to replace ``old`` (-1: unknown node, no locality); the caller removes it
+        from the pool. The pool must not be empty."""
+        if old >= 0:
+            for lv in range(self.n_lv - 1, -1, -1):
+                best = self._best_in((lv, self.topo.domain_of[lv][old]))
+                if best >= 0:
+                    return best
+        best = self._best_in((-1, 0))
+        if best < 0:
+            raise ValueError("re-placement: the pool of free nodes is empty")
+        return best
+
+
 def _replica_peers(topo: Topology, nodes: Sequence[int]) -> list[int]:
     """Pod i's checkpoint replica goes to pod ``(i + k) % n`` for the smallest uniform shift ``k``
     that puts every pair in different leaves (a permutation: each pod holds one replica)."""
@@ -620,17 +681,20 @@ def _replace(
             excluded=excl,
         )
     pool_set = set(pool)
+    nearest = _NearestFree(topo, pool_set)
+    spares_left = sorted(spare_set & pool_set)
     for p in lost:
         old = topo.index.get(prev.nodes[p], -1)
-
-        def key(i: int, old: int = old) -> tuple[int, int, int, int]:
-            depth = _shared_depth(topo, old, i) if old >= 0 else 0
-            return (i not in spare_set, -depth, topo.free_gpus[i], i)
-
-        best = min(pool_set, key=key)
+        if spares_left:
+            # a spare first: the one sharing the deepest domain, then best fit, then tree order
+            depth = {i: _shared_depth(topo, old, i) if old >= 0 else 0 for i in spares_left}
+            best = min(spares_left, key=lambda i: (-depth[i], topo.free_gpus[i], i))
+            spares_left.remove(best)
+        else:
+            best = nearest.take(old)
         pool_set.discard(best)
         gang[p] = best
-    kept_spares = [i for i in sorted(spare_set) if i in pool_set]
+    kept_spares = spares_left
     notes.append(f"re-placed pods {lost}; {req.nodes - len(lost)} pods kept their nodes")
     spares = _top_up(topo, req, gang, kept_spares, cand, notes)
     return _finish(topo, req, gang, spares, cost_inputs, notes, moved=tuple(lost))
@@ -702,6 +766,7 @@ def build_placement_input(
     previous_spares: Sequence[str] = (),
     failed: Iterable[str] = (),
     cost_inputs: CostInputs | None = None,
+    cache: TopologyCache | None = None,
 ) -> PlacementInput:
     """The one place a placement decision's input is made, from the job and the cluster.
 
@@ -710,10 +775,15 @@ def build_placement_input(
     against ``spec.tolerations`` and our quarantine marks exclude nodes. ``pods``: pods bound
     to nodes (their GPUs are in use; this job's own are not counted). ``previous_nodes``: the
     last attempt's nodes by pod index, ``previous_spares`` its hot spares, ``failed`` the nodes
-    to move off (the job's quarantined nodes): sticky re-placement."""
-    selected = [n for n in nodes if _matches_selector(n, job.spec.node_selector)]
+    to move off (the job's quarantined nodes): sticky re-placement. ``cache``: what the last
+    call derived from the same Node objects (:class:`~railyard.logic.topology.TopologyCache`),
+    for callers that decide again and again on one cluster; the answer is the same without."""
+    selector = job.spec.node_selector
+    selected = [n for n in nodes if _matches_selector(n, selector)] if selector else list(nodes)
     req = build_gang_request(job, nodes=selected, attempt=attempt)
-    topo = build_topology(selected, pods, levels=req.levels, tolerations=req.tolerations, ignore_job=req.job)
+    topo = build_topology(
+        selected, pods, levels=req.levels, tolerations=req.tolerations, ignore_job=req.job, cache=cache
+    )
     previous = None
     if previous_nodes:
         previous = PreviousPlacement(tuple(previous_nodes), tuple(previous_spares), frozenset(failed))

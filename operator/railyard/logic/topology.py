@@ -160,10 +160,13 @@ def resolve_level_keys(
                 f"topology.preset: unknown preset {name!r}; use one of {sorted(LEVEL_PRESETS)}"
             )
         candidates = LEVEL_PRESETS[name]
-        present: set[str] = set()
-        for n in nodes:
-            present.update((n.get("metadata") or {}).get("labels") or {})
-        keys = list(next((c for c in candidates if present.intersection(c)), candidates[0]))
+        if len(candidates) == 1:
+            keys = list(candidates[0])  # nothing to choose: no need to read every node's labels
+        else:
+            present: set[str] = set()
+            for n in nodes:
+                present.update((n.get("metadata") or {}).get("labels") or {})
+            keys = list(next((c for c in candidates if present.intersection(c)), candidates[0]))
     while keys and keys[-1] in HOST_KEYS:
         keys.pop()
     return tuple(keys)
@@ -229,6 +232,154 @@ def _exclusion(
     return ""
 
 
+@dataclass(slots=True)
+class _NodeFacts:
+    """What one Node object says, for one set of level keys and tolerations."""
+
+    #: The object itself: keeps ``id(node)`` from being reused while the facts are cached.
+    node: Mapping[str, Any]
+    resource_version: Any
+    name: str
+    #: The level keys' label values (None where the node lacks the label).
+    values: tuple[str | None, ...]
+    gpus: int
+    rail_offset: int
+    excluded: str
+
+
+@dataclass(frozen=True, slots=True)
+class _Structure:
+    """The tree part of a Topology: depends only on node names and their level labels."""
+
+    #: (name, level label values) of every input node, in input order.
+    signature: tuple[tuple[str, tuple[str | None, ...]], ...]
+    present: tuple[str, ...]
+    #: Input position of the node at each tree position.
+    order: tuple[int, ...]
+    names: tuple[str, ...]
+    index: Mapping[str, int]
+    domain_of: tuple[tuple[int, ...], ...]
+    domain_names: tuple[tuple[str, ...], ...]
+    parent: tuple[tuple[int, ...], ...]
+    leaf_nodes: tuple[tuple[int, ...], ...]
+
+
+class TopologyCache:
+    """What :func:`build_topology` derived from Node objects, kept for the next call on the same
+    cluster: per node its readiness, exclusion, GPUs and labels, and the domain tree while no
+    node's name or level labels change. For callers that decide again and again on one cluster
+    (the simulator re-places after every failure; an operator could keep one per process).
+
+    A Node is recognised by identity (and by ``metadata.resourceVersion`` when it has one): hand
+    over a new dict when a node changes, as the kopf index and the simulator do. A dict changed
+    in place without a new resourceVersion is not seen. The answers are those of a build without
+    a cache (which uses a fresh one)."""
+
+    def __init__(self) -> None:
+        self._context: tuple[tuple[str, ...], tuple[Toleration, ...]] | None = None
+        self._facts: dict[int, _NodeFacts] = {}
+        self._structure: _Structure | None = None
+        self._value_keys: dict[str, tuple[str | int, ...]] = {}
+
+    def _node_facts(
+        self,
+        nodes: Sequence[Mapping[str, Any]],
+        keys: tuple[str, ...],
+        tolerations: tuple[Toleration, ...],
+        *,
+        remember: bool,
+    ) -> list[_NodeFacts]:
+        if self._context != (keys, tolerations):
+            self._context = (keys, tolerations)
+            self._facts = {}
+            self._structure = None
+        old = self._facts
+        facts: dict[int, _NodeFacts] = {}
+        out: list[_NodeFacts] = []
+        for node in nodes:
+            meta = node.get("metadata") or {}
+            rv = meta.get("resourceVersion")
+            f = old.get(id(node)) if old else None
+            if f is None or f.node is not node or f.resource_version != rv:
+                labels = meta.get("labels") or {}
+                f = _NodeFacts(
+                    node,
+                    rv,
+                    str(meta.get("name", "")),
+                    tuple(map(labels.get, keys)),
+                    to_count(((node.get("status") or {}).get("allocatable") or {}).get(GPU_RESOURCE)),
+                    _int_label(labels.get(RAIL_OFFSET_LABEL, 0)),
+                    _exclusion(node, labels, tolerations),
+                )
+            if remember:
+                facts[id(node)] = f
+            out.append(f)
+        self._facts = facts
+        return out
+
+    def _tree(self, facts: Sequence[_NodeFacts], keys: tuple[str, ...], *, remember: bool) -> _Structure:
+        signature = tuple((f.name, f.values) for f in facts) if remember else ()
+        cached = self._structure
+        if cached is not None and cached.signature == signature:
+            return cached
+        # a key is a level when any node carries it (even with an empty value)
+        present_idx = [j for j in range(len(keys)) if any(f.values[j] is not None for f in facts)]
+        present = tuple(keys[j] for j in present_idx)
+        # A missing (or empty) label value puts the node in a domain of its own.
+        paths = [
+            tuple(f.values[j] or f"{f.name}(no {keys[j]})" for j in present_idx) for f in facts
+        ]
+        value_keys = self._value_keys
+        for p in paths:
+            for v in p:
+                if v not in value_keys:
+                    value_keys[v] = natural_key(v)
+        sort_keys = [
+            (tuple(value_keys[v] for v in p), natural_key(f.name)) for p, f in zip(paths, facts, strict=True)
+        ]
+        order = sorted(range(len(facts)), key=sort_keys.__getitem__)
+        n_levels = len(present)
+        ids: list[dict[tuple[str, ...], int]] = [{} for _ in range(n_levels)]
+        dom_names: list[list[str]] = [[] for _ in range(n_levels)]
+        parents: list[list[int]] = [[] for _ in range(n_levels)]
+        domain_of: list[list[int]] = [[] for _ in range(n_levels)]
+        leaf_nodes: list[list[int]] = []
+        for new_i, i in enumerate(order):
+            p = paths[i]
+            parent = -1
+            for lv in range(n_levels):
+                key = p[: lv + 1]
+                d = ids[lv].get(key)
+                if d is None:
+                    d = len(dom_names[lv])
+                    ids[lv][key] = d
+                    dom_names[lv].append(p[lv])
+                    parents[lv].append(parent)
+                    if lv == n_levels - 1:
+                        leaf_nodes.append([])
+                domain_of[lv].append(d)
+                parent = d
+            if n_levels:
+                leaf_nodes[parent].append(new_i)
+        if not n_levels:
+            leaf_nodes = [list(range(len(order)))]
+        names = tuple(facts[i].name for i in order)
+        structure = _Structure(
+            signature=signature,
+            present=present,
+            order=tuple(order),
+            names=names,
+            index={n: i for i, n in enumerate(names)},
+            domain_of=tuple(tuple(x) for x in domain_of),
+            domain_names=tuple(tuple(x) for x in dom_names),
+            parent=tuple(tuple(x) for x in parents),
+            leaf_nodes=tuple(tuple(x) for x in leaf_nodes),
+        )
+        if remember:
+            self._structure = structure
+        return structure
+
+
 def build_topology(
     nodes: Sequence[Mapping[str, Any]],
     pods: Iterable[Mapping[str, Any]] = (),
@@ -236,87 +387,35 @@ def build_topology(
     levels: Sequence[str] = LEVEL_PRESETS["railyard"][0],
     tolerations: Sequence[Toleration] = (),
     ignore_job: str | None = None,
+    cache: TopologyCache | None = None,
 ) -> Topology:
     """Build the domain tree from Node dicts (and the Pods that use their GPUs).
 
     ``levels`` are label keys broadest first, without the host (see :func:`resolve_level_keys`).
     Pods labelled ``railyard.dev/job=<ignore_job>`` are ignored when computing free GPUs.
+    ``cache`` keeps what was derived from each Node for the next call (see
+    :class:`TopologyCache`); without one, everything is derived afresh.
     """
+    remember = cache is not None
+    cache = cache if cache is not None else TopologyCache()
+    keys = tuple(k for k in levels if k not in HOST_KEYS)
+    facts = cache._node_facts(nodes, keys, tuple(tolerations), remember=remember)
+    tree = cache._tree(facts, keys, remember=remember)
     used = compute_used_gpus(pods, ignore_job=ignore_job)
-    keys = [k for k in levels if k not in HOST_KEYS]
-    all_labels: list[Mapping[str, str]] = []
-    names: list[str] = []
-    for n in nodes:
-        meta = n.get("metadata") or {}
-        names.append(str(meta.get("name", "")))
-        all_labels.append(meta.get("labels") or {})
-    present = [k for k in keys if any(k in lb for lb in all_labels)]
-    dropped = tuple(k for k in keys if k not in present)
-
-    paths: list[tuple[str, ...]] = []
-    for name, lb in zip(names, all_labels, strict=True):
-        paths.append(tuple(lb.get(k) or f"{name}(no {k})" for k in present))
-    value_keys: dict[str, tuple[str | int, ...]] = {}
-    for p in paths:
-        for v in p:
-            if v not in value_keys:
-                value_keys[v] = natural_key(v)
-    sort_keys = [
-        (tuple(value_keys[v] for v in p), natural_key(n)) for p, n in zip(paths, names, strict=True)
-    ]
-    order = sorted(range(len(names)), key=sort_keys.__getitem__)
-
-    n_levels = len(present)
-    ids: list[dict[tuple[str, ...], int]] = [{} for _ in range(n_levels)]
-    dom_names: list[list[str]] = [[] for _ in range(n_levels)]
-    parents: list[list[int]] = [[] for _ in range(n_levels)]
-    domain_of: list[list[int]] = [[] for _ in range(n_levels)]
-    leaf_nodes: list[list[int]] = []
-    o_names: list[str] = []
-    gpus: list[int] = []
-    free: list[int] = []
-    offs: list[int] = []
-    excluded: list[str] = []
-    for new_i, i in enumerate(order):
-        node = nodes[i]
-        lb = all_labels[i]
-        p = paths[i]
-        parent = -1
-        for lv in range(n_levels):
-            key = p[: lv + 1]
-            d = ids[lv].get(key)
-            if d is None:
-                d = len(dom_names[lv])
-                ids[lv][key] = d
-                dom_names[lv].append(p[lv])
-                parents[lv].append(parent)
-                if lv == n_levels - 1:
-                    leaf_nodes.append([])
-            domain_of[lv].append(d)
-            parent = d
-        if n_levels:
-            leaf_nodes[parent].append(new_i)
-        o_names.append(names[i])
-        g = to_count(((node.get("status") or {}).get("allocatable") or {}).get(GPU_RESOURCE))
-        gpus.append(g)
-        free.append(max(g - used.get(names[i], 0), 0))
-        offs.append(_int_label(lb.get(RAIL_OFFSET_LABEL, 0)))
-        excluded.append(_exclusion(node, lb, tolerations))
-    if not n_levels:
-        leaf_nodes = [list(range(len(o_names)))]
+    placed = [facts[i] for i in tree.order]
     return Topology(
-        levels=tuple(present),
-        names=tuple(o_names),
-        index={n: i for i, n in enumerate(o_names)},
-        domain_of=tuple(tuple(x) for x in domain_of),
-        domain_names=tuple(tuple(x) for x in dom_names),
-        parent=tuple(tuple(x) for x in parents),
-        leaf_nodes=tuple(tuple(x) for x in leaf_nodes),
-        gpus=tuple(gpus),
-        free_gpus=tuple(free),
-        rail_offset=tuple(offs),
-        excluded=tuple(excluded),
-        dropped_levels=dropped,
+        levels=tree.present,
+        names=tree.names,
+        index=tree.index,
+        domain_of=tree.domain_of,
+        domain_names=tree.domain_names,
+        parent=tree.parent,
+        leaf_nodes=tree.leaf_nodes,
+        gpus=tuple(f.gpus for f in placed),
+        free_gpus=tuple(max(f.gpus - used.get(f.name, 0), 0) for f in placed),
+        rail_offset=tuple(f.rail_offset for f in placed),
+        excluded=tuple(f.excluded for f in placed),
+        dropped_levels=tuple(k for k in keys if k not in tree.present),
     )
 
 

@@ -4,7 +4,9 @@ A checkpoint directory ``<tier root>/<job>/step-<NNNNNNNN>/`` holds shard files 
 last and atomically (write to a temp name, fsync, rename), ``manifest.json``. A directory without
 a manifest is an interrupted save and does not exist. The manifest lists every shard with its
 size and SHA-256 so a restore can verify before loading; it records whether the SDC checks at
-that step passed, so a restore never picks a suspect checkpoint.
+that step passed, so a restore never picks a suspect checkpoint. ``shards_digest`` (SHA-256 of the
+shard list) lets a restore tell in O(1) whether two pods' manifests list the same shards: every
+pod's copy lists every shard of the gang, so comparing the lists themselves costs pods x shards.
 
 The operator reads manifests (through the trainer's heartbeats and the shared tier) to report
 the last verified checkpoint per tier and to choose what the next attempt restores from.
@@ -12,7 +14,9 @@ the last verified checkpoint per tier and to choose what the next attempt restor
 
 from __future__ import annotations
 
+import hashlib
 import json
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -50,6 +54,12 @@ class Manifest:
     sdc_passed: bool = True
     created_at: float = 0.0
     version: int = SCHEMA_VERSION
+    #: :func:`compute_shards_digest` of ``shards``, computed on construction (never passed in,
+    #: so it cannot go stale); written to the file, and checked against the list when read.
+    shards_digest: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "shards_digest", compute_shards_digest(self.shards))
 
     @property
     def world_size(self) -> int:
@@ -75,7 +85,7 @@ class Manifest:
             if tier not in TIERS:
                 raise ManifestError(f"tier: {tier!r} is not one of {TIERS}")
             shard_fields = set(ShardInfo.__dataclass_fields__)
-            return cls(
+            manifest = cls(
                 job=str(d["job"]),
                 step=int(d["step"]),
                 tier=tier,
@@ -93,6 +103,21 @@ class Manifest:
             raise
         except (KeyError, TypeError, ValueError) as exc:
             raise ManifestError(f"malformed manifest: {exc!r}") from exc
+        # Manifests written before the digest existed have none: it is computed from the list.
+        written = d.get("shards_digest")
+        if written is not None and written != manifest.shards_digest:
+            raise ManifestError(
+                f"shards_digest: {written!r} does not match the shard list ({manifest.shards_digest!r}); "
+                "the manifest is damaged, this checkpoint is not used"
+            )
+        return manifest
+
+
+def compute_shards_digest(shards: Iterable[ShardInfo]) -> str:
+    """SHA-256 (hex) of the compact JSON array ``[[path, bytes, sha256, owner], ...]`` in the
+    manifest's order: equal digests mean equal shard lists."""
+    rows = [(s.path, s.bytes, s.sha256, s.owner) for s in shards]
+    return hashlib.sha256(json.dumps(rows, separators=(",", ":")).encode()).hexdigest()
 
 
 def step_dirname(step: int) -> str:

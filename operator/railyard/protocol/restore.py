@@ -31,7 +31,7 @@ No I/O, no clock: callers pass listings and ``now``-free values.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from railyard.protocol.heartbeat import CheckpointEvent
 from railyard.protocol.manifest import TIERS, Manifest, ShardInfo
@@ -152,8 +152,8 @@ def decide_restore(
         name = f"{tier} step {step} (attempt {attempt})"
         listings = _group_by_listing(copies)
         # the shard list most copies agree on (ties: the first location's)
-        reference = max(listings, key=lambda shards: len(listings[shards]))
-        ref_manifest = listings[reference][0].manifest
+        reference_digest = max(listings, key=lambda digest: len(listings[digest]))
+        ref_manifest = listings[reference_digest][0].manifest
         if not ref_manifest.sdc_passed:
             rejected.append(f"{name}: SDC checks had not passed at that step")
             continue
@@ -167,13 +167,16 @@ def decide_restore(
         sources: dict[str, str] = {}
         to_verify: list[tuple[str, str]] = []
         missing: list[str] = []
-        holders_of = _holders_by_path(copies, listings, reference)
-        for shard in reference:
-            holders = holders_of.get(shard.path, [])
+        holders_of = _holders_by_path(copies, listings, reference_digest)
+        homes = home or {}
+        for shard in ref_manifest.shards:
+            holders = holders_of.get(shard.path)
             if not holders:
                 missing.append(shard.path)
                 continue
-            best = min(holders, key=_copy_preference(shard, (home or {}).get(shard.owner, "")))
+            best = holders[0] if len(holders) == 1 else min(
+                holders, key=_copy_preference(shard, homes.get(shard.owner, ""))
+            )
             sources[shard.path] = best.location
             if shard.path not in best.verified:
                 to_verify.append((shard.path, best.location))
@@ -189,6 +192,30 @@ def decide_restore(
     return RestoreDecision(source=None, reason=reason, rejected=tuple(rejected))
 
 
+def merge_verified(
+    found: Iterable[FoundCheckpoint],
+    source: RestoreSource,
+    results: Iterable[tuple[str, str, bool]],
+) -> list[FoundCheckpoint]:
+    """``found`` with verification results (shard path, location, ok) of ``source``'s copies
+    merged in: good ones become ``verified``, bad ones ``corrupt``. Other checkpoints are kept
+    as they are. One pass over the results and one over ``found``."""
+    good: dict[str, set[str]] = {}
+    bad: dict[str, set[str]] = {}
+    for path, location, ok in results:
+        (good if ok else bad).setdefault(location, set()).add(path)
+    key = (source.tier, source.step, source.attempt)
+    out: list[FoundCheckpoint] = []
+    for f in found:
+        m = f.manifest
+        g, b = good.get(f.location), bad.get(f.location)
+        if (g is None and b is None) or (m.tier, m.step, m.attempt) != key:
+            out.append(f)
+            continue
+        out.append(replace(f, verified=f.verified | (g or frozenset()), corrupt=f.corrupt | (b or frozenset())))
+    return out
+
+
 def _copy_preference(shard: ShardInfo, preferred: str) -> Callable[[FoundCheckpoint], tuple[bool, bool, str]]:
     """Verified copies first, then the loading pod's own copy, then by location name."""
 
@@ -198,36 +225,35 @@ def _copy_preference(shard: ShardInfo, preferred: str) -> Callable[[FoundCheckpo
     return key
 
 
-def _group_by_listing(
-    copies: Sequence[FoundCheckpoint],
-) -> dict[tuple[ShardInfo, ...], list[FoundCheckpoint]]:
-    """Copies grouped by their manifest's shard list, in order of first appearance. Every pod's
-    manifest lists all shards, so each list is hashed here once and never compared again."""
-    out: dict[tuple[ShardInfo, ...], list[FoundCheckpoint]] = {}
+def _group_by_listing(copies: Sequence[FoundCheckpoint]) -> dict[str, list[FoundCheckpoint]]:
+    """Copies grouped by their manifest's shard list (its digest), in order of first appearance.
+    Every pod's manifest lists all shards of the gang: comparing the lists themselves would cost
+    pods x shards; the digest makes it one string per copy."""
+    out: dict[str, list[FoundCheckpoint]] = {}
     for f in copies:
-        out.setdefault(f.manifest.shards, []).append(f)
+        out.setdefault(f.manifest.shards_digest, []).append(f)
     return out
 
 
 def _holders_by_path(
     copies: Sequence[FoundCheckpoint],
-    listings: Mapping[tuple[ShardInfo, ...], Sequence[FoundCheckpoint]],
-    reference: tuple[ShardInfo, ...],
+    listings: Mapping[str, Sequence[FoundCheckpoint]],
+    reference_digest: str,
 ) -> dict[str, list[FoundCheckpoint]]:
-    """Per shard path of ``reference``, the copies (in ``copies`` order) that hold it intact and
-    whose manifest lists that very shard, in one pass over each copy's present files (a scan of
-    every manifest per shard is cubic in the gang size)."""
-    by_path = {s.path: s for s in reference}
+    """Per shard path of the reference list, the copies (in ``copies`` order) that hold it intact
+    and whose manifest lists that very shard, in one pass over each copy's present files. A copy
+    with the reference's digest lists exactly the reference shards; the lists of other digests
+    (rare: an older attempt's manifest) are turned into sets once per digest."""
+    by_path = {s.path: s for s in listings[reference_digest][0].manifest.shards}
     # None: the copy lists exactly the reference shards
-    listed: dict[int, frozenset[ShardInfo] | None] = {}
-    for shards, group in listings.items():
-        mine = None if shards is reference else frozenset(shards)
-        for f in group:
-            listed[id(f)] = mine
+    listed: dict[str, frozenset[ShardInfo] | None] = {
+        digest: None if digest == reference_digest else frozenset(group[0].manifest.shards)
+        for digest, group in listings.items()
+    }
     out: dict[str, list[FoundCheckpoint]] = {}
     for f in copies:
-        mine = listed[id(f)]
-        for path in f.present - f.corrupt:
+        mine = listed[f.manifest.shards_digest]
+        for path in f.present - f.corrupt if f.corrupt else f.present:
             shard = by_path.get(path)
             if shard is not None and (mine is None or shard in mine):
                 out.setdefault(path, []).append(f)

@@ -34,7 +34,7 @@ from railyard.logic.restarts import (
     decide_streak_reset,
     record_restart,
 )
-from railyard.logic.topology import build_synthetic_nodes
+from railyard.logic.topology import TopologyCache, build_synthetic_nodes
 from railyard.protocol.exitcodes import FailureClass
 from railyard.protocol.manifest import Manifest, ShardInfo
 from railyard.protocol.restore import FoundCheckpoint, Layout, decide_restore, pod_location
@@ -193,7 +193,9 @@ class Cluster:
     Placement, fresh and sticky after a failure, is the operator's: the input is built by
     :func:`build_placement_input` from the job and the nodes (quarantined ones carry the marks
     of :func:`build_quarantine_patch`, as the operator's node patch writes them) and decided by
-    :func:`plan_placement`.
+    :func:`plan_placement`. A :class:`TopologyCache` carries what the input derived from each
+    Node object to the next re-placement: Node objects are never changed in place (a
+    quarantined node is a patched copy, made once per quarantine).
     """
 
     def __init__(self, scn: Scenario, hot_spares: int) -> None:
@@ -218,9 +220,13 @@ class Cluster:
         self._healthy: dict[str, Mapping[str, Any]] = {str(n["metadata"]["name"]): n for n in nodes}
         #: node name -> time it comes back from repair
         self.quarantined: dict[str, float] = {}
+        #: node name -> the Node object with our quarantine marks, while quarantined
+        self._marked: dict[str, Mapping[str, Any]] = {}
+        self._topology_cache = TopologyCache()
         self.attempt = 0
         self.replacements = 0
-        placed = plan_placement(build_placement_input(job, nodes=list(self._healthy.values()), pods=self.pods))
+        placed = plan_placement(build_placement_input(
+            job, nodes=list(self._healthy.values()), pods=self.pods, cache=self._topology_cache))
         if isinstance(placed, Unplaceable):
             raise ValueError(f"placement: the gang does not fit the simulated cluster: {placed.message}")
         self.placement: Placement = placed
@@ -240,13 +246,17 @@ class Cluster:
         out: list[Mapping[str, Any]] = []
         for name, node in self._healthy.items():
             if name in self.quarantined:
-                node = apply_merge_patch(node, build_quarantine_patch(node, reason="simulated failure", job=f"sim/{self.job.metadata.name}", time=""))
+                marked = self._marked.get(name)
+                if marked is None:
+                    marked = self._marked[name] = apply_merge_patch(node, build_quarantine_patch(node, reason="simulated failure", job=f"sim/{self.job.metadata.name}", time=""))
+                node = marked
             out.append(node)
         return out
 
     def release_repaired(self, now: float) -> None:
         for n in [n for n, t in self.quarantined.items() if t <= now]:
             del self.quarantined[n]
+            self._marked.pop(n, None)
 
     def next_repair(self) -> float:
         return min(self.quarantined.values(), default=math.inf)
@@ -260,7 +270,7 @@ class Cluster:
         inp = build_placement_input(
             self.job, nodes=self.node_objects(), pods=self.pods, attempt=self.attempt + 1,
             previous_nodes=self.placement.nodes, previous_spares=self.placement.spares,
-            failed=set(self.quarantined),
+            failed=set(self.quarantined), cache=self._topology_cache,
         )
         placed = plan_placement(inp)
         if isinstance(placed, Unplaceable):

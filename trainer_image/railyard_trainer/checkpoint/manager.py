@@ -77,6 +77,7 @@ from railyard.protocol.restore import (
     RestoreSource,
     compute_steps_lost,
     decide_restore,
+    merge_verified,
     plan_gc,
     pod_location,
 )
@@ -729,16 +730,7 @@ class CheckpointManager:
                 log.warning("restore: %s step %d %s at %s failed its checksum", src.tier, src.step, path, location)
             mine.append((path, location, ok))
         results = [x for part in self._gather(mine) for x in part]
-        out = []
-        for f in found:
-            m = f.manifest
-            if (m.tier, m.step, m.attempt) != (src.tier, src.step, src.attempt):
-                out.append(f)
-                continue
-            good = {p for p, loc, ok in results if ok and loc == f.location}
-            bad = {p for p, loc, ok in results if not ok and loc == f.location}
-            out.append(replace(f, verified=f.verified | good, corrupt=f.corrupt | bad))
-        return out
+        return merge_verified(found, src, results)
 
     def _load(self, ctx: TrainContext, src: RestoreSource) -> tuple[int, list[str]]:
         """Fetch missing shards, load, apply. Collective. Returns (bytes, errors of all ranks)."""
@@ -1088,13 +1080,5 @@ def _hint(raw: Mapping[str, Any] | None) -> RestoreHint | None:
 
 def _mark_corrupt(found: list[FoundCheckpoint], src: RestoreSource) -> list[FoundCheckpoint]:
     """Drop the copies a failed load used, so the next decision picks something else."""
-    out = []
-    for f in found:
-        m = f.manifest
-        if (m.tier, m.step, m.attempt) != (src.tier, src.step, src.attempt):
-            out.append(f)
-            continue
-        used = {p for p, loc in src.sources.items() if loc == f.location}
-        out.append(replace(f, corrupt=f.corrupt | used))
-    return out
+    return merge_verified(found, src, [(path, loc, False) for path, loc in src.sources.items()])
 

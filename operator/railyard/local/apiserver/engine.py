@@ -16,9 +16,9 @@ from __future__ import annotations
 import copy
 import datetime
 import json
+import os
 import random
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -47,6 +47,22 @@ def rfc3339(ts: float) -> str:
         _LAST_SECOND[:] = [second, datetime.datetime.fromtimestamp(second, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")]
     text: str = _LAST_SECOND[1]
     return text
+
+
+_RANDOM_POOL = bytearray()
+
+
+def new_uid() -> str:
+    """A random (version 4) UUID, as ``str(uuid.uuid4())``, from urandom read 4 KiB at a time
+    (one system call per 256 objects, not one per create)."""
+    if len(_RANDOM_POOL) < 16:
+        _RANDOM_POOL.extend(os.urandom(4096))
+    b = _RANDOM_POOL[-16:]
+    del _RANDOM_POOL[-16:]
+    b[6] = (b[6] & 0x0F) | 0x40
+    b[8] = (b[8] & 0x3F) | 0x80
+    h = b.hex()
+    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
 
 
 def random_suffix(n: int = 5) -> str:
@@ -304,7 +320,7 @@ class Engine:
         meta = obj["metadata"]
         if not meta.get("name"):
             meta["name"] = meta["generateName"] + random_suffix()
-        meta["uid"] = str(uuid.uuid4())
+        meta["uid"] = new_uid()
         meta["creationTimestamp"] = self.now()
         if rt.key in _GENERATION or rt.is_custom:
             meta["generation"] = 1
@@ -337,7 +353,7 @@ class Engine:
                     continue
                 if manager:
                     self._manage_update(crt, None, child, crt.storage_version, Ctx(manager=manager), None, None)
-                child["metadata"].setdefault("uid", str(uuid.uuid4()))
+                child["metadata"].setdefault("uid", new_uid())
                 child["metadata"].setdefault("creationTimestamp", self.now())
                 futures.append(self._commit(crt, child, Ctx())[1])
         for f in futures:
@@ -379,16 +395,19 @@ class Engine:
                     result.pop("status", None)
                 new = result
             else:
+                # The stored spec itself: stored objects are never mutated, and nothing below
+                # changes a built-in's spec in place (a JSON round trip of the whole object
+                # for one field was most of a status write).
                 result = dict(new)
                 for k in ("spec",):
                     if k in old:
-                        result[k] = old_entry.clone()[k]
+                        result[k] = old[k]
                     else:
                         result.pop(k, None)
                 new = result
         elif rt.status_subresource:
             if "status" in old:
-                new["status"] = old_entry.clone()["status"]
+                new["status"] = old["status"]  # shared, read only (as the spec above)
             else:
                 new.pop("status", None)
         meta = new["metadata"]
@@ -633,19 +652,25 @@ class Engine:
         target = body["target"].get("name")
         if not target:
             raise invalid("Binding", "", name, [Cause("target.name", "FieldValueRequired", "Required value")])
-        pod = entry.clone()
-        if pod["metadata"].get("deletionTimestamp"):
+        live = entry.obj
+        if live["metadata"].get("deletionTimestamp"):
             raise conflict("", "pods", name, "pod is being deleted, cannot be assigned to a host")
-        if pod["spec"].get("nodeName"):
+        if live["spec"].get("nodeName"):
             raise conflict("", "pods", name,
-                           f"pod {name} is already assigned to node \"{pod['spec']['nodeName']}\"")
-        if pod["spec"].get("schedulingGates"):
+                           f"pod {name} is already assigned to node \"{live['spec']['nodeName']}\"")
+        if live["spec"].get("schedulingGates"):
             raise conflict("", "pods", name, f"pod {name} has non-empty .spec.schedulingGates")
-        pod["spec"]["nodeName"] = target
-        conds = [c for c in pod.setdefault("status", {}).get("conditions", []) if c.get("type") != "PodScheduled"]
+        # A new object sharing the live one's unchanged parts (stored objects are never mutated):
+        # only metadata (the store sets its resourceVersion), spec and status are new dicts.
+        pod = dict(live)
+        pod["metadata"] = dict(live["metadata"])
+        pod["spec"] = {**live["spec"], "nodeName": target}
+        status = dict(live.get("status") or {})
+        conds = [c for c in status.get("conditions", []) if c.get("type") != "PodScheduled"]
         conds.append({"type": "PodScheduled", "status": "True", "lastProbeTime": None,
                       "lastTransitionTime": self.now()})
-        pod["status"]["conditions"] = conds
+        status["conditions"] = conds
+        pod["status"] = status
         await self._write(rt, pod, ctx)
 
     async def evict(self, ns: str, name: str, body: Any, ctx: Ctx) -> None:

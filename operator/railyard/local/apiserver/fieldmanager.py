@@ -37,6 +37,8 @@ MEMBER = "."
 _STRIP_TOP = ("apiVersion", "kind")
 _STRIP_META = ("name", "namespace", "creationTimestamp", "selfLink", "uid", "clusterName", "generation",
                "managedFields", "resourceVersion")
+_STRIP_TOP_ELEMENTS = frozenset(f"f:{s}" for s in _STRIP_TOP)
+_STRIP_META_ELEMENTS = frozenset(f"f:{s}" for s in _STRIP_META)
 
 
 # ---- path elements ------------------------------------------------------------------------------
@@ -215,10 +217,10 @@ def _valid(doc: Any) -> bool:
 
 
 def strip_ignored(trie: Trie, ignored: Trie | None) -> Trie:
-    t = {k: v for k, v in trie.items() if k not in {f"f:{s}" for s in _STRIP_TOP}}
+    t = {k: v for k, v in trie.items() if k not in _STRIP_TOP_ELEMENTS}
     meta = t.get("f:metadata")
     if meta is not None:
-        meta = {k: v for k, v in meta.items() if k != MEMBER and k not in {f"f:{s}" for s in _STRIP_META}}
+        meta = {k: v for k, v in meta.items() if k != MEMBER and k not in _STRIP_META_ELEMENTS}
         if not meta:
             t.pop("f:metadata")
         else:

@@ -2,6 +2,10 @@
 
 Strategic merge patch knows the merge keys of the built-in kinds this server serves (the
 ``patchMergeKey`` tags of the upstream Go types); lists without one are replaced, as upstream.
+
+The functions consume their arguments: the caller (Engine.patch) passes a freshly decoded copy
+of the live object and a freshly decoded patch, so nothing is deep-copied again; the result may
+share parts with both.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ JSON = dict[str, Any]
 
 def merge_patch(target: Any, patch: Any) -> Any:
     if not isinstance(patch, dict):
-        return copy.deepcopy(patch)
+        return patch
     result = dict(target) if isinstance(target, dict) else {}
     for k, v in patch.items():
         if v is None:
@@ -108,7 +112,6 @@ def _remove(doc: Any, tokens: list[str]) -> Any:
 def json_patch(doc: Any, ops: Any) -> Any:
     if not isinstance(ops, list):
         raise APIError(400, "json patch must be a list of operations")
-    doc = copy.deepcopy(doc)
     for op in ops:
         if not isinstance(op, dict) or "op" not in op or "path" not in op:
             raise _fail(f"jsonpatch: invalid operation {op!r}")
@@ -179,7 +182,7 @@ def _merge_key(path: list[str], field: str) -> str | bool | None:
 def strategic_merge_patch(original: JSON, patch: JSON, kind: str) -> JSON:
     if not isinstance(patch, dict):
         raise APIError(400, "strategic merge patch must be a JSON object")
-    result: JSON = _smp_map(copy.deepcopy(original), patch, [])
+    result: JSON = _smp_map(original, patch, [])
     return result
 
 

@@ -463,23 +463,38 @@ class APIServer:
             entries = entries[:limit]
         if table.wants_table(request):
             return _json(table.render(self.engine, rt, entries, rv, request, meta))
-        items = b",".join(self._list_item(rt, e, version) for e in entries)
         head = dumps({"kind": f"{rt.kind}List", "apiVersion": rt.api_version(version), "metadata": meta})
-        return _raw(head[:-1] + b',"items":[' + items + b"]}")
+        # one join of every piece: the items are not copied into an intermediate list body
+        prefix = self._typed_prefix(rt, version)
+        parts: list[bytes | memoryview] = [head[:-1], b',"items":[']
+        for i, e in enumerate(entries):
+            if i:
+                parts.append(b",")
+            parts.extend(self._list_item(rt, e, version, prefix))
+        parts.append(b"]}")
+        return _raw(b"".join(parts))
 
-    def _list_item(self, rt: ResourceType, entry: Entry, version: str) -> bytes:
-        """An item of a list: built-in kinds' lists are typed, their items carry no apiVersion
-        and kind (custom resources' items do)."""
-        raw = self.engine.from_storage(rt, entry, version)
+    @staticmethod
+    def _typed_prefix(rt: ResourceType, version: str) -> bytes | None:
+        """What a stored built-in object starts with and a typed list item leaves out (None for
+        custom resources, whose list items keep apiVersion and kind)."""
         if rt.is_custom:
-            return raw
-        prefix = b'{"apiVersion":' + dumps(rt.api_version(version)) + b',"kind":' + dumps(rt.kind) + b","
+            return None
+        return b'{"apiVersion":' + dumps(rt.api_version(version)) + b',"kind":' + dumps(rt.kind) + b","
+
+    def _list_item(self, rt: ResourceType, entry: Entry, version: str,
+                   prefix: bytes | None) -> tuple[bytes | memoryview, ...]:
+        """An item of a list, as pieces to join: built-in kinds' lists are typed, their items
+        carry no apiVersion and kind (custom resources' items do)."""
+        raw = self.engine.from_storage(rt, entry, version)
+        if prefix is None:
+            return (raw,)
         if raw.startswith(prefix):
-            return b"{" + raw[len(prefix):]
+            return (b"{", memoryview(raw)[len(prefix):])
         obj = json.loads(raw)
         obj.pop("apiVersion", None)
         obj.pop("kind", None)
-        return dumps(obj)
+        return (dumps(obj),)
 
     async def _delete_collection(self, request: web.Request, rt: ResourceType, version: str,
                                  ns: str | None) -> web.Response:

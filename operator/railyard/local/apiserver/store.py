@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .sharing import ManagedFieldsInterner
+
 JSON = dict[str, Any]
 ObjKey = tuple[str, str, str]
 """(resource key such as ``pods`` or ``trainingjobs.railyard.io``, namespace or "", name)."""
@@ -106,6 +108,7 @@ class Store:
         self._closing = False
         self.listeners: list[Callable[[Event], None]] = []
         """Called synchronously for every committed event (controllers use this)."""
+        self._interner = ManagedFieldsInterner()
 
     # ---- lifecycle -------------------------------------------------------------------------
 
@@ -143,6 +146,7 @@ class Store:
         rows = await loop.run_in_executor(self._executor, self._open_db)
         for rkey, ns, name, data in rows:
             obj = json.loads(data)
+            self._interner.share(obj)
             self._index(rkey, ns, name, Entry(obj, data), None)
         self.window_start_rv = self.rv
         self._writer = asyncio.create_task(self._write_loop(), name="apiserver-sqlite-writer")
@@ -233,6 +237,7 @@ class Store:
         old = self.get(rkey, ns, name)
         self.rv += 1
         meta["resourceVersion"] = str(self.rv)
+        self._interner.share(obj)
         entry = Entry(obj, dumps(obj))
         self._index(rkey, ns, name, None if delete else entry, old)
         etype = "DELETED" if delete else ("ADDED" if old is None else "MODIFIED")

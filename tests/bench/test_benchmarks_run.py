@@ -1,0 +1,127 @@
+"""Every benchmark in bench/ runs from a clean checkout, at a small size, and writes its results
+in the documented shape, so that each figure of the README can be reproduced with the command
+next to it. (A benchmark nobody ran for a while rots: bench/operator.py hung for weeks on every
+pod's init container before this test existed.) Sizes here are for completion, not figures: no
+target is asserted, only that the script finished and reported every row.
+
+The whole set takes about 1.5 minutes on a 2-core machine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+BENCH = ROOT / "bench"
+#: Only catches a hang: the slowest smoke run takes ~20 s on a loaded 2-core machine.
+HANG_S = 420
+
+#: script -> (arguments of the smoke run, JSON "bench" name). Writes to a temporary --out.
+SMOKE: dict[str, tuple[list[str], str]] = {
+    "apiserver.py": (["--scale", "64"], "apiserver"),
+    "checkpoint.py": (["--preset", "tiny", "--rounds", "1", "--memory-interval", "2"], "checkpoint"),
+    "goodput.py": (["--seeds", "1", "--days", "2"], "goodput"),
+    "heartbeats.py": (["--seconds", "1", "--clients", "1", "--concurrency", "4", "--prefill-steps", "2",
+                       "--client", "aiohttp", "--pods", "32"], "heartbeats"),
+    "local_scheduler.py": (["--pods", "24", "--nodes", "6", "--decision-nodes", "64"], "local_scheduler"),
+    # the simulated-pod path: the operator in its own process, a gang, a node failure, a restart
+    "operator.py": (["--pods", "8", "--restart-pods", "4", "--nodes", "12"], "operator"),
+    "placement.py": (["--small"], "placement"),
+    "sdc.py": (["--smoke", "--layouts", "fsdp"], "sdc"),
+    "trainer.py": (["--layouts", "single", "--steps", "4", "--batch-size", "4", "--seq-len", "16"], "trainer"),
+}
+#: Scripts that need hardware CI does not have; run by hand (docs name the machine).
+NEEDS_GPU = {"gpu/mfu.py"}
+
+
+def run_bench(script: str, args: list[str], out: Path | None) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAILYARD_", "KUBECONFIG"))}
+    env.update(OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo", PYTHONUNBUFFERED="1")
+    argv = [sys.executable, str(BENCH / script), *args, *(["--out", str(out)] if out else [])]
+    return subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=HANG_S)
+
+
+def check_shape(doc: Any, name: str) -> None:
+    assert isinstance(doc, dict) and doc.get("bench") == name, doc
+    rows = doc.get("results")
+    assert isinstance(rows, list) and rows, f"{name}: no results"
+    for row in rows:
+        assert {"metric", "value", "unit", "target", "meets"} <= set(row), f"{name}: row {row}"
+        assert isinstance(row["metric"], str) and row["metric"], row
+        assert isinstance(row["unit"], str), row
+        assert row["meets"] in (True, False, None), row
+
+
+def test_every_benchmark_has_a_smoke_run() -> None:
+    scripts = {p.relative_to(BENCH).as_posix() for p in BENCH.rglob("*.py")}
+    missing = scripts - set(SMOKE) - NEEDS_GPU
+    assert not missing, f"add a smoke run for {sorted(missing)} to SMOKE"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(HANG_S + 60)
+@pytest.mark.parametrize("script", sorted(SMOKE))
+def test_the_benchmark_runs_at_a_small_size(script: str, tmp_path: Path) -> None:
+    args, name = SMOKE[script]
+    out = tmp_path / f"{name}.json"
+    done = run_bench(script, args, out)
+    tail = f"\n--- stdout ---\n{done.stdout[-3000:]}\n--- stderr ---\n{done.stderr[-3000:]}"
+    # exit 1 is a target missed at this size (placement's, for one); a crash prints a traceback
+    assert done.returncode in (0, 1) and "Traceback" not in done.stderr, tail
+    assert out.exists(), f"{script} wrote no {out.name}{tail}"
+    check_shape(json.loads(out.read_text()), name)
+    assert done.stdout.strip(), f"{script} printed no table{tail}"
+
+
+def test_the_gpu_benchmark_refuses_clearly_without_a_gpu(tmp_path: Path) -> None:
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present: run bench/gpu/mfu.py itself (minutes, not a smoke run)")
+    done = run_bench("gpu/mfu.py", [], None)
+    assert done.returncode != 0 and "needs at least one CUDA GPU" in done.stderr, done.stderr[-2000:]
+    assert "Traceback" not in done.stderr
+
+
+def test_the_committed_results_have_the_documented_shape() -> None:
+    """What the README quotes: bench/results/<name>.json of every benchmark."""
+    for script, (_, name) in SMOKE.items():
+        path = BENCH / "results" / f"{name}.json"
+        assert path.exists(), f"{script}: no committed {path.name}"
+        check_shape(json.loads(path.read_text()), name)
+
+
+def test_the_stability_script_reports_a_test_whose_verdict_flips(tmp_path: Path) -> None:
+    """bench/ci_stability.sh at its smallest: two runs (one with a CPU hog) of a steady test and
+    of one that fails every second time it runs."""
+    tests = tmp_path / "t"
+    tests.mkdir()
+    counter = tmp_path / "count"
+    (tests / "test_probe.py").write_text(
+        "from pathlib import Path\n"
+        f"COUNT = Path({str(counter)!r})\n"
+        "def test_steady():\n    assert True\n"
+        "def test_flips():\n"
+        "    n = int(COUNT.read_text()) if COUNT.exists() else 0\n"
+        "    COUNT.write_text(str(n + 1))\n"
+        "    assert n % 2 == 0\n"
+    )
+    out = tmp_path / "ci_stability.json"
+    done = subprocess.run(["bash", str(BENCH / "ci_stability.sh"), "-n", "2", "--out", str(out), "--junit-dir", str(tmp_path / "junit"),
+                           str(tests)], cwd=ROOT, capture_output=True, text=True, timeout=HANG_S)
+    assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]  # a mixed verdict fails it
+    report = json.loads(out.read_text())
+    check_shape(report, "ci_stability")
+    assert [r["loaded"] for r in report["runs"]] == [False, True]
+    (flips,) = report["mixed"]
+    assert flips.endswith("::test_flips")
+    assert report["tests"][flips]["verdicts"] == ["passed", "failed"]
+    steady = next(n for n in report["tests"] if n.endswith("::test_steady"))
+    assert report["tests"][steady]["verdicts"] == ["passed", "passed"]
+    assert "test_flips" in done.stdout and "passed / failed" in done.stdout

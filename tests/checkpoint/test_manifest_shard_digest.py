@@ -1,0 +1,61 @@
+"""The manifest's shard-list digest: filled on construction, written, checked when read, and
+computed for manifests written before it existed."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+
+from railyard.protocol.manifest import Manifest, ManifestError, ShardInfo, compute_shards_digest
+
+
+def _manifest(*shards: ShardInfo) -> Manifest:
+    return Manifest(job="j", step=10, tier="memory", attempt=0, pp=1, dp=2, tp=1, shards=shards)
+
+
+SHARDS = (ShardInfo("rank-00000/__0_0.distcp", 10, "aa", 0), ShardInfo("rank-00001/__0_0.distcp", 10, "bb", 1))
+
+
+def test_digest_is_filled_on_construction_and_survives_a_round_trip() -> None:
+    m = _manifest(*SHARDS)
+    assert m.shards_digest == compute_shards_digest(SHARDS) and len(m.shards_digest) == 64
+    raw = json.loads(m.to_json())
+    assert raw["shards_digest"] == m.shards_digest
+    back = Manifest.from_json(m.to_json())
+    assert back == m and back.shards_digest == m.shards_digest
+
+
+@pytest.mark.parametrize(
+    "changed",
+    [
+        ShardInfo("rank-00000/__0_1.distcp", 10, "aa", 0),
+        ShardInfo("rank-00000/__0_0.distcp", 11, "aa", 0),
+        ShardInfo("rank-00000/__0_0.distcp", 10, "ab", 0),
+        ShardInfo("rank-00000/__0_0.distcp", 10, "aa", 1),
+    ],
+    ids=["path", "bytes", "sha256", "owner"],
+)
+def test_any_changed_shard_field_changes_the_digest(changed: ShardInfo) -> None:
+    assert _manifest(changed, SHARDS[1]).shards_digest != _manifest(*SHARDS).shards_digest
+
+
+def test_replace_recomputes_the_digest() -> None:
+    m = _manifest(*SHARDS)
+    shorter = replace(m, shards=SHARDS[:1])
+    assert shorter.shards_digest == compute_shards_digest(SHARDS[:1]) != m.shards_digest
+
+
+def test_a_manifest_written_without_a_digest_is_read_and_given_one() -> None:
+    raw = json.loads(_manifest(*SHARDS).to_json())
+    del raw["shards_digest"]
+    old = Manifest.from_json(json.dumps(raw))
+    assert old.shards_digest == compute_shards_digest(SHARDS)
+
+
+def test_a_digest_that_disagrees_with_the_shard_list_is_refused() -> None:
+    raw = json.loads(_manifest(*SHARDS).to_json())
+    raw["shards"][1]["sha256"] = "cc"
+    with pytest.raises(ManifestError, match="shards_digest"):
+        Manifest.from_json(json.dumps(raw))
