@@ -197,11 +197,12 @@ class RailyardHealthMonitor:
             self._periodic_checks(ctx)
         self._settle(ctx)
 
-    def verify(self, ctx: TrainContext) -> None:
+    def verify(self, ctx: TrainContext, *, force: bool = False) -> None:
         """Before a checkpoint of this step: the collective checks (unless they just ran at this
-        step), the optimizer state's finiteness, and one agreement, so every rank (and the rank
-        that writes the manifest) holds the same verdict on the state about to be saved."""
-        if self._checked_at != ctx.step:
+        step; ``force``: even then, as an explicit SDK ``health_check`` asks), the optimizer
+        state's finiteness, and one agreement, so every rank (and the rank that writes the
+        manifest) holds the same verdict on the state about to be saved."""
+        if force or self._checked_at != ctx.step:
             self._periodic_checks(ctx)
         self._optimizer_state(ctx)
         verdict, (taint, step_failed) = self._agree_all(ctx, self._taint is not None, self._step_failed)

@@ -342,8 +342,7 @@ class Session:
             self._monitor = RailyardHealthMonitor(settings, ctx, reporter=self.reporter)
         monitor = self._monitor
         before = sum(monitor.failures.values())
-        monitor._checked_at = -1  # an explicit call always runs the checks
-        monitor.verify(ctx)
+        monitor.verify(ctx, force=True)
         return sum(monitor.failures.values()) == before
 
     def checks_passed(self) -> bool:
