@@ -1,6 +1,6 @@
 """Bring your own trainer, end to end on the local cluster: examples/fsdp2_train_railyard.py (the
-plain FSDP2 script plus the SDK's lines) as a TrainingJob (``spec.trainer.program``), 2 nodes x 1
-rank and a hot spare, with the real operator. A node fails mid-run: the gang restarts sticky on
+plain FSDP2 script plus the SDK's lines) as a TrainingJob (``spec.trainer.program``), 2 nodes x 2
+ranks and a hot spare, with the real operator. A node fails mid-run: the gang restarts sticky on
 the spare and resumes from the memory tier (the lost node's shards from its neighbour's replica)
 with at most one interval lost; then a node of the new gang is slowed and the SDK's speed probe
 gets its rank flagged as a straggler, without a restart.
@@ -24,6 +24,7 @@ SLOW = "local.railyard.dev/slow-factor"
 MEMORY_INTERVAL = 4
 FAIL_AFTER = 9
 SLOW_FACTOR = 1.5
+PROCS = 2
 STEPS = 120
 
 
@@ -44,7 +45,7 @@ def local_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 def _spec() -> dict[str, Any]:
     return {
         "nodes": 2,
-        "procsPerNode": 1,
+        "procsPerNode": PROCS,
         "trainer": {
             "program": {"script": str(EXAMPLE), "args": ["--steps", str(STEPS), "--check-every", "10", "--seq-len", "64"]},
             "watchdogSeconds": 40, "collectiveTimeoutSeconds": 60,
@@ -94,7 +95,8 @@ def test_a_node_failure_resumes_from_the_neighbours_memory_and_a_slow_node_is_fl
             s = wait_status(api, name, "a straggler flagged", lambda s: s if s.get("stragglers") else _terminal(s), 300, operator)
         finally:
             api.annotate_node(slow_node, {SLOW: None})
-        assert [(f["rank"], f["node"]) for f in s["stragglers"]] == [(1, slow_node)], s["stragglers"]
+        # the ranks of the slowed node, and only those (which ranks a pod holds is the rank table's)
+        assert s["stragglers"] and {f["node"] for f in s["stragglers"]} == {slow_node}, s["stragglers"]
 
         s = wait_status(api, name, "the job to finish", _terminal, 400, operator)
         assert s["phase"] == "Succeeded", s.get("message")
