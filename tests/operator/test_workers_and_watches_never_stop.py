@@ -30,7 +30,6 @@ class WorkerKilled(BaseException):
 def test_a_dead_job_worker_is_logged_and_restarted(caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(runtime_mod, "WORKER_RESTART_DELAY_S", 0.01)
     registry = CollectorRegistry()
-    rt = Runtime(OperatorSettings(metrics_port=0, registry=registry, coalesce_s=0.0))
     calls: list[int] = []
     again = asyncio.Event()
 
@@ -41,7 +40,7 @@ def test_a_dead_job_worker_is_logged_and_restarted(caplog: pytest.LogCaptureFixt
         again.set()
         return None
 
-    rt.reconcile = reconcile
+    rt = Runtime(OperatorSettings(metrics_port=0, registry=registry, coalesce_s=0.0), reconcile)
 
     async def scenario() -> None:
         first = rt.upsert_job("ns", "job", {"metadata": {"uid": "u1"}})
@@ -58,14 +57,13 @@ def test_a_dead_job_worker_is_logged_and_restarted(caplog: pytest.LogCaptureFixt
 
 
 def test_a_deleted_jobs_worker_is_not_restarted() -> None:
-    rt = Runtime(OperatorSettings(metrics_port=0, registry=CollectorRegistry(), coalesce_s=0.0))
     started = asyncio.Event()
 
     async def reconcile(_rt: Runtime, w: JobWorker) -> float | None:
         started.set()
         return None
 
-    rt.reconcile = reconcile
+    rt = Runtime(OperatorSettings(metrics_port=0, registry=CollectorRegistry(), coalesce_s=0.0), reconcile)
 
     async def scenario() -> Any:
         w = rt.upsert_job("ns", "job", {"metadata": {"uid": "u1"}})

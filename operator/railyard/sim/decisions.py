@@ -55,6 +55,7 @@ class _Rank:
     step_advanced_at: float
     saving: bool = False
     last_saving_at: float = -math.inf
+    progress: bool = True
     compute: list[float] = dataclasses.field(default_factory=list)
 
     def recent_compute(self, n: int) -> Sequence[float]:

@@ -680,6 +680,47 @@ class CheckpointManager:
             found = _mark_corrupt(found, decision.source)
         raise NoVerifiedCheckpoint("restore: gave up after too many rounds")  # pragma: no cover
 
+    def open_restore(self, ctx: TrainContext) -> tuple[RestoreResult, str] | None:
+        """For a reader that loads the checkpoint itself (the SDK's DCP StorageReader): choose and
+        verify the source as :meth:`restore` does, bring the shards a rank needs onto its node
+        (a lost node's from the neighbour's replica), and return what was chosen and the folder
+        this rank reads: ``step-N/rank-R`` of a node tier (same layout only; another layout
+        takes the shared tier) or the shared tier's ``step-N``. Collective; None: fresh start."""
+        t0 = time.perf_counter()
+        self.wait(self.settings.timeout_s)
+        hint = _hint(self.settings.restore_hint)
+        found = self._list_found()
+        home = {r: pod_location(self.pod_of[r]) for r in range(self.world)}
+        failures: list[str] = []
+        for _ in range(4 * (len(found) + 1) + 8):
+            decision = decide_restore(found, layout=self.layout, hint=hint, home=home, node_reshard=False)
+            src = decision.source
+            if src is None:
+                why = decision.reason + "".join(f"; {r}" for r in decision.rejected + tuple(failures))
+                if failures or (hint is not None and hint.step >= 0):
+                    raise NoVerifiedCheckpoint(f"restore: {why}")
+                return None
+            if decision.to_verify:
+                found = self._verify(src, decision.to_verify, found)
+                continue
+            storage = self.storages[src.tier]
+            error, nbytes = "", 0
+            if src.tier in PER_NODE_TIERS:
+                try:
+                    nbytes = self._fetch(storage, src)
+                except Exception as exc:
+                    error = f"rank {self.rank}: fetch: {exc!r}"
+            errors = [e for e in self._gather(error) if e]
+            if errors:
+                failures.append(f"{src.tier} step {src.step}: {errors[0]}")
+                found = _mark_corrupt(found, src)
+                continue
+            ctx.step = src.step
+            folder = storage.step_dir(src.step)
+            path = folder / rank_dirname(self.rank) if src.tier in PER_NODE_TIERS else folder
+            return self._restored(ctx, src, t0, nbytes, decision.rejected), str(path)
+        raise NoVerifiedCheckpoint("restore: gave up after too many rounds")  # pragma: no cover
+
     def _restored(
         self, ctx: TrainContext, src: RestoreSource, t0: float, nbytes: int, rejected: Sequence[str]
     ) -> RestoreResult:
@@ -944,7 +985,13 @@ def _optim_holder(ctx: TrainContext) -> nn.Module:
 
 def tensor_state(ctx: TrainContext) -> dict[str, Any]:
     """Model and optimizer state keyed by parameter name (DCP reshards by name), and this
-    rank's RNG state under a key only the same rank of the same layout has."""
+    rank's RNG state under a key only the same rank of the same layout has.
+
+    ``ctx.extra["state_dict"]`` (a callable) gives the state instead: a program's own state
+    dict as DCP planned it (the SDK's StorageWriter, railyard_trainer/sdk/dcp.py)."""
+    provided = ctx.extra.get("state_dict")
+    if callable(provided):
+        return dict(provided())
     model: dict[str, Any] = {}
     for m in ctx.model_parts:
         model.update(get_model_state_dict(m))

@@ -124,6 +124,9 @@ class _Injector:
     def slow_down(self, step: int, compute_s: float) -> float:
         return 0.0
 
+    def slow_factor(self, step: int) -> float:
+        return 1.0
+
     @torch.no_grad()
     def maybe_flip(self, step: int, target: str, parts: list[nn.Module]) -> None:
         if self.armed is None:
