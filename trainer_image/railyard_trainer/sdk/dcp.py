@@ -17,20 +17,22 @@ is written and hashed. ``dcp.save`` returns when the copy is made. When no tier 
 
 **Loading.** :func:`open_reader` (collective) picks the newest complete, SDC-clean checkpoint
 this layout can read, fastest tier first, checks every shard it needs against the manifest's
-SHA-256, fetches a lost node's shards from its neighbour's replica, and returns a reader of the
-folder this rank reads (a ``FileSystemReader``): ``dcp.load`` then reads exactly as from a
-checkpoint of one's own, resharding on the shared tier.
+checksum, fetches a lost node's shards from its neighbour's replica, and returns a reader of the
+folder this rank reads (a ``FileSystemReader`` that also reads the node tiers' raw tensor items,
+``checkpoint.shardio.ShardReader``): ``dcp.load`` then reads exactly as from a checkpoint of
+one's own, resharding on the shared tier.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from torch.distributed.checkpoint.filesystem import FileSystemReader
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.planner import SavePlan, SavePlanner
 from torch.distributed.checkpoint.storage import StorageWriter, WriteResult
 from torch.futures import Future
+
+from railyard_trainer.checkpoint.shardio import ShardReader
 
 if TYPE_CHECKING:
     from railyard_trainer.checkpoint.manager import CheckpointManager
@@ -131,7 +133,7 @@ class RailyardStorageWriter(StorageWriter):
         return None
 
 
-class RailyardStorageReader(FileSystemReader):
+class RailyardStorageReader(ShardReader):
     """The verified checkpoint this attempt resumes from, as DCP reads it: this rank's folder
     of a node tier, or the shared tier's checkpoint."""
 
