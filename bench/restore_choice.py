@@ -116,7 +116,7 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--pods", type=int, default=2048)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "restore_choice.json"))
+    ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "restore_choice.json")
     args = ap.parse_args()
     pods = args.pods
     layout = Layout(pp=4, dp=pods // 4, tp=RANKS_PER_POD)
@@ -168,7 +168,7 @@ def main() -> int:
     for r in rows:
         meets = "" if r["meets"] is None else ("yes" if r["meets"] else "NO")
         print(f"{r['metric']:<{width}}  {r['value']!s:>12}  {r['unit']:<9} {r['target']:<8} {meets}")
-    out = Path(args.out)
+    out: Path = args.out
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"bench": "restore_choice", "results": rows}, indent=2) + "\n")
     print(f"wrote {out}")

@@ -80,6 +80,8 @@ def test_data_parallel_is_derived_from_the_world_size() -> None:
         ({"trainer": {"dataset": {"type": "tokens"}}}, "spec.trainer.dataset.path"),
         ({"nodes": 2, "procsPerNode": 2, "parallelism": {"dataReplicas": 3}}, "spec.parallelism.dataReplicas"),
         ({"procsPerNode": 4, "gpusPerPod": 2}, "spec.gpusPerPod"),
+        ({"trainer": {"program": {"script": "t.py", "module": "pkg.t"}}}, "spec.trainer.program"),
+        ({"trainer": {"program": {"args": ["--steps", "5"]}}}, "spec.trainer.program"),
     ],
 )
 def test_each_cross_field_rule_names_its_field(spec: dict[str, Any], field: str) -> None:
@@ -89,7 +91,12 @@ def test_each_cross_field_rule_names_its_field(spec: dict[str, Any], field: str)
 
 def test_every_rule_is_exercised_above() -> None:
     # Keeps the table above honest when a rule is added.
-    assert len(SPEC_RULES) == 12
+    assert len(SPEC_RULES) == 13
+
+
+def test_a_program_is_not_held_to_the_bundled_trainers_batch_rule() -> None:
+    # batchSize is the bundled trainer's; a program of one's own chooses its own batches
+    assert validate_manifest(make_job(nodes=2, procsPerNode=2, trainer={"batchSize": 6, "program": {"script": "t.py"}})) == []
 
 
 @pytest.mark.parametrize(

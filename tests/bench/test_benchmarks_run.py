@@ -36,7 +36,7 @@ SMOKE: dict[str, tuple[list[str], str]] = {
     # the simulated-pod path: the operator in its own process, a gang, a node failure, a restart
     "operator.py": (["--pods", "8", "--restart-pods", "4", "--nodes", "12"], "operator"),
     "placement.py": (["--small"], "placement"),
-    "restore_choice.py": (["--pods", "16", "--repeats", "1"], "restore_choice"),
+    "restore_choice.py": (["--pods", "64", "--repeats", "1"], "restore_choice"),
     "sdc.py": (["--smoke", "--layouts", "fsdp"], "sdc"),
     "trainer.py": (["--layouts", "single", "--steps", "4", "--batch-size", "4", "--seq-len", "16"], "trainer"),
 }

@@ -12,6 +12,7 @@ import json
 import os
 import shutil
 import socket
+import threading
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
@@ -212,6 +213,9 @@ def main_scenarios(rank: int, world: int, port: int, tmp_s: str) -> None:
         train_step(ctx)
         m1.maybe_save(ctx, checks_passed=True)
         blocked_during.append(m1.is_saving())
+        # Steps here take milliseconds: let each save finish before the next is due (a save due
+        # while one is running is skipped, see test_saves_do_not_queue).
+        m1.wait(60)
         if ctx.step in (6, 8):
             refs[ctx.step] = full_state(ctx)
             views[ctx.step] = trainer_view(ctx)
@@ -419,7 +423,7 @@ def reshard_source_scenario(rank: int, world: int, port: int, tmp_s: str) -> Non
     for _ in range(4):
         train_step(ctx)
         m.maybe_save(ctx, checks_passed=True)
-    m.wait(60)
+        m.wait(60)  # millisecond steps: no save is due while one runs
     ref = full_state(ctx)
     m.close()
     if rank == 0:
@@ -451,6 +455,49 @@ def node_reshard_scenario(rank: int, world: int, port: int, tmp_s: str) -> None:
         "restored": [res.tier, res.step] if res else None, "detail": res.detail if res else "",
         "eq4": eq, "view": trainer_view(ctx), "view_ref": ref["view4"],
         "healed": sorted(p.name for p in step_dir.iterdir() if p.is_dir()) if rank == 1 else [],
+    })
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def queue_scenario(rank: int, world: int, port: int, tmp_s: str) -> None:
+    """2 pods x 1 rank, memory tier every 2 steps: rank 1's step-2 save is held (a slow node)
+    until its step-4 save has been decided, so step 4 falls due while a save is in flight."""
+    global PROCS_PER_POD
+    PROCS_PER_POD = 1
+    tmp = Path(tmp_s)
+    mesh, pg = init(rank, world, port)
+    tier_env(tmp, rank)
+    ctx = build_ctx(mesh, seed=0, job="queue")
+    monitor = FakeMonitor()
+    ctx.extra["health_monitor"] = monitor
+    release = threading.Event()
+
+    def hold(tier: str, step: int, r: int) -> None:
+        if tier == "memory" and step == 2 and r == 1 and not release.wait(60):
+            raise TimeoutError("the step-2 save was never released: maybe_save(4) waited for it")
+
+    m = build_checkpointer(ckpt_config(memory=2, local=100, shared=100), ctx, process_group=pg,
+                           faults={"before_write": hold})
+    pending_at_4 = False
+    for _ in range(6):
+        train_step(ctx)
+        m.maybe_save(ctx, checks_passed=True)
+        if ctx.step == 4:
+            pending_at_4 = m.is_saving()
+            release.set()
+            m.wait(60)
+    m.wait(60)
+    m.forward_events(ctx)
+    m.close()
+    mem = tmp / "memory" / f"node-{rank}" / "queue"
+    record(tmp, "queue", {
+        "pending_at_4": pending_at_4,
+        "history": [[h.step, h.tier, h.ok, h.skipped] for h in m.history],
+        "skipped": m.skipped_saves,
+        "committed": sorted(int(p.parent.name.split("-")[1]) for p in mem.glob("step-*/manifest.json")),
+        "dirs": sorted(p.name for p in mem.glob("step-*")),
+        "events": [[e.step, e.kind, e.ok] for e in monitor.events],
     })
     dist.barrier()
     dist.destroy_process_group()

@@ -3,6 +3,7 @@ computed for manifests written before it existed."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import replace
 
@@ -34,8 +35,9 @@ def test_digest_is_filled_on_construction_and_survives_a_round_trip() -> None:
         ShardInfo("rank-00000/__0_0.distcp", 11, "aa", 0),
         ShardInfo("rank-00000/__0_0.distcp", 10, "ab", 0),
         ShardInfo("rank-00000/__0_0.distcp", 10, "aa", 1),
+        ShardInfo("rank-00000/__0_0.distcp", 10, "aa", 0, "xxh3-128"),
     ],
-    ids=["path", "bytes", "sha256", "owner"],
+    ids=["path", "bytes", "sha256", "owner", "algorithm"],
 )
 def test_any_changed_shard_field_changes_the_digest(changed: ShardInfo) -> None:
     assert _manifest(changed, SHARDS[1]).shards_digest != _manifest(*SHARDS).shards_digest
@@ -59,3 +61,18 @@ def test_a_digest_that_disagrees_with_the_shard_list_is_refused() -> None:
     raw["shards"][1]["sha256"] = "cc"
     with pytest.raises(ManifestError, match="shards_digest"):
         Manifest.from_json(json.dumps(raw))
+
+
+def test_shards_written_before_the_algorithm_field_read_as_sha256_with_their_old_digest() -> None:
+    raw = json.loads(_manifest(*SHARDS).to_json())
+    for s in raw["shards"]:
+        del s["algorithm"]
+    old = Manifest.from_json(json.dumps(raw))  # its written shards_digest still matches
+    assert [s.algorithm for s in old.shards] == ["sha256", "sha256"]
+    rows = [[s.path, s.bytes, s.sha256, s.owner] for s in SHARDS]
+    assert old.shards_digest == hashlib.sha256(json.dumps(rows, separators=(",", ":")).encode()).hexdigest()
+
+
+def test_the_algorithm_of_each_shard_survives_a_round_trip() -> None:
+    m = _manifest(replace(SHARDS[0], algorithm="xxh3-128"), SHARDS[1])
+    assert [s.algorithm for s in Manifest.from_json(m.to_json()).shards] == ["xxh3-128", "sha256"]

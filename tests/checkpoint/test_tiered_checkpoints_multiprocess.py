@@ -145,3 +145,16 @@ def test_node_tier_reshards_onto_fewer_ranks_fetching_what_a_node_lacks(tmp_path
         assert r["view"] == r["view_ref"] == {"step": 4, "position": 32, "lr_steps": 4}
     # new rank 1 needs old ranks 2 and 3: its node got them back from pod 0's replica
     assert {"rank-00002", "rank-00003"} <= set(rs[1]["healed"])
+
+
+def test_a_save_due_while_one_is_running_is_skipped_on_every_rank_not_queued(tmp_path: Path) -> None:
+    harness.run(harness.queue_scenario, 2, str(tmp_path))
+    rs = results(tmp_path, "queue", 2)
+    assert rs[1]["pending_at_4"], "rank 1's step-2 save was still held at step 4"
+    for r in rs:
+        # rank 1 skipped step 4 (its save was held), so no rank wrote it; step 2 finished once
+        # released (maybe_save(4) did not wait for it) and step 6 saved as usual
+        assert r["history"] == [[2, "memory", True, False], [4, "memory", False, True], [6, "memory", True, False]]
+        assert r["skipped"] == {"memory": 1}
+        assert r["committed"] == [2, 6] and r["dirs"] == ["step-00000002", "step-00000006"]
+    assert rs[0]["events"] == [[2, "save", True], [4, "skip", False], [6, "save", True]]

@@ -155,10 +155,15 @@ def test_training_pods_deviate_only_by_their_hostpath_checkpoint_tiers() -> None
     assert not [d for d in restricted_violations(main_only) if d.startswith("container")]
 
 
-def test_a_custom_image_gets_no_uid_and_no_chown_init_container() -> None:
+def test_a_custom_image_is_as_restricted_as_ours_unless_it_asks_for_root() -> None:
+    # our image under another name, or one built FROM it: the same user and the same deviations
     pods = build_training_pods(image="registry.example/trainer:1.2.3")
-    assert "initContainers" not in pods[0]["spec"]
-    assert "runAsUser" not in pods[0]["spec"]["securityContext"]
+    assert pods[0]["spec"]["securityContext"]["runAsUser"] == 10001
+    assert sorted(restricted_violations(pods[0]["spec"])) == sorted(restricted_violations(build_training_pods()[0]["spec"]))
+    # an image that must run as root says so: no chown init container, and restricted says no
+    root = build_training_pods(image="registry.example/trainer:1.2.3", securityContext={"runAsUser": 0})[0]["spec"]
+    assert "initContainers" not in root and root["securityContext"]["runAsUser"] == 0
+    assert any("runAsNonRoot" in v for v in restricted_violations(root)), restricted_violations(root)
 
 
 def test_a_shared_tier_on_a_claim_leaves_only_the_node_tiers() -> None:

@@ -36,6 +36,8 @@ class SimJob:
     #: rank -> (first slow step, factor)
     slow: dict[int, tuple[int, float]] = field(default_factory=dict)
     start: float = 1_000_000.0
+    #: False: the ranks' program has not opted into step reports (a program without the SDK's report_step)
+    progress: bool = True
 
     def __post_init__(self) -> None:
         self.rng = random.Random(self.seed)
@@ -104,6 +106,7 @@ class SimJob:
                         saving=self.saving,
                         health=tuple(self.health.pop(r, [])),
                         recent_compute_s=recent,
+                        progress=self.progress,
                     )
                 )
             batch = HeartbeatBatch(JOB, self.attempt, p, f"node-{p}", self.now, tuple(ranks))

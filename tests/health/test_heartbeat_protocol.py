@@ -37,6 +37,7 @@ def _batch() -> HeartbeatBatch:
                 saving=True,
                 health=(HealthResult("kat", False, 100, "outvoted", suspect_rank=24, confirmed=True),),
                 recent_compute_s=(0.8, 0.9),
+                progress=False,
             ),
         ),
         checkpoints=(CheckpointEvent(step=100, tier="tier1", ok=True, blocked_s=0.01),),
@@ -54,6 +55,7 @@ def test_a_batch_survives_the_round_trip() -> None:
     got = parse_heartbeat(_batch().to_json().encode())
     assert got.ranks[0].health[0] == _batch().ranks[0].health[0]
     assert got.ranks[0].recent_compute_s == (0.8, 0.9)
+    assert got.ranks[0].progress is False
     assert got.checkpoints == _batch().checkpoints
     assert (got.restored_tier, got.restored_step, got.version) == ("tier2", 50, SCHEMA_VERSION)
 
@@ -69,12 +71,13 @@ def test_unknown_fields_from_newer_trainers_are_ignored() -> None:
 
 def test_older_senders_without_the_additive_fields_still_parse() -> None:
     raw = _raw()
-    for k in ("recent_compute_s", "bench_s", "saving", "tokens_per_s"):
+    for k in ("recent_compute_s", "bench_s", "saving", "tokens_per_s", "progress"):
         raw["ranks"][0].pop(k)
     for k in ("suspect_rank", "confirmed"):
         raw["ranks"][0]["health"][0].pop(k)
     r = parse_heartbeat(json.dumps(raw)).ranks[0]
     assert (r.recent_compute_s, r.saving, r.health[0].suspect_rank, r.health[0].confirmed) == ((), False, -1, False)
+    assert r.progress is True, "a sender that predates the field reports its steps (the bundled trainer)"
 
 
 def _set(path: str, value: Any) -> dict[str, Any]:
@@ -107,6 +110,7 @@ _DELETE = object()
         ("ranks.0.step_time_s", float("inf"), "ranks[0].step_time_s"),
         ("ranks.0.compute_s", -0.1, "ranks[0].compute_s"),
         ("ranks.0.saving", "yes", "ranks[0].saving"),
+        ("ranks.0.progress", 1, "ranks[0].progress"),
         ("ranks.0.loss", "high", "ranks[0].loss"),
         ("ranks.0.health", {}, "ranks[0].health"),
         ("ranks.0.health.0.ok", _DELETE, "ranks[0].health[0].ok"),

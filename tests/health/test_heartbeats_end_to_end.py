@@ -1,64 +1,27 @@
-"""Trainer-side monitor -> per-pod aggregator -> the operator's ingest route -> the store."""
+"""Trainer-side monitor and reporter -> per-pod aggregator -> the operator's ingest route -> the store.
+
+The train loop reports its steps through the rank's reporter (what ``railyard_trainer.sdk.report_step``
+does); the monitor adds its check results to the same reporter."""
 
 from __future__ import annotations
 
-import asyncio
-import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
 
 import pytest
 import torch
-from aiohttp import web
+from tests.health.ingest import Server
 
 from railyard.logic.health import FaultKind, HealthPolicy, HealthState, PodStatus, decide_health
-from railyard.logic.health.window import HeartbeatStore
-from railyard.observe.heartbeats import StaticTokens, build_heartbeat_app
 from railyard_trainer.health import build_health_monitor
 from railyard_trainer.health.harness import build_model, flip_bit
 from railyard_trainer.hooks import SDCDetected, StepMetrics, TrainContext
 
 
-class Server:
-    def __init__(self) -> None:
-        self.store = HeartbeatStore()
-        self.store.begin_attempt("ns", "job", 0)
-        self.loop = asyncio.new_event_loop()
-        self.port = 0
-        started = threading.Event()
-
-        def run() -> None:
-            asyncio.set_event_loop(self.loop)
-            app = build_heartbeat_app(self.store, StaticTokens({("ns", "job"): "s3cret"}))
-            self.runner = web.AppRunner(app)
-            self.loop.run_until_complete(self.runner.setup())
-            site = web.TCPSite(self.runner, "127.0.0.1", 0)
-            self.loop.run_until_complete(site.start())
-            self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-            started.set()
-            self.loop.run_forever()
-
-        self.thread = threading.Thread(target=run, daemon=True)
-        self.thread.start()
-        assert started.wait(10)
-
-    def read(self, fn: Callable[[HeartbeatStore], Any]) -> Any:
-        async def call() -> Any:
-            return fn(self.store)
-
-        return asyncio.run_coroutine_threadsafe(call(), self.loop).result(5)
-
-    def close(self) -> None:
-        asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(10)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
-
-
 @pytest.fixture
 def server(monkeypatch: pytest.MonkeyPatch) -> Iterator[Server]:
     s = Server()
-    monkeypatch.setenv("RAILYARD_HEARTBEAT_URL", f"http://127.0.0.1:{s.port}/v1/heartbeats/ns/job")
+    monkeypatch.setenv("RAILYARD_HEARTBEAT_URL", s.url)
     monkeypatch.setenv("RAILYARD_HEARTBEAT_TOKEN", "s3cret")
     yield s
     s.close()
@@ -90,6 +53,7 @@ def test_two_ranks_of_a_pod_arrive_in_one_batch_and_a_confirmed_sdc_reaches_the_
             for m, c in zip(monitors, ctxs, strict=True):
                 c.step = step
                 m.after_step(c, StepMetrics(step, 2.0, 1.0, 0.1, 0.05 * (1 + c.rank), 100.0, 1e-3))
+                m.reporter.report_step(step, step_time_s=0.1, compute_s=0.05 * (1 + c.rank), loss=2.0, grad_norm=1.0, tokens_per_s=100.0)
         _until(lambda: server.read(lambda s: sorted((r.rank, r.step) for r in s.job("ns", "job").ranks.values())) == [(0, 3), (1, 3)])
         jw = server.store.job("ns", "job")
         assert jw is not None
@@ -125,6 +89,7 @@ def test_a_monitor_without_an_operator_url_never_fails_training(monkeypatch: pyt
         for step in range(1, 4):
             ctx.step = step
             m.after_step(ctx, StepMetrics(step, 2.0, 1.0, 0.1, 0.05, 100.0, 1e-3))
+            m.reporter.report_step(step, step_time_s=0.1, compute_s=0.05)
         assert m.aggregator is not None
         _until(lambda: m.aggregator is not None and m.aggregator.failures >= 1)
         assert m.checks_passed()

@@ -60,9 +60,9 @@ def test_pp_grad_flip_never_yields_a_clean_checkpoint(tmp_path: Path, replay: bo
         RAILYARD_PLAIN_CHECKPOINT="0", **HEALTH_ON,
     )
     saved = _manifests(tmp_path / "tiers")
-    # step 1 is committed before step 2's snapshot is taken; step 2's may still have been in
-    # flight when the verdict ended the attempt
-    assert saved.get(1) is True and all(ok for step, ok in saved.items() if step <= 2), (saved, run.explain())
+    # steps 1 and 2 are clean wherever they were committed; a save still in flight when the
+    # verdict ended the attempt is lost (the next due save skips instead of waiting for it)
+    assert all(ok for step, ok in saved.items() if step <= 2), (saved, run.explain())
     assert not any(ok for step, ok in saved.items() if step > 2), saved
     if replay:
         assert run.code == ExitCode.SDC_DETECTED, run.explain()
@@ -71,7 +71,10 @@ def test_pp_grad_flip_never_yields_a_clean_checkpoint(tmp_path: Path, replay: bo
         assert max(saved) <= 2
     else:
         assert run.code == 0, run.explain()
-        assert sorted(saved) == [1, 2, 3, 4, 5, 6]
+        # a memory save due while the previous one is still being written is skipped, not
+        # queued (docs/checkpoints.md), so which of steps 2-5 are saved depends on the load;
+        # the first and the run's last always are, and every one after the flip is suspect
+        assert {1, 6} <= set(saved) <= {1, 2, 3, 4, 5, 6}, saved
 
 
 def test_hsdp_catches_a_mantissa_flip_in_a_parameter_by_the_cross_replica_vote(tmp_path: Path) -> None:

@@ -3,7 +3,7 @@
 The chart's Deployment and the operator's training pods are the specs; this turns one container
 of them into ``docker run`` arguments: user and groups, read-only root filesystem, capabilities,
 no-new-privileges, memory limit, volumes (emptyDir as tmpfs, hostPath and configMap as bind
-mounts), the service-account token, environment (downward API and secret references resolved
+mounts), the service-account token, the termination-message file, environment (downward API and secret references resolved
 from what the test gives), command and args. Any field it cannot honour fails the test, so a new
 setting in the chart or the pod builder cannot slip past the image without being run.
 """
@@ -23,7 +23,7 @@ SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 #: Container fields this translation honours (or that have no meaning for one docker run).
 _CONTAINER_FIELDS = {"name", "image", "imagePullPolicy", "command", "args", "env", "ports", "resources",
                      "securityContext", "volumeMounts", "livenessProbe", "readinessProbe", "startupProbe",
-                     "terminationMessagePolicy"}
+                     "terminationMessagePath", "terminationMessagePolicy"}
 _POD_SECURITY = {"runAsNonRoot", "runAsUser", "runAsGroup", "fsGroup", "seccompProfile"}
 _CONTAINER_SECURITY = {"allowPrivilegeEscalation", "readOnlyRootFilesystem", "runAsNonRoot", "runAsUser",
                        "runAsGroup", "privileged", "capabilities", "seccompProfile"}
@@ -48,6 +48,8 @@ class Given:
     service_account: Path | None = None
     #: env the kubelet adds (KUBERNETES_SERVICE_HOST/PORT) or the test overrides
     extra_env: Mapping[str, str] = field(default_factory=dict)
+    #: a host file the kubelet creates for the container's terminationMessagePath
+    termination_log: Path | None = None
 
 
 def _check(keys: Any, allowed: set[str], where: str) -> None:
@@ -130,6 +132,10 @@ def _mounts(pod: Obj, container: Obj, given: Given) -> list[str]:
             flags += ["-v", f"{given.volumes[m['name']]}:{m['mountPath']}{ro}"]
         else:
             raise Unsupported(f"volume {m['name']}: {kind}")
+    if "terminationMessagePath" in container:
+        if given.termination_log is None:
+            raise Unsupported(f"container {container['name']}: terminationMessagePath without Given.termination_log")
+        flags += ["-v", f"{given.termination_log}:{container['terminationMessagePath']}"]
     if pod.get("automountServiceAccountToken") and given.service_account is not None:
         flags += ["-v", f"{given.service_account}:{SA_DIR}:ro"]
     elif pod.get("automountServiceAccountToken"):

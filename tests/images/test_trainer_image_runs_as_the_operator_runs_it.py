@@ -79,7 +79,10 @@ def test_trainer_image_trains_a_2_rank_job_as_the_operator_runs_it(images: Image
             folder.mkdir(parents=True)  # DirectoryOrCreate: the kubelet makes it, root-owned, 0755
             folder.chmod(0o755)
             volumes[v["name"]] = folder
-    given = Given(pod_name=pod["metadata"]["name"], node_name="node-0", namespace="ml",
+    termination_log = tmp_path / "termination-log"  # the kubelet's file: empty, writable by the container
+    termination_log.touch(mode=0o666)
+    termination_log.chmod(0o666)
+    given = Given(termination_log=termination_log, pod_name=pod["metadata"]["name"], node_name="node-0", namespace="ml",
                   secrets={("tiny-heartbeat", "token"): "hb-token"}, volumes=volumes,
                   # no cluster DNS and no pod network here: one pod, its ranks on loopback
                   extra_env={"MASTER_ADDR": "127.0.0.1", "GLOO_SOCKET_IFNAME": "lo"})
@@ -110,6 +113,8 @@ def test_trainer_image_trains_a_2_rank_job_as_the_operator_runs_it(images: Image
     written = [p for p in shared.rglob("*") if p.is_file()]
     assert written, f"nothing written to the shared checkpoint folder:\n{logs[-4000:]}"
     assert {p.stat().st_uid for p in written} == {10001}
+    # a clean exit leaves no termination message (the launcher writes one only when it fails)
+    assert termination_log.read_text() == ""
 
 
 def test_the_trainer_image_has_what_the_operators_pods_run(images: Images) -> None:

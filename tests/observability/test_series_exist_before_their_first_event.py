@@ -49,7 +49,7 @@ def test_checkpoint_series_of_every_tier_start_at_zero() -> None:
     reg = CollectorRegistry()
     m = CheckpointMetrics(reg)
     for tier in TIERS:
-        for result in ("ok", "failed"):
+        for result in ("ok", "failed", "skipped"):
             assert reg.get_sample_value("railyard_checkpoint_saves_total", {"tier": tier, "result": result}) == 0.0
         assert reg.get_sample_value("railyard_checkpoint_restores_total", {"tier": tier}) == 0.0
         assert reg.get_sample_value("railyard_checkpoint_restore_seconds_count", {"tier": tier}) == 0.0

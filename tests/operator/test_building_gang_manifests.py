@@ -60,9 +60,20 @@ def test_pods_are_gated_pinned_owned_and_unprivileged() -> None:
     }
 
 
-def test_custom_images_are_not_forced_to_a_user() -> None:
-    pod = _pods(_spec(image="example.com/mine:1"))[0]
-    assert "runAsNonRoot" not in pod["spec"]["securityContext"]
+def test_every_image_runs_as_the_trainer_user_unless_the_spec_says_root() -> None:
+    # our image pushed under another name, or an image built FROM it (a program of one's own):
+    # the same user as the default image, and its hostPath checkpoint folders handed to it
+    pod = _pods(_spec(image="registry.example.com/mine:1"))[0]
+    sc = pod["spec"]["securityContext"]
+    assert (sc["runAsUser"], sc["runAsGroup"], sc["fsGroup"], sc["runAsNonRoot"]) == (10001, 10001, 10001, True)
+    init = {c["name"]: c for c in pod["spec"]["initContainers"]}["checkpoint-dirs"]
+    assert init["command"][:2] == ["chown", "10001:10001"] and init["image"] == "registry.example.com/mine:1"
+    # an image whose own user differs, and one that must run as root
+    sc = _pods(_spec(image="x/y:1", securityContext={"runAsUser": 2000, "runAsGroup": 3000}))[0]["spec"]["securityContext"]
+    assert (sc["runAsUser"], sc["runAsGroup"], sc["fsGroup"]) == (2000, 3000, 3000)
+    root = _pods(_spec(image="x/y:1", securityContext={"runAsUser": 0}))[0]["spec"]
+    assert root["securityContext"]["runAsUser"] == 0 and "runAsNonRoot" not in root["securityContext"]
+    assert "checkpoint-dirs" not in {c["name"] for c in root.get("initContainers") or []}
 
 
 def test_pod_contract_env_and_nccl_overrides() -> None:

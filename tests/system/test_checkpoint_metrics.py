@@ -21,6 +21,7 @@ def test_save_and_restore_events_become_per_tier_series() -> None:
         CheckpointEvent(step=10, tier="memory", ok=True, blocked_s=0.08, duration_s=3.0, bytes=1000),
         CheckpointEvent(step=10, tier="shared", ok=False, blocked_s=0.08, detail="disk full"),
         CheckpointEvent(step=10, tier="memory", ok=True, duration_s=1.5, bytes=500, kind="restore"),
+        CheckpointEvent(step=12, tier="memory", ok=False, duration_s=0.01, kind="skip", detail="skipped: rank 1: ..."),
     ))
     m.observe_steps_lost(4)
     g = reg.get_sample_value
@@ -29,6 +30,9 @@ def test_save_and_restore_events_become_per_tier_series() -> None:
     assert g("railyard_checkpoint_blocked_seconds_count", {"tier": "shared"}) == 1
     assert g("railyard_checkpoint_written_bytes_total", {"namespace": "ns", "job": "j", "tier": "memory"}) == 1000
     assert g("railyard_checkpoint_saves_total", {"tier": "shared", "result": "failed"}) == 1
+    assert g("railyard_checkpoint_saves_total", {"tier": "memory", "result": "skipped"}) == 1
+    assert g("railyard_checkpoint_saves_total", {"tier": "memory", "result": "failed"}) == 0, "a skip is not a failure"
+    assert g("railyard_checkpoint_blocked_seconds_count", {"tier": "memory"}) == 1, "a skip blocked nothing"
     assert g("railyard_checkpoint_restores_total", {"tier": "memory"}) == 1
     assert g("railyard_checkpoint_restore_seconds_sum", {"tier": "memory"}) == 1.5
     assert g("railyard_restart_steps_lost_sum") == 4

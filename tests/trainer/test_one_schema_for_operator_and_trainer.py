@@ -131,6 +131,11 @@ def test_what_the_operator_writes_the_trainer_reads_as_the_same_values() -> None
         {"watchdogSeconds": 120, "collectiveTimeoutSeconds": 120},
         {"watchdogSeconds": 30, "collectiveTimeoutSeconds": 60},
         {"dataset": {"type": "files"}, "watchdogSeconds": 200},
+        {"program": {"script": "train.py", "args": ["--steps", "5"]}},
+        {"program": {"module": "pkg.train"}},
+        {"program": {"command": ["./run.sh"]}},
+        {"program": {"args": ["--steps", "5"]}},
+        {"program": {"script": "train.py", "module": "pkg.train"}},
     ],
 )
 def test_the_trainer_side_rules_agree_with_the_crd_rules(trainer: dict[str, Any]) -> None:

@@ -8,6 +8,11 @@ Two ways in (see docs/trainer.md, "Pod contract"):
 - by hand: ``railyard-train --nproc-per-node 4 --tp 2 --preset tiny --steps 20`` builds a
   single-node rank table itself.
 
+Each worker is the bundled trainer (``python -m railyard_trainer.worker``) or, with
+``trainer.program`` (or ``railyard-train [flags] SCRIPT ARGS`` / ``-m MODULE`` / ``--no-python
+CMD`` as torchrun takes them), the user's program, started with torchrun's environment
+(:func:`worker_command`, :func:`worker_environment`).
+
 The launcher never imports torch (it starts in milliseconds and cannot be wedged by a
 broken CUDA context). It forwards SIGTERM/SIGINT to the workers, and when one worker fails it
 gives the others ``RAILYARD_FAIL_GRACE_S`` (default 5 s) to report their own failure, then
@@ -33,8 +38,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import FrameType
 
+from railyard.protocol.envexpand import expand
 from railyard.protocol.exitcodes import ExitCode, classify_exit_code
 from railyard.protocol.ranktable import PodEntry, RankEntry, RankTable, RankTableError
+from railyard.protocol.trainerconfig import Program
 from railyard_trainer.config import ConfigError, DatasetConfig, TrainerConfig, load_config
 from railyard_trainer.events import log_event
 from railyard_trainer.parallel_dims import ParallelDims
@@ -45,7 +52,7 @@ from railyard_trainer.termination import (
     worker_error_file,
     write_termination_message,
 )
-from railyard_trainer.worker_env import WorkerEnv
+from railyard_trainer.worker_env import WorkerEnv, torchrun_env
 
 #: Most specific first: the root cause beats its consequences (a crash makes peers see a
 #: broken connection; the launcher's own SIGTERM makes them exit 143).
@@ -100,6 +107,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--attempt", type=int, help="attempt number (default: $RAILYARD_ATTEMPT or the config's)")
     p.add_argument("--master-addr", help="rendezvous host (default: $MASTER_ADDR, the rank table's, or 127.0.0.1)")
     p.add_argument("--master-port", type=int, help="rendezvous port (default: $MASTER_PORT, the rank table's, or a free port)")
+    g = p.add_argument_group("your own program (instead of the bundled trainer), as torchrun takes it")
+    g.add_argument("-m", "--module", action="store_true", help="the program is a Python module: python -m MODULE ARGS")
+    g.add_argument("--no-python", action="store_true", help="the program is an executable, run as is")
+    g.add_argument("program", nargs="?", help="a Python script (default), a module with -m, or an executable with --no-python")
+    g.add_argument("program_args", nargs=argparse.REMAINDER, help="arguments of the program")
     return p
 
 
@@ -135,6 +147,14 @@ def apply_overrides(cfg: TrainerConfig, args: argparse.Namespace, env: Mapping[s
         pipeline_schedule=args.schedule or p.pipeline_schedule,
         microbatches=args.microbatches if args.microbatches is not None else p.microbatches,
     )
+    if getattr(args, "program", None):
+        prog_args = tuple(getattr(args, "program_args", None) or ())
+        if args.module:
+            t = replace(t, program=Program(module=args.program, args=prog_args))
+        elif args.no_python:
+            t = replace(t, program=Program(command=(args.program,), args=prog_args))
+        else:
+            t = replace(t, program=Program(script=args.program, args=prog_args))
     checkpoint = dict(cfg.checkpoint)
     if args.checkpoint_dir:
         checkpoint["path"] = args.checkpoint_dir
@@ -227,6 +247,11 @@ def plan_launch(args: argparse.Namespace, env: Mapping[str, str]) -> LaunchPlan:
         pod_index = 0
         port = args.master_port or (env_port if env_port is not None else _free_port())
         table = single_node_table(cfg, args.nproc_per_node or 1, node=env.get("RAILYARD_NODE_NAME") or socket.gethostname(), master_port=port)
+    if cfg.trainer.program is not None:
+        cfg = replace(cfg, trainer=replace(cfg.trainer, program=expand_program(cfg.trainer.program, env)))
+    problems = check_program(cfg.trainer.program, cwd=os.getcwd())
+    if problems:
+        raise ConfigError(problems)
     mine = table.ranks_of_pod(pod_index)
     if not mine:
         raise ConfigError([f"RAILYARD_POD_INDEX: pod {pod_index} has no ranks in the rank table"])
@@ -239,6 +264,65 @@ def plan_launch(args: argparse.Namespace, env: Mapping[str, str]) -> LaunchPlan:
     for e in mine:
         plan.workers.append(WorkerEnv(rank=e.rank, local_rank=e.local_rank, world_size=dims.world_size, procs_per_node=table.procs_per_node, mesh_shape=(dims.pp, dims.dp, dims.tp), coords=(e.pp, e.dp, e.tp), config_path="", node=node, pod_index=pod_index))
     return plan
+
+
+def check_program(program: Program | None, *, cwd: str) -> list[str]:
+    """What can be checked of the user's program before any worker starts (exit 64 when wrong:
+    an image without the script cannot get better by restarting)."""
+    if program is None:
+        return []
+    if program.script is not None and not os.path.isfile(os.path.join(cwd, program.script)):
+        return [f"trainer.program.script: {program.script} is not a file in the image (working directory {cwd})"]
+    if program.module is not None and not all(part.isidentifier() for part in program.module.split(".")):
+        return [f"trainer.program.module: {program.module!r} is not a dotted Python module name"]
+    if program.command is not None:
+        exe = program.command[0]
+        found = os.access(os.path.join(cwd, exe), os.X_OK) if os.sep in exe else shutil.which(exe) is not None
+        if not found:
+            return [f"trainer.program.command: {exe} is not an executable in the image (PATH or a path)"]
+    return []
+
+
+def expand_program(program: Program, env: Mapping[str, str]) -> Program:
+    """``$(VAR)`` in the program's fields expanded from the pod's environment, as the kubelet
+    expands a container's args (they travel in config.json, where no kubelet sees them)."""
+    def x(v: str | None) -> str | None:
+        return None if v is None else expand(v, env)
+
+    return replace(
+        program, script=x(program.script), module=x(program.module),
+        command=None if program.command is None else tuple(expand(c, env) for c in program.command),
+        args=tuple(expand(a, env) for a in program.args),
+    )
+
+
+def worker_command(cfg: TrainerConfig, *, cwd: str | None = None) -> list[str]:
+    """The command line of every worker of this pod: the bundled trainer's, or the program's
+    (``trainer.program``, ``$(VAR)`` already expanded) as ``python SCRIPT ARGS``, ``python -m
+    MODULE ARGS`` (through :mod:`railyard_trainer.program`, which classifies how it ends) or the
+    command as is."""
+    prog = cfg.trainer.program
+    if prog is None:
+        return [sys.executable, "-m", "railyard_trainer.worker"]
+    if prog.script is not None:
+        script = os.path.abspath(os.path.join(cwd or os.getcwd(), prog.script))
+        return [sys.executable, "-u", "-m", "railyard_trainer.program", "script", script, *prog.args]
+    if prog.module is not None:
+        return [sys.executable, "-u", "-m", "railyard_trainer.program", "module", prog.module, *prog.args]
+    assert prog.command is not None
+    return [*prog.command, *prog.args]
+
+
+def worker_environment(plan: LaunchPlan, w: WorkerEnv, *, base: Mapping[str, str], config_path: Path, run_dir: Path) -> dict[str, str]:
+    """One worker's environment: the pod's (``base``), torchrun's variables for its rank and
+    this attempt, its place in the rank table, config.json and where it leaves its last words."""
+    cfg = plan.config
+    return {
+        **base,
+        **torchrun_env(pods=len(plan.table.pods), attempt=cfg.attempt, run_id=cfg.job),
+        **replace(w, config_path=str(config_path)).to_env(),
+        WORKER_ERROR_FILE_ENV: str(worker_error_file(run_dir, w.rank)),
+    }
 
 
 def _die_with_parent() -> None:
@@ -268,9 +352,10 @@ def supervise(plan: LaunchPlan, *, fail_grace_s: float, kill_grace_s: float) -> 
     old = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
     log_event("launch", pod_index=plan.pod_index, ranks=[w.rank for w in plan.workers], world_size=plan.table.world_size, mesh=[plan.table.pp, plan.table.dp, plan.table.tp], master=f"{plan.master_addr}:{plan.master_port}", attempt=plan.config.attempt)
     try:
+        command = worker_command(plan.config)
         for w in plan.workers:
-            env = {**base, **replace(w, config_path=str(config_path)).to_env(), WORKER_ERROR_FILE_ENV: str(worker_error_file(run_dir, w.rank))}
-            procs[w.rank] = subprocess.Popen([sys.executable, "-m", "railyard_trainer.worker"], env=env, start_new_session=True, preexec_fn=_die_with_parent)
+            env = worker_environment(plan, w, base=base, config_path=config_path, run_dir=run_dir)
+            procs[w.rank] = subprocess.Popen(command, env=env, start_new_session=True, preexec_fn=_die_with_parent)
         failed_at: float | None = None
         term_at: float | None = None
         while True:

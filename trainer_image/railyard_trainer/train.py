@@ -5,6 +5,10 @@ Hooks (see hooks.py) are called at fixed points: ``checkpointer.restore`` before
 the optimizer step, ``health.after_step`` with the step's metrics, and
 ``checkpointer.maybe_save(checks_passed=health.checks_passed())`` after every step.
 
+Heartbeats, the watchdog and the checkpoint tiers are the SDK's (railyard_trainer.sdk), the same
+calls a program of one's own makes: ``session.report_step`` after each step, and the
+checkpointer is the SDK's facade over the tiers.
+
 ``compute_s`` (the straggler signal) is the device time of this rank's speed probe
 (speed_probe.py), a fixed, collective-free workload run every step: under FSDP a healthy rank's
 forward+backward waits for the slowest peer inside the all-gathers, so forward+backward time
@@ -13,12 +17,10 @@ forward+backward waits for the slowest peer inside the all-gathers, so forward+b
 
 from __future__ import annotations
 
-import contextlib
 import os
 import resource
-import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -27,10 +29,9 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
-from railyard_trainer import hooks
+from railyard_trainer import hooks, sdk
 from railyard_trainer.config import ConfigError, TrainerConfig
 from railyard_trainer.data import ShardedBatches, build_source
-from railyard_trainer.dcp_checkpointer import build_dcp_checkpointer
 from railyard_trainer.events import log_event
 from railyard_trainer.faults import FaultInjector
 from railyard_trainer.model import Transformer, cross_entropy_loss
@@ -40,6 +41,7 @@ from railyard_trainer.parallelize import clean_fqn, parallelize_llama, param_dty
 from railyard_trainer.pipeline import STAGES_PER_RANK, build_pipeline, check_microbatches
 from railyard_trainer.speed_probe import SpeedProbe
 from railyard_trainer.train_state import Optimizers, WarmupCosine
+from railyard_trainer.watchdog import Watchdog
 from railyard_trainer.worker_env import WorkerEnv
 
 #: Above this many parameters the model is built on the meta device and initialised after
@@ -49,52 +51,6 @@ META_INIT_PARAMS = int(os.environ.get("RAILYARD_META_INIT_PARAMS", "500000000"))
 
 #: Dense bf16 peak FLOP/s per GPU, by device-name substring (for MFU).
 PEAK_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "A10G": 125e12}
-
-
-class Watchdog:
-    """Exits the process with HANG_OR_STRAGGLER when no step completes for ``limit_s``.
-
-    Runs in a thread because a hung rank's main thread is stuck (in a collective or in the
-    fault's sleep). It is paused around checkpoint saves, which may legitimately be long.
-    """
-
-    def __init__(self, limit_s: float, *, rank: int) -> None:
-        self.limit_s = limit_s
-        self.rank = rank
-        self._last = time.monotonic()
-        self._allowance = limit_s
-        self._paused = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="railyard-watchdog", daemon=True)
-
-    def start(self, *, first_step_factor: float = 5.0) -> None:
-        self.beat(allowance_factor=first_step_factor)
-        self._thread.start()
-
-    def beat(self, *, allowance_factor: float = 1.0) -> None:
-        self._last = time.monotonic()
-        self._allowance = self.limit_s * allowance_factor
-
-    @contextlib.contextmanager
-    def paused(self) -> Iterator[None]:
-        self._paused += 1
-        try:
-            yield
-        finally:
-            self._paused -= 1
-            self.beat()
-
-    def _run(self) -> None:
-        from railyard.protocol.exitcodes import ExitCode
-
-        while not self._stop.wait(min(1.0, self.limit_s / 4)):
-            idle = time.monotonic() - self._last
-            if not self._paused and idle > self._allowance:
-                log_event("hang_detected", rank=self.rank, idle_s=round(idle, 2), limit_s=self.limit_s)
-                os._exit(ExitCode.HANG_OR_STRAGGLER)
-
-    def stop(self) -> None:
-        self._stop.set()
 
 
 def init_distributed(env: WorkerEnv, timeout_s: float) -> torch.device:
@@ -208,26 +164,25 @@ class Trainer:
         self.ctx.extra["device"] = self.device
         # The health package replays a suspect step with this (every layout, pipelines included).
         self.ctx.extra["replay_step"] = self.replay_step
-        self.checkpointer = _build_checkpointer(cfg, self.ctx)
-        self.ctx.extra["checkpointer"] = self.checkpointer
+        # Heartbeats, watchdog and checkpoint tiers: the SDK's, as for any program.
+        self.session = sdk.init(config=cfg, identity=_identity(env))
+        self.session.bind(self.ctx)
+        self.checkpointer = self.session.checkpoints(self.ctx, final_step=t.steps)
         self.health = _build_health(cfg, self.ctx)
         self.faults = FaultInjector(cfg.active_faults(), rank=env.rank, log=log_event)
         self.probe = SpeedProbe(self.device)
-        self.watchdog = Watchdog(t.watchdog_seconds, rank=env.rank)
+        self.watchdog: Watchdog = self.session.watchdog
         self.log_all_ranks = os.environ.get("RAILYARD_LOG_ALL_RANKS") == "1"
         self.dump_grads_dir = os.environ.get("RAILYARD_DUMP_GRADS", "")
 
     def train(self) -> None:
         t = self.cfg.trainer
-        restored = self.checkpointer.restore(self.ctx)
+        restored = self.checkpointer.restore(self.ctx)  # logged and reported by the SDK
         self.ctx.extra["restore"] = restored
-        if restored is not None:
-            log_event("restored", rank=self.env.rank, step=restored.step, tier=restored.tier, duration_s=round(restored.duration_s, 3), detail=restored.detail)
         self.health.preflight(self.ctx)
-        self.watchdog.start()
+        self.session.expect_progress(first_step_factor=5.0)
         while self.ctx.step < t.steps:
             self.run_step()
-            self.watchdog.beat()
         self.watchdog.stop()
         log_event("done", rank=self.env.rank, step=self.ctx.step)
 
@@ -238,11 +193,13 @@ class Trainer:
         self.ctx.step += 1
         metrics = self.train_step(self.ctx.step)
         self.health.after_step(self.ctx, metrics)
-        due = getattr(self.checkpointer, "due", None)
-        if callable(due) and due(self.ctx.step):
+        self.session.report_step(
+            metrics.step, loss=metrics.loss, step_time_s=metrics.step_time_s, compute_s=metrics.compute_s,
+            grad_norm=metrics.grad_norm, tokens_per_s=metrics.tokens_per_s,
+        )
+        if self.checkpointer.due(self.ctx.step):
             self.health.verify(self.ctx)
-        with self.watchdog.paused():
-            self.checkpointer.maybe_save(self.ctx, checks_passed=self.health.checks_passed())
+        self.checkpointer.maybe_save(self.ctx, checks_passed=self.health.checks_passed())
         return metrics
 
     def replay_step(self) -> tuple[float, float]:
@@ -338,6 +295,7 @@ class Trainer:
         self.watchdog.stop()
         self.checkpointer.close()
         self.health.close()
+        self.session.close()
         # Nobody leaves while a peer may still talk to the store rank 0 hosts.
         dist.barrier()
         dist.destroy_process_group()
@@ -357,15 +315,11 @@ def _peak_flops(device: torch.device) -> float:
     return next((v for k, v in PEAK_FLOPS.items() if k in name), 0.0)
 
 
-def _build_checkpointer(cfg: TrainerConfig, ctx: hooks.TrainContext) -> hooks.Checkpointer:
-    if os.environ.get("RAILYARD_PLAIN_CHECKPOINT") != "1":
-        try:
-            from railyard_trainer.checkpoint import build_checkpointer
-        except ImportError as exc:
-            log_event("fallback", rank=ctx.rank, what="checkpointer", reason=repr(exc))
-        else:
-            return build_checkpointer(cfg, ctx)
-    return build_dcp_checkpointer(cfg)
+def _identity(env: WorkerEnv) -> sdk.Identity:
+    return sdk.Identity(
+        rank=env.rank, local_rank=env.local_rank, world_size=env.world_size, procs_per_node=env.procs_per_node,
+        pod_index=env.pod_index, node=env.node, mesh_shape=env.mesh_shape,
+    )
 
 
 def _build_health(cfg: TrainerConfig, ctx: hooks.TrainContext) -> hooks.HealthMonitor:

@@ -56,13 +56,11 @@ def _is_infrastructure(exc: BaseException) -> bool:
     cur: BaseException | None = exc
     while cur is not None and id(cur) not in seen:
         seen.add(id(cur))
-        try:
-            from torch.distributed import DistError
-
-            if isinstance(cur, DistError):
-                return True
-        except ImportError:
-            pass
+        # a torch.distributed error exists only where torch.distributed was imported (a program
+        # that never imported it must not pay seconds for the import at its end)
+        dist_error = getattr(sys.modules.get("torch.distributed"), "DistError", None)
+        if isinstance(dist_error, type) and isinstance(cur, dist_error):
+            return True
         text = str(cur).lower()
         if any(p in text for p in _INFRA_PATTERNS):
             return True

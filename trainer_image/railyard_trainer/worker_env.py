@@ -1,4 +1,12 @@
-"""What the launcher tells each worker process, through its environment (torch-free)."""
+"""What the launcher tells each worker process, through its environment (torch-free).
+
+Every worker, the bundled trainer's or the user's program (``spec.trainer.program``), gets the
+environment torchrun gives (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``,
+``GROUP_RANK``, ``GROUP_WORLD_SIZE``, ``ROLE_RANK``, ``ROLE_WORLD_SIZE``, ``ROLE_NAME``,
+``MASTER_ADDR``, ``MASTER_PORT``, ``TORCHELASTIC_RESTART_COUNT``, ``TORCHELASTIC_RUN_ID``) plus
+Railyard's: its place in the rank table (``RAILYARD_MESH_SHAPE``, ``RAILYARD_MESH_COORDS``,
+``RAILYARD_POD_INDEX``, ``RAILYARD_RANK_TABLE``) and ``RAILYARD_CONFIG``.
+"""
 
 from __future__ import annotations
 
@@ -47,12 +55,30 @@ class WorkerEnv:
             "LOCAL_RANK": str(self.local_rank),
             "WORLD_SIZE": str(self.world_size),
             "LOCAL_WORLD_SIZE": str(self.procs_per_node),
+            # torchrun's names for the same: one role, one "node" (worker group) per pod
+            "GROUP_RANK": str(self.pod_index),
+            "ROLE_RANK": str(self.rank),
+            "ROLE_WORLD_SIZE": str(self.world_size),
+            "ROLE_NAME": "default",
             "RAILYARD_MESH_SHAPE": ",".join(map(str, self.mesh_shape)),
             "RAILYARD_MESH_COORDS": ",".join(map(str, self.coords)),
             "RAILYARD_CONFIG": self.config_path,
             "RAILYARD_NODE_NAME": self.node,
             "RAILYARD_POD_INDEX": str(self.pod_index),
         }
+
+
+def torchrun_env(*, pods: int, attempt: int, run_id: str) -> dict[str, str]:
+    """What torchrun gives every worker beyond the rank numbers, for this attempt: programs
+    written for torchrun read them (a restarted gang is torchrun's restarted worker group)."""
+    return {
+        "GROUP_WORLD_SIZE": str(pods),
+        "TORCHELASTIC_RESTART_COUNT": str(attempt),
+        "TORCHELASTIC_RUN_ID": run_id,
+        # the rendezvous store is rank 0's (env://), not an agent's
+        "TORCHELASTIC_USE_AGENT_STORE": "False",
+        "RAILYARD_ATTEMPT": str(attempt),
+    }
 
 
 def _triple(s: str) -> tuple[int, int, int]:

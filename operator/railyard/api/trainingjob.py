@@ -26,6 +26,9 @@ SHORT_NAMES = ["tj"]
 API_VERSION = f"{GROUP}/{VERSION}"
 
 DEFAULT_IMAGE = "ghcr.io/railyard-dev/railyard-trainer:0.1.0"
+#: The numeric user and group of the Railyard trainer image (trainer_image/Dockerfile ``ARG UID``),
+#: under whatever registry name or tag it is pushed: the default of ``spec.securityContext``.
+TRAINER_UID = 10001
 
 
 class _Model(BaseModel):
@@ -179,6 +182,13 @@ class Dataset(_Model):
     shuffle: Annotated[bool, Field(description="type=tokens: visit each epoch's sequences in a seeded random order (resumable exactly); false: in file order.")] = True
 
 
+class Program(_Model):
+    script: Annotated[str | None, Field(min_length=1, max_length=4096, description="A Python file in the image, run as `python SCRIPT ARGS` once per rank (torchrun's positional script). A relative path is taken from the container's working directory.")] = None
+    module: Annotated[str | None, Field(min_length=1, max_length=512, description="A Python module, run as `python -m MODULE ARGS` once per rank (torchrun's -m).")] = None
+    command: Annotated[list[Annotated[str, Field(min_length=1, max_length=4096)]] | None, Field(min_length=1, max_length=64, description="An executable and its first arguments, run as is once per rank (torchrun's --no-python), e.g. a wrapper script.")] = None
+    args: Annotated[list[Annotated[str, Field(max_length=32768)]], Field(max_length=256, description="Arguments after the script, module or command.")] = []
+
+
 class TrainerSettings(_Model):
     preset: Annotated[Literal["tiny", "small", "1b", "8b"], Field(description="Model size preset of the bundled LLaMA-style trainer. tiny runs on CPU.")] = "tiny"
     steps: Annotated[int, Field(ge=1, le=100_000_000, description="Number of optimizer steps to train.")] = 100
@@ -197,6 +207,10 @@ class TrainerSettings(_Model):
     collective_timeout_seconds: Annotated[float, Field(gt=0.0, le=3600, description="A collective that takes longer fails the attempt as an infrastructure failure (instead of NCCL's 30-minute default).")] = 120.0
     watchdog_seconds: Annotated[float, Field(gt=0.0, le=3600, description="A rank whose step makes no progress this long reports itself hung; must be below collectiveTimeoutSeconds.")] = 60.0
     faults: Annotated[list[FaultSpec], Field(max_length=32, description="Fault injection for tests and demos; empty in production.")] = []
+    program: Annotated[
+        Program | None,
+        Field(description="Run your own training program instead of the bundled trainer: railyard-train starts it once per local rank with the environment torchrun gives (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, ...) and the rank table, and classifies its exit as it does the bundled trainer's. The bundled trainer's settings (preset, steps, batchSize, dataset, ...) are then not used; watchdogSeconds applies once the program reports steps through the SDK (railyard_trainer.sdk). See docs/trainer.md, \"Your own program\"."),
+    ] = None
 
 
 # --------------------------------------------------------------------------- topology and gang
@@ -310,6 +324,23 @@ class RestartPolicy(_Model):
     in_place_timeout_seconds: Annotated[float, Field(ge=1, le=3600, description="A kept pod's launcher that has not restarted its workers this long after being told turns the restart into a full restart.")] = 30.0
 
 
+# --------------------------------------------------------------------------- who the trainer runs as
+
+
+class SecurityContext(_Model):
+    run_as_user: Annotated[int, Field(ge=0, le=2147483647, description="UID of the trainer's processes, which also owns the job's hostPath checkpoint folders (an init container hands them to it: the kubelet creates them root-owned). Default 10001: the user of the Railyard trainer image, whatever registry or tag it is pushed under, and of images built FROM it. A custom image sets its own user's UID, or 0 for an image that must run as root (then nothing is chowned and runAsNonRoot is not set).")] = TRAINER_UID
+    run_as_group: Annotated[int | None, Field(ge=0, le=2147483647, description="GID of the trainer's processes and of its checkpoint folders. Empty: runAsUser.")] = None
+    fs_group: Annotated[int | None, Field(ge=0, le=2147483647, description="The pod's fsGroup (group of the volumes that support it; hostPath does not). Empty: runAsGroup.")] = None
+
+    @property
+    def group(self) -> int:
+        return self.run_as_user if self.run_as_group is None else self.run_as_group
+
+    @property
+    def volume_group(self) -> int:
+        return self.group if self.fs_group is None else self.fs_group
+
+
 # --------------------------------------------------------------------------- finished jobs
 
 
@@ -350,7 +381,7 @@ SPEC_RULES: list[dict[str, str]] = [
         "reason": "FieldValueInvalid",
     },
     {
-        "rule": "(self.nodes * self.procsPerNode) % (self.parallelism.tensor * self.parallelism.pipeline) != 0 || self.trainer.batchSize % ((self.nodes * self.procsPerNode) / (self.parallelism.tensor * self.parallelism.pipeline)) == 0",
+        "rule": "has(self.trainer.program) || (self.nodes * self.procsPerNode) % (self.parallelism.tensor * self.parallelism.pipeline) != 0 || self.trainer.batchSize % ((self.nodes * self.procsPerNode) / (self.parallelism.tensor * self.parallelism.pipeline)) == 0",
         "message": "trainer.batchSize must be a multiple of the data-parallel degree (nodes x procsPerNode / (tensor x pipeline)).",
         "fieldPath": ".trainer.batchSize",
         "reason": "FieldValueInvalid",
@@ -371,6 +402,12 @@ SPEC_RULES: list[dict[str, str]] = [
         "rule": "double(self.trainer.watchdogSeconds) < double(self.trainer.collectiveTimeoutSeconds)",
         "message": "trainer.watchdogSeconds must be below trainer.collectiveTimeoutSeconds, so a hung rank reports itself before its peers time out.",
         "fieldPath": ".trainer.watchdogSeconds",
+        "reason": "FieldValueInvalid",
+    },
+    {
+        "rule": "!has(self.trainer.program) || (has(self.trainer.program.script) ? 1 : 0) + (has(self.trainer.program.module) ? 1 : 0) + (has(self.trainer.program.command) ? 1 : 0) == 1",
+        "message": "trainer.program must name exactly one of script (a Python file), module (python -m) or command (an executable).",
+        "fieldPath": ".trainer.program",
         "reason": "FieldValueInvalid",
     },
     {
@@ -410,8 +447,9 @@ class TrainingJobSpec(_Model):
     suspend: Annotated[bool, Field(description="true deletes the gang's pods and keeps checkpoints; false re-places it and resumes.")] = False
     image: Annotated[str, Field(min_length=1, max_length=1024, description="Container image of the trainer.")] = DEFAULT_IMAGE
     image_pull_policy: Annotated[Literal["Always", "IfNotPresent", "Never"], Field(description="Image pull policy.")] = "IfNotPresent"
-    command: Annotated[list[str] | None, Field(max_length=64, description="Override the image's entry point (default: railyard-train).")] = None
-    args: Annotated[list[str] | None, Field(max_length=256, description="Arguments to the command.")] = None
+    command: Annotated[list[str] | None, Field(max_length=64, description="Replace the container's entry point, railyard-train, and with it the launcher: no rank-table layout, heartbeats, exit-code classes or checkpoint tiers unless your command provides them. To run your own program under the launcher, use trainer.program instead.")] = None
+    args: Annotated[list[str] | None, Field(max_length=256, description="Arguments to the command (to railyard-train by default, e.g. --steps 20).")] = None
+    security_context: Annotated[SecurityContext, Field(description="The user the trainer runs as and that owns its checkpoint folders (default: the trainer image's user, 10001, for any image).")] = SecurityContext()
     env: Annotated[list[EnvVar], Field(max_length=128, description="Extra environment variables for every pod.")] = []
     resources: Annotated[ResourceRequirements, Field(description="Compute resources per pod (one pod per node).")] = ResourceRequirements()
     nodes: Annotated[int, Field(ge=1, le=100_000, description="Number of nodes, one pod per node.")] = 1
@@ -421,7 +459,7 @@ class TrainingJobSpec(_Model):
     tolerations: Annotated[list[Toleration], Field(max_length=32, description="Tolerations for the gang's pods (placement honours them too).")] = []
     service_account_name: Annotated[DnsSubdomain | None, Field(description="ServiceAccount of the pods (default: the namespace's default, with no token mounted).")] = None
     parallelism: Annotated[Parallelism, Field(description="How the world is split: pipeline x data x tensor.")] = Parallelism()
-    trainer: Annotated[TrainerSettings, Field(description="Model and training settings of the bundled trainer.")] = TrainerSettings()
+    trainer: Annotated[TrainerSettings, Field(description="Model and training settings of the bundled trainer, or your own program (trainer.program).")] = TrainerSettings()
     topology: Annotated[Topology, Field(description="Network topology used for rail-aware placement.")] = Topology()
     gang: Annotated[Gang, Field(description="Gang scheduling.")] = Gang()
     checkpoint: Annotated[Checkpoint, Field(description="Checkpoint tiers.")] = Checkpoint()

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from railyard.api.quantity import QuantityError, parse_quantity
+from railyard.protocol.envexpand import expand
 
 Obj = Mapping[str, Any]
 _ENV_NAME = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
@@ -184,33 +185,6 @@ def _key_ref(ctx: PodContext, ref: Obj, *, secret: bool) -> str | None:
             return None
         raise ContainerConfigError(f"{kind}: key {key!r} not found in {'secret' if secret else 'configmap'} {name!r}")
     return data[key]
-
-
-def expand(text: str, env: Mapping[str, str]) -> str:
-    """Kubernetes ``$(VAR)`` expansion: known names are replaced, ``$$`` is a literal ``$``."""
-    out: list[str] = []
-    i, n = 0, len(text)
-    while i < n:
-        ch = text[i]
-        if ch == "$" and i + 1 < n:
-            nxt = text[i + 1]
-            if nxt == "$":
-                out.append("$")
-                i += 2
-                continue
-            if nxt == "(":
-                end = text.find(")", i + 2)
-                if end != -1:
-                    name = text[i + 2 : end]
-                    if name in env:
-                        out.append(env[name])
-                    else:
-                        out.append(text[i : end + 1])
-                    i = end + 1
-                    continue
-        out.append(ch)
-        i += 1
-    return "".join(out)
 
 
 def build_env(ctx: PodContext, container: Obj) -> dict[str, str]:

@@ -16,7 +16,10 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from railyard import GROUP
-from railyard.api.trainingjob import API_VERSION, DEFAULT_IMAGE, KIND, TrainingJobSpec
+from railyard.api.trainingjob import API_VERSION, KIND, TrainingJobSpec
+from railyard.api.trainingjob import (
+    TRAINER_UID as TRAINER_UID,  # the image's user, for callers of this module
+)
 from railyard.protocol.ranktable import PodEntry, RankTable
 from railyard.protocol.termination import TERMINATION_LOG, TERMINATION_LOG_ENV
 
@@ -37,9 +40,6 @@ RENDEZVOUS_PORT_BASE = 20000
 RENDEZVOUS_PORT_SPAN = 20000
 CONTAINER_NAME = "trainer"
 DEFAULT_COMMAND = ("railyard-train",)
-#: The trainer image's numeric user and group (trainer_image/Dockerfile ``ARG UID``): pods using
-#: the default image run as it, so the kubelet can check runAsNonRoot and files stay this owner's.
-TRAINER_UID = 10001
 
 CHECKPOINT_MOUNTS = {"memory": "/railyard/checkpoints/memory", "local": "/railyard/checkpoints/local", "shared": "/railyard/checkpoints/shared"}
 
@@ -226,25 +226,33 @@ def with_addresses(table: RankTable, namespace: str) -> RankTable:
 
 
 def _security(spec: TrainingJobSpec) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The pod's and the trainer container's security contexts. The user is
+    ``spec.securityContext`` (default: the trainer image's user, whatever the image is called);
+    every image gets the same rule, so ours pushed under another name behaves as ours."""
     pod_sc: dict[str, Any] = {"seccompProfile": {"type": "RuntimeDefault"}}
     container_sc: dict[str, Any] = {
         "allowPrivilegeEscalation": False,
         "privileged": False,
         "capabilities": {"drop": ["ALL"]},
     }
-    if spec.image == DEFAULT_IMAGE:
-        # our image runs as an unprivileged user; a custom image may need root, so only ours is forced
-        pod_sc.update({"runAsNonRoot": True, "runAsUser": TRAINER_UID, "runAsGroup": TRAINER_UID, "fsGroup": TRAINER_UID})
+    sc = spec.security_context
+    pod_sc.update({"runAsUser": sc.run_as_user, "runAsGroup": sc.group, "fsGroup": sc.volume_group})
+    if sc.run_as_user != 0:
+        # a numeric non-root user: the kubelet can check it (restricted Pod Security)
+        pod_sc["runAsNonRoot"] = True
     return pod_sc, container_sc
 
 
 def _checkpoint_dirs_init(spec: TrainingJobSpec, volumes: Sequence[Mapping[str, Any]], mounts: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """For our image (non-root, TRAINER_UID): an init container that hands the job's hostPath
-    checkpoint folders to that UID. The kubelet creates a ``DirectoryOrCreate`` folder as root,
-    mode 0755, and ``fsGroup`` does not apply to hostPath, so without it the trainer could not
-    write tiers 1 and 2. It runs as root with only CAP_CHOWN, changes the owner of the per-job
-    folders (not recursively: what is inside was written by the trainer) and exits."""
-    if spec.image != DEFAULT_IMAGE:
+    """For a non-root trainer (``spec.securityContext.runAsUser`` > 0, by default the image's
+    10001): an init container that hands the job's hostPath checkpoint folders to that user. The
+    kubelet creates a ``DirectoryOrCreate`` folder as root, mode 0755, and ``fsGroup`` does not
+    apply to hostPath, so without it the trainer could not write tiers 1 and 2. It runs the job's
+    image (which must have ``chown``) as root with only CAP_CHOWN, changes the owner of the
+    per-job folders (not recursively: what is inside was written by the trainer) and exits. A
+    root trainer (runAsUser 0) writes them as they are: no init container."""
+    sc = spec.security_context
+    if sc.run_as_user == 0:
         return []
     host = {v["name"] for v in volumes if "hostPath" in v}
     own = [dict(m) for m in mounts if m["name"] in host]
@@ -254,7 +262,7 @@ def _checkpoint_dirs_init(spec: TrainingJobSpec, volumes: Sequence[Mapping[str, 
         "name": "checkpoint-dirs",
         "image": spec.image,
         "imagePullPolicy": spec.image_pull_policy,
-        "command": ["chown", f"{TRAINER_UID}:{TRAINER_UID}", *(m["mountPath"] for m in own)],
+        "command": ["chown", f"{sc.run_as_user}:{sc.group}", *(m["mountPath"] for m in own)],
         "volumeMounts": own,
         "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}, "limits": {"memory": "16Mi"}},
         "securityContext": {

@@ -60,7 +60,7 @@ job's heartbeats arrive, from the operator's heartbeat window (`railyard.logic.g
         )
         self.saves = Counter(
             "railyard_checkpoint_saves",
-            "Checkpoint saves reported, by tier and result (ok, failed).",
+            "Checkpoint saves reported, by tier and result (ok, failed, skipped: due while the previous save was still being written).",
             ["tier", "result"], registry=reg,
         )
         self.restores = Counter(
@@ -88,7 +88,7 @@ job's heartbeats arrive, from the operator's heartbeat window (`railyard.logic.g
         # sample before the change): the first restore, the first failed save and the first
         # save's duration would be missing from the dashboard and from alerts.
         for tier in TIERS:
-            for result in ("ok", "failed"):
+            for result in ("ok", "failed", "skipped"):
                 self.saves.labels(tier, result)
             for child in (self.restores, self.save_seconds, self.blocked_seconds, self.restore_seconds):
                 child.labels(tier)
@@ -102,6 +102,9 @@ job's heartbeats arrive, from the operator's heartbeat window (`railyard.logic.g
                 if e.ok:
                     self.restores.labels(e.tier).inc()
                     self.restore_seconds.labels(e.tier).observe(max(0.0, e.duration_s))
+                continue
+            if e.kind == "skip":  # nothing was written: no blocked time, no duration
+                self.saves.labels(e.tier, "skipped").inc()
                 continue
             self.saves.labels(e.tier, "ok" if e.ok else "failed").inc()
             self.blocked_seconds.labels(e.tier).observe(max(0.0, e.blocked_s))

@@ -68,6 +68,10 @@ class RankBeat:
     #: (at most MAX_RECENT_STEPS). Lets the operator score per step when beats are sparser
     #: than steps; empty means only ``compute_s`` is known.
     recent_compute_s: tuple[float, ...] = ()
+    #: False: the rank's program has not opted into step reports (a program under the launcher
+    #: that does not call ``railyard_trainer.sdk.report_step``). It is alive, but its ``step``
+    #: means nothing, so the hang and straggler rules skip it. Added field: readers default to True.
+    progress: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,8 +86,10 @@ class CheckpointEvent:
     bytes: int = 0
     sdc_passed: bool = True
     detail: str = ""
-    #: "save" (a tier's save committed or failed) or "restore" (this attempt loaded ``step``
-    #: from ``tier`` in ``duration_s``; ``bytes`` read). Added field: readers default to "save".
+    #: "save" (a tier's save committed or failed), "skip" (a save due at ``step`` was not
+    #: written because a rank's previous save was still running; ``ok`` False) or "restore"
+    #: (this attempt loaded ``step`` from ``tier`` in ``duration_s``; ``bytes`` read). Added
+    #: field: readers default to "save".
     kind: str = "save"
     #: restore only: steps trained before the failure that are redone (-1: unknown).
     steps_lost: int = -1
@@ -170,6 +176,7 @@ def _rank_fast(r: Any) -> RankBeat | None:
     cs, bs, tps = g("compute_s", 0.0), g("bench_s", 0.0), g("tokens_per_s", 0.0)
     loss, gn, saving = g("loss"), g("grad_norm"), g("saving", False)
     health, recent = g("health", ()), g("recent_compute_s", ())
+    progress = g("progress", True)
     if (
         type(rank) is not int or rank < 0 or type(step) is not int or step < 0
         or type(st) not in _NUM or not 0.0 <= st < _INF
@@ -179,6 +186,7 @@ def _rank_fast(r: Any) -> RankBeat | None:
         or (loss is not None and type(loss) not in _NUM)
         or (gn is not None and type(gn) not in _NUM)
         or type(saving) is not bool
+        or type(progress) is not bool
         or health  # health results take the checked path
         or (type(health) not in (list, tuple))
         or type(recent) not in (list, tuple) or len(recent) > MAX_RECENT_STEPS
@@ -190,7 +198,7 @@ def _rank_fast(r: Any) -> RankBeat | None:
     return RankBeat(
         rank, step, float(st), float(cs), float(bs),
         None if loss is None else float(loss), None if gn is None else float(gn),
-        saving, float(tps), (), tuple(map(float, recent)),
+        saving, float(tps), (), tuple(map(float, recent)), progress,
     )
 
 
@@ -237,6 +245,7 @@ def _rank_checked(r: Any, where: str) -> RankBeat:
         tokens_per_s=_float(r, "tokens_per_s", default=0.0, where=where, minimum=0.0),
         health=tuple(health),
         recent_compute_s=tuple(recent),
+        progress=_bool(r, "progress", default=True, where=where),
     )
 
 

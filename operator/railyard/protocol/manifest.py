@@ -3,10 +3,11 @@
 A checkpoint directory ``<tier root>/<job>/step-<NNNNNNNN>/`` holds shard files and, written
 last and atomically (write to a temp name, fsync, rename), ``manifest.json``. A directory without
 a manifest is an interrupted save and does not exist. The manifest lists every shard with its
-size and SHA-256 so a restore can verify before loading; it records whether the SDC checks at
-that step passed, so a restore never picks a suspect checkpoint. ``shards_digest`` (SHA-256 of the
-shard list) lets a restore tell in O(1) whether two pods' manifests list the same shards: every
-pod's copy lists every shard of the gang, so comparing the lists themselves costs pods x shards.
+size and checksum (``sha256``, under the algorithm named by ``algorithm``) so a restore can verify
+before loading; it records whether the SDC checks at that step passed, so a restore never picks a
+suspect checkpoint. ``shards_digest`` (SHA-256 of the shard list) lets a restore tell in O(1)
+whether two pods' manifests list the same shards: every pod's copy lists every shard of the gang,
+so comparing the lists themselves costs pods x shards.
 
 The operator reads manifests (through the trainer's heartbeats and the shared tier) to report
 the last verified checkpoint per tier and to choose what the next attempt restores from.
@@ -34,9 +35,14 @@ class ShardInfo:
     #: Path relative to the checkpoint directory.
     path: str
     bytes: int
+    #: The file's hex digest under ``algorithm``. (The field keeps its first algorithm's name so
+    #: that manifests written before ``algorithm`` existed read unchanged.)
     sha256: str
     #: The rank (or pod index for per-pod files) that wrote it; -1 for shared metadata.
     owner: int = -1
+    #: The checksum algorithm of ``sha256``: "sha256", or "xxh3-128" (XXH3, 128 bits), which the
+    #: trainer writes. Absent in a manifest: "sha256".
+    algorithm: str = "sha256"
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,8 +121,12 @@ class Manifest:
 
 def compute_shards_digest(shards: Iterable[ShardInfo]) -> str:
     """SHA-256 (hex) of the compact JSON array ``[[path, bytes, sha256, owner], ...]`` in the
-    manifest's order: equal digests mean equal shard lists."""
-    rows = [(s.path, s.bytes, s.sha256, s.owner) for s in shards]
+    manifest's order (a row ends with ``algorithm`` when that is not "sha256", so digests of
+    lists written before the field existed are unchanged): equal digests mean equal shard lists."""
+    rows = [
+        (s.path, s.bytes, s.sha256, s.owner) if s.algorithm == "sha256" else (s.path, s.bytes, s.sha256, s.owner, s.algorithm)
+        for s in shards
+    ]
     return hashlib.sha256(json.dumps(rows, separators=(",", ":")).encode()).hexdigest()
 
 

@@ -61,6 +61,23 @@ class Dataset:
 
 
 @dataclass(frozen=True)
+class Program:
+    """The user's program, started by ``railyard-train`` once per local rank with torchrun's
+    environment (docs/trainer.md, "Your own program"). Exactly one of ``script``, ``module``
+    and ``command``, as torchrun takes a script, ``-m module`` or ``--no-python command``."""
+
+    script: str | None = _c(None, min_length=1, max_length=4096)
+    module: str | None = _c(None, min_length=1, max_length=512)
+    command: tuple[str, ...] | None = _c(None, min_length=1, max_length=64)
+    args: tuple[str, ...] = _c((), max_length=256)
+
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        """Which of script/module/command are given (exactly one is valid)."""
+        return tuple(k for k in ("script", "module", "command") if getattr(self, k) is not None)
+
+
+@dataclass(frozen=True)
 class TrainerSettings:
     preset: Literal["tiny", "small", "1b", "8b"] = "tiny"
     steps: int = _c(100, ge=1, le=100_000_000)
@@ -79,6 +96,8 @@ class TrainerSettings:
     collective_timeout_seconds: float = _c(120.0, gt=0.0, le=3600)
     watchdog_seconds: float = _c(60.0, gt=0.0, le=3600)
     faults: tuple[FaultSpec, ...] = _c((), max_length=32)
+    #: None: the bundled trainer; else the user's program under the launcher.
+    program: Program | None = None
 
 
 @dataclass(frozen=True)
@@ -170,6 +189,9 @@ def trainer_rule_problems(t: TrainerSettings) -> list[str]:
     ``spec.trainer``, for configs that never passed an API server (``railyard-train`` by hand).
     A test evaluates both on the same table of cases."""
     out = []
+    if t.program is not None and len(t.program.kinds) != 1:
+        given = ", ".join(t.program.kinds) or "none"
+        out.append(f"trainer.program: name exactly one of script (a Python file), module (python -m) or command (an executable); got {given}")
     if t.dataset.type != "synthetic" and t.dataset.path is None:
         out.append(f"trainer.dataset.path: required when trainer.dataset.type is {t.dataset.type}; name the folder (or file) of the data")
     if not t.watchdog_seconds < t.collective_timeout_seconds:
@@ -364,6 +386,7 @@ __all__ = [
     "LocalTier",
     "MemoryTier",
     "Parallelism",
+    "Program",
     "SchemaError",
     "SdcPolicy",
     "SharedTier",

@@ -55,6 +55,7 @@ class _Rank:
     step_advanced_at: float
     saving: bool = False
     last_saving_at: float = -math.inf
+    progress: bool = True
     compute: list[float] = dataclasses.field(default_factory=list)
 
     def recent_compute(self, n: int) -> Sequence[float]:
@@ -337,8 +338,9 @@ def choose_restore(
             if s.tier == "memory" and replicate and replica_peer >= 0:
                 mine = frozenset({_FAILED})
                 found.append(FoundCheckpoint(m, pod_location(replica_peer), mine, verified=mine))
+    # as the bundled trainer asks (CheckpointManager.restore): its loader reshards node tiers
     decision = decide_restore(
-        found, layout=Layout(scn.pp, scn.dp, scn.tp), home={1: pod_location(failed_pod)}
+        found, layout=Layout(scn.pp, scn.dp, scn.tp), home={1: pod_location(failed_pod)}, node_reshard=True
     )
     if decision.source is None:
         return None

@@ -8,6 +8,9 @@ for heartbeats, ``close()`` at the end. ``drain_events()`` returns the
 (rank 0 only). ``restore`` raises :class:`NoVerifiedCheckpoint` (exit code
 ``NO_VERIFIED_CHECKPOINT``) when a checkpoint was required and none verifies. See
 docs/checkpoints.md.
+
+The manager (and torch) is imported on first use: settings and storage are torch-free, and the
+SDK (railyard_trainer.sdk) reads the tiers' settings without importing torch.
 """
 
 from __future__ import annotations
@@ -17,12 +20,11 @@ import os
 from collections.abc import Mapping
 from dataclasses import asdict, is_dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from railyard.protocol.manifest import TIERS
 from railyard.protocol.ranktable import RankTable
 from railyard.protocol.restore import Layout
-from railyard_trainer.checkpoint.manager import CheckpointManager, NoVerifiedCheckpoint, SaveRecord
 from railyard_trainer.checkpoint.settings import (
     CheckpointConfigError,
     CheckpointSettings,
@@ -35,6 +37,24 @@ from railyard_trainer.checkpoint.storage import (
     delete_job_checkpoints,
 )
 from railyard_trainer.hooks import TrainContext
+
+if TYPE_CHECKING:
+    from railyard_trainer.checkpoint.manager import (
+        CheckpointManager,
+        NoVerifiedCheckpoint,
+        SaveRecord,
+    )
+
+_FROM_MANAGER = ("CheckpointManager", "NoVerifiedCheckpoint", "SaveRecord")
+
+
+def __getattr__(name: str) -> Any:
+    if name in _FROM_MANAGER:
+        from railyard_trainer.checkpoint import manager
+
+        return getattr(manager, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "CheckpointConfigError",
@@ -82,6 +102,8 @@ def build_checkpointer(config: Any, ctx: TrainContext, **overrides: Any) -> Chec
     SHARED}_DIR unless a tier object sets ``dir``. Replica peers come from the rank table
     (RAILYARD_RANK_TABLE, ``pods[].replica_peer``), else a ring over the pods.
     """
+    from railyard_trainer.checkpoint.manager import CheckpointManager
+
     raw = _section(config, "checkpoint") or {}
     if isinstance(raw, Mapping) and "path" in raw and not any(t in raw for t in TIERS):
         # The flat form {"path", "intervalSteps"} selects the plain DCP checkpointer.

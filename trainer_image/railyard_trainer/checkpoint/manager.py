@@ -4,21 +4,29 @@ Saving (:meth:`CheckpointManager.maybe_save`, after every optimizer step):
 
 1. *Blocking part* (the only time training waits): the model and optimizer state dicts are
    copied into host buffers allocated once and reused (pinned when the model is on a GPU), the
-   data position and LR schedule are read. If the previous snapshot is still being written, the
-   copy waits for it first (counted as blocked time).
+   data position and LR schedule are read.
 2. *Background part*, one worker thread per rank, jobs in step order (so every rank issues the
-   same collectives in the same order on the checkpoint's own gloo process group):
+   same collectives in the same order on the checkpoint's own gloo process group). Each tier
+   starts with the ranks agreeing that all of them are ready, then:
    - memory / local tiers: each rank writes its shard as a self-contained DCP checkpoint
-     (``step-N/rank-RRRRR/``) with ``dcp_save(no_dist=True)``; the memory tier then sends the
-     shard's files to the same local rank on the pod's replica peer (gloo send/recv on the
-     checkpoint group), which writes them into its node's memory tier under the same names;
+     (``step-N/rank-RRRRR/``, ``shardio.ShardWriter``: tensors raw, one pass from the snapshot,
+     hashed as written); the memory tier streams the same pieces, as they are written, to the
+     same local rank on the pod's replica peer, which receives them into its node's memory tier
+     and checks the sender's digest at the end;
    - shared tier: one DCP checkpoint over all ranks, ``dcp_save(process_group=<ckpt group>)``,
      which reshards on load;
-   - every rank hashes what it wrote (SHA-256), the results are all-gathered, and only when
-     every shard is written the manifest is committed atomically: by the first rank of each pod
-     into its node's tier directory (node tiers) or by rank 0 (shared). Then GC.
+   - the digests (XXH3-128, ``digest.py``) are all-gathered, and only when every shard is
+     written the manifest is committed atomically: by the first rank of each pod into its node's
+     tier directory (node tiers) or by rank 0 (shared). Then GC.
    A failed tier is reported as an event and tried again at its next interval; nothing raises
    into the train loop.
+
+**Saves never queue.** When a memory-tier save falls due while this rank's previous save is
+still being written, the rank takes no snapshot and queues a *skip*; the ranks learn in the
+tier's first collective that one of them skipped, and none writes that step (a ``skip`` event
+and ``skipped_saves`` say why). A save of a slower tier (local, shared) or of the run's last step
+instead waits for the one in flight (at most one: the buffers are reused). Either way every rank
+runs the same jobs in the same order, so the decision needs no extra collective.
 
 Restoring (:meth:`CheckpointManager.restore`, before the first step): every pod lists the
 committed manifests it can see, the listings are gathered, and
@@ -26,14 +34,15 @@ committed manifests it can see, the listings are gathered, and
 fastest tier first. The shards it names are checksum-verified (spread over the ranks that can
 read them) before anything is loaded; corrupt copies are dropped and the choice is made again,
 so a corrupt checkpoint is never loaded and never retried. Shards held only by a neighbour
-(a lost node's memory tier) are sent to the rank that needs them, verified, and written back
-into its node's tier. See docs/checkpoints.md.
+(a lost node's memory tier) are streamed to the rank that needs them (from the holder's page
+cache into the receiver's file pages), verified as they arrive, and kept in its node's tier.
+Node-tier shards are read straight into the tensors being restored (``shardio.ShardReader``).
+See docs/checkpoints.md.
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import logging
 import os
@@ -42,7 +51,7 @@ import queue
 import shutil
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from typing import Any
@@ -51,6 +60,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_state_dict
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.filesystem import FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex, TensorStorageMetadata
@@ -81,7 +91,18 @@ from railyard.protocol.restore import (
     plan_gc,
     pod_location,
 )
+from railyard_trainer.checkpoint.digest import DEFAULT_ALGORITHM
 from railyard_trainer.checkpoint.settings import CheckpointSettings, TierSettings
+from railyard_trainer.checkpoint.shardio import (
+    SHARD_FILES,
+    MergedShardReader,
+    ReplicaReceiver,
+    ReplicaSender,
+    ShardReader,
+    ShardWriter,
+    receive_files,
+    send_files,
+)
 from railyard_trainer.checkpoint.storage import TierStorage
 from railyard_trainer.hooks import RestoreResult, TrainContext
 from railyard_trainer.train_state import rng_key, rng_state, set_rng_state
@@ -93,6 +114,12 @@ _NONSTRICT = StateDictOptions(flatten_optimizer_state_dict=True, strict=False)
 #: Fault-injection points (tests): called as hook(tier, step, rank); may raise or block.
 FaultHook = Callable[[str, int, int], None]
 MAX_EVENTS = 256
+#: What a failed ``dcp.save`` / ``dcp.load`` raises: DCP wraps the ranks' errors in a
+#: ``CheckpointException``, a ``BaseException``, which ``except Exception`` would let through
+#: (and kill the save worker, or the restore instead of falling back).
+_DCP_ERRORS = (Exception, CheckpointException)
+#: Tiers whose save is skipped (not waited for) when it falls due while a save is in flight.
+SKIPPABLE_TIERS = frozenset({"memory"})
 
 
 class NoVerifiedCheckpoint(RuntimeError):
@@ -116,6 +143,8 @@ class _SaveJob:
     blocked_s: float
     started: float
     error: str = ""
+    #: Set on a rank that took no snapshot because its previous save was still running.
+    skip: str = ""
 
 
 @dataclass
@@ -129,6 +158,8 @@ class SaveRecord:
     duration_s: float
     bytes: int
     detail: str = ""
+    #: Not written because a rank's previous save was still running (``ok`` is False).
+    skipped: bool = False
 
 
 @dataclass
@@ -138,6 +169,8 @@ class _Local:
     error: str = ""
     shards: list[ShardInfo] = field(default_factory=list)
     state: dict[str, Any] = field(default_factory=dict)
+    #: Replicas this rank received for other ranks that did not arrive intact.
+    replica_problems: list[str] = field(default_factory=list)
 
 
 class CheckpointManager:
@@ -196,12 +229,20 @@ class CheckpointManager:
         self._events: list[CheckpointEvent] = []
         self._events_lock = threading.Lock()
         self.history: list[SaveRecord] = []
+        #: Saves not written because a save was still running, per tier (see the module doc).
+        self.skipped_saves: dict[str, int] = {}
+        #: The step of the newest save handed to the worker (what a skip waits behind).
+        self._inflight_step = -1
+        #: Where received replica pieces go when this rank cannot keep them (allocated lazily).
+        self._scratch: torch.Tensor | None = None
         self.last_committed: dict[str, int] = {}
         self.last_restore: RestoreResult | None = None
         self._buffers: dict[str, Any] | None = None
         self._preparing = False
         self._blocking = False
         self._pending = 0
+        #: Saves (and skips) queued or running; buffer preparation is not one (a save waits for it).
+        self._saves_pending = 0
         self._pending_cv = threading.Condition()
         self._queue: queue.Queue[_SaveJob | Callable[[], None] | None] = queue.Queue()
         self._last_saved_step = -1
@@ -225,9 +266,27 @@ class CheckpointManager:
         self.forward_events(ctx)
         due = self._due_tiers(ctx.step)
         if due:
-            self.save(ctx, tiers=due, checks_passed=checks_passed)
+            final = self.final_step is not None and ctx.step == self.final_step
+            if self._saves_pending > 0 and not final and all(t.name in SKIPPABLE_TIERS for t in due):
+                self._queue_skip(ctx, due)
+            else:
+                self.save(ctx, tiers=due, checks_passed=checks_passed)
         elif self._buffers is None and self.tiers and not self._preparing:
             self.prepare(ctx)
+
+    def _queue_skip(self, ctx: TrainContext, tiers: Sequence[TierSettings]) -> None:
+        """No snapshot: the previous save still uses the buffers. The worker still runs the
+        job's collectives, so every rank learns that this step is not written."""
+        reason = f"rank {self.rank}: the step-{self._inflight_step} save was still running"
+        self._last_saved_step = ctx.step
+        job = _SaveJob(
+            step=ctx.step, tiers=list(tiers), snapshot=None, trainer_state={}, sdc_passed=False,
+            blocked_s=0.0, started=time.perf_counter(), skip=reason,
+        )
+        with self._pending_cv:
+            self._pending += 1
+            self._saves_pending += 1
+        self._queue.put(job)
 
     def prepare(self, ctx: TrainContext) -> None:
         """Allocate (and touch) the snapshot buffers in the background before the first save,
@@ -308,12 +367,14 @@ class CheckpointManager:
             self._blocking = False
         blocked = time.perf_counter() - t0
         self._last_saved_step = ctx.step
+        self._inflight_step = ctx.step
         job = _SaveJob(
             step=ctx.step, tiers=list(tiers), snapshot=snapshot, trainer_state=trainer_state,
             sdc_passed=bool(checks_passed), blocked_s=blocked, started=t0, error=error,
         )
         with self._pending_cv:
             self._pending += 1
+            self._saves_pending += 1
         self._queue.put(job)
 
     def wait(self, timeout_s: float = 300.0) -> bool:
@@ -377,6 +438,7 @@ class CheckpointManager:
                 job.snapshot = None
                 with self._pending_cv:
                     self._pending -= 1
+                    self._saves_pending -= 1
                     self._pending_cv.notify_all()
 
     def _fault(self, point: str, tier: str, step: int) -> None:
@@ -393,40 +455,45 @@ class CheckpointManager:
         storage = self.storages[tier.name]
         per_node = tier.name in PER_NODE_TIERS
         mine = _Local(error=job.error, state=job.trainer_state)
-        if not mine.error:
+        if not mine.error and not job.skip:
             try:
                 self._fault("before_write", tier.name, job.step)
                 if per_node:
-                    mine.shards = self._write_rank_shard(storage, job)
+                    # A step directory left by an older attempt is overwritten: uncommit it first.
+                    storage.uncommit(job.step)
+                    shutil.rmtree(storage.step_dir(job.step) / rank_dirname(self.rank), ignore_errors=True)
                 else:
                     if self.rank == 0:
                         storage.uncommit(job.step)
                     storage.step_dir(job.step).mkdir(parents=True, exist_ok=True)
             except Exception as exc:
                 mine.error = f"rank {self.rank}: {exc!r}"
-        if not per_node:
-            # Every rank enters DCP's collective save only if every rank is ready to.
-            ready = self._gather(mine.error)
-            errors = [e for e in ready if e]
-            if not errors:
-                try:
-                    assert job.snapshot is not None
-                    dcp_save(
-                        job.snapshot,
-                        storage_writer=FileSystemWriter(storage.step_dir(job.step)),
-                        process_group=self.pg,
-                    )
-                    self._fault("after_write", tier.name, job.step)
-                    mine.shards = self._hash_shared_files(storage, job.step)
-                except Exception as exc:
-                    mine.error = f"rank {self.rank}: {exc!r}"
+        # Every rank writes (and streams to its replica peer, and enters DCP's collectives) only
+        # if every rank is ready to: nobody is left waiting for a rank that skipped or failed.
+        ready: list[tuple[str, str]] = self._gather((job.skip, mine.error))
+        skips = [k for k, _ in ready if k]
+        errors = [e for _, e in ready if e]
+        if skips or errors:
+            self._record_not_written(job, tier, skips, errors)
+            return
+        try:
+            if per_node:
+                mine.shards, mine.replica_problems = self._write_rank_shard(storage, job, replicate=tier.replicate)
             else:
-                mine.error = mine.error or "skipped: " + errors[0]
+                assert job.snapshot is not None
+                dcp_save(
+                    job.snapshot,
+                    storage_writer=FileSystemWriter(storage.step_dir(job.step)),
+                    process_group=self.pg,
+                )
+                self._fault("after_write", tier.name, job.step)
+                mine.shards = self._hash_shared_files(storage, job.step)
+        except _DCP_ERRORS as exc:
+            mine.error = f"rank {self.rank}: {exc!r}"
         results: list[_Local] = self._gather(mine)
         errors = [r.error for r in results if r.error]
-        replica_note = ""
-        if not errors and per_node and tier.replicate:
-            replica_note = self._replicate(storage, job.step, results)
+        problems = [p for r in results for p in r.replica_problems]
+        replica_note = ("replica: " + "; ".join(problems))[:300] if problems else ""
         committed = False
         commit_error = ""
         if not errors:
@@ -467,23 +534,71 @@ class CheckpointManager:
             )
         )
 
-    def _write_rank_shard(self, storage: TierStorage, job: _SaveJob) -> list[ShardInfo]:
+    def _record_not_written(self, job: _SaveJob, tier: TierSettings, skips: list[str], errors: list[str]) -> None:
+        """The tier is not written at this step on any rank: skipped (a rank was still saving)
+        or failed before writing (a snapshot or a directory)."""
+        skipped = not errors
+        detail = ("skipped: " + "; ".join(skips) if skipped else "; ".join(errors))[:500]
+        record = SaveRecord(
+            step=job.step, tier=tier.name, ok=False, blocked_s=job.blocked_s,
+            duration_s=time.perf_counter() - job.started, bytes=0, detail=detail, skipped=skipped,
+        )
+        self.history.append(record)
+        if skipped:
+            self.skipped_saves[tier.name] = self.skipped_saves.get(tier.name, 0) + 1
+            log.warning("checkpoint %s step %d %s (saves do not queue; the next interval saves)", tier.name, job.step, detail)
+        else:
+            log.warning("checkpoint %s step %d failed: %s", tier.name, job.step, detail)
+        self._emit(
+            CheckpointEvent(
+                step=job.step, tier=tier.name, ok=False, blocked_s=record.blocked_s,
+                duration_s=record.duration_s, bytes=0, sdc_passed=job.sdc_passed, detail=detail,
+                kind="skip" if skipped else "save",
+            )
+        )
+
+    def _write_rank_shard(self, storage: TierStorage, job: _SaveJob, *, replicate: bool) -> tuple[list[ShardInfo], list[str]]:
+        """Write this rank's shard (streamed to its replica target as it is written) and
+        receive the replicas sent to this rank. Returns (own shards, replica problems)."""
         assert job.snapshot is not None
-        # A step directory left by an older attempt is overwritten: uncommit it first.
-        storage.uncommit(job.step)
-        rel_dir = rank_dirname(self.rank)
-        target = storage.step_dir(job.step) / rel_dir
-        shutil.rmtree(target, ignore_errors=True)
-        dcp_save(job.snapshot, storage_writer=FileSystemWriter(target), no_dist=True)
-        self._fault("after_write", storage.name, job.step)
-        shards = []
-        for name in sorted(os.listdir(target)):
-            rel = f"{rel_dir}/{name}"
-            state = storage.file_state(job.step, rel)
-            if state is None:
-                raise OSError(f"{rel}: written but unreadable")
-            shards.append(ShardInfo(path=rel, bytes=state[0], sha256=state[1], owner=self.rank))
-        return shards
+        step_dir = storage.step_dir(job.step)
+        target = step_dir / rank_dirname(self.rank)
+        send_to = self._replica_target(self.rank) if replicate else None
+        sources = [r for r in range(self.world) if self._replica_target(r) == self.rank] if replicate else []
+        sender = ReplicaSender(self.pg, send_to) if send_to is not None else None
+        receivers: list[ReplicaReceiver] = []
+        for src in sources:
+            d = step_dir / rank_dirname(src)
+            shutil.rmtree(d, ignore_errors=True)
+            receivers.append(ReplicaReceiver(self.pg, src, d, fsync=storage.fsync, scratch=self._scratch))
+        writer = ShardWriter(target, fsync=storage.fsync, replica=sender, receivers=receivers)
+        error: BaseException | None = None
+        try:
+            dcp_save(job.snapshot, storage_writer=writer, no_dist=True)
+            self._fault("after_write", storage.name, job.step)
+        except BaseException as exc:
+            error = exc
+        finally:
+            # Whatever happened here, the peers get every message they were promised and every
+            # message promised to this rank is received: nobody waits for a group timeout.
+            # (Owed messages go out first; sends complete as the peers receive.)
+            if sender is not None:
+                sender.seal(len(SHARD_FILES))
+            for rx in receivers:
+                rx.finish()
+                if rx.scratch is not None:
+                    self._scratch = rx.scratch
+            send_problem = sender.wait() if sender is not None else ""
+        if error is not None:
+            raise error
+        problems = [p for rx in receivers for p in rx.problems]
+        if send_problem:
+            problems.append(f"rank {self.rank}: {send_problem}")
+        shards = [
+            ShardInfo(path=f.rel, bytes=f.size, sha256=f.digest, owner=self.rank, algorithm=f.algorithm)
+            for f in writer.files
+        ]
+        return sorted(shards, key=lambda x: x.path), problems
 
     def _hash_shared_files(self, storage: TierStorage, step: int) -> list[ShardInfo]:
         prefix = f"__{self.rank}_"
@@ -493,11 +608,11 @@ class CheckpointManager:
             mine.append(".metadata")
         shards = []
         for name in mine:
-            state = storage.file_state(step, name)
+            state = storage.file_state(step, name, DEFAULT_ALGORITHM)
             if state is None:
                 raise OSError(f"{name}: written but unreadable")
             owner = -1 if name == ".metadata" else self.rank
-            shards.append(ShardInfo(path=name, bytes=state[0], sha256=state[1], owner=owner))
+            shards.append(ShardInfo(path=name, bytes=state[0], sha256=state[1], owner=owner, algorithm=DEFAULT_ALGORITHM))
         return shards
 
     # ------------------------------------------------------------------ memory replica
@@ -509,48 +624,6 @@ class CheckpointManager:
             return None
         local = self.local_of[rank]
         return next((r for r in self.pod_ranks[peer] if self.local_of[r] == local), None)
-
-    def _replicate(self, storage: TierStorage, step: int, results: list[_Local]) -> str:
-        """Send this rank's shard files to its replica target; receive the one sent here."""
-        problems: list[str] = []
-        ops = []
-        send_target = self._replica_target(self.rank)
-        sources = [r for r in range(self.world) if self._replica_target(r) == self.rank]
-        recv_bufs: list[tuple[int, torch.Tensor]] = []
-        try:
-            if send_target is not None:
-                expected = sum(s.bytes for s in results[self.rank].shards)
-                try:
-                    blob = b"".join(storage.read_bytes(step, s.path) for s in results[self.rank].shards)
-                except OSError as exc:
-                    # The receiver waits for exactly this many bytes: send zeros, which fail its
-                    # checksum, rather than leave it waiting for the group timeout.
-                    problems.append(f"rank {self.rank}: replica read failed: {exc!r}")
-                    blob = bytes(expected)
-                if len(blob) != expected:
-                    problems.append(f"rank {self.rank}: shard changed size after it was hashed")
-                    blob = bytes(expected)
-                payload = torch.frombuffer(bytearray(blob), dtype=torch.uint8) if blob else torch.empty(0, dtype=torch.uint8)
-                ops.append(dist.isend(payload, dst=send_target, group=self.pg))
-            for src in sources:
-                total = sum(s.bytes for s in results[src].shards)
-                buf = torch.empty(total, dtype=torch.uint8)
-                recv_bufs.append((src, buf))
-                ops.append(dist.irecv(buf, src=src, group=self.pg))
-            for op in ops:
-                if op is not None:
-                    op.wait()
-            for src, buf in recv_bufs:
-                for s, chunk, ok in _split_verified(buf, results[src].shards):
-                    if not ok:
-                        problems.append(f"replica of {s.path} arrived corrupt")
-                        continue
-                    storage.write_bytes(step, s.path, chunk)
-        except Exception as exc:
-            problems.append(f"rank {self.rank}: replica failed: {exc!r}")
-        notes: list[list[str]] = self._gather(problems)
-        flat = [p for n in notes for p in n]
-        return ("replica: " + "; ".join(flat))[:300] if flat else ""
 
     # ------------------------------------------------------------------ GC
 
@@ -605,6 +678,47 @@ class CheckpointManager:
                 return self._restored(ctx, decision.source, t0, nbytes, decision.rejected)
             load_failures.append(f"{decision.source.tier} step {decision.source.step}: load failed: {errors[0]}")
             found = _mark_corrupt(found, decision.source)
+        raise NoVerifiedCheckpoint("restore: gave up after too many rounds")  # pragma: no cover
+
+    def open_restore(self, ctx: TrainContext) -> tuple[RestoreResult, str] | None:
+        """For a reader that loads the checkpoint itself (the SDK's DCP StorageReader): choose and
+        verify the source as :meth:`restore` does, bring the shards a rank needs onto its node
+        (a lost node's from the neighbour's replica), and return what was chosen and the folder
+        this rank reads: ``step-N/rank-R`` of a node tier (same layout only; another layout
+        takes the shared tier) or the shared tier's ``step-N``. Collective; None: fresh start."""
+        t0 = time.perf_counter()
+        self.wait(self.settings.timeout_s)
+        hint = _hint(self.settings.restore_hint)
+        found = self._list_found()
+        home = {r: pod_location(self.pod_of[r]) for r in range(self.world)}
+        failures: list[str] = []
+        for _ in range(4 * (len(found) + 1) + 8):
+            decision = decide_restore(found, layout=self.layout, hint=hint, home=home, node_reshard=False)
+            src = decision.source
+            if src is None:
+                why = decision.reason + "".join(f"; {r}" for r in decision.rejected + tuple(failures))
+                if failures or (hint is not None and hint.step >= 0):
+                    raise NoVerifiedCheckpoint(f"restore: {why}")
+                return None
+            if decision.to_verify:
+                found = self._verify(src, decision.to_verify, found)
+                continue
+            storage = self.storages[src.tier]
+            error, nbytes = "", 0
+            if src.tier in PER_NODE_TIERS:
+                try:
+                    nbytes = self._fetch(storage, src)
+                except Exception as exc:
+                    error = f"rank {self.rank}: fetch: {exc!r}"
+            errors = [e for e in self._gather(error) if e]
+            if errors:
+                failures.append(f"{src.tier} step {src.step}: {errors[0]}")
+                found = _mark_corrupt(found, src)
+                continue
+            ctx.step = src.step
+            folder = storage.step_dir(src.step)
+            path = folder / rank_dirname(self.rank) if src.tier in PER_NODE_TIERS else folder
+            return self._restored(ctx, src, t0, nbytes, decision.rejected), str(path)
         raise NoVerifiedCheckpoint("restore: gave up after too many rounds")  # pragma: no cover
 
     def _restored(
@@ -682,8 +796,8 @@ class CheckpointManager:
             counters[location] = i + 1
             if readers[i % len(readers)] != self.rank:
                 continue
-            state = storage.file_state(src.step, path)
             shard = expected[path]
+            state = storage.file_state(src.step, path, shard.algorithm)
             ok = state is not None and state == (shard.bytes, shard.sha256)
             if not ok:
                 log.warning("restore: %s step %d %s at %s failed its checksum", src.tier, src.step, path, location)
@@ -722,21 +836,21 @@ class CheckpointManager:
                 if not errors:
                     try:
                         d = storage.step_dir(src.step) / rank_dirname(self.rank)
-                        reader = FileSystemReader(d)
+                        reader = ShardReader(d)
                         _keep_saved_rng(template, reader.read_metadata())
                         dcp_load(template, storage_reader=reader, no_dist=True)
                         nbytes += sum(s.bytes for s in src.manifest.shards if s.owner == self.rank)
-                    except Exception as exc:
+                    except _DCP_ERRORS as exc:
                         error = f"rank {self.rank}: load: {exc!r}"
         else:
             errors = [e for e in self._gather(error) if e]
             if not errors:
                 try:
-                    reader = FileSystemReader(storage.step_dir(src.step))
-                    _keep_saved_rng(template, reader.read_metadata())
-                    dcp_load(template, storage_reader=reader, process_group=self.pg)
+                    shared_reader = FileSystemReader(storage.step_dir(src.step))
+                    _keep_saved_rng(template, shared_reader.read_metadata())
+                    dcp_load(template, storage_reader=shared_reader, process_group=self.pg)
                     nbytes += sum(s.bytes for s in src.manifest.shards if s.owner in (self.rank, -1))
-                except Exception as exc:
+                except _DCP_ERRORS as exc:
                     error = f"rank {self.rank}: load: {exc!r}"
         if not error and not errors:
             try:
@@ -794,7 +908,7 @@ class CheckpointManager:
                 dcp_load(template, storage_reader=reader, no_dist=True)
                 by_path = {s.path: s.bytes for s in src.manifest.shards}
                 nbytes += sum(by_path.get(p, 0) for p in needed)
-            except Exception as exc:
+            except _DCP_ERRORS as exc:
                 error = f"rank {self.rank}: load: {exc!r}"
         return nbytes, error or (errors[0] if errors else "")
 
@@ -814,24 +928,11 @@ class CheckpointManager:
                 readers = self._readers(loc)
                 sender = next((x for x in readers if self.local_of[x] == self.local_of[r]), readers[0])
                 moves.setdefault((sender, r), []).append(shard[path])
-        received = 0
-        for (sender, receiver), shards in sorted(moves.items()):
-            if self.rank == sender:
-                blob = b"".join(storage.read_bytes(src.step, s.path) for s in shards)
-                dist.send(torch.frombuffer(bytearray(blob), dtype=torch.uint8), dst=receiver, group=self.pg)
-            elif self.rank == receiver:
-                buf = torch.empty(sum(s.bytes for s in shards), dtype=torch.uint8)
-                dist.recv(buf, src=sender, group=self.pg)
-                for s, chunk, ok in _split_verified(buf, shards):
-                    if not ok:
-                        raise OSError(f"{s.path} from pod {self.pod_of[sender]} arrived corrupt")
-                    storage.write_bytes(src.step, s.path, chunk)
-                    received += s.bytes
-        return received
+        return self._move(storage, src.step, sorted(moves.items()))
 
     def _fetch(self, storage: TierStorage, src: RestoreSource) -> int:
         """Shards a rank needs that live on another pod's node are sent to it (and kept)."""
-        moves: list[tuple[int, int, list[ShardInfo]]] = []
+        moves: list[tuple[tuple[int, int], list[ShardInfo]]] = []
         for r in range(self.world):
             needed = [s for s in src.manifest.shards if s.owner == r]
             by_loc: dict[str, list[ShardInfo]] = {}
@@ -842,20 +943,31 @@ class CheckpointManager:
             for loc, shards in sorted(by_loc.items()):
                 readers = self._readers(loc)
                 sender = next((x for x in readers if self.local_of[x] == self.local_of[r]), readers[0])
-                moves.append((sender, r, shards))
+                moves.append(((sender, r), shards))
+        return self._move(storage, src.step, moves)
+
+    def _move(self, storage: TierStorage, step: int, moves: Sequence[tuple[tuple[int, int], list[ShardInfo]]]) -> int:
+        """Stream verified shard files between ranks (in the same order on every rank, each
+        transfer between its two ranks only); the receiver checks each against the manifest as
+        it arrives and keeps it in its node's tier. Returns the bytes this rank received."""
         received = 0
-        for sender, receiver, shards in moves:
+        corrupt: list[str] = []
+        step_dir = storage.step_dir(step)
+        # Every transfer runs even after one failed: a rank that stopped early would leave the
+        # peers of its later transfers waiting for the group timeout.
+        for (sender, receiver), shards in moves:
             if self.rank == sender:
-                blob = b"".join(storage.read_bytes(src.step, s.path) for s in shards)
-                dist.send(torch.frombuffer(bytearray(blob), dtype=torch.uint8), dst=receiver, group=self.pg)
+                problem = send_files(self.pg, receiver, step_dir, shards)
+                if problem:
+                    log.warning("restore: sending to rank %d: %s", receiver, problem)
             elif self.rank == receiver:
-                buf = torch.empty(sum(s.bytes for s in shards), dtype=torch.uint8)
-                dist.recv(buf, src=sender, group=self.pg)
-                for s, chunk, ok in _split_verified(buf, shards):
-                    if not ok:
-                        raise OSError(f"{s.path} from pod {self.pod_of[sender]} arrived corrupt")
-                    storage.write_bytes(src.step, s.path, chunk)
-                    received += s.bytes
+                for s, ok in receive_files(self.pg, sender, step_dir, shards, fsync=storage.fsync):
+                    if ok:
+                        received += s.bytes
+                    else:
+                        corrupt.append(f"{s.path} from pod {self.pod_of[sender]} arrived corrupt")
+        if corrupt:
+            raise OSError("; ".join(corrupt))
         return received
 
 
@@ -873,7 +985,13 @@ def _optim_holder(ctx: TrainContext) -> nn.Module:
 
 def tensor_state(ctx: TrainContext) -> dict[str, Any]:
     """Model and optimizer state keyed by parameter name (DCP reshards by name), and this
-    rank's RNG state under a key only the same rank of the same layout has."""
+    rank's RNG state under a key only the same rank of the same layout has.
+
+    ``ctx.extra["state_dict"]`` (a callable) gives the state instead: a program's own state
+    dict as DCP planned it (the SDK's StorageWriter, railyard_trainer/sdk/dcp.py)."""
+    provided = ctx.extra.get("state_dict")
+    if callable(provided):
+        return dict(provided())
     model: dict[str, Any] = {}
     for m in ctx.model_parts:
         model.update(get_model_state_dict(m))
@@ -947,15 +1065,8 @@ def files_needed(template: dict[str, Any], metadata: Metadata) -> set[str]:
     return {storage[MetadataIndex(i.storage_index.fqn, i.storage_index.offset)].relative_path for i in plan.items}
 
 
-class _MergedReader(FileSystemReader):
-    """Reads a node tier's step directory through merged per-rank metadata."""
-
-    def __init__(self, path: Any, metadata: Metadata) -> None:
-        super().__init__(path)
-        self._merged = metadata
-
-    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
-        return self._merged
+#: Reads a node tier's step directory through merged per-rank metadata (export uses it).
+_MergedReader = MergedShardReader
 
 
 def _data_position(results: Sequence[_Local]) -> dict[str, Any]:
@@ -1006,20 +1117,6 @@ def _tensors(state: Any) -> list[torch.Tensor]:
         for v in state:
             out.extend(_tensors(v))
     return out
-
-
-def _sha256(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
-def _split_verified(buf: torch.Tensor, shards: Sequence[ShardInfo]) -> Iterator[tuple[ShardInfo, bytes, bool]]:
-    """The received bytes of ``shards``, sent back to back, cut per shard: (shard, bytes, checksum ok)."""
-    data = buf.numpy().tobytes()
-    offset = 0
-    for s in shards:
-        chunk = data[offset : offset + s.bytes]
-        offset += s.bytes
-        yield s, chunk, _sha256(chunk) == s.sha256
 
 
 def _hint(raw: Mapping[str, Any] | None) -> RestoreHint | None:

@@ -5,25 +5,27 @@ node, ``local``: node-local disk, ``shared``: a shared volume), so one class ser
 Protocol is the seam for other stores and for fault injection in tests. torch-free.
 
 Layout: ``<root>/<job>/step-<NNNNNNNN>/`` holds the shard files and, once committed,
-``manifest.json``. Writes of small files are atomic (temp name, fsync, rename).
+``manifest.json``. Writes of small files are atomic (temp name, fsync, rename). The shard files
+of node tiers are written by ``shardio`` directly under :meth:`TierStorage.step_dir` (one pass,
+hashed as written, streamed to the replica peer).
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 import shutil
 from pathlib import Path
 from typing import Protocol
 
 from railyard.protocol.manifest import MANIFEST_NAME, Manifest, ManifestError, step_dirname
-
-_HASH_CHUNK = 4 << 20
+from railyard_trainer.checkpoint.digest import SHA256, file_digest
 
 
 class TierStorage(Protocol):
     name: str
+    #: Whether written files are fsynced before they count (off only for throwaway tiers).
+    fsync: bool
 
     def step_dir(self, step: int) -> Path:
         """Directory of one step; DCP writers and readers use it directly."""
@@ -40,8 +42,8 @@ class TierStorage(Protocol):
     def uncommit(self, step: int) -> None:
         """Remove the manifest (before a step directory is overwritten)."""
 
-    def file_state(self, step: int, rel: str) -> tuple[int, str] | None:
-        """(size, sha256) of a file, or None when it is missing or unreadable."""
+    def file_state(self, step: int, rel: str, algorithm: str = SHA256) -> tuple[int, str] | None:
+        """(size, digest under ``algorithm``) of a file, or None when missing or unreadable."""
 
     def file_size(self, step: int, rel: str) -> int:
         """Size, -1 when missing."""
@@ -91,17 +93,8 @@ class DirectoryStorage:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.step_dir(step) / MANIFEST_NAME)
 
-    def file_state(self, step: int, rel: str) -> tuple[int, str] | None:
-        h = hashlib.sha256()
-        size = 0
-        try:
-            with open(self.step_dir(step) / rel, "rb") as f:
-                while chunk := f.read(_HASH_CHUNK):
-                    h.update(chunk)
-                    size += len(chunk)
-        except OSError:
-            return None
-        return size, h.hexdigest()
+    def file_state(self, step: int, rel: str, algorithm: str = SHA256) -> tuple[int, str] | None:
+        return file_digest(self.step_dir(step) / rel, algorithm)
 
     def file_size(self, step: int, rel: str) -> int:
         try:

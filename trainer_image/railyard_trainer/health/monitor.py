@@ -21,7 +21,6 @@ from __future__ import annotations
 import logging
 import math
 import threading
-import time
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -30,7 +29,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from railyard.protocol.heartbeat import CheckpointEvent, HealthResult, RankBeat
+from railyard.protocol.heartbeat import CheckpointEvent, HealthResult
 from railyard.protocol.trainerconfig import Health, parse
 from railyard_trainer.health.checks import (
     bit_sums,
@@ -41,7 +40,8 @@ from railyard_trainer.health.checks import (
     odd_ones_out,
     tensor_checksum,
 )
-from railyard_trainer.health.client import BeatSender, PodAggregator, aggregator_path, beat_message
+from railyard_trainer.health.client import BeatSender, PodAggregator
+from railyard_trainer.health.reporter import Reporter
 from railyard_trainer.health.spike import SpikeDetector
 from railyard_trainer.hooks import SDCDetected, StepMetrics, TrainContext
 
@@ -87,7 +87,11 @@ ReplayFn = Callable[[], tuple[float, float]]
 
 
 class RailyardHealthMonitor:
-    def __init__(self, settings: HealthSettings, ctx: TrainContext) -> None:
+    """The checks; what they find goes out through the rank's :class:`Reporter` (the SDK's, in
+    ``ctx.extra["reporter"]``, or one of its own when used alone). Heartbeat steps are the train
+    loop's to report (``railyard_trainer.sdk.report_step``), not the monitor's."""
+
+    def __init__(self, settings: HealthSettings, ctx: TrainContext, *, reporter: Reporter | None = None) -> None:
         self.s = settings
         self.rank, self.node = ctx.rank, ctx.node
         self.grad_spikes = SpikeDetector(z_threshold=settings.spike_z)
@@ -109,34 +113,27 @@ class RailyardHealthMonitor:
         self._before_step_max: list[float] | None = None
         self._after_step_sums: list[int] | None = None
         self._lock = threading.Lock()
-        self._results: list[HealthResult] = []
-        self._recent: list[float] = []
-        self._checkpoints: list[CheckpointEvent] = []
-        self._restored: tuple[str, int] | None = None
-        self._beat = RankBeat(rank=ctx.rank, step=ctx.step, step_time_s=0.0)
-        self._saving: Callable[[], bool] = lambda: False
-        self._last_sent = 0.0
-        self._stop = threading.Event()
-        self.aggregator: PodAggregator | None = None
-        self.sender: BeatSender | None = None
-        self._thread: threading.Thread | None = None
-        if settings.url:
-            path = aggregator_path(getattr(ctx.config, "namespace", "default"), ctx.job, ctx.attempt, ctx.pod_index)
-            if ctx.local_rank == 0:
-                self.aggregator = PodAggregator(
-                    url=settings.url, token=settings.token, job=ctx.job, attempt=ctx.attempt,
-                    pod_index=ctx.pod_index, node=ctx.node, interval_s=settings.interval_s, path=path,
-                )
-                self.aggregator.start()
-            self.sender = BeatSender(path)
-            self._thread = threading.Thread(target=self._beat_loop, name="railyard-rank-beat", daemon=True)
-            self._thread.start()
+        given = reporter if reporter is not None else ctx.extra.get("reporter")
+        self._owns_reporter = not isinstance(given, Reporter)
+        self.reporter: Reporter = given if isinstance(given, Reporter) else Reporter(
+            rank=ctx.rank, local_rank=ctx.local_rank, pod_index=ctx.pod_index, node=ctx.node, job=ctx.job,
+            namespace=getattr(ctx.config, "namespace", "default"), attempt=ctx.attempt,
+            url=settings.url, token=settings.token, interval_s=settings.interval_s, progress=True,
+        )
+
+    @property
+    def aggregator(self) -> PodAggregator | None:
+        return self.reporter.aggregator
+
+    @property
+    def sender(self) -> BeatSender | None:
+        return self.reporter.sender
 
     # ------------------------------------------------------------------ hooks
     def preflight(self, ctx: TrainContext) -> None:
         self._bind_saving(ctx)
-        with self._lock:  # after a restore the first beats report the restored step, not 0
-            self._beat = RankBeat(rank=ctx.rank, step=ctx.step, step_time_s=0.0)
+        # after a restore the first beats report the restored step, not 0
+        self.reporter.set_step(ctx.step)
         restore = ctx.extra.get("restore")
         tier = getattr(restore, "tier", None) if restore is not None else None
         if tier:
@@ -146,7 +143,7 @@ class RailyardHealthMonitor:
         if self.s.magnitude_guard:
             self._after_step_max = max_abs_per_tensor(_params(ctx))
             self._after_step_sums = bit_sums(_params(ctx))
-        self._send(force=True)
+        self.reporter.send(force=True)
 
     def after_backward(self, ctx: TrainContext, loss: torch.Tensor, grad_norm: torch.Tensor) -> None:
         step = ctx.step
@@ -198,22 +195,14 @@ class RailyardHealthMonitor:
             self._after_step_sums = bit_sums(_params(ctx))
         if step % self.s.sdc_interval_steps == 0:
             self._periodic_checks(ctx)
-        with self._lock:
-            self._recent.append(metrics.compute_s)
-            del self._recent[:-64]
-            self._beat = RankBeat(
-                rank=ctx.rank, step=step, step_time_s=max(0.0, metrics.step_time_s), compute_s=max(0.0, metrics.compute_s),
-                loss=metrics.loss, grad_norm=metrics.grad_norm, tokens_per_s=max(0.0, metrics.tokens_per_s),
-            )
         self._settle(ctx)
-        if time.monotonic() - self._last_sent >= self.s.interval_s / 2:
-            self._send()
 
-    def verify(self, ctx: TrainContext) -> None:
+    def verify(self, ctx: TrainContext, *, force: bool = False) -> None:
         """Before a checkpoint of this step: the collective checks (unless they just ran at this
-        step), the optimizer state's finiteness, and one agreement, so every rank (and the rank
-        that writes the manifest) holds the same verdict on the state about to be saved."""
-        if self._checked_at != ctx.step:
+        step; ``force``: even then, as an explicit SDK ``health_check`` asks), the optimizer
+        state's finiteness, and one agreement, so every rank (and the rank that writes the
+        manifest) holds the same verdict on the state about to be saved."""
+        if force or self._checked_at != ctx.step:
             self._periodic_checks(ctx)
         self._optimizer_state(ctx)
         verdict, (taint, step_failed) = self._agree_all(ctx, self._taint is not None, self._step_failed)
@@ -238,25 +227,18 @@ class RailyardHealthMonitor:
             self._taint, self._step_failed, self._verdict = None, False, None
 
     def close(self) -> None:
-        self._send(force=True)
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(5)
-        if self.aggregator is not None:
-            time.sleep(0)  # let the last datagram land before the final flush
-            self.aggregator.stop()
-        if self.sender is not None:
-            self.sender.close()
+        if self._owns_reporter:
+            self.reporter.close()
+        else:
+            self.reporter.send(force=True)
 
     # ------------------------------------------------------------------ reporting API
     def note_checkpoint(self, event: CheckpointEvent) -> None:
         """The checkpointer reports a committed (or failed) save; forwarded to the operator."""
-        with self._lock:
-            self._checkpoints.append(event)
+        self.reporter.note_checkpoint(event)
 
     def note_restore(self, tier: str, step: int) -> None:
-        with self._lock:
-            self._restored = (tier, step)
+        self.reporter.note_restore(tier, step)
 
     # ------------------------------------------------------------------ checks
     def _periodic_checks(self, ctx: TrainContext) -> None:
@@ -349,8 +331,7 @@ class RailyardHealthMonitor:
     def _record(self, kind: str, step: int, ok: bool) -> None:
         self.runs[kind] += 1
         if ok and kind in ("kat", "replica_checksum", "replay"):
-            with self._lock:
-                self._results.append(HealthResult(kind, True, step))
+            self.reporter.add_result(HealthResult(kind, True, step))
 
     def _fail(self, kind: str, step: int, detail: str, *, suspect: int = -1, confirmed: bool = False, persistent: bool = True) -> None:
         self.failures[kind] += 1
@@ -359,15 +340,14 @@ class RailyardHealthMonitor:
             if persistent and self._taint is None:
                 self._taint = f"step {step}: {kind}: {detail}"
             self._step_failed = True
-            self._results.append(HealthResult(kind, False, step, detail[:500], suspect_rank=suspect, confirmed=confirmed))
+        self.reporter.add_result(HealthResult(kind, False, step, detail[:500], suspect_rank=suspect, confirmed=confirmed))
 
     def _confirmed(self, ctx: TrainContext, kind: str, step: int, detail: str, suspect: int) -> None:
         """Corruption for certain: report it at once; it is raised at the next agreement
         point, on every rank together (``suspect`` -1: which rank is unknown)."""
         self._fail(kind, step, detail, suspect=suspect, confirmed=suspect >= 0)
-        self._send(force=True, urgent=True)
-        if self.aggregator is not None:
-            self.aggregator.flush()
+        self.reporter.send(force=True, urgent=True)
+        self.reporter.flush()
         if self._verdict is None:
             node = ctx.node if suspect == ctx.rank else ""
             self._verdict = SDCDetected(f"{kind}: {detail}", rank=suspect, node=node, step=step)
@@ -409,37 +389,7 @@ class RailyardHealthMonitor:
         cp = ctx.extra.get("checkpointer")
         is_saving = getattr(cp, "is_saving", None)
         if callable(is_saving):
-            self._saving = lambda: bool(is_saving())
-
-    def _send(self, *, force: bool = False, urgent: bool = False) -> None:
-        if self.sender is None:
-            with self._lock:
-                self._results.clear()
-                self._checkpoints.clear()
-            return
-        with self._lock:
-            try:
-                saving = self._saving()
-            except Exception:
-                saving = False
-            beat = RankBeat(
-                rank=self._beat.rank, step=self._beat.step, step_time_s=self._beat.step_time_s,
-                compute_s=self._beat.compute_s, loss=_finite_or_none(self._beat.loss), grad_norm=_finite_or_none(self._beat.grad_norm),
-                saving=saving, tokens_per_s=self._beat.tokens_per_s, health=tuple(self._results[-32:]),
-                recent_compute_s=tuple(x for x in self._recent if x >= 0 and math.isfinite(x)),
-            )
-            msg = beat_message(beat, checkpoints=list(self._checkpoints), restored=self._restored, urgent=urgent)
-            if self.sender.send(msg):
-                self._results.clear()
-                self._recent.clear()
-                self._checkpoints.clear()
-            self._last_sent = time.monotonic()
-
-    def _beat_loop(self) -> None:
-        period = max(0.05, self.s.interval_s / 2)
-        while not self._stop.wait(period):
-            if time.monotonic() - self._last_sent >= period:
-                self._send()
+            self.reporter.add_saving_probe(is_saving)
 
 
 # ---------------------------------------------------------------------- helpers
@@ -524,10 +474,6 @@ def _close(a: float, b: float, tol: float) -> bool:
     if not (math.isfinite(a) and math.isfinite(b)):
         return a == b or (a != a and b != b)
     return abs(a - b) <= tol * max(abs(a), abs(b), 1e-12)
-
-
-def _finite_or_none(v: float | None) -> float | None:
-    return v if v is not None and math.isfinite(v) else None
 
 
 def _replay_fn(ctx: TrainContext) -> ReplayFn | None:

@@ -4,7 +4,8 @@ Dead: a rank of a Running pod sent nothing for ``heartbeat_timeout_s`` (or a Run
 sent anything within ``first_heartbeat_timeout_s``). Hung: heartbeats still arrive but the step
 has not advanced within max(k x p99 step time, floor). A rank that says it is saving is never
 hung, and the clock restarts when the save ends, so long checkpoint writes are not hangs.
-Verdicts are one per pod (naming its lowest affected rank): a hang usually stops every rank,
+A rank whose program has not opted into step reports (``progress`` false) is never hung: its
+step says nothing. Verdicts are one per pod (naming its lowest affected rank): a hang usually stops every rank,
 and 2,048 verdicts are easier to act on than 16,384.
 """
 
@@ -102,6 +103,8 @@ def decide_hung_ranks(
         pod = pods.get(r.pod_index)
         if pod is None or pod.phase != RUNNING or r.saving:
             continue
+        if not r.progress:
+            continue  # a program that does not report its steps cannot be judged hung by them
         if now - r.last_seen_at >= policy.heartbeat_timeout_s:
             continue  # silent, not hung: the dead rule owns it
         since = max(r.step_advanced_at, r.last_saving_at)

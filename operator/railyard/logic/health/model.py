@@ -8,6 +8,7 @@ tick) and tests can feed plain dataclasses.
 from __future__ import annotations
 
 import enum
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -53,8 +54,12 @@ class HealthPolicy:
     slowest_ranks_reported: int = 5
 
     @classmethod
-    def from_spec(cls, health: Mapping[str, Any] | None) -> HealthPolicy:
-        """Build from ``spec.health`` as a dict (camelCase, as stored in the object)."""
+    def from_spec(cls, health: Mapping[str, Any] | None, *, heartbeats_expected: bool = True) -> HealthPolicy:
+        """Build from ``spec.health`` as a dict (camelCase, as stored in the object).
+
+        ``heartbeats_expected=False``: the job runs the user's own program (``spec.trainer.program``),
+        which sends heartbeats only if it uses the SDK, so a pod that never sent one is not dead
+        (its ranks that did send are judged as any other's)."""
         h = dict(health or {})
         s = dict(h.get("straggler") or {})
         d = dict(h.get("sdc") or {})
@@ -82,6 +87,7 @@ class HealthPolicy:
             straggler_window_steps=max(3, int(num(s, "windowSteps", base.straggler_window_steps))),
             straggler_action=act(s, "straggler", base.straggler_action),
             sdc_action=act(d, "sdc", base.sdc_action),
+            first_heartbeat_timeout_s=base.first_heartbeat_timeout_s if heartbeats_expected else math.inf,
         )
 
 
@@ -106,6 +112,10 @@ class RankSignals(Protocol):
     #: Last arrival time at which the rank said it was saving (-inf: never).
     @property
     def last_saving_at(self) -> float: ...
+    #: Whether the rank reports its steps (False: a program that has not opted in; its step
+    #: says nothing about progress).
+    @property
+    def progress(self) -> bool: ...
     def recent_compute(self, n: int) -> Sequence[float]:
         """Up to ``n`` newest per-step compute times, oldest first."""
         ...

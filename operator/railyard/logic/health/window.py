@@ -64,6 +64,7 @@ class RankWindow:
         "last_seen_at",
         "node",
         "pod_index",
+        "progress",
         "rank",
         "saving",
         "step",
@@ -79,6 +80,7 @@ class RankWindow:
         self.step_advanced_at = float("-inf")
         self.saving = False
         self.last_saving_at = float("-inf")
+        self.progress = True
         self.last_beat: RankBeat | None = None
         self._c = array("f", bytes(4 * window))
         self._ci = 0
@@ -95,6 +97,7 @@ class RankWindow:
         self.saving = b.saving
         if b.saving:
             self.last_saving_at = now
+        self.progress = b.progress
         self.last_beat = b
         if b.step <= self.step:
             return False

@@ -1,0 +1,108 @@
+"""Bring your own trainer, end to end on the local cluster: examples/fsdp2_train_railyard.py (the
+plain FSDP2 script plus the SDK's lines) as a TrainingJob (``spec.trainer.program``), 2 nodes x 2
+ranks and a hot spare, with the real operator. A node fails mid-run: the gang restarts sticky on
+the spare and resumes from the memory tier (the lost node's shards from its neighbour's replica)
+with at most one interval lost; then a node of the new gang is slowed and the SDK's speed probe
+gets its rank flagged as a straggler, without a restart.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tests.system.conftest import SYSTEM_NS, Api, OperatorProcess, unique, wait_status
+
+pytestmark = [pytest.mark.slow, pytest.mark.cluster, pytest.mark.torch, pytest.mark.timeout(600)]
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "examples" / "fsdp2_train_railyard.py"
+FAIL = "local.railyard.dev/fail"
+SLOW = "local.railyard.dev/slow-factor"
+MEMORY_INTERVAL = 4
+FAIL_AFTER = 9
+SLOW_FACTOR = 1.5
+PROCS = 2
+STEPS = 120
+
+
+@pytest.fixture(scope="module")
+def local_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """Only what this job needs: its 2 nodes and a spare."""
+    from railyard.local.cluster import LocalCluster
+
+    cluster = LocalCluster(tmp_path_factory.mktemp("railyard-byo"), mode="embedded", nodes=3, gpus_per_node=2,
+                           topology="spine=1,leaf=1", lease_interval=1.0)
+    cluster.start(timeout=120)
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+def _spec() -> dict[str, Any]:
+    return {
+        "nodes": 2,
+        "procsPerNode": PROCS,
+        "trainer": {
+            "program": {"script": str(EXAMPLE), "args": ["--steps", str(STEPS), "--check-every", "10", "--seq-len", "64"]},
+            "watchdogSeconds": 40, "collectiveTimeoutSeconds": 60,
+        },
+        "checkpoint": {"memory": {"intervalSteps": MEMORY_INTERVAL, "keep": 2}, "local": {"enabled": False},
+                       "shared": {"intervalSteps": 1000, "keep": 1}},
+        "health": {"heartbeatIntervalSeconds": 0.5, "heartbeatTimeoutSeconds": 20, "hangTimeoutSeconds": 10,
+                   "straggler": {"threshold": 0.75, "windowSteps": 10}},
+        "gang": {"scheduleTimeoutSeconds": 180, "hotSpares": 1},
+        "restartPolicy": {"infrastructure": {"limit": 3, "backoffSeconds": 0}, "application": {"limit": 1, "backoffSeconds": 0}},
+    }
+
+
+def _terminal(s: dict[str, Any]) -> dict[str, Any] | None:
+    return s if s.get("phase") in ("Succeeded", "Failed") else None
+
+
+def test_a_node_failure_resumes_from_the_neighbours_memory_and_a_slow_node_is_flagged(api: Api, operator: OperatorProcess) -> None:
+    name = unique("byo")
+    victim: str | None = None
+    api.create_job(SYSTEM_NS, name, _spec())
+    try:
+        # attempt 0 trains past a committed memory checkpoint; then pod 1's node dies
+        s = wait_status(api, name, f"step {FAIL_AFTER} with a memory checkpoint",
+                        lambda s: s if s.get("phase") == "Running" and s.get("step", 0) >= FAIL_AFTER
+                        and any(c["tier"] == "memory" for c in s.get("checkpoints") or []) else _terminal(s), 300, operator)
+        assert s.get("phase") == "Running", s
+        assert s.get("loss") is not None, "the program's reported loss reaches the status"
+        before, spares = s["placement"]["nodes"], s["placement"]["spares"]
+        victim = before[1]
+        committed = max(c["step"] for c in s["checkpoints"] if c["tier"] == "memory")
+        api.annotate_node(victim, {FAIL: "true"})
+
+        s = wait_status(api, name, "the new gang restored",
+                        lambda s: s if s.get("attempt", 0) >= 1 and (s.get("restore") or {}).get("tier") else _terminal(s), 300, operator)
+        restore, after = s["restore"], s["placement"]["nodes"]
+        assert after[0] == before[0] and after[1] in spares and victim not in after, f"sticky on the spare: {before} -> {after}"
+        assert restore["tier"] == "memory", f"the lost node's shards come from its neighbour's memory: {restore}"
+        assert restore["step"] >= committed and restore["step"] % MEMORY_INTERVAL == 0, (restore, committed)
+
+        # attempt 1: a throttled node; the SDK's speed probe names its rank
+        s = wait_status(api, name, "attempt 1 stepping", lambda s: s if s.get("step", 0) >= restore["step"] + 5 else _terminal(s), 300, operator)
+        assert s.get("phase") == "Running" and not s.get("stragglers"), s
+        slow_node = after[1]
+        api.annotate_node(slow_node, {SLOW: str(SLOW_FACTOR)})
+        try:
+            s = wait_status(api, name, "a straggler flagged", lambda s: s if s.get("stragglers") else _terminal(s), 300, operator)
+        finally:
+            api.annotate_node(slow_node, {SLOW: None})
+        # the ranks of the slowed node, and only those (which ranks a pod holds is the rank table's)
+        assert s["stragglers"] and {f["node"] for f in s["stragglers"]} == {slow_node}, s["stragglers"]
+
+        s = wait_status(api, name, "the job to finish", _terminal, 400, operator)
+        assert s["phase"] == "Succeeded", s.get("message")
+        assert s["step"] == STEPS
+        assert s["restarts"]["infrastructure"] == 1 and s["restarts"]["total"] == 1, s["restarts"]
+    finally:
+        if victim is not None:
+            api.annotate_node(victim, {FAIL: None})
+        api.delete_job(SYSTEM_NS, name)
