@@ -359,7 +359,7 @@ def record_full(c: Cycle, plan: RestartPlan | None) -> None:
     c.st = c.st.model_copy(update={"pods_since_attempt": None,
                                    "last_restart": LastRestart(attempt=attempt, mode="Full", state="Pending", reason=reason, message=message)})
     c.rt.control.publish(c.ns, c.name, attempt=attempt, members={}, open_=False, waiting="full restart")
-    c.rt.metrics.restart_modes.labels(mode="Full", reason=reason).inc()
+    c.rt.metrics.restart_modes.labels(mode="Full", reason=reason or "None").inc()  # not "": a scrape drops empty labels
     if plan is not None and reason and reason != "InPlaceDisabled":
         c.event("Warning", "FullRestart", message)
 

@@ -80,7 +80,7 @@ class OperatorMetrics:
             ["namespace", "job", "state"], registry=reg,
         )
         self.restart_modes = Counter(
-            "railyard_restart_modes", "Gang restarts by how they were done: InPlace (reason None), or Full with the reason an in-place restart was not possible.",
+            "railyard_restart_modes", "Gang restarts by how they were done: InPlace, or Full with the reason an in-place restart was not possible (None: no in-place restart was tried).",
             ["mode", "reason"], registry=reg,
         )
         self.pods_replaced = Counter("railyard_pods_replaced", "Pods replaced by in-place restarts (the rest of each gang stayed).", registry=reg)
@@ -100,9 +100,9 @@ class OperatorMetrics:
         for kind, rule in RULES.items():
             self.failures.labels(**{"class": rule.cls.value, "kind": kind})
         self.restart_modes.labels(mode="InPlace", reason="None")  # not "": a scrape drops empty labels
+        self.restart_modes.labels(mode="Full", reason="None")
         for reason in FALLBACKS:
             self.restart_modes.labels(mode="Full", reason=reason)
-        self.restart_modes.labels(mode="Full", reason="")
 
     def set_phases(self, counts: dict[str, int]) -> None:
         for phase in PHASES:
