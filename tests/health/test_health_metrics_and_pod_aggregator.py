@@ -11,7 +11,7 @@ from prometheus_client import CollectorRegistry
 
 from railyard.observe.health_metrics import HealthMetrics
 from railyard.protocol.heartbeat import HealthResult, RankBeat, parse_heartbeat
-from railyard_trainer.health.client import PodAggregator, beat_message
+from railyard_trainer.health.client import BeatSender, PodAggregator, beat_message
 
 from .sim import JOB, NS, SimJob
 
@@ -89,6 +89,23 @@ def test_a_rank_that_stopped_sending_drops_out_of_the_batch() -> None:
         assert agg.flush()
     finally:
         agg.sock.close()
+
+
+def test_the_last_beats_queued_when_the_aggregator_stops_are_posted() -> None:
+    """A program's final step is sent just before it stops the aggregator: the datagrams still
+    in the socket are part of the final post (else the job's status ends short of its last step)."""
+    op, clock = FakeOperator(), [100.0]
+    agg = _aggregator(op, clock)
+    sender = BeatSender(agg.path)
+    try:
+        assert sender.send(json.loads(_datagram(8, 119))) and sender.send(json.loads(_datagram(9, 120)))
+        agg.stop()  # before the thread ever read the socket: stop, then run drains and posts
+        agg.start()
+        agg.join(10)
+        assert not agg.is_alive()
+        assert [(r["rank"], r["step"]) for r in op.bodies[-1]["ranks"]] == [(8, 119), (9, 120)]
+    finally:
+        sender.close()
 
 
 def test_the_health_service_keeps_state_between_evaluations_and_forgets_jobs() -> None:

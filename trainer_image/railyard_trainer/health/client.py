@@ -135,10 +135,24 @@ class PodAggregator(threading.Thread):
                 self.flush()
                 next_post = self.clock() + self.interval_s
         finally:
+            # the ranks' last beats (sent just before stop, e.g. the final step) may still be
+            # queued in the socket: read them before the final post, or the status misses them
+            with contextlib.suppress(OSError):
+                self._drain()
             self.flush()
             self.sock.close()
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.path)
+
+    def _drain(self) -> None:
+        """Accept every datagram already queued, without waiting for more."""
+        self.sock.setblocking(False)
+        while True:
+            try:
+                data = self.sock.recv(1 << 20)
+            except (BlockingIOError, InterruptedError):
+                return
+            self.accept(data)
 
     def _receive_until(self, deadline: float) -> None:
         while not self._halt.is_set() and not self._urgent.is_set() and self.clock() < deadline:
