@@ -11,20 +11,18 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.pipelining import (
-    PipelineStage,
-    Schedule1F1B,
-    ScheduleGPipe,
-    ScheduleInterleaved1F1B,
-)
-from torch.distributed.pipelining.schedules import _PipelineSchedule
-from torch.distributed.pipelining.stage import _PipelineStageBase
 
 from railyard_trainer.config import ConfigError
 from railyard_trainer.model import Transformer
+
+if TYPE_CHECKING:  # imported where a pipeline is built: torch.distributed.pipelining loads
+    # torch._dynamo (about 0.5 s of CPU in every worker), which runs without pp do not need
+    from torch.distributed.pipelining.schedules import _PipelineSchedule
+    from torch.distributed.pipelining.stage import _PipelineStageBase
 
 STAGES_PER_RANK = {"GPipe": 1, "1F1B": 1, "Interleaved1F1B": 2}
 
@@ -74,6 +72,13 @@ def build_pipeline(
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
     parallelize: Callable[[Transformer], Transformer],
 ) -> Pipeline:
+    from torch.distributed.pipelining import (
+        PipelineStage,
+        Schedule1F1B,
+        ScheduleGPipe,
+        ScheduleInterleaved1F1B,
+    )
+
     pp, pp_rank = pp_mesh.size(), pp_mesh.get_local_rank()
     per_rank = STAGES_PER_RANK[schedule]
     n_stages = pp * per_rank
