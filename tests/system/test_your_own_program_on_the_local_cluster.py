@@ -100,7 +100,7 @@ def test_a_node_failure_resumes_from_the_neighbours_memory_and_a_slow_node_is_fl
 
         s = wait_status(api, name, "the job to finish", _terminal, 400, operator)
         assert s["phase"] == "Succeeded", s.get("message")
-        assert s["step"] == STEPS
+        assert s["step"] == STEPS, s
         assert s["restarts"]["infrastructure"] == 1 and s["restarts"]["total"] == 1, s["restarts"]
     finally:
         if victim is not None:

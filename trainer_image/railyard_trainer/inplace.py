@@ -27,7 +27,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -53,7 +52,13 @@ from railyard.protocol.control import (
 from railyard.protocol.exitcodes import classify_exit_code
 from railyard_trainer.config import ConfigError
 from railyard_trainer.events import log_event
-from railyard_trainer.launcher import LaunchPlan, _die_with_parent, most_specific, resolve
+from railyard_trainer.launcher import (
+    LaunchPlan,
+    _die_with_parent,
+    most_specific,
+    resolve,
+    worker_command,
+)
 from railyard_trainer.termination import (
     WORKER_ERROR_FILE_ENV,
     build_termination_message,
@@ -62,6 +67,7 @@ from railyard_trainer.termination import (
     worker_error_file,
     write_termination_message,
 )
+from railyard_trainer.worker_env import torchrun_env
 
 #: Seconds one long poll may be held by the operator.
 POLL_WAIT_S = 20.0
@@ -253,9 +259,13 @@ def _spawn(plan: LaunchPlan, run_dir: Path) -> _Generation:
     log_event("launch", pod_index=plan.pod_index, ranks=[w.rank for w in plan.workers], world_size=plan.table.world_size,
               mesh=[plan.table.pp, plan.table.dp, plan.table.tp], master=f"{plan.master_addr}:{plan.master_port}", attempt=attempt)
     procs = {}
+    # the same worker as a fresh pod's launcher starts (the bundled trainer or the job's own
+    # program, with torchrun's variables for this attempt): launcher.supervise's rule
+    command = worker_command(plan.config)
     for w in plan.workers:
-        env = {**base, **replace(w, config_path=str(config_path)).to_env(), WORKER_ERROR_FILE_ENV: str(worker_error_file(errors_dir, w.rank))}
-        procs[w.rank] = subprocess.Popen([sys.executable, "-m", "railyard_trainer.worker"], env=env, start_new_session=True, preexec_fn=_die_with_parent)
+        env = {**base, **torchrun_env(pods=len(plan.table.pods), attempt=attempt, run_id=plan.config.job),
+               **replace(w, config_path=str(config_path)).to_env(), WORKER_ERROR_FILE_ENV: str(worker_error_file(errors_dir, w.rank))}
+        procs[w.rank] = subprocess.Popen(command, env=env, start_new_session=True, preexec_fn=_die_with_parent)
     return _Generation(plan, procs, errors_dir)
 
 
