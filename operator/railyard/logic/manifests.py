@@ -135,6 +135,23 @@ def rendezvous_port(job: str, namespace: str, attempt: int) -> int:
     return RENDEZVOUS_PORT_BASE + digest % RENDEZVOUS_PORT_SPAN
 
 
+def container_resources(spec: TrainingJobSpec) -> dict[str, Any]:
+    """The trainer container's requests and limits: the spec's, plus ``spec.gpus`` GPUs (a
+    request equal to the limit, as the device plugin requires). Gang pods and spare
+    placeholders ask for exactly the same, so a placeholder's node fits its replacement."""
+    requests = dict(spec.resources.requests)
+    limits = dict(spec.resources.limits)
+    if spec.gpus > 0:
+        limits.setdefault("nvidia.com/gpu", str(spec.gpus))
+        requests.setdefault("nvidia.com/gpu", limits["nvidia.com/gpu"])
+    resources: dict[str, Any] = {}
+    if requests:
+        resources["requests"] = requests
+    if limits:
+        resources["limits"] = limits
+    return resources
+
+
 def build_service(job: str, namespace: str, owner: Mapping[str, Any]) -> dict[str, Any]:
     """Headless, publishing not-ready addresses: rendezvous must resolve before pods are Ready."""
     return {
@@ -376,16 +393,7 @@ def build_pod(
     labels = {**job_labels(job), ATTEMPT_LABEL: str(attempt), POD_INDEX_LABEL: str(pod_index)}
     pod_sc, container_sc = _security(spec)
     volumes, mounts = _volumes(spec, job, namespace, attempt)
-    requests = dict(spec.resources.requests)
-    limits = dict(spec.resources.limits)
-    if spec.gpus > 0:
-        limits.setdefault("nvidia.com/gpu", str(spec.gpus))
-        requests.setdefault("nvidia.com/gpu", limits["nvidia.com/gpu"])
-    resources: dict[str, Any] = {}
-    if requests:
-        resources["requests"] = requests
-    if limits:
-        resources["limits"] = limits
+    resources = container_resources(spec)
     container: dict[str, Any] = {
         "name": CONTAINER_NAME,
         "image": spec.image,
@@ -500,16 +508,7 @@ def build_spare_pod(
     when a replacement comes. The operator deletes it right before a replacement takes the
     node (the replacement's gate is lifted once the placeholder is gone, as a preemptor waits
     for its victims), and when the job ends."""
-    requests = dict(spec.resources.requests)
-    limits = dict(spec.resources.limits)
-    if spec.gpus > 0:
-        limits.setdefault("nvidia.com/gpu", str(spec.gpus))
-        requests.setdefault("nvidia.com/gpu", limits["nvidia.com/gpu"])
-    resources: dict[str, Any] = {}
-    if requests:
-        resources["requests"] = requests
-    if limits:
-        resources["limits"] = limits
+    resources = container_resources(spec)
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Always",
         "automountServiceAccountToken": False,
