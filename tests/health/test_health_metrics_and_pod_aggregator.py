@@ -108,6 +108,60 @@ def test_the_last_beats_queued_when_the_aggregator_stops_are_posted() -> None:
         sender.close()
 
 
+def _final(rank: int, step: int) -> dict[str, Any]:
+    beat = RankBeat(rank=rank, step=step, step_time_s=1.0)
+    return beat_message(beat, final=True)
+
+
+def test_the_stopping_aggregator_waits_for_the_final_beat_of_every_rank_still_beating() -> None:
+    """Ranks close one by one: local rank 0 stops its aggregator as soon as it finished, and the
+    last post must still carry the other ranks' last steps (the status would end a step short)."""
+    op, clock = FakeOperator(), [100.0]
+    agg = _aggregator(op, clock)
+    sender = BeatSender(agg.path)
+    try:
+        assert sender.send(json.loads(_datagram(9, 13)))  # rank 9 beats, its last step still to come
+        assert sender.send(_final(8, 14))  # the aggregator's own rank finished
+        agg.stop()
+        agg.start()  # halted: it drains, then waits for rank 9
+        assert sender.send(_final(9, 14))
+        agg.join(agg.final_wait_s + 10)
+        assert not agg.is_alive()
+        assert [(r["rank"], r["step"]) for r in op.bodies[-1]["ranks"]] == [(8, 14), (9, 14)]
+        assert agg.waiting_for() == []
+    finally:
+        sender.close()
+
+
+def test_a_rank_that_never_sends_its_final_beat_delays_the_last_post_only_a_bounded_time() -> None:
+    op, clock = FakeOperator(), [100.0]
+    agg = _aggregator(op, clock)
+    agg.final_wait_s = 0.2
+    agg.accept(_datagram(9, 13))  # beating, but it hangs and never closes
+    agg.accept(json.dumps(_final(8, 14)).encode())
+    agg.stop()
+    agg.start()
+    agg.join(10)
+    assert not agg.is_alive()
+    assert [(r["rank"], r["step"]) for r in op.bodies[-1]["ranks"]] == [(8, 14), (9, 13)]
+    assert agg.waiting_for() == [9]
+
+
+def test_a_rank_that_fell_silent_is_not_waited_for() -> None:
+    op, clock = FakeOperator(), [100.0]
+    agg = _aggregator(op, clock)
+    agg.final_wait_s = 3600.0  # only a wait that is skipped lets the test end
+    agg.accept(_datagram(9, 13))
+    clock[0] += 5.0  # rank 9 silent for 5 intervals: its process is gone
+    agg.accept(json.dumps(_final(8, 14)).encode())
+    assert agg.waiting_for() == []
+    agg.stop()
+    agg.start()
+    agg.join(10)
+    assert not agg.is_alive()
+    assert [(r["rank"], r["step"]) for r in op.bodies[-1]["ranks"]] == [(8, 14)]
+
+
 def test_the_health_service_keeps_state_between_evaluations_and_forgets_jobs() -> None:
     from railyard.logic.health import FaultKind, PodStatus
     from railyard.observe.health import HealthService

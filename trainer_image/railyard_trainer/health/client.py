@@ -10,6 +10,12 @@ retried at the next interval with what accumulated (health results and checkpoin
 kept until delivered, bounded). A rank that stops sending (its process died) drops out of the
 batch after ``3 x interval`` so the operator's dead-rank rule sees it; a rank whose main thread
 hangs keeps beating from its sender thread with a step that no longer advances (a hang).
+
+The end of an attempt: ranks close one by one, not together, and local rank 0's aggregator must
+not post its last batch before the others' last beats arrived (the job's status would end a step
+short). A closing rank marks its last datagram ``final``; the stopping aggregator waits, bounded
+by :data:`FINAL_WAIT_INTERVALS` intervals (at least :data:`FINAL_WAIT_MIN_S`), for the final beat
+of every rank still beating, and a rank that fell silent is not waited for.
 """
 
 from __future__ import annotations
@@ -65,6 +71,12 @@ def post_json(url: str, token: str, body: bytes, timeout_s: float = 5.0) -> int:
         return int(exc.code)
 
 
+#: How long a stopping aggregator waits for the final beats of its pod's other ranks, in
+#: heartbeat intervals and at least ``FINAL_WAIT_MIN_S`` (a bound: a clean end takes milliseconds).
+FINAL_WAIT_INTERVALS = 4
+FINAL_WAIT_MIN_S = 2.0
+
+
 class BeatSender:
     """The rank's end: fire-and-forget datagrams to the pod's aggregator."""
 
@@ -114,6 +126,8 @@ class PodAggregator(threading.Thread):
         self._recent: dict[int, list[float]] = {}
         self._checkpoints: list[dict[str, Any]] = []
         self._restored: tuple[str, int] = ("", -1)
+        self._final: set[int] = set()
+        self.final_wait_s = max(FINAL_WAIT_MIN_S, FINAL_WAIT_INTERVALS * interval_s)
         self._halt = threading.Event()
         self._urgent = threading.Event()
         self.posted = 0
@@ -139,6 +153,7 @@ class PodAggregator(threading.Thread):
             # queued in the socket: read them before the final post, or the status misses them
             with contextlib.suppress(OSError):
                 self._drain()
+                self._await_final_beats()
             self.flush()
             self.sock.close()
             with contextlib.suppress(FileNotFoundError):
@@ -153,6 +168,23 @@ class PodAggregator(threading.Thread):
             except (BlockingIOError, InterruptedError):
                 return
             self.accept(data)
+
+    def waiting_for(self) -> list[int]:
+        """The ranks still beating whose final beat has not arrived."""
+        now, stale = self.clock(), 3 * self.interval_s
+        return [r for r, (at, _) in sorted(self._latest.items()) if r not in self._final and now - at <= stale]
+
+    def _await_final_beats(self) -> None:
+        deadline = time.monotonic() + self.final_wait_s
+        self.sock.settimeout(min(0.05, self.interval_s / 4))
+        while self.waiting_for() and time.monotonic() < deadline:
+            try:
+                data = self.sock.recv(1 << 20)
+            except TimeoutError:
+                continue
+            self.accept(data)
+        if self.waiting_for():
+            log.info("heartbeat aggregator: no final beat from ranks %s within %.1fs; posting without it", self.waiting_for(), self.final_wait_s)
 
     def _receive_until(self, deadline: float) -> None:
         while not self._halt.is_set() and not self._urgent.is_set() and self.clock() < deadline:
@@ -185,6 +217,8 @@ class PodAggregator(threading.Thread):
         del self._checkpoints[:-32]
         if msg.get("restored_tier"):
             self._restored = (str(msg["restored_tier"]), int(msg.get("restored_step", -1)))
+        if msg.get("final"):
+            self._final.add(rank)
         if msg.get("urgent"):
             self._urgent.set()
 
@@ -246,9 +280,10 @@ class PodAggregator(threading.Thread):
         return False
 
     def stop(self, timeout_s: float = 5.0) -> None:
+        """Stop after the final post (which waits up to ``final_wait_s`` for the other ranks)."""
         self._halt.set()
         if self.is_alive():
-            self.join(timeout_s)
+            self.join(timeout_s + self.final_wait_s)
 
 
 def beat_message(
@@ -257,6 +292,7 @@ def beat_message(
     checkpoints: list[CheckpointEvent] | None = None,
     restored: tuple[str, int] | None = None,
     urgent: bool = False,
+    final: bool = False,
 ) -> dict[str, Any]:
     from dataclasses import asdict
 
@@ -267,6 +303,8 @@ def beat_message(
         msg["restored_tier"], msg["restored_step"] = restored
     if urgent:
         msg["urgent"] = True
+    if final:
+        msg["final"] = True
     return msg
 
 

@@ -170,9 +170,10 @@ class Reporter:
                 self._paused -= 1
 
     # ------------------------------------------------------------------ sending
-    def send(self, *, force: bool = False, urgent: bool = False) -> None:
+    def send(self, *, force: bool = False, urgent: bool = False, final: bool = False) -> None:
         """One datagram with the latest beat and what accumulated (``force``: even when the beat
-        thread just sent; ``urgent``: the aggregator posts at once)."""
+        thread just sent; ``urgent``: the aggregator posts at once; ``final``: the rank's last,
+        which the pod's aggregator waits for before its own last post)."""
         if self.sender is None:
             with self._lock:
                 self._results.clear()
@@ -191,7 +192,7 @@ class Reporter:
                 health=tuple(self._results[-MAX_PENDING_RESULTS:]),
                 recent_compute_s=tuple(x for x in self._recent if x >= 0 and math.isfinite(x)),
             )
-            msg = beat_message(beat, checkpoints=list(self._checkpoints), restored=self._restored, urgent=urgent)
+            msg = beat_message(beat, checkpoints=list(self._checkpoints), restored=self._restored, urgent=urgent, final=final)
             if self.sender.send(msg):
                 self._results.clear()
                 self._recent.clear()
@@ -210,12 +211,11 @@ class Reporter:
                 self.send()
 
     def close(self) -> None:
-        self.send(force=True)
         self._stop.set()
         if self._thread is not None:
             self._thread.join(5)
+        self.send(force=True, final=True)  # after the beat thread stopped: nothing follows it
         if self.aggregator is not None:
-            time.sleep(0)  # let the last datagram land before the final flush
             self.aggregator.stop()
         if self.sender is not None:
             self.sender.close()
