@@ -182,9 +182,9 @@ def flip_inside(path: Path, pattern: bytes) -> None:
 
 
 def run(fn: Callable[..., None], world: int, *args: Any) -> None:
-    import torch.multiprocessing as mp
+    from railyard_trainer.zygote import spawn_ranks
 
-    mp.spawn(fn, args=(world, free_port(), *args), nprocs=world, join=True)
+    spawn_ranks(fn, (world, free_port(), *args), world)
 
 
 # ----------------------------------------------------------------------------- scenarios

@@ -69,7 +69,11 @@ def _worker(rank: int, port: int, out: Any) -> None:
 
 @pytest.fixture(scope="module")
 def outcomes() -> dict[tuple[str, int], tuple[str, int, str]]:
-    ctx = mp.get_context("spawn")
+    import multiprocessing
+
+    # forked from a server that imported torch and this module once (not once per rank)
+    multiprocessing.set_forkserver_preload(["torch", "torch.distributed", __name__])
+    ctx = mp.get_context("forkserver")
     q = ctx.Queue()
     port = _free_port()
     procs = [ctx.Process(target=_worker, args=(r, port, q)) for r in range(WORLD)]

@@ -91,13 +91,10 @@ class Launch:
                 f"--- stderr (tail)\n{self.stderr_path.read_text()[-4000:]}")
 
     def worker_pid(self, rank: int) -> int:
-        """The worker process of ``rank`` (a child of the launcher with RANK=rank)."""
-        for task in Path(f"/proc/{self.proc.pid}/task").iterdir():
-            for child in (task / "children").read_text().split():
-                environ = Path(f"/proc/{child}/environ").read_bytes().split(b"\0")
-                if f"RANK={rank}".encode() in environ:
-                    return int(child)
-        raise AssertionError(f"no worker with RANK={rank} under the launcher {self.proc.pid}")
+        """The worker process of ``rank``, as the launcher's ``workers_started`` names it."""
+        started = self.events("workers_started")
+        assert started, f"the launcher {self.proc.pid} has not started its workers\n{self.explain()}"
+        return int(started[-1]["pids"][str(rank)])
 
     def kill(self) -> None:
         if self.proc.poll() is None:

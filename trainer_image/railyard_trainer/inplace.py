@@ -26,7 +26,6 @@ import json
 import os
 import shutil
 import signal
-import subprocess
 import tempfile
 import threading
 import time
@@ -54,9 +53,9 @@ from railyard_trainer.config import ConfigError
 from railyard_trainer.events import log_event
 from railyard_trainer.launcher import (
     LaunchPlan,
-    _die_with_parent,
     most_specific,
     resolve,
+    start_workers,
     worker_command,
 )
 from railyard_trainer.termination import (
@@ -68,6 +67,7 @@ from railyard_trainer.termination import (
     write_termination_message,
 )
 from railyard_trainer.worker_env import torchrun_env
+from railyard_trainer.zygote import Spawner, WorkerProcess
 
 #: Seconds one long poll may be held by the operator.
 POLL_WAIT_S = 20.0
@@ -219,7 +219,7 @@ class _Generation:
     """The workers of one attempt."""
 
     plan: LaunchPlan
-    procs: dict[int, subprocess.Popen[bytes]]
+    procs: dict[int, WorkerProcess]
     #: where its workers record their errors (railyard_trainer.termination)
     run_dir: Path
     failed_at: float | None = None
@@ -228,7 +228,7 @@ class _Generation:
     def codes(self) -> dict[int, int]:
         return {r: (128 - rc if rc < 0 else rc) for r, p in self.procs.items() for rc in [p.poll()] if rc is not None}
 
-    def alive(self) -> list[subprocess.Popen[bytes]]:
+    def alive(self) -> list[WorkerProcess]:
         return [p for p in self.procs.values() if p.poll() is None]
 
     def last_words(self, codes: Mapping[int, int]) -> str:
@@ -241,7 +241,7 @@ class _Generation:
         return fit_termination_message(build_termination_message(codes, errors, code=most_specific(bad)))
 
 
-def _spawn(plan: LaunchPlan, run_dir: Path) -> _Generation:
+def _spawn(plan: LaunchPlan, run_dir: Path, spawner: Spawner) -> _Generation:
     attempt = plan.config.attempt
     config_path = run_dir / f"config-a{attempt}.json"
     config_path.write_text(json.dumps(plan.config.to_dict()))
@@ -258,15 +258,14 @@ def _spawn(plan: LaunchPlan, run_dir: Path) -> _Generation:
     errors_dir.mkdir(exist_ok=True)
     log_event("launch", pod_index=plan.pod_index, ranks=[w.rank for w in plan.workers], world_size=plan.table.world_size,
               mesh=[plan.table.pp, plan.table.dp, plan.table.tp], master=f"{plan.master_addr}:{plan.master_port}", attempt=attempt)
-    procs = {}
     # the same worker as a fresh pod's launcher starts (the bundled trainer or the job's own
     # program, with torchrun's variables for this attempt): launcher.supervise's rule
-    command = worker_command(plan.config)
-    for w in plan.workers:
-        env = {**base, **torchrun_env(pods=len(plan.table.pods), attempt=attempt, run_id=plan.config.job),
-               **replace(w, config_path=str(config_path)).to_env(), WORKER_ERROR_FILE_ENV: str(worker_error_file(errors_dir, w.rank))}
-        procs[w.rank] = subprocess.Popen(command, env=env, start_new_session=True, preexec_fn=_die_with_parent)
-    return _Generation(plan, procs, errors_dir)
+    envs = {
+        w.rank: {**base, **torchrun_env(pods=len(plan.table.pods), attempt=attempt, run_id=plan.config.job),
+                 **replace(w, config_path=str(config_path)).to_env(), WORKER_ERROR_FILE_ENV: str(worker_error_file(errors_dir, w.rank))}
+        for w in plan.workers
+    }
+    return _Generation(plan, start_workers(spawner, worker_command(plan.config), envs, attempt=attempt), errors_dir)
 
 
 def _stop(gen: _Generation, grace_s: float) -> None:
@@ -311,9 +310,11 @@ def supervise_in_place(
     old = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
     channel.start()
     code = 0
+    # one zygote for every attempt of this pod: a restart in place forks warm workers
+    spawner = Spawner({**env, "OMP_NUM_THREADS": env.get("OMP_NUM_THREADS", "1"), "PYTHONUNBUFFERED": "1"})
     try:
         while True:
-            gen = _spawn(plan, run_dir)
+            gen = _spawn(plan, run_dir, spawner)
             attempt = plan.config.attempt
             channel.set_state(attempt, LauncherState.RUNNING)
             outcome, value = _watch(gen, channel, fail_grace_s=fail_grace_s, kill_grace_s=kill_grace_s, restart_wait_s=restart_wait_s,
@@ -339,6 +340,7 @@ def supervise_in_place(
             for p in gen.alive():
                 p.kill()
                 p.wait()
+        spawner.close()
         channel.close()
         shutil.rmtree(run_dir, ignore_errors=True)
 

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import ctypes
 import json
 import os
 import shutil
@@ -53,6 +52,7 @@ from railyard_trainer.termination import (
     write_termination_message,
 )
 from railyard_trainer.worker_env import WorkerEnv, torchrun_env
+from railyard_trainer.zygote import Spawner, WorkerProcess
 
 #: Most specific first: the root cause beats its consequences (a crash makes peers see a
 #: broken connection; the launcher's own SIGTERM makes them exit 143).
@@ -325,10 +325,14 @@ def worker_environment(plan: LaunchPlan, w: WorkerEnv, *, base: Mapping[str, str
     }
 
 
-def _die_with_parent() -> None:
-    """Workers get SIGKILL if the launcher dies (Linux), so no orphan keeps a GPU."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+def start_workers(spawner: Spawner, command: Sequence[str], envs: Mapping[int, Mapping[str, str]], *, attempt: int) -> dict[int, WorkerProcess]:
+    """Start one worker per rank (``envs``: rank -> its environment), forked from the pod's
+    zygote where the command allows (railyard_trainer.zygote); logs ``workers_started`` with
+    each rank's pid (what ``kill -STOP`` or ``py-spy dump`` wants)."""
+    procs = {rank: spawner.spawn(command, env) for rank, env in envs.items()}
+    log_event("workers_started", attempt=attempt, pids={str(r): p.pid for r, p in procs.items()},
+              zygote=spawner.zygote_pid is not None and any(not isinstance(p, subprocess.Popen) for p in procs.values()))
+    return procs
 
 
 def supervise(plan: LaunchPlan, *, fail_grace_s: float, kill_grace_s: float) -> int:
@@ -339,8 +343,9 @@ def supervise(plan: LaunchPlan, *, fail_grace_s: float, kill_grace_s: float) -> 
     base.update({"MASTER_ADDR": plan.master_addr, "MASTER_PORT": str(plan.master_port), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), "PYTHONUNBUFFERED": "1"})
     if plan.master_addr.startswith("127.") and len(plan.table.pods) == 1:
         base.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    procs: dict[int, subprocess.Popen[bytes]] = {}
+    procs: dict[int, WorkerProcess] = {}
     received: list[int] = []
+    spawner = Spawner(base)
 
     def forward(signum: int, frame: FrameType | None) -> None:
         received.append(signum)
@@ -352,10 +357,8 @@ def supervise(plan: LaunchPlan, *, fail_grace_s: float, kill_grace_s: float) -> 
     old = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
     log_event("launch", pod_index=plan.pod_index, ranks=[w.rank for w in plan.workers], world_size=plan.table.world_size, mesh=[plan.table.pp, plan.table.dp, plan.table.tp], master=f"{plan.master_addr}:{plan.master_port}", attempt=plan.config.attempt)
     try:
-        command = worker_command(plan.config)
-        for w in plan.workers:
-            env = worker_environment(plan, w, base=base, config_path=config_path, run_dir=run_dir)
-            procs[w.rank] = subprocess.Popen(command, env=env, start_new_session=True, preexec_fn=_die_with_parent)
+        envs = {w.rank: worker_environment(plan, w, base=base, config_path=config_path, run_dir=run_dir) for w in plan.workers}
+        procs.update(start_workers(spawner, worker_command(plan.config), envs, attempt=plan.config.attempt))
         failed_at: float | None = None
         term_at: float | None = None
         while True:
@@ -385,9 +388,10 @@ def supervise(plan: LaunchPlan, *, fail_grace_s: float, kill_grace_s: float) -> 
             if p.poll() is None:
                 p.kill()
                 p.wait()
+        spawner.close()
         errors = read_worker_errors(run_dir, list(procs))
         shutil.rmtree(run_dir, ignore_errors=True)
-    codes = {r: (128 - rc if rc < 0 else rc) for r, p in procs.items() for rc in [p.returncode]}
+    codes = {r: (128 - rc if rc < 0 else rc) for r, p in procs.items() for rc in [p.wait()]}
     code = most_specific(list(codes.values()))
     if code == 0 and received:
         code = 128 + received[0]

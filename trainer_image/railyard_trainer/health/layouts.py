@@ -326,11 +326,11 @@ def run_layout(layout: str, trials: list[Trial], out: Path, *, interval: int = 2
                sdc_interval: int = 10_000, clean_steps: int = 0) -> dict[str, Any]:
     """Run ``clean_steps`` without flips (false positives), then ``trials``, on ``layout``
     (spawns its ranks); returns what rank 0 recorded."""
-    import torch.multiprocessing as mp
+    from railyard_trainer.zygote import spawn_ranks
 
     nproc = LAYOUTS[layout][0]
     opts = {"interval": interval, "warmup": warmup, "seed": seed, "sdc_interval": sdc_interval, "clean_steps": clean_steps}
-    mp.spawn(layout_worker, args=(nproc, free_port(), layout, [asdict(t) for t in trials], opts, str(out)), nprocs=nproc, join=True)
+    spawn_ranks(layout_worker, (nproc, free_port(), layout, [asdict(t) for t in trials], opts, str(out)), nproc)
     data: dict[str, Any] = json.loads(out.read_text())
     return data
 
