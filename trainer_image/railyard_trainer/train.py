@@ -17,6 +17,7 @@ forward+backward waits for the slowest peer inside the all-gathers, so forward+b
 
 from __future__ import annotations
 
+import logging
 import os
 import resource
 import time
@@ -290,6 +291,25 @@ class Trainer:
         if self.dp_rank == 0 and self.tp_rank == 0:
             out.mkdir(parents=True, exist_ok=True)
             torch.save(grads, out / f"grads-pp{self.pp_rank}.pt")
+
+    def finish_after_sdc(self, timeout_s: float = 60.0) -> None:
+        """An SDC verdict ends the attempt, agreed by every rank, so the ranks can still talk:
+        let the saves in flight commit (each marked clean or not when it was taken) and send the
+        last heartbeat with their events. Otherwise the newest clean checkpoint, still being
+        written when the corruption was seen, is lost and the next attempt restores an older
+        one (or none). Bounded; never raises."""
+        try:
+            wait = getattr(self.checkpointer, "wait", None)
+            if callable(wait) and not wait(timeout_s):
+                return  # still writing: the attempt ends without it, as before
+            self.checkpointer.close()
+            forward = getattr(self.checkpointer, "forward_events", None)
+            if callable(forward):
+                forward(self.ctx)
+            self.health.close()
+            self.session.close()
+        except Exception:
+            logging.getLogger(__name__).exception("finishing the checkpoints in flight after the SDC verdict failed")
 
     def close(self) -> None:
         self.watchdog.stop()

@@ -95,6 +95,8 @@ def run() -> int:
         record_worker_error(exc, code)  # the launcher's termination message quotes it
         if trainer is not None:
             trainer.watchdog.stop()
+            if code == int(ExitCode.SDC_DETECTED):
+                trainer.finish_after_sdc()
         return code
 
 
