@@ -1,9 +1,14 @@
-"""Bring your own trainer, end to end on the local cluster: examples/fsdp2_train_railyard.py (the
-plain FSDP2 script plus the SDK's lines) as a TrainingJob (``spec.trainer.program``), 2 nodes x 2
-ranks and a hot spare, with the real operator. A node fails mid-run: the gang restarts sticky on
-the spare and resumes from the memory tier (the lost node's shards from its neighbour's replica)
-with at most one interval lost; then a node of the new gang is slowed and the SDK's speed probe
-gets its rank flagged as a straggler, without a restart.
+"""Bring your own trainer, end to end on the local cluster, each job 2 nodes x 2 ranks and a hot
+spare on a pool of its own, with the real operator:
+
+- examples/fsdp2_train_railyard.py (the plain FSDP2 script plus the SDK's lines) as a TrainingJob
+  (``spec.trainer.program``). A node fails mid-run: the gang restarts sticky on the spare and
+  resumes from the memory tier (the lost node's shards from its neighbour's replica) with at most
+  one interval lost; then a node of the new gang is slowed and the SDK's speed probe gets its
+  rank flagged as a straggler, without a restart.
+- examples/fsdp2_train.py unmodified (no Railyard import, as written for torchrun), as
+  examples/fsdp2-train.yaml runs it: a node fails after its first checkpoint, the gang restarts on
+  the spare and the script resumes from its own newest DCP checkpoint, as under torchrun.
 """
 
 from __future__ import annotations
@@ -19,6 +24,10 @@ pytestmark = [pytest.mark.slow, pytest.mark.cluster, pytest.mark.torch, pytest.m
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "fsdp2_train_railyard.py"
+PLAIN = ROOT / "examples" / "fsdp2_train.py"
+POOL = "byo.railyard.dev/pool"
+#: the unmodified script: long enough that the node fails mid-run, checkpoints of its own
+PLAIN_STEPS, PLAIN_EVERY = 150, 25
 FAIL = "local.railyard.dev/fail"
 SLOW = "local.railyard.dev/slow-factor"
 MEMORY_INTERVAL = 4
@@ -30,11 +39,11 @@ STEPS = 120
 
 @pytest.fixture(scope="module")
 def local_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    """Only what this job needs: its 2 nodes and a spare."""
+    """Only what these jobs need: for each, its 2 nodes and a spare (a pool label per job)."""
     from railyard.local.cluster import LocalCluster
 
-    cluster = LocalCluster(tmp_path_factory.mktemp("railyard-byo"), mode="embedded", nodes=3, gpus_per_node=2,
-                           topology="spine=1,leaf=1", lease_interval=1.0)
+    cluster = LocalCluster(tmp_path_factory.mktemp("railyard-byo"), mode="embedded", nodes=6, gpus_per_node=2,
+                           topology="spine=1,leaf=2", lease_interval=1.0)
     cluster.start(timeout=120)
     try:
         yield cluster
@@ -42,8 +51,20 @@ def local_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
         cluster.stop()
 
 
+@pytest.fixture(scope="module")
+def pools(api: Api) -> dict[str, list[str]]:
+    nodes = sorted(n.metadata.name for n in api.core.list_node().items)
+    assert len(nodes) >= 6, nodes
+    out = {"sdk": nodes[:3], "plain": nodes[3:6]}
+    for pool, members in out.items():
+        for n in members:
+            api.core.patch_node(n, {"metadata": {"labels": {POOL: pool}}})
+    return out
+
+
 def _spec() -> dict[str, Any]:
     return {
+        "nodeSelector": {POOL: "sdk"},
         "nodes": 2,
         "procsPerNode": PROCS,
         "trainer": {
@@ -63,7 +84,9 @@ def _terminal(s: dict[str, Any]) -> dict[str, Any] | None:
     return s if s.get("phase") in ("Succeeded", "Failed") else None
 
 
-def test_a_node_failure_resumes_from_the_neighbours_memory_and_a_slow_node_is_flagged(api: Api, operator: OperatorProcess) -> None:
+def test_a_node_failure_resumes_from_the_neighbours_memory_and_a_slow_node_is_flagged(
+    api: Api, operator: OperatorProcess, pools: dict[str, list[str]],
+) -> None:
     name = unique("byo")
     victim: str | None = None
     api.create_job(SYSTEM_NS, name, _spec())
@@ -107,6 +130,74 @@ def test_a_node_failure_resumes_from_the_neighbours_memory_and_a_slow_node_is_fl
         # in issue 16), so the count is not asserted here.
         r = s["restarts"]
         assert r["infrastructure"] >= 1 and r["total"] == r["infrastructure"], r
+    finally:
+        if victim is not None:
+            api.annotate_node(victim, {FAIL: None})
+        api.delete_job(SYSTEM_NS, name)
+
+
+def _plain_spec() -> dict[str, Any]:
+    """examples/fsdp2-train.yaml's program and checkpoints, this machine's paths and sizes."""
+    return {
+        "nodeSelector": {POOL: "plain"},
+        "nodes": 2,
+        "procsPerNode": PROCS,
+        "trainer": {
+            "program": {"script": str(PLAIN), "args": [
+                "--steps", str(PLAIN_STEPS), "--checkpoint-every", str(PLAIN_EVERY),
+                "--checkpoint-dir", "$(RAILYARD_CHECKPOINT_SHARED_DIR)/fsdp2-train"]},
+            "watchdogSeconds": 40, "collectiveTimeoutSeconds": 60,
+        },
+        "gang": {"scheduleTimeoutSeconds": 180, "hotSpares": 1},
+        "restartPolicy": {"infrastructure": {"limit": 3, "backoffSeconds": 0}, "application": {"limit": 1, "backoffSeconds": 0}},
+    }
+
+
+def _events(local_cluster: Any, job: str) -> list[dict[str, Any]]:
+    """The JSON lines the job's pods printed (the script's ``log``: start, step, done)."""
+    from tests.trainer.launch import parse_events
+
+    base = Path(local_cluster.state_dir) / "apiserver" / "pods" / SYSTEM_NS
+    return [e for log in (sorted(base.glob(f"{job}-*/*.log")) if base.exists() else []) for e in parse_events(log.read_text(errors="replace"))]
+
+
+def _checkpointed(local_cluster: Any, job: str) -> list[int]:
+    """Steps of the script's own complete DCP checkpoints (a ``.metadata`` is written last)."""
+    shared = Path(local_cluster.state_dir) / "shared"  # the local cluster's shared hostPaths
+    return sorted(int(p.parent.name[5:]) for p in shared.rglob(f"{job}/fsdp2-train/step-*/.metadata"))
+
+
+def test_the_unmodified_script_restarts_after_a_node_failure_from_its_own_checkpoint(
+    api: Api, operator: OperatorProcess, local_cluster: Any, pools: dict[str, list[str]],
+) -> None:
+    name = unique("plain")
+    victim: str | None = None
+    api.create_job(SYSTEM_NS, name, _plain_spec())
+    try:
+        s = wait_status(api, name, "the job running", lambda s: s if s.get("phase") == "Running" else _terminal(s), 300, operator)
+        assert s.get("phase") == "Running", s
+        before, spares = s["placement"]["nodes"], s["placement"]["spares"]
+        assert set(before) | set(spares) <= set(pools["plain"]), (before, spares)
+        # the program says nothing to the operator: its own first checkpoint is the signal
+        wait_status(api, name, "the script's first checkpoint",
+                    lambda s: _checkpointed(local_cluster, name) or _terminal(s), 300, operator)
+        assert api.status(SYSTEM_NS, name).get("phase") == "Running", "the job ended before the node could fail"
+        victim = before[1]
+        api.annotate_node(victim, {FAIL: "true"})
+
+        s = wait_status(api, name, "the job to finish", _terminal, 400, operator)
+        assert s["phase"] == "Succeeded", s.get("message")
+        r = s["restarts"]
+        assert r["infrastructure"] >= 1 and r["total"] == r["infrastructure"], r
+        after = s["placement"]["nodes"]
+        assert victim not in after and after[1] in spares, (before, spares, after)
+        starts = [e for e in _events(local_cluster, name) if e.get("event") == "start"]
+        # rank 0 printed one start per attempt it ran; the last resumed from a checkpoint of its own
+        assert len(starts) >= 2 and starts[0]["resumed_from"] == 0, starts
+        resumed = starts[-1]["resumed_from"]
+        assert resumed > 0 and resumed % PLAIN_EVERY == 0 and resumed in _checkpointed(local_cluster, name), (starts, _checkpointed(local_cluster, name))
+        done = [e for e in _events(local_cluster, name) if e.get("event") == "done"]
+        assert done and done[-1]["step"] == PLAIN_STEPS, done
     finally:
         if victim is not None:
             api.annotate_node(victim, {FAIL: None})
