@@ -4,8 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from railyard.api.trainingjob import RestartBudget, RestartPolicy, Restarts
-from railyard.logic.restarts import compute_backoff, decide_restart, record_restart
+from railyard.api.trainingjob import (
+    CheckpointRef,
+    RestartBudget,
+    RestartPolicy,
+    Restarts,
+    TrainingJobSpec,
+    TrainingJobStatus,
+)
+from railyard.logic.restarts import compute_backoff, decide_restart, record_restart, restore_hint
 from railyard.protocol.exitcodes import FailureClass
 
 
@@ -41,3 +48,33 @@ def test_decision_carries_the_backoff_of_the_next_restart() -> None:
     d = decide_restart(policy, r, FailureClass.APPLICATION)
     assert d.allowed and d.backoff_seconds == 4.0 and d.used == 1
     assert compute_backoff(RestartBudget(limit=1, backoff_seconds=0.0), 3, 300.0) == 0.0
+
+
+def _status(refs: list[tuple[str, int]], step: int = 40) -> TrainingJobStatus:
+    checkpoints = [CheckpointRef(tier=t, step=s) for t, s in refs]
+    newest = max(checkpoints, key=lambda r: r.step) if checkpoints else None
+    return TrainingJobStatus(checkpoints=checkpoints, last_checkpoint=newest, step=step)
+
+
+def _spec(medium: str) -> TrainingJobSpec:
+    return TrainingJobSpec.model_validate({"nodes": 2, "checkpoint": {"memory": {"medium": medium}}})
+
+
+def test_a_full_restart_never_hints_a_memory_tier_that_lived_in_the_deleted_pods() -> None:
+    """Seen under load: an in-place restart fell back to a full one, the hint named the memory
+    tier of the deleted pods (medium Pod), and the trainer refused to start (77: the hinted
+    checkpoint is missing) instead of restoring the newest shared one."""
+    st = _status([("memory", 30), ("shared", 20)])
+    assert restore_hint(st, _spec("Pod"), pods_kept=False) == {"tier": "shared", "step": 20, "lastStep": 40}
+    # the pods stay (in place): their memory tier is still there, a moved pod's comes from its neighbour
+    assert restore_hint(st, _spec("Pod"), pods_kept=True) == {"tier": "memory", "step": 30, "lastStep": 40}
+    # a tmpfs hostPath outlives the pods
+    assert restore_hint(st, _spec("HostPath"), pods_kept=False) == {"tier": "memory", "step": 30, "lastStep": 40}
+    # nothing survives: no hint (the trainer starts from what it finds, here nothing)
+    assert restore_hint(_status([("memory", 30)]), _spec("Pod"), pods_kept=False) is None
+    assert restore_hint(_status([]), _spec("HostPath"), pods_kept=True) is None
+
+
+def test_at_one_step_the_hint_prefers_the_fastest_tier() -> None:
+    st = _status([("shared", 30), ("local", 30), ("memory", 25)])
+    assert restore_hint(st, _spec("HostPath"), pods_kept=True) == {"tier": "local", "step": 30, "lastStep": 40}

@@ -52,7 +52,7 @@ from railyard.logic.manifests import (
     with_addresses,
 )
 from railyard.logic.placement import Placement, Unplaceable, build_placement_input, plan_placement
-from railyard.logic.restarts import RestartDecision, record_restart
+from railyard.logic.restarts import RestartDecision, record_restart, restore_hint
 from railyard.logic.schedulers import apply_to_pods, plan_gang_scheduling
 from railyard.logic.status import placement_status
 from railyard.protocol.ranktable import RankTable
@@ -130,15 +130,6 @@ def _node_of(table: RankTable, index: int) -> str:
     return next((p.node for p in table.pods if p.pod_index == index), "")
 
 
-def restore_hint(c: Cycle) -> dict[str, Any] | None:
-    """The restore hint of the next attempt: the newest verified checkpoint, and the newest step
-    reported (so the trainer counts the steps lost)."""
-    lc = c.st.last_checkpoint
-    if lc is None:
-        return None
-    return {"tier": lc.tier, "step": lc.step, "lastStep": c.st.step}
-
-
 async def begin_in_place(
     c: Cycle,
     job: TrainingJob,
@@ -186,7 +177,7 @@ async def begin_in_place(
 
     owner = owner_reference(c.body)
     table = with_addresses(result.rank_table, c.ns)
-    restore = restore_hint(c)
+    restore = restore_hint(c.st, spec, pods_kept=True)
     config = build_trainer_config(spec, job=c.name, namespace=c.ns, attempt=attempt, restore=restore)
     if not await c.io.create_object(build_configmap(c.name, c.ns, owner, attempt=attempt, rank_table=table, config=config)):
         # written by an earlier try of this same restart (an operator that died before its

@@ -87,7 +87,12 @@ from railyard.logic.manifests import (
 from railyard.logic.placement import Placement, Unplaceable, build_placement_input, plan_placement
 from railyard.logic.quarantine import QUARANTINE_KEY, decide_still_quarantined
 from railyard.logic.rejections import PERMANENT_REASONS, decide_rejection
-from railyard.logic.restarts import decide_restart, decide_streak_reset, record_restart
+from railyard.logic.restarts import (
+    decide_restart,
+    decide_streak_reset,
+    record_restart,
+    restore_hint,
+)
 from railyard.logic.schedulers import (
     GangSchedulingPlan,
     apply_to_pods,
@@ -518,7 +523,8 @@ async def create_gang(c: Cycle, job: TrainingJob, placed: Placement) -> tuple[li
             return None
     await _ensure_job_objects(c, owner)
     table = with_addresses(placed.rank_table, c.ns)
-    restore = {"tier": c.st.last_checkpoint.tier, "step": c.st.last_checkpoint.step} if c.st.last_checkpoint else None
+    # a new gang: no pod is kept (a memory tier in the pods is gone with them)
+    restore = restore_hint(c.st, spec, pods_kept=False)
     config = build_trainer_config(spec, job=c.name, namespace=c.ns, attempt=attempt, restore=restore)
     async with _refusals(f"ConfigMap {cm}"):
         await c.io.create_object(build_configmap(c.name, c.ns, owner, attempt=attempt, rank_table=table, config=config))

@@ -17,8 +17,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
-from railyard.api.trainingjob import RestartBudget, RestartPolicy, Restarts
+from railyard.api.trainingjob import (
+    RestartBudget,
+    RestartPolicy,
+    Restarts,
+    TrainingJobSpec,
+    TrainingJobStatus,
+)
 from railyard.protocol.exitcodes import FailureClass
 
 #: Failure class -> (field of RestartPolicy, field of Restarts).
@@ -108,3 +115,25 @@ def record_restart(restarts: Restarts, cls: FailureClass, reason: str, now_iso: 
             "last_time": now_iso,
         }
     )
+
+
+#: At one step, the tier a restore prefers (the fastest to read).
+_TIER_PREFERENCE = ("memory", "local", "shared")
+
+
+def restore_hint(status: TrainingJobStatus, spec: TrainingJobSpec, *, pods_kept: bool) -> dict[str, Any] | None:
+    """The next attempt's restore hint (config.json ``restore``): the newest verified checkpoint
+    that survives the restart, and the newest step reported (the trainer counts the steps lost).
+
+    A full restart (``pods_kept`` False) deletes every pod, and with ``checkpoint.memory.medium:
+    Pod`` the memory tier with them: its checkpoints are not hinted then (the trainer refuses to
+    start from scratch when a hinted checkpoint is missing), the newest local or shared one is.
+    An in-place restart keeps the pods' memory, and a replaced pod's shards come back from its
+    neighbour's replica."""
+    refs = list(status.checkpoints) or ([status.last_checkpoint] if status.last_checkpoint is not None else [])
+    if not pods_kept and spec.checkpoint.memory.medium == "Pod":
+        refs = [r for r in refs if r.tier != "memory"]
+    if not refs:
+        return None
+    best = max(refs, key=lambda r: (r.step, -_TIER_PREFERENCE.index(r.tier) if r.tier in _TIER_PREFERENCE else -len(_TIER_PREFERENCE)))
+    return {"tier": best.tier, "step": best.step, "lastStep": status.step}
