@@ -122,9 +122,8 @@ def spawn_ranks(fn: Callable[..., None], args: tuple[Any, ...], nprocs: int, *, 
 class ForkedWorker:
     """A worker forked by the zygote, seen from the launcher (``subprocess.Popen``'s answers)."""
 
-    def __init__(self, pid: int, spawner: Spawner) -> None:
+    def __init__(self, pid: int) -> None:
         self.pid = pid
-        self._spawner = spawner
         self._returncode: int | None = None
         self._done = threading.Event()
 
@@ -215,7 +214,7 @@ class Spawner:
             if pending.error:
                 worker = None
             else:
-                worker = self._workers.setdefault(pending.pid, ForkedWorker(pending.pid, self))
+                worker = self._workers.setdefault(pending.pid, ForkedWorker(pending.pid))
         if worker is None:  # the zygote failed: this worker starts the plain way
             print(f"railyard: worker zygote failed ({pending.error}); starting the worker as a subprocess", file=sys.stderr)
             self._stop_zygote()
@@ -278,7 +277,7 @@ class Spawner:
                     p.done.set()
             elif "exited" in msg:
                 pid = int(msg["exited"])
-                w = self._workers.setdefault(pid, ForkedWorker(pid, self))
+                w = self._workers.setdefault(pid, ForkedWorker(pid))
                 w._ended(int(msg["returncode"]))
 
     def _stop_zygote(self) -> None:

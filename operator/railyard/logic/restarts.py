@@ -27,6 +27,7 @@ from railyard.api.trainingjob import (
     TrainingJobStatus,
 )
 from railyard.protocol.exitcodes import FailureClass
+from railyard.protocol.restore import TIER_RANK
 
 #: Failure class -> (field of RestartPolicy, field of Restarts).
 _CLASS_FIELDS: Mapping[FailureClass, str] = {
@@ -117,10 +118,6 @@ def record_restart(restarts: Restarts, cls: FailureClass, reason: str, now_iso: 
     )
 
 
-#: At one step, the tier a restore prefers (the fastest to read).
-_TIER_PREFERENCE = ("memory", "local", "shared")
-
-
 def restore_hint(status: TrainingJobStatus, spec: TrainingJobSpec, *, pods_kept: bool) -> dict[str, Any] | None:
     """The next attempt's restore hint (config.json ``restore``): the newest verified checkpoint
     that survives the restart, and the newest step reported (the trainer counts the steps lost).
@@ -135,5 +132,6 @@ def restore_hint(status: TrainingJobStatus, spec: TrainingJobSpec, *, pods_kept:
         refs = [r for r in refs if r.tier != "memory"]
     if not refs:
         return None
-    best = max(refs, key=lambda r: (r.step, -_TIER_PREFERENCE.index(r.tier) if r.tier in _TIER_PREFERENCE else -len(_TIER_PREFERENCE)))
+    # at one step, the fastest tier to read (the trainer's restore order)
+    best = max(refs, key=lambda r: (r.step, -TIER_RANK.get(r.tier, len(TIER_RANK))))
     return {"tier": best.tier, "step": best.step, "lastStep": status.step}
