@@ -4,11 +4,17 @@
 # another tenant of a shared 2-core CI machine would), and reports per test how often it passed,
 # failed or was skipped. A test with a mixed verdict is a defect (DEVELOPERS.md).
 #
-#   bash bench/ci_stability.sh [-n N] [--out FILE] [--junit-dir DIR] [pytest args...]
+#   bash bench/ci_stability.sh [-n N] [--out FILE] [--junit-dir DIR]            # CI, as it lands
+#   bash bench/ci_stability.sh [-n N] [--out FILE] [--junit-dir DIR] PYTEST_ARGS  # here, one pytest
 #   bash bench/ci_stability.sh -n 2 tests/system tests/local tests/operator
 #
-# Writes one JUnit XML and pytest log per run (--junit-dir, default .railyard/ci-stability) and FILE (default
-# bench/results/ci_stability.json):
+# Without pytest args every run is exactly what CI does: a fresh `git clone` of this repository's
+# HEAD (commit first: only committed work is cloned) runs `bash .ci/run` (packages, venv, static
+# checks, the suite in its two lanes, the images), and the lanes' JUnit XML is collected. With
+# pytest args every run is `python -m pytest ARGS` in this checkout.
+#
+# Writes the JUnit XML and the log of every run (--junit-dir, default .railyard/ci-stability) and
+# FILE (default bench/results/ci_stability.json):
 # {"bench": "ci_stability", "results": [...], "runs": [...], "tests": {nodeid: {...}}}; prints a
 # table of the tests with mixed verdicts. Exit 0 when no test had a mixed verdict.
 set -euo pipefail
@@ -36,6 +42,8 @@ cores=$(getconf _NPROCESSORS_ONLN)  # not nproc: it honours OMP_NUM_THREADS
 hog_core=$(( cores > 1 ? 1 : 0 ))
 rm -rf "$junit_dir"
 mkdir -p "$junit_dir" "$(dirname "$out")"
+abs_junit_dir=$(cd "$junit_dir" && pwd)
+work=$(mktemp -d)  # the fresh clones (CI mode)
 meta="$junit_dir/runs.tsv"
 : > "$meta"
 
@@ -54,7 +62,7 @@ interrupted() {
   echo "ci_stability: interrupted" >&2
   exit 130
 }
-trap stop_hog EXIT
+trap 'stop_hog; rm -rf "$work"' EXIT
 trap interrupted INT TERM
 
 for ((i = 1; i <= runs; i++)); do
@@ -64,12 +72,20 @@ for ((i = 1; i <= runs; i++)); do
     hog_pid=$!
   fi
   label=$([[ $loaded == 1 ]] && echo "with a CPU hog on core $hog_core" || echo "idle")
-  echo "== run $i of $runs ($label): pytest $*"
   start=$(date +%s)
   load_before=$(cut -d' ' -f1 /proc/loadavg)
   # in the background and waited for, so that an interrupt reaches the trap at once
-  "$python" -m pytest -q -p no:cacheprovider -o junit_logging=system-out --junitxml="$junit_dir/run-$i.xml" "$@" \
-    > "$junit_dir/run-$i.log" 2>&1 &
+  if (( $# == 0 )); then
+    echo "== run $i of $runs ($label): bash .ci/run in a fresh clone of $(git rev-parse --short HEAD)"
+    clone="$work/run-$i"
+    mkdir -p "$junit_dir/run-$i"
+    git clone -q . "$clone"
+    (cd "$clone" && RAILYARD_CI_JUNIT_DIR="$abs_junit_dir/run-$i" exec bash .ci/run) > "$junit_dir/run-$i.log" 2>&1 &
+  else
+    echo "== run $i of $runs ($label): pytest $*"
+    "$python" -m pytest -q -p no:cacheprovider -o junit_logging=system-out --junitxml="$junit_dir/run-$i.xml" "$@" \
+      > "$junit_dir/run-$i.log" 2>&1 &
+  fi
   test_pid=$!
   set +e
   wait "$test_pid"
@@ -77,18 +93,19 @@ for ((i = 1; i <= runs; i++)); do
   set -e
   test_pid=""
   stop_hog
+  [[ -z "${clone:-}" ]] || rm -rf "$clone"  # its venv is 2 GB
   tail -n 15 "$junit_dir/run-$i.log"
   printf '%s\t%s\t%s\t%s\t%s\n' "$i" "$loaded" "$rc" "$(( $(date +%s) - start ))" "$load_before" >> "$meta"
 done
 
-"$python" - "$junit_dir" "$out" "$*" <<'EOF'
+"$python" - "$junit_dir" "$out" "$*" "$(git rev-parse HEAD 2>/dev/null || echo unknown)" <<'EOF'
 """Collect the runs' JUnit XML into one report: per test, its verdict in every run."""
 import json
 import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-junit_dir, out, args = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
+junit_dir, out, args, commit = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3], sys.argv[4]
 runs = []
 for line in (junit_dir / "runs.tsv").read_text().splitlines():
     i, loaded, rc, seconds, load = line.split("\t")
@@ -96,9 +113,10 @@ for line in (junit_dir / "runs.tsv").read_text().splitlines():
 
 tests: dict[str, dict] = {}
 for run in runs:
-    xml = junit_dir / f"run-{run['run']}.xml"
+    one = junit_dir / f"run-{run['run']}.xml"  # pytest mode; CI mode: one file per lane
+    xmls = [one] if one.exists() else sorted((junit_dir / f"run-{run['run']}").glob("*.xml"))
     seen: dict[str, str] = {}
-    if xml.exists():
+    for xml in xmls:
         for case in ET.parse(xml).getroot().iter("testcase"):
             name = f"{case.get('classname', '')}::{case.get('name', '')}"
             if case.find("failure") is not None or case.find("error") is not None:
@@ -135,7 +153,7 @@ results = [
     row("tests failing in every run", len(always_failed), "tests", 0, not always_failed),
     row("runs that passed", sum(r["exit_code"] == 0 for r in runs), "runs", len(runs), all(r["exit_code"] == 0 for r in runs)),
 ]
-report = {"bench": "ci_stability", "pytest_args": args, "results": results, "runs": [{k: v for k, v in r.items()} for r in runs],
+report = {"bench": "ci_stability", "mode": "pytest " + args if args else "bash .ci/run in a fresh clone", "commit": commit, "results": results, "runs": [{k: v for k, v in r.items()} for r in runs],
           "mixed": sorted(mixed), "tests": tests}
 out.write_text(json.dumps(report, indent=1) + "\n")
 

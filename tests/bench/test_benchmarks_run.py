@@ -128,3 +128,50 @@ def test_the_stability_script_reports_a_test_whose_verdict_flips(tmp_path: Path)
     steady = next(n for n in report["tests"] if n.endswith("::test_steady"))
     assert report["tests"][steady]["verdicts"] == ["passed", "passed"]
     assert "test_flips" in done.stdout and "passed / failed" in done.stdout
+
+
+def test_the_stability_script_runs_ci_in_fresh_clones_and_merges_the_lanes(tmp_path: Path) -> None:
+    """Without pytest args every run is ``bash .ci/run`` in a fresh clone of HEAD, and the JUnit
+    XML of its lanes is merged: here a repository whose .ci/run runs two lanes of pytest (one of
+    them with a test that fails in every second clone), as the real one does."""
+    repo = tmp_path / "repo"
+    (repo / "bench").mkdir(parents=True)
+    (repo / ".ci").mkdir()
+    (repo / "bench" / "ci_stability.sh").write_text((BENCH / "ci_stability.sh").read_text())
+    counter = tmp_path / "count"
+    (repo / "t_a").mkdir()
+    (repo / "t_a" / "test_a.py").write_text("def test_steady():\n    assert True\n")
+    (repo / "t_b").mkdir()
+    (repo / "t_b" / "test_b.py").write_text(
+        "from pathlib import Path\n"
+        f"COUNT = Path({str(counter)!r})\n"
+        "def test_flips():\n"
+        "    n = int(COUNT.read_text()) if COUNT.exists() else 0\n"
+        "    COUNT.write_text(str(n + 1))\n"
+        "    assert n % 2 == 0\n"
+    )
+    (repo / ".ci" / "run").write_text(
+        "set -u\n"
+        "test ! -e uncommitted.txt || exit 3  # a clone has only what is committed\n"
+        f"{sys.executable} -m pytest -q -p no:cacheprovider --junitxml=$RAILYARD_CI_JUNIT_DIR/lane-a.xml t_a\n"
+        f"{sys.executable} -m pytest -q -p no:cacheprovider --junitxml=$RAILYARD_CI_JUNIT_DIR/lane-b.xml t_b\n"
+    )
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-C", str(repo)]
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "add", "."], check=True)
+    subprocess.run([*git, "commit", "-qm", "x"], check=True)
+    (repo / "uncommitted.txt").write_text("not cloned")
+    out = tmp_path / "ci_stability.json"
+    clones = tmp_path / "clones"  # the script's mktemp -d
+    clones.mkdir()
+    done = subprocess.run(["bash", "bench/ci_stability.sh", "-n", "2", "--out", str(out), "--junit-dir", str(tmp_path / "junit")],
+                          cwd=repo, capture_output=True, text=True, timeout=HANG_S, env={**os.environ, "TMPDIR": str(clones)})
+    assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]
+    report = json.loads(out.read_text())
+    check_shape(report, "ci_stability")
+    assert report["mode"] == "bash .ci/run in a fresh clone" and len(report["commit"]) == 40, report["mode"]
+    assert [r["loaded"] for r in report["runs"]] == [False, True]
+    assert [r["tests"] for r in report["runs"]] == [2, 2], "both lanes' XML of each run"
+    (flips,) = report["mixed"]
+    assert flips.endswith("test_flips") and report["tests"][flips]["verdicts"] == ["passed", "failed"]
+    assert list(clones.iterdir()) == [], "the clones are removed"
