@@ -25,7 +25,7 @@ checkpoint's gloo group; per file ``f`` the tags are ``(f << 15) + k``):
 ``sizes int64[pieces]``, the pieces (each at most :data:`CHUNK` bytes), then ``digest uint8[64]``
 (hex ASCII, zero-padded; all zeros: the sender could not vouch for what it sent). A sender
 always sends every message it announced and a receiver always receives every announced message
-(into a scratch buffer when it cannot keep the file), so neither side is ever left waiting by
+(into its receive ring, discarded, when it cannot keep the file), so neither side is ever left waiting by
 the other's local failure; only a dead peer (an error on the group) ends a stream early. Every
 posted operation is waited for before a stream returns, so tags are reused safely.
 """
