@@ -43,6 +43,7 @@ from railyard_trainer.checkpoint.shardio import (  # noqa: E402
     ShardWriter,
     cut_pieces,
     receive_files,
+    recv_ring,
     send_files,
 )
 
@@ -69,6 +70,7 @@ class _Recv:
             raise RuntimeError(f"receive of tag {self.tag} has no matching send: a real receiver would hang")
         self.t.copy_(self.wire.box.pop(self.tag).reshape(self.t.shape))
         self.done = True
+        self.wire.posted -= 1
 
 
 class FakeWire:
@@ -78,6 +80,9 @@ class FakeWire:
         self.box: dict[int, Any] = {}
         self.damage_tag = damage_tag
         self.sent = 0
+        #: Receives posted and not yet completed, and the most there ever were at once.
+        self.posted = 0
+        self.most_posted = 0
 
     def isend(self, t: Any, dst: int, group: Any = None, tag: int = 0) -> _Done:
         assert tag not in self.box, f"tag {tag} sent twice before it was received"
@@ -89,6 +94,8 @@ class FakeWire:
         return _Done()
 
     def irecv(self, t: Any, src: int, group: Any = None, tag: int = 0) -> _Recv:
+        self.posted += 1
+        self.most_posted = max(self.most_posted, self.posted)
         return _Recv(self, t, tag)
 
 
@@ -255,6 +262,70 @@ def test_a_receiver_that_cannot_keep_the_replica_still_drains_it(tmp_path: Path,
     assert sender.wait() == "" and wire.box == {}
     assert receiver.files == [] and len(receiver.problems) == 2
     assert all("cannot keep" in p for p in receiver.problems)
+
+
+def _long_state() -> dict[str, Any]:
+    g = torch.Generator().manual_seed(1)
+    return {"long": torch.randn((5 * shardio.CHUNK) // 4 + 3, generator=g), "step": 3}
+
+
+def test_a_stream_longer_than_the_receive_window_arrives_identical_in_bounded_memory(
+    tmp_path: Path, wire: FakeWire
+) -> None:
+    state = _long_state()  # six pieces of the data file, through a ring of two buffers
+    sender = ReplicaSender(group=None, dst=1)  # type: ignore[arg-type]
+    ring = recv_ring(2)
+    receiver = ReplicaReceiver(None, 0, tmp_path / "peer" / "rank-00000", fsync=False, ring=ring)  # type: ignore[arg-type]
+    writer = ShardWriter(tmp_path / "own" / "rank-00000", fsync=False, replica=sender, receivers=[receiver])
+    dcp.save(state, storage_writer=writer, no_dist=True)
+    receiver.finish()
+    assert sender.wait() == "" and receiver.problems == [] and wire.box == {}
+    # Two pieces, the two file headers, the sizes and the digest: never the whole file at once.
+    assert wire.most_posted <= 2 + 4
+    assert [t.data_ptr() for t in receiver.ring] == [t.data_ptr() for t in ring]  # reused, not reallocated
+    for f in writer.files:
+        assert (tmp_path / "peer" / f.rel).read_bytes() == (tmp_path / "own" / f.rel).read_bytes()
+    back = _empty_like(state)
+    dcp.load(back, storage_reader=ShardReader(tmp_path / "peer" / "rank-00000"), no_dist=True)
+    _assert_same(back, state)
+
+
+def test_pieces_larger_than_the_receive_buffers_still_arrive_intact(tmp_path: Path, wire: FakeWire) -> None:
+    sender = ReplicaSender(group=None, dst=1)  # type: ignore[arg-type]
+    small_ring = [torch.zeros(16, dtype=torch.uint8) for _ in range(2)]
+    receiver = ReplicaReceiver(None, 0, tmp_path / "rank-00000", names=("f",), fsync=False, ring=small_ring)  # type: ignore[arg-type]
+    pieces = [torch.arange(n, dtype=torch.int64).view(torch.uint8) % 251 for n in (100, 7, 300)]
+    sender.begin(0, [p.numel() for p in pieces])
+    h = new_hasher(DEFAULT_ALGORITHM)
+    for p in pieces:
+        sender.piece(p)
+        h.update(memoryview(p.numpy()))
+        receiver.poll()
+    sender.end(h.hexdigest())
+    receiver.finish()
+    assert sender.wait() == "" and receiver.problems == [] and wire.box == {}
+    assert (tmp_path / "rank-00000" / "f").read_bytes() == b"".join(bytes(p.tolist()) for p in pieces)
+
+
+def test_a_receiver_interrupted_half_way_still_receives_what_it_was_promised(
+    tmp_path: Path, wire: FakeWire, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sender = ReplicaSender(group=None, dst=1)  # type: ignore[arg-type]
+    receiver = ReplicaReceiver(None, 0, tmp_path / "rank-00000", names=("f",), fsync=False, ring=recv_ring(1))  # type: ignore[arg-type]
+    sender.begin(0, [10, 10, 10])
+    for _ in range(3):
+        sender.piece(torch.ones(10, dtype=torch.uint8))
+    sender.end(None)
+
+    def broken(*args: Any) -> None:
+        raise RuntimeError("disk controller on fire")
+
+    monkeypatch.setattr(shardio, "write_hashed", broken)
+    with pytest.raises(RuntimeError, match="on fire"):
+        receiver.finish()
+    assert sender.wait() == "" and wire.box == {}  # every piece received: the sender is not left waiting
+    assert receiver.files == [] and receiver.problems
+    assert os.listdir(tmp_path / "rank-00000") == []
 
 
 def test_fetched_files_are_kept_only_when_they_match_the_manifest(tmp_path: Path, wire: FakeWire) -> None:

@@ -101,6 +101,7 @@ from railyard_trainer.checkpoint.shardio import (
     ShardReader,
     ShardWriter,
     receive_files,
+    recv_ring,
     send_files,
 )
 from railyard_trainer.checkpoint.storage import TierStorage
@@ -233,8 +234,8 @@ class CheckpointManager:
         self.skipped_saves: dict[str, int] = {}
         #: The step of the newest save handed to the worker (what a skip waits behind).
         self._inflight_step = -1
-        #: Where received replica pieces go when this rank cannot keep them (allocated lazily).
-        self._scratch: torch.Tensor | None = None
+        #: Receive buffers of the replica streams, by source rank (reused: faulted once).
+        self._rings: dict[int, list[torch.Tensor]] = {}
         self.last_committed: dict[str, int] = {}
         self.last_restore: RestoreResult | None = None
         self._buffers: dict[str, Any] | None = None
@@ -309,6 +310,9 @@ class CheckpointManager:
                 # Fault the pages in now, not during the first blocking copy.
                 (t.to_local() if isinstance(t, DTensor) else t).zero_()
             self._buffers = buffers
+            if any(t.replicate for t in self.tiers):
+                for src in self._replica_sources():
+                    self._rings.setdefault(src, recv_ring())
 
         with self._pending_cv:
             self._pending += 1
@@ -564,13 +568,13 @@ class CheckpointManager:
         step_dir = storage.step_dir(job.step)
         target = step_dir / rank_dirname(self.rank)
         send_to = self._replica_target(self.rank) if replicate else None
-        sources = [r for r in range(self.world) if self._replica_target(r) == self.rank] if replicate else []
+        sources = self._replica_sources() if replicate else []
         sender = ReplicaSender(self.pg, send_to) if send_to is not None else None
         receivers: list[ReplicaReceiver] = []
         for src in sources:
             d = step_dir / rank_dirname(src)
             shutil.rmtree(d, ignore_errors=True)
-            receivers.append(ReplicaReceiver(self.pg, src, d, fsync=storage.fsync, scratch=self._scratch))
+            receivers.append(ReplicaReceiver(self.pg, src, d, fsync=storage.fsync, ring=self._rings.get(src)))
         writer = ShardWriter(target, fsync=storage.fsync, replica=sender, receivers=receivers)
         error: BaseException | None = None
         try:
@@ -586,8 +590,7 @@ class CheckpointManager:
                 sender.seal(len(SHARD_FILES))
             for rx in receivers:
                 rx.finish()
-                if rx.scratch is not None:
-                    self._scratch = rx.scratch
+                self._rings[rx.src] = rx.ring
             send_problem = sender.wait() if sender is not None else ""
         if error is not None:
             raise error
@@ -624,6 +627,10 @@ class CheckpointManager:
             return None
         local = self.local_of[rank]
         return next((r for r in self.pod_ranks[peer] if self.local_of[r] == local), None)
+
+    def _replica_sources(self) -> list[int]:
+        """The ranks whose replicas land on this rank."""
+        return [r for r in range(self.world) if self._replica_target(r) == self.rank]
 
     # ------------------------------------------------------------------ GC
 

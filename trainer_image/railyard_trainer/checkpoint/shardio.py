@@ -13,8 +13,11 @@ that does not know :data:`RAW` (plain DCP) refuses the file instead of misreadin
 
 **Copies.** The snapshot (host buffers, reused) is the only copy the save makes in memory; from
 it each piece is written to the tier file, hashed while in cache, and sent to the replica peer
-(``isend`` from the same memory). The peer receives into its file's pages (``mmap``), hashes the
-pieces as they arrive and compares the sender's digest at the end.
+(``isend`` from the same memory). The peer receives the pieces into a small ring of reused
+buffers (:data:`RECV_WINDOW` pieces in flight), hashes each one as it arrives, appends it to its
+file with ``write`` and compares the sender's digest at the end. Receiving straight into the
+file's pages (``mmap``) would save that ``write`` but takes a page fault per 4 KiB of fresh tmpfs
+memory: here 1.2 s per 352 MB against 0.3 s for writing the same bytes.
 
 **Replica stream** (:class:`ReplicaSender` / :class:`ReplicaReceiver`, point-to-point on the
 checkpoint's gloo group; per file ``f`` the tags are ``(f << 15) + k``):
@@ -22,7 +25,7 @@ checkpoint's gloo group; per file ``f`` the tags are ``(f << 15) + k``):
 ``sizes int64[pieces]``, the pieces (each at most :data:`CHUNK` bytes), then ``digest uint8[64]``
 (hex ASCII, zero-padded; all zeros: the sender could not vouch for what it sent). A sender
 always sends every message it announced and a receiver always receives every announced message
-(into a scratch buffer when it cannot keep the file), so neither side is ever left waiting by
+(into its receive ring, discarded, when it cannot keep the file), so neither side is ever left waiting by
 the other's local failure; only a dead peer (an error on the group) ends a stream early. Every
 posted operation is waited for before a stream returns, so tags are reused safely.
 """
@@ -79,6 +82,8 @@ METADATA_FILE = ".metadata"
 SHARD_FILES = (DATA_FILE, METADATA_FILE)
 #: Largest message on the replica stream; large tensors are cut into pieces of this size.
 CHUNK = 4 << 20
+#: Pieces of a replica stream in flight at once on the receiving side (ring buffers of CHUNK).
+RECV_WINDOW = 8
 #: Tensors smaller than this are coalesced into one piece (one message instead of many).
 _SMALL = 256 << 10
 #: Granularity of write-then-hash: small enough that the hash reads what the write just touched
@@ -251,9 +256,9 @@ class _Incoming:
     algorithm: str = DEFAULT_ALGORITHM
     fd: int = -1
     tmp: Path | None = None
-    mm: mmap.mmap | None = None
+    #: Receives in flight: piece k is received into ``ring[k % len(ring)]``.
     piece_works: list[Any] = field(default_factory=list)
-    piece_views: list[torch.Tensor] = field(default_factory=list)
+    posted: int = 0
     hashed: int = 0
     hasher: Hasher | None = None
     digest: torch.Tensor = field(default_factory=lambda: torch.zeros(MAX_HEXDIGEST, dtype=torch.uint8))
@@ -269,15 +274,16 @@ class ReplicaReceiver:
 
     :meth:`poll` makes progress without blocking (called between the pieces this rank writes);
     :meth:`finish` completes the stream. ``files`` then holds what arrived intact and
-    ``problems`` what did not.
+    ``problems`` what did not. ``ring`` (the receive buffers, see :func:`recv_ring`) may be
+    passed in and is kept in ``self.ring`` for the next stream, so its pages are faulted once.
     """
 
     def __init__(
         self, group: dist.ProcessGroup, src: int, directory: Path, *, names: Sequence[str] = SHARD_FILES,
-        fsync: bool = True, scratch: torch.Tensor | None = None,
+        fsync: bool = True, ring: Sequence[torch.Tensor] | None = None,
     ) -> None:
         self.group, self.src, self.directory, self.fsync = group, src, directory, fsync
-        self.scratch = scratch
+        self.ring = list(ring) if ring else recv_ring()
         self.files: list[WrittenFile] = []
         self.problems: list[str] = []
         self.error = ""
@@ -306,20 +312,38 @@ class ReplicaReceiver:
             self.error = self.error or f"replica receive from rank {self.src}: {exc!r}"
         return True
 
-    def _open(self, inc: _Incoming, total: int) -> torch.Tensor | None:
-        """The file's pages as a uint8 tensor (None: drain into the scratch buffer instead)."""
+    def _open(self, inc: _Incoming) -> None:
+        """Open the file's temporary name (on failure the stream is still drained, not kept)."""
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
             inc.tmp = self.directory / f".{inc.name}.rx{os.getpid()}"
-            inc.fd = os.open(inc.tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
-            if total == 0:
-                return torch.empty(0, dtype=torch.uint8)
-            os.ftruncate(inc.fd, total)
-            inc.mm = mmap.mmap(inc.fd, total)
-            return torch.frombuffer(inc.mm, dtype=torch.uint8)
+            inc.fd = os.open(inc.tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         except OSError as exc:
             inc.problem = f"replica of {self.directory.name}/{inc.name}: cannot keep it here: {exc!r}"
-            return None
+
+    def _post_piece(self, i: int, inc: _Incoming) -> None:
+        """Post the receive of the next piece of file ``i`` into its ring slot (free by now)."""
+        k = inc.posted
+        slot = k % len(self.ring)
+        size = inc.sizes[k]
+        if self.ring[slot].numel() < size:  # a sender with a larger CHUNK
+            self.ring[slot] = torch.empty(size, dtype=torch.uint8)
+        inc.piece_works.append(self._irecv(self.ring[slot][:size], _tag(i, 2 + k)))
+        inc.posted += 1
+
+    def _take_piece(self, inc: _Incoming) -> None:
+        """Hash the piece that arrived in its ring slot and append it to the file."""
+        k = inc.hashed
+        view = _mv(self.ring[k % len(self.ring)][: inc.sizes[k]])
+        if self.error or inc.problem:
+            return
+        if inc.hasher is not None:
+            inc.hasher.update(view)
+        if inc.fd >= 0:
+            try:
+                write_hashed(inc.fd, view, None)
+            except OSError as exc:  # keep draining: the sender must finish
+                inc.problem = f"replica of {self.directory.name}/{inc.name}: cannot keep it here: {exc!r}"
 
     def _advance(self, i: int, block: bool) -> bool:
         """One step of file ``i``'s state machine; False when it cannot move without blocking."""
@@ -339,34 +363,26 @@ class ReplicaReceiver:
                 inc.sizes = [int(v) for v in sizes_t.tolist()]
             if sum(inc.sizes) != total:
                 self.error = self.error or f"replica of {inc.name} from rank {self.src}: sizes do not add up"
-            dest = None if self.error else self._open(inc, total)
+            if not self.error:
+                self._open(inc)
             try:
                 inc.hasher = new_hasher(inc.algorithm)
             except ValueError as exc:
                 inc.problem = inc.problem or str(exc)
-            offset = 0
-            for k, size in enumerate(inc.sizes):
-                if dest is not None:
-                    view = dest[offset : offset + size]
-                else:
-                    if self.scratch is None or self.scratch.numel() < size:
-                        self.scratch = torch.empty(max(size, CHUNK), dtype=torch.uint8)
-                    view = self.scratch[:size]
-                inc.piece_views.append(view)
-                inc.piece_works.append(self._irecv(view, _tag(i, 2 + k)))
-                offset += size
-            if dest is None:
-                inc.hasher = None
+            while inc.posted < min(len(inc.sizes), len(self.ring)):
+                self._post_piece(i, inc)
             inc.digest_work = self._irecv(inc.digest, _tag(i, 2 + len(inc.sizes)))
             inc.state = "pieces"
             return True
         if inc.state == "pieces":
-            while inc.hashed < len(inc.piece_works):
+            while inc.hashed < len(inc.sizes):
                 if not self._wait(inc.piece_works[inc.hashed], block):
                     return False
-                if inc.hasher is not None and not self.error:
-                    inc.hasher.update(_mv(inc.piece_views[inc.hashed]))
+                inc.piece_works[inc.hashed] = None
+                self._take_piece(inc)
                 inc.hashed += 1
+                if inc.posted < len(inc.sizes):
+                    self._post_piece(i, inc)
             if not self._wait(inc.digest_work, block):
                 return False
             self._complete(inc)
@@ -376,19 +392,14 @@ class ReplicaReceiver:
 
     def _complete(self, inc: _Incoming) -> None:
         sent = bytes(inc.digest.tolist()).rstrip(b"\0").decode("ascii", "replace")
-        inc.piece_views = []
         inc.piece_works = []
         total = sum(inc.sizes)
-        ok = not self.error and not inc.problem and inc.hasher is not None and bool(sent)
+        ok = not self.error and not inc.problem and inc.fd >= 0 and inc.hasher is not None and bool(sent)
         if ok and inc.hasher is not None and inc.hasher.hexdigest() != sent:
             inc.problem = f"replica of {self.directory.name}/{inc.name} from rank {self.src} arrived corrupt"
             ok = False
         elif not ok and not inc.problem:
             inc.problem = self.error or f"replica of {self.directory.name}/{inc.name}: rank {self.src} could not send it"
-        if inc.mm is not None:
-            with contextlib.suppress(BufferError, ValueError):
-                inc.mm.close()
-            inc.mm = None
         if inc.fd >= 0:
             try:
                 if ok and self.fsync:
@@ -421,16 +432,25 @@ class ReplicaReceiver:
                 while self._incoming[i].state != "done":
                     self._advance(i, block=True)
         finally:
-            for inc in self._incoming:
-                if inc.state != "done":  # an exception above: wait out what is posted
+            for i, inc in enumerate(self._incoming):
+                if inc.state != "done":  # an exception above: receive what is owed, keep nothing
                     for w in [inc.header_work, *inc.piece_works, inc.digest_work]:
                         self._wait(w, True)
+                    while inc.state == "pieces" and inc.posted < len(inc.sizes):
+                        self._post_piece(i, inc)
+                        self._wait(inc.piece_works[-1], True)
                     inc.problem = inc.problem or "replica receive interrupted"
                     with contextlib.suppress(Exception):
                         self._complete(inc)
                     inc.state = "done"
-        self.files = [inc.result for inc in self._incoming if inc.result is not None]
-        self.problems = [inc.problem for inc in self._incoming if inc.problem]
+            self.files = [inc.result for inc in self._incoming if inc.result is not None]
+            self.problems = [inc.problem for inc in self._incoming if inc.problem]
+
+
+def recv_ring(window: int = RECV_WINDOW) -> list[torch.Tensor]:
+    """Receive buffers for a replica stream, their pages faulted now (zeroed) rather than
+    during the first save."""
+    return [torch.zeros(CHUNK, dtype=torch.uint8) for _ in range(window)]
 
 
 # ---------------------------------------------------------------------------------- writer
