@@ -113,8 +113,11 @@ class KubeClient(BaseClient):
                 if not chunk:
                     break
                 buf += chunk
-                while b"\n" in buf:
-                    line, buf = buf.split(b"\n", 1)
+                if b"\n" not in chunk:
+                    continue
+                # one split per chunk, not one per event: a chunk of a busy stream holds many
+                *lines, buf = buf.split(b"\n")
+                for line in lines:
                     if line.strip():
                         yield json.loads(line)
             if buf.strip():
