@@ -35,7 +35,7 @@ done
 [[ "$runs" =~ ^[1-9][0-9]*$ ]] || { echo "ci_stability: -n wants a positive integer, got '$runs'" >&2; exit 2; }
 command -v taskset >/dev/null || { echo "ci_stability: needs taskset (apt-get install util-linux)" >&2; exit 2; }
 
-python=python
+python=python3
 [[ -x .venv/bin/python ]] && python=.venv/bin/python
 export OMP_NUM_THREADS=1 GLOO_SOCKET_IFNAME=lo PYTHONUNBUFFERED=1
 cores=$(getconf _NPROCESSORS_ONLN)  # not nproc: it honours OMP_NUM_THREADS
