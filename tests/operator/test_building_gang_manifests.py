@@ -208,3 +208,15 @@ def test_cleanup_pod_mounts_the_tiers_and_runs_the_trainers_cleanup() -> None:
     shared = build_cleanup_pod(_spec(checkpoint={"shared": {"claimName": "ckpt"}}), job="llm", namespace="ml", index=0, node="n-a", shared=True)
     assert {"name": "ckpt-shared", "persistentVolumeClaim": {"claimName": "ckpt"}} in shared["spec"]["volumes"]
     assert "ownerReferences" not in shared["metadata"]
+
+
+def test_rendezvous_ports_stay_out_of_the_ephemeral_and_nodeport_ranges() -> None:
+    """A rendezvous port inside Linux's ephemeral range can already be the local end of one of
+    the pod's outgoing connections (the new attempt's TCPStore then fails with EADDRINUSE); the
+    NodePort range may be held by kube-proxy on hostNetwork nodes. Every job and attempt gets a
+    port below both, and different attempts of a job get different ports."""
+    from railyard.logic.manifests import rendezvous_port
+
+    ports = [rendezvous_port(f"job-{j}", "ns", a) for j in range(200) for a in range(20)]
+    assert all(1024 < p < 30000 for p in ports), (min(ports), max(ports))
+    assert len({rendezvous_port("job-1", "ns", a) for a in range(20)}) >= 19

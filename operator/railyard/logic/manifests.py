@@ -35,9 +35,14 @@ CONFIG_DIR = "/etc/railyard"
 CONFIG_FILE = "config.json"
 RANK_TABLE_FILE = "ranktable.json"
 TOKEN_KEY = "token"
-#: Rendezvous ports are drawn from this range per job and attempt (see rendezvous_port).
+#: Rendezvous ports are drawn from this range per job and attempt (see rendezvous_port). It
+#: stays below Linux's ephemeral range (ip_local_port_range, 32768-60999 by default) and
+#: Kubernetes' NodePort range (30000-32767): a port in the ephemeral range may be the local end
+#: of any outgoing connection of the pod (gloo's, an HTTP client's), and the new attempt's
+#: TCPStore then fails with EADDRINUSE (found by the CI stability runs: a restart in place that
+#: failed again at once, exit 70).
 RENDEZVOUS_PORT_BASE = 20000
-RENDEZVOUS_PORT_SPAN = 20000
+RENDEZVOUS_PORT_SPAN = 10000
 CONTAINER_NAME = "trainer"
 DEFAULT_COMMAND = ("railyard-train",)
 
