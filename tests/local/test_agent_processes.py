@@ -11,9 +11,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from railyard.local.agent import RESOLVER_SOURCE, Agent, qos_class
 from railyard.local.nodes import NodeControl
-from railyard.local.podenv import PodContext
+from railyard.local.podenv import ContainerConfigError, PodContext
 from railyard.local.topology import ClusterShape, build_nodes
 
 from .builders import make_pod
@@ -86,6 +88,28 @@ def test_volumes_live_in_per_node_folders_and_host_paths_outlive_pods(tmp_path: 
     assert Path(dirs["scratch"]).is_dir() and Path(dirs["scratch"]).is_relative_to(pod_dir)
     assert (Path(dirs["cfg"]) / "sub" / "a.txt").read_text() == "x"
     assert not (Path(dirs["cfg"]) / "b").exists()
+
+
+def test_a_simulated_pods_volumes_resolve_and_fail_alike_but_touch_no_disk(tmp_path: Path) -> None:
+    # create=False is the simulated (kwok-style) pod: same paths, same config errors, no files
+    nodes = build_nodes(ClusterShape(nodes=1))
+    agent = Agent(None, tmp_path / "state", nodes, log_dir=tmp_path / "logs")  # type: ignore[arg-type]
+    pod: Any = make_pod("p").obj()
+    pod["spec"]["volumes"] = [
+        {"name": "shm", "hostPath": {"path": "/dev/shm/ckpt"}},
+        {"name": "scratch", "emptyDir": {}},
+        {"name": "cfg", "configMap": {"name": "c", "items": [{"key": "a", "path": "a.txt"}]}},
+        {"name": "info", "downwardAPI": {"items": [{"path": "name", "fieldRef": {"fieldPath": "metadata.name"}}]}},
+    ]
+    ctx = PodContext(pod=pod, pod_ip=nodes[0].ip, host_ip=nodes[0].ip, configmaps={"c": {"data": {"a": "x"}}})
+    pod_dir = agent.node_dir("node-0") / "pods" / "p"
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    simulated = agent.materialise_volumes(pod, nodes[0], pod_dir, ctx, create=False)
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
+    assert simulated == agent.materialise_volumes(pod, nodes[0], pod_dir, ctx)  # the paths a real pod gets
+    pod["spec"]["volumes"][2]["configMap"]["items"][0]["key"] = "missing"
+    with pytest.raises(ContainerConfigError, match=r"volumes\[cfg\].items: key 'missing'"):
+        agent.materialise_volumes(pod, nodes[0], pod_dir, ctx, create=False)
 
 
 def test_host_paths_under_mnt_and_claims_are_shared_by_all_nodes(tmp_path: Path) -> None:
