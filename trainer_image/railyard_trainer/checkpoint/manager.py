@@ -130,6 +130,10 @@ class NoVerifiedCheckpoint(RuntimeError):
     exit_code = int(ExitCode.NO_VERIFIED_CHECKPOINT)
 
 
+#: The background writer thread's nice value (Linux, per thread): it yields the CPU to training.
+WRITER_NICE = 10
+
+
 def rank_dirname(rank: int) -> str:
     return f"rank-{rank:05d}"
 
@@ -418,7 +422,7 @@ class CheckpointManager:
     def _work(self) -> None:
         # Background writes yield the CPU to training (Linux: per-thread nice value).
         with contextlib.suppress(AttributeError, OSError):
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), WRITER_NICE)
         while True:
             job = self._queue.get()
             if job is None:
