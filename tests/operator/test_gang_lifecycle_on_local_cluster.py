@@ -23,6 +23,7 @@ from tests.operator.conftest import (
 
 pytestmark = pytest.mark.cluster
 NS = MAIN_NS
+POOL = "test.railyard.dev/pool"  # a node label only the job of the test that sets it selects
 
 
 def _phase(api: Api, name: str) -> str:
@@ -128,26 +129,29 @@ def test_permanent_exit_code_fails_at_once(api: Api, operator: OperatorProcess, 
 
 
 def test_unplaceable_job_waits_with_reason_and_starts_when_nodes_free_up(api: Api, operator: OperatorProcess, workload: Workload, job_name: str) -> None:
-    # a taint the job does not tolerate makes two of the three nodes unusable
+    # The job may use only nodes labelled for it: one at first (it wants two), then a second.
+    # Its eligible nodes only ever grow, so the operator's node cache, however late, never sees
+    # more of them than there are: NotEnoughNodes whatever it has caught up with. (Tainting two
+    # nodes just before creating the job raced the operator's node watch: under load it placed
+    # the gang on the tainted nodes it had not yet seen tainted, and the gang timed out.)
     nodes = sorted(n.metadata.name for n in api.core.list_node().items if n.metadata.name.startswith("node-"))[:2]
-    for n in nodes:
-        api.core.patch_node(n, {"spec": {"taints": [{"key": "example.com/maintenance", "value": "x", "effect": "NoSchedule"}]}})
-    api.create_job(NS, job_name, base_spec(workload, nodes=2))
+    api.core.patch_node(nodes[0], {"metadata": {"labels": {POOL: job_name}}})
+    api.create_job(NS, job_name, base_spec(workload, nodes=2, nodeSelector={POOL: job_name}))
     try:
         cond = wait_for("Placed=False", lambda: (c := api.condition(NS, job_name, "Placed")) and c["status"] == "False" and c, 90)
         assert cond["reason"] == "NotEnoughNodes" and cond["message"], cond
         assert not api.pods(NS, job_name), "never part of a gang"
         wait_for("the NotEnoughNodes Event", lambda: any(e.reason == "NotEnoughNodes" and e.type == "Warning" for e in api.events(NS, job_name)), 30)
-        for n in nodes:
-            api.core.patch_node(n, {"spec": {"taints": None}})
+        api.core.patch_node(nodes[1], {"metadata": {"labels": {POOL: job_name}}})
         wait_for("phase Running", lambda: _phase(api, job_name) == "Running", 90)
         assert api.condition(NS, job_name, "Placed")["status"] == "True"  # type: ignore[index]
+        assert sorted(api.status(NS, job_name)["placement"]["nodes"]) == nodes
     except AssertionError:
         print(on_exit_dump(api, NS, job_name, operator))
         raise
     finally:
         for n in nodes:
-            api.core.patch_node(n, {"spec": {"taints": None}})
+            api.core.patch_node(n, {"metadata": {"labels": {POOL: None}}})
         api.delete_job(NS, job_name)
 
 
