@@ -226,17 +226,16 @@ class _RawOps:
     def __init__(self, ctx: Any, pg: Any, base: Path, rank: int, world: int) -> None:
         import torch
 
-        from railyard_trainer.checkpoint.manager import tensor_state
+        from railyard_trainer.checkpoint.manager import WRITER_NICE, tensor_state
+        from railyard_trainer.checkpoint.shardio import CHUNK
 
-        self.chunk = 4 << 20  # the replica stream's piece size (shardio.CHUNK)
+        self.chunk = CHUNK  # the replica stream's piece size
         parts = [t.detach().reshape(-1).view(torch.uint8) for t in _tensors(tensor_state(ctx))]
         self.data = torch.cat(parts)
         del parts
         self.view = memoryview(self.data.numpy()).cast("B")
         self.inbox = torch.empty_like(self.data)
         self.pg, self.base, self.rank, self.peer = pg, base, rank, (rank + 1) % world
-        from railyard_trainer.checkpoint.manager import WRITER_NICE
-
         self.nice = WRITER_NICE
 
     def write(self, view: memoryview | None = None) -> None:

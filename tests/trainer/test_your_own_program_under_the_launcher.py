@@ -114,8 +114,13 @@ def _until(what: str, cond: Callable[[], Any], launch: Launch, timeout: float = 
         time.sleep(0.05)
 
 
+def _committed_memory_dirs(mem: Path, job: str) -> dict[int, Path]:
+    """Step -> directory of every committed memory checkpoint."""
+    return {int(p.parent.name.removeprefix("step-")): p.parent for p in (mem / job).glob("step-*/manifest.json")}
+
+
 def _committed_memory_steps(mem: Path, job: str) -> list[int]:
-    return sorted(int(p.parent.name.removeprefix("step-")) for p in (mem / job).glob("step-*/manifest.json"))
+    return sorted(_committed_memory_dirs(mem, job))
 
 
 @pytest.fixture(scope="module")
@@ -177,13 +182,11 @@ def test_the_sdk_example_reports_steps_survives_a_wedged_rank_and_resumes_exactl
     # last step attempt 0 trained (the wedge came just after that step's save was committed),
     # attempt 1 would retrain none: drop it, as a node that lost its memory would, so that
     # attempt 1 resumes from the one before and retrains the steps in between.
-    dropped = []
-    for manifest in (tmp_path / "memory" / "byo").glob("step-*/manifest.json"):
-        if (saved := int(manifest.parent.name.removeprefix("step-"))) >= max(losses_0):
-            dropped.append(saved)
-            shutil.rmtree(manifest.parent)
+    dropped = {s: d for s, d in _committed_memory_dirs(tmp_path / "memory", "byo").items() if s >= max(losses_0)}
+    for saved in dropped.values():
+        shutil.rmtree(saved)
     committed = [s for s in committed if s not in dropped]
-    assert committed, (dropped, losses_0)  # keep=2 and both ranks were past step STOP_AFTER
+    assert committed, (sorted(dropped), losses_0)  # keep=2 and both ranks were past step STOP_AFTER
 
     # attempt 1: resume from the newest verified memory checkpoint, train the rest
     ingest.read(lambda s: s.begin_attempt("ns", "byo", 1))
