@@ -72,3 +72,36 @@ def test_cleanup_removes_only_that_job(tmp_path: Path, monkeypatch: pytest.Monke
     monkeypatch.delenv("RAILYARD_CHECKPOINT_LOCAL_DIR", raising=False)
     assert cleanup_main(["--job", "a"]) == 0
     assert not (tmp_path / "shared" / "a").exists() and (tmp_path / "shared" / "b").exists()
+
+
+def test_a_recycling_tier_keeps_the_retired_step_as_spares_and_hands_each_file_out_once(tmp_path: Path) -> None:
+    st = DirectoryStorage("memory", tmp_path, "j", recycle=True)
+    for step in (4, 8):
+        st.write_bytes(step, "rank-00000/__0_0.distcp", f"step {step}".encode())
+        st.write_bytes(step, "rank-00001/__0_0.distcp", b"replica")
+        st.commit(step, _manifest(step))
+    st.retire(4)
+    # Retired means gone as a checkpoint: not listed, no manifest anywhere that could be restored.
+    assert st.list_steps() == [8]
+    assert list(tmp_path.rglob("manifest.json")) == [st.step_dir(8) / "manifest.json"]
+    target = st.step_dir(12) / "rank-00000" / "new"
+    target.parent.mkdir(parents=True)
+    assert st.take_spare("rank-00000/__0_0.distcp", target)
+    assert target.read_bytes() == b"step 4"
+    assert not st.take_spare("rank-00000/__0_0.distcp", target.with_name("again")), "handed out twice"
+    assert not st.take_spare("rank-00002/__0_0.distcp", target.with_name("other")), "never existed"
+    # The next retirement replaces what the last save did not take.
+    st.retire(8)
+    assert st.list_steps() == [12]
+    assert st.take_spare("rank-00000/__0_0.distcp", target.with_name("from-8"))
+    assert target.with_name("from-8").read_bytes() == b"step 8"
+    assert sorted(p.name for p in (tmp_path / "j" / ".spare").rglob("*") if p.is_file()) == ["__0_0.distcp"]
+
+
+def test_a_tier_that_does_not_recycle_deletes_what_it_retires(tmp_path: Path) -> None:
+    st = DirectoryStorage("shared", tmp_path, "j")
+    st.write_bytes(4, "rank-00000/x", b"abc")
+    st.commit(4, _manifest(4, "shared"))
+    st.retire(4)
+    assert st.list_steps() == [] and sorted(p.name for p in (tmp_path / "j").iterdir()) == []
+    assert not st.take_spare("rank-00000/x", tmp_path / "y")

@@ -204,6 +204,37 @@ def test_a_torn_shard_fails_its_digest_and_does_not_load(tmp_path: Path) -> None
         dcp.load(_empty_like(state), storage_reader=ShardReader(tmp_path / "rank-00000"), no_dist=True)
 
 
+def _spares(root: Path) -> Any:
+    """A ``spare`` callable over the files under ``root`` (a retired step), as TierStorage's."""
+
+    def take(rel: str, dest: Path) -> bool:
+        try:
+            os.rename(root / rel, dest)
+        except FileNotFoundError:
+            return False
+        return True
+
+    return take
+
+
+def test_a_shard_written_over_a_recycled_file_is_exactly_the_new_shard(tmp_path: Path) -> None:
+    # A retired step's file, longer than the new shard, with other bytes in it.
+    old = tmp_path / "retired" / "rank-00000" / DATA_FILE
+    old.parent.mkdir(parents=True)
+    old.write_bytes(b"\xee" * (8 << 20))
+    inode = old.stat().st_ino
+    state = _state()
+    writer = ShardWriter(tmp_path / "step" / "rank-00000", spare=_spares(tmp_path / "retired"))
+    dcp.save(state, storage_writer=writer, no_dist=True)
+    data = tmp_path / "step" / "rank-00000" / DATA_FILE
+    assert data.stat().st_ino == inode and not old.exists(), "the retired file was not reused"
+    for f in writer.files:
+        assert file_digest(tmp_path / "step" / f.rel, f.algorithm) == (f.size, f.digest)
+    back = _empty_like(state)
+    dcp.load(back, storage_reader=ShardReader(tmp_path / "step" / "rank-00000"), no_dist=True)
+    _assert_same(back, state)
+
+
 # ----------------------------------------------------------------------- replica stream
 
 
@@ -227,6 +258,24 @@ def test_the_replica_arrives_identical_and_verified(tmp_path: Path, wire: FakeWi
     back = _empty_like(state)
     dcp.load(back, storage_reader=ShardReader(tmp_path / "peer" / "rank-00000"), no_dist=True)
     _assert_same(back, state)
+
+
+def test_a_replica_received_into_a_recycled_file_is_exactly_what_was_sent(tmp_path: Path, wire: FakeWire) -> None:
+    old = tmp_path / "retired" / "rank-00000" / DATA_FILE
+    old.parent.mkdir(parents=True)
+    old.write_bytes(b"\xee" * (9 << 20))
+    inode = old.stat().st_ino
+    sender = ReplicaSender(group=None, dst=1)  # type: ignore[arg-type]
+    receiver = ReplicaReceiver(  # type: ignore[arg-type]
+        None, 0, tmp_path / "peer" / "rank-00000", fsync=False, spare=_spares(tmp_path / "retired"),
+    )
+    writer = ShardWriter(tmp_path / "own" / "rank-00000", fsync=False, replica=sender, receivers=[receiver])
+    dcp.save(_state(), storage_writer=writer, no_dist=True)
+    receiver.finish()
+    assert sender.wait() == "" and receiver.problems == []
+    got = tmp_path / "peer" / "rank-00000" / DATA_FILE
+    assert got.stat().st_ino == inode, "the retired file was not reused"
+    assert got.read_bytes() == (tmp_path / "own" / "rank-00000" / DATA_FILE).read_bytes()
 
 
 def test_a_replica_damaged_in_transit_is_not_kept(tmp_path: Path, wire: FakeWire) -> None:

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from railyard.protocol.manifest import TIERS
 from railyard.protocol.ranktable import RankTable
-from railyard.protocol.restore import Layout
+from railyard.protocol.restore import PER_NODE_TIERS, Layout
 from railyard_trainer.checkpoint.settings import (
     CheckpointConfigError,
     CheckpointSettings,
@@ -111,7 +111,9 @@ def build_checkpointer(config: Any, ctx: TrainContext, **overrides: Any) -> Chec
 
         return build_dcp_checkpointer(config)  # type: ignore[return-value]
     settings = parse_checkpoint_settings(raw, restore=_section(config, "restore"))
-    storages = {t.name: DirectoryStorage(t.name, t.root, ctx.job) for t in settings.active_tiers}
+    storages = {
+        t.name: DirectoryStorage(t.name, t.root, ctx.job, recycle=t.name in PER_NODE_TIERS) for t in settings.active_tiers
+    }
     table = None
     try:
         table = load_rank_table()

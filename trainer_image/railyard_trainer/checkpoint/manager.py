@@ -578,8 +578,10 @@ class CheckpointManager:
         for src in sources:
             d = step_dir / rank_dirname(src)
             shutil.rmtree(d, ignore_errors=True)
-            receivers.append(ReplicaReceiver(self.pg, src, d, fsync=storage.fsync, ring=self._rings.get(src)))
-        writer = ShardWriter(target, fsync=storage.fsync, replica=sender, receivers=receivers)
+            receivers.append(ReplicaReceiver(
+                self.pg, src, d, fsync=storage.fsync, ring=self._rings.get(src), spare=storage.take_spare,
+            ))
+        writer = ShardWriter(target, fsync=storage.fsync, replica=sender, receivers=receivers, spare=storage.take_spare)
         error: BaseException | None = None
         try:
             dcp_save(job.snapshot, storage_writer=writer, no_dist=True)
@@ -647,8 +649,13 @@ class CheckpointManager:
                 uncommitted.append(step)
             else:
                 manifests.append(m)
-        for step in plan_gc(manifests, keep=tier.keep, uncommitted_steps=uncommitted):
+        doomed = plan_gc(manifests, keep=tier.keep, uncommitted_steps=uncommitted)
+        # The newest step that goes is kept as spares for the next save (a node tier overwrites
+        # its files in place: see storage.py); the others are deleted.
+        for step in doomed[:-1]:
             storage.delete(step)
+        if doomed:
+            storage.retire(doomed[-1])
 
     # ------------------------------------------------------------------ events
 

@@ -19,6 +19,11 @@ file with ``write`` and compares the sender's digest at the end. Receiving strai
 file's pages (``mmap``) would save that ``write`` but takes a page fault per 4 KiB of fresh tmpfs
 memory: here 1.2 s per 352 MB against 0.3 s for writing the same bytes.
 
+**Recycled files.** Both ends may be given ``spare`` (:meth:`TierStorage.take_spare`): a file of
+a retired step moved into place and overwritten, then cut to its new length. Writing into pages a
+tmpfs file already has is a copy; a new file's pages must first be allocated and zeroed (here
+0.08-0.11 s against 0.14-0.25 s per 352 MB), and the old step's pages need not be freed.
+
 **Replica stream** (:class:`ReplicaSender` / :class:`ReplicaReceiver`, point-to-point on the
 checkpoint's gloo group; per file ``f`` the tags are ``(f << 15) + k``):
 ``header int64[3] = [pieces, total bytes, algorithm]`` (``pieces = -1``: no file follows),
@@ -38,7 +43,7 @@ import io
 import mmap
 import os
 import pickle
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
@@ -150,6 +155,18 @@ class WrittenFile:
     algorithm: str
 
 
+#: Moves a retired step's file (a path inside a step directory) to the given path; False: none.
+Spare = Callable[[str, Path], bool]
+
+
+def open_for_write(path: Path, rel: str, spare: Spare | None) -> tuple[int, bool]:
+    """A file descriptor to write ``path`` from its start, and whether it is a recycled file
+    (then its old contents past what is written must be cut with ``os.ftruncate``)."""
+    reused = spare is not None and spare(rel, path)
+    flags = os.O_WRONLY | os.O_CREAT | (0 if reused else os.O_TRUNC)
+    return os.open(path, flags, 0o644), reused
+
+
 def write_hashed(fd: int, data: memoryview, hasher: Hasher | None) -> None:
     """Write all of ``data`` at the file's position, hashing each slice right after writing it."""
     for i in range(0, len(data), _SLICE):
@@ -256,6 +273,7 @@ class _Incoming:
     algorithm: str = DEFAULT_ALGORITHM
     fd: int = -1
     tmp: Path | None = None
+    reused: bool = False
     #: Receives in flight: piece k is received into ``ring[k % len(ring)]``.
     piece_works: list[Any] = field(default_factory=list)
     posted: int = 0
@@ -280,9 +298,10 @@ class ReplicaReceiver:
 
     def __init__(
         self, group: dist.ProcessGroup, src: int, directory: Path, *, names: Sequence[str] = SHARD_FILES,
-        fsync: bool = True, ring: Sequence[torch.Tensor] | None = None,
+        fsync: bool = True, ring: Sequence[torch.Tensor] | None = None, spare: Spare | None = None,
     ) -> None:
         self.group, self.src, self.directory, self.fsync = group, src, directory, fsync
+        self.spare = spare
         self.ring = list(ring) if ring else recv_ring()
         self.files: list[WrittenFile] = []
         self.problems: list[str] = []
@@ -317,7 +336,7 @@ class ReplicaReceiver:
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
             inc.tmp = self.directory / f".{inc.name}.rx{os.getpid()}"
-            inc.fd = os.open(inc.tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            inc.fd, inc.reused = open_for_write(inc.tmp, f"{self.directory.name}/{inc.name}", self.spare)
         except OSError as exc:
             inc.problem = f"replica of {self.directory.name}/{inc.name}: cannot keep it here: {exc!r}"
 
@@ -402,6 +421,8 @@ class ReplicaReceiver:
             inc.problem = self.error or f"replica of {self.directory.name}/{inc.name}: rank {self.src} could not send it"
         if inc.fd >= 0:
             try:
+                if ok and inc.reused:
+                    os.ftruncate(inc.fd, total)
                 if ok and self.fsync:
                     os.fsync(inc.fd)
             finally:
@@ -465,6 +486,7 @@ class ShardWriter(FileSystemWriter):
     def __init__(
         self, path: Path, *, algorithm: str = DEFAULT_ALGORITHM, fsync: bool = True,
         replica: ReplicaSender | None = None, receivers: Sequence[ReplicaReceiver] = (),
+        spare: Spare | None = None,
     ) -> None:
         super().__init__(path, single_file_per_rank=True, sync_files=fsync, thread_count=1)
         self.dir = Path(path)
@@ -472,6 +494,7 @@ class ShardWriter(FileSystemWriter):
         self.fsync = fsync
         self.replica = replica
         self.receivers = list(receivers)
+        self.spare = spare
         self.files: list[WrittenFile] = []
 
     def _poll(self) -> None:
@@ -505,8 +528,9 @@ class ShardWriter(FileSystemWriter):
         self.dir.mkdir(parents=True, exist_ok=True)
         write_error: BaseException | None = None
         fd = -1
+        reused = False
         try:
-            fd = os.open(self.dir / DATA_FILE, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            fd, reused = open_for_write(self.dir / DATA_FILE, f"{self.dir.name}/{DATA_FILE}", self.spare)
         except OSError as exc:
             write_error = exc
         for p in pieces:
@@ -526,6 +550,8 @@ class ShardWriter(FileSystemWriter):
             self.replica.end(digest)
         if fd >= 0:
             try:
+                if write_error is None and reused:
+                    os.ftruncate(fd, offset)
                 if write_error is None and self.fsync:
                     os.fsync(fd)
             except OSError as exc:

@@ -8,6 +8,13 @@ Layout: ``<root>/<job>/step-<NNNNNNNN>/`` holds the shard files and, once commit
 ``manifest.json``. Writes of small files are atomic (temp name, fsync, rename). The shard files
 of node tiers are written by ``shardio`` directly under :meth:`TierStorage.step_dir` (one pass,
 hashed as written, streamed to the replica peer).
+
+**Recycling (node tiers).** A node tier that retires a step keeps its files in ``<job>/.spare/``
+and the next save moves them into place and overwrites them (:meth:`DirectoryStorage.take_spare`):
+on tmpfs, writing into pages a file already has costs about half of writing a new file (whose
+pages the kernel must allocate and zero), and nothing is freed. The tier then holds ``keep + 1``
+steps between saves, which is what it holds during every save anyway (``keep`` committed steps
+and the one being written), so its peak does not change.
 """
 
 from __future__ import annotations
@@ -55,14 +62,30 @@ class TierStorage(Protocol):
 
     def delete(self, step: int) -> None: ...
 
+    def retire(self, step: int) -> None:
+        """Stop keeping a step (uncommitted first). A recycling tier keeps its files as spares for
+        the next save (:meth:`take_spare`); others delete it."""
+
+    def take_spare(self, rel: str, dest: Path) -> bool:
+        """Move the spare file ``rel`` (a path inside a step directory) to ``dest``, to be
+        overwritten in place; False when there is none."""
+
+
+#: The directory under ``<root>/<job>`` where a recycling tier keeps the step it retired last.
+SPARE_DIRNAME = ".spare"
+
 
 class DirectoryStorage:
     """A tier in a directory tree (tmpfs, local disk, or a shared mount)."""
 
-    def __init__(self, name: str, root: str | os.PathLike[str], job: str, *, fsync: bool = True) -> None:
+    def __init__(
+        self, name: str, root: str | os.PathLike[str], job: str, *, fsync: bool = True, recycle: bool = False,
+    ) -> None:
         self.name = name
         self.base = Path(root) / job
         self.fsync = fsync
+        #: Retired steps' files are overwritten by the next save instead of deleted (node tiers).
+        self.recycle = recycle
 
     def step_dir(self, step: int) -> Path:
         return self.base / step_dirname(step)
@@ -123,6 +146,28 @@ class DirectoryStorage:
         # Uncommit first: a half-deleted directory must never look like a checkpoint.
         self.uncommit(step)
         shutil.rmtree(d, ignore_errors=True)
+
+    def retire(self, step: int) -> None:
+        if not self.recycle:
+            self.delete(step)
+            return
+        self.uncommit(step)
+        spare = self.base / SPARE_DIRNAME
+        # What the last save did not take (small files, or a layout that changed) goes now.
+        shutil.rmtree(spare, ignore_errors=True)
+        try:
+            os.rename(self.step_dir(step), spare)
+        except OSError:
+            self.delete(step)
+
+    def take_spare(self, rel: str, dest: Path) -> bool:
+        if not self.recycle:
+            return False
+        try:
+            os.rename(self.base / SPARE_DIRNAME / rel, dest)
+        except OSError:  # none (or another process took it): the caller writes a new file
+            return False
+        return True
 
 
 def _fsync_dir(path: Path) -> None:
