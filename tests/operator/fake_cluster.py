@@ -65,6 +65,8 @@ class FakeCluster:
         self.create_errors: dict[str, tuple[int, dict[str, Any]]] = {}
         self.clock = clock
         self.tokens = 0
+        #: False: the scheduler binds nothing (pods stay Pending without a node, as when it refuses)
+        self.scheduler_binds = True
 
     # -- what the runtime's kopf indexes would hold
     def bind(self, rt: Runtime) -> None:
@@ -106,7 +108,7 @@ class FakeCluster:
                 continue
             pod = copy.deepcopy(dict(p))
             pod.setdefault("status", {})["phase"] = "Pending"
-            if not pod["spec"].get("schedulingGates"):
+            if not pod["spec"].get("schedulingGates") and self.scheduler_binds:
                 pod["spec"]["nodeName"] = _pinned_node(pod)  # the scheduler binds ungated pods at once
             self.pods[name] = pod
             self.calls.append(("create", f"Pod/{name}"))
@@ -122,7 +124,8 @@ class FakeCluster:
             gates = pod["spec"].get("schedulingGates") or []
             if any(g.get("name") == GANG_GATE for g in gates):
                 pod["spec"]["schedulingGates"] = [g for g in gates if g.get("name") != GANG_GATE]
-                pod["spec"]["nodeName"] = _pinned_node(pod)  # the scheduler binds where we pinned
+                if self.scheduler_binds:
+                    pod["spec"]["nodeName"] = _pinned_node(pod)  # the scheduler binds where we pinned
                 lifted += 1
         if lifted:
             self.calls.append(("lift", f"{lifted} gates"))

@@ -220,3 +220,35 @@ def test_rendezvous_ports_stay_out_of_the_ephemeral_and_nodeport_ranges() -> Non
     ports = [rendezvous_port(f"job-{j}", "ns", a) for j in range(200) for a in range(20)]
     assert all(1024 < p < 30000 for p in ports), (min(ports), max(ports))
     assert len({rendezvous_port("job-1", "ns", a) for a in range(20)}) >= 19
+
+
+def test_a_planned_node_that_can_no_longer_take_its_pod_is_found_with_the_reason() -> None:
+    from tests.operator.builders import make_node
+
+    from railyard.api.trainingjob import TrainingJob
+    from railyard.logic.gang import find_stale_placement
+
+    job = TrainingJob.model_validate({
+        "metadata": {"name": "llm", "namespace": "ml"},
+        "spec": {"nodes": 2, "procsPerNode": 2, "nodeSelector": {"pool": "a"},
+                 "tolerations": [{"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}]},
+    })
+    pods = _pods(job.spec)  # planned on n-a and n-b, not bound yet
+    pool = {"pool": "a"}
+
+    def why(n_b: dict | None, *, bound: bool = False) -> list[tuple[str, str, str]]:
+        nodes = {"n-a": make_node("n-a", labels=pool)} | ({"n-b": n_b} if n_b is not None else {})
+        ps = [dict(p, spec={**p["spec"], "nodeName": "n-b"}) if bound and i == 1 else p for i, p in enumerate(pods)]
+        return [(s.pod, s.node, s.why) for s in find_stale_placement(job, ps, nodes)]
+
+    assert why(make_node("n-b", labels=pool)) == []
+    assert why(None) == [("llm-a0-1", "n-b", "NodeGone")]
+    assert why(make_node("n-b", labels={"pool": "b"})) == [("llm-a0-1", "n-b", "NotSelected")]
+    cordoned = make_node("n-b", labels=pool)
+    cordoned["spec"]["unschedulable"] = True
+    assert why(cordoned) == [("llm-a0-1", "n-b", "Unschedulable")]
+    assert why(make_node("n-b", labels=pool, taints=[{"key": "other", "effect": "NoSchedule"}])) == [("llm-a0-1", "n-b", "Tainted")]
+    # what the pods tolerate, a node that may come back, and a pod already bound: nothing to do
+    assert why(make_node("n-b", labels=pool, taints=[{"key": "gpu", "effect": "NoSchedule"}])) == []
+    assert why(make_node("n-b", labels=pool, ready=False)) == []
+    assert why(None, bound=True) == []

@@ -21,11 +21,12 @@ def glue() -> Iterator[None]:
 
 
 def test_index_copies_keep_only_what_the_decisions_read() -> None:
-    pod = {"metadata": {"name": "p", "namespace": "ns", "labels": {"a": "b"}, "managedFields": [{"x": 1}]},
+    pod = {"metadata": {"name": "p", "namespace": "ns", "labels": {"a": "b"}, "managedFields": [{"x": 1}],
+                        "annotations": {"railyard.dev/node": "n", "kubectl.kubernetes.io/last-applied-configuration": "{}"}},
            "spec": {"nodeName": "n", "containers": [{"name": "c", "image": "i", "resources": {"limits": {"nvidia.com/gpu": "2"}}}], "volumes": [{}]},
            "status": {"phase": "Running", "podIP": "1.2.3.4"}}
     small = kopf_handlers.compact_pod(pod)
-    assert small == {"metadata": {"name": "p", "namespace": "ns", "labels": {"a": "b"}},
+    assert small == {"metadata": {"name": "p", "namespace": "ns", "labels": {"a": "b"}, "annotations": {"railyard.dev/node": "n"}},
                      "spec": {"nodeName": "n", "containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "2"}}}]},
                      "status": {"phase": "Running"}}
     node = {"metadata": {"name": "n", "labels": {"x": "y"}, "annotations": {}, "managedFields": []},

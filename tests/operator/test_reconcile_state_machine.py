@@ -35,6 +35,13 @@ async def starting(h: Harness) -> None:
     assert h.status.phase == "Starting", h.cluster.events
 
 
+async def starting_unbound(h: Harness) -> None:
+    """Starting, the scheduler not having bound any pod yet."""
+    h.cluster.scheduler_binds = False
+    await starting(h)
+    assert not any(p["spec"].get("nodeName") for p in h.cluster.pods_of(0))
+
+
 async def running(h: Harness) -> None:
     await starting(h)
     h.run_pods()
@@ -103,6 +110,16 @@ def all_exit_0() -> Step:
 
 def node_of_pod_down(index: int, after: float = 5.0) -> Step:
     return then(do(lambda h: h.node_down(h.pod_nodes()[index])), cycle(after))
+
+
+def taint_planned_node(index: int, effect: str = "NoSchedule") -> Step:
+    """An administrator taints the node the placement chose for pod ``index`` (after it placed)."""
+
+    def go(h: Harness) -> None:
+        node = h.pod_nodes()[index]
+        h.cluster.nodes[node]["spec"]["taints"] = [{"key": "maintenance", "value": "now", "effect": effect}]
+
+    return then(do(go), cycle())
 
 
 def old_pods_gone_then(after: float) -> Step:
@@ -228,6 +245,10 @@ ROWS = [
     Row("all pods running", starting, all_running(), "Running", "AllPodsRunning", expect(lambda h: h.status.time_to_all_ready_seconds is not None)),
     # Starting -> Placing: the schedule timeout passed (tear down, attempt + 1)
     Row("gang timeout", starting, cycle(301.0), "Placing", "GangTimeout", expect(lambda h: h.status.attempt == 1 and not live_pods(h, 0))),
+    # Starting -> Placing at once: a pod's planned node was tainted before the scheduler bound it
+    Row("planned node tainted", starting_unbound, taint_planned_node(1), "Placing", "NodeUnusable",
+        expect(lambda h: h.status.attempt == 1 and not live_pods(h, 0) and "maintenance" not in h.status.message
+               and "Tainted" in h.status.message)),
     # Running -> Restarting: an application crash spends the application budget, backs off
     Row("application crash", running, pod_exits(0, 1), "Restarting", "ApplicationExitCode",
         expect(lambda h: h.status.restarts.application == 1 and h.status.next_attempt_time is not None and h.status.attempt == 1)),
@@ -293,7 +314,7 @@ DOCUMENTED = {
     ("Running", "Succeeded"), ("Restarting", "Restarting"), ("Restarting", "Starting"),
     ("Running", "Suspended"), ("Suspended", "Starting"), ("Running", "Running"),
 }
-_START = {fresh: "Pending", starting: "Starting", running: "Running", restarting: "Restarting", suspended: "Suspended", invalid: "Failed"}
+_START = {fresh: "Pending", starting: "Starting", starting_unbound: "Starting", running: "Running", restarting: "Restarting", suspended: "Suspended", invalid: "Failed"}
 
 
 def test_every_documented_transition_has_a_row() -> None:
@@ -316,6 +337,26 @@ async def test_sticky_restart_keeps_healthy_pods_and_moves_the_failed_one_to_the
     assert second[0] == first[0] and second[1] == spare
     assert h.status.placement.moved == [1] and h.status.placement.attempt == 1  # type: ignore[union-attr]
     assert any("moved pod indices [1]" in m for _, r, m in h.cluster.events if r == "GangCreated")
+
+
+async def test_a_starting_gang_waits_when_its_planned_nodes_can_still_take_it() -> None:
+    # A tolerated taint and a node that went NotReady (it may come back; the schedule timeout
+    # covers it) do not tear the gang down; a bound pod's node is the kubelet's business.
+    h = Harness(cluster(4), make_job(tolerations=[{"key": "maintenance", "operator": "Exists"}]))
+    await starting_unbound(h)
+    await taint_planned_node(0)(h)
+    down = h.pod_nodes()[1]
+    ready = h.cluster.nodes[down]["status"]["conditions"]
+    h.node_down(down)
+    await h.cycle(1.0)
+    assert (h.status.phase, h.status.attempt) == ("Starting", 0), h.status.message
+    assert len(live_pods(h, 0)) == 2 and "NodeUnusable" not in h.reasons()
+    h.cluster.nodes[down]["status"]["conditions"] = ready  # back, and the scheduler binds both
+    for p in h.cluster.pods_of(0):
+        p["spec"]["nodeName"] = p["metadata"]["annotations"]["railyard.dev/node"]
+    h.cluster.nodes[h.pod_nodes()[0]]["spec"]["unschedulable"] = True
+    await h.cycle(1.0)
+    assert (h.status.phase, h.status.attempt) == ("Starting", 0), h.status.message
 
 
 async def test_an_operator_killed_mid_creation_finishes_the_same_gang() -> None:

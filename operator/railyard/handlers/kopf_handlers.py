@@ -20,7 +20,7 @@ from railyard.handlers.nodes import on_node_change
 from railyard.handlers.reconcile import reconcile_job
 from railyard.handlers.runtime import OperatorSettings, Runtime
 from railyard.k8s import gang as ops
-from railyard.logic.manifests import JOB_LABEL
+from railyard.logic.manifests import JOB_LABEL, NODE_ANNOTATION
 
 log = logging.getLogger(__name__)
 
@@ -54,9 +54,11 @@ def compact_pod(body: Any) -> dict[str, Any]:
     status = body.get("status") or {}
     containers = [{"name": c.get("name"), "resources": c.get("resources") or {}} for c in spec.get("containers") or ()]
     owners = [_pick(o, "uid", "controller") for o in meta.get("ownerReferences") or ()]
+    # of the annotations only the node the placement chose (logic.gang.find_stale_placement)
+    planned = _pick(meta.get("annotations") or {}, NODE_ANNOTATION)
     return {
         "metadata": {**_pick(meta, "name", "namespace", "uid", "deletionTimestamp", "creationTimestamp"), "labels": dict(meta.get("labels") or {}),
-                     **({"ownerReferences": owners} if owners else {})},
+                     **({"ownerReferences": owners} if owners else {}), **({"annotations": planned} if planned else {})},
         "spec": {**_pick(spec, "nodeName", "schedulingGates"), "containers": containers},
         "status": _pick(status, "phase", "reason", "message", "conditions", "containerStatuses", "startTime"),
     }

@@ -64,6 +64,7 @@ from railyard.logic.gang import (
     GangAssessment,
     assess_gang,
     attempt_of,
+    find_stale_placement,
     first_exit_time,
     gang_members,
 )
@@ -284,14 +285,20 @@ async def _act(
         created = parse_time(c.st.gang_created_time) or c.now
         deadline = created + spec.gang.schedule_timeout_seconds
         if c.now >= deadline:
-            await c.delete_pods(current, nodes)
-            c.st = c.st.model_copy(update={"attempt": c.st.attempt + 1, "gang_created_time": None})
-            c.phase(
-                "Placing", "GangTimeout",
+            return await _place_again(
+                c, current, nodes, "GangTimeout",
                 f"{a.running}/{a.expected} pods Running after {spec.gang.schedule_timeout_seconds}s "
                 "(spec.gang.scheduleTimeoutSeconds): tearing down and re-placing",
             )
-            return 0.5
+        stale_nodes = find_stale_placement(job, current, nodes)
+        if stale_nodes:
+            stuck = stale_nodes[0]
+            return await _place_again(
+                c, current, nodes, "NodeUnusable",
+                f"pod {stuck.pod} cannot be scheduled on its node {stuck.node} any more ({stuck.why}"
+                + (f"; {len(stale_nodes) - 1} more pods likewise" if len(stale_nodes) > 1 else "")
+                + "): tearing down and re-placing without waiting for spec.gang.scheduleTimeoutSeconds",
+            )
         if c.st.phase != "Starting":
             c.phase("Starting", "GangStarting", f"attempt {c.st.attempt}: {a.running}/{a.expected} pods Running; waiting for the rest "
                     f"(spec.gang.scheduleTimeoutSeconds={spec.gang.schedule_timeout_seconds})")
@@ -325,6 +332,16 @@ async def _act(
             failure = culprit or dataclasses.replace(failure, nodes=())
         return await _handle_failure(c, job, failure, current, nodes)
     return None
+
+
+async def _place_again(
+    c: Cycle, current: Sequence[Mapping[str, Any]], nodes: Mapping[str, Mapping[str, Any]], reason: str, message: str,
+) -> float:
+    """Tear down a gang that cannot start where it was placed; the next attempt places it again."""
+    await c.delete_pods(current, nodes)
+    c.st = c.st.model_copy(update={"attempt": c.st.attempt + 1, "gang_created_time": None})
+    c.phase("Placing", reason, message)
+    return 0.5
 
 
 def _reset_restart_streak(c: Cycle, job: TrainingJob) -> float | None:

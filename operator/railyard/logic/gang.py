@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from railyard.api.corev1 import node_is_ready, node_ready_changed_at
+from railyard.api.trainingjob import TrainingJob
 from railyard.logic.conditions import parse_time
 from railyard.logic.failures import (
     Failure,
@@ -20,7 +21,9 @@ from railyard.logic.failures import (
     classify_pod,
     decide_root_failure,
 )
-from railyard.logic.manifests import ATTEMPT_LABEL, GANG_GATE, POD_INDEX_LABEL
+from railyard.logic.manifests import ATTEMPT_LABEL, GANG_GATE, NODE_ANNOTATION, POD_INDEX_LABEL
+from railyard.logic.placement import job_tolerations, matches_node_selector
+from railyard.logic.topology import NOT_READY, node_exclusion
 
 
 def pod_index_of(pod: Mapping[str, Any]) -> int:
@@ -166,6 +169,52 @@ def assess_gang(
     else:
         state = "Starting"
     return GangAssessment(state, recheck_after=recheck, **base)  # type: ignore[arg-type]
+
+
+#: Why a planned node can no longer take its pod, besides topology's exclusion reasons.
+NODE_GONE = "NodeGone"
+NOT_SELECTED = "NotSelected"
+
+
+@dataclass(frozen=True, slots=True)
+class StalePlacement:
+    """A pod the scheduler has not bound whose planned node can no longer take it."""
+
+    pod: str
+    node: str
+    #: topology's exclusion reason (Unschedulable, Quarantined, Tainted), NodeGone or NotSelected.
+    why: str
+
+
+def find_stale_placement(
+    job: TrainingJob, pods: Sequence[Mapping[str, Any]], nodes: Mapping[str, Mapping[str, Any]]
+) -> list[StalePlacement]:
+    """The gang's unbound pods whose planned node (the placement's ``NODE_ANNOTATION``) changed
+    since the placement so that the scheduler will never bind them there: deleted, no longer
+    matching ``spec.nodeSelector``, cordoned, quarantined, or tainted against ``spec.tolerations``.
+    Such a gang would wait out ``spec.gang.scheduleTimeoutSeconds`` for nothing. A node that is
+    NotReady is not listed: it may come back, and the schedule timeout covers it. ``nodes``: the
+    operator's view by name (it may trail the API server; it only ever makes this list late)."""
+    tolerations = job_tolerations(job)
+    selector = job.spec.node_selector
+    out = []
+    for p in pods:
+        meta = p.get("metadata") or {}
+        planned = str((meta.get("annotations") or {}).get(NODE_ANNOTATION) or "")
+        if not planned or (p.get("spec") or {}).get("nodeName") or meta.get("deletionTimestamp"):
+            continue
+        node = nodes.get(planned)
+        if node is None:
+            why = NODE_GONE
+        elif selector and not matches_node_selector(node, selector):
+            why = NOT_SELECTED
+        else:
+            why = node_exclusion(node, tolerations)
+            if why == NOT_READY:
+                continue
+        if why:
+            out.append(StalePlacement(str(meta.get("name", "")), planned, why))
+    return out
 
 
 #: Evidence kinds that are usually the echo of another pod's failure, not its cause.

@@ -745,13 +745,19 @@ def build_gang_request(
         required_level=topo.required_level
         if topo.mode == "Required" or topo.required_level
         else None,
-        tolerations=tuple(Toleration.from_dict(t.model_dump(exclude_none=True)) for t in spec.tolerations),
+        tolerations=job_tolerations(job),
         gpus_per_pod=spec.gpus_per_pod,
         attempt=attempt,
     )
 
 
-def _matches_selector(node: Mapping[str, Any], selector: Mapping[str, str]) -> bool:
+def job_tolerations(job: TrainingJob) -> tuple[Toleration, ...]:
+    """The tolerations of the job's pods (``spec.tolerations``), as placement matches them."""
+    return tuple(Toleration.from_dict(t.model_dump(exclude_none=True)) for t in job.spec.tolerations)
+
+
+def matches_node_selector(node: Mapping[str, Any], selector: Mapping[str, str]) -> bool:
+    """Whether the node's labels carry every ``key: value`` of ``spec.nodeSelector``."""
     labels = (node.get("metadata") or {}).get("labels") or {}
     return all(labels.get(k) == v for k, v in selector.items())
 
@@ -779,7 +785,7 @@ def build_placement_input(
     call derived from the same Node objects (:class:`~railyard.logic.topology.TopologyCache`),
     for callers that decide again and again on one cluster; the answer is the same without."""
     selector = job.spec.node_selector
-    selected = [n for n in nodes if _matches_selector(n, selector)] if selector else list(nodes)
+    selected = [n for n in nodes if matches_node_selector(n, selector)] if selector else list(nodes)
     req = build_gang_request(job, nodes=selected, attempt=attempt)
     topo = build_topology(
         selected, pods, levels=req.levels, tolerations=req.tolerations, ignore_job=req.job, cache=cache

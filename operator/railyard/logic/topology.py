@@ -216,9 +216,9 @@ def compute_used_gpus(
     return used
 
 
-def _exclusion(
-    node: Mapping[str, Any], labels: Mapping[str, str], tolerations: Sequence[Toleration]
-) -> str:
+def node_exclusion(node: Mapping[str, Any], tolerations: Sequence[Toleration]) -> str:
+    """Why a pod with ``tolerations`` cannot be placed on ``node`` (one of the reasons above,
+    the first found), or "" when it can."""
     if not node_is_ready(node):
         return NOT_READY
     spec = node.get("spec") or {}
@@ -309,7 +309,7 @@ class TopologyCache:
                     tuple(map(labels.get, keys)),
                     to_count(((node.get("status") or {}).get("allocatable") or {}).get(GPU_RESOURCE)),
                     _int_label(labels.get(RAIL_OFFSET_LABEL, 0)),
-                    _exclusion(node, labels, tolerations),
+                    node_exclusion(node, tolerations),
                 )
             if remember:
                 facts[id(node)] = f
