@@ -41,7 +41,12 @@ PLAIN_EXAMPLE = ROOT / "examples" / "fsdp2_train.py"
 MEMORY_INTERVAL = 4
 #: the step after which rank 1 is stopped (a memory checkpoint is committed by then)
 STOP_AFTER = 9
-STEPS = 14
+#: attempt 0's length: far more steps than it trains before the wedge, however slow or fast the
+#: machine, so rank 1 is always stopped mid-training (with 14, a loaded machine let both ranks
+#: finish before the test's SIGSTOP landed, and nothing was left to detect)
+STEPS_0 = 100_000
+#: attempt 1 trains this many steps past the last one attempt 0 trained
+EXTRA_STEPS = 3
 #: long enough for a step and a blocking save on 2 loaded cores; short enough to keep the test fast
 WATCHDOG_S = 8.0
 #: bounds that only catch hangs
@@ -145,12 +150,15 @@ def _losses(launch: Launch) -> dict[int, float]:
     return {e["step"]: e["loss"] for e in launch.events("step")}
 
 
+def _sdk_program(steps: int) -> dict[str, Any]:
+    return {"script": str(SDK_EXAMPLE), "args": ["--steps", str(steps), "--check-every", "5"]}
+
+
 def test_the_sdk_example_reports_steps_survives_a_wedged_rank_and_resumes_exactly(ingest: Server, tmp_path: Path) -> None:
-    program = {"script": str(SDK_EXAMPLE), "args": ["--steps", str(STEPS), "--check-every", "5"]}
     env = _env(tmp_path, ingest)
 
     # attempt 0: train until a memory checkpoint is committed and the step is past it, then wedge rank 1
-    first = Launch(tmp_path, _config(0, program), env)
+    first = Launch(tmp_path, _config(0, _sdk_program(STEPS_0)), env)
     try:
         def both_ranks_past(step: int) -> Any:
             def check(s: Any) -> Any:
@@ -187,10 +195,12 @@ def test_the_sdk_example_reports_steps_survives_a_wedged_rank_and_resumes_exactl
         shutil.rmtree(saved)
     committed = [s for s in committed if s not in dropped]
     assert committed, (sorted(dropped), losses_0)  # keep=2 and both ranks were past step STOP_AFTER
+    assert max(losses_0) < STEPS_0, "attempt 0 ended before the wedge"
 
-    # attempt 1: resume from the newest verified memory checkpoint, train the rest
+    # attempt 1: resume from the newest verified memory checkpoint, train a few steps past attempt 0
+    steps_1 = max(losses_0) + EXTRA_STEPS
     ingest.read(lambda s: s.begin_attempt("ns", "byo", 1))
-    second = Launch(tmp_path, _config(1, program), env)
+    second = Launch(tmp_path, _config(1, _sdk_program(steps_1)), env)
     try:
         code = second.wait()
     finally:
@@ -206,7 +216,7 @@ def test_the_sdk_example_reports_steps_survives_a_wedged_rank_and_resumes_exactl
     start = second.events("start")[0]
     assert start["resumed_from"] == step and start["attempt"] == "1", start
     losses_1 = _losses(second)
-    assert sorted(losses_1) == list(range(step + 1, STEPS + 1))
+    assert sorted(losses_1) == list(range(step + 1, steps_1 + 1))
     # exact resume: the steps both attempts trained have the same loss
     again = sorted(set(losses_0) & set(losses_1))
     assert again, (losses_0, losses_1)
@@ -214,7 +224,7 @@ def test_the_sdk_example_reports_steps_survives_a_wedged_rank_and_resumes_exactl
     # the operator learnt the restore point and the new attempt's steps from the heartbeats
     jw = ingest.read(lambda s: s.job("ns", "byo"))
     assert (jw.attempt, jw.restored_tier, jw.restored_step) == (1, "memory", step)
-    assert ingest.read(lambda s: sorted(r.step for r in s.job("ns", "byo").ranks.values())) == [STEPS, STEPS]
+    assert ingest.read(lambda s: sorted(r.step for r in s.job("ns", "byo").ranks.values())) == [steps_1, steps_1]
 
 
 def test_the_unmodified_script_trains_and_resumes_from_its_own_checkpoints(tmp_path: Path) -> None:
