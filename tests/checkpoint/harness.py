@@ -8,11 +8,13 @@ every rank plays a pod's process. Each scenario writes what it observed into
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
 import socket
 import threading
+import time
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
@@ -348,7 +350,7 @@ def kill_scenario(rank: int, world: int, port: int, tmp_s: str) -> None:
     mesh, pg = init(rank, world, port)
     tier_env(tmp, rank)
     ctx = build_ctx(mesh, seed=0, job="killed")
-    faults = {"after_write": _die_on_rank1_step4}
+    faults = {"after_write": functools.partial(_die_on_rank1_step4, tmp)}
     cfg = ckpt_config(memory=2, local=100, shared=100)
     m = build_checkpointer(cfg, ctx, process_group=pg, faults=faults)
     for _ in range(4):
@@ -362,9 +364,20 @@ def kill_scenario(rank: int, world: int, port: int, tmp_s: str) -> None:
     train_step(ctx)
 
 
-def _die_on_rank1_step4(tier: str, step: int, rank: int) -> None:
-    if tier == "memory" and step == 4 and rank == 1:
-        os._exit(137)
+def _die_on_rank1_step4(tmp: Path, tier: str, step: int, rank: int) -> None:
+    """Rank 1 dies once both ranks wrote their step-4 memory shards (the save is mid-way: the
+    replicas and the commit are still to come). Rank 1 waits for rank 0's write: its death ends
+    rank 0's process too, and a loaded machine could otherwise kill rank 0 before it wrote."""
+    if tier != "memory" or step != 4:
+        return
+    written = tmp / "kill-step4-rank0-wrote"
+    if rank == 0:
+        written.touch()
+        return
+    deadline = time.monotonic() + 120  # only catches a hang
+    while not written.exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    os._exit(137)
 
 
 def restore_scenario(rank: int, world: int, port: int, tmp_s: str, main_tmp_s: str) -> None:
