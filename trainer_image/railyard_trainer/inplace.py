@@ -54,7 +54,7 @@ from railyard_trainer.events import log_event
 from railyard_trainer.launcher import (
     LaunchPlan,
     most_specific,
-    resolve,
+    resolve_until,
     start_workers,
     worker_command,
 )
@@ -187,18 +187,6 @@ def channel_from_env(plan: LaunchPlan, env: Mapping[str, str]) -> ControlChannel
     if not (url and token and pod and env.get("RAILYARD_RANK_TABLE")):
         return None
     return ControlChannel(url, token, job=plan.config.job, pod_index=plan.pod_index, pod=pod)
-
-
-def resolve_until(host: str, port: int, deadline: float) -> str:
-    """:func:`resolve`, retried until ``deadline``: after a restart the rendezvous pod may be a
-    replacement whose name is not served yet."""
-    while True:
-        try:
-            return resolve(host, port)
-        except ConfigError:
-            if time.monotonic() >= deadline:
-                raise
-            time.sleep(0.2)
 
 
 def replan(plan: LaunchPlan, order: ControlOrder, *, env: Mapping[str, str], resolve_deadline: float) -> LaunchPlan:

@@ -189,6 +189,13 @@ def single_node_table(cfg: TrainerConfig, nproc: int, *, node: str, master_port:
     return table
 
 
+#: How long a pod waits for the rendezvous pod's name to resolve (``RAILYARD_RENDEZVOUS_WAIT_S``):
+#: the pods of a gang start at different times (image pulls, a busy kubelet) and a pod's DNS
+#: name is served only once it has an address, so a pod may well look before pod 0 is there.
+#: torchrun's rendezvous waits 600 s for its peers too.
+RENDEZVOUS_WAIT_S = 600.0
+
+
 def resolve(host: str, port: int) -> str:
     """An IP for ``host``: pod DNS names of the local cluster resolve only through Python."""
     try:
@@ -197,6 +204,26 @@ def resolve(host: str, port: int) -> str:
         raise ConfigError([f"MASTER_ADDR: cannot resolve {host!r} ({exc}); the rendezvous pod must exist and have a DNS name"]) from exc
     infos.sort(key=lambda i: i[0] != socket.AF_INET)  # prefer IPv4
     return str(infos[0][4][0])
+
+
+def resolve_until(host: str, port: int, deadline: float) -> str:
+    """:func:`resolve`, retried until ``deadline`` (``time.monotonic()``): the rendezvous pod may
+    not be served yet (a gang's pods start apart; after a restart it may be a replacement).
+    The ConfigError after the deadline says how long it waited."""
+    waited = False
+    start = time.monotonic()
+    while True:
+        try:
+            return resolve(host, port)
+        except ConfigError as exc:
+            if time.monotonic() >= deadline:
+                if not waited:
+                    raise
+                raise ConfigError([f"{exc.problems[0]} (waited {time.monotonic() - start:.0f} s, RAILYARD_RENDEZVOUS_WAIT_S)"]) from exc
+            if not waited:
+                log_event("waiting_for_rendezvous", host=host, wait_s=round(deadline - start, 1))
+                waited = True
+            time.sleep(0.2)
 
 
 def _env_int(env: Mapping[str, str], name: str) -> int | None:
@@ -208,6 +235,20 @@ def _env_int(env: Mapping[str, str], name: str) -> int | None:
         return int(raw)
     except ValueError as exc:
         raise ConfigError([f"{name}: expected an integer, got {raw!r}"]) from exc
+
+
+def _env_float(env: Mapping[str, str], name: str, default: float) -> float:
+    """A non-negative number of seconds from the environment (``default`` when unset or empty)."""
+    raw = env.get(name)
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value >= 0:
+        raise ConfigError([f"{name}: expected a number of seconds >= 0, got {raw!r}"])
+    return value
 
 
 def _free_port() -> int:
@@ -258,7 +299,8 @@ def plan_launch(args: argparse.Namespace, env: Mapping[str, str]) -> LaunchPlan:
     master = args.master_addr or env.get("MASTER_ADDR") or table.master_addr or "127.0.0.1"
     port = args.master_port or (env_port if env_port is not None else table.master_port)
     node = env.get("RAILYARD_NODE_NAME") or mine[0].node
-    plan = LaunchPlan(cfg, table, pod_index, resolve(master, port), port)
+    wait_s = _env_float(env, "RAILYARD_RENDEZVOUS_WAIT_S", RENDEZVOUS_WAIT_S)
+    plan = LaunchPlan(cfg, table, pod_index, resolve_until(master, port, time.monotonic() + wait_s), port)
     # TP groups stay inside a node, so a pod's own rank count is the per-node process count.
     dims = ParallelDims(pp=table.pp, dp=table.dp, tp=table.tp, world_size=table.world_size, procs_per_node=table.procs_per_node)
     for e in mine:
