@@ -73,7 +73,10 @@ def _spec() -> dict[str, Any]:
         },
         "checkpoint": {"memory": {"intervalSteps": MEMORY_INTERVAL, "keep": 2}, "local": {"enabled": False},
                        "shared": {"intervalSteps": 1000, "keep": 1}},
-        "health": {"heartbeatIntervalSeconds": 0.5, "heartbeatTimeoutSeconds": 20, "hangTimeoutSeconds": 10,
+        # The hang floor only catches real hangs: this test is about a node failure and a
+        # straggler flag, and under CI's two-lane load a 10 s floor once restarted a healthy
+        # slowed gang (a second, straggler-class restart: stability run 1 at 317eb8f).
+        "health": {"heartbeatIntervalSeconds": 0.5, "heartbeatTimeoutSeconds": 20, "hangTimeoutSeconds": 60,
                    "straggler": {"threshold": 0.75, "windowSteps": 10}},
         "gang": {"scheduleTimeoutSeconds": 180, "hotSpares": 1},
         "restartPolicy": {"infrastructure": {"limit": 3, "backoffSeconds": 0}, "application": {"limit": 1, "backoffSeconds": 0}},
@@ -129,7 +132,7 @@ def test_a_node_failure_resumes_from_the_neighbours_memory_and_a_slow_node_is_fl
         # two-lane load a second infrastructure restart was seen once (not yet diagnosed, noted
         # in issue 16), so the count is not asserted here.
         r = s["restarts"]
-        assert r["infrastructure"] >= 1 and r["total"] == r["infrastructure"], r
+        assert r["infrastructure"] >= 1 and r["total"] == r["infrastructure"], f"{dict(r)}: {s.get('message')}"
     finally:
         if victim is not None:
             api.annotate_node(victim, {FAIL: None})
@@ -188,7 +191,7 @@ def test_the_unmodified_script_restarts_after_a_node_failure_from_its_own_checkp
         s = wait_status(api, name, "the job to finish", _terminal, 400, operator)
         assert s["phase"] == "Succeeded", s.get("message")
         r = s["restarts"]
-        assert r["infrastructure"] >= 1 and r["total"] == r["infrastructure"], r
+        assert r["infrastructure"] >= 1 and r["total"] == r["infrastructure"], f"{dict(r)}: {s.get('message')}"
         after = s["placement"]["nodes"]
         assert victim not in after and after[1] in spares, (before, spares, after)
         starts = [e for e in _events(local_cluster, name) if e.get("event") == "start"]
