@@ -507,6 +507,9 @@ def queue_scenario(rank: int, world: int, port: int, tmp_s: str) -> None:
     record(tmp, "queue", {
         "pending_at_4": pending_at_4,
         "history": [[h.step, h.tier, h.ok, h.skipped] for h in m.history],
+        "phases": [list(h.phases) for h in m.history],
+        "phases_minus_duration": [sum(h.phases.values()) - h.duration_s for h in m.history],
+        "snapshot_is_blocked": [h.phases["snapshot"] == h.blocked_s for h in m.history],
         "skipped": m.skipped_saves,
         "committed": sorted(int(p.parent.name.split("-")[1]) for p in mem.glob("step-*/manifest.json")),
         "dirs": sorted(p.name for p in mem.glob("step-*")),

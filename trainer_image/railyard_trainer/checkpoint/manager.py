@@ -134,6 +134,7 @@ class NoVerifiedCheckpoint(RuntimeError):
 WRITER_NICE = 10
 
 
+
 def rank_dirname(rank: int) -> str:
     return f"rank-{rank:05d}"
 
@@ -165,6 +166,46 @@ class SaveRecord:
     detail: str = ""
     #: Not written because a rank's previous save was still running (``ok`` is False).
     skipped: bool = False
+    #: Where ``duration_s`` went, in order (seconds; see :class:`_Laps`): ``snapshot`` (the
+    #: blocking copy, = ``blocked_s``), ``waited`` (in the queue, or behind the job's earlier
+    #: tiers), ``ready`` (directories, then every rank agreeing to write), ``write`` (this
+    #: rank's shard: planning, write, hash, replica pieces sent and received meanwhile),
+    #: ``drain`` (the replica streams completed), ``agree`` (the ranks' results gathered),
+    #: ``commit`` (manifest and GC, on the writer) and ``confirm`` (the commits gathered).
+    phases: dict[str, float] = field(default_factory=dict)
+    #: CPU time the checkpoint's worker thread spent on this tier (gloo's threads, which move
+    #: the replica's bytes, not included): what the save takes from training's cores.
+    worker_cpu_s: float = 0.0
+
+    @property
+    def background_s(self) -> float:
+        """The save after its snapshot: what runs beside training."""
+        return max(0.0, self.duration_s - self.blocked_s)
+
+
+class _Laps:
+    """Named consecutive intervals of one save, from its start (``perf_counter`` seconds)."""
+
+    def __init__(self, started: float, blocked_s: float) -> None:
+        self.phases: dict[str, float] = {"snapshot": blocked_s}
+        self._started = started
+        self._last = started + blocked_s
+        self._cpu0 = time.thread_time()
+
+    def lap(self, name: str) -> None:
+        now = time.perf_counter()
+        self.phases[name] = self.phases.get(name, 0.0) + (now - self._last)
+        self._last = now
+
+    @property
+    def cpu_s(self) -> float:
+        """CPU time of the calling thread since the laps began."""
+        return time.thread_time() - self._cpu0
+
+    @property
+    def total(self) -> float:
+        """From the save's start to the end of the last lap (the phases add up to it)."""
+        return self._last - self._started
 
 
 @dataclass
@@ -462,6 +503,8 @@ class CheckpointManager:
     def _save_tier(self, job: _SaveJob, tier: TierSettings) -> None:
         storage = self.storages[tier.name]
         per_node = tier.name in PER_NODE_TIERS
+        laps = _Laps(job.started, job.blocked_s)
+        laps.lap("waited")
         mine = _Local(error=job.error, state=job.trainer_state)
         if not mine.error and not job.skip:
             try:
@@ -479,14 +522,17 @@ class CheckpointManager:
         # Every rank writes (and streams to its replica peer, and enters DCP's collectives) only
         # if every rank is ready to: nobody is left waiting for a rank that skipped or failed.
         ready: list[tuple[str, str]] = self._gather((job.skip, mine.error))
+        laps.lap("ready")
         skips = [k for k, _ in ready if k]
         errors = [e for _, e in ready if e]
         if skips or errors:
-            self._record_not_written(job, tier, skips, errors)
+            self._record_not_written(job, tier, skips, errors, laps)
             return
         try:
             if per_node:
-                mine.shards, mine.replica_problems = self._write_rank_shard(storage, job, replicate=tier.replicate)
+                mine.shards, mine.replica_problems = self._write_rank_shard(
+                    storage, job, replicate=tier.replicate, laps=laps
+                )
             else:
                 assert job.snapshot is not None
                 dcp_save(
@@ -498,7 +544,9 @@ class CheckpointManager:
                 mine.shards = self._hash_shared_files(storage, job.step)
         except _DCP_ERRORS as exc:
             mine.error = f"rank {self.rank}: {exc!r}"
+        laps.lap("write")
         results: list[_Local] = self._gather(mine)
+        laps.lap("agree")
         errors = [r.error for r in results if r.error]
         problems = [p for r in results for p in r.replica_problems]
         replica_note = ("replica: " + "; ".join(problems))[:300] if problems else ""
@@ -521,7 +569,9 @@ class CheckpointManager:
                     self._gc(storage, tier)
                 except Exception as exc:
                     commit_error = f"rank {self.rank}: commit failed: {exc!r}"
+        laps.lap("commit")
         commits: list[tuple[bool, str]] = self._gather((committed, commit_error))
+        laps.lap("confirm")
         commit_errors = [e for _, e in commits if e]
         ok = not errors and not commit_errors and any(c for c, _ in commits)
         nbytes = sum(s.bytes for r in results for s in r.shards)
@@ -530,7 +580,7 @@ class CheckpointManager:
             self.last_committed[tier.name] = job.step
         record = SaveRecord(
             step=job.step, tier=tier.name, ok=ok, blocked_s=job.blocked_s,
-            duration_s=time.perf_counter() - job.started, bytes=nbytes, detail=detail,
+            duration_s=laps.total, bytes=nbytes, detail=detail, phases=laps.phases, worker_cpu_s=laps.cpu_s,
         )
         self.history.append(record)
         if not ok:
@@ -542,14 +592,17 @@ class CheckpointManager:
             )
         )
 
-    def _record_not_written(self, job: _SaveJob, tier: TierSettings, skips: list[str], errors: list[str]) -> None:
+    def _record_not_written(
+        self, job: _SaveJob, tier: TierSettings, skips: list[str], errors: list[str], laps: _Laps
+    ) -> None:
         """The tier is not written at this step on any rank: skipped (a rank was still saving)
         or failed before writing (a snapshot or a directory)."""
         skipped = not errors
         detail = ("skipped: " + "; ".join(skips) if skipped else "; ".join(errors))[:500]
         record = SaveRecord(
             step=job.step, tier=tier.name, ok=False, blocked_s=job.blocked_s,
-            duration_s=time.perf_counter() - job.started, bytes=0, detail=detail, skipped=skipped,
+            duration_s=laps.total, bytes=0, detail=detail, skipped=skipped, phases=laps.phases,
+            worker_cpu_s=laps.cpu_s,
         )
         self.history.append(record)
         if skipped:
@@ -565,7 +618,9 @@ class CheckpointManager:
             )
         )
 
-    def _write_rank_shard(self, storage: TierStorage, job: _SaveJob, *, replicate: bool) -> tuple[list[ShardInfo], list[str]]:
+    def _write_rank_shard(
+        self, storage: TierStorage, job: _SaveJob, *, replicate: bool, laps: _Laps
+    ) -> tuple[list[ShardInfo], list[str]]:
         """Write this rank's shard (streamed to its replica target as it is written) and
         receive the replicas sent to this rank. Returns (own shards, replica problems)."""
         assert job.snapshot is not None
@@ -589,6 +644,7 @@ class CheckpointManager:
         except BaseException as exc:
             error = exc
         finally:
+            laps.lap("write")
             # Whatever happened here, the peers get every message they were promised and every
             # message promised to this rank is received: nobody waits for a group timeout.
             # (Owed messages go out first; sends complete as the peers receive.)
@@ -598,6 +654,7 @@ class CheckpointManager:
                 rx.finish()
                 self._rings[rx.src] = rx.ring
             send_problem = sender.wait() if sender is not None else ""
+            laps.lap("drain")
         if error is not None:
             raise error
         problems = [p for rx in receivers for p in rx.problems]
