@@ -134,7 +134,6 @@ class NoVerifiedCheckpoint(RuntimeError):
 WRITER_NICE = 10
 
 
-
 def rank_dirname(rank: int) -> str:
     return f"rank-{rank:05d}"
 
