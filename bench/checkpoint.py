@@ -157,8 +157,8 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace, root: st
         ck_windows.append(time.perf_counter() - t_w)
         ckpt.wait(600)
     history = [_record(h, "interval") for h in ckpt.history[warm:]]
-    # Phase 2a: one memory save with training idle (the data path alone, as the raw limits are
-    # measured), and the CPU time it takes from this process (every thread: the writer, gloo's).
+    # Phase 2a: two memory saves with training idle (the data path alone, as the raw limits are
+    # measured), and the CPU time each takes from this process (every thread: the writer, gloo's).
     idle_cpu: list[float] = []
     for _ in range(2):
         step(ctx)
@@ -455,7 +455,7 @@ def main(argv: list[str] | None = None) -> int:
         add("memory_save_worker_cpu_training_idle", min(h["worker_cpu_s"] for h in mem_idle), "s",
             "checkpoint thread only")
         # What a save takes from training is CPU: the save's (all of rank 0's threads) against
-        # the raw data path's (phase 3c's side thread and gloo's), both with training idle.
+        # the raw data path's (_RawOps.all on this thread, and gloo's), both with training idle.
         cpu, raw_cpu = min(raw["idle_cpu"]), lim["all_cpu"]
         add("memory_save_process_cpu_training_idle", cpu, "s", "all threads of rank 0")
         add("raw_data_path_process_cpu", raw_cpu, "s", "write + hash + exchange + peer write")
