@@ -17,6 +17,7 @@
 # FILE (default bench/results/ci_stability.json):
 # {"bench": "ci_stability", "results": [...], "runs": [...], "tests": {nodeid: {...}}}; prints a
 # table of the tests with mixed verdicts. Exit 0 when no test had a mixed verdict.
+# RAILYARD_STABILITY_HOG: a shell command to run as the hog instead of the busy loop.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -47,6 +48,9 @@ work=$(mktemp -d)  # the fresh clones (CI mode)
 meta="$junit_dir/runs.tsv"
 : > "$meta"
 
+#: the hog; RAILYARD_STABILITY_HOG replaces it with another command (the script's own test uses one
+#: that records that it ran and then sleeps, to leave the core to the suite it runs in)
+hog_cmd=${RAILYARD_STABILITY_HOG:-"exec $python -c 'while True: pass'"}
 hog_pid=""
 test_pid=""
 stop_hog() {
@@ -68,7 +72,7 @@ trap interrupted INT TERM
 for ((i = 1; i <= runs; i++)); do
   loaded=$(( i % 2 == 0 ? 1 : 0 ))
   if (( loaded )); then
-    taskset -c "$hog_core" "$python" -c 'while True: pass' &
+    taskset -c "$hog_core" bash -c "$hog_cmd" &
     hog_pid=$!
   fi
   label=$([[ $loaded == 1 ]] && echo "with a CPU hog on core $hog_core" || echo "idle")

@@ -100,6 +100,19 @@ def test_the_committed_results_have_the_documented_shape() -> None:
         check_shape(json.loads(path.read_text()), name)
 
 
+def stand_in_hog(tmp_path: Path) -> tuple[dict[str, str], Path]:
+    """The script's environment with a hog that records its pid and sleeps: the loaded run's hog
+    is started and stopped as the busy loop would be, without taking a core from the suite."""
+    pids = tmp_path / "hog-pids"
+    return {**os.environ, "RAILYARD_STABILITY_HOG": f"echo $$ >> {pids}; exec sleep 600"}, pids
+
+
+def assert_one_hog_ran_and_stopped(pids: Path) -> None:
+    (pid,) = map(int, pids.read_text().split())  # one loaded run of two
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+
+
 def test_the_stability_script_reports_a_test_whose_verdict_flips(tmp_path: Path) -> None:
     """bench/ci_stability.sh at its smallest: two runs (one with a CPU hog) of a steady test and
     of one that fails every second time it runs."""
@@ -116,9 +129,11 @@ def test_the_stability_script_reports_a_test_whose_verdict_flips(tmp_path: Path)
         "    assert n % 2 == 0\n"
     )
     out = tmp_path / "ci_stability.json"
+    env, hogs = stand_in_hog(tmp_path)
     done = subprocess.run(["bash", str(BENCH / "ci_stability.sh"), "-n", "2", "--out", str(out), "--junit-dir", str(tmp_path / "junit"),
-                           str(tests)], cwd=ROOT, capture_output=True, text=True, timeout=HANG_S)
+                           str(tests)], cwd=ROOT, capture_output=True, text=True, timeout=HANG_S, env=env)
     assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]  # a mixed verdict fails it
+    assert_one_hog_ran_and_stopped(hogs)
     report = json.loads(out.read_text())
     check_shape(report, "ci_stability")
     assert [r["loaded"] for r in report["runs"]] == [False, True]
@@ -164,9 +179,11 @@ def test_the_stability_script_runs_ci_in_fresh_clones_and_merges_the_lanes(tmp_p
     out = tmp_path / "ci_stability.json"
     clones = tmp_path / "clones"  # the script's mktemp -d
     clones.mkdir()
+    env, hogs = stand_in_hog(tmp_path)
     done = subprocess.run(["bash", "bench/ci_stability.sh", "-n", "2", "--out", str(out), "--junit-dir", str(tmp_path / "junit")],
-                          cwd=repo, capture_output=True, text=True, timeout=HANG_S, env={**os.environ, "TMPDIR": str(clones)})
+                          cwd=repo, capture_output=True, text=True, timeout=HANG_S, env={**env, "TMPDIR": str(clones)})
     assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]
+    assert_one_hog_ran_and_stopped(hogs)
     report = json.loads(out.read_text())
     check_shape(report, "ci_stability")
     assert report["mode"] == "bash .ci/run in a fresh clone" and len(report["commit"]) == 40, report["mode"]
