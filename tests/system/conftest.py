@@ -25,7 +25,7 @@ from tests.operator.conftest import ROOT, Api, OperatorProcess, _apply_crd, wait
 SYSTEM_NS = "railyard-system-e2e"
 NODES = 16
 
-__all__ = ["SYSTEM_NS", "Api", "OperatorProcess", "base_spec", "wait_for", "wait_status"]
+__all__ = ["BASE", "SYSTEM_NS", "Api", "OperatorProcess", "base_spec", "wait_for", "wait_status"]
 
 
 @pytest.fixture(scope="module")
