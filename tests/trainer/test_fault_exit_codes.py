@@ -79,6 +79,16 @@ def test_bad_layout_is_a_permanent_configuration_error(tmp_path) -> None:  # typ
     assert all("parallelism.microbatches" in e["error"] for e in run.of("worker_failed"))
 
 
+@pytest.mark.parametrize("name", ["RAILYARD_FAIL_GRACE_S", "RAILYARD_KILL_GRACE_S", "RAILYARD_RESTART_WAIT_S", "RAILYARD_RESTART_KILL_GRACE_S"])
+def test_a_bad_time_setting_is_a_configuration_error_that_names_it(name: str, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # Before any worker starts, not a traceback halfway through an attempt.
+    run = run_launcher(tmp_path, TWO, **{name: "soon"}, RAILYARD_TERMINATION_LOG=str(tmp_path / "last-words"))
+    assert run.code == ExitCode.CONFIG_PERMANENT, run.explain()
+    assert not run.of("workers_started"), run.explain()
+    assert f"{name}: expected a number of seconds >= 0, got 'soon'" in run.of("launcher_exit")[0]["error"]
+    assert name in (tmp_path / "last-words").read_text()
+
+
 @pytest.mark.parametrize("target", ["grad", "param"])
 def test_bitflip_is_caught_by_the_health_package_as_sdc(target: str, tmp_path) -> None:  # type: ignore[no-untyped-def]
     pytest.importorskip("railyard_trainer.health")

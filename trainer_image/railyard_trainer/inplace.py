@@ -417,15 +417,18 @@ def is_ignoring_orders(env: Mapping[str, str]) -> bool:
     return env.get("RAILYARD_CONTROL_IGNORE_ORDERS", "") == "1"
 
 
-def launch_in_place(plan: LaunchPlan, env: Mapping[str, str], *, fail_grace_s: float, kill_grace_s: float) -> int | None:
-    """Run ``plan`` under the control channel when the operator set one up; None otherwise."""
+def launch_in_place(
+    plan: LaunchPlan, env: Mapping[str, str], *, fail_grace_s: float, kill_grace_s: float,
+    restart_wait_s: float, restart_kill_grace_s: float,
+) -> int | None:
+    """Run ``plan`` under the control channel when the operator set one up; None otherwise.
+    The times are the launcher's (``RAILYARD_*_S``, checked by :func:`launcher.launch`)."""
     channel = channel_from_env(plan, env)
     if channel is None:
         return None
     return supervise_in_place(
         plan, channel, fail_grace_s=fail_grace_s, kill_grace_s=kill_grace_s,
-        restart_wait_s=float(env.get("RAILYARD_RESTART_WAIT_S", "60")),
-        restart_kill_grace_s=float(env.get("RAILYARD_RESTART_KILL_GRACE_S", "2")),
+        restart_wait_s=restart_wait_s, restart_kill_grace_s=restart_kill_grace_s,
         env=env, ignore_orders=is_ignoring_orders(env),
     )
 

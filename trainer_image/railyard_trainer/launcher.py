@@ -468,17 +468,20 @@ def launch(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         plan = plan_launch(args, os.environ)
+        fail_grace_s = _env_float(os.environ, "RAILYARD_FAIL_GRACE_S", 5.0)
+        kill_grace_s = _env_float(os.environ, "RAILYARD_KILL_GRACE_S", 10.0)
+        restart_wait_s = _env_float(os.environ, "RAILYARD_RESTART_WAIT_S", 60.0)
+        restart_kill_grace_s = _env_float(os.environ, "RAILYARD_RESTART_KILL_GRACE_S", 2.0)
     except (ConfigError, RankTableError, ValueError) as exc:
         log_event("launcher_exit", code=int(ExitCode.CONFIG_PERMANENT), failure_class="Permanent", error=str(exc))
         write_termination_message(f"configuration error (exit code {int(ExitCode.CONFIG_PERMANENT)}): {exc}")
         return int(ExitCode.CONFIG_PERMANENT)
-    fail_grace_s = float(os.environ.get("RAILYARD_FAIL_GRACE_S", "5"))
-    kill_grace_s = float(os.environ.get("RAILYARD_KILL_GRACE_S", "10"))
     # under the operator's restart control channel the launcher outlives failed workers and
     # restarts them in place when told (railyard_trainer.inplace); otherwise as always
     from railyard_trainer.inplace import launch_in_place
 
-    code = launch_in_place(plan, os.environ, fail_grace_s=fail_grace_s, kill_grace_s=kill_grace_s)
+    code = launch_in_place(plan, os.environ, fail_grace_s=fail_grace_s, kill_grace_s=kill_grace_s,
+                           restart_wait_s=restart_wait_s, restart_kill_grace_s=restart_kill_grace_s)
     if code is not None:
         return code
     return supervise(plan, fail_grace_s=fail_grace_s, kill_grace_s=kill_grace_s)
