@@ -242,6 +242,7 @@ def main_scenarios(rank: int, world: int, port: int, tmp_s: str) -> None:
         "fresh_restore": fresh is None, "finished": finished, "committed": committed,
         "events": [[e.tier, e.step, e.ok, e.bytes, e.blocked_s, e.duration_s] for e in events],
         "saving_seen": any(blocked_during),
+        "planned": [[h.tier, h.step, h.planned] for h in m1.history],
     })
 
     # -- restore into a differently initialised model: equals step 8, then continues like 9-10.

@@ -50,6 +50,18 @@ def kill_run(tmp_path_factory: pytest.TempPathFactory, main_run: Path) -> Path:
     return tmp
 
 
+def test_a_rank_plans_its_shard_once_and_reuses_the_plan_for_every_later_save(main_run: Path) -> None:
+    # The node tiers save the same snapshot buffers each time: DCP's plan is worked out by the
+    # first save (memory, step 2) and reused by the local and memory saves after it, whose
+    # contents the restore tests check. The shared tier plans with DCP across ranks, each time.
+    for r in results(main_run, "save", 4):
+        node = [(tier, step, planned) for tier, step, planned in r["planned"] if tier != "shared"]
+        assert node[0] == ("memory", 2, True)
+        assert [n for n in node[1:] if n[2]] == []
+        assert {(t, s) for t, s, _ in node} == {("memory", 2), ("local", 3), ("memory", 4), ("local", 6),
+                                              ("memory", 6), ("memory", 8)}
+
+
 def test_saves_are_committed_per_tier_interval_and_gc_keeps_newest(main_run: Path) -> None:
     for r in results(main_run, "save", 4):
         assert r["fresh_restore"] is True

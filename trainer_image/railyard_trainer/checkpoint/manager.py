@@ -92,6 +92,7 @@ from railyard.protocol.restore import (
     pod_location,
 )
 from railyard_trainer.checkpoint.digest import DEFAULT_ALGORITHM
+from railyard_trainer.checkpoint.saveplan import ReusedSavePlanner
 from railyard_trainer.checkpoint.settings import CheckpointSettings, TierSettings
 from railyard_trainer.checkpoint.shardio import (
     SHARD_FILES,
@@ -132,6 +133,31 @@ class NoVerifiedCheckpoint(RuntimeError):
 
 #: The background writer thread's nice value (Linux, per thread): it yields the CPU to training.
 WRITER_NICE = 10
+
+
+def checkpoint_group(timeout_s: float) -> dist.ProcessGroup:
+    """The checkpoint's own gloo process group (collective: every rank, in the same order as
+    its other groups). It is made on a helper thread at :data:`WRITER_NICE`: gloo's threads
+    (the socket loop that moves the replica's bytes, and the work runners) inherit the nice
+    value of the thread that creates them, so the save's transfers yield the CPU to training as
+    the writer thread does."""
+    made: list[dist.ProcessGroup] = []
+    failed: list[BaseException] = []
+
+    def make() -> None:
+        with contextlib.suppress(AttributeError, OSError):
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), WRITER_NICE)
+        try:
+            made.append(dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s)))
+        except BaseException as exc:  # raised again on the caller's thread
+            failed.append(exc)
+
+    helper = threading.Thread(target=make, name="railyard-ckpt-group", daemon=True)
+    helper.start()
+    helper.join()
+    if failed:
+        raise failed[0]
+    return made[0]
 
 
 def rank_dirname(rank: int) -> str:
@@ -175,6 +201,9 @@ class SaveRecord:
     #: CPU time the checkpoint's worker thread spent on this tier (gloo's threads, which move
     #: the replica's bytes, not included): what the save takes from training's cores.
     worker_cpu_s: float = 0.0
+    #: This rank worked out DCP's plan for its shard (a node tier's first save of a snapshot
+    #: structure); the saves after it reuse that plan (saveplan.py).
+    planned: bool = False
 
     @property
     def background_s(self) -> float:
@@ -216,6 +245,8 @@ class _Local:
     state: dict[str, Any] = field(default_factory=dict)
     #: Replicas this rank received for other ranks that did not arrive intact.
     replica_problems: list[str] = field(default_factory=list)
+    #: This rank planned its shard afresh (SaveRecord.planned).
+    planned: bool = False
 
 
 class CheckpointManager:
@@ -252,9 +283,7 @@ class CheckpointManager:
         self.final_step = final_step
         self.rank = dist.get_rank()
         self.world = dist.get_world_size()
-        self.pg = process_group or dist.new_group(
-            backend="gloo", timeout=timedelta(seconds=settings.timeout_s)
-        )
+        self.pg = process_group or checkpoint_group(settings.timeout_s)
         placement: list[Any] = [None] * self.world
         dist.all_gather_object(placement, (pod_index, local_rank), group=self.pg)
         self.pod_of = {r: int(p[0]) for r, p in enumerate(placement)}
@@ -280,6 +309,8 @@ class CheckpointManager:
         self._inflight_step = -1
         #: Receive buffers of the replica streams, by source rank (reused: faulted once).
         self._rings: dict[int, list[torch.Tensor]] = {}
+        #: Plans a rank's own shard once per snapshot structure (worker thread only; saveplan.py).
+        self._planner = ReusedSavePlanner()
         self.last_committed: dict[str, int] = {}
         self.last_restore: RestoreResult | None = None
         self._buffers: dict[str, Any] | None = None
@@ -529,9 +560,11 @@ class CheckpointManager:
             return
         try:
             if per_node:
+                plans = self._planner.plans_made
                 mine.shards, mine.replica_problems = self._write_rank_shard(
                     storage, job, replicate=tier.replicate, laps=laps
                 )
+                mine.planned = self._planner.plans_made > plans
             else:
                 assert job.snapshot is not None
                 dcp_save(
@@ -580,6 +613,7 @@ class CheckpointManager:
         record = SaveRecord(
             step=job.step, tier=tier.name, ok=ok, blocked_s=job.blocked_s,
             duration_s=laps.total, bytes=nbytes, detail=detail, phases=laps.phases, worker_cpu_s=laps.cpu_s,
+            planned=mine.planned,
         )
         self.history.append(record)
         if not ok:
@@ -638,7 +672,7 @@ class CheckpointManager:
         writer = ShardWriter(target, fsync=storage.fsync, replica=sender, receivers=receivers, spare=storage.take_spare)
         error: BaseException | None = None
         try:
-            dcp_save(job.snapshot, storage_writer=writer, no_dist=True)
+            dcp_save(job.snapshot, storage_writer=writer, planner=self._planner, no_dist=True)
             self._fault("after_write", storage.name, job.step)
         except BaseException as exc:
             error = exc
