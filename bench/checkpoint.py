@@ -40,7 +40,6 @@ Usage: ``python bench/checkpoint.py [--preset small] [--rounds 3] [--memory-inte
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import shutil
@@ -256,7 +255,7 @@ class _RawOps:
         import torch
 
         from railyard_trainer.checkpoint.digest import DEFAULT_ALGORITHM
-        from railyard_trainer.checkpoint.manager import WRITER_NICE, tensor_state
+        from railyard_trainer.checkpoint.manager import tensor_state
         from railyard_trainer.checkpoint.shardio import CHUNK
 
         self.chunk = CHUNK  # the replica stream's piece size
@@ -266,7 +265,6 @@ class _RawOps:
         self.view = memoryview(self.data.numpy()).cast("B")
         self.inbox = torch.empty_like(self.data)
         self.pg, self.base, self.rank, self.peer = pg, base, rank, (rank + 1) % world
-        self.nice = WRITER_NICE
         self.algorithm_is_xxh3 = DEFAULT_ALGORITHM != "sha256"
         self.last_all_s = float("nan")
 
@@ -311,8 +309,9 @@ class _RawOps:
         """What a memory-tier save's data path must do at the least, at the checkpoint writer's
         nice value: write and hash the shard, exchange it with the peer, write the peer's copy.
         Run beside training, it is the overhead no implementation of the tier can go under."""
-        with contextlib.suppress(AttributeError, OSError):
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), self.nice)
+        from railyard_trainer.checkpoint.manager import nice_this_thread
+
+        nice_this_thread()
         self.overwrite()
         self.hash()
         self.transfer()

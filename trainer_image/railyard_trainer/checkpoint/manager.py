@@ -135,6 +135,12 @@ class NoVerifiedCheckpoint(RuntimeError):
 WRITER_NICE = 10
 
 
+def nice_this_thread() -> None:
+    """Lower the calling thread's priority to :data:`WRITER_NICE` (Linux: per thread)."""
+    with contextlib.suppress(AttributeError, OSError):
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), WRITER_NICE)
+
+
 def checkpoint_group(timeout_s: float) -> dist.ProcessGroup:
     """The checkpoint's own gloo process group (collective: every rank, in the same order as
     its other groups). It is made on a helper thread at :data:`WRITER_NICE`: gloo's threads
@@ -145,8 +151,7 @@ def checkpoint_group(timeout_s: float) -> dist.ProcessGroup:
     failed: list[BaseException] = []
 
     def make() -> None:
-        with contextlib.suppress(AttributeError, OSError):
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), WRITER_NICE)
+        nice_this_thread()
         try:
             made.append(dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s)))
         except BaseException as exc:  # raised again on the caller's thread
@@ -245,8 +250,6 @@ class _Local:
     state: dict[str, Any] = field(default_factory=dict)
     #: Replicas this rank received for other ranks that did not arrive intact.
     replica_problems: list[str] = field(default_factory=list)
-    #: This rank planned its shard afresh (SaveRecord.planned).
-    planned: bool = False
 
 
 class CheckpointManager:
@@ -492,8 +495,7 @@ class CheckpointManager:
 
     def _work(self) -> None:
         # Background writes yield the CPU to training (Linux: per-thread nice value).
-        with contextlib.suppress(AttributeError, OSError):
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), WRITER_NICE)
+        nice_this_thread()
         while True:
             job = self._queue.get()
             if job is None:
@@ -536,6 +538,7 @@ class CheckpointManager:
         laps = _Laps(job.started, job.blocked_s)
         laps.lap("waited")
         mine = _Local(error=job.error, state=job.trainer_state)
+        planned = False
         if not mine.error and not job.skip:
             try:
                 self._fault("before_write", tier.name, job.step)
@@ -564,7 +567,7 @@ class CheckpointManager:
                 mine.shards, mine.replica_problems = self._write_rank_shard(
                     storage, job, replicate=tier.replicate, laps=laps
                 )
-                mine.planned = self._planner.plans_made > plans
+                planned = self._planner.plans_made > plans
             else:
                 assert job.snapshot is not None
                 dcp_save(
@@ -613,7 +616,7 @@ class CheckpointManager:
         record = SaveRecord(
             step=job.step, tier=tier.name, ok=ok, blocked_s=job.blocked_s,
             duration_s=laps.total, bytes=nbytes, detail=detail, phases=laps.phases, worker_cpu_s=laps.cpu_s,
-            planned=mine.planned,
+            planned=planned,
         )
         self.history.append(record)
         if not ok:
