@@ -518,3 +518,76 @@ def queue_scenario(rank: int, world: int, port: int, tmp_s: str) -> None:
     })
     dist.barrier()
     dist.destroy_process_group()
+
+
+def _scheduling(tid: int) -> dict[str, Any]:
+    try:
+        return {"policy": os.sched_getscheduler(tid), "nice": os.getpriority(os.PRIO_PROCESS, tid)}
+    except OSError:  # the thread ended
+        return {}
+
+
+def _background(m: CheckpointManager) -> list[dict[str, Any]]:
+    """The scheduling of the checkpoint's background threads (writer and group threads)."""
+    return [s for s in (_scheduling(t) for t in m.cpu.tids) if s]
+
+
+def _until(cond: Callable[[], bool], what: str, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        if time.monotonic() > deadline:
+            raise TimeoutError(what)
+        time.sleep(0.01)
+
+
+def cpu_class_scenario(rank: int, world: int, port: int, tmp_s: str) -> None:
+    """One rank builds a checkpointer per CPU class (its own checkpoint group, as the trainer
+    does) and records the scheduling of its background threads (writer, and the threads its
+    group started) and of the calling (training) thread: at rest; seen from the writer while
+    training waits for its save; seen from the writer while a save has overrun its interval
+    (a skip); and after the writer is done."""
+    tmp = Path(tmp_s)
+    mesh, _ = init(rank, world, port)
+    tier_env(tmp, 0)
+    out: dict[str, Any] = {}
+    memory_only = {"checkpoint": {"memory": {"enabled": True, "intervalSteps": 2, "keep": 2},
+                                  "local": {"enabled": False}, "shared": {"enabled": False}}}
+    for cls in ("", "nice", "idle"):
+        os.environ["RAILYARD_CHECKPOINT_CPU"] = cls
+        seen: dict[str, Any] = {}
+        box: list[CheckpointManager] = []
+
+        def hold(tier: str, step: int, rank: int, box: list[CheckpointManager] = box,
+                 seen: dict[str, Any] = seen) -> None:
+            m = box[0]
+            if not m.cpu.idle:
+                return
+            if step == 2:  # training waits for this save (wait): boosted
+                _until(lambda: m.cpu.boosted, "training waited, the threads were not boosted")
+                seen["while_waited"] = _background(m)
+            elif step == 4:  # held until the step-6 save is skipped (overran): boosted
+                _until(lambda: m._overdue, "no skip while the step-4 save was held")
+                seen["while_overdue"] = _background(m)
+
+        ctx = build_ctx(mesh, seed=0, job=f"cpu-{cls or 'default'}")
+        m = build_checkpointer(memory_only, ctx, faults={"before_write": hold})
+        box.append(m)
+        seen["class"] = m.cpu.cpu_class
+        seen["at_rest"] = _background(m)
+        seen["training"] = _scheduling(threading.get_native_id())
+        for _ in range(2):
+            train_step(ctx)
+            m.maybe_save(ctx, checks_passed=True)
+        seen["waited"] = m.wait(60)
+        for _ in range(4):  # step 4 saves and is held; step 6 is skipped
+            train_step(ctx)
+            m.maybe_save(ctx, checks_passed=True)
+        seen["drained"] = m.wait(60)
+        seen["after"] = _background(m)
+        seen["boosted_after"] = m.cpu.boosted
+        seen["saved"] = [h.step for h in m.history if h.ok]
+        seen["skipped"] = m.skipped_saves.get("memory", 0)
+        out[cls or "default"] = seen
+        m.close()
+    record(tmp, "cpu", out)
+    dist.destroy_process_group()

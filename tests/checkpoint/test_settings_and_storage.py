@@ -10,6 +10,7 @@ from railyard.protocol.manifest import Manifest, ShardInfo
 from railyard_trainer.checkpoint.cleanup import main as cleanup_main
 from railyard_trainer.checkpoint.settings import CheckpointConfigError, parse_checkpoint_settings
 from railyard_trainer.checkpoint.storage import DirectoryStorage, delete_job_checkpoints
+from railyard_trainer.worker import exit_code_for
 
 
 def test_settings_from_spec_and_env() -> None:
@@ -35,6 +36,18 @@ def test_settings_report_every_problem_with_its_field() -> None:
     fields = " ".join(e.value.problems)
     for f in ("checkpoint.memory.intervalSteps", "checkpoint.shared.keep", "checkpoint.shared.enabled", "checkpoint.cleanupOnDelete"):
         assert f in fields
+
+
+def test_the_background_cpu_class_comes_from_the_environment_and_a_bad_one_is_named() -> None:
+    assert parse_checkpoint_settings({}, env={}).cpu_class == "auto"
+    for cls in ("auto", "idle", "nice"):
+        assert parse_checkpoint_settings({}, env={"RAILYARD_CHECKPOINT_CPU": cls}).cpu_class == cls
+    assert parse_checkpoint_settings({}, env={"RAILYARD_CHECKPOINT_CPU": " "}).cpu_class == "auto"
+    with pytest.raises(CheckpointConfigError) as e:
+        parse_checkpoint_settings({}, env={"RAILYARD_CHECKPOINT_CPU": "fast"})
+    (problem,) = e.value.problems
+    assert "RAILYARD_CHECKPOINT_CPU='fast'" in problem and "auto, idle, nice" in problem
+    assert exit_code_for(e.value) == 64, "a bad setting is a configuration error, not the application's"
 
 
 def _manifest(step: int, tier: str = "memory") -> Manifest:

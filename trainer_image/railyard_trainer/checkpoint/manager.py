@@ -54,7 +54,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -93,7 +93,7 @@ from railyard.protocol.restore import (
 )
 from railyard_trainer.checkpoint.digest import DEFAULT_ALGORITHM
 from railyard_trainer.checkpoint.saveplan import ReusedSavePlanner
-from railyard_trainer.checkpoint.settings import CheckpointSettings, TierSettings
+from railyard_trainer.checkpoint.settings import DEFAULT_CPU_CLASS, CheckpointSettings, TierSettings
 from railyard_trainer.checkpoint.shardio import (
     SHARD_FILES,
     MergedShardReader,
@@ -131,38 +131,179 @@ class NoVerifiedCheckpoint(RuntimeError):
     exit_code = int(ExitCode.NO_VERIFIED_CHECKPOINT)
 
 
-#: The background writer thread's nice value (Linux, per thread): it yields the CPU to training.
+#: The background threads' nice value (Linux, per thread), in and out of the idle class.
 WRITER_NICE = 10
+_T = TypeVar("_T")
 
 
-def nice_this_thread() -> None:
-    """Lower the calling thread's priority to :data:`WRITER_NICE` (Linux: per thread)."""
-    with contextlib.suppress(AttributeError, OSError):
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), WRITER_NICE)
+def _set_class(tid: int, idle: bool) -> bool:
+    """Put thread ``tid`` in the idle class, or in the normal class at its nice value."""
+    try:
+        os.sched_setscheduler(tid, os.SCHED_IDLE if idle else os.SCHED_OTHER, os.sched_param(0))
+        return True
+    except (AttributeError, OSError):
+        return False
 
 
-def checkpoint_group(timeout_s: float) -> dist.ProcessGroup:
-    """The checkpoint's own gloo process group (collective: every rank, in the same order as
-    its other groups). It is made on a helper thread at :data:`WRITER_NICE`: gloo's threads
-    (the socket loop that moves the replica's bytes, and the work runners) inherit the nice
-    value of the thread that creates them, so the save's transfers yield the CPU to training as
-    the writer thread does."""
-    made: list[dist.ProcessGroup] = []
-    failed: list[BaseException] = []
+def _scheduling(tid: int) -> tuple[int, int] | None:
+    try:
+        return os.sched_getscheduler(tid), os.getpriority(os.PRIO_PROCESS, tid)
+    except (AttributeError, OSError):
+        return None
 
-    def make() -> None:
-        nice_this_thread()
+
+def _background_once() -> None:
+    """The calling thread at nice :data:`WRITER_NICE`, then in the idle class, then out of it:
+    raises OSError where the kernel refuses any of it."""
+    tid = threading.get_native_id()
+    os.setpriority(os.PRIO_PROCESS, tid, WRITER_NICE)
+    os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
+    os.sched_setscheduler(tid, os.SCHED_OTHER, os.sched_param(0))
+
+
+def can_leave_idle_class() -> bool:
+    """Whether this process may take a thread out of Linux's idle class again (CAP_SYS_NICE, or
+    an RLIMIT_NICE that allows nice :data:`WRITER_NICE`): tried on a thread of its own."""
+    ok: list[bool] = []
+
+    def probe() -> None:
         try:
-            made.append(dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s)))
-        except BaseException as exc:  # raised again on the caller's thread
-            failed.append(exc)
+            _background_once()
+            ok.append(True)
+        except (AttributeError, OSError):
+            ok.append(False)
 
-    helper = threading.Thread(target=make, name="railyard-ckpt-group", daemon=True)
-    helper.start()
-    helper.join()
-    if failed:
-        raise failed[0]
-    return made[0]
+    t = threading.Thread(target=probe, name="railyard-ckpt-probe", daemon=True)
+    t.start()
+    t.join()
+    return bool(ok and ok[0])
+
+
+def resolve_cpu_class(setting: str, can_leave_idle: Callable[[], bool] = can_leave_idle_class) -> str:
+    """``auto`` is ``idle`` where the idle class can be left again (so that a save training
+    waits for is never starved: :meth:`BackgroundCpu.boost`), else ``nice``."""
+    if setting != "auto":
+        return setting
+    return "idle" if can_leave_idle() else "nice"
+
+
+class BackgroundCpu:
+    """How the checkpoint's background threads (the writer, and the threads of the checkpoint's
+    own gloo group, which move the replica's bytes) share the CPU with training (Linux, per
+    thread; see settings.CPU_CLASSES).
+
+    ``idle``: Linux's SCHED_IDLE at nice :data:`WRITER_NICE`; they run on CPU time no other
+    thread wants, so a save beside training that keeps the cores busy delays it least (the bench
+    measured the training threads' wait for a CPU per save at a fraction of nice 10's). Where
+    other work keeps every core busy, an idle-class thread gets almost nothing (the 4-rank
+    checkpoint tests with both cores of this machine busy: 295 s against 52 s at nice 10), so
+    whenever training has to wait for them (:meth:`boost`: a save waiting behind the one in
+    flight, ``wait``, ``close``) or a save overran its interval, they run at nice 10 until the
+    writer is idle again. ``nice``: nice :data:`WRITER_NICE`, a small share of a busy core."""
+
+    def __init__(self, cpu_class: str) -> None:
+        self.cpu_class = cpu_class
+        self._tids: list[int] = []
+        self._lock = threading.Lock()
+        self._boosts = 0
+        #: How many times the threads were lifted out of the idle class (tests, bench).
+        self.boosted_times = 0
+
+    @property
+    def idle(self) -> bool:
+        return self.cpu_class == "idle"
+
+    @property
+    def boosted(self) -> bool:
+        return self._boosts > 0
+
+    def apply(self) -> None:
+        """The calling thread in the background class, as it is now (it is not boosted with
+        the others: a thread that ends soon, such as the bench's)."""
+        tid = threading.get_native_id()
+        with contextlib.suppress(AttributeError, OSError):
+            os.setpriority(os.PRIO_PROCESS, tid, WRITER_NICE)
+        if self.idle:
+            with self._lock:
+                _set_class(tid, idle=not self.boosted)
+
+    def join(self) -> None:
+        r"""Put the calling thread (for good: it does nothing else) in the background class, and
+        boost it with the others until it :meth:`leave`\ s."""
+        self.apply()
+        with self._lock:
+            self._tids.append(threading.get_native_id())
+
+    def leave(self) -> None:
+        """The calling thread ends: no longer boosted (its id may be reused by another)."""
+        tid = threading.get_native_id()
+        with self._lock:
+            self._tids = [t for t in self._tids if t != tid]
+
+    def start(self, fn: Callable[[], _T]) -> _T:
+        """``fn()`` on a helper thread in the background class; the threads it starts (which
+        inherit the class) are the object's too. Exceptions are raised on the calling thread."""
+        out: list[_T] = []
+        failed: list[BaseException] = []
+        before = set(os.listdir("/proc/self/task")) if os.path.isdir("/proc/self/task") else set()
+        helper_sched: list[tuple[int, int] | None] = []
+
+        def run() -> None:
+            self.apply()
+            helper_sched.append(_scheduling(threading.get_native_id()))
+            try:
+                out.append(fn())
+            except BaseException as exc:
+                failed.append(exc)
+
+        helper = threading.Thread(target=run, name="railyard-ckpt-helper", daemon=True)
+        helper.start()
+        helper.join()
+        if failed:
+            raise failed[0]
+        if before and helper_sched and helper_sched[0] is not None:
+            # Only the threads that inherited the helper's scheduling (gloo's): none that some
+            # other thread happened to start meanwhile.
+            new = sorted(int(t) for t in set(os.listdir("/proc/self/task")) - before)
+            with self._lock:
+                self._tids += [t for t in new if t != helper.native_id and _scheduling(t) == helper_sched[0]]
+        return out[0]
+
+    @property
+    def tids(self) -> list[int]:
+        with self._lock:
+            return list(self._tids)
+
+    def boost(self) -> None:
+        """Training waits for the background threads: out of the idle class until :meth:`unboost`
+        (counted; a no-op for ``nice``)."""
+        if not self.idle:
+            return
+        with self._lock:
+            self._boosts += 1
+            if self._boosts == 1:
+                self.boosted_times += 1
+                for tid in self._tids:
+                    _set_class(tid, idle=False)
+
+    def unboost(self) -> None:
+        if not self.idle:
+            return
+        with self._lock:
+            self._boosts = max(0, self._boosts - 1)
+            if self._boosts == 0:
+                for tid in self._tids:
+                    _set_class(tid, idle=True)
+
+
+def checkpoint_group(timeout_s: float, background: BackgroundCpu | None = None) -> dist.ProcessGroup:
+    """The checkpoint's own gloo process group (collective: every rank, in the same order as
+    its other groups). It is made on a helper thread in the background CPU class
+    (:class:`BackgroundCpu`, by default the ``auto`` class): gloo's threads (the socket loop that
+    moves the replica's bytes, and the work runners) inherit the scheduling of the thread that
+    creates them, so the save's transfers yield the CPU to training as the writer thread does."""
+    cpu = background or BackgroundCpu(resolve_cpu_class(DEFAULT_CPU_CLASS))
+    return cpu.start(lambda: dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s)))
 
 
 def rank_dirname(rank: int) -> str:
@@ -274,8 +415,12 @@ class CheckpointManager:
         faults: Mapping[str, FaultHook] | None = None,
         emit_events: bool | None = None,
         final_step: int | None = None,
+        background: BackgroundCpu | None = None,
     ) -> None:
         self.settings = settings
+        #: The background threads' CPU class; ``background`` is the one ``process_group`` was
+        #: made with (checkpoint_group), so that the group's threads are boosted with the writer.
+        self.cpu = background or BackgroundCpu(resolve_cpu_class(settings.cpu_class))
         self.tiers = [t for t in settings.active_tiers if t.name in storages]
         self.storages = dict(storages)
         self.job = job
@@ -286,7 +431,7 @@ class CheckpointManager:
         self.final_step = final_step
         self.rank = dist.get_rank()
         self.world = dist.get_world_size()
-        self.pg = process_group or checkpoint_group(settings.timeout_s)
+        self.pg = process_group or checkpoint_group(settings.timeout_s, self.cpu)
         placement: list[Any] = [None] * self.world
         dist.all_gather_object(placement, (pod_index, local_rank), group=self.pg)
         self.pod_of = {r: int(p[0]) for r, p in enumerate(placement)}
@@ -310,6 +455,9 @@ class CheckpointManager:
         self.skipped_saves: dict[str, int] = {}
         #: The step of the newest save handed to the worker (what a skip waits behind).
         self._inflight_step = -1
+        #: A save overran its interval: the background threads are boosted until the writer is
+        #: idle (BackgroundCpu.boost).
+        self._overdue = False
         #: Receive buffers of the replica streams, by source rank (reused: faulted once).
         self._rings: dict[int, list[torch.Tensor]] = {}
         #: Plans a rank's own shard once per snapshot structure (worker thread only; saveplan.py).
@@ -358,6 +506,10 @@ class CheckpointManager:
         job's collectives, so every rank learns that this step is not written."""
         reason = f"rank {self.rank}: the step-{self._inflight_step} save was still running"
         self._last_saved_step = ctx.step
+        with self._pending_cv:
+            if not self._overdue:  # it overran its interval: let it finish out of the idle class
+                self._overdue = True
+                self.cpu.boost()
         job = _SaveJob(
             step=ctx.step, tiers=list(tiers), snapshot=None, trainer_state={}, sdc_passed=False,
             blocked_s=0.0, started=time.perf_counter(), skip=reason,
@@ -460,15 +612,24 @@ class CheckpointManager:
         self._queue.put(job)
 
     def wait(self, timeout_s: float = 300.0) -> bool:
-        """Block until every queued save finished; False on timeout."""
+        """Block until every queued save finished; False on timeout. While it waits, the
+        background threads are out of the idle class (training is not using the CPU now, but
+        other work may be)."""
         deadline = time.monotonic() + timeout_s
         with self._pending_cv:
-            while self._pending > 0:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return False
-                self._pending_cv.wait(left)
-        return True
+            if self._pending == 0:
+                return True
+        self.cpu.boost()
+        try:
+            with self._pending_cv:
+                while self._pending > 0:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        return False
+                    self._pending_cv.wait(left)
+            return True
+        finally:
+            self.cpu.unboost()
 
     def _snapshot(self, ctx: TrainContext) -> dict[str, Any]:
         state = tensor_state(ctx)
@@ -494,11 +655,12 @@ class CheckpointManager:
         return out
 
     def _work(self) -> None:
-        # Background writes yield the CPU to training (Linux: per-thread nice value).
-        nice_this_thread()
+        # Background writes yield the CPU to training (Linux: per-thread scheduling).
+        self.cpu.join()
         while True:
             job = self._queue.get()
             if job is None:
+                self.cpu.leave()
                 return
             if not isinstance(job, _SaveJob):
                 try:
@@ -520,6 +682,9 @@ class CheckpointManager:
                 with self._pending_cv:
                     self._pending -= 1
                     self._saves_pending -= 1
+                    if self._overdue and self._saves_pending == 0:
+                        self._overdue = False
+                        self.cpu.unboost()
                     self._pending_cv.notify_all()
 
     def _fault(self, point: str, tier: str, step: int) -> None:

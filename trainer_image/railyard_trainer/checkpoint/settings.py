@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from railyard.protocol.exitcodes import ExitCode
 from railyard.protocol.manifest import TIERS
 from railyard.protocol.trainerconfig import Checkpoint
 
@@ -19,6 +20,14 @@ ENV_DIRS = {
     "local": "RAILYARD_CHECKPOINT_LOCAL_DIR",
     "shared": "RAILYARD_CHECKPOINT_SHARED_DIR",
 }
+#: How the checkpoint's background threads share the CPU with training (manager.BackgroundCpu):
+#: ``idle``, Linux's idle class (they run on CPU time no other thread wants; lifted to nice 10
+#: while training waits for them), ``nice`` (nice 10: a small share of a busy core), or ``auto``
+#: (the default): ``idle`` where this process may take a thread out of the idle class again
+#: (CAP_SYS_NICE or RLIMIT_NICE), else ``nice``.
+ENV_CPU_CLASS = "RAILYARD_CHECKPOINT_CPU"
+CPU_CLASSES = ("auto", "idle", "nice")
+DEFAULT_CPU_CLASS = "auto"
 #: Defaults per tier: (enabled, intervalSteps, keep), the CRD's (spec.checkpoint), from the
 #: schema both sides share. A tier without a directory is inactive whatever it says.
 DEFAULTS: Mapping[str, tuple[bool, int, int]] = {
@@ -29,6 +38,10 @@ DEFAULTS: Mapping[str, tuple[bool, int, int]] = {
 
 
 class CheckpointConfigError(ValueError):
+    """A checkpoint setting that cannot work: the worker exits with CONFIG_PERMANENT (64)."""
+
+    exit_code = int(ExitCode.CONFIG_PERMANENT)
+
     def __init__(self, problems: list[str]) -> None:
         super().__init__("; ".join(problems))
         self.problems = problems
@@ -61,6 +74,8 @@ class CheckpointSettings:
     restore_hint: Mapping[str, Any] | None = None
     #: Process-group timeout of the checkpoint gloo group (background collectives).
     timeout_s: float = 300.0
+    #: The background threads' CPU class (:data:`CPU_CLASSES`, from :data:`ENV_CPU_CLASS`).
+    cpu_class: str = DEFAULT_CPU_CLASS
     extra: dict[str, Any] = field(default_factory=dict)
 
     def tier(self, name: str) -> TierSettings:
@@ -121,11 +136,19 @@ def parse_checkpoint_settings(
     if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0:
         problems.append("checkpoint.timeoutSeconds: expected a positive number of seconds")
         timeout = 300.0
+    cpu_class = env.get(ENV_CPU_CLASS, "").strip() or DEFAULT_CPU_CLASS
+    if cpu_class not in CPU_CLASSES:
+        problems.append(
+            f"{ENV_CPU_CLASS}={cpu_class!r}: expected one of {', '.join(CPU_CLASSES)} "
+            f"(or unset for {DEFAULT_CPU_CLASS})"
+        )
+        cpu_class = DEFAULT_CPU_CLASS
     if restore is not None and not isinstance(restore, Mapping):
         problems.append("restore: expected an object {tier, step} or null")
         restore = None
     if problems:
         raise CheckpointConfigError(problems)
     return CheckpointSettings(
-        tiers=tuple(tiers), cleanup_on_delete=cleanup, restore_hint=restore, timeout_s=float(timeout)
+        tiers=tuple(tiers), cleanup_on_delete=cleanup, restore_hint=restore, timeout_s=float(timeout),
+        cpu_class=cpu_class,
     )

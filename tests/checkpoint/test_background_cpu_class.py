@@ -1,0 +1,72 @@
+"""Where the checkpoint's background threads run (RAILYARD_CHECKPOINT_CPU): the writer thread and
+the threads of the checkpoint's own gloo group in Linux's idle class by default where the
+trainer may take them out of it again (here: root), lifted to nice 10 whenever training waits
+for them or a save overran its interval, and back afterwards; at nice 10 with ``nice``.
+Training's own thread is left as it was."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Any
+
+import pytest
+
+pytest.importorskip("torch")
+
+import harness
+
+from railyard_trainer.checkpoint.manager import can_leave_idle_class, resolve_cpu_class
+
+pytestmark = [
+    pytest.mark.torch,
+    pytest.mark.timeout(300),
+    pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread scheduling is Linux's"),
+]
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+
+IDLE = {"policy": os.SCHED_IDLE, "nice": 10}
+NICE = {"policy": os.SCHED_OTHER, "nice": 10}
+
+
+def test_auto_is_idle_only_where_the_idle_class_can_be_left_again() -> None:
+    assert resolve_cpu_class("auto", lambda: True) == "idle"
+    assert resolve_cpu_class("auto", lambda: False) == "nice"
+    assert resolve_cpu_class("idle", lambda: False) == "idle"
+    assert resolve_cpu_class("nice", lambda: True) == "nice"
+
+
+@pytest.fixture(scope="module")
+def observed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    tmp = tmp_path_factory.mktemp("ckpt-cpu")
+    harness.run(harness.cpu_class_scenario, 1, str(tmp))
+    return json.loads((tmp / "result-cpu-rank0.json").read_text())
+
+
+@pytest.mark.parametrize("name", ["default", "idle"])
+def test_idle_class_threads_are_lifted_while_training_waits_and_after_an_overrun(
+    observed: dict[str, Any], name: str
+) -> None:
+    if name == "default" and not can_leave_idle_class():
+        pytest.skip("this process may not leave the idle class: auto is nice here (the other test)")
+    got = observed[name]
+    assert got["class"] == "idle", got
+    # The writer and at least one thread of the checkpoint group (gloo's), all in the idle class.
+    assert len(got["at_rest"]) >= 2 and all(t == IDLE for t in got["at_rest"]), got
+    assert got["training"] == {"policy": os.SCHED_OTHER, "nice": 0}, got
+    assert got["while_waited"] == [NICE] * len(got["at_rest"]), got
+    assert got["while_overdue"] == [NICE] * len(got["at_rest"]), got
+    assert got["waited"] and got["drained"], got
+    assert got["after"] == got["at_rest"] and not got["boosted_after"], got
+    assert got["saved"] == [2, 4] and got["skipped"] == 1, got
+
+
+def test_the_nice_class_runs_them_at_nice_10_and_never_lifts_them(observed: dict[str, Any]) -> None:
+    got = observed["nice"]
+    assert got["class"] == "nice", got
+    assert len(got["at_rest"]) >= 2 and all(t == NICE for t in got["at_rest"]), got
+    assert "while_waited" not in got and got["after"] == got["at_rest"], got
+    assert got["training"] == {"policy": os.SCHED_OTHER, "nice": 0}, got
