@@ -195,8 +195,8 @@ class BackgroundCpu:
     ``idle``: Linux's SCHED_IDLE at nice :data:`WRITER_NICE`; they run on CPU time no other
     thread wants, so a save beside training that keeps the cores busy delays it least (the bench
     measured the training threads' wait for a CPU per save at a fraction of nice 10's). Where
-    other work keeps every core busy, an idle-class thread gets almost nothing (the 4-rank
-    checkpoint tests with both cores of this machine busy: 295 s against 52 s at nice 10), so
+    other work keeps every core busy, an idle-class thread gets almost nothing (the multiprocess
+    checkpoint tests beside two busy loops on 2 cores: 295 s against 52 s at nice 10), so
     whenever training has to wait for them (:meth:`boost`: a save waiting behind the one in
     flight, ``wait``, ``close``) or a save overran its interval, they run at nice 10 until the
     writer is idle again. ``nice``: nice :data:`WRITER_NICE`, a small share of a busy core."""
