@@ -206,8 +206,6 @@ class BackgroundCpu:
         self._tids: list[int] = []
         self._lock = threading.Lock()
         self._boosts = 0
-        #: How many times the threads were lifted out of the idle class (tests, bench).
-        self.boosted_times = 0
 
     @property
     def idle(self) -> bool:
@@ -220,19 +218,22 @@ class BackgroundCpu:
     def apply(self) -> None:
         """The calling thread in the background class, as it is now (it is not boosted with
         the others: a thread that ends soon, such as the bench's)."""
-        tid = threading.get_native_id()
+        with self._lock:
+            self._apply_locked(threading.get_native_id())
+
+    def _apply_locked(self, tid: int) -> None:
         with contextlib.suppress(AttributeError, OSError):
             os.setpriority(os.PRIO_PROCESS, tid, WRITER_NICE)
         if self.idle:
-            with self._lock:
-                _set_class(tid, idle=not self.boosted)
+            _set_class(tid, idle=not self.boosted)
 
     def join(self) -> None:
-        r"""Put the calling thread (for good: it does nothing else) in the background class, and
-        boost it with the others until it :meth:`leave`\ s."""
-        self.apply()
-        with self._lock:
-            self._tids.append(threading.get_native_id())
+        """Put the calling thread (for good: it does nothing else) in the background class, and
+        boost it with the others until it leaves (:meth:`leave`)."""
+        tid = threading.get_native_id()
+        with self._lock:  # one hold: a boost cannot fall between the class and the list
+            self._apply_locked(tid)
+            self._tids.append(tid)
 
     def leave(self) -> None:
         """The calling thread ends: no longer boosted (its id may be reused by another)."""
@@ -282,7 +283,6 @@ class BackgroundCpu:
         with self._lock:
             self._boosts += 1
             if self._boosts == 1:
-                self.boosted_times += 1
                 for tid in self._tids:
                     _set_class(tid, idle=False)
 
