@@ -596,7 +596,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{r['metric']:44} {r['value']:>14.6g} {r['unit']:32} {r['target']:16} {meets}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     # The windows of every round (seconds), to see the machine's drift beside the medians.
-    doc = {"bench": "checkpoint", "preset": args.preset, "results": rows, "windows": windows}
+    doc = {"bench": "checkpoint", "preset": args.preset, "rounds": args.rounds, "memory_interval": args.memory_interval,
+           "results": rows, "windows": windows}
     args.out.write_text(json.dumps(doc, indent=1) + "\n")
     return 0
 
