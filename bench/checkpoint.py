@@ -105,7 +105,6 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace, root: st
         resolve_cpu_class,
         tensor_state,
     )
-    from railyard_trainer.checkpoint.settings import DEFAULT_CPU_CLASS
     from railyard_trainer.config import DatasetConfig
     from railyard_trainer.data import ShardedBatches, build_source
     from railyard_trainer.hooks import TrainContext
@@ -120,7 +119,7 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace, root: st
     dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=600))
     base = Path(root)
     # The trainer's checkpoint group (its gloo threads in the writer's CPU class, the default).
-    cpu = BackgroundCpu(resolve_cpu_class(DEFAULT_CPU_CLASS))
+    cpu = BackgroundCpu(resolve_cpu_class(args.cpu_class))
     pg = checkpoint_group(600, cpu)
     dims = ParallelDims(pp=1, dp=world, tp=1, world_size=world, procs_per_node=1)
     mesh = dims.build_mesh("cpu")
@@ -427,12 +426,16 @@ def _tensors(state: Any) -> list[Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from railyard_trainer.checkpoint.settings import CPU_CLASSES, DEFAULT_CPU_CLASS
+
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--preset", default="small")
     p.add_argument("--rounds", type=int, default=10,
                    help="rounds of interleaved windows (baseline, memory-tier save, raw data path)")
     p.add_argument("--idle-reps", type=int, default=3, help="raw limits + memory save with training idle, repeated")
     p.add_argument("--memory-interval", type=int, default=4)
+    p.add_argument("--cpu-class", default=DEFAULT_CPU_CLASS, choices=CPU_CLASSES,
+                   help="the checkpoint's background threads (RAILYARD_CHECKPOINT_CPU)")
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--seq-len", type=int, default=64)
     p.add_argument("--out", type=Path, default=RESULTS)
@@ -597,6 +600,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     # The windows of every round (seconds), to see the machine's drift beside the medians.
     doc = {"bench": "checkpoint", "preset": args.preset, "rounds": args.rounds, "memory_interval": args.memory_interval,
+           "cpu_class": args.cpu_class,
            "results": rows, "windows": windows}
     args.out.write_text(json.dumps(doc, indent=1) + "\n")
     return 0

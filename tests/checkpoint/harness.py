@@ -552,7 +552,7 @@ def cpu_class_scenario(rank: int, world: int, port: int, tmp_s: str) -> None:
     out: dict[str, Any] = {}
     memory_only = {"checkpoint": {"memory": {"enabled": True, "intervalSteps": 2, "keep": 2},
                                   "local": {"enabled": False}, "shared": {"enabled": False}}}
-    for cls in ("", "nice", "idle"):
+    for cls in ("", "auto", "nice", "idle"):
         os.environ["RAILYARD_CHECKPOINT_CPU"] = cls
         seen: dict[str, Any] = {}
         box: list[CheckpointManager] = []

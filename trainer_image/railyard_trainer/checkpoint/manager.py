@@ -299,7 +299,7 @@ class BackgroundCpu:
 def checkpoint_group(timeout_s: float, background: BackgroundCpu | None = None) -> dist.ProcessGroup:
     """The checkpoint's own gloo process group (collective: every rank, in the same order as
     its other groups). It is made on a helper thread in the background CPU class
-    (:class:`BackgroundCpu`, by default the ``auto`` class): gloo's threads (the socket loop that
+    (:class:`BackgroundCpu`, by default the ``nice`` class): gloo's threads (the socket loop that
     moves the replica's bytes, and the work runners) inherit the scheduling of the thread that
     creates them, so the save's transfers yield the CPU to training as the writer thread does."""
     cpu = background or BackgroundCpu(resolve_cpu_class(DEFAULT_CPU_CLASS))
