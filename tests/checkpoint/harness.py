@@ -591,3 +591,129 @@ def cpu_class_scenario(rank: int, world: int, port: int, tmp_s: str) -> None:
         m.close()
     record(tmp, "cpu", out)
     dist.destroy_process_group()
+
+
+def cpu_collectives_scenario(rank: int, world: int, port: int, tmp_s: str) -> None:
+    """With the idle class: the scheduling of the checkpoint's background threads at each
+    collective the calling (training) thread runs on the checkpoint group, while the manager
+    starts (learning the pods) and while it restores; and at rest in between."""
+    from railyard_trainer.checkpoint.manager import BackgroundCpu
+
+    tmp = Path(tmp_s)
+    mesh, _ = init(rank, world, port)
+    tier_env(tmp, 0)
+    memory_only = {"checkpoint": {"memory": {"enabled": True, "intervalSteps": 2, "keep": 2},
+                                  "local": {"enabled": False}, "shared": {"enabled": False}}}
+    cpu = BackgroundCpu("idle")
+    training = threading.get_native_id()
+    seen: dict[str, list[list[dict[str, Any]]]] = {"start": [], "restore": []}
+    phase = ["start"]
+    gather = dist.all_gather_object
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        if threading.get_native_id() == training:
+            seen[phase[0]].append([_scheduling(t) for t in cpu.tids])
+        return gather(*args, **kwargs)
+
+    dist.all_gather_object = spy  # type: ignore[assignment]
+    try:
+        ctx = build_ctx(mesh, seed=0, job="cpu-collectives")
+        m = build_checkpointer(memory_only, ctx, background=cpu)
+        phase[0] = "at_rest"
+        at_rest = [_scheduling(t) for t in cpu.tids]
+        for _ in range(2):
+            train_step(ctx)
+            m.maybe_save(ctx, checks_passed=True)
+        waited = m.wait(60)
+        phase[0] = "restore"
+        fresh = build_ctx(mesh, seed=1, job="cpu-collectives", attempt=1)
+        res = m.restore(fresh)
+        phase[0] = "after"
+        after = [_scheduling(t) for t in cpu.tids]
+        m.close()
+    finally:
+        dist.all_gather_object = gather  # type: ignore[assignment]
+    record(tmp, "cpu-collectives", {
+        "start": seen["start"], "restore": seen["restore"], "at_rest": at_rest, "after": after,
+        "waited": waited, "restored_step": res.step if res is not None else None,
+    })
+    dist.destroy_process_group()
+
+
+def capture_scenario(rank: int, world: int, port: int, tmp_s: str) -> None:
+    """The deferred copy of the parameters and optimizer state (manager._Capture):
+    - held until training has reached its next optimizer step and waits there: the saved state
+      is the save step's, training then steps on, the wait is counted (``stall_s``);
+    - held until training's wait times out (``timeoutSeconds`` made 1 s here): training goes
+      on, and that save is dropped, never committed torn;
+    - ``defer_capture=False`` (the SDK's default): no deferred copy."""
+    import dataclasses
+
+    tmp = Path(tmp_s)
+    mesh, _ = init(rank, world, port)
+    tier_env(tmp, 0)
+    memory_only = {"checkpoint": {"memory": {"enabled": True, "intervalSteps": 2, "keep": 4},
+                                  "local": {"enabled": False}, "shared": {"enabled": False}}}
+    box: list[CheckpointManager] = []
+    deferred: list[int] = []
+
+    def hold(tier: str, step: int, r: int) -> None:
+        m = box[0]
+        cap = m._capture
+        assert cap is not None and cap.step == step
+        deferred.append(len(cap.pairs))
+        if step == 2:  # training stepped on to its optimizer step and waits for this copy
+            _until(lambda: cap.waiting, "training did not wait for the copy at its optimizer step")
+        elif step == 4:  # training's wait timed out: the copy would mix two steps
+            _until(lambda: cap.torn, "training's wait for the copy did not time out")
+
+    ctx = build_ctx(mesh, seed=0, job="capture")
+    m = build_checkpointer(memory_only, ctx, faults={"before_capture": hold})
+    box.append(m)
+    for _ in range(2):
+        train_step(ctx)
+        m.maybe_save(ctx, checks_passed=True)
+    # The step-2 save is queued, its copy held; the state as it is at step 2 (full_state reads
+    # the parameters, and changes nothing).
+    at_save = full_state(ctx)
+    train_step(ctx)  # step 3: its optimizer step waits for the copy
+    m.maybe_save(ctx, checks_passed=True)
+    waited = m.wait(60)
+    stepped_on = compare(full_state(ctx), at_save)
+    m.settings = dataclasses.replace(m.settings, timeout_s=1.0)
+    train_step(ctx)  # step 4: saves, its copy held until step 5's optimizer step gives up
+    m.maybe_save(ctx, checks_passed=True)
+    train_step(ctx)
+    m.maybe_save(ctx, checks_passed=True)
+    drained = m.wait(60)
+    m.settings = dataclasses.replace(m.settings, timeout_s=60.0)
+    history = [{"step": h.step, "ok": h.ok, "stall_s": h.stall_s, "phases": list(h.phases), "detail": h.detail}
+               for h in m.history]
+    m.close()
+    fresh = build_ctx(mesh, seed=1, job="capture", attempt=1)
+    m2 = build_checkpointer(memory_only, fresh)
+    res = m2.restore(fresh)
+    restored = compare(full_state(fresh), at_save)
+    m2.close()
+    # The SDK's default: everything copied while training waits.
+    ctx3 = build_ctx(mesh, seed=2, job="capture-sync")
+    m3 = build_checkpointer(memory_only, ctx3, defer_capture=False)
+    for _ in range(2):
+        train_step(ctx3)
+        m3.maybe_save(ctx3, checks_passed=True)
+    sync_capture = m3._capture is not None
+    m3.wait(60)
+    sync_history = [{"step": h.step, "ok": h.ok, "phases": list(h.phases)} for h in m3.history]
+    m3.close()
+    mem = tmp / "memory" / "node-0" / "capture"
+    record(tmp, "capture", {
+        "waited": waited, "drained": drained, "history": history, "stepped_on": stepped_on,
+        "restored_step": res.step if res is not None else None, "restored": restored,
+        "committed": sorted(int(p.parent.name.split("-")[1]) for p in mem.glob("step-*/manifest.json")),
+        "sync_capture": sync_capture, "sync_history": sync_history, "deferred": deferred,
+        # every parameter and every tensor of the optimizer state (AdamW: exp_avg, exp_avg_sq, step)
+        "deferrable": len(list(ctx.model_parts[0].parameters())) + sum(
+            isinstance(v, torch.Tensor) for st in ctx.optimizer.state.values() for v in st.values()),
+    })
+    dist.barrier()
+    dist.destroy_process_group()

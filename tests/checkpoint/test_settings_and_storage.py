@@ -39,10 +39,10 @@ def test_settings_report_every_problem_with_its_field() -> None:
 
 
 def test_the_background_cpu_class_comes_from_the_environment_and_a_bad_one_is_named() -> None:
-    assert parse_checkpoint_settings({}, env={}).cpu_class == "nice"
+    assert parse_checkpoint_settings({}, env={}).cpu_class == "auto"
     for cls in ("auto", "idle", "nice"):
         assert parse_checkpoint_settings({}, env={"RAILYARD_CHECKPOINT_CPU": cls}).cpu_class == cls
-    assert parse_checkpoint_settings({}, env={"RAILYARD_CHECKPOINT_CPU": " "}).cpu_class == "nice"
+    assert parse_checkpoint_settings({}, env={"RAILYARD_CHECKPOINT_CPU": " "}).cpu_class == "auto"
     with pytest.raises(CheckpointConfigError) as e:
         parse_checkpoint_settings({}, env={"RAILYARD_CHECKPOINT_CPU": "fast"})
     (problem,) = e.value.problems

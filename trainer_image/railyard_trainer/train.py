@@ -168,7 +168,9 @@ class Trainer:
         # Heartbeats, watchdog and checkpoint tiers: the SDK's, as for any program.
         self.session = sdk.init(config=cfg, identity=_identity(env))
         self.session.bind(self.ctx)
-        self.checkpointer = self.session.checkpoints(self.ctx, final_step=t.steps)
+        # This loop changes the parameters and optimizer state only in optimizer.step(): a save
+        # copies them during the next forward and backward (checkpoint.manager._Capture).
+        self.checkpointer = self.session.checkpoints(self.ctx, final_step=t.steps, defer_capture=True)
         self.health = _build_health(cfg, self.ctx)
         self.faults = FaultInjector(cfg.active_faults(), rank=env.rank, log=log_event)
         self.probe = SpeedProbe(self.device)

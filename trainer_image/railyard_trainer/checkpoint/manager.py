@@ -51,7 +51,8 @@ import queue
 import shutil
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+import weakref
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from typing import Any, TypeVar
@@ -74,6 +75,7 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 from torch.distributed.tensor import DTensor
+from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from railyard.protocol.exitcodes import ExitCode
 from railyard.protocol.heartbeat import CheckpointEvent
@@ -295,6 +297,16 @@ class BackgroundCpu:
                 for tid in self._tids:
                     _set_class(tid, idle=True)
 
+    @contextlib.contextmanager
+    def boosting(self) -> Iterator[None]:
+        """Boosted for the block: training runs a collective on the checkpoint group (its gloo
+        threads do the work while training waits), e.g. the manager's start and a restore."""
+        self.boost()
+        try:
+            yield
+        finally:
+            self.unboost()
+
 
 def checkpoint_group(timeout_s: float, background: BackgroundCpu | None = None) -> dist.ProcessGroup:
     """The checkpoint's own gloo process group (collective: every rank, in the same order as
@@ -322,6 +334,51 @@ class _SaveJob:
     error: str = ""
     #: Set on a rank that took no snapshot because its previous save was still running.
     skip: str = ""
+    #: The part of the snapshot the worker copies (the parameters and optimizer state).
+    capture: _Capture | None = None
+    #: When the worker finished that copy (``perf_counter``), and its CPU time.
+    captured_at: float | None = None
+    capture_cpu_s: float = 0.0
+
+
+@dataclass
+class _Capture:
+    """The part of a snapshot copied in the background: the parameters and the optimizer
+    state, which only an optimizer step changes. The worker copies them while training runs the
+    next step's forward and backward, and the next optimizer step waits until it has
+    (:meth:`CheckpointManager._before_optimizer_step`): the pipelined snapshot of CheckFreq
+    (FAST '21), and DCP's asynchronous staging. Everything else (buffers, which a forward may
+    change; the RNG state) is copied while training waits, as before."""
+
+    step: int
+    #: (live tensor, snapshot buffer) pairs, local shards.
+    pairs: list[tuple[torch.Tensor, torch.Tensor]]
+    #: On a GPU: recorded on training's stream at the save; the copy stream waits for it.
+    event: Any = None
+    done: threading.Event = field(default_factory=threading.Event)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    #: Training reached an optimizer step before the copy was done, and waits (``stall_s``).
+    waiting: bool = False
+    accounted: threading.Event = field(default_factory=threading.Event)
+    stall_s: float = 0.0
+    #: The wait timed out before the copy was done and training went on: the copy may mix two
+    #: steps, and the save fails. (``torn`` and ``done`` change under ``lock``: the first wins.)
+    torn: bool = False
+    error: str = ""
+
+    def finish(self, error: str = "") -> None:
+        with self.lock:
+            self.error = self.error or error
+            self.done.set()
+
+    def stall(self, timeout_s: float) -> float:
+        """Training waited this long at its optimizer step for the copy (the worker calls it
+        after the copy: a wait that began before it ended is counted once it has)."""
+        with self.lock:
+            waiting = self.waiting
+        if waiting:
+            self.accounted.wait(timeout_s)
+        return self.stall_s
 
 
 @dataclass
@@ -338,8 +395,9 @@ class SaveRecord:
     #: Not written because a rank's previous save was still running (``ok`` is False).
     skipped: bool = False
     #: Where ``duration_s`` went, in order (seconds; see :class:`_Laps`): ``snapshot`` (the
-    #: blocking copy, = ``blocked_s``), ``waited`` (in the queue, or behind the job's earlier
-    #: tiers), ``ready`` (directories, then every rank agreeing to write), ``write`` (this
+    #: blocking copy, = ``blocked_s``), ``capture`` (the first tier only: the worker's copy of
+    #: the parameters and optimizer state, see :class:`_Capture`), ``waited`` (in the queue, or
+    #: behind the job's earlier tiers), ``ready`` (directories, then every rank agreeing to write), ``write`` (this
     #: rank's shard: planning, write, hash, replica pieces sent and received meanwhile),
     #: ``drain`` (the replica streams completed), ``agree`` (the ranks' results gathered),
     #: ``commit`` (manifest and GC, on the writer) and ``confirm`` (the commits gathered).
@@ -350,6 +408,9 @@ class SaveRecord:
     #: This rank worked out DCP's plan for its shard (a node tier's first save of a snapshot
     #: structure); the saves after it reuse that plan (saveplan.py).
     planned: bool = False
+    #: Training waited this long at its next optimizer step for the background copy of the
+    #: parameters and optimizer state (``capture``; see :class:`_Capture`): blocked time too.
+    stall_s: float = 0.0
 
     @property
     def background_s(self) -> float:
@@ -366,10 +427,11 @@ class _Laps:
         self._last = started + blocked_s
         self._cpu0 = time.thread_time()
 
-    def lap(self, name: str) -> None:
-        now = time.perf_counter()
-        self.phases[name] = self.phases.get(name, 0.0) + (now - self._last)
-        self._last = now
+    def lap(self, name: str, now: float | None = None) -> None:
+        """The interval from the last lap to ``now`` (default: this moment) is ``name``'s."""
+        now = time.perf_counter() if now is None else now
+        self.phases[name] = self.phases.get(name, 0.0) + max(0.0, now - self._last)
+        self._last = max(self._last, now)
 
     @property
     def cpu_s(self) -> float:
@@ -416,8 +478,13 @@ class CheckpointManager:
         emit_events: bool | None = None,
         final_step: int | None = None,
         background: BackgroundCpu | None = None,
+        defer_capture: bool = True,
     ) -> None:
         self.settings = settings
+        #: Copy the parameters and optimizer state in the background (:class:`_Capture`); the
+        #: SDK turns it off (a program's own loop may change its parameters outside an
+        #: optimizer step).
+        self.defer_capture = defer_capture
         #: The background threads' CPU class; ``background`` is the one ``process_group`` was
         #: made with (checkpoint_group), so that the group's threads are boosted with the writer.
         self.cpu = background or BackgroundCpu(resolve_cpu_class(settings.cpu_class))
@@ -433,7 +500,8 @@ class CheckpointManager:
         self.world = dist.get_world_size()
         self.pg = process_group or checkpoint_group(settings.timeout_s, self.cpu)
         placement: list[Any] = [None] * self.world
-        dist.all_gather_object(placement, (pod_index, local_rank), group=self.pg)
+        with self.cpu.boosting():
+            dist.all_gather_object(placement, (pod_index, local_rank), group=self.pg)
         self.pod_of = {r: int(p[0]) for r, p in enumerate(placement)}
         self.local_of = {r: int(p[1]) for r, p in enumerate(placement)}
         self.pod_ranks: dict[int, list[int]] = {}
@@ -474,6 +542,12 @@ class CheckpointManager:
         self._queue: queue.Queue[_SaveJob | Callable[[], None] | None] = queue.Queue()
         self._last_saved_step = -1
         self._closed = False
+        #: The newest save's background copy, which the next optimizer step waits for.
+        self._capture: _Capture | None = None
+        self._copy_stream: Any = None
+        self._step_hook: Any = None
+        if defer_capture:
+            self._step_hook = register_optimizer_step_pre_hook(_step_guard(weakref.ref(self)))
         self._worker = threading.Thread(target=self._work, name="railyard-ckpt", daemon=True)
         self._worker.start()
 
@@ -576,6 +650,8 @@ class CheckpointManager:
             return
         self._closed = True
         self.wait(timeout_s if timeout_s is not None else self.settings.timeout_s)
+        if self._step_hook is not None:
+            self._step_hook.remove()
         self._queue.put(None)
         self._worker.join(timeout=5.0)
 
@@ -586,17 +662,18 @@ class CheckpointManager:
         t0 = time.perf_counter()
         self._blocking = True
         snapshot: dict[str, Any] | None = None
+        capture: _Capture | None = None
         error = ""
         try:
             # The buffers of the previous snapshot are reused: it must be written first.
             if not self.wait(self.settings.timeout_s):
                 raise TimeoutError(f"the previous save is still running after {self.settings.timeout_s:.0f}s")
-            snapshot = self._snapshot(ctx)
+            snapshot, capture = self._snapshot(ctx)
             trainer_state = self._trainer_state(ctx)
         except Exception as exc:  # a failed snapshot must not stop training
             log.exception("checkpoint snapshot at step %d failed", ctx.step)
             error = f"rank {self.rank}: snapshot failed: {exc!r}"
-            snapshot, trainer_state = None, {}
+            snapshot, trainer_state, capture = None, {}, None
         finally:
             self._blocking = False
         blocked = time.perf_counter() - t0
@@ -604,8 +681,9 @@ class CheckpointManager:
         self._inflight_step = ctx.step
         job = _SaveJob(
             step=ctx.step, tiers=list(tiers), snapshot=snapshot, trainer_state=trainer_state,
-            sdc_passed=bool(checks_passed), blocked_s=blocked, started=t0, error=error,
+            sdc_passed=bool(checks_passed), blocked_s=blocked, started=t0, error=error, capture=capture,
         )
+        self._capture = capture
         with self._pending_cv:
             self._pending += 1
             self._saves_pending += 1
@@ -631,20 +709,106 @@ class CheckpointManager:
         finally:
             self.cpu.unboost()
 
-    def _snapshot(self, ctx: TrainContext) -> dict[str, Any]:
+    def _snapshot(self, ctx: TrainContext) -> tuple[dict[str, Any], _Capture | None]:
+        """Copy what a forward may change now; the parameters and optimizer state, when they can
+        be left to the worker (:class:`_Capture`), are returned as pairs for it to copy."""
         state = tensor_state(ctx)
         on_gpu = any(t.is_cuda for t in _tensors(state))
+        live = self._deferrable(ctx)
         if self._buffers is None:
             self._buffers = _create_cpu_state_dict(state, pin_memory=on_gpu)
         try:
-            snap = _copy_state_dict(state, self._buffers, non_blocking=on_gpu)
+            snap, pairs = self._copy_now(state, live, on_gpu)
         except Exception:
             # The state's structure changed (e.g. optimizer state appeared): new buffers.
             self._buffers = _create_cpu_state_dict(state, pin_memory=on_gpu)
-            snap = _copy_state_dict(state, self._buffers, non_blocking=on_gpu)
+            snap, pairs = self._copy_now(state, live, on_gpu)
+        event = None
         if on_gpu:
+            if pairs:
+                event = torch.cuda.Event()
+                event.record()  # the copy stream starts after everything training queued so far
             torch.cuda.synchronize()
-        return snap
+        return snap, (_Capture(step=ctx.step, pairs=pairs, event=event) if pairs else None)
+
+    def _deferrable(self, ctx: TrainContext) -> set[int] | None:
+        """The storages of the parameters, when an optimizer step (and nothing else) changes
+        them: the trainer's own loop with a torch optimizer, not a program's own state dict."""
+        if not self.defer_capture or callable(ctx.extra.get("state_dict")):
+            return None
+        if not isinstance(ctx.optimizer, torch.optim.Optimizer):
+            return None
+        return {_local(p).untyped_storage().data_ptr() for m in ctx.model_parts for p in m.parameters()}
+
+    def _copy_now(
+        self, state: dict[str, Any], live: set[int] | None, on_gpu: bool
+    ) -> tuple[dict[str, Any], list[tuple[torch.Tensor, torch.Tensor]]]:
+        assert self._buffers is not None
+        pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
+        source = state
+        if live is not None:
+            # The deferred leaves are replaced by their own buffers: copying a tensor onto
+            # itself is a no-op, so the copy below takes only the rest.
+            source = dict(state)
+            source["model"] = _defer(state["model"], self._buffers["model"], live, pairs)
+            if "optim" in state:
+                source["optim"] = _defer(state["optim"], self._buffers["optim"], None, pairs)
+        return _copy_state_dict(source, self._buffers, non_blocking=on_gpu), pairs
+
+    def _run_capture(self, job: _SaveJob) -> None:
+        """Worker: copy the job's deferred part into its buffers."""
+        cap = job.capture
+        assert cap is not None
+        cpu0 = time.thread_time()
+        error = ""
+        try:
+            self._fault("before_capture", job.tiers[0].name, job.step)
+            if cap.event is not None:
+                if self._copy_stream is None:
+                    self._copy_stream = torch.cuda.Stream(device=cap.pairs[0][0].device)
+                with torch.no_grad(), torch.cuda.stream(self._copy_stream):
+                    self._copy_stream.wait_event(cap.event)
+                    for src, dst in cap.pairs:
+                        dst.copy_(src, non_blocking=True)
+                self._copy_stream.synchronize()
+            else:
+                with torch.no_grad():
+                    for src, dst in cap.pairs:
+                        dst.copy_(src)
+        except Exception as exc:
+            log.exception("checkpoint capture at step %d failed", job.step)
+            error = f"rank {self.rank}: snapshot failed: {exc!r}"
+        cap.finish(error)
+        with cap.lock:
+            torn = cap.torn
+        job.error = job.error or cap.error or (
+            f"rank {self.rank}: snapshot torn: training stepped before the copy finished" if torn else ""
+        )
+        job.captured_at = time.perf_counter()
+        job.capture_cpu_s = time.thread_time() - cpu0
+
+    def _before_optimizer_step(self) -> None:
+        """Training is about to change the parameters: the newest save's copy of them must be
+        done. Waits (the background threads boosted) if it is not, and counts the wait."""
+        cap = self._capture
+        if cap is None:
+            return
+        with cap.lock:
+            if cap.done.is_set():
+                return
+            cap.waiting = True
+        t0 = time.perf_counter()
+        with self.cpu.boosting():
+            done = cap.done.wait(self.settings.timeout_s)
+        with cap.lock:
+            cap.stall_s = time.perf_counter() - t0
+            # Done between the timeout and now: the copy is whole (the step has not run yet).
+            done = cap.done.is_set()
+            cap.torn = not done
+        cap.accounted.set()
+        if not done:
+            log.error("checkpoint: the step-%d copy did not finish in %.0fs; that save is dropped",
+                      cap.step, self.settings.timeout_s)
 
     def _trainer_state(self, ctx: TrainContext) -> dict[str, Any]:
         out: dict[str, Any] = {"step": ctx.step}
@@ -673,12 +837,16 @@ class CheckpointManager:
                         self._pending_cv.notify_all()
                 continue
             try:
+                if job.capture is not None:
+                    self._run_capture(job)
                 for tier in job.tiers:
                     self._save_tier(job, tier)
             except Exception:  # the worker must survive anything
                 log.exception("checkpoint worker failed at step %d", job.step)
             finally:
                 job.snapshot = None
+                if job.capture is not None:
+                    job.capture.finish()  # never leave training waiting for a copy that failed
                 with self._pending_cv:
                     self._pending -= 1
                     self._saves_pending -= 1
@@ -701,6 +869,9 @@ class CheckpointManager:
         storage = self.storages[tier.name]
         per_node = tier.name in PER_NODE_TIERS
         laps = _Laps(job.started, job.blocked_s)
+        first = tier is job.tiers[0]
+        if first and job.captured_at is not None:
+            laps.lap("capture", job.captured_at)
         laps.lap("waited")
         mine = _Local(error=job.error, state=job.trainer_state)
         planned = False
@@ -778,10 +949,11 @@ class CheckpointManager:
         detail = "; ".join(errors + commit_errors)[:500] if not ok else replica_note
         if ok:
             self.last_committed[tier.name] = job.step
+        stall = job.capture.stall(self.settings.timeout_s) if job.capture is not None and first else 0.0
         record = SaveRecord(
             step=job.step, tier=tier.name, ok=ok, blocked_s=job.blocked_s,
-            duration_s=laps.total, bytes=nbytes, detail=detail, phases=laps.phases, worker_cpu_s=laps.cpu_s,
-            planned=planned,
+            duration_s=laps.total, bytes=nbytes, detail=detail, phases=laps.phases,
+            worker_cpu_s=laps.cpu_s + (job.capture_cpu_s if first else 0.0), planned=planned, stall_s=stall,
         )
         self.history.append(record)
         if not ok:
@@ -931,7 +1103,12 @@ class CheckpointManager:
 
         Returns None for a fresh start. Raises :class:`NoVerifiedCheckpoint` when the operator
         named a checkpoint (hint with step >= 0) or a load failed and nothing else is usable.
+        Training waits for it: the checkpoint group's threads are out of the idle class.
         """
+        with self.cpu.boosting():
+            return self._restore(ctx)
+
+    def _restore(self, ctx: TrainContext) -> RestoreResult | None:
         t0 = time.perf_counter()
         self.wait(self.settings.timeout_s)
         hint = _hint(self.settings.restore_hint)
@@ -962,6 +1139,10 @@ class CheckpointManager:
         (a lost node's from the neighbour's replica), and return what was chosen and the folder
         this rank reads: ``step-N/rank-R`` of a node tier (same layout only; another layout
         takes the shared tier) or the shared tier's ``step-N``. Collective; None: fresh start."""
+        with self.cpu.boosting():
+            return self._open_restore(ctx)
+
+    def _open_restore(self, ctx: TrainContext) -> tuple[RestoreResult, str] | None:
         t0 = time.perf_counter()
         self.wait(self.settings.timeout_s)
         hint = _hint(self.settings.restore_hint)
@@ -1380,6 +1561,39 @@ def _jsonable(value: Any) -> Any:
         raise TypeError(f"{type(o).__name__} is not JSON serializable")
 
     return json.loads(json.dumps(value, default=default))
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """A DTensor's local shard (no autograd), or the tensor."""
+    return t._local_tensor if isinstance(t, DTensor) else t
+
+
+def _defer(src: Any, buf: Any, live: set[int] | None, pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> Any:
+    """``src`` with every tensor leaf whose storage is in ``live`` (None: every leaf) replaced
+    by the matching leaf of ``buf``, the (source, buffer) local shards appended to ``pairs``."""
+    if isinstance(src, torch.Tensor) and isinstance(buf, torch.Tensor):
+        s, b = _local(src), _local(buf)
+        if (live is None or s.untyped_storage().data_ptr() in live) and s.shape == b.shape and s.dtype == b.dtype:
+            pairs.append((s, b))
+            return buf
+        return src
+    if isinstance(src, Mapping) and isinstance(buf, Mapping):
+        return {k: _defer(v, buf[k], live, pairs) if k in buf else v for k, v in src.items()}
+    if isinstance(src, list | tuple) and isinstance(buf, list | tuple) and len(src) == len(buf):
+        out = [_defer(v, b, live, pairs) for v, b in zip(src, buf, strict=True)]
+        return tuple(out) if isinstance(src, tuple) else out
+    return src
+
+
+def _step_guard(ref: weakref.ReferenceType[CheckpointManager]) -> Callable[..., None]:
+    """A global optimizer-step pre-hook for one manager (held weakly)."""
+
+    def hook(optimizer: Any, args: Any, kwargs: Any) -> None:
+        manager = ref()
+        if manager is not None:
+            manager._before_optimizer_step()
+
+    return hook
 
 
 def _tensors(state: Any) -> list[torch.Tensor]:

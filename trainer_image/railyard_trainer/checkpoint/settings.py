@@ -22,14 +22,12 @@ ENV_DIRS = {
 }
 #: How the checkpoint's background threads share the CPU with training (manager.BackgroundCpu):
 #: ``idle``, Linux's idle class (they run on CPU time no other thread wants; lifted to nice 10
-#: while training waits for them), ``nice`` (the default; nice 10: a small share of a busy core),
-#: or ``auto``: ``idle`` where this process may take a thread out of the idle class again
-#: (CAP_SYS_NICE or RLIMIT_NICE), else ``nice``. Not the default yet: collectives that the
-#: training thread runs on the checkpoint group (the constructor's gather, restore) are executed
-#: by the group's threads and are not lifted; under other load they starve.
+#: whenever training waits for them or runs a collective on their group), ``nice`` (nice 10: a
+#: small share of a busy core), or ``auto`` (the default): ``idle`` where this process may take
+#: a thread out of the idle class again (CAP_SYS_NICE or RLIMIT_NICE), else ``nice``.
 ENV_CPU_CLASS = "RAILYARD_CHECKPOINT_CPU"
 CPU_CLASSES = ("auto", "idle", "nice")
-DEFAULT_CPU_CLASS = "nice"
+DEFAULT_CPU_CLASS = "auto"
 #: Defaults per tier: (enabled, intervalSteps, keep), the CRD's (spec.checkpoint), from the
 #: schema both sides share. A tier without a directory is inactive whatever it says.
 DEFAULTS: Mapping[str, tuple[bool, int, int]] = {

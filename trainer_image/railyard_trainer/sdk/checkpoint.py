@@ -22,16 +22,19 @@ if TYPE_CHECKING:
     from railyard_trainer.sdk.session import RestorePoint, Session
 
 
-def build_inner(config: Any, ctx: hooks.TrainContext, *, final_step: int | None) -> hooks.Checkpointer:
+def build_inner(
+    config: Any, ctx: hooks.TrainContext, *, final_step: int | None, defer_capture: bool = False
+) -> hooks.Checkpointer:
     """The tiered checkpointer (``railyard_trainer.checkpoint``), or the plain DCP fallback when
-    it is switched off (``RAILYARD_PLAIN_CHECKPOINT=1``) or not installed."""
+    it is switched off (``RAILYARD_PLAIN_CHECKPOINT=1``) or not installed. ``defer_capture``:
+    see ``Session.checkpoints``."""
     if os.environ.get("RAILYARD_PLAIN_CHECKPOINT") != "1":
         try:
             from railyard_trainer.checkpoint import build_checkpointer
         except ImportError as exc:
             log_event("fallback", rank=ctx.rank, what="checkpointer", reason=repr(exc))
         else:
-            return build_checkpointer(config, ctx, final_step=final_step)
+            return build_checkpointer(config, ctx, final_step=final_step, defer_capture=defer_capture)
     from railyard_trainer.dcp_checkpointer import build_dcp_checkpointer
 
     return build_dcp_checkpointer(config)

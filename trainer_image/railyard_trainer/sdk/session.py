@@ -271,12 +271,15 @@ class Session:
         if "device" not in ctx.extra:
             ctx.extra["device"] = self.device()
 
-    def checkpoints(self, ctx: TrainContext, *, final_step: int | None) -> Checkpoints:
+    def checkpoints(self, ctx: TrainContext, *, final_step: int | None, defer_capture: bool = False) -> Checkpoints:
         """The tiered checkpointer of ``ctx`` behind the SDK's facade. Collective (it creates the
-        checkpoint's own process group): every rank, same order."""
+        checkpoint's own process group): every rank, same order. ``defer_capture``: the loop
+        changes the parameters and optimizer state only in ``optimizer.step()``, so a save may
+        copy them while the next step's forward and backward run (the bundled trainer's loop;
+        see checkpoint.manager._Capture)."""
         from railyard_trainer.sdk.checkpoint import Checkpoints, build_inner
 
-        cp = Checkpoints(self, build_inner(self.config, ctx, final_step=final_step))
+        cp = Checkpoints(self, build_inner(self.config, ctx, final_step=final_step, defer_capture=defer_capture))
         self._checkpoints.append(cp)
         ctx.extra["checkpointer"] = cp
         return cp
