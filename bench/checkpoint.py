@@ -7,14 +7,16 @@ data loader. Phases, all in one run:
 
 0. warm-up: ``keep + 1`` memory-tier saves (not measured), so that every measured save is in a
    long run's steady state (it overwrites the files of the step the tier retired);
-1. ``--rounds`` rounds of three windows of ``--memory-interval`` steps each, side by side because
-   the machine's speed drifts (every other round in reverse order): one without checkpoints
-   (step time, tokens/s); one whose first step saves on the memory tier (with its replica) ->
-   blocked time per save, save duration in the background, bytes, tokens/s; one with the raw
-   data path (overwrite + hash + exchange of the same bytes, then the peer's copy written) on a
-   thread in the writer's CPU class from its first step -> the floor: what no memory tier can
-   avoid costing training on this machine, and how long that path takes beside training. The
-   tokens/s overheads are per round, then the median over the rounds;
+1. ``--rounds`` rounds (after one settling round, not measured) of windows of
+   ``--memory-interval`` steps each, side by side because the machine's speed drifts (every
+   other round in reverse order): one without checkpoints (step time, tokens/s); one whose
+   first step saves on the memory tier (with its replica) -> blocked time per save (the
+   snapshot, and any wait of the next optimizer step for the deferred copy), save duration in
+   the background, bytes, tokens/s; and in the first round and every ``--raw-every``-th after
+   it, one with the raw data path (overwrite + hash + exchange of the same bytes, then the
+   peer's copy written) on a thread in the writer's CPU class from its first step -> the floor:
+   what no memory tier can avoid costing training on this machine, and how long that path takes
+   beside training. The tokens/s overheads are per round, then the median over the rounds;
 2. ``--idle-reps`` times, with training idle: the raw limits of this machine for the same bytes,
    each alone, both ranks at once (writing one rank's shard to the memory tier's file system, to
    a new file and over a kept file: the faster counts; hashing it; exchanging it with the peer
@@ -174,22 +176,30 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace, root: st
         ckpt.wait(600)
     warm = len(ckpt.history)
     ops = _RawOps(ctx, pg, base, rank, world, cpu)
+    cpu.boost()  # collective on the checkpoint group, training waits: out of the idle class
     ops.prime()
+    cpu.unboost()
     # Phases 1, 2 and 3c in rounds of three windows of ``interval`` steps each: without
     # checkpoints; with a memory-tier save at its first step (blocking copy, then the background
     # write and replica beside the window); with the raw data path on a thread in the writer's
     # CPU class from its first step (the floor). The machine's speed drifts: the windows of a
     # round are compared with each other, and every other round runs them in reverse order so
     # that a steady drift favours none of them.
+    # The bench's own synchronisation goes over the default group: the checkpoint group's
+    # threads are in the background class, which another load on the host may starve.
     base_times: list[float] = []
     ck_times: list[float] = []
-    windows: list[dict[str, float]] = []
-    for r in range(args.rounds):
-        got: dict[str, float] = {}
-        for kind in ("base", "ck", "raw") if r % 2 == 0 else ("raw", "ck", "base"):
-            dist.barrier(group=pg)
+    windows: list[dict[str, Any]] = []
+    # Round 0 settles (the first windows after the warm-up run slow: allocations, page cache);
+    # it is run as the others are and not measured.
+    for r in range(args.rounds + 1):
+        got: dict[str, Any] = {}
+        kinds = ("base", "ck", "raw") if r == 0 or (r - 1) % args.raw_every == 0 else ("base", "ck")
+        for kind in kinds if r % 2 == 0 else kinds[::-1]:
+            dist.barrier()
             side = threading.Thread(target=ops.timed_all, name="raw-data-path") if kind == "raw" else None
             sched0, steal0 = _thread_sched(), _host_steal_s()
+            steps: list[float] = []
             t_w = time.perf_counter()
             for i in range(args.memory_interval):
                 t = step(ctx)
@@ -198,20 +208,29 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace, root: st
                     ckpt.save(ctx, tiers=memory, checks_passed=True)
                 elif i == 0 and side is not None:
                     side.start()
-                (ck_times if kind == "ck" else base_times if kind == "base" else []).append(t + time.perf_counter() - t0)
+                steps.append(t + time.perf_counter() - t0)
             got[kind] = time.perf_counter() - t_w
             sched1 = _thread_sched()
             # The training threads' own account (both ranks, summed): CPU time, and time they
             # were runnable but waited for a CPU that another thread held.
             acct = torch.tensor([sched1[0] - sched0[0], sched1[1] - sched0[1]], dtype=torch.float64)
-            dist.all_reduce(acct, group=pg)
+            dist.all_reduce(acct)
             got[f"{kind}_train_cpu_s"], got[f"{kind}_runqueue_s"] = (float(v) for v in acct.tolist())
             got[f"{kind}_host_steal_s"] = _host_steal_s() - steal0
+            got[f"{kind}_steps"] = steps
             ckpt.wait(600)
             if side is not None:
+                # Training waits for the raw path as ``wait`` waits for a save: out of the idle class.
+                cpu.boost()
                 side.join()
+                cpu.unboost()
                 got["raw_path_s"] = ops.last_all_s
-        windows.append(got)
+        if r == 0:
+            warm = len(ckpt.history)  # the settling round's save is not measured either
+        else:
+            windows.append(got)
+            ck_times += got["ck_steps"]
+            base_times += got["base_steps"]
     history = [_record(h, "interval") for h in ckpt.history[warm:]]
     # Phase 2a and 3b interleaved: the raw limits of this machine for the same bytes (each
     # alone), then a memory save with training idle (the data path alone, as the raw limits are
@@ -221,13 +240,17 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace, root: st
     idle_cpu: list[float] = []
     raw_cpu: list[float] = []
     for _ in range(args.idle_reps):
+        # The machine's limits: the checkpoint group's threads at full speed (out of the idle
+        # class, as when training waits for a save).
+        cpu.boost()
         limits.append(ops.limits())
-        dist.barrier(group=pg)
+        dist.barrier()
         c0 = time.process_time()
         ops.all()
         raw_cpu.append(time.process_time() - c0)
+        cpu.unboost()
         step(ctx)
-        dist.barrier(group=pg)
+        dist.barrier()
         n = len(ckpt.history)
         c0 = time.process_time()
         ckpt.save(ctx, tiers=memory, checks_passed=True)
@@ -250,12 +273,15 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace, root: st
     ckpt.close()
 
     # The synchronous baseline: the same state, DCP save, same file system as the memory tier.
+    # Training waits for it: the checkpoint group's threads out of the idle class.
     sync_times = []
+    cpu.boost()
     for i in range(2):
         dist.barrier()
         t0 = time.perf_counter()
         dcp_save(tensor_state(ctx), storage_writer=FileSystemWriter(base / f"sync-{i}"), process_group=pg)
         sync_times.append(time.perf_counter() - t0)
+    cpu.unboost()
 
     restores: dict[str, float] = {}
     for tier in ("memory", "local", "shared", "memory-replica"):
@@ -283,6 +309,12 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace, root: st
         }))
     dist.barrier()
     dist.destroy_process_group()
+
+
+def _blocked(h: dict[str, Any]) -> float:
+    """What a save blocked training for: its snapshot, plus the wait of the next optimizer step
+    for the parameters' deferred copy (SaveRecord.stall_s)."""
+    return float(h["blocked_s"]) + float(h.get("stall_s", 0.0))
 
 
 def _record(h: Any, phase: str) -> dict[str, Any]:
@@ -360,12 +392,15 @@ class _RawOps:
         self.write(memoryview(self.inbox.numpy()).cast("B"), name="kept-peer", overwrite=True)
 
     def timed_all(self) -> None:
-        """:meth:`all` in the checkpoint writer's CPU class (call it on a thread of its own: the
-        class is not left again), its duration kept in ``last_all_s``."""
-        self.cpu.apply()
-        t0 = time.perf_counter()
-        self.all()
-        self.last_all_s = time.perf_counter() - t0
+        """:meth:`all` in the checkpoint writer's CPU class, boosted with it (call it on a thread
+        of its own), its duration kept in ``last_all_s``."""
+        self.cpu.join()
+        try:
+            t0 = time.perf_counter()
+            self.all()
+            self.last_all_s = time.perf_counter() - t0
+        finally:
+            self.cpu.leave()
 
     def prime(self) -> None:
         """Create the files that ``overwrite`` writes into and fault in the receive buffer, so
@@ -384,11 +419,11 @@ class _RawOps:
             ("tmpfs_write", self.write), ("tmpfs_overwrite", self.overwrite), ("hash", self.hash),
             ("loopback_transfer", self.transfer),
         ):
-            dist.barrier(group=self.pg)
+            dist.barrier()
             t0 = time.perf_counter()
             fn()
             took = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
-            dist.all_reduce(took, op=dist.ReduceOp.MAX, group=self.pg)
+            dist.all_reduce(took, op=dist.ReduceOp.MAX)
             out[name] = float(took.item())
         # The faster of the two writes is the machine's limit (overwriting a kept file's pages is).
         out["sum"] = min(out["tmpfs_write"], out["tmpfs_overwrite"]) + out["hash"] + out["loopback_transfer"]
@@ -432,6 +467,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--preset", default="small")
     p.add_argument("--rounds", type=int, default=10,
                    help="rounds of interleaved windows (baseline, memory-tier save, raw data path)")
+    p.add_argument("--raw-every", type=int, default=3,
+                   help="every this many rounds (the first included) also has a raw-data-path window")
     p.add_argument("--idle-reps", type=int, default=3, help="raw limits + memory save with training idle, repeated")
     p.add_argument("--memory-interval", type=int, default=4)
     p.add_argument("--cpu-class", default=DEFAULT_CPU_CLASS, choices=CPU_CLASSES,
@@ -456,6 +493,7 @@ def main(argv: list[str] | None = None) -> int:
     step_s = statistics.median(raw["base_times"])
     ck_step_s = statistics.median(raw["ck_times"])
     windows = raw["windows"]
+    with_raw = [w for w in windows if "raw" in w]  # the rounds with a raw-data-path window
     window_tokens = raw["tokens_per_step"] * args.memory_interval
     tps_base = window_tokens / statistics.median(w["base"] for w in windows)
     tps_ck = window_tokens / statistics.median(w["ck"] for w in windows)
@@ -472,10 +510,13 @@ def main(argv: list[str] | None = None) -> int:
     for h in raw["history"]:
         by_tier.setdefault(h["tier"], []).append(h)
     for tier, hs in sorted(by_tier.items()):
-        blocked = max(h["blocked_s"] for h in hs)
+        blocked = max(_blocked(h) for h in hs)
         add(f"{tier}_saves_committed", sum(h["ok"] for h in hs), "count", f"{len(hs)}", all(h["ok"] for h in hs))
         add(f"{tier}_blocked_per_save_max", blocked, "s", "< sync DCP save", blocked < sync_s)
-        add(f"{tier}_blocked_per_save_median", statistics.median(h["blocked_s"] for h in hs), "s")
+        add(f"{tier}_blocked_per_save_median", statistics.median(_blocked(h) for h in hs), "s",
+            "snapshot + wait for the deferred copy")
+        add(f"{tier}_capture_stall_max", max(h.get("stall_s", 0.0) for h in hs), "s",
+            "optimizer step waited for the copy")
         add(f"{tier}_blocked_vs_sync", blocked / sync_s if sync_s else 0.0, "ratio")
         add(f"{tier}_save_duration_background", max(h["duration_s"] for h in hs), "s")
         add(f"{tier}_bytes_per_save", max(h["bytes"] for h in hs), "bytes")
@@ -484,7 +525,7 @@ def main(argv: list[str] | None = None) -> int:
     if mem:
         keeps_up = max(h["duration_s"] for h in mem) / (args.memory_interval * step_s)
         add("memory_save_duration_vs_interval", keeps_up, "duration/(interval x step_time)", "< 1 (no queueing)", keeps_up < 1)
-        stall = max(h["blocked_s"] for h in mem) / (args.memory_interval * step_s)
+        stall = max(_blocked(h) for h in mem) / (args.memory_interval * step_s)
         add("memory_stall_fraction", stall, "blocked/(interval x step_time)", f"<= {TARGET_STALL}", stall <= TARGET_STALL)
         skipped = sum(1 for h in by_tier.get("memory", []) if h.get("skipped"))
         add("memory_saves_skipped", skipped, "count", "0 (no queueing)", skipped == 0)
@@ -527,7 +568,7 @@ def main(argv: list[str] | None = None) -> int:
         # with the raw data path run the same way (a thread in the writer's CPU class from the
         # first step of a window, in the same rounds), not with limits measured on idle cores.
         bg = statistics.median(h["background_s"] for h in mem)
-        path_s = statistics.median(w["raw_path_s"] for w in windows)
+        path_s = statistics.median(w["raw_path_s"] for w in with_raw)
         add("memory_save_background_beside_training", bg, "s", "median")
         add("raw_data_path_beside_training", path_s, "s", "overwrite + hash + exchange + peer write, writer's class")
         vs_path = bg / path_s
@@ -565,8 +606,8 @@ def main(argv: list[str] | None = None) -> int:
         # overhead: cache and memory-bandwidth effects and waits for the GIL are not in it.
         ranks = 2
         added = [(w["ck_runqueue_s"] - w["base_runqueue_s"]) / ranks for w in windows]
-        raw_added = [(w["raw_runqueue_s"] - w["base_runqueue_s"]) / ranks for w in windows]
-        blocked = statistics.median(h["blocked_s"] for h in mem) if mem else 0.0
+        raw_added = [(w["raw_runqueue_s"] - w["base_runqueue_s"]) / ranks for w in with_raw]
+        blocked = statistics.median(_blocked(h) for h in mem) if mem else 0.0
         add("training_runqueue_wait_added_per_memory_save", statistics.median(added), "s", "per rank, schedstat")
         add("training_runqueue_wait_added_per_raw_data_path", statistics.median(raw_added), "s", "per rank, schedstat")
         accounted = statistics.median((a + blocked) / w["base"] for a, w in zip(added, windows, strict=True))
@@ -584,11 +625,11 @@ def main(argv: list[str] | None = None) -> int:
         c_lo, c_hi = _median_interval(corrected)
         add("tokens_per_s_overhead_memory_tier_steal_corrected", statistics.median(corrected), "fraction",
             f"90% interval {c_lo:.3f}..{c_hi:.3f}")
-        wall = sum(w[k] for w in windows for k in ("base", "ck", "raw"))
-        steal = sum(w[f"{k}_host_steal_s"] for w in windows for k in ("base", "ck", "raw"))
+        wall = sum(w[k] for w in windows for k in ("base", "ck", "raw") if k in w)
+        steal = sum(w[f"{k}_host_steal_s"] for w in windows for k in ("base", "ck", "raw") if k in w)
         add("host_steal_fraction", steal / (wall * (os.cpu_count() or 1)), "fraction", "of the CPUs' time, all windows")
     add("step_time_median_with_checkpoints", ck_step_s, "s")
-    floor = statistics.median(1 - w["base"] / w["raw"] for w in windows)
+    floor = statistics.median(1 - w["base"] / w["raw"] for w in with_raw)
     add("tokens_per_s_overhead_raw_data_path", floor, "fraction", "floor: raw path beside training")
     add("memory_tier_overhead_vs_raw_data_path", overhead / floor if floor > 0 else float("nan"), "ratio")
 
@@ -601,7 +642,10 @@ def main(argv: list[str] | None = None) -> int:
     # The windows of every round (seconds), to see the machine's drift beside the medians.
     doc = {"bench": "checkpoint", "preset": args.preset, "rounds": args.rounds, "memory_interval": args.memory_interval,
            "cpu_class": args.cpu_class,
-           "results": rows, "windows": windows}
+           "results": rows, "windows": windows,
+           # Every save as the writer saw it (SaveRecord), to see where a median came from.
+           "saves": [{k: h.get(k) for k in ("phase", "tier", "step", "ok", "blocked_s", "stall_s", "duration_s",
+                                              "worker_cpu_s", "planned", "phases")} for h in raw["history"]]}
     args.out.write_text(json.dumps(doc, indent=1) + "\n")
     return 0
 
