@@ -176,10 +176,9 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace, root: st
         ckpt.wait(600)
     warm = len(ckpt.history)
     ops = _RawOps(ctx, pg, base, rank, world, cpu)
-    cpu.boost()  # collective on the checkpoint group, training waits: out of the idle class
-    ops.prime()
-    cpu.unboost()
-    # Phases 1, 2 and 3c in rounds of three windows of ``interval`` steps each: without
+    with cpu.boosting():  # collective on the checkpoint group, training waits: out of the idle class
+        ops.prime()
+    # Phases 1, 2 and 3c in rounds of two or three windows of ``interval`` steps each: without
     # checkpoints; with a memory-tier save at its first step (blocking copy, then the background
     # write and replica beside the window); with the raw data path on a thread in the writer's
     # CPU class from its first step (the floor). The machine's speed drifts: the windows of a
@@ -221,9 +220,8 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace, root: st
             ckpt.wait(600)
             if side is not None:
                 # Training waits for the raw path as ``wait`` waits for a save: out of the idle class.
-                cpu.boost()
-                side.join()
-                cpu.unboost()
+                with cpu.boosting():
+                    side.join()
                 got["raw_path_s"] = ops.last_all_s
         if r == 0:
             warm = len(ckpt.history)  # the settling round's save is not measured either
@@ -242,13 +240,12 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace, root: st
     for _ in range(args.idle_reps):
         # The machine's limits: the checkpoint group's threads at full speed (out of the idle
         # class, as when training waits for a save).
-        cpu.boost()
-        limits.append(ops.limits())
-        dist.barrier()
-        c0 = time.process_time()
-        ops.all()
-        raw_cpu.append(time.process_time() - c0)
-        cpu.unboost()
+        with cpu.boosting():
+            limits.append(ops.limits())
+            dist.barrier()
+            c0 = time.process_time()
+            ops.all()
+            raw_cpu.append(time.process_time() - c0)
         step(ctx)
         dist.barrier()
         n = len(ckpt.history)
@@ -275,13 +272,12 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace, root: st
     # The synchronous baseline: the same state, DCP save, same file system as the memory tier.
     # Training waits for it: the checkpoint group's threads out of the idle class.
     sync_times = []
-    cpu.boost()
-    for i in range(2):
-        dist.barrier()
-        t0 = time.perf_counter()
-        dcp_save(tensor_state(ctx), storage_writer=FileSystemWriter(base / f"sync-{i}"), process_group=pg)
-        sync_times.append(time.perf_counter() - t0)
-    cpu.unboost()
+    with cpu.boosting():
+        for i in range(2):
+            dist.barrier()
+            t0 = time.perf_counter()
+            dcp_save(tensor_state(ctx), storage_writer=FileSystemWriter(base / f"sync-{i}"), process_group=pg)
+            sync_times.append(time.perf_counter() - t0)
 
     restores: dict[str, float] = {}
     for tier in ("memory", "local", "shared", "memory-replica"):
