@@ -35,9 +35,9 @@ runnable but waited for a CPU (``/proc/thread-self/schedstat``), and the host's 
 tokens/s overhead is that of all the save windows against all the baseline windows (tokens/s
 is tokens over time), with its 90% interval (bootstrap over the rounds); its verdict is given
 only when the interval lies on one side of the target, since single windows on a shared 2-core
-host differ by more than the target. Beside it, the overhead
-that training's own threads account for (the snapshot, plus the runqueue wait the save added
-against the round's baseline window): a lower bound with little noise.
+host differ by more than the target. Beside it, the overhead that training's own threads
+account for (the snapshot, plus the runqueue wait the save added against the round's baseline
+window): a lower bound with little noise.
 
 Targets: a memory-tier save blocks at most 2% of the training time between two memory saves
 (``blocked_s / (memory_interval x step_time) <= 0.02``); with training idle its background
@@ -61,9 +61,10 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 RESULTS = Path(__file__).resolve().parent / "results" / "checkpoint.json"
 TARGET_STALL = 0.02
@@ -450,27 +451,29 @@ def _pooled_overhead(windows: list[dict[str, Any]], kind: str, base: str = "base
     return 1 - sum(w[base] for w in windows) / sum(w[kind] for w in windows)
 
 
-def _pooled_interval(
-    windows: list[dict[str, Any]], kind: str, base: str = "base", reps: int = 2000, level: float = 0.90,
-) -> tuple[float, float]:
-    """The ``level`` interval of :func:`_pooled_overhead` (bootstrap over the rounds, each
-    round's windows kept together, fixed seed)."""
+T = TypeVar("T")
+
+
+def _bootstrap(stat: Callable[[list[T]], float], items: list[T], reps: int = 2000,
+               level: float = 0.90) -> tuple[float, float]:
+    """The ``level`` interval of ``stat(items)``, bootstrap over the items (fixed seed)."""
     import random
 
     rng = random.Random(0)
-    vals = sorted(_pooled_overhead(rng.choices(windows, k=len(windows)), kind, base) for _ in range(reps))
+    vals = sorted(stat(rng.choices(items, k=len(items))) for _ in range(reps))
     cut = int(reps * (1 - level) / 2)
     return vals[cut], vals[reps - 1 - cut]
 
 
-def _median_interval(xs: list[float], reps: int = 2000, level: float = 0.90) -> tuple[float, float]:
-    """The ``level`` interval of the median of ``xs`` (bootstrap over its items, fixed seed)."""
-    import random
+def _pooled_interval(windows: list[dict[str, Any]], kind: str, base: str = "base") -> tuple[float, float]:
+    """The 90% interval of :func:`_pooled_overhead` over the rounds resampled (each round's
+    windows kept together)."""
+    return _bootstrap(lambda ws: _pooled_overhead(ws, kind, base), windows)
 
-    rng = random.Random(0)
-    meds = sorted(statistics.median(rng.choices(xs, k=len(xs))) for _ in range(reps))
-    cut = int(reps * (1 - level) / 2)
-    return meds[cut], meds[reps - 1 - cut]
+
+def _median_interval(xs: list[float]) -> tuple[float, float]:
+    """The 90% interval of the median of ``xs``."""
+    return _bootstrap(statistics.median, xs)
 
 
 def _phase_rows(add: Any, prefix: str, saves: list[dict[str, Any]]) -> None:
@@ -578,12 +581,11 @@ def main(argv: list[str] | None = None) -> int:
     # A save's background time is its duration after the blocking snapshot (which is the stall,
     # measured above against its own target); the phases say where it went (SaveRecord.phases).
     if mem_idle:
-        # The data path alone (training idle), as the raw limits are measured: each save against
-        # the limits measured just before it, the median of those ratios.
-        # The data path is the background after the deferred copy of the parameters and
-        # optimizer state (phase "capture"): that copy is the snapshot's, moved off training's
-        # critical path, and none of the raw limits copies; it is shown on its own, and the
-        # whole background against the limits plus that copy.
+        # The data path alone (training idle), as the raw limits are measured: the background
+        # after the deferred copy of the parameters and optimizer state (phase "capture"), which
+        # is the snapshot's copy moved off training's critical path and which none of the raw
+        # limits makes. Each save against the limits measured just before it, the median of
+        # those ratios; beside it the whole background against the limits plus that copy.
         def data_path(h: dict[str, Any]) -> float:
             return float(h["background_s"]) - float(h["phases"].get("capture", 0.0))
 
