@@ -25,7 +25,7 @@ import torch
 
 from railyard_trainer.config import ConfigError, DatasetConfig
 from railyard_trainer.sampler import WindowSampler
-from railyard_trainer.tokens import TokenFormatError, TokenShards
+from railyard_trainer.tokens import TokenFormatError, TokenShards, read_index
 
 
 class TokenSource(Protocol):
@@ -128,18 +128,47 @@ class TokenWindows:
         return np.stack([self.shards.read(int(s), length) for s in starts])
 
 
-def build_source(cfg: DatasetConfig, *, vocab_size: int, seed: int, seq_len: int) -> TokenSource:
-    """The dataset of ``trainer.dataset``; its vocabulary must fit the model's (``vocab_size``)."""
-    if cfg.type == "files":
-        if vocab_size < 256:
-            raise ConfigError([f"trainer.dataset.type: 'files' needs a vocabulary of at least 256 (bytes); the preset has {vocab_size}"])
-        return ByteFiles(cfg.path or "", stride=seq_len)
+def model_vocab_size(cfg: DatasetConfig, *, preset_vocab: int, fixed: int | None) -> int:
+    """The model's vocabulary: ``trainer.vocabSize`` where the user fixed it, else the shards'
+    tokenizer's (``vocab_size`` of their index.json) for ``tokens``, else the preset's. A model
+    made for one's own tokenizer follows it: its embedding and output have one row per id."""
+    data = _dataset_vocab(cfg)
+    vocab = fixed if fixed is not None else data if cfg.type == "tokens" and data is not None else preset_vocab
+    _check_vocab_fits(cfg, data, vocab, fixed=fixed is not None)
+    return vocab
+
+
+def _dataset_vocab(cfg: DatasetConfig) -> int | None:
+    """How many ids the data holds: the shards' tokenizer's, 256 for bytes, None for synthetic."""
     if cfg.type == "tokens":
+        try:
+            return read_index(cfg.path or "").vocab_size
+        except TokenFormatError as exc:
+            raise ConfigError([f"trainer.dataset.path: {p}" for p in exc.problems]) from exc
+    return 256 if cfg.type == "files" else None
+
+
+def _check_vocab_fits(cfg: DatasetConfig, data: int | None, vocab: int, *, fixed: bool) -> None:
+    if data is None or data <= vocab:
+        return
+    what = "the shards' tokenizer has" if cfg.type == "tokens" else f"dataset type {cfg.type!r} (bytes) needs"
+    if fixed:
+        raise ConfigError([f"trainer.vocabSize: {vocab} but {what} {data} tokens; raise trainer.vocabSize to at least {data}, or leave it unset to follow the data"])
+    raise ConfigError([f"trainer.dataset: {what} {data} tokens but the model's vocabulary is {vocab}; set trainer.vocabSize to at least {data}"])
+
+
+def build_source(cfg: DatasetConfig, *, vocab_size: int, seed: int, seq_len: int, vocab_fixed: bool = False) -> TokenSource:
+    """The dataset of ``trainer.dataset``; its vocabulary must fit the model's (``vocab_size``,
+    from :func:`model_vocab_size`; ``vocab_fixed``: the user set it)."""
+    src: TokenSource
+    if cfg.type == "files":
+        src = ByteFiles(cfg.path or "", stride=seq_len)
+    elif cfg.type == "tokens":
         src = TokenWindows(cfg.path or "", seq_len=seq_len, seed=seed, shuffle=cfg.shuffle)
-        if src.vocab_size > vocab_size:
-            raise ConfigError([f"trainer.dataset.path: the shards' tokenizer has {src.vocab_size} tokens but the model's vocabulary is {vocab_size}; use a preset with a larger vocabulary or a smaller tokenizer"])
-        return src
-    return SyntheticLanguage(vocab_size, seed)
+    else:
+        return SyntheticLanguage(vocab_size, seed)
+    _check_vocab_fits(cfg, src.vocab_size, vocab_size, fixed=vocab_fixed)
+    return src
 
 
 class ShardedBatches:

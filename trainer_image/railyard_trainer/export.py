@@ -14,7 +14,7 @@ must be there, e.g. a single node's memory tier). The model's shards are consoli
 Our attention rotates interleaved pairs (Meta's original LLaMA layout); transformers rotates
 the two halves of each head, so the rows of ``wq`` and ``wk`` are permuted per head (the same
 permutation transformers' own LLaMA conversion script applies). The preset is found from the
-tensor shapes (or named with ``--preset``).
+tensor shapes (or named with ``--preset``), the vocabulary from the embedding's.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import json
 import shutil
 import sys
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -132,18 +133,32 @@ def hf_config(args: ModelArgs, *, dtype: torch.dtype, eos_token_id: int | None =
 
 
 def infer_preset(shapes: Mapping[str, Sequence[int]]) -> str:
-    """The preset whose shapes these are (embedding, layer count, MLP, key/value width)."""
+    """The preset whose shapes these are (width, layer count, MLP, key/value width; the
+    vocabulary is the tokenizer's, not the preset's: :func:`model_args`)."""
+    vocab, dim = _embedding_shape(shapes)
     try:
-        vocab, dim = shapes["tok_embeddings.weight"]
         ffn = shapes["layers.0.feed_forward.w1.weight"][0]
         kv = shapes["layers.0.attention.wk.weight"][0]
     except KeyError as exc:
         raise ExportError(f"the checkpoint has no {exc.args[0]}: not a checkpoint of the bundled trainer's model") from exc
     layers = len({k.split(".")[1] for k in shapes if k.startswith("layers.")})
     for name, a in PRESETS.items():
-        if (a.vocab_size, a.dim, a.ffn_dim, a.n_kv_heads * a.head_dim, a.n_layers) == (vocab, dim, ffn, kv, layers):
+        if (a.dim, a.ffn_dim, a.n_kv_heads * a.head_dim, a.n_layers) == (dim, ffn, kv, layers):
             return name
     raise ExportError(f"no preset has these shapes (vocab {vocab}, dim {dim}, {layers} layers, ffn {ffn}); name it with --preset")
+
+
+def model_args(shapes: Mapping[str, Sequence[int]], preset: str) -> ModelArgs:
+    """The preset's shapes with the checkpoint's vocabulary (the trainer's follows the tokenizer)."""
+    return replace(PRESETS[preset], vocab_size=_embedding_shape(shapes)[0])
+
+
+def _embedding_shape(shapes: Mapping[str, Sequence[int]]) -> tuple[int, int]:
+    try:
+        vocab, dim = shapes["tok_embeddings.weight"]
+    except KeyError as exc:
+        raise ExportError(f"the checkpoint has no {exc.args[0]}: not a checkpoint of the bundled trainer's model") from exc
+    return int(vocab), int(dim)
 
 
 # ---------------------------------------------------------------------------- reading checkpoints
@@ -224,8 +239,9 @@ def export(checkpoint: Path, output: Path, *, step: int | None = None, preset: s
 
     step_dir = resolve_step_dir(checkpoint, step)
     state = load_model_state(step_dir)
-    name = preset or infer_preset({k: tuple(v.shape) for k, v in state.items()})
-    args = PRESETS[name]
+    shapes = {k: tuple(v.shape) for k, v in state.items()}
+    name = preset or infer_preset(shapes)
+    args = model_args(shapes, name)
     hf = {k: v.to(dtype).contiguous() for k, v in to_hf(state, args).items()}
     output.mkdir(parents=True, exist_ok=True)
     save_file(hf, str(output / "model.safetensors"), metadata={"format": "pt", "source": str(step_dir), "preset": name})

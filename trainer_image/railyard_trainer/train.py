@@ -22,6 +22,7 @@ import os
 import resource
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -32,7 +33,7 @@ from torch.distributed.tensor import DTensor
 
 from railyard_trainer import hooks, sdk
 from railyard_trainer.config import ConfigError, TrainerConfig
-from railyard_trainer.data import ShardedBatches, build_source
+from railyard_trainer.data import ShardedBatches, build_source, model_vocab_size
 from railyard_trainer.events import log_event
 from railyard_trainer.faults import FaultInjector
 from railyard_trainer.model import Transformer, cross_entropy_loss
@@ -110,7 +111,8 @@ class Trainer:
         self.cfg, self.env = cfg, env
         t = cfg.trainer
         self.dims = ParallelDims(pp=env.mesh_shape[0], dp=env.mesh_shape[1], tp=env.mesh_shape[2], world_size=env.world_size, procs_per_node=env.procs_per_node, dp_replicas=cfg.parallelism.data_replicas)
-        args = PRESETS[t.preset]
+        preset = PRESETS[t.preset]
+        args = replace(preset, vocab_size=model_vocab_size(t.dataset, preset_vocab=preset.vocab_size, fixed=t.vocab_size))
         stages = self.dims.pp * STAGES_PER_RANK[cfg.parallelism.pipeline_schedule] if self.dims.pp_enabled else 1
         problems = args.problems(tp=self.dims.tp, stages=stages)
         if t.batch_size % self.dims.dp:
@@ -152,7 +154,7 @@ class Trainer:
         seed_rank_rng(t.seed, env.rank)
         self.optimizer = Optimizers(self.parts, lr=t.learning_rate, weight_decay=t.weight_decay)  # type: ignore[arg-type]
         self.lr_scheduler = WarmupCosine(self.optimizer, peak_lr=t.learning_rate, warmup_steps=t.warmup_steps, total_steps=t.steps)
-        source = build_source(t.dataset, vocab_size=args.vocab_size, seed=t.seed, seq_len=t.seq_len)
+        source = build_source(t.dataset, vocab_size=args.vocab_size, seed=t.seed, seq_len=t.seq_len, vocab_fixed=t.vocab_size is not None)
         self.data = ShardedBatches(source, batch_size=t.batch_size, seq_len=t.seq_len, dp_rank=self.dp_rank, dp_size=self.dims.dp, device=self.device)
         self.flops_per_token = args.flops_per_token(t.seq_len)
         self.peak_flops = _peak_flops(self.device)

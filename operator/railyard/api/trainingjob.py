@@ -18,6 +18,7 @@ from railyard import GROUP, VERSION
 from railyard.api import corev1
 from railyard.api.quantity import NON_NEGATIVE_QUANTITY_PATTERN, parse_quantity
 from railyard.protocol.mesh import derive_data_parallel
+from railyard.protocol.trainerconfig import MAX_VOCAB
 
 KIND = "TrainingJob"
 PLURAL = "trainingjobs"
@@ -191,6 +192,10 @@ class Program(_Model):
 
 class TrainerSettings(_Model):
     preset: Annotated[Literal["tiny", "small", "1b", "8b"], Field(description="Model size preset of the bundled LLaMA-style trainer. tiny runs on CPU.")] = "tiny"
+    vocab_size: Annotated[
+        int | None,
+        Field(ge=1, le=MAX_VOCAB, description="The model's vocabulary (rows of its embedding and output). Unset: the tokenizer's of the prepared shards for dataset type tokens (from their index.json), else the preset's. Set it to fix the size, e.g. to resume a checkpoint made with another; it must hold every id of the shards' tokenizer."),
+    ] = None
     steps: Annotated[int, Field(ge=1, le=100_000_000, description="Number of optimizer steps to train.")] = 100
     batch_size: Annotated[int, Field(ge=1, le=1_000_000, description="Global batch size in sequences per step; must divide evenly over data-parallel ranks and microbatches.")] = 8
     seq_len: Annotated[int, Field(ge=8, le=1_048_576, description="Sequence length in tokens.")] = 128

@@ -47,6 +47,9 @@ class FaultSpec:
 
 
 DATASET_TYPES = ("synthetic", "files", "tokens")
+#: The largest vocabulary the trainer takes (token shards hold uint32 ids; a bound keeps a typo
+#: from asking for a terabyte embedding).
+MAX_VOCAB = 16_777_216
 
 
 @dataclass(frozen=True)
@@ -80,6 +83,9 @@ class Program:
 @dataclass(frozen=True)
 class TrainerSettings:
     preset: Literal["tiny", "small", "1b", "8b"] = "tiny"
+    #: The model's vocabulary. None: the shards' tokenizer's (dataset type tokens), else the
+    #: preset's (``railyard_trainer.data.model_vocab_size``).
+    vocab_size: int | None = _c(None, ge=1, le=MAX_VOCAB)
     steps: int = _c(100, ge=1, le=100_000_000)
     batch_size: int = _c(8, ge=1, le=1_000_000)
     seq_len: int = _c(128, ge=8, le=1_048_576)
