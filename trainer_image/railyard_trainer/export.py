@@ -4,7 +4,8 @@
     railyard-train export --checkpoint /dev/shm/railyard/myjob/step-00000120 --output out --tokenizer tok.json
 
 ``--checkpoint`` is a job folder of any tier (the newest committed, SDC-clean step is taken,
-or ``--step``), or one step folder: a shared-tier or plain DCP checkpoint (one ``.metadata``),
+or ``--step``), a folder above one (``--checkpoint-dir ck`` of the launcher writes ``ck/<job>/``;
+a tier's root holds ``<job>/``), or one step folder: a shared-tier or plain DCP checkpoint (one ``.metadata``),
 or a node-tier step (``rank-*/`` per-rank checkpoints, read together, so every rank's folder
 must be there, e.g. a single node's memory tier). The model's shards are consolidated on CPU
 (DCP reshards them into whole tensors; no process group, no GPU), renamed to the LLaMA names of
@@ -182,8 +183,15 @@ def _committed_steps(job_dir: Path) -> list[int]:
 
 
 def resolve_step_dir(path: Path, step: int | None) -> Path:
+    """The step folder ``--checkpoint`` names: a step folder itself, the newest committed clean
+    step (or ``step``) of a job folder, or of the one job folder found below ``path`` (what
+    ``--checkpoint-dir ck`` or a tier root holds: ``ck/<job>/``, ``root/<tier>/<job>/``)."""
     if (path / ".metadata").exists() or any(path.glob("rank-*/.metadata")):
         return path
+    if not path.is_dir():
+        raise ExportError(f"{path}: no such folder; give a job's checkpoint folder (holding step-* folders) or one step folder")
+    if not any(path.glob("step-*")):
+        path = _job_dir_below(path, step)
     steps = _committed_steps(path)
     if step is not None:
         if step not in steps:
@@ -192,6 +200,24 @@ def resolve_step_dir(path: Path, step: int | None) -> Path:
     if not steps:
         raise ExportError(f"{path}: no committed, SDC-clean checkpoint (a step-* folder with manifest.json or COMPLETE)")
     return path / f"step-{steps[-1]:08d}"
+
+
+def _job_dir_below(root: Path, step: int | None) -> Path:
+    """The folder below ``root`` (one or two levels) whose committed steps export takes: the
+    only one, or, when the tiers of one job hold it several times, the one with the newest step
+    (``step``: one that has it). Checkpoints of several jobs are named, to pick one."""
+    found = {d: steps for d in sorted({p.parent for p in [*root.glob("*/step-*"), *root.glob("*/*/step-*")]})
+             if (steps := _committed_steps(d))}
+    if step is not None:
+        found = {d: s for d, s in found.items() if step in s}
+    if not found:
+        want = f"committed, SDC-clean step {step}" if step is not None else "committed, SDC-clean checkpoint"
+        raise ExportError(f"{root}: no {want} here or in its subfolders (a step-* folder with manifest.json or COMPLETE)")
+    jobs = {d.name for d in found}
+    if len(jobs) > 1:
+        listed = ", ".join(f"{d} (newest step {s[-1]})" for d, s in found.items())
+        raise ExportError(f"{root}: holds checkpoints of several jobs: {listed}; give one of these folders as --checkpoint")
+    return max(found, key=lambda d: found[d][-1])
 
 
 def _reader(step_dir: Path) -> Any:
@@ -263,7 +289,7 @@ def _eos_id(tokenizer: Path) -> int | None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="railyard-train export", description="Write a checkpoint as safetensors + config.json that Hugging Face transformers loads (LlamaForCausalLM).")
-    ap.add_argument("--checkpoint", required=True, type=Path, help="a job's checkpoint folder (newest clean step) or one step folder")
+    ap.add_argument("--checkpoint", required=True, type=Path, help="a job's checkpoint folder (newest clean step), the folder given as --checkpoint-dir, or one step folder")
     ap.add_argument("--output", required=True, type=Path, help="folder to write model.safetensors and config.json into")
     ap.add_argument("--step", type=int, help="which step (default: the newest committed, SDC-clean one)")
     ap.add_argument("--preset", choices=sorted(PRESETS), help="the model preset (default: found from the shapes)")
