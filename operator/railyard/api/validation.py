@@ -9,13 +9,16 @@ path and how to fix it.
 from __future__ import annotations
 
 import copy
+import difflib
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
-from typing import Any
+from typing import Any, get_args
 
 import celpy
 from celpy.adapter import json_to_cel
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
+from pydantic.alias_generators import to_camel
 
 from railyard.api.trainingjob import API_VERSION, KIND, SPEC_RULES, TrainingJob, TrainingJobSpec
 
@@ -30,7 +33,6 @@ class Problem:
 
 
 _FIXES = {
-    "extra_forbidden": "remove it, or check its spelling against `kubectl explain trainingjob.spec`",
     "greater_than_equal": "use a larger value",
     "greater_than": "use a larger value",
     "less_than_equal": "use a smaller value",
@@ -52,6 +54,67 @@ def _loc(loc: tuple[int | str, ...]) -> str:
     for part in loc:
         out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
     return out
+
+
+#: What users write for a field by another name (torchrun's, Kubernetes' or a first guess),
+#: where spelling alone is too far off for difflib. Used only where the target exists.
+FIELD_ALIASES = {
+    "gpus": "gpusPerPod",
+    "gpu": "gpusPerPod",
+    "gpusPerNode": "gpusPerPod",
+    "nprocPerNode": "procsPerNode",
+    "nprocsPerNode": "procsPerNode",
+    "nnodes": "nodes",
+    "numNodes": "nodes",
+    "replicas": "nodes",
+}
+
+
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    """The pydantic model a field holds (directly, in a list, or optional)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in get_args(annotation):
+        if (found := _model_in(arg)) is not None:
+            return found
+    return None
+
+
+def known_fields(loc: Sequence[int | str]) -> list[str]:
+    """The wire names of the fields of the object at ``loc`` (a TrainingJob path, list indices
+    included); empty where the path leads to no model (free-form maps)."""
+    model: type[BaseModel] = TrainingJob
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        field = next((f for name, f in model.model_fields.items() if (f.alias or name) == part), None)
+        sub = _model_in(field.annotation) if field is not None else None
+        if sub is None:
+            return []
+        model = sub
+    return [f.alias or name for name, f in model.model_fields.items()]
+
+
+def nearest_field(name: str, known: Sequence[str]) -> str | None:
+    """The known field ``name`` most likely meant: its camelCase spelling, an alias
+    (:data:`FIELD_ALIASES`), or the closest spelling (difflib, case-insensitive)."""
+    camel = to_camel(name) if "_" in name else name
+    for guess in (camel, FIELD_ALIASES.get(camel)):
+        if guess in known:
+            return guess
+    lowered = {k.lower(): k for k in known}
+    close = difflib.get_close_matches(camel.lower(), list(lowered), n=1, cutoff=0.6)
+    return lowered[close[0]] if close else None
+
+
+def unknown_field_message(loc: Sequence[int | str]) -> str:
+    """``unknown field; did you mean spec.gpusPerPod?``, or where to look the fields up."""
+    parent, name = tuple(loc[:-1]), loc[-1]
+    guess = nearest_field(str(name), known_fields(parent))
+    if guess is not None:
+        return f"unknown field; did you mean {_loc((*parent, guess))}?"
+    explain = ".".join(["trainingjob", *(str(p) for p in parent if not isinstance(p, int))])
+    return f"unknown field; remove it, or check its spelling against `kubectl explain {explain}`"
 
 
 @cache
@@ -104,14 +167,16 @@ def validate_manifest(obj: Any) -> list[Problem]:
         problems.append(Problem("metadata.name", "required: give the job a name"))
     body = {k: v for k, v in obj.items() if k != "status"}
     try:
-        TrainingJob.model_validate(body)
+        # by wire name only, as the API server decodes (the models also take Python names)
+        TrainingJob.model_validate(body, by_alias=True, by_name=False)
     except ValidationError as exc:
         for err in exc.errors():
             path = _loc(err["loc"])
             fix = _FIXES.get(err["type"], "fix the value")
             msg = err["msg"]
             if err["type"] == "extra_forbidden":
-                msg = "unknown field"
+                problems.append(Problem(path, unknown_field_message(err["loc"])))
+                continue
             elif err["type"] == "value_error":
                 # our rules (railyard.api.corev1, api.quantity) say what to write instead
                 problems.append(Problem(path, msg.removeprefix("Value error, ")))
