@@ -136,3 +136,71 @@ def test_qos_class() -> None:
     guaranteed = make_pod().obj()
     guaranteed["spec"]["containers"][0]["resources"] = {"limits": {"cpu": "1", "memory": "1Gi"}}
     assert qos_class(guaranteed) == "Guaranteed"
+
+
+async def test_the_kubelet_endpoint_serves_container_logs_to_the_api_servers_certificate(tmp_path: Path) -> None:
+    """What kube-apiserver reads for `kubectl logs`: /containerLogs on the pod's node's address,
+    with its kubelet client certificate; nobody without a certificate of that CA gets in."""
+    import ssl
+
+    import aiohttp
+
+    from railyard.local.apiserver.pki import ensure_certs, issue_cert
+    from railyard.local.kubelet import KubeletEndpoint, server_context
+
+    ca = ensure_certs(tmp_path / "cluster-ca").ca_cert
+    cert, key = issue_cert(tmp_path / "cluster-ca", "apiserver-kubelet-client", common_name="kube-apiserver", client=True)
+    ensure_certs(tmp_path / "other-ca")
+    other = issue_cert(tmp_path / "other-ca", "client", common_name="someone", client=True)
+    nodes = build_nodes(ClusterShape(nodes=2, ip_offset=150))
+    agent = Agent(None, tmp_path, nodes, log_dir=tmp_path / "logs")  # type: ignore[arg-type]
+    pod: Any = make_pod("p").obj()
+    pod["metadata"].update(namespace="ns", uid="u1")
+    pod["spec"]["nodeName"] = "node-0"
+    pods = {"ns/p": pod}
+    log = agent.log_path("ns", "p", "main")
+    log.parent.mkdir(parents=True)
+    log.write_bytes(b"one\ntwo\nthree\n")
+    agent.log_path("ns", "p", "main", previous=True).write_bytes(b"before the restart\n")
+    endpoint = KubeletEndpoint(nodes, pods.get, agent.log_path,
+                               ssl_context=server_context(tmp_path / "kubelet-pki", tuple(n.ip for n in nodes), ca))
+    port = await endpoint.start()
+
+    def client_ssl(cert_key: tuple[Path, Path] | None) -> ssl.SSLContext:
+        ctx = ssl.create_default_context(cafile=str(tmp_path / "kubelet-pki" / "ca.crt"))  # the serving cert names the node IPs
+        if cert_key is not None:
+            ctx.load_cert_chain(*cert_key)
+        return ctx
+
+    async def get(node: int, path: str, cert_key: tuple[Path, Path] | None = (cert, key)) -> tuple[int, str]:
+        async with aiohttp.ClientSession() as http, http.get(f"https://{nodes[node].ip}:{port}{path}", ssl=client_ssl(cert_key)) as resp:
+            return resp.status, await resp.text()
+
+    try:
+        assert await get(0, "/containerLogs/ns/p/main") == (200, "one\ntwo\nthree\n")
+        assert await get(0, "/containerLogs/ns/p/main?tailLines=1&timestamps=true") == (200, "three\n")
+        assert await get(0, "/containerLogs/ns/p/main?limitBytes=3") == (200, "one")
+        assert await get(0, "/containerLogs/ns/p/main?previous=true") == (200, "before the restart\n")
+        assert (await get(0, "/containerLogs/ns/p/main?tailLines=x"))[0] == 400
+        assert (await get(0, "/containerLogs/ns/p/other"))[0] == 404
+        assert (await get(0, "/containerLogs/ns/nope/main"))[0] == 404
+        assert (await get(1, "/containerLogs/ns/p/main"))[0] == 404, "only the pod's own node answers for it"
+        for stranger in (None, other):
+            with pytest.raises(aiohttp.ClientError):  # the TLS handshake fails: no certificate of the CA
+                await get(0, "/containerLogs/ns/p/main", cert_key=stranger)
+
+        # follow: what is appended arrives, and the stream ends when the container does
+        async with aiohttp.ClientSession() as http, \
+                http.get(f"https://{nodes[0].ip}:{port}/containerLogs/ns/p/main?follow=true&tailLines=1", ssl=client_ssl((cert, key))) as resp:
+            assert resp.status == 200
+            got = b""
+            while got != b"three\n":
+                got += await asyncio.wait_for(resp.content.readany(), 30)
+            with log.open("ab") as f:
+                f.write(b"four\n")
+            while got != b"three\nfour\n":
+                got += await asyncio.wait_for(resp.content.readany(), 30)
+            pods["ns/p"] = {**pod, "status": {"containerStatuses": [{"name": "main", "state": {"terminated": {"exitCode": 0}}}]}}
+            assert await asyncio.wait_for(resp.content.read(), 30) == b""
+    finally:
+        await endpoint.stop()

@@ -209,7 +209,10 @@ def _log(local_cluster: Any, core: k8s.CoreV1Api, ns: str, name: str, pod: Any) 
 
 
 def test_kubectl_logs(local_cluster: Any, core: k8s.CoreV1Api, namespace: str) -> None:
-    embedded_only(local_cluster)
+    # embedded: the server reads the agent's files; envtest: kube-apiserver asks the node agent's
+    # kubelet endpoint with the client certificate envtest mode gives it
+    if local_cluster.mode == "existing":
+        pytest.skip("an existing cluster's API server may not reach the node agent's loopback addresses")
     core.create_namespaced_pod(namespace, make_pod("talker").command(*py("print('line one'); print('line two')")).obj())
     wait_phase(core, namespace, "talker", ("Succeeded",))
     out = subprocess.run(
@@ -218,6 +221,40 @@ def test_kubectl_logs(local_cluster: Any, core: k8s.CoreV1Api, namespace: str) -
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines() == ["line one", "line two"]
+
+
+def test_the_node_agent_serves_container_logs_where_an_api_server_reads_them(local_cluster: Any, core: k8s.CoreV1Api, namespace: str, tmp_path: Path) -> None:
+    """kube-apiserver reads `kubectl logs` from https://<InternalIP>:<kubeletEndpoint.Port>/
+    containerLogs/<ns>/<pod>/<container> of the pod's node, showing its kubelet client
+    certificate and not checking the serving one (its defaults): the node agent answers there."""
+    import ssl
+    import urllib.error
+    import urllib.request
+
+    from railyard.local.apiserver.pki import issue_cert
+
+    client_ca = local_cluster.kubelet_client_ca()
+    if client_ca is None or not (client_ca.parent / "ca.key").exists():
+        pytest.skip("the kubelet client CA is the existing cluster's: no certificate of it to test with")
+    core.create_namespaced_pod(namespace, make_pod("kubelet-talker").command(*py("print('via the kubelet'); print('two')")).obj())
+    done = wait_phase(core, namespace, "kubelet-talker", ("Succeeded",))
+    node = core.read_node(done.spec.node_name)
+    assert [a.type for a in node.status.addresses] == ["InternalIP"], "no Hostname: the API server would dial it first"
+    ip, port = node.status.addresses[0].address, node.status.daemon_endpoints.kubelet_endpoint.port
+    assert port > 0
+    url = f"https://{ip}:{port}/containerLogs/{namespace}/kubelet-talker/main?tailLines=1"
+
+    def context(with_cert: bool) -> ssl.SSLContext:
+        ctx = ssl.create_default_context()
+        ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE  # as kube-apiserver by default
+        if with_cert:
+            ctx.load_cert_chain(*issue_cert(client_ca.parent, "client", common_name="test", client=True, out_dir=tmp_path))
+        return ctx
+
+    with urllib.request.urlopen(url, context=context(True), timeout=30) as resp:
+        assert resp.read() == b"two\n"
+    with pytest.raises((urllib.error.URLError, ssl.SSLError, ConnectionError)):
+        urllib.request.urlopen(url, context=context(False), timeout=30).read()
 
 
 def test_graceful_delete_sends_sigterm_and_keeps_host_path(local_cluster: Any, core: k8s.CoreV1Api, namespace: str) -> None:

@@ -46,6 +46,9 @@ def add_parser(sub: Any) -> None:
                     help="hostPaths under PATH are one folder for all nodes, like a network filesystem (default /mnt; repeatable)")
     up.add_argument("--mode", choices=MODES, help="embedded (default), envtest ($KUBEBUILDER_ASSETS) or existing")
     up.add_argument("--kubeconfig", type=Path, help="existing mode: add nodes and the agent to this cluster")
+    up.add_argument("--kubelet-client-ca", type=Path,
+                    help="existing mode: the CA of the API server's kubelet client certificate, for `kubectl logs` "
+                         "(default: the kubeconfig's CA, which kubeadm and kind use)")
     up.add_argument("--scheduler", action=argparse.BooleanOptionalAction, default=None,
                     help="run the local scheduler (default: on unless the cluster is an existing one)")
     up.add_argument("--with-operator", action="store_true", help="also run `railyard operator run` against it")
@@ -128,6 +131,7 @@ def _up(args: argparse.Namespace, state_dir: Path) -> int:
         memory_per_node=args.memory,
         mode=args.mode,
         kubeconfig=args.kubeconfig,
+        kubelet_client_ca=args.kubelet_client_ca,
         scheduler=args.scheduler,
         with_operator=args.with_operator,
         shared_host_paths=args.shared_host_path,
@@ -180,6 +184,7 @@ def _up_detached(args: argparse.Namespace, state_dir: Path) -> int:
         ("--nodes", args.nodes), ("--gpus-per-node", args.gpus_per_node), ("--topology", args.topology),
         ("--topology-file", args.topology_file and args.topology_file.absolute()), ("--cpu", args.cpu),
         ("--memory", args.memory), ("--mode", args.mode), ("--kubeconfig", args.kubeconfig and args.kubeconfig.absolute()),
+        ("--kubelet-client-ca", args.kubelet_client_ca and args.kubelet_client_ca.absolute()),
     ):
         if value is not None:
             argv += [flag, str(value)]

@@ -329,7 +329,7 @@ class PodWorker:
         log_path = self.agent.log_path(self.ns, self.name, c.name)
         log_path.parent.mkdir(parents=True, exist_ok=True)
         if c.restarts and log_path.exists():
-            os.replace(log_path, log_path.with_name(f"{c.name}.previous.log"))
+            os.replace(log_path, self.agent.log_path(self.ns, self.name, c.name, previous=True))
         c.started_at = now_iso()
         with open(log_path, "wb") as out:
             try:
@@ -625,8 +625,14 @@ class Agent:
                 return self.state_dir / "shared" / clean.lstrip("/")
         return self.node_dir(node) / "hostpath" / clean.lstrip("/")
 
-    def log_path(self, ns: str, name: str, container: str) -> Path:
-        return self.log_dir / ns / name / f"{container}.log"
+    def log_path(self, ns: str, name: str, container: str, previous: bool = False) -> Path:
+        """The container's log (``previous``: of its run before the last restart), as the
+        embedded API server's pods/log and the kubelet endpoint (kubelet.py) serve it."""
+        return self.log_dir / ns / name / f"{container}{'.previous' if previous else ''}.log"
+
+    def cached_pod(self, key: str) -> Obj | None:
+        """The pod ``namespace/name`` as the agent last saw it."""
+        return self.pods.cache.get(key) if self.pods is not None else None
 
     def control(self, node: str) -> NodeControl:
         return self.controls.get(node, NodeControl())

@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from railyard.local.kubeconfig import write_kubeconfig
+from railyard.local.kubeconfig import kubeconfig_ca, write_kubeconfig
 from railyard.local.nodes import CLUSTER_LABEL
 from railyard.local.topology import (
     ClusterShape,
@@ -97,6 +97,7 @@ class LocalCluster:
         topology_file: Path | str | None = None,
         mode: str | None = None,
         kubeconfig: Path | str | None = None,
+        kubelet_client_ca: Path | str | None = None,
         scheduler: bool | None = None,
         cpu_per_node: str | None = None,
         memory_per_node: str | None = None,
@@ -125,6 +126,8 @@ class LocalCluster:
         self.config.setdefault("mode", "embedded")
         if self.config["mode"] == "existing" and not self.config.get("externalKubeconfig"):
             raise LocalClusterError("mode existing needs --kubeconfig pointing at the cluster to add nodes to")
+        if kubelet_client_ca is not None:
+            self.config["kubeletClientCA"] = str(Path(kubelet_client_ca).absolute())
         if scheduler is not None:
             self.config["scheduler"] = scheduler
         self.config.setdefault("scheduler", self.config["mode"] != "existing")
@@ -350,8 +353,25 @@ class LocalCluster:
             argv += ["--watch-inactivity", str(EMBEDDED_WATCH_INACTIVITY_S)]
         if self.config.get("scheduler"):
             argv.append("--scheduler")
+        client_ca = self.kubelet_client_ca()
+        if client_ca is not None:
+            argv += ["--kubelet-client-ca", str(client_ca)]
         self._spawn("runtime", argv)
         self._wait_file("runtime", ready, timeout)
+
+    def kubelet_client_ca(self) -> Path | None:
+        """The CA whose client certificates may read container logs from the node agent's
+        kubelet endpoint (local/kubelet.py): ``kubelet_client_ca`` if given; embedded and
+        envtest: our CA (envtest's kube-apiserver gets a kubelet client certificate from it);
+        existing: the kubeconfig's CA (kubeadm and kind sign the API server's kubelet client
+        certificate with it). None: no CA known, logs are not served."""
+        if self.config.get("kubeletClientCA"):
+            return Path(self.config["kubeletClientCA"])
+        if self.mode == "embedded":
+            return self.state_dir / "apiserver" / "pki" / "ca.crt"
+        if self.mode == "envtest":
+            return Path(self._envtest.ca_file) if self._envtest is not None else None
+        return kubeconfig_ca(self.kubeconfig, self.state_dir / "run" / "kubeconfig-ca.crt")
 
     def _start_operator(self) -> None:
         """``railyard operator run`` with its heartbeat server on loopback, where pods reach it."""

@@ -49,3 +49,24 @@ def write_kubeconfig(
     os.replace(tmp, path)
     return path
 
+
+
+def kubeconfig_ca(path: Path | str, out: Path) -> Path | None:
+    """The CA certificate of the kubeconfig's current cluster, as a file (``certificate-authority``
+    as is, ``certificate-authority-data`` written to ``out``); None when it names none."""
+    path = Path(path)
+    try:
+        doc = yaml.safe_load(path.read_text()) or {}
+    except (OSError, yaml.YAMLError):
+        return None
+    contexts = {c.get("name"): c.get("context") or {} for c in doc.get("contexts") or []}
+    name = contexts.get(doc.get("current-context"), {}).get("cluster")
+    clusters = {c.get("name"): c.get("cluster") or {} for c in doc.get("clusters") or []}
+    cluster = clusters.get(name) or (next(iter(clusters.values())) if len(clusters) == 1 else {})
+    if cluster.get("certificate-authority-data"):
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_bytes(base64.b64decode(cluster["certificate-authority-data"]))
+        return out
+    if cluster.get("certificate-authority"):
+        return (path.parent / str(cluster["certificate-authority"])).absolute()
+    return None

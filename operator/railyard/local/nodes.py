@@ -86,7 +86,7 @@ def build_conditions(ready: bool, since: str, heartbeat: str) -> list[dict[str, 
     return [*others, ready_cond]
 
 
-def build_node(spec: NodeSpec) -> Obj:
+def build_node(spec: NodeSpec, *, kubelet_port: int = 0) -> Obj:
     """The Node object for ``spec`` (status included; it is also written through /status)."""
     return {
         "apiVersion": "v1",
@@ -97,22 +97,23 @@ def build_node(spec: NodeSpec) -> Obj:
             "annotations": {"node.alpha.kubernetes.io/ttl": "0", SIMULATED_LABEL: "true"},
         },
         "spec": {"providerID": f"railyard-local://{spec.name}"},
-        "status": build_node_status(spec, ready=True, since=now_iso()),
+        "status": build_node_status(spec, ready=True, since=now_iso(), kubelet_port=kubelet_port),
     }
 
 
-def build_node_status(spec: NodeSpec, *, ready: bool, since: str) -> Obj:
+def build_node_status(spec: NodeSpec, *, ready: bool, since: str, kubelet_port: int = 0) -> Obj:
+    """``kubelet_port``: where the runtime's kubelet endpoint (kubelet.py) serves this node's
+    container logs, on its InternalIP; 0 when none does. No Hostname address (as kwok's nodes):
+    kube-apiserver dials the first of Hostname, InternalDNS, InternalIP by default, and node
+    names do not resolve here."""
     cap = spec.capacity()
     stamp = now_iso()
     return {
         "capacity": cap,
         "allocatable": dict(cap),
         "conditions": build_conditions(ready, since, stamp),
-        "addresses": [
-            {"type": "InternalIP", "address": spec.ip},
-            {"type": "Hostname", "address": spec.name},
-        ],
-        "daemonEndpoints": {"kubeletEndpoint": {"Port": 10250}},
+        "addresses": [{"type": "InternalIP", "address": spec.ip}],
+        "daemonEndpoints": {"kubeletEndpoint": {"Port": kubelet_port}},
         "nodeInfo": {
             "architecture": "amd64",
             "operatingSystem": "linux",
@@ -139,8 +140,10 @@ class NodeManager:
         lease_interval: float = 10.0,
         status_interval: float = 30.0,
         on_control: Callable[[str, NodeControl, NodeControl], None] | None = None,
+        kubelet_port: int = 0,
     ) -> None:
         self.client = client
+        self.kubelet_port = kubelet_port
         self.specs = {s.name: s for s in specs}
         scale = max(1.0, len(specs) / 200)
         self.lease_interval = lease_interval * scale
@@ -184,7 +187,7 @@ class NodeManager:
         except ApiError as exc:
             if exc.status != 404:
                 raise
-            current = await self.client.create("/api/v1/nodes", build_node(spec))
+            current = await self.client.create("/api/v1/nodes", build_node(spec, kubelet_port=self.kubelet_port))
         control = read_control(current)
         self.controls[spec.name] = control
         self._since[spec.name] = now_iso()
@@ -194,7 +197,7 @@ class NodeManager:
     async def patch_status(self, name: str) -> None:
         spec = self.specs[name]
         ready = not self.controls[name].failed
-        status = build_node_status(spec, ready=ready, since=self._since.get(name, now_iso()))
+        status = build_node_status(spec, ready=ready, since=self._since.get(name, now_iso()), kubelet_port=self.kubelet_port)
         await retry(lambda: self.client.patch(f"/api/v1/nodes/{name}/status", {"status": status}), what=f"node {name} status")
 
     async def _renew_lease(self, spec: NodeSpec, node_uid: str = "") -> None:

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from railyard.local.agent import DEFAULT_SHARED_HOST_PATHS, Agent
 from railyard.local.kube import DEFAULT_WATCH_INACTIVITY_S, Informer, KubeClient
+from railyard.local.kubelet import KubeletEndpoint, server_context
 from railyard.local.nodes import NodeManager
 from railyard.local.scheduler import Scheduler
 from railyard.local.tasks import Supervisor
@@ -50,6 +51,7 @@ async def run_runtime(
     lease_interval: float = 10.0,
     shared_host_paths: tuple[str, ...] = DEFAULT_SHARED_HOST_PATHS,
     watch_inactivity_s: float = DEFAULT_WATCH_INACTIVITY_S,
+    kubelet_client_ca: Path | None = None,
 ) -> str | None:
     """Run until SIGTERM/SIGINT (returns None) or until a loop of the runtime keeps dying
     (returns why: the process must then exit non-zero rather than sit there looking alive)."""
@@ -59,9 +61,23 @@ async def run_runtime(
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     agent = Agent(client, state_dir, specs, log_dir=log_dir, shared_host_paths=shared_host_paths, kubeconfig=kubeconfig)
-    manager = NodeManager(client, specs, lease_interval=lease_interval, on_control=agent.on_control)
     supervisor = Supervisor()
+    endpoint: KubeletEndpoint | None = None
     try:
+        kubelet_port = 0
+        if kubelet_client_ca is not None:
+            try:
+                ctx = server_context(state_dir / "kubelet-pki", tuple(s.ip for s in specs), kubelet_client_ca)
+                endpoint = KubeletEndpoint(specs, agent.cached_pod, agent.log_path, ssl_context=ctx)
+                kubelet_port = await endpoint.start()
+            except OSError as exc:  # an unreadable CA (ssl.SSLError is one); too few descriptors for thousands of nodes
+                log.warning("kubelet endpoint not started (%s): kubectl logs through the API server will fail", exc)
+                if endpoint is not None:
+                    await endpoint.stop()
+                endpoint = None
+        else:
+            log.info("no kubelet client CA: container logs are not served to the API server (kubectl logs)")
+        manager = NodeManager(client, specs, lease_interval=lease_interval, on_control=agent.on_control, kubelet_port=kubelet_port)
         await manager.register()
         agent.apply_controls(manager.controls)
 
@@ -98,6 +114,8 @@ async def run_runtime(
             await supervisor.wait(stop)
         return supervisor.fatal
     finally:
+        if endpoint is not None:
+            await endpoint.stop()
         await agent.stop()
         await supervisor.cancel_all()
         await client.close()
@@ -128,6 +146,10 @@ def main(argv: list[str] | None = None) -> int:
         "--watch-inactivity", type=float, default=DEFAULT_WATCH_INACTIVITY_S,
         help="re-establish a watch that delivers nothing, not even a bookmark, for this many seconds",
     )
+    parser.add_argument(
+        "--kubelet-client-ca", type=Path,
+        help="serve container logs to the API server (kubectl logs) to clients with a certificate of this CA",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=os.environ.get("RAILYARD_LOCAL_LOG", "INFO"),
@@ -145,6 +167,7 @@ def main(argv: list[str] | None = None) -> int:
             lease_interval=args.lease_interval,
             shared_host_paths=load_shared_host_paths(args.config),
             watch_inactivity_s=args.watch_inactivity,
+            kubelet_client_ca=args.kubelet_client_ca,
         )
     )
     if fatal is not None:

@@ -22,7 +22,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .kubeconfig import write_kubeconfig
-from .pki import ServiceAccountKeys, ServingCerts, ensure_certs, ensure_service_account_keys
+from .pki import (
+    ServiceAccountKeys,
+    ServingCerts,
+    ensure_certs,
+    ensure_service_account_keys,
+    issue_cert,
+)
 
 
 def assets_dir() -> Path | None:
@@ -64,12 +70,15 @@ class EnvtestCluster:
 
 
 def apiserver_args(*, etcd_url: str, port: int, cert_dir: Path, certs: ServingCerts, tokens: Path,
-                   sa_keys: ServiceAccountKeys) -> list[str]:
+                   sa_keys: ServiceAccountKeys, kubelet_client: tuple[Path, Path] | None = None) -> list[str]:
     """kube-apiserver's command line, as controller-runtime's envtest starts it: loopback only,
     our serving certificate, a static admin token, RBAC, service-account tokens signed with a
     dedicated RSA key. The ServiceAccount admission plugin is off: without a controller manager
-    no namespace gets its ``default`` ServiceAccount, and every pod would be refused."""
-    return [
+    no namespace gets its ``default`` ServiceAccount, and every pod would be refused.
+    ``kubelet_client`` (certificate, key): what it shows the node agent's kubelet endpoint when
+    it reads container logs (local/kubelet.py requires a certificate of our CA)."""
+    kubelet = [f"--kubelet-client-certificate={kubelet_client[0]}", f"--kubelet-client-key={kubelet_client[1]}"] if kubelet_client else []
+    return [*kubelet,
         f"--etcd-servers={etcd_url}", "--advertise-address=127.0.0.1", "--bind-address=127.0.0.1",
         f"--secure-port={port}", f"--cert-dir={cert_dir}",
         f"--tls-cert-file={certs.cert}", f"--tls-private-key-file={certs.key}",
@@ -104,10 +113,11 @@ def start_envtest(assets: Path, work_dir: Path, *, timeout_s: float = 90.0) -> E
     )
     procs.append(etcd)
     sa_keys = ensure_service_account_keys(work_dir / "pki")
+    kubelet_client = issue_cert(work_dir / "pki", "apiserver-kubelet-client", common_name="kube-apiserver-kubelet-client", client=True)
     apiserver = subprocess.Popen(
         [str(assets / "kube-apiserver"), *apiserver_args(
             etcd_url=f"http://127.0.0.1:{etcd_port}", port=api_port, cert_dir=work_dir / "certs", certs=certs,
-            tokens=tokens, sa_keys=sa_keys)],
+            tokens=tokens, sa_keys=sa_keys, kubelet_client=kubelet_client)],
         stdout=(logs / "kube-apiserver.log").open("wb"), stderr=subprocess.STDOUT,
     )
     procs.append(apiserver)

@@ -113,3 +113,42 @@ def ensure_service_account_keys(pki_dir: Path) -> ServiceAccountKeys:
     _write(keys.public_key, key.public_key().public_bytes(serialization.Encoding.PEM,
                                                           serialization.PublicFormat.SubjectPublicKeyInfo))
     return keys
+
+
+def issue_cert(pki_dir: Path, name: str, *, common_name: str, hosts: tuple[str, ...] = (), client: bool = False,
+               organization: str | None = None, out_dir: Path | None = None) -> tuple[Path, Path]:
+    """A certificate signed by the CA of ``pki_dir`` (made by :func:`ensure_certs`), written as
+    ``<name>.crt`` / ``<name>.key`` there (or in ``out_dir``) and returned as (cert, key): for
+    serving ``hosts``, or, with ``client``, for client authentication (kube-apiserver's kubelet
+    client certificate)."""
+    ca_cert = x509.load_pem_x509_certificate((pki_dir / "ca.crt").read_bytes())
+    ca_key = serialization.load_pem_private_key((pki_dir / "ca.key").read_bytes(), password=None)
+    assert isinstance(ca_key, ec.EllipticCurvePrivateKey)
+    now = datetime.datetime.now(datetime.UTC)
+    key = ec.generate_private_key(ec.SECP256R1())
+    attrs = [x509.NameAttribute(NameOID.COMMON_NAME, common_name)]
+    if organization:
+        attrs.append(x509.NameAttribute(NameOID.ORGANIZATION_NAME, organization))
+    builder = (
+        x509.CertificateBuilder().subject_name(x509.Name(attrs)).issuer_name(ca_cert.subject)
+        .public_key(key.public_key()).serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(hours=1)).not_valid_after(now + datetime.timedelta(days=3650))
+        .add_extension(x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.CLIENT_AUTH if client
+                                              else x509.oid.ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+    )
+    sans: list[x509.GeneralName] = []
+    for h in hosts:
+        try:
+            sans.append(x509.IPAddress(ipaddress.ip_address(h)))
+        except ValueError:
+            sans.append(x509.DNSName(h))
+    if sans:
+        builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
+    cert = builder.sign(ca_key, hashes.SHA256())
+    out = out_dir or pki_dir
+    out.mkdir(parents=True, exist_ok=True)
+    cert_path, key_path = out / f"{name}.crt", out / f"{name}.key"
+    _write(key_path, key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                       serialization.NoEncryption()), private=True)
+    _write(cert_path, cert.public_bytes(serialization.Encoding.PEM))
+    return cert_path, key_path

@@ -15,6 +15,9 @@ from typing import Any
 from aiohttp import web
 from multidict import CIMultiDict
 
+from railyard.local import podlogs
+from railyard.local.podlogs import LogOptionError, parse_log_options
+
 from . import discovery, fieldmanager, openapi, protobuf, table
 from .controllers import Controllers, namespace_children
 from .crd import register_crd_hook, restore_crds
@@ -633,50 +636,26 @@ class APIServer:
             container = containers[0]
         elif container not in containers + [c["name"] for c in pod["spec"].get("initContainers") or []]:
             raise bad_request(f"container {container} is not valid for pod {name}")
-        previous = q.get("previous") in ("1", "true")
-        path = self.log_provider(pod, container, previous)
-        follow = q.get("follow") in ("1", "true")
-        if path is None or not path.exists():
-            if previous:
-                raise bad_request(f'previous terminated container "{container}" in pod "{name}" not found')
-            if not follow:
-                return web.Response(body=b"", content_type="text/plain")
-        data = path.read_bytes() if path is not None and path.exists() else b""
-        if q.get("tailLines"):
-            n = int_param(request, "tailLines")
-            lines = data.splitlines(keepends=True)
-            data = b"".join(lines[-n:]) if n > 0 else b""
-        if q.get("limitBytes"):
-            data = data[: int_param(request, "limitBytes")]
-        if not follow:
-            return web.Response(body=data, content_type="text/plain")
-        resp = web.StreamResponse(headers={"Content-Type": "text/plain"})
-        resp.enable_chunked_encoding()
-        await resp.prepare(request)
-        await resp.write(data)
-        offset = path.stat().st_size if path is not None and path.exists() else 0
         try:
-            while not self._stopping.is_set():
-                await asyncio.sleep(0.2)
-                path = self.log_provider(pod, container, False)
-                if path is not None and path.exists():
-                    size = path.stat().st_size
-                    if size > offset:
-                        with path.open("rb") as f:
-                            f.seek(offset)
-                            chunk = f.read(size - offset)
-                        offset = size
-                        await resp.write(chunk)
-                        continue
-                cur = self.store.get("pods", ns, name)
-                if cur is None or cur.obj["metadata"].get("uid") != pod["metadata"].get("uid"):
-                    break
-                statuses = (cur.obj.get("status") or {}).get("containerStatuses") or []
-                if any(s.get("name") == container and "terminated" in (s.get("state") or {}) for s in statuses):
-                    break
-        except (ConnectionResetError, RuntimeError):
-            pass
-        return resp
+            opts = parse_log_options(q)
+        except LogOptionError as exc:
+            raise bad_request(str(exc)) from None
+        path = self.log_provider(pod, container, opts.previous)
+        if path is None or not path.exists():
+            if opts.previous:
+                raise bad_request(f'previous terminated container "{container}" in pod "{name}" not found')
+            if not opts.follow:
+                return web.Response(body=b"", content_type="text/plain")
+
+        def done() -> bool:
+            cur = self.store.get("pods", ns, name)
+            if cur is None or cur.obj["metadata"].get("uid") != pod["metadata"].get("uid"):
+                return True
+            statuses = (cur.obj.get("status") or {}).get("containerStatuses") or []
+            return any(s.get("name") == container and "terminated" in (s.get("state") or {}) for s in statuses)
+
+        return await podlogs.respond(request, path, opts, current=lambda: self.log_provider(pod, container, False),
+                                     done=done, stopping=self._stopping)
 
 
 async def serve(state_dir: Path | str, *, token: str, host: str = "127.0.0.1", port: int = 0,
