@@ -30,7 +30,7 @@ from typing import Any
 
 import aiohttp
 
-from railyard.local import podenv
+from railyard.local import podenv, podlogs
 from railyard.local.kube import ApiError, Informer, KubeClient, Obj, key_of, retry
 from railyard.local.nodes import NodeControl, now_iso
 from railyard.local.podenv import ContainerConfigError, PodContext
@@ -628,7 +628,7 @@ class Agent:
     def log_path(self, ns: str, name: str, container: str, previous: bool = False) -> Path:
         """The container's log (``previous``: of its run before the last restart), as the
         embedded API server's pods/log and the kubelet endpoint (kubelet.py) serve it."""
-        return self.log_dir / ns / name / f"{container}{'.previous' if previous else ''}.log"
+        return podlogs.log_file(self.log_dir, ns, name, container, previous)
 
     def cached_pod(self, key: str) -> Obj | None:
         """The pod ``namespace/name`` as the agent last saw it."""

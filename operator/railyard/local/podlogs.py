@@ -19,6 +19,12 @@ from aiohttp import web
 FOLLOW_POLL_S = 0.2
 
 
+def log_file(log_dir: Path, namespace: str, pod: str, container: str, previous: bool = False) -> Path:
+    """Where a container's log lives: ``<log_dir>/<ns>/<pod>/<container>.log`` (``.previous.log``:
+    its run before the last restart). The node agent writes there; both servers read there."""
+    return log_dir / namespace / pod / f"{container}{'.previous' if previous else ''}.log"
+
+
 class LogOptionError(ValueError):
     """A query parameter that is not what it should be (answered 400)."""
 

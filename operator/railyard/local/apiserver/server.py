@@ -83,8 +83,7 @@ def default_log_provider(state_dir: Path) -> LogProvider:
 
     def provider(pod: JSON, container: str, previous: bool) -> Path | None:
         meta = pod["metadata"]
-        suffix = ".previous.log" if previous else ".log"
-        return state_dir / "pods" / str(meta.get("namespace", "")) / str(meta["name"]) / f"{container}{suffix}"
+        return podlogs.log_file(state_dir / "pods", str(meta.get("namespace", "")), str(meta["name"]), container, previous)
 
     return provider
 
