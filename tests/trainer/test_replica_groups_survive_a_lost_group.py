@@ -145,11 +145,16 @@ def test_a_lost_replica_group_stops_only_itself_and_heals_from_a_live_peer(tmp_p
         procs.append(lh)
         lh.wait_for("its address", lambda p: bool(p.of("lighthouse")), [])
         address = str(lh.of("lighthouse")[0]["address"])
-        release = tmp_path / "release"
-        groups = [_group(tmp_path, 0, address, 0, hold=f"{HOLD_AT}:{release}"), _group(tmp_path, 1, address, 0, hold=f"{HOLD_AT}:{release}"),
+        start, release = tmp_path / "start", tmp_path / "release"
+        holds = f"1:{start},{HOLD_AT}:{release}"
+        groups = [_group(tmp_path, 0, address, 0, hold=holds), _group(tmp_path, 1, address, 0, hold=holds),
                   _group(tmp_path, 2, address, 0, crash_at=KILL_AT)]
         procs.extend(groups)
         g0, g1, g2 = groups
+        # groups 0 and 1 take their first step only once group 2's manager is up, so none can
+        # train far ahead before group 2 takes part (it must be in the quorum of step KILL_AT)
+        g2.wait_for("joining the quorum", lambda p: bool(p.of("replica_joining")), [g0, g1])
+        start.touch()
 
         # all three train together; group 2's process dies at the start of step KILL_AT, after
         # it joined that step's quorum, so the survivors' all-reduce of that step fails
@@ -164,7 +169,9 @@ def test_a_lost_replica_group_stops_only_itself_and_heals_from_a_live_peer(tmp_p
         g2.reader.join(timeout=10)
         assert g2.p.returncode != 0 and g2.of("fault"), g2.explain()
         killed_at = g2.last_step()
-        assert killed_at == KILL_AT - 1
+        # (a group may still heal a step or two at the start: the Lighthouse may form the very
+        # first quorum before it hears from every group; it then catches up from a peer)
+        assert killed_at == KILL_AT - 1 and all(e["to_step"] < KILL_AT - 1 for e in g2.of("replica_healed")), g2.explain()
 
         # the survivors keep stepping with two participants
         for p in (g0, g1):

@@ -413,15 +413,17 @@ class Trainer:
 
 
 def _test_hold(step: int) -> None:
-    """Test hook (``RAILYARD_TEST_HOLD=STEP:PATH``): before step STEP wait until PATH exists, so
-    a test can keep surviving replica groups from finishing before a replacement joins."""
-    hold = os.environ.get("RAILYARD_TEST_HOLD", "")
-    if not hold or int(hold.split(":", 1)[0]) != step:
-        return
-    path = Path(hold.split(":", 1)[1])
-    log_event("test_hold", step=step, path=str(path))
-    while not path.exists():
-        time.sleep(0.05)
+    """Test hook (``RAILYARD_TEST_HOLD=STEP:PATH[,STEP:PATH...]``): before step STEP wait until
+    PATH exists, so a test can line replica groups up (start together, or keep survivors from
+    finishing before a replacement joins) on conditions it observes, not on timing."""
+    for item in filter(None, os.environ.get("RAILYARD_TEST_HOLD", "").split(",")):
+        at, _, name = item.partition(":")
+        if int(at) != step:
+            continue
+        path = Path(name)
+        log_event("test_hold", step=step, path=str(path))
+        while not path.exists():
+            time.sleep(0.05)
 
 
 def _params_digest(parts: Sequence[torch.nn.Module]) -> str:
