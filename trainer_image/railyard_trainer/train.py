@@ -309,17 +309,19 @@ class Trainer:
             weight = share.count / self.cfg.trainer.batch_size
             self.replicas.reduce_gradients((p for part in self.parts for p in part.parameters()), weight)
         grad_norm = clip_grad_norm_(self.parts, self.cfg.trainer.grad_clip, pp_group=self.mesh["pp"].get_group() if self.dims.pp_enabled else None)
-        self.health.after_backward(self.ctx, loss, grad_norm)
         lr = self.lr_scheduler.get_last_lr()[0]
         global_loss = self._global_loss(loss)
         if share is not None:
             assert self.replicas is not None
             global_loss = self.replicas.reduce_scalar(torch.tensor(global_loss), weight)
+            # every rank of the group gets the same answer; the health checks then see only
+            # steps that will be applied (a failed step's gradients may be partial)
             if not self.replicas.commit():
                 self.optimizer.zero_grad()
                 log_event("step_not_committed", rank=self.env.rank, step=step, participants=share.participants)
                 return None
             self.data.advance(self.cfg.trainer.batch_size)
+        self.health.after_backward(self.ctx, loss, grad_norm)
         self.optimizer.step()
         self.lr_scheduler.step()
         self.optimizer.zero_grad()
