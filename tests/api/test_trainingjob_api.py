@@ -80,6 +80,8 @@ def test_data_parallel_is_derived_from_the_world_size() -> None:
         ({"trainer": {"dataset": {"type": "tokens"}}}, "spec.trainer.dataset.path"),
         ({"nodes": 2, "procsPerNode": 2, "parallelism": {"dataReplicas": 3}}, "spec.parallelism.dataReplicas"),
         ({"procsPerNode": 4, "gpusPerPod": 2}, "spec.gpusPerPod"),
+        ({"nodes": 2, "faultTolerance": {"mode": "ReplicaGroups"}}, "spec.faultTolerance.mode"),
+        ({"nodes": 2, "trainer": {"batchSize": 2}, "parallelism": {"dataReplicas": 2}, "faultTolerance": {"mode": "ReplicaGroups", "minReplicas": 3}}, "spec.faultTolerance.minReplicas"),
         ({"trainer": {"program": {"script": "t.py", "module": "pkg.t"}}}, "spec.trainer.program"),
         ({"trainer": {"program": {"args": ["--steps", "5"]}}}, "spec.trainer.program"),
     ],
@@ -91,7 +93,7 @@ def test_each_cross_field_rule_names_its_field(spec: dict[str, Any], field: str)
 
 def test_every_rule_is_exercised_above() -> None:
     # Keeps the table above honest when a rule is added.
-    assert len(SPEC_RULES) == 13
+    assert len(SPEC_RULES) == 15
 
 
 def test_a_program_is_not_held_to_the_bundled_trainers_batch_rule() -> None:
@@ -107,6 +109,8 @@ def test_a_program_is_not_held_to_the_bundled_trainers_batch_rule() -> None:
         {"topology": {"mode": "Required", "requiredLevel": "railyard.dev/spine"}},
         {"procsPerNode": 4, "gpusPerPod": 0, "trainer": {"batchSize": 4}},
         {"trainer": {"dataset": {"type": "files", "path": "/data"}}},
+        {"nodes": 4, "trainer": {"batchSize": 4}, "parallelism": {"dataReplicas": 4}, "faultTolerance": {"mode": "ReplicaGroups", "minReplicas": 2}},
+        {"nodes": 4, "trainer": {"batchSize": 4}, "parallelism": {"dataReplicas": 4}, "faultTolerance": {"mode": "ReplicaGroups"}},
     ],
 )
 def test_valid_shapes_pass(spec: dict[str, Any]) -> None:
@@ -188,3 +192,11 @@ def test_random_shapes_get_the_same_verdict(nodes: int, procs: int, tensor: int,
 def test_stdlib_operator_module_is_not_shadowed() -> None:
     out = subprocess.run([sys.executable, "-c", "import operator; operator.itemgetter; print(operator.__file__)"], capture_output=True, text=True, check=True, cwd=ROOT)
     assert "railyard" not in out.stdout and "/operator/" not in out.stdout.replace("/lib/python", "")
+
+
+def test_fault_tolerance_defaults_to_none_and_min_replicas_is_bounded() -> None:
+    spec = TrainingJobSpec.model_validate({})
+    assert (spec.fault_tolerance.mode, spec.fault_tolerance.min_replicas) == ("None", 1)
+    problems = validate_manifest(make_job(faultTolerance={"mode": "Replicas", "minReplicas": 0}))
+    assert {p.path for p in problems} == {"spec.faultTolerance.minReplicas", "spec.faultTolerance.mode"}, problems
+

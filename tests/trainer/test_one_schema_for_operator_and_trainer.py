@@ -25,6 +25,7 @@ PAIRS: list[tuple[type[BaseModel], type]] = [
     (api.FaultSpec, proto.FaultSpec),
     (api.Parallelism, proto.Parallelism),
     (api.Health, proto.Health),
+    (api.FaultTolerance, proto.FaultTolerance),
     (api.StragglerPolicy, proto.StragglerPolicy),
     (api.SdcPolicy, proto.SdcPolicy),
     (api.Checkpoint, proto.Checkpoint),
@@ -142,3 +143,13 @@ def test_the_trainer_side_rules_agree_with_the_crd_rules(trainer: dict[str, Any]
     cel = {p.path.removeprefix("spec.") for p in check_spec_rules({"trainer": trainer}) if p.path.startswith("spec.trainer")}
     ours = {p.split(":")[0] for p in proto.trainer_rule_problems(proto.parse(proto.TrainerSettings, trainer))}
     assert ours == cel
+
+
+def test_fault_tolerance_travels_to_the_trainer_and_makes_each_group_its_own_world() -> None:
+    spec = api.TrainingJobSpec.model_validate({"nodes": 6, "trainer": {"batchSize": 6}, "parallelism": {"dataReplicas": 3}, "faultTolerance": {"mode": "ReplicaGroups", "minReplicas": 2}})
+    cfg = TrainerConfig.from_dict(build_trainer_config(spec, job="j", namespace="n", attempt=0))
+    assert (cfg.fault_tolerance.mode, cfg.fault_tolerance.min_replicas) == ("ReplicaGroups", 2)
+    world = proto.world_parallelism(cfg.parallelism, cfg.fault_tolerance)
+    assert (world.data, world.data_replicas) == (2, 1)  # one group: 6 / 3 data-parallel ranks
+    plain = proto.world_parallelism(cfg.parallelism, proto.FaultTolerance())
+    assert (plain.data, plain.data_replicas) == (6, 3)

@@ -1,7 +1,7 @@
 """The trainer's configuration, parsed from the operator's ``config.json`` (torch-free).
 
 The operator writes ``config.json`` from the TrainingJob spec (camelCase keys, as in the CRD).
-The sections ``trainer``, ``parallelism`` and ``health`` are read with the schema both sides
+The sections ``trainer``, ``parallelism``, ``health`` and ``faultTolerance`` are read with the schema both sides
 share, :mod:`railyard.protocol.trainerconfig`: the same fields, defaults, bounds and choices as
 the CRD's pydantic models (a test proves it), so there is no second set of defaults here.
 ``checkpoint`` is handed to :mod:`railyard_trainer.checkpoint.settings`, which takes its tier
@@ -21,6 +21,7 @@ from railyard.protocol.trainerconfig import (
     DATASET_TYPES,
     Dataset,
     FaultSpec,
+    FaultTolerance,
     Health,
     Parallelism,
     TrainerSettings,
@@ -45,6 +46,7 @@ __all__ = [
     "ConfigError",
     "DatasetConfig",
     "FaultSpec",
+    "FaultTolerance",
     "Health",
     "ParallelismConfig",
     "TrainerConfig",
@@ -61,7 +63,7 @@ class ConfigError(ValueError):
         self.problems = problems
 
 
-_TOP_LEVEL = ("job", "namespace", "attempt", "trainer", "parallelism", "checkpoint", "health", "restore")
+_TOP_LEVEL = ("job", "namespace", "attempt", "trainer", "parallelism", "checkpoint", "health", "faultTolerance", "restore")
 
 
 @dataclass(frozen=True)
@@ -74,6 +76,8 @@ class TrainerConfig:
     #: Read by railyard_trainer.checkpoint (tier objects, or the plain form {path, intervalSteps}).
     checkpoint: dict[str, Any] = field(default_factory=dict)
     health: Health = field(default_factory=Health)
+    #: Replica-group fault tolerance (railyard_trainer.replicas).
+    fault_tolerance: FaultTolerance = field(default_factory=FaultTolerance)
     #: Operator hint {"tier", "step"}; None: the checkpointer picks the newest verified one.
     restore: dict[str, Any] | None = None
 
@@ -90,6 +94,7 @@ class TrainerConfig:
             "parallelism": to_wire(self.parallelism),
             "checkpoint": dict(self.checkpoint),
             "health": to_wire(self.health),
+            "faultTolerance": to_wire(self.fault_tolerance),
             "restore": None if self.restore is None else dict(self.restore),
         }
 
@@ -122,6 +127,9 @@ def _parse(raw: Any) -> TrainerConfig:
     trainer = parse(TrainerSettings, raw.get("trainer"), where="trainer", problems=problems)
     parallelism = parse(Parallelism, raw.get("parallelism"), where="parallelism", problems=problems)
     health = parse(Health, raw.get("health"), where="health", problems=problems)
+    fault_tolerance = parse(FaultTolerance, raw.get("faultTolerance"), where="faultTolerance", problems=problems)
+    if fault_tolerance.mode == "ReplicaGroups" and fault_tolerance.min_replicas > parallelism.data_replicas:
+        problems.append(f"faultTolerance.minReplicas: {fault_tolerance.min_replicas} is more than parallelism.dataReplicas ({parallelism.data_replicas}); set it between 1 and the number of replica groups")
     # A field that is itself invalid already has its problem; its rule would only repeat it.
     invalid = {p.split(":")[0] for p in problems}
     problems.extend(p for p in trainer_rule_problems(trainer) if p.split(":")[0] not in invalid)
@@ -149,5 +157,5 @@ def _parse(raw: Any) -> TrainerConfig:
         raise ConfigError(problems)
     return TrainerConfig(
         job=job, namespace=namespace, attempt=attempt, trainer=trainer, parallelism=parallelism,
-        checkpoint=checkpoint, health=health, restore=restore,
+        checkpoint=checkpoint, health=health, fault_tolerance=fault_tolerance, restore=restore,
     )

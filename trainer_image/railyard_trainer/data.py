@@ -182,19 +182,33 @@ class ShardedBatches:
         self.local_batch = batch_size // dp_size
         self.seq_len = seq_len
         self.dp_rank = dp_rank
+        self.dp_size = dp_size
         self.device = device
         #: Global samples consumed so far (the position saved in checkpoints).
         self.consumed = 0
 
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(inputs, labels), each (local_batch, seq_len) int64, labels shifted by one."""
-        first = self.consumed + self.dp_rank * self.local_batch
+        out = self._rows(self.consumed + self.dp_rank * self.local_batch, self.local_batch)
+        self.consumed += self.batch_size
+        return out
+
+    def share_batch(self, first: int, count: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """This rank's rows of a replica group's share ``[first, first + count)`` of the global
+        batch (railyard_trainer.replicas): the ``dp_rank``-th of ``dp_size`` contiguous slices.
+        The position moves only when the step commits (:meth:`advance`)."""
+        per_rank = count // self.dp_size
+        return self._rows(first + self.dp_rank * per_rank, per_rank)
+
+    def advance(self, samples: int) -> None:
+        self.consumed += samples
+
+    def _rows(self, first: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
         many = getattr(self.source, "samples", None)
         if callable(many):
-            rows = many(first, self.local_batch, self.seq_len + 1)
+            rows = many(first, n, self.seq_len + 1)
         else:
-            rows = np.stack([self.source.sample(first + j, self.seq_len + 1) for j in range(self.local_batch)])
-        self.consumed += self.batch_size
+            rows = np.stack([self.source.sample(first + j, self.seq_len + 1) for j in range(n)])
         t = torch.from_numpy(rows).to(self.device)
         return t[:, :-1].contiguous(), t[:, 1:].contiguous()
 

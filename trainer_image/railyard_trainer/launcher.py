@@ -40,7 +40,7 @@ from types import FrameType
 from railyard.protocol.envexpand import expand
 from railyard.protocol.exitcodes import ExitCode, classify_exit_code
 from railyard.protocol.ranktable import PodEntry, RankEntry, RankTable, RankTableError
-from railyard.protocol.trainerconfig import Program
+from railyard.protocol.trainerconfig import Program, world_parallelism
 from railyard_trainer.config import ConfigError, DatasetConfig, TrainerConfig, load_config
 from railyard_trainer.events import log_event
 from railyard_trainer.parallel_dims import ParallelDims
@@ -181,7 +181,7 @@ def _dataset_from_flag(path: str) -> DatasetConfig:
 
 
 def single_node_table(cfg: TrainerConfig, nproc: int, *, node: str, master_port: int) -> RankTable:
-    p = cfg.parallelism
+    p = world_parallelism(cfg.parallelism, cfg.fault_tolerance)
     dims = ParallelDims(pp=p.pipeline, dp=p.data or -1, tp=p.tensor, world_size=nproc, procs_per_node=nproc, dp_replicas=p.data_replicas)
     ranks = tuple(RankEntry(rank=r, node=node, pod_index=0, local_rank=r, rail=r, pp=c[0], dp=c[1], tp=c[2]) for r in range(nproc) for c in [dims.coordinates(r)])
     table = RankTable(job=cfg.job, attempt=cfg.attempt, pp=dims.pp, dp=dims.dp, tp=dims.tp, procs_per_node=nproc, pods=(PodEntry(0, node, "127.0.0.1"),), ranks=ranks, master_addr="127.0.0.1", master_port=master_port)
@@ -274,7 +274,7 @@ def plan_launch(args: argparse.Namespace, env: Mapping[str, str]) -> LaunchPlan:
         pod_index = pod
         # The rank table is authoritative; a config that names other (non-default) sizes is
         # refused rather than silently overridden.
-        p = cfg.parallelism
+        p = world_parallelism(cfg.parallelism, cfg.fault_tolerance)
         problems = [
             f"parallelism.{name}: config says {want} but the rank table has {have}"
             for name, want, have, default in (("tensor", p.tensor, table.tp, 1), ("pipeline", p.pipeline, table.pp, 1), ("data", p.data or -1, table.dp, -1))
@@ -444,7 +444,7 @@ def supervise(plan: LaunchPlan, *, fail_grace_s: float, kill_grace_s: float) -> 
 
 
 def _subcommand(name: str, argv: Sequence[str]) -> int:
-    """``railyard-train prepare|tokenizer|export ...`` (each imports only what it needs)."""
+    """``railyard-train prepare|tokenizer|export|lighthouse ...`` (each imports only what it needs)."""
     if name == "prepare":
         from railyard_trainer.prepare import main as prepare_main
 
@@ -453,12 +453,16 @@ def _subcommand(name: str, argv: Sequence[str]) -> int:
         from railyard_trainer.prepare import tokenizer_main
 
         return tokenizer_main(argv)
+    if name == "lighthouse":
+        from railyard_trainer.replicas import lighthouse_main
+
+        return lighthouse_main(argv)
     from railyard_trainer.export import main as export_main
 
     return export_main(argv)
 
 
-SUBCOMMANDS = ("prepare", "tokenizer", "export")
+SUBCOMMANDS = ("prepare", "tokenizer", "export", "lighthouse")
 
 
 def launch(argv: Sequence[str] | None = None) -> int:

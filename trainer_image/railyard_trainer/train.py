@@ -17,6 +17,7 @@ forward+backward waits for the slowest peer inside the all-gathers, so forward+b
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import resource
@@ -25,12 +26,13 @@ from collections.abc import Sequence
 from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 
 import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
+from railyard.protocol.trainerconfig import world_parallelism
 from railyard_trainer import hooks, sdk
 from railyard_trainer.config import ConfigError, TrainerConfig
 from railyard_trainer.data import ShardedBatches, build_source, model_vocab_size
@@ -41,8 +43,15 @@ from railyard_trainer.model_args import PRESETS
 from railyard_trainer.parallel_dims import ParallelDims
 from railyard_trainer.parallelize import clean_fqn, parallelize_llama, param_dtype_for
 from railyard_trainer.pipeline import STAGES_PER_RANK, build_pipeline, check_microbatches
+from railyard_trainer.replicas import (
+    HealState,
+    ReplicaGroup,
+    Share,
+    group_from_env,
+    replica_problems,
+)
 from railyard_trainer.speed_probe import SpeedProbe
-from railyard_trainer.train_state import Optimizers, WarmupCosine
+from railyard_trainer.train_state import ModelState, Optimizers, WarmupCosine
 from railyard_trainer.watchdog import Watchdog
 from railyard_trainer.worker_env import WorkerEnv
 
@@ -110,13 +119,18 @@ class Trainer:
     def __init__(self, cfg: TrainerConfig, env: WorkerEnv) -> None:
         self.cfg, self.env = cfg, env
         t = cfg.trainer
-        self.dims = ParallelDims(pp=env.mesh_shape[0], dp=env.mesh_shape[1], tp=env.mesh_shape[2], world_size=env.world_size, procs_per_node=env.procs_per_node, dp_replicas=cfg.parallelism.data_replicas)
+        # with faultTolerance ReplicaGroups this world is one replica group (replicas.py)
+        world = world_parallelism(cfg.parallelism, cfg.fault_tolerance)
+        self.dims = ParallelDims(pp=env.mesh_shape[0], dp=env.mesh_shape[1], tp=env.mesh_shape[2], world_size=env.world_size, procs_per_node=env.procs_per_node, dp_replicas=world.data_replicas)
         preset = PRESETS[t.preset]
         args = replace(preset, vocab_size=model_vocab_size(t.dataset, preset_vocab=preset.vocab_size, fixed=t.vocab_size))
         stages = self.dims.pp * STAGES_PER_RANK[cfg.parallelism.pipeline_schedule] if self.dims.pp_enabled else 1
         problems = args.problems(tp=self.dims.tp, stages=stages)
         if t.batch_size % self.dims.dp:
             problems.append(f"trainer.batchSize: {t.batch_size} is not divisible by the data-parallel size {self.dims.dp}")
+        ft = cfg.fault_tolerance
+        if ft.mode == "ReplicaGroups":
+            problems.extend(replica_problems(batch_size=t.batch_size, group_dp=self.dims.dp, data_replicas=cfg.parallelism.data_replicas, min_replicas=ft.min_replicas))
         if problems:
             raise ConfigError(problems)
         self.microbatches = check_microbatches(cfg.parallelism.pipeline_schedule, self.dims.pp, cfg.parallelism.microbatches or 0, t.batch_size // self.dims.dp) if self.dims.pp_enabled else 1
@@ -179,24 +193,63 @@ class Trainer:
         self.watchdog: Watchdog = self.session.watchdog
         self.log_all_ranks = os.environ.get("RAILYARD_LOG_ALL_RANKS") == "1"
         self.dump_grads_dir = os.environ.get("RAILYARD_DUMP_GRADS", "")
+        self.replicas = self._build_replicas() if ft.mode == "ReplicaGroups" else None
+        #: ReplicaGroups: the share of the first step, from the quorum joined before restoring.
+        self._joined: Share | None = None
+
+    def _build_replicas(self) -> ReplicaGroup:
+        group, lighthouse = group_from_env()
+        state = HealState(
+            parts={"model": ModelState(self.parts), "optimizer": self.optimizer, "lr_scheduler": self.lr_scheduler, "data": self.data},
+            get_position=lambda: {"step": self.ctx.step},
+            set_position=lambda pos: setattr(self.ctx, "step", int(pos["step"])),
+        )
+        return ReplicaGroup(
+            group=group, data_replicas=self.cfg.parallelism.data_replicas, min_replicas=self.cfg.fault_tolerance.min_replicas,
+            group_rank=self.env.rank, group_world=self.env.world_size, lighthouse=lighthouse, job=self.cfg.job,
+            timeout_s=self.cfg.trainer.collective_timeout_seconds, state=state, device=self.device,
+            store_addr=os.environ["MASTER_ADDR"], store_port=int(os.environ["MASTER_PORT"]),
+        )
+
+    def _start_replica_step(self) -> Share:
+        assert self.replicas is not None
+        return self.replicas.start_step(consumed_of=lambda: self.data.consumed, batch_size=self.cfg.trainer.batch_size, unit=self.dims.dp)
 
     def train(self) -> None:
         t = self.cfg.trainer
-        restored = self.checkpointer.restore(self.ctx)  # logged and reported by the SDK
+        if self.replicas is not None:
+            # Join the quorum first: a group that starts while live peers are ahead heals from
+            # them and never reads a checkpoint tier; when nobody is ahead (the job starts or
+            # restarts whole) the tiers restore as always and the quorum takes their step.
+            self._joined = self._start_replica_step()
+        if self.replicas is not None and self.replicas.heals:
+            restored = None
+        else:
+            restored = self.checkpointer.restore(self.ctx)  # logged and reported by the SDK
+            if self.replicas is not None and self.ctx.step:
+                self.replicas.set_step(self.ctx.step)
+                self._joined = None  # the data position moved: take the share again
         self.ctx.extra["restore"] = restored
         self.health.preflight(self.ctx)
         self.session.expect_progress(first_step_factor=5.0)
         while self.ctx.step < t.steps:
             self.run_step()
         self.watchdog.stop()
-        log_event("done", rank=self.env.rank, step=self.ctx.step)
+        extra: dict[str, Any] = {}
+        if self.replicas is not None:
+            # replica groups must end on identical weights (tests compare them)
+            extra.update(group=self.replicas.group, heals=self.replicas.heals, params_sha256=_params_digest(self.parts))
+        log_event("done", rank=self.env.rank, step=self.ctx.step, **extra)
 
     def run_step(self) -> hooks.StepMetrics:
         """One step with its checks and checkpoint. Before a checkpoint the health package
         verifies the state it would hold (its collective checks run at that very step), so a
         checkpoint is marked clean only when checks covering its step ran and passed."""
-        self.ctx.step += 1
-        metrics = self.train_step(self.ctx.step)
+        if self.replicas is None:
+            self.ctx.step += 1
+            metrics = self.train_step(self.ctx.step)
+        else:
+            metrics = self._replica_step()
         self.health.after_step(self.ctx, metrics)
         self.session.report_step(
             metrics.step, loss=metrics.loss, step_time_s=metrics.step_time_s, compute_s=metrics.compute_s,
@@ -207,6 +260,18 @@ class Trainer:
         self.checkpointer.maybe_save(self.ctx, checks_passed=self.health.checks_passed())
         return metrics
 
+    def _replica_step(self) -> hooks.StepMetrics:
+        """One committed step of a replica group: a step that does not commit (a peer group died
+        during it) is retried with the same global batch under the new quorum."""
+        _test_hold(self.ctx.step + 1)
+        while True:
+            share = self._joined or self._start_replica_step()  # may heal: ctx.step and data move
+            self._joined = None
+            metrics = self.train_step(self.ctx.step + 1, share=share)
+            if metrics is not None:
+                self.ctx.step = metrics.step
+                return metrics
+
     def replay_step(self) -> tuple[float, float]:
         """Forward+backward of this step's batch again (all ranks together): (loss, grad norm),
         the norm computed exactly as the step's own (all stages, no clipping)."""
@@ -216,10 +281,16 @@ class Trainer:
         norm = clip_grad_norm_(self.parts, 0.0, pp_group=self.mesh["pp"].get_group() if self.dims.pp_enabled else None)
         return float(loss), float(norm)
 
-    def train_step(self, step: int) -> hooks.StepMetrics:
+    @overload
+    def train_step(self, step: int) -> hooks.StepMetrics: ...
+    @overload
+    def train_step(self, step: int, *, share: Share) -> hooks.StepMetrics | None: ...
+
+    def train_step(self, step: int, *, share: Share | None = None) -> hooks.StepMetrics | None:
+        """One step; with a replica group's ``share``, None when the step did not commit."""
         start = time.perf_counter()
         self.faults.before_step(step)
-        inputs, labels = self.data.next_batch()
+        inputs, labels = self.data.next_batch() if share is None else self.data.share_batch(share.first, share.count)
         self.ctx.extra["batch"] = (inputs, labels)
         self._sync()
         t0 = time.perf_counter()
@@ -233,21 +304,39 @@ class Trainer:
         if self.dump_grads_dir and step == 1:
             self._dump_grads(Path(self.dump_grads_dir))
         self.faults.maybe_flip(step, "grad", self.parts)
+        weight = 0.0
+        if share is not None:
+            assert self.replicas is not None
+            # the global batch's mean gradient: each group's mean weighted by its share
+            weight = share.count / self.cfg.trainer.batch_size
+            self.replicas.reduce_gradients((p for part in self.parts for p in part.parameters()), weight)
         grad_norm = clip_grad_norm_(self.parts, self.cfg.trainer.grad_clip, pp_group=self.mesh["pp"].get_group() if self.dims.pp_enabled else None)
-        self.health.after_backward(self.ctx, loss, grad_norm)
         lr = self.lr_scheduler.get_last_lr()[0]
+        global_loss = self._global_loss(loss)
+        if share is not None:
+            assert self.replicas is not None
+            global_loss = self.replicas.reduce_scalar(torch.tensor(global_loss), weight)
+            # every rank of the group gets the same answer; the health checks then see only
+            # steps that will be applied (a failed step's gradients may be partial)
+            if not self.replicas.commit():
+                self.optimizer.zero_grad()
+                log_event("step_not_committed", rank=self.env.rank, step=step, participants=share.participants)
+                return None
+            self.data.advance(self.cfg.trainer.batch_size)
+        self.health.after_backward(self.ctx, loss, grad_norm)
         self.optimizer.step()
         self.lr_scheduler.step()
         self.optimizer.zero_grad()
         self.faults.maybe_flip(step, "param", self.parts)
-        global_loss = self._global_loss(loss)
         step_time = time.perf_counter() - start
         tokens_per_s = self.cfg.trainer.batch_size * self.cfg.trainer.seq_len / step_time
         metrics = hooks.StepMetrics(step=step, loss=global_loss, grad_norm=float(grad_norm), step_time_s=step_time, compute_s=compute_s, tokens_per_s=tokens_per_s, lr=lr, memory_bytes=self._memory_bytes())
         if (self.env.rank == 0 or self.log_all_ranks) and (step % self.cfg.trainer.log_every_steps == 0 or step == self.cfg.trainer.steps):
-            extra = {}
+            extra: dict[str, Any] = {}
             if self.peak_flops:
                 extra["mfu"] = round(tokens_per_s / self.env.world_size * self.flops_per_token / self.peak_flops, 4)
+            if share is not None:
+                extra.update(group=self.replicas.group if self.replicas else None, samples=[share.first, share.first + share.count], participants=share.participants)
             log_event("step", rank=self.env.rank, step=step, loss=global_loss, grad_norm=metrics.grad_norm, lr=lr, step_time_s=round(step_time, 5), fwd_bwd_s=round(fwd_bwd_s, 5), compute_s=round(compute_s, 5), tokens_per_s=round(tokens_per_s, 1), memory_bytes=metrics.memory_bytes, **extra)
         return metrics
 
@@ -320,9 +409,36 @@ class Trainer:
         self.checkpointer.close()
         self.health.close()
         self.session.close()
+        if self.replicas is not None:
+            self.replicas.close()
         # Nobody leaves while a peer may still talk to the store rank 0 hosts.
         dist.barrier()
         dist.destroy_process_group()
+
+
+def _test_hold(step: int) -> None:
+    """Test hook (``RAILYARD_TEST_HOLD=STEP:PATH[,STEP:PATH...]``): before step STEP wait until
+    PATH exists, so a test can line replica groups up (start together, or keep survivors from
+    finishing before a replacement joins) on conditions it observes, not on timing."""
+    for item in filter(None, os.environ.get("RAILYARD_TEST_HOLD", "").split(",")):
+        at, _, name = item.partition(":")
+        if int(at) != step:
+            continue
+        path = Path(name)
+        log_event("test_hold", step=step, path=str(path))
+        while not path.exists():
+            time.sleep(0.05)
+
+
+def _params_digest(parts: Sequence[torch.nn.Module]) -> str:
+    """sha256 of this rank's parameter shards, bit for bit."""
+    h = hashlib.sha256()
+    for part in parts:
+        for name, p in part.named_parameters():
+            local = p.to_local() if isinstance(p, DTensor) else p
+            h.update(name.encode())
+            h.update(local.detach().float().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()
 
 
 def seed_rank_rng(seed: int, rank: int) -> None:

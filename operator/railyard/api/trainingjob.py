@@ -160,6 +160,17 @@ class Parallelism(_Model):
     ] = None
 
 
+class FaultTolerance(_Model):
+    mode: Annotated[
+        Literal["None", "ReplicaGroups"],
+        Field(description="None: a lost rank stops the whole gang, which restarts (in place or from a checkpoint tier). ReplicaGroups (needs parallelism.dataReplicas > 1): each HSDP replica group is its own torch.distributed world and the cross-replica gradient all-reduce is fault tolerant (torchft): a lost group stops only itself, the others keep training, and the group that replaces it heals from a live peer. See docs/fault-tolerance.md."),
+    ] = "None"
+    min_replicas: Annotated[
+        int,
+        Field(ge=1, le=4096, description="ReplicaGroups: the fewest replica groups that may commit a step (1 to parallelism.dataReplicas). With fewer live groups the survivors wait (no step commits) until enough groups rejoin; losing more than dataReplicas - minReplicas groups at once is the checkpoint tiers' case."),
+    ] = 1
+
+
 # --------------------------------------------------------------------------- trainer
 
 
@@ -434,6 +445,18 @@ SPEC_RULES: list[dict[str, str]] = [
         "reason": "FieldValueInvalid",
     },
     {
+        "rule": "self.faultTolerance.mode == 'None' || self.parallelism.dataReplicas > 1",
+        "message": "faultTolerance.mode ReplicaGroups needs parallelism.dataReplicas > 1: the replica groups are the units that fail alone. Set dataReplicas (HSDP) or use mode None.",
+        "fieldPath": ".faultTolerance.mode",
+        "reason": "FieldValueInvalid",
+    },
+    {
+        "rule": "self.faultTolerance.minReplicas <= self.parallelism.dataReplicas",
+        "message": "faultTolerance.minReplicas must be at most parallelism.dataReplicas (the number of replica groups).",
+        "fieldPath": ".faultTolerance.minReplicas",
+        "reason": "FieldValueInvalid",
+    },
+    {
         "rule": "self.trainer.dataset.type == 'synthetic' || has(self.trainer.dataset.path)",
         "message": "trainer.dataset.path is required when trainer.dataset.type is files or tokens.",
         "fieldPath": ".trainer.dataset.path",
@@ -464,6 +487,7 @@ class TrainingJobSpec(_Model):
     tolerations: Annotated[list[Toleration], Field(max_length=32, description="Tolerations for the gang's pods (placement honours them too).")] = []
     service_account_name: Annotated[DnsSubdomain | None, Field(description="ServiceAccount of the pods (default: the namespace's default, with no token mounted).")] = None
     parallelism: Annotated[Parallelism, Field(description="How the world is split: pipeline x data x tensor.")] = Parallelism()
+    fault_tolerance: Annotated[FaultTolerance, Field(description="Train through failures: with HSDP, a lost replica group stops only itself (mode ReplicaGroups).")] = FaultTolerance()
     trainer: Annotated[TrainerSettings, Field(description="Model and training settings of the bundled trainer, or your own program (trainer.program).")] = TrainerSettings()
     topology: Annotated[Topology, Field(description="Network topology used for rail-aware placement.")] = Topology()
     gang: Annotated[Gang, Field(description="Gang scheduling.")] = Gang()

@@ -209,6 +209,7 @@ def build_trainer_config(
         },
         "checkpoint": spec.checkpoint.model_dump(by_alias=True, exclude_none=True, mode="json"),
         "health": spec.health.model_dump(by_alias=True, exclude_none=True, mode="json"),
+        "faultTolerance": spec.fault_tolerance.model_dump(by_alias=True, exclude_none=True, mode="json"),
         "restore": None if restore is None else dict(restore),
     }
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 import types
 from collections.abc import Mapping
-from dataclasses import MISSING, dataclass, field, fields, is_dataclass
+from dataclasses import MISSING, dataclass, field, fields, is_dataclass, replace
 from typing import Any, Literal, TypeVar, Union, get_args, get_origin, get_type_hints
 
 T = TypeVar("T")
@@ -118,6 +118,29 @@ class Parallelism:
     pipeline_schedule: Literal["GPipe", "1F1B", "Interleaved1F1B"] = "1F1B"
     #: None: one microbatch per pipeline rank.
     microbatches: int | None = _c(None, ge=1, le=4096)
+
+
+# --------------------------------------------------------------------------- fault tolerance
+
+
+@dataclass(frozen=True)
+class FaultTolerance:
+    """ReplicaGroups: each HSDP replica group is its own world and the cross-replica gradient
+    all-reduce goes through torchft (railyard_trainer/replicas.py, docs/fault-tolerance.md)."""
+
+    mode: Literal["None", "ReplicaGroups"] = "None"
+    #: The fewest replica groups that may commit a step.
+    min_replicas: int = _c(1, ge=1, le=4096)
+
+
+
+def world_parallelism(p: Parallelism, ft: FaultTolerance) -> Parallelism:
+    """The parallelism of one torch.distributed world: the job's, or with ReplicaGroups one
+    replica group's (a world of its own: data / dataReplicas data-parallel ranks, no replicas
+    inside; the groups meet through torchft)."""
+    if ft.mode != "ReplicaGroups":
+        return p
+    return replace(p, data=None if p.data is None else p.data // p.data_replicas, data_replicas=1)
 
 
 # --------------------------------------------------------------------------- health
@@ -388,6 +411,7 @@ __all__ = [
     "Checkpoint",
     "Dataset",
     "FaultSpec",
+    "FaultTolerance",
     "Health",
     "LocalTier",
     "MemoryTier",
@@ -403,4 +427,5 @@ __all__ = [
     "to_wire",
     "trainer_rule_problems",
     "wire_name",
+    "world_parallelism",
 ]

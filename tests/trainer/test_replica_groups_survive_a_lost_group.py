@@ -1,0 +1,258 @@
+"""faultTolerance.mode ReplicaGroups (railyard_trainer/replicas.py, docs/fault-tolerance.md).
+
+A Lighthouse and replica groups (three of one process; two of two processes, FSDP inside each),
+each its own launcher and torch.distributed world (gloo, CPU, the tiny preset). A process of the
+last group dies in the middle of a step: the other groups keep stepping without it (same
+processes, steps never going back; the step it died in does not commit and is trained again).
+The lost group is started again: it heals from a live peer (and reads none of its own
+checkpoints, which it left on disk), rejoins, and every group ends at the last step with
+bit-identical parameters. Across the membership changes every global sample was trained
+exactly once.
+
+Every wait is on an observable condition (an event in a group's output), bounded only to catch
+hangs; the survivors are held before a late step until the replacement has asked to join, so
+they cannot finish before it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from railyard_trainer.replicas import plan_share
+
+from .launch import BASE_TRAINER, launcher_env
+
+pytestmark = [pytest.mark.torch, pytest.mark.slow]
+
+STEPS = 40
+HOLD_AT = 30
+KILL_AT = 6
+#: Upper bound for any one wait: catches hangs only.
+WAIT_S = 120.0
+
+
+@pytest.mark.parametrize(
+    ("batch", "unit", "participants"),
+    [(6, 1, 3), (6, 1, 2), (7, 1, 3), (8, 2, 3), (12, 3, 2), (5, 1, 1), (4, 1, 3)],
+)
+def test_shares_tile_the_global_batch(batch: int, unit: int, participants: int) -> None:
+    shares = [plan_share(consumed=100, batch_size=batch, unit=unit, rank=r, participants=participants) for r in range(participants)]
+    covered = [g for s in shares for g in range(s.first, s.first + s.count)]
+    assert covered == list(range(100, 100 + batch))  # in order, each once
+    assert all(s.count % unit == 0 for s in shares)
+    assert max(s.count for s in shares) - min(s.count for s in shares) <= unit
+
+
+class Proc:
+    """A process whose JSON-lines stdout is collected by a thread, for waiting on events."""
+
+    def __init__(self, name: str, cmd: list[str], env: dict[str, str], cwd: Path) -> None:
+        self.name = name
+        self.events: list[dict[str, Any]] = []
+        self.lock = threading.Lock()
+        self.err_path = cwd / f"{name}.err"
+        self.p = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=self.err_path.open("w"),
+                                  text=True, start_new_session=True)
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        assert self.p.stdout is not None
+        out = self.err_path.with_suffix(".out").open("w")  # kept for a failure's post-mortem
+        for line in self.p.stdout:
+            out.write(line)
+            out.flush()
+            if line.startswith("{"):
+                try:
+                    e = json.loads(line)
+                except ValueError:
+                    continue
+                with self.lock:
+                    self.events.append(e)
+
+    def of(self, event: str) -> list[dict[str, Any]]:
+        with self.lock:
+            return [e for e in self.events if e.get("event") == event]
+
+    def wait_for(self, what: str, cond: Callable[[Proc], bool], others: list[Proc]) -> None:
+        deadline = time.monotonic() + WAIT_S
+        while not cond(self):
+            for p in [self, *others]:
+                if p.p.poll() is not None:
+                    pytest.fail(f"{p.name} exited {p.p.returncode} while waiting for {self.name}: {what}\n{p.explain()}")
+            if time.monotonic() > deadline:
+                pytest.fail(f"timed out waiting for {self.name}: {what}\n{self.explain()}")
+            time.sleep(0.05)
+
+    def last_step(self) -> int:
+        steps = self.of("step")
+        return int(steps[-1]["step"]) if steps else 0
+
+    def stop(self) -> None:
+        if self.p.poll() is None:
+            os.killpg(self.p.pid, signal.SIGTERM)
+            try:
+                self.p.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.p.pid, signal.SIGKILL)
+                self.p.wait(timeout=20)
+        self.reader.join(timeout=10)
+
+    def explain(self) -> str:
+        with self.lock:
+            tail = "\n".join(json.dumps(e) for e in self.events[-15:])
+        err = self.err_path.read_text()[-3000:] if self.err_path.exists() else ""
+        return f"--- {self.name} events\n{tail}\n--- {self.name} stderr\n{err}"
+
+
+@dataclass(frozen=True)
+class Shape:
+    groups: int
+    procs: int  # per group: FSDP over this many ranks inside the group's own world
+    batch: int
+    crash_rank: int  # which rank of the lost group dies
+
+
+SHAPES = [Shape(groups=3, procs=1, batch=6, crash_rank=0), Shape(groups=2, procs=2, batch=8, crash_rank=1)]
+
+
+def _group(tmp: Path, shape: Shape, g: int, lighthouse: str, incarnation: int, *, hold: str | None = None, crash_at: int | None = None) -> Proc:
+    work = tmp / f"group-{g}"
+    work.mkdir(exist_ok=True)
+    cfg = {
+        "job": "ft",
+        "trainer": {**BASE_TRAINER, "steps": STEPS, "batchSize": shape.batch, "collectiveTimeoutSeconds": 300, "watchdogSeconds": 240,
+                    "faults": [] if crash_at is None else [{"kind": "crash", "rank": shape.crash_rank, "step": crash_at}]},
+        "parallelism": {"dataReplicas": shape.groups},
+        "faultTolerance": {"mode": "ReplicaGroups", "minReplicas": 1},
+        # each group keeps its own plain checkpoints: the replacement must not read them
+        "checkpoint": {"path": str(work / "ckpt"), "intervalSteps": 3},
+    }
+    (work / "config.json").write_text(json.dumps(cfg))
+    extra = {"RAILYARD_REPLICA_GROUP": str(g), "TORCHFT_LIGHTHOUSE": lighthouse}
+    if hold:
+        extra["RAILYARD_TEST_HOLD"] = hold
+    env = launcher_env(**extra)
+    return Proc(f"group-{g}.{incarnation}", [sys.executable, "-m", "railyard_trainer.launcher", "--nproc-per-node", str(shape.procs), "--config", str(work / "config.json")], env, work)
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"{s.groups}groups-x{s.procs}")
+def test_a_lost_replica_group_stops_only_itself_and_heals_from_a_live_peer(tmp_path: Path, shape: Shape) -> None:
+    procs: list[Proc] = []
+    lost = shape.groups - 1
+    try:
+        lh = Proc("lighthouse", [sys.executable, "-m", "railyard_trainer.launcher", "lighthouse", "--min-replicas", "1",
+                                 "--bind", "[::]:0", "--heartbeat-timeout-ms", "2000", "--join-timeout-ms", "60000"],
+                  launcher_env(), tmp_path)
+        procs.append(lh)
+        lh.wait_for("its address", lambda p: bool(p.of("lighthouse")), [])
+        address = str(lh.of("lighthouse")[0]["address"])
+        start, release = tmp_path / "start", tmp_path / "release"
+        holds = f"1:{start},{HOLD_AT}:{release}"
+        survivors = [_group(tmp_path, shape, g, address, 0, hold=holds) for g in range(lost)]
+        g2 = _group(tmp_path, shape, lost, address, 0, crash_at=KILL_AT)
+        procs.extend([*survivors, g2])
+        # the survivors take their first step only once the lost group's manager is up, so none
+        # can train far ahead before it takes part (it must be in the quorum of step KILL_AT)
+        g2.wait_for("joining the quorum", lambda p: bool(p.of("replica_joining")), survivors)
+        start.touch()
+
+        # all groups train together; one process of the lost group dies at the start of step
+        # KILL_AT, after it joined that step's quorum, so the survivors' all-reduce of it fails
+        for p in survivors:
+            p.wait_for("the workers' pids", lambda q: bool(q.of("workers_started")), survivors)
+        survivors_pids = {p.name: p.of("workers_started")[0]["pids"] for p in survivors}
+        deadline = time.monotonic() + WAIT_S
+        while g2.p.poll() is None:
+            if time.monotonic() > deadline:
+                pytest.fail(f"group {lost} did not crash at step {KILL_AT}\n{g2.explain()}")
+            time.sleep(0.05)
+        g2.reader.join(timeout=10)
+        assert g2.p.returncode != 0 and g2.of("fault"), g2.explain()
+        killed_at = g2.last_step()
+        # (a group may still heal a step or two at the start: the Lighthouse may form the very
+        # first quorum before it hears from every group; it then catches up from a peer)
+        assert killed_at == KILL_AT - 1 and all(e["to_step"] < KILL_AT - 1 for e in g2.of("replica_healed")), g2.explain()
+
+        # the survivors keep stepping without it
+        for p in survivors:
+            p.wait_for("three steps without the lost group", lambda q: sum(e["participants"] == lost for e in q.of("step")) >= 3, survivors)
+
+        # the replacement joins; only then may the survivors go past the hold
+        g2b = _group(tmp_path, shape, lost, address, 1)
+        procs.append(g2b)
+        g2b.wait_for("joining the quorum", lambda p: bool(p.of("replica_joining")), survivors)
+        release.touch()
+        for p in [*survivors, g2b]:
+            deadline = time.monotonic() + WAIT_S
+            while p.p.poll() is None:
+                if time.monotonic() > deadline:
+                    pytest.fail(f"timed out waiting for {p.name} to finish\n{p.explain()}")
+                time.sleep(0.05)
+            p.reader.join(timeout=10)
+            assert p.p.returncode == 0, p.explain()
+
+        # survivors: the same worker processes throughout, steps only ever forward, to the end
+        for p in survivors:
+            assert p.of("workers_started")[0]["pids"] == survivors_pids[p.name] and len(p.of("workers_started")) == 1
+            steps = [e["step"] for e in p.of("step")]
+            assert steps == sorted(steps) and len(set(steps)) == len(steps), steps
+            assert steps[-1] == STEPS
+            assert not p.of("replica_healed") or all(e["from_step"] == 0 for e in p.of("replica_healed"))
+            # the step the lost group died in did not commit; the survivors trained it again
+            assert [e["step"] for e in p.of("step_not_committed") if e["rank"] == 0] == [KILL_AT], p.explain()
+            assert next(e for e in p.of("step") if e["step"] == KILL_AT)["participants"] == lost
+
+        # the replacement healed from a live peer, read no checkpoint tier, and caught up
+        healed = g2b.of("replica_healed")
+        assert len(healed) == shape.procs and len({(e["from_step"], e["to_step"]) for e in healed}) == 1, g2b.explain()  # each rank of it
+        assert healed[0]["from_step"] == 0 and healed[0]["to_step"] > killed_at, g2b.explain()
+        assert not any(e.get("event", "").startswith("restore") and e.get("step") for e in g2b.events), g2b.explain()
+        assert (tmp_path / f"group-{lost}" / "ckpt").exists()  # there was something it could have read
+        assert g2b.of("step")[0]["step"] == healed[0]["to_step"] + 1
+
+        # every group ends on the same weights: rank r's shard equal in every group
+        done = [e for p in [*survivors, g2b] for e in p.of("done")]
+        assert len(done) == shape.groups * shape.procs and {d["step"] for d in done} == {STEPS}
+        for r in range(shape.procs):
+            assert len({d["params_sha256"] for d in done if d["rank"] == r}) == 1, done
+
+        _assert_every_sample_trained_once([*survivors, g2b], killed=g2, shape=shape)
+    finally:
+        for p in reversed(procs):
+            p.stop()
+
+
+def _assert_every_sample_trained_once(kept: list[Proc], *, killed: Proc, shape: Shape) -> None:
+    """Per step, the shares logged with the step's membership (as a survivor saw it) tile the
+    global batch; a share logged by the killed group under a membership that the survivors did
+    not commit was never applied to the job's weights and is not counted."""
+    # the killed incarnation's records count only for steps nobody else logged (it may have
+    # trained the first steps alone, before the others joined and healed from it)
+    participants = {e["step"]: e["participants"] for e in killed.of("step")}
+    participants.update({e["step"]: e["participants"] for p in kept for e in p.of("step")})
+    shares: dict[int, list[tuple[int, int]]] = {}
+    for p in [*kept, killed]:
+        for e in p.of("step"):
+            if participants.get(e["step"]) == e["participants"]:
+                shares.setdefault(e["step"], []).append(tuple(e["samples"]))  # type: ignore[arg-type]
+    assert sorted(shares) == list(range(1, STEPS + 1)), sorted(shares)
+    seen: list[int] = []
+    for step in sorted(shares):
+        cut = sorted(shares[step])
+        assert len(cut) == participants[step], (step, cut)
+        seen.extend(g for a, b in cut for g in range(a, b))
+    assert seen == list(range(STEPS * shape.batch)), "a sample was skipped or trained twice"
+    assert {shape.groups - 1, shape.groups} <= set(participants.values())

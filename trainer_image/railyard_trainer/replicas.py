@@ -1,0 +1,270 @@
+"""Replica-group fault tolerance (``faultTolerance.mode: ReplicaGroups``), built on torchft.
+
+Each HSDP replica group is its own ``torch.distributed`` world (FSDP, TP and PP stay inside it).
+Across groups there is no world: a torchft :class:`~torchft.Manager` per group meets the other
+groups' managers through a Lighthouse each step (the quorum), all-reduces the gradients over a
+process group it rebuilds whenever the membership changes, and lets a step commit only when no
+collective of it failed. A group that dies stops only itself; the survivors' next quorum drops
+it. A group that starts while the others are ahead is told to heal and receives model,
+optimizer, scheduler, step and data position from a live peer (torchft's checkpoint transport),
+never from a checkpoint tier.
+
+What is ours (torchft has no notion of it): which samples each group trains at each step.
+Global batch ``s`` is the ``batch_size`` global samples from the shared data position
+(``consumed``). The groups that take part in step ``s`` split it by their rank among the
+participants (:func:`plan_share`), in whole units of the group's own data-parallel size, and each
+group's gradient is weighted by its share of the batch before the cross-group sum, so the
+committed update is the global batch's mean gradient whatever the membership. A step that does
+not commit (a peer died mid-step) is retried with the same global batch and the new membership:
+its samples were never applied, so none is skipped or trained twice.
+
+The Lighthouse: ``railyard-train lighthouse`` (:func:`lighthouse_main`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import threading
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import torch
+from torch.distributed.tensor import DTensor
+
+from railyard_trainer.config import ConfigError
+from railyard_trainer.events import log_event
+
+#: The Lighthouse's address (torchft's own variable), e.g. ``http://lighthouse:29510``.
+LIGHTHOUSE_ENV = "TORCHFT_LIGHTHOUSE"
+#: This group's index among the replica groups (its replica id in the quorum).
+REPLICA_GROUP_ENV = "RAILYARD_REPLICA_GROUP"
+
+
+@dataclass(frozen=True)
+class Share:
+    """This group's part of one step's global batch: global samples
+    ``[first, first + count)``, trained by participant ``rank`` of ``participants``."""
+
+    first: int
+    count: int
+    rank: int
+    participants: int
+
+
+def plan_share(*, consumed: int, batch_size: int, unit: int, rank: int, participants: int) -> Share:
+    """Split global batch ``[consumed, consumed + batch_size)`` among ``participants`` groups.
+
+    The batch is cut in ``batch_size // unit`` units of ``unit`` samples (the group's own
+    data-parallel size, so every rank of a group gets the same number of rows); participant
+    ``r`` takes a contiguous run of units, the first ``units % participants`` runs one unit
+    longer. The runs tile the batch: together the participants read each sample once.
+    """
+    if batch_size % unit:
+        raise ConfigError([f"trainer.batchSize: {batch_size} is not a multiple of a replica group's data-parallel size {unit}"])
+    if not 0 <= rank < participants:
+        raise ValueError(f"participant rank {rank} outside [0, {participants})")
+    units = batch_size // unit
+    base, extra = divmod(units, participants)
+    start = rank * base + min(rank, extra)
+    size = base + (1 if rank < extra else 0)
+    return Share(first=consumed + start * unit, count=size * unit, rank=rank, participants=participants)
+
+
+def replica_problems(*, batch_size: int, group_dp: int, data_replicas: int, min_replicas: int) -> list[str]:
+    """What makes a ReplicaGroups run impossible before it starts (each names its field)."""
+    out = []
+    if data_replicas < 2:
+        out.append("faultTolerance.mode: ReplicaGroups needs parallelism.dataReplicas > 1; set dataReplicas or use mode None")
+    if not 1 <= min_replicas <= max(data_replicas, 1):
+        out.append(f"faultTolerance.minReplicas: {min_replicas} must be between 1 and parallelism.dataReplicas ({data_replicas})")
+    if batch_size % group_dp == 0 and batch_size // group_dp < data_replicas:
+        out.append(f"trainer.batchSize: {batch_size} gives {batch_size // group_dp} rows per data-parallel rank of a group, fewer than the {data_replicas} replica groups that split it; raise batchSize to at least {group_dp * data_replicas}")
+    return out
+
+
+# --------------------------------------------------------------------------- state for healing
+
+
+def _local(v: Any) -> Any:
+    """DTensors as their local shards (a healing group has the same layout, so shard r of the
+    peer is shard r here); everything else as it is."""
+    if isinstance(v, DTensor):
+        return v.to_local().detach().cpu()
+    if isinstance(v, torch.Tensor):
+        return v.detach().cpu()
+    if isinstance(v, dict):
+        return {k: _local(x) for k, x in v.items()}
+    if isinstance(v, list | tuple):
+        return type(v)(_local(x) for x in v)
+    return v
+
+
+def _like(received: Any, template: Any) -> Any:
+    """``received`` (from :func:`_local`) in the form of this process's ``template``."""
+    if isinstance(template, DTensor) and isinstance(received, torch.Tensor):
+        local = received.to(template.to_local().device, template.dtype)
+        return DTensor.from_local(local, template.device_mesh, template.placements, run_check=False, shape=template.shape, stride=template.stride())
+    if isinstance(template, torch.Tensor) and isinstance(received, torch.Tensor):
+        return received.to(template.device, template.dtype)
+    if isinstance(template, dict) and isinstance(received, dict):
+        return {k: _like(x, template.get(k)) for k, x in received.items()}
+    return received
+
+
+@dataclass
+class HealState:
+    """What a healing group receives from a live peer, as callables over the trainer's objects."""
+
+    #: Named state dicts: ``{"model": ModelState, "optimizer": Optimizers, ...}``; each has
+    #: ``state_dict()`` and ``load_state_dict()``.
+    parts: Mapping[str, Any]
+    #: ``{"step": .., "consumed": ..}`` of this group now, and how to set them.
+    get_position: Callable[[], dict[str, int]]
+    set_position: Callable[[dict[str, int]], None]
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"parts": {k: _local(p.state_dict()) for k, p in self.parts.items()}, "position": self.get_position()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for k, p in self.parts.items():
+            p.load_state_dict(_like(state["parts"][k], p.state_dict()))
+        self.set_position(dict(state["position"]))
+
+
+# --------------------------------------------------------------------------- the group's manager
+
+
+class ReplicaGroup:
+    """This group's torchft Manager: quorum, weighted cross-group gradient sum, commit, heal.
+
+    Built after the group's own process group (the Manager shares the group's TCP store,
+    ``MASTER_ADDR:MASTER_PORT``). ``use_async_quorum=False``: a healing group applies the
+    peer's state before its forward pass and takes part in that very step, so every participant
+    of a step trains on the same weights and the split counts every participant.
+    """
+
+    def __init__(self, *, group: int, data_replicas: int, min_replicas: int, group_rank: int, group_world: int,
+                 lighthouse: str, job: str, timeout_s: float, state: HealState, device: torch.device,
+                 store_addr: str, store_port: int) -> None:
+        from torchft import Manager, ProcessGroupGloo, ProcessGroupNCCL
+
+        self.group, self.data_replicas, self.state = group, data_replicas, state
+        timeout = timedelta(seconds=timeout_s)
+        pg = ProcessGroupNCCL(timeout=timeout) if device.type == "cuda" else ProcessGroupGloo(timeout=timeout)
+        self.manager = Manager(
+            pg=pg, load_state_dict=state.load_state_dict, state_dict=state.state_dict, min_replica_size=min_replicas,
+            use_async_quorum=False, timeout=timeout, quorum_timeout=timeout, connect_timeout=timeout,
+            rank=group_rank, world_size=group_world, store_addr=store_addr, store_port=store_port,
+            lighthouse_addr=lighthouse, replica_id=f"{job}-group-{group}",
+            # every group builds its model from the same seed: nothing to sync at step 0, and a
+            # whole-job restart restores from the tiers instead (docs/fault-tolerance.md)
+            init_sync=False,
+        )
+        self.heals = 0
+        self.failed_steps = 0
+        log_event("replica_joining", group=group, rank=group_rank, lighthouse=lighthouse, min_replicas=min_replicas)
+
+    def start_step(self, *, consumed_of: Callable[[], int], batch_size: int, unit: int) -> Share:
+        """Join this step's quorum (healing from a live peer first if we are behind) and return
+        our share of the step's global batch; ``consumed_of`` is read after a heal."""
+        before = self.manager.current_step()
+        self.manager.start_quorum()
+        after = self.manager.current_step()
+        rank = self.manager.participating_rank()
+        participants = self.manager.num_participants()
+        if after != before:
+            self.heals += 1
+            log_event("replica_healed", group=self.group, from_step=before, to_step=after, source="live peer", participants=participants)
+        if rank is None:
+            raise RuntimeError("torchft quorum: this replica group is not participating; spare groups are not supported")
+        return plan_share(consumed=consumed_of(), batch_size=batch_size, unit=unit, rank=rank, participants=participants)
+
+    def reduce_gradients(self, params: Iterable[torch.nn.Parameter], weight: float) -> None:
+        """Gradients := sum over participating groups of (share of the batch x group mean).
+        A failed collective is recorded by the Manager and fails this step's commit."""
+        from torch.distributed import ReduceOp
+
+        works = []
+        for p in params:
+            g = p.grad
+            if g is None:
+                continue
+            local = g.to_local() if isinstance(g, DTensor) else g
+            local.mul_(weight)
+            works.append(self.manager.allreduce(local, reduce_op=ReduceOp.SUM))
+        for w in works:
+            w.wait()
+
+    def reduce_scalar(self, value: torch.Tensor, weight: float) -> float:
+        from torch.distributed import ReduceOp
+
+        buf = value.detach().float().reshape(1).clone() * weight
+        self.manager.allreduce(buf, reduce_op=ReduceOp.SUM).wait()
+        return float(buf[0])
+
+    def commit(self) -> bool:
+        """Whether this step may be applied (every collective of it succeeded, enough groups)."""
+        ok = bool(self.manager.should_commit())
+        if not ok:
+            self.failed_steps += 1
+        return ok
+
+    def set_step(self, step: int) -> None:
+        """After a restore from a checkpoint tier: the quorum's step is the restored one."""
+        self.manager.load_state_dict({"step": step, "batches_committed": self.manager.batches_committed()})
+
+    def close(self) -> None:
+        self.manager.shutdown(wait=False)
+
+
+def group_from_env(env: Mapping[str, str] | None = None) -> tuple[int, str]:
+    """(this group's index, the Lighthouse address) from the pod's environment."""
+    e = os.environ if env is None else env
+    problems = []
+    group = e.get(REPLICA_GROUP_ENV, "")
+    lighthouse = e.get(LIGHTHOUSE_ENV, "")
+    if not group.isdigit():
+        problems.append(f"{REPLICA_GROUP_ENV}: {group!r} is not this replica group's index (a whole number); the operator sets it for faultTolerance.mode ReplicaGroups")
+    if not lighthouse:
+        problems.append(f"{LIGHTHOUSE_ENV}: empty; give the Lighthouse's address (http://HOST:PORT of `railyard-train lighthouse`)")
+    if problems:
+        raise ConfigError(problems)
+    return int(group), lighthouse
+
+
+# --------------------------------------------------------------------------- the Lighthouse
+
+
+def lighthouse_main(argv: Sequence[str] | None = None) -> int:
+    """``railyard-train lighthouse``: torchft's Lighthouse (the quorum server) in the trainer
+    image, printing its address as an event and stopping on SIGTERM/SIGINT."""
+    p = argparse.ArgumentParser(prog="railyard-train lighthouse", description="torchft Lighthouse for faultTolerance.mode ReplicaGroups")
+    p.add_argument("--min-replicas", type=int, required=True, help="fewest replica groups that form a quorum (faultTolerance.minReplicas)")
+    p.add_argument("--bind", default="[::]:29510", help="address to listen on (port 0: any free port)")
+    p.add_argument("--join-timeout-ms", type=int, default=60_000, help="how long a quorum waits for the previous members to join again")
+    p.add_argument("--heartbeat-timeout-ms", type=int, default=5_000, help="a group with no heartbeat for this long is dead")
+    p.add_argument("--quorum-tick-ms", type=int, default=100)
+    args = p.parse_args(argv)
+    from torchft.coordination import LighthouseServer
+
+    server = LighthouseServer(bind=args.bind, min_replicas=args.min_replicas, join_timeout_ms=args.join_timeout_ms,
+                              quorum_tick_ms=args.quorum_tick_ms, heartbeat_timeout_ms=args.heartbeat_timeout_ms)
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: object) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    log_event("lighthouse", address=server.address(), min_replicas=args.min_replicas)
+    sys.stdout.flush()
+    stop.wait()
+    server.shutdown()
+    logging.getLogger(__name__).info("lighthouse stopped")
+    return 0
