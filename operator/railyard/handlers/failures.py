@@ -1,0 +1,89 @@
+"""Handling a failure of the gang: spend the failure class's budget or fail the job, quarantine
+the nodes to blame, then restart in place (handlers/inplace.py) or delete the whole gang and
+back off before the next one. The first failing pod's exit code, node and last words go into
+the status, the condition and the Event (logic/failure_report.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from railyard.api.trainingjob import QuarantinedNode, TrainingJob
+from railyard.handlers.cycle import Cycle
+from railyard.handlers.inplace import begin_in_place, plan_restart, record_full
+from railyard.logic.conditions import format_micro_time
+from railyard.logic.failure_report import describe_failure, explain_failure
+from railyard.logic.failures import Failure
+from railyard.logic.inplace import RestartPlan
+from railyard.logic.quarantine import QUARANTINE_KEY
+from railyard.logic.restarts import decide_restart, record_restart
+from railyard.protocol.exitcodes import FailureClass
+
+
+async def place_again(
+    c: Cycle, current: Sequence[Mapping[str, Any]], nodes: Mapping[str, Mapping[str, Any]], reason: str, message: str,
+) -> float:
+    """Tear down a gang that cannot start where it was placed; the next attempt places it again."""
+    await c.delete_pods(current, nodes)
+    c.st = c.st.model_copy(update={"attempt": c.st.attempt + 1, "gang_created_time": None})
+    c.phase("Placing", reason, message)
+    return 0.5
+
+
+async def handle_failure(
+    c: Cycle,
+    job: TrainingJob,
+    f: Failure,
+    current: Sequence[Mapping[str, Any]],
+    nodes: Mapping[str, Mapping[str, Any]],
+) -> float | None:
+    """Returns when to look again (None: the job Failed)."""
+    m = c.rt.metrics
+    m.failures.labels(**{"class": f.cls.value, "kind": f.kind}).inc()
+    spec = job.spec
+    # the first failing pod's exit code, node and last words: its pod is deleted below (or at
+    # the TTL), the status and the Event keep them
+    f, report = explain_failure(f, current, nodes, attempt=c.st.attempt, time=c.iso)
+    said = describe_failure(f, report)
+    c.update(last_failure=report)
+    if f.cls is FailureClass.PERMANENT:
+        c.phase("Failed", f.kind, f"{said}: not retried (permanent)")
+        return None
+    decision = decide_restart(spec.restart_policy, c.st.restarts, f.cls)
+    if not decision.allowed:
+        c.phase("Failed", "RestartBudgetSpent", f"{said}; {decision.reason}")
+        return None
+    quarantined = list(c.st.quarantined_nodes)
+    for node in f.nodes:
+        if await c.io.quarantine_node(node, reason=f.kind, job=f"{c.ns}/{c.name}", now=c.now):
+            quarantined = [q for q in quarantined if q.node != node] + [QuarantinedNode(node=node, reason=f.message, time=c.iso)]
+            c.event("Warning", "NodeQuarantined", f"node {node} quarantined: {f.message} (release: label {QUARANTINE_KEY}- or annotate railyard.dev/release=true)")
+    # the pods themselves, not the launchers' reports laid over them (a launcher that waits to
+    # restart in place is alive: it gets the normal grace)
+    real = {str((p.get("metadata") or {}).get("name")): p for p in c.rt.pods_of(c.ns, c.name)}
+    gang = [real.get(str((p.get("metadata") or {}).get("name")), p) for p in current]
+    plan: RestartPlan | None
+    plan, stragglers = plan_restart(c, job, f, gang, nodes, quarantined)
+    if plan.mode == "InPlace":
+        got = await begin_in_place(c, job, f, decision, plan, stragglers, gang, real, nodes, quarantined)
+        if not isinstance(got, RestartPlan):
+            return got
+        plan = got
+    await c.delete_pods(gang, nodes)
+    backoff = decision.backoff_seconds
+    c.st = c.st.model_copy(
+        update={
+            "restarts": record_restart(c.st.restarts, f.cls, f"{f.kind}: {f.message}", c.iso),
+            "attempt": c.st.attempt + 1,
+            "failure_time": format_micro_time(c.now),
+            "next_attempt_time": format_micro_time(c.now + backoff) if backoff > 0 else None,
+            "gang_created_time": None,
+            "quarantined_nodes": quarantined,
+        }
+    )
+    m.restarts.labels(**{"class": f.cls.value}).inc()
+    record_full(c, plan)
+    wait = f", next gang in {backoff:g}s" if backoff > 0 else ""
+    full = f"; {plan.message}" if plan.reason and plan.reason != "InPlaceDisabled" else ""
+    c.phase("Restarting", f.kind, f"{said}; {decision.reason}{full}{wait}")
+    return backoff if backoff > 0 else 0.2
