@@ -56,10 +56,10 @@ def heartbeat_url(rt: Runtime, namespace: str, job: str) -> str:
     return f"{base.rstrip('/')}/v1/heartbeats/{namespace}/{job}"
 
 
-async def _previous_placement(c: Cycle) -> RankTable | None:
+async def _previous_placement(cycle: Cycle) -> RankTable | None:
     """The newest earlier attempt's rank table (a sticky placement starts from it)."""
-    for prev in reversed(earlier_attempts(c.st.attempt)):
-        table = await c.io.read_rank_table(c.ns, c.name, prev)
+    for prev in reversed(earlier_attempts(cycle.st.attempt)):
+        table = await cycle.io.read_rank_table(cycle.ns, cycle.name, prev)
         if table is not None:
             return table
     return None
@@ -67,90 +67,90 @@ async def _previous_placement(c: Cycle) -> RankTable | None:
 
 
 
-async def place_and_create(c: Cycle, job: TrainingJob, nodes: Mapping[str, Mapping[str, Any]]) -> float | None:
-    """Place the gang of ``c.st.attempt`` (sticky on the previous attempt's nodes) and create it;
+async def place_and_create(cycle: Cycle, job: TrainingJob, nodes: Mapping[str, Mapping[str, Any]]) -> float | None:
+    """Place the gang of ``cycle.st.attempt`` (sticky on the previous attempt's nodes) and create it;
     unplaceable: Placing with the reason (or Failed when it never fits), retried with backoff.
     Returns when to look again."""
-    rt, spec, attempt = c.rt, job.spec, c.st.attempt
+    rt, spec, attempt = cycle.rt, job.spec, cycle.st.attempt
     # whatever comes of it, this cycle acts on the current spec
-    c.update(observed_generation=c.generation)
-    prev = await _previous_placement(c)
+    cycle.update(observed_generation=cycle.generation)
+    prev = await _previous_placement(cycle)
     t0 = time.perf_counter()
     result = plan_placement(build_placement_input(
         job, nodes=list(nodes.values()), pods=rt.all_bound_pods(), attempt=attempt,
         previous_nodes=[p.node for p in sorted(prev.pods, key=lambda p: p.pod_index)] if prev is not None else None,
-        previous_spares=c.st.placement.spares if c.st.placement else (),
-        failed={q.node for q in c.st.quarantined_nodes}, cache=c.w.topology_cache,
+        previous_spares=cycle.st.placement.spares if cycle.st.placement else (),
+        failed={q.node for q in cycle.st.quarantined_nodes}, cache=cycle.w.topology_cache,
     ))
     rt.metrics.placement.observe(time.perf_counter() - t0)
 
     if isinstance(result, Unplaceable):
-        c.w.placement_failures += 1
+        cycle.w.placement_failures += 1
         if result.permanent:
-            c.phase("Failed", result.condition_reason, result.message)
+            cycle.phase("Failed", result.condition_reason, result.message)
             return None
-        retry = placement_retry_s(c.w.placement_failures)
-        c.phase("Placing", result.condition_reason, f"{result.message}; retrying (and on every node change)")
+        retry = placement_retry_s(cycle.w.placement_failures)
+        cycle.phase("Placing", result.condition_reason, f"{result.message}; retrying (and on every node change)")
         return retry
-    c.w.placement_failures = 0
+    cycle.w.placement_failures = 0
     try:
-        created = await create_gang(c, job, result)
+        created = await create_gang(cycle, job, result)
     except GangRefused as refused:
-        return await gang_refused(c, refused)
+        return await gang_refused(cycle, refused)
     if created is None:
         return PODGROUP_RETRY_S
     pods, plan = created
     placement = placement_status(result, attempt=attempt)
     levels = [k for k in result.cross_bytes_per_step if k not in ("host", "network")]
     spine = levels[-1] if levels else None
-    rt.metrics.set_cross_bytes(c.ns, c.name, dict(result.cross_bytes_per_step), spine)
-    c.st = c.st.model_copy(
+    rt.metrics.set_cross_bytes(cycle.ns, cycle.name, dict(result.cross_bytes_per_step), spine)
+    cycle.st = cycle.st.model_copy(
         update={
-            "placement": placement, "gang_created_time": format_micro_time(c.now), "time_to_all_ready_seconds": None,
-            "observed_generation": c.generation, "pending_spec_changes": "", "next_attempt_time": None,
+            "placement": placement, "gang_created_time": format_micro_time(cycle.now), "time_to_all_ready_seconds": None,
+            "observed_generation": cycle.generation, "pending_spec_changes": "", "next_attempt_time": None,
         }
     )
-    c.phase("Starting", "GangCreated", f"attempt {attempt}: {len(pods)} pods created and released together on {placement.summary}")
-    await c.io.delete_configmaps(c.ns, [configmap_name(c.name, a) for a in earlier_attempts(attempt)])
+    cycle.phase("Starting", "GangCreated", f"attempt {attempt}: {len(pods)} pods created and released together on {placement.summary}")
+    await cycle.io.delete_configmaps(cycle.ns, [configmap_name(cycle.name, a) for a in earlier_attempts(attempt)])
     if plan.objects:
         # one PodGroup per attempt: the earlier attempts' groups go with their pods
-        earlier = [group_name(c.name, a) for a in earlier_attempts(attempt)]
-        await c.io.delete_podgroups(c.ns, plan.objects[0]["apiVersion"], earlier)
+        earlier = [group_name(cycle.name, a) for a in earlier_attempts(attempt)]
+        await cycle.io.delete_podgroups(cycle.ns, plan.objects[0]["apiVersion"], earlier)
     return float(spec.gang.schedule_timeout_seconds)
 
 
-async def create_gang(c: Cycle, job: TrainingJob, placed: Placement) -> tuple[list[dict[str, Any]], GangSchedulingPlan] | None:
-    """Create the gang of ``c.st.attempt`` on ``placed``: the scheduler's PodGroup, the job's
+async def create_gang(cycle: Cycle, job: TrainingJob, placed: Placement) -> tuple[list[dict[str, Any]], GangSchedulingPlan] | None:
+    """Create the gang of ``cycle.st.attempt`` on ``placed``: the scheduler's PodGroup, the job's
     Secret and Service, the attempt's ConfigMap, every pod gated, then every gate lifted at once.
     None when the PodGroup kind is unavailable (the job stays Placing).
 
     Every object the API server may refuse for this gang is created here: a refusal raises
     :class:`GangRefused` (naming the object and what to roll back), which
     :func:`gang_refused` turns into a Failed phase or a waiting condition."""
-    rt, spec, attempt = c.rt, job.spec, c.st.attempt
-    owner = owner_reference(c.body)
-    plan = plan_gang_scheduling(spec, job=c.name, namespace=c.ns, attempt=attempt, owner=owner, gang_size=len(placed.nodes))
-    pods = build_gang_pods(spec, job=c.name, namespace=c.ns, owner=owner, attempt=attempt, nodes=placed.nodes, heartbeat_url=heartbeat_url(rt, c.ns, c.name), annotations=rt.settings.pod_annotations)
+    rt, spec, attempt = cycle.rt, job.spec, cycle.st.attempt
+    owner = owner_reference(cycle.body)
+    plan = plan_gang_scheduling(spec, job=cycle.name, namespace=cycle.ns, attempt=attempt, owner=owner, gang_size=len(placed.nodes))
+    pods = build_gang_pods(spec, job=cycle.name, namespace=cycle.ns, owner=owner, attempt=attempt, nodes=placed.nodes, heartbeat_url=heartbeat_url(rt, cycle.ns, cycle.name), annotations=rt.settings.pod_annotations)
     pods = apply_to_pods(pods, plan)  # schedulerName, queue/group labels; our gate and node affinity stay
     names = [str(p["metadata"]["name"]) for p in pods]
-    cm = configmap_name(c.name, attempt)
+    cm = configmap_name(cycle.name, attempt)
     async with _refusals(f"PodGroup {plan.group_name}"):
-        if not await _ensure_podgroups(c, plan):
+        if not await _ensure_podgroups(cycle, plan):
             return None
-    await _ensure_job_objects(c, owner)
-    table = with_addresses(placed.rank_table, c.ns)
+    await _ensure_job_objects(cycle, owner)
+    table = with_addresses(placed.rank_table, cycle.ns)
     # a new gang: no pod is kept (a memory tier in the pods is gone with them)
-    restore = restore_hint(c.st, spec, pods_kept=False)
-    config = build_trainer_config(spec, job=c.name, namespace=c.ns, attempt=attempt, restore=restore)
+    restore = restore_hint(cycle.st, spec, pods_kept=False)
+    config = build_trainer_config(spec, job=cycle.name, namespace=cycle.ns, attempt=attempt, restore=restore)
     async with _refusals(f"ConfigMap {cm}"):
-        await c.io.create_object(build_configmap(c.name, c.ns, owner, attempt=attempt, rank_table=table, config=config))
+        await cycle.io.create_object(build_configmap(cycle.name, cycle.ns, owner, attempt=attempt, rank_table=table, config=config))
     # the attempt's ConfigMap goes with a refused gang too: a retry may place it elsewhere
     async with _refusals("the gang's pods", pods=names, configmap=cm):
-        rt.metrics.pods_created.inc(await c.io.create_pods(pods))
-        await c.io.lift_gates(pods)
-    rt.store.begin_attempt(c.ns, c.name, attempt)
-    members = {i: pod_name(c.name, attempt, i) for i in range(len(pods))}
-    c.after_commit.append(lambda: rt.control.publish(c.ns, c.name, attempt=attempt, members=members, table=table, restore=restore))
+        rt.metrics.pods_created.inc(await cycle.io.create_pods(pods))
+        await cycle.io.lift_gates(pods)
+    rt.store.begin_attempt(cycle.ns, cycle.name, attempt)
+    members = {i: pod_name(cycle.name, attempt, i) for i in range(len(pods))}
+    cycle.after_commit.append(lambda: rt.control.publish(cycle.ns, cycle.name, attempt=attempt, members=members, table=table, restore=restore))
     return pods, plan
 
 
@@ -174,42 +174,42 @@ async def _refusals(what: str, *, pods: Sequence[str] = (), configmap: str | Non
         raise GangRefused(what, exc, pods, configmap) from exc
 
 
-async def gang_refused(c: Cycle, refused: GangRefused) -> float | None:
+async def gang_refused(cycle: Cycle, refused: GangRefused) -> float | None:
     """Roll back what this attempt created of the gang (no half gang waits or runs), then fail
     the job (a refusal that cannot pass) or wait and create it again (one that can), with the
     server's message in the condition and its Event."""
     exc = refused.error
     message = exc.body.get("message", "") if isinstance(exc.body, dict) else str(exc.body or "")
     decision = decide_rejection(exc.status, exc.reason, str(message), what=refused.what)
-    log.warning("%s/%s: %s", c.ns, c.name, decision.message)
+    log.warning("%s/%s: %s", cycle.ns, cycle.name, decision.message)
     if refused.pods:
         for n in refused.pods:
-            c.w.deleting[n] = c.now
-        await c.io.delete_pods(c.ns, refused.pods, grace_seconds=0)  # gated, never bound: gone at once
+            cycle.w.deleting[n] = cycle.now
+        await cycle.io.delete_pods(cycle.ns, refused.pods, grace_seconds=0)  # gated, never bound: gone at once
     if refused.configmap:
-        await c.io.delete_configmaps(c.ns, [refused.configmap])
-    c.st = c.st.model_copy(update={"observed_generation": c.generation, "gang_created_time": None})
+        await cycle.io.delete_configmaps(cycle.ns, [refused.configmap])
+    cycle.st = cycle.st.model_copy(update={"observed_generation": cycle.generation, "gang_created_time": None})
     if decision.permanent:
-        c.phase("Failed", decision.reason, decision.message)
+        cycle.phase("Failed", decision.reason, decision.message)
         return None
-    c.st = c.st.model_copy(update={"next_attempt_time": format_micro_time(c.now + decision.retry_after_s)})
-    c.phase("Placing", decision.reason, decision.message)
+    cycle.st = cycle.st.model_copy(update={"next_attempt_time": format_micro_time(cycle.now + decision.retry_after_s)})
+    cycle.phase("Placing", decision.reason, decision.message)
     return decision.retry_after_s
 
 
-async def _ensure_podgroups(c: Cycle, plan: GangSchedulingPlan) -> bool:
+async def _ensure_podgroups(cycle: Cycle, plan: GangSchedulingPlan) -> bool:
     """Create the gang scheduler's PodGroup before any pod (idempotent). False, with the job
     kept Placing and the reason in its status, when the API server does not serve the kind."""
     if not plan.objects:
         return True
     try:
-        await c.io.create_podgroups(plan.objects)
+        await cycle.io.create_podgroups(plan.objects)
     except ApiError as exc:
         if exc.status not in (403, 404):
             raise
         api = plan.objects[0]["apiVersion"]
         why = "is not installed (no PodGroup CRD)" if exc.status == 404 else "is not granted to the operator (RBAC)"
-        c.phase(
+        cycle.phase(
             "Placing", "PodGroupUnavailable",
             f"spec.gang.schedulerName={plan.scheduler_name}: creating PodGroup {api} {plan.group_name} failed ({exc.status}): "
             f"{api} {why}; install that scheduler's CRDs or remove spec.gang.schedulerName (retrying every {PODGROUP_RETRY_S:g}s)",
@@ -218,57 +218,57 @@ async def _ensure_podgroups(c: Cycle, plan: GangSchedulingPlan) -> bool:
     return True
 
 
-async def finish_creation(c: Cycle, job: TrainingJob, current: Sequence[Mapping[str, Any]], a: GangAssessment) -> float | None:
+async def finish_creation(cycle: Cycle, job: TrainingJob, current: Sequence[Mapping[str, Any]], a: GangAssessment) -> float | None:
     """Resume a gang whose creation was interrupted: same names, same nodes (from the
     attempt's ConfigMap), then lift every gate."""
-    rt = c.rt
-    table = await c.io.read_rank_table(c.ns, c.name, c.st.attempt)
+    rt = cycle.rt
+    table = await cycle.io.read_rank_table(cycle.ns, cycle.name, cycle.st.attempt)
     if table is None:
         # nothing says where the rest goes: start this attempt over
-        await c.delete_pods(current, rt.node_map())
-        c.st = c.st.model_copy(update={"attempt": c.st.attempt + 1, "gang_created_time": None})
+        await cycle.delete_pods(current, rt.node_map())
+        cycle.st = cycle.st.model_copy(update={"attempt": cycle.st.attempt + 1, "gang_created_time": None})
         return 0.5
     nodes = [p.node for p in sorted(table.pods, key=lambda p: p.pod_index)]
-    owner = owner_reference(c.body)
-    pods = build_gang_pods(job.spec, job=c.name, namespace=c.ns, owner=owner, attempt=c.st.attempt, nodes=nodes, heartbeat_url=heartbeat_url(rt, c.ns, c.name), annotations=rt.settings.pod_annotations)
-    plan = plan_gang_scheduling(job.spec, job=c.name, namespace=c.ns, attempt=c.st.attempt, owner=owner, gang_size=len(pods))
+    owner = owner_reference(cycle.body)
+    pods = build_gang_pods(job.spec, job=cycle.name, namespace=cycle.ns, owner=owner, attempt=cycle.st.attempt, nodes=nodes, heartbeat_url=heartbeat_url(rt, cycle.ns, cycle.name), annotations=rt.settings.pod_annotations)
+    plan = plan_gang_scheduling(job.spec, job=cycle.name, namespace=cycle.ns, attempt=cycle.st.attempt, owner=owner, gang_size=len(pods))
     names = [str(p["metadata"]["name"]) for p in pods]
     try:
         async with _refusals(f"PodGroup {plan.group_name}"):
-            if not await _ensure_podgroups(c, plan):
+            if not await _ensure_podgroups(cycle, plan):
                 return PODGROUP_RETRY_S
         pods = apply_to_pods(pods, plan)
         missing = [pods[i] for i in a.missing if i < len(pods)]
-        async with _refusals("the gang's pods", pods=names, configmap=configmap_name(c.name, c.st.attempt)):
+        async with _refusals("the gang's pods", pods=names, configmap=configmap_name(cycle.name, cycle.st.attempt)):
             if missing:
-                rt.metrics.pods_created.inc(await c.io.create_pods(missing))
-        await _ensure_job_objects(c, owner)
-        async with _refusals("the gang's pods", pods=names, configmap=configmap_name(c.name, c.st.attempt)):
-            await c.io.lift_gates(pods)
+                rt.metrics.pods_created.inc(await cycle.io.create_pods(missing))
+        await _ensure_job_objects(cycle, owner)
+        async with _refusals("the gang's pods", pods=names, configmap=configmap_name(cycle.name, cycle.st.attempt)):
+            await cycle.io.lift_gates(pods)
     except GangRefused as refused:
         # the rest of this gang exists already: it goes too
         refused.pods = names
-        refused.configmap = configmap_name(c.name, c.st.attempt)
-        return await gang_refused(c, refused)
+        refused.configmap = configmap_name(cycle.name, cycle.st.attempt)
+        return await gang_refused(cycle, refused)
     update: dict[str, Any] = {}
-    if c.st.gang_created_time is None:
-        update["gang_created_time"] = format_micro_time(c.now)
-    if c.st.placement is None or c.st.placement.attempt != c.st.attempt or c.st.placement.node_count != len(nodes):
-        update["placement"] = build_placement_status(nodes, attempt=c.st.attempt)
+    if cycle.st.gang_created_time is None:
+        update["gang_created_time"] = format_micro_time(cycle.now)
+    if cycle.st.placement is None or cycle.st.placement.attempt != cycle.st.attempt or cycle.st.placement.node_count != len(nodes):
+        update["placement"] = build_placement_status(nodes, attempt=cycle.st.attempt)
     if update:
-        c.st = c.st.model_copy(update=update)
-    if c.st.phase != "Starting":
-        c.phase("Starting", "GangResumed", f"attempt {c.st.attempt}: finished creating {len(missing)} missing pods and released the gang")
+        cycle.st = cycle.st.model_copy(update=update)
+    if cycle.st.phase != "Starting":
+        cycle.phase("Starting", "GangResumed", f"attempt {cycle.st.attempt}: finished creating {len(missing)} missing pods and released the gang")
     return 1.0
 
 
-async def _ensure_job_objects(c: Cycle, owner: Mapping[str, Any]) -> None:
+async def _ensure_job_objects(cycle: Cycle, owner: Mapping[str, Any]) -> None:
     """The per-job Secret (heartbeat token) and headless Service; idempotent, and the token is
     re-read after an operator restart so heartbeats authenticate against the same one."""
-    rt = c.rt
-    if rt.tokens(c.ns, c.name) is None:
-        async with _refusals(f"Secret {secret_name(c.name)}"):
-            token = await c.io.ensure_secret(build_secret(c.name, c.ns, owner, c.io.new_token()))
-        rt.tokens.set(c.ns, c.name, token)
-    async with _refusals(f"Service {service_name(c.name)}"):
-        await c.io.create_object(build_service(c.name, c.ns, owner))
+    rt = cycle.rt
+    if rt.tokens(cycle.ns, cycle.name) is None:
+        async with _refusals(f"Secret {secret_name(cycle.name)}"):
+            token = await cycle.io.ensure_secret(build_secret(cycle.name, cycle.ns, owner, cycle.io.new_token()))
+        rt.tokens.set(cycle.ns, cycle.name, token)
+    async with _refusals(f"Service {service_name(cycle.name)}"):
+        await cycle.io.create_object(build_service(cycle.name, cycle.ns, owner))

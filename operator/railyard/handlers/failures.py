@@ -21,69 +21,69 @@ from railyard.protocol.exitcodes import FailureClass
 
 
 async def place_again(
-    c: Cycle, current: Sequence[Mapping[str, Any]], nodes: Mapping[str, Mapping[str, Any]], reason: str, message: str,
+    cycle: Cycle, current: Sequence[Mapping[str, Any]], nodes: Mapping[str, Mapping[str, Any]], reason: str, message: str,
 ) -> float:
     """Tear down a gang that cannot start where it was placed; the next attempt places it again."""
-    await c.delete_pods(current, nodes)
-    c.st = c.st.model_copy(update={"attempt": c.st.attempt + 1, "gang_created_time": None})
-    c.phase("Placing", reason, message)
+    await cycle.delete_pods(current, nodes)
+    cycle.st = cycle.st.model_copy(update={"attempt": cycle.st.attempt + 1, "gang_created_time": None})
+    cycle.phase("Placing", reason, message)
     return 0.5
 
 
 async def handle_failure(
-    c: Cycle,
+    cycle: Cycle,
     job: TrainingJob,
     f: Failure,
     current: Sequence[Mapping[str, Any]],
     nodes: Mapping[str, Mapping[str, Any]],
 ) -> float | None:
     """Returns when to look again (None: the job Failed)."""
-    m = c.rt.metrics
+    m = cycle.rt.metrics
     m.failures.labels(**{"class": f.cls.value, "kind": f.kind}).inc()
     spec = job.spec
     # the first failing pod's exit code, node and last words: its pod is deleted below (or at
     # the TTL), the status and the Event keep them
-    f, report = explain_failure(f, current, nodes, attempt=c.st.attempt, time=c.iso)
+    f, report = explain_failure(f, current, nodes, attempt=cycle.st.attempt, time=cycle.iso)
     said = describe_failure(f, report)
-    c.update(last_failure=report)
+    cycle.update(last_failure=report)
     if f.cls is FailureClass.PERMANENT:
-        c.phase("Failed", f.kind, f"{said}: not retried (permanent)")
+        cycle.phase("Failed", f.kind, f"{said}: not retried (permanent)")
         return None
-    decision = decide_restart(spec.restart_policy, c.st.restarts, f.cls)
+    decision = decide_restart(spec.restart_policy, cycle.st.restarts, f.cls)
     if not decision.allowed:
-        c.phase("Failed", "RestartBudgetSpent", f"{said}; {decision.reason}")
+        cycle.phase("Failed", "RestartBudgetSpent", f"{said}; {decision.reason}")
         return None
-    quarantined = list(c.st.quarantined_nodes)
+    quarantined = list(cycle.st.quarantined_nodes)
     for node in f.nodes:
-        if await c.io.quarantine_node(node, reason=f.kind, job=f"{c.ns}/{c.name}", now=c.now):
-            quarantined = [q for q in quarantined if q.node != node] + [QuarantinedNode(node=node, reason=f.message, time=c.iso)]
-            c.event("Warning", "NodeQuarantined", f"node {node} quarantined: {f.message} (release: label {QUARANTINE_KEY}- or annotate railyard.dev/release=true)")
+        if await cycle.io.quarantine_node(node, reason=f.kind, job=f"{cycle.ns}/{cycle.name}", now=cycle.now):
+            quarantined = [q for q in quarantined if q.node != node] + [QuarantinedNode(node=node, reason=f.message, time=cycle.iso)]
+            cycle.event("Warning", "NodeQuarantined", f"node {node} quarantined: {f.message} (release: label {QUARANTINE_KEY}- or annotate railyard.dev/release=true)")
     # the pods themselves, not the launchers' reports laid over them (a launcher that waits to
     # restart in place is alive: it gets the normal grace)
-    real = {str((p.get("metadata") or {}).get("name")): p for p in c.rt.pods_of(c.ns, c.name)}
+    real = {str((p.get("metadata") or {}).get("name")): p for p in cycle.rt.pods_of(cycle.ns, cycle.name)}
     gang = [real.get(str((p.get("metadata") or {}).get("name")), p) for p in current]
     plan: RestartPlan | None
-    plan, stragglers = plan_restart(c, job, f, gang, nodes, quarantined)
+    plan, stragglers = plan_restart(cycle, job, f, gang, nodes, quarantined)
     if plan.mode == "InPlace":
-        got = await begin_in_place(c, job, f, decision, plan, stragglers, gang, real, nodes, quarantined)
+        got = await begin_in_place(cycle, job, f, decision, plan, stragglers, gang, real, nodes, quarantined)
         if not isinstance(got, RestartPlan):
             return got
         plan = got
-    await c.delete_pods(gang, nodes)
+    await cycle.delete_pods(gang, nodes)
     backoff = decision.backoff_seconds
-    c.st = c.st.model_copy(
+    cycle.st = cycle.st.model_copy(
         update={
-            "restarts": record_restart(c.st.restarts, f.cls, f"{f.kind}: {f.message}", c.iso),
-            "attempt": c.st.attempt + 1,
-            "failure_time": format_micro_time(c.now),
-            "next_attempt_time": format_micro_time(c.now + backoff) if backoff > 0 else None,
+            "restarts": record_restart(cycle.st.restarts, f.cls, f"{f.kind}: {f.message}", cycle.iso),
+            "attempt": cycle.st.attempt + 1,
+            "failure_time": format_micro_time(cycle.now),
+            "next_attempt_time": format_micro_time(cycle.now + backoff) if backoff > 0 else None,
             "gang_created_time": None,
             "quarantined_nodes": quarantined,
         }
     )
     m.restarts.labels(**{"class": f.cls.value}).inc()
-    record_full(c, plan)
+    record_full(cycle, plan)
     wait = f", next gang in {backoff:g}s" if backoff > 0 else ""
     full = f"; {plan.message}" if plan.reason and plan.reason != "InPlaceDisabled" else ""
-    c.phase("Restarting", f.kind, f"{said}; {decision.reason}{full}{wait}")
+    cycle.phase("Restarting", f.kind, f"{said}; {decision.reason}{full}{wait}")
     return backoff if backoff > 0 else 0.2
