@@ -219,3 +219,12 @@ def test_an_in_place_restart_of_another_attempt_is_not_followed() -> None:
     lr = LastRestart(attempt=1, mode="InPlace", state="Started")
     seen = Seen("Running", gang("Running", running=4), status={"attempt": 2, "last_restart": lr})
     assert names(seen) == ["MarkRunning", "CheckHealth"]
+
+
+def test_a_failure_fails_the_job_when_permanent_or_its_budget_is_spent_else_restarts_it() -> None:
+    permanent = build_failure("PermanentExitCode", "64", pod="j-a0-0")
+    assert lc.decide_failure(permanent, "exit 64", RestartPolicy(), Restarts()) == lc.FailJob("PermanentExitCode", "exit 64: not retried (permanent)")
+    spent = lc.decide_failure(CRASH, "exit 1", RestartPolicy(), Restarts(application=3, total=3))
+    assert isinstance(spent, lc.FailJob) and spent.reason == "RestartBudgetSpent" and "3/3" in spent.message
+    again = lc.decide_failure(CRASH, "exit 1", RestartPolicy(), Restarts(application=1, total=1))
+    assert not isinstance(again, lc.FailJob) and again.allowed and again.backoff_seconds == 20.0

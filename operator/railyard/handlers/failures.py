@@ -15,9 +15,9 @@ from railyard.logic.conditions import format_micro_time
 from railyard.logic.failure_report import describe_failure, explain_failure
 from railyard.logic.failures import Failure
 from railyard.logic.inplace import RestartPlan
+from railyard.logic.lifecycle import FailJob, decide_failure
 from railyard.logic.quarantine import QUARANTINE_KEY
-from railyard.logic.restarts import decide_restart, record_restart
-from railyard.protocol.exitcodes import FailureClass
+from railyard.logic.restarts import record_restart
 
 
 async def place_again(
@@ -46,12 +46,9 @@ async def handle_failure(
     f, report = explain_failure(f, current, nodes, attempt=cycle.st.attempt, time=cycle.iso)
     said = describe_failure(f, report)
     cycle.update(last_failure=report)
-    if f.cls is FailureClass.PERMANENT:
-        cycle.phase("Failed", f.kind, f"{said}: not retried (permanent)")
-        return None
-    decision = decide_restart(spec.restart_policy, cycle.st.restarts, f.cls)
-    if not decision.allowed:
-        cycle.phase("Failed", "RestartBudgetSpent", f"{said}; {decision.reason}")
+    decision = decide_failure(f, said, spec.restart_policy, cycle.st.restarts)
+    if isinstance(decision, FailJob):
+        cycle.phase("Failed", decision.reason, decision.message)
         return None
     quarantined = list(cycle.st.quarantined_nodes)
     for node in f.nodes:

@@ -36,7 +36,7 @@ from railyard.logic.conditions import parse_time
 from railyard.logic.failures import Failure
 from railyard.logic.gang import GangAssessment, StalePlacement
 from railyard.logic.rejections import PERMANENT_REASONS
-from railyard.logic.restarts import decide_streak_reset
+from railyard.logic.restarts import RestartDecision, decide_restart, decide_streak_reset
 from railyard.logic.status import TERMINAL_PHASES
 from railyard.protocol.exitcodes import FailureClass
 
@@ -404,6 +404,26 @@ def decide_sdc(step: AwaitSdcVerdict, verdict: Failure | None) -> Failure | floa
     if step.wait_s > 0:
         return min(step.wait_s, 0.5)
     return dataclasses.replace(step.failure, nodes=())
+
+
+@dataclass(frozen=True, slots=True)
+class FailJob:
+    """The job fails with this reason and message (its phase Failed)."""
+
+    reason: str
+    message: str
+
+
+def decide_failure(f: Failure, said: str, policy: RestartPolicy, restarts: Restarts) -> FailJob | RestartDecision:
+    """A failure of the gang fails the job (a permanent class, or its class's budget spent) or
+    restarts it (the allowed :class:`RestartDecision`, with its backoff). ``said``: the failure
+    as the status tells it (logic/failure_report.py)."""
+    if f.cls is FailureClass.PERMANENT:
+        return FailJob(f.kind, f"{said}: not retried (permanent)")
+    decision = decide_restart(policy, restarts, f.cls)
+    if not decision.allowed:
+        return FailJob("RestartBudgetSpent", f"{said}; {decision.reason}")
+    return decision
 
 
 def describe_steps(d: Decision) -> Sequence[str]:
