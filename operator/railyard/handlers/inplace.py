@@ -39,7 +39,7 @@ from railyard.logic.inplace import (
     decide_nodes_to_leave,
     decide_restart_mode,
     decide_unacknowledged,
-    describe_in_place,
+    plan_in_place_moves,
 )
 from railyard.logic.inplace import members_since as logic_members_since
 from railyard.logic.lifecycle import KEPT_ATTEMPTS, Relaunch, earlier_attempts
@@ -128,10 +128,6 @@ def _place(c: Cycle, job: TrainingJob, prev: RankTable, nodes: Mapping[str, Obj]
     ))
 
 
-def _node_of(table: RankTable, index: int) -> str:
-    return next((p.node for p in table.pods if p.pod_index == index), "")
-
-
 async def begin_in_place(
     c: Cycle,
     job: TrainingJob,
@@ -152,30 +148,11 @@ async def begin_in_place(
         return RestartPlan("Full", "NotPlaceable", "full restart (NotPlaceable): the running attempt's rank table is gone")
     failed = {q.node for q in quarantined} | set(f.nodes)
     t0 = time.perf_counter()
-    leave = {prev_node for i in plan.optional for prev_node in [_node_of(prev, i)]}
-    result = _place(c, job, prev, nodes, failed | leave, attempt)
-    replace = set(plan.replace)
-    left_behind = {n: w for n, w in stragglers.items() if n in leave}
-    if isinstance(result, Unplaceable) and leave:
-        # no room to leave the stragglers behind: they stay, only what must move moves
-        left_behind = {}
-        replace -= set(plan.optional)
-        result = _place(c, job, prev, nodes, failed, attempt)
+    moves = plan_in_place_moves(plan, prev, stragglers, failed, lambda avoid: _place(c, job, prev, nodes, avoid, attempt))
     rt.metrics.placement.observe(time.perf_counter() - t0)
-    if isinstance(result, Unplaceable):
-        return RestartPlan("Full", "NotPlaceable", f"full restart (NotPlaceable): {result.message}")
-    why = dict(plan.why)
-    for i in result.moved:
-        if i not in replace:
-            replace.add(i)
-            why[i] = f"node {_node_of(prev, i)} no longer usable by placement"
-    keep = [i for i in range(len(result.nodes)) if i not in replace]
-    if not keep:
-        return RestartPlan("Full", "NothingToKeep", "full restart (NothingToKeep): no pod can stay where it is")
-    moves = {i: (_node_of(prev, i), result.nodes[i]) for i in sorted(replace)}
-    message = describe_in_place(sorted(replace), why, len(keep), moves)
-    if left_behind:
-        message += f"; left stragglers behind: {', '.join(f'{n} ({w})' for n, w in sorted(left_behind.items()))}"
+    if isinstance(moves, RestartPlan):
+        return moves
+    result, replace, keep, message = moves.placement, moves.replace, moves.keep, moves.message
 
     owner = owner_reference(c.body)
     table = with_addresses(result.rank_table, c.ns)
