@@ -50,9 +50,9 @@ log = logging.getLogger(__name__)
 PODGROUP_RETRY_S = 10.0
 
 
-def heartbeat_url(rt: Runtime, namespace: str, job: str) -> str:
+def heartbeat_url(runtime: Runtime, namespace: str, job: str) -> str:
     """Where the job's pods post their heartbeats (the one place the URL is built)."""
-    base = rt.settings.heartbeat_url or f"http://railyard-operator.railyard-system.svc:{rt.settings.metrics_port}"
+    base = runtime.settings.heartbeat_url or f"http://railyard-operator.railyard-system.svc:{runtime.settings.metrics_port}"
     return f"{base.rstrip('/')}/v1/heartbeats/{namespace}/{job}"
 
 
@@ -71,18 +71,18 @@ async def place_and_create(cycle: Cycle, job: TrainingJob, nodes: Mapping[str, M
     """Place the gang of ``cycle.st.attempt`` (sticky on the previous attempt's nodes) and create it;
     unplaceable: Placing with the reason (or Failed when it never fits), retried with backoff.
     Returns when to look again."""
-    rt, spec, attempt = cycle.rt, job.spec, cycle.st.attempt
+    runtime, spec, attempt = cycle.rt, job.spec, cycle.st.attempt
     # whatever comes of it, this cycle acts on the current spec
     cycle.update(observed_generation=cycle.generation)
     prev = await _previous_placement(cycle)
     t0 = time.perf_counter()
     result = plan_placement(build_placement_input(
-        job, nodes=list(nodes.values()), pods=rt.all_bound_pods(), attempt=attempt,
+        job, nodes=list(nodes.values()), pods=runtime.all_bound_pods(), attempt=attempt,
         previous_nodes=[p.node for p in sorted(prev.pods, key=lambda p: p.pod_index)] if prev is not None else None,
         previous_spares=cycle.st.placement.spares if cycle.st.placement else (),
         failed={q.node for q in cycle.st.quarantined_nodes}, cache=cycle.w.topology_cache,
     ))
-    rt.metrics.placement.observe(time.perf_counter() - t0)
+    runtime.metrics.placement.observe(time.perf_counter() - t0)
 
     if isinstance(result, Unplaceable):
         cycle.w.placement_failures += 1
@@ -103,7 +103,7 @@ async def place_and_create(cycle: Cycle, job: TrainingJob, nodes: Mapping[str, M
     placement = placement_status(result, attempt=attempt)
     levels = [k for k in result.cross_bytes_per_step if k not in ("host", "network")]
     spine = levels[-1] if levels else None
-    rt.metrics.set_cross_bytes(cycle.ns, cycle.name, dict(result.cross_bytes_per_step), spine)
+    runtime.metrics.set_cross_bytes(cycle.ns, cycle.name, dict(result.cross_bytes_per_step), spine)
     cycle.st = cycle.st.model_copy(
         update={
             "placement": placement, "gang_created_time": format_micro_time(cycle.now), "time_to_all_ready_seconds": None,
@@ -127,10 +127,10 @@ async def create_gang(cycle: Cycle, job: TrainingJob, placed: Placement) -> tupl
     Every object the API server may refuse for this gang is created here: a refusal raises
     :class:`GangRefused` (naming the object and what to roll back), which
     :func:`gang_refused` turns into a Failed phase or a waiting condition."""
-    rt, spec, attempt = cycle.rt, job.spec, cycle.st.attempt
+    runtime, spec, attempt = cycle.rt, job.spec, cycle.st.attempt
     owner = owner_reference(cycle.body)
     plan = plan_gang_scheduling(spec, job=cycle.name, namespace=cycle.ns, attempt=attempt, owner=owner, gang_size=len(placed.nodes))
-    pods = build_gang_pods(spec, job=cycle.name, namespace=cycle.ns, owner=owner, attempt=attempt, nodes=placed.nodes, heartbeat_url=heartbeat_url(rt, cycle.ns, cycle.name), annotations=rt.settings.pod_annotations)
+    pods = build_gang_pods(spec, job=cycle.name, namespace=cycle.ns, owner=owner, attempt=attempt, nodes=placed.nodes, heartbeat_url=heartbeat_url(runtime, cycle.ns, cycle.name), annotations=runtime.settings.pod_annotations)
     pods = apply_to_pods(pods, plan)  # schedulerName, queue/group labels; our gate and node affinity stay
     names = [str(p["metadata"]["name"]) for p in pods]
     cm = configmap_name(cycle.name, attempt)
@@ -146,11 +146,11 @@ async def create_gang(cycle: Cycle, job: TrainingJob, placed: Placement) -> tupl
         await cycle.io.create_object(build_configmap(cycle.name, cycle.ns, owner, attempt=attempt, rank_table=table, config=config))
     # the attempt's ConfigMap goes with a refused gang too: a retry may place it elsewhere
     async with _refusals("the gang's pods", pods=names, configmap=cm):
-        rt.metrics.pods_created.inc(await cycle.io.create_pods(pods))
+        runtime.metrics.pods_created.inc(await cycle.io.create_pods(pods))
         await cycle.io.lift_gates(pods)
-    rt.store.begin_attempt(cycle.ns, cycle.name, attempt)
+    runtime.store.begin_attempt(cycle.ns, cycle.name, attempt)
     members = {i: pod_name(cycle.name, attempt, i) for i in range(len(pods))}
-    cycle.after_commit.append(lambda: rt.control.publish(cycle.ns, cycle.name, attempt=attempt, members=members, table=table, restore=restore))
+    cycle.after_commit.append(lambda: runtime.control.publish(cycle.ns, cycle.name, attempt=attempt, members=members, table=table, restore=restore))
     return pods, plan
 
 
@@ -221,16 +221,16 @@ async def _ensure_podgroups(cycle: Cycle, plan: GangSchedulingPlan) -> bool:
 async def finish_creation(cycle: Cycle, job: TrainingJob, current: Sequence[Mapping[str, Any]], a: GangAssessment) -> float | None:
     """Resume a gang whose creation was interrupted: same names, same nodes (from the
     attempt's ConfigMap), then lift every gate."""
-    rt = cycle.rt
+    runtime = cycle.rt
     table = await cycle.io.read_rank_table(cycle.ns, cycle.name, cycle.st.attempt)
     if table is None:
         # nothing says where the rest goes: start this attempt over
-        await cycle.delete_pods(current, rt.node_map())
+        await cycle.delete_pods(current, runtime.node_map())
         cycle.st = cycle.st.model_copy(update={"attempt": cycle.st.attempt + 1, "gang_created_time": None})
         return 0.5
     nodes = [p.node for p in sorted(table.pods, key=lambda p: p.pod_index)]
     owner = owner_reference(cycle.body)
-    pods = build_gang_pods(job.spec, job=cycle.name, namespace=cycle.ns, owner=owner, attempt=cycle.st.attempt, nodes=nodes, heartbeat_url=heartbeat_url(rt, cycle.ns, cycle.name), annotations=rt.settings.pod_annotations)
+    pods = build_gang_pods(job.spec, job=cycle.name, namespace=cycle.ns, owner=owner, attempt=cycle.st.attempt, nodes=nodes, heartbeat_url=heartbeat_url(runtime, cycle.ns, cycle.name), annotations=runtime.settings.pod_annotations)
     plan = plan_gang_scheduling(job.spec, job=cycle.name, namespace=cycle.ns, attempt=cycle.st.attempt, owner=owner, gang_size=len(pods))
     names = [str(p["metadata"]["name"]) for p in pods]
     try:
@@ -241,7 +241,7 @@ async def finish_creation(cycle: Cycle, job: TrainingJob, current: Sequence[Mapp
         missing = [pods[i] for i in a.missing if i < len(pods)]
         async with _refusals("the gang's pods", pods=names, configmap=configmap_name(cycle.name, cycle.st.attempt)):
             if missing:
-                rt.metrics.pods_created.inc(await cycle.io.create_pods(missing))
+                runtime.metrics.pods_created.inc(await cycle.io.create_pods(missing))
         await _ensure_job_objects(cycle, owner)
         async with _refusals("the gang's pods", pods=names, configmap=configmap_name(cycle.name, cycle.st.attempt)):
             await cycle.io.lift_gates(pods)
@@ -265,10 +265,10 @@ async def finish_creation(cycle: Cycle, job: TrainingJob, current: Sequence[Mapp
 async def _ensure_job_objects(cycle: Cycle, owner: Mapping[str, Any]) -> None:
     """The per-job Secret (heartbeat token) and headless Service; idempotent, and the token is
     re-read after an operator restart so heartbeats authenticate against the same one."""
-    rt = cycle.rt
-    if rt.tokens(cycle.ns, cycle.name) is None:
+    runtime = cycle.rt
+    if runtime.tokens(cycle.ns, cycle.name) is None:
         async with _refusals(f"Secret {secret_name(cycle.name)}"):
             token = await cycle.io.ensure_secret(build_secret(cycle.name, cycle.ns, owner, cycle.io.new_token()))
-        rt.tokens.set(cycle.ns, cycle.name, token)
+        runtime.tokens.set(cycle.ns, cycle.name, token)
     async with _refusals(f"Service {service_name(cycle.name)}"):
         await cycle.io.create_object(build_service(cycle.name, cycle.ns, owner))

@@ -102,9 +102,9 @@ async def reconcile_job(runtime: Runtime, worker: JobWorker, *, now: float | Non
 
 
 async def _step(cycle: Cycle, job: TrainingJob) -> float | None:
-    rt, spec = cycle.rt, job.spec
+    runtime, spec = cycle.rt, job.spec
     pods = _own_pods(cycle)
-    nodes = rt.node_map()
+    nodes = runtime.node_map()
     if cycle.w.deleting:
         # forget the deletions of pods that are gone (the names of every attempt would pile up)
         present = {_name(p) for p in pods}
@@ -128,24 +128,24 @@ async def _step(cycle: Cycle, job: TrainingJob) -> float | None:
     if not cycle.old_wire.get("attempt") and pods:
         # an unreadable or missing status: the pods' attempt labels say where we were
         cycle.update(attempt=max(cycle.st.attempt, *(attempt_of(p) for p in pods)))
-    if pods and rt.tokens(cycle.ns, cycle.name) is None:
+    if pods and runtime.tokens(cycle.ns, cycle.name) is None:
         # an operator restarted under a running gang: accept its heartbeats again
         token = await cycle.io.read_token(cycle.ns, cycle.name)
         if token:
-            rt.tokens.set(cycle.ns, cycle.name, token)
-            rt.store.begin_attempt(cycle.ns, cycle.name, cycle.st.attempt)
+            runtime.tokens.set(cycle.ns, cycle.name, token)
+            runtime.store.begin_attempt(cycle.ns, cycle.name, cycle.st.attempt)
     expected = cycle.st.placement.node_count if (cycle.st.placement and cycle.st.gang_created_time) else spec.nodes
     # what the launchers report (their workers' exits, while the pod runs on) is pod evidence too
-    view = apply_launcher_reports(pods, rt.control.reports(cycle.ns, cycle.name), attempt=cycle.st.attempt)
+    view = apply_launcher_reports(pods, runtime.control.reports(cycle.ns, cycle.name), attempt=cycle.st.attempt)
     since = members_since(cycle)
     gang = assess_gang(view, nodes, attempt=cycle.st.attempt, expected=expected, now=cycle.now,
-                       not_ready_grace_s=rt.settings.not_ready_grace_s, echo_settle_s=DEFAULT_ECHO_SETTLE_S, since=since)
+                       not_ready_grace_s=runtime.settings.not_ready_grace_s, echo_settle_s=DEFAULT_ECHO_SETTLE_S, since=since)
     old = set(gang.stale)
     stale = [p for p in pods if _name(p) in old]
     if stale:
         await cycle.delete_pods(stale, nodes)
     members, _ = gang_members(view, attempt=cycle.st.attempt, since=since)
-    if pods and rt.control.get(cycle.ns, cycle.name) is None:
+    if pods and runtime.control.get(cycle.ns, cycle.name) is None:
         await republish(cycle, members)  # an operator restarted under a running gang
     decision = lc.decide_lifecycle(_observe(cycle, job, gang, members, nodes))
     delay = await _execute(cycle, job, decision, gang, members, nodes)
