@@ -226,22 +226,21 @@ async def test_kopf_logs_in_with_the_given_context_and_renewed_tokens(apiserver:
     doc["current-context"] = "other"
     kubeconfig.write_text(yaml.safe_dump(doc))
 
-    saved = kopf_handlers.RUNTIME
-    rt = kopf_handlers.configure(OperatorSettings(kubeconfig=str(kubeconfig), context="eks", metrics_port=0))
+    memo = kopf_handlers.build_memo(OperatorSettings(kubeconfig=str(kubeconfig), context="eks", metrics_port=0))
+    rt = kopf_handlers.runtime_of(memo)
     try:
-        first = await kopf_handlers.on_login_operator()
+        first = await kopf_handlers.on_login_operator(memo=memo)
         assert first.server == server.url and first.scheme == "Bearer"
         assert first.token == runs(accept)[0]["token"] and first.expiration is not None
         assert first.ca_path and Path(str(first.ca_path)).read_bytes() == server.ca_file.read_bytes()
         # kopf logs in again only when its credential was refused or expired: a new one
-        second = await kopf_handlers.on_login_operator()
+        second = await kopf_handlers.on_login_operator(memo=memo)
         assert second.token != first.token and second.token == runs(accept)[1]["token"]
         # and our own client shares the renewed credential (no third plugin run)
         assert await rt.api().get("/api/v1/namespaces/default") is not None
         assert len(runs(accept)) == 2
     finally:
         await rt.close()
-        kopf_handlers.RUNTIME = saved
 
 
 # --- unit: when a credential is renewed --------------------------------------------------------

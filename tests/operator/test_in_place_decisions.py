@@ -271,3 +271,43 @@ def test_a_restart_order_without_a_table_is_refused() -> None:
         rank_table_for(ControlOrder("j", 1, Action.RESTART), table(0))
     with pytest.raises(ControlError, match="base"):
         apply_rank_table_delta(table(0), RankTableDelta(5, 6, "", 1, (), ""))
+
+
+# --------------------------------------------------------------------------- where the moved pods go
+
+
+def _placed(nodes: tuple[str, ...], moved: tuple[int, ...]) -> Any:
+    from railyard.logic.placement import Placement
+
+    return Placement(nodes=nodes, spares=(), replica_peers=(-1,) * len(nodes), domains={}, rails_per_dp_group=1,
+                     dp_leaf_spans=1, dp_leaf_minimum=1, moved=moved)
+
+
+def test_in_place_moves_leave_stragglers_behind_only_when_there_is_room() -> None:
+    from railyard.logic.inplace import InPlaceMoves, RestartPlan, plan_in_place_moves
+    from railyard.logic.placement import Unplaceable
+
+    prev = table(nodes=("n0", "n1", "n2"))
+    plan = RestartPlan("InPlace", replace=(1, 2), why={1: "blamed", 2: "straggler"}, keep=(0,), optional=(2,))
+    asked: list[set[str]] = []
+
+    def roomy(avoid: set[str]) -> Any:
+        asked.append(avoid)
+        return _placed(("n0", "s1", "s2"), (1, 2))
+
+    got = plan_in_place_moves(plan, prev, {"n2": "slow"}, {"n1"}, roomy)
+    assert isinstance(got, InPlaceMoves) and got.replace == {1, 2} and got.keep == (0,)
+    assert asked == [{"n1", "n2"}] and "left stragglers behind: n2 (slow)" in got.message
+
+    def tight(avoid: set[str]) -> Any:
+        asked.append(avoid)
+        return Unplaceable("capacity", "not enough nodes") if "n2" in avoid else _placed(("n0", "s1", "n2"), (1,))
+
+    asked.clear()
+    got = plan_in_place_moves(plan, prev, {"n2": "slow"}, {"n1"}, tight)
+    assert isinstance(got, InPlaceMoves) and got.replace == {1} and got.keep == (0, 2) and "stragglers" not in got.message
+    assert asked == [{"n1", "n2"}, {"n1"}]
+    nowhere = plan_in_place_moves(plan, prev, {}, {"n1"}, lambda avoid: Unplaceable("capacity", "not enough nodes"))
+    assert isinstance(nowhere, RestartPlan) and nowhere.reason == "NotPlaceable"
+    everything = plan_in_place_moves(plan, prev, {}, {"n1"}, lambda avoid: _placed(("s0", "s1", "s2"), (0, 1, 2)))
+    assert isinstance(everything, RestartPlan) and everything.reason == "NothingToKeep"

@@ -2,22 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
+import kopf
 import pytest
 from prometheus_client import CollectorRegistry
 
 from railyard.handlers import kopf_handlers
-from railyard.handlers.runtime import JobWorker, OperatorSettings
+from railyard.handlers.runtime import JobWorker, OperatorSettings, Runtime
 
 
 @pytest.fixture
-def glue() -> Iterator[None]:
-    kopf_handlers.configure(OperatorSettings(metrics_port=0, registry=CollectorRegistry()))
-    try:
-        yield
-    finally:
-        kopf_handlers.RUNTIME = None
+def memo() -> kopf.Memo:
+    return kopf_handlers.build_memo(OperatorSettings(metrics_port=0, registry=CollectorRegistry()))
 
 
 def test_index_copies_keep_only_what_the_decisions_read() -> None:
@@ -36,10 +31,16 @@ def test_index_copies_keep_only_what_the_decisions_read() -> None:
     assert "podCIDR" not in kopf_handlers.compact_node(node)["spec"]
 
 
-def test_a_pod_event_wakes_only_its_jobs_worker(glue: None) -> None:
-    rt = kopf_handlers.runtime()
+def test_a_pod_event_wakes_only_its_jobs_worker(memo: kopf.Memo) -> None:
+    rt = kopf_handlers.runtime_of(memo)
     mine, other = JobWorker("ns", "j"), JobWorker("ns", "k")
     rt.workers[("ns", "j")], rt.workers[("ns", "k")] = mine, other
-    kopf_handlers.on_event_pod(namespace="ns", labels={"railyard.dev/job": "j"}, railyard_job_pods={})
+    kopf_handlers.on_event_pod(namespace="ns", labels={"railyard.dev/job": "j"}, memo=memo, railyard_job_pods={})
     assert mine.wake.is_set() and not other.wake.is_set()
     assert rt.reconcile is not None and rt.job_pods == {}
+
+
+def test_the_runtime_lives_in_kopfs_memo_not_in_the_module(memo: kopf.Memo) -> None:
+    rt = kopf_handlers.runtime_of(memo)
+    assert isinstance(rt, Runtime) and memo.runtime is rt and kopf_handlers.runtime_of(memo) is rt
+    assert not any(isinstance(v, Runtime) for v in vars(kopf_handlers).values())

@@ -13,6 +13,7 @@ from railyard.commands.logs import (
     build_sources,
     choose_attempt,
     describe_last_failure,
+    describe_no_pods,
     format_ranks,
     gang_pods,
     prefixed,
@@ -78,3 +79,22 @@ def test_with_no_pod_left_the_last_failure_is_told() -> None:
     assert told == ("last failure (attempt 1): ApplicationExitCode, exit code 1 (pod j-a1-0, node node-1)\n"
                     "  Traceback ...\n  FileNotFoundError: /data/shard-7\n")
     assert describe_last_failure({}) == ""
+
+
+NOT_ENOUGH = "need 2 nodes with 2 free GPUs, 1 have them"
+
+
+@pytest.mark.parametrize(("status", "attempt", "said"), [
+    # a job that has not started says what it is doing, not that its pods are gone (issue 35)
+    ({"phase": "Placing", "message": NOT_ENOUGH, "conditions": [{"type": "Placed", "status": "False", "reason": "NotEnoughNodes"}]}, None,
+     f"default/tiny has no pods yet: it is Placing (NotEnoughNodes: {NOT_ENOUGH}); its logs appear once its pods start\n"),
+    ({}, None, "default/tiny has no pods yet: it is Pending; its logs appear once its pods start\n"),
+    ({"phase": "Suspended", "message": "spec.suspend is true", "conditions": [{"type": "Suspended", "status": "True", "reason": "Suspended"}]}, None,
+     "default/tiny has no pods yet: it is Suspended (Suspended: spec.suspend is true); its logs appear once it is resumed and its pods start\n"),
+    ({"phase": "Restarting", "attempt": 2}, None, "default/tiny has no pods now: it is Restarting; its logs appear once its pods start\n"),
+    ({"phase": "Running", "attempt": 2}, 0, "no pods of attempt 0 of default/tiny are left (the job is Running, at attempt 2)\n"),
+    ({"phase": "Succeeded"}, None,
+     "no pods of default/tiny are left (a finished job keeps its pods for spec.cleanup.ttlSecondsAfterFinished)\n"),
+])
+def test_without_pods_it_says_what_is_true_of_the_job(status: dict[str, Any], attempt: int | None, said: str) -> None:
+    assert describe_no_pods(status, "default/tiny", attempt=attempt) == said

@@ -13,7 +13,7 @@ import pytest
 from tests.operator.builders import make_node
 from tests.operator.fake_cluster import Harness, make_job
 
-from railyard.logic.conditions import find_condition
+from railyard.logic.conditions import find_condition, format_time
 from railyard.logic.manifests import CLEANUP_FINALIZER
 
 Step = Callable[[Harness], Awaitable[None]]
@@ -503,3 +503,33 @@ async def test_the_worker_loop_runs_cycles_counts_errors_and_stops_with_the_job(
     await rt.remove_job("ns", "a")
     assert ("ns", "a") not in rt.workers
     await rt.close()
+
+
+# --------------------------------------------------------------------------- issue 35
+
+
+async def test_a_running_gang_that_loses_a_pod_stays_running_until_the_loss_is_classified() -> None:
+    # its node goes NotReady (classified once the grace has passed) and its pod is being deleted
+    h = Harness(cluster(4), make_job())
+    await running(h)
+    lost = h.cluster.pods_of(0)[1]
+    h.node_down(h.pod_nodes()[1])
+    lost["metadata"]["deletionTimestamp"] = format_time(h.now)
+    await h.cycle(0.5)
+    assert h.status.phase == "Running" and "GangStarting" not in h.reasons(), h.cluster.events
+    assert h.delays[-1] is not None and h.delays[-1] <= 2.0, "it looks again once the grace has passed"
+    await h.cycle(5.0)
+    head = find_condition(h.status.conditions, "Restarting")
+    assert h.status.phase == "Restarting" and head is not None and head.reason == "NodeNotReady", h.cluster.events
+    assert "GangStarting" not in h.reasons()
+
+
+async def test_observed_generation_is_the_generation_acted_on_from_the_first_cycle() -> None:
+    h = Harness(cluster(1), make_job(generation=3))
+    await h.cycle()
+    assert h.status.phase == "Placing" and h.status.observed_generation == 3
+    placed = find_condition(h.status.conditions, "Placed")
+    assert placed is not None and placed.observed_generation == 3
+    h.edit_spec(procsPerNode=2)  # edited while still waiting for room: the next try uses it
+    await h.cycle(5.0)
+    assert h.status.phase == "Placing" and h.status.observed_generation == 4

@@ -12,7 +12,13 @@ from railyard.api.trainingjob import (
     TrainingJobSpec,
     TrainingJobStatus,
 )
-from railyard.logic.restarts import compute_backoff, decide_restart, record_restart, restore_hint
+from railyard.logic.restarts import (
+    best_checkpoint,
+    compute_backoff,
+    decide_restart,
+    record_restart,
+    restore_hint,
+)
 from railyard.protocol.exitcodes import FailureClass
 
 
@@ -78,3 +84,11 @@ def test_a_full_restart_never_hints_a_memory_tier_that_lived_in_the_deleted_pods
 def test_at_one_step_the_hint_prefers_the_fastest_tier() -> None:
     st = _status([("shared", 30), ("local", 30), ("memory", 25)])
     assert restore_hint(st, _spec("HostPath"), pods_kept=True) == {"tier": "local", "step": 30, "lastStep": 40}
+
+
+def test_one_ranking_of_tiers_names_the_best_checkpoint_and_an_unknown_tier_comes_last() -> None:
+    """The status's lastCheckpoint (handlers/health.py) and the restore hint rank the same way."""
+    refs = [CheckpointRef(tier=t, step=s) for t, s in [("nvme", 30), ("shared", 30), ("memory", 25)]]
+    assert best_checkpoint(refs).tier == "shared"
+    assert best_checkpoint([*refs, CheckpointRef(tier="memory", step=30)]).tier == "memory"
+    assert best_checkpoint([CheckpointRef(tier="nvme", step=31), *refs]).tier == "nvme"  # newer wins whatever the tier

@@ -6,7 +6,7 @@ any cluster and on the local one. By default: every pod of the newest attempt th
 after the other (``-f``: all at once, interleaved by line, until every container has stopped).
 The ranks of each pod come from the attempt's rank table (ConfigMap ``<job>-a<attempt>``).
 When no pod is left, it says so and shows ``status.lastFailure``, the failing rank's last words
-that the operator kept.
+that the operator kept; a job whose pods have not started yet says what it is doing instead.
 """
 
 from __future__ import annotations
@@ -148,6 +148,29 @@ def describe_last_failure(status: Mapping[str, Any]) -> str:
         head += f" ({where})"
     message = str(last.get("message") or "").rstrip()
     return head + ("\n" + prefixed("  ", message) if message else "\n")
+
+
+#: The condition that carries the reason of each phase (as ``status.phase``'s headline).
+_PHASE_CONDITION = {"Placing": "Placed", "Starting": "Placed", "Restarting": "Restarting", "Suspended": "Suspended",
+                    "Succeeded": "Succeeded", "Failed": "Failed"}
+
+
+def describe_no_pods(status: Mapping[str, Any], job: str, *, attempt: int | None = None) -> str:
+    """What is true of a job without pods to read (``attempt``: the one asked for): a finished
+    job's pods are gone after ``spec.cleanup``; a job that has not started (or is between
+    attempts, or suspended) has none yet, and says what it is doing."""
+    phase = str(status.get("phase") or "Pending")
+    if phase in ("Succeeded", "Failed"):
+        which = f"of attempt {attempt} " if attempt is not None else ""
+        return f"no pods {which}of {job} are left (a finished job keeps its pods for spec.cleanup.ttlSecondsAfterFinished)\n"
+    if attempt is not None and attempt != int(status.get("attempt") or 0):
+        return f"no pods of attempt {attempt} of {job} are left (the job is {phase}, at attempt {int(status.get('attempt') or 0)})\n"
+    reason = next((str(c.get("reason") or "") for c in status.get("conditions") or () if c.get("type") == _PHASE_CONDITION.get(phase)), "")
+    message = str(status.get("message") or "")
+    why = f" ({reason}: {message})" if reason and message else f" ({reason or message})" if reason or message else ""
+    when = "once it is resumed and its pods start" if phase == "Suspended" else "once its pods start"
+    now = "now" if phase == "Restarting" else "yet"
+    return f"{job} has no pods {now}: it is {phase}{why}; its logs appear {when}\n"
 
 
 # --------------------------------------------------------------------------- the cluster
@@ -292,9 +315,7 @@ def run(args: argparse.Namespace) -> int:
         if status is None:
             print(f"railyard logs: no TrainingJob {namespace}/{args.job}", file=sys.stderr)
             return 1
-        which = f"of attempt {attempt} " if attempt is not None else ""
-        print(f"railyard logs: no pods {which}of {namespace}/{args.job} are left (a finished job keeps its pods for "
-              "spec.cleanup.ttlSecondsAfterFinished)", file=sys.stderr)
+        sys.stderr.write("railyard logs: " + describe_no_pods(status, f"{namespace}/{args.job}", attempt=args.attempt))
         said = describe_last_failure(status)
         if said:
             sys.stderr.write(said)

@@ -90,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"--pod-annotation: {item!r} must look like KEY=VALUE", file=sys.stderr)
             return 2
         annotations[key] = value
-    kopf_handlers.configure(
+    memo = kopf_handlers.build_memo(
         OperatorSettings(
             heartbeat_url=args.heartbeat_advertise_url,
             metrics_host=args.metrics_host,
@@ -111,6 +111,7 @@ def run(args: argparse.Namespace) -> int:
                 clusterwide=not namespaces,
                 namespaces=namespaces,
                 identity=cast(Any, peering_identity()),  # kopf's Identity: a NewType of str, not exported
+                memo=memo,
             )
         )
     except KeyboardInterrupt:

@@ -15,6 +15,7 @@ from railyard.api.corev1 import node_is_ready
 from railyard.api.trainingjob import TrainingJob
 from railyard.handlers.cycle import Cycle
 from railyard.logic.conditions import parse_time
+from railyard.logic.lifecycle import earlier_attempts
 from railyard.logic.manifests import CLEANUP_FINALIZER, build_cleanup_pod
 
 #: Longest a deletion waits for the cleanup pods.
@@ -23,7 +24,7 @@ CLEANUP_TIMEOUT_S = 120.0
 
 async def _nodes_that_held_the_job(c: Cycle) -> list[str]:
     nodes: list[str] = list(c.st.placement.nodes) if c.st.placement else []
-    for attempt in range(max(c.st.attempt - 4, 0), c.st.attempt + 1):
+    for attempt in [*earlier_attempts(c.st.attempt), c.st.attempt]:
         table = await c.io.read_rank_table(c.ns, c.name, attempt)
         if table is not None:
             nodes += [p.node for p in table.pods]

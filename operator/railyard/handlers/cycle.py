@@ -8,7 +8,7 @@ the Events to write, and :class:`GangIO`, every call to the Kubernetes API the c
 
 The seam is where later work plugs in: an in-place restart adds an I/O call here and a decision
 in logic/; a 4xx from the API server on the gang's own objects surfaces from these calls as
-:class:`railyard.k8s.client.ApiError` (see ``create_gang`` in handlers/reconcile.py, the one
+:class:`railyard.k8s.client.ApiError` (see ``create_gang`` in handlers/creation.py, the one
 place a gang's objects are created).
 """
 

@@ -23,6 +23,7 @@ from railyard.logic.health import (
     decide_health,
 )
 from railyard.logic.health.window import JobWindow
+from railyard.logic.restarts import best_checkpoint
 from railyard.protocol.restore import compute_steps_lost, latest_verified_per_tier
 
 log = logging.getLogger(__name__)
@@ -111,7 +112,7 @@ def _copy_progress(c: Cycle, window: JobWindow, decision: HealthDecision) -> Non
         if changed:
             refs = sorted(per_tier.values(), key=lambda r: r.tier)
             update["checkpoints"] = refs
-            update["last_checkpoint"] = max(refs, key=lambda r: (r.step, -("memory", "local", "shared").index(r.tier) if r.tier in ("memory", "local", "shared") else 0))
+            update["last_checkpoint"] = best_checkpoint(refs)
     if window.restored_tier and (st.restore is None or st.restore.tier != window.restored_tier or st.restore.step != window.restored_step):
         # the previous attempt's newest step (kept by the store across the attempt change);
         # st.step may already show the new attempt's progress

@@ -13,10 +13,10 @@ The sequence (docs/operator.md "Restarting in place"):
    the replacements gated, delete the hot-spare placeholders on their nodes, lift each gate once
    its placeholder is gone; then (state Started, after the status is written) open the restart
    orders, which the waiting launchers receive at once.
-3. :func:`check_restarted`: the kept launchers report the new attempt running (then state Done,
-   and the gang is Running as any other); one that has not within
-   ``restartPolicy.inPlaceTimeoutSeconds`` turns this into a full restart
-   (:func:`fall_back_to_full`).
+3. :func:`observe_relaunch`: which kept launchers have not reported the new attempt running;
+   railyard.logic.lifecycle decides: all have (:func:`finish_in_place`: state Done, and the gang
+   is Running as any other), or one has not within ``restartPolicy.inPlaceTimeoutSeconds``
+   (:func:`fall_back_to_full`), or wait (:func:`await_relaunch`).
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from railyard.api.trainingjob import LastRestart, QuarantinedNode, TrainingJob
+from railyard.handlers.creation import heartbeat_url
 from railyard.handlers.cycle import Cycle
 from railyard.handlers.spares import delete_placeholders
 from railyard.logic.conditions import format_micro_time, parse_time
@@ -38,9 +39,10 @@ from railyard.logic.inplace import (
     decide_nodes_to_leave,
     decide_restart_mode,
     decide_unacknowledged,
-    describe_in_place,
+    plan_in_place_moves,
 )
 from railyard.logic.inplace import members_since as logic_members_since
+from railyard.logic.lifecycle import KEPT_ATTEMPTS, Relaunch, earlier_attempts
 from railyard.logic.manifests import (
     build_configmap,
     build_pod,
@@ -126,10 +128,6 @@ def _place(c: Cycle, job: TrainingJob, prev: RankTable, nodes: Mapping[str, Obj]
     ))
 
 
-def _node_of(table: RankTable, index: int) -> str:
-    return next((p.node for p in table.pods if p.pod_index == index), "")
-
-
 async def begin_in_place(
     c: Cycle,
     job: TrainingJob,
@@ -150,30 +148,11 @@ async def begin_in_place(
         return RestartPlan("Full", "NotPlaceable", "full restart (NotPlaceable): the running attempt's rank table is gone")
     failed = {q.node for q in quarantined} | set(f.nodes)
     t0 = time.perf_counter()
-    leave = {prev_node for i in plan.optional for prev_node in [_node_of(prev, i)]}
-    result = _place(c, job, prev, nodes, failed | leave, attempt)
-    replace = set(plan.replace)
-    left_behind = {n: w for n, w in stragglers.items() if n in leave}
-    if isinstance(result, Unplaceable) and leave:
-        # no room to leave the stragglers behind: they stay, only what must move moves
-        left_behind = {}
-        replace -= set(plan.optional)
-        result = _place(c, job, prev, nodes, failed, attempt)
+    moves = plan_in_place_moves(plan, prev, stragglers, failed, lambda avoid: _place(c, job, prev, nodes, avoid, attempt))
     rt.metrics.placement.observe(time.perf_counter() - t0)
-    if isinstance(result, Unplaceable):
-        return RestartPlan("Full", "NotPlaceable", f"full restart (NotPlaceable): {result.message}")
-    why = dict(plan.why)
-    for i in result.moved:
-        if i not in replace:
-            replace.add(i)
-            why[i] = f"node {_node_of(prev, i)} no longer usable by placement"
-    keep = [i for i in range(len(result.nodes)) if i not in replace]
-    if not keep:
-        return RestartPlan("Full", "NothingToKeep", "full restart (NothingToKeep): no pod can stay where it is")
-    moves = {i: (_node_of(prev, i), result.nodes[i]) for i in sorted(replace)}
-    message = describe_in_place(sorted(replace), why, len(keep), moves)
-    if left_behind:
-        message += f"; left stragglers behind: {', '.join(f'{n} ({w})' for n, w in sorted(left_behind.items()))}"
+    if isinstance(moves, RestartPlan):
+        return moves
+    result, replace, keep, message = moves.placement, moves.replace, moves.keep, moves.message
 
     owner = owner_reference(c.body)
     table = with_addresses(result.rank_table, c.ns)
@@ -239,9 +218,7 @@ async def continue_in_place(c: Cycle, job: TrainingJob, nodes: Mapping[str, Obj]
     present = {pod_index_of(p): p for p in members}
     owner = owner_reference(c.body)
     sched = plan_gang_scheduling(job.spec, job=c.name, namespace=c.ns, attempt=attempt, owner=owner, gang_size=len(table.pods))
-    from railyard.handlers.reconcile import _heartbeat_url  # the one place the URL is built
-
-    url = _heartbeat_url(rt, c.ns, c.name)
+    url = heartbeat_url(rt, c.ns, c.name)
     missing = [
         build_pod(job.spec, job=c.name, namespace=c.ns, owner=owner, attempt=attempt, pod_index=e.pod_index, node=e.node,
                   heartbeat_url=url, annotations=rt.settings.pod_annotations)
@@ -281,18 +258,19 @@ async def continue_in_place(c: Cycle, job: TrainingJob, nodes: Mapping[str, Obj]
     return 0.5 if blocked else None
 
 
-async def drop_old_configmaps(c: Cycle, members: Sequence[Obj]) -> None:
+async def _drop_old_configmaps(c: Cycle, members: Sequence[Obj]) -> None:
     """Delete the ConfigMaps of attempts no pod of the gang was created for (kept pods still
-    mount their own attempt's), keeping the newest five."""
+    mount their own attempt's), keeping those of the earlier attempts a new gang keeps."""
     used = {attempt_of(p) for p in members}
-    old = [configmap_name(c.name, a) for a in range(max(c.st.attempt - 8, 0), c.st.attempt - 4) if a not in used]
+    kept_from = earlier_attempts(c.st.attempt).start
+    old = [configmap_name(c.name, a) for a in range(max(kept_from - KEPT_ATTEMPTS, 0), kept_from) if a not in used]
     if old:
         await c.io.delete_configmaps(c.ns, old)
 
 
-def check_restarted(c: Cycle, job: TrainingJob, members: Sequence[Obj]) -> float | str | None:
-    """Step 3. None: every kept launcher runs the new attempt (state Done). A number: wait that
-    long (some have not said so yet). A string: the message of a full restart to fall back to."""
+def observe_relaunch(c: Cycle, job: TrainingJob, members: Sequence[Obj]) -> Relaunch | None:
+    """Step 3, what is seen: the kept launchers that have not reported the new attempt yet
+    (None: no in-place restart is Started)."""
     lr = in_place_restart(c)
     if lr is None or lr.state != "Started":
         return None
@@ -301,18 +279,26 @@ def check_restarted(c: Cycle, job: TrainingJob, members: Sequence[Obj]) -> float
     names = {pod_index_of(p): _name(p) for p in members}
     reports = c.rt.control.reports(c.ns, c.name)
     waiting = decide_unacknowledged(kept, reports, names, attempt=attempt)
+    return Relaunch(
+        waiting=tuple(f"{names[i]} (index {i}{_said(reports.get(i), attempt)})" for i in waiting),
+        started=parse_time(lr.started_time) or c.now,
+        timeout_s=job.spec.restart_policy.in_place_timeout_seconds,
+    )
+
+
+async def finish_in_place(c: Cycle, members: Sequence[Obj]) -> None:
+    """Every kept launcher runs the attempt: the restart is Done (old ConfigMaps can go)."""
+    lr = in_place_restart(c)
+    assert lr is not None
     started = parse_time(lr.started_time) or c.now
-    timeout = job.spec.restart_policy.in_place_timeout_seconds
-    if not waiting:
-        c.rt.metrics.in_place_restart.observe(max(c.now - started, 0.0))
-        c.st = c.st.model_copy(update={"last_restart": lr.model_copy(update={"state": "Done"})})
-        return None
-    if c.now - started >= timeout:
-        stuck = ", ".join(f"{names[i]} (index {i}{_said(reports.get(i), attempt)})" for i in waiting[:8])
-        return f"{len(waiting)} kept pods did not restart their workers within {timeout:g}s (restartPolicy.inPlaceTimeoutSeconds): {stuck}"
+    c.rt.metrics.in_place_restart.observe(max(c.now - started, 0.0))
+    c.st = c.st.model_copy(update={"last_restart": lr.model_copy(update={"state": "Done"})})
+    await _drop_old_configmaps(c, members)
+
+
+def await_relaunch(c: Cycle, waiting: int) -> None:
     if c.st.phase == "Starting":
-        c.st = c.st.model_copy(update={"message": f"attempt {attempt}: waiting for {len(waiting)} kept pods' launchers to restart their workers"})
-    return max(min(started + timeout - c.now, 1.0), 0.1)
+        c.st = c.st.model_copy(update={"message": f"attempt {c.st.attempt}: waiting for {waiting} kept pods' launchers to restart their workers"})
 
 
 def _said(got: Any, attempt: int) -> str:

@@ -1,6 +1,8 @@
 """Thin kopf glue: indexes of pods and nodes, event handlers that wake the job workers.
 
-Nothing here decides anything. TrainingJob events start (or feed) the job's worker; pod and node
+Nothing here decides anything, and nothing here is module state: the operator's
+:class:`~railyard.handlers.runtime.Runtime` lives in kopf's memo (``memo.runtime``, given to
+``kopf.operator(memo=...)`` by :func:`build_memo`; kopf hands every handler the same one). TrainingJob events start (or feed) the job's worker; pod and node
 events wake the workers they concern so a failure is acted on within the coalescing delay, not
 after a timer. Event handlers (unlike kopf's change handlers and daemons) write no annotations
 and add no finalizers, so the TrainingJob carries only what it asks for.
@@ -19,25 +21,24 @@ from railyard.handlers.cycle import KubeGangIO
 from railyard.handlers.nodes import on_node_change
 from railyard.handlers.reconcile import reconcile_job
 from railyard.handlers.runtime import OperatorSettings, Runtime
-from railyard.k8s import gang as ops
 from railyard.logic.manifests import JOB_LABEL, NODE_ANNOTATION
 
 log = logging.getLogger(__name__)
 
-RUNTIME: Runtime | None = None
+
+def build_memo(settings: OperatorSettings) -> kopf.Memo:
+    """kopf's memo for ``kopf.operator(memo=...)``: the operator's runtime with these settings."""
+    return kopf.Memo(runtime=Runtime(settings, reconcile_job))
 
 
-def configure(settings: OperatorSettings) -> Runtime:
-    """Set the settings before kopf starts (the command does this); returns the runtime."""
-    global RUNTIME
-    RUNTIME = Runtime(settings, reconcile_job)
-    return RUNTIME
-
-
-def runtime() -> Runtime:
-    if RUNTIME is None:
-        return configure(OperatorSettings())
-    return RUNTIME
+def runtime_of(memo: kopf.Memo) -> Runtime:
+    """The runtime in kopf's memo; one with default settings when the operator was started
+    without :func:`build_memo` (``kopf run`` on this module: the first activity sets it)."""
+    rt = memo.get("runtime")
+    if rt is None:
+        rt = memo["runtime"] = Runtime(OperatorSettings(), reconcile_job)
+    assert isinstance(rt, Runtime)
+    return rt
 
 
 # compact copies for the indexes ---------------------------------------------------------------
@@ -118,11 +119,11 @@ def apply_watch_settings(settings: kopf.OperatorSettings) -> None:
 
 
 @kopf.on.login()
-async def on_login_operator(**_: Any) -> kopf.ConnectionInfo:
+async def on_login_operator(memo: kopf.Memo, **_: Any) -> kopf.ConnectionInfo:
     """kopf's client logs in with our connection: the same kubeconfig and ``--context`` (kopf's
     own login reads the current context only) and the same renewing credentials. kopf asks again
     when what it was given expired or was refused (401), so that one is dropped first."""
-    rt = runtime()
+    rt = runtime_of(memo)
     conn = rt.connection()
     if rt.kopf_credential is not None:
         conn.credentials.invalidate(rt.kopf_credential)
@@ -138,8 +139,8 @@ async def on_login_operator(**_: Any) -> kopf.ConnectionInfo:
 
 
 @kopf.on.startup()
-async def on_startup_operator(settings: kopf.OperatorSettings, **_: Any) -> None:
-    rt = runtime()
+async def on_startup_operator(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+    rt = runtime_of(memo)
     settings.posting.enabled = False  # we write our own Events, one per transition
     apply_watch_settings(settings)
     settings.networking.error_backoffs = [0.5, 1, 2, 5]
@@ -164,37 +165,38 @@ async def on_startup_operator(settings: kopf.OperatorSettings, **_: Any) -> None
 
 
 @kopf.on.cleanup()
-async def on_cleanup_operator(**_: Any) -> None:
-    if RUNTIME is not None:
-        await RUNTIME.close()
+async def on_cleanup_operator(memo: kopf.Memo, **_: Any) -> None:
+    rt = memo.get("runtime")
+    if isinstance(rt, Runtime):
+        await rt.close()
 
 
 # events ---------------------------------------------------------------------------------------
 
 
 @kopf.on.event(GROUP, VERSION, PLURAL)
-async def on_event_trainingjob(event: Any, body: Any, name: str, namespace: str | None, **kwargs: Any) -> None:
-    rt = runtime()
+async def on_event_trainingjob(event: Any, body: Any, name: str, namespace: str | None, memo: kopf.Memo, **kwargs: Any) -> None:
+    rt = runtime_of(memo)
     namespace = namespace or "default"
     rt.bind_indexes(kwargs)
     if event.get("type") == "DELETED":
         await rt.remove_job(namespace, name)
         # ownerReferences garbage-collect the rest; this covers API servers without a collector
-        await ops.delete_owned(rt.api(), namespace, name)
+        await KubeGangIO(rt.api()).delete_owned(namespace, name)
         return
     rt.upsert_job(namespace, name, _plain(body))
 
 
 @kopf.on.event("pods", labels={JOB_LABEL: kopf.PRESENT})
-def on_event_pod(namespace: str | None, labels: Any, **kwargs: Any) -> None:
-    rt = runtime()
+def on_event_pod(namespace: str | None, labels: Any, memo: kopf.Memo, **kwargs: Any) -> None:
+    rt = runtime_of(memo)
     rt.bind_indexes(kwargs)
     rt.wake(namespace or "", labels[JOB_LABEL])
 
 
 @kopf.on.event("nodes")
-async def on_event_node(event: Any, name: str, body: Any, **kwargs: Any) -> None:
-    rt = runtime()
+async def on_event_node(event: Any, name: str, body: Any, memo: kopf.Memo, **kwargs: Any) -> None:
+    rt = runtime_of(memo)
     rt.bind_indexes(kwargs)
     await on_node_change(rt, KubeGangIO(rt.api()), deleted=event.get("type") == "DELETED", name=name, body=body)
 

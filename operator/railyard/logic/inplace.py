@@ -16,7 +16,7 @@ itself keeps running) into the pod evidence the failure rules of railyard.logic.
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -24,7 +24,9 @@ from railyard.api.corev1 import node_is_ready
 from railyard.api.trainingjob import TrainingJobStatus
 from railyard.logic.conditions import format_micro_time
 from railyard.logic.gang import pod_index_of
+from railyard.logic.placement import Placement, Unplaceable
 from railyard.protocol.control import Action, LauncherReport, LauncherState
+from railyard.protocol.ranktable import RankTable
 
 Obj = Mapping[str, Any]
 Mode = Literal["InPlace", "Full"]
@@ -194,6 +196,57 @@ def decide_restart_mode(
         return _full("NoControlChannel", f"pod indices {_short(deaf)}")
     return RestartPlan("InPlace", replace=tuple(move), why=why, keep=tuple(keep), optional=tuple(optional),
                        message=describe_in_place(tuple(move), why, len(keep)))
+
+
+@dataclass(frozen=True, slots=True)
+class InPlaceMoves:
+    """Where an in-place restart puts the new attempt: its placement, the pod indices replaced
+    and kept, and what the status and the Event say about it."""
+
+    placement: Placement
+    replace: frozenset[int]
+    keep: tuple[int, ...]
+    message: str
+
+
+def plan_in_place_moves(
+    plan: RestartPlan,
+    prev: RankTable,
+    stragglers: Mapping[str, str],
+    failed: set[str],
+    place: Callable[[set[str]], Placement | Unplaceable],
+) -> InPlaceMoves | RestartPlan:
+    """The moves of an in-place ``plan`` from the running attempt's table ``prev``: place the
+    new attempt sticky (``place(nodes to avoid)``, avoiding ``failed`` and the straggler nodes
+    the optional moves leave); with no room to leave the stragglers behind they stay and only
+    what must move moves. A pod the placement moves anyway is replaced too. A Full plan when the
+    pods that must move cannot be placed or no pod can stay."""
+    def node_of(index: int) -> str:
+        return next((p.node for p in prev.pods if p.pod_index == index), "")
+
+    leave = {node_of(i) for i in plan.optional}
+    result = place(failed | leave)
+    replace = set(plan.replace)
+    left_behind = {n: w for n, w in stragglers.items() if n in leave}
+    if isinstance(result, Unplaceable) and leave:
+        left_behind = {}
+        replace -= set(plan.optional)
+        result = place(failed)
+    if isinstance(result, Unplaceable):
+        return RestartPlan("Full", "NotPlaceable", f"full restart (NotPlaceable): {result.message}")
+    why = dict(plan.why)
+    for i in result.moved:
+        if i not in replace:
+            replace.add(i)
+            why[i] = f"node {node_of(i)} no longer usable by placement"
+    keep = tuple(i for i in range(len(result.nodes)) if i not in replace)
+    if not keep:
+        return RestartPlan("Full", "NothingToKeep", "full restart (NothingToKeep): no pod can stay where it is")
+    moves = {i: (node_of(i), result.nodes[i]) for i in sorted(replace)}
+    message = describe_in_place(sorted(replace), why, len(keep), moves)
+    if left_behind:
+        message += f"; left stragglers behind: {', '.join(f'{n} ({w})' for n, w in sorted(left_behind.items()))}"
+    return InPlaceMoves(result, frozenset(replace), keep, message)
 
 
 def describe_in_place(replace: Sequence[int], why: Mapping[int, str], kept: int, moves: Mapping[int, tuple[str, str]] | None = None) -> str:

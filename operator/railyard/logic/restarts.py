@@ -15,11 +15,12 @@ in ``status.restarts`` keep counting for people and metrics.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from railyard.api.trainingjob import (
+    CheckpointRef,
     RestartBudget,
     RestartPolicy,
     Restarts,
@@ -118,6 +119,12 @@ def record_restart(restarts: Restarts, cls: FailureClass, reason: str, now_iso: 
     )
 
 
+def best_checkpoint(refs: Iterable[CheckpointRef]) -> CheckpointRef:
+    """The newest checkpoint; at one step, the fastest tier to read (the trainer's restore
+    order, :data:`railyard.protocol.restore.TIER_RANK`; a tier it does not know comes last)."""
+    return max(refs, key=lambda r: (r.step, -TIER_RANK.get(r.tier, len(TIER_RANK))))
+
+
 def restore_hint(status: TrainingJobStatus, spec: TrainingJobSpec, *, pods_kept: bool) -> dict[str, Any] | None:
     """The next attempt's restore hint (config.json ``restore``): the newest verified checkpoint
     that survives the restart, and the newest step reported (the trainer counts the steps lost).
@@ -132,6 +139,5 @@ def restore_hint(status: TrainingJobStatus, spec: TrainingJobSpec, *, pods_kept:
         refs = [r for r in refs if r.tier != "memory"]
     if not refs:
         return None
-    # at one step, the fastest tier to read (the trainer's restore order)
-    best = max(refs, key=lambda r: (r.step, -TIER_RANK.get(r.tier, len(TIER_RANK))))
+    best = best_checkpoint(refs)
     return {"tier": best.tier, "step": best.step, "lastStep": status.step}

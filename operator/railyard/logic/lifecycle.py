@@ -1,0 +1,431 @@
+"""The lifecycle of a TrainingJob as one pure decision: from what a reconcile cycle observed
+(the job's status and spec, its gang as :func:`railyard.logic.gang.assess_gang` sees it, an
+in-place restart in progress, the clock) to what to do.
+
+:func:`decide_standing` reads the job before its gang: a finished job is released, a job that
+failed on its spec starts over once the spec is edited, ``spec.suspend`` suspends and resumes.
+:func:`decide_lifecycle` reads the gang and returns the steps of the cycle, in order. The
+handlers (handlers/reconcile.py) execute these steps and decide nothing; the rules, and the
+numbers they use (the gang deadline, the SDC wait, the restart streak timer, the placement
+retry backoff, how many earlier attempts are kept), are here and tested as tables
+(tests/operator/test_lifecycle_decisions.py).
+
+The states of the gang and what follows each (docs/operator.md "How a job runs"):
+
+- Absent: wait for an earlier attempt's pods to go, then for the backoff; then place it.
+- Partial/Gated (an operator died mid-creation): finish creating it; what is left of a refused
+  creation (rolled back) is let go.
+- Starting: all Running within ``spec.gang.scheduleTimeoutSeconds``, else placed again; placed
+  again at once when a planned node can no longer take its pod. A gang that was Running and
+  lost a pod stays Running until the loss is classified (it never goes back to Starting).
+- Running: record it, clear the restart streak after ``restartPolicy.resetAfterSeconds``.
+- Succeeded: record it. Failed: handle the failure (an SDC exit waits a moment for the
+  heartbeat that names the suspect).
+- An in-place restart in progress: continue it, then wait for every kept launcher to restart
+  its workers (falling back to a full restart after ``restartPolicy.inPlaceTimeoutSeconds``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from railyard.api.trainingjob import RestartPolicy, Restarts, TrainingJobStatus
+from railyard.logic.conditions import parse_time
+from railyard.logic.failures import Failure
+from railyard.logic.gang import GangAssessment, StalePlacement
+from railyard.logic.rejections import PERMANENT_REASONS
+from railyard.logic.restarts import RestartDecision, decide_restart, decide_streak_reset
+from railyard.logic.status import TERMINAL_PHASES
+from railyard.protocol.exitcodes import FailureClass
+
+#: Failed reasons a new spec generation recovers from: the spec itself, or an object built from
+#: it, could not be accepted.
+RESTART_ON_EDIT = frozenset({"InvalidSpec"}) | PERMANENT_REASONS
+#: How many attempts before the current one keep their ConfigMap (rank table: where a sticky
+#: placement and a checkpoint cleanup look), their PodGroup, and are searched for a placement.
+KEPT_ATTEMPTS = 4
+#: Longest wait between placement tries of a gang that does not fit (it doubles from 2 s).
+PLACEMENT_RETRY_MAX_S = 30.0
+#: How long an SDC exit waits for the heartbeat that names the suspect (then: no node blamed).
+SDC_VERDICT_WAIT_S = 5.0
+#: How often a Running gang that lost a pod looks again until the loss is classified.
+LOST_POD_RECHECK_S = 1.0
+
+
+def earlier_attempts(attempt: int, kept: int = KEPT_ATTEMPTS) -> range:
+    """The attempts before ``attempt`` whose objects are kept (oldest first)."""
+    return range(max(attempt - kept, 0), attempt)
+
+
+def placement_retry_s(failures: int) -> float:
+    """Seconds until the next placement try after ``failures`` in a row (2, 4, 8, ... 30)."""
+    return min(2.0 ** failures, PLACEMENT_RETRY_MAX_S)
+
+
+# --------------------------------------------------------------------------- before the gang
+
+
+@dataclass(frozen=True, slots=True)
+class Release:
+    """The job finished: keep or delete its pods as ``spec.cleanup`` says; nothing else."""
+
+
+@dataclass(frozen=True, slots=True)
+class StartOver:
+    """A job Failed on its spec whose spec was edited: a fresh status, the next attempt."""
+
+
+@dataclass(frozen=True, slots=True)
+class Suspend:
+    """``spec.suspend``: delete the gang's pods (``pods``: some are left); ``enter``: the phase
+    becomes Suspended."""
+
+    pods: bool
+    enter: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Resume:
+    """``spec.suspend`` cleared: the next attempt, placed again (not a restart)."""
+
+
+Standing = Release | StartOver | Suspend | Resume
+
+
+def decide_standing(status: TrainingJobStatus, *, generation: int, suspend: bool, has_pods: bool,
+                    failed_reason: str | None) -> Standing | None:
+    """What the job's own state asks for before its gang is looked at (None: look at the gang).
+    ``failed_reason``: the reason of the Failed condition, if any. A :class:`StartOver` or
+    :class:`Resume` is followed by this decision again on the new status."""
+    if status.phase in TERMINAL_PHASES:
+        if status.phase == "Failed" and failed_reason in RESTART_ON_EDIT and status.observed_generation != generation:
+            return StartOver()
+        return Release()
+    if suspend:
+        return Suspend(pods=has_pods, enter=status.phase != "Suspended")
+    if status.phase == "Suspended":
+        return Resume()
+    return None
+
+
+# --------------------------------------------------------------------------- the gang
+
+
+@dataclass(frozen=True, slots=True)
+class Relaunch:
+    """An in-place restart whose replacements are created and whose kept launchers were told
+    (``lastRestart.state`` Started): who has not restarted its workers yet, since when."""
+
+    #: Kept pods whose launcher has not reported the new attempt: "pod (index i, why)".
+    waiting: tuple[str, ...]
+    started: float
+    timeout_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class Observed:
+    """What one reconcile cycle saw of a job and its gang (after :func:`decide_standing`)."""
+
+    status: TrainingJobStatus
+    generation: int
+    now: float
+    gang: GangAssessment
+    schedule_timeout_s: int
+    heartbeat_interval_s: float
+    restart_policy: RestartPolicy
+    #: The gang's unbound pods whose planned node can no longer take them (Starting only).
+    stale_placement: tuple[StalePlacement, ...] = ()
+    #: Every pod of the current attempt is one this operator asked to delete (a creation the
+    #: API server refused, rolled back).
+    rolled_back: bool = False
+    #: ``lastRestart.state`` of an in-place restart of the current attempt (None: none, or done).
+    in_place: str | None = None
+    #: The kept launchers, once the in-place restart is Started.
+    relaunch: Relaunch | None = None
+    #: The heartbeat store holds the job (a Running gang's health is looked at regularly).
+    heartbeats: bool = False
+    #: When the first container of the gang exited non-zero (an SDC exit waits from there).
+    first_exit: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Wait:
+    """Look again in ``seconds`` (the cycle's delay is the smallest of its steps')."""
+
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class WaitForOldPods:
+    """Earlier attempts' pods still terminating: no new gang before they are gone."""
+
+    count: int
+    enter: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Place:
+    """Place the gang and create it whole."""
+
+
+@dataclass(frozen=True, slots=True)
+class LetGo:
+    """Delete what is left of a refused creation."""
+
+
+@dataclass(frozen=True, slots=True)
+class FinishCreation:
+    """Finish creating the gang an operator left half created (same names, same nodes)."""
+
+
+@dataclass(frozen=True, slots=True)
+class PlaceAgain:
+    """Tear the gang down; the next attempt places it again."""
+
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class MarkStarting:
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class MarkRunning:
+    """The gang runs: record it (``enter``: it was not Running) and the spec edits it waits for."""
+
+    message: str
+    enter: bool
+    pending_spec_changes: str
+
+
+@dataclass(frozen=True, slots=True)
+class CheckHealth:
+    """Read the heartbeats: progress into the status; a verdict that asks for a restart is
+    handled as a failure and ends the cycle's steps. ``report=False``: progress only."""
+
+    report: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class ResetStreak:
+    restarts: Restarts
+
+
+@dataclass(frozen=True, slots=True)
+class Succeed:
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class HandleFailure:
+    """Spend the failure class's budget (or fail the job), quarantine, restart in place or in full."""
+
+    failure: Failure
+
+
+@dataclass(frozen=True, slots=True)
+class AwaitSdcVerdict:
+    """An SDC exit: blame the suspect the health verdict names; without one yet, wait up to
+    ``wait_s`` for it, then restart blaming no node (:func:`decide_sdc`)."""
+
+    failure: Failure
+    wait_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class ContinueInPlace:
+    """Create the replacements, lift their gates, open the restart orders."""
+
+
+@dataclass(frozen=True, slots=True)
+class FallBackToFull:
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class FinishInPlace:
+    """Every kept launcher runs the new attempt: the in-place restart is Done."""
+
+
+@dataclass(frozen=True, slots=True)
+class AwaitRelaunch:
+    waiting: int
+    seconds: float
+
+
+Step = (Wait | WaitForOldPods | Place | LetGo | FinishCreation | PlaceAgain | MarkStarting | MarkRunning | CheckHealth
+        | ResetStreak | Succeed | HandleFailure | AwaitSdcVerdict | ContinueInPlace | FallBackToFull | FinishInPlace
+        | AwaitRelaunch)
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """The steps of one cycle, in order (none: only events and rechecks wake the job)."""
+
+    steps: tuple[Step, ...] = field(default_factory=tuple)
+
+
+def decide_lifecycle(o: Observed) -> Decision:
+    """The cycle's steps for the gang ``o.gang`` of ``o.status.attempt``."""
+    if o.in_place is not None:
+        return Decision(tuple(_in_place(o)))
+    return Decision(tuple(_gang(o)))
+
+
+def _in_place(o: Observed) -> list[Step]:
+    state = o.gang.state
+    if o.in_place == "Pending" or state in ("Partial", "Gated"):
+        # the replaced indices have no pod yet: that is the plan, not a lost pod
+        return [ContinueInPlace()]
+    if state not in ("Starting", "Running") or o.relaunch is None:
+        return _gang(o)
+    r = o.relaunch
+    if not r.waiting:
+        return [FinishInPlace(), *_gang(o)]
+    if o.now - r.started >= r.timeout_s:
+        return [FallBackToFull(
+            "RestartNotAnswered",
+            f"{len(r.waiting)} kept pods did not restart their workers within {r.timeout_s:g}s "
+            f"(restartPolicy.inPlaceTimeoutSeconds): {', '.join(r.waiting[:8])}",
+        )]
+    wait = AwaitRelaunch(len(r.waiting), max(min(r.started + r.timeout_s - o.now, 1.0), 0.1))
+    return [wait, *_gang(o)] if state == "Starting" else [wait]
+
+
+def _gang(o: Observed) -> list[Step]:
+    st, a = o.status, o.gang
+    if a.state == "Absent":
+        if a.stale:
+            return [WaitForOldPods(len(a.stale), enter=st.phase not in ("Restarting", "Placing"))]
+        nat = parse_time(st.next_attempt_time)
+        if nat is not None and o.now < nat:
+            return [Wait(nat - o.now)]
+        return [Place()]
+    if a.state in ("Partial", "Gated"):
+        return [LetGo()] if o.rolled_back else [FinishCreation()]
+    if a.state == "Starting":
+        if st.phase == "Running":
+            # a Running gang that lost a pod: the loss is classified within the NotReady grace
+            # (or the pod's deletion shows): it stays Running until then
+            return [CheckHealth(), Wait(LOST_POD_RECHECK_S)]
+        return _starting(o)
+    if a.state == "Running":
+        return _running(o)
+    if a.state == "Succeeded":
+        return [CheckHealth(report=False), Succeed(f"all {a.expected} pods exited 0 (attempt {st.attempt})")]
+    if a.state == "Failed":
+        assert a.failure is not None
+        f = a.failure
+        if f.cls is FailureClass.SDC and f.kind == "SDCExitCode":
+            left = (o.first_exit + SDC_VERDICT_WAIT_S - o.now) if o.first_exit is not None else 0.0
+            return [AwaitSdcVerdict(f, left)]
+        return [HandleFailure(f)]
+    return []  # Settling: the cause behind an echo may still come (the gang's recheck says when)
+
+
+def _starting(o: Observed) -> list[Step]:
+    st, a = o.status, o.gang
+    created = parse_time(st.gang_created_time) or o.now
+    deadline = created + o.schedule_timeout_s
+    if o.now >= deadline:
+        return [PlaceAgain(
+            "GangTimeout",
+            f"{a.running}/{a.expected} pods Running after {o.schedule_timeout_s}s "
+            "(spec.gang.scheduleTimeoutSeconds): tearing down and re-placing",
+        )]
+    if o.stale_placement:
+        stuck = o.stale_placement[0]
+        more = len(o.stale_placement) - 1
+        return [PlaceAgain(
+            "NodeUnusable",
+            f"pod {stuck.pod} cannot be scheduled on its node {stuck.node} any more ({stuck.why}"
+            + (f"; {more} more pods likewise" if more else "")
+            + "): tearing down and re-placing without waiting for spec.gang.scheduleTimeoutSeconds",
+        )]
+    steps: list[Step] = []
+    if st.phase != "Starting":
+        steps.append(MarkStarting(f"attempt {st.attempt}: {a.running}/{a.expected} pods Running; waiting for the rest "
+                                  f"(spec.gang.scheduleTimeoutSeconds={o.schedule_timeout_s})"))
+    return [*steps, CheckHealth(), Wait(min(deadline - o.now, o.heartbeat_interval_s))]
+
+
+def _running(o: Observed) -> list[Step]:
+    st = o.status
+    pending = ""
+    if o.generation != st.observed_generation and st.observed_generation:
+        pending = (
+            f"spec generation {o.generation} differs from the running gang's ({st.observed_generation}); "
+            "it takes effect at the next restart (suspend and resume to apply it now)"
+        )
+    steps: list[Step] = [MarkRunning(f"all {o.gang.expected} pods Running (attempt {st.attempt})", st.phase != "Running", pending),
+                         CheckHealth()]
+    reset_in = _streak_timer(o, steps)
+    due = o.heartbeat_interval_s if o.heartbeats else None
+    wait = reset_in if due is None else (due if reset_in is None else min(due, reset_in))
+    if wait is not None:
+        steps.append(Wait(wait))
+    return steps
+
+
+def _streak_timer(o: Observed, steps: list[Step]) -> float | None:
+    """Clear the restart streak once the gang has run healthy long enough (appending the step);
+    returns the seconds until that is due (None: nothing to wait for)."""
+    st, policy = o.status, o.restart_policy
+    created = parse_time(st.gang_created_time)
+    if created is None:
+        return None
+    # a gang marked Running in this cycle has run since now (MarkRunning records that)
+    ready = st.time_to_all_ready_seconds if st.phase == "Running" else round(o.now - created, 3)
+    if ready is None:
+        return None
+    running_since = created + ready
+    reset = decide_streak_reset(st.restarts, policy, running_since, o.now)
+    if reset is not None:
+        steps.append(ResetStreak(reset))
+        return None
+    streak = st.restarts.streak
+    if policy.reset_after_seconds <= 0 or (streak is not None and not any(streak.values())) or st.restarts.total == 0:
+        return None
+    return max(running_since + policy.reset_after_seconds - o.now, 0.5)
+
+
+def decide_sdc(step: AwaitSdcVerdict, verdict: Failure | None) -> Failure | float:
+    """The failure to handle for an SDC exit given the health verdict (the suspect it names),
+    or the seconds to wait for that verdict. Every rank of an SDC vote exits 75, so the exit
+    codes do not say whose node is bad; without a verdict in time the gang restarts blaming no
+    node (docs/operator.md)."""
+    if verdict is not None and verdict.cls is FailureClass.SDC:
+        return verdict
+    if step.wait_s > 0:
+        return min(step.wait_s, 0.5)
+    return dataclasses.replace(step.failure, nodes=())
+
+
+@dataclass(frozen=True, slots=True)
+class FailJob:
+    """The job fails with this reason and message (its phase Failed)."""
+
+    reason: str
+    message: str
+
+
+def decide_failure(f: Failure, said: str, policy: RestartPolicy, restarts: Restarts) -> FailJob | RestartDecision:
+    """A failure of the gang fails the job (a permanent class, or its class's budget spent) or
+    restarts it (the allowed :class:`RestartDecision`, with its backoff). ``said``: the failure
+    as the status tells it (logic/failure_report.py)."""
+    if f.cls is FailureClass.PERMANENT:
+        return FailJob(f.kind, f"{said}: not retried (permanent)")
+    decision = decide_restart(policy, restarts, f.cls)
+    if not decision.allowed:
+        return FailJob("RestartBudgetSpent", f"{said}; {decision.reason}")
+    return decision
+
+
+def describe_steps(d: Decision) -> Sequence[str]:
+    """The step names, for logs and tests."""
+    return [type(s).__name__ for s in d.steps]
