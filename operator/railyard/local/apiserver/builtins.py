@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from railyard.api.corev1 import compute_pod_qos_class
 
+from . import workloads
 from .errors import Cause, bad_request, forbidden, invalid_value, required
 from .registry import CRD_KEY
 
@@ -123,6 +124,11 @@ def default(rt: ResourceType, obj: JSON, eng: Engine) -> None:
             if isinstance(v, dict) and len(v) == 1 and "name" in v:
                 v["emptyDir"] = {}
         _null_condition_times(obj, ("lastProbeTime", "lastTransitionTime"))
+        status = obj.get("status")
+        if isinstance(status, dict):  # SetDefaults_PodStatus: the plural from the singular
+            for one, many in (("podIP", "podIPs"), ("hostIP", "hostIPs")):
+                if status.get(one) and not status.get(many):
+                    status[many] = [{"ip": status[one]}]
     elif key == "namespaces":
         spec = obj.setdefault("spec", {})
         if not obj["metadata"].get("deletionTimestamp"):
@@ -163,6 +169,8 @@ def default(rt: ResourceType, obj: JSON, eng: Engine) -> None:
         from .crd import default_crd
 
         default_crd(obj)
+    elif key in (workloads.WORKLOADS_KEY, workloads.PODGROUPS_KEY):
+        workloads.default(key, obj)
     elif key == "nodes":
         obj.setdefault("spec", {})
         obj.setdefault("status", {})
@@ -303,6 +311,8 @@ def validate(rt: ResourceType, obj: JSON, old: JSON | None, eng: Engine) -> list
             d = obj.get(f)
             if d is not None and (not isinstance(d, dict) or not all(isinstance(v, str) for v in d.values())):
                 causes.append(invalid_value(f, d, "must be a map of strings"))
+    elif key in (workloads.WORKLOADS_KEY, workloads.PODGROUPS_KEY):
+        causes.extend(workloads.validate(key, obj, old))
     elif key == CRD_KEY:
         from .crd import validate_crd
 
@@ -375,6 +385,7 @@ def prepare_create(rt: ResourceType, obj: JSON, eng: Engine) -> None:
                                      "lastTransitionTime": eng.now(), "reason": "SchedulingGated",
                                      "message": "Scheduling is blocked due to non-empty scheduling gates"}]
         obj["status"] = status
+    workloads.prepare_create(rt.key, obj)
     if rt.key == CRD_KEY:
         from .crd import prepare_crd
 
