@@ -126,9 +126,15 @@ def replayed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Replay]:
         _register_nodes(client)
         sched.start()
         exchanges = load_corpus(WORKLOAD_CORPUS)
-        # the recorded scheduler had not got to qos-1 (034) when 035 wrote its status: the replay's
-        # holds its decisions over the same two exchanges
-        before = {**WORKLOAD_BEFORE, "034": sched.pause, "036": sched.resume}
+        # The recorded scheduler never saw job-a's gang incomplete (no pod of it was marked waiting)
+        # and had not got to qos-1 (034) when 035 wrote its status: the replay's holds its
+        # decisions over the same exchanges.
+        def resume_and_run(c: Client) -> None:
+            sched.resume(c)
+            WORKLOAD_BEFORE["020"](c)
+
+        before = {**WORKLOAD_BEFORE, "014": sched.pause, "020": resume_and_run, "034": sched.pause,
+                  "036": sched.resume}
         replay(client, exchanges, namespace=WORKLOAD_NAMESPACE, before=before)
         yield Replay(exchanges, load_allowlist(WORKLOAD_ALLOWLIST))
     finally:

@@ -56,6 +56,7 @@ class Scheduler:
         self.podgroups: Mapping[str, Obj] = podgroups if podgroups is not None else {}  # by "ns/name"
         self.members: dict[str, set[str]] = {}  # PodGroup "ns/name" -> keys of the pods that name it
         self.group_conditions: dict[str, tuple[str, str, str]] = {}  # PodGroup -> (status, reason, message)
+        self.gang_marks: dict[str, str] = {}  # waiting gang pod key -> the reason its event gave
         self.field_manager = field_manager
         self.nodes: dict[str, NodeInfo] = {}
         self.usage: dict[str, tuple[str, dict[str, int]]] = {}  # uid -> (node, requests)
@@ -105,6 +106,8 @@ class Scheduler:
                 self.members.get(group_key, set()).discard(key)
             else:
                 self.members.setdefault(group_key, set()).add(key)
+        if kind == "DELETED" or is_terminated(pod) or node:
+            self.gang_marks.pop(key, None)
         if kind == "DELETED" or is_terminated(pod):
             self.waiting.pop(key, None)
             if self._release(uid):
@@ -243,12 +246,12 @@ class Scheduler:
         self._set_group_condition(gkey, ("True", "Scheduled", ""))
 
     def _wait(self, queue_key: str, pods: Mapping[str, Obj], condition: str, event: str) -> None:
-        """The gang waits: each pod says why, once per change of the reason."""
-        if self.waiting.get(queue_key) == event:
-            return
+        """The gang waits: each of its pods says why, once per change of the reason."""
         self.waiting[queue_key] = event
-        for pod in pods.values():
-            self._spawn(self._mark_unschedulable(pod, condition, event))
+        for key, pod in pods.items():
+            if self.gang_marks.get(key) != event:
+                self.gang_marks[key] = event
+                self._spawn(self._mark_unschedulable(pod, condition, event))
 
     def _set_group_condition(self, gkey: str, cond: tuple[str, str, str]) -> None:
         group = self.podgroups.get(gkey)
