@@ -383,6 +383,7 @@ async def test_the_scheduler_binds_a_gang_only_once_min_count_pods_are_there() -
     sched.run_queue()
     assert sched.bound == {}
     assert sched.waiting == {GROUP + "ns/g": GANG_WAITING_MESSAGE}
+    assert sched.gang_marks == {"ns/m-0": GANG_WAITING_MESSAGE, "ns/m-1": GANG_WAITING_MESSAGE}
     last = make_pod("m-2", "ns").gpus(8).obj()
     last["spec"]["schedulingGroup"] = {"podGroupName": "g"}
     sched.add(last)
