@@ -37,13 +37,12 @@ from typing import Any
 import torch
 from torch.distributed.tensor import DTensor
 
+# the Lighthouse's address (torchft's own variable, ``http://HOST:PORT``) and this group's index
+# among the replica groups: the operator sets both, spelled once in protocol/
+from railyard.protocol.podenv import LIGHTHOUSE_ENV as LIGHTHOUSE_ENV
+from railyard.protocol.podenv import REPLICA_GROUP_ENV as REPLICA_GROUP_ENV
 from railyard_trainer.config import ConfigError
 from railyard_trainer.events import log_event
-
-#: The Lighthouse's address (torchft's own variable), e.g. ``http://lighthouse:29510``.
-LIGHTHOUSE_ENV = "TORCHFT_LIGHTHOUSE"
-#: This group's index among the replica groups (its replica id in the quorum).
-REPLICA_GROUP_ENV = "RAILYARD_REPLICA_GROUP"
 
 
 @dataclass(frozen=True)

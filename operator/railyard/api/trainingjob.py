@@ -451,6 +451,12 @@ SPEC_RULES: list[dict[str, str]] = [
         "reason": "FieldValueInvalid",
     },
     {
+        "rule": "self.faultTolerance.mode == 'None' || self.nodes % self.parallelism.dataReplicas == 0",
+        "message": "faultTolerance.mode ReplicaGroups needs nodes to be a multiple of parallelism.dataReplicas: every replica group is nodes / dataReplicas whole pods (a pod never holds ranks of two groups).",
+        "fieldPath": ".nodes",
+        "reason": "FieldValueInvalid",
+    },
+    {
         "rule": "self.faultTolerance.minReplicas <= self.parallelism.dataReplicas",
         "message": "faultTolerance.minReplicas must be at most parallelism.dataReplicas (the number of replica groups).",
         "fieldPath": ".faultTolerance.minReplicas",
@@ -509,6 +515,12 @@ class TrainingJobSpec(_Model):
         if self.parallelism.data is not None:
             return self.parallelism.data
         return derive_data_parallel(self.world_size, self.parallelism.pipeline, self.parallelism.tensor)
+
+    @property
+    def replica_groups(self) -> int:
+        """How many replica groups fail alone: ``parallelism.dataReplicas`` with
+        ``faultTolerance.mode: ReplicaGroups``, else 1 (the whole gang is one world)."""
+        return self.parallelism.data_replicas if self.fault_tolerance.mode == "ReplicaGroups" else 1
 
     @property
     def gpus(self) -> int:

@@ -143,7 +143,8 @@ async def create_gang(cycle: Cycle, job: TrainingJob, placed: Placement) -> tupl
     restore = restore_hint(cycle.st, spec, pods_kept=False)
     config = build_trainer_config(spec, job=cycle.name, namespace=cycle.ns, attempt=attempt, restore=restore)
     async with _refusals(f"ConfigMap {cm}"):
-        await cycle.io.create_object(build_configmap(cycle.name, cycle.ns, owner, attempt=attempt, rank_table=table, config=config))
+        await cycle.io.create_object(build_configmap(cycle.name, cycle.ns, owner, attempt=attempt, rank_table=table, config=config,
+                                                   replica_groups=spec.replica_groups))
     # the attempt's ConfigMap goes with a refused gang too: a retry may place it elsewhere
     async with _refusals("the gang's pods", pods=names, configmap=cm):
         runtime.metrics.pods_created.inc(await cycle.io.create_pods(pods))

@@ -158,7 +158,8 @@ async def begin_in_place(
     table = with_addresses(result.rank_table, c.ns)
     restore = restore_hint(c.st, spec, pods_kept=True)
     config = build_trainer_config(spec, job=c.name, namespace=c.ns, attempt=attempt, restore=restore)
-    if not await c.io.create_object(build_configmap(c.name, c.ns, owner, attempt=attempt, rank_table=table, config=config)):
+    if not await c.io.create_object(build_configmap(c.name, c.ns, owner, attempt=attempt, rank_table=table, config=config,
+                                                         replica_groups=spec.replica_groups)):
         # written by an earlier try of this same restart (an operator that died before its
         # status patch): that table is the one some launchers may already run
         again = await c.io.read_rank_table(c.ns, c.name, attempt)

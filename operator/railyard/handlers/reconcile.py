@@ -34,6 +34,7 @@ from railyard.handlers.inplace import (
     observe_relaunch,
     republish,
 )
+from railyard.handlers.lighthouse import reconcile_lighthouse
 from railyard.handlers.runtime import JobWorker, Runtime
 from railyard.handlers.spares import reconcile_spares
 from railyard.logic import lifecycle as lc
@@ -94,9 +95,9 @@ async def reconcile_job(runtime: Runtime, worker: JobWorker, *, now: float | Non
         await cycle.commit()
         return None
     delay = await _step(cycle, job)
-    spares_in = await reconcile_spares(cycle, job)
-    if spares_in is not None:
-        delay = spares_in if delay is None else min(delay, spares_in)
+    for again_in in (await reconcile_spares(cycle, job), await reconcile_lighthouse(cycle, job)):
+        if again_in is not None:
+            delay = again_in if delay is None else min(delay, again_in)
     await cycle.commit()
     return delay
 

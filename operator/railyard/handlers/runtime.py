@@ -21,7 +21,7 @@ from railyard.k8s.client import Kube
 from railyard.kubecreds import Connection, Credential, load_connection
 from railyard.logic.health import HealthState
 from railyard.logic.health.window import HeartbeatStore
-from railyard.logic.manifests import CLEANUP_LABEL, SPARE_LABEL
+from railyard.logic.manifests import CLEANUP_LABEL, LIGHTHOUSE_LABEL, SPARE_LABEL
 from railyard.logic.topology import TopologyCache
 from railyard.observe.checkpoint_metrics import CheckpointMetrics
 from railyard.observe.control import ControlBoard
@@ -134,15 +134,17 @@ class Runtime:
         self.nodes = kwargs.get("railyard_nodes", self.nodes)
         self.bound_pods = kwargs.get("railyard_bound_pods", self.bound_pods)
 
-    def pods_of(self, namespace: str, job: str, *, cleanup: bool = False, spare: bool = False) -> list[dict[str, Any]]:
+    def pods_of(self, namespace: str, job: str, *, cleanup: bool = False, spare: bool = False, lighthouse: bool = False) -> list[dict[str, Any]]:
         """The job's gang pods (``cleanup=True``: its checkpoint-cleanup pods instead;
-        ``spare=True``: its hot-spare placeholders instead)."""
+        ``spare=True``: its hot-spare placeholders instead; ``lighthouse=True``: its
+        Lighthouse instead)."""
         if self.job_pods is None:
             return []
         out = []
         for p in self.job_pods.get((namespace, job), []):
             labels = (p.get("metadata") or {}).get("labels") or {}
-            if (labels.get(CLEANUP_LABEL) == "true") == cleanup and (labels.get(SPARE_LABEL) == "true") == spare:
+            if ((labels.get(CLEANUP_LABEL) == "true") == cleanup and (labels.get(SPARE_LABEL) == "true") == spare
+                    and (labels.get(LIGHTHOUSE_LABEL) == "true") == lighthouse):
                 out.append(dict(p))
         return out
 

@@ -22,7 +22,10 @@ from collections.abc import Sequence
 from railyard.protocol.mesh import MeshShape, mesh_rank
 from railyard.protocol.ranktable import PodEntry, RankEntry, RankTable
 
-__all__ = ["MeshShape", "build_rank_table", "compute_dp_groups", "compute_rails_per_dp_group", "ranks_in_order"]
+__all__ = [
+    "MeshShape", "build_rank_table", "build_replica_group_table", "compute_dp_groups", "compute_rails_per_dp_group",
+    "ranks_in_order",
+]
 
 
 def compute_rail(local_rank: int, rail_offset: int, gpus: int) -> int:
@@ -39,15 +42,15 @@ def compute_dp_group_spread(
     # Group (p, t) holds TP groups g = p * dp + d (d < dp), on pod g % nodes at local rank
     # (g // nodes) * tp + t: its pods do not depend on t, and its rails only on the distinct
     # (slot base, rail offset, GPUs) of those pods, usually one. So pp x dp steps, not pp x dp x tp.
-    tp, dp, n = shape.tp, shape.dp, shape.nodes
+    tp, dp = shape.tp, shape.dp
     most_rails = most_domains = most_pods = 0
     for p in range(shape.pp):
         pods: set[int] = set()
         wiring: set[tuple[int, int, int]] = set()
         for g in range(p * dp, (p + 1) * dp):
-            slot, pod = divmod(g, n)
+            pod, base = shape.position(g * tp)
             pods.add(pod)
-            wiring.add((slot * tp, pod_rail_offset[pod], pod_gpus[pod]))
+            wiring.add((base, pod_rail_offset[pod], pod_gpus[pod]))
         for t in range(tp):
             rails = {compute_rail(base + t, offset, gpus) for base, offset, gpus in wiring}
             most_rails = max(most_rails, len(rails))
@@ -86,6 +89,34 @@ def build_rank_table(
         procs_per_node=shape.procs_per_node,
         pods=pods,
         ranks=tuple(ranks),
+    )
+
+
+def build_replica_group_table(table: RankTable, *, group: int, replicas: int, master_port: int) -> RankTable:
+    """The rank table of replica group ``group`` of ``replicas`` (faultTolerance ReplicaGroups):
+    a world of its own, cut from the job's table (laid out by a ``MeshShape`` with
+    ``replicas``, so the group's ranks sit on its own pods ``group * n / replicas ..``). Its ranks
+    are renumbered ``0 .. world / replicas - 1`` in the group's ``pp x dp / replicas x tp``
+    order; pods keep their global index (``RAILYARD_POD_INDEX``), nodes, local ranks and rails;
+    a checkpoint replica peer outside the group is dropped (-1: the launcher of one world knows
+    only its own pods). The rendezvous is the group's first pod on ``master_port``."""
+    if replicas < 1 or len(table.pods) % replicas or table.dp % replicas or not 0 <= group < replicas:
+        raise ValueError(f"replica group {group} of {replicas}: does not split {len(table.pods)} pods and data-parallel size {table.dp}")
+    per, share = len(table.pods) // replicas, table.dp // replicas
+    pods = sorted(table.pods, key=lambda p: p.pod_index)[group * per:(group + 1) * per]
+    mine = {p.pod_index for p in pods}
+    ranks = sorted(
+        (RankEntry(mesh_rank(e.pp, e.dp - group * share, e.tp, share, table.tp), e.node, e.pod_index, e.local_rank, e.rail,
+                   e.pp, e.dp - group * share, e.tp)
+         for e in table.ranks if e.dp // share == group),
+        key=lambda e: e.rank,
+    )
+    if {e.pod_index for e in ranks} != mine:
+        raise ValueError(f"replica group {group}: the table's ranks of this group are not on its pods {sorted(mine)}; lay it out with MeshShape(replicas={replicas})")
+    return RankTable(
+        job=table.job, attempt=table.attempt, pp=table.pp, dp=share, tp=table.tp, procs_per_node=table.procs_per_node,
+        pods=tuple(PodEntry(p.pod_index, p.node, p.address, p.replica_peer if p.replica_peer in mine else -1) for p in pods),
+        ranks=tuple(ranks), master_addr=pods[0].address, master_port=master_port,
     )
 
 

@@ -20,6 +20,9 @@ from railyard.api.trainingjob import API_VERSION, KIND, TrainingJobSpec
 from railyard.api.trainingjob import (
     TRAINER_UID as TRAINER_UID,  # the image's user, for callers of this module
 )
+from railyard.logic.layout import build_replica_group_table
+from railyard.protocol.mesh import MeshShape
+from railyard.protocol.podenv import LIGHTHOUSE_ENV, REPLICA_GROUP_ENV
 from railyard.protocol.ranktable import PodEntry, RankTable
 from railyard.protocol.termination import TERMINATION_LOG, TERMINATION_LOG_ENV
 
@@ -59,6 +62,10 @@ NCCL_DEFAULTS: Mapping[str, str] = {
     "NCCL_ASYNC_ERROR_HANDLING": "1",
     "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
 }
+
+
+#: faultTolerance ReplicaGroups: the job's Lighthouse pod carries this label (and the job's).
+LIGHTHOUSE_LABEL = f"{GROUP}/lighthouse"
 
 
 def pod_name(job: str, attempt: int, pod_index: int) -> str:
@@ -131,13 +138,42 @@ def _meta(name: str, namespace: str, labels: Mapping[str, str], owner: Mapping[s
 # objects --------------------------------------------------------------------------------------
 
 
-def rendezvous_port(job: str, namespace: str, attempt: int) -> int:
+def rendezvous_port(job: str, namespace: str, attempt: int, group: int = 0) -> int:
     """The rendezvous (TCPStore) port of one attempt: deterministic, so a re-run of a handler
     builds the same pods, and different per job and attempt, so gangs that share a host's port
     space (the local cluster, hostNetwork pods) or a lingering process of the previous attempt
-    never collide on it."""
+    never collide on it. ``group``: a replica group's own world (faultTolerance ReplicaGroups)
+    gets the next port, so groups sharing a host never collide either."""
     digest = zlib.crc32(f"{namespace}/{job}/{attempt}".encode())
+    return RENDEZVOUS_PORT_BASE + (digest + group) % RENDEZVOUS_PORT_SPAN
+
+
+def lighthouse_name(job: str) -> str:
+    """The Lighthouse pod's name and hostname (``<job>-lighthouse``, beside ``<job>-<i>``)."""
+    return f"{job}-lighthouse"
+
+
+def lighthouse_port(job: str, namespace: str) -> int:
+    """The Lighthouse's port: one per job (it outlives attempts), drawn from the rendezvous
+    range like :func:`rendezvous_port` so jobs sharing a host's port space do not collide."""
+    digest = zlib.crc32(f"{namespace}/{job}/lighthouse".encode())
     return RENDEZVOUS_PORT_BASE + digest % RENDEZVOUS_PORT_SPAN
+
+
+def lighthouse_address(job: str, namespace: str) -> str:
+    """``TORCHFT_LIGHTHOUSE`` of every replica group: the Lighthouse pod's stable DNS name under
+    the job's headless Service."""
+    return f"http://{lighthouse_name(job)}.{service_name(job)}.{namespace}.svc:{lighthouse_port(job, namespace)}"
+
+
+def replica_group_of(spec: TrainingJobSpec, pod_index: int) -> int:
+    """The replica group of a pod (0 when the job is one world)."""
+    return MeshShape(spec.nodes, spec.procs_per_node, replicas=spec.replica_groups).group_of_pod(pod_index)
+
+
+def group_rank_table_file(group: int) -> str:
+    """The ConfigMap key (and file under CONFIG_DIR) of one replica group's rank table."""
+    return f"ranktable-group-{group}.json"
 
 
 def container_resources(spec: TrainingJobSpec) -> dict[str, Any]:
@@ -222,16 +258,26 @@ def build_configmap(
     attempt: int,
     rank_table: RankTable,
     config: Mapping[str, Any],
+    replica_groups: int = 1,
 ) -> dict[str, Any]:
+    """The attempt's config and rank table. With ``replica_groups`` > 1 (faultTolerance
+    ReplicaGroups) also one rank table per group (:func:`group_rank_table_file`), each its own
+    world with its own rendezvous: what that group's pods read. The job's table stays (the
+    operator's view of every rank)."""
     labels = {**job_labels(job), ATTEMPT_LABEL: str(attempt)}
+    data = {
+        RANK_TABLE_FILE: rank_table.to_json(),
+        CONFIG_FILE: json.dumps(config, sort_keys=True, separators=(",", ":")),
+    }
+    if replica_groups > 1:
+        for g in range(replica_groups):
+            port = rendezvous_port(job, namespace, attempt, g)
+            data[group_rank_table_file(g)] = build_replica_group_table(rank_table, group=g, replicas=replica_groups, master_port=port).to_json()
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": _meta(configmap_name(job, attempt), namespace, labels, owner),
-        "data": {
-            RANK_TABLE_FILE: rank_table.to_json(),
-            CONFIG_FILE: json.dumps(config, sort_keys=True, separators=(",", ":")),
-        },
+        "data": data,
     }
 
 
@@ -345,18 +391,25 @@ def build_pod_env(
 ) -> list[dict[str, Any]]:
     """The pod contract of docs/trainer.md, then NCCL defaults, ``spec.nccl``, ``spec.env``.
     ``control_url``: the operator's restart control endpoint (default: beside the heartbeat
-    ingest, :func:`control_url_for`)."""
+    ingest, :func:`control_url_for`). With faultTolerance ReplicaGroups the pod's world is its
+    replica group: the group's rank table and rendezvous (its first pod), its index, and the
+    Lighthouse (docs/fault-tolerance.md)."""
+    groups = spec.replica_groups
+    group = replica_group_of(spec, pod_index)
+    table_file, master_pod = RANK_TABLE_FILE, 0
+    if groups > 1:
+        table_file, master_pod = group_rank_table_file(group), group * (spec.nodes // groups)
     env: list[dict[str, Any]] = [
         {"name": "RAILYARD_CONFIG", "value": f"{CONFIG_DIR}/{CONFIG_FILE}"},
-        {"name": "RAILYARD_RANK_TABLE", "value": f"{CONFIG_DIR}/{RANK_TABLE_FILE}"},
+        {"name": "RAILYARD_RANK_TABLE", "value": f"{CONFIG_DIR}/{table_file}"},
         {"name": "RAILYARD_POD_INDEX", "value": str(pod_index)},
         {"name": "RAILYARD_POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
         {"name": "RAILYARD_NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
         {"name": "RAILYARD_JOB", "value": job},
         {"name": "RAILYARD_NAMESPACE", "value": namespace},
         {"name": "RAILYARD_ATTEMPT", "value": str(attempt)},
-        {"name": "MASTER_ADDR", "value": pod_address(job, namespace, 0)},
-        {"name": "MASTER_PORT", "value": str(rendezvous_port(job, namespace, attempt))},
+        {"name": "MASTER_ADDR", "value": pod_address(job, namespace, master_pod)},
+        {"name": "MASTER_PORT", "value": str(rendezvous_port(job, namespace, attempt, group))},
         {"name": "RAILYARD_HEARTBEAT_URL", "value": heartbeat_url},
         {"name": "RAILYARD_HEARTBEAT_TOKEN", "valueFrom": {"secretKeyRef": {"name": secret_name(job), "key": TOKEN_KEY}}},
         {"name": "RAILYARD_CONTROL_URL", "value": control_url or control_url_for(heartbeat_url, namespace, job)},
@@ -368,6 +421,11 @@ def build_pod_env(
         {"name": "RAILYARD_CHECKPOINT_SHARED_DIR", "value": CHECKPOINT_MOUNTS["shared"]},
         {"name": TERMINATION_LOG_ENV, "value": TERMINATION_LOG},
     ]
+    if groups > 1:
+        env += [
+            {"name": REPLICA_GROUP_ENV, "value": str(group)},
+            {"name": LIGHTHOUSE_ENV, "value": lighthouse_address(job, namespace)},
+        ]
     nccl = {**NCCL_DEFAULTS, **spec.nccl}
     env += [{"name": k, "value": v} for k, v in sorted(nccl.items())]
     overridden = {x.name for x in spec.env}
@@ -406,7 +464,7 @@ def build_pod(
         "imagePullPolicy": spec.image_pull_policy,
         "command": list(spec.command) if spec.command else list(DEFAULT_COMMAND),
         "env": build_pod_env(spec, job=job, namespace=namespace, attempt=attempt, pod_index=pod_index, heartbeat_url=heartbeat_url),
-        "ports": [{"name": "rendezvous", "containerPort": rendezvous_port(job, namespace, attempt), "protocol": "TCP"}],
+        "ports": [{"name": "rendezvous", "containerPort": rendezvous_port(job, namespace, attempt, replica_group_of(spec, pod_index)), "protocol": "TCP"}],
         "resources": resources,
         "volumeMounts": mounts,
         "securityContext": container_sc,
@@ -481,6 +539,63 @@ def build_gate_removal(pod: Mapping[str, Any]) -> dict[str, Any] | None:
         return None
     rest = [g for g in gates if g.get("name") != GANG_GATE]
     return {"spec": {"schedulingGates": rest or None}}
+
+
+# the Lighthouse (faultTolerance ReplicaGroups) ------------------------------------------------
+
+#: ``railyard-train lighthouse`` (railyard_trainer/replicas.py): torchft's quorum server.
+LIGHTHOUSE_COMMAND = ("railyard-train", "lighthouse")
+
+
+def build_lighthouse_pod(
+    spec: TrainingJobSpec,
+    *,
+    job: str,
+    namespace: str,
+    owner: Mapping[str, Any],
+    annotations: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    """The job's Lighthouse: one pod of the job's image running ``railyard-train lighthouse``
+    with ``faultTolerance.minReplicas``, reachable at :func:`lighthouse_address` (hostname and
+    subdomain under the job's headless Service, which selects the job label). Not gated and not
+    pinned: it needs no GPU, only to run while the groups train; ``restartPolicy: Always``
+    restarts a crashed Lighthouse in place, and the operator recreates a lost one
+    (handlers/lighthouse.py). Owned by the job, so it goes with it."""
+    pod_sc, container_sc = _security(spec)
+    port = lighthouse_port(job, namespace)
+    command = [*LIGHTHOUSE_COMMAND, "--min-replicas", str(spec.fault_tolerance.min_replicas), "--bind", f"[::]:{port}"]
+    pod_spec: dict[str, Any] = {
+        "restartPolicy": "Always",
+        "hostname": lighthouse_name(job),
+        "subdomain": service_name(job),
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "terminationGracePeriodSeconds": 5,
+        "securityContext": pod_sc,
+        "containers": [{
+            "name": "lighthouse",
+            "image": spec.image,
+            "imagePullPolicy": spec.image_pull_policy,
+            "command": command,
+            "ports": [{"name": "lighthouse", "containerPort": port, "protocol": "TCP"}],
+            "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"memory": "512Mi"}},
+            "securityContext": container_sc,
+        }],
+    }
+    if spec.node_selector:
+        pod_spec["nodeSelector"] = dict(spec.node_selector)
+    if spec.tolerations:
+        pod_spec["tolerations"] = [t.model_dump(by_alias=True, exclude_none=True) for t in spec.tolerations]
+    if spec.gang.priority_class_name:
+        pod_spec["priorityClassName"] = spec.gang.priority_class_name
+    meta = _meta(lighthouse_name(job), namespace, {**job_labels(job), LIGHTHOUSE_LABEL: "true"}, owner)
+    if annotations:
+        meta["annotations"] = dict(annotations)
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": pod_spec}
+
+
+def is_lighthouse_pod(pod: Mapping[str, Any]) -> bool:
+    return (((pod.get("metadata") or {}).get("labels") or {}).get(LIGHTHOUSE_LABEL)) == "true"
 
 
 # hot spares ------------------------------------------------------------------------------------

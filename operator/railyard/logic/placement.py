@@ -67,10 +67,12 @@ class GangRequest:
     #: GPUs each pod needs exclusively; None means procs_per_node; 0 is CPU mode.
     gpus_per_pod: int | None = None
     attempt: int = 0
+    #: Replica groups that fail alone (faultTolerance ReplicaGroups); each is placed as a block.
+    replicas: int = 1
 
     @property
     def shape(self) -> MeshShape:
-        return MeshShape(self.nodes, self.procs_per_node, self.pp, self.dp, self.tp)
+        return MeshShape(self.nodes, self.procs_per_node, self.pp, self.dp, self.tp, self.replicas)
 
     @property
     def gpus_needed(self) -> int:
@@ -748,6 +750,7 @@ def build_gang_request(
         tolerations=job_tolerations(job),
         gpus_per_pod=spec.gpus_per_pod,
         attempt=attempt,
+        replicas=spec.replica_groups,
     )
 
 

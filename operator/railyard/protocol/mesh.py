@@ -68,13 +68,19 @@ class MeshShape:
     Where a rank runs is the operator's choice (:meth:`position`): with ``S = procs_per_node /
     tp`` tensor-parallel groups per pod, TP group ``g = p * dp + d`` goes to pod ``g % nodes``
     in slot ``g // nodes``, so a TP group never leaves a pod and, when ``S`` divides ``pp``,
-    every data-parallel group shares one local GPU index (one rail)."""
+    every data-parallel group shares one local GPU index (one rail).
+
+    ``replicas`` > 1 (``faultTolerance.mode: ReplicaGroups``): the data dimension's outermost
+    factor splits the gang into that many replica groups, each its own world of ``nodes /
+    replicas`` consecutive pods (group ``r`` holds data indices ``r * dp / replicas ..``); the
+    rule above then applies inside each group, so no pod holds ranks of two groups."""
 
     nodes: int
     procs_per_node: int
     pp: int = 1
     dp: int = 1
     tp: int = 1
+    replicas: int = 1
 
     @property
     def world_size(self) -> int:
@@ -84,7 +90,35 @@ class MeshShape:
         """Every inconsistency at once, each naming its field and the fix."""
         if self.nodes < 1:
             return [f"nodes: must be >= 1, got {self.nodes}"]
-        return check_mesh(world_size=self.world_size, procs_per_node=self.procs_per_node, pp=self.pp, dp=self.dp, tp=self.tp)
+        out = check_mesh(world_size=self.world_size, procs_per_node=self.procs_per_node, pp=self.pp, dp=self.dp, tp=self.tp)
+        r = self.replicas
+        if r < 1:
+            out.append(f"parallelism.dataReplicas: must be >= 1, got {r}")
+        elif r > 1:
+            if self.nodes % r:
+                out.append(
+                    f"nodes: {self.nodes} is not a multiple of parallelism.dataReplicas {r}; with faultTolerance.mode "
+                    "ReplicaGroups every replica group is nodes / dataReplicas whole pods: set nodes to a multiple of dataReplicas"
+                )
+            if self.dp % r:
+                out.append(f"parallelism.dataReplicas: {r} does not divide the data-parallel degree {self.dp}")
+        return out
+
+    @property
+    def group_nodes(self) -> int:
+        """Pods per replica group (the whole gang when ``replicas`` is 1)."""
+        return self.nodes // self.replicas
+
+    def group_of_pod(self, pod: int) -> int:
+        """The replica group of a pod index (0 when ``replicas`` is 1)."""
+        return pod // self.group_nodes
+
+    @property
+    def group_shape(self) -> MeshShape:
+        """One replica group's own world: ``nodes / replicas`` pods, ``dp / replicas`` data ranks."""
+        if self.replicas == 1:
+            return self
+        return MeshShape(self.group_nodes, self.procs_per_node, self.pp, self.dp // self.replicas, self.tp)
 
     @property
     def slots_per_node(self) -> int:
@@ -97,13 +131,21 @@ class MeshShape:
 
     @property
     def block_nodes(self) -> int:
-        """Pods per placement block: ``dp`` when layouts are rail-pure (each block holds whole
-        DP groups), else 1 (no block structure)."""
+        """Pods per placement block: with replica groups, one group (placed whole inside the
+        fewest domains); else ``dp`` when layouts are rail-pure (each block holds whole DP
+        groups), else 1 (no block structure)."""
+        if self.replicas > 1:
+            return self.group_nodes
         return self.dp if self.rail_pure else 1
 
     def position(self, rank: int) -> tuple[int, int]:
         """(pod index, local rank) of a global rank."""
         g, t = divmod(rank, self.tp)
+        if self.replicas > 1:
+            p, d = divmod(g, self.dp)
+            group, gd = divmod(d, self.dp // self.replicas)
+            slot, pod = divmod(p * (self.dp // self.replicas) + gd, self.group_nodes)
+            return group * self.group_nodes + pod, slot * self.tp + t
         slot, pod = divmod(g, self.nodes)
         return pod, slot * self.tp + t
 
@@ -118,10 +160,13 @@ class MeshShape:
         """(rank, pod index, local rank, pp, dp, tp) of every rank in rank order: the same
         answers as :meth:`position` and :meth:`coords`, one division per TP group (the rank
         table of a 16,384-rank gang is built per re-placement)."""
-        tp, dp, n = self.tp, self.dp, self.nodes
+        tp, dp, n = self.tp, self.dp, self.group_nodes
+        share = dp // self.replicas
         for g in range(self.pp * dp):
             p, d = divmod(g, dp)
-            slot, pod = divmod(g, n)
+            group, gd = divmod(d, share)
+            slot, pod = divmod(p * share + gd, n)
+            pod += group * n
             base = g * tp
             for t in range(tp):
                 yield base + t, pod, slot * tp + t, p, d, t

@@ -1,0 +1,156 @@
+"""faultTolerance ReplicaGroups in the gang's objects: each group's pods get their own world
+(rank table, rendezvous on the group's first pod), their group index and the Lighthouse; the
+Lighthouse pod itself; and when the operator creates, keeps, repairs or deletes it."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from tests.operator.builders import make_node, make_pod
+
+from railyard.api.trainingjob import TrainingJob, TrainingJobSpec
+from railyard.api.validation import check_spec_rules
+from railyard.logic.lighthouse import decide_lighthouse
+from railyard.logic.manifests import (
+    LIGHTHOUSE_LABEL,
+    build_configmap,
+    build_gang_pods,
+    build_lighthouse_pod,
+    build_service,
+    build_trainer_config,
+    group_rank_table_file,
+    lighthouse_address,
+    lighthouse_port,
+    rendezvous_port,
+    with_addresses,
+)
+from railyard.logic.placement import Placement, build_placement_input, plan_placement
+from railyard.protocol.podenv import LIGHTHOUSE_ENV, REPLICA_GROUP_ENV
+from railyard.protocol.ranktable import RankTable
+
+OWNER = {"apiVersion": "railyard.dev/v1alpha1", "kind": "TrainingJob", "name": "llm", "uid": "u-1", "controller": True}
+NODES = ["n-0", "n-1", "n-2", "n-3", "n-4", "n-5"]
+RG = {"parallelism": {"dataReplicas": 3}, "faultTolerance": {"mode": "ReplicaGroups", "minReplicas": 2}}
+
+
+def _spec(**kw: Any) -> TrainingJobSpec:
+    return TrainingJobSpec.model_validate({"nodes": 6, "procsPerNode": 2, "gpusPerPod": 0, **kw})
+
+
+def _env(pod: dict[str, Any]) -> dict[str, Any]:
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in pod["spec"]["containers"][0]["env"]}
+
+
+def _objects(spec: TrainingJobSpec) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    job = {"metadata": {"name": "llm", "namespace": "ml"}, "spec": spec.model_dump(by_alias=True, exclude_none=True, mode="json")}
+    tj = TrainingJob.model_validate(job)
+    nodes = [make_node(n, leaf=f"leaf-{i // 3}") for i, n in enumerate(NODES)]
+    pl = plan_placement(build_placement_input(tj, nodes=nodes, attempt=0))
+    assert isinstance(pl, Placement), pl
+    pods = build_gang_pods(spec, job="llm", namespace="ml", owner=OWNER, attempt=0, nodes=pl.nodes, heartbeat_url="http://op/v1/heartbeats/ml/llm")
+    config = build_trainer_config(spec, job="llm", namespace="ml", attempt=0)
+    cm = build_configmap("llm", "ml", OWNER, attempt=0, rank_table=with_addresses(pl.rank_table, "ml"), config=config,
+                         replica_groups=spec.replica_groups)
+    return pods, cm
+
+
+def test_each_group_gets_its_own_world_its_index_and_the_lighthouse() -> None:
+    pods, cm = _objects(_spec(**RG))
+    envs = [_env(p) for p in pods]
+    assert [e[REPLICA_GROUP_ENV] for e in envs] == ["0", "0", "1", "1", "2", "2"]
+    assert {e[LIGHTHOUSE_ENV] for e in envs} == {lighthouse_address("llm", "ml")}
+    assert lighthouse_address("llm", "ml") == f"http://llm-lighthouse.llm.ml.svc:{lighthouse_port('llm', 'ml')}"
+    for i, e in enumerate(envs):
+        g = i // 2
+        assert e["MASTER_ADDR"] == f"llm-{2 * g}.llm.ml.svc", "the rendezvous is the group's first pod"
+        assert e["MASTER_PORT"] == str(rendezvous_port("llm", "ml", 0, g))
+        assert e["RAILYARD_RANK_TABLE"] == f"/etc/railyard/{group_rank_table_file(g)}"
+        assert pods[i]["spec"]["containers"][0]["ports"][0]["containerPort"] == rendezvous_port("llm", "ml", 0, g)
+    assert len({rendezvous_port("llm", "ml", 0, g) for g in range(3)}) == 3, "groups sharing a host never share a port"
+    for g in range(3):
+        t = RankTable.from_json(cm["data"][group_rank_table_file(g)])
+        assert [p.pod_index for p in t.pods] == [2 * g, 2 * g + 1]
+        assert t.world_size == 4 and t.dp == 4 and t.master_addr == f"llm-{2 * g}.llm.ml.svc"
+        assert t.master_port == rendezvous_port("llm", "ml", 0, g)
+    full = RankTable.from_json(cm["data"]["ranktable.json"])
+    assert full.world_size == 12, "the job's own table stays"
+    assert json.loads(cm["data"]["config.json"])["faultTolerance"] == {"mode": "ReplicaGroups", "minReplicas": 2}
+
+
+def test_without_replica_groups_nothing_changes() -> None:
+    pods, cm = _objects(_spec(parallelism={"dataReplicas": 3}))
+    envs = [_env(p) for p in pods]
+    assert not any(REPLICA_GROUP_ENV in e or LIGHTHOUSE_ENV in e for e in envs)
+    assert {e["MASTER_ADDR"] for e in envs} == {"llm-0.llm.ml.svc"}
+    assert {e["RAILYARD_RANK_TABLE"] for e in envs} == {"/etc/railyard/ranktable.json"}
+    assert set(cm["data"]) == {"ranktable.json", "config.json"}
+
+
+def test_the_lighthouse_pod_runs_the_trainer_image_under_the_headless_service() -> None:
+    spec = _spec(**RG, tolerations=[{"key": "gpu", "operator": "Exists"}])
+    pod = build_lighthouse_pod(spec, job="llm", namespace="ml", owner=OWNER)
+    s = pod["spec"]
+    c = s["containers"][0]
+    assert c["image"] == spec.image
+    assert c["command"] == ["railyard-train", "lighthouse", "--min-replicas", "2", "--bind", f"[::]:{lighthouse_port('llm', 'ml')}"]
+    assert (s["hostname"], s["subdomain"]) == ("llm-lighthouse", "llm")
+    assert pod["metadata"]["ownerReferences"] == [OWNER], "deleted with the job"
+    assert pod["metadata"]["labels"][LIGHTHOUSE_LABEL] == "true"
+    service = build_service("llm", "ml", OWNER)
+    assert all(pod["metadata"]["labels"][k] == v for k, v in service["spec"]["selector"].items()), "its DNS name resolves"
+    assert s["restartPolicy"] == "Always" and "schedulingGates" not in s
+    assert s["tolerations"] == [{"key": "gpu", "operator": "Exists"}]
+    assert c["securityContext"]["allowPrivilegeEscalation"] is False and s["securityContext"]["runAsNonRoot"] is True
+
+
+def _lighthouse(phase: str = "Running", node: str = "n-0", deleting: bool = False) -> dict[str, Any]:
+    pod = make_pod(index=0, node=node).phase(phase)
+    if deleting:
+        pod = pod.deleting()
+    obj = pod.obj()
+    obj["metadata"]["name"] = "j-lighthouse"
+    obj["metadata"]["labels"] = {"railyard.dev/job": "j", LIGHTHOUSE_LABEL: "true"}
+    return obj
+
+
+NODE_MAP = {"n-0": make_node("n-0"), "n-1": make_node("n-1", ready=False)}
+
+
+@pytest.mark.parametrize(
+    ("groups", "phase", "deleting", "have", "create", "delete", "lost"),
+    [
+        pytest.param(3, "Starting", False, [], True, 0, False, id="created-with-the-gang"),
+        pytest.param(3, "Running", False, [_lighthouse()], False, 0, False, id="kept-while-running"),
+        pytest.param(3, "Restarting", False, [_lighthouse()], False, 0, False, id="kept-between-attempts"),
+        pytest.param(3, "Running", False, [_lighthouse("Failed")], False, 1, True, id="ended-is-recreated"),
+        pytest.param(3, "Running", False, [_lighthouse(node="n-1")], False, 1, True, id="node-not-ready-is-recreated"),
+        pytest.param(3, "Running", False, [_lighthouse(node="gone")], False, 1, True, id="node-gone-is-recreated"),
+        pytest.param(3, "Running", False, [_lighthouse(deleting=True)], False, 0, False, id="waits-for-the-old-one"),
+        pytest.param(3, "Succeeded", False, [_lighthouse()], False, 1, False, id="deleted-when-finished"),
+        pytest.param(3, "Running", True, [_lighthouse()], False, 1, False, id="deleted-with-the-job"),
+        pytest.param(3, "Placing", False, [], False, 0, False, id="not-before-the-gang"),
+        pytest.param(1, "Running", False, [], False, 0, False, id="one-world-needs-none"),
+    ],
+)
+def test_when_the_operator_creates_keeps_repairs_or_deletes_the_lighthouse(
+    groups: int, phase: str, deleting: bool, have: list[dict[str, Any]], create: bool, delete: int, lost: bool,
+) -> None:
+    d = decide_lighthouse(replica_groups=groups, phase=phase, deleting=deleting, have=have, nodes=NODE_MAP)
+    assert (d.create, len(d.delete), bool(d.lost)) == (create, delete, lost)
+
+
+@pytest.mark.parametrize(
+    ("nodes", "replicas", "min_replicas", "field"),
+    [
+        (4, 3, 1, "spec.nodes"),
+        (4, 2, 2, None),
+        (3, 3, 4, "spec.faultTolerance.minReplicas"),
+    ],
+)
+def test_groups_must_be_whole_pods(nodes: int, replicas: int, min_replicas: int, field: str | None) -> None:
+    spec = {"nodes": nodes, "procsPerNode": 3, "trainer": {"batchSize": 144}, "parallelism": {"dataReplicas": replicas},
+            "faultTolerance": {"mode": "ReplicaGroups", "minReplicas": min_replicas}}
+    fields = [p.path for p in check_spec_rules(spec)]
+    assert fields == ([field] if field else []), fields
