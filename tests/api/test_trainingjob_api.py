@@ -82,6 +82,7 @@ def test_data_parallel_is_derived_from_the_world_size() -> None:
         ({"procsPerNode": 4, "gpusPerPod": 2}, "spec.gpusPerPod"),
         ({"nodes": 2, "faultTolerance": {"mode": "ReplicaGroups"}}, "spec.faultTolerance.mode"),
         ({"nodes": 2, "trainer": {"batchSize": 2}, "parallelism": {"dataReplicas": 2}, "faultTolerance": {"mode": "ReplicaGroups", "minReplicas": 3}}, "spec.faultTolerance.minReplicas"),
+        ({"nodes": 3, "procsPerNode": 2, "trainer": {"batchSize": 6}, "parallelism": {"dataReplicas": 2}, "faultTolerance": {"mode": "ReplicaGroups"}}, "spec.nodes"),
         ({"trainer": {"program": {"script": "t.py", "module": "pkg.t"}}}, "spec.trainer.program"),
         ({"trainer": {"program": {"args": ["--steps", "5"]}}}, "spec.trainer.program"),
     ],
@@ -93,7 +94,7 @@ def test_each_cross_field_rule_names_its_field(spec: dict[str, Any], field: str)
 
 def test_every_rule_is_exercised_above() -> None:
     # Keeps the table above honest when a rule is added.
-    assert len(SPEC_RULES) == 15
+    assert len(SPEC_RULES) == 16
 
 
 def test_a_program_is_not_held_to_the_bundled_trainers_batch_rule() -> None:

@@ -14,7 +14,7 @@ from railyard.handlers.inplace import begin_in_place, plan_restart, record_full
 from railyard.logic.conditions import format_micro_time
 from railyard.logic.failure_report import describe_failure, explain_failure
 from railyard.logic.failures import Failure
-from railyard.logic.inplace import RestartPlan
+from railyard.logic.inplace import RestartPlan, failed_pod_indices
 from railyard.logic.lifecycle import FailJob, decide_failure
 from railyard.logic.quarantine import QUARANTINE_KEY
 from railyard.logic.restarts import record_restart
@@ -60,7 +60,7 @@ async def handle_failure(
     real = {str((p.get("metadata") or {}).get("name")): p for p in cycle.rt.pods_of(cycle.ns, cycle.name)}
     gang = [real.get(str((p.get("metadata") or {}).get("name")), p) for p in current]
     plan: RestartPlan | None
-    plan, stragglers = plan_restart(cycle, job, f, gang, nodes, quarantined)
+    plan, stragglers = plan_restart(cycle, job, f, gang, nodes, quarantined, failed=frozenset(failed_pod_indices(current)))
     if plan.mode == "InPlace":
         got = await begin_in_place(cycle, job, f, decision, plan, stragglers, gang, real, nodes, quarantined)
         if not isinstance(got, RestartPlan):

@@ -35,7 +35,9 @@ from railyard.logic.failure_report import describe_failure
 from railyard.logic.failures import Failure
 from railyard.logic.gang import attempt_of, gang_members, is_gated, pod_index_of
 from railyard.logic.inplace import (
+    GROUP_REPAIR,
     RestartPlan,
+    decide_group_repair,
     decide_nodes_to_leave,
     decide_restart_mode,
     decide_unacknowledged,
@@ -79,6 +81,14 @@ def in_place_restart(c: Cycle) -> LastRestart | None:
     return lr
 
 
+def carried_on(lr: LastRestart | None, attempt: int) -> tuple[int, ...]:
+    """The pod indices that carry on with an older attempt after a replica-group repair of
+    ``attempt`` (their launchers are never told to restart)."""
+    if lr is None or lr.attempt != attempt or lr.reason != GROUP_REPAIR:
+        return ()
+    return tuple(lr.carried_on)
+
+
 def members_since(c: Cycle) -> int | None:
     """The ``since`` of :func:`railyard.logic.gang.gang_members` for the cycle's attempt."""
     return logic_members_since(c.st)
@@ -97,8 +107,9 @@ def capable_pods(c: Cycle, members: Sequence[Obj]) -> frozenset[int]:
 
 
 def plan_restart(c: Cycle, job: TrainingJob, f: Failure, members: Sequence[Obj], nodes: Mapping[str, Obj],
-                 quarantined: Sequence[QuarantinedNode]) -> tuple[RestartPlan, dict[str, str]]:
-    """In place or full, and the nodes the restart moves off (blamed, quarantined, stragglers)."""
+                 quarantined: Sequence[QuarantinedNode], failed: frozenset[int] = frozenset()) -> tuple[RestartPlan, dict[str, str]]:
+    """In place or full, and the nodes the restart moves off (blamed, quarantined, stragglers).
+    ``failed``: pod indices whose workers failed (a replica-group repair restarts their groups)."""
     move_off = {n: f"blamed: {f.kind}" for n in f.nodes}
     for q in quarantined:
         move_off.setdefault(q.node, "quarantined")
@@ -110,6 +121,8 @@ def plan_restart(c: Cycle, job: TrainingJob, f: Failure, members: Sequence[Obj],
         enabled=job.spec.restart_policy.in_place, spec_changed=spec_changed, members=members, expected=expected,
         nodes=nodes, move_off=move_off, leave=stragglers, capable=capable_pods(c, members),
     )
+    plan = decide_group_repair(plan, expected=expected, replicas=job.spec.replica_groups,
+                               min_replicas=job.spec.fault_tolerance.min_replicas, failed=failed)
     return plan, stragglers
 
 
@@ -182,10 +195,13 @@ async def begin_in_place(
         "quarantined_nodes": quarantined,
         "pods_since_attempt": since,
         "placement": placement_status(result, attempt=attempt),
-        "last_restart": LastRestart(attempt=attempt, mode="InPlace", state="Pending", message=message, kept=len(keep), replaced=sorted(replace)[:64]),
+        "last_restart": LastRestart(attempt=attempt, mode="InPlace", state="Pending", message=message, kept=len(keep), replaced=sorted(replace)[:64],
+                                    reason=GROUP_REPAIR if moves.carry_on else "", carried_on=list(moves.carry_on)),
     })
-    rt.control.publish(c.ns, c.name, attempt=attempt, members=names, table=table, restore=restore, open_=False,
+    rt.control.publish(c.ns, c.name, attempt=attempt, members=names, table=table, restore=restore, open_=False, carry_on=moves.carry_on,
                        waiting=f"restart to attempt {attempt} in {backoff:g}s" if backoff > 0 else f"preparing attempt {attempt}")
+    if moves.carry_on:
+        rt.metrics.replica_group_restarts.inc(len({i // plan.group_size for i in range(len(table.pods)) if i not in set(moves.carry_on)}))
     rt.metrics.restarts.labels(**{"class": f.cls.value}).inc()
     rt.metrics.restart_modes.labels(mode="InPlace", reason="None").inc()
     rt.metrics.pods_replaced.inc(len(replace))
@@ -248,9 +264,10 @@ async def continue_in_place(c: Cycle, job: TrainingJob, nodes: Mapping[str, Obj]
             "observed_generation": c.generation, "pending_spec_changes": "",
         })
         names = {i: _name(present[i]) if i in present else pod_name(c.name, attempt, i) for i in range(len(table.pods))}
+        carry_on = carried_on(lr, attempt)
 
         def open_orders() -> None:
-            rt.control.publish(c.ns, c.name, attempt=attempt, members=names, table=table, open_=True)
+            rt.control.publish(c.ns, c.name, attempt=attempt, members=names, table=table, open_=True, carry_on=carry_on)
             rt.store.begin_attempt(c.ns, c.name, attempt)
 
         c.after_commit.append(open_orders)
@@ -276,7 +293,8 @@ def observe_relaunch(c: Cycle, job: TrainingJob, members: Sequence[Obj]) -> Rela
     if lr is None or lr.state != "Started":
         return None
     attempt = c.st.attempt
-    kept = [pod_index_of(p) for p in members if attempt_of(p) < attempt]
+    carry_on = set(carried_on(lr, attempt))
+    kept = [pod_index_of(p) for p in members if attempt_of(p) < attempt and pod_index_of(p) not in carry_on]
     names = {pod_index_of(p): _name(p) for p in members}
     reports = c.rt.control.reports(c.ns, c.name)
     waiting = decide_unacknowledged(kept, reports, names, attempt=attempt)
@@ -354,7 +372,7 @@ async def republish(c: Cycle, members: Sequence[Obj]) -> None:
     names = {i: present.get(i, pod_name(c.name, attempt, i)) for i in range(len(table.pods))}
     lr = in_place_restart(c)
     c.rt.control.publish(c.ns, c.name, attempt=attempt, members=names, table=table, restore=(config or {}).get("restore"),
-                         open_=not (lr is not None and lr.state == "Pending"))
+                         open_=not (lr is not None and lr.state == "Pending"), carry_on=carried_on(c.st.last_restart, attempt))
     for a in sorted({attempt_of(p) for p in members if attempt_of(p) < attempt}):
         # kept launchers run these tables: the delta of their restart is built against them
         old = await c.io.read_rank_table(c.ns, c.name, a)

@@ -330,4 +330,4 @@ def _refresh_quarantine(cycle: Cycle, nodes: Mapping[str, Mapping[str, Any]]) ->
 
 
 def _update_degraded(cycle: Cycle, job: TrainingJob) -> None:
-    cycle.st = decide_degraded(cycle.st, hot_spares=job.spec.gang.hot_spares, now=cycle.iso)
+    cycle.st = decide_degraded(cycle.st, hot_spares=job.spec.gang.hot_spares, now=cycle.iso, replica_groups=job.spec.replica_groups)

@@ -41,6 +41,10 @@ FALLBACKS: Mapping[str, str] = {
     "RestartNotAnswered": "a kept pod's launcher did not restart its workers in time",
 }
 
+#: ``RestartPlan.reason`` (and ``lastRestart.reason``) of an in-place restart that replaces
+#: whole replica groups and leaves the other groups' workers running (faultTolerance ReplicaGroups).
+GROUP_REPAIR = "ReplicaGroupReplaced"
+
 
 def _name(pod: Obj) -> str:
     return str((pod.get("metadata") or {}).get("name") or "")
@@ -126,6 +130,12 @@ class RestartPlan:
     #: Of ``replace``: the pods that move only to leave a straggler node behind (they stay when
     #: the placement finds no room for them).
     optional: tuple[int, ...] = ()
+    #: faultTolerance ReplicaGroups (reason :data:`GROUP_REPAIR`): pods per replica group.
+    group_size: int = 0
+    #: Of ``keep``: the pods of the groups the failure did not touch. They *carry on*: their
+    #: launchers are never told to restart (their workers keep training through torchft); only
+    #: the lost groups restart (their pods that must move replaced, the others in place).
+    carry_on: tuple[int, ...] = ()
 
 
 def _full(reason: str, detail: str = "") -> RestartPlan:
@@ -198,6 +208,40 @@ def decide_restart_mode(
                        message=describe_in_place(tuple(move), why, len(keep)))
 
 
+def failed_pod_indices(pods: Sequence[Obj]) -> set[int]:
+    """Pod indices of the gang members that failed (as the failure rules see them: a pod whose
+    launcher reported its workers' failure counts, :func:`apply_launcher_reports`)."""
+    return {pod_index_of(p) for p in pods if _terminated(p) and str((p.get("status") or {}).get("phase") or "") != "Succeeded"}
+
+
+def decide_group_repair(plan: RestartPlan, *, expected: int, replicas: int, min_replicas: int, failed: set[int] | frozenset[int] = frozenset()) -> RestartPlan:
+    """faultTolerance ReplicaGroups: an in-place ``plan`` (from :func:`decide_restart_mode`)
+    becomes the repair of the groups the failure touched (a pod of theirs must move, or is in
+    ``failed``: its workers failed). Those groups restart: their pods that must move are
+    replaced, their other pods restart in place. Every pod of the other groups carries on
+    untouched (torchft took the lost groups out of the quorum; their workers never stopped).
+    Straggler moves in carried-on groups are dropped (moving one pod would break a healthy
+    group). When fewer than ``min_replicas`` groups would carry on, no step can commit without
+    the lost ones anyway: the ordinary in-place restart of the whole gang (``plan`` as it is).
+    A Full plan stays Full."""
+    if replicas <= 1 or plan.mode != "InPlace" or expected % replicas:
+        return plan
+    size = expected // replicas
+    optional = set(plan.optional)
+    lost = {i // size for i in plan.replace if i not in optional} | {i // size for i in failed if 0 <= i < expected}
+    if not lost or replicas - len(lost) < min_replicas:
+        return plan
+    replace = tuple(i for i in plan.replace if i // size in lost)
+    keep = tuple(i for i in range(expected) if i not in set(replace))
+    carry_on = tuple(i for i in keep if i // size not in lost)
+    why = {i: w for i, w in plan.why.items() if i in set(replace)}
+    groups = ", ".join(map(str, sorted(lost)))
+    message = (f"replica groups {groups} restart, {replicas - len(lost)}/{replicas} groups carry on untouched; "
+               + describe_in_place(replace, why, len(keep) - len(carry_on)).removeprefix("restart in place: "))
+    return RestartPlan("InPlace", reason=GROUP_REPAIR, message=message, replace=replace, why=why, keep=keep,
+                       optional=tuple(i for i in plan.optional if i in set(replace)), group_size=size, carry_on=carry_on)
+
+
 @dataclass(frozen=True, slots=True)
 class InPlaceMoves:
     """Where an in-place restart puts the new attempt: its placement, the pod indices replaced
@@ -207,6 +251,8 @@ class InPlaceMoves:
     replace: frozenset[int]
     keep: tuple[int, ...]
     message: str
+    #: Of ``keep``: the pods whose workers carry on, not restarted (a replica-group repair).
+    carry_on: tuple[int, ...] = ()
 
 
 def plan_in_place_moves(
@@ -240,10 +286,18 @@ def plan_in_place_moves(
             replace.add(i)
             why[i] = f"node {node_of(i)} no longer usable by placement"
     keep = tuple(i for i in range(len(result.nodes)) if i not in replace)
+    # a group repair: a group the placement moves a pod of restarts too (no longer carries on)
+    size = plan.group_size
+    carry_on = tuple(i for i in plan.carry_on if i in keep and not any(j // size == i // size for j in replace)) if size else ()
     if not keep:
         return RestartPlan("Full", "NothingToKeep", "full restart (NothingToKeep): no pod can stay where it is")
     moves = {i: (node_of(i), result.nodes[i]) for i in sorted(replace)}
-    message = describe_in_place(sorted(replace), why, len(keep), moves)
+    message = describe_in_place(sorted(replace), why, len(keep) - len(carry_on), moves)
+    if carry_on:
+        groups = sorted({i // size for i in range(len(result.nodes)) if i not in set(carry_on)})
+        message = (f"replica groups {', '.join(map(str, groups))} restart, {len(carry_on) // size} groups carry on untouched; "
+                   + message.removeprefix("restart in place: "))
+        return InPlaceMoves(result, frozenset(replace), keep, message, carry_on=carry_on)
     if left_behind:
         message += f"; left stragglers behind: {', '.join(f'{n} ({w})' for n, w in sorted(left_behind.items()))}"
     return InPlaceMoves(result, frozenset(replace), keep, message)
@@ -315,6 +369,9 @@ class GangControl:
     finished: str = ""
     #: Why the launchers of a failed attempt are told to wait (backoff, placement).
     waiting: str = ""
+    #: Pod indices whose launchers carry on with their older attempt (a replica-group repair):
+    #: never told to restart.
+    carry_on: frozenset[int] = frozenset()
 
 
 def decide_control_answer(gang: GangControl, report: LauncherReport) -> tuple[Action, str]:
@@ -327,6 +384,8 @@ def decide_control_answer(gang: GangControl, report: LauncherReport) -> tuple[Ac
     if member is None:
         return Action.STOP, f"pod index {report.pod_index} is not part of attempt {gang.attempt}"
     if report.attempt < gang.attempt:
+        if report.pod_index in gang.carry_on:
+            return Action.CONTINUE, f"replica group carries on with attempt {report.attempt} (attempt {gang.attempt} replaced another group)"
         if gang.open:
             return Action.RESTART, f"restart in place for attempt {gang.attempt}"
         return Action.CONTINUE, gang.waiting or f"attempt {gang.attempt} is being prepared"

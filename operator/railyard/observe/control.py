@@ -17,7 +17,7 @@ import hmac
 import inspect
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -84,11 +84,14 @@ class ControlBoard:
         restore: Mapping[str, Any] | None = None,
         open_: bool = True,
         waiting: str = "",
+        carry_on: Iterable[int] = (),
     ) -> None:
         """Say what attempt ``attempt`` is: its member pods, rank table and restore hint.
-        ``open_`` False holds restart orders back (the launchers of the failed attempt wait)."""
+        ``open_`` False holds restart orders back (the launchers of the failed attempt wait).
+        ``carry_on``: pod indices whose launchers keep their older attempt (a replica-group
+        repair), never told to restart."""
         j = self.jobs.setdefault((namespace, job), _Job())
-        new = GangControl(attempt=attempt, members=dict(members), open=open_, waiting=waiting)
+        new = GangControl(attempt=attempt, members=dict(members), open=open_, waiting=waiting, carry_on=frozenset(carry_on))
         if table is not None:
             j.tables[attempt] = table
             for old in sorted(j.tables)[:-TABLES_KEPT]:

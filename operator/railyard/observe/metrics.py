@@ -84,6 +84,7 @@ class OperatorMetrics:
             ["mode", "reason"], registry=reg,
         )
         self.pods_replaced = Counter("railyard_pods_replaced", "Pods replaced by in-place restarts (the rest of each gang stayed).", registry=reg)
+        self.replica_group_restarts = Counter("railyard_replica_group_restarts", "Replica groups restarted alone while the job's other groups carried on (faultTolerance ReplicaGroups).", registry=reg)
         self.in_place_restart = Histogram(
             "railyard_in_place_restart_seconds",
             "Time from telling the kept launchers to restart to every one of them running the new attempt.",
