@@ -68,6 +68,8 @@ def test_each_group_gets_its_own_world_its_index_and_the_lighthouse() -> None:
         assert e["MASTER_PORT"] == str(rendezvous_port("llm", "ml", 0, g))
         assert e["RAILYARD_RANK_TABLE"] == f"/etc/railyard/{group_rank_table_file(g)}"
         assert pods[i]["spec"]["containers"][0]["ports"][0]["containerPort"] == rendezvous_port("llm", "ml", 0, g)
+        assert e["RAILYARD_CHECKPOINT_SHARED_DIR"] == f"/railyard/checkpoints/shared/group-{g}", "the groups' files never collide"
+        assert e["RAILYARD_CHECKPOINT_MEMORY_DIR"] == f"/railyard/checkpoints/memory/group-{g}"
     assert len({rendezvous_port("llm", "ml", 0, g) for g in range(3)}) == 3, "groups sharing a host never share a port"
     for g in range(3):
         t = RankTable.from_json(cm["data"][group_rank_table_file(g)])
@@ -85,6 +87,7 @@ def test_without_replica_groups_nothing_changes() -> None:
     assert not any(REPLICA_GROUP_ENV in e or LIGHTHOUSE_ENV in e for e in envs)
     assert {e["MASTER_ADDR"] for e in envs} == {"llm-0.llm.ml.svc"}
     assert {e["RAILYARD_RANK_TABLE"] for e in envs} == {"/etc/railyard/ranktable.json"}
+    assert {e["RAILYARD_CHECKPOINT_SHARED_DIR"] for e in envs} == {"/railyard/checkpoints/shared"}
     assert set(cm["data"]) == {"ranktable.json", "config.json"}
 
 

@@ -171,6 +171,15 @@ def replica_group_of(spec: TrainingJobSpec, pod_index: int) -> int:
     return MeshShape(spec.nodes, spec.procs_per_node, replicas=spec.replica_groups).group_of_pod(pod_index)
 
 
+def group_checkpoint_dir(tier: str, groups: int, group: int) -> str:
+    """Where a pod's checkpoint tier lives: the tier's mount, or with replica groups a folder
+    per group under it. Each group is its own world whose ranks are numbered from 0, so the
+    groups' files would collide on a shared tier (and on a node's tiers shared by two groups'
+    pods); the job-wide cleanup removes the group folders with the rest."""
+    base = CHECKPOINT_MOUNTS[tier]
+    return f"{base}/group-{group}" if groups > 1 else base
+
+
 def group_rank_table_file(group: int) -> str:
     """The ConfigMap key (and file under CONFIG_DIR) of one replica group's rank table."""
     return f"ranktable-group-{group}.json"
@@ -416,9 +425,9 @@ def build_pod_env(
         # a launcher whose workers failed waits this long without word from the operator before
         # it exits (and the pod fails): the in-place restart's window, with room for the backoff
         {"name": "RAILYARD_RESTART_WAIT_S", "value": f"{max(60.0, 2 * spec.restart_policy.in_place_timeout_seconds):g}"},
-        {"name": "RAILYARD_CHECKPOINT_MEMORY_DIR", "value": CHECKPOINT_MOUNTS["memory"]},
-        {"name": "RAILYARD_CHECKPOINT_LOCAL_DIR", "value": CHECKPOINT_MOUNTS["local"]},
-        {"name": "RAILYARD_CHECKPOINT_SHARED_DIR", "value": CHECKPOINT_MOUNTS["shared"]},
+        {"name": "RAILYARD_CHECKPOINT_MEMORY_DIR", "value": group_checkpoint_dir("memory", groups, group)},
+        {"name": "RAILYARD_CHECKPOINT_LOCAL_DIR", "value": group_checkpoint_dir("local", groups, group)},
+        {"name": "RAILYARD_CHECKPOINT_SHARED_DIR", "value": group_checkpoint_dir("shared", groups, group)},
         {"name": TERMINATION_LOG_ENV, "value": TERMINATION_LOG},
     ]
     if groups > 1:
