@@ -18,6 +18,7 @@ from railyard.logic.manifests import (
     build_configmap,
     build_gang_pods,
     build_lighthouse_pod,
+    build_network_policy,
     build_service,
     build_trainer_config,
     group_rank_table_file,
@@ -157,3 +158,13 @@ def test_groups_must_be_whole_pods(nodes: int, replicas: int, min_replicas: int,
             "faultTolerance": {"mode": "ReplicaGroups", "minReplicas": min_replicas}}
     fields = [p.path for p in check_spec_rules(spec)]
     assert fields == ([field] if field else []), fields
+
+
+def test_the_jobs_pods_admit_only_the_jobs_pods() -> None:
+    policy = build_network_policy("llm", "ml", OWNER)
+    spec = policy["spec"]
+    lighthouse = build_lighthouse_pod(_spec(**RG), job="llm", namespace="ml", owner=OWNER)
+    assert all(lighthouse["metadata"]["labels"][k] == v for k, v in spec["podSelector"]["matchLabels"].items()), "the Lighthouse is covered"
+    assert spec["policyTypes"] == ["Ingress"], "egress (DNS, the operator) stays open"
+    assert spec["ingress"] == [{"from": [{"podSelector": {"matchLabels": {"railyard.dev/job": "llm"}}}]}]
+    assert policy["metadata"]["ownerReferences"] == [OWNER]

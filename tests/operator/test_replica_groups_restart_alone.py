@@ -53,6 +53,22 @@ async def test_the_lighthouse_comes_with_the_gang() -> None:
     assert lighthouse is not None, sorted(h.cluster.pods)
     assert lighthouse["spec"]["containers"][0]["command"][:4] == ["railyard-train", "lighthouse", "--min-replicas", "1"]
     assert [p["metadata"]["name"] for p in h.members()] == ["j-a0-0", "j-a0-1"], "the Lighthouse is no gang member"
+    assert ("NetworkPolicy", "j-replica-groups") in h.cluster.objects, "reachable from the job's pods only"
+    # a lost Lighthouse is created again
+    h.cluster.pods["j-lighthouse"]["status"] = {"phase": "Failed"}
+    await h.cycle(1.0)
+    assert "LighthouseLost" in h.reasons()
+    h.cluster.finish_deletions()
+    await h.cycle(1.0)
+    assert "j-lighthouse" in h.cluster.pods and h.cluster.pods["j-lighthouse"].get("status", {}).get("phase") != "Failed"
+    assert h.status.phase == "Running", "the gang is not touched"
+    # and deleted once the job is over
+    for i in range(2):
+        h.exit_pod(i, 0)
+    await h.cycle(1.0)
+    assert h.status.phase == "Succeeded"
+    gone = h.cluster.pods.get("j-lighthouse")
+    assert gone is None or gone["metadata"].get("deletionTimestamp"), "deleted when the job is over"
 
 
 async def test_a_lost_node_replaces_only_its_group_and_the_other_carries_on() -> None:

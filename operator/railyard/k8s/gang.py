@@ -63,8 +63,10 @@ async def _bounded(calls: Iterable[Awaitable[T]], limit: int = CONCURRENCY) -> l
 
 
 async def create_object(kube: Kube, obj: Mapping[str, Any]) -> bool:
-    """Create a namespaced core object; False when it already existed."""
+    """Create a namespaced core object (or a job's NetworkPolicy); False when it already existed."""
     meta = obj["metadata"]
+    if obj["kind"] == "NetworkPolicy":
+        return await kube.create(custom_path("networking.k8s.io", "v1", "networkpolicies", meta["namespace"]), dict(obj)) is not None
     plural = {"Pod": "pods", "Service": "services", "ConfigMap": "configmaps", "Secret": "secrets"}[obj["kind"]]
     return await kube.create(core_path(plural, meta["namespace"]), dict(obj)) is not None
 

@@ -603,6 +603,28 @@ def build_lighthouse_pod(
     return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": pod_spec}
 
 
+def network_policy_name(job: str) -> str:
+    return f"{job}-replica-groups"
+
+
+def build_network_policy(job: str, namespace: str, owner: Mapping[str, Any]) -> dict[str, Any]:
+    """faultTolerance ReplicaGroups: the job's pods and its Lighthouse admit connections only
+    from the job's own pods (rendezvous, collectives, torchft's quorum and its recovery
+    transport, which sends model and optimizer state to whoever asks). Nothing else needs to
+    reach them: the launchers call the operator, never the other way round. Ingress only, so DNS
+    and the calls to the operator stay open; owned by the job."""
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": _meta(network_policy_name(job), namespace, job_labels(job), owner),
+        "spec": {
+            "podSelector": {"matchLabels": {JOB_LABEL: job}},
+            "policyTypes": ["Ingress"],
+            "ingress": [{"from": [{"podSelector": {"matchLabels": {JOB_LABEL: job}}}]}],
+        },
+    }
+
+
 def is_lighthouse_pod(pod: Mapping[str, Any]) -> bool:
     return (((pod.get("metadata") or {}).get("labels") or {}).get(LIGHTHOUSE_LABEL)) == "true"
 
