@@ -14,7 +14,9 @@ from tests.operator.fake_cluster import Harness, make_job
 
 from railyard.logic.conditions import find_condition
 from railyard.logic.inplace import GROUP_REPAIR
-from railyard.protocol.control import Action
+from railyard.logic.layout import build_replica_group_table
+from railyard.logic.manifests import rendezvous_port
+from railyard.protocol.control import Action, apply_rank_table_delta
 
 
 def cluster(n: int = 4) -> list[dict[str, Any]]:
@@ -109,7 +111,14 @@ async def test_a_crashed_group_restarts_in_place_and_the_other_carries_on() -> N
     lr = h.status.last_restart
     assert lr is not None and (lr.reason, lr.replaced, lr.carried_on) == (GROUP_REPAIR, [], [0]), (lr, h.cluster.events)
     assert uids(h) == before, "no pod replaced"
-    assert h.report(1, "failed", attempt=0, code=1).action is Action.RESTART
+    order = h.report(1, "failed", attempt=0, code=1)
+    assert order.action is Action.RESTART and order.delta is not None
+    # the launcher runs its group's table: the order's delta turns that into the group's new one
+    prev = h.rt.control.table("ns", "j", 0)
+    assert prev is not None
+    mine = build_replica_group_table(prev, group=1, replicas=2, master_port=rendezvous_port("j", "ns", 0, 1))
+    new = apply_rank_table_delta(mine, order.delta)
+    assert [p.pod_index for p in new.pods] == [1] and new.world_size == 2 and new.master_port == rendezvous_port("j", "ns", 1, 1)
     assert h.report(0, "running", attempt=0).action is Action.CONTINUE
     h.report(1, "running", attempt=1)
     await h.cycle(0.5)

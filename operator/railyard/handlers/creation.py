@@ -153,7 +153,8 @@ async def create_gang(cycle: Cycle, job: TrainingJob, placed: Placement) -> tupl
         await cycle.io.lift_gates(pods)
     runtime.store.begin_attempt(cycle.ns, cycle.name, attempt)
     members = {i: pod_name(cycle.name, attempt, i) for i in range(len(pods))}
-    cycle.after_commit.append(lambda: runtime.control.publish(cycle.ns, cycle.name, attempt=attempt, members=members, table=table, restore=restore))
+    cycle.after_commit.append(lambda: runtime.control.publish(cycle.ns, cycle.name, attempt=attempt, members=members, table=table, restore=restore,
+                                                                  replica_groups=spec.replica_groups))
     return pods, plan
 
 

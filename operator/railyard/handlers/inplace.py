@@ -360,7 +360,7 @@ def record_full(c: Cycle, plan: RestartPlan | None) -> None:
         c.event("Warning", "FullRestart", message)
 
 
-async def republish(c: Cycle, members: Sequence[Obj]) -> None:
+async def republish(c: Cycle, members: Sequence[Obj], *, replica_groups: int = 1) -> None:
     """After an operator restart: what the launchers of the current attempt are told, rebuilt
     from the attempt's ConfigMap and the pods."""
     attempt = c.st.attempt
@@ -372,7 +372,8 @@ async def republish(c: Cycle, members: Sequence[Obj]) -> None:
     names = {i: present.get(i, pod_name(c.name, attempt, i)) for i in range(len(table.pods))}
     lr = in_place_restart(c)
     c.rt.control.publish(c.ns, c.name, attempt=attempt, members=names, table=table, restore=(config or {}).get("restore"),
-                         open_=not (lr is not None and lr.state == "Pending"), carry_on=carried_on(c.st.last_restart, attempt))
+                         open_=not (lr is not None and lr.state == "Pending"), carry_on=carried_on(c.st.last_restart, attempt),
+                         replica_groups=replica_groups)
     for a in sorted({attempt_of(p) for p in members if attempt_of(p) < attempt}):
         # kept launchers run these tables: the delta of their restart is built against them
         old = await c.io.read_rank_table(c.ns, c.name, a)

@@ -147,7 +147,7 @@ async def _step(cycle: Cycle, job: TrainingJob) -> float | None:
         await cycle.delete_pods(stale, nodes)
     members, _ = gang_members(view, attempt=cycle.st.attempt, since=since)
     if pods and runtime.control.get(cycle.ns, cycle.name) is None:
-        await republish(cycle, members)  # an operator restarted under a running gang
+        await republish(cycle, members, replica_groups=job.spec.replica_groups)  # an operator restarted under a running gang
     decision = lc.decide_lifecycle(_observe(cycle, job, gang, members, nodes))
     delay = await _execute(cycle, job, decision, gang, members, nodes)
     if cycle.st.phase in TERMINAL_PHASES:

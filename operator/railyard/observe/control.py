@@ -24,6 +24,8 @@ from typing import Any
 from aiohttp import web
 
 from railyard.logic.inplace import GangControl, decide_control_answer
+from railyard.logic.layout import build_replica_group_table
+from railyard.logic.manifests import rendezvous_port
 from railyard.protocol.control import (
     MAX_REPORT_BYTES,
     MAX_WAIT_S,
@@ -51,8 +53,12 @@ class _Job:
     tables: dict[int, RankTable] = field(default_factory=dict)
     restore: dict[str, Any] | None = None
     reports: dict[int, tuple[LauncherReport, float]] = field(default_factory=dict)
-    #: from-attempt -> the restart order's JSON (one delta per launcher attempt, not per launcher)
-    orders: dict[int, bytes] = field(default_factory=dict)
+    #: (from-attempt, replica group) -> the restart order's JSON (one delta per launcher attempt
+    #: and group, not per launcher)
+    orders: dict[tuple[int, int], bytes] = field(default_factory=dict)
+    #: faultTolerance ReplicaGroups: the launchers run their group's table, so their restart
+    #: orders carry a delta between group tables
+    replicas: int = 1
     #: resolved (and replaced) when the job's control state changes; every held poll waits on it
     changed: asyncio.Future[None] | None = None
 
@@ -85,12 +91,16 @@ class ControlBoard:
         open_: bool = True,
         waiting: str = "",
         carry_on: Iterable[int] = (),
+        replica_groups: int | None = None,
     ) -> None:
         """Say what attempt ``attempt`` is: its member pods, rank table and restore hint.
         ``open_`` False holds restart orders back (the launchers of the failed attempt wait).
         ``carry_on``: pod indices whose launchers keep their older attempt (a replica-group
-        repair), never told to restart."""
+        repair), never told to restart. ``replica_groups``: the job's replica groups (None: as
+        published before)."""
         j = self.jobs.setdefault((namespace, job), _Job())
+        if replica_groups is not None:
+            j.replicas = replica_groups
         new = GangControl(attempt=attempt, members=dict(members), open=open_, waiting=waiting, carry_on=frozenset(carry_on))
         if table is not None:
             j.tables[attempt] = table
@@ -149,10 +159,19 @@ class ControlBoard:
         action, reason = decide_control_answer(j.gang, report)
         if action is not Action.RESTART:
             return ControlOrder(job, j.gang.attempt, action, reason), action
-        cached = j.orders.get(report.attempt)
+        new = j.tables.get(j.gang.attempt)
+        base = j.tables.get(report.attempt)
+        group = 0
+        if j.replicas > 1 and new is not None and len(new.pods) % j.replicas == 0:
+            # the launcher runs its replica group's world: the delta is between group tables
+            group = report.pod_index // (len(new.pods) // j.replicas)
+            new = build_replica_group_table(new, group=group, replicas=j.replicas,
+                                            master_port=rendezvous_port(job, namespace, j.gang.attempt, group))
+            if base is not None:
+                base = build_replica_group_table(base, group=group, replicas=j.replicas,
+                                                 master_port=rendezvous_port(job, namespace, report.attempt, group))
+        cached = j.orders.get((report.attempt, group))
         if cached is None:
-            new = j.tables.get(j.gang.attempt)
-            base = j.tables.get(report.attempt)
             delta = build_rank_table_delta(base, new) if base is not None and new is not None else None
             order = ControlOrder(job, j.gang.attempt, Action.RESTART, reason, delta=delta,
                                  rank_table=None if delta is not None else new, restore=j.restore)
@@ -161,7 +180,7 @@ class ControlBoard:
                 # ConfigMap): wait
                 return ControlOrder(job, j.gang.attempt, Action.CONTINUE, "the new attempt's rank table is not loaded yet"), Action.CONTINUE
             cached = order.to_json().encode()
-            j.orders[report.attempt] = cached
+            j.orders[(report.attempt, group)] = cached
         return cached, action
 
     async def wait_change(self, namespace: str, job: str, timeout: float) -> None:
