@@ -52,9 +52,11 @@ from railyard.protocol.exitcodes import classify_exit_code
 from railyard_trainer.config import ConfigError
 from railyard_trainer.events import log_event
 from railyard_trainer.launcher import (
+    RENDEZVOUS_WAIT_S,
     LaunchPlan,
     most_specific,
     resolve_until,
+    resolved_lighthouse,
     start_workers,
     worker_command,
 )
@@ -240,6 +242,7 @@ def _spawn(plan: LaunchPlan, run_dir: Path, spawner: Spawner) -> _Generation:
         "MASTER_ADDR": plan.master_addr, "MASTER_PORT": str(plan.master_port), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
         "PYTHONUNBUFFERED": "1", "RAILYARD_ATTEMPT": str(attempt), "RAILYARD_RANK_TABLE": str(table_path),
     })
+    base.update(resolved_lighthouse(os.environ, time.monotonic() + RENDEZVOUS_WAIT_S))
     if plan.master_addr.startswith("127.") and len(plan.table.pods) == 1:
         base.setdefault("GLOO_SOCKET_IFNAME", "lo")
     errors_dir = run_dir / f"errors-a{attempt}"

@@ -32,6 +32,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.parse
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -39,6 +40,7 @@ from types import FrameType
 
 from railyard.protocol.envexpand import expand
 from railyard.protocol.exitcodes import ExitCode, classify_exit_code
+from railyard.protocol.podenv import LIGHTHOUSE_ENV
 from railyard.protocol.ranktable import PodEntry, RankEntry, RankTable, RankTableError
 from railyard.protocol.trainerconfig import Program, world_parallelism
 from railyard_trainer.config import ConfigError, DatasetConfig, TrainerConfig, load_config
@@ -226,6 +228,23 @@ def resolve_until(host: str, port: int, deadline: float) -> str:
             time.sleep(0.2)
 
 
+def resolved_lighthouse(env: Mapping[str, str], deadline: float) -> dict[str, str]:
+    """``TORCHFT_LIGHTHOUSE`` for the workers with its host resolved here, waiting for it like
+    the rendezvous (empty when unset). torchft's client resolves names through the system
+    resolver, which does not know the local cluster's pod names; this process does. A new
+    attempt resolves it again (a Lighthouse the operator recreated may have a new address)."""
+    url = env.get(LIGHTHOUSE_ENV, "")
+    parts = urllib.parse.urlsplit(url)
+    if not parts.hostname or parts.port is None:
+        return {}
+    try:
+        ip = resolve_until(parts.hostname, parts.port, deadline)
+    except ConfigError as exc:
+        raise ConfigError([f"{LIGHTHOUSE_ENV}: {p.split(': ', 1)[-1]}" for p in exc.problems]) from exc
+    host = f"[{ip}]" if ":" in ip else ip
+    return {LIGHTHOUSE_ENV: urllib.parse.urlunsplit(parts._replace(netloc=f"{host}:{parts.port}"))}
+
+
 def _env_int(env: Mapping[str, str], name: str) -> int | None:
     """An integer environment variable (None when unset or empty); ConfigError naming it otherwise."""
     raw = env.get(name)
@@ -383,6 +402,7 @@ def supervise(plan: LaunchPlan, *, fail_grace_s: float, kill_grace_s: float) -> 
     config_path.write_text(json.dumps(plan.config.to_dict()))
     base = dict(os.environ)
     base.update({"MASTER_ADDR": plan.master_addr, "MASTER_PORT": str(plan.master_port), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), "PYTHONUNBUFFERED": "1"})
+    base.update(resolved_lighthouse(base, time.monotonic() + _env_float(base, "RAILYARD_RENDEZVOUS_WAIT_S", RENDEZVOUS_WAIT_S)))
     if plan.master_addr.startswith("127.") and len(plan.table.pods) == 1:
         base.setdefault("GLOO_SOCKET_IFNAME", "lo")
     procs: dict[int, WorkerProcess] = {}
