@@ -21,6 +21,7 @@ from railyard.logic.manifests import (
     build_network_policy,
     build_service,
     build_trainer_config,
+    check_names,
     group_rank_table_file,
     lighthouse_address,
     lighthouse_port,
@@ -168,3 +169,10 @@ def test_the_jobs_pods_admit_only_the_jobs_pods() -> None:
     assert spec["policyTypes"] == ["Ingress"], "egress (DNS, the operator) stays open"
     assert spec["ingress"] == [{"from": [{"podSelector": {"matchLabels": {"railyard.dev/job": "llm"}}}]}]
     assert policy["metadata"]["ownerReferences"] == [OWNER]
+
+
+def test_a_job_name_leaves_room_for_the_lighthouse_hostname() -> None:
+    name = "x" * 55  # <name>-5 fits a DNS label, <name>-lighthouse does not
+    assert check_names(name, 6) == []
+    problems = check_names(name, 6, lighthouse=True)
+    assert problems and problems[0].startswith("metadata.name:") and "at most 52 characters" in problems[0], problems

@@ -84,7 +84,7 @@ async def reconcile_job(runtime: Runtime, worker: JobWorker, *, now: float | Non
         await cycle.io.patch_job_finalizers(cycle.ns, cycle.name, new, cycle.meta.get("resourceVersion"))
     try:
         job = TrainingJob.model_validate({"metadata": {"name": cycle.name, "namespace": cycle.ns}, "spec": cycle.body.get("spec") or {}})
-        problems = check_names(cycle.name, job.spec.nodes)
+        problems = check_names(cycle.name, job.spec.nodes, lighthouse=job.spec.replica_groups > 1)
     except ValidationError as exc:
         job, problems = None, [_format_validation(exc)]
     if job is None or problems:

@@ -93,9 +93,12 @@ def pod_address(job: str, namespace: str, pod_index: int) -> str:
     return f"{hostname(job, pod_index)}.{service_name(job)}.{namespace}.svc"
 
 
-def check_names(job: str, nodes: int) -> list[str]:
-    """Problems with a job name as the stem of pod hostnames (DNS labels of <= 63 chars)."""
+def check_names(job: str, nodes: int, *, lighthouse: bool = False) -> list[str]:
+    """Problems with a job name as the stem of pod hostnames (DNS labels of <= 63 chars);
+    ``lighthouse``: the job also runs ``<job>-lighthouse`` (faultTolerance ReplicaGroups)."""
     longest = len(hostname(job, max(nodes - 1, 0)))
+    if lighthouse:
+        longest = max(longest, len(lighthouse_name(job)))
     longest_pod = len(pod_name(job, 9999, max(nodes - 1, 0)))
     problems = []
     if longest > 63:
