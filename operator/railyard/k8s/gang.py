@@ -203,6 +203,12 @@ async def delete_owned(kube: Kube, namespace: str, job: str) -> None:
             kube.delete(core_path(plural, namespace, i["metadata"]["name"]), grace_seconds=0 if plural == "pods" else None)
             for i in items
         )
+    try:
+        policies = await kube.list(custom_path("networking.k8s.io", "v1", "networkpolicies", namespace), labelSelector=selector)
+    except ApiError as exc:
+        log.warning("listing networkpolicies of %s/%s: %s", namespace, job, exc)
+        return
+    await _bounded(kube.delete(custom_path("networking.k8s.io", "v1", "networkpolicies", namespace, i["metadata"]["name"])) for i in policies)
 
 
 # the job --------------------------------------------------------------------------------------

@@ -295,7 +295,7 @@ def plan_in_place_moves(
     message = describe_in_place(sorted(replace), why, len(keep) - len(carry_on), moves)
     if carry_on:
         groups = sorted({i // size for i in range(len(result.nodes)) if i not in set(carry_on)})
-        message = (f"replica groups {', '.join(map(str, groups))} restart, {len(carry_on) // size} groups carry on untouched; "
+        message = (f"replica groups {', '.join(map(str, groups))} restart, {len(carry_on) // size}/{len(result.nodes) // size} groups carry on untouched; "
                    + message.removeprefix("restart in place: "))
         return InPlaceMoves(result, frozenset(replace), keep, message, carry_on=carry_on)
     if left_behind:
