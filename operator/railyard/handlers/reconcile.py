@@ -35,7 +35,7 @@ from pydantic import ValidationError
 from railyard.api.trainingjob import QuarantinedNode, TrainingJob, TrainingJobStatus
 from railyard.handlers.cleanup import cleanup_checkpoints
 from railyard.handlers.cycle import Cycle, GangIO, KubeGangIO
-from railyard.handlers.health import evaluate_health
+from railyard.handlers.health import evaluate_health, heartbeat_url_for, settle_blind
 from railyard.handlers.inplace import (
     begin_in_place,
     check_restarted,
@@ -156,6 +156,7 @@ async def reconcile_job(rt: Runtime, w: JobWorker, *, now: float | None = None, 
         await c.commit()
         return None
     delay = await _step(c, job)
+    settle_blind(c)
     spares_in = await reconcile_spares(c, job)
     if spares_in is not None:
         delay = spares_in if delay is None else min(delay, spares_in)
@@ -705,8 +706,7 @@ def _name(pod: Mapping[str, Any]) -> str:
 
 
 def _heartbeat_url(rt: Runtime, namespace: str, job: str) -> str:
-    base = rt.settings.heartbeat_url or f"http://railyard-operator.railyard-system.svc:{rt.settings.metrics_port}"
-    return f"{base.rstrip('/')}/v1/heartbeats/{namespace}/{job}"
+    return heartbeat_url_for(rt, namespace, job)
 
 
 def _refresh_quarantine(c: Cycle, nodes: Mapping[str, Mapping[str, Any]]) -> None:
