@@ -6,8 +6,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from prometheus_client import CollectorRegistry
+from prometheus_client.parser import text_string_to_metric_families
 from tests.operator.builders import make_node
+from tests.operator.conftest import MAIN_NS, Api, OperatorProcess, Workload, base_spec, wait_for
 from tests.operator.fake_cluster import Harness, make_job
 
 from railyard.handlers import kopf_handlers
@@ -114,3 +117,28 @@ def test_the_pod_index_keeps_the_heartbeat_url_and_no_other_env() -> None:
     pod = {"metadata": {"name": "p", "namespace": "ns"},
            "spec": {"containers": [{"name": "trainer", "env": [{"name": "A", "value": "1"}, {"name": "RAILYARD_HEARTBEAT_URL", "value": "http://x:1"}]}]}}
     assert kopf_handlers.compact_pod(pod)["spec"]["containers"] == [{"name": "trainer", "resources": {}, "env": [{"name": "RAILYARD_HEARTBEAT_URL", "value": "http://x:1"}]}]
+
+
+# --------------------------------------------------------------------------- on the local cluster
+
+
+@pytest.mark.cluster
+def test_a_workload_that_never_reaches_the_operator_makes_the_job_blind(api: Api, operator: OperatorProcess, workload: Workload, job_name: str) -> None:
+    """The stand-in workload runs no launcher and sends no heartbeat: what an operator sees of pods
+    that cannot reach it. The job says so (condition and Event, through a real API server) and
+    keeps running."""
+    api.create_job(MAIN_NS, job_name, base_spec(workload, nodes=2))
+    try:
+        def blind() -> dict[str, Any] | None:
+            st = api.status(MAIN_NS, job_name)
+            return next((c for c in st.get("conditions") or () if c["type"] == "Blind" and c["status"] == "True"), None)
+
+        cond = wait_for("the Blind condition", blind, 120)
+        assert cond["reason"] == SILENT and cond["message"].startswith("2/2 Running pods (pod 0-1; ranks 0-1)"), cond
+        assert f"at http://127.0.0.1:{operator.port}/v1/heartbeats/{MAIN_NS}/{job_name}" in cond["message"], cond
+        assert api.status(MAIN_NS, job_name)["phase"] == "Running", "said, not restarted"
+        wait_for("the PodsSilent Event", lambda: any(e.reason == SILENT and e.type == "Warning" for e in api.events(MAIN_NS, job_name)), 30)
+        samples = [s for f in text_string_to_metric_families(operator.metrics_text()) for s in f.samples if s.name == "railyard_silent_pods"]
+        assert [s.value for s in samples if s.labels == {"namespace": MAIN_NS, "job": job_name}] == [2.0]
+    finally:
+        api.delete_job(MAIN_NS, job_name)
