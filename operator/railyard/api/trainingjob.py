@@ -524,7 +524,7 @@ class TrainingJobSpec(_Model):
 
 
 class Condition(_Model):
-    type: Annotated[str, Field(description="Placed, GangReady, Running, Restarting, Degraded, Succeeded, Failed or Suspended.")]
+    type: Annotated[str, Field(description="Placed, GangReady, Running, Restarting, Degraded, Blind (Running pods the operator has heard nothing from: no heartbeat, no launcher report), Succeeded, Failed or Suspended.")]
     status: Annotated[Literal["True", "False", "Unknown"], Field(description="True, False or Unknown.")]
     reason: Annotated[str, Field(description="CamelCase reason.")] = ""
     message: Annotated[str, Field(description="Human-readable detail.")] = ""

@@ -27,8 +27,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from railyard.api.trainingjob import LastRestart, QuarantinedNode, TrainingJob
-from railyard.handlers.creation import heartbeat_url
 from railyard.handlers.cycle import Cycle
+from railyard.handlers.health import heartbeat_url_for
 from railyard.handlers.spares import delete_placeholders
 from railyard.logic.conditions import format_micro_time, parse_time
 from railyard.logic.failure_report import describe_failure
@@ -218,7 +218,7 @@ async def continue_in_place(c: Cycle, job: TrainingJob, nodes: Mapping[str, Obj]
     present = {pod_index_of(p): p for p in members}
     owner = owner_reference(c.body)
     sched = plan_gang_scheduling(job.spec, job=c.name, namespace=c.ns, attempt=attempt, owner=owner, gang_size=len(table.pods))
-    url = heartbeat_url(rt, c.ns, c.name)
+    url = heartbeat_url_for(rt, c.ns, c.name)
     missing = [
         build_pod(job.spec, job=c.name, namespace=c.ns, owner=owner, attempt=attempt, pod_index=e.pod_index, node=e.node,
                   heartbeat_url=url, annotations=rt.settings.pod_annotations)

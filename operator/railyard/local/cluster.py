@@ -33,6 +33,11 @@ from typing import Any
 
 from railyard.local.kubeconfig import kubeconfig_ca, write_kubeconfig
 from railyard.local.nodes import CLUSTER_LABEL
+from railyard.local.operator_address import (
+    LOOPBACK,
+    publish_operator_address,
+    unpublish_operator_address,
+)
 from railyard.local.topology import (
     ClusterShape,
     NodeSpec,
@@ -249,6 +254,10 @@ class LocalCluster:
                 self._start_embedded(timeout)
             elif self.mode == "envtest":
                 self._start_envtest(timeout)
+            if self.mode == "existing":
+                unpublish_operator_address(self.state_dir)  # its kubeconfig is not ours to write beside
+            else:
+                publish_operator_address(self.state_dir, self._operator_port())
             self._save_config()
             self._start_runtime(timeout)
             if self.with_operator:
@@ -373,18 +382,25 @@ class LocalCluster:
             return Path(self._envtest.ca_file) if self._envtest is not None else None
         return kubeconfig_ca(self.kubeconfig, self.state_dir / "run" / "kubeconfig-ca.crt")
 
-    def _start_operator(self) -> None:
-        """``railyard operator run`` with its heartbeat server on loopback, where pods reach it."""
+    def _operator_port(self) -> int:
+        """The operator's port on loopback: the one this state dir used before while it is free
+        (an operator restarted by hand finds the pods' address again), else a free one."""
         port = int(self.config.get("operatorPort") or 0)
         if not port or not _port_free(port):
             port = _free_port()
         self.config["operatorPort"] = port
+        return port
+
+    def _start_operator(self) -> None:
+        """``railyard operator run`` with its heartbeat server on loopback, where pods reach it
+        (the published address, local/operator_address.py; chosen here in existing mode)."""
+        port = int(self.config.get("operatorPort") or 0) if self.mode != "existing" else self._operator_port()
         self._save_config()
         env = dict(os.environ, KUBECONFIG=str(self.kubeconfig))
         args = [
             "operator", "run", "--standalone",
-            "--metrics-host", "127.0.0.1", "--metrics-port", str(port),
-            "--heartbeat-advertise-url", f"http://127.0.0.1:{port}",
+            "--metrics-host", LOOPBACK, "--metrics-port", str(port),
+            "--heartbeat-advertise-url", f"http://{LOOPBACK}:{port}",
         ]
         code = f"import sys; from railyard.cli import main; sys.exit(main({args!r}))"
         self._spawn("operator", [self.python, "-c", code], env=env)
