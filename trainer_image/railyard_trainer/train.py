@@ -38,7 +38,12 @@ from railyard_trainer.faults import FaultInjector
 from railyard_trainer.model import Transformer, cross_entropy_loss
 from railyard_trainer.model_args import PRESETS
 from railyard_trainer.parallel_dims import ParallelDims
-from railyard_trainer.parallelize import clean_fqn, parallelize_llama, param_dtype_for
+from railyard_trainer.parallelize import (
+    clean_fqn,
+    compile_backend_from_env,
+    parallelize_llama,
+    param_dtype_for,
+)
 from railyard_trainer.pipeline import STAGES_PER_RANK, build_pipeline, check_microbatches
 from railyard_trainer.speed_probe import SpeedProbe
 from railyard_trainer.train_state import Optimizers, WarmupCosine
@@ -133,9 +138,11 @@ class Trainer:
             model = Transformer(args)
         param_dtype = param_dtype_for(t.mixed_precision, self.device)
         offload = t.cpu_offload and self.device.type == "cuda"
+        # Not in the CRD yet: bench/gpu/run.py measures it first (RAILYARD_COMPILE).
+        compile_backend = compile_backend_from_env(os.environ.get("RAILYARD_COMPILE"))
 
         def parallelize(m: Transformer) -> Transformer:
-            return parallelize_llama(m, mesh=self.mesh, dims=self.dims, param_dtype=param_dtype, activation_checkpointing=t.activation_checkpointing, cpu_offload=offload)
+            return parallelize_llama(m, mesh=self.mesh, dims=self.dims, param_dtype=param_dtype, activation_checkpointing=t.activation_checkpointing, cpu_offload=offload, compile_backend=compile_backend)
 
         self.schedule = None
         if self.dims.pp_enabled:
