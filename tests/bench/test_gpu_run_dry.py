@@ -1,0 +1,104 @@
+"""The prepared GPU run (bench/gpu/run.sh) works before the GPU does: its parts run on the CPU
+in the dry mode (tiny shapes, a few steps) through the same command the GPU run uses, and
+write the same results file. The GPU machine is lent rarely and briefly; a script that rotted
+in between would waste the loan.
+
+The compiled variants (the same code path as the others, plus RAILYARD_COMPILE) are left out
+of the run here to keep it short; the compile switch is tested on its own. TorchTitan is not
+installed in the test environment (it must not be: its dependencies could pull another torch),
+so its part must be skipped with the reason, not fail."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+#: Only catches a hang: the run takes ~40 s on a loaded 2-core machine.
+HANG_S = 240
+
+PARTS = ["env", "sdc", "ours/tiny/eager", "titan/tiny/eager", "ours/tiny/ac", "snapshot", "ours/tiny/offload+ac"]
+
+
+@pytest.mark.torch
+@pytest.mark.slow
+def test_the_gpu_run_runs_every_part_dry_on_the_cpu(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAILYARD_", "MASTER_"))}
+    # No wheels: what the test environment has is what the run gets (torchtitan absent).
+    env.update(RAILYARD_GPU_WHEELS=str(tmp_path / "no-wheels"), OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo")
+    proc = subprocess.run(
+        ["bash", str(ROOT / "bench/gpu/run.sh"), "--out", str(tmp_path / "out"), "--dry", "--only", ",".join(PARTS)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=HANG_S,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = json.loads((tmp_path / "out/gpu_h200.json").read_text())
+    assert report["bench"] == "gpu_h200_dry" and report["dry"] is True
+    parts = report["parts"]
+    assert list(parts) == PARTS, "each part ran, in the planned order"
+    failed = {name: d["error"][-1500:] for name, d in parts.items() if "error" in d}
+    assert not failed, failed
+
+    assert report["env"]["torch"] and "nvidia_smi" in report["env"]
+    assert parts["sdc"]["kat_stable"] and parts["sdc"]["caught"], parts["sdc"]
+    for name in ("ours/tiny/eager", "ours/tiny/ac", "ours/tiny/offload+ac"):
+        d = parts[name]
+        assert d["steps_done"] >= 3 and d["tokens_per_s"] > 0 and d["flops_per_token"] > 0, (name, d)
+        assert d["mfu"] is None, "no GPU, no peak FLOP/s: MFU is not made up"
+    assert parts["titan/tiny/eager"]["skipped"] and "torchtitan" in parts["titan/tiny/eager"]["reason"]
+    snap = parts["snapshot"]
+    assert snap["bytes"] > 0 and snap["copy_gb_s"] > 0 and snap["raw_copy_gb_s"] > 0 and snap["stall_s"] >= 0, snap
+    assert all(s["ok"] for s in snap["saves"]), snap["saves"]
+
+    metrics = {r["metric"] for r in report["results"]}
+    assert {"tokens_per_s[ours/tiny/eager]", "mfu[ours/tiny/ac]", "peak_memory_gib[ours/tiny/offload+ac]",
+            "sdc: bit flip in a device parameter caught (exit SDC_DETECTED)", "snapshot: memory-tier copy / raw copy_",
+            "skipped[titan/tiny/eager]"} <= metrics, metrics
+    assert all(set(r) == {"metric", "value", "unit", "target", "meets"} for r in report["results"])
+
+
+def test_a_part_out_of_time_is_recorded_and_the_rest_go_on(tmp_path: Path) -> None:
+    """The overall budget leaves no time: every part is skipped with the reason, and the
+    results file is still written in the standard shape."""
+    spec = importlib.util.spec_from_file_location("railyard_bench_gpu_run", ROOT / "bench/gpu/run.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # its dataclasses look their module up
+    spec.loader.exec_module(mod)
+
+    report = mod.run_all(tmp_path, dry=True, budget_s=5)
+    assert report["results"] and all(r["metric"].startswith("error[") for r in report["results"])
+    assert all("budget" in d["error"] for d in report["parts"].values())
+    assert json.loads((tmp_path / "gpu_h200.json").read_text())["results"] == report["results"]
+
+
+@pytest.mark.parametrize(("value", "backend"), [(None, ""), ("", ""), ("0", ""), ("1", "inductor"), ("eager", "eager")])
+def test_railyard_compile_names_the_backend(value: str | None, backend: str) -> None:
+    from railyard_trainer.parallelize import compile_backend_from_env
+
+    assert compile_backend_from_env(value) == backend
+
+
+@pytest.mark.torch
+def test_compiled_blocks_keep_their_parameter_names_and_results() -> None:
+    """Each block compiled in place: the names checkpoints use are unchanged, and the eager
+    backend computes what the uncompiled model does."""
+    import torch
+
+    from railyard_trainer.model import Transformer
+    from railyard_trainer.model_args import PRESETS
+    from railyard_trainer.parallelize import apply_compile
+
+    torch.manual_seed(0)
+    plain = Transformer(PRESETS["tiny"])
+    torch.manual_seed(0)
+    compiled = Transformer(PRESETS["tiny"])
+    apply_compile(compiled, "eager")
+    assert [n for n, _ in plain.named_parameters()] == [n for n, _ in compiled.named_parameters()]
+    tokens = torch.randint(0, 256, (2, 16))
+    torch.testing.assert_close(compiled(tokens), plain(tokens))
