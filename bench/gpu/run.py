@@ -87,7 +87,9 @@ def plan_parts(dry: bool) -> list[Part]:
     else:
         small = Shape("1b", batch=8, seq=2048, steps=12)
         big_shape = Shape("8b", batch=2, seq=2048, steps=5)
-        snap = Shape("1b", batch=4, seq=2048, steps=3)
+        # One idle save and one during training: each writes ~18 GB (1b: fp32 weights + AdamW
+        # state) to the tier after its copy, which is what bounds the part's time.
+        snap = Shape("1b", batch=4, seq=2048, steps=1)
     one, big = small.preset, big_shape.preset
     return [
         Part("env", 15, "env"),
@@ -96,7 +98,7 @@ def plan_parts(dry: bool) -> list[Part]:
         Part(f"titan/{one}/eager", 45, "titan", small),
         Part(f"ours/{one}/ac", 40, "ours", small, ac=True),
         Part(f"titan/{one}/ac", 40, "titan", small, ac=True),
-        Part("snapshot", 50, "snapshot", snap),
+        Part("snapshot", 60, "snapshot", snap),
         Part(f"ours/{big}/offload+ac", 120, "ours", big_shape, ac=True, offload=True),
         Part(f"ours/{one}/compile", 75, "ours", small, compile=True),
         Part(f"titan/{one}/compile", 75, "titan", small, compile=True),
