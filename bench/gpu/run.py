@@ -232,8 +232,10 @@ def part_env(part: Part, limit_s: float, dry: bool) -> dict[str, Any]:
         out["nvidia_smi"] = f"unavailable: {exc!r}"
     if torch.cuda.is_available():
         dev = torch.device("cuda", 0)
-        out.update(gpu=torch.cuda.get_device_name(dev), nccl=".".join(map(str, torch.cuda.nccl.version())),
-                   cudnn=torch.backends.cudnn.version(), gpu_memory_gib=round(torch.cuda.get_device_properties(dev).total_memory / 2**30, 1),
+        nccl = torch.cuda.nccl.version()  # type: ignore[no-untyped-call, unused-ignore]
+        out.update(gpu=torch.cuda.get_device_name(dev), nccl=".".join(map(str, nccl)) if isinstance(nccl, tuple) else str(nccl),
+                   cudnn=torch.backends.cudnn.version(),  # type: ignore[no-untyped-call, unused-ignore]
+                   gpu_memory_gib=round(torch.cuda.get_device_properties(dev).total_memory / 2**30, 1),
                    peak_bf16_flops=_peak_flops(dev))
     from importlib.metadata import PackageNotFoundError, version
 
@@ -298,7 +300,7 @@ def throughput(steps: list[dict[str, Any]], s: Shape) -> dict[str, Any]:
         return {"steps_done": 0}
     warm = steps[2:] if len(steps) > 3 else steps[-1:]
     tps = statistics.median(e["tokens_per_s"] for e in warm)
-    peak = float(os.environ.get("RAILYARD_PEAK_FLOPS") or 0) or _device_peak()
+    peak = _device_peak()
     flops = PRESETS[s.preset].flops_per_token(s.seq)
     return {
         "preset": s.preset, "batch": s.batch, "seq": s.seq, "steps_done": len(steps), "steps_measured": len(warm),
@@ -307,6 +309,8 @@ def throughput(steps: list[dict[str, Any]], s: Shape) -> dict[str, Any]:
         "mfu": round(tps * flops / peak, 4) if peak else None,
         "peak_memory_gib": round(max(e.get("memory_bytes", 0) for e in steps) / 2**30, 2),
         "loss_first_last": [steps[0].get("loss"), steps[-1].get("loss")],
+        # The trainer logs its own MFU on a GPU (same count, same peak): a cross-check.
+        "trainer_logged_mfu": statistics.median(e["mfu"] for e in warm) if all("mfu" in e for e in warm) else None,
     }
 
 
