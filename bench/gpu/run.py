@@ -276,7 +276,7 @@ def part_ours(part: Part, limit_s: float, dry: bool) -> dict[str, Any]:
     assert part.shape is not None
     s = part.shape
     trainer = {"preset": s.preset, "steps": s.steps, "batchSize": s.batch, "seqLen": s.seq, "warmupSteps": 2,
-               "mixedPrecision": "auto", "cpuOffload": part.offload, "activationCheckpointing": part.ac,
+               "mixedPrecision": "bf16", "cpuOffload": part.offload, "activationCheckpointing": part.ac,
                "collectiveTimeoutSeconds": 900, "watchdogSeconds": 600}
     env = {"RAILYARD_COMPILE": ("eager" if dry else "1") if part.compile else "0",
            "OMP_NUM_THREADS": "1" if dry else str(os.cpu_count() or 1),
@@ -435,7 +435,7 @@ def part_snapshot(part: Part, limit_s: float, dry: bool) -> dict[str, Any]:
     torch.manual_seed(0)
     with torch.device(device):
         model = Transformer(margs)
-    model = parallelize_llama(model, mesh=mesh, dims=dims, param_dtype=param_dtype_for("auto", device), activation_checkpointing=False, cpu_offload=False)
+    model = parallelize_llama(model, mesh=mesh, dims=dims, param_dtype=param_dtype_for("bf16", device), activation_checkpointing=False, cpu_offload=False)
     opt = Optimizers([model], lr=3e-4, weight_decay=0.1)
     sched = WarmupCosine(opt, peak_lr=3e-4, warmup_steps=2, total_steps=1000)
     data = ShardedBatches(build_source(DatasetConfig(), vocab_size=margs.vocab_size, seed=0, seq_len=s.seq), batch_size=s.batch,

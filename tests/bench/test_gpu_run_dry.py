@@ -3,8 +3,10 @@ in the dry mode (tiny shapes, a few steps) through the same command the GPU run 
 write the same results file. The GPU machine is lent rarely and briefly; a script that rotted
 in between would waste the loan.
 
-The compiled variants (the same code path as the others, plus RAILYARD_COMPILE) are left out
-of the run here to keep it short; the compile switch is tested on its own. TorchTitan is not
+The trainer runs as on a GPU, bf16 under FSDP2, here on gloo. To keep the run short, only
+the 8b part's variant runs (tiny here, with activation checkpointing; CPU offload applies only
+on a GPU). The eager and AC variants are the same path with AC off or on. The compiled variant
+adds only RAILYARD_COMPILE, which is tested on its own below. TorchTitan is not
 installed in the test environment (it must not be: its dependencies could pull another torch),
 so its part must be skipped with the reason, not fail."""
 
@@ -23,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[2]
 #: Only catches a hang: the run takes ~40 s on a loaded 2-core machine.
 HANG_S = 240
 
-PARTS = ["env", "sdc", "ours/tiny/eager", "titan/tiny/eager", "ours/tiny/ac", "snapshot", "ours/tiny/offload+ac"]
+PARTS = ["env", "sdc", "titan/tiny/eager", "snapshot", "ours/tiny/offload+ac"]
 
 
 @pytest.mark.torch
@@ -46,7 +48,7 @@ def test_the_gpu_run_runs_every_part_dry_on_the_cpu(tmp_path: Path) -> None:
 
     assert report["env"]["torch"] and "nvidia_smi" in report["env"]
     assert parts["sdc"]["kat_stable"] and parts["sdc"]["caught"], parts["sdc"]
-    for name in ("ours/tiny/eager", "ours/tiny/ac", "ours/tiny/offload+ac"):
+    for name in ("ours/tiny/offload+ac",):
         d = parts[name]
         assert d["steps_done"] >= 3 and d["tokens_per_s"] > 0 and d["flops_per_token"] > 0, (name, d)
         assert d["mfu"] is None, "no GPU, no peak FLOP/s: MFU is not made up"
@@ -56,7 +58,7 @@ def test_the_gpu_run_runs_every_part_dry_on_the_cpu(tmp_path: Path) -> None:
     assert all(s["ok"] for s in snap["saves"]), snap["saves"]
 
     metrics = {r["metric"] for r in report["results"]}
-    assert {"tokens_per_s[ours/tiny/eager]", "mfu[ours/tiny/ac]", "peak_memory_gib[ours/tiny/offload+ac]",
+    assert {"tokens_per_s[ours/tiny/offload+ac]", "mfu[ours/tiny/offload+ac]", "peak_memory_gib[ours/tiny/offload+ac]",
             "sdc: bit flip in a device parameter caught (exit SDC_DETECTED)", "snapshot: memory-tier copy / raw copy_",
             "skipped[titan/tiny/eager]"} <= metrics, metrics
     assert all(set(r) == {"metric", "value", "unit", "target", "meets"} for r in report["results"])

@@ -94,11 +94,12 @@ def apply_ac(model: Transformer) -> None:
 
 
 def apply_compile(model: Transformer, backend: str) -> None:
-    """Compile each block in place (after activation checkpointing, before FSDP, as TorchTitan
-    does): the blocks are identical, so one compilation serves them all. In place
-    (``Module.compile``), so parameter names do not change."""
+    """Compile each block's forward (after activation checkpointing, before FSDP, as TorchTitan
+    does): the blocks are identical, so one compilation serves them all. Only ``forward`` is
+    replaced, so FSDP's hooks, which run around it, stay outside the compiled code (TorchTitan
+    gets the same by wrapping the block), and parameter names, hence checkpoints, do not change."""
     for block in model.layers.values():
-        block.compile(backend=backend)
+        block.forward = torch.compile(block.forward, backend=backend)  # type: ignore[method-assign]
 
 
 def compile_backend_from_env(value: str | None) -> str:
