@@ -76,32 +76,36 @@ class Part:
 
 
 def plan_parts(dry: bool) -> list[Part]:
-    """The parts in the order they run: the first-contact checks first, then the comparisons
-    by value; the compiled pair last (compilation is the likeliest to run long). Each budget
-    caps its part; the overall budget (``--budget``) caps them all, so when the early parts use
-    their whole budgets the last ones are skipped, with a reason. Dry: the same parts, tiny."""
+    """The parts in the order they run: the first-contact checks first, then the figures by
+    value. Each budget caps its part; the overall budget (``--budget``) caps them all, so the
+    last parts are skipped, with a reason, when the early ones run long (a second run can take
+    them with ``--only``). Dry: the same parts, tiny."""
     if dry:
         small = Shape("tiny", batch=2, seq=32, steps=4)
         big_shape = Shape("tiny", batch=2, seq=32, steps=3)
         snap = Shape("tiny", batch=2, seq=32, steps=3)
     else:
         small = Shape("1b", batch=8, seq=2048, steps=12)
-        big_shape = Shape("8b", batch=2, seq=2048, steps=5)
+        # 8b: fp32 weights, gradients and AdamW state are 16 B x 8.0e9 = 128.5 GB; batch 1
+        # keeps the activations (with AC) and the fp32 logits in the rest of the H200.
+        big_shape = Shape("8b", batch=1, seq=2048, steps=5)
         # One idle save and one during training: each writes ~18 GB (1b: fp32 weights + AdamW
         # state) to the tier after its copy, which is what bounds the part's time.
         snap = Shape("1b", batch=4, seq=2048, steps=1)
-    one, big = small.preset, big_shape.preset
+    # The names are the GPU run's; in the dry run each part keeps its name with the tiny shape.
+    one, big = "1b", "8b"
     return [
-        Part("env", 15, "env"),
-        Part("sdc", 40, "sdc"),
-        Part(f"ours/{one}/eager", 45, "ours", small),
-        Part(f"titan/{one}/eager", 45, "titan", small),
-        Part(f"ours/{one}/ac", 40, "ours", small, ac=True),
-        Part(f"titan/{one}/ac", 40, "titan", small, ac=True),
-        Part("snapshot", 60, "snapshot", snap),
+        Part("env", 30, "env"),
+        Part("sdc", 60, "sdc"),
+        Part(f"ours/{one}/eager", 60, "ours", small),
+        Part(f"titan/{one}/eager", 50, "titan", small),
+        Part("snapshot", 75, "snapshot", snap),
+        Part(f"ours/{big}/ac", 90, "ours", big_shape, ac=True),
+        Part(f"ours/{one}/compile", 90, "ours", small, compile=True),
+        Part(f"titan/{one}/compile", 90, "titan", small, compile=True),
         Part(f"ours/{big}/offload+ac", 120, "ours", big_shape, ac=True, offload=True),
-        Part(f"ours/{one}/compile", 75, "ours", small, compile=True),
-        Part(f"titan/{one}/compile", 75, "titan", small, compile=True),
+        Part(f"ours/{one}/ac", 50, "ours", small, ac=True),
+        Part(f"titan/{one}/ac", 50, "titan", small, ac=True),
     ]
 
 
@@ -275,6 +279,10 @@ def part_ours(part: Part, limit_s: float, dry: bool) -> dict[str, Any]:
     """The trainer through its launcher on one device, as a job runs it."""
     assert part.shape is not None
     s = part.shape
+    if not dry:
+        reason = memory_misfit(s.preset, offload=part.offload)
+        if reason:
+            return {"skipped": True, "reason": reason}
     trainer = {"preset": s.preset, "steps": s.steps, "batchSize": s.batch, "seqLen": s.seq, "warmupSteps": 2,
                "mixedPrecision": "bf16", "cpuOffload": part.offload, "activationCheckpointing": part.ac,
                "collectiveTimeoutSeconds": 900, "watchdogSeconds": 600}
@@ -289,6 +297,50 @@ def part_ours(part: Part, limit_s: float, dry: bool) -> dict[str, Any]:
     elif run["timed_out"]:
         out["note"] = f"stopped by the part's time limit after {len(steps)} of {s.steps} steps"
     return out
+
+
+def memory_misfit(preset: str, *, offload: bool, gpu_total: float | None = None, host_available: float | None = None) -> str:
+    """Why this preset's training state cannot fit, or "" (then it is tried). The state is
+    16 bytes per parameter: fp32 weights, gradients and two AdamW moments. On the GPU it needs
+    room for activations too; offloaded, it lives in host memory, where the optimizer step
+    (foreach on the CPU) needs one more fp32 copy of the weights as a temporary."""
+    from railyard_trainer.model_args import PRESETS
+
+    params = PRESETS[preset].num_params()
+    state = 16 * params
+    if offload:
+        host = host_available if host_available is not None else _host_available()
+        need = state + 4 * params
+        if host and need > host:
+            return (f"{preset} with CPU offload needs ~{need / 1e9:.0f} GB of host memory (weights, gradients and AdamW state "
+                    f"in fp32, and the CPU optimizer's temporaries); {host / 1e9:.0f} GB are available")
+        return ""
+    gpu = gpu_total if gpu_total is not None else _gpu_total()
+    need = state + 8 * 10**9
+    if gpu and need > gpu:
+        return (f"{preset} on the GPU needs ~{need / 1e9:.0f} GB (weights, gradients and AdamW state in fp32 and ~8 GB "
+                f"for activations with AC); the GPU has {gpu / 1e9:.0f} GB")
+    return ""
+
+
+def _host_available() -> float:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return float(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0.0
+
+
+def _gpu_total() -> float:
+    """Without torch: a CUDA context in this process would hold GPU memory the run needs."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=10)
+        return float(out.stdout.split()[0]) * 2**20
+    except (OSError, subprocess.TimeoutExpired, ValueError, IndexError):
+        return 0.0
 
 
 def throughput(steps: list[dict[str, Any]], s: Shape) -> dict[str, Any]:
@@ -436,7 +488,7 @@ def part_snapshot(part: Part, limit_s: float, dry: bool) -> dict[str, Any]:
     with torch.device(device):
         model = Transformer(margs)
     model = parallelize_llama(model, mesh=mesh, dims=dims, param_dtype=param_dtype_for("bf16", device), activation_checkpointing=False, cpu_offload=False)
-    opt = Optimizers([model], lr=3e-4, weight_decay=0.1)
+    opt = Optimizers([model], lr=3e-4, weight_decay=0.1, fused=on_gpu)  # as the trainer on a GPU
     sched = WarmupCosine(opt, peak_lr=3e-4, warmup_steps=2, total_steps=1000)
     data = ShardedBatches(build_source(DatasetConfig(), vocab_size=margs.vocab_size, seed=0, seq_len=s.seq), batch_size=s.batch,
                           seq_len=s.seq, dp_rank=0, dp_size=1, device=device)
@@ -451,7 +503,7 @@ def part_snapshot(part: Part, limit_s: float, dry: bool) -> dict[str, Any]:
         sync()
         t0 = time.perf_counter()
         x, y = data.next_batch()
-        cross_entropy_loss(model(x), y).backward()
+        cross_entropy_loss(model(x), y).backward()  # type: ignore[no-untyped-call, unused-ignore]
         opt.step()
         sched.step()
         opt.zero_grad()

@@ -99,7 +99,7 @@ def apply_compile(model: Transformer, backend: str) -> None:
     replaced, so FSDP's hooks, which run around it, stay outside the compiled code (TorchTitan
     gets the same by wrapping the block), and parameter names, hence checkpoints, do not change."""
     for block in model.layers.values():
-        block.forward = torch.compile(block.forward, backend=backend)  # type: ignore[method-assign]
+        block.forward = torch.compile(block.forward, backend=backend)  # type: ignore[method-assign, unused-ignore]
 
 
 def compile_backend_from_env(value: str | None) -> str:

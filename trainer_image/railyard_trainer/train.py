@@ -157,7 +157,7 @@ class Trainer:
                 part.init_weights(buffer_device=self.device)
         # From here on each rank draws from its own stream (saved and restored with checkpoints).
         seed_rank_rng(t.seed, env.rank)
-        self.optimizer = Optimizers(self.parts, lr=t.learning_rate, weight_decay=t.weight_decay)  # type: ignore[arg-type]
+        self.optimizer = Optimizers(self.parts, lr=t.learning_rate, weight_decay=t.weight_decay, fused=self.device.type == "cuda" and not offload)  # type: ignore[arg-type]
         self.lr_scheduler = WarmupCosine(self.optimizer, peak_lr=t.learning_rate, warmup_steps=t.warmup_steps, total_steps=t.steps)
         source = build_source(t.dataset, vocab_size=args.vocab_size, seed=t.seed, seq_len=t.seq_len)
         self.data = ShardedBatches(source, batch_size=t.batch_size, seq_len=t.seq_len, dp_rank=self.dp_rank, dp_size=self.dims.dp, device=self.device)
