@@ -150,7 +150,7 @@ def run_part(part: Part, *, out: Path, limit_s: float, dry: bool) -> dict[str, A
         stderr = proc.stderr
     except subprocess.TimeoutExpired as exc:
         code = "timeout"
-        stderr = (exc.stderr.decode(errors="replace") if isinstance(exc.stderr, bytes) else exc.stderr) or ""
+        stderr = _text(exc.stderr)
     wall = round(time.monotonic() - t0, 1)
     (out / f"{safe}.stderr.txt").write_text(stderr[-200_000:])
     if result.exists():
@@ -163,6 +163,7 @@ def run_part(part: Part, *, out: Path, limit_s: float, dry: bool) -> dict[str, A
 
 def _env() -> dict[str, str]:
     env = dict(os.environ)
+    env.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")  # both sides alike
     paths = [str(ROOT / "operator"), str(ROOT / "trainer_image")]
     env["PYTHONPATH"] = os.pathsep.join(paths + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
     env.setdefault("GLOO_SOCKET_IFNAME", "lo")
@@ -182,29 +183,29 @@ def build_report(details: dict[str, Any], *, dry: bool, budget_s: float) -> dict
         rows.append({"metric": metric, "value": value, "unit": unit, "target": target, "meets": meets})
 
     for name, d in details.items():
-        if "error" in d:
+        if "error" in d:  # the figures it has (a partial result) still follow
             add(f"error[{name}]", None, "", None, False)
-            continue
         if d.get("skipped"):
             add(f"skipped[{name}]", None, "", None, None)
             continue
-        if name.startswith(("ours/", "titan/")):
+        if name.startswith(("ours/", "titan/")) and "tokens_per_s" in d:
             add(f"tokens_per_s[{name}]", d["tokens_per_s"], "tokens/s")
             mfu = d.get("mfu")
             add(f"mfu[{name}]", mfu, "fraction", TARGET_MFU if name.startswith("ours/") else None,
                 (mfu >= TARGET_MFU) if (mfu is not None and name.startswith("ours/")) else None)
             add(f"peak_memory_gib[{name}]", d.get("peak_memory_gib"), "GiB")
-        elif name == "sdc":
+        elif name == "sdc" and "caught" in d:
             add("sdc: known-answer test stable on the device", int(d["kat_stable"]), "bool", 1, bool(d["kat_stable"]))
             add("sdc: bit flip in a device parameter caught (exit SDC_DETECTED)", int(d["caught"]), "bool", 1, bool(d["caught"]))
-        elif name == "snapshot":
+        elif name == "snapshot" and "copy_gb_s" in d:
             add("snapshot: memory-tier copy of params + optimizer, GPU -> pinned host", d["copy_gb_s"], "GB/s")
             add("snapshot: raw copy_ of the same bytes into pinned host memory", d["raw_copy_gb_s"], "GB/s")
-            ratio = d["copy_gb_s"] / d["raw_copy_gb_s"] if d["raw_copy_gb_s"] else None
+            ratio = d["copy_gb_s"] / d["raw_copy_gb_s"] if d["copy_gb_s"] and d["raw_copy_gb_s"] else None
             add("snapshot: memory-tier copy / raw copy_", None if ratio is None else round(ratio, 3), "ratio", f">= {TARGET_COPY_RATIO}",
                 None if ratio is None else ratio >= TARGET_COPY_RATIO)
-            add("snapshot: training stall per save (blocking copy + wait at the next optimizer step)", d["stall_s"], "s")
-            add("snapshot: stall per save / step time", d["stall_fraction_of_step"], "ratio")
+            if "stall_s" in d:
+                add("snapshot: training stall per save (blocking copy + wait at the next optimizer step)", d["stall_s"], "s")
+                add("snapshot: stall per save / step time", d["stall_fraction_of_step"], "ratio")
     for name, d in details.items():
         if not name.startswith("ours/"):
             continue
@@ -414,11 +415,14 @@ def part_titan(part: Part, limit_s: float, dry: bool) -> dict[str, Any]:
         cmd.append("--ac")
     if part.compile:
         cmd += ["--compile", "eager" if dry else "inductor"]
+    timed_out = False
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=max(1.0, limit_s - 3), env=_env())
-    except subprocess.TimeoutExpired as exc:
-        return {"error": f"torchtitan did not finish in {limit_s - 3:.0f}s", "stdout_tail": str(exc.stdout)[-1000:]}
-    lines = [json.loads(x) for x in proc.stdout.splitlines() if x.startswith("{")]
+        stdout, stderr, code = proc.stdout, proc.stderr, proc.returncode
+    except subprocess.TimeoutExpired as exc:  # the steps it printed still count
+        timed_out = True
+        stdout, stderr, code = _text(exc.stdout), _text(exc.stderr), -1
+    lines = [json.loads(x) for x in stdout.splitlines() if x.startswith("{")]
     head = next((x for x in lines if x.get("event") == "titan"), None)
     if head is not None and head.get("skipped"):
         return {"skipped": True, "reason": head["reason"]}
@@ -427,9 +431,15 @@ def part_titan(part: Part, limit_s: float, dry: bool) -> dict[str, Any]:
     if head is not None:
         out.update(torchtitan=head.get("version"), titan_flops_per_token=head.get("flops_per_token"), mixed_precision=head.get("mixed_precision"),
                    stubbed=head.get("stubbed"))
-    if proc.returncode != 0 or not steps:
-        out["error"] = f"torchtitan exit {proc.returncode} after {len(steps)} steps: {proc.stderr[-2000:]}"
+    if not steps or (code != 0 and not timed_out):
+        out["error"] = f"torchtitan exit {code} after {len(steps)} steps: {stderr[-2000:]}"
+    elif timed_out:
+        out["note"] = f"stopped by the part's time limit after {len(steps)} of {s.steps} steps"
     return out
+
+
+def _text(x: str | bytes | None) -> str:
+    return x.decode(errors="replace") if isinstance(x, bytes) else (x or "")
 
 
 def part_snapshot(part: Part, limit_s: float, dry: bool) -> dict[str, Any]:
@@ -525,6 +535,10 @@ def part_snapshot(part: Part, limit_s: float, dry: bool) -> dict[str, Any]:
         sync()
         raw_s.append(time.perf_counter() - t0)
     del raw_buffers
+    out: dict[str, Any] = {"preset": s.preset, "device": str(device), "bytes": nbytes,
+                           "raw_copy_s": [round(x, 5) for x in raw_s], "raw_copy_gb_s": round(nbytes / min(raw_s) / 1e9, 2),
+                           "copy_gb_s": None}
+    record_partial(out)
 
     shm = Path("/dev/shm")
     room = shm.is_dir() and os.access(shm, os.W_OK) and _free_bytes(shm) > 3 * nbytes
@@ -543,6 +557,8 @@ def part_snapshot(part: Part, limit_s: float, dry: bool) -> dict[str, Any]:
             ckpt.save(ctx, tiers=memory, checks_passed=True)
             ckpt.wait(limit_s)
             idle.append(ckpt.history[-1])
+        out.update(_copy_figures(idle, nbytes), tier_dir="/dev/shm" if room else "tmp")
+        record_partial(out)
         for _ in range(s.steps):
             step()
             ckpt.save(ctx, tiers=memory, checks_passed=True)
@@ -551,21 +567,23 @@ def part_snapshot(part: Part, limit_s: float, dry: bool) -> dict[str, Any]:
             training.append(ckpt.history[-1])
         ckpt.close(30)
     failed = [r.detail for r in idle + training if not r.ok]
-    copy_s = statistics.median(r.phases.get("snapshot", 0.0) + r.phases.get("capture", 0.0) for r in idle)
     stall = statistics.median(r.blocked_s + r.stall_s for r in training)
     step_s = statistics.median(step_times)
     dist.destroy_process_group()
-    out = {
-        "preset": s.preset, "device": str(device), "bytes": nbytes, "tier_dir": "/dev/shm" if room else "tmp",
-        "raw_copy_s": [round(x, 5) for x in raw_s], "raw_copy_gb_s": round(nbytes / min(raw_s) / 1e9, 2),
-        "copy_s_idle": round(copy_s, 5), "copy_gb_s": round(nbytes / copy_s / 1e9, 2) if copy_s else None,
-        "stall_s": round(stall, 5), "step_time_s": round(step_s, 5), "stall_fraction_of_step": round(stall / step_s, 4),
-        "saves": [{"step": r.step, "ok": r.ok, "blocked_s": round(r.blocked_s, 5), "stall_s": round(r.stall_s, 5),
-                   "phases": {k: round(v, 5) for k, v in r.phases.items()}, "bytes": r.bytes} for r in idle + training],
-    }
+    out.update(
+        stall_s=round(stall, 5), step_time_s=round(step_s, 5), stall_fraction_of_step=round(stall / step_s, 4),
+        saves=[{"step": r.step, "ok": r.ok, "blocked_s": round(r.blocked_s, 5), "stall_s": round(r.stall_s, 5),
+                "phases": {k: round(v, 5) for k, v in r.phases.items()}, "bytes": r.bytes} for r in idle + training],
+    )
     if failed:
         out["error"] = f"saves failed: {failed[:2]}"
     return out
+
+
+def _copy_figures(idle: list[Any], nbytes: int) -> dict[str, Any]:
+    """The manager's copy with the device idle: its blocking part plus the deferred capture."""
+    copy_s = statistics.median(r.phases.get("snapshot", 0.0) + r.phases.get("capture", 0.0) for r in idle)
+    return {"copy_s_idle": round(copy_s, 5), "copy_gb_s": round(nbytes / copy_s / 1e9, 2) if copy_s else None}
 
 
 def _free_bytes(path: Path) -> int:
@@ -578,7 +596,19 @@ PARTS: dict[str, Callable[[Part, float, bool], dict[str, Any]]] = {
 }
 
 
+#: Where the running part writes its result (set in the part's process).
+_RESULT: Path | None = None
+
+
+def record_partial(result: dict[str, Any]) -> None:
+    """What a long part has so far: the result if the part's time runs out before its end."""
+    if _RESULT is not None:
+        _RESULT.write_text(json.dumps({**result, "error": "partial: the part ran out of time after this"}, indent=1, default=str))
+
+
 def run_one(name: str, out: Path, limit_s: float, dry: bool) -> None:
+    global _RESULT
+    _RESULT = out
     part = next(p for p in plan_parts(dry) if p.name == name)
     try:
         result = PARTS[part.kind](part, limit_s, dry)

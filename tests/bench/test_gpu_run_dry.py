@@ -129,3 +129,18 @@ def test_a_preset_that_cannot_fit_is_skipped_with_the_sizes(preset: str, offload
     assert (reason == "") is fits, reason
     if not fits:
         assert preset in reason and "GB" in reason
+
+
+def test_a_partial_result_keeps_its_figures_beside_its_error() -> None:
+    """A part stopped by its time limit reports what it measured before (record_partial)."""
+    details = {
+        "snapshot": {"error": "partial: the part ran out of time after this", "copy_gb_s": 20.0, "raw_copy_gb_s": 25.0},
+        "ours/1b/eager": {"error": "launcher exit -9 after 0 steps", "steps_done": 0},
+        "titan/1b/eager": {"skipped": True, "reason": "torchtitan is not installed"},
+    }
+    rows = {r["metric"]: r for r in _run_module().build_report(details, dry=False, budget_s=440)["results"]}
+    assert rows["error[snapshot]"]["meets"] is False and rows["error[ours/1b/eager]"]["meets"] is False
+    assert rows["snapshot: memory-tier copy / raw copy_"]["value"] == 0.8
+    assert not any("stall" in m for m in rows), "no stall was measured"
+    assert not any(m.startswith("tokens_per_s") for m in rows), "no steps, no throughput, no ratio"
+    assert "skipped[titan/1b/eager]" in rows
