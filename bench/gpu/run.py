@@ -14,8 +14,9 @@ Parts, in order (bench/gpu/README.md says what each measures and why):
   parameter of the real trainer (launcher, health package on): caught, exit SDC_DETECTED;
 - ``ours/<preset>/<variant>``: the trainer (launcher, one GPU, bf16 FSDP2): tokens/s, MFU (the
   trainer's own FLOP count, ``ModelArgs.flops_per_token``, over the GPU's dense bf16 peak),
-  peak GPU memory; variants ``eager``, ``ac`` (activation checkpointing), ``compile``
-  (``RAILYARD_COMPILE``: each block compiled), and 8b with CPU offload + AC;
+  peak GPU memory; 1b ``eager``, ``ac`` (activation checkpointing) and ``compile``
+  (``RAILYARD_COMPILE``: each block compiled); 8b with AC, and with CPU offload + AC (skipped,
+  with the sizes, where the host lacks the memory: ``memory_misfit``);
 - ``titan/<preset>/<variant>``: TorchTitan's model and ``parallelize_llama`` on the same shape,
   batch and sequence length (bench/gpu/titan.py); ours / theirs as a ratio;
 - ``snapshot``: the memory tier's snapshot out of GPU memory: GB/s of the parameter +
@@ -39,7 +40,7 @@ import tempfile
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -72,7 +73,6 @@ class Part:
     ac: bool = False
     compile: bool = False
     offload: bool = False
-    options: dict[str, Any] = field(default_factory=dict)
 
 
 def plan_parts(dry: bool) -> list[Part]:
@@ -145,7 +145,8 @@ def run_part(part: Part, *, out: Path, limit_s: float, dry: bool) -> dict[str, A
         cmd.append("--dry")
     t0 = time.monotonic()
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=limit_s, start_new_session=True, env=_env())
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=limit_s, start_new_session=True, env=_env(),
+                              preexec_fn=die_with_parent)
         code: int | str = proc.returncode
         stderr = proc.stderr
     except subprocess.TimeoutExpired as exc:
@@ -159,6 +160,17 @@ def run_part(part: Part, *, out: Path, limit_s: float, dry: bool) -> dict[str, A
         data = {"error": f"the part's process ended ({code}) without a result after {wall}s: {stderr[-1500:]}"}
     data.update(wall_s=wall, limit_s=round(limit_s, 1))
     return data
+
+
+def die_with_parent() -> None:
+    """In a child, before exec: SIGKILL when the parent dies. A part's process killed at its
+    limit takes its launcher along, and the launcher's workers die with it (zygote.py): nothing
+    is left holding GPU memory the next part needs."""
+    import contextlib
+    import ctypes
+
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1: PR_SET_PDEATHSIG
 
 
 def _env() -> dict[str, str]:
@@ -386,7 +398,8 @@ def launch_trainer(trainer: dict[str, Any], config: dict[str, Any], *, limit_s: 
         cfg = Path(d) / "config.json"
         cfg.write_text(json.dumps({"job": "gpu-run", **config, "trainer": trainer}))
         proc = subprocess.Popen([sys.executable, "-m", "railyard_trainer.launcher", "--config", str(cfg), "--nproc-per-node", "1"],
-                                env=full, cwd=d, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+                                env=full, cwd=d, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                                preexec_fn=die_with_parent)
         timed_out = False
         try:
             out, err = proc.communicate(timeout=max(1.0, limit_s))
@@ -417,7 +430,7 @@ def part_titan(part: Part, limit_s: float, dry: bool) -> dict[str, Any]:
         cmd += ["--compile", "eager" if dry else "inductor"]
     timed_out = False
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=max(1.0, limit_s - 3), env=_env())
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=max(1.0, limit_s - 3), env=_env(), preexec_fn=die_with_parent)
         stdout, stderr, code = proc.stdout, proc.stderr, proc.returncode
     except subprocess.TimeoutExpired as exc:  # the steps it printed still count
         timed_out = True
