@@ -128,8 +128,16 @@ def run_all(out: Path, *, dry: bool, budget_s: float, only: set[str] | None = No
         limit = min(part.budget_s, left)
         details[part.name] = run_part(part, out=parts_dir, limit_s=limit, dry=dry)
         print(json.dumps({"part": part.name, **_short(details[part.name])}), flush=True)
+        # After every part: if the whole run is stopped from outside, the file has what it did.
+        write_report(out, details, dry=dry, budget_s=budget_s)
+    return write_report(out, details, dry=dry, budget_s=budget_s)
+
+
+def write_report(out: Path, details: dict[str, Any], *, dry: bool, budget_s: float) -> dict[str, Any]:
     report = build_report(details, dry=dry, budget_s=budget_s)
-    (out / "gpu_h200.json").write_text(json.dumps(report, indent=1, default=str) + "\n")
+    tmp = out / "gpu_h200.json.tmp"
+    tmp.write_text(json.dumps(report, indent=1, default=str) + "\n")
+    tmp.replace(out / "gpu_h200.json")
     return report
 
 
