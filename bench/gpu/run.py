@@ -655,6 +655,9 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--out: give the folder to write the results into")
     a.out.mkdir(parents=True, exist_ok=True)
     only = {x for x in a.only.split(",") if x} or None
+    known = [p.name for p in plan_parts(a.dry)]
+    if only and not only <= set(known):
+        ap.error(f"--only: unknown {sorted(only - set(known))}; the parts are {', '.join(known)}")
     report = run_all(a.out, dry=a.dry, budget_s=a.budget, only=only)
     width = max((len(r["metric"]) for r in report["results"]), default=10)
     for r in report["results"]:
