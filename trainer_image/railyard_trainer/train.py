@@ -41,7 +41,12 @@ from railyard_trainer.faults import FaultInjector
 from railyard_trainer.model import Transformer, cross_entropy_loss
 from railyard_trainer.model_args import PRESETS
 from railyard_trainer.parallel_dims import ParallelDims
-from railyard_trainer.parallelize import clean_fqn, parallelize_llama, param_dtype_for
+from railyard_trainer.parallelize import (
+    clean_fqn,
+    compile_backend_from_env,
+    parallelize_llama,
+    param_dtype_for,
+)
 from railyard_trainer.pipeline import STAGES_PER_RANK, build_pipeline, check_microbatches
 from railyard_trainer.replicas import (
     HealState,
@@ -149,9 +154,11 @@ class Trainer:
             model = Transformer(args)
         param_dtype = param_dtype_for(t.mixed_precision, self.device)
         offload = t.cpu_offload and self.device.type == "cuda"
+        # Not in the CRD yet: bench/gpu/run.py measures it first (RAILYARD_COMPILE).
+        compile_backend = compile_backend_from_env(os.environ.get("RAILYARD_COMPILE"))
 
         def parallelize(m: Transformer) -> Transformer:
-            return parallelize_llama(m, mesh=self.mesh, dims=self.dims, param_dtype=param_dtype, activation_checkpointing=t.activation_checkpointing, cpu_offload=offload)
+            return parallelize_llama(m, mesh=self.mesh, dims=self.dims, param_dtype=param_dtype, activation_checkpointing=t.activation_checkpointing, cpu_offload=offload, compile_backend=compile_backend)
 
         self.schedule = None
         if self.dims.pp_enabled:
@@ -166,7 +173,7 @@ class Trainer:
                 part.init_weights(buffer_device=self.device)
         # From here on each rank draws from its own stream (saved and restored with checkpoints).
         seed_rank_rng(t.seed, env.rank)
-        self.optimizer = Optimizers(self.parts, lr=t.learning_rate, weight_decay=t.weight_decay)  # type: ignore[arg-type]
+        self.optimizer = Optimizers(self.parts, lr=t.learning_rate, weight_decay=t.weight_decay, fused=self.device.type == "cuda" and not offload)  # type: ignore[arg-type]
         self.lr_scheduler = WarmupCosine(self.optimizer, peak_lr=t.learning_rate, warmup_steps=t.warmup_steps, total_steps=t.steps)
         source = build_source(t.dataset, vocab_size=args.vocab_size, seed=t.seed, seq_len=t.seq_len, vocab_fixed=t.vocab_size is not None)
         self.data = ShardedBatches(source, batch_size=t.batch_size, seq_len=t.seq_len, dp_rank=self.dp_rank, dp_size=self.dims.dp, device=self.device)
