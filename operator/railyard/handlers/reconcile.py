@@ -97,8 +97,8 @@ from railyard.logic.restarts import (
 from railyard.logic.schedulers import (
     GangSchedulingPlan,
     apply_to_pods,
+    describe_unavailable,
     group_name,
-    plan_gang_scheduling,
 )
 from railyard.logic.status import (
     TERMINAL_PHASES,
@@ -530,7 +530,7 @@ async def create_gang(c: Cycle, job: TrainingJob, placed: Placement) -> tuple[li
     :func:`_gang_refused` turns into a Failed phase or a waiting condition."""
     rt, spec, attempt = c.rt, job.spec, c.st.attempt
     owner = owner_reference(c.body)
-    plan = plan_gang_scheduling(spec, job=c.name, namespace=c.ns, attempt=attempt, owner=owner, gang_size=len(placed.nodes))
+    plan = await c.plan_gang(spec, attempt=attempt, gang_nodes=placed.nodes)
     pods = build_gang_pods(spec, job=c.name, namespace=c.ns, owner=owner, attempt=attempt, nodes=placed.nodes, heartbeat_url=_heartbeat_url(rt, c.ns, c.name), annotations=rt.settings.pod_annotations)
     pods = apply_to_pods(pods, plan)  # schedulerName, queue/group labels; our gate and node affinity stay
     names = [str(p["metadata"]["name"]) for p in pods]
@@ -608,13 +608,9 @@ async def _ensure_podgroups(c: Cycle, plan: GangSchedulingPlan) -> bool:
     except ApiError as exc:
         if exc.status not in (403, 404):
             raise
-        api = plan.objects[0]["apiVersion"]
-        why = "is not installed (no PodGroup CRD)" if exc.status == 404 else "is not granted to the operator (RBAC)"
-        c.phase(
-            "Placing", "PodGroupUnavailable",
-            f"spec.gang.schedulerName={plan.scheduler_name}: creating PodGroup {api} {plan.group_name} failed ({exc.status}): "
-            f"{api} {why}; install that scheduler's CRDs or remove spec.gang.schedulerName (retrying every {PODGROUP_RETRY_S:g}s)",
-        )
+        if plan.detected:  # auto: this operator stops using what it may not (or can no longer) create
+            c.rt.workload_api = False
+        c.phase("Placing", "PodGroupUnavailable", describe_unavailable(plan, exc.status, retry_s=PODGROUP_RETRY_S))
         return False
     return True
 
@@ -632,7 +628,7 @@ async def _finish_creation(c: Cycle, job: TrainingJob, current: Sequence[Mapping
     nodes = [p.node for p in sorted(table.pods, key=lambda p: p.pod_index)]
     owner = owner_reference(c.body)
     pods = build_gang_pods(job.spec, job=c.name, namespace=c.ns, owner=owner, attempt=c.st.attempt, nodes=nodes, heartbeat_url=_heartbeat_url(rt, c.ns, c.name), annotations=rt.settings.pod_annotations)
-    plan = plan_gang_scheduling(job.spec, job=c.name, namespace=c.ns, attempt=c.st.attempt, owner=owner, gang_size=len(pods))
+    plan = await c.plan_gang(job.spec, attempt=c.st.attempt, gang_nodes=nodes)
     names = [str(p["metadata"]["name"]) for p in pods]
     try:
         async with _refusals(f"PodGroup {plan.group_name}"):
