@@ -11,6 +11,7 @@ import json
 from typing import Any
 
 import pytest
+from tests.operator.builders import make_node
 from tests.operator.conftest import (
     MAIN_NS,
     ROOT,
@@ -22,12 +23,15 @@ from tests.operator.conftest import (
     on_exit_dump,
     wait_for,
 )
+from tests.operator.fake_cluster import Harness, make_job
 
 from railyard.api.trainingjob import TrainingJobSpec
 from railyard.k8s import gang as ops
 from railyard.k8s.client import ApiError
 from railyard.logic import schedulers as s
+from railyard.logic.conditions import find_condition
 from railyard.logic.manifests import GANG_GATE, build_gang_pods
+from railyard.protocol.control import Action
 
 NS = MAIN_NS
 OWNER = {"apiVersion": "railyard.dev/v1alpha1", "kind": "TrainingJob", "name": "tiny", "uid": "u-1",
@@ -128,6 +132,174 @@ def test_kueue_gets_labels_only_and_no_scheduler_leaves_pods_as_built() -> None:
     spec = TrainingJobSpec.model_validate({"nodes": 3, "resources": {"requests": {"cpu": "2"}}})
     plain = build_gang_pods(spec, job="tiny", namespace="ml", owner=OWNER, attempt=2, nodes=["n0", "n1", "n2"], heartbeat_url="http://x")
     assert pods == plain
+
+
+# Kubernetes' own gang scheduling: the API calls -----------------------------------------------
+
+K8S_PATH = "/apis/scheduling.k8s.io/v1alpha2/namespaces/ml"
+
+
+async def test_kubernetes_gets_its_workload_then_its_podgroup_and_both_go_with_old_attempts() -> None:
+    spec = TrainingJobSpec.model_validate({"nodes": 3, "gang": {"scheduler": "kubernetes"}})
+    plan = s.plan_gang_scheduling(spec, job="tiny", namespace="ml", attempt=2, owner=OWNER, gang_size=3, topology_key="railyard.dev/leaf")
+    kube = RecordingKube()
+    assert await ops.create_podgroups(kube, plan.objects) == 2  # type: ignore[arg-type]
+    assert [(c[0], c[1], c[2]["kind"]) for c in kube.calls] == [
+        ("create", f"{K8S_PATH}/workloads", "Workload"), ("create", f"{K8S_PATH}/podgroups", "PodGroup")]
+    assert await ops.create_podgroups(RecordingKube(exists=frozenset({"tiny-a2"})), plan.objects) == 0  # type: ignore[arg-type]
+    # deleting a Workload leaves its PodGroups (the record): both are deleted, by name
+    gone = RecordingKube()
+    await ops.delete_podgroups(gone, "ml", s.SCHEDULING_API_VERSION, ["tiny-a0", "tiny-a1"])  # type: ignore[arg-type]
+    assert [c[1] for c in gone.calls] == [f"{K8S_PATH}/podgroups/tiny-a0", f"{K8S_PATH}/workloads/tiny-a0",
+                                          f"{K8S_PATH}/podgroups/tiny-a1", f"{K8S_PATH}/workloads/tiny-a1"]
+    assert await ops.delete_podgroups(RecordingKube(fail=403), "ml", s.SCHEDULING_API_VERSION, ["tiny-a0"]) == 0  # type: ignore[arg-type]
+
+
+class DiscoveryKube:
+    """Answers GET /apis/scheduling.k8s.io/v1alpha2 as a v1.36 server does (or with ``status``)."""
+
+    def __init__(self, resources: list[str] | None = None, status: int = 200) -> None:
+        self.resources, self.status = resources or [], status
+        self.paths: list[str] = []
+
+    async def request(self, method: str, path: str, **_: Any) -> dict[str, Any]:
+        self.paths.append(f"{method} {path}")
+        if self.status != 200:
+            raise ApiError(self.status, {"message": "nope"}, method, path)
+        return {"kind": "APIResourceList", "groupVersion": "scheduling.k8s.io/v1alpha2",
+                "resources": [{"name": r, "namespaced": True, "kind": "x", "verbs": ["create"]} for r in self.resources]}
+
+
+@pytest.mark.parametrize(
+    ("resources", "status", "served"),
+    [
+        (["podgroups", "podgroups/status", "workloads"], 200, True),  # what the recorded server lists
+        (["workloads"], 200, False),
+        ([], 404, False),  # the group version is not served (no feature gates)
+        ([], 403, False),
+    ],
+)
+async def test_discovery_says_whether_workloads_and_podgroups_are_served(resources: list[str], status: int, served: bool) -> None:
+    kube = DiscoveryKube(resources, status)
+    assert await ops.serves_workload_api(kube) is served  # type: ignore[arg-type]
+    assert kube.paths == ["GET /apis/scheduling.k8s.io/v1alpha2"]
+
+
+async def test_discovery_errors_other_than_absent_or_forbidden_are_raised() -> None:
+    with pytest.raises(ApiError):
+        await ops.serves_workload_api(DiscoveryKube(status=500))  # type: ignore[arg-type]
+
+
+# Kubernetes' own gang scheduling: the reconcile cycle, in-process (fake_cluster.py) --------------
+
+
+def _k8s_cluster() -> list[dict[str, Any]]:
+    return [make_node(f"node-{i}", gpus=2, leaf=f"leaf-{i // 2}") for i in range(4)]
+
+
+def _group_of(pod: dict[str, Any]) -> str | None:
+    return ((pod.get("spec") or {}).get("schedulingGroup") or {}).get("podGroupName")
+
+
+async def _running(h: Harness) -> None:
+    await h.cycle()
+    h.run_pods()
+    for p in h.cluster.pods_of(spare=True):
+        p["status"] = {"phase": "Running"}
+    await h.cycle(1.0)
+    assert all(o.action is Action.CONTINUE for o in h.all_report())
+    await h.cycle(1.0)
+    assert h.status.phase == "Running", h.cluster.events
+
+
+async def test_auto_on_a_server_that_serves_it_gives_each_attempt_a_workload_and_podgroup() -> None:
+    h = Harness(_k8s_cluster(), make_job(gang={"hotSpares": 1}))
+    h.cluster.workload_api = True
+    await _running(h)
+    workload, podgroup = h.cluster.objects[("Workload", "j-a0")], h.cluster.objects[("PodGroup", "j-a0")]
+    assert workload["spec"]["podGroupTemplates"][0]["schedulingPolicy"] == {"gang": {"minCount": 2}}
+    # both pods on one leaf (the placement packs them): the constraint names the leaf level
+    assert len({h.cluster.nodes[n]["metadata"]["labels"]["railyard.dev/leaf"] for n in h.pod_nodes()}) == 1
+    assert podgroup["spec"]["schedulingConstraints"] == {"topology": [{"key": "railyard.dev/leaf"}]}
+    assert podgroup["spec"]["podGroupTemplateRef"]["workload"]["workloadName"] == "j-a0"
+    assert [_group_of(p) for p in h.cluster.pods_of(0)] == ["j-a0", "j-a0"], "every pod in its group"
+    assert all(_group_of(p) is None for p in h.cluster.pods_of(spare=True)), "placeholders are no gang"
+    order = [w for v, w in h.cluster.calls if v == "create"]
+    assert order.index("Workload/j-a0") < order.index("PodGroup/j-a0") < min(order.index(f"Pod/j-a0-{i}") for i in range(2))
+    assert [c for c in h.cluster.calls if c[0] == "discover"] == [("discover", "scheduling.k8s.io/v1alpha2")], "asked once"
+
+
+async def test_a_node_loss_in_place_puts_the_replacement_in_the_next_attempts_group_of_its_own() -> None:
+    h = Harness(_k8s_cluster(), make_job(gang={"hotSpares": 1}))
+    h.cluster.workload_api = True
+    await _running(h)
+    lost = h.pod_nodes()[1]
+    h.node_down(lost)
+    await h.cycle(5.0)
+    st = h.status
+    assert st.last_restart is not None and st.last_restart.mode == "InPlace" and st.last_restart.replaced == [1]
+    kept, new = h.cluster.pods["j-a0-0"], h.cluster.pods["j-a1-1"]
+    assert _group_of(kept) == "j-a0", "a pod's group is immutable: the kept pod stays in its own"
+    assert _group_of(new) == "j-a1"
+    replacement = h.cluster.objects[("PodGroup", "j-a1")]
+    assert replacement["spec"]["schedulingPolicy"] == {"gang": {"minCount": 1}}, "all the replaced pods, or none"
+    assert h.cluster.objects[("Workload", "j-a1")]["spec"]["podGroupTemplates"][0]["schedulingPolicy"] == {"gang": {"minCount": 1}}
+    assert ("PodGroup", "j-a0") in h.cluster.objects, "the kept pod's group stays while it runs"
+    h.cluster.finish_deletions()
+    await h.cycle(0.5)
+    h.run_pods()
+    h.report(0, "running", attempt=1)
+    h.report(1, "running", attempt=1)
+    await h.cycle(0.5)
+    assert h.status.phase == "Running" and h.status.last_restart.state == "Done"  # type: ignore[union-attr]
+    assert [q.node for q in h.status.quarantined_nodes] == [lost]
+
+
+async def test_a_full_restart_makes_a_new_group_and_deletes_the_old_ones() -> None:
+    h = Harness(_k8s_cluster(), make_job(gang={"scheduler": "kubernetes"}, restartPolicy={"inPlace": False, "application": {"limit": 3, "backoffSeconds": 0}}))
+    await _running(h)
+    h.exit_pod(0, 1)
+    await h.cycle(1.0)
+    h.cluster.finish_deletions()
+    for _ in range(3):
+        await h.cycle(1.0)
+    assert h.status.attempt == 1 and {_group_of(p) for p in h.cluster.pods_of(1)} == {"j-a1"}
+    assert ("Workload", "j-a1") in h.cluster.objects and ("PodGroup", "j-a1") in h.cluster.objects
+    assert ("Workload", "j-a0") not in h.cluster.objects and ("PodGroup", "j-a0") not in h.cluster.objects
+    assert not [c for c in h.cluster.calls if c[0] == "discover"], "scheduler kubernetes: nothing to detect"
+
+
+async def test_auto_without_the_api_leaves_the_pods_as_before() -> None:
+    h = Harness(_k8s_cluster(), make_job())
+    await h.cycle()
+    assert h.status.phase == "Starting"
+    assert not [k for k in h.cluster.objects if k[0] in ("Workload", "PodGroup")]
+    assert all(_group_of(p) is None for p in h.cluster.pods_of(0))
+
+
+@pytest.mark.parametrize("status", [404, 403])
+async def test_kubernetes_asked_for_but_refused_keeps_the_job_placing_with_the_fix(status: int) -> None:
+    h = Harness(_k8s_cluster(), make_job(gang={"scheduler": "kubernetes"}))
+    h.cluster.podgroup_error = status
+    await h.cycle()
+    st = h.status
+    placed = find_condition(st.conditions, "Placed")
+    assert st.phase == "Placing" and placed is not None and (placed.status, placed.reason) == ("False", "PodGroupUnavailable")
+    assert h.reasons() == ["PodGroupUnavailable"]
+    assert st.message.startswith("spec.gang.scheduler=kubernetes: creating Workload and PodGroup scheduling.k8s.io/v1alpha2 j-a0")
+    assert h.cluster.pods == {}, "no pod before its group"
+
+
+async def test_auto_refused_by_rbac_falls_back_to_no_group_for_this_operator() -> None:
+    h = Harness(_k8s_cluster(), make_job())
+    h.cluster.workload_api = True
+    h.cluster.podgroup_error = 403
+    await h.cycle()
+    assert h.status.phase == "Placing" and h.status.message.startswith("spec.gang.scheduler=auto:")
+    assert h.rt.workload_api is False
+    await h.cycle(10.0)
+    assert h.status.phase == "Starting"
+    assert all(_group_of(p) is None for p in h.cluster.pods_of(0)) and len(h.cluster.pods_of(0)) == 2
 
 
 # the operator on the local cluster ------------------------------------------------------------
