@@ -66,6 +66,24 @@ def test_status_writes_go_through_the_status_subresource(core: client.CoreV1Api,
     assert p.status.phase == "Running" and p.status.pod_ip == "127.0.0.2"
 
 
+def test_qos_class_is_the_servers_and_a_status_write_may_not_change_it(core: client.CoreV1Api, ns: str) -> None:
+    """cpu and memory only, init containers included; a node agent that computes it otherwise
+    (nvidia.com/gpu counted) is refused, so it must not send it at all."""
+    gpu = [{"name": "main", "image": "busybox:1.36", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]
+    init = [{"name": "init", "image": "busybox:1.36", "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}}}]
+    assert core.create_namespaced_pod(ns, pod("qos-gpu", containers=gpu)).status.qos_class == "BestEffort"
+    made = core.create_namespaced_pod(ns, pod("qos-init", containers=gpu, initContainers=init))
+    assert made.status.qos_class == "Burstable"
+    with pytest.raises(ApiException) as err:
+        core.patch_namespaced_pod_status("qos-gpu", ns, {"status": {"qosClass": "Burstable"}})
+    assert err.value.status == 422
+    assert "status.qosClass" in err.value.body and "field is immutable" in err.value.body
+    p = core.patch_namespaced_pod_status("qos-init", ns, {"status": {"phase": "Running", "qosClass": "Burstable"}})
+    assert p.status.phase == "Running" and p.status.qos_class == "Burstable"
+    p = core.patch_namespaced_pod_status("qos-gpu", ns, {"status": {"phase": "Running"}})
+    assert p.status.phase == "Running" and p.status.qos_class == "BestEffort"
+
+
 def test_unbound_pod_is_deleted_at_once(core: client.CoreV1Api, ns: str) -> None:
     core.create_namespaced_pod(ns, pod("u"))
     core.delete_namespaced_pod("u", ns)

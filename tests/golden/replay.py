@@ -1,4 +1,5 @@
-"""Replay the recorded kube-apiserver exchanges (kube-v1.36/) against a server and compare.
+"""Replay the recorded kube-apiserver exchanges (kube-v1.36/, kube-v1.36-workload/) against a
+server and compare.
 
 The corpus and its rules are in kube-v1.36/README.md: files run in order, bodies are normalised
 (timestamps, uids, resourceVersions, UUIDs), and the comparison covers the status code always,
@@ -87,9 +88,9 @@ def load_allowlist(path: Path = ALLOWLIST) -> list[AllowEntry]:
     return out
 
 
-def load_corpus() -> list[Exchange]:
+def load_corpus(corpus: Path = CORPUS) -> list[Exchange]:
     out = []
-    for f in sorted(CORPUS.glob("[0-9][0-9][0-9]-*.json")):
+    for f in sorted(corpus.glob("[0-9][0-9][0-9]-*.json")):
         d = json.loads(f.read_text())
         out.append(Exchange(f.stem, d.get("note", ""), d["request"], d["response"]))
     return out
@@ -185,17 +186,20 @@ def _decode(status: int, headers: dict[str, str], data: bytes, watch: bool) -> d
     return {"status": status, "headers": keep, "body": body}
 
 
-def replay(c: Client, exchanges: list[Exchange]) -> None:
-    """Send every exchange in order; fill in ``got`` (or ``error``)."""
-    status, body = c.json("POST", "/api/v1/namespaces", {"metadata": {"name": "golden"}})
+def replay(c: Client, exchanges: list[Exchange], *, namespace: str = "golden",
+           before: dict[str, Callable[[Client], None]] | None = None) -> None:
+    """Send every exchange in order; fill in ``got`` (or ``error``). ``before``: what the
+    recorded cluster did before an exchange (by its number), played first (default: BEFORE)."""
+    hooks = BEFORE if before is None else before
+    status, body = c.json("POST", "/api/v1/namespaces", {"metadata": {"name": namespace}})
     if status != 201:
-        raise RuntimeError(f"could not create namespace golden: {status} {body}")
-    wait_for(lambda: c.json("GET", "/api/v1/namespaces/golden/serviceaccounts/default")[0] == 200,
-             "the golden namespace's default ServiceAccount")
+        raise RuntimeError(f"could not create namespace {namespace}: {status} {body}")
+    wait_for(lambda: c.json("GET", f"/api/v1/namespaces/{namespace}/serviceaccounts/default")[0] == 200,
+             f"the {namespace} namespace's default ServiceAccount")
     for ex in exchanges:
         try:
-            if ex.number in BEFORE:
-                BEFORE[ex.number](c)
+            if ex.number in hooks:
+                hooks[ex.number](c)
             r = ex.request
             st, headers, data = c.send(r["method"], r["path"], query=r.get("query") or None, body=r.get("body"),
                                        content_type=r.get("contentType"), accept=r.get("accept"))

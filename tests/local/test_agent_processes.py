@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from railyard.local.agent import RESOLVER_SOURCE, Agent, qos_class
+from railyard.local.agent import RESOLVER_SOURCE, Agent
 from railyard.local.nodes import NodeControl
 from railyard.local.podenv import ContainerConfigError, PodContext
 from railyard.local.topology import ClusterShape, build_nodes
@@ -128,11 +128,3 @@ def test_host_paths_under_mnt_and_claims_are_shared_by_all_nodes(tmp_path: Path)
     assert seen[0]["shared"] == seen[1]["shared"] == str(tmp_path / "shared" / "mnt" / "railyard-shared" / "job")
     assert seen[0]["claim"] == seen[1]["claim"] == str(tmp_path / "shared" / "pvc" / "ns" / "data")
     assert seen[0]["local"] != seen[1]["local"]
-
-
-def test_qos_class() -> None:
-    assert qos_class(make_pod().obj()) == "BestEffort"
-    assert qos_class(make_pod().requests(cpu="1").obj()) == "Burstable"
-    guaranteed = make_pod().obj()
-    guaranteed["spec"]["containers"][0]["resources"] = {"limits": {"cpu": "1", "memory": "1Gi"}}
-    assert qos_class(guaranteed) == "Guaranteed"

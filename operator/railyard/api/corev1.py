@@ -184,6 +184,62 @@ def compute_pod_requests(pod: Mapping[str, Any], *, only: str | None = None) -> 
     return {k: v for k, v in total.items() if v > 0}
 
 
+#: The resources a pod's QoS class is computed from (kube's isSupportedQoSComputeResource):
+#: extended resources such as ``nvidia.com/gpu``, ephemeral-storage and hugepages do not count.
+QOS_RESOURCES = ("cpu", "memory")
+
+
+def compute_pod_qos_class(spec: Mapping[str, Any]) -> str:
+    """``status.qosClass`` as the API server computes it once, at creation (kube's
+    ``ComputePodQOS``): from the cpu and memory of every container, init containers included
+    (or of ``spec.resources`` when the pod sets pod-level resources); a limit without a request
+    requests the limit (the API server defaults it so); zero and unparseable values count as
+    unset. BestEffort when nothing is set; Guaranteed when every container limits both cpu and
+    memory and the summed requests equal the summed limits; Burstable otherwise. A node agent
+    must never write another value: the server refuses a change (``field is immutable``)."""
+    requests: dict[str, Decimal] = {}
+    limits: dict[str, Decimal] = {}
+    guaranteed = True
+
+    def positive(values: Mapping[str, Any]) -> dict[str, Decimal]:
+        out: dict[str, Decimal] = {}
+        for name in QOS_RESOURCES:
+            if name not in values:
+                continue
+            try:
+                q = parse_quantity(values[name])
+            except (QuantityError, TypeError):
+                continue
+            if q > 0:
+                out[name] = q
+        return out
+
+    def add(resources: Mapping[str, Any]) -> None:
+        nonlocal guaranteed
+        lim = dict(resources.get("limits") or {})
+        req = {**lim, **(resources.get("requests") or {})}
+        for name, q in positive(req).items():
+            requests[name] = requests.get(name, Decimal(0)) + q
+        found = positive(lim)
+        for name, q in found.items():
+            limits[name] = limits.get(name, Decimal(0)) + q
+        if not set(QOS_RESOURCES) <= set(found):
+            guaranteed = False
+
+    pod_level = spec.get("resources")
+    if isinstance(pod_level, Mapping):  # pod-level resources (beta, on by default) replace the containers'
+        add(pod_level)
+    else:
+        for c in [*(spec.get("containers") or ()), *(spec.get("initContainers") or ())]:
+            if isinstance(c, Mapping):
+                add(c.get("resources") or {})
+    if not requests and not limits:
+        return "BestEffort"
+    if guaranteed and all(limits.get(n) == q for n, q in requests.items()) and len(requests) == len(limits):
+        return "Guaranteed"
+    return "Burstable"
+
+
 # --------------------------------------------------------------------------- tolerations, taints
 
 #: Taint effects that keep a pod off a node (PreferNoSchedule only scores).

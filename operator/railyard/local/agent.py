@@ -131,22 +131,6 @@ class Container:
         return "terminated" in self.state
 
 
-def qos_class(pod: Obj) -> str:
-    """Guaranteed (every container limits cpu+memory = requests), Burstable (any), BestEffort."""
-    containers = list((pod.get("spec") or {}).get("containers") or [])
-    any_set, guaranteed = False, bool(containers)
-    for c in containers:
-        res = c.get("resources") or {}
-        limits, requests = res.get("limits") or {}, res.get("requests") or {}
-        any_set = any_set or bool(limits) or bool(requests)
-        for key in ("cpu", "memory"):
-            if key not in limits or requests.get(key, limits[key]) != limits[key]:
-                guaranteed = False
-    if guaranteed:
-        return "Guaranteed"
-    return "Burstable" if any_set else "BestEffort"
-
-
 class PodWorker:
     """Runs one pod from start to its terminal phase or deletion."""
 
@@ -540,7 +524,6 @@ class PodWorker:
             "podIP": self.node.ip,
             "podIPs": [{"ip": self.node.ip}],
             "startTime": self.start_time,
-            "qosClass": qos_class(self.pod),
             "conditions": [
                 self._cond("PodScheduled", True),
                 self._cond("Initialized", self.initialized or not self.init),

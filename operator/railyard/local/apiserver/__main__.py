@@ -23,6 +23,9 @@ def main(argv: list[str] | None = None) -> int:
     auth.add_argument("--token-file", type=Path, help="file holding the bearer token clients must send")
     parser.add_argument("--event-window", type=int, default=20_000,
                         help="watch events kept for resuming watches (older resourceVersions get 410 Gone)")
+    parser.add_argument("--no-workload-api", action="store_true",
+                        help="do not serve scheduling.k8s.io/v1alpha2 workloads and podgroups (served by default, "
+                             "as kube-apiserver v1.36 with the GenericWorkload and GangScheduling feature gates)")
     parser.add_argument("--ready-file", type=Path, help='written as {"url": ..., "pid": ...} once serving')
     parser.add_argument("--insecure-http", action="store_true",
                         help="serve plain HTTP (kubectl then sends no token, so only for Python clients)")
@@ -40,7 +43,8 @@ def main(argv: list[str] | None = None) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
         await serve(args.state_dir, token=token, event_window=args.event_window, host=args.host, port=args.port,
-                    ready_file=args.ready_file, stop=stop, tls=not args.insecure_http)
+                    ready_file=args.ready_file, stop=stop, tls=not args.insecure_http,
+                    workload_api=not args.no_workload_api)
 
     try:
         asyncio.run(run())

@@ -10,6 +10,9 @@ import hashlib
 import re
 from typing import TYPE_CHECKING, Any
 
+from railyard.api.corev1 import compute_pod_qos_class
+
+from . import workloads
 from .errors import Cause, bad_request, forbidden, invalid_value, required
 from .registry import CRD_KEY
 
@@ -89,27 +92,16 @@ def _default_container(c: JSON) -> None:
     c.setdefault("terminationMessagePolicy", "File")
     if isinstance(c.get("image"), str):
         c.setdefault("imagePullPolicy", _image_pull_policy(c["image"]))
-    c.setdefault("resources", {})
+    res = c.setdefault("resources", {})
+    if isinstance(res, dict) and isinstance(res.get("limits"), dict) and res["limits"]:
+        # a limit without a request requests the limit (SetDefaults_Pod)
+        req = res.setdefault("requests", {})
+        if isinstance(req, dict):
+            for name, value in res["limits"].items():
+                req.setdefault(name, value)
     for p in c.get("ports") or []:
         if isinstance(p, dict):
             p.setdefault("protocol", "TCP")
-
-
-def _qos(spec: JSON) -> str:
-    reqs_all, lim_all, any_set = True, True, False
-    for c in spec.get("containers") or []:
-        res = c.get("resources") or {}
-        req, lim = res.get("requests") or {}, res.get("limits") or {}
-        if req or lim:
-            any_set = True
-        for r in ("cpu", "memory"):
-            if r not in lim:
-                lim_all = False
-            elif req.get(r, lim[r]) != lim[r]:
-                reqs_all = False
-    if not any_set:
-        return "BestEffort"
-    return "Guaranteed" if lim_all and reqs_all else "Burstable"
 
 
 def default(rt: ResourceType, obj: JSON, eng: Engine) -> None:
@@ -132,6 +124,11 @@ def default(rt: ResourceType, obj: JSON, eng: Engine) -> None:
             if isinstance(v, dict) and len(v) == 1 and "name" in v:
                 v["emptyDir"] = {}
         _null_condition_times(obj, ("lastProbeTime", "lastTransitionTime"))
+        status = obj.get("status")
+        if isinstance(status, dict):  # SetDefaults_PodStatus: the plural from the singular
+            for one, many in (("podIP", "podIPs"), ("hostIP", "hostIPs")):
+                if status.get(one) and not status.get(many):
+                    status[many] = [{"ip": status[one]}]
     elif key == "namespaces":
         spec = obj.setdefault("spec", {})
         if not obj["metadata"].get("deletionTimestamp"):
@@ -172,6 +169,8 @@ def default(rt: ResourceType, obj: JSON, eng: Engine) -> None:
         from .crd import default_crd
 
         default_crd(obj)
+    elif key in (workloads.WORKLOADS_KEY, workloads.PODGROUPS_KEY):
+        workloads.default(key, obj)
     elif key == "nodes":
         obj.setdefault("spec", {})
         obj.setdefault("status", {})
@@ -288,8 +287,13 @@ def validate(rt: ResourceType, obj: JSON, old: JSON | None, eng: Engine) -> list
                 causes.append(required(f"spec.schedulingGates[{i}].name"))
         if old is None and gates and spec.get("nodeName"):
             causes.append(forbidden("spec.nodeName", "cannot be set until all schedulingGates have been cleared"))
+        causes.extend(_validate_scheduling_group(spec))
         if old is not None:
             causes.extend(_validate_pod_update(obj, old))
+            old_qos = (old.get("status") or {}).get("qosClass", "")
+            new_qos = (obj.get("status") or {}).get("qosClass", "")
+            if new_qos != old_qos:  # computed once, at creation (ValidatePodStatusUpdate)
+                causes.append(invalid_value("status.qosClass", new_qos, "field is immutable"))
     elif key == "events":
         causes.extend(_validate_event(rt, obj, old))
     elif key == "secrets":
@@ -307,11 +311,29 @@ def validate(rt: ResourceType, obj: JSON, old: JSON | None, eng: Engine) -> list
             d = obj.get(f)
             if d is not None and (not isinstance(d, dict) or not all(isinstance(v, str) for v in d.values())):
                 causes.append(invalid_value(f, d, "must be a map of strings"))
+    elif key in (workloads.WORKLOADS_KEY, workloads.PODGROUPS_KEY):
+        causes.extend(workloads.validate(key, obj, old))
     elif key == CRD_KEY:
         from .crd import validate_crd
 
         causes.extend(validate_crd(obj, old))
     return causes
+
+
+def _validate_scheduling_group(spec: JSON) -> list[Cause]:
+    """``spec.schedulingGroup`` (GenericWorkload): a one-of with ``podGroupName`` as its only
+    member; the group need not exist (the scheduler waits for it)."""
+    group = spec.get("schedulingGroup")
+    if group is None:
+        return []
+    if not isinstance(group, dict) or not group.get("podGroupName"):
+        return [invalid_value("spec.schedulingGroup.podGroupName", None, "must specify one of: `podGroupName`")]
+    name = group["podGroupName"]
+    if not isinstance(name, str) or len(name) > 253 or not _DNS1123_SUBDOMAIN.match(name):
+        return [invalid_value("spec.schedulingGroup.podGroupName", name,
+                              "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, "
+                              "'-' or '.', and must start and end with an alphanumeric character")]
+    return []
 
 
 _POD_MUTABLE = ("activeDeadlineSeconds", "tolerations", "terminationGracePeriodSeconds", "schedulingGates")
@@ -357,12 +379,13 @@ def prepare_create(rt: ResourceType, obj: JSON, eng: Engine) -> None:
     if rt.key == "pods":
         # a new pod's status is the server's, as upstream (PrepareForCreate)
         spec: JSON = obj["spec"] if isinstance(obj.get("spec"), dict) else {}
-        status: JSON = {"phase": "Pending", "qosClass": _qos(spec)}
+        status: JSON = {"phase": "Pending", "qosClass": compute_pod_qos_class(spec)}
         if spec.get("schedulingGates"):
             status["conditions"] = [{"type": "PodScheduled", "status": "False", "lastProbeTime": None,
                                      "lastTransitionTime": eng.now(), "reason": "SchedulingGated",
                                      "message": "Scheduling is blocked due to non-empty scheduling gates"}]
         obj["status"] = status
+    workloads.prepare_create(rt.key, obj)
     if rt.key == CRD_KEY:
         from .crd import prepare_crd
 

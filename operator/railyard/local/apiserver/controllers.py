@@ -1,6 +1,7 @@
 """The controllers kube-controller-manager would run for this API: garbage collection by
 ownerReferences (background, foreground, orphan), namespace deletion, CRD instance cleanup,
-and each namespace's ``default`` ServiceAccount.
+PodGroup protection (a deleted PodGroup goes once no running pod names it) and each
+namespace's ``default`` ServiceAccount.
 
 They react to writes (``on_write``, called synchronously by the engine) by queueing work, and do
 the work in one asyncio task so that they never race each other.
@@ -20,6 +21,7 @@ from .engine import Ctx, DeleteOptions, Engine
 from .errors import APIError
 from .registry import CRD_KEY, ResourceType
 from .store import Entry, ObjKey
+from .workloads import PODGROUPS_KEY, PROTECTION_FINALIZER, group_of
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +52,10 @@ def namespace_children(ns: str, ca_bundle: str) -> list[JSON]:
     ]
 
 
+def _terminal(pod: JSON) -> bool:
+    return (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
+
+
 class Controllers:
     def __init__(self, engine: Engine, ca_bundle: str = "") -> None:
         self.engine = engine
@@ -61,6 +67,7 @@ class Controllers:
         self._new_namespaces: set[str] = set()
         self._terminating_pods: set[ObjKey] = set()
         self._new_crds: set[str] = set()
+        self._protected_groups: set[ObjKey] = set()
         self._kick = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._stopped = False
@@ -86,6 +93,8 @@ class Controllers:
                     kick = True
             if self._terminating:
                 kick = True
+            if rt.key == "pods" and self._protected_groups:
+                kick = True
         else:
             fins = meta.get("finalizers") or []
             if meta.get("deletionTimestamp"):
@@ -98,11 +107,17 @@ class Controllers:
                     kick = True
                 if rt.key == "pods" and (entry.obj.get("spec") or {}).get("nodeName"):
                     self._terminating_pods.add(key)
+                if rt.key == PODGROUPS_KEY and PROTECTION_FINALIZER in fins:
+                    self._protected_groups.add(key)
+                    kick = True
             elif rt.key == "namespaces":
                 self._new_namespaces.add(meta["name"])
                 kick = True
             elif rt.key == CRD_KEY:
                 self._new_crds.add(meta["name"])
+                kick = True
+            if rt.key == "pods" and self._protected_groups and _terminal(entry.obj) and \
+                    (PODGROUPS_KEY, meta.get("namespace", ""), group_of(entry.obj)) in self._protected_groups:
                 kick = True
             for ref in meta.get("ownerReferences") or []:
                 if ref.get("uid") and ref["uid"] not in self.store.by_uid:
@@ -185,6 +200,23 @@ class Controllers:
             await self._process_terminating(key)
         for key in list(self._terminating_pods):
             await self._process_terminating_pod(key)
+        for key in list(self._protected_groups):
+            await self._process_protected_group(key)
+
+    async def _process_protected_group(self, key: ObjKey) -> None:
+        """PodGroup protection: a deleted PodGroup keeps its finalizer while a pod that has not
+        finished names it (the scheduler may still need it); then the finalizer goes."""
+        entry = self.store.get(*key)
+        rt = self._rt(key[0])
+        if entry is None or rt is None or not entry.obj["metadata"].get("deletionTimestamp") or \
+                PROTECTION_FINALIZER not in (entry.obj["metadata"].get("finalizers") or []):
+            self._protected_groups.discard(key)
+            return
+        for pod in self.store.items("pods", key[1]):
+            if group_of(pod.obj) == key[2] and not _terminal(pod.obj):
+                return
+        self._protected_groups.discard(key)
+        await self.engine.remove_finalizer(rt, entry, PROTECTION_FINALIZER)
 
     async def _ensure_service_account(self, ns: str) -> None:
         """The ServiceAccount and root-CA publishers: every live namespace has both objects."""

@@ -48,6 +48,19 @@ def group_list(registry: Registry) -> JSON:
             "groups": [group_entry(g, vs) for g, vs in ordered_groups(registry)]}
 
 
+def storage_version_hash(rt: ResourceType) -> str:
+    """apiserver's discovery.StorageVersionHash: the first 8 bytes of sha256("group/version/kind")
+    of the version the kind is stored in, base64."""
+    import base64
+    import hashlib
+
+    group, kind = rt.group, rt.kind
+    if rt.storage_key == "events":  # events.k8s.io events are stored as core/v1 Events
+        group = ""
+    gvk = f"{group}/{rt.storage_version}/{kind}"
+    return base64.b64encode(hashlib.sha256(gvk.encode()).digest()[:8]).decode()
+
+
 def resource_list(registry: Registry, group: str, version: str) -> JSON:
     resources: list[JSON] = []
     for rt in sorted(registry.all(), key=lambda t: t.plural):
@@ -59,6 +72,8 @@ def resource_list(registry: Registry, group: str, version: str) -> JSON:
             entry["shortNames"] = rt.short_names
         if rt.categories:
             entry["categories"] = rt.categories
+        if "get" in rt.verbs or "list" in rt.verbs:  # stored kinds (not the create-only reviews)
+            entry["storageVersionHash"] = storage_version_hash(rt)
         resources.append(entry)
         for sub in sorted(rt.subresources):
             sub_kind = {"binding": "Binding", "eviction": "Eviction", "log": "Pod"}.get(sub, rt.kind)

@@ -227,7 +227,7 @@ class Engine:
         subresource), everything but status on /status."""
         if subresource == "status":
             return {f"f:{k}": {fieldmanager.MEMBER: {}} for k in obj if k not in ("status", "apiVersion", "kind")}
-        if rt.status_subresource:
+        if rt.status_subresource and rt.resets_status:
             return {"f:status": {fieldmanager.MEMBER: {}}}
         return None
 

@@ -40,6 +40,14 @@ class ResourceType:
     """Store under another resource's key (events.k8s.io events share core events)."""
     types: dict[str, TypeNode] = field(default_factory=dict)
     """Server-side apply's view of each version's schema (custom resources), built on first use."""
+    resets_status: bool = True
+    """A write to the main resource leaves no field-manager ownership of status behind. v1alpha2
+    PodGroups declare no reset fields upstream: the user's ignored status is still recorded in
+    managedFields (tests/golden 013)."""
+    return_deleted_object: bool = True
+    """A deletion that removes the object at once answers with the object (pods, most kinds
+    here) or, when False, with a ``Status`` of Success (upstream stores without
+    ReturnDeletedObject)."""
     field_label_conversion: bool = False
     """The kind converts its own field labels (an unknown one: ``field label not supported: x``);
     otherwise only metadata.name/namespace and the generic message, as upstream."""
@@ -76,7 +84,9 @@ def _builtin(group: str, version: str, plural: str, kind: str, namespaced: bool,
     return rt
 
 
-def builtin_types() -> list[ResourceType]:
+def builtin_types(*, workload_api: bool = True) -> list[ResourceType]:
+    """``workload_api``: serve scheduling.k8s.io/v1alpha2 (as kube-apiserver v1.36 with the
+    GenericWorkload and GangScheduling gates and that runtime-config); off, as one without."""
     types = [
         _builtin("", "v1", "namespaces", "Namespace", False, ["ns"], ("status", "finalize"), ("status.phase",)),
         _builtin("", "v1", "nodes", "Node", False, ["no"], ("status",), ("spec.unschedulable",)),
@@ -117,7 +127,15 @@ def builtin_types() -> list[ResourceType]:
         _builtin("rbac.authorization.k8s.io", "v1", "clusterroles", "ClusterRole", False),
         _builtin("rbac.authorization.k8s.io", "v1", "clusterrolebindings", "ClusterRoleBinding", False),
     ]
+    if workload_api:  # Kubernetes' own gang scheduling: see workloads.py
+        types += [
+            _builtin("scheduling.k8s.io", "v1alpha2", "workloads", "Workload", True),
+            _builtin("scheduling.k8s.io", "v1alpha2", "podgroups", "PodGroup", True, [], ("status",)),
+        ]
     for t in types:
+        if t.group == "scheduling.k8s.io" and t.versions == ["v1alpha2"]:
+            t.return_deleted_object = False
+            t.resets_status = False
         if t.key in ("pods", "services", "deployments.apps", "statefulsets.apps", "daemonsets.apps", "jobs.batch"):
             t.categories = ["all"]
         if t.key == CRD_KEY:
@@ -128,9 +146,9 @@ def builtin_types() -> list[ResourceType]:
 class Registry:
     """Lookup of resource types by group/version/plural, kind and short name."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, workload_api: bool = True) -> None:
         self._types: list[ResourceType] = []
-        for rt in builtin_types():
+        for rt in builtin_types(workload_api=workload_api):
             self.add(rt)
 
     def add(self, rt: ResourceType) -> None:

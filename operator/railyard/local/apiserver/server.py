@@ -125,7 +125,7 @@ class APIServer:
 
     def __init__(self, state_dir: Path | str, *, token: str, host: str = "127.0.0.1", port: int = 0,
                  log_provider: LogProvider | None = None, event_window: int = 20_000, tls: bool = True,
-                 accept_token_file: Path | str | None = None) -> None:
+                 accept_token_file: Path | str | None = None, workload_api: bool = True) -> None:
         self.state_dir = Path(state_dir)
         self.accept_token_file = Path(accept_token_file) if accept_token_file else None
         """More bearer tokens, re-read on every request that does not carry ``token``: one per line,
@@ -138,7 +138,7 @@ class APIServer:
         self.host = host
         self.port = port
         self.store = Store(self.state_dir, event_window=event_window)
-        self.registry = Registry()
+        self.registry = Registry(workload_api=workload_api)
         self.engine = Engine(self.store, self.registry)
         self.controllers = Controllers(self.engine, ensure_certs(self.state_dir / "pki").ca_cert.read_text())
         self.engine.after_namespace_created.append(
@@ -392,6 +392,14 @@ class APIServer:
             ctx = self._ctx(request)
             opts = await self._delete_options(request)
             entry = await eng.delete(rt, ns_, name, opts, ctx)
+            if not rt.return_deleted_object and not ctx.dry_run and self.store.get(rt.key, ns_ or "", name) is None:
+                # gone at once: these kinds answer with a Status, as their upstream stores do
+                details = {"name": name, "kind": rt.plural, "uid": entry.obj["metadata"].get("uid", "")}
+                if rt.group:
+                    details["group"] = rt.group
+                gone = status_object(200, "", "", details, success=True)
+                del gone["code"]
+                return _json(gone, 200, warning_headers(ctx.warnings))
             return self._respond(request, rt, version, entry, ctx)
         raise APIError(405, "the server does not allow this method on the requested resource",
                        reason="MethodNotAllowed")
@@ -681,7 +689,8 @@ class APIServer:
 
 async def serve(state_dir: Path | str, *, token: str, host: str = "127.0.0.1", port: int = 0,
                 ready_file: Path | str | None = None, stop: asyncio.Event | None = None,
-                log_provider: LogProvider | None = None, tls: bool = True, event_window: int = 20_000) -> None:
+                log_provider: LogProvider | None = None, tls: bool = True, event_window: int = 20_000,
+                workload_api: bool = True) -> None:
     """Run the server until ``stop`` is set.
 
     Once serving, writes ``{"url", "pid", "ca"}`` to ``ready_file`` (``ca``: the CA certificate
@@ -690,7 +699,7 @@ async def serve(state_dir: Path | str, *, token: str, host: str = "127.0.0.1", p
     import os
 
     server = APIServer(state_dir, token=token, host=host, port=port, log_provider=log_provider, tls=tls,
-                       event_window=event_window)
+                       event_window=event_window, workload_api=workload_api)
     url = await server.start()
     if ready_file is not None:
         rf = Path(ready_file)

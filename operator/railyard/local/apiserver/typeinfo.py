@@ -142,7 +142,14 @@ def _kind_types() -> dict[str, TypeNode]:
                                                                 "selector": struct({"matchLabels": mapping()})}),
                        "status": struct({"conditions": _conditions()})})
     reference = _ATOMIC
+    gang = {"schedulingPolicy": struct({"basic": struct(), "gang": struct()}),
+            "schedulingConstraints": struct({"topology": _ATOMIC})}
     return {
+        "workloads.scheduling.k8s.io": struct({"metadata": OBJECT_META, "spec": struct({
+            "podGroupTemplates": keyed("name", elem=struct(gang))})}),
+        "podgroups.scheduling.k8s.io": struct({"metadata": OBJECT_META, "spec": struct({
+            **gang, "podGroupTemplateRef": struct({"workload": struct()})}),
+            "status": struct({"conditions": _conditions()})}),
         "pods": pod,
         "nodes": struct({"metadata": OBJECT_META, "spec": struct({"taints": _ATOMIC, "podCIDRs": set_list()}),
                          "status": struct({"conditions": _conditions(), "addresses": keyed("type"),
@@ -215,6 +222,9 @@ def _zero_objects() -> dict[str, JSON]:
                        "status": {}},
         "poddisruptionbudgets.policy": {"metadata": meta, "spec": {}, "status": {
             "disruptionsAllowed": 0, "currentHealthy": 0, "desiredHealthy": 0, "expectedPods": 0}},
+        "workloads.scheduling.k8s.io": {"metadata": meta, "spec": {"podGroupTemplates": None}},
+        "podgroups.scheduling.k8s.io": {"metadata": meta, "spec": {"schedulingPolicy": {}, "podGroupTemplateRef": None,
+                                                                   "disruptionMode": ""}, "status": {}},
         "roles.rbac.authorization.k8s.io": {"metadata": meta, "rules": None},
         "clusterroles.rbac.authorization.k8s.io": {"metadata": meta, "rules": None},
         "rolebindings.rbac.authorization.k8s.io": {"metadata": meta, "roleRef": {"apiGroup": "", "kind": "", "name": ""}},
