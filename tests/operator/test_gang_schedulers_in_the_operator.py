@@ -373,3 +373,111 @@ def test_a_scheduler_whose_crd_is_missing_keeps_the_job_placing_with_the_fix(
         raise
     finally:
         api.delete_job(NS, job_name)
+
+
+# Kubernetes' gang scheduling on the local cluster ---------------------------------------------
+
+K8S_GROUP, K8S_VERSION = "scheduling.k8s.io", "v1alpha2"
+
+
+def _serves_workload_api(api: Api) -> bool:
+    from railyard.k8s.client import Kube
+
+    async def ask() -> bool:
+        kube = Kube.from_config(str(api.kubeconfig))
+        try:
+            return await ops.serves_workload_api(kube)
+        finally:
+            await kube.close()
+
+    return asyncio.run(ask())
+
+
+def _raw_pods(api: Api, job: str) -> list[dict[str, Any]]:
+    """The job's pods as the server sends them (the generated client drops fields it predates,
+    such as spec.schedulingGroup)."""
+    resp = api.core.list_namespaced_pod(NS, label_selector=f"railyard.dev/job={job}", _preload_content=False)
+    items: list[dict[str, Any]] = json.loads(resp.data)["items"]
+    return items
+
+
+def _k8s_object(api: Api, plural: str, name: str) -> dict[str, Any] | None:
+    from kubernetes.client.rest import ApiException
+
+    try:
+        got: dict[str, Any] = api.custom.get_namespaced_custom_object(K8S_GROUP, K8S_VERSION, NS, plural, name)
+    except ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise
+    return got
+
+
+def _launched_spec(workload: Workload, **extra: Any) -> dict[str, Any]:
+    """base_spec's stand-in workload started by railyard-train (trainer.program), whose launcher
+    speaks the restart control protocol: what an in-place restart needs."""
+    spec = base_spec(workload, **extra)
+    program = spec.pop("command")
+    spec["trainer"] = {**spec["trainer"], "program": {"command": program}}
+    return spec
+
+
+@pytest.mark.cluster
+def test_kubernetes_binds_the_whole_gang_in_its_group_and_a_lost_node_is_replaced_in_place(
+    api: Api, operator: OperatorProcess, workload: Workload, job_name: str
+) -> None:
+    if not _serves_workload_api(api):
+        pytest.skip("the API server does not serve scheduling.k8s.io/v1alpha2 Workloads and PodGroups")
+    from railyard.local.nodes import FAIL_ANNOTATION
+
+    spec = _launched_spec(workload, nodes=2, gang={"scheduleTimeoutSeconds": 60, "scheduler": "kubernetes", "hotSpares": 1})
+    api.create_job(NS, job_name, spec)
+    victim = ""
+    try:
+        def running(attempt: int | None = None) -> list[dict[str, Any]]:
+            return [p for p in _raw_pods(api, job_name) if (p.get("status") or {}).get("phase") == "Running"
+                    and not p["metadata"].get("deletionTimestamp")
+                    and p["metadata"]["labels"].get("railyard.dev/attempt") is not None  # not a spare's placeholder
+                    and (attempt is None or p["metadata"]["labels"]["railyard.dev/attempt"] == str(attempt))]
+
+        wait_for("the gang Running", lambda: api.status(NS, job_name).get("phase") == "Running", 120)
+        group = f"{job_name}-a0"
+        wl, pg = _k8s_object(api, "workloads", group), _k8s_object(api, "podgroups", group)
+        assert wl is not None and pg is not None, "a Workload and a PodGroup for the attempt"
+        [template] = wl["spec"]["podGroupTemplates"]
+        assert template["schedulingPolicy"] == {"gang": {"minCount": 2}}
+        assert pg["spec"]["podGroupTemplateRef"]["workload"] == {"workloadName": group, "podGroupTemplateName": "gang"}
+        for obj in (wl, pg):
+            assert obj["metadata"]["ownerReferences"][0]["name"] == job_name
+        placed = api.status(NS, job_name)["placement"]["nodes"]
+        pods = running(0)
+        assert sorted(p["metadata"]["name"] for p in pods) == [f"{group}-0", f"{group}-1"]
+        for p in pods:
+            assert p["spec"]["schedulingGroup"] == {"podGroupName": group}, "every pod in its group"
+            assert p["spec"]["nodeName"] == placed[int(p["metadata"]["labels"]["railyard.dev/pod-index"])], "bound where we placed it"
+        kept = next(p for p in pods if p["metadata"]["name"] == f"{group}-0")
+
+        victim = placed[1]
+        api.annotate_node(victim, {FAIL_ANNOTATION: "true"})
+        wait_for("the restart in place done", lambda: (api.status(NS, job_name).get("lastRestart") or {}).get("state") == "Done"
+                 and api.status(NS, job_name).get("phase") == "Running", 120)
+        st = api.status(NS, job_name)
+        assert st["lastRestart"]["mode"] == "InPlace" and st["lastRestart"]["replaced"] == [1], st["lastRestart"]
+        assert [q["node"] for q in st["quarantinedNodes"]] == [victim]
+        now = {p["metadata"]["name"]: p for p in running()}
+        assert now[f"{group}-0"]["metadata"]["uid"] == kept["metadata"]["uid"], "the pod on the healthy node stayed"
+        new = now[f"{job_name}-a1-1"]
+        assert new["spec"]["nodeName"] not in (victim, kept["spec"]["nodeName"])
+        # the replacement's group is the next attempt's, of its own: all the replaced pods or none
+        assert new["spec"]["schedulingGroup"] == {"podGroupName": f"{job_name}-a1"}
+        assert now[f"{group}-0"]["spec"]["schedulingGroup"] == {"podGroupName": group}
+        replacement = _k8s_object(api, "podgroups", f"{job_name}-a1")
+        assert replacement is not None and replacement["spec"]["schedulingPolicy"] == {"gang": {"minCount": 1}}
+    except BaseException:
+        print(on_exit_dump(api, NS, job_name, operator))
+        raise
+    finally:
+        if victim:
+            api.annotate_node(victim, {FAIL_ANNOTATION: None, "railyard.dev/release": "true"})
+            wait_for("node Ready", lambda: any(c.type == "Ready" and c.status == "True" for c in api.node(victim).status.conditions), 90)
+        api.delete_job(NS, job_name)
