@@ -413,12 +413,35 @@ def _k8s_object(api: Api, plural: str, name: str) -> dict[str, Any] | None:
     return got
 
 
+#: Before the stand-in records that it started, it sends the report its launcher sends from a
+#: thread of its own once its workers run (this attempt, this pod, running), and waits for the
+#: answer: the started file then means the operator has heard this pod's launcher, which an
+#: in-place restart needs (without it, a node lost right after the start is a full restart).
+REPORTED = r"""
+import os, time, urllib.request
+from railyard.protocol.control import LauncherReport, LauncherState
+e = os.environ
+body = LauncherReport(e["RAILYARD_JOB"], int(e["RAILYARD_ATTEMPT"]), int(e["RAILYARD_POD_INDEX"]), e["RAILYARD_POD_NAME"],
+                      LauncherState.RUNNING, sent_at=time.time()).to_json().encode()
+while True:
+    req = urllib.request.Request(e["RAILYARD_CONTROL_URL"] + "?wait=0", data=body, method="POST",
+                                 headers={"Authorization": "Bearer " + e["RAILYARD_HEARTBEAT_TOKEN"], "Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            if r.status == 200:
+                break
+    except OSError:
+        pass
+    time.sleep(0.2)
+"""
+
+
 def _launched_spec(workload: Workload, **extra: Any) -> dict[str, Any]:
     """base_spec's stand-in workload started by railyard-train (trainer.program), whose launcher
     speaks the restart control protocol: what an in-place restart needs."""
     spec = base_spec(workload, **extra)
-    program = spec.pop("command")
-    spec["trainer"] = {**spec["trainer"], "program": {"command": program}}
+    python, flag, program, folder = spec.pop("command")
+    spec["trainer"] = {**spec["trainer"], "program": {"command": [python, flag, REPORTED + program, folder]}}
     return spec
 
 
@@ -441,6 +464,7 @@ def test_kubernetes_binds_the_whole_gang_in_its_group_and_a_lost_node_is_replace
                     and (attempt is None or p["metadata"]["labels"]["railyard.dev/attempt"] == str(attempt))]
 
         wait_for("the gang Running", lambda: api.status(NS, job_name).get("phase") == "Running", 120)
+        wait_for("both launchers heard by the operator", lambda: len(workload.started(0)) == 2, 60)
         group = f"{job_name}-a0"
         wl, pg = _k8s_object(api, "workloads", group), _k8s_object(api, "podgroups", group)
         assert wl is not None and pg is not None, "a Workload and a PodGroup for the attempt"
