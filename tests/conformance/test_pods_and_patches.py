@@ -267,3 +267,21 @@ def test_pod_security_warn_label_warns_and_admits(cluster: Cluster, labelled_nam
     warning = headers.get("Warning", "")
     assert 'would violate PodSecurity \\"restricted:latest\\"' in warning
     assert "allowPrivilegeEscalation != false" in warning
+
+
+def test_a_deleted_podgroup_stays_until_no_running_pod_names_it(embedded_only: None, custom: client.CustomObjectsApi,
+                                                                core: client.CoreV1Api, ns: str) -> None:
+    """The podgroup-protection finalizer (kube-controller-manager's, here the server's): the
+    scheduler may still need a group its pods name; once they are gone, so is the group."""
+    api = ("scheduling.k8s.io", "v1alpha2")
+    custom.create_namespaced_custom_object(*api, ns, "podgroups", {
+        "apiVersion": "scheduling.k8s.io/v1alpha2", "kind": "PodGroup", "metadata": {"name": "g"},
+        "spec": {"schedulingPolicy": {"gang": {"minCount": 1}}}})
+    core.create_namespaced_pod(ns, pod("member", schedulingGroup={"podGroupName": "g"}))
+    custom.delete_namespaced_custom_object(*api, ns, "podgroups", "g")
+    left = custom.get_namespaced_custom_object(*api, ns, "podgroups", "g")
+    assert left["metadata"]["deletionTimestamp"]
+    assert left["metadata"]["finalizers"] == ["scheduling.k8s.io/podgroup-protection"]
+    core.delete_namespaced_pod("member", ns)
+    wait_for(lambda: gone(lambda: custom.get_namespaced_custom_object(*api, ns, "podgroups", "g")),
+             what="the PodGroup to go with its last pod")

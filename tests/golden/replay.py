@@ -22,6 +22,9 @@ import urllib3
 
 CORPUS = Path(__file__).parent / "kube-v1.36"
 ALLOWLIST = Path(__file__).parent / "allowlist.txt"
+WORKLOAD_CORPUS = Path(__file__).parent / "kube-v1.36-workload"
+WORKLOAD_ALLOWLIST = Path(__file__).parent / "allowlist-workload.txt"
+WORKLOAD_NAMESPACE = "golden-gang"
 
 # The corpus was recorded with python-requests; the default field manager is the User-Agent's
 # first word, so the replay sends the same one.
@@ -171,6 +174,74 @@ def _scheduler_marks_p1_unschedulable(c: Client) -> None:
 
 #: What the recorded cluster did between exchanges that the replay must do too.
 BEFORE: dict[str, Callable[[Client], None]] = {"013": _setup_gadget_crd, "042": _scheduler_marks_p1_unschedulable}
+
+
+# ---- kube-v1.36-workload: what its scheduler and its fake kubelet did between exchanges ----------
+
+#: The recorder's fake kubelet (the kubernetes Python client, field manager OpenAPI-Generator)
+#: marked these pods Running on their nodes before the exchange named; the replay plays the same
+#: writes, verbatim. (It had not got to job-a-2 by 020, nor to qos-1 by 035.)
+_KUBELET_WRITES = {"020": {"job-a-0": "127.1.0.5", "job-a-1": "127.1.0.6"}, "037": {"qos-0": "127.1.0.1"}}
+
+
+def _pod(c: Client, name: str) -> dict[str, Any]:
+    status, body = c.json("GET", f"/api/v1/namespaces/{WORKLOAD_NAMESPACE}/pods/{name}")
+    return body if status == 200 and isinstance(body, dict) else {}
+
+
+def _condition(obj: dict[str, Any], kind: str) -> dict[str, Any] | None:
+    return next((x for x in (obj.get("status") or {}).get("conditions") or [] if x.get("type") == kind), None)
+
+
+def _kubelet_runs(number: str, bound: tuple[str, ...]) -> Callable[[Client], None]:
+    def hook(c: Client) -> None:
+        for name in bound:
+            wait_for(lambda n=name: _pod(c, n).get("spec", {}).get("nodeName"), f"the scheduler to bind {name}")
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        for name, ip in _KUBELET_WRITES[number].items():
+            patch = {"status": {
+                "conditions": [{"type": "Ready", "status": "True"}], "phase": "Running", "podIP": ip,
+                "podIPs": [{"ip": ip}], "startTime": now,
+                "containerStatuses": [{"name": "c", "image": "x", "imageID": "", "ready": True, "restartCount": 0,
+                                       "started": True, "lastState": {}, "state": {"running": {"startedAt": now}}}]}}
+            status, body = c.json("PATCH", f"/api/v1/namespaces/{WORKLOAD_NAMESPACE}/pods/{name}/status", patch,
+                                  content_type="application/strategic-merge-patch+json",
+                                  query={"fieldManager": "OpenAPI-Generator"})
+            if status != 200:
+                raise RuntimeError(f"the fake kubelet's write to {name} failed: {status} {body}")
+    return hook
+
+
+def _podgroup_condition(name: str) -> Callable[[Client], None]:
+    def hook(c: Client) -> None:
+        path = f"/apis/scheduling.k8s.io/v1alpha2/namespaces/{WORKLOAD_NAMESPACE}/podgroups/{name}"
+        wait_for(lambda: _condition(c.json("GET", path)[1] or {}, "PodGroupScheduled"),
+                 f"the scheduler's PodGroupScheduled condition on {name}")
+    return hook
+
+
+def _gang_pod_waits(c: Client) -> None:
+    """The recorded scheduler saw job-b-0 alone (waiting for minCount) before 024 made it two."""
+    wait_for(lambda: _condition(_pod(c, "job-b-0"), "PodScheduled"), "the scheduler to see job-b-0 wait")
+
+
+def _gang_events(c: Client) -> None:
+    def notes() -> bool:
+        _, body = c.json("GET", f"/api/v1/namespaces/{WORKLOAD_NAMESPACE}/events",
+                         query={"fieldSelector": "involvedObject.name=job-b-0"})
+        return len({e.get("message") for e in (body or {}).get("items") or []}) >= 2
+    wait_for(notes, "the scheduler's FailedScheduling events for job-b-0")
+
+
+#: What the recorded cluster (its kube-scheduler, its fake kubelet) did before these exchanges.
+WORKLOAD_BEFORE: dict[str, Callable[[Client], None]] = {
+    "020": _kubelet_runs("020", ("job-a-0", "job-a-1", "job-a-2")),
+    "021": _podgroup_condition("job-a-a0"),
+    "024": _gang_pod_waits,
+    "027": _podgroup_condition("job-b-a0"),
+    "029": _gang_events,
+    "037": _kubelet_runs("037", ("qos-0",)),
+}
 
 
 def _decode(status: int, headers: dict[str, str], data: bytes, watch: bool) -> dict[str, Any]:
@@ -324,6 +395,17 @@ def _subset_discovery(want: Any, got: Any) -> tuple[Any, Any]:
     return {**want, "items": items}, got
 
 
+def _distinct_notes(body: Any) -> Any:
+    """An event list as the set of different things it says (who, about what, which reason,
+    action, type and message): how many times each was said, and in how many Event objects
+    (series), depends on the scheduler's retry timing."""
+    if not isinstance(body, dict):
+        return body
+    notes = {json.dumps([e.get("reportingComponent"), (e.get("involvedObject") or {}).get("name"), e.get("reason"),
+                         e.get("action"), e.get("type"), e.get("message")]) for e in body.get("items") or []}
+    return {**body, "items": sorted(notes)}
+
+
 def differences(ex: Exchange, allow: list[AllowEntry]) -> list[str]:
     """What differs between the record and the replay, after normalisation and the allow-list."""
     if ex.error is not None:
@@ -337,6 +419,9 @@ def differences(ex: Exchange, allow: list[AllowEntry]) -> list[str]:
             continue
         if entry.path == "body.items:served-subset":
             want["body"], got["body"] = _subset_discovery(want["body"], got["body"])
+            continue
+        if entry.path == "body.items:distinct-notes":
+            want["body"], got["body"] = _distinct_notes(want["body"]), _distinct_notes(got["body"])
             continue
         if entry.path.endswith("~first-line"):
             parts = entry.path.removesuffix("~first-line").split(".")

@@ -50,6 +50,15 @@ class PodBuilder:
         self.spec.setdefault("schedulingGates", []).append({"name": name})
         return self
 
+    def group(self, name: str) -> PodBuilder:
+        """Join the PodGroup ``name`` (scheduling.k8s.io/v1alpha2 gang scheduling)."""
+        self.spec["schedulingGroup"] = {"podGroupName": name}
+        return self
+
+    def pin(self, node: str) -> PodBuilder:
+        """Required node affinity to one node, as the operator pins a gang's pods."""
+        return self.affinity({"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]})
+
     def command(self, *argv: str) -> PodBuilder:
         self.main["command"] = list(argv)
         return self

@@ -416,3 +416,73 @@ def test_readiness_probe_gates_ready(core: k8s.CoreV1Api, namespace: str, tmp_pa
         return bool(p.status.container_statuses[0].ready) and any(c.type == "Ready" and c.status == "True" for c in p.status.conditions)
 
     wait_for(ready, 60, "the probe to pass")
+
+
+# ---- Kubernetes' own gang scheduling: PodGroups (scheduling.k8s.io/v1alpha2) ---------------------
+
+GANG_API = ("scheduling.k8s.io", "v1alpha2")
+
+
+@pytest.fixture
+def podgroups(api_client: k8s.ApiClient) -> k8s.CustomObjectsApi:
+    """PodGroups, where the API server serves them (a real one only with the GenericWorkload gate)."""
+    try:
+        found = k8s.ApisApi(api_client).get_api_versions()
+    except k8s.ApiException:
+        pytest.skip("no API group discovery")
+    versions = {v.version for g in found.groups if g.name == GANG_API[0] for v in g.versions}
+    if GANG_API[1] not in versions:
+        pytest.skip("the API server does not serve scheduling.k8s.io/v1alpha2 (GenericWorkload gate off)")
+    return k8s.CustomObjectsApi(api_client)
+
+
+def _make_group(api: k8s.CustomObjectsApi, ns: str, name: str, min_count: int) -> None:
+    api.create_namespaced_custom_object(*GANG_API, ns, "podgroups", {
+        "apiVersion": "/".join(GANG_API), "kind": "PodGroup", "metadata": {"name": name},
+        "spec": {"schedulingPolicy": {"gang": {"minCount": min_count}},
+                 "schedulingConstraints": {"topology": [{"key": "railyard.dev/leaf"}]}}})
+
+
+def _group_condition(api: k8s.CustomObjectsApi, ns: str, name: str) -> dict[str, Any] | None:
+    group = api.get_namespaced_custom_object(*GANG_API, ns, "podgroups", name)
+    return next((c for c in (group.get("status") or {}).get("conditions") or []
+                 if c.get("type") == "PodGroupScheduled"), None)
+
+
+def test_a_podgroup_is_bound_whole_inside_one_leaf(core: k8s.CoreV1Api, podgroups: k8s.CustomObjectsApi,
+                                                     namespace: str) -> None:
+    # 3 nodes x 2 GPUs, leaf-0 = node-0 + node-1, leaf-1 = node-2: a gang of 2 x 2 GPUs fits only leaf-0
+    _make_group(podgroups, namespace, "gang", 2)
+    core.create_namespaced_pod(namespace, make_pod("g-0").gpus(2).group("gang").command("sleep", "60").obj())
+    # the canary is scheduled after g-0 was seen: a bound canary means the scheduler looked at g-0
+    core.create_namespaced_pod(namespace, make_pod("canary").command(*py("pass")).obj())
+    wait_for(lambda: core.read_namespaced_pod("canary", namespace).spec.node_name, 60, "canary bound")
+    assert core.read_namespaced_pod("g-0", namespace).spec.node_name is None
+    core.create_namespaced_pod(namespace, make_pod("g-1").gpus(2).group("gang").command("sleep", "60").obj())
+    nodes = {n: wait_for(lambda n=n: core.read_namespaced_pod(n, namespace).spec.node_name, 60, f"{n} bound")
+             for n in ("g-0", "g-1")}
+    assert sorted(nodes.values()) == ["node-0", "node-1"]
+    cond = wait_for(lambda: _group_condition(podgroups, namespace, "gang"), 30, "PodGroupScheduled")
+    assert (cond["status"], cond["reason"]) == ("True", "Scheduled")
+
+
+def test_a_gang_of_gated_pinned_pods_goes_exactly_where_it_was_pinned(
+        core: k8s.CoreV1Api, podgroups: k8s.CustomObjectsApi, namespace: str) -> None:
+    """The operator's flow: pods created gated, each pinned by required node affinity to the
+    node placement chose, then ungated; with a PodGroup the gang still lands on those nodes."""
+    _make_group(podgroups, namespace, "pinned", 2)
+    for name, node in (("p-0", "node-1"), ("p-1", "node-0")):
+        core.create_namespaced_pod(namespace, make_pod(name).gate().pin(node).group("pinned")
+                                   .command(*py("pass")).obj())
+    for name in ("p-0", "p-1"):
+        core.patch_namespaced_pod(name, namespace, {"spec": {"schedulingGates": None}})
+    placed = {n: wait_for(lambda n=n: core.read_namespaced_pod(n, namespace).spec.node_name, 60, f"{n} bound")
+              for n in ("p-0", "p-1")}
+    assert placed == {"p-0": "node-1", "p-1": "node-0"}
+    # pinned into different leaves, a gang that must share one leaf never starts
+    _make_group(podgroups, namespace, "split", 2)
+    for name, node in (("s-0", "node-0"), ("s-1", "node-2")):
+        core.create_namespaced_pod(namespace, make_pod(name).pin(node).group("split").command(*py("pass")).obj())
+    cond = wait_for(lambda: _group_condition(podgroups, namespace, "split"), 60, "PodGroupScheduled False")
+    assert (cond["status"], cond["reason"]) == ("False", "Unschedulable")
+    assert all(core.read_namespaced_pod(n, namespace).spec.node_name is None for n in ("s-0", "s-1"))

@@ -9,14 +9,22 @@ import pytest
 from railyard.api.corev1 import Toleration, compute_pod_requests
 from railyard.api.quantity import QuantityError, parse_quantity, to_milli
 from railyard.local.kube import KubeClient
-from railyard.local.scheduler import Scheduler
+from railyard.local.scheduler import GROUP, Scheduler
 from railyard.local.scheduling import (
+    GANG_NO_PREEMPTION,
+    GANG_WAITING_MESSAGE,
     DecisionCache,
+    GangDecision,
+    GangPolicy,
+    NodeInfo,
+    build_gang_policy,
     build_node_info,
     candidate_names,
     check_node,
+    decide_gang,
     decide_node,
     is_gated,
+    topology_domains,
 )
 
 from .builders import make_node, make_pod
@@ -240,3 +248,167 @@ async def test_a_node_deleted_and_added_again_still_counts_the_pods_bound_to_it(
     assert sched.nodes["node-0"].requested["nvidia.com/gpu"] == 2000
     sched.on_pod("DELETED", pod, pod)
     assert sched.nodes["node-0"].requested["nvidia.com/gpu"] == 0
+
+
+# ---- gangs: a PodGroup's pods all at once, inside one topology domain -----------------------------
+
+LEAVES = {f"fake-{i:04d}": build_node_info(make_node(f"fake-{i:04d}", gpus=8,
+                                                     labels={"railyard.dev/leaf": f"leaf-{i // 3}"}))
+          for i in range(6)}
+
+
+def _gang(n: int, gpus: int = 8, prefix: str = "job") -> dict[str, dict[str, Any]]:
+    return {f"ns/{prefix}-{i}": make_pod(f"{prefix}-{i}", "ns").gpus(gpus).obj() for i in range(n)}
+
+
+def _pinned(name: str, node: str) -> dict[str, Any]:
+    return make_pod(name, "ns").gpus(8).affinity(
+        {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}).obj()
+
+
+def _nodes(used: dict[str, int] | None = None) -> dict[str, NodeInfo]:
+    out = {n: build_node_info(make_node(n, gpus=8, labels=dict(i.labels))) for n, i in LEAVES.items()}
+    for n, gpus in (used or {}).items():
+        out[n].add({"nvidia.com/gpu": gpus * 1000})
+    return out
+
+
+def _leaves(decision: GangDecision) -> set[str]:
+    return {LEAVES[n].labels["railyard.dev/leaf"] for n in decision.nodes.values()}
+
+
+LEAF = GangPolicy(3, ("railyard.dev/leaf",))
+
+
+def test_a_gang_is_placed_whole_inside_one_leaf() -> None:
+    decision = decide_gang(_gang(3), _nodes(), LEAF)
+    assert len(decision.nodes) == 3 and len(set(decision.nodes.values())) == 3
+    assert len(_leaves(decision)) == 1
+
+
+def test_a_gang_that_fits_no_leaf_gets_no_node_at_all_and_says_why() -> None:
+    # 4 x 8 GPUs with three free nodes per leaf: no pod is placed although 6 nodes are free
+    decision = decide_gang(_gang(4), _nodes(), GangPolicy(4, ("railyard.dev/leaf",)))
+    assert decision.nodes == {}
+    assert decision.group_message == "0/2 placements are available, first placement status: pod group is unschedulable"
+    assert decision.pod_message == ("0/3 nodes are available: 3 Insufficient nvidia.com/gpu. " + GANG_NO_PREEMPTION)
+
+
+def test_without_a_topology_constraint_the_gang_may_span_leaves() -> None:
+    decision = decide_gang(_gang(4), _nodes(), GangPolicy(4))
+    assert len(decision.nodes) == 4 and _leaves(decision) == {"leaf-0", "leaf-1"}
+
+
+def test_the_tightest_leaf_that_fits_is_chosen() -> None:
+    decision = decide_gang(_gang(2), _nodes({"fake-0004": 8}), GangPolicy(2, ("railyard.dev/leaf",)))
+    assert _leaves(decision) == {"leaf-1"}
+
+
+def test_nodes_without_the_topology_label_are_in_no_placement() -> None:
+    nodes = _nodes()
+    nodes["lonely"] = build_node_info(make_node("lonely", gpus=64))
+    assert [d for d, _ in topology_domains(nodes, ("railyard.dev/leaf",))] == [("leaf-0",), ("leaf-1",)]
+    assert decide_gang(_gang(4), nodes, GangPolicy(4, ("railyard.dev/leaf",))).nodes == {}
+
+
+def test_each_pods_required_node_affinity_holds_inside_the_gang() -> None:
+    # the operator pins every pod to the node it chose; a gang goes exactly there or waits
+    same_leaf = {f"ns/p{i}": _pinned(f"p{i}", n) for i, n in enumerate(("fake-0005", "fake-0003", "fake-0004"))}
+    decision = decide_gang(same_leaf, _nodes(), LEAF)
+    assert decision.nodes == {"ns/p0": "fake-0005", "ns/p1": "fake-0003", "ns/p2": "fake-0004"}
+    across = {f"ns/p{i}": _pinned(f"p{i}", n) for i, n in enumerate(("fake-0000", "fake-0001", "fake-0003"))}
+    assert decide_gang(across, _nodes(), LEAF).nodes == {}
+    taken = decide_gang(same_leaf, _nodes({"fake-0005": 1}), LEAF)
+    assert taken.nodes == {} and taken.group_message.startswith("0/2 placements are available")
+
+
+@pytest.mark.parametrize(
+    ("spec", "policy"),
+    [
+        ({"schedulingPolicy": {"gang": {"minCount": 3}}}, GangPolicy(3)),
+        ({"schedulingPolicy": {"gang": {"minCount": 2}},
+          "schedulingConstraints": {"topology": [{"key": "railyard.dev/leaf"}]}}, GangPolicy(2, ("railyard.dev/leaf",))),
+        ({"schedulingPolicy": {"basic": {}}}, GangPolicy(None)),
+    ],
+)
+def test_gang_policy_is_read_from_the_podgroup(spec: dict[str, Any], policy: GangPolicy) -> None:
+    assert build_gang_policy({"spec": spec}) == policy
+
+
+class RecordingScheduler(Scheduler):
+    """The scheduler's decisions without a server: what it would bind, mark and write."""
+
+    def __init__(self, podgroups: dict[str, Any]) -> None:
+        self.pod_cache: dict[str, Any] = {}
+        super().__init__(cast(KubeClient, None), self.pod_cache, podgroups=podgroups)
+        self.bound: dict[str, str] = {}
+        self.marked: dict[str, tuple[str, str]] = {}
+        self.group_writes: list[tuple[str, tuple[str, str, str]]] = []
+
+    def _spawn(self, coro: Any) -> None:
+        coro.close()
+
+    async def _bind(self, pod: Any, node: str) -> None:
+        raise AssertionError("not awaited")
+
+    def add(self, pod: dict[str, Any]) -> None:
+        pod["metadata"].setdefault("uid", pod["metadata"]["name"])
+        self.pod_cache[f"{pod['metadata']['namespace']}/{pod['metadata']['name']}"] = pod
+        self.on_pod("ADDED", pod, None)
+
+    def run_queue(self) -> None:
+        while not self.queue.empty():
+            key = self.queue.get_nowait()
+            self.queued.discard(key)
+            before = set(self.usage)
+            self._schedule_one(key)
+            for uid in set(self.usage) - before:
+                self.bound[uid] = self.usage[uid][0]
+
+
+def _group(name: str, min_count: int) -> dict[str, Any]:
+    return {"metadata": {"name": name, "namespace": "ns"},
+            "spec": {"schedulingPolicy": {"gang": {"minCount": min_count}},
+                     "schedulingConstraints": {"topology": [{"key": "railyard.dev/leaf"}]}}}
+
+
+async def test_the_scheduler_binds_a_gang_only_once_min_count_pods_are_there() -> None:
+    groups = {"ns/g": _group("g", 3)}
+    sched = RecordingScheduler(groups)
+    for name in LEAVES:
+        sched.on_node("ADDED", make_node(name, gpus=8, labels=dict(LEAVES[name].labels)), None)
+    for pod in list(_gang(2, prefix="m").values()):
+        pod["spec"]["schedulingGroup"] = {"podGroupName": "g"}
+        sched.add(pod)
+    sched.run_queue()
+    assert sched.bound == {}
+    assert sched.waiting == {GROUP + "ns/g": GANG_WAITING_MESSAGE}
+    assert sched.gang_marks == {"ns/m-0": GANG_WAITING_MESSAGE, "ns/m-1": GANG_WAITING_MESSAGE}
+    last = make_pod("m-2", "ns").gpus(8).obj()
+    last["spec"]["schedulingGroup"] = {"podGroupName": "g"}
+    sched.add(last)
+    sched.run_queue()
+    assert set(sched.bound) == {"m-0", "m-1", "m-2"}
+    assert len({LEAVES[n].labels["railyard.dev/leaf"] for n in sched.bound.values()}) == 1
+    assert sched.group_conditions["ns/g"] == ("True", "Scheduled", "")
+    # the informer has not seen the bindings yet: a second look must count them as placed
+    sched.on_podgroup("MODIFIED", groups["ns/g"], None)
+    sched.run_queue()
+    assert sched.group_conditions["ns/g"] == ("True", "Scheduled", "")
+
+
+async def test_a_pod_naming_a_missing_podgroup_stays_pending() -> None:
+    sched = RecordingScheduler({})
+    sched.on_node("ADDED", make_node("fake-0000", gpus=8), None)
+    pod = make_pod("orphan", "ns").gpus(1).obj()
+    pod["spec"]["schedulingGroup"] = {"podGroupName": "no-such-group"}
+    sched.add(pod)
+    sched.run_queue()
+    assert sched.bound == {}
+    assert "no-such-group" in sched.waiting[GROUP + "ns/no-such-group"]
+    # the group appears: the pod is scheduled (a gang of one)
+    sched.podgroups = {"ns/no-such-group": {"metadata": {"name": "no-such-group", "namespace": "ns"},
+                                            "spec": {"schedulingPolicy": {"gang": {"minCount": 1}}}}}
+    sched.on_podgroup("ADDED", sched.podgroups["ns/no-such-group"], None)
+    sched.run_queue()
+    assert sched.bound == {"orphan": "fake-0000"}

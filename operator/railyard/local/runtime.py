@@ -22,7 +22,7 @@ from pathlib import Path
 from railyard.local.agent import DEFAULT_SHARED_HOST_PATHS, Agent
 from railyard.local.kube import DEFAULT_WATCH_INACTIVITY_S, Informer, KubeClient
 from railyard.local.nodes import NodeManager
-from railyard.local.scheduler import Scheduler
+from railyard.local.scheduler import PODGROUPS, Scheduler, serves_podgroups
 from railyard.local.tasks import Supervisor
 from railyard.local.topology import NodeSpec
 
@@ -73,15 +73,22 @@ async def run_runtime(
         services = informer("/api/v1/services", "services")
         nodes.add_handler(manager.on_node_event)
         sched: Scheduler | None = None
+        podgroups: Informer | None = None
         if scheduler:
-            sched = Scheduler(client, pods.cache)
+            if await serves_podgroups(client):
+                podgroups = informer(f"{PODGROUPS}/podgroups", "podgroups")
+            sched = Scheduler(client, pods.cache, podgroups=podgroups.cache if podgroups else None)
             nodes.add_handler(sched.on_node)
             pods.add_handler(sched.on_pod)
+            if podgroups is not None:
+                podgroups.add_handler(sched.on_podgroup)
         pods.add_handler(agent.on_pod)
         agent.pods = pods
         services.add_handler(agent.on_service)
         agent.services = services.cache
         supervisor.start("nodes informer", nodes.run)
+        if podgroups is not None:  # before the pods: a gang's pods find their group
+            supervisor.start("podgroups informer", podgroups.run)
         if await _until(nodes.synced, supervisor, stop):
             supervisor.start("pods informer", pods.run)
             supervisor.start("services informer", services.run)

@@ -329,3 +329,106 @@ def decide_node(
         if skipped:
             detail = ", ".join(filter(None, [detail, f"{skipped} node(s) didn't match Pod's node affinity/selector"]))
     return Decision(None, f"0/{total} nodes are available: {detail or 'no nodes registered'}.")
+
+
+# --------------------------------------------------------------------------- gangs (PodGroups)
+
+#: What kube-scheduler v1.36 says of a gang's pod while the gang cannot be placed (its
+#: PodScheduled condition; tests/golden/kube-v1.36-workload 028).
+GANG_WAITING_MESSAGE = ("pod group is unschedulable, waiting for minCount pods from a gang to be scheduled, "
+                        "one or more plugins asked to wait and no plugin rejected pod")
+#: Appended to the per-node verdict of a gang pod that did not fit (029).
+GANG_NO_PREEMPTION = "no new claims to deallocate, preemption: not eligible due to placement-based pod group " \
+    "scheduling limitation"
+
+
+@dataclass(frozen=True)
+class GangPolicy:
+    """A PodGroup's ``schedulingPolicy`` and ``schedulingConstraints`` as the scheduler reads them.
+    ``min_count`` None: the ``basic`` policy (each pod on its own)."""
+
+    min_count: int | None
+    topology_keys: tuple[str, ...] = ()
+
+
+def group_name_of(pod: Obj) -> str | None:
+    """The PodGroup a pod names (``spec.schedulingGroup.podGroupName``), if any."""
+    group = (pod.get("spec", {}) or {}).get("schedulingGroup")
+    name = group.get("podGroupName") if isinstance(group, Mapping) else None
+    return name if isinstance(name, str) and name else None
+
+
+def build_gang_policy(podgroup: Obj) -> GangPolicy:
+    spec = podgroup.get("spec", {}) or {}
+    gang = (spec.get("schedulingPolicy") or {}).get("gang")
+    count = gang.get("minCount") if isinstance(gang, Mapping) else None
+    topology = (spec.get("schedulingConstraints") or {}).get("topology") or []
+    keys = tuple(str(t["key"]) for t in topology if isinstance(t, Mapping) and t.get("key"))
+    return GangPolicy(int(count) if isinstance(count, int) and count > 0 else None, keys)
+
+
+def topology_domains(nodes: Mapping[str, NodeInfo], keys: tuple[str, ...]) -> list[tuple[tuple[str, ...], list[str]]]:
+    """The placements a topology constraint allows: nodes grouped by their values of every key
+    (a node without one of the labels is in no domain), in order of those values. No keys: one
+    placement of every node."""
+    if not keys:
+        return [((), sorted(nodes))]
+    out: dict[tuple[str, ...], list[str]] = {}
+    for name in sorted(nodes):
+        labels = nodes[name].labels
+        if all(k in labels for k in keys):
+            out.setdefault(tuple(labels[k] for k in keys), []).append(name)
+    return sorted(out.items())
+
+
+@dataclass
+class GangDecision:
+    """Where each pod of a gang goes (all of them, or none: ``nodes`` empty)."""
+
+    nodes: dict[str, str] = field(default_factory=dict)
+    """pod key -> node name."""
+    domain: tuple[str, ...] = ()
+    group_message: str = ""
+    """Why it does not fit, for the PodGroup's condition."""
+    pod_message: str = ""
+    """Why the first placement tried did not fit (the gang's pods' FailedScheduling events)."""
+
+
+def decide_gang(pods: Mapping[str, Obj], nodes: Mapping[str, NodeInfo], policy: GangPolicy) -> GangDecision:
+    """All-or-nothing: a node for every pod of ``pods`` (pod key -> pod, already at least
+    ``minCount`` of them) inside one topology placement, or none. Each pod's own filters hold
+    (node affinity, taints, resources: a pod pinned to a node by required affinity goes there or
+    the gang waits). Among placements that fit, the tightest (least free capacity left over) is
+    chosen, leaving whole domains free for larger gangs; ties go to the first by label value.
+    Pure: ``nodes`` is not changed (placements are tried on copies)."""
+    placements = topology_domains(nodes, policy.topology_keys)
+    best: GangDecision | None = None
+    best_slack = 0.0
+    first_failure = ""
+    for domain, names in placements:
+        trial = {n: NodeInfo(name=n, labels=nodes[n].labels, taints=nodes[n].taints,
+                             allocatable=nodes[n].allocatable, ready=nodes[n].ready,
+                             unschedulable=nodes[n].unschedulable, requested=dict(nodes[n].requested))
+                 for n in names}
+        chosen: dict[str, str] = {}
+        failed = ""
+        for key in sorted(pods):
+            pod = pods[key]
+            requests = compute_pod_requests(pod)
+            decision = decide_node(pod, trial, requests)
+            if decision.node is None:
+                failed = decision.message.removesuffix(".") + ". " + GANG_NO_PREEMPTION
+                break
+            chosen[key] = decision.node
+            trial[decision.node].add(requests)
+        if failed:
+            if not first_failure:
+                first_failure = failed
+            continue
+        slack = sum(score_node(trial[n], {}) for n in names)
+        if best is None or slack < best_slack:
+            best, best_slack = GangDecision(nodes=chosen, domain=domain), slack
+    if best is not None:
+        return best
+    return GangDecision(group_message=f"0/{len(placements)} placements are available, first placement status: "
+                                      "pod group is unschedulable", pod_message=first_failure)
