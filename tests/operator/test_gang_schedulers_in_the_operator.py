@@ -302,6 +302,29 @@ async def test_auto_refused_by_rbac_falls_back_to_no_group_for_this_operator() -
     assert all(_group_of(p) is None for p in h.cluster.pods_of(0)) and len(h.cluster.pods_of(0)) == 2
 
 
+@pytest.mark.parametrize("began_with_group", [False, True])
+async def test_a_resumed_creation_keeps_the_group_choice_of_the_operator_that_began_it(began_with_group: bool) -> None:
+    """An operator killed between two pods (or one of another version, or on a server that
+    changed) began the gang with or without the group; its successor finishes it the same way,
+    whatever discovery tells it: one group of minCount 2 with a pod missing would never bind."""
+    h = Harness(_k8s_cluster(), make_job())
+    h.cluster.workload_api = began_with_group
+    await h.cycle()
+    names = sorted(p["metadata"]["name"] for p in h.cluster.pods_of(0))
+    del h.cluster.pods[names[1]]
+    h.cluster.pods[names[0]]["spec"]["schedulingGates"] = [{"name": GANG_GATE}]
+    h.worker.status_wire = None
+    h.worker.body["status"] = {**h.cluster.status, "phase": "Placing"}
+    h.cluster.status = dict(h.worker.body["status"])
+    h.rt.workload_api = None  # a new operator process
+    h.cluster.workload_api = not began_with_group
+    await h.cycle(1.0)
+    assert h.status.phase == "Starting" and "GangResumed" in h.reasons()
+    groups = [_group_of(p) for p in h.cluster.pods_of(0)]
+    assert groups == (["j-a0", "j-a0"] if began_with_group else [None, None])
+    assert (("PodGroup", "j-a0") in h.cluster.objects) is began_with_group
+
+
 # the operator on the local cluster ------------------------------------------------------------
 
 
@@ -436,6 +459,11 @@ while True:
 """
 
 
+def _scheduled(api: Api, group: str) -> bool:
+    pg = _k8s_object(api, "podgroups", group) or {}
+    return any(c.get("type") == "PodGroupScheduled" and c.get("status") == "True" for c in (pg.get("status") or {}).get("conditions") or [])
+
+
 def _launched_spec(workload: Workload, **extra: Any) -> dict[str, Any]:
     """base_spec's stand-in workload started by railyard-train (trainer.program), whose launcher
     speaks the restart control protocol: what an in-place restart needs."""
@@ -473,6 +501,8 @@ def test_kubernetes_binds_the_whole_gang_in_its_group_and_a_lost_node_is_replace
         assert pg["spec"]["podGroupTemplateRef"]["workload"] == {"workloadName": group, "podGroupTemplateName": "gang"}
         for obj in (wl, pg):
             assert obj["metadata"]["ownerReferences"][0]["name"] == job_name
+        # the scheduler bound the group as a whole, and says so (kube-golden/v1.36-workload 021)
+        wait_for("PodGroupScheduled", lambda: _scheduled(api, group), 30)
         placed = api.status(NS, job_name)["placement"]["nodes"]
         pods = running(0)
         assert sorted(p["metadata"]["name"] for p in pods) == [f"{group}-0", f"{group}-1"]
@@ -497,6 +527,7 @@ def test_kubernetes_binds_the_whole_gang_in_its_group_and_a_lost_node_is_replace
         assert now[f"{group}-0"]["spec"]["schedulingGroup"] == {"podGroupName": group}
         replacement = _k8s_object(api, "podgroups", f"{job_name}-a1")
         assert replacement is not None and replacement["spec"]["schedulingPolicy"] == {"gang": {"minCount": 1}}
+        wait_for("the replacement's PodGroupScheduled", lambda: _scheduled(api, f"{job_name}-a1"), 30)
     except BaseException:
         print(on_exit_dump(api, NS, job_name, operator))
         raise

@@ -31,6 +31,8 @@ from railyard.logic.schedulers import (
     GangSchedulingPlan,
     Integration,
     decide_integration,
+    decide_resumed_workload_api,
+    group_name,
     needs_workload_api,
     plan_gang_scheduling,
     topology_key_for,
@@ -202,13 +204,16 @@ class Cycle:
             await self.io.create_event(self.body, type_=type_, reason=reason, message=message, now=self.now)
         await self.flush_events()
 
-    async def plan_gang(self, spec: TrainingJobSpec, *, attempt: int, gang_nodes: Sequence[str]) -> GangSchedulingPlan:
+    async def plan_gang(self, spec: TrainingJobSpec, *, attempt: int, gang_nodes: Sequence[str], begun: Sequence[Obj] = ()) -> GangSchedulingPlan:
         """What the gang scheduler expects for the pods of ``attempt`` on ``gang_nodes`` (a whole
         gang, or the pods an in-place restart replaces): :mod:`railyard.logic.schedulers`, with
         the topology level those nodes share and, for ``spec.gang.scheduler: auto``, whether the
-        API server serves Kubernetes' gang scheduling (asked once per operator process)."""
+        API server serves Kubernetes' gang scheduling (asked once per operator process), or,
+        resuming a creation an operator began (``begun``: the pods it created), whether it used it."""
         served = False
-        if needs_workload_api(spec):
+        if needs_workload_api(spec) and begun:
+            served = decide_resumed_workload_api(begun, group_name(self.name, attempt))
+        elif needs_workload_api(spec):
             if self.rt.workload_api is None:
                 self.rt.workload_api = await self.io.serves_workload_api()
                 log.info("scheduling.k8s.io/v1alpha2 Workloads and PodGroups %s", "served: gang.scheduler auto uses them" if self.rt.workload_api else "not served")

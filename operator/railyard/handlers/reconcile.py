@@ -628,7 +628,7 @@ async def _finish_creation(c: Cycle, job: TrainingJob, current: Sequence[Mapping
     nodes = [p.node for p in sorted(table.pods, key=lambda p: p.pod_index)]
     owner = owner_reference(c.body)
     pods = build_gang_pods(job.spec, job=c.name, namespace=c.ns, owner=owner, attempt=c.st.attempt, nodes=nodes, heartbeat_url=_heartbeat_url(rt, c.ns, c.name), annotations=rt.settings.pod_annotations)
-    plan = await c.plan_gang(job.spec, attempt=c.st.attempt, gang_nodes=nodes)
+    plan = await c.plan_gang(job.spec, attempt=c.st.attempt, gang_nodes=nodes, begun=current)
     names = [str(p["metadata"]["name"]) for p in pods]
     try:
         async with _refusals(f"PodGroup {plan.group_name}"):

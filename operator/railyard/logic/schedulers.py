@@ -112,6 +112,19 @@ def needs_workload_api(spec: TrainingJobSpec) -> bool:
     return spec.gang.scheduler == "auto" and decide_integration(spec, workload_api=True) is Integration.KUBERNETES
 
 
+def pod_group_of(pod: Mapping[str, Any]) -> str | None:
+    """The PodGroup a pod names (``spec.schedulingGroup.podGroupName``), if any."""
+    return ((pod.get("spec") or {}).get("schedulingGroup") or {}).get("podGroupName")
+
+
+def decide_resumed_workload_api(begun: Sequence[Mapping[str, Any]], group: str) -> bool:
+    """For ``scheduler: auto``, resuming an attempt whose creation an operator began: use
+    Kubernetes' gang scheduling as that operator did, whatever discovery says now (pods of one
+    group created without it would wait for a minCount that never comes; the group's pods
+    without their group would be bound one by one). A pod's group is immutable, so its pods say."""
+    return any(pod_group_of(p) == group for p in begun)
+
+
 def decide_topology_key(levels: Sequence[str], nodes: Sequence[Mapping[str, Any]]) -> str | None:
     """The narrowest level (of ``levels``, broadest first) whose label every one of ``nodes``
     carries with one and the same value: the domain the placement put the whole group in, which
