@@ -302,6 +302,20 @@ async def test_auto_refused_by_rbac_falls_back_to_no_group_for_this_operator() -
     assert all(_group_of(p) is None for p in h.cluster.pods_of(0)) and len(h.cluster.pods_of(0)) == 2
 
 
+async def test_auto_refused_at_an_in_place_restart_replaces_the_pod_without_a_group() -> None:
+    """A new operator process (discovery says served) whose first group is a replacement's, and
+    RBAC without workloads: the restart goes on, without Kubernetes' gang scheduling."""
+    h = Harness(_k8s_cluster(), make_job(gang={"hotSpares": 1}))
+    h.cluster.workload_api = True
+    await _running(h)
+    h.cluster.podgroup_error = 403
+    h.node_down(h.pod_nodes()[1])
+    await h.cycle(5.0)
+    assert h.status.last_restart is not None and h.status.last_restart.mode == "InPlace"
+    assert _group_of(h.cluster.pods["j-a1-1"]) is None and h.rt.workload_api is False
+    assert _group_of(h.cluster.pods["j-a0-0"]) == "j-a0"
+
+
 @pytest.mark.parametrize("began_with_group", [False, True])
 async def test_a_resumed_creation_keeps_the_group_choice_of_the_operator_that_began_it(began_with_group: bool) -> None:
     """An operator killed between two pods (or one of another version, or on a server that

@@ -224,6 +224,15 @@ class Cycle:
         return plan_gang_scheduling(spec, job=self.name, namespace=self.ns, attempt=attempt, owner=owner_reference(self.body),
                                     gang_size=len(gang_nodes), workload_api=served, topology_key=key)
 
+    def drop_detected(self, plan: GangSchedulingPlan, status: int) -> bool:
+        """``spec.gang.scheduler: auto`` found Kubernetes' gang scheduling, but creating its
+        objects was refused (403: not granted, 404: no longer served): this operator stops
+        using it (the next plan has no group). True when it did."""
+        if plan.detected and status in (403, 404):
+            self.rt.workload_api = False
+            return True
+        return False
+
     async def delete_pods(self, pods: Sequence[Obj], nodes: Mapping[str, Obj]) -> int:
         """Delete pods; force on dead nodes and when stuck Terminating. Returns how many remain."""
         s = self.rt.settings

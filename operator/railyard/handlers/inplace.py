@@ -29,6 +29,7 @@ from typing import Any
 from railyard.api.trainingjob import LastRestart, QuarantinedNode, TrainingJob
 from railyard.handlers.cycle import Cycle
 from railyard.handlers.spares import delete_placeholders
+from railyard.k8s.client import ApiError
 from railyard.logic.conditions import format_micro_time, parse_time
 from railyard.logic.failure_report import describe_failure
 from railyard.logic.failures import Failure
@@ -253,7 +254,12 @@ async def continue_in_place(c: Cycle, job: TrainingJob, nodes: Mapping[str, Obj]
         replaced = [e.node for e in sorted(table.pods, key=lambda e: e.pod_index) if e.pod_index not in kept]
         sched = await c.plan_gang(job.spec, attempt=attempt, gang_nodes=replaced)
         if sched.objects:
-            await c.io.create_podgroups(sched.objects)
+            try:
+                await c.io.create_podgroups(sched.objects)
+            except ApiError as exc:
+                if not c.drop_detected(sched, exc.status):
+                    raise
+                sched = await c.plan_gang(job.spec, attempt=attempt, gang_nodes=replaced)
         missing = apply_to_pods(missing, sched)
         rt.metrics.pods_created.inc(await c.io.create_pods(missing))
     # replacements (new or from a previous cycle) still gated, and the placeholders in their way

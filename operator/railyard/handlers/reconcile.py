@@ -608,8 +608,7 @@ async def _ensure_podgroups(c: Cycle, plan: GangSchedulingPlan) -> bool:
     except ApiError as exc:
         if exc.status not in (403, 404):
             raise
-        if plan.detected:  # auto: this operator stops using what it may not (or can no longer) create
-            c.rt.workload_api = False
+        c.drop_detected(plan, exc.status)
         c.phase("Placing", "PodGroupUnavailable", describe_unavailable(plan, exc.status, retry_s=PODGROUP_RETRY_S))
         return False
     return True
