@@ -84,6 +84,8 @@ def test_data_parallel_is_derived_from_the_world_size() -> None:
         ({"nodes": 2, "trainer": {"batchSize": 2}, "parallelism": {"dataReplicas": 2}, "faultTolerance": {"mode": "ReplicaGroups", "minReplicas": 3}}, "spec.faultTolerance.minReplicas"),
         ({"trainer": {"program": {"script": "t.py", "module": "pkg.t"}}}, "spec.trainer.program"),
         ({"trainer": {"program": {"args": ["--steps", "5"]}}}, "spec.trainer.program"),
+        ({"gang": {"scheduler": "kubernetes", "queueName": "team-a"}}, "spec.gang.scheduler"),
+        ({"gang": {"scheduler": "kubernetes", "schedulerName": "volcano"}}, "spec.gang.scheduler"),
     ],
 )
 def test_each_cross_field_rule_names_its_field(spec: dict[str, Any], field: str) -> None:
@@ -93,7 +95,7 @@ def test_each_cross_field_rule_names_its_field(spec: dict[str, Any], field: str)
 
 def test_every_rule_is_exercised_above() -> None:
     # Keeps the table above honest when a rule is added.
-    assert len(SPEC_RULES) == 15
+    assert len(SPEC_RULES) == 16
 
 
 def test_a_program_is_not_held_to_the_bundled_trainers_batch_rule() -> None:

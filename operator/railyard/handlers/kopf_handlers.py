@@ -61,7 +61,7 @@ def compact_pod(body: Any) -> dict[str, Any]:
     return {
         "metadata": {**_pick(meta, "name", "namespace", "uid", "deletionTimestamp", "creationTimestamp"), "labels": dict(meta.get("labels") or {}),
                      **({"ownerReferences": owners} if owners else {}), **({"annotations": planned} if planned else {})},
-        "spec": {**_pick(spec, "nodeName", "schedulingGates"), "containers": containers},
+        "spec": {**_pick(spec, "nodeName", "schedulingGates", "schedulingGroup"), "containers": containers},
         "status": _pick(status, "phase", "reason", "message", "conditions", "containerStatuses", "startTime"),
     }
 

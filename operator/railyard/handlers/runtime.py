@@ -117,6 +117,9 @@ class Runtime:
         #: node name -> what placement reads of it, as last seen (handlers.nodes)
         self.node_signatures: dict[str, tuple[Any, ...]] = {}
         self.probes = Probes(stuck_after_s=settings.stuck_reconcile_s)
+        #: Whether the API server serves scheduling.k8s.io/v1alpha2 Workloads and PodGroups
+        #: (None: not asked yet); asked once per process, dropped when creating them is refused.
+        self.workload_api: bool | None = None
 
     def connection(self) -> Connection:
         """The API server and its (renewing) credentials, shared by our client and kopf's."""
