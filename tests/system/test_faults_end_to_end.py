@@ -33,6 +33,7 @@ from tests.system.conftest import (
     Api,
     OperatorProcess,
     base_spec,
+    cluster_nodes,
     unique,
     wait_status,
 )
@@ -72,10 +73,10 @@ def _terminal(s: dict[str, Any]) -> dict[str, Any] | None:
 
 
 @pytest.fixture(scope="module")
-def jobs(api: Api, operator: OperatorProcess) -> dict[str, Job]:
+def jobs(local_cluster: Any, api: Api, operator: OperatorProcess) -> dict[str, Job]:
     """The fault jobs, all at once; the straggler and clean jobs start when they are done
     (:func:`quiet_jobs`)."""
-    nodes = sorted(n.metadata.name for n in api.core.list_node().items)
+    nodes = cluster_nodes(local_cluster)
     need = sum(POOLS.values())
     assert len(nodes) >= need, f"the system cluster has {len(nodes)} nodes, the pools need {need}"
     i = 0

@@ -18,11 +18,19 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.system.conftest import SYSTEM_NS, Api, OperatorProcess, base_spec, unique, wait_status
+from tests.system.conftest import (
+    SYSTEM_NS,
+    Api,
+    OperatorProcess,
+    base_spec,
+    cluster_nodes,
+    pod_events,
+    unique,
+    wait_status,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.cluster, pytest.mark.timeout(480)]
 
@@ -90,20 +98,6 @@ def _wait(api: Api, job: Job, what: str, pred: Any, timeout: float, op: Operator
     raise AssertionError(f"timed out waiting for {what}: {json.dumps(_status(api, job))[:2000]}\n{op.log_tail(40)}")
 
 
-def pod_events(local_cluster: Any, namespace: str, pod: str) -> list[dict[str, Any]]:
-    """The JSON events of a pod's trainer container (its launcher's and rank 0's lines)."""
-    base = Path(local_cluster.state_dir) / "apiserver" / "pods" / namespace / pod
-    out = []
-    for f in sorted(base.glob("*.log")) if base.exists() else []:
-        for line in f.read_text(errors="replace").splitlines():
-            if line.startswith("{"):
-                try:
-                    out.append(json.loads(line))
-                except ValueError:
-                    continue
-    return out
-
-
 def resumed_at(events: list[dict[str, Any]], attempt: int) -> tuple[float, int] | None:
     """(time, step) of the first step the workers of ``attempt`` made."""
     started = False
@@ -143,8 +137,8 @@ def pod_names(api: Api, job: Job) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def jobs(api: Api, operator: OperatorProcess) -> dict[str, Job]:
-    nodes = sorted(n.metadata.name for n in api.core.list_node().items)
+def jobs(local_cluster: Any, api: Api, operator: OperatorProcess) -> dict[str, Job]:
+    nodes = cluster_nodes(local_cluster)
     assert len(nodes) >= sum(POOLS.values())
     i = 0
     for pool, count in POOLS.items():
