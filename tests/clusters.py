@@ -40,18 +40,4 @@ def running_local_cluster(state: Path, **shape: Any) -> Iterator[Any]:
     finally:
         cluster.stop()
         if cluster.mode == "existing":
-            _delete_nodes(cluster)
-
-
-def _delete_nodes(cluster: Any) -> None:
-    from kubernetes import client, config
-    from kubernetes.client.rest import ApiException
-
-    api = config.new_client_from_config(config_file=str(cluster.kubeconfig))
-    try:
-        core = client.CoreV1Api(api)
-        for spec in cluster.node_specs:
-            with contextlib.suppress(ApiException):
-                core.delete_node(spec.name)
-    finally:
-        api.close()
+            cluster.remove_nodes()

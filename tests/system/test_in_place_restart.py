@@ -41,6 +41,9 @@ MEMORY_INTERVAL = 5
 #: A namespace that enforces the baseline Pod Security Standard (as a real API server does).
 BASELINE_NS = "railyard-baseline-e2e"
 RESULTS: dict[str, dict[str, Any]] = {}
+#: Set when the module's jobs are done with: the watchers stop polling the API server (a given
+#: one outlives the module; nothing of the module should still be talking to it then).
+STOP = threading.Event()
 
 
 @pytest.fixture(scope="module")
@@ -112,7 +115,7 @@ def resumed_at(events: list[dict[str, Any]], attempt: int) -> tuple[float, int] 
 def _watch_pods(api: Api, job: Job) -> None:
     """Record every gang pod of the job and when it first ran, until the job ends."""
     deadline = time.monotonic() + 460
-    while time.monotonic() < deadline:
+    while time.monotonic() < deadline and not STOP.is_set():
         try:
             pods = api.core.list_namespaced_pod(job.namespace, label_selector=f"railyard.dev/job={job.name}").items
             for p in pods:
@@ -137,7 +140,7 @@ def pod_names(api: Api, job: Job) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def jobs(local_cluster: Any, api: Api, operator: OperatorProcess) -> dict[str, Job]:
+def jobs(local_cluster: Any, api: Api, operator: OperatorProcess) -> Iterator[dict[str, Job]]:
     nodes = cluster_nodes(local_cluster)
     assert len(nodes) >= sum(POOLS.values())
     i = 0
@@ -180,7 +183,11 @@ def jobs(local_cluster: Any, api: Api, operator: OperatorProcess) -> dict[str, J
     driver = threading.Thread(target=drive, daemon=True)
     driver.start()
     nodefail.driver = driver
-    return out
+    yield out
+    STOP.set()
+    for job in out.values():
+        if job.watcher is not None:
+            job.watcher.join(10)
 
 
 def _fail_a_node_mid_run(api: Api, job: Job, op: OperatorProcess) -> None:

@@ -399,6 +399,25 @@ class LocalCluster:
                 self._envtest.stop()
             self._envtest = None
 
+    def remove_nodes(self) -> None:
+        """Delete this cluster's nodes from its API server: in existing mode, the given cluster is
+        left with the nodes it had (tests and benchmarks on a real server). After ``stop()``: a
+        running runtime registers them again."""
+        import asyncio
+
+        asyncio.run(self._remove_nodes())
+
+    async def _remove_nodes(self) -> None:
+        from railyard.local.kube import ApiError, KubeClient
+
+        async with KubeClient.from_kubeconfig(str(self.kubeconfig)) as client:
+            for spec in self.node_specs:
+                try:
+                    await client.delete(f"/api/v1/nodes/{spec.name}")
+                except ApiError as exc:
+                    if exc.status != 404:
+                        raise
+
     def __enter__(self) -> LocalCluster:
         self.start()
         return self
