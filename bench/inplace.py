@@ -41,7 +41,7 @@ import aiohttp
 from railyard.k8s.client import Kube
 from railyard.local.agent import SIMULATE_ANNOTATION
 from railyard.local.cluster import LocalCluster
-from railyard.local.nodes import CLUSTER_LABEL, FAIL_ANNOTATION
+from railyard.local.nodes import FAIL_ANNOTATION
 from railyard.logic.conditions import parse_time
 from railyard.protocol.control import Action, LauncherReport, LauncherState, parse_order
 
@@ -376,7 +376,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         cluster = LocalCluster(Path(tmp) / "cluster", kubeconfig=args.kubeconfig, nodes=nodes, gpus_per_node=1,
                                topology="spine=4,leaf=16", lease_interval=10.0, node_prefix="bench-")
-        selector = {CLUSTER_LABEL: cluster.config["clusterId"]}
+        selector = cluster.node_selector
         t0 = time.perf_counter()
         kubeconfig = cluster.start(timeout=900)
         print(f"local cluster ({cluster.mode}) with {nodes} nodes up in {time.perf_counter() - t0:.1f}s", flush=True)

@@ -36,7 +36,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from railyard.k8s.client import Kube
 from railyard.local.agent import SIMULATE_ANNOTATION
 from railyard.local.cluster import LocalCluster
-from railyard.local.nodes import CLUSTER_LABEL, FAIL_ANNOTATION
+from railyard.local.nodes import FAIL_ANNOTATION
 
 ROOT = Path(__file__).resolve().parents[1]
 TARGET_PODS_PER_S = 300.0
@@ -274,7 +274,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         cluster = LocalCluster(Path(tmp) / "cluster", kubeconfig=args.kubeconfig, nodes=args.nodes, gpus_per_node=1,
                                topology="spine=4,leaf=10", lease_interval=10.0, node_prefix="bench-")
-        selector = {CLUSTER_LABEL: cluster.config["clusterId"]}
+        selector = cluster.node_selector
         t_start = time.perf_counter()
         kubeconfig = cluster.start(timeout=600)
         print(f"local cluster ({cluster.mode}) with {args.nodes} nodes up in {time.perf_counter() - t_start:.1f}s", flush=True)

@@ -150,7 +150,7 @@ class LocalCluster:
             self.config.setdefault("clusterId", secrets.token_hex(4))
             specs = [n.to_dict() for n in build_nodes(shape)]
             for spec in specs:
-                spec["labels"][CLUSTER_LABEL] = self.config["clusterId"]
+                spec["labels"][CLUSTER_LABEL] = self.config.get("clusterId")
             self.config["nodeSpecs"] = specs
 
     # --- configuration ---
@@ -169,6 +169,13 @@ class LocalCluster:
     @property
     def node_specs(self) -> list[NodeSpec]:
         return [NodeSpec.from_dict(d) for d in self.config["nodeSpecs"]]
+
+    @property
+    def node_selector(self) -> dict[str, str]:
+        """A ``nodeSelector`` for this cluster's nodes only: on a given API server (existing mode)
+        others are beside them, and a pod on another local cluster's node is not this agent's
+        (its volumes and the names it resolves differ)."""
+        return {CLUSTER_LABEL: str(self.config.get("clusterId", ""))}
 
     @property
     def kubeconfig(self) -> Path:
@@ -246,6 +253,8 @@ class LocalCluster:
                 self._start_embedded(timeout)
             elif self.mode == "envtest":
                 self._start_envtest(timeout)
+            else:
+                self._refuse_foreign_nodes()
             self._save_config()
             self._start_runtime(timeout)
             if self.with_operator:
@@ -410,13 +419,44 @@ class LocalCluster:
     async def _remove_nodes(self) -> None:
         from railyard.local.kube import ApiError, KubeClient
 
+        names = {spec.name for spec in self.node_specs}
         async with KubeClient.from_kubeconfig(str(self.kubeconfig)) as client:
-            for spec in self.node_specs:
+            ours = await client.get("/api/v1/nodes", labelSelector=f"{CLUSTER_LABEL}={self.config.get('clusterId')}")
+            for node in ours.get("items") or []:
+                name = (node.get("metadata") or {}).get("name", "")
+                if name not in names:
+                    continue
                 try:
-                    await client.delete(f"/api/v1/nodes/{spec.name}")
+                    await client.delete(f"/api/v1/nodes/{name}")
                 except ApiError as exc:
                     if exc.status != 404:
                         raise
+
+    def _refuse_foreign_nodes(self) -> None:
+        """Existing mode: a node of one of our names that is not this cluster's (a real node, or
+        another local cluster's) is never taken over: the runtime would relabel it and run pods
+        bound to it, and ``remove_nodes`` would delete it."""
+        import asyncio
+
+        from railyard.local.kube import KubeClient
+
+        async def foreign() -> list[str]:
+            async with KubeClient.from_kubeconfig(str(self.kubeconfig)) as client:
+                listing = await client.get("/api/v1/nodes")
+            names = {spec.name for spec in self.node_specs}
+            return sorted(
+                str(n["metadata"]["name"]) for n in listing.get("items") or []
+                if n["metadata"]["name"] in names
+                and ((n["metadata"].get("labels") or {}).get(CLUSTER_LABEL) != self.config.get("clusterId"))
+            )
+
+        taken = asyncio.run(foreign())
+        if taken:
+            raise LocalClusterError(
+                f"{self.kubeconfig}: the cluster already has nodes named {', '.join(taken[:5])}"
+                f"{' ...' if len(taken) > 5 else ''} that are not this local cluster's; give ours other names "
+                "(node_prefix, or namePrefix in a topology file) or delete those nodes"
+            )
 
     def __enter__(self) -> LocalCluster:
         self.start()
