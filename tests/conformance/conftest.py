@@ -86,7 +86,6 @@ class Cluster:
             parsed = text
         return resp.status, dict(resp.headers), parsed
 
-
     def _pool_without_credentials(self) -> Any:
         """A connection pool that trusts the server as the kubeconfig says but presents no
         client certificate (a server authenticates a request by certificate before token)."""

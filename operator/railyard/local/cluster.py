@@ -150,7 +150,7 @@ class LocalCluster:
             self.config.setdefault("clusterId", secrets.token_hex(4))
             specs = [n.to_dict() for n in build_nodes(shape)]
             for spec in specs:
-                spec["labels"][CLUSTER_LABEL] = self.config.get("clusterId")
+                spec["labels"][CLUSTER_LABEL] = self.config["clusterId"]
             self.config["nodeSpecs"] = specs
 
     # --- configuration ---
