@@ -23,6 +23,7 @@ import json
 import re
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,6 +34,7 @@ from tests.system.conftest import (
     Api,
     OperatorProcess,
     base_spec,
+    cluster_nodes,
     unique,
     wait_status,
 )
@@ -43,6 +45,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.cluster, pytest.mark.timeout(420)]
 
 POOL = "e2e.railyard.dev/pool"
 POOLS = {"a": 2, "b": 2, "c": 3, "d": 4, "e": 3, "f": 2}
+#: Set when the module's jobs are done with: the watchers stop polling the API server (a given
+#: one outlives the module; nothing of the module should still be talking to it then).
+STOP = threading.Event()
 SLOW = "local.railyard.dev/slow-factor"
 FAIL = "local.railyard.dev/fail"
 MEMORY_INTERVAL = 5
@@ -72,10 +77,10 @@ def _terminal(s: dict[str, Any]) -> dict[str, Any] | None:
 
 
 @pytest.fixture(scope="module")
-def jobs(api: Api, operator: OperatorProcess) -> dict[str, Job]:
+def jobs(local_cluster: Any, api: Api, operator: OperatorProcess) -> Iterator[dict[str, Job]]:
     """The fault jobs, all at once; the straggler and clean jobs start when they are done
     (:func:`quiet_jobs`)."""
-    nodes = sorted(n.metadata.name for n in api.core.list_node().items)
+    nodes = cluster_nodes(local_cluster)
     need = sum(POOLS.values())
     assert len(nodes) >= need, f"the system cluster has {len(nodes)} nodes, the pools need {need}"
     i = 0
@@ -101,13 +106,17 @@ def jobs(api: Api, operator: OperatorProcess) -> dict[str, Job]:
     driver = threading.Thread(target=_fail_a_node_mid_run, args=(api, out["nodefail"]), daemon=True)
     driver.start()
     out["nodefail"].driver = driver
-    return out
+    yield out
+    STOP.set()
+    for job in out.values():
+        if job.watcher is not None:
+            job.watcher.join(10)
 
 
 def _watch_restores(api: Api, job: Job) -> None:
     """Record ``status.restore`` per attempt until the job ends (the first one it shows)."""
     deadline = time.monotonic() + 400
-    while time.monotonic() < deadline:
+    while time.monotonic() < deadline and not STOP.is_set():
         try:
             s = api.status(SYSTEM_NS, job.name)
         except Exception:  # an API hiccup: try again

@@ -179,6 +179,13 @@ class LocalCluster:
         return [NodeSpec.from_dict(d) for d in self.config["nodeSpecs"]]
 
     @property
+    def node_selector(self) -> dict[str, str]:
+        """A ``nodeSelector`` for this cluster's nodes only: on a given API server (existing mode)
+        others are beside them, and a pod on another local cluster's node is not this agent's
+        (its volumes and the names it resolves differ)."""
+        return {CLUSTER_LABEL: str(self.config.get("clusterId", ""))}
+
+    @property
     def kubeconfig(self) -> Path:
         if self.mode == "existing":
             return Path(self.config["externalKubeconfig"])
@@ -254,6 +261,8 @@ class LocalCluster:
                 self._start_embedded(timeout)
             elif self.mode == "envtest":
                 self._start_envtest(timeout)
+            else:
+                self._refuse_foreign_nodes()
             if self.mode == "existing":
                 unpublish_operator_address(self.state_dir)  # its kubeconfig is not ours to write beside
             else:
@@ -434,6 +443,56 @@ class LocalCluster:
             with contextlib.suppress(Exception):
                 self._envtest.stop()
             self._envtest = None
+
+    def remove_nodes(self) -> None:
+        """Delete this cluster's nodes from its API server: in existing mode, the given cluster is
+        left with the nodes it had (tests and benchmarks on a real server). After ``stop()``: a
+        running runtime registers them again."""
+        import asyncio
+
+        asyncio.run(self._remove_nodes())
+
+    async def _remove_nodes(self) -> None:
+        from railyard.local.kube import ApiError, KubeClient
+
+        names = {spec.name for spec in self.node_specs}
+        async with KubeClient.from_kubeconfig(str(self.kubeconfig)) as client:
+            ours = await client.get("/api/v1/nodes", labelSelector=f"{CLUSTER_LABEL}={self.config.get('clusterId')}")
+            for node in ours.get("items") or []:
+                name = (node.get("metadata") or {}).get("name", "")
+                if name not in names:
+                    continue
+                try:
+                    await client.delete(f"/api/v1/nodes/{name}")
+                except ApiError as exc:
+                    if exc.status != 404:
+                        raise
+
+    def _refuse_foreign_nodes(self) -> None:
+        """Existing mode: a node of one of our names that is not this cluster's (a real node, or
+        another local cluster's) is never taken over: the runtime would relabel it and run pods
+        bound to it, and ``remove_nodes`` would delete it."""
+        import asyncio
+
+        from railyard.local.kube import KubeClient
+
+        async def foreign() -> list[str]:
+            async with KubeClient.from_kubeconfig(str(self.kubeconfig)) as client:
+                listing = await client.get("/api/v1/nodes")
+            names = {spec.name for spec in self.node_specs}
+            return sorted(
+                str(n["metadata"]["name"]) for n in listing.get("items") or []
+                if n["metadata"]["name"] in names
+                and ((n["metadata"].get("labels") or {}).get(CLUSTER_LABEL) != self.config.get("clusterId"))
+            )
+
+        taken = asyncio.run(foreign())
+        if taken:
+            raise LocalClusterError(
+                f"{self.kubeconfig}: the cluster already has nodes named {', '.join(taken[:5])}"
+                f"{' ...' if len(taken) > 5 else ''} that are not this local cluster's; give ours other names "
+                "(node_prefix, or namePrefix in a topology file) or delete those nodes"
+            )
 
     def __enter__(self) -> LocalCluster:
         self.start()
