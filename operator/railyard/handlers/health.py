@@ -77,7 +77,9 @@ def evaluate_health(c: Cycle, job: TrainingJob, pods: Sequence[Mapping[str, Any]
         for i, p in current.items()
     }
     try:
-        policy = HealthPolicy.from_spec(job.spec.health.model_dump(by_alias=True), heartbeats_expected=job.spec.trainer.program is None)
+        bundled = job.spec.trainer.program is None
+        policy = HealthPolicy.from_spec(job.spec.health.model_dump(by_alias=True), heartbeats_expected=bundled,
+                                        final_step=job.spec.trainer.steps if bundled else None)
     except ValueError as exc:
         log.warning("%s/%s: health policy: %s", c.ns, c.name, exc)
         return None
