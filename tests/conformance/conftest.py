@@ -16,7 +16,6 @@ import contextlib
 import json
 import os
 import secrets
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -26,6 +25,7 @@ from typing import Any
 import pytest
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
+from tests.waiting import wait_until
 
 from railyard.local.apiserver.envtest import EnvtestCluster, assets_dir, start_envtest
 from railyard.local.apiserver.process import ServerProcess, start_server_process
@@ -143,15 +143,8 @@ def custom(cluster: Cluster) -> client.CustomObjectsApi:
 
 
 def wait_for(predicate: Callable[[], Any], timeout: float = 15.0, interval: float = 0.05, what: str = "") -> Any:
-    """Poll ``predicate`` until it returns something truthy; fail after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout} s waiting for {what or predicate}")
-        time.sleep(interval)
+    """:func:`tests.waiting.wait_until` in this folder's argument order (kept for its callers)."""
+    return wait_until(predicate, timeout=timeout, interval=interval, message=what or repr(predicate))
 
 
 def gone(fn: Callable[[], Any]) -> bool:

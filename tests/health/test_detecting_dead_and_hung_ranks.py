@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import pytest
 
@@ -85,6 +86,9 @@ def test_a_hang_is_detected_within_max_of_3_p99_and_the_floor(compute_s: float) 
     hangs = [v for d in sim.decisions for v in d.verdicts if v.kind is FaultKind.HANG]
     assert sorted(v.pod_index for v in hangs) == [0, 1]
     assert all(v.action is Action.RESTART for v in hangs)
+    # the verdict names how long the step stood still and the timeout, never less than it
+    m = re.search(r"for ([0-9.]+)s \(hang timeout ([0-9.]+)s\)", hangs[0].message)
+    assert m and float(m.group(2)) >= sim.policy.hang_timeout_floor_s and float(m.group(1)) >= float(m.group(2)), hangs[0].message
 
 
 def test_long_checkpoint_saves_never_look_like_hangs() -> None:

@@ -31,6 +31,7 @@ from tests.system.conftest import (
     unique,
     wait_status,
 )
+from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.cluster, pytest.mark.timeout(480)]
 
@@ -92,13 +93,8 @@ def _status(api: Api, job: Job) -> dict[str, Any]:
 def _wait(api: Api, job: Job, what: str, pred: Any, timeout: float, op: OperatorProcess) -> Any:
     if job.namespace == SYSTEM_NS:
         return wait_status(api, job.name, what, pred, timeout, op)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = pred(_status(api, job))
-        if got:
-            return got
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}: {json.dumps(_status(api, job))[:2000]}\n{op.log_tail(40)}")
+    return wait_until(lambda: pred(_status(api, job)), timeout=timeout, interval=0.2, message=what,
+                      explain=lambda: f"{json.dumps(_status(api, job))[:2000]}\n{op.log_tail(40)}")
 
 
 def resumed_at(events: list[dict[str, Any]], attempt: int) -> tuple[float, int] | None:
