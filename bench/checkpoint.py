@@ -120,12 +120,12 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace, root: st
     from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
     from railyard_trainer.checkpoint import build_checkpointer
-    from railyard_trainer.checkpoint.manager import (
+    from railyard_trainer.checkpoint.cpuclass import (
         BackgroundCpu,
         checkpoint_group,
         resolve_cpu_class,
-        tensor_state,
     )
+    from railyard_trainer.checkpoint.statedict import tensor_state
     from railyard_trainer.config import DatasetConfig
     from railyard_trainer.data import ShardedBatches, build_source
     from railyard_trainer.hooks import TrainContext
@@ -345,8 +345,8 @@ class _RawOps:
         import torch
 
         from railyard_trainer.checkpoint.digest import DEFAULT_ALGORITHM
-        from railyard_trainer.checkpoint.manager import tensor_state
         from railyard_trainer.checkpoint.shardio import CHUNK
+        from railyard_trainer.checkpoint.statedict import tensor_state
 
         self.chunk = CHUNK  # the replica stream's piece size
         parts = [t.detach().reshape(-1).view(torch.uint8) for t in _tensors(tensor_state(ctx))]

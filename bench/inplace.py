@@ -1,7 +1,8 @@
 """Benchmark: one node lost from a 2,048-pod gang, restarted in place vs in full, in one run.
 
 The local cluster (embedded API server, simulated nodes: the node agent reports the pods
-Running without processes) and the operator as in production (``railyard operator run`` in its
+Running without processes; with ``--kubeconfig`` the simulated nodes and the agent join that API
+server instead, whose own scheduler binds the pods) and the operator as in production (``railyard operator run`` in its
 own process). Every pod's launcher is played by this process: 2,048 long polls on the
 operator's control endpoint (railyard.protocol.control), one connection each, as real pods
 hold them. Then a node of the gang fails (``local.railyard.dev/fail``) and, from one pod watch
@@ -17,7 +18,7 @@ and the launchers' own clocks:
 The same gang with ``restartPolicy.inPlace: false`` (a full restart, as before) runs next on
 the same cluster, for pods touched and time to all Running again.
 
-    python bench/inplace.py [--pods 2048] [--nodes 2100] [--skip-full]
+    python bench/inplace.py [--pods 2048] [--nodes 2100] [--skip-full] [--kubeconfig K]
 """
 
 from __future__ import annotations
@@ -77,11 +78,13 @@ def _wait_ready(port: int, op: subprocess.Popen[bytes]) -> None:
     raise TimeoutError("operator not ready")
 
 
-async def _apply_crd(kubeconfig: Path) -> None:
+async def _prepare(kubeconfig: Path) -> None:
+    """The CRD, and the namespace the operator is told to watch (before it starts)."""
     import yaml
 
     kube = Kube.from_config(str(kubeconfig))
     try:
+        await kube.create("/api/v1/namespaces", {"metadata": {"name": NS}})
         await kube.create("/apis/apiextensions.k8s.io/v1/customresourcedefinitions", yaml.safe_load((ROOT / "crds" / "trainingjob.yaml").read_text()))
         for _ in range(200):
             try:
@@ -93,7 +96,7 @@ async def _apply_crd(kubeconfig: Path) -> None:
         await kube.close()
 
 
-def job(name: str, pods: int, *, in_place: bool) -> dict[str, Any]:
+def job(name: str, pods: int, *, in_place: bool, selector: dict[str, str]) -> dict[str, Any]:
     return {
         "apiVersion": "railyard.dev/v1alpha1",
         "kind": "TrainingJob",
@@ -101,6 +104,7 @@ def job(name: str, pods: int, *, in_place: bool) -> dict[str, Any]:
         "spec": {
             "nodes": pods,
             "procsPerNode": 1,
+            "nodeSelector": selector,  # the bench's own nodes, whatever else the API server has
             "image": "railyard.local/bench:none",  # simulated pods: nothing runs
             "trainer": {"batchSize": pods},
             "gang": {"scheduleTimeoutSeconds": 900, "hotSpares": 1},
@@ -261,11 +265,12 @@ def _cpu_of(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-async def one_failure(kube: Kube, w: PodWatch, name: str, pods: int, metrics_port: int, *, in_place: bool, op_pid: int) -> dict[str, float]:
+async def one_failure(kube: Kube, w: PodWatch, name: str, pods: int, metrics_port: int, *, in_place: bool, op_pid: int,
+                      selector: dict[str, str]) -> dict[str, float]:
     """Start the gang, fail one node, measure the repair."""
     out: dict[str, float] = {}
     t0 = time.perf_counter()
-    await kube.create(f"/apis/railyard.dev/v1alpha1/namespaces/{NS}/trainingjobs", job(name, pods, in_place=in_place))
+    await kube.create(f"/apis/railyard.dev/v1alpha1/namespaces/{NS}/trainingjobs", job(name, pods, in_place=in_place, selector=selector))
     names0 = [f"{name}-a0-{i}" for i in range(pods)]
     await until(f"{name}: all pods Running", lambda: all(n in w.running for n in names0), 900, 0.1)
     out["start_to_running_s"] = time.perf_counter() - t0
@@ -341,16 +346,16 @@ async def one_failure(kube: Kube, w: PodWatch, name: str, pods: int, metrics_por
     return out
 
 
-async def run_bench(kubeconfig: Path, pods: int, metrics_port: int, skip_full: bool, op_pid: int) -> dict[str, dict[str, float]]:
+async def run_bench(kubeconfig: Path, pods: int, metrics_port: int, skip_full: bool, op_pid: int,
+                    selector: dict[str, str]) -> dict[str, dict[str, float]]:
     kube = Kube.from_config(str(kubeconfig))
     try:
-        await kube.create("/api/v1/namespaces", {"metadata": {"name": NS}})
         w = PodWatch(kube)
         await w.start()
-        res = {"in_place": await one_failure(kube, w, "gang", pods, metrics_port, in_place=True, op_pid=op_pid)}
+        res = {"in_place": await one_failure(kube, w, "gang", pods, metrics_port, in_place=True, op_pid=op_pid, selector=selector)}
         print(f"in place: {json.dumps(res['in_place'])}", flush=True)
         if not skip_full:
-            res["full"] = await one_failure(kube, w, "full", pods, metrics_port, in_place=False, op_pid=op_pid)
+            res["full"] = await one_failure(kube, w, "full", pods, metrics_port, in_place=False, op_pid=op_pid, selector=selector)
             print(f"full: {json.dumps(res['full'])}", flush=True)
         w.stop()
     finally:
@@ -364,32 +369,38 @@ def main() -> int:
     parser.add_argument("--nodes", type=int, default=0, help="default: pods + 40")
     parser.add_argument("--skip-full", action="store_true", help="only the in-place restart")
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "inplace.json"))
+    parser.add_argument("--kubeconfig", help="measure on this API server: the simulated nodes and the local node agent join it "
+                        "(existing mode; its scheduler binds the pods; the nodes are removed at the end)")
     args = parser.parse_args()
     nodes = args.nodes or args.pods + 40
     with tempfile.TemporaryDirectory() as tmp:
-        cluster = LocalCluster(Path(tmp) / "cluster", nodes=nodes, gpus_per_node=1, topology="spine=4,leaf=16", lease_interval=10.0)
+        cluster = LocalCluster(Path(tmp) / "cluster", kubeconfig=args.kubeconfig, nodes=nodes, gpus_per_node=1,
+                               topology="spine=4,leaf=16", lease_interval=10.0, node_prefix="bench-")
+        selector = cluster.node_selector
         t0 = time.perf_counter()
         kubeconfig = cluster.start(timeout=900)
-        print(f"local cluster with {nodes} nodes up in {time.perf_counter() - t0:.1f}s", flush=True)
+        print(f"local cluster ({cluster.mode}) with {nodes} nodes up in {time.perf_counter() - t0:.1f}s", flush=True)
         port = _free_port()
         op = None
         try:
-            asyncio.run(_apply_crd(kubeconfig))
+            asyncio.run(_prepare(kubeconfig))
             log = open(Path(tmp) / "operator.log", "wb")  # noqa: SIM115 - closed with the process
             op = subprocess.Popen(
                 [sys.executable, "-m", "railyard", "operator", "run", "--standalone", "--metrics-host", "127.0.0.1",
                  "--metrics-port", str(port), "--heartbeat-advertise-url", f"http://127.0.0.1:{port}", "--not-ready-grace", "0.5",
-                 "--kubeconfig", str(kubeconfig), "--pod-annotation", f"{SIMULATE_ANNOTATION}=true"],
+                 "--kubeconfig", str(kubeconfig), "--pod-annotation", f"{SIMULATE_ANNOTATION}=true", "--namespace", NS],
                 stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
             )
             _wait_ready(port, op)
             print("operator ready", flush=True)
-            m = asyncio.run(run_bench(kubeconfig, args.pods, port, args.skip_full, op.pid))
+            m = asyncio.run(run_bench(kubeconfig, args.pods, port, args.skip_full, op.pid, selector))
         finally:
             if op is not None:
                 op.terminate()
                 op.wait(30)
             cluster.stop()
+            if cluster.mode == "existing":
+                cluster.remove_nodes()
     ip, full = m["in_place"], m.get("full", {})
     n = args.pods
     rows: list[tuple[str, float, str, float | None, bool]] = [
@@ -427,7 +438,7 @@ def main() -> int:
         t = "" if target is None else f"{target:g}"
         print(f"{metric:<58}{shown:>10}  {unit:<6}{t:>8}  {'' if meets is None else ('yes' if meets else 'NO')}")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({"bench": "inplace", "pods": n, "nodes": nodes, "results": results, "raw": m}, indent=2) + "\n")
+    Path(args.out).write_text(json.dumps({"bench": "inplace", "pods": n, "nodes": nodes, "apiServer": cluster.mode, "results": results, "raw": m}, indent=2) + "\n")
     print(f"wrote {args.out}")
     return 0
 

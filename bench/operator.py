@@ -10,7 +10,10 @@ operator + API server + scheduler + agent, not process start-up. Measured from a
 - apply -> all 1,000 pods Running;
 - a node of a running 256-pod gang fails -> the whole gang Running again (sticky: one pod moves).
 
-    python bench/operator.py [--pods 1000] [--restart-pods 256] [--nodes 1000]
+With ``--kubeconfig`` the simulated nodes and the local node agent join that API server instead of
+the embedded one (existing mode: its scheduler binds the pods; the nodes are removed at the end).
+
+    python bench/operator.py [--pods 1000] [--restart-pods 256] [--nodes 1000] [--kubeconfig K]
 """
 
 from __future__ import annotations
@@ -49,7 +52,7 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def job(name: str, pods: int) -> dict[str, Any]:
+def job(name: str, pods: int, selector: dict[str, str]) -> dict[str, Any]:
     return {
         "apiVersion": "railyard.dev/v1alpha1",
         "kind": "TrainingJob",
@@ -57,6 +60,7 @@ def job(name: str, pods: int) -> dict[str, Any]:
         "spec": {
             "nodes": pods,
             "procsPerNode": 1,
+            "nodeSelector": selector,  # the bench's own nodes, whatever else the API server has
             "command": ["true"],
             "trainer": {"batchSize": pods},
             "gang": {"scheduleTimeoutSeconds": 600},
@@ -143,17 +147,16 @@ def _names(job_name: str, attempt: int, n: int) -> list[str]:
     return [f"{job_name}-a{attempt}-{i}" for i in range(n)]
 
 
-async def run_bench(kubeconfig: Path, pods: int, restart_pods: int, metrics_port: int) -> dict[str, float]:
+async def run_bench(kubeconfig: Path, pods: int, restart_pods: int, metrics_port: int, selector: dict[str, str]) -> dict[str, float]:
     kube = Kube.from_config(str(kubeconfig))
     out: dict[str, float] = {}
     try:
-        await kube.create("/api/v1/namespaces", {"metadata": {"name": NS}})
         w = PodWatch(kube)
         await w.start()
         # -- gang start
         names = _names("big", 0, pods)
         t0 = time.perf_counter()
-        await kube.create(f"/apis/railyard.dev/v1alpha1/namespaces/{NS}/trainingjobs", job("big", pods))
+        await kube.create(f"/apis/railyard.dev/v1alpha1/namespaces/{NS}/trainingjobs", job("big", pods, selector))
         t_created = await w.until("all pods created", lambda: all(n in w.added for n in names), 600)
         t_running = await w.until("all pods Running", lambda: all(n in w.running for n in names), 600)
         first = min(w.added[n] for n in names)
@@ -173,7 +176,7 @@ async def run_bench(kubeconfig: Path, pods: int, restart_pods: int, metrics_port
         # -- restart after a node failure
         names0 = _names("mid", 0, restart_pods)
         t0 = time.perf_counter()
-        await kube.create(f"/apis/railyard.dev/v1alpha1/namespaces/{NS}/trainingjobs", job("mid", restart_pods))
+        await kube.create(f"/apis/railyard.dev/v1alpha1/namespaces/{NS}/trainingjobs", job("mid", restart_pods, selector))
         await w.until("mid gang Running", lambda: all(n in w.running for n in names0), 600)
         out["mid_apply_to_running_s"] = time.perf_counter() - t0
         await _status(kube, "mid", lambda st: st.get("phase") == "Running", 600)
@@ -193,6 +196,12 @@ async def run_bench(kubeconfig: Path, pods: int, restart_pods: int, metrics_port
         await _status(kube, "mid", lambda s: s.get("attempt") == 1 and s.get("phase") == "Running", 600)
         out["pods_moved"] = float(sum(1 for a, b in zip(names0, names1, strict=True) if w.node.get(a) != w.node.get(b)))
         await kube.patch(f"/api/v1/nodes/{victim}", {"metadata": {"annotations": {FAIL_ANNOTATION: None}}})
+        # nothing left behind on a given API server
+        await kube.delete(f"/apis/railyard.dev/v1alpha1/namespaces/{NS}/trainingjobs/mid")
+        for _ in range(600):
+            if not await kube.list(f"/api/v1/namespaces/{NS}/pods", labelSelector="railyard.dev/job=mid"):
+                break
+            await asyncio.sleep(0.2)
         w.stop()
     finally:
         await kube.close()
@@ -259,31 +268,37 @@ def main() -> int:
     parser.add_argument("--restart-pods", type=int, default=256)
     parser.add_argument("--nodes", type=int, default=1000)
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "operator.json"))
+    parser.add_argument("--kubeconfig", help="measure on this API server: the simulated nodes and the local node agent join it "
+                        "(existing mode; its scheduler binds the pods; the nodes are removed at the end)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        cluster = LocalCluster(Path(tmp) / "cluster", nodes=args.nodes, gpus_per_node=1, topology="spine=4,leaf=10", lease_interval=10.0)
+        cluster = LocalCluster(Path(tmp) / "cluster", kubeconfig=args.kubeconfig, nodes=args.nodes, gpus_per_node=1,
+                               topology="spine=4,leaf=10", lease_interval=10.0, node_prefix="bench-")
+        selector = cluster.node_selector
         t_start = time.perf_counter()
         kubeconfig = cluster.start(timeout=600)
-        print(f"local cluster with {args.nodes} nodes up in {time.perf_counter() - t_start:.1f}s", flush=True)
+        print(f"local cluster ({cluster.mode}) with {args.nodes} nodes up in {time.perf_counter() - t_start:.1f}s", flush=True)
         port = _free_port()
         op = None
         try:
-            asyncio.run(_apply_crd(kubeconfig))
+            asyncio.run(_prepare(kubeconfig))
             log = open(Path(tmp) / "operator.log", "wb")  # noqa: SIM115 - closed below
             op = subprocess.Popen(
                 [sys.executable, "-m", "railyard", "operator", "run", "--standalone", "--metrics-host", "127.0.0.1",
                  "--metrics-port", str(port), "--not-ready-grace", "0.5", "--kubeconfig", str(kubeconfig),
-                 "--pod-annotation", f"{SIMULATE_ANNOTATION}=true"],
+                 "--pod-annotation", f"{SIMULATE_ANNOTATION}=true", "--namespace", NS],
                 stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
             )
             _wait_ready(port, op)
             print("operator ready", flush=True)
-            m = asyncio.run(run_bench(kubeconfig, args.pods, args.restart_pods, port))
+            m = asyncio.run(run_bench(kubeconfig, args.pods, args.restart_pods, port, selector))
         finally:
             if op is not None:
                 op.terminate()
                 op.wait(20)
             cluster.stop()
+            if cluster.mode == "existing":
+                cluster.remove_nodes()
     rows = [
         (f"apply -> all {args.pods} pods created", m["created_rate"], "pods/s", TARGET_PODS_PER_S, True),
         (f"apply -> all {args.pods} pods created", m["apply_to_created_s"], "s", None, False),
@@ -303,14 +318,16 @@ def main() -> int:
         t = "" if target is None else f"{target:g}"
         print(f"{metric:<48}{value:>10.3f}  {unit:<7}{t:>8}  {'' if meets is None else ('yes' if meets else 'NO')}")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({"bench": "operator", "pods": args.pods, "nodes": args.nodes, "results": results}, indent=2) + "\n")
+    Path(args.out).write_text(json.dumps({"bench": "operator", "pods": args.pods, "nodes": args.nodes, "apiServer": cluster.mode, "results": results}, indent=2) + "\n")
     print(f"wrote {args.out}")
     return 0
 
 
-async def _apply_crd(kubeconfig: Path) -> None:
+async def _prepare(kubeconfig: Path) -> None:
+    """The CRD, and the namespace the operator is told to watch (before it starts)."""
     kube = Kube.from_config(str(kubeconfig))
     try:
+        await kube.create("/api/v1/namespaces", {"metadata": {"name": NS}})
         await kube.create("/apis/apiextensions.k8s.io/v1/customresourcedefinitions", yaml.safe_load((ROOT / "crds" / "trainingjob.yaml").read_text()))
         for _ in range(100):
             try:

@@ -24,20 +24,11 @@ def local_cluster(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-
     Three simulated nodes (``node-0..2``, 2 GPUs each, ``spine=1,leaf=2``) in a temporary state
     dir. Against a real API server when asked: ``RAILYARD_TEST_KUBECONFIG`` adds the nodes and
     the node agent to that cluster (existing mode); ``KUBEBUILDER_ASSETS`` starts envtest's
-    kube-apiserver + etcd. Otherwise the embedded server. Use ``local_cluster.kubeconfig``.
+    kube-apiserver + etcd. Otherwise the embedded server (tests/clusters.py). Use
+    ``local_cluster.kubeconfig``.
     """
-    from railyard.local.cluster import LocalCluster
+    from tests.clusters import running_local_cluster
 
-    state = tmp_path_factory.mktemp("railyard-local")
     shape = {"nodes": 3, "gpus_per_node": 2, "topology": "spine=1,leaf=2", "lease_interval": 2.0}
-    if os.environ.get("RAILYARD_TEST_KUBECONFIG"):
-        cluster = LocalCluster(state, kubeconfig=os.environ["RAILYARD_TEST_KUBECONFIG"], **shape)  # type: ignore[arg-type]
-    elif os.environ.get("KUBEBUILDER_ASSETS"):
-        cluster = LocalCluster(state, mode="envtest", **shape)  # type: ignore[arg-type]
-    else:
-        cluster = LocalCluster(state, mode="embedded", **shape)  # type: ignore[arg-type]
-    cluster.start(timeout=120)
-    try:
+    with running_local_cluster(tmp_path_factory.mktemp("railyard-local"), **shape) as cluster:
         yield cluster
-    finally:
-        cluster.stop()

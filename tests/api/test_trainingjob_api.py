@@ -85,6 +85,8 @@ def test_data_parallel_is_derived_from_the_world_size() -> None:
         ({"nodes": 3, "procsPerNode": 2, "trainer": {"batchSize": 6}, "parallelism": {"dataReplicas": 2}, "faultTolerance": {"mode": "ReplicaGroups"}}, "spec.nodes"),
         ({"trainer": {"program": {"script": "t.py", "module": "pkg.t"}}}, "spec.trainer.program"),
         ({"trainer": {"program": {"args": ["--steps", "5"]}}}, "spec.trainer.program"),
+        ({"gang": {"scheduler": "kubernetes", "queueName": "team-a"}}, "spec.gang.scheduler"),
+        ({"gang": {"scheduler": "kubernetes", "schedulerName": "volcano"}}, "spec.gang.scheduler"),
     ],
 )
 def test_each_cross_field_rule_names_its_field(spec: dict[str, Any], field: str) -> None:

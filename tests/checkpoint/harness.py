@@ -597,7 +597,7 @@ def cpu_collectives_scenario(rank: int, world: int, port: int, tmp_s: str) -> No
     """With the idle class: the scheduling of the checkpoint's background threads at each
     collective the calling (training) thread runs on the checkpoint group, while the manager
     starts (learning the pods) and while it restores; and at rest in between."""
-    from railyard_trainer.checkpoint.manager import BackgroundCpu
+    from railyard_trainer.checkpoint.cpuclass import BackgroundCpu
 
     tmp = Path(tmp_s)
     mesh, _ = init(rank, world, port)

@@ -18,7 +18,7 @@ pytest.importorskip("torch")
 
 import harness
 
-from railyard_trainer.checkpoint.manager import can_leave_idle_class, resolve_cpu_class
+from railyard_trainer.checkpoint.cpuclass import can_leave_idle_class, resolve_cpu_class
 
 pytestmark = [
     pytest.mark.torch,

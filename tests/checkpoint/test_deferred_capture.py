@@ -24,7 +24,7 @@ pytest.importorskip("torch")
 import harness
 import torch
 
-from railyard_trainer.checkpoint.manager import _defer
+from railyard_trainer.checkpoint.statedict import _defer
 
 pytestmark = [pytest.mark.torch, pytest.mark.timeout(300)]
 

@@ -16,7 +16,6 @@ import contextlib
 import json
 import os
 import secrets
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -26,6 +25,7 @@ from typing import Any
 import pytest
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
+from tests.waiting import wait_until
 
 from railyard.local.apiserver.envtest import EnvtestCluster, assets_dir, start_envtest
 from railyard.local.apiserver.process import ServerProcess, start_server_process
@@ -51,8 +51,11 @@ class Cluster:
 
     def raw(self, method: str, path: str, body: Any = None, *, content_type: str = "application/json",
             accept: str = "application/json", query: dict[str, str] | None = None,
-            auth: bool = True, preload: bool = True) -> tuple[int, dict[str, str], Any]:
-        """One HTTP request with the cluster's credentials; returns (status, headers, parsed body)."""
+            auth: bool | str = True, preload: bool = True) -> tuple[int, dict[str, str], Any]:
+        """One HTTP request with the cluster's credentials; returns (status, headers, parsed body).
+
+        ``auth=False``: none of the kubeconfig's credentials, neither its token nor its client
+        certificate; ``auth="TOKEN"``: that bearer token and nothing else."""
         import urllib.parse
 
         cfg = self.api.configuration
@@ -60,16 +63,20 @@ class Cluster:
         if query:
             url += "?" + urllib.parse.urlencode(query)
         headers = {"Accept": accept}
-        if auth:
+        pool = self.api.rest_client.pool_manager
+        if auth is True:
             token = cfg.api_key.get("authorization") or cfg.api_key.get("BearerToken")
             if token:
                 headers["Authorization"] = token if token.startswith("Bearer") else f"Bearer {token}"
+        else:
+            pool = self._pool_without_credentials()
+            if auth:
+                headers["Authorization"] = f"Bearer {auth}"
         data = None
         if body is not None:
             headers["Content-Type"] = content_type
             data = body if isinstance(body, bytes) else json.dumps(body).encode()
-        resp = self.api.rest_client.pool_manager.request(method, url, body=data, headers=headers,
-                                                         preload_content=preload, timeout=30)
+        resp = pool.request(method, url, body=data, headers=headers, preload_content=preload, timeout=30)
         if not preload:
             return resp.status, dict(resp.headers), resp
         text = resp.data
@@ -78,6 +85,19 @@ class Cluster:
         except ValueError:
             parsed = text
         return resp.status, dict(resp.headers), parsed
+
+    def _pool_without_credentials(self) -> Any:
+        """A connection pool that trusts the server as the kubeconfig says but presents no
+        client certificate (a server authenticates a request by certificate before token)."""
+        import copy
+
+        from kubernetes.client import rest
+
+        anonymous = copy.copy(self.api.configuration)
+        anonymous.cert_file = anonymous.key_file = None
+        anonymous.api_key = {}
+        anonymous.refresh_api_key_hook = None
+        return rest.RESTClientObject(anonymous).pool_manager
 
 
 def _api_client(kubeconfig: Path) -> client.ApiClient:
@@ -123,15 +143,8 @@ def custom(cluster: Cluster) -> client.CustomObjectsApi:
 
 
 def wait_for(predicate: Callable[[], Any], timeout: float = 15.0, interval: float = 0.05, what: str = "") -> Any:
-    """Poll ``predicate`` until it returns something truthy; fail after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout} s waiting for {what or predicate}")
-        time.sleep(interval)
+    """:func:`tests.waiting.wait_until` in this folder's argument order (kept for its callers)."""
+    return wait_until(predicate, timeout=timeout, interval=interval, message=what or repr(predicate))
 
 
 def gone(fn: Callable[[], Any]) -> bool:
@@ -157,6 +170,15 @@ def ns(core: client.CoreV1Api) -> Iterator[str]:
 def needs_controllers(cluster: Cluster) -> None:
     if not cluster.has_controllers:
         pytest.skip("a bare kube-apiserver (envtest) runs no garbage collector or namespace controller")
+
+
+def wait_for_default_service_account(cluster: Cluster, core: client.CoreV1Api, namespace: str) -> None:
+    """Before pods go into a new namespace: its ``default`` ServiceAccount, which the controller
+    manager makes (ServiceAccount admission refuses pods until then). A bare kube-apiserver
+    (envtest) makes none, and runs without that admission plugin, so there is nothing to wait for."""
+    if cluster.has_controllers:
+        wait_for(lambda: not gone(lambda: core.read_namespaced_service_account("default", namespace)),
+                 what=f"the default ServiceAccount of {namespace}")
 
 
 @pytest.fixture

@@ -43,7 +43,7 @@ def test_label_selectors(core: client.CoreV1Api, labelled: str, selector: str, e
     assert _names(got) == expected
 
 
-def test_a_new_namespace_holds_what_the_controllers_add(core: client.CoreV1Api, ns: str) -> None:
+def test_a_new_namespace_holds_what_the_controllers_add(needs_controllers: None, core: client.CoreV1Api, ns: str) -> None:
     """Every namespace gets the root CA bundle and a default ServiceAccount (kube-controller-manager)."""
     cm = wait_for(lambda: _maybe(lambda: core.read_namespaced_config_map("kube-root-ca.crt", ns)),
                   what="kube-root-ca.crt in the new namespace")

@@ -12,7 +12,7 @@ import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from .conftest import Cluster, gone, pod, wait_for
+from .conftest import Cluster, gone, pod, wait_for, wait_for_default_service_account
 
 
 def _bind(core: client.CoreV1Api, ns: str, name: str, node: str) -> None:
@@ -199,15 +199,14 @@ def test_admission_adds_the_token_volume_and_default_tolerations(cluster: Cluste
                                                                   ns: str) -> None:
     """ServiceAccount admission projects the token, CA bundle and namespace; DefaultTolerationSeconds
     tolerates not-ready/unreachable nodes for 300 s; automountServiceAccountToken: false opts out."""
-    wait_for(lambda: not gone(lambda: core.read_namespaced_service_account("default", ns)),
-             what="the namespace's default ServiceAccount")
+    wait_for_default_service_account(cluster, core, ns)
     p = core.create_namespaced_pod(ns, pod("sa"))
     tolerations = {(t.key, t.effect, t.toleration_seconds) for t in p.spec.tolerations or []}
     assert {("node.kubernetes.io/not-ready", "NoExecute", 300),
             ("node.kubernetes.io/unreachable", "NoExecute", 300)} <= tolerations
-    assert p.spec.service_account_name == "default"
     if cluster.mode == "envtest":
         pytest.skip("envtest runs kube-apiserver without the ServiceAccount admission plugin")
+    assert p.spec.service_account_name == "default"
     vols = [v for v in p.spec.volumes or [] if v.name.startswith("kube-api-access-")]
     assert len(vols) == 1 and vols[0].projected is not None
     sources = vols[0].projected.sources
@@ -229,15 +228,14 @@ def test_gates_and_node_name_may_not_come_together(cluster: Cluster, ns: str) ->
 
 
 @pytest.fixture
-def labelled_namespace(core: client.CoreV1Api, ns: str) -> Iterator[Callable[[dict[str, str]], str]]:
+def labelled_namespace(cluster: Cluster, core: client.CoreV1Api, ns: str) -> Iterator[Callable[[dict[str, str]], str]]:
     made: list[str] = []
 
     def make(labels: dict[str, str]) -> str:
         name = f"{ns}-psa{len(made)}"
         core.create_namespace({"metadata": {"name": name, "labels": labels}})
         made.append(name)
-        wait_for(lambda: not gone(lambda: core.read_namespaced_service_account("default", name)),
-                 what="the namespace's default ServiceAccount")
+        wait_for_default_service_account(cluster, core, name)
         return name
 
     yield make

@@ -69,6 +69,28 @@ def test_operator_build_is_reproducible_by_construction() -> None:
     assert {".git", ".venv", "**/__pycache__"} <= set(ignore)
 
 
+def _assert_tested(pins: dict[str, str], installed: dict[str, str]) -> None:
+    """The images pin what this virtualenv tests: the same packages at the same versions."""
+    differ = sorted(f"{k}: pinned {pins.get(k)}, installed {installed.get(k)}" for k in pins.keys() | installed.keys()
+                    if pins.get(k) != installed.get(k))
+    assert not differ, ("the images' pins and this virtualenv differ: " + "; ".join(differ) + ". Install as the README's "
+                        "set-up command does (with -c deploy/images/*-constraints.txt), or, to move the pins to what "
+                        "is installed, run python deploy/images/freeze.py")
+
+
+def test_the_readme_sets_up_with_the_constraints_ci_installs_with() -> None:
+    """The pins are judged against the installed versions: the README's set-up command installs
+    what CI installs, with the same constraint files, or a venv made by it fails the checks above
+    (pip takes the newest releases) and runs other versions than CI tested."""
+    ci = (ROOT / ".ci" / "run").read_text()
+    [pins] = re.findall(r"^pins=\((.*)\)$", ci, flags=re.M)
+    ci_installs = [line.split("-q ", 1)[1] for line in ci.splitlines() if line.startswith("python -m pip install -q ")]
+    assert ci_installs == ["torch==2.13.0 \"${pins[@]}\"", "-e '.[dev]' \"${pins[@]}\""], ci_installs
+    setup = next(line for line in (ROOT / "README.md").read_text().splitlines() if line.startswith("python3 -m venv .venv"))
+    readme_installs = [cmd.strip().removeprefix("pip install ") for cmd in setup.split("&&") if cmd.strip().startswith("pip install ")]
+    assert readme_installs == [i.replace('"${pins[@]}"', pins) for i in ci_installs], setup
+
+
 def test_operator_constraints_pin_the_tested_dependency_closure_without_torch() -> None:
     sys.path.insert(0, str(ROOT / "deploy" / "images"))
     try:
@@ -80,7 +102,7 @@ def test_operator_constraints_pin_the_tested_dependency_closure_without_torch() 
     deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
     pins = dict(line.split("==") for line in (ROOT / "deploy" / "images" / "operator-constraints.txt").read_text().split()
                 if "==" in line)
-    assert pins == freeze.closure(deps), "stale: run python deploy/images/freeze.py"
+    _assert_tested(pins, freeze.closure(deps))
     assert "torch" not in pins and "numpy" not in pins
 
 
@@ -108,7 +130,7 @@ def test_trainer_constraints_pin_the_trainer_closure_without_the_operator_stack(
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     pins = dict(line.split("==") for line in (ROOT / "deploy" / "images" / "trainer-constraints.txt").read_text().split()
                 if "==" in line)
-    assert pins == freeze.trainer_closure(project), "stale: run python deploy/images/freeze.py"
+    _assert_tested(pins, freeze.trainer_closure(project))
     assert pins["torch"] == _arg_defaults(TRAINER.read_text())["TORCH_VERSION"]
     assert not {"kopf", "kubernetes", "pydantic", "aiohttp", "prometheus-client"} & set(pins)
     assert all("+" not in v for v in pins.values()), "local labels (+cpu) would not match the CUDA build"

@@ -5,7 +5,6 @@ from __future__ import annotations
 import socket
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -15,6 +14,7 @@ from typing import Any
 import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
+from tests.waiting import wait_until
 
 from railyard.observe import metrics_doc
 
@@ -81,19 +81,18 @@ def operator_metrics_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[s
             stdout=log, stderr=subprocess.STDOUT,
         )
         url = f"http://127.0.0.1:{port}/metrics"
-        deadline = time.monotonic() + 60
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"operator exited with {proc.returncode}: {Path(log.name).read_text()[-2000:]}")
+        started = proc
+
+        def served() -> bool:
+            assert started.poll() is None, f"operator exited with {started.returncode}: {Path(log.name).read_text()[-2000:]}"
             try:
                 with urllib.request.urlopen(url, timeout=2) as resp:
-                    if resp.status == 200:
-                        break
+                    return bool(resp.status == 200)
             except (urllib.error.URLError, ConnectionError):
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"operator served no /metrics within 60 s: {Path(log.name).read_text()[-2000:]}")
-            time.sleep(0.2)
+                return False
+
+        wait_until(served, timeout=60, interval=0.2, message="the operator to serve /metrics",
+                   explain=lambda: Path(log.name).read_text()[-2000:])
         yield url
     finally:
         if proc is not None and proc.poll() is None:

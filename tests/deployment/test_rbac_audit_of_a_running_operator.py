@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 import yaml
+from tests.waiting import wait_until
 
 from railyard.k8s.rbac import Permission, rules_to_permissions
 
@@ -20,19 +19,7 @@ from . import rawkube
 from .auditproxy import audit_proxy, to_permission
 from .chart import CHART, ROOT, find, render_objects
 
-T = TypeVar("T")
 NS = "audit"
-
-
-def wait_for(check: Callable[[], T | None], timeout: float, what: str) -> T:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = check()
-        if last:
-            return last
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}; last: {last!r}")
 
 
 def _int_floats(v: Any) -> Any:
@@ -71,8 +58,8 @@ def test_every_request_of_a_running_operator_is_granted(tmp_path: Path) -> None:
             status, body = rawkube.request(api, "POST", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", _int_floats(crd))
             assert status == 201, body
         peering = find(render_objects({}), "ClusterKopfPeering")
-        wait_for(lambda: rawkube.request(api, "POST", "/apis/kopf.dev/v1/clusterkopfpeerings", peering)[0] == 201,
-                 10, "ClusterKopfPeering created")
+        wait_until(lambda: rawkube.request(api, "POST", "/apis/kopf.dev/v1/clusterkopfpeerings", peering)[0] == 201,
+                   timeout=10, interval=0.2, message="ClusterKopfPeering created")
         for i in range(4):
             node = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": f"n{i}", "labels": {
                 "railyard.dev/spine": "s0", "railyard.dev/leaf": f"l{i // 2}", "kubernetes.io/hostname": f"n{i}"}},
@@ -97,15 +84,15 @@ def test_every_request_of_a_running_operator_is_granted(tmp_path: Path) -> None:
             def pods() -> list[dict[str, Any]]:
                 return list(rawkube.request(api, "GET", f"/api/v1/namespaces/{NS}/pods")[1].get("items") or [])
 
-            first = wait_for(lambda: len(pods()) == 2 and pods(), 60, "the gang's pods")
+            first = wait_until(lambda: len(pods()) == 2 and pods(), timeout=60, interval=0.2, message="the gang's pods")
             # a pod dies: the operator tears the gang down and starts attempt 1
             victim = first[0]["metadata"]["name"]
             rawkube.request(api, "DELETE", f"/api/v1/namespaces/{NS}/pods/{victim}",
                             {"kind": "DeleteOptions", "apiVersion": "v1", "gracePeriodSeconds": 0})
-            wait_for(lambda: any(p["metadata"]["labels"].get("railyard.dev/attempt") == "1" for p in pods()),
-                     60, "a new attempt's pods")
+            wait_until(lambda: any(p["metadata"]["labels"].get("railyard.dev/attempt") == "1" for p in pods()),
+                       timeout=60, interval=0.2, message="a new attempt's pods")
             assert rawkube.request(api, "DELETE", f"{path}/tiny")[0] == 200
-            wait_for(lambda: not pods(), 60, "the job's pods deleted with it")
+            wait_until(lambda: not pods(), timeout=60, interval=0.2, message="the job's pods deleted with it")
             proc.terminate()
             proc.wait(timeout=30)
             seen = audit.snapshot()

@@ -41,11 +41,17 @@ def test_scan_finds_the_calls_the_operator_is_known_to_make() -> None:
         Permission("railyard.dev", "trainingjobs/status", "patch"),  # patch_job_status
         Permission("railyard.dev", "trainingjobs", "watch"),  # @kopf.on.event(GROUP, VERSION, PLURAL)
         Permission("railyard.dev", "trainingjobs/finalizers", "update"),  # blockOwnerDeletion
+        Permission("scheduling.k8s.io", "workloads", "create"),  # create_podgroups (Kubernetes' gang scheduling)
+        Permission("scheduling.k8s.io", "podgroups", "create"),
+        Permission("scheduling.k8s.io", "workloads", "delete"),  # delete_podgroups
+        Permission("scheduling.k8s.io", "podgroups", "delete"),
     ]:
         assert p in found, p
     # nothing in the operator updates (PUT) or deletes nodes, or touches RBAC
     assert not {p for p in found if p.resource == "nodes" and p.verb in ("update", "delete")}
     assert not {p for p in found if p.group == "rbac.authorization.k8s.io"}
+    # discovery (GET /apis/scheduling.k8s.io/v1alpha2) is no resource: every client may read it
+    assert not {p for p in found if p.group == "scheduling.k8s.io" and p.verb not in ("create", "delete")}
 
 
 def test_scanner_resolves_names_loops_dicts_and_subresources() -> None:

@@ -3,30 +3,18 @@
 from __future__ import annotations
 
 import json
-import time
 import uuid
-from collections.abc import Callable, Iterator
-from typing import Any, TypeVar
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import yaml
+from tests.waiting import wait_until
 
 from .conftest import ROOT, E2ECluster
 
-T = TypeVar("T")
 RELEASE = "railyard"
 OPERATOR_NS = "railyard-system"
-
-
-def wait_for(check: Callable[[], T | None], timeout: float, what: str) -> T:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = check()
-        if last:
-            return last
-        time.sleep(2)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}; last: {last!r}")
 
 
 @pytest.fixture(scope="module")
@@ -93,18 +81,18 @@ def test_operator_is_running(installed: E2ECluster) -> None:
 
 def test_tiny_job_succeeds(installed: E2ECluster, namespace: str, tmp_path: Any) -> None:
     apply(installed, namespace, tiny_job(installed, "tiny"), tmp_path)
-    status = wait_for(lambda: (s := job_status(installed, namespace, "tiny")).get("phase") == "Succeeded" and s,
-                      timeout=900, what="TrainingJob tiny to succeed")
+    status = wait_until(lambda: (s := job_status(installed, namespace, "tiny")).get("phase") == "Succeeded" and s,
+                        timeout=900, interval=2, message="TrainingJob tiny to succeed")
     assert status["phase"] == "Succeeded"
 
 
 def test_a_killed_pod_restarts_the_gang(installed: E2ECluster, namespace: str, tmp_path: Any) -> None:
     apply(installed, namespace, tiny_job(installed, "victim", trainer={"preset": "tiny", "steps": 100000}), tmp_path)
-    wait_for(lambda: job_status(installed, namespace, "victim").get("phase") == "Running",
-             timeout=600, what="TrainingJob victim Running")
+    wait_until(lambda: job_status(installed, namespace, "victim").get("phase") == "Running",
+               timeout=600, interval=2, message="TrainingJob victim Running")
     pods = json.loads(installed.kubectl("get", "pods", "-n", namespace, "-l", "railyard.dev/job=victim", "-o", "json"))["items"]
     before = job_status(installed, namespace, "victim").get("attempt", 0)
     installed.kubectl("delete", "pod", "-n", namespace, pods[0]["metadata"]["name"], "--grace-period=0", "--force")
-    wait_for(lambda: (job_status(installed, namespace, "victim").get("attempt", 0) > before
-                      and job_status(installed, namespace, "victim").get("phase") == "Running"),
-             timeout=600, what="the gang restarted and Running again")
+    wait_until(lambda: (job_status(installed, namespace, "victim").get("attempt", 0) > before
+                        and job_status(installed, namespace, "victim").get("phase") == "Running"),
+               timeout=600, interval=2, message="the gang restarted and Running again")

@@ -19,12 +19,15 @@ from pathlib import Path
 from typing import Any
 
 import urllib3
+from tests.waiting import wait_until
 
 CORPUS = Path(__file__).parent / "kube-v1.36"
 ALLOWLIST = Path(__file__).parent / "allowlist.txt"
 WORKLOAD_CORPUS = Path(__file__).parent / "kube-v1.36-workload"
 WORKLOAD_ALLOWLIST = Path(__file__).parent / "allowlist-workload.txt"
 WORKLOAD_NAMESPACE = "golden-gang"
+#: Upper bound on each wait for the server (it only catches a hang).
+WAIT_S = 30.0
 
 # The corpus was recorded with python-requests; the default field manager is the User-Agent's
 # first word, so the replay sends the same one.
@@ -127,29 +130,18 @@ class Client:
         return status, json.loads(data) if data else None
 
 
-def wait_for(predicate: Callable[[], Any], what: str, timeout: float = 30.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.05)
-
-
 def _setup_gadget_crd(c: Client) -> None:
     """Case 013's precondition (README): the Gadget CRD, freshly created and served."""
     crd = json.loads((CORPUS / "setup-gadget-crd.json").read_text())
     path = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
     name = crd["metadata"]["name"]
     c.send("DELETE", f"{path}/{name}")
-    wait_for(lambda: c.json("GET", f"{path}/{name}")[0] == 404, "the old Gadget CRD to go")
+    wait_until(lambda: c.json("GET", f"{path}/{name}")[0] == 404, timeout=WAIT_S, interval=0.05, message="the old Gadget CRD to go")
     status, body = c.json("POST", path, crd)
     if status != 201:
         raise RuntimeError(f"could not create the Gadget CRD: {status} {body}")
-    wait_for(lambda: c.json("GET", "/apis/golden.example.com/v1/namespaces/golden/gadgets")[0] == 200,
-             "the Gadget resource to be served")
+    wait_until(lambda: c.json("GET", "/apis/golden.example.com/v1/namespaces/golden/gadgets")[0] == 200,
+               timeout=WAIT_S, interval=0.05, message="the Gadget resource to be served")
 
 
 def _scheduler_marks_p1_unschedulable(c: Client) -> None:
@@ -196,7 +188,8 @@ def _condition(obj: dict[str, Any], kind: str) -> dict[str, Any] | None:
 def _kubelet_runs(number: str, bound: tuple[str, ...]) -> Callable[[Client], None]:
     def hook(c: Client) -> None:
         for name in bound:
-            wait_for(lambda n=name: _pod(c, n).get("spec", {}).get("nodeName"), f"the scheduler to bind {name}")
+            wait_until(lambda n=name: _pod(c, n).get("spec", {}).get("nodeName"), timeout=WAIT_S, interval=0.05,
+                       message=f"the scheduler to bind {name}")
         now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         for name, ip in _KUBELET_WRITES[number].items():
             patch = {"status": {
@@ -215,14 +208,15 @@ def _kubelet_runs(number: str, bound: tuple[str, ...]) -> Callable[[Client], Non
 def _podgroup_condition(name: str) -> Callable[[Client], None]:
     def hook(c: Client) -> None:
         path = f"/apis/scheduling.k8s.io/v1alpha2/namespaces/{WORKLOAD_NAMESPACE}/podgroups/{name}"
-        wait_for(lambda: _condition(c.json("GET", path)[1] or {}, "PodGroupScheduled"),
-                 f"the scheduler's PodGroupScheduled condition on {name}")
+        wait_until(lambda: _condition(c.json("GET", path)[1] or {}, "PodGroupScheduled"), timeout=WAIT_S, interval=0.05,
+                   message=f"the scheduler's PodGroupScheduled condition on {name}")
     return hook
 
 
 def _gang_pod_waits(c: Client) -> None:
     """The recorded scheduler saw job-b-0 alone (waiting for minCount) before 024 made it two."""
-    wait_for(lambda: _condition(_pod(c, "job-b-0"), "PodScheduled"), "the scheduler to see job-b-0 wait")
+    wait_until(lambda: _condition(_pod(c, "job-b-0"), "PodScheduled"), timeout=WAIT_S, interval=0.05,
+               message="the scheduler to see job-b-0 wait")
 
 
 def _gang_events(c: Client) -> None:
@@ -230,7 +224,7 @@ def _gang_events(c: Client) -> None:
         _, body = c.json("GET", f"/api/v1/namespaces/{WORKLOAD_NAMESPACE}/events",
                          query={"fieldSelector": "involvedObject.name=job-b-0"})
         return len({e.get("message") for e in (body or {}).get("items") or []}) >= 2
-    wait_for(notes, "the scheduler's FailedScheduling events for job-b-0")
+    wait_until(notes, timeout=WAIT_S, interval=0.05, message="the scheduler's FailedScheduling events for job-b-0")
 
 
 #: What the recorded cluster (its kube-scheduler, its fake kubelet) did before these exchanges.
@@ -265,8 +259,8 @@ def replay(c: Client, exchanges: list[Exchange], *, namespace: str = "golden",
     status, body = c.json("POST", "/api/v1/namespaces", {"metadata": {"name": namespace}})
     if status != 201:
         raise RuntimeError(f"could not create namespace {namespace}: {status} {body}")
-    wait_for(lambda: c.json("GET", f"/api/v1/namespaces/{namespace}/serviceaccounts/default")[0] == 200,
-             f"the {namespace} namespace's default ServiceAccount")
+    wait_until(lambda: c.json("GET", f"/api/v1/namespaces/{namespace}/serviceaccounts/default")[0] == 200,
+               timeout=WAIT_S, interval=0.05, message=f"the {namespace} namespace's default ServiceAccount")
     for ex in exchanges:
         try:
             if ex.number in hooks:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import pytest
 
@@ -85,6 +86,9 @@ def test_a_hang_is_detected_within_max_of_3_p99_and_the_floor(compute_s: float) 
     hangs = [v for d in sim.decisions for v in d.verdicts if v.kind is FaultKind.HANG]
     assert sorted(v.pod_index for v in hangs) == [0, 1]
     assert all(v.action is Action.RESTART for v in hangs)
+    # the verdict names how long the step stood still and the timeout, never less than it
+    m = re.search(r"for ([0-9.]+)s \(hang timeout ([0-9.]+)s\)", hangs[0].message)
+    assert m and float(m.group(2)) >= sim.policy.hang_timeout_floor_s and float(m.group(1)) >= float(m.group(2)), hangs[0].message
 
 
 def test_long_checkpoint_saves_never_look_like_hangs() -> None:
@@ -129,3 +133,50 @@ def test_a_new_attempt_starts_from_a_clean_slate() -> None:
     sim.run_steps(10)
     assert sim.verdicts() == []
     assert sim.state.attempt == 1 and sim.state.open == frozenset()
+
+
+@dataclasses.dataclass(frozen=True)
+class _Rank:
+    """One rank's signals, as the store keeps them (logic.health.model.RankSignals)."""
+
+    step: int
+    last_seen_at: float
+    step_advanced_at: float
+    rank: int = 0
+    pod_index: int = 0
+    node: str = "node-0"
+    saving: bool = False
+    last_saving_at: float = float("-inf")
+    progress: bool = True
+
+    def recent_compute(self, n: int) -> list[float]:
+        return []
+
+
+@pytest.mark.parametrize(
+    ("step", "final_step", "silent_for", "stalled_for", "expect"),
+    [
+        # a rank that trained its last step is finishing (final save, exit while its peers finish)
+        (60, 60, 0.0, 30.0, set()),
+        (60, 60, 30.0, 30.0, set()),
+        (60, 60, 0.0, 700.0, {FaultKind.HANG}),  # ... but not forever: the first-step bound
+        (60, 60, 700.0, 700.0, {FaultKind.DEAD}),
+        # before its last step, or with no known last step, the step-time bounds hold
+        (59, 60, 0.0, 30.0, {FaultKind.HANG}),
+        (59, 60, 30.0, 30.0, {FaultKind.DEAD}),
+        (60, None, 0.0, 30.0, {FaultKind.HANG}),
+    ],
+)
+def test_a_rank_past_its_last_step_gets_the_teardown_bound(
+    step: int, final_step: int | None, silent_for: float, stalled_for: float, expect: set[FaultKind]
+) -> None:
+    from railyard.logic.health.liveness import decide_dead_ranks, decide_hung_ranks
+
+    policy = HealthPolicy(final_step=final_step)
+    now = 10_000.0
+    rank = _Rank(step=step, last_seen_at=now - silent_for, step_advanced_at=now - stalled_for)
+    pods = {0: PodStatus(0, "Running", "node-0", running_since=0.0)}
+    hang_s = 12.0
+    got = {v.kind for v in decide_dead_ranks([rank], pods, policy, now)}
+    got |= {v.kind for v in decide_hung_ranks([rank], pods, hang_s, policy, now)}
+    assert got == expect

@@ -6,11 +6,12 @@ does); the monitor adds its check results to the same reporter."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import pytest
 import torch
 from tests.health.ingest import Server
+from tests.waiting import wait_until
 
 from railyard.logic.health import FaultKind, HealthPolicy, HealthState, PodStatus, decide_health
 from railyard_trainer.health import build_health_monitor
@@ -34,13 +35,6 @@ def _ctx(rank: int, local_rank: int, model: torch.nn.Module, job: str) -> TrainC
     )
 
 
-def _until(cond: Callable[[], bool], timeout: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, "condition not met before the deadline"
-        time.sleep(0.05)
-
-
 def test_two_ranks_of_a_pod_arrive_in_one_batch_and_a_confirmed_sdc_reaches_the_operator(server: Server) -> None:
     config = {"health": {"heartbeatIntervalSeconds": 0.2, "sdc": {"intervalSteps": 1000}}}
     models = [build_model(0), build_model(0)]
@@ -54,7 +48,8 @@ def test_two_ranks_of_a_pod_arrive_in_one_batch_and_a_confirmed_sdc_reaches_the_
                 c.step = step
                 m.after_step(c, StepMetrics(step, 2.0, 1.0, 0.1, 0.05 * (1 + c.rank), 100.0, 1e-3))
                 m.reporter.report_step(step, step_time_s=0.1, compute_s=0.05 * (1 + c.rank), loss=2.0, grad_norm=1.0, tokens_per_s=100.0)
-        _until(lambda: server.read(lambda s: sorted((r.rank, r.step) for r in s.job("ns", "job").ranks.values())) == [(0, 3), (1, 3)])
+        wait_until(lambda: server.read(lambda s: sorted((r.rank, r.step) for r in s.job("ns", "job").ranks.values())) == [(0, 3), (1, 3)],
+                   timeout=15, interval=0.05, message="both ranks at step 3 in the ingest")
         jw = server.store.job("ns", "job")
         assert jw is not None
         assert server.read(lambda s: s.job("ns", "job").rank_beats) >= 2 * server.read(lambda s: s.job("ns", "job").batches) - 1
@@ -67,7 +62,8 @@ def test_two_ranks_of_a_pod_arrive_in_one_batch_and_a_confirmed_sdc_reaches_the_
         with pytest.raises(SDCDetected) as err:
             monitors[1].after_backward(ctxs[1], torch.tensor(2.0), torch.tensor(1.0))
         assert (err.value.rank, err.value.node) == (1, "node-a")
-        _until(lambda: bool(server.read(lambda s: s.job("ns", "job").health_events())))
+        wait_until(lambda: bool(server.read(lambda s: s.job("ns", "job").health_events())), timeout=15, interval=0.05,
+                   message="a health event in the ingest")
         pods = {0: PodStatus(0, "Running", "node-a", 0.0)}
         d = server.read(lambda s: decide_health(s.job("ns", "job"), pods, HealthState(), HealthPolicy(), time.time()))
         [v] = [v for v in d.verdicts if v.kind is FaultKind.SDC]
@@ -91,7 +87,8 @@ def test_a_monitor_without_an_operator_url_never_fails_training(monkeypatch: pyt
             m.after_step(ctx, StepMetrics(step, 2.0, 1.0, 0.1, 0.05, 100.0, 1e-3))
             m.reporter.report_step(step, step_time_s=0.1, compute_s=0.05)
         assert m.aggregator is not None
-        _until(lambda: m.aggregator is not None and m.aggregator.failures >= 1)
+        wait_until(lambda: m.aggregator is not None and m.aggregator.failures >= 1, timeout=15, interval=0.05,
+                   message="a failed send counted")
         assert m.checks_passed()
     finally:
         m.close()

@@ -9,35 +9,22 @@ import base64
 import json
 import socket
 import sys
-import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
 import yaml
 from tests.deployment import rawkube
 from tests.deployment.chart import CHART, NAMESPACE, find, render_objects
+from tests.waiting import wait_until
 
 from .conftest import Images
 from .podspec import Given, docker_run_args, probe_url
-
-T = TypeVar("T")
-
-
-def wait_for(what: str, check: Callable[[], T], timeout: float, on_timeout: Callable[[], str] = lambda: "") -> T:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = check()
-        if last:
-            return last
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}; last: {last!r}\n{on_timeout()}")
 
 
 def free_port() -> int:
@@ -108,8 +95,8 @@ def test_operator_image_reaches_ready_and_drives_a_job_to_succeeded(images: Imag
             status, body = rawkube.request(api, "POST", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", _ints(crd))
             assert status in (201, 409), body
     peering = find(objects, "ClusterKopfPeering")
-    wait_for("the ClusterKopfPeering to be created",
-             lambda: rawkube.request(api, "POST", "/apis/kopf.dev/v1/clusterkopfpeerings", peering)[0] in (201, 409), 30)
+    wait_until(lambda: rawkube.request(api, "POST", "/apis/kopf.dev/v1/clusterkopfpeerings", peering)[0] in (201, 409),
+               timeout=30, interval=0.2, message="the ClusterKopfPeering to be created")
 
     sa, host, api_port = service_account(tmp_path, cluster.kubeconfig)
     name = f"railyard-operator-{uuid.uuid4().hex[:6]}"
@@ -124,8 +111,8 @@ def test_operator_image_reaches_ready_and_drives_a_job_to_succeeded(images: Imag
 
     try:
         ready, live, startup = (probe_url(container, p) for p in ("readinessProbe", "livenessProbe", "startupProbe"))
-        wait_for("the startup probe", lambda: http_status(startup) == 200, 60, logs)
-        wait_for("the readiness probe", lambda: http_status(ready) == 200, 120, logs)
+        wait_until(lambda: http_status(startup) == 200, timeout=60, interval=0.2, message="the startup probe", explain=logs)
+        wait_until(lambda: http_status(ready) == 200, timeout=120, interval=0.2, message="the readiness probe", explain=logs)
         assert http_status(live) == 200
 
         ns = f"smoke-{uuid.uuid4().hex[:6]}"
@@ -151,7 +138,8 @@ def test_operator_image_reaches_ready_and_drives_a_job_to_succeeded(images: Imag
             got = rawkube.request(api, "GET", f"{path}/smoke")[1]
             return json.dumps(got.get("status"), indent=1)[:3000] + "\n" + logs()
 
-        wait_for("the TrainingJob to succeed", lambda: phase() == "Succeeded" or phase() == "Failed", 180, dump)
+        wait_until(lambda: phase() == "Succeeded" or phase() == "Failed", timeout=180, interval=0.2, message="the TrainingJob to succeed",
+                   explain=dump)
         assert phase() == "Succeeded", dump()
         assert http_status(live) == 200 and http_status(ready) == 200
 

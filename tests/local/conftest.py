@@ -2,28 +2,21 @@
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections.abc import Callable, Iterator
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import pytest
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
+from tests.waiting import wait_until
 
 T = TypeVar("T")
 
 
 def wait_for(check: Callable[[], T | None], timeout: float = 60.0, what: str = "condition") -> T:
-    """Poll ``check`` until it returns something truthy; the deadline only catches a hang."""
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = check()
-        if last:
-            return last
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}; last value {last!r}")
+    """:func:`tests.waiting.wait_until` in this folder's argument order (kept for its callers)."""
+    return cast(T, wait_until(check, timeout=timeout, message=what))
 
 
 @pytest.fixture(scope="session")

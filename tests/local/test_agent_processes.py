@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.waiting import wait_until
 
 from railyard.local.agent import RESOLVER_SOURCE, Agent
 from railyard.local.nodes import NodeControl
@@ -63,10 +64,8 @@ def test_slow_factor_duty_cycles_a_busy_process(tmp_path: Path) -> None:
         assert 0.02 < share < 0.25 + 0.1
         # after the cycle stops the process runs again (SIGCONT on exit)
         before = cpu_seconds(busy.pid)
-        deadline = time.monotonic() + 60  # only catches a process left stopped
-        while cpu_seconds(busy.pid) <= before:
-            assert time.monotonic() < deadline, "the process stayed stopped after the duty cycle ended"
-            time.sleep(0.05)
+        wait_until(lambda: cpu_seconds(busy.pid) > before, timeout=60, interval=0.05,
+                   message="the process to run again after the duty cycle ended")
     finally:
         busy.kill()
         busy.wait()

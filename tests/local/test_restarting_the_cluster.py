@@ -8,7 +8,7 @@ import pytest
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 
-from railyard.local.cluster import LocalCluster
+from railyard.local.cluster import LocalCluster, LocalClusterError
 
 from .builders import make_pod
 from .conftest import wait_for, wait_phase
@@ -86,7 +86,22 @@ def test_existing_mode_adds_nodes_and_an_agent_to_a_running_cluster(local_cluste
         assert done.status.phase == "Succeeded" and done.status.pod_ip == "127.0.0.110"
     finally:
         edge.stop()
-        core.delete_node("edge-0")
+        edge.remove_nodes()
+    assert not [n for n in core.list_node().items if n.metadata.name == "edge-0"], "removed with its cluster"
+    assert core.read_node(local_cluster.node_specs[0].name), "and only its own nodes"
+
+
+def test_existing_mode_never_takes_over_a_node_of_another_cluster(local_cluster, core, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """A node of one of its names that is not its own (a real one, or another local cluster's)
+    is left alone: start refuses, naming the node and the fix; nothing is relabelled or deleted."""
+    taken = local_cluster.node_specs[0].name
+    before = core.read_node(taken).metadata.labels
+    intruder = LocalCluster(tmp_path / "intruder", kubeconfig=local_cluster.kubeconfig, nodes=1,
+                            node_prefix=taken[:-1], node_ip_offset=120)
+    with pytest.raises(LocalClusterError, match=f"already has nodes named {taken} .*node_prefix"):
+        intruder.start()
+    intruder.remove_nodes()
+    assert core.read_node(taken).metadata.labels == before
 
 
 def test_restarting_with_fewer_nodes_removes_the_extra_ones(tmp_path: Path) -> None:

@@ -67,6 +67,8 @@ class FakeCluster:
         self.tokens = 0
         #: False: the scheduler binds nothing (pods stay Pending without a node, as when it refuses)
         self.scheduler_binds = True
+        #: What discovery says of scheduling.k8s.io/v1alpha2 Workloads and PodGroups
+        self.workload_api = False
 
     # -- what the runtime's kopf indexes would hold
     def bind(self, rt: Runtime) -> None:
@@ -166,7 +168,12 @@ class FakeCluster:
         return sum([await self.create_object(o) for o in objects])
 
     async def delete_podgroups(self, namespace: str, api_version: str, names: Iterable[str]) -> int:
-        return sum(1 for name in names if self.objects.pop(("PodGroup", name), None) is not None)
+        gone = [self.objects.pop((kind, name), None) for name in names for kind in ("PodGroup", "Workload")]
+        return sum(1 for o in gone if o is not None)
+
+    async def serves_workload_api(self) -> bool:
+        self.calls.append(("discover", "scheduling.k8s.io/v1alpha2"))
+        return self.workload_api
 
     async def read_rank_table(self, namespace: str, job: str, attempt: int) -> RankTable | None:
         cm = self.objects.get(("ConfigMap", configmap_name(job, attempt)))

@@ -12,6 +12,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
+from tests.waiting import wait_until_async
 
 from railyard.observe.control import ControlBoard, add_control_routes
 from railyard.observe.heartbeats import StaticTokens
@@ -107,9 +108,8 @@ async def test_2048_waiting_launchers_are_told_within_a_second(client: Any) -> N
     # one connection per launcher, as 2,048 pods have (a session's default pool is 100)
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
         polls = [asyncio.ensure_future(poll(session, i)) for i in range(n)]
-        deadline = time.monotonic() + 120
-        while len(board.reports("team", "llm")) < n and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
+        await wait_until_async(lambda: len(board.reports("team", "llm")) >= n, timeout=120, interval=0.05,
+                               message=f"the reports of all {n} held polls")
         assert len(board.reports("team", "llm")) == n
         t0 = time.monotonic()
         board.publish("team", "llm", attempt=1, members=members, table=table(1, n))

@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 import yaml
+from tests.waiting import wait_until_async
 
 from railyard.k8s.client import ApiError, Kube
 from railyard.kubecreds import (
@@ -82,16 +83,6 @@ def runs(accept: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in f.read_text().splitlines()] if f.exists() else []
 
 
-async def until(pred: Any, timeout: float, what: str) -> None:
-    """Wait for ``pred()`` (polled), failing after ``timeout`` (which only catches hangs)."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not pred():
-        if loop.time() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        await asyncio.sleep(0.05)
-
-
 @pytest.fixture
 async def apiserver(tmp_path: Path) -> Any:
     """The embedded API server in this process, accepting the tokens listed in ``accept``."""
@@ -120,7 +111,7 @@ async def test_the_client_picks_up_a_new_token_after_the_first_expires(apiserver
         before = runs(accept)  # one run (two if a stalled machine let the first token lapse)
         expires = float(accept.read_text().split()[-1])
         # the server refuses the token from its expiry on, as a real one does
-        await until(lambda: dt.datetime.now(dt.UTC).timestamp() > expires, 10, "the token to expire")
+        await wait_until_async(lambda: dt.datetime.now(dt.UTC).timestamp() > expires, timeout=10, message="the token to expire")
         assert await kube.get("/api/v1/namespaces/default") is not None
         after = runs(accept)
         assert len(after) > len(before)

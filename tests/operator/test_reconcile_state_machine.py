@@ -204,6 +204,22 @@ def then_all(*checks: Callable[[Harness], None]) -> Callable[[Harness], None]:
     return check
 
 
+def warned(reason: str) -> Callable[[Harness], None]:
+    """The Event for ``reason`` is a Warning."""
+    def check(h: Harness) -> None:
+        assert any(t == "Warning" and r == reason for t, r, _ in h.cluster.events), h.cluster.events
+
+    return check
+
+
+def condition_is(kind: str, status: str) -> Callable[[Harness], None]:
+    def check(h: Harness) -> None:
+        c = find_condition(h.status.conditions, kind)
+        assert c is not None and c.status == status, c
+
+    return check
+
+
 def nothing(h: Harness) -> None:
     return None
 
@@ -231,7 +247,7 @@ ROWS = [
     # Pending -> Starting: placed whole and created gated, gates lifted together
     Row("absent gang is placed and created", fresh, cycle(0), "Starting", "GangCreated", pods_created(2, 0)),
     # Pending -> Placing: not enough nodes, retried with backoff
-    Row("too few nodes", fresh, cycle(0), "Placing", "NotEnoughNodes", delay_is(2.0), nodes=1),
+    Row("too few nodes", fresh, cycle(0), "Placing", "NotEnoughNodes", then_all(delay_is(2.0), no_pods_of(0), warned("NotEnoughNodes")), nodes=1),
     # Pending -> Failed: a shape placement can never satisfy
     Row("impossible shape", fresh, cycle(0), "Failed", "InvalidShape", no_pods_of(0), spec=(("parallelism", {"tensor": 1, "data": 3}),)),
     # Pending -> Failed: a spec the models refuse
@@ -244,20 +260,25 @@ ROWS = [
     # Starting -> Running
     Row("all pods running", starting, all_running(), "Running", "AllPodsRunning", expect(lambda h: h.status.time_to_all_ready_seconds is not None)),
     # Starting -> Placing: the schedule timeout passed (tear down, attempt + 1)
-    Row("gang timeout", starting, cycle(301.0), "Placing", "GangTimeout", expect(lambda h: h.status.attempt == 1 and not live_pods(h, 0))),
+    Row("gang timeout", starting, cycle(301.0), "Placing", "GangTimeout",
+        then_all(expect(lambda h: h.status.attempt == 1 and not live_pods(h, 0) and h.status.restarts.total == 0), warned("GangTimeout"))),
     # Starting -> Placing at once: a pod's planned node was tainted before the scheduler bound it
     Row("planned node tainted", starting_unbound, taint_planned_node(1), "Placing", "NodeUnusable",
         expect(lambda h: h.status.attempt == 1 and not live_pods(h, 0) and "maintenance" not in h.status.message
                and "Tainted" in h.status.message)),
     # Running -> Restarting: an application crash spends the application budget, backs off
     Row("application crash", running, pod_exits(0, 1), "Restarting", "ApplicationExitCode",
-        expect(lambda h: h.status.restarts.application == 1 and h.status.next_attempt_time is not None and h.status.attempt == 1)),
+        expect(lambda h: h.status.restarts.application == 1 and h.status.next_attempt_time is not None and h.status.attempt == 1
+               and not h.status.quarantined_nodes)),
     # Running -> Restarting: a node NotReady past the grace: quarantined, the gang deleted by force
     Row("node lost", running, node_of_pod_down(1), "Restarting", "NodeNotReady", quarantined()),
     # Running -> Failed: a permanent exit code is not retried
-    Row("permanent exit", running, pod_exits(0, 64), "Failed", "PermanentExitCode", keeps_pods(0, 2)),
+    Row("permanent exit", running, pod_exits(0, 64), "Failed", "PermanentExitCode",
+        then_all(keeps_pods(0, 2), expect(lambda h: h.status.restarts.total == 0 and h.status.attempt == 0))),
     # Running -> Failed: the class's budget is spent; the failed pod stays, its running peer goes
-    Row("budget spent", running, pod_exits(0, 1), "Failed", "RestartBudgetSpent", keeps_pods(0, 2),
+    Row("budget spent", running, pod_exits(0, 1), "Failed", "RestartBudgetSpent",
+        then_all(keeps_pods(0, 2), expect(lambda h: "(0/0)" in h.status.message and "spec.restartPolicy.application.limit" in h.status.message
+                                          and h.status.last_failure is not None and (h.status.last_failure.pod, h.status.last_failure.exit_code) == ("j-a0-0", 1))),
         spec=(("restartPolicy", {"application": {"limit": 0}}),)),
     # Running -> Succeeded: every pod exited 0; they stay (spec.cleanup.pods Keep) until the TTL
     Row("all succeeded", running, all_exit_0(), "Succeeded", "AllRanksSucceeded",
@@ -284,7 +305,9 @@ ROWS = [
     # Running -> Suspended
     Row("suspend", running, then(edit(suspend=True)), "Suspended", "Suspended", expect(lambda h: h.status.gang_created_time is None)),
     # Suspended -> Starting (via Placing/Resumed, not a restart)
-    Row("resume", suspended, edit(suspend=False), "Starting", "GangCreated", expect(lambda h: h.status.attempt == 1 and h.status.restarts.total == 0 and len(h.cluster.pods_of(1)) == 2)),
+    Row("resume", suspended, edit(suspend=False), "Starting", "GangCreated",
+        then_all(expect(lambda h: h.status.attempt == 1 and h.status.restarts.total == 0 and len(h.cluster.pods_of(1)) == 2),
+                 condition_is("Suspended", "False"))),
 ]
 
 
@@ -380,6 +403,43 @@ async def test_a_spec_edit_while_running_waits_for_the_next_restart() -> None:
     h.edit_spec(trainer={"steps": 500})
     await h.cycle(1.0)
     assert h.status.phase == "Running" and "next restart" in h.status.pending_spec_changes
+
+
+async def test_an_unplaceable_job_starts_once_enough_nodes_match() -> None:
+    h = Harness(cluster(1), make_job())
+    await h.cycle()
+    assert h.status.phase == "Placing" and not h.cluster.pods
+    h.cluster.nodes["node-1"] = make_node("node-1", gpus=2, leaf="leaf-0")
+    await h.cycle(2.0)
+    placed = find_condition(h.status.conditions, "Placed")
+    assert h.status.phase == "Starting" and placed is not None and placed.status == "True", h.status.message
+    assert sorted(h.status.placement.nodes) == ["node-0", "node-1"] and len(h.cluster.pods_of(0)) == 2  # type: ignore[union-attr]
+
+
+async def test_a_resume_applies_the_spec_edit_made_while_running() -> None:
+    h = Harness(cluster(4), make_job())
+    await running(h)
+    h.edit_spec(trainer={"steps": 7})
+    await h.cycle(1.0)
+    assert "next restart" in h.status.pending_spec_changes and len(live_pods(h, 0)) == 2, "an edit does not restart the gang"
+    h.edit_spec(suspend=True)
+    await h.cycle(1.0)
+    h.cluster.finish_deletions()
+    await h.cycle(1.0)
+    assert h.status.phase == "Suspended" and not live_pods(h, 0)
+    h.edit_spec(suspend=False)
+    await h.cycle(1.0)
+    st = h.status
+    assert st.phase == "Starting" and st.restarts.total == 0, "a resume is not a restart"
+    assert st.pending_spec_changes == "" and st.observed_generation == h.job["metadata"]["generation"]
+
+
+async def test_a_name_too_long_for_pod_hostnames_fails_the_job_not_the_operator() -> None:
+    h = Harness(cluster(4), make_job("j" + "x" * 62))
+    assert await h.cycle() is None
+    failed = find_condition(h.status.conditions, "Failed")
+    assert h.status.phase == "Failed" and failed is not None and failed.reason == "InvalidSpec" and "metadata.name" in failed.message
+    assert not h.cluster.pods
 
 
 async def test_missing_hot_spares_mark_the_job_degraded_and_the_gauge_counts_phases() -> None:

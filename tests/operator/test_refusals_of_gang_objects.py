@@ -28,6 +28,7 @@ VAP = "pods \"j-a0-0\" is forbidden: ValidatingAdmissionPolicy 'no-hostpath' wit
 WEBHOOK = 'admission webhook "validate.kyverno.svc-fail" denied the request: policy require-labels: label team is required'
 INVALID = ('Pod "j-a0-1" is invalid: spec.containers[0].resources.requests[memory]: Invalid value: "lots": '
            "quantities must match the regular expression '^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$'")
+PRIORITY = 'pods "j-a0-0" is forbidden: no PriorityClass with name big-jobs was found'
 TOO_LARGE = "etcdserver: request is too large"
 CONFLICT = 'Operation cannot be fulfilled on pods "j-a0-0": the object has been modified; please apply your changes to the latest version and try again'
 
@@ -39,7 +40,7 @@ CONFLICT = 'Operation cannot be fulfilled on pods "j-a0-0": the object has been 
     (403, "Forbidden", TERMINATING, "NamespaceTerminating", False),
     (403, "Forbidden", 'pods "j-a0-0" is forbidden: error looking up service account team-a/trainer: serviceaccount "trainer" not found',
      "ServiceAccountNotFound", False),
-    (403, "Forbidden", 'pods "j-a0-0" is forbidden: no PriorityClass with name big-jobs was found', "PriorityClassNotFound", False),
+    (403, "Forbidden", PRIORITY, "PriorityClassNotFound", False),
     (403, "Forbidden", VAP, "AdmissionDenied", True),
     (400, "BadRequest", WEBHOOK, "AdmissionDenied", True),
     (422, "Invalid", INVALID, "ObjectInvalid", True),
@@ -89,6 +90,32 @@ async def test_quota_refusal_waits_then_creates_the_whole_gang_when_there_is_roo
     assert h.status.phase == "Starting" and len(h.cluster.pods_of(0)) == 2
     assert ("ConfigMap", "j-a0") in h.cluster.objects and h.status.next_attempt_time is None
     assert h.reasons().count("QuotaExceeded") == 1
+
+
+async def test_a_missing_priority_class_waits_then_creates_the_gang_as_attempt_0() -> None:
+    h = Harness(cluster(), make_job(gang={"priorityClassName": "big-jobs"}))
+    h.cluster.pod_create_error = (403, status_body(403, "Forbidden", PRIORITY), 1)
+    delay = await h.cycle()
+    cond = headline(h)
+    assert h.status.phase == "Placing" and cond.status == "False" and cond.reason == "PriorityClassNotFound", cond
+    assert PRIORITY in cond.message and "(403 Forbidden)" in cond.message and "trying again in 10s" in cond.message, cond.message
+    assert delay == pytest.approx(10.0) and not h.cluster.pods, "no half gang while it waits"
+    assert [r for t, r, _ in h.cluster.events if t == "Warning"] == ["PriorityClassNotFound"]
+    h.cluster.pod_create_error = None  # the PriorityClass now exists
+    await h.cycle(10.0)
+    assert h.status.phase == "Starting" and len(h.cluster.pods_of(0)) == 2
+    assert h.status.attempt == 0 and h.status.restarts.total == 0, "a refusal is no restart"
+
+
+async def test_pods_refused_by_pod_security_fail_the_job_saying_what_to_change() -> None:
+    h = Harness(cluster(), make_job())
+    h.cluster.pod_create_error = (403, status_body(403, "Forbidden", PSS), 1)
+    assert await h.cycle() is None
+    cond = headline(h)
+    assert h.status.phase == "Failed" and cond.reason == "PodSecurityViolation", cond
+    assert PSS in cond.message and "(403 Forbidden)" in cond.message and "pod-security.kubernetes.io/enforce" in cond.message, cond.message
+    assert any(t == "Warning" and r == "PodSecurityViolation" and "violates PodSecurity" in m for t, r, m in h.cluster.events)
+    assert not h.cluster.pods, "no half gang"
 
 
 async def test_invalid_pods_fail_the_job_until_the_spec_changes() -> None:

@@ -4,7 +4,9 @@ or node annotations (``local.railyard.dev/fail``, ``local.railyard.dev/slow-fact
 
 The cluster here is module-scoped and larger than the session one of tests/conftest.py (it has
 room for several 2-node gangs in parallel, their hot spares, and nodes that get quarantined or
-failed), so the tests of this folder never disturb the nodes of other folders.
+failed), so the tests of this folder never disturb the nodes of other folders. Like the session
+one it joins the API server ``RAILYARD_TEST_KUBECONFIG`` names, if any (tests/clusters.py): the
+tests then read only the API and what the node agent writes here, and label only their own nodes.
 """
 
 from __future__ import annotations
@@ -20,27 +22,28 @@ from typing import Any
 
 import pytest
 import yaml
+from tests.clusters import running_local_cluster
 from tests.operator.conftest import ROOT, Api, OperatorProcess, _apply_crd, wait_for
 
 SYSTEM_NS = "railyard-system-e2e"
 NODES = 16
 
-__all__ = ["BASE", "SYSTEM_NS", "Api", "OperatorProcess", "base_spec", "wait_for", "wait_status"]
+__all__ = ["BASE", "SYSTEM_NS", "Api", "OperatorProcess", "base_spec", "cluster_nodes", "pod_events", "wait_for", "wait_status"]
 
 
 @pytest.fixture(scope="module")
 def local_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    from railyard.local.cluster import LocalCluster
-
-    state = tmp_path_factory.mktemp("railyard-system")
-    # lease every 1 s: a failed node is NotReady within a couple of seconds
-    cluster = LocalCluster(state, mode="embedded", nodes=NODES, gpus_per_node=2, topology="spine=1,leaf=2",
-                           lease_interval=1.0)
-    cluster.start(timeout=120)
-    try:
+    # lease every 1 s: a failed node is NotReady within a couple of seconds. Nodes of their own
+    # (names and addresses): on a given API server they sit beside the session's and the server's
+    with running_local_cluster(tmp_path_factory.mktemp("railyard-system"), nodes=NODES, gpus_per_node=2,
+                               topology="spine=1,leaf=2", lease_interval=1.0, node_prefix="sys-",
+                               node_ip_offset=40) as cluster:
         yield cluster
-    finally:
-        cluster.stop()
+
+
+def cluster_nodes(local_cluster: Any) -> list[str]:
+    """This cluster's own nodes, by name (a given API server has others: never label those)."""
+    return sorted(spec.name for spec in local_cluster.node_specs)
 
 
 @pytest.fixture(scope="module")
@@ -124,12 +127,20 @@ def wait_status(api: Api, name: str, what: str, pred: Callable[[dict[str, Any]],
         raise AssertionError(f"{exc}\n--- status ---\n{extra}") from None
 
 
-def pod_log(local_cluster: Any, pod: str) -> str:
-    base = Path(local_cluster.state_dir) / "apiserver" / "pods" / SYSTEM_NS / pod
+def pod_events(local_cluster: Any, namespace: str, pod: str) -> list[dict[str, Any]]:
+    """The JSON lines of a pod's containers (the trainer's launcher and rank 0 print events), from
+    the node agent's log files: they are on this machine whichever API server the pods are in
+    (a real one cannot serve pods/log for them: it would ask a kubelet)."""
     out = []
+    base = Path(local_cluster.log_dir) / namespace / pod
     for f in sorted(base.glob("*.log")) if base.exists() else []:
-        out.append(f"== {f.name}\n" + f.read_text(errors="replace")[-3000:])
-    return "\n".join(out)
+        for line in f.read_text(errors="replace").splitlines():
+            if line.startswith("{"):
+                try:
+                    out.append(json.loads(line))
+                except ValueError:
+                    continue
+    return out
 
 
 def now() -> float:

@@ -43,6 +43,7 @@ def test_the_example_trains_through_kubectl_apply(api: Api, operator: OperatorPr
     job["spec"]["trainer"]["dataset"]["path"] = str(tmp_path / "shards")
     assert job["spec"]["trainer"]["steps"] > STEPS
     job["spec"]["trainer"]["steps"] = STEPS
+    job["spec"]["nodeSelector"] = local_cluster.node_selector  # on a given API server, not another's nodes
     manifest = tmp_path / "job.yaml"
     manifest.write_text(yaml.safe_dump(job))
     kubectl = Path(sys.executable).parent / "kubectl"

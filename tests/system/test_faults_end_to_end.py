@@ -9,10 +9,12 @@ never touches another job):
 |---|---|---|
 | straggler | a (2 nodes) | pod 1's node slowed (``local.railyard.dev/slow-factor`` 1.3) from step 20 |
 | clean | b (2 nodes) | none: nothing may be flagged |
-| crash | f (2 nodes) | ``crash`` on rank 1 at step 12 |
-| hang | c (3 nodes) | ``hang`` on rank 1 at step 15 |
 | sdc | d (4 nodes) | ``bitflip`` grad on rank 1 at step 12 (attempt 0), param on rank 0 at step 32 (attempt 1) |
 | nodefail | e (3 nodes, 1 hot spare) | ``local.railyard.dev/fail=true`` on pod 1's node after step 13 |
+
+A real crash and a real hang through the launcher and heartbeats are tests/system/
+test_in_place_restart.py's; what the operator decides about them is in-process
+(tests/operator/test_reconcile_state_machine.py, tests/health/test_detecting_dead_and_hung_ranks.py).
 
 Measured numbers are printed (``-s``) and kept in ``RESULTS`` for the report.
 """
@@ -20,9 +22,9 @@ Measured numbers are printed (``-s``) and kept in ``RESULTS`` for the report.
 from __future__ import annotations
 
 import json
-import re
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,6 +35,7 @@ from tests.system.conftest import (
     Api,
     OperatorProcess,
     base_spec,
+    cluster_nodes,
     unique,
     wait_status,
 )
@@ -42,13 +45,14 @@ from railyard.logic.health.model import HealthPolicy
 pytestmark = [pytest.mark.slow, pytest.mark.cluster, pytest.mark.timeout(420)]
 
 POOL = "e2e.railyard.dev/pool"
-POOLS = {"a": 2, "b": 2, "c": 3, "d": 4, "e": 3, "f": 2}
+POOLS = {"a": 2, "b": 2, "d": 4, "e": 3}
+#: Set when the module's jobs are done with: the watchers stop polling the API server (a given
+#: one outlives the module; nothing of the module should still be talking to it then).
+STOP = threading.Event()
 SLOW = "local.railyard.dev/slow-factor"
 FAIL = "local.railyard.dev/fail"
 MEMORY_INTERVAL = 5
 SLOW_FROM = 20
-#: Beyond its timeout, a hang verdict this late means the detector is broken, not slow.
-HANG_CATCH_S = 20.0
 SLOW_FACTOR = 1.3
 PARAM_FLIP = 32
 CLEAN_STEPS = 200
@@ -72,10 +76,10 @@ def _terminal(s: dict[str, Any]) -> dict[str, Any] | None:
 
 
 @pytest.fixture(scope="module")
-def jobs(api: Api, operator: OperatorProcess) -> dict[str, Job]:
+def jobs(local_cluster: Any, api: Api, operator: OperatorProcess) -> Iterator[dict[str, Job]]:
     """The fault jobs, all at once; the straggler and clean jobs start when they are done
     (:func:`quiet_jobs`)."""
-    nodes = sorted(n.metadata.name for n in api.core.list_node().items)
+    nodes = cluster_nodes(local_cluster)
     need = sum(POOLS.values())
     assert len(nodes) >= need, f"the system cluster has {len(nodes)} nodes, the pools need {need}"
     i = 0
@@ -85,8 +89,6 @@ def jobs(api: Api, operator: OperatorProcess) -> dict[str, Job]:
         i += count
 
     out = {
-        "crash": make("crash", "f", trainer={"steps": 30, "faults": [{"kind": "crash", "rank": 1, "step": 12}]}),
-        "hang": make("hang", "c", trainer={"steps": 30, "faults": [{"kind": "hang", "rank": 1, "step": 15}]}),
         "sdc": make("sdc", "d", trainer={"steps": 45, "faults": [
             {"kind": "bitflip", "target": "grad", "rank": 1, "step": 12, "attempt": 0},
             {"kind": "bitflip", "target": "param", "rank": 0, "step": PARAM_FLIP, "attempt": 1},
@@ -101,13 +103,17 @@ def jobs(api: Api, operator: OperatorProcess) -> dict[str, Job]:
     driver = threading.Thread(target=_fail_a_node_mid_run, args=(api, out["nodefail"]), daemon=True)
     driver.start()
     out["nodefail"].driver = driver
-    return out
+    yield out
+    STOP.set()
+    for job in out.values():
+        if job.watcher is not None:
+            job.watcher.join(10)
 
 
 def _watch_restores(api: Api, job: Job) -> None:
     """Record ``status.restore`` per attempt until the job ends (the first one it shows)."""
     deadline = time.monotonic() + 400
-    while time.monotonic() < deadline:
+    while time.monotonic() < deadline and not STOP.is_set():
         try:
             s = api.status(SYSTEM_NS, job.name)
         except Exception:  # an API hiccup: try again
@@ -188,53 +194,6 @@ def _report(name: str, **values: Any) -> None:
     print(f"\n[system] {name}: " + json.dumps(values))
 
 
-def test_a_crash_restarts_within_the_application_budget(api: Api, operator: OperatorProcess, jobs: dict[str, Job]) -> None:
-    job = jobs["crash"]
-    s = wait_status(api, job.name, "the crashed job to finish", _terminal, 300, operator)
-    _report("crash", restarts=s["restarts"], restore=s.get("restore"))
-    assert s["phase"] == "Succeeded", s.get("message")
-    r = s["restarts"]
-    assert r["application"] == 1 and r["total"] == 1, f"a crash is an application failure, not its peers' exit 70: {r}"
-    assert "ApplicationExitCode" in r["lastReason"]
-    # the crashed rank's last words (the launcher's termination message) outlive its pod
-    last = s["lastFailure"]
-    assert (last["attempt"], last["podIndex"], last["exitCode"]) == (0, 1, 1), last
-    assert last["message"].startswith("rank 1 exited with code 1 (Application) first"), last
-    assert "injected crash on rank 1 at step 12" in last["message"], last
-    assert not s.get("quarantinedNodes"), "a crash blames no node"
-    # the newest committed memory checkpoint before step 12 (10, or 5 while 10 was still being
-    # written in the background); the steps lost are counted from the last reported step
-    assert s["restore"]["tier"] == "memory" and s["restore"]["step"] in (5, 10), s["restore"]
-    # counted from the newest step the heartbeats reported (the crash may beat the last beat)
-    assert 0 <= s["restore"]["stepsLost"] <= 12 - s["restore"]["step"], s["restore"]
-
-
-def test_a_hang_is_detected_within_the_bound_and_the_gang_restarts(api: Api, operator: OperatorProcess, jobs: dict[str, Job]) -> None:
-    job = jobs["hang"]
-    s = wait_status(api, job.name, "a hang restart", lambda s: s if s["restarts"]["total"] >= 1 else _terminal(s), 300, operator)
-    detect_sum = _metric(operator, "railyard_fault_detection_seconds_sum", kind="Hang")
-    detect_n = _metric(operator, "railyard_fault_detection_seconds_count", kind="Hang")
-    reason = s["restarts"]["lastReason"]
-    m = re.search(r"for ([0-9.]+)s \(hang timeout ([0-9.]+)s\)", reason)
-    s = wait_status(api, job.name, "the job to finish", _terminal, 300, operator)
-    assert m, f"the restart reason names the stall and the timeout: {reason}"
-    stalled, timeout = float(m.group(1)), float(m.group(2))
-    detection = (detect_sum or 0.0) / (detect_n or 1.0)
-    _report("hang", detection_s=round(detection, 2), stalled_s=stalled, hang_timeout_s=timeout, restarts=s["restarts"])
-    r = s["restarts"]
-    assert r["straggler"] == 1 and r["total"] == 1 and "HangVerdict" in r["lastReason"], r
-    assert s["phase"] == "Succeeded", s.get("message")
-    assert detect_n, "railyard_fault_detection_seconds{kind=Hang} observed the detection"
-    # the bound of issue 7: max(3 x p99 step time, 10 s); the operator's timeout is exactly that
-    assert timeout >= 10.0
-    # never early: the step really stood still for the whole timeout
-    assert stalled >= timeout, f"flagged after {stalled}s of a {timeout}s timeout"
-    # How soon after the timeout is a latency figure (about one heartbeat interval here, printed
-    # above; bench/heartbeats.py measures it in simulated time), not a verdict that may depend
-    # on what else the machine runs: this bound only catches a detector that does not fire.
-    assert stalled <= timeout + HANG_CATCH_S and detection <= timeout + HANG_CATCH_S, f"hang detected after {detection:.1f}s (timeout {timeout:.1f}s)"
-
-
 def test_a_bit_flip_restarts_with_sdc_quarantines_and_resumes_before_the_flip(api: Api, operator: OperatorProcess, jobs: dict[str, Job]) -> None:
     job = jobs["sdc"]
     s = wait_status(api, job.name, "the job to finish", _terminal, 300, operator)
@@ -294,8 +253,8 @@ def test_checkpoint_and_goodput_metrics_reach_the_operator(api: Api, operator: O
     _report("metrics", memory_saves=saves, memory_blocked_s_sum=blocked, memory_restores=restores, restarts_with_steps_lost=lost_n,
             nodefail_memory_bytes=written, goodput=goodput)
     assert saves and saves >= 4 and blocked is not None and blocked > 0
-    assert restores and restores >= 5, "crash, hang, two bit flips and the node failure each restored from memory"
-    assert lost_n and lost_n >= 5
+    assert restores and restores >= 3, "two bit flips and the node failure each restored from memory"
+    assert lost_n and lost_n >= 3
     assert written and written > 0
     for kind, value in goodput.items():
         assert value is not None and 0.0 < value <= 1.0, (kind, value)

@@ -18,11 +18,20 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.system.conftest import SYSTEM_NS, Api, OperatorProcess, base_spec, unique, wait_status
+from tests.system.conftest import (
+    SYSTEM_NS,
+    Api,
+    OperatorProcess,
+    base_spec,
+    cluster_nodes,
+    pod_events,
+    unique,
+    wait_status,
+)
+from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.cluster, pytest.mark.timeout(480)]
 
@@ -33,6 +42,9 @@ MEMORY_INTERVAL = 5
 #: A namespace that enforces the baseline Pod Security Standard (as a real API server does).
 BASELINE_NS = "railyard-baseline-e2e"
 RESULTS: dict[str, dict[str, Any]] = {}
+#: Set when the module's jobs are done with: the watchers stop polling the API server (a given
+#: one outlives the module; nothing of the module should still be talking to it then).
+STOP = threading.Event()
 
 
 @pytest.fixture(scope="module")
@@ -81,27 +93,8 @@ def _status(api: Api, job: Job) -> dict[str, Any]:
 def _wait(api: Api, job: Job, what: str, pred: Any, timeout: float, op: OperatorProcess) -> Any:
     if job.namespace == SYSTEM_NS:
         return wait_status(api, job.name, what, pred, timeout, op)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = pred(_status(api, job))
-        if got:
-            return got
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}: {json.dumps(_status(api, job))[:2000]}\n{op.log_tail(40)}")
-
-
-def pod_events(local_cluster: Any, namespace: str, pod: str) -> list[dict[str, Any]]:
-    """The JSON events of a pod's trainer container (its launcher's and rank 0's lines)."""
-    base = Path(local_cluster.state_dir) / "apiserver" / "pods" / namespace / pod
-    out = []
-    for f in sorted(base.glob("*.log")) if base.exists() else []:
-        for line in f.read_text(errors="replace").splitlines():
-            if line.startswith("{"):
-                try:
-                    out.append(json.loads(line))
-                except ValueError:
-                    continue
-    return out
+    return wait_until(lambda: pred(_status(api, job)), timeout=timeout, interval=0.2, message=what,
+                      explain=lambda: f"{json.dumps(_status(api, job))[:2000]}\n{op.log_tail(40)}")
 
 
 def resumed_at(events: list[dict[str, Any]], attempt: int) -> tuple[float, int] | None:
@@ -118,7 +111,7 @@ def resumed_at(events: list[dict[str, Any]], attempt: int) -> tuple[float, int] 
 def _watch_pods(api: Api, job: Job) -> None:
     """Record every gang pod of the job and when it first ran, until the job ends."""
     deadline = time.monotonic() + 460
-    while time.monotonic() < deadline:
+    while time.monotonic() < deadline and not STOP.is_set():
         try:
             pods = api.core.list_namespaced_pod(job.namespace, label_selector=f"railyard.dev/job={job.name}").items
             for p in pods:
@@ -143,8 +136,8 @@ def pod_names(api: Api, job: Job) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def jobs(api: Api, operator: OperatorProcess) -> dict[str, Job]:
-    nodes = sorted(n.metadata.name for n in api.core.list_node().items)
+def jobs(local_cluster: Any, api: Api, operator: OperatorProcess) -> Iterator[dict[str, Job]]:
+    nodes = cluster_nodes(local_cluster)
     assert len(nodes) >= sum(POOLS.values())
     i = 0
     for pool, count in POOLS.items():
@@ -186,7 +179,11 @@ def jobs(api: Api, operator: OperatorProcess) -> dict[str, Job]:
     driver = threading.Thread(target=drive, daemon=True)
     driver.start()
     nodefail.driver = driver
-    return out
+    yield out
+    STOP.set()
+    for job in out.values():
+        if job.watcher is not None:
+            job.watcher.join(10)
 
 
 def _fail_a_node_mid_run(api: Api, job: Job, op: OperatorProcess) -> None:

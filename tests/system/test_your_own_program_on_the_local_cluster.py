@@ -18,7 +18,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.system.conftest import SYSTEM_NS, Api, OperatorProcess, unique, wait_status
+from tests.clusters import running_local_cluster
+from tests.system.conftest import (
+    SYSTEM_NS,
+    Api,
+    OperatorProcess,
+    cluster_nodes,
+    unique,
+    wait_status,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.cluster, pytest.mark.torch, pytest.mark.timeout(600)]
 
@@ -40,20 +48,14 @@ STEPS = 120
 @pytest.fixture(scope="module")
 def local_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """Only what these jobs need: for each, its 2 nodes and a spare (a pool label per job)."""
-    from railyard.local.cluster import LocalCluster
-
-    cluster = LocalCluster(tmp_path_factory.mktemp("railyard-byo"), mode="embedded", nodes=6, gpus_per_node=2,
-                           topology="spine=1,leaf=2", lease_interval=1.0)
-    cluster.start(timeout=120)
-    try:
+    with running_local_cluster(tmp_path_factory.mktemp("railyard-byo"), nodes=6, gpus_per_node=2, topology="spine=1,leaf=2",
+                               lease_interval=1.0, node_prefix="byo-", node_ip_offset=70) as cluster:
         yield cluster
-    finally:
-        cluster.stop()
 
 
 @pytest.fixture(scope="module")
-def pools(api: Api) -> dict[str, list[str]]:
-    nodes = sorted(n.metadata.name for n in api.core.list_node().items)
+def pools(local_cluster: Any, api: Api) -> dict[str, list[str]]:
+    nodes = cluster_nodes(local_cluster)
     assert len(nodes) >= 6, nodes
     out = {"sdk": nodes[:3], "plain": nodes[3:6]}
     for pool, members in out.items():
@@ -160,7 +162,7 @@ def _events(local_cluster: Any, job: str) -> list[dict[str, Any]]:
     """The JSON lines the job's pods printed (the script's ``log``: start, step, done)."""
     from tests.trainer.launch import parse_events
 
-    base = Path(local_cluster.state_dir) / "apiserver" / "pods" / SYSTEM_NS
+    base = Path(local_cluster.log_dir) / SYSTEM_NS  # the node agent's: here on any API server
     return [e for log in (sorted(base.glob(f"{job}-*/*.log")) if base.exists() else []) for e in parse_events(log.read_text(errors="replace"))]
 
 

@@ -22,13 +22,13 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.waiting import wait_until
 
 from railyard_trainer.replicas import plan_share
 
@@ -87,14 +87,18 @@ class Proc:
             return [e for e in self.events if e.get("event") == event]
 
     def wait_for(self, what: str, cond: Callable[[Proc], bool], others: list[Proc]) -> None:
-        deadline = time.monotonic() + WAIT_S
-        while not cond(self):
+        """Wait for ``cond``, failing at once if this process or one of ``others`` exits first."""
+        def check() -> bool:
+            if cond(self):
+                return True
             for p in [self, *others]:
-                if p.p.poll() is not None:
-                    pytest.fail(f"{p.name} exited {p.p.returncode} while waiting for {self.name}: {what}\n{p.explain()}")
-            if time.monotonic() > deadline:
-                pytest.fail(f"timed out waiting for {self.name}: {what}\n{self.explain()}")
-            time.sleep(0.05)
+                assert p.p.poll() is None, f"{p.name} exited {p.p.returncode} while waiting for {self.name}: {what}\n{p.explain()}"
+            return False
+
+        wait_until(check, timeout=WAIT_S, interval=0.05, message=f"{self.name}: {what}", explain=self.explain)
+
+    def wait_exit(self, what: str) -> None:
+        wait_until(lambda: self.p.poll() is not None, timeout=WAIT_S, interval=0.05, message=f"{self.name} {what}", explain=self.explain)
 
     def last_step(self) -> int:
         steps = self.of("step")
@@ -174,11 +178,7 @@ def test_a_lost_replica_group_stops_only_itself_and_heals_from_a_live_peer(tmp_p
         for p in survivors:
             p.wait_for("the workers' pids", lambda q: bool(q.of("workers_started")), survivors)
         survivors_pids = {p.name: p.of("workers_started")[0]["pids"] for p in survivors}
-        deadline = time.monotonic() + WAIT_S
-        while g2.p.poll() is None:
-            if time.monotonic() > deadline:
-                pytest.fail(f"group {lost} did not crash at step {KILL_AT}\n{g2.explain()}")
-            time.sleep(0.05)
+        g2.wait_exit(f"to crash at step {KILL_AT}")
         g2.reader.join(timeout=10)
         assert g2.p.returncode != 0 and g2.of("fault"), g2.explain()
         killed_at = g2.last_step()
@@ -196,11 +196,7 @@ def test_a_lost_replica_group_stops_only_itself_and_heals_from_a_live_peer(tmp_p
         g2b.wait_for("joining the quorum", lambda p: bool(p.of("replica_joining")), survivors)
         release.touch()
         for p in [*survivors, g2b]:
-            deadline = time.monotonic() + WAIT_S
-            while p.p.poll() is None:
-                if time.monotonic() > deadline:
-                    pytest.fail(f"timed out waiting for {p.name} to finish\n{p.explain()}")
-                time.sleep(0.05)
+            p.wait_exit("to finish")
             p.reader.join(timeout=10)
             assert p.p.returncode == 0, p.explain()
 

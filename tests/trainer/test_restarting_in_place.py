@@ -16,7 +16,6 @@ import asyncio
 import json
 import subprocess
 import threading
-import time
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -24,6 +23,7 @@ from typing import Any
 
 import pytest
 from aiohttp import web
+from tests.waiting import wait_until
 
 from railyard.observe.control import ControlBoard, add_control_routes
 from railyard.protocol.control import LauncherState
@@ -112,16 +112,6 @@ def start_pod(tmp: Path, pod: int, t: RankTable, op: Operator, *, name: str, tra
     return start_launcher(folder, [], config, env)
 
 
-def wait(what: str, pred: Any, timeout: float) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = pred()
-        if got:
-            return got
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def finish(p: subprocess.Popen[str], timeout: float = 240) -> tuple[int, list[dict[str, Any]], str]:
     try:
         out, err = p.communicate(timeout=timeout)
@@ -140,8 +130,8 @@ def test_workers_restart_in_place_for_the_new_attempt(tmp_path: Path, operator: 
     pods = [start_pod(tmp_path, i, t0, operator, name=f"pod-{i}", trainer=trainer, shared=shared) for i in (0, 1)]
     try:
         # both launchers stay up and report their workers' exit: the crash (1) and its echo
-        got = wait("both launchers to report failed workers",
-                   lambda: (r := operator.reports()) and all(i in r and r[i].state is LauncherState.FAILED for i in (0, 1)) and r, 120)
+        got = wait_until(lambda: (r := operator.reports()) and all(i in r and r[i].state is LauncherState.FAILED for i in (0, 1)) and r,
+                         timeout=120, message="both launchers to report failed workers")
         assert got[1].code == 1 and got[1].attempt == 0, got[1]
         # its last words travel with the report (the pod keeps running: no termination message yet)
         assert "rank 1 exited with code 1" in got[1].message and "injected crash on rank 1" in got[1].message, got[1].message
@@ -203,7 +193,8 @@ def test_a_pod_that_is_no_longer_a_member_is_told_to_stop(tmp_path: Path, operat
     operator.call(operator.board.publish, NS, JOB, attempt=0, members={0: "pod-0", 1: "pod-1"}, table=t0)
     pods = [start_pod(tmp_path, i, t0, operator, name=f"pod-{i}", trainer=trainer, shared=tmp_path / "s") for i in (0, 1)]
     try:
-        wait("both launchers running", lambda: (r := operator.reports()) and len(r) == 2 and all(x.state is LauncherState.RUNNING for x in r.values()), 60)
+        wait_until(lambda: (r := operator.reports()) and len(r) == 2 and all(x.state is LauncherState.RUNNING for x in r.values()),
+                   timeout=60, message="both launchers running")
         # pod 1 was replaced (a partition healed late): the new attempt names another pod for index 1
         operator.call(operator.board.publish, NS, JOB, attempt=1, members={0: "pod-0", 1: "pod-1-new"}, table=replace(t0, attempt=1), open_=False)
         code, events, _ = finish(pods[1], 120)

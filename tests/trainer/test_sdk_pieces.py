@@ -20,15 +20,11 @@ from railyard.protocol.heartbeat import CheckpointEvent
 from railyard.protocol.trainerconfig import Program
 from railyard_trainer.config import ConfigError, TrainerConfig
 from railyard_trainer.health.reporter import Reporter
-from railyard_trainer.launcher import (
-    apply_overrides,
-    build_parser,
-    check_program,
-    expand_program,
-    worker_command,
-)
+from railyard_trainer.launch_plan import apply_overrides, check_program, expand_program
+from railyard_trainer.launcher import build_parser
 from railyard_trainer.sdk.session import Identity, Session
 from railyard_trainer.worker_env import torchrun_env
+from railyard_trainer.workers import worker_command
 
 #: bounds that only catch hangs
 DEADLINE_S = 60

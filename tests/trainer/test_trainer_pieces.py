@@ -11,7 +11,9 @@ import pytest
 from railyard.protocol.exitcodes import ExitCode
 from railyard.protocol.ranktable import PodEntry, RankEntry, RankTable
 from railyard_trainer.config import ConfigError
-from railyard_trainer.launcher import build_parser, most_specific, plan_launch
+from railyard_trainer.launch_plan import plan_launch
+from railyard_trainer.launcher import build_parser
+from railyard_trainer.workers import most_specific
 
 
 def test_launcher_reports_the_root_cause_not_its_consequences() -> None:
@@ -63,28 +65,28 @@ def test_plan_refuses_a_config_that_disagrees_with_the_table(tmp_path) -> None: 
 def test_the_launcher_waits_for_the_rendezvous_name_to_be_served(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     # Pod 1 may start before pod 0 has an address, so before its DNS name resolves: the launcher
     # keeps asking (within RAILYARD_RENDEZVOUS_WAIT_S) instead of failing the job as misconfigured.
-    from railyard_trainer import launcher
+    from railyard_trainer import launch_plan
 
     path = tmp_path / "rt.json"
     path.write_text(_table().to_json())
-    real = launcher.socket.getaddrinfo
+    real = launch_plan.socket.getaddrinfo
     asked: list[str] = []
 
     def served_on_the_third_ask(host, port, *a, **kw):  # type: ignore[no-untyped-def]
         asked.append(host)
         if host == "llm-0.llm.ml.svc":
             if len(asked) < 3:
-                raise launcher.socket.gaierror(-2, "Name or service not known")
+                raise launch_plan.socket.gaierror(-2, "Name or service not known")
             return real("127.0.0.1", port, *a, **kw)
         return real(host, port, *a, **kw)
 
-    monkeypatch.setattr(launcher.socket, "getaddrinfo", served_on_the_third_ask)
+    monkeypatch.setattr(launch_plan.socket, "getaddrinfo", served_on_the_third_ask)
     env = {"RAILYARD_RANK_TABLE": str(path), "RAILYARD_POD_INDEX": "1", "MASTER_ADDR": "llm-0.llm.ml.svc"}
     plan = plan_launch(_args(), env | {"RAILYARD_RENDEZVOUS_WAIT_S": "60"})
     assert plan.master_addr == "127.0.0.1" and asked == ["llm-0.llm.ml.svc"] * 3
     # never served: a configuration error that says how long it waited
     asked.clear()
-    monkeypatch.setattr(launcher.socket, "getaddrinfo", lambda *a, **kw: (_ for _ in ()).throw(launcher.socket.gaierror(-2, "unknown")))
+    monkeypatch.setattr(launch_plan.socket, "getaddrinfo", lambda *a, **kw: (_ for _ in ()).throw(launch_plan.socket.gaierror(-2, "unknown")))
     with pytest.raises(ConfigError, match=r"cannot resolve 'llm-0.llm.ml.svc'.*waited \d+ s, RAILYARD_RENDEZVOUS_WAIT_S"):
         plan_launch(_args(), env | {"RAILYARD_RENDEZVOUS_WAIT_S": "0.3"})
 

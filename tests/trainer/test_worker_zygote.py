@@ -11,11 +11,10 @@ import os
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from tests.waiting import wait_until
 
 from railyard_trainer.zygote import ForkedWorker, Spawner, preload_for, python_module_command
 
@@ -35,14 +34,6 @@ if sys.argv[1:] == ["wait"]:
     signal.pause()
 sys.exit(int(os.environ.get("CODE", "0")))
 """
-
-
-def _until(cond: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
-    """Poll ``cond``; the bound only catches a hang."""
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.02)
 
 
 def _command(script: Path, *args: str) -> list[str]:
@@ -95,7 +86,7 @@ def test_a_signal_reaches_the_forked_worker_and_its_end_is_reported(tmp_path: Pa
     try:
         w = spawner.spawn(_command(script, "wait"), _env(tmp_path, "w"))
         # the worker wrote its info before it waits: then it is past its start-up
-        _until((tmp_path / "w.json").exists, "the worker to start")
+        wait_until((tmp_path / "w.json").exists, timeout=60, interval=0.02, message="the worker to start")
         assert w.poll() is None
         w.terminate()
         assert w.wait(60) == -signal.SIGTERM and w.returncode == -signal.SIGTERM
@@ -109,7 +100,7 @@ def test_closing_the_spawner_kills_workers_still_running(tmp_path: Path) -> None
     script.write_text(PROGRAM)
     spawner = Spawner(preload=("colorsys",))
     w = spawner.spawn(_command(script, "wait"), _env(tmp_path, "w"))
-    _until((tmp_path / "w.json").exists, "the worker to start")
+    wait_until((tmp_path / "w.json").exists, timeout=60, interval=0.02, message="the worker to start")
     spawner.close()
     assert w.wait(60) == -signal.SIGKILL
     with pytest.raises(ProcessLookupError):

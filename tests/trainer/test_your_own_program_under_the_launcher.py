@@ -21,13 +21,13 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from tests.health.ingest import Server
+from tests.waiting import wait_until
 
 from railyard.protocol.exitcodes import ExitCode
 
@@ -109,14 +109,13 @@ class Launch:
 
 
 def _until(what: str, cond: Callable[[], Any], launch: Launch, timeout: float = DEADLINE_S) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
+    """Wait for ``cond``, failing at once if the launcher ends first."""
+    def check() -> Any:
         got = cond()
-        if got:
-            return got
-        assert launch.proc.poll() is None, f"the launcher ended (exit {launch.proc.returncode}) before {what}\n{launch.explain()}"
-        assert time.monotonic() < deadline, f"timed out waiting for {what}\n{launch.explain()}"
-        time.sleep(0.05)
+        assert got or launch.proc.poll() is None, f"the launcher ended (exit {launch.proc.returncode}) before {what}\n{launch.explain()}"
+        return got
+
+    return wait_until(check, timeout=timeout, interval=0.05, message=what, explain=launch.explain)
 
 
 def _committed_memory_dirs(mem: Path, job: str) -> dict[int, Path]:

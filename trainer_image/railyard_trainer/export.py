@@ -227,7 +227,7 @@ def _reader(step_dir: Path) -> Any:
         return FileSystemReader(step_dir)
     import pickle
 
-    from railyard_trainer.checkpoint.manager import _MergedReader, merge_rank_metadata
+    from railyard_trainer.checkpoint.statedict import _MergedReader, merge_rank_metadata
 
     metas = {}
     for meta in sorted(step_dir.glob("rank-*/.metadata")):

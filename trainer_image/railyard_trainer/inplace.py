@@ -51,14 +51,11 @@ from railyard.protocol.control import (
 from railyard.protocol.exitcodes import classify_exit_code
 from railyard_trainer.config import ConfigError
 from railyard_trainer.events import log_event
-from railyard_trainer.launcher import (
+from railyard_trainer.launch_plan import (
     RENDEZVOUS_WAIT_S,
     LaunchPlan,
-    most_specific,
     resolve_until,
     resolved_lighthouse,
-    start_workers,
-    worker_command,
 )
 from railyard_trainer.termination import (
     WORKER_ERROR_FILE_ENV,
@@ -69,6 +66,7 @@ from railyard_trainer.termination import (
     write_termination_message,
 )
 from railyard_trainer.worker_env import torchrun_env
+from railyard_trainer.workers import most_specific, start_workers, worker_command
 from railyard_trainer.zygote import Spawner, WorkerProcess
 
 #: Seconds one long poll may be held by the operator.
@@ -250,7 +248,7 @@ def _spawn(plan: LaunchPlan, run_dir: Path, spawner: Spawner) -> _Generation:
     log_event("launch", pod_index=plan.pod_index, ranks=[w.rank for w in plan.workers], world_size=plan.table.world_size,
               mesh=[plan.table.pp, plan.table.dp, plan.table.tp], master=f"{plan.master_addr}:{plan.master_port}", attempt=attempt)
     # the same worker as a fresh pod's launcher starts (the bundled trainer or the job's own
-    # program, with torchrun's variables for this attempt): launcher.supervise's rule
+    # program, with torchrun's variables for this attempt): workers.supervise's rule
     envs = {
         w.rank: {**base, **torchrun_env(pods=len(plan.table.pods), attempt=attempt, run_id=plan.config.job),
                  **replace(w, config_path=str(config_path)).to_env(), WORKER_ERROR_FILE_ENV: str(worker_error_file(errors_dir, w.rank))}

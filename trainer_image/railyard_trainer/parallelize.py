@@ -1,4 +1,5 @@
-"""Parallelize the LLaMA model in the proven order: tensor parallel, activation checkpointing, FSDP2.
+"""Parallelize the LLaMA model in the proven order: tensor parallel, activation checkpointing,
+torch.compile of each block (optional), FSDP2.
 
 One keyword-only function for the model (TorchTitan's ``parallelize_llama`` shape). It works on
 a whole model or on one pipeline stage of it (pieces that are ``None`` are skipped).
@@ -37,11 +38,14 @@ def parallelize_llama(
     param_dtype: torch.dtype,
     activation_checkpointing: bool,
     cpu_offload: bool,
+    compile_backend: str = "",
 ) -> Transformer:
     if dims.tp_enabled:
         apply_tp(model, mesh["tp"])
     if activation_checkpointing:
         apply_ac(model)
+    if compile_backend:
+        apply_compile(model, compile_backend)
     # FSDP also carries mixed precision and offload, so it is applied even with one dp rank then.
     if dims.dp_enabled or param_dtype != torch.float32 or cpu_offload:
         apply_fsdp(
@@ -87,6 +91,23 @@ def apply_ac(model: Transformer) -> None:
 
     for name, block in list(model.layers.named_children()):
         model.layers.register_module(name, checkpoint_wrapper(block, preserve_rng_state=False))
+
+
+def apply_compile(model: Transformer, backend: str) -> None:
+    """Compile each block's forward (after activation checkpointing, before FSDP, as TorchTitan
+    does): the blocks are identical, so one compilation serves them all. Only ``forward`` is
+    replaced, so FSDP's hooks, which run around it, stay outside the compiled code (TorchTitan
+    gets the same by wrapping the block), and parameter names, hence checkpoints, do not change."""
+    for block in model.layers.values():
+        block.forward = torch.compile(block.forward, backend=backend)  # type: ignore[method-assign, unused-ignore]
+
+
+def compile_backend_from_env(value: str | None) -> str:
+    """``RAILYARD_COMPILE``: unset, empty or ``0`` = eager; ``1`` = inductor; otherwise the name
+    of a torch.compile backend (``eager``, ``aot_eager``: cheap, for CPU tests)."""
+    if value in (None, "", "0"):
+        return ""
+    return "inductor" if value == "1" else value
 
 
 def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, *, param_dtype: torch.dtype, cpu_offload: bool, reshard_after_forward: bool) -> None:

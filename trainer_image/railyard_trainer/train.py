@@ -38,10 +38,16 @@ from railyard_trainer.config import ConfigError, TrainerConfig
 from railyard_trainer.data import ShardedBatches, build_source, model_vocab_size
 from railyard_trainer.events import log_event
 from railyard_trainer.faults import FaultInjector
+from railyard_trainer.grads import clip_grad_norm_
 from railyard_trainer.model import Transformer, cross_entropy_loss
 from railyard_trainer.model_args import PRESETS
 from railyard_trainer.parallel_dims import ParallelDims
-from railyard_trainer.parallelize import clean_fqn, parallelize_llama, param_dtype_for
+from railyard_trainer.parallelize import (
+    clean_fqn,
+    compile_backend_from_env,
+    parallelize_llama,
+    param_dtype_for,
+)
 from railyard_trainer.pipeline import STAGES_PER_RANK, build_pipeline, check_microbatches
 from railyard_trainer.replicas import (
     HealState,
@@ -80,41 +86,6 @@ def init_distributed(env: WorkerEnv, timeout_s: float) -> torch.device:
     return device
 
 
-def clip_grad_norm_(parts: Sequence[torch.nn.Module], max_norm: float, *, pp_group: dist.ProcessGroup | None) -> torch.Tensor:
-    """Total L2 norm of all gradients of the model (all stages), then clip to ``max_norm``.
-
-    Gradients are grouped by their DTensor mesh (FSDP-only, FSDP+TP, plain) because one foreach
-    norm cannot mix meshes; each group's norm is made global with ``full_tensor()``, and with
-    pipeline parallelism the squares are summed across stages.
-    """
-    params = [p for m in parts for p in m.parameters() if p.grad is not None]
-    groups: dict[Any, list[torch.Tensor]] = {}
-    for p in params:
-        g = p.grad
-        assert g is not None
-        key = (g.device_mesh.mesh_dim_names, tuple(g.device_mesh.mesh.shape)) if isinstance(g, DTensor) else "local"
-        groups.setdefault(key, []).append(g)
-    device = params[0].device if params else torch.device("cpu")
-    sq = torch.zeros((), dtype=torch.float32, device=device if device.type != "meta" else "cpu")
-    for grads in groups.values():
-        n = torch.nn.utils.get_total_norm(grads, 2.0, foreach=True)
-        if isinstance(n, DTensor):
-            n = n.full_tensor()
-        sq = sq + n.float().to(sq.device) ** 2
-    if pp_group is not None:
-        dist.all_reduce(sq, group=pp_group)
-    total = sq.sqrt()
-    if max_norm > 0:
-        coef = float((max_norm / (total + 1e-6)).clamp(max=1.0))
-        # A non-finite norm leaves the gradients as they are: scaling by 0 (or NaN) would zero
-        # every rank's gradients and erase which rank's share was corrupt, which the SDC replay
-        # needs to name the bad rank. The step is not usable either way.
-        if coef < 1.0 and bool(torch.isfinite(total)):
-            for grads in groups.values():
-                torch._foreach_mul_(grads, coef)
-    return total
-
-
 class Trainer:
     def __init__(self, cfg: TrainerConfig, env: WorkerEnv) -> None:
         self.cfg, self.env = cfg, env
@@ -149,9 +120,11 @@ class Trainer:
             model = Transformer(args)
         param_dtype = param_dtype_for(t.mixed_precision, self.device)
         offload = t.cpu_offload and self.device.type == "cuda"
+        # Not in the CRD yet: bench/gpu/run.py measures it first (RAILYARD_COMPILE).
+        compile_backend = compile_backend_from_env(os.environ.get("RAILYARD_COMPILE"))
 
         def parallelize(m: Transformer) -> Transformer:
-            return parallelize_llama(m, mesh=self.mesh, dims=self.dims, param_dtype=param_dtype, activation_checkpointing=t.activation_checkpointing, cpu_offload=offload)
+            return parallelize_llama(m, mesh=self.mesh, dims=self.dims, param_dtype=param_dtype, activation_checkpointing=t.activation_checkpointing, cpu_offload=offload, compile_backend=compile_backend)
 
         self.schedule = None
         if self.dims.pp_enabled:
@@ -166,7 +139,7 @@ class Trainer:
                 part.init_weights(buffer_device=self.device)
         # From here on each rank draws from its own stream (saved and restored with checkpoints).
         seed_rank_rng(t.seed, env.rank)
-        self.optimizer = Optimizers(self.parts, lr=t.learning_rate, weight_decay=t.weight_decay)  # type: ignore[arg-type]
+        self.optimizer = Optimizers(self.parts, lr=t.learning_rate, weight_decay=t.weight_decay, fused=self.device.type == "cuda" and not offload)  # type: ignore[arg-type]
         self.lr_scheduler = WarmupCosine(self.optimizer, peak_lr=t.learning_rate, warmup_steps=t.warmup_steps, total_steps=t.steps)
         source = build_source(t.dataset, vocab_size=args.vocab_size, seed=t.seed, seq_len=t.seq_len, vocab_fixed=t.vocab_size is not None)
         self.data = ShardedBatches(source, batch_size=t.batch_size, seq_len=t.seq_len, dp_rank=self.dp_rank, dp_size=self.dims.dp, device=self.device)

@@ -36,10 +36,16 @@ class Optimizers(torch.optim.Optimizer):
     so a scheduler that sets ``lr`` on them reaches every part (also after a restore).
     """
 
-    def __init__(self, parts: list[nn.Module], *, lr: float, weight_decay: float, betas: tuple[float, float] = (0.9, 0.95)) -> None:
+    def __init__(
+        self, parts: list[nn.Module], *, lr: float, weight_decay: float, betas: tuple[float, float] = (0.9, 0.95), fused: bool = False,
+    ) -> None:
         self.parts = parts
+        # fused (parameters on a GPU): one kernel, and no temporaries the size of the state
+        # (foreach's sqrt of exp_avg_sq is one: 32 GB for 8b, which then no longer fits on
+        # one H200). foreach elsewhere: what every CPU test's figures were made with.
         self.inner = [
-            torch.optim.AdamW(_groups_by_mesh(m), lr=lr, betas=betas, eps=1e-8, weight_decay=weight_decay, foreach=True)
+            torch.optim.AdamW(_groups_by_mesh(m), lr=lr, betas=betas, eps=1e-8, weight_decay=weight_decay,
+                              foreach=None if fused else True, fused=fused or None)
             for m in parts
         ]
         all_params = [p for m in parts for p in m.parameters()]

@@ -26,6 +26,12 @@ SINGULAR = "trainingjob"
 SHORT_NAMES = ["tj"]
 API_VERSION = f"{GROUP}/{VERSION}"
 
+#: ``spec.gang.schedulerName`` values of the gang schedulers that bring their own PodGroup
+#: (Volcano, then the names scheduler-plugins installs under); railyard.logic.schedulers.
+VOLCANO_SCHEDULER = "volcano"
+COSCHEDULING_SCHEDULERS = ("scheduler-plugins-scheduler", "scheduler-plugins", "coscheduling")
+GROUP_SCHEDULERS = (VOLCANO_SCHEDULER, *COSCHEDULING_SCHEDULERS)
+
 DEFAULT_IMAGE = "ghcr.io/railyard-dev/railyard-trainer:0.1.0"
 #: The numeric user and group of the Railyard trainer image (trainer_image/Dockerfile ``ARG UID``),
 #: under whatever registry name or tag it is pushed: the default of ``spec.securityContext``.
@@ -257,6 +263,10 @@ class Gang(_Model):
     queue_name: Annotated[LabelValue | None, Field(description="Kueue LocalQueue (kueue.x-k8s.io/queue-name) or Volcano queue for admission; a label value (<= 63 characters).")] = None
     hot_spares: Annotated[int, Field(ge=0, le=1024, description="Spare nodes reserved next to the gang (same domains) to replace a failed node without re-placing the rest.")] = 0
     priority_class_name: Annotated[DnsSubdomain | None, Field(description="PriorityClass for the gang's pods.")] = None
+    scheduler: Annotated[
+        Literal["auto", "kubernetes", "none"],
+        Field(description="Gang scheduling by Kubernetes itself (scheduling.k8s.io/v1alpha2 Workload and PodGroup; kube-apiserver and kube-scheduler v1.36 with the GenericWorkload and GangScheduling feature gates): every attempt gets a Workload and a PodGroup whose gang minCount is the pod count, with a topology constraint at the level the placement chose, and kube-scheduler binds all of the gang or none (on the nodes the placement chose). kubernetes: always (the job waits, reason PodGroupUnavailable, while the API server does not serve it); auto: when the API server serves scheduling.k8s.io/v1alpha2 and neither queueName nor a Volcano or scheduler-plugins schedulerName is set; none: never."),
+    ] = "auto"
 
 
 # --------------------------------------------------------------------------- checkpoints
@@ -469,6 +479,13 @@ SPEC_RULES: list[dict[str, str]] = [
         "reason": "FieldValueRequired",
     },
     {
+        "rule": "self.gang.scheduler != 'kubernetes' || (!has(self.gang.queueName) && (!has(self.gang.schedulerName) || !(self.gang.schedulerName in "
+        + "[" + ", ".join(f"'{n}'" for n in GROUP_SCHEDULERS) + "])))",
+        "message": "gang.scheduler kubernetes cannot be combined with gang.queueName or a Volcano or scheduler-plugins gang.schedulerName: each of them schedules the gang. Set gang.scheduler to auto or none, or remove the other.",
+        "fieldPath": ".gang.scheduler",
+        "reason": "FieldValueInvalid",
+    },
+    {
         "rule": "!has(self.gpusPerPod) || self.gpusPerPod == 0 || self.gpusPerPod >= self.procsPerNode",
         "message": "gpusPerPod must be 0 (CPU) or at least procsPerNode (one GPU per process).",
         "fieldPath": ".gpusPerPod",
@@ -536,7 +553,7 @@ class TrainingJobSpec(_Model):
 
 
 class Condition(_Model):
-    type: Annotated[str, Field(description="Placed, GangReady, Running, Restarting, Degraded, Succeeded, Failed or Suspended.")]
+    type: Annotated[str, Field(description="Placed, GangReady, Running, Restarting, Degraded, Blind (Running pods the operator has heard nothing from: no heartbeat, no launcher report), Succeeded, Failed or Suspended.")]
     status: Annotated[Literal["True", "False", "Unknown"], Field(description="True, False or Unknown.")]
     reason: Annotated[str, Field(description="CamelCase reason.")] = ""
     message: Annotated[str, Field(description="Human-readable detail.")] = ""

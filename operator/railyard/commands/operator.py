@@ -11,8 +11,10 @@ import secrets
 import socket
 import sys
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, cast
 
+from railyard.local.operator_address import FILE, LocalOperatorAddress, find_operator_address
 from railyard.observe.probes import DEFAULT_STUCK_AFTER_S
 
 
@@ -25,11 +27,13 @@ def add_parser(sub: Any) -> None:
     scope.add_argument("-A", "--all-namespaces", action="store_true", help="watch all namespaces (default)")
     r.add_argument("--kubeconfig", default=None, help="kubeconfig file (default: $KUBECONFIG, ~/.kube/config, in-cluster)")
     r.add_argument("--context", default=None, help="kubeconfig context")
-    r.add_argument("--metrics-host", default="0.0.0.0", help="address of the /metrics, /healthz and heartbeat server")
-    r.add_argument("--metrics-port", type=int, default=8080, help="port of that server (0: none)")
+    # None: not given (the local cluster's published address may fill them in: choose_address)
+    r.add_argument("--metrics-host", default=None, help=f"address of the /metrics, /healthz and heartbeat server (default {DEFAULT_HOST})")
+    r.add_argument("--metrics-port", type=int, default=None, help=f"port of that server (0: none; default {DEFAULT_PORT})")
     r.add_argument(
-        "--heartbeat-advertise-url", default="",
-        help="base URL pods post heartbeats to (default: http://railyard-operator.railyard-system.svc:<metrics-port>)",
+        "--heartbeat-advertise-url", default=None,
+        help="base URL pods post heartbeats to (default: against a local cluster's kubeconfig, the address its pods use; "
+             "else the base their running pods already use; else http://railyard-operator.railyard-system.svc:<metrics-port>)",
     )
     peer = r.add_mutually_exclusive_group()
     peer.add_argument("--standalone", action="store_true", help="no peering with other operator instances")
@@ -39,6 +43,47 @@ def add_parser(sub: Any) -> None:
     r.add_argument("--stuck-reconcile-seconds", type=float, default=DEFAULT_STUCK_AFTER_S,
                    help="a job's reconcile cycle running longer than this fails /healthz (liveness)")
     r.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+
+
+DEFAULT_HOST = "0.0.0.0"
+DEFAULT_PORT = 8080
+_WILDCARDS = frozenset({"", "0.0.0.0", "::"})
+
+
+@dataclass(frozen=True, slots=True)
+class ServeAddress:
+    """Where the operator's HTTP server listens and the base URL it gives new pods ("": none
+    advertised: each job keeps the base its pods carry, else the chart's Service;
+    logic/health/address.py)."""
+
+    host: str
+    port: int
+    advertise: str
+    #: Why, for the start-up log ("" when as given).
+    note: str = ""
+
+
+def choose_address(*, host: str | None, port: int | None, advertise: str | None, local: LocalOperatorAddress | None) -> ServeAddress:
+    """Flags as given win. Without ``--heartbeat-advertise-url``, against a local cluster's
+    kubeconfig (``local``: its published address), serve where its pods look: its port unless
+    ``--metrics-port`` says otherwise, and advertise this machine's loopback at that port."""
+    if advertise is not None or local is None or port == 0:
+        return ServeAddress(DEFAULT_HOST if host is None else host, DEFAULT_PORT if port is None else port, advertise or "")
+    port = local.port if port is None else port
+    host = local.host if host is None else host
+    reach = local.host if host in _WILDCARDS else host
+    url = f"http://{reach}:{port}"
+    return ServeAddress(host, port, url, note=f"the local cluster of {local.where} (its {FILE}): its pods reach this operator at {url}")
+
+
+def _port_in_use(host: str, port: int) -> bool:
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return True
+        return False
 
 
 def peering_identity(env: Mapping[str, str] | None = None) -> str:
@@ -72,6 +117,16 @@ def run(args: argparse.Namespace) -> int:
     except KubeConfigError as exc:
         print(f"railyard operator run: {exc}", file=sys.stderr)
         return 2
+    local = find_operator_address(args.kubeconfig) if args.heartbeat_advertise_url is None else None
+    address = choose_address(host=args.metrics_host, port=args.metrics_port, advertise=args.heartbeat_advertise_url, local=local)
+    if local is not None and args.metrics_port is None and _port_in_use(address.host, address.port):
+        print(
+            f"railyard operator run: {address.host}:{address.port}, where the pods of the local cluster of {local.where} "
+            f"reach the operator ({FILE}), is in use: is another operator (`railyard local up --with-operator`) running? "
+            "Stop it first, or pass --metrics-port and --heartbeat-advertise-url to run a second one (the pods will not reach it)",
+            file=sys.stderr,
+        )
+        return 2
     import kopf
 
     from railyard.handlers import kopf_handlers
@@ -90,11 +145,13 @@ def run(args: argparse.Namespace) -> int:
             print(f"--pod-annotation: {item!r} must look like KEY=VALUE", file=sys.stderr)
             return 2
         annotations[key] = value
+    if address.note:
+        logging.getLogger("railyard.operator").info("heartbeats and control on %s:%d: %s", address.host, address.port, address.note)
     memo = kopf_handlers.build_memo(
         OperatorSettings(
-            heartbeat_url=args.heartbeat_advertise_url,
-            metrics_host=args.metrics_host,
-            metrics_port=args.metrics_port,
+            heartbeat_url=address.advertise,
+            metrics_host=address.host,
+            metrics_port=address.port,
             kubeconfig=args.kubeconfig,
             context=args.context,
             not_ready_grace_s=args.not_ready_grace,

@@ -14,7 +14,7 @@ from typing import Any
 
 from railyard.api.trainingjob import TrainingJob
 from railyard.handlers.cycle import Cycle
-from railyard.handlers.runtime import Runtime
+from railyard.handlers.health import heartbeat_url_for
 from railyard.k8s.client import ApiError
 from railyard.logic.conditions import format_micro_time
 from railyard.logic.gang import GangAssessment
@@ -40,8 +40,8 @@ from railyard.logic.restarts import restore_hint
 from railyard.logic.schedulers import (
     GangSchedulingPlan,
     apply_to_pods,
+    describe_unavailable,
     group_name,
-    plan_gang_scheduling,
 )
 from railyard.logic.status import build_placement_status, placement_status
 from railyard.protocol.ranktable import RankTable
@@ -50,12 +50,6 @@ log = logging.getLogger(__name__)
 
 #: Seconds between tries to create a PodGroup whose CRD is missing (spec.gang.schedulerName).
 PODGROUP_RETRY_S = 10.0
-
-
-def heartbeat_url(runtime: Runtime, namespace: str, job: str) -> str:
-    """Where the job's pods post their heartbeats (the one place the URL is built)."""
-    base = runtime.settings.heartbeat_url or f"http://railyard-operator.railyard-system.svc:{runtime.settings.metrics_port}"
-    return f"{base.rstrip('/')}/v1/heartbeats/{namespace}/{job}"
 
 
 async def _previous_placement(cycle: Cycle) -> RankTable | None:
@@ -131,8 +125,8 @@ async def create_gang(cycle: Cycle, job: TrainingJob, placed: Placement) -> tupl
     :func:`gang_refused` turns into a Failed phase or a waiting condition."""
     runtime, spec, attempt = cycle.rt, job.spec, cycle.st.attempt
     owner = owner_reference(cycle.body)
-    plan = plan_gang_scheduling(spec, job=cycle.name, namespace=cycle.ns, attempt=attempt, owner=owner, gang_size=len(placed.nodes))
-    pods = build_gang_pods(spec, job=cycle.name, namespace=cycle.ns, owner=owner, attempt=attempt, nodes=placed.nodes, heartbeat_url=heartbeat_url(runtime, cycle.ns, cycle.name), annotations=runtime.settings.pod_annotations)
+    plan = await cycle.plan_gang(spec, attempt=attempt, gang_nodes=placed.nodes)
+    pods = build_gang_pods(spec, job=cycle.name, namespace=cycle.ns, owner=owner, attempt=attempt, nodes=placed.nodes, heartbeat_url=heartbeat_url_for(runtime, cycle.ns, cycle.name), annotations=runtime.settings.pod_annotations)
     pods = apply_to_pods(pods, plan)  # schedulerName, queue/group labels; our gate and node affinity stay
     names = [str(p["metadata"]["name"]) for p in pods]
     cm = configmap_name(cycle.name, attempt)
@@ -211,13 +205,8 @@ async def _ensure_podgroups(cycle: Cycle, plan: GangSchedulingPlan) -> bool:
     except ApiError as exc:
         if exc.status not in (403, 404):
             raise
-        api = plan.objects[0]["apiVersion"]
-        why = "is not installed (no PodGroup CRD)" if exc.status == 404 else "is not granted to the operator (RBAC)"
-        cycle.phase(
-            "Placing", "PodGroupUnavailable",
-            f"spec.gang.schedulerName={plan.scheduler_name}: creating PodGroup {api} {plan.group_name} failed ({exc.status}): "
-            f"{api} {why}; install that scheduler's CRDs or remove spec.gang.schedulerName (retrying every {PODGROUP_RETRY_S:g}s)",
-        )
+        cycle.drop_detected(plan, exc.status)
+        cycle.phase("Placing", "PodGroupUnavailable", describe_unavailable(plan, exc.status, retry_s=PODGROUP_RETRY_S))
         return False
     return True
 
@@ -234,8 +223,8 @@ async def finish_creation(cycle: Cycle, job: TrainingJob, current: Sequence[Mapp
         return 0.5
     nodes = [p.node for p in sorted(table.pods, key=lambda p: p.pod_index)]
     owner = owner_reference(cycle.body)
-    pods = build_gang_pods(job.spec, job=cycle.name, namespace=cycle.ns, owner=owner, attempt=cycle.st.attempt, nodes=nodes, heartbeat_url=heartbeat_url(runtime, cycle.ns, cycle.name), annotations=runtime.settings.pod_annotations)
-    plan = plan_gang_scheduling(job.spec, job=cycle.name, namespace=cycle.ns, attempt=cycle.st.attempt, owner=owner, gang_size=len(pods))
+    pods = build_gang_pods(job.spec, job=cycle.name, namespace=cycle.ns, owner=owner, attempt=cycle.st.attempt, nodes=nodes, heartbeat_url=heartbeat_url_for(runtime, cycle.ns, cycle.name), annotations=runtime.settings.pod_annotations)
+    plan = await cycle.plan_gang(job.spec, attempt=cycle.st.attempt, gang_nodes=nodes, begun=current)
     names = [str(p["metadata"]["name"]) for p in pods]
     try:
         async with _refusals(f"PodGroup {plan.group_name}"):

@@ -20,12 +20,23 @@ from typing import Any, Protocol
 
 from pydantic import ValidationError
 
-from railyard.api.trainingjob import TrainingJobStatus
+from railyard.api.trainingjob import TrainingJobSpec, TrainingJobStatus
 from railyard.handlers.runtime import JobWorker, Runtime
 from railyard.k8s import gang as ops
 from railyard.k8s.client import Kube
 from railyard.logic.conditions import format_time
 from railyard.logic.gang import plan_pod_deletions
+from railyard.logic.manifests import owner_reference
+from railyard.logic.schedulers import (
+    GangSchedulingPlan,
+    Integration,
+    decide_integration,
+    decide_resumed_workload_api,
+    group_name,
+    needs_workload_api,
+    plan_gang_scheduling,
+    topology_key_for,
+)
 from railyard.logic.status import (
     apply_phase,
     build_status_patch,
@@ -50,6 +61,7 @@ class GangIO(Protocol):
     async def delete_configmaps(self, namespace: str, names: Iterable[str]) -> None: ...
     async def create_podgroups(self, objects: Sequence[Obj]) -> int: ...
     async def delete_podgroups(self, namespace: str, api_version: str, names: Iterable[str]) -> int: ...
+    async def serves_workload_api(self) -> bool: ...
     async def read_rank_table(self, namespace: str, job: str, attempt: int) -> RankTable | None: ...
     async def read_attempt_config(self, namespace: str, job: str, attempt: int) -> dict[str, Any] | None: ...
     async def read_token(self, namespace: str, job: str) -> str | None: ...
@@ -91,6 +103,9 @@ class KubeGangIO:
 
     async def delete_podgroups(self, namespace: str, api_version: str, names: Iterable[str]) -> int:
         return await ops.delete_podgroups(self.kube, namespace, api_version, names)
+
+    async def serves_workload_api(self) -> bool:
+        return await ops.serves_workload_api(self.kube)
 
     async def read_rank_table(self, namespace: str, job: str, attempt: int) -> RankTable | None:
         return await ops.read_rank_table(self.kube, namespace, job, attempt)
@@ -188,6 +203,35 @@ class Cycle:
         for type_, reason, message in build_transition_events(self.old_st, self.st):
             await self.io.create_event(self.body, type_=type_, reason=reason, message=message, now=self.now)
         await self.flush_events()
+
+    async def plan_gang(self, spec: TrainingJobSpec, *, attempt: int, gang_nodes: Sequence[str], begun: Sequence[Obj] = ()) -> GangSchedulingPlan:
+        """What the gang scheduler expects for the pods of ``attempt`` on ``gang_nodes`` (a whole
+        gang, or the pods an in-place restart replaces): :mod:`railyard.logic.schedulers`, with
+        the topology level those nodes share and, for ``spec.gang.scheduler: auto``, whether the
+        API server serves Kubernetes' gang scheduling (asked once per operator process), or,
+        resuming a creation an operator began (``begun``: the pods it created), whether it used it."""
+        served = False
+        if needs_workload_api(spec) and begun:
+            served = decide_resumed_workload_api(begun, group_name(self.name, attempt))
+        elif needs_workload_api(spec):
+            if self.rt.workload_api is None:
+                self.rt.workload_api = await self.io.serves_workload_api()
+                log.info("scheduling.k8s.io/v1alpha2 Workloads and PodGroups %s", "served: gang.scheduler auto uses them" if self.rt.workload_api else "not served")
+            served = self.rt.workload_api
+        key = None
+        if decide_integration(spec, workload_api=served) is Integration.KUBERNETES:
+            key = topology_key_for(spec, gang_nodes, self.rt.node_map())
+        return plan_gang_scheduling(spec, job=self.name, namespace=self.ns, attempt=attempt, owner=owner_reference(self.body),
+                                    gang_size=len(gang_nodes), workload_api=served, topology_key=key)
+
+    def drop_detected(self, plan: GangSchedulingPlan, status: int) -> bool:
+        """``spec.gang.scheduler: auto`` found Kubernetes' gang scheduling, but creating its
+        objects was refused (403: not granted, 404: no longer served): this operator stops
+        using it (the next plan has no group). True when it did."""
+        if plan.detected and status in (403, 404):
+            self.rt.workload_api = False
+            return True
+        return False
 
     async def delete_pods(self, pods: Sequence[Obj], nodes: Mapping[str, Obj]) -> int:
         """Delete pods; force on dead nodes and when stuck Terminating. Returns how many remain."""

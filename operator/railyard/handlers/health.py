@@ -1,6 +1,8 @@
 """Health glue: each cycle of a running job, read its heartbeat window, ask logic.health for a
-verdict, turn Restart verdicts into failures the reconcile handles like any other, and copy
-progress (step, loss, checkpoints, restore) into the status."""
+verdict, turn Restart verdicts into failures the reconcile handles like any other, copy
+progress (step, loss, checkpoints, restore) into the status, and say when Running pods are not
+heard at all (the ``Blind`` condition, logic/health/silence.py). Also the one place the URL the
+pods reach the operator at is chosen (logic/health/address.py)."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ from typing import Any
 
 from railyard.api.trainingjob import CheckpointRef, RestoreStatus, StragglerStatus, TrainingJob
 from railyard.handlers.cycle import Cycle
+from railyard.handlers.runtime import Runtime
 from railyard.logic.conditions import format_time, parse_time
 from railyard.logic.failures import Failure, build_verdict_failure
 from railyard.logic.gang import pod_index_of
@@ -21,6 +24,18 @@ from railyard.logic.health import (
     HealthState,
     PodStatus,
     decide_health,
+)
+from railyard.logic.health.address import (
+    build_heartbeat_url,
+    carried_heartbeat_base,
+    decide_heartbeat_base,
+    heartbeat_url_of,
+)
+from railyard.logic.health.silence import (
+    Silence,
+    apply_silence,
+    compute_silence_bound,
+    decide_silence,
 )
 from railyard.logic.health.window import JobWindow
 from railyard.logic.restarts import best_checkpoint
@@ -62,7 +77,9 @@ def evaluate_health(c: Cycle, job: TrainingJob, pods: Sequence[Mapping[str, Any]
         for i, p in current.items()
     }
     try:
-        policy = HealthPolicy.from_spec(job.spec.health.model_dump(by_alias=True), heartbeats_expected=job.spec.trainer.program is None)
+        bundled = job.spec.trainer.program is None
+        policy = HealthPolicy.from_spec(job.spec.health.model_dump(by_alias=True), heartbeats_expected=bundled,
+                                        final_step=job.spec.trainer.steps if bundled else None)
     except ValueError as exc:
         log.warning("%s/%s: health policy: %s", c.ns, c.name, exc)
         return None
@@ -74,6 +91,8 @@ def evaluate_health(c: Cycle, job: TrainingJob, pods: Sequence[Mapping[str, Any]
     rt.checkpoint_metrics.set_goodput(c.ns, c.name, compute_goodput(c.st.step, decision.p50_step_time_s, parse_time(c.st.start_time), c.now))
     if not report:
         return None
+    if c.st.phase == "Running":
+        _judge_silence(c, window, current, pod_status, policy)
     for v in decision.verdicts:
         c.event("Warning", v.reason or v.kind.value, v.message)
     if not decision.restart:
@@ -81,6 +100,59 @@ def evaluate_health(c: Cycle, job: TrainingJob, pods: Sequence[Mapping[str, Any]
     restarting = [v for v in decision.verdicts if v.action.value == "Restart"]
     first = restarting[0] if restarting else decision.verdicts[0]
     return build_verdict_failure(first.kind.value, first.message, decision.quarantine_nodes)
+
+
+def _judge_silence(
+    c: Cycle, window: JobWindow, current: Mapping[int, Mapping[str, Any]], pod_status: Mapping[int, PodStatus], policy: HealthPolicy,
+) -> None:
+    """The Blind condition: heard are pods with a rank in the heartbeat window of this attempt,
+    and pods whose launcher (this very pod, by name) reported on the control channel."""
+    rt = c.rt
+    if c.w.watching_since is None:
+        c.w.watching_since = c.now
+    heard = {r.pod_index for r in window.rank_signals()}
+    names = {i: str((p.get("metadata") or {}).get("name") or "") for i, p in current.items()}
+    heard |= {i for i, (report, _) in rt.control.reports(c.ns, c.name).items() if report.pod and report.pod == names.get(i)}
+    table = rt.control.table(c.ns, c.name, c.st.attempt)
+    ranks_of: dict[int, list[int]] = {}
+    for r in table.ranks if table is not None else ():
+        ranks_of.setdefault(r.pod_index, []).append(r.rank)
+    silent = [i for i in sorted(pod_status) if i not in heard]
+    silence = decide_silence(
+        pod_status, heard, bound_s=compute_silence_bound(policy), watching_since=c.w.watching_since, now=c.now,
+        ranks_of=ranks_of, pods_url=heartbeat_url_of(current[silent[0]]) if silent else "",
+        operator_url=heartbeat_url_for(rt, c.ns, c.name),
+    )
+    rt.health_metrics.set_silent_pods(c.ns, c.name, len(silence.silent))
+    _set_blind(c, silence)
+
+
+def settle_blind(c: Cycle) -> None:
+    """Each cycle: a job without a running gang is not Blind (no Event)."""
+    _set_blind(c, None)
+
+
+def _set_blind(c: Cycle, silence: Silence | None) -> None:
+    st, event = apply_silence(c.st, silence, now=c.iso)
+    c.st = st
+    if event is not None:
+        c.event(*event)
+
+
+def heartbeat_url_for(rt: Runtime, namespace: str, job: str) -> str:
+    """The heartbeat URL for the job's new pods: the advertised base, else the base its pods
+    already carry (learned once per job and kept: an operator restarted under running pods does
+    not move them to another address), else the chart's Service."""
+    carried = ""
+    if not rt.settings.heartbeat_url:
+        w = rt.workers.get((namespace, job))
+        carried = w.heartbeat_base if w is not None else ""
+        if not carried:
+            carried = carried_heartbeat_base(rt.pods_of(namespace, job), namespace, job)
+            if w is not None:
+                w.heartbeat_base = carried
+    base = decide_heartbeat_base(advertised=rt.settings.heartbeat_url, carried=carried, metrics_port=rt.settings.metrics_port)
+    return build_heartbeat_url(base, namespace, job)
 
 
 def _copy_progress(c: Cycle, window: JobWindow, decision: HealthDecision) -> None:

@@ -27,9 +27,10 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from railyard.api.trainingjob import LastRestart, QuarantinedNode, TrainingJob
-from railyard.handlers.creation import heartbeat_url
 from railyard.handlers.cycle import Cycle
+from railyard.handlers.health import heartbeat_url_for
 from railyard.handlers.spares import delete_placeholders
+from railyard.k8s.client import ApiError
 from railyard.logic.conditions import format_micro_time, parse_time
 from railyard.logic.failure_report import describe_failure
 from railyard.logic.failures import Failure
@@ -57,7 +58,7 @@ from railyard.logic.manifests import (
 )
 from railyard.logic.placement import Placement, Unplaceable, build_placement_input, plan_placement
 from railyard.logic.restarts import RestartDecision, record_restart, restore_hint
-from railyard.logic.schedulers import apply_to_pods, plan_gang_scheduling
+from railyard.logic.schedulers import apply_to_pods
 from railyard.logic.status import placement_status
 from railyard.protocol.ranktable import RankTable
 
@@ -234,14 +235,25 @@ async def continue_in_place(c: Cycle, job: TrainingJob, nodes: Mapping[str, Obj]
     members, _ = gang_members(pods, attempt=attempt, since=c.st.pods_since_attempt)
     present = {pod_index_of(p): p for p in members}
     owner = owner_reference(c.body)
-    sched = plan_gang_scheduling(job.spec, job=c.name, namespace=c.ns, attempt=attempt, owner=owner, gang_size=len(table.pods))
-    url = heartbeat_url(rt, c.ns, c.name)
+    url = heartbeat_url_for(rt, c.ns, c.name)
     missing = [
         build_pod(job.spec, job=c.name, namespace=c.ns, owner=owner, attempt=attempt, pod_index=e.pod_index, node=e.node,
                   heartbeat_url=url, annotations=rt.settings.pod_annotations)
         for e in table.pods if e.pod_index not in present
     ]
     if missing:
+        # the replacements are the new attempt's group on their own (logic/schedulers.py): the
+        # kept pods' group was scheduled, and a pod's group is immutable
+        kept = {pod_index_of(p) for p in members if attempt_of(p) < attempt}
+        replaced = [e.node for e in sorted(table.pods, key=lambda e: e.pod_index) if e.pod_index not in kept]
+        sched = await c.plan_gang(job.spec, attempt=attempt, gang_nodes=replaced)
+        if sched.objects:
+            try:
+                await c.io.create_podgroups(sched.objects)
+            except ApiError as exc:
+                if not c.drop_detected(sched, exc.status):
+                    raise
+                sched = await c.plan_gang(job.spec, attempt=attempt, gang_nodes=replaced)
         missing = apply_to_pods(missing, sched)
         rt.metrics.pods_created.inc(await c.io.create_pods(missing))
     # replacements (new or from a previous cycle) still gated, and the placeholders in their way

@@ -21,6 +21,7 @@ from railyard.handlers.cycle import KubeGangIO
 from railyard.handlers.nodes import on_node_change
 from railyard.handlers.reconcile import reconcile_job
 from railyard.handlers.runtime import OperatorSettings, Runtime
+from railyard.logic.health.address import HEARTBEAT_URL_ENV
 from railyard.logic.manifests import JOB_LABEL, NODE_ANNOTATION
 
 log = logging.getLogger(__name__)
@@ -53,16 +54,23 @@ def compact_pod(body: Any) -> dict[str, Any]:
     meta = body.get("metadata") or {}
     spec = body.get("spec") or {}
     status = body.get("status") or {}
-    containers = [{"name": c.get("name"), "resources": c.get("resources") or {}} for c in spec.get("containers") or ()]
+    containers = [{"name": c.get("name"), "resources": c.get("resources") or {}, **_heartbeat_env(c)} for c in spec.get("containers") or ()]
     owners = [_pick(o, "uid", "controller") for o in meta.get("ownerReferences") or ()]
     # of the annotations only the node the placement chose (logic.gang.find_stale_placement)
     planned = _pick(meta.get("annotations") or {}, NODE_ANNOTATION)
     return {
         "metadata": {**_pick(meta, "name", "namespace", "uid", "deletionTimestamp", "creationTimestamp"), "labels": dict(meta.get("labels") or {}),
                      **({"ownerReferences": owners} if owners else {}), **({"annotations": planned} if planned else {})},
-        "spec": {**_pick(spec, "nodeName", "schedulingGates"), "containers": containers},
+        "spec": {**_pick(spec, "nodeName", "schedulingGates", "schedulingGroup"), "containers": containers},
         "status": _pick(status, "phase", "reason", "message", "conditions", "containerStatuses", "startTime"),
     }
+
+
+def _heartbeat_env(container: Any) -> dict[str, Any]:
+    """Of a container's env only the heartbeat URL it was given: the address an operator
+    restarted under the pod keeps (logic/health/address.py) and names when the pod is silent."""
+    env = [_pick(e, "name", "value") for e in container.get("env") or () if e.get("name") == HEARTBEAT_URL_ENV]
+    return {"env": env} if env else {}
 
 
 def compact_node(body: Any) -> dict[str, Any]:

@@ -23,7 +23,7 @@ from railyard.handlers.cleanup import cleanup_checkpoints
 from railyard.handlers.creation import finish_creation, place_and_create
 from railyard.handlers.cycle import Cycle, GangIO, KubeGangIO
 from railyard.handlers.failures import handle_failure, place_again
-from railyard.handlers.health import evaluate_health
+from railyard.handlers.health import evaluate_health, settle_blind
 from railyard.handlers.inplace import (
     await_relaunch,
     continue_in_place,
@@ -95,6 +95,7 @@ async def reconcile_job(runtime: Runtime, worker: JobWorker, *, now: float | Non
         await cycle.commit()
         return None
     delay = await _step(cycle, job)
+    settle_blind(cycle)
     for again_in in (await reconcile_spares(cycle, job), await reconcile_lighthouse(cycle, job)):
         if again_in is not None:
             delay = again_in if delay is None else min(delay, again_in)

@@ -79,6 +79,10 @@ class JobWorker:
     gone: bool = False
     #: Health detection state of the current attempt (kept between cycles).
     health_state: HealthState | None = None
+    #: When this operator began judging the job's pods for silence (logic/health/silence.py).
+    watching_since: float | None = None
+    #: The heartbeat base URL this job's pods carry, learned from them (handlers.health.heartbeat_url_for).
+    heartbeat_base: str = ""
     #: What the last placement input derived from each Node object of the index (a node's
     #: index entry is a new dict when it changes), so a re-placement on a big cluster does not
     #: re-derive the domain tree.
@@ -113,6 +117,9 @@ class Runtime:
         #: node name -> what placement reads of it, as last seen (handlers.nodes)
         self.node_signatures: dict[str, tuple[Any, ...]] = {}
         self.probes = Probes(stuck_after_s=settings.stuck_reconcile_s)
+        #: Whether the API server serves scheduling.k8s.io/v1alpha2 Workloads and PodGroups
+        #: (None: not asked yet); asked once per process, dropped when creating them is refused.
+        self.workload_api: bool | None = None
 
     def connection(self) -> Connection:
         """The API server and its (renewing) credentials, shared by our client and kopf's."""

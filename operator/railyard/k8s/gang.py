@@ -38,8 +38,12 @@ from railyard.logic.schedulers import (
     COSCHEDULING_API_VERSION,
     COSCHEDULING_GROUP,
     PODGROUP_PLURAL,
+    SCHEDULING_API_VERSION,
+    SCHEDULING_GROUP,
+    SCHEDULING_VERSION,
     VOLCANO_API_VERSION,
     VOLCANO_GROUP,
+    WORKLOAD_PLURAL,
 )
 from railyard.protocol.ranktable import RankTable
 
@@ -72,11 +76,15 @@ async def create_object(kube: Kube, obj: Mapping[str, Any]) -> bool:
 
 
 async def create_podgroups(kube: Kube, objects: Sequence[Mapping[str, Any]]) -> int:
-    """Create a gang scheduler's PodGroups (before the pods); returns how many were new.
-    AlreadyExists is fine (names are deterministic per attempt); a missing CRD raises ApiError 404."""
+    """Create a gang scheduler's PodGroups (before the pods; for Kubernetes' own the Workload,
+    then its PodGroup, in the order given); returns how many were new. AlreadyExists is fine
+    (names are deterministic per attempt); a missing CRD or API raises ApiError 404."""
     created = 0
     for obj in objects:
         api_version = obj["apiVersion"]
+        if api_version == SCHEDULING_API_VERSION:
+            created += await _create_scheduling_object(kube, obj)
+            continue
         group = {VOLCANO_API_VERSION: VOLCANO_GROUP, COSCHEDULING_API_VERSION: COSCHEDULING_GROUP}[api_version]
         version = api_version.split("/", 1)[1]
         path = custom_path(group, version, PODGROUP_PLURAL, obj["metadata"]["namespace"])
@@ -84,9 +92,32 @@ async def create_podgroups(kube: Kube, objects: Sequence[Mapping[str, Any]]) -> 
     return created
 
 
+async def _create_scheduling_object(kube: Kube, obj: Mapping[str, Any]) -> bool:
+    plural = {"Workload": WORKLOAD_PLURAL, "PodGroup": PODGROUP_PLURAL}[obj["kind"]]
+    path = custom_path(SCHEDULING_GROUP, SCHEDULING_VERSION, plural, obj["metadata"]["namespace"])
+    return await kube.create(path, dict(obj)) is not None
+
+
+async def serves_workload_api(kube: Kube) -> bool:
+    """Whether the API server serves ``scheduling.k8s.io/v1alpha2`` Workloads and PodGroups
+    (discovery, which every authenticated client may read: no RBAC rule). A 404 or 403 is
+    "no"; other errors raise (ask again later)."""
+    try:
+        got = await kube.request("GET", f"/apis/{SCHEDULING_API_VERSION}")
+    except ApiError as exc:
+        if exc.status in (403, 404):
+            return False
+        raise
+    served = {str(r.get("name")) for r in got.get("resources") or []}
+    return {WORKLOAD_PLURAL, PODGROUP_PLURAL} <= served
+
+
 async def delete_podgroups(kube: Kube, namespace: str, api_version: str, names: Iterable[str]) -> int:
-    """Delete earlier attempts' PodGroups (at most a few, one by one); NotFound, and a CRD that
-    is gone, are fine."""
+    """Delete earlier attempts' PodGroups (at most a few, one by one; for Kubernetes' own their
+    Workloads too: deleting a Workload leaves its PodGroups); NotFound, and a CRD that is gone,
+    are fine."""
+    if api_version == SCHEDULING_API_VERSION:
+        return await _delete_scheduling_objects(kube, namespace, names)
     group = {VOLCANO_API_VERSION: VOLCANO_GROUP, COSCHEDULING_API_VERSION: COSCHEDULING_GROUP}[api_version]
     version = api_version.split("/", 1)[1]
     deleted = 0
@@ -95,6 +126,17 @@ async def delete_podgroups(kube: Kube, namespace: str, api_version: str, names: 
             deleted += await kube.delete(custom_path(group, version, PODGROUP_PLURAL, namespace, name))
         except ApiError as exc:
             log.warning("deleting PodGroup %s/%s: %s", namespace, name, exc)
+    return deleted
+
+
+async def _delete_scheduling_objects(kube: Kube, namespace: str, names: Iterable[str]) -> int:
+    deleted = 0
+    for name in names:
+        for plural in (PODGROUP_PLURAL, WORKLOAD_PLURAL):
+            try:
+                deleted += await kube.delete(custom_path(SCHEDULING_GROUP, SCHEDULING_VERSION, plural, namespace, name))
+            except ApiError as exc:
+                log.warning("deleting %s %s/%s: %s", plural, namespace, name, exc)
     return deleted
 
 

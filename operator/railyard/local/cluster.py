@@ -33,6 +33,11 @@ from typing import Any
 
 from railyard.local.kubeconfig import kubeconfig_ca, write_kubeconfig
 from railyard.local.nodes import CLUSTER_LABEL
+from railyard.local.operator_address import (
+    LOOPBACK,
+    publish_operator_address,
+    unpublish_operator_address,
+)
 from railyard.local.topology import (
     ClusterShape,
     NodeSpec,
@@ -174,6 +179,13 @@ class LocalCluster:
         return [NodeSpec.from_dict(d) for d in self.config["nodeSpecs"]]
 
     @property
+    def node_selector(self) -> dict[str, str]:
+        """A ``nodeSelector`` for this cluster's nodes only: on a given API server (existing mode)
+        others are beside them, and a pod on another local cluster's node is not this agent's
+        (its volumes and the names it resolves differ)."""
+        return {CLUSTER_LABEL: str(self.config.get("clusterId", ""))}
+
+    @property
     def kubeconfig(self) -> Path:
         if self.mode == "existing":
             return Path(self.config["externalKubeconfig"])
@@ -249,6 +261,12 @@ class LocalCluster:
                 self._start_embedded(timeout)
             elif self.mode == "envtest":
                 self._start_envtest(timeout)
+            else:
+                self._refuse_foreign_nodes()
+            if self.mode == "existing":
+                unpublish_operator_address(self.state_dir)  # its kubeconfig is not ours to write beside
+            else:
+                publish_operator_address(self.state_dir, self._operator_port())
             self._save_config()
             self._start_runtime(timeout)
             if self.with_operator:
@@ -373,18 +391,25 @@ class LocalCluster:
             return Path(self._envtest.ca_file) if self._envtest is not None else None
         return kubeconfig_ca(self.kubeconfig, self.state_dir / "run" / "kubeconfig-ca.crt")
 
-    def _start_operator(self) -> None:
-        """``railyard operator run`` with its heartbeat server on loopback, where pods reach it."""
+    def _operator_port(self) -> int:
+        """The operator's port on loopback: the one this state dir used before while it is free
+        (an operator restarted by hand finds the pods' address again), else a free one."""
         port = int(self.config.get("operatorPort") or 0)
         if not port or not _port_free(port):
             port = _free_port()
         self.config["operatorPort"] = port
+        return port
+
+    def _start_operator(self) -> None:
+        """``railyard operator run`` with its heartbeat server on loopback, where pods reach it
+        (the published address, local/operator_address.py; chosen here in existing mode)."""
+        port = int(self.config.get("operatorPort") or 0) if self.mode != "existing" else self._operator_port()
         self._save_config()
         env = dict(os.environ, KUBECONFIG=str(self.kubeconfig))
         args = [
             "operator", "run", "--standalone",
-            "--metrics-host", "127.0.0.1", "--metrics-port", str(port),
-            "--heartbeat-advertise-url", f"http://127.0.0.1:{port}",
+            "--metrics-host", LOOPBACK, "--metrics-port", str(port),
+            "--heartbeat-advertise-url", f"http://{LOOPBACK}:{port}",
         ]
         code = f"import sys; from railyard.cli import main; sys.exit(main({args!r}))"
         self._spawn("operator", [self.python, "-c", code], env=env)
@@ -418,6 +443,56 @@ class LocalCluster:
             with contextlib.suppress(Exception):
                 self._envtest.stop()
             self._envtest = None
+
+    def remove_nodes(self) -> None:
+        """Delete this cluster's nodes from its API server: in existing mode, the given cluster is
+        left with the nodes it had (tests and benchmarks on a real server). After ``stop()``: a
+        running runtime registers them again."""
+        import asyncio
+
+        asyncio.run(self._remove_nodes())
+
+    async def _remove_nodes(self) -> None:
+        from railyard.local.kube import ApiError, KubeClient
+
+        names = {spec.name for spec in self.node_specs}
+        async with KubeClient.from_kubeconfig(str(self.kubeconfig)) as client:
+            ours = await client.get("/api/v1/nodes", labelSelector=f"{CLUSTER_LABEL}={self.config.get('clusterId')}")
+            for node in ours.get("items") or []:
+                name = (node.get("metadata") or {}).get("name", "")
+                if name not in names:
+                    continue
+                try:
+                    await client.delete(f"/api/v1/nodes/{name}")
+                except ApiError as exc:
+                    if exc.status != 404:
+                        raise
+
+    def _refuse_foreign_nodes(self) -> None:
+        """Existing mode: a node of one of our names that is not this cluster's (a real node, or
+        another local cluster's) is never taken over: the runtime would relabel it and run pods
+        bound to it, and ``remove_nodes`` would delete it."""
+        import asyncio
+
+        from railyard.local.kube import KubeClient
+
+        async def foreign() -> list[str]:
+            async with KubeClient.from_kubeconfig(str(self.kubeconfig)) as client:
+                listing = await client.get("/api/v1/nodes")
+            names = {spec.name for spec in self.node_specs}
+            return sorted(
+                str(n["metadata"]["name"]) for n in listing.get("items") or []
+                if n["metadata"]["name"] in names
+                and ((n["metadata"].get("labels") or {}).get(CLUSTER_LABEL) != self.config.get("clusterId"))
+            )
+
+        taken = asyncio.run(foreign())
+        if taken:
+            raise LocalClusterError(
+                f"{self.kubeconfig}: the cluster already has nodes named {', '.join(taken[:5])}"
+                f"{' ...' if len(taken) > 5 else ''} that are not this local cluster's; give ours other names "
+                "(node_prefix, or namePrefix in a topology file) or delete those nodes"
+            )
 
     def __enter__(self) -> LocalCluster:
         self.start()

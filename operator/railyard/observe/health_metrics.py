@@ -50,6 +50,11 @@ class HealthMetrics:
         self.stragglers_flagged = Counter(
             "railyard_stragglers_flagged", "Ranks newly flagged as stragglers.", _JOB, registry=reg
         )
+        self.silent_pods = Gauge(
+            "railyard_silent_pods",
+            "Running pods of the job the operator has heard nothing from (no heartbeat, no launcher report) past the silence bound: the job is Blind.",
+            _JOB, registry=reg,
+        )
         self.hangs = Counter("railyard_hangs_detected", "Hangs detected (one per pod).", _JOB, registry=reg)
         self.dead = Counter("railyard_dead_ranks_detected", "Heartbeat timeouts detected (one per pod).", _JOB, registry=reg)
         self.sdc_checks = Counter(
@@ -118,9 +123,12 @@ class HealthMetrics:
                 self.sdc_detected.labels(namespace, job).inc()
             self.detection.labels(v.kind.value).observe(max(0.0, v.detected_at - v.fault_at))
 
+    def set_silent_pods(self, namespace: str, job: str, count: int) -> None:
+        self.silent_pods.labels(namespace, job).set(count)
+
     def forget_job(self, namespace: str, job: str) -> None:
         """Drop the job's gauges (counters stay: they are cumulative by definition)."""
-        for g in (self.heartbeat_age, self.hang_timeout, self.stragglers_current):
+        for g in (self.heartbeat_age, self.hang_timeout, self.stragglers_current, self.silent_pods):
             with contextlib.suppress(KeyError):
                 g.remove(namespace, job)
         for q in _PERCENTILES:

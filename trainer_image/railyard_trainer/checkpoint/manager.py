@@ -42,8 +42,6 @@ See docs/checkpoints.md.
 
 from __future__ import annotations
 
-import contextlib
-import json
 import logging
 import os
 import pickle
@@ -52,26 +50,16 @@ import shutil
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field, replace
-from datetime import timedelta
-from typing import Any, TypeVar
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch import nn
 from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_state_dict
 from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.filesystem import FileSystemReader, FileSystemWriter
-from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex, TensorStorageMetadata
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_model_state_dict,
-    get_optimizer_state_dict,
-    set_model_state_dict,
-    set_optimizer_state_dict,
-)
+from torch.distributed.checkpoint.metadata import Metadata
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 from torch.distributed.tensor import DTensor
@@ -93,12 +81,12 @@ from railyard.protocol.restore import (
     plan_gc,
     pod_location,
 )
+from railyard_trainer.checkpoint.cpuclass import BackgroundCpu, checkpoint_group, resolve_cpu_class
 from railyard_trainer.checkpoint.digest import DEFAULT_ALGORITHM
 from railyard_trainer.checkpoint.saveplan import ReusedSavePlanner
-from railyard_trainer.checkpoint.settings import DEFAULT_CPU_CLASS, CheckpointSettings, TierSettings
+from railyard_trainer.checkpoint.settings import CheckpointSettings, TierSettings
 from railyard_trainer.checkpoint.shardio import (
     SHARD_FILES,
-    MergedShardReader,
     ReplicaReceiver,
     ReplicaSender,
     ShardReader,
@@ -107,14 +95,23 @@ from railyard_trainer.checkpoint.shardio import (
     recv_ring,
     send_files,
 )
+from railyard_trainer.checkpoint.statedict import (
+    _defer,
+    _jsonable,
+    _keep_saved_rng,
+    _local,
+    _MergedReader,
+    _tensors,
+    apply_tensor_state,
+    files_needed,
+    merge_rank_metadata,
+    tensor_state,
+)
 from railyard_trainer.checkpoint.storage import TierStorage
 from railyard_trainer.hooks import RestoreResult, TrainContext
-from railyard_trainer.train_state import rng_key, rng_state, set_rng_state
 
 log = logging.getLogger("railyard.checkpoint")
 
-_FLAT = StateDictOptions(flatten_optimizer_state_dict=True)
-_NONSTRICT = StateDictOptions(flatten_optimizer_state_dict=True, strict=False)
 #: Fault-injection points (tests): called as hook(tier, step, rank); may raise or block.
 FaultHook = Callable[[str, int, int], None]
 MAX_EVENTS = 256
@@ -131,191 +128,6 @@ class NoVerifiedCheckpoint(RuntimeError):
     failed) but no complete, verified, SDC-clean checkpoint exists. Exit with ``exit_code``."""
 
     exit_code = int(ExitCode.NO_VERIFIED_CHECKPOINT)
-
-
-#: The background threads' nice value (Linux, per thread), in and out of the idle class.
-WRITER_NICE = 10
-_T = TypeVar("_T")
-
-
-def _set_class(tid: int, idle: bool) -> bool:
-    """Put thread ``tid`` in the idle class, or in the normal class at its nice value."""
-    try:
-        os.sched_setscheduler(tid, os.SCHED_IDLE if idle else os.SCHED_OTHER, os.sched_param(0))
-        return True
-    except (AttributeError, OSError):
-        return False
-
-
-def _scheduling(tid: int) -> tuple[int, int] | None:
-    try:
-        return os.sched_getscheduler(tid), os.getpriority(os.PRIO_PROCESS, tid)
-    except (AttributeError, OSError):
-        return None
-
-
-def _background_once() -> None:
-    """The calling thread at nice :data:`WRITER_NICE`, then in the idle class, then out of it:
-    raises OSError where the kernel refuses any of it."""
-    tid = threading.get_native_id()
-    os.setpriority(os.PRIO_PROCESS, tid, WRITER_NICE)
-    os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
-    os.sched_setscheduler(tid, os.SCHED_OTHER, os.sched_param(0))
-
-
-def can_leave_idle_class() -> bool:
-    """Whether this process may take a thread out of Linux's idle class again (CAP_SYS_NICE, or
-    an RLIMIT_NICE that allows nice :data:`WRITER_NICE`): tried on a thread of its own."""
-    ok: list[bool] = []
-
-    def probe() -> None:
-        try:
-            _background_once()
-            ok.append(True)
-        except (AttributeError, OSError):
-            ok.append(False)
-
-    t = threading.Thread(target=probe, name="railyard-ckpt-probe", daemon=True)
-    t.start()
-    t.join()
-    return bool(ok and ok[0])
-
-
-def resolve_cpu_class(setting: str, can_leave_idle: Callable[[], bool] = can_leave_idle_class) -> str:
-    """``auto`` is ``idle`` where the idle class can be left again (so that a save training
-    waits for is never starved: :meth:`BackgroundCpu.boost`), else ``nice``."""
-    if setting != "auto":
-        return setting
-    return "idle" if can_leave_idle() else "nice"
-
-
-class BackgroundCpu:
-    """How the checkpoint's background threads (the writer, and the threads of the checkpoint's
-    own gloo group, which move the replica's bytes) share the CPU with training (Linux, per
-    thread; see settings.CPU_CLASSES).
-
-    ``idle``: Linux's SCHED_IDLE at nice :data:`WRITER_NICE`; they run on CPU time no other
-    thread wants, so a save beside training that keeps the cores busy delays it least (the bench
-    measured the training threads' wait for a CPU per save at a fraction of nice 10's). Where
-    other work keeps every core busy, an idle-class thread gets almost nothing (the multiprocess
-    checkpoint tests beside two busy loops on 2 cores: 295 s against 52 s at nice 10), so
-    whenever training has to wait for them (:meth:`boost`: a save waiting behind the one in
-    flight, ``wait``, ``close``) or a save overran its interval, they run at nice 10 until the
-    writer is idle again. ``nice``: nice :data:`WRITER_NICE`, a small share of a busy core."""
-
-    def __init__(self, cpu_class: str) -> None:
-        self.cpu_class = cpu_class
-        self._tids: list[int] = []
-        self._lock = threading.Lock()
-        self._boosts = 0
-
-    @property
-    def idle(self) -> bool:
-        return self.cpu_class == "idle"
-
-    @property
-    def boosted(self) -> bool:
-        return self._boosts > 0
-
-    def apply(self) -> None:
-        """The calling thread in the background class, as it is now (it is not boosted with
-        the others: a thread that ends soon, such as the bench's)."""
-        with self._lock:
-            self._apply_locked(threading.get_native_id())
-
-    def _apply_locked(self, tid: int) -> None:
-        with contextlib.suppress(AttributeError, OSError):
-            os.setpriority(os.PRIO_PROCESS, tid, WRITER_NICE)
-        if self.idle:
-            _set_class(tid, idle=not self.boosted)
-
-    def join(self) -> None:
-        """Put the calling thread (for good: it does nothing else) in the background class, and
-        boost it with the others until it leaves (:meth:`leave`)."""
-        tid = threading.get_native_id()
-        with self._lock:  # one hold: a boost cannot fall between the class and the list
-            self._apply_locked(tid)
-            self._tids.append(tid)
-
-    def leave(self) -> None:
-        """The calling thread ends: no longer boosted (its id may be reused by another)."""
-        tid = threading.get_native_id()
-        with self._lock:
-            self._tids = [t for t in self._tids if t != tid]
-
-    def start(self, fn: Callable[[], _T]) -> _T:
-        """``fn()`` on a helper thread in the background class; the threads it starts (which
-        inherit the class) are the object's too. Exceptions are raised on the calling thread."""
-        out: list[_T] = []
-        failed: list[BaseException] = []
-        before = set(os.listdir("/proc/self/task")) if os.path.isdir("/proc/self/task") else set()
-        helper_sched: list[tuple[int, int] | None] = []
-
-        def run() -> None:
-            self.apply()
-            helper_sched.append(_scheduling(threading.get_native_id()))
-            try:
-                out.append(fn())
-            except BaseException as exc:
-                failed.append(exc)
-
-        helper = threading.Thread(target=run, name="railyard-ckpt-helper", daemon=True)
-        helper.start()
-        helper.join()
-        if failed:
-            raise failed[0]
-        if before and helper_sched and helper_sched[0] is not None:
-            # Only the threads that inherited the helper's scheduling (gloo's): none that some
-            # other thread happened to start meanwhile.
-            new = sorted(int(t) for t in set(os.listdir("/proc/self/task")) - before)
-            with self._lock:
-                self._tids += [t for t in new if t != helper.native_id and _scheduling(t) == helper_sched[0]]
-        return out[0]
-
-    @property
-    def tids(self) -> list[int]:
-        with self._lock:
-            return list(self._tids)
-
-    def boost(self) -> None:
-        """Training waits for the background threads: out of the idle class until :meth:`unboost`
-        (counted; a no-op for ``nice``)."""
-        if not self.idle:
-            return
-        with self._lock:
-            self._boosts += 1
-            if self._boosts == 1:
-                for tid in self._tids:
-                    _set_class(tid, idle=False)
-
-    def unboost(self) -> None:
-        if not self.idle:
-            return
-        with self._lock:
-            self._boosts = max(0, self._boosts - 1)
-            if self._boosts == 0:
-                for tid in self._tids:
-                    _set_class(tid, idle=True)
-
-    @contextlib.contextmanager
-    def boosting(self) -> Iterator[None]:
-        """Boosted for the block: training runs a collective on the checkpoint group (its gloo
-        threads do the work while training waits), e.g. the manager's start and a restore."""
-        self.boost()
-        try:
-            yield
-        finally:
-            self.unboost()
-
-
-def checkpoint_group(timeout_s: float, background: BackgroundCpu | None = None) -> dist.ProcessGroup:
-    """The checkpoint's own gloo process group (collective: every rank, in the same order as
-    its other groups). It is made on a helper thread in the background CPU class
-    (:class:`BackgroundCpu`, by default the ``nice`` class): gloo's threads (the socket loop that
-    moves the replica's bytes, and the work runners) inherit the scheduling of the thread that
-    creates them, so the save's transfers yield the CPU to training as the writer thread does."""
-    cpu = background or BackgroundCpu(resolve_cpu_class(DEFAULT_CPU_CLASS))
-    return cpu.start(lambda: dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s)))
 
 
 def rank_dirname(rank: int) -> str:
@@ -1431,101 +1243,6 @@ class CheckpointManager:
 # ---------------------------------------------------------------------- state helpers
 
 
-def _uses_default_state_dict(opt: torch.optim.Optimizer) -> bool:
-    return type(opt).state_dict is torch.optim.Optimizer.state_dict
-
-
-def _optim_holder(ctx: TrainContext) -> nn.Module:
-    """The module the optimizer's parameters belong to (all parts when there are several)."""
-    return ctx.model_parts[0] if len(ctx.model_parts) == 1 else nn.ModuleList(ctx.model_parts)
-
-
-def tensor_state(ctx: TrainContext) -> dict[str, Any]:
-    """Model and optimizer state keyed by parameter name (DCP reshards by name), and this
-    rank's RNG state under a key only the same rank of the same layout has.
-
-    ``ctx.extra["state_dict"]`` (a callable) gives the state instead: a program's own state
-    dict as DCP planned it (the SDK's StorageWriter, railyard_trainer/sdk/dcp.py)."""
-    provided = ctx.extra.get("state_dict")
-    if callable(provided):
-        return dict(provided())
-    model: dict[str, Any] = {}
-    for m in ctx.model_parts:
-        model.update(get_model_state_dict(m))
-    state: dict[str, Any] = {"model": model, "rng": {rng_key(ctx): rng_state(ctx)}}
-    opt = ctx.optimizer
-    if opt is not None:
-        if _uses_default_state_dict(opt):
-            state["optim"] = get_optimizer_state_dict(_optim_holder(ctx), opt, options=_FLAT)
-        else:
-            # The trainer's Optimizers container already gives a flat, name-keyed dict.
-            state["optim"] = opt.state_dict()
-    return state
-
-
-def apply_tensor_state(ctx: TrainContext, state: Mapping[str, Any]) -> None:
-    rng = (state.get("rng") or {}).get(rng_key(ctx))
-    if rng is not None:
-        set_rng_state(ctx, rng)
-    for m in ctx.model_parts:
-        set_model_state_dict(m, state["model"], options=StateDictOptions(strict=len(ctx.model_parts) == 1))
-    opt = ctx.optimizer
-    if opt is not None and "optim" in state:
-        if _uses_default_state_dict(opt):
-            set_optimizer_state_dict(_optim_holder(ctx), opt, optim_state_dict=state["optim"], options=_FLAT)
-        else:
-            opt.load_state_dict(dict(state["optim"]))
-
-
-def _keep_saved_rng(template: dict[str, Any], metadata: Metadata) -> None:
-    """Drop the RNG entry from a load template when the checkpoint has none for this rank
-    (another layout, or written before RNG states were saved): the rank keeps its own stream."""
-    keys = list(template.get("rng") or {})
-    if not any(k.startswith(f"rng.{key}.") for key in keys for k in metadata.state_dict_metadata):
-        template.pop("rng", None)
-
-
-def merge_rank_metadata(metas: Mapping[str, Metadata]) -> Metadata:
-    """Per-rank DCP checkpoints (``rank-RRRRR/`` -> its metadata) as one checkpoint: every
-    tensor's chunks from all ranks (a replicated chunk once), storage paths prefixed with the
-    rank's folder, non-tensor values from the first rank that has them."""
-    state: dict[str, Any] = {}
-    storage: dict[MetadataIndex, Any] = {}
-    planner: dict[str, Any] = {}
-    for folder in sorted(metas):
-        m = metas[folder]
-        for fqn, md in m.state_dict_metadata.items():
-            if isinstance(md, TensorStorageMetadata):
-                cur = state.setdefault(fqn, TensorStorageMetadata(properties=md.properties, size=md.size, chunks=[]))
-                have = {tuple(c.offsets) for c in cur.chunks}
-                for c in md.chunks:
-                    if tuple(c.offsets) not in have:
-                        cur.chunks.append(c)
-                        have.add(tuple(c.offsets))
-            else:
-                state.setdefault(fqn, md)
-        for idx, info in (m.storage_data or {}).items():
-            key = MetadataIndex(idx.fqn, idx.offset)
-            if key not in storage:
-                storage[key] = replace(info, relative_path=f"{folder}/{info.relative_path}")
-        for k, v in (m.planner_data or {}).items():
-            planner.setdefault(k, v)
-    return Metadata(state_dict_metadata=state, planner_data=planner, storage_data=storage)
-
-
-def files_needed(template: dict[str, Any], metadata: Metadata) -> set[str]:
-    """Relative paths of the files a load of ``template`` from ``metadata`` reads."""
-    planner = DefaultLoadPlanner()
-    planner.set_up_planner(template, metadata, is_coordinator=False)
-    plan = planner.create_local_plan()
-    storage = metadata.storage_data
-    return {storage[MetadataIndex(i.storage_index.fqn, i.storage_index.offset)].relative_path for i in plan.items}
-
-
-#: Reads a node tier's step directory through merged per-rank metadata (export uses it).
-_MergedReader = MergedShardReader
-
-
 def _data_position(results: Sequence[_Local]) -> dict[str, Any]:
     """The manifest's trainer state: rank 0's, plus every rank's data state if they differ."""
     first = results[0].state
@@ -1550,41 +1267,6 @@ def _apply_trainer_state(ctx: TrainContext, manifest: Manifest, rank: int, world
         ctx.lr_scheduler.load_state_dict(sched)
 
 
-def _jsonable(value: Any) -> Any:
-    """Round-trip through JSON (tensors to lists) so the manifest stays plain JSON."""
-
-    def default(o: Any) -> Any:
-        if isinstance(o, torch.Tensor):
-            return o.tolist()
-        if hasattr(o, "item"):
-            return o.item()
-        raise TypeError(f"{type(o).__name__} is not JSON serializable")
-
-    return json.loads(json.dumps(value, default=default))
-
-
-def _local(t: torch.Tensor) -> torch.Tensor:
-    """A DTensor's local shard (no autograd), or the tensor."""
-    return t._local_tensor if isinstance(t, DTensor) else t
-
-
-def _defer(src: Any, buf: Any, live: set[int] | None, pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> Any:
-    """``src`` with every tensor leaf whose storage is in ``live`` (None: every leaf) replaced
-    by the matching leaf of ``buf``, the (source, buffer) local shards appended to ``pairs``."""
-    if isinstance(src, torch.Tensor) and isinstance(buf, torch.Tensor):
-        s, b = _local(src), _local(buf)
-        if (live is None or s.untyped_storage().data_ptr() in live) and s.shape == b.shape and s.dtype == b.dtype:
-            pairs.append((s, b))
-            return buf
-        return src
-    if isinstance(src, Mapping) and isinstance(buf, Mapping):
-        return {k: _defer(v, buf[k], live, pairs) if k in buf else v for k, v in src.items()}
-    if isinstance(src, list | tuple) and isinstance(buf, list | tuple) and len(src) == len(buf):
-        out = [_defer(v, b, live, pairs) for v, b in zip(src, buf, strict=True)]
-        return tuple(out) if isinstance(src, tuple) else out
-    return src
-
-
 def _step_guard(ref: weakref.ReferenceType[CheckpointManager]) -> Callable[..., None]:
     """A global optimizer-step pre-hook for one manager (held weakly)."""
 
@@ -1594,19 +1276,6 @@ def _step_guard(ref: weakref.ReferenceType[CheckpointManager]) -> Callable[..., 
             manager._before_optimizer_step()
 
     return hook
-
-
-def _tensors(state: Any) -> list[torch.Tensor]:
-    out: list[torch.Tensor] = []
-    if isinstance(state, torch.Tensor):
-        out.append(state)
-    elif isinstance(state, Mapping):
-        for v in state.values():
-            out.extend(_tensors(v))
-    elif isinstance(state, list | tuple):
-        for v in state:
-            out.extend(_tensors(v))
-    return out
 
 
 def _hint(raw: Mapping[str, Any] | None) -> RestoreHint | None:

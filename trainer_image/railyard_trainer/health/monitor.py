@@ -501,7 +501,7 @@ def _replay_fn(ctx: TrainContext) -> ReplayFn | None:
 def _global_grad_norm(ctx: TrainContext) -> float:
     """The total gradient norm exactly as the train loop computes it (so a clean replay
     reproduces it): the loop's own norm function without clipping."""
-    from railyard_trainer.train import clip_grad_norm_
+    from railyard_trainer.grads import clip_grad_norm_
 
     return float(clip_grad_norm_(ctx.model_parts, 0.0, pp_group=None))
 

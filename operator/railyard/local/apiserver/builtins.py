@@ -14,6 +14,7 @@ from railyard.api.corev1 import compute_pod_qos_class
 
 from . import workloads
 from .errors import Cause, bad_request, forbidden, invalid_value, required
+from .names import DNS1123_SUBDOMAIN, LABEL_NAME, qualified_name
 from .registry import CRD_KEY
 
 if TYPE_CHECKING:
@@ -23,11 +24,9 @@ if TYPE_CHECKING:
 JSON = dict[str, Any]
 
 _DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-_DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
-_LABEL_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
 
-_LABEL_NAMES = frozenset({"namespaces", "services", "serviceaccounts"})
+LABEL_NAMES = frozenset({"namespaces", "services", "serviceaccounts"})
 
 
 def validate_meta(rt: ResourceType, obj: JSON, old: JSON | None) -> list[Cause]:
@@ -37,14 +36,14 @@ def validate_meta(rt: ResourceType, obj: JSON, old: JSON | None) -> list[Cause]:
     if old is None and not isinstance(name, str):
         causes.append(invalid_value("metadata.name", name, "must be a string"))
     elif old is None:
-        if rt.key in _LABEL_NAMES:
+        if rt.key in LABEL_NAMES:
             if len(name) > 63 or not _DNS1123_LABEL.match(name):
                 causes.append(invalid_value("metadata.name", name,
                               "a lowercase RFC 1123 label must consist of lower case alphanumeric characters "
                               "or '-', and must start and end with an alphanumeric character"))
         elif rt.key in ("events",):
             pass
-        elif len(name) > 253 or not _DNS1123_SUBDOMAIN.match(name):
+        elif len(name) > 253 or not DNS1123_SUBDOMAIN.match(name):
             causes.append(invalid_value("metadata.name", name,
                           "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, "
                           "'-' or '.', and must start and end with an alphanumeric character"))
@@ -55,7 +54,7 @@ def validate_meta(rt: ResourceType, obj: JSON, old: JSON | None) -> list[Cause]:
         else:
             for k, v in labels.items():
                 key_name = k.rsplit("/", 1)[-1]
-                if len(key_name) > 63 or not _LABEL_NAME.match(key_name):
+                if len(key_name) > 63 or not LABEL_NAME.match(key_name):
                     causes.append(invalid_value("metadata.labels", k,
                                   "name part must consist of alphanumeric characters, '-', '_' or '.', and must "
                                   "start and end with an alphanumeric character"))
@@ -329,7 +328,7 @@ def _validate_scheduling_group(spec: JSON) -> list[Cause]:
     if not isinstance(group, dict) or not group.get("podGroupName"):
         return [invalid_value("spec.schedulingGroup.podGroupName", None, "must specify one of: `podGroupName`")]
     name = group["podGroupName"]
-    if not isinstance(name, str) or len(name) > 253 or not _DNS1123_SUBDOMAIN.match(name):
+    if not isinstance(name, str) or len(name) > 253 or not DNS1123_SUBDOMAIN.match(name):
         return [invalid_value("spec.schedulingGroup.podGroupName", name,
                               "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, "
                               "'-' or '.', and must start and end with an alphanumeric character")]
@@ -418,38 +417,8 @@ def grace_period(rt: ResourceType, obj: JSON, requested: int | None) -> int | No
 
 # ---- events ------------------------------------------------------------------------------------
 
-_QUALIFIED_NAME_MSG = ("name part must consist of alphanumeric characters, '-', '_' or '.', and must start and end "
-                       "with an alphanumeric character (e.g. 'MyName',  or 'my.name',  or '123-abc', regex used for "
-                       "validation is '([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]')")
 
 
-def _qualified_name(value: str, path: str) -> list[Cause]:
-    """apimachinery's IsQualifiedName: ``[prefix/]name``."""
-    out: list[Cause] = []
-    parts = value.split("/")
-    name = parts[-1]
-    if len(parts) > 2:
-        return [invalid_value(path, value, "a qualified name must consist of alphanumeric characters, '-', '_' or "
-                              "'.', and must start and end with an alphanumeric character (e.g. 'MyName',  or "
-                              "'my.name',  or '123-abc', regex used for validation is "
-                              "'([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]') with an optional DNS subdomain prefix "
-                              "and '/' (e.g. 'example.com/MyName')")]
-    if len(parts) == 2:
-        prefix = parts[0]
-        if not prefix:
-            out.append(invalid_value(path, value, "prefix part must be non-empty"))
-        elif len(prefix) > 253 or not _DNS1123_SUBDOMAIN.match(prefix):
-            out.append(invalid_value(path, value, "prefix part a lowercase RFC 1123 subdomain must consist of lower "
-                                     "case alphanumeric characters, '-' or '.', and must start and end with an "
-                                     "alphanumeric character (e.g. 'example.com', regex used for validation is "
-                                     "'[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')"))
-    if not name:
-        out.append(invalid_value(path, value, "name part must be non-empty"))
-    elif len(name) > 63:
-        out.append(invalid_value(path, value, "name part must be no more than 63 characters"))
-    if not _LABEL_NAME.match(name):
-        out.append(invalid_value(path, value, _QUALIFIED_NAME_MSG))
-    return out
 
 
 def _validate_event(rt: ResourceType, ev: JSON, old: JSON | None) -> list[Cause]:
@@ -474,7 +443,7 @@ def _validate_event(rt: ResourceType, ev: JSON, old: JSON | None) -> list[Cause]
         controller = str(ev.get("reportingComponent") or "")
         if not controller:
             causes.append(required(reporting_field))
-        causes.extend(_qualified_name(controller, reporting_field))
+        causes.extend(qualified_name(controller, reporting_field))
         if not ev.get("reportingInstance"):
             causes.append(required("reportingInstance"))
         if len(str(ev.get("reportingInstance") or "")) > 128:

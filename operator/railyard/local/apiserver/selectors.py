@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .errors import APIError
+from .names import LABEL_NAME
 
 Matcher = Callable[[dict[str, Any]], bool]
 
@@ -18,7 +19,6 @@ Requirement = tuple[str, str, frozenset[str]]
 _SPECIAL = ("!=", "==", "=", "!", "(", ")", ",", ">", "<")
 _SPECIAL_CHARS = set("=!(),><")
 _BINARY_OPERATORS = "in, notin, =, ==, !=, gt, lt"
-_LABEL_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
 _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 
@@ -195,7 +195,7 @@ def _validate_key(key: str) -> None:
                             "'[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')")
         if len(name) > 63:
             problems.append("name part must be no more than 63 characters")
-        if not _LABEL_NAME.match(name):
+        if not LABEL_NAME.match(name):
             problems.append("name part must consist of alphanumeric characters, '-', '_' or '.', and must start and "
                             "end with an alphanumeric character (e.g. 'MyName',  or 'my.name',  or '123-abc', regex "
                             "used for validation is '([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]')")

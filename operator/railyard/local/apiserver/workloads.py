@@ -21,6 +21,7 @@ import re
 from typing import Any
 
 from .errors import Cause, invalid_value, not_supported, required
+from .names import DNS1123_SUBDOMAIN, qualified_name
 
 JSON = dict[str, Any]
 
@@ -32,7 +33,6 @@ PROTECTION_FINALIZER = "scheduling.k8s.io/podgroup-protection"
 DISRUPTION_MODES = ["Pod", "PodGroup"]
 
 _DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-_DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 
 
 def default(key: str, obj: JSON) -> None:
@@ -114,7 +114,7 @@ def _validate_podgroup_spec(spec: JSON) -> list[Cause]:
                 where = f"spec.podGroupTemplateRef.workload.{f}"
                 if not value:
                     causes.append(required(where))
-                elif not isinstance(value, str) or not _DNS1123_SUBDOMAIN.match(value):
+                elif not isinstance(value, str) or not DNS1123_SUBDOMAIN.match(value):
                     causes.append(invalid_value(where, value, "a lowercase RFC 1123 subdomain must consist of lower "
                                                 "case alphanumeric characters, '-' or '.', and must start and end "
                                                 "with an alphanumeric character"))
@@ -146,7 +146,6 @@ def _validate_policy(policy: Any, path: str) -> list[Cause]:
 
 
 def _validate_constraints(constraints: Any, path: str) -> list[Cause]:
-    from .builtins import _qualified_name
 
     if constraints is None:
         return []
@@ -161,7 +160,7 @@ def _validate_constraints(constraints: Any, path: str) -> list[Cause]:
         elif not isinstance(key, str):
             causes.append(invalid_value(where, key, "must be a string"))
         else:
-            causes.extend(_qualified_name(key, where))
+            causes.extend(qualified_name(key, where))
     return causes
 
 

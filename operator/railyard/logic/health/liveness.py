@@ -4,6 +4,8 @@ Dead: a rank of a Running pod sent nothing for ``heartbeat_timeout_s`` (or a Run
 sent anything within ``first_heartbeat_timeout_s``). Hung: heartbeats still arrive but the step
 has not advanced within max(k x p99 step time, floor). A rank that says it is saving is never
 hung, and the clock restarts when the save ends, so long checkpoint writes are not hangs.
+A rank that has trained its last step (``HealthPolicy.final_step``) is finishing: its final save
+and its exit, while its pod waits for its peers; it is judged on the first-step bound instead.
 A rank whose program has not opted into step reports (``progress`` false) is never hung: its
 step says nothing. Verdicts are one per pod (naming its lowest affected rank): a hang usually stops every rank,
 and 2,048 verdicts are easier to act on than 16,384.
@@ -46,7 +48,7 @@ def decide_dead_ranks(
         pod = pods.get(r.pod_index)
         if pod is None or pod.phase != RUNNING:
             continue
-        if now - r.last_seen_at >= policy.heartbeat_timeout_s:
+        if now - r.last_seen_at >= policy.teardown_bound(r.step, policy.heartbeat_timeout_s):
             _tally(worst, r)
     out = []
     for pod_index, (r, count) in sorted(worst.items()):
@@ -108,11 +110,12 @@ def decide_hung_ranks(
         if now - r.last_seen_at >= policy.heartbeat_timeout_s:
             continue  # silent, not hung: the dead rule owns it
         since = max(r.step_advanced_at, r.last_saving_at)
-        if now - since >= hang_timeout_s:
+        if now - since >= policy.teardown_bound(r.step, hang_timeout_s):
             _tally(worst, r)
     out = []
     for pod_index, (r, count) in sorted(worst.items()):
         since = max(r.step_advanced_at, r.last_saving_at)
+        bound = policy.teardown_bound(r.step, hang_timeout_s)
         out.append(
             Verdict(
                 kind=FaultKind.HANG,
@@ -122,7 +125,7 @@ def decide_hung_ranks(
                 reason="StepStalled",
                 message=(
                     f"{count} rank(s) of pod {pod_index} (first: rank {r.rank}) stuck at step {r.step} "
-                    f"for {now - since:.1f}s (hang timeout {hang_timeout_s:.1f}s) while heartbeats arrive"
+                    f"for {now - since:.1f}s (hang timeout {bound:.1f}s) while heartbeats arrive"
                 ),
                 detected_at=now,
                 fault_at=since,

@@ -52,9 +52,20 @@ class HealthPolicy:
     sdc_action: Action = Action.RESTART
     #: How many of the slowest ranks a report (and the metrics) name.
     slowest_ranks_reported: int = 5
+    #: The step a rank stands at once it has trained its last (``spec.trainer.steps`` for the
+    #: bundled trainer; None: unknown, a program of the user's). Such a rank is finishing (its
+    #: final save, its exit, its peers' exits) and is judged dead or hung only after
+    #: ``first_step_timeout_s``, not the step-time bounds.
+    final_step: int | None = None
+
+    def teardown_bound(self, step: int, bound: float) -> float:
+        """``bound``, or the longer teardown allowance for a rank that has trained its last step."""
+        if self.final_step is not None and step >= self.final_step:
+            return max(bound, self.first_step_timeout_s)
+        return bound
 
     @classmethod
-    def from_spec(cls, health: Mapping[str, Any] | None, *, heartbeats_expected: bool = True) -> HealthPolicy:
+    def from_spec(cls, health: Mapping[str, Any] | None, *, heartbeats_expected: bool = True, final_step: int | None = None) -> HealthPolicy:
         """Build from ``spec.health`` as a dict (camelCase, as stored in the object).
 
         ``heartbeats_expected=False``: the job runs the user's own program (``spec.trainer.program``),
@@ -88,6 +99,7 @@ class HealthPolicy:
             straggler_action=act(s, "straggler", base.straggler_action),
             sdc_action=act(d, "sdc", base.sdc_action),
             first_heartbeat_timeout_s=base.first_heartbeat_timeout_s if heartbeats_expected else math.inf,
+            final_step=final_step,
         )
 
 
