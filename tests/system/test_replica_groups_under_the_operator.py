@@ -16,11 +16,18 @@ from __future__ import annotations
 import json
 import os
 import signal
-from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.system.conftest import SYSTEM_NS, Api, OperatorProcess, base_spec, unique, wait_status
+from tests.system.conftest import (
+    SYSTEM_NS,
+    Api,
+    OperatorProcess,
+    base_spec,
+    pod_events,
+    unique,
+    wait_status,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.cluster, pytest.mark.torch, pytest.mark.timeout(600)]
 
@@ -29,16 +36,7 @@ STEPS = 80
 
 
 def events_of(local_cluster: Any, pod: str) -> list[dict[str, Any]]:
-    base = Path(local_cluster.state_dir) / "apiserver" / "pods" / SYSTEM_NS / pod
-    out = []
-    for f in sorted(base.glob("*.log")) if base.exists() else []:
-        for line in f.read_text(errors="replace").splitlines():
-            if line.startswith("{"):
-                try:
-                    out.append(json.loads(line))
-                except ValueError:
-                    continue
-    return out
+    return pod_events(local_cluster, SYSTEM_NS, pod)
 
 
 def test_a_lost_node_restarts_only_its_replica_group(api: Api, operator: OperatorProcess, local_cluster: Any) -> None:
@@ -48,6 +46,7 @@ def test_a_lost_node_restarts_only_its_replica_group(api: Api, operator: Operato
         faultTolerance={"mode": "ReplicaGroups", "minReplicas": 1},
         gang={"hotSpares": 1, "scheduleTimeoutSeconds": 240},
         trainer={"steps": STEPS, "batchSize": 8},
+        nodeSelector=local_cluster.node_selector,  # on a given API server, not another's nodes
     )
     api.create_job(SYSTEM_NS, name, spec)
     victim = ""
@@ -92,6 +91,7 @@ def test_a_killed_worker_restarts_only_its_replica_group_in_place(api: Api, oper
         faultTolerance={"mode": "ReplicaGroups", "minReplicas": 1},
         gang={"scheduleTimeoutSeconds": 240},
         trainer={"steps": STEPS, "batchSize": 8},
+        nodeSelector=local_cluster.node_selector,
     )
     api.create_job(SYSTEM_NS, name, spec)
     try:
