@@ -18,6 +18,7 @@ from railyard.handlers.health import heartbeat_url_for
 from railyard.k8s.client import ApiError
 from railyard.logic.conditions import format_micro_time
 from railyard.logic.gang import GangAssessment
+from railyard.logic.health.window import GroupLayout
 from railyard.logic.lifecycle import earlier_attempts, placement_retry_s
 from railyard.logic.manifests import (
     build_configmap,
@@ -145,7 +146,7 @@ async def create_gang(cycle: Cycle, job: TrainingJob, placed: Placement) -> tupl
     async with _refusals("the gang's pods", pods=names, configmap=cm):
         runtime.metrics.pods_created.inc(await cycle.io.create_pods(pods))
         await cycle.io.lift_gates(pods)
-    runtime.store.begin_attempt(cycle.ns, cycle.name, attempt)
+    runtime.store.begin_attempt(cycle.ns, cycle.name, attempt, layout=GroupLayout.of(table, spec.replica_groups))
     members = {i: pod_name(cycle.name, attempt, i) for i in range(len(pods))}
     cycle.after_commit.append(lambda: runtime.control.publish(cycle.ns, cycle.name, attempt=attempt, members=members, table=table, restore=restore,
                                                                   replica_groups=spec.replica_groups))

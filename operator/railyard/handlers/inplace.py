@@ -35,6 +35,7 @@ from railyard.logic.conditions import format_micro_time, parse_time
 from railyard.logic.failure_report import describe_failure
 from railyard.logic.failures import Failure
 from railyard.logic.gang import attempt_of, gang_members, is_gated, pod_index_of
+from railyard.logic.health.window import GroupLayout
 from railyard.logic.inplace import (
     GROUP_REPAIR,
     RestartPlan,
@@ -88,6 +89,13 @@ def carried_on(lr: LastRestart | None, attempt: int) -> tuple[int, ...]:
     if lr is None or lr.attempt != attempt or lr.reason != GROUP_REPAIR:
         return ()
     return tuple(lr.carried_on)
+
+
+def carried_attempts(lr: LastRestart | None, attempt: int, members: Sequence[Obj]) -> dict[int, int]:
+    """Pod index -> the attempt its pod was created in, for the pods that carry on: the
+    heartbeat store accepts their beats from that attempt on."""
+    carry = set(carried_on(lr, attempt))
+    return {pod_index_of(p): attempt_of(p) for p in members if pod_index_of(p) in carry}
 
 
 def members_since(c: Cycle) -> int | None:
@@ -280,7 +288,8 @@ async def continue_in_place(c: Cycle, job: TrainingJob, nodes: Mapping[str, Obj]
 
         def open_orders() -> None:
             rt.control.publish(c.ns, c.name, attempt=attempt, members=names, table=table, open_=True, carry_on=carry_on)
-            rt.store.begin_attempt(c.ns, c.name, attempt)
+            rt.store.begin_attempt(c.ns, c.name, attempt, layout=GroupLayout.of(table, job.spec.replica_groups),
+                                   carry_on=carried_attempts(lr, attempt, members))
 
         c.after_commit.append(open_orders)
         c.phase("Starting", "RestartedInPlace", f"attempt {attempt}: {lr.message}")
@@ -386,6 +395,8 @@ async def republish(c: Cycle, members: Sequence[Obj], *, replica_groups: int = 1
     c.rt.control.publish(c.ns, c.name, attempt=attempt, members=names, table=table, restore=(config or {}).get("restore"),
                          open_=not (lr is not None and lr.state == "Pending"), carry_on=carried_on(c.st.last_restart, attempt),
                          replica_groups=replica_groups)
+    c.rt.store.begin_attempt(c.ns, c.name, attempt, layout=GroupLayout.of(table, replica_groups),
+                             carry_on=carried_attempts(c.st.last_restart, attempt, members))
     for a in sorted({attempt_of(p) for p in members if attempt_of(p) < attempt}):
         # kept launchers run these tables: the delta of their restart is built against them
         old = await c.io.read_rank_table(c.ns, c.name, a)

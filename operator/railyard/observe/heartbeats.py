@@ -99,7 +99,11 @@ def build_heartbeat_handler(
             return done(400, _refuse(400, str(exc)))
         if batch.job != job:
             return done(400, _refuse(400, f"job: the body names {batch.job!r} but the URL names {job!r}"))
-        if store.ingest(namespace, job, batch, clock()) is IngestResult.STALE_ATTEMPT:
+        try:
+            result = store.ingest(namespace, job, batch, clock())
+        except HeartbeatError as exc:  # a rank outside its replica group's world
+            return done(400, _refuse(400, str(exc)))
+        if result is IngestResult.STALE_ATTEMPT:
             jw = store.job(namespace, job)
             current = jw.attempt if jw else -1
             return done(409, _refuse(409, f"attempt: {batch.attempt} is older than the job's current attempt {current}"))

@@ -61,6 +61,22 @@ def mesh_rank(p: int, d: int, t: int, dp: int, tp: int) -> int:
     return (p * dp + d) * tp + t
 
 
+def job_rank_of_group_rank(rank: int, *, group: int, replicas: int, pp: int, dp: int, tp: int) -> int:
+    """The job-wide rank of ``rank`` of replica group ``group`` (faultTolerance ReplicaGroups).
+
+    Each group is a world of its own, ``pp x dp / replicas x tp``, numbered from 0 in that
+    order, and holds the job's data indices ``group * dp / replicas ..`` (see
+    :class:`MeshShape`); its heartbeats carry ranks of that world. This maps them back to the
+    job's ``pp x dp x tp`` mesh, where every rank of every group has its own number."""
+    if replicas < 1 or dp % replicas or not 0 <= group < replicas:
+        raise ValueError(f"replica group {group} of {replicas} does not split data-parallel size {dp}")
+    share = dp // replicas
+    if not 0 <= rank < pp * share * tp:
+        raise ValueError(f"rank {rank} is outside replica group {group}'s world of {pp * share * tp}")
+    p, d, t = mesh_coordinates(rank, share, tp)
+    return mesh_rank(p, group * share + d, t, dp, tp)
+
+
 @dataclass(frozen=True, slots=True)
 class MeshShape:
     """A gang's shape: ``nodes`` pods of ``procs_per_node`` ranks split ``pp x dp x tp``.

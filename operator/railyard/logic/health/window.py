@@ -8,6 +8,13 @@ events per tier and what the attempt restored from. Work per rank beat is consta
 bounded by ranks x window. The rank windows implement :class:`railyard.logic.health.RankSignals`
 so the detection rules read them in place.
 
+Replica groups (faultTolerance ReplicaGroups): each group is a world of its own whose beats carry
+ranks from 0, and a group repair moves the job's attempt on while the other groups carry on with
+theirs. With the job's :class:`GroupLayout` the store keys every beat by its job-wide rank
+(:func:`railyard.protocol.mesh.job_rank_of_group_rank`), so the rules see the whole job; and
+:meth:`HeartbeatStore.begin_attempt` with ``carry_on`` keeps the carried-on pods' windows and
+accepts their older attempt's beats.
+
 Pure: no I/O, no clock (every method that records takes ``now``, Unix seconds, the clock pod
 start times use too).
 """
@@ -17,12 +24,14 @@ from __future__ import annotations
 import enum
 from array import array
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from itertools import islice
 
 from railyard.logic.health.model import HealthEvent
-from railyard.protocol.heartbeat import CheckpointEvent, HeartbeatBatch, RankBeat
+from railyard.protocol.heartbeat import CheckpointEvent, HeartbeatBatch, HeartbeatError, RankBeat
+from railyard.protocol.mesh import job_rank_of_group_rank
+from railyard.protocol.ranktable import RankTable
 
 #: Steps of compute time kept per rank (the straggler window needs at most window + 2).
 DEFAULT_WINDOW = 256
@@ -154,6 +163,36 @@ class RankWindow:
         return out
 
 
+@dataclass(frozen=True, slots=True)
+class GroupLayout:
+    """How a ReplicaGroups job splits into groups: ``pods_per_group`` consecutive pods each, the
+    job's mesh ``pp x dp x tp`` cut along ``dp`` into ``replicas`` worlds."""
+
+    replicas: int
+    pods_per_group: int
+    pp: int
+    dp: int
+    tp: int
+
+    @classmethod
+    def of(cls, table: RankTable, replicas: int) -> GroupLayout | None:
+        """The layout of the job whose (job-wide) rank table is ``table``; None for one group."""
+        if replicas < 2:
+            return None
+        return cls(replicas, max(len(table.pods) // replicas, 1), table.pp, table.dp, table.tp)
+
+    def group_of(self, pod_index: int) -> int:
+        return min(pod_index // self.pods_per_group, self.replicas - 1)
+
+    def job_rank(self, group: int, rank: int) -> int:
+        """The job-wide rank of ``rank`` of ``group``'s world (a :class:`HeartbeatError` for a
+        rank outside it: the batch is refused, nothing is stored)."""
+        try:
+            return job_rank_of_group_rank(rank, group=group, replicas=self.replicas, pp=self.pp, dp=self.dp, tp=self.tp)
+        except ValueError as exc:
+            raise HeartbeatError(f"ranks: {exc}") from exc
+
+
 #: Called with (namespace, job, batch) for every stored batch.
 BatchHook = Callable[[str, str, HeartbeatBatch], None]
 
@@ -178,21 +217,45 @@ class JobWindow:
         self.previous_max_step = -1
         self.batches = 0
         self.rank_beats = 0
+        #: ReplicaGroups: how beats' group ranks map to job ranks (None: one world).
+        self.layout: GroupLayout | None = None
+        #: Pod index -> the oldest attempt accepted from it: pods that carry on with an older
+        #: attempt after a replica-group repair.
+        self.carried: dict[int, int] = {}
+
+    def accepts(self, batch: HeartbeatBatch) -> bool:
+        """Whether a batch belongs to this attempt: the attempt itself, or the older attempt a
+        carried-on pod still runs."""
+        if batch.attempt >= self.attempt:
+            return True
+        oldest = self.carried.get(batch.pod_index)
+        return oldest is not None and batch.attempt >= oldest
 
     def ingest(self, batch: HeartbeatBatch, now: float) -> None:
+        layout = self.layout
+        group = layout.group_of(batch.pod_index) if layout is not None else 0
+        ranks = [b.rank if layout is None else layout.job_rank(group, b.rank) for b in batch.ranks]
+        if layout is not None:  # every rank named is checked before anything is stored
+            for b in batch.ranks:
+                for res in b.health:
+                    if res.suspect_rank >= 0:
+                        layout.job_rank(group, res.suspect_rank)
         self.batches += 1
-        for b in batch.ranks:
-            rw = self.ranks.get(b.rank)
+        for rank, b in zip(ranks, batch.ranks, strict=True):
+            rw = self.ranks.get(rank)
             if rw is None:
-                rw = self.ranks[b.rank] = RankWindow(b.rank, self.window)
+                rw = self.ranks[rank] = RankWindow(rank, self.window)
             if rw.update(b, batch.pod_index, batch.node, now) and b.step > self.max_step:
                 self.max_step = b.step
                 if b.step_time_s > 0.0:
                     self.step_times.append(b.step_time_s)
             for res in b.health:
                 if not res.ok:
+                    if layout is not None and res.suspect_rank >= 0:
+                        # a check blames a rank of its own world: the reporter's group
+                        res = replace(res, suspect_rank=layout.job_rank(group, res.suspect_rank))
                     self.health_seq += 1
-                    self.health.append(HealthEvent(self.health_seq, b.rank, batch.pod_index, batch.node, now, res))
+                    self.health.append(HealthEvent(self.health_seq, rank, batch.pod_index, batch.node, now, res))
         self.rank_beats += len(batch.ranks)
         for cp in batch.checkpoints:
             q = self.checkpoints.get(cp.tier)
@@ -242,14 +305,31 @@ class HeartbeatStore:
         self.window = window
         self._jobs: dict[tuple[str, str], JobWindow] = {}
 
-    def begin_attempt(self, namespace: str, job: str, attempt: int) -> JobWindow:
-        """The job's current attempt; a higher one drops the old attempt's windows."""
+    def begin_attempt(
+        self, namespace: str, job: str, attempt: int, *, layout: GroupLayout | None = None,
+        carry_on: Mapping[int, int] | None = None,
+    ) -> JobWindow:
+        """The job's current attempt; a higher one drops the old attempt's windows.
+
+        ``layout``: the job's replica groups (kept across attempts until given again).
+        ``carry_on``: pod index -> the attempt that pod's launcher was started in, for the pods
+        a replica-group repair leaves running: their windows stay, and their beats (of any
+        attempt from that one on) are accepted. Given for the attempt already current, it
+        replaces what that attempt carries (a beat of the new attempt may have begun it)."""
         key = (namespace, job)
         jw = self._jobs.get(key)
         if jw is None or attempt > jw.attempt:
-            previous = max(jw.max_step, jw.previous_max_step) if jw is not None else -1
+            old = jw
             jw = self._jobs[key] = JobWindow(namespace, job, attempt, self.window)
-            jw.previous_max_step = previous
+            if old is not None:
+                jw.previous_max_step = max(old.max_step, old.previous_max_step)
+                jw.layout = old.layout
+                if carry_on:
+                    _carry(old, jw, carry_on)
+        elif attempt == jw.attempt and carry_on is not None:
+            jw.carried = dict(carry_on)
+        if layout is not None and attempt == jw.attempt:
+            jw.layout = layout
         return jw
 
     def forget_job(self, namespace: str, job: str) -> None:
@@ -262,11 +342,24 @@ class HeartbeatStore:
         return list(self._jobs.values())
 
     def ingest(self, namespace: str, job: str, batch: HeartbeatBatch, now: float) -> IngestResult:
-        """Store an authenticated, parsed batch. An older attempt changes nothing."""
+        """Store an authenticated, parsed batch. An older attempt changes nothing (unless a
+        carried-on pod runs it). Raises :class:`HeartbeatError` for a rank outside its replica
+        group's world."""
         jw = self._jobs.get((namespace, job))
-        if jw is not None and batch.attempt < jw.attempt:
+        if jw is not None and not jw.accepts(batch):
             return IngestResult.STALE_ATTEMPT
         if jw is None or batch.attempt > jw.attempt:
             jw = self.begin_attempt(namespace, job, batch.attempt)
         jw.ingest(batch, now)
         return IngestResult.ACCEPTED
+
+
+def _carry(old: JobWindow, new: JobWindow, carry_on: Mapping[int, int]) -> None:
+    """The carried-on pods' rank windows and the job's step times go on into the new attempt
+    (their training never stopped); failed checks do not (each attempt judges its own)."""
+    new.carried = dict(carry_on)
+    for rank, rw in old.ranks.items():
+        if rw.pod_index in carry_on:
+            new.ranks[rank] = rw
+            new.max_step = max(new.max_step, rw.step)
+    new.step_times.extend(old.step_times)
