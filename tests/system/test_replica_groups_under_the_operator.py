@@ -8,6 +8,8 @@ cluster. Two replica groups of one pod x one rank (tiny preset), a hot spare.
 
 Either way group 0's pod is the same object (UID) with the same worker process throughout, the
 restarted group heals from group 0, and the job Succeeds with both groups at the last step.
+Group 0 keeps running its older attempt: the operator accepts its heartbeats throughout (none
+refused with 409).
 
 Every wait is on an observable condition, bounded only to catch hangs; nothing is timed."""
 
@@ -16,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -37,6 +40,14 @@ STEPS = 80
 
 def events_of(local_cluster: Any, pod: str) -> list[dict[str, Any]]:
     return pod_events(local_cluster, SYSTEM_NS, pod)
+
+
+def refused_heartbeats(local_cluster: Any, pod: str) -> list[str]:
+    """The pod's log lines that say the operator refused a heartbeat (the aggregator logs the
+    first failed POST of every minute with its HTTP status)."""
+    base = Path(local_cluster.log_dir) / SYSTEM_NS / pod
+    lines = [ln for f in sorted(base.glob("*.log")) for ln in f.read_text(errors="replace").splitlines()] if base.exists() else []
+    return [ln for ln in lines if "heartbeat POST" in ln and "failed" in ln]
 
 
 def test_a_lost_node_restarts_only_its_replica_group(api: Api, operator: OperatorProcess, local_cluster: Any) -> None:
@@ -78,6 +89,7 @@ def test_a_lost_node_restarts_only_its_replica_group(api: Api, operator: Operato
         done = [e for p in (kept, replaced) for e in p if e.get("event") == "done"]
         assert len(done) == 2 and {d["step"] for d in done} == {STEPS}, done
         assert lose not in after or after[lose].metadata.deletion_timestamp or after[lose].status.phase != "Running"
+        assert refused_heartbeats(local_cluster, keep) == [], "the carried-on group's beats are accepted after the repair"
     finally:
         if victim:
             api.annotate_node(victim, {FAIL: None})
@@ -117,5 +129,6 @@ def test_a_killed_worker_restarts_only_its_replica_group_in_place(api: Api, oper
         assert any(e.get("event") == "replica_healed" and e.get("from_step") == 0 for e in restarted), restarted[-20:]
         done = [e for p in (kept, restarted) for e in p if e.get("event") == "done"]
         assert len(done) == 2 and {d["step"] for d in done} == {STEPS}, done
+        assert refused_heartbeats(local_cluster, keep) == [], "the carried-on group's beats are accepted after the repair"
     finally:
         api.delete_job(SYSTEM_NS, name)

@@ -24,9 +24,11 @@ The Lighthouse: ``railyard-train lighthouse`` (:func:`lighthouse_main`).
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import logging
 import os
 import signal
+import socket
 import sys
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -38,8 +40,10 @@ import torch
 from torch.distributed.tensor import DTensor
 
 # the Lighthouse's address (torchft's own variable, ``http://HOST:PORT``) and this group's index
-# among the replica groups: the operator sets both, spelled once in protocol/
+# among the replica groups, and the pod IP torchft advertises: the operator sets them, spelled once
+# in protocol/
 from railyard.protocol.podenv import LIGHTHOUSE_ENV as LIGHTHOUSE_ENV
+from railyard.protocol.podenv import POD_IP_ENV as POD_IP_ENV
 from railyard.protocol.podenv import REPLICA_GROUP_ENV as REPLICA_GROUP_ENV
 from railyard_trainer.config import ConfigError
 from railyard_trainer.events import log_event
@@ -139,6 +143,38 @@ class HealState:
 # --------------------------------------------------------------------------- the group's manager
 
 
+def advertised_host(env: Mapping[str, str] | None = None) -> str:
+    """The host this group's torchft Manager gives the Lighthouse and healing peers as its own.
+
+    torchft's default is ``socket.gethostname()``: in a pod that is the short hostname
+    ``<job>-<i>``, which no other pod resolves. The operator hands each pod its IP
+    (``status.podIP`` as ``RAILYARD_POD_IP``), which every pod of the job reaches (the job's
+    NetworkPolicy admits them) and which needs no DNS; an IPv6 address comes in brackets, ready
+    for ``http://HOST:PORT``. Without it (a run outside the operator) torchft's default stays."""
+    e = os.environ if env is None else env
+    ip = e.get(POD_IP_ENV, "").strip()
+    if not ip:
+        return socket.gethostname()
+    try:
+        addr = ipaddress.ip_address(ip)
+    except ValueError as exc:
+        raise ConfigError([f"{POD_IP_ENV}: {ip!r} is not an IP address; the operator sets it from status.podIP"]) from exc
+    return f"[{addr}]" if addr.version == 6 else str(addr)
+
+
+def checkpoint_transport(host: str, timeout: timedelta) -> Any:
+    """torchft's HTTP checkpoint transport (how a healing group fetches a live peer's state),
+    advertising ``host`` instead of ``socket.gethostname()``."""
+    from torchft.checkpointing.http_transport import HTTPTransport
+
+    class Advertised(HTTPTransport[dict[str, Any]]):
+        def address(self) -> str:
+            port = self._server.socket.getsockname()[1]
+            return f"http://{host}:{port}/checkpoint/"
+
+    return Advertised(timeout=timeout, num_chunks=0)
+
+
 class ReplicaGroup:
     """This group's torchft Manager: quorum, weighted cross-group gradient sum, commit, heal.
 
@@ -156,7 +192,9 @@ class ReplicaGroup:
         self.group, self.data_replicas, self.state = group, data_replicas, state
         timeout = timedelta(seconds=timeout_s)
         pg = ProcessGroupNCCL(timeout=timeout) if device.type == "cuda" else ProcessGroupGloo(timeout=timeout)
+        host = advertised_host()
         self.manager = Manager(
+            hostname=host, checkpoint_transport=checkpoint_transport(host, timeout),
             pg=pg, load_state_dict=state.load_state_dict, state_dict=state.state_dict, min_replica_size=min_replicas,
             use_async_quorum=False, timeout=timeout, quorum_timeout=timeout, connect_timeout=timeout,
             rank=group_rank, world_size=group_world, store_addr=store_addr, store_port=store_port,
@@ -167,7 +205,7 @@ class ReplicaGroup:
         )
         self.heals = 0
         self.failed_steps = 0
-        log_event("replica_joining", group=group, rank=group_rank, lighthouse=lighthouse, min_replicas=min_replicas)
+        log_event("replica_joining", group=group, rank=group_rank, lighthouse=lighthouse, min_replicas=min_replicas, host=host)
 
     def start_step(self, *, consumed_of: Callable[[], int], batch_size: int, unit: int) -> Share:
         """Join this step's quorum (healing from a live peer first if we are behind) and return

@@ -22,7 +22,7 @@ from railyard.api.trainingjob import (
 )
 from railyard.logic.layout import build_replica_group_table
 from railyard.protocol.mesh import MeshShape
-from railyard.protocol.podenv import LIGHTHOUSE_ENV, REPLICA_GROUP_ENV
+from railyard.protocol.podenv import LIGHTHOUSE_ENV, POD_IP_ENV, REPLICA_GROUP_ENV
 from railyard.protocol.ranktable import PodEntry, RankTable
 from railyard.protocol.termination import TERMINATION_LOG, TERMINATION_LOG_ENV
 
@@ -437,6 +437,9 @@ def build_pod_env(
         env += [
             {"name": REPLICA_GROUP_ENV, "value": str(group)},
             {"name": LIGHTHOUSE_ENV, "value": lighthouse_address(job, namespace)},
+            # torchft's addresses for the quorum and for healing peers (its default, the
+            # short hostname, does not resolve in other pods)
+            {"name": POD_IP_ENV, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
         ]
     nccl = {**NCCL_DEFAULTS, **spec.nccl}
     env += [{"name": k, "value": v} for k, v in sorted(nccl.items())]

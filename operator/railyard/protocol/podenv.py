@@ -8,3 +8,6 @@ from __future__ import annotations
 REPLICA_GROUP_ENV = "RAILYARD_REPLICA_GROUP"
 #: faultTolerance ReplicaGroups: the job's Lighthouse, ``http://HOST:PORT`` (torchft's own name).
 LIGHTHOUSE_ENV = "TORCHFT_LIGHTHOUSE"
+#: faultTolerance ReplicaGroups: the pod's IP (``status.podIP``), which the group's torchft
+#: Manager advertises to the Lighthouse and to healing peers instead of the pod's short hostname.
+POD_IP_ENV = "RAILYARD_POD_IP"
