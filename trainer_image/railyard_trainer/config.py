@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from railyard.protocol import podenv
 from railyard.protocol.trainerconfig import (
     DATASET_TYPES,
     Dataset,
@@ -112,7 +113,7 @@ def load_config(path: str | Path) -> TrainerConfig:
     try:
         text = p.read_text()
     except OSError as exc:
-        raise ConfigError([f"RAILYARD_CONFIG: cannot read {p} ({exc.strerror}); mount the job ConfigMap at /etc/railyard"]) from exc
+        raise ConfigError([f"{podenv.CONFIG.name}: cannot read {p} ({exc.strerror}); mount the job ConfigMap at /etc/railyard"]) from exc
     try:
         raw = json.loads(text)
     except ValueError as exc:

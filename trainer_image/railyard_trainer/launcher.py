@@ -30,6 +30,7 @@ import os
 import sys
 from collections.abc import Sequence
 
+from railyard.protocol import podenv
 from railyard.protocol.exitcodes import ExitCode
 from railyard.protocol.ranktable import RankTableError
 from railyard_trainer.config import ConfigError
@@ -107,10 +108,10 @@ def launch(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         plan = plan_launch(args, os.environ)
-        fail_grace_s = env_float(os.environ, "RAILYARD_FAIL_GRACE_S", 5.0)
-        kill_grace_s = env_float(os.environ, "RAILYARD_KILL_GRACE_S", 10.0)
-        restart_wait_s = env_float(os.environ, "RAILYARD_RESTART_WAIT_S", 60.0)
-        restart_kill_grace_s = env_float(os.environ, "RAILYARD_RESTART_KILL_GRACE_S", 2.0)
+        fail_grace_s = env_float(os.environ, podenv.FAIL_GRACE_S)
+        kill_grace_s = env_float(os.environ, podenv.KILL_GRACE_S)
+        restart_wait_s = env_float(os.environ, podenv.RESTART_WAIT_S)
+        restart_kill_grace_s = env_float(os.environ, podenv.RESTART_KILL_GRACE_S)
     except (ConfigError, RankTableError, ValueError) as exc:
         log_event("launcher_exit", code=int(ExitCode.CONFIG_PERMANENT), failure_class="Permanent", error=str(exc))
         write_termination_message(f"configuration error (exit code {int(ExitCode.CONFIG_PERMANENT)}): {exc}")
