@@ -197,7 +197,7 @@ def replan(plan: LaunchPlan, order: ControlOrder, *, env: Mapping[str, str], res
     if old != new:
         raise ControlError(f"rank_table: pod {plan.pod_index}'s ranks differ in attempt {table.attempt}; an in-place restart keeps them")
     cfg = replace(plan.config, attempt=order.attempt, restore=dict(order.restore) if order.restore is not None else None)
-    host = table.master_addr or env.get("MASTER_ADDR") or "127.0.0.1"
+    host = table.master_addr or podenv.MASTER_ADDR.get(env) or "127.0.0.1"
     return LaunchPlan(cfg, table, plan.pod_index, resolve_until(host, table.master_port, resolve_deadline), table.master_port, workers=list(plan.workers))
 
 

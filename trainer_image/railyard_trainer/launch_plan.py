@@ -218,7 +218,7 @@ def plan_launch(args: argparse.Namespace, env: Mapping[str, str]) -> LaunchPlan:
     mine = table.ranks_of_pod(pod_index)
     if not mine:
         raise ConfigError([f"{podenv.POD_INDEX.name}: pod {pod_index} has no ranks in the rank table"])
-    master = args.master_addr or env.get("MASTER_ADDR") or table.master_addr or "127.0.0.1"
+    master = args.master_addr or podenv.MASTER_ADDR.get(env) or table.master_addr or "127.0.0.1"
     port = args.master_port or (env_port if env_port is not None else table.master_port)
     node = podenv.NODE_NAME.get(env) or mine[0].node
     wait_s = env_float(env, podenv.RENDEZVOUS_WAIT_S)

@@ -107,7 +107,7 @@ def supervise(plan: LaunchPlan, *, fail_grace_s: float, kill_grace_s: float) -> 
     config_path = run_dir / "config.json"
     config_path.write_text(json.dumps(plan.config.to_dict()))
     base = dict(os.environ)
-    base.update({"MASTER_ADDR": plan.master_addr, "MASTER_PORT": str(plan.master_port), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), "PYTHONUNBUFFERED": "1"})
+    base.update({podenv.MASTER_ADDR.name: plan.master_addr, podenv.MASTER_PORT.name: podenv.MASTER_PORT.render(plan.master_port), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), "PYTHONUNBUFFERED": "1"})
     base.update(resolved_lighthouse(base, time.monotonic() + env_float(base, podenv.RENDEZVOUS_WAIT_S)))
     if plan.master_addr.startswith("127.") and len(plan.table.pods) == 1:
         base.setdefault("GLOO_SOCKET_IFNAME", "lo")
