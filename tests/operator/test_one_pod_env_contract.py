@@ -6,8 +6,10 @@ from __future__ import annotations
 import pytest
 
 from railyard.api.trainingjob import TrainingJobSpec
-from railyard.logic.manifests import build_gang_pods
+from railyard.logic.manifests import build_gang_pods, build_trainer_config
 from railyard.protocol import podenv
+from railyard.protocol.trainerconfig import RESTART_WAIT_FLOOR_SECONDS
+from railyard_trainer.config import ConfigError, TrainerConfig
 
 DECLARED = {v.name: v for v in vars(podenv).values() if isinstance(v, podenv.EnvVar)}
 
@@ -32,19 +34,21 @@ def test_every_railyard_variable_the_operator_writes_is_declared_and_reads_back(
     # each literal value parses as the type the trainer reads it with
     read = {name: DECLARED[name].get(values) for name in values}  # type: ignore[attr-defined]
     assert read["RAILYARD_POD_INDEX"] == 1 and read["RAILYARD_ATTEMPT"] == 3
-    assert read["RAILYARD_RESTART_WAIT_S"] >= 60.0
     assert isinstance(read["MASTER_PORT"], int)
     if spec:
         assert read["RAILYARD_REPLICA_GROUP"] == 1 and str(read["TORCHFT_LIGHTHOUSE"]).startswith("http://")
 
 
-def test_restart_wait_is_twice_the_in_place_window_with_a_floor() -> None:
+def test_the_launchers_restart_wait_travels_in_config_json_not_the_environment() -> None:
     def wait(timeout: float) -> float:
-        values = {str(e["name"]): str(e["value"]) for e in _env({"restartPolicy": {"inPlaceTimeoutSeconds": timeout}}) if "value" in e}
-        return podenv.RESTART_WAIT_S.get(values)
+        spec = TrainingJobSpec.model_validate({"restartPolicy": {"inPlaceTimeoutSeconds": timeout}})
+        return TrainerConfig.from_dict(build_trainer_config(spec, job="j", namespace="n", attempt=0)).restart_wait_seconds
 
-    assert wait(10) == podenv.RESTART_WAIT_S.default
+    assert wait(10) == RESTART_WAIT_FLOOR_SECONDS == TrainerConfig.from_dict({}).restart_wait_seconds
     assert wait(120) == 240.0
+    assert not any("RESTART_WAIT" in str(e["name"]) for e in _env({}))
+    with pytest.raises(ConfigError, match="restartWaitSeconds: expected a number of seconds >= 0"):
+        TrainerConfig.from_dict({"restartWaitSeconds": -1})
 
 
 @pytest.mark.parametrize(

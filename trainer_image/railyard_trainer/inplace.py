@@ -14,7 +14,7 @@ operator reads them as it reads a pod's exit code), done. Orders come back on th
 
 A restart to an attempt that is not newer than the running one is never acted on, so late or
 replayed answers are harmless. When the workers have failed and the operator says nothing for
-``RAILYARD_RESTART_WAIT_S`` (default 60 s), the launcher exits with the most specific code as
+config.json's ``restartWaitSeconds`` (default 60 s), the launcher exits with the most specific code as
 before, the pod fails and the operator restarts the whole gang. A launcher that never reached
 the operator behaves as before (exits after its workers). Torch-free.
 """

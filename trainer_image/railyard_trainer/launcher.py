@@ -110,7 +110,6 @@ def launch(argv: Sequence[str] | None = None) -> int:
         plan = plan_launch(args, os.environ)
         fail_grace_s = env_float(os.environ, podenv.FAIL_GRACE_S)
         kill_grace_s = env_float(os.environ, podenv.KILL_GRACE_S)
-        restart_wait_s = env_float(os.environ, podenv.RESTART_WAIT_S)
         restart_kill_grace_s = env_float(os.environ, podenv.RESTART_KILL_GRACE_S)
     except (ConfigError, RankTableError, ValueError) as exc:
         log_event("launcher_exit", code=int(ExitCode.CONFIG_PERMANENT), failure_class="Permanent", error=str(exc))
@@ -121,7 +120,7 @@ def launch(argv: Sequence[str] | None = None) -> int:
     from railyard_trainer.inplace import launch_in_place
 
     code = launch_in_place(plan, os.environ, fail_grace_s=fail_grace_s, kill_grace_s=kill_grace_s,
-                           restart_wait_s=restart_wait_s, restart_kill_grace_s=restart_kill_grace_s)
+                           restart_wait_s=plan.config.restart_wait_seconds, restart_kill_grace_s=restart_kill_grace_s)
     if code is not None:
         return code
     return supervise(plan, fail_grace_s=fail_grace_s, kill_grace_s=kill_grace_s)

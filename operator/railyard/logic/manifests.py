@@ -25,6 +25,7 @@ from railyard.protocol import podenv
 from railyard.protocol.mesh import MeshShape
 from railyard.protocol.ranktable import PodEntry, RankTable
 from railyard.protocol.termination import TERMINATION_LOG
+from railyard.protocol.trainerconfig import restart_wait_seconds
 
 # labels, annotations, names ------------------------------------------------------------------
 JOB_LABEL = f"{GROUP}/job"
@@ -251,6 +252,7 @@ def build_trainer_config(
         "health": spec.health.model_dump(by_alias=True, exclude_none=True, mode="json"),
         "faultTolerance": spec.fault_tolerance.model_dump(by_alias=True, exclude_none=True, mode="json"),
         "restore": None if restore is None else dict(restore),
+        "restartWaitSeconds": restart_wait_seconds(spec.restart_policy.in_place_timeout_seconds),
     }
 
 
@@ -417,9 +419,6 @@ def build_pod_env(
         podenv.HEARTBEAT_URL.entry(heartbeat_url),
         podenv.HEARTBEAT_TOKEN.secret_entry(secret_name(job), TOKEN_KEY),
         podenv.CONTROL_URL.entry(control_url or control_url_for(heartbeat_url, namespace, job)),
-        # a launcher whose workers failed waits this long without word from the operator before
-        # it exits (and the pod fails): the in-place restart's window, with room for the backoff
-        podenv.RESTART_WAIT_S.entry(podenv.RESTART_WAIT_S.render(max(podenv.RESTART_WAIT_S.default, 2 * spec.restart_policy.in_place_timeout_seconds))),
         *(var.entry(group_checkpoint_dir(tier, groups, group)) for tier, var in podenv.CHECKPOINT_DIRS.items()),
         podenv.TERMINATION_LOG.entry(TERMINATION_LOG),
     ]

@@ -146,11 +146,6 @@ MASTER_PORT = Whole("MASTER_PORT", "torch's rendezvous port")
 HEARTBEAT_URL = Text("RAILYARD_HEARTBEAT_URL", "where the pod posts heartbeats (empty: none are sent)")
 HEARTBEAT_TOKEN = Text("RAILYARD_HEARTBEAT_TOKEN", "the job's bearer token for heartbeats and control (a Secret)")
 CONTROL_URL = Text("RAILYARD_CONTROL_URL", "the operator's in-place restart control endpoint (empty: no in-place restarts)")
-RESTART_WAIT_S = Seconds(
-    "RAILYARD_RESTART_WAIT_S",
-    "how long a launcher whose workers failed waits for word from the operator before it exits",
-    60.0,
-)
 CHECKPOINT_MEMORY_DIR = Text("RAILYARD_CHECKPOINT_MEMORY_DIR", "the memory checkpoint tier's folder (empty: no such tier)")
 CHECKPOINT_LOCAL_DIR = Text("RAILYARD_CHECKPOINT_LOCAL_DIR", "the local checkpoint tier's folder (empty: no such tier)")
 CHECKPOINT_SHARED_DIR = Text("RAILYARD_CHECKPOINT_SHARED_DIR", "the shared checkpoint tier's folder (empty: no such tier)")
