@@ -29,7 +29,7 @@ from railyard.logic.manifests import (
     with_addresses,
 )
 from railyard.logic.placement import Placement, build_placement_input, plan_placement
-from railyard.protocol.podenv import LIGHTHOUSE_ENV, POD_IP_ENV, REPLICA_GROUP_ENV
+from railyard.protocol.podenv import LIGHTHOUSE, POD_IP, REPLICA_GROUP
 from railyard.protocol.ranktable import RankTable
 
 OWNER = {"apiVersion": "railyard.dev/v1alpha1", "kind": "TrainingJob", "name": "llm", "uid": "u-1", "controller": True}
@@ -61,9 +61,9 @@ def _objects(spec: TrainingJobSpec) -> tuple[list[dict[str, Any]], dict[str, Any
 def test_each_group_gets_its_own_world_its_index_and_the_lighthouse() -> None:
     pods, cm = _objects(_spec(**RG))
     envs = [_env(p) for p in pods]
-    assert [e[REPLICA_GROUP_ENV] for e in envs] == ["0", "0", "1", "1", "2", "2"]
-    assert {e[LIGHTHOUSE_ENV] for e in envs} == {lighthouse_address("llm", "ml")}
-    assert all(e[POD_IP_ENV] == {"fieldRef": {"fieldPath": "status.podIP"}} for e in envs), "torchft advertises the pod's IP"
+    assert [e[REPLICA_GROUP.name] for e in envs] == ["0", "0", "1", "1", "2", "2"]
+    assert {e[LIGHTHOUSE.name] for e in envs} == {lighthouse_address("llm", "ml")}
+    assert all(e[POD_IP.name] == {"fieldRef": {"fieldPath": "status.podIP"}} for e in envs), "torchft advertises the pod's IP"
     assert lighthouse_address("llm", "ml") == f"http://llm-lighthouse.llm.ml.svc:{lighthouse_port('llm', 'ml')}"
     for i, e in enumerate(envs):
         g = i // 2
@@ -87,7 +87,7 @@ def test_each_group_gets_its_own_world_its_index_and_the_lighthouse() -> None:
 def test_without_replica_groups_nothing_changes() -> None:
     pods, cm = _objects(_spec(parallelism={"dataReplicas": 3}))
     envs = [_env(p) for p in pods]
-    assert not any(REPLICA_GROUP_ENV in e or LIGHTHOUSE_ENV in e or POD_IP_ENV in e for e in envs)
+    assert not any(REPLICA_GROUP.name in e or LIGHTHOUSE.name in e or POD_IP.name in e for e in envs)
     assert {e["MASTER_ADDR"] for e in envs} == {"llm-0.llm.ml.svc"}
     assert {e["RAILYARD_RANK_TABLE"] for e in envs} == {"/etc/railyard/ranktable.json"}
     assert {e["RAILYARD_CHECKPOINT_SHARED_DIR"] for e in envs} == {"/railyard/checkpoints/shared"}

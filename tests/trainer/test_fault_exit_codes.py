@@ -79,7 +79,7 @@ def test_bad_layout_is_a_permanent_configuration_error(tmp_path) -> None:  # typ
     assert all("parallelism.microbatches" in e["error"] for e in run.of("worker_failed"))
 
 
-@pytest.mark.parametrize("name", ["RAILYARD_FAIL_GRACE_S", "RAILYARD_KILL_GRACE_S", "RAILYARD_RESTART_WAIT_S", "RAILYARD_RESTART_KILL_GRACE_S"])
+@pytest.mark.parametrize("name", ["RAILYARD_FAIL_GRACE_S", "RAILYARD_KILL_GRACE_S", "RAILYARD_RESTART_KILL_GRACE_S"])
 def test_a_bad_time_setting_is_a_configuration_error_that_names_it(name: str, tmp_path) -> None:  # type: ignore[no-untyped-def]
     # Before any worker starts, not a traceback halfway through an attempt.
     run = run_launcher(tmp_path, TWO, **{name: "soon"}, RAILYARD_TERMINATION_LOG=str(tmp_path / "last-words"))

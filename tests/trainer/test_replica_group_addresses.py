@@ -9,8 +9,9 @@ from datetime import timedelta
 
 import pytest
 
+from railyard.protocol.podenv import POD_IP
 from railyard_trainer.config import ConfigError
-from railyard_trainer.replicas import POD_IP_ENV, advertised_host, checkpoint_transport
+from railyard_trainer.replicas import advertised_host, checkpoint_transport
 
 
 @pytest.mark.parametrize(
@@ -18,17 +19,17 @@ from railyard_trainer.replicas import POD_IP_ENV, advertised_host, checkpoint_tr
     [("10.1.2.3", "10.1.2.3"), (" 10.1.2.3\n", "10.1.2.3"), ("fd00::1:2", "[fd00::1:2]"), ("FD00:0::5", "[fd00::5]")],
 )
 def test_the_pod_ip_is_advertised_ready_for_a_url(pod_ip: str, host: str) -> None:
-    assert advertised_host({POD_IP_ENV: pod_ip}) == host
+    assert advertised_host({POD_IP.name: pod_ip}) == host
 
 
 def test_without_a_pod_ip_torchfts_own_choice_stays() -> None:
     assert advertised_host({}) == socket.gethostname()
-    assert advertised_host({POD_IP_ENV: ""}) == socket.gethostname()
+    assert advertised_host({POD_IP.name: ""}) == socket.gethostname()
 
 
 def test_a_pod_ip_that_is_no_address_names_the_variable() -> None:
-    with pytest.raises(ConfigError, match=POD_IP_ENV):
-        advertised_host({POD_IP_ENV: "llm-0"})
+    with pytest.raises(ConfigError, match=POD_IP.name):
+        advertised_host({POD_IP.name: "llm-0"})
 
 
 def test_the_checkpoint_transport_serves_at_the_advertised_host() -> None:

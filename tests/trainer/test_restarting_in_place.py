@@ -104,11 +104,12 @@ def start_pod(tmp: Path, pod: int, t: RankTable, op: Operator, *, name: str, tra
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "ranktable.json").write_text(t.to_json())
     env = launcher_env(RAILYARD_RANK_TABLE=str(folder / "ranktable.json"), RAILYARD_POD_INDEX=str(pod), RAILYARD_NODE_NAME=t.pods[pod].node,
-                       RAILYARD_POD_NAME=name, RAILYARD_HEARTBEAT_TOKEN=TOKEN, RAILYARD_RESTART_WAIT_S="90",
+                       RAILYARD_POD_NAME=name, RAILYARD_HEARTBEAT_TOKEN=TOKEN,
                        RAILYARD_ATTEMPT=str(t.attempt), RAILYARD_CHECKPOINT_SHARED_DIR=str(shared))
     if control:
         env["RAILYARD_CONTROL_URL"] = op.url
-    config = {"job": JOB, "namespace": NS, "attempt": t.attempt, "trainer": trainer, "checkpoint": {"path": str(shared), "intervalSteps": 2}}
+    config = {"job": JOB, "namespace": NS, "attempt": t.attempt, "trainer": trainer, "checkpoint": {"path": str(shared), "intervalSteps": 2},
+              "restartWaitSeconds": 90}
     return start_launcher(folder, [], config, env)
 
 

@@ -94,9 +94,9 @@ def test_the_launcher_waits_for_the_rendezvous_name_to_be_served(tmp_path, monke
 def test_plan_names_the_variable_that_is_not_a_number(tmp_path) -> None:  # type: ignore[no-untyped-def]
     path = tmp_path / "rt.json"
     path.write_text(_table().to_json())
-    with pytest.raises(ConfigError, match="RAILYARD_POD_INDEX: expected an integer, got 'one'"):
+    with pytest.raises(ConfigError, match="RAILYARD_POD_INDEX: expected a whole number >= 0, got 'one'"):
         plan_launch(_args(), {"RAILYARD_RANK_TABLE": str(path), "RAILYARD_POD_INDEX": "one"})
-    with pytest.raises(ConfigError, match="MASTER_PORT: expected an integer"):
+    with pytest.raises(ConfigError, match="MASTER_PORT: expected a whole number"):
         plan_launch(_args(), {"MASTER_PORT": "29500/tcp"})
 
 

@@ -17,8 +17,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from railyard.protocol import podenv
 from railyard.protocol.trainerconfig import (
     DATASET_TYPES,
+    RESTART_WAIT_FLOOR_SECONDS,
     Dataset,
     FaultSpec,
     FaultTolerance,
@@ -63,7 +65,7 @@ class ConfigError(ValueError):
         self.problems = problems
 
 
-_TOP_LEVEL = ("job", "namespace", "attempt", "trainer", "parallelism", "checkpoint", "health", "faultTolerance", "restore")
+_TOP_LEVEL = ("job", "namespace", "attempt", "trainer", "parallelism", "checkpoint", "health", "faultTolerance", "restore", "restartWaitSeconds")
 
 
 @dataclass(frozen=True)
@@ -80,6 +82,9 @@ class TrainerConfig:
     fault_tolerance: FaultTolerance = field(default_factory=FaultTolerance)
     #: Operator hint {"tier", "step"}; None: the checkpointer picks the newest verified one.
     restore: dict[str, Any] | None = None
+    #: How long the launcher waits for the operator after its workers failed
+    #: (railyard.protocol.trainerconfig.restart_wait_seconds; railyard_trainer.inplace).
+    restart_wait_seconds: float = RESTART_WAIT_FLOOR_SECONDS
 
     @classmethod
     def from_dict(cls, raw: Any) -> TrainerConfig:
@@ -96,6 +101,7 @@ class TrainerConfig:
             "health": to_wire(self.health),
             "faultTolerance": to_wire(self.fault_tolerance),
             "restore": None if self.restore is None else dict(self.restore),
+            "restartWaitSeconds": self.restart_wait_seconds,
         }
 
     def with_overrides(self, **trainer_fields: Any) -> TrainerConfig:
@@ -112,7 +118,7 @@ def load_config(path: str | Path) -> TrainerConfig:
     try:
         text = p.read_text()
     except OSError as exc:
-        raise ConfigError([f"RAILYARD_CONFIG: cannot read {p} ({exc.strerror}); mount the job ConfigMap at /etc/railyard"]) from exc
+        raise ConfigError([f"{podenv.CONFIG.name}: cannot read {p} ({exc.strerror}); mount the job ConfigMap at /etc/railyard"]) from exc
     try:
         raw = json.loads(text)
     except ValueError as exc:
@@ -153,9 +159,14 @@ def _parse(raw: Any) -> TrainerConfig:
     if isinstance(attempt, bool) or not isinstance(attempt, int) or attempt < 0:
         problems.append(f"attempt: expected a whole number >= 0, got {attempt!r}")
         attempt = 0
+    restart_wait = raw.get("restartWaitSeconds", RESTART_WAIT_FLOOR_SECONDS)
+    if isinstance(restart_wait, bool) or not isinstance(restart_wait, int | float) or not 0 <= restart_wait < float("inf"):
+        problems.append(f"restartWaitSeconds: expected a number of seconds >= 0, got {restart_wait!r}")
+        restart_wait = RESTART_WAIT_FLOOR_SECONDS
     if problems:
         raise ConfigError(problems)
     return TrainerConfig(
         job=job, namespace=namespace, attempt=attempt, trainer=trainer, parallelism=parallelism,
         checkpoint=checkpoint, health=health, fault_tolerance=fault_tolerance, restore=restore,
+        restart_wait_seconds=float(restart_wait),
     )

@@ -18,6 +18,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.filesystem import FileSystemReader
 
+from railyard.protocol import podenv
 from railyard.protocol.manifest import step_dirname
 from railyard_trainer.config import TrainerConfig
 from railyard_trainer.hooks import RestoreResult, TrainContext
@@ -84,7 +85,7 @@ class DCPCheckpointer:
 
 
 def build_dcp_checkpointer(cfg: TrainerConfig) -> DCPCheckpointer:
-    raw_path = cfg.checkpoint.get("path") or os.environ.get("RAILYARD_CHECKPOINT_SHARED_DIR", "")
+    raw_path = cfg.checkpoint.get("path") or podenv.CHECKPOINT_SHARED_DIR.get(os.environ)
     root = Path(raw_path) / cfg.job if raw_path else None
     restore_step = None
     if cfg.restore and isinstance(cfg.restore.get("step"), int):

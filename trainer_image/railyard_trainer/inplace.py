@@ -14,7 +14,7 @@ operator reads them as it reads a pod's exit code), done. Orders come back on th
 
 A restart to an attempt that is not newer than the running one is never acted on, so late or
 replayed answers are harmless. When the workers have failed and the operator says nothing for
-``RAILYARD_RESTART_WAIT_S`` (default 60 s), the launcher exits with the most specific code as
+config.json's ``restartWaitSeconds`` (default 60 s), the launcher exits with the most specific code as
 before, the pod fails and the operator restarts the whole gang. A launcher that never reached
 the operator behaves as before (exits after its workers). Torch-free.
 """
@@ -36,6 +36,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from types import FrameType
 
+from railyard.protocol import podenv
 from railyard.protocol.control import (
     MAX_MESSAGE_CHARS,
     MAX_WAIT_S,
@@ -181,10 +182,8 @@ class ControlChannel:
 
 def channel_from_env(plan: LaunchPlan, env: Mapping[str, str]) -> ControlChannel | None:
     """The channel the operator set up for this pod (None: by hand, or an operator without it)."""
-    url = env.get("RAILYARD_CONTROL_URL", "").strip()
-    token = env.get("RAILYARD_HEARTBEAT_TOKEN", "").strip()
-    pod = env.get("RAILYARD_POD_NAME", "").strip()
-    if not (url and token and pod and env.get("RAILYARD_RANK_TABLE")):
+    url, token, pod = podenv.CONTROL_URL.get(env), podenv.HEARTBEAT_TOKEN.get(env), podenv.POD_NAME.get(env)
+    if not (url and token and pod and podenv.RANK_TABLE.is_set(env)):
         return None
     return ControlChannel(url, token, job=plan.config.job, pod_index=plan.pod_index, pod=pod)
 
@@ -198,7 +197,7 @@ def replan(plan: LaunchPlan, order: ControlOrder, *, env: Mapping[str, str], res
     if old != new:
         raise ControlError(f"rank_table: pod {plan.pod_index}'s ranks differ in attempt {table.attempt}; an in-place restart keeps them")
     cfg = replace(plan.config, attempt=order.attempt, restore=dict(order.restore) if order.restore is not None else None)
-    host = table.master_addr or env.get("MASTER_ADDR") or "127.0.0.1"
+    host = table.master_addr or podenv.MASTER_ADDR.get(env) or "127.0.0.1"
     return LaunchPlan(cfg, table, plan.pod_index, resolve_until(host, table.master_port, resolve_deadline), table.master_port, workers=list(plan.workers))
 
 
@@ -237,8 +236,9 @@ def _spawn(plan: LaunchPlan, run_dir: Path, spawner: Spawner) -> _Generation:
     table_path.write_text(plan.table.to_json())
     base = dict(os.environ)
     base.update({
-        "MASTER_ADDR": plan.master_addr, "MASTER_PORT": str(plan.master_port), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
-        "PYTHONUNBUFFERED": "1", "RAILYARD_ATTEMPT": str(attempt), "RAILYARD_RANK_TABLE": str(table_path),
+        podenv.MASTER_ADDR.name: plan.master_addr, podenv.MASTER_PORT.name: podenv.MASTER_PORT.render(plan.master_port),
+        "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), "PYTHONUNBUFFERED": "1",
+        podenv.ATTEMPT.name: podenv.ATTEMPT.render(attempt), podenv.RANK_TABLE.name: str(table_path),
     })
     base.update(resolved_lighthouse(os.environ, time.monotonic() + RENDEZVOUS_WAIT_S))
     if plan.master_addr.startswith("127.") and len(plan.table.pods) == 1:
@@ -415,7 +415,7 @@ def _watch(
 
 
 def is_ignoring_orders(env: Mapping[str, str]) -> bool:
-    return env.get("RAILYARD_CONTROL_IGNORE_ORDERS", "") == "1"
+    return podenv.CONTROL_IGNORE_ORDERS.get(env)
 
 
 def launch_in_place(

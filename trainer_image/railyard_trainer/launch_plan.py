@@ -16,8 +16,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from railyard.protocol import podenv
 from railyard.protocol.envexpand import expand
-from railyard.protocol.podenv import LIGHTHOUSE_ENV
 from railyard.protocol.ranktable import PodEntry, RankEntry, RankTable
 from railyard.protocol.trainerconfig import Program, world_parallelism
 from railyard_trainer.config import ConfigError, DatasetConfig, TrainerConfig, load_config
@@ -71,11 +71,12 @@ def apply_overrides(cfg: TrainerConfig, args: argparse.Namespace, env: Mapping[s
         checkpoint["path"] = args.checkpoint_dir
     if args.checkpoint_interval is not None:
         checkpoint["intervalSteps"] = args.checkpoint_interval
-    attempt = args.attempt if args.attempt is not None else int(env.get("RAILYARD_ATTEMPT", cfg.attempt))
+    env_attempt = _env_int(env, podenv.ATTEMPT)
+    attempt = args.attempt if args.attempt is not None else env_attempt if env_attempt is not None else cfg.attempt
     out = replace(
         cfg,
-        job=args.job or env.get("RAILYARD_JOB") or cfg.job,
-        namespace=env.get("RAILYARD_NAMESPACE") or cfg.namespace,
+        job=args.job or podenv.JOB.get(env) or cfg.job,
+        namespace=podenv.NAMESPACE.get(env) or cfg.namespace,
         attempt=attempt,
         trainer=t,
         parallelism=p,
@@ -104,7 +105,7 @@ def single_node_table(cfg: TrainerConfig, nproc: int, *, node: str, master_port:
 #: the pods of a gang start at different times (image pulls, a busy kubelet) and a pod's DNS
 #: name is served only once it has an address, so a pod may well look before pod 0 is there.
 #: torchrun's rendezvous waits 600 s for its peers too.
-RENDEZVOUS_WAIT_S = 600.0
+RENDEZVOUS_WAIT_S = podenv.RENDEZVOUS_WAIT_S.default
 
 
 def resolve(host: str, port: int) -> str:
@@ -142,41 +143,33 @@ def resolved_lighthouse(env: Mapping[str, str], deadline: float) -> dict[str, st
     the rendezvous (empty when unset). torchft's client resolves names through the system
     resolver, which does not know the local cluster's pod names; this process does. A new
     attempt resolves it again (a Lighthouse the operator recreated may have a new address)."""
-    url = env.get(LIGHTHOUSE_ENV, "")
+    url = podenv.LIGHTHOUSE.get(env)
     parts = urllib.parse.urlsplit(url)
     if not parts.hostname or parts.port is None:
         return {}
     try:
         ip = resolve_until(parts.hostname, parts.port, deadline)
     except ConfigError as exc:
-        raise ConfigError([f"{LIGHTHOUSE_ENV}: {p.split(': ', 1)[-1]}" for p in exc.problems]) from exc
+        raise ConfigError([f"{podenv.LIGHTHOUSE.name}: {p.split(': ', 1)[-1]}" for p in exc.problems]) from exc
     host = f"[{ip}]" if ":" in ip else ip
-    return {LIGHTHOUSE_ENV: urllib.parse.urlunsplit(parts._replace(netloc=f"{host}:{parts.port}"))}
+    return {podenv.LIGHTHOUSE.name: urllib.parse.urlunsplit(parts._replace(netloc=f"{host}:{parts.port}"))}
 
 
-def _env_int(env: Mapping[str, str], name: str) -> int | None:
-    """An integer environment variable (None when unset or empty); ConfigError naming it otherwise."""
-    raw = env.get(name)
-    if not raw:
-        return None
+def _env_int(env: Mapping[str, str], var: podenv.Whole) -> int | None:
+    """A whole-number pod variable (its default when unset or empty); ConfigError naming it otherwise."""
     try:
-        return int(raw)
-    except ValueError as exc:
-        raise ConfigError([f"{name}: expected an integer, got {raw!r}"]) from exc
+        return var.get(env)
+    except podenv.PodEnvError as exc:
+        raise ConfigError([str(exc)]) from exc
 
 
-def env_float(env: Mapping[str, str], name: str, default: float) -> float:
-    """A non-negative number of seconds from the environment (``default`` when unset or empty)."""
-    raw = env.get(name)
-    if not raw:
-        return default
+def env_float(env: Mapping[str, str], var: podenv.Seconds) -> float:
+    """A number of seconds >= 0 from the pod environment (its default when unset or empty);
+    ConfigError naming it otherwise."""
     try:
-        value = float(raw)
-    except ValueError:
-        value = -1.0
-    if not value >= 0:
-        raise ConfigError([f"{name}: expected a number of seconds >= 0, got {raw!r}"])
-    return value
+        return var.get(env)
+    except podenv.PodEnvError as exc:
+        raise ConfigError([str(exc)]) from exc
 
 
 def _free_port() -> int:
@@ -186,19 +179,19 @@ def _free_port() -> int:
 
 
 def plan_launch(args: argparse.Namespace, env: Mapping[str, str]) -> LaunchPlan:
-    config_path = args.config or env.get("RAILYARD_CONFIG")
+    config_path = args.config or podenv.CONFIG.get(env)
     cfg = load_config(config_path) if config_path else TrainerConfig()
     cfg = apply_overrides(cfg, args, env)
-    table_path = args.rank_table or env.get("RAILYARD_RANK_TABLE")
-    env_port = _env_int(env, "MASTER_PORT")
+    table_path = args.rank_table or podenv.RANK_TABLE.get(env)
+    env_port = _env_int(env, podenv.MASTER_PORT)
     if table_path:
         try:
             table = RankTable.from_json(Path(table_path).read_text())
         except OSError as exc:
-            raise ConfigError([f"RAILYARD_RANK_TABLE: cannot read {table_path} ({exc.strerror})"]) from exc
-        pod = args.pod_index if args.pod_index is not None else _env_int(env, "RAILYARD_POD_INDEX")
+            raise ConfigError([f"{podenv.RANK_TABLE.name}: cannot read {table_path} ({exc.strerror})"]) from exc
+        pod = args.pod_index if args.pod_index is not None else _env_int(env, podenv.POD_INDEX)
         if pod is None:
-            raise ConfigError(["RAILYARD_POD_INDEX: required with a rank table (which pod am I?)"])
+            raise ConfigError([f"{podenv.POD_INDEX.name}: required with a rank table (which pod am I?)"])
         pod_index = pod
         # The rank table is authoritative; a config that names other (non-default) sizes is
         # refused rather than silently overridden.
@@ -215,7 +208,7 @@ def plan_launch(args: argparse.Namespace, env: Mapping[str, str]) -> LaunchPlan:
     else:
         pod_index = 0
         port = args.master_port or (env_port if env_port is not None else _free_port())
-        table = single_node_table(cfg, args.nproc_per_node or 1, node=env.get("RAILYARD_NODE_NAME") or socket.gethostname(), master_port=port)
+        table = single_node_table(cfg, args.nproc_per_node or 1, node=podenv.NODE_NAME.get(env) or socket.gethostname(), master_port=port)
     if cfg.trainer.program is not None:
         cfg = replace(cfg, trainer=replace(cfg.trainer, program=expand_program(cfg.trainer.program, env)))
     problems = check_program(cfg.trainer.program, cwd=os.getcwd())
@@ -223,11 +216,11 @@ def plan_launch(args: argparse.Namespace, env: Mapping[str, str]) -> LaunchPlan:
         raise ConfigError(problems)
     mine = table.ranks_of_pod(pod_index)
     if not mine:
-        raise ConfigError([f"RAILYARD_POD_INDEX: pod {pod_index} has no ranks in the rank table"])
-    master = args.master_addr or env.get("MASTER_ADDR") or table.master_addr or "127.0.0.1"
+        raise ConfigError([f"{podenv.POD_INDEX.name}: pod {pod_index} has no ranks in the rank table"])
+    master = args.master_addr or podenv.MASTER_ADDR.get(env) or table.master_addr or "127.0.0.1"
     port = args.master_port or (env_port if env_port is not None else table.master_port)
-    node = env.get("RAILYARD_NODE_NAME") or mine[0].node
-    wait_s = env_float(env, "RAILYARD_RENDEZVOUS_WAIT_S", RENDEZVOUS_WAIT_S)
+    node = podenv.NODE_NAME.get(env) or mine[0].node
+    wait_s = env_float(env, podenv.RENDEZVOUS_WAIT_S)
     plan = LaunchPlan(cfg, table, pod_index, resolve_until(master, port, time.monotonic() + wait_s), port)
     # TP groups stay inside a node, so a pod's own rank count is the per-node process count.
     dims = ParallelDims(pp=table.pp, dp=table.dp, tp=table.tp, world_size=table.world_size, procs_per_node=table.procs_per_node)

@@ -30,6 +30,7 @@ import os
 import sys
 from collections.abc import Sequence
 
+from railyard.protocol import podenv
 from railyard.protocol.exitcodes import ExitCode
 from railyard.protocol.ranktable import RankTableError
 from railyard_trainer.config import ConfigError
@@ -107,10 +108,9 @@ def launch(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         plan = plan_launch(args, os.environ)
-        fail_grace_s = env_float(os.environ, "RAILYARD_FAIL_GRACE_S", 5.0)
-        kill_grace_s = env_float(os.environ, "RAILYARD_KILL_GRACE_S", 10.0)
-        restart_wait_s = env_float(os.environ, "RAILYARD_RESTART_WAIT_S", 60.0)
-        restart_kill_grace_s = env_float(os.environ, "RAILYARD_RESTART_KILL_GRACE_S", 2.0)
+        fail_grace_s = env_float(os.environ, podenv.FAIL_GRACE_S)
+        kill_grace_s = env_float(os.environ, podenv.KILL_GRACE_S)
+        restart_kill_grace_s = env_float(os.environ, podenv.RESTART_KILL_GRACE_S)
     except (ConfigError, RankTableError, ValueError) as exc:
         log_event("launcher_exit", code=int(ExitCode.CONFIG_PERMANENT), failure_class="Permanent", error=str(exc))
         write_termination_message(f"configuration error (exit code {int(ExitCode.CONFIG_PERMANENT)}): {exc}")
@@ -120,7 +120,7 @@ def launch(argv: Sequence[str] | None = None) -> int:
     from railyard_trainer.inplace import launch_in_place
 
     code = launch_in_place(plan, os.environ, fail_grace_s=fail_grace_s, kill_grace_s=kill_grace_s,
-                           restart_wait_s=restart_wait_s, restart_kill_grace_s=restart_kill_grace_s)
+                           restart_wait_s=plan.config.restart_wait_seconds, restart_kill_grace_s=restart_kill_grace_s)
     if code is not None:
         return code
     return supervise(plan, fail_grace_s=fail_grace_s, kill_grace_s=kill_grace_s)

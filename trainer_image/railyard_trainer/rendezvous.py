@@ -15,6 +15,8 @@ from datetime import timedelta
 
 import torch.distributed as dist
 
+from railyard.protocol import podenv
+
 
 def attempt_prefix(attempt: str) -> str:
     return f"railyard/attempt-{attempt}"
@@ -27,10 +29,10 @@ def build_attempt_store(timeout_s: float, env: Mapping[str, str] | None = None) 
     would count); the process group's own barrier, under the prefix, counts only this attempt's
     ranks."""
     e = os.environ if env is None else env
-    attempt = e.get("RAILYARD_ATTEMPT")
-    if attempt is None or not e.get("MASTER_ADDR") or not e.get("MASTER_PORT"):
+    attempt, addr, port = podenv.ATTEMPT.get(e), podenv.MASTER_ADDR.get(e), podenv.MASTER_PORT.get(e)
+    if attempt is None or not addr or port is None:
         return None
     rank, world = int(e["RANK"]), int(e["WORLD_SIZE"])
-    store = dist.TCPStore(e["MASTER_ADDR"], int(e["MASTER_PORT"]), world, is_master=rank == 0,
+    store = dist.TCPStore(addr, port, world, is_master=rank == 0,
                           timeout=timedelta(seconds=timeout_s), wait_for_workers=False)
-    return dist.PrefixStore(attempt_prefix(attempt), store)
+    return dist.PrefixStore(attempt_prefix(str(attempt)), store)

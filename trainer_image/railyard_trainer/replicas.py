@@ -42,9 +42,7 @@ from torch.distributed.tensor import DTensor
 # the Lighthouse's address (torchft's own variable, ``http://HOST:PORT``) and this group's index
 # among the replica groups, and the pod IP torchft advertises: the operator sets them, spelled once
 # in protocol/
-from railyard.protocol.podenv import LIGHTHOUSE_ENV as LIGHTHOUSE_ENV
-from railyard.protocol.podenv import POD_IP_ENV as POD_IP_ENV
-from railyard.protocol.podenv import REPLICA_GROUP_ENV as REPLICA_GROUP_ENV
+from railyard.protocol import podenv
 from railyard_trainer.config import ConfigError
 from railyard_trainer.events import log_event
 
@@ -152,13 +150,13 @@ def advertised_host(env: Mapping[str, str] | None = None) -> str:
     NetworkPolicy admits them) and which needs no DNS; an IPv6 address comes in brackets, ready
     for ``http://HOST:PORT``. Without it (a run outside the operator) torchft's default stays."""
     e = os.environ if env is None else env
-    ip = e.get(POD_IP_ENV, "").strip()
+    ip = podenv.POD_IP.get(e)
     if not ip:
         return socket.gethostname()
     try:
         addr = ipaddress.ip_address(ip)
     except ValueError as exc:
-        raise ConfigError([f"{POD_IP_ENV}: {ip!r} is not an IP address; the operator sets it from status.podIP"]) from exc
+        raise ConfigError([f"{podenv.POD_IP.name}: {ip!r} is not an IP address; the operator sets it from status.podIP"]) from exc
     return f"[{addr}]" if addr.version == 6 else str(addr)
 
 
@@ -264,12 +262,12 @@ def group_from_env(env: Mapping[str, str] | None = None) -> tuple[int, str]:
     """(this group's index, the Lighthouse address) from the pod's environment."""
     e = os.environ if env is None else env
     problems = []
-    group = e.get(REPLICA_GROUP_ENV, "")
-    lighthouse = e.get(LIGHTHOUSE_ENV, "")
+    group = podenv.REPLICA_GROUP.raw(e)
+    lighthouse = podenv.LIGHTHOUSE.get(e)
     if not group.isdigit():
-        problems.append(f"{REPLICA_GROUP_ENV}: {group!r} is not this replica group's index (a whole number); the operator sets it for faultTolerance.mode ReplicaGroups")
+        problems.append(f"{podenv.REPLICA_GROUP.name}: {group!r} is not this replica group's index (a whole number); the operator sets it for faultTolerance.mode ReplicaGroups")
     if not lighthouse:
-        problems.append(f"{LIGHTHOUSE_ENV}: empty; give the Lighthouse's address (http://HOST:PORT of `railyard-train lighthouse`)")
+        problems.append(f"{podenv.LIGHTHOUSE.name}: empty; give the Lighthouse's address (http://HOST:PORT of `railyard-train lighthouse`)")
     if problems:
         raise ConfigError(problems)
     return int(group), lighthouse

@@ -20,10 +20,11 @@ import traceback
 from collections.abc import Mapping
 from pathlib import Path
 
+from railyard.protocol import podenv
 from railyard.protocol.exitcodes import classify_exit_code
 from railyard.protocol.termination import MAX_TERMINATION_MESSAGE_BYTES, TERMINATION_LOG_ENV
 
-WORKER_ERROR_FILE_ENV = "RAILYARD_WORKER_ERROR_FILE"
+WORKER_ERROR_FILE_ENV = podenv.WORKER_ERROR_FILE.name
 #: How much of a traceback a worker keeps (its end: the exception is the last line).
 MAX_TRACEBACK_CHARS = 3000
 

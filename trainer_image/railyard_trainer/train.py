@@ -32,6 +32,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
+from railyard.protocol import podenv
 from railyard.protocol.trainerconfig import world_parallelism
 from railyard_trainer import hooks, sdk
 from railyard_trainer.config import ConfigError, TrainerConfig
@@ -64,7 +65,7 @@ from railyard_trainer.worker_env import WorkerEnv
 #: Above this many parameters the model is built on the meta device and initialised after
 #: sharding (each rank only ever holds its shard); below, it is built whole with the seed, so
 #: every layout starts from bit-identical weights.
-META_INIT_PARAMS = int(os.environ.get("RAILYARD_META_INIT_PARAMS", "500000000"))
+META_INIT_PARAMS = int(podenv.META_INIT_PARAMS.get(os.environ))
 
 #: Dense bf16 peak FLOP/s per GPU, by device-name substring (for MFU).
 PEAK_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "A10G": 125e12}
@@ -121,7 +122,7 @@ class Trainer:
         param_dtype = param_dtype_for(t.mixed_precision, self.device)
         offload = t.cpu_offload and self.device.type == "cuda"
         # Not in the CRD yet: bench/gpu/run.py measures it first (RAILYARD_COMPILE).
-        compile_backend = compile_backend_from_env(os.environ.get("RAILYARD_COMPILE"))
+        compile_backend = compile_backend_from_env(podenv.COMPILE.get(os.environ))
 
         def parallelize(m: Transformer) -> Transformer:
             return parallelize_llama(m, mesh=self.mesh, dims=self.dims, param_dtype=param_dtype, activation_checkpointing=t.activation_checkpointing, cpu_offload=offload, compile_backend=compile_backend)
@@ -164,8 +165,8 @@ class Trainer:
         self.faults = FaultInjector(cfg.active_faults(), rank=env.rank, log=log_event)
         self.probe = SpeedProbe(self.device)
         self.watchdog: Watchdog = self.session.watchdog
-        self.log_all_ranks = os.environ.get("RAILYARD_LOG_ALL_RANKS") == "1"
-        self.dump_grads_dir = os.environ.get("RAILYARD_DUMP_GRADS", "")
+        self.log_all_ranks = podenv.LOG_ALL_RANKS.get(os.environ)
+        self.dump_grads_dir = podenv.DUMP_GRADS.get(os.environ)
         self.replicas = self._build_replicas() if ft.mode == "ReplicaGroups" else None
         #: ReplicaGroups: the share of the first step, from the quorum joined before restoring.
         self._joined: Share | None = None
@@ -393,7 +394,7 @@ def _test_hold(step: int) -> None:
     """Test hook (``RAILYARD_TEST_HOLD=STEP:PATH[,STEP:PATH...]``): before step STEP wait until
     PATH exists, so a test can line replica groups up (start together, or keep survivors from
     finishing before a replacement joins) on conditions it observes, not on timing."""
-    for item in filter(None, os.environ.get("RAILYARD_TEST_HOLD", "").split(",")):
+    for item in filter(None, podenv.TEST_HOLD.get(os.environ).split(",")):
         at, _, name = item.partition(":")
         if int(at) != step:
             continue
@@ -422,8 +423,8 @@ def seed_rank_rng(seed: int, rank: int) -> None:
 def _peak_flops(device: torch.device) -> float:
     if device.type != "cuda":
         return 0.0
-    if os.environ.get("RAILYARD_PEAK_FLOPS"):
-        return float(os.environ["RAILYARD_PEAK_FLOPS"])
+    if podenv.PEAK_FLOPS.is_set(os.environ):
+        return float(podenv.PEAK_FLOPS.get(os.environ))
     name = torch.cuda.get_device_name(device)
     return next((v for k, v in PEAK_FLOPS.items() if k in name), 0.0)
 
@@ -436,7 +437,7 @@ def _identity(env: WorkerEnv) -> sdk.Identity:
 
 
 def _build_health(cfg: TrainerConfig, ctx: hooks.TrainContext) -> hooks.HealthMonitor:
-    if os.environ.get("RAILYARD_DISABLE_HEALTH") != "1":
+    if not podenv.DISABLE_HEALTH.get(os.environ):
         try:
             from railyard_trainer.health import build_health_monitor
         except ImportError as exc:

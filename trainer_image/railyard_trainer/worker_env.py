@@ -13,8 +13,12 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TypeVar
 
+from railyard.protocol import podenv
 from railyard_trainer.config import ConfigError
+
+_V = TypeVar("_V")
 
 
 @dataclass(frozen=True)
@@ -40,11 +44,11 @@ class WorkerEnv:
                 local_rank=int(e["LOCAL_RANK"]),
                 world_size=int(e["WORLD_SIZE"]),
                 procs_per_node=int(e["LOCAL_WORLD_SIZE"]),
-                mesh_shape=_triple(e["RAILYARD_MESH_SHAPE"]),
-                coords=_triple(e["RAILYARD_MESH_COORDS"]),
-                config_path=e["RAILYARD_CONFIG"],
-                node=e.get("RAILYARD_NODE_NAME", ""),
-                pod_index=int(e.get("RAILYARD_POD_INDEX", "0")),
+                mesh_shape=_required(podenv.MESH_SHAPE.get(e), podenv.MESH_SHAPE),
+                coords=_required(podenv.MESH_COORDS.get(e), podenv.MESH_COORDS),
+                config_path=_required(podenv.CONFIG.get(e) or None, podenv.CONFIG),
+                node=podenv.NODE_NAME.get(e),
+                pod_index=podenv.POD_INDEX.get(e) or 0,
             )
         except (KeyError, ValueError) as exc:
             raise ConfigError([f"worker environment: {exc!r}; start workers with railyard-train, not directly"]) from exc
@@ -60,11 +64,11 @@ class WorkerEnv:
             "ROLE_RANK": str(self.rank),
             "ROLE_WORLD_SIZE": str(self.world_size),
             "ROLE_NAME": "default",
-            "RAILYARD_MESH_SHAPE": ",".join(map(str, self.mesh_shape)),
-            "RAILYARD_MESH_COORDS": ",".join(map(str, self.coords)),
-            "RAILYARD_CONFIG": self.config_path,
-            "RAILYARD_NODE_NAME": self.node,
-            "RAILYARD_POD_INDEX": str(self.pod_index),
+            podenv.MESH_SHAPE.name: podenv.MESH_SHAPE.render(self.mesh_shape),
+            podenv.MESH_COORDS.name: podenv.MESH_COORDS.render(self.coords),
+            podenv.CONFIG.name: self.config_path,
+            podenv.NODE_NAME.name: self.node,
+            podenv.POD_INDEX.name: podenv.POD_INDEX.render(self.pod_index),
         }
 
 
@@ -77,10 +81,11 @@ def torchrun_env(*, pods: int, attempt: int, run_id: str) -> dict[str, str]:
         "TORCHELASTIC_RUN_ID": run_id,
         # the rendezvous store is rank 0's (env://), not an agent's
         "TORCHELASTIC_USE_AGENT_STORE": "False",
-        "RAILYARD_ATTEMPT": str(attempt),
+        podenv.ATTEMPT.name: podenv.ATTEMPT.render(attempt),
     }
 
 
-def _triple(s: str) -> tuple[int, int, int]:
-    a, b, c = (int(x) for x in s.split(","))
-    return a, b, c
+def _required(value: _V | None, var: podenv.EnvVar) -> _V:
+    if value is None:
+        raise KeyError(var.name)
+    return value

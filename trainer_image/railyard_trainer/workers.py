@@ -22,11 +22,11 @@ from dataclasses import replace
 from pathlib import Path
 from types import FrameType
 
+from railyard.protocol import podenv
 from railyard.protocol.exitcodes import ExitCode, classify_exit_code
 from railyard_trainer.config import TrainerConfig
 from railyard_trainer.events import log_event
 from railyard_trainer.launch_plan import (
-    RENDEZVOUS_WAIT_S,
     LaunchPlan,
     env_float,
     resolved_lighthouse,
@@ -107,8 +107,8 @@ def supervise(plan: LaunchPlan, *, fail_grace_s: float, kill_grace_s: float) -> 
     config_path = run_dir / "config.json"
     config_path.write_text(json.dumps(plan.config.to_dict()))
     base = dict(os.environ)
-    base.update({"MASTER_ADDR": plan.master_addr, "MASTER_PORT": str(plan.master_port), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), "PYTHONUNBUFFERED": "1"})
-    base.update(resolved_lighthouse(base, time.monotonic() + env_float(base, "RAILYARD_RENDEZVOUS_WAIT_S", RENDEZVOUS_WAIT_S)))
+    base.update({podenv.MASTER_ADDR.name: plan.master_addr, podenv.MASTER_PORT.name: podenv.MASTER_PORT.render(plan.master_port), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), "PYTHONUNBUFFERED": "1"})
+    base.update(resolved_lighthouse(base, time.monotonic() + env_float(base, podenv.RENDEZVOUS_WAIT_S)))
     if plan.master_addr.startswith("127.") and len(plan.table.pods) == 1:
         base.setdefault("GLOO_SOCKET_IFNAME", "lo")
     procs: dict[int, WorkerProcess] = {}

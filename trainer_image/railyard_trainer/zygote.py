@@ -42,8 +42,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from railyard.protocol import podenv
+
 #: Set to 0 to start every worker as a plain subprocess (each imports torch itself).
-ZYGOTE_ENV = "RAILYARD_WORKER_ZYGOTE"
+ZYGOTE_ENV = podenv.WORKER_ZYGOTE.name
 #: What the bundled trainer's workers import (railyard_trainer.train pulls in torch,
 #: torch.distributed, DTensor and FSDP2).
 TRAINER_PRELOAD = ("railyard_trainer.train",)
@@ -174,7 +176,7 @@ class Spawner:
         default (:func:`preload_for`)."""
         self._env = dict(os.environ if env is None else env)
         self._preload_override = None if preload is None else tuple(preload)
-        self.enabled = self._env.get(ZYGOTE_ENV, "1") != "0"
+        self.enabled = podenv.WORKER_ZYGOTE.get(self._env)
         self._proc: subprocess.Popen[bytes] | None = None
         self._sock: socket.socket | None = None
         self._lock = threading.Lock()

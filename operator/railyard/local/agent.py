@@ -37,6 +37,7 @@ from railyard.local.podenv import ContainerConfigError, PodContext
 from railyard.local.tasks import TaskSet
 from railyard.local.termination import build_termination_message, termination_message_path
 from railyard.local.topology import NodeSpec
+from railyard.protocol import podenv as contract
 from railyard.protocol.device import SIMULATED_DEVICE_ENV, SimulatedDevice, write_device
 
 log = logging.getLogger(__name__)
@@ -278,10 +279,10 @@ class PodWorker:
         full.update(
             {
                 "HOSTNAME": str((self.pod.get("spec") or {}).get("hostname") or self.name),
-                "RAILYARD_POD_NAME": self.name,
+                contract.POD_NAME.name: self.name,
                 "RAILYARD_POD_NAMESPACE": self.ns,
                 "RAILYARD_POD_IP": self.node.ip,
-                "RAILYARD_NODE_NAME": self.node.name,
+                contract.NODE_NAME.name: self.node.name,
                 "RAILYARD_POD_DIR": str(self.pod_dir),
                 "RAILYARD_MOUNTS": podenv.mounts_json(mounts),
                 "RAILYARD_NODE_SLOW_FACTOR": str(self.agent.control(self.node.name).slow_factor),

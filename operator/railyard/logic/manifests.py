@@ -21,10 +21,11 @@ from railyard.api.trainingjob import (
     TRAINER_UID as TRAINER_UID,  # the image's user, for callers of this module
 )
 from railyard.logic.layout import build_replica_group_table
+from railyard.protocol import podenv
 from railyard.protocol.mesh import MeshShape
-from railyard.protocol.podenv import LIGHTHOUSE_ENV, POD_IP_ENV, REPLICA_GROUP_ENV
 from railyard.protocol.ranktable import PodEntry, RankTable
-from railyard.protocol.termination import TERMINATION_LOG, TERMINATION_LOG_ENV
+from railyard.protocol.termination import TERMINATION_LOG
+from railyard.protocol.trainerconfig import restart_wait_seconds
 
 # labels, annotations, names ------------------------------------------------------------------
 JOB_LABEL = f"{GROUP}/job"
@@ -240,25 +241,18 @@ def build_trainer_config(
     restore: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """``config.json`` as the trainer reads it (railyard_trainer.config)."""
-    p = spec.parallelism
     return {
         "job": job,
         "namespace": namespace,
         "attempt": attempt,
         "trainer": spec.trainer.model_dump(by_alias=True, exclude_none=True, mode="json"),
         # railyard.protocol.trainerconfig.Parallelism, with the data degree resolved
-        "parallelism": {
-            "tensor": p.tensor,
-            "pipeline": p.pipeline,
-            "data": spec.data_parallel or None,
-            "dataReplicas": p.data_replicas,
-            "pipelineSchedule": p.pipeline_schedule,
-            "microbatches": p.microbatches,
-        },
+        "parallelism": {**spec.parallelism.model_dump(by_alias=True, mode="json"), "data": spec.data_parallel or None},
         "checkpoint": spec.checkpoint.model_dump(by_alias=True, exclude_none=True, mode="json"),
         "health": spec.health.model_dump(by_alias=True, exclude_none=True, mode="json"),
         "faultTolerance": spec.fault_tolerance.model_dump(by_alias=True, exclude_none=True, mode="json"),
         "restore": None if restore is None else dict(restore),
+        "restartWaitSeconds": restart_wait_seconds(spec.restart_policy.in_place_timeout_seconds),
     }
 
 
@@ -412,34 +406,29 @@ def build_pod_env(
     if groups > 1:
         table_file, master_pod = group_rank_table_file(group), group * (spec.nodes // groups)
     env: list[dict[str, Any]] = [
-        {"name": "RAILYARD_CONFIG", "value": f"{CONFIG_DIR}/{CONFIG_FILE}"},
-        {"name": "RAILYARD_RANK_TABLE", "value": f"{CONFIG_DIR}/{table_file}"},
-        {"name": "RAILYARD_POD_INDEX", "value": str(pod_index)},
-        {"name": "RAILYARD_POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
-        {"name": "RAILYARD_NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
-        {"name": "RAILYARD_JOB", "value": job},
-        {"name": "RAILYARD_NAMESPACE", "value": namespace},
-        {"name": "RAILYARD_ATTEMPT", "value": str(attempt)},
-        {"name": "MASTER_ADDR", "value": pod_address(job, namespace, master_pod)},
-        {"name": "MASTER_PORT", "value": str(rendezvous_port(job, namespace, attempt, group))},
-        {"name": "RAILYARD_HEARTBEAT_URL", "value": heartbeat_url},
-        {"name": "RAILYARD_HEARTBEAT_TOKEN", "valueFrom": {"secretKeyRef": {"name": secret_name(job), "key": TOKEN_KEY}}},
-        {"name": "RAILYARD_CONTROL_URL", "value": control_url or control_url_for(heartbeat_url, namespace, job)},
-        # a launcher whose workers failed waits this long without word from the operator before
-        # it exits (and the pod fails): the in-place restart's window, with room for the backoff
-        {"name": "RAILYARD_RESTART_WAIT_S", "value": f"{max(60.0, 2 * spec.restart_policy.in_place_timeout_seconds):g}"},
-        {"name": "RAILYARD_CHECKPOINT_MEMORY_DIR", "value": group_checkpoint_dir("memory", groups, group)},
-        {"name": "RAILYARD_CHECKPOINT_LOCAL_DIR", "value": group_checkpoint_dir("local", groups, group)},
-        {"name": "RAILYARD_CHECKPOINT_SHARED_DIR", "value": group_checkpoint_dir("shared", groups, group)},
-        {"name": TERMINATION_LOG_ENV, "value": TERMINATION_LOG},
+        podenv.CONFIG.entry(f"{CONFIG_DIR}/{CONFIG_FILE}"),
+        podenv.RANK_TABLE.entry(f"{CONFIG_DIR}/{table_file}"),
+        podenv.POD_INDEX.entry(podenv.POD_INDEX.render(pod_index)),
+        podenv.POD_NAME.field_entry("metadata.name"),
+        podenv.NODE_NAME.field_entry("spec.nodeName"),
+        podenv.JOB.entry(job),
+        podenv.NAMESPACE.entry(namespace),
+        podenv.ATTEMPT.entry(podenv.ATTEMPT.render(attempt)),
+        podenv.MASTER_ADDR.entry(pod_address(job, namespace, master_pod)),
+        podenv.MASTER_PORT.entry(podenv.MASTER_PORT.render(rendezvous_port(job, namespace, attempt, group))),
+        podenv.HEARTBEAT_URL.entry(heartbeat_url),
+        podenv.HEARTBEAT_TOKEN.secret_entry(secret_name(job), TOKEN_KEY),
+        podenv.CONTROL_URL.entry(control_url or control_url_for(heartbeat_url, namespace, job)),
+        *(var.entry(group_checkpoint_dir(tier, groups, group)) for tier, var in podenv.CHECKPOINT_DIRS.items()),
+        podenv.TERMINATION_LOG.entry(TERMINATION_LOG),
     ]
     if groups > 1:
         env += [
-            {"name": REPLICA_GROUP_ENV, "value": str(group)},
-            {"name": LIGHTHOUSE_ENV, "value": lighthouse_address(job, namespace)},
+            podenv.REPLICA_GROUP.entry(podenv.REPLICA_GROUP.render(group)),
+            podenv.LIGHTHOUSE.entry(lighthouse_address(job, namespace)),
             # torchft's addresses for the quorum and for healing peers (its default, the
             # short hostname, does not resolve in other pods)
-            {"name": POD_IP_ENV, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+            podenv.POD_IP.field_entry("status.podIP"),
         ]
     nccl = {**NCCL_DEFAULTS, **spec.nccl}
     env += [{"name": k, "value": v} for k, v in sorted(nccl.items())]
@@ -733,11 +722,7 @@ def build_cleanup_pod(
     if not shared:
         volumes = [v for v in volumes if v["name"] != "ckpt-shared"]
         mounts = [m for m in mounts if m["name"] != "ckpt-shared"]
-    env = [
-        {"name": "RAILYARD_CHECKPOINT_MEMORY_DIR", "value": CHECKPOINT_MOUNTS["memory"]},
-        {"name": "RAILYARD_CHECKPOINT_LOCAL_DIR", "value": CHECKPOINT_MOUNTS["local"]},
-        {"name": "RAILYARD_CHECKPOINT_SHARED_DIR", "value": CHECKPOINT_MOUNTS["shared"] if shared else ""},
-    ]
+    env = [var.entry(CHECKPOINT_MOUNTS[tier] if shared or tier != "shared" else "") for tier, var in podenv.CHECKPOINT_DIRS.items()]
     labels = {**job_labels(job), CLEANUP_LABEL: "true"}
     return {
         "apiVersion": "v1",

@@ -18,8 +18,10 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from railyard.protocol import podenv
+
 #: Environment variable naming the node's device file (set by the local node agent only).
-SIMULATED_DEVICE_ENV = "RAILYARD_SIMULATED_DEVICE_FILE"
+SIMULATED_DEVICE_ENV = podenv.SIMULATED_DEVICE_FILE.name
 
 
 @dataclass(frozen=True)

@@ -10,9 +10,11 @@ status and Events (railyard.logic.failure_report), so it outlives the pod.
 
 from __future__ import annotations
 
+from railyard.protocol import podenv
+
 #: The container's termination message file (Kubernetes' default ``terminationMessagePath``).
 TERMINATION_LOG = "/dev/termination-log"
 #: Environment variable naming that file for the trainer (unset: the trainer writes none).
-TERMINATION_LOG_ENV = "RAILYARD_TERMINATION_LOG"
+TERMINATION_LOG_ENV = podenv.TERMINATION_LOG.name
 #: The kubelet keeps at most this many bytes of a termination message file.
 MAX_TERMINATION_MESSAGE_BYTES = 4096

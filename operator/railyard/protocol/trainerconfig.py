@@ -120,6 +120,20 @@ class Parallelism:
     microbatches: int | None = _c(None, ge=1, le=4096)
 
 
+# --------------------------------------------------------------------------- restarts
+
+#: config.json's ``restartWaitSeconds``: how long a launcher whose workers failed waits for word
+#: from the operator before it exits (and the pod fails). The operator writes
+#: ``max(RESTART_WAIT_FLOOR_SECONDS, 2 x spec.restartPolicy.inPlaceTimeoutSeconds)``: the in-place
+#: restart's window, with room for the backoff; this floor is also the default.
+RESTART_WAIT_FLOOR_SECONDS = 60.0
+
+
+def restart_wait_seconds(in_place_timeout_seconds: float) -> float:
+    """The launcher's wait for the operator, from ``spec.restartPolicy.inPlaceTimeoutSeconds``."""
+    return max(RESTART_WAIT_FLOOR_SECONDS, 2 * in_place_timeout_seconds)
+
+
 # --------------------------------------------------------------------------- fault tolerance
 
 
@@ -408,6 +422,7 @@ def schema_fields(cls: type) -> dict[str, tuple[Any, Any, Mapping[str, Any]]]:
 
 __all__ = [
     "DATASET_TYPES",
+    "RESTART_WAIT_FLOOR_SECONDS",
     "Checkpoint",
     "Dataset",
     "FaultSpec",
@@ -423,6 +438,7 @@ __all__ = [
     "StragglerPolicy",
     "TrainerSettings",
     "parse",
+    "restart_wait_seconds",
     "schema_fields",
     "to_wire",
     "trainer_rule_problems",

@@ -22,6 +22,7 @@ from dataclasses import asdict, is_dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from railyard.protocol import podenv
 from railyard.protocol.manifest import TIERS
 from railyard.protocol.ranktable import RankTable
 from railyard.protocol.restore import PER_NODE_TIERS, Layout
@@ -84,7 +85,7 @@ def _section(config: Any, name: str) -> Any:
 def load_rank_table(env: Mapping[str, str] | None = None) -> RankTable | None:
     """``RAILYARD_RANK_TABLE``: a path to the rank table JSON, or the JSON itself."""
     env = os.environ if env is None else env
-    raw = env.get("RAILYARD_RANK_TABLE", "").strip()
+    raw = podenv.RANK_TABLE.get(env)
     if not raw:
         return None
     text = raw if raw.startswith("{") else Path(raw).read_text()

@@ -20,7 +20,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--job", required=True, help="TrainingJob name (the directory under each tier root)")
     args = p.parse_args(argv)
-    roots = {tier: os.environ.get(var, "") for tier, var in ENV_DIRS.items()}
+    roots = {tier: var.get(os.environ) for tier, var in ENV_DIRS.items()}
     for path in delete_job_checkpoints(roots, args.job):
         print(f"removed {path}")
     return 0

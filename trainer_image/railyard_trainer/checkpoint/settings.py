@@ -11,23 +11,20 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from railyard.protocol import podenv
 from railyard.protocol.exitcodes import ExitCode
 from railyard.protocol.manifest import TIERS
 from railyard.protocol.trainerconfig import Checkpoint
 
-ENV_DIRS = {
-    "memory": "RAILYARD_CHECKPOINT_MEMORY_DIR",
-    "local": "RAILYARD_CHECKPOINT_LOCAL_DIR",
-    "shared": "RAILYARD_CHECKPOINT_SHARED_DIR",
-}
+ENV_DIRS: Mapping[str, podenv.Text] = podenv.CHECKPOINT_DIRS
 #: How the checkpoint's background threads share the CPU with training (manager.BackgroundCpu):
 #: ``idle``, Linux's idle class (they run on CPU time no other thread wants; lifted to nice 10
 #: whenever training waits for them or runs a collective on their group), ``nice`` (nice 10: a
 #: small share of a busy core), or ``auto`` (the default): ``idle`` where this process may take
 #: a thread out of the idle class again (CAP_SYS_NICE or RLIMIT_NICE), else ``nice``.
-ENV_CPU_CLASS = "RAILYARD_CHECKPOINT_CPU"
+ENV_CPU_CLASS = podenv.CHECKPOINT_CPU.name
 CPU_CLASSES = ("auto", "idle", "nice")
-DEFAULT_CPU_CLASS = "auto"
+DEFAULT_CPU_CLASS = podenv.CHECKPOINT_CPU.default
 #: Defaults per tier: (enabled, intervalSteps, keep), the CRD's (spec.checkpoint), from the
 #: schema both sides share. A tier without a directory is inactive whatever it says.
 DEFAULTS: Mapping[str, tuple[bool, int, int]] = {
@@ -121,7 +118,7 @@ def parse_checkpoint_settings(
         if not isinstance(replicate, bool):
             problems.append(f"checkpoint.{name}.replicate: expected true or false")
             replicate = False
-        root = str(t.get("dir", "") or env.get(ENV_DIRS[name], ""))
+        root = str(t.get("dir", "") or ENV_DIRS[name].get(env))
         tiers.append(
             TierSettings(
                 name=name, enabled=enabled, interval_steps=interval, keep=keep, root=root,
@@ -136,7 +133,7 @@ def parse_checkpoint_settings(
     if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0:
         problems.append("checkpoint.timeoutSeconds: expected a positive number of seconds")
         timeout = 300.0
-    cpu_class = env.get(ENV_CPU_CLASS, "").strip() or DEFAULT_CPU_CLASS
+    cpu_class = podenv.CHECKPOINT_CPU.get(env)
     if cpu_class not in CPU_CLASSES:
         problems.append(
             f"{ENV_CPU_CLASS}={cpu_class!r}: expected one of {', '.join(CPU_CLASSES)} "

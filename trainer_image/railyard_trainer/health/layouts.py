@@ -31,6 +31,7 @@ import torch
 from torch import nn
 from torch.distributed.tensor import DTensor
 
+from railyard.protocol import podenv
 from railyard_trainer.hooks import SDCDetected, TrainContext
 
 #: name -> (processes, pp, tp, HSDP replica groups); dp is derived.
@@ -202,9 +203,9 @@ def layout_worker(rank: int, world: int, port: int, layout: str, plan: list[dict
         MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
         LOCAL_RANK=str(rank), OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo",
     )
-    for k in ("RAILYARD_HEARTBEAT_URL", "RAILYARD_DISABLE_HEALTH"):
-        os.environ.pop(k, None)
-    os.environ["RAILYARD_PLAIN_CHECKPOINT"] = "1"  # replaced by the boundary below
+    for var in (podenv.HEARTBEAT_URL, podenv.DISABLE_HEALTH):
+        os.environ.pop(var.name, None)
+    os.environ[podenv.PLAIN_CHECKPOINT.name] = podenv.PLAIN_CHECKPOINT.render(True)  # replaced by the boundary below
     torch.set_num_threads(1)
     logging.getLogger("railyard_trainer").setLevel(logging.ERROR)
     from railyard_trainer.config import TrainerConfig

@@ -29,6 +29,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from railyard.protocol import podenv
 from railyard.protocol.heartbeat import CheckpointEvent, HealthResult
 from railyard.protocol.trainerconfig import Health, parse
 from railyard_trainer.health.checks import (
@@ -75,8 +76,8 @@ class HealthSettings:
         """``health``: the config's :class:`Health` (or its camelCase form, as in config.json)."""
         h = health if isinstance(health, Health) else parse(Health, health, where="health")
         return cls(
-            url=env.get("RAILYARD_HEARTBEAT_URL", ""),
-            token=env.get("RAILYARD_HEARTBEAT_TOKEN", ""),
+            url=podenv.HEARTBEAT_URL.get(env),
+            token=podenv.HEARTBEAT_TOKEN.get(env),
             interval_s=h.heartbeat_interval_seconds,
             sdc_interval_steps=h.sdc.interval_steps,
             replay_on_spike=h.sdc.replay_on_spike,

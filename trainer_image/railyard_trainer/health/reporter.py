@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import replace
 
+from railyard.protocol import podenv
 from railyard.protocol.heartbeat import MAX_RECENT_STEPS, CheckpointEvent, HealthResult, RankBeat
 from railyard_trainer.health.client import BeatSender, PodAggregator, aggregator_path, beat_message
 
@@ -85,7 +86,7 @@ class Reporter:
         contract); without a URL nothing is sent and every call is cheap."""
         return cls(
             rank=rank, local_rank=local_rank, pod_index=pod_index, node=node, job=job, namespace=namespace,
-            attempt=attempt, url=env.get("RAILYARD_HEARTBEAT_URL", ""), token=env.get("RAILYARD_HEARTBEAT_TOKEN", ""),
+            attempt=attempt, url=podenv.HEARTBEAT_URL.get(env), token=podenv.HEARTBEAT_TOKEN.get(env),
             interval_s=interval_s, progress=progress,
         )
 

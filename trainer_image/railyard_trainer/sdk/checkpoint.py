@@ -15,6 +15,7 @@ import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from railyard.protocol import podenv
 from railyard_trainer import hooks
 from railyard_trainer.events import log_event
 
@@ -28,7 +29,7 @@ def build_inner(
     """The tiered checkpointer (``railyard_trainer.checkpoint``), or the plain DCP fallback when
     it is switched off (``RAILYARD_PLAIN_CHECKPOINT=1``) or not installed. ``defer_capture``:
     see ``Session.checkpoints``."""
-    if os.environ.get("RAILYARD_PLAIN_CHECKPOINT") != "1":
+    if not podenv.PLAIN_CHECKPOINT.get(os.environ):
         try:
             from railyard_trainer.checkpoint import build_checkpointer
         except ImportError as exc:

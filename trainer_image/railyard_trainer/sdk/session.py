@@ -23,6 +23,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from railyard.protocol import podenv
 from railyard_trainer.checkpoint.settings import CheckpointSettings, parse_checkpoint_settings
 from railyard_trainer.config import ConfigError, TrainerConfig, load_config
 from railyard_trainer.events import log_event
@@ -62,20 +63,17 @@ class Identity:
 
         world = num("WORLD_SIZE", default=1)
         shape = (1, world, 1)
-        raw_shape = env.get("RAILYARD_MESH_SHAPE", "")
-        if raw_shape:
-            try:
-                a, b, c = (int(x) for x in raw_shape.split(","))
-            except ValueError as exc:
-                raise ConfigError([f"RAILYARD_MESH_SHAPE: expected 'pp,dp,tp', got {raw_shape!r}"]) from exc
-            shape = (a, b, c)
+        try:
+            shape = podenv.MESH_SHAPE.get(env) or shape
+        except podenv.PodEnvError as exc:
+            raise ConfigError([str(exc)]) from exc
         return cls(
             rank=num("RANK", default=0),
             local_rank=num("LOCAL_RANK", default=0),
             world_size=world,
             procs_per_node=num("LOCAL_WORLD_SIZE", default=world),
-            pod_index=num("RAILYARD_POD_INDEX", "GROUP_RANK", default=0),
-            node=env.get("RAILYARD_NODE_NAME") or socket.gethostname(),
+            pod_index=num(podenv.POD_INDEX.name, "GROUP_RANK", default=0),
+            node=podenv.NODE_NAME.get(env) or socket.gethostname(),
             mesh_shape=shape,
         )
 
@@ -124,7 +122,7 @@ class Session:
         self.config = config
         self.identity = identity
         self.env = dict(env)
-        self.speed_probe = speed_probe and env.get("RAILYARD_SPEED_PROBE", "1") != "0"
+        self.speed_probe = speed_probe and podenv.SPEED_PROBE.get(env)
         self.reporter = Reporter.from_env(
             env, rank=identity.rank, local_rank=identity.local_rank, pod_index=identity.pod_index, node=identity.node,
             job=config.job, namespace=config.namespace, attempt=config.attempt,
@@ -147,8 +145,8 @@ class Session:
     def from_env(cls, env: Mapping[str, str] | None = None, **kwargs: Any) -> Session:
         """The session of a worker the launcher started (or of a plain script: defaults)."""
         env = os.environ if env is None else env
-        path = env.get("RAILYARD_CONFIG", "")
-        config = load_config(path) if path else TrainerConfig(job=env.get("RAILYARD_JOB") or "local")
+        path = podenv.CONFIG.get(env)
+        config = load_config(path) if path else TrainerConfig(job=podenv.JOB.get(env) or "local")
         return cls(config, Identity.from_env(env), env=env, **kwargs)
 
     # ------------------------------------------------------------------ who and where

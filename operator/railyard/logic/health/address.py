@@ -16,9 +16,10 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from railyard.logic.gang import attempt_of
+from railyard.protocol import podenv
 
 #: The pod env var that carries the heartbeat URL (the pod contract, docs/trainer.md).
-HEARTBEAT_URL_ENV = "RAILYARD_HEARTBEAT_URL"
+HEARTBEAT_URL_ENV = podenv.HEARTBEAT_URL.name
 HEARTBEAT_ROUTE = "/v1/heartbeats/{namespace}/{job}"
 
 
