@@ -68,3 +68,15 @@ def test_the_comparison_reports_the_mode_beside_the_others() -> None:
     metrics = {r["metric"]: r for r in to_json(c)["results"]}
     assert metrics["goodput_railyard_replica_groups"]["target"] == 0.995
     assert metrics["goodput_railyard_replica_groups"]["value"] == c.groups.goodput
+
+
+def test_the_default_group_costs_are_the_ones_the_benchmark_measured() -> None:
+    import json
+    from pathlib import Path
+
+    from railyard.sim.model import GROUP_HEAL_FIXED_S, GROUP_SURVIVOR_STALL_S
+
+    doc = json.loads((Path(__file__).resolve().parents[2] / "bench" / "results" / "replica_groups.json").read_text())
+    rows = {r["metric"]: r["value"] for r in doc["results"]}
+    assert round(rows["sim: survivors' stall beyond the step redone"], 1) == GROUP_SURVIVOR_STALL_S, "update sim.model"
+    assert round(rows["replica_groups: healing group, quorum join -> healed from a peer"], 1) == GROUP_HEAL_FIXED_S
