@@ -314,6 +314,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fail-at", type=int, default=25, help="fail the node once the job has this many steps (default 25)")
     ap.add_argument("--smoke", action="store_true", help="the test suite's size: 40 steps, failure at step 8 (the survivors must not finish before the lost group heals)")
     ap.add_argument("--modes", default=",".join(MODES), help=f"comma-separated subset of {','.join(MODES)} (the acceptance rows need all)")
+    ap.add_argument("--no-reference", action="store_true", help="skip the no-failure run (no final-loss comparison; the test suite's smoke run)")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "replica_groups.json")
     args = ap.parse_args(argv)
     if args.smoke:
@@ -333,9 +334,11 @@ def main(argv: list[str] | None = None) -> int:
             op, _ = start_operator(kubeconfig, Path(tmp) / "operator.log", NS)
             print("local cluster and operator up", flush=True)
             selector = cluster.node_selector
-            ref_raw = asyncio.run(run_job(kubeconfig, "rgb-ref", job_spec("in_place", steps=args.steps, selector=selector), None))
-            ref = {"final_loss": final_loss(pod_events(cluster.log_dir, "rgb-ref")), "phase": ref_raw["status"]["phase"]}
-            print(f"reference: {ref}", flush=True)
+            ref: dict[str, Any] = {"final_loss": None, "phase": None}
+            if not args.no_reference:
+                ref_raw = asyncio.run(run_job(kubeconfig, "rgb-ref", job_spec("in_place", steps=args.steps, selector=selector), None))
+                ref = {"final_loss": final_loss(pod_events(cluster.log_dir, "rgb-ref")), "phase": ref_raw["status"]["phase"]}
+                print(f"reference: {ref}", flush=True)
             for mode in modes:
                 name = f"rgb-{mode.replace('_', '')}"
                 raw = asyncio.run(run_job(kubeconfig, name, job_spec(mode, steps=args.steps, selector=selector), args.fail_at))
@@ -349,7 +352,7 @@ def main(argv: list[str] | None = None) -> int:
             if op is not None:
                 stop_operator(op)
             cluster.stop()
-    results = rows(measured, ref) if set(measured) == set(MODES) else [
+    results = rows(measured, ref) if set(measured) == set(MODES) and ref["final_loss"] is not None else [
         {"metric": f"{mode}: {k}", "value": v, "unit": "", "target": None, "meets": None}
         for mode, r in measured.items() for k, v in r.items() if isinstance(v, (int, float)) and not isinstance(v, bool)]
     print(f"\n{'metric':<66}{'value':>12}  {'unit':<10}{'target':>10}  meets")
