@@ -78,13 +78,13 @@ def _wait_ready(port: int, op: subprocess.Popen[bytes]) -> None:
     raise TimeoutError("operator not ready")
 
 
-async def _prepare(kubeconfig: Path) -> None:
+async def _prepare(kubeconfig: Path, namespace: str = NS) -> None:
     """The CRD, and the namespace the operator is told to watch (before it starts)."""
     import yaml
 
     kube = Kube.from_config(str(kubeconfig))
     try:
-        await kube.create("/api/v1/namespaces", {"metadata": {"name": NS}})
+        await kube.create("/api/v1/namespaces", {"metadata": {"name": namespace}})
         await kube.create("/apis/apiextensions.k8s.io/v1/customresourcedefinitions", yaml.safe_load((ROOT / "crds" / "trainingjob.yaml").read_text()))
         for _ in range(200):
             try:
@@ -94,6 +94,35 @@ async def _prepare(kubeconfig: Path) -> None:
                 await asyncio.sleep(0.1)
     finally:
         await kube.close()
+
+
+def start_operator(kubeconfig: Path, log_path: Path, namespace: str, *, extra: tuple[str, ...] = ()) -> tuple[subprocess.Popen[bytes], int]:
+    """``railyard operator run`` in its own process, as in production, watching ``namespace``
+    (after :func:`_prepare`); returns it and its metrics port once it has listed the cluster.
+    bench/replica_groups.py starts its operator the same way."""
+    port = _free_port()
+    log = open(log_path, "wb")  # noqa: SIM115 - closed with the process
+    op = subprocess.Popen(
+        [sys.executable, "-m", "railyard", "operator", "run", "--standalone", "--metrics-host", "127.0.0.1",
+         "--metrics-port", str(port), "--heartbeat-advertise-url", f"http://127.0.0.1:{port}", "--not-ready-grace", "0.5",
+         "--kubeconfig", str(kubeconfig), *extra, "--namespace", namespace],
+        stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
+    )
+    try:
+        _wait_ready(port, op)
+    except BaseException:
+        stop_operator(op)
+        raise
+    return op, port
+
+
+def stop_operator(op: subprocess.Popen[bytes]) -> None:
+    op.terminate()
+    try:
+        op.wait(30)
+    except subprocess.TimeoutExpired:
+        op.kill()
+        op.wait(10)
 
 
 def job(name: str, pods: int, *, in_place: bool, selector: dict[str, str]) -> dict[str, Any]:
@@ -380,24 +409,16 @@ def main() -> int:
         t0 = time.perf_counter()
         kubeconfig = cluster.start(timeout=900)
         print(f"local cluster ({cluster.mode}) with {nodes} nodes up in {time.perf_counter() - t0:.1f}s", flush=True)
-        port = _free_port()
         op = None
         try:
             asyncio.run(_prepare(kubeconfig))
-            log = open(Path(tmp) / "operator.log", "wb")  # noqa: SIM115 - closed with the process
-            op = subprocess.Popen(
-                [sys.executable, "-m", "railyard", "operator", "run", "--standalone", "--metrics-host", "127.0.0.1",
-                 "--metrics-port", str(port), "--heartbeat-advertise-url", f"http://127.0.0.1:{port}", "--not-ready-grace", "0.5",
-                 "--kubeconfig", str(kubeconfig), "--pod-annotation", f"{SIMULATE_ANNOTATION}=true", "--namespace", NS],
-                stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
-            )
-            _wait_ready(port, op)
+            op, port = start_operator(kubeconfig, Path(tmp) / "operator.log", NS,
+                                      extra=("--pod-annotation", f"{SIMULATE_ANNOTATION}=true"))
             print("operator ready", flush=True)
             m = asyncio.run(run_bench(kubeconfig, args.pods, port, args.skip_full, op.pid, selector))
         finally:
             if op is not None:
-                op.terminate()
-                op.wait(30)
+                stop_operator(op)
             cluster.stop()
             if cluster.mode == "existing":
                 cluster.remove_nodes()

@@ -12,7 +12,13 @@ import os
 import sys
 from typing import Any
 
-from railyard.sim.model import MAX_FAILURE_SCALE, Scenario, baseline_policy, our_policy
+from railyard.sim.model import (
+    DEFAULT_REPLICA_GROUPS,
+    MAX_FAILURE_SCALE,
+    Scenario,
+    baseline_policy,
+    our_policy,
+)
 from railyard.sim.report import compare, format_table, write_json, write_plot
 
 DEFAULT_OUT = os.path.join("bench", "results", "simulate.json")
@@ -114,6 +120,11 @@ def add_parser(sub: Any) -> None:
         "--init-seconds", type=float, default=_D.init_s,
         help=f"communicator set-up and warm-up after every restart, both policies (default {_D.init_s:g})",
     )
+    p.add_argument(
+        "--replica-groups", type=int, default=DEFAULT_REPLICA_GROUPS,
+        help=f"also simulate faultTolerance ReplicaGroups with this many groups; must divide the "
+             f"data-parallel degree; 0: skip (default {DEFAULT_REPLICA_GROUPS})",
+    )
     p.add_argument("--out", default=DEFAULT_OUT, help=f"JSON output (default {DEFAULT_OUT})")
     p.add_argument(
         "--plot", default=None, metavar="PATH", help="PNG plot (default: next to --out, .png)"
@@ -148,6 +159,8 @@ def run(args: argparse.Namespace) -> int:
     problems = scn.problems()
     if args.hot_spares < 0:
         problems.append(f"--hot-spares: must be >= 0, got {args.hot_spares}")
+    if args.replica_groups < 0 or args.replica_groups == 1 or (args.replica_groups and not problems and scn.dp % args.replica_groups):
+        problems.append(f"--replica-groups: must be 0 (off) or a divisor > 1 of the data-parallel degree ({scn.dp if not problems else '?'}), got {args.replica_groups}")
     if args.baseline_interval < 1:
         problems.append(f"--baseline-interval: must be >= 1 step, got {args.baseline_interval}")
     if problems:
@@ -159,7 +172,7 @@ def run(args: argparse.Namespace) -> int:
         interval_steps=args.baseline_interval, collective_timeout_s=args.collective_timeout
     )
     try:
-        result = compare(scn, ours, base)
+        result = compare(scn, ours, base, replica_groups=args.replica_groups)
     except ValueError as exc:
         print(f"railyard simulate: {exc}", file=sys.stderr)
         return 2
@@ -167,7 +180,10 @@ def run(args: argparse.Namespace) -> int:
     out_dir = os.path.dirname(args.out)
     if out_dir:
         os.makedirs(out_dir, exist_ok=True)
-    write_json(result, args.out, {"railyard": ours, "baseline": base})
+    policies = {"railyard": ours, "baseline": base}
+    if args.replica_groups > 1:
+        policies["railyard_replica_groups"] = our_policy(hot_spares=args.hot_spares, replica_groups=args.replica_groups)
+    write_json(result, args.out, policies)
     print(f"wrote {args.out}")
     if not args.no_plot:
         plot = args.plot or os.path.splitext(args.out)[0] + ".png"

@@ -314,7 +314,9 @@ class _Run:
         if s is None or s.token != token:
             return
         # a healthy-but-slow gang saves on demand to its fastest tier, so nothing is recomputed
-        self.save_on_demand(next(iter(self.tiers)), s.event.cause.name)
+        # (with replica groups the slow node's group restarts alone and heals from a peer)
+        if not self.by_group(s.event.cause):
+            self.save_on_demand(next(iter(self.tiers)), s.event.cause.name)
         self.fail(s.event, s.event.cause, 0.0)
 
     def save_on_demand(self, tier: Tier, cause: str) -> None:
@@ -405,6 +407,23 @@ class _Run:
             s.checkpoint_bytes / s.shared_read_bw, s.bytes_per_node / s.peer_bw_per_node
         )
 
+    def by_group(self, cause: Cause) -> bool:
+        """Replica groups handle this fault by restarting one group: any fault of one node or
+        process. Not a silent corruption: the bad gradients reached every group through the
+        cross-group reduction, so the whole job restores a verified checkpoint."""
+        return self.pol.replica_groups > 1 and cause.detect != "sdc"
+
+    def group_heal_s(self) -> float:
+        """The restarted group fetches a live peer's state: a fixed cost (measured) plus its
+        nodes' share of the state, node to node, all nodes of the group at once."""
+        s = self.scn
+        return s.group_heal_fixed_s + s.bytes_per_node / s.peer_bw_per_node
+
+    def group_rate(self) -> float:
+        """Step rate with one group missing, over the rate with all R."""
+        r = self.pol.replica_groups
+        return self.scn.group_degraded_efficiency * (r - 1) / r
+
     def fail(self, ev: Event, cause: Cause, detect_s: float) -> None:
         scn, pol = self.scn, self.pol
         failed_at = self.t
@@ -446,9 +465,12 @@ class _Run:
             for sid in [k for k, s in self.stragglers.items() if s.pod == ev.pod]:
                 self.removed.add(sid)
                 del self.stragglers[sid]
-        if pol.in_place:
+        if pol.in_place or self.by_group(cause):
             restart = self.in_place_restart_s(node_lost=node_lost)
         parts["restart"] = restart
+        if self.by_group(cause) and decision.allowed:
+            self.group_down(cause, parts)
+            return
 
         c = self.corruption
         clean = math.inf
@@ -478,6 +500,27 @@ class _Run:
             self.corruption = None
         self.down(cause.name, parts, recompute)
 
+    def group_down(self, cause: Cause, parts: dict[str, float]) -> None:
+        """One replica group restarts while the others train on: nothing is rolled back.
+
+        The survivors pause (``group_survivor_stall_s``) and redo the step in flight; then they
+        train at ``group_rate`` of the full rate while the lost group is detected, backs off,
+        restarts and heals. That reduced rate is booked as its equivalent full stop: the same
+        steps lost, so useful + lost = wall time still holds.
+        """
+        missing = 1.0 - self.group_rate()
+        whole = math.floor(self.step + 1e-9)
+        recompute = (self.step - whole) * self.step_s
+        self.step = float(whole)
+        heal = self.group_heal_s()
+        self.res.restore_tiers["live peer"] += 1
+        self.down(cause.name, {
+            "detection": self.scn.group_survivor_stall_s + missing * parts.get("detection", 0.0),
+            "backoff": missing * parts.get("backoff", 0.0),
+            "restart": missing * parts.get("restart", 0.0),
+            "restore": missing * heal,
+        }, recompute)
+
     def down(self, cause: str, parts: dict[str, float], recompute: float) -> None:
         """Sit out the restart (clipped at the end of the run) and schedule the resume."""
         total = 0.0
@@ -500,6 +543,9 @@ class _Run:
 def simulate(scn: Scenario, policy: PolicyConfig, trace: tuple[Event, ...]) -> RunResult:
     """Run ``policy`` through ``trace`` on ``scn``; deterministic."""
     problems = scn.problems()
+    r = policy.replica_groups
+    if r > 1 and scn.dp % r:
+        problems.append(f"replica groups: {r} must divide the data-parallel degree ({scn.dp}); set --replica-groups")
     if problems:
         raise ValueError("; ".join(problems))
     return _Run(scn, policy, trace).run()

@@ -78,6 +78,21 @@ LLAMA3_PLANNED = 47
 #: "higher than 90% effective training time" (Llama 3, §3.3.4).
 LLAMA3_REPORTED_GOODPUT = 0.90
 
+#: Replica-group costs used when no scenario overrides them (see Scenario.group_*).
+#: Measured: the survivors' stall beyond the step they redo, bench/results/replica_groups.json
+#: (row "sim: survivors' stall beyond the step redone"; tests/sim/test_replica_groups_in_the_sim.py
+#: keeps the two equal).
+GROUP_SURVIVOR_STALL_S = 5.2
+#: Measured there too: the healing group's quorum join -> healed from a live peer (row "replica_groups:
+#: healing group, quorum join -> healed from a peer"), a tiny model's, so almost no bytes.
+GROUP_HEAL_FIXED_S = 2.0
+#: Not taken from the bench (ideal): on the shared CPU cores the survivors' steps were no slower
+#: with a group missing (fewer processes competing), which says nothing about GPUs.
+GROUP_DEGRADED_EFFICIENCY = 1.0
+#: The default number of replica groups at 16,384 GPUs: the 128 data replicas of Llama 3's
+#: layout in 8 groups of 16 (FSDP inside a group, torchft across groups).
+DEFAULT_REPLICA_GROUPS = 8
+
 #: A slow node that eventually fails hard (the baseline waits for that); not in Table 5.
 STRAGGLER_CAUSE = Cause("Straggler (slow node)", 0, True, "hang", "StragglerVerdict")
 PLANNED_CAUSE = Cause("Planned maintenance", 0, False, "exit", "PodDeleted")
@@ -161,6 +176,21 @@ class Scenario:
     #: NCCL communicator init and warm-up of a 16K-rank job.
     init_s: float = 90.0
     placement_s: float = 1.0
+    # replica groups (spec.faultTolerance ReplicaGroups; docs/fault-tolerance.md): the costs of
+    # one group lost while the others train on, as bench/replica_groups.py measures them
+    # (bench/results/replica_groups.json; docs/simulate.md says which are measured and how they
+    # are carried to 16,384 GPUs).
+    #: Survivors' pause beyond the one step they redo: the lost peer's collective failing, the
+    #: Lighthouse dropping the group (its heartbeat timeout) and a quorum of the rest formed.
+    #: Measured on the local cluster; torchft's timeouts, so taken as is at any scale.
+    group_survivor_stall_s: float = GROUP_SURVIVOR_STALL_S
+    #: The healing group's fixed cost to fetch a live peer's state (quorum join, the recovery
+    #: transport's handshake), measured with a tiny model; the bytes (a node's share of the
+    #: state, from its peer node at ``peer_bw_per_node``) are added per scenario.
+    group_heal_fixed_s: float = GROUP_HEAL_FIXED_S
+    #: Step rate with R-1 groups over the ideal (R-1)/R of the rate with R (the global batch is
+    #: split over the survivors); 1.0 = the survivors lose nothing beyond the missing group.
+    group_degraded_efficiency: float = GROUP_DEGRADED_EFFICIENCY
     #: When a restart budget is spent the job fails; a person resubmits after this long.
     manual_restart_h: float = 1.0
 
@@ -197,6 +227,10 @@ class Scenario:
                 out.append(f"{name}: must be >= 0, got {getattr(self, name)}")
         if self.sdc_per_day is not None and self.sdc_per_day < 0:
             out.append(f"sdc_per_day: must be >= 0, got {self.sdc_per_day}")
+        if self.group_survivor_stall_s < 0 or self.group_heal_fixed_s < 0:
+            out.append("group_survivor_stall_s, group_heal_fixed_s: must be >= 0")
+        if not 0 < self.group_degraded_efficiency <= 1:
+            out.append(f"group_degraded_efficiency: must be in (0, 1], got {self.group_degraded_efficiency}")
         if self.step_time_s is not None and self.step_time_s <= 0:
             out.append(f"step_time_s: must be > 0, got {self.step_time_s}")
         return out
@@ -271,6 +305,9 @@ class PolicyConfig:
     #: Restart in place (spec.restartPolicy.inPlace): the kept pods' launchers restart their
     #: workers; only the pods that must move are new. Else every restart recreates the gang.
     in_place: bool = False
+    #: spec.faultTolerance ReplicaGroups with this many groups (parallelism.dataReplicas);
+    #: 0: off. A fault on one node restarts only its group; the others train on (Scenario.group_*).
+    replica_groups: int = 0
 
     def intervals(self) -> dict[Tier, int]:
         """Enabled tiers -> save interval in steps."""
@@ -285,12 +322,16 @@ class PolicyConfig:
         return out
 
 
-def our_policy(*, hot_spares: int = 32, restart_limit: int = 10_000, in_place: bool = True) -> PolicyConfig:
+def our_policy(*, hot_spares: int = 32, restart_limit: int = 10_000, in_place: bool = True,
+               replica_groups: int = 0) -> PolicyConfig:
     """The TrainingJob defaults (tiers every 10/50/100 steps, heartbeats, SDC checks every 50
     steps, restarts in place), with straggler action Restart, hot spares, and budgets sized for
-    a 54-day run. ``in_place=False``: the same, with every restart recreating the whole gang."""
+    a 54-day run. ``in_place=False``: the same, with every restart recreating the whole gang.
+    ``replica_groups`` R > 1: faultTolerance ReplicaGroups with R groups."""
+    name = "railyard" if in_place else "railyard, full restarts"
     return PolicyConfig(
-        name="railyard" if in_place else "railyard, full restarts",
+        name=f"railyard, {replica_groups} replica groups" if replica_groups > 1 else name,
+        replica_groups=replica_groups,
         in_place=in_place,
         checkpoint=Checkpoint(),
         async_save=True,

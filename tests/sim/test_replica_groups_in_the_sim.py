@@ -1,0 +1,82 @@
+"""faultTolerance ReplicaGroups in the simulator: a fault of one node costs the survivors' stall,
+the step in flight, and the missing group's share while it is detected, restarted and healed;
+nothing is rolled back. A silent corruption still restores the whole job."""
+
+from __future__ import annotations
+
+import pytest
+
+from railyard.sim.engine import COMPONENTS, simulate
+from railyard.sim.model import our_policy
+from railyard.sim.report import compare, format_table, to_json
+
+from .sim_builders import cause, one_fault, tiny
+
+R = 4
+
+
+def lost_to(res: object, name: str) -> float:
+    return sum(res.lost.get(name, {}).values())  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("fault", ["Faulty GPU", "Host maintenance", "Network switch/cable", "Software bug"])
+def test_one_fault_costs_the_stall_the_step_in_flight_and_the_missing_groups_share(fault: str) -> None:
+    s = tiny()
+    at = 3600.0 + 0.4 * s.step_s  # mid-step (between saves: checkpoint stalls shift the phase)
+    trace = one_fault(at, fault)
+    groups = simulate(s, our_policy(hot_spares=1, replica_groups=R), trace)
+    in_place = simulate(s, our_policy(hot_spares=1), trace)
+    lost = groups.lost[fault]
+    assert set(lost) <= set(COMPONENTS)
+    assert groups.restore_tiers == {"live peer": 1}, "the group heals from a peer, reads no tier"
+    assert 0.0 < lost.get("recompute", 0.0) < s.step_s, "only the step in flight is redone"
+    share = 1.0 / R  # the missing group, at the ideal rate of R-1 groups
+    assert lost["restore"] == pytest.approx(share * (s.group_heal_fixed_s + s.bytes_per_node / s.peer_bw_per_node))
+    assert lost["detection"] >= s.group_survivor_stall_s
+    assert lost_to(groups, fault) < lost_to(in_place, fault)
+    # every second of every GPU accounted for
+    assert groups.useful_s + groups.lost_total_s() == pytest.approx(s.wall_s, rel=1e-9)
+
+
+def test_a_slower_rate_with_one_group_missing_costs_more() -> None:
+    trace = one_fault(3600.0, "Faulty GPU")
+    ideal = simulate(tiny(), our_policy(hot_spares=1, replica_groups=R), trace)
+    slow = simulate(tiny(group_degraded_efficiency=0.5), our_policy(hot_spares=1, replica_groups=R), trace)
+    assert lost_to(slow, "Faulty GPU") > lost_to(ideal, "Faulty GPU")
+
+
+def test_a_silent_corruption_still_restores_the_whole_job_from_a_checkpoint() -> None:
+    from railyard.sim.trace import Event
+
+    trace = (Event(0, 3600.0, "sdc", cause("Silent data corruption"), 2, u1=0.5, u2=0.5),)
+    res = simulate(tiny(), our_policy(hot_spares=1, replica_groups=R), trace)
+    assert "live peer" not in res.restore_tiers and sum(res.restore_tiers.values()) >= 1
+
+
+def test_groups_that_do_not_divide_the_data_degree_are_refused_naming_the_flag() -> None:
+    s = tiny()  # dp = 8
+    with pytest.raises(ValueError, match="--replica-groups"):
+        simulate(s, our_policy(hot_spares=1, replica_groups=3), ())
+
+
+def test_the_comparison_reports_the_mode_beside_the_others() -> None:
+    s = tiny(failure_scale=1.0, days=2.0)
+    c = compare(s, our_policy(hot_spares=2), replica_groups=R)
+    assert c.groups is not None
+    assert c.groups.goodput >= c.ours.goodput, "same trace: no fault costs more by group than in place"
+    assert "replica groups" in format_table(c)
+    metrics = {r["metric"]: r for r in to_json(c)["results"]}
+    assert metrics["goodput_railyard_replica_groups"]["target"] == 0.995
+    assert metrics["goodput_railyard_replica_groups"]["value"] == c.groups.goodput
+
+
+def test_the_default_group_costs_are_the_ones_the_benchmark_measured() -> None:
+    import json
+    from pathlib import Path
+
+    from railyard.sim.model import GROUP_HEAL_FIXED_S, GROUP_SURVIVOR_STALL_S
+
+    doc = json.loads((Path(__file__).resolve().parents[2] / "bench" / "results" / "replica_groups.json").read_text())
+    rows = {r["metric"]: r["value"] for r in doc["results"]}
+    assert round(rows["sim: survivors' stall beyond the step redone"], 1) == GROUP_SURVIVOR_STALL_S, "update sim.model"
+    assert round(rows["replica_groups: healing group, quorum join -> healed from a peer"], 1) == GROUP_HEAL_FIXED_S
