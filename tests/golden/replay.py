@@ -94,6 +94,15 @@ def load_allowlist(path: Path = ALLOWLIST) -> list[AllowEntry]:
     return out
 
 
+def allowlist_problems(entries: list[AllowEntry], cases: list[Exchange]) -> list[str]:
+    """What is wrong with an allow-list: too long, or an entry that names no case or gives no reason."""
+    numbers = {c.number for c in cases}
+    out = [] if len(entries) <= 12 else [f"{len(entries)} entries: keep the allow-list short, fix the server rather than allow"]
+    out += [f"names no case: {e}" for e in entries if e.case not in numbers and e.case != "*"]
+    out += [f"say why: {e}" for e in entries if len(e.reason.split()) < 4]
+    return out
+
+
 def load_corpus(corpus: Path = CORPUS) -> list[Exchange]:
     out = []
     for f in sorted(corpus.glob("[0-9][0-9][0-9]-*.json")):

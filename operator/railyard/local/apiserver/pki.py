@@ -11,6 +11,7 @@ import datetime
 import ipaddress
 import os
 import ssl
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -62,12 +63,7 @@ def ensure_certs(pki_dir: Path, hosts: tuple[str, ...] = ("127.0.0.1", "localhos
         .sign(ca_key, hashes.SHA256())
     )
     key = ec.generate_private_key(ec.SECP256R1())
-    sans: list[x509.GeneralName] = []
-    for h in hosts:
-        try:
-            sans.append(x509.IPAddress(ipaddress.ip_address(h)))
-        except ValueError:
-            sans.append(x509.DNSName(h))
+    sans = _subject_alt_names(hosts)
     cert = (
         x509.CertificateBuilder()
         .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "railyard-local-apiserver")]))
@@ -136,12 +132,7 @@ def issue_cert(pki_dir: Path, name: str, *, common_name: str, hosts: tuple[str, 
         .add_extension(x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.CLIENT_AUTH if client
                                               else x509.oid.ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
     )
-    sans: list[x509.GeneralName] = []
-    for h in hosts:
-        try:
-            sans.append(x509.IPAddress(ipaddress.ip_address(h)))
-        except ValueError:
-            sans.append(x509.DNSName(h))
+    sans = _subject_alt_names(hosts)
     if sans:
         builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
     cert = builder.sign(ca_key, hashes.SHA256())
@@ -152,3 +143,14 @@ def issue_cert(pki_dir: Path, name: str, *, common_name: str, hosts: tuple[str, 
                                        serialization.NoEncryption()), private=True)
     _write(cert_path, cert.public_bytes(serialization.Encoding.PEM))
     return cert_path, key_path
+
+
+def _subject_alt_names(hosts: Iterable[str]) -> list[x509.GeneralName]:
+    """An IP address entry for each host that is one, a DNS name entry for the rest."""
+    sans: list[x509.GeneralName] = []
+    for h in hosts:
+        try:
+            sans.append(x509.IPAddress(ipaddress.ip_address(h)))
+        except ValueError:
+            sans.append(x509.DNSName(h))
+    return sans
