@@ -18,11 +18,6 @@ ALLOWED: dict[frozenset[str], str] = {
         "TYPE_CHECKING) and call engine.random_suffix from inside a function; builtins and crd "
         "reach the engine under TYPE_CHECKING only"
     ),
-    frozenset({"railyard_trainer.sdk.checkpoint", "railyard_trainer.sdk.session"}): (
-        "the SDK facade: Session.checkpoints builds sdk.checkpoint's Checkpoints, and "
-        "sdk.checkpoint.Checkpointer asks for the process's session (railyard_trainer.sdk.session(), "
-        "which grimp reads as the submodule), both from inside functions"
-    ),
 }
 
 

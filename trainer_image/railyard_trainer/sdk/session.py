@@ -32,7 +32,7 @@ from railyard_trainer.watchdog import Watchdog
 
 if TYPE_CHECKING:
     from railyard_trainer.hooks import RestoreResult, TrainContext
-    from railyard_trainer.sdk.checkpoint import Checkpoints
+    from railyard_trainer.sdk.tiers import Checkpoints
 
 
 @dataclass(frozen=True)
@@ -275,7 +275,7 @@ class Session:
         changes the parameters and optimizer state only in ``optimizer.step()``, so a save may
         copy them while the next step's forward and backward run (the bundled trainer's loop;
         see checkpoint.manager._Capture)."""
-        from railyard_trainer.sdk.checkpoint import Checkpoints, build_inner
+        from railyard_trainer.sdk.tiers import Checkpoints, build_inner
 
         cp = Checkpoints(self, build_inner(self.config, ctx, final_step=final_step, defer_capture=defer_capture))
         self._checkpoints.append(cp)
