@@ -40,13 +40,10 @@ from railyard_trainer.checkpoint.storage import (
 from railyard_trainer.hooks import TrainContext
 
 if TYPE_CHECKING:
-    from railyard_trainer.checkpoint.manager import (
-        CheckpointManager,
-        NoVerifiedCheckpoint,
-        SaveRecord,
-    )
+    from railyard_trainer.checkpoint.manager import CheckpointManager, SaveRecord
+    from railyard_trainer.checkpoint.restore import NoVerifiedCheckpoint
 
-_FROM_MANAGER = ("CheckpointManager", "NoVerifiedCheckpoint", "SaveRecord")
+_FROM_MANAGER = ("CheckpointManager", "SaveRecord")
 
 
 def __getattr__(name: str) -> Any:
@@ -54,6 +51,10 @@ def __getattr__(name: str) -> Any:
         from railyard_trainer.checkpoint import manager
 
         return getattr(manager, name)
+    if name == "NoVerifiedCheckpoint":
+        from railyard_trainer.checkpoint import restore
+
+        return restore.NoVerifiedCheckpoint
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

@@ -194,7 +194,7 @@ def __getattr__(name: str) -> Any:
 
         return Checkpointer
     if name == "NoVerifiedCheckpoint":
-        from railyard_trainer.checkpoint.manager import NoVerifiedCheckpoint
+        from railyard_trainer.checkpoint.restore import NoVerifiedCheckpoint
 
         return NoVerifiedCheckpoint
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
