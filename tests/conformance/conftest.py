@@ -142,11 +142,6 @@ def custom(cluster: Cluster) -> client.CustomObjectsApi:
     return client.CustomObjectsApi(cluster.api)
 
 
-def wait_for(predicate: Callable[[], Any], timeout: float = 15.0, interval: float = 0.05, what: str = "") -> Any:
-    """:func:`tests.waiting.wait_until` in this folder's argument order (kept for its callers)."""
-    return wait_until(predicate, timeout=timeout, interval=interval, message=what or repr(predicate))
-
-
 def gone(fn: Callable[[], Any]) -> bool:
     try:
         fn()
@@ -177,8 +172,10 @@ def wait_for_default_service_account(cluster: Cluster, core: client.CoreV1Api, n
     manager makes (ServiceAccount admission refuses pods until then). A bare kube-apiserver
     (envtest) makes none, and runs without that admission plugin, so there is nothing to wait for."""
     if cluster.has_controllers:
-        wait_for(lambda: not gone(lambda: core.read_namespaced_service_account("default", namespace)),
-                 what=f"the default ServiceAccount of {namespace}")
+        wait_until(lambda: not gone(lambda: core.read_namespaced_service_account("default", namespace)),
+                   timeout=15,
+                   message=f"the default ServiceAccount of {namespace}",
+                   interval=0.05)
 
 
 @pytest.fixture
@@ -265,7 +262,7 @@ def widgets(cluster: Cluster) -> Iterator[dict[str, str]]:
         status, _, _ = cluster.raw("GET", f"/apis/{CRD_GROUP}/v1")
         return status == 200
 
-    wait_for(established, what="the Widget CRD to be established and served")
+    wait_until(established, timeout=15, message="the Widget CRD to be established and served", interval=0.05)
     yield {"group": CRD_GROUP, "version": "v1", "plural": "widgets"}
     with contextlib.suppress(ApiException):
         ext.delete_custom_resource_definition(body["metadata"]["name"])

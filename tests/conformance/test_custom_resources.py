@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
+from tests.waiting import wait_until
 
 from .conftest import CRD_GROUP, Cluster, widget
 
@@ -177,12 +178,10 @@ def test_cluster_scoped_crd_and_deleting_a_crd_removes_its_objects(cluster: Clus
                     "versions": [{"name": "v1", "served": True, "storage": True, "schema": {"openAPIV3Schema": {
                         "type": "object", "x-kubernetes-preserve-unknown-fields": True}}}]}}
     ext.create_custom_resource_definition(crd)
-    from .conftest import wait_for
-
     def served() -> bool:
         return cluster.raw("GET", f"/apis/{group}/v1")[0] == 200
 
-    wait_for(served, what="the Gadget CRD to be served")
+    wait_until(served, timeout=15, message="the Gadget CRD to be served", interval=0.05)
 
     def create() -> bool:
         try:
@@ -194,8 +193,8 @@ def test_cluster_scoped_crd_and_deleting_a_crd_removes_its_objects(cluster: Clus
             raise
         return True
 
-    wait_for(create, what="creating a Gadget")
+    wait_until(create, timeout=15, message="creating a Gadget", interval=0.05)
     got = custom.get_cluster_custom_object(group, "v1", "gadgets", "g1")
     assert got["anything"] == {"goes": 1} and "namespace" not in got["metadata"]
     ext.delete_custom_resource_definition(crd["metadata"]["name"])
-    wait_for(lambda: cluster.raw("GET", f"/apis/{group}/v1")[0] == 404, timeout=30, what="the CRD to go away")
+    wait_until(lambda: cluster.raw("GET", f"/apis/{group}/v1")[0] == 404, timeout=30, message="the CRD to go away", interval=0.05)

@@ -14,8 +14,9 @@ from typing import Any
 import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
+from tests.waiting import wait_until
 
-from .conftest import CRD_GROUP, Cluster, gone, wait_for, widget
+from .conftest import CRD_GROUP, Cluster, gone, widget
 
 OPERATOR = textwrap.dedent('''
     import kopf
@@ -60,18 +61,22 @@ def test_kopf_operator_reconciles_a_widget_end_to_end(cluster: Cluster, needs_co
             w = custom.get_namespaced_custom_object(CRD_GROUP, "v1", ns, "widgets", "k1")
             return (w.get("status") or {}).get("phase") == "Ready"
 
-        wait_for(reconciled, timeout=60, interval=0.2, what="kopf to patch the Widget status")
+        wait_until(reconciled, timeout=60, message="kopf to patch the Widget status", interval=0.2)
         assert "conformance.railyard.io/kopf" in w["metadata"].get("finalizers", [])
         child = core.read_namespaced_config_map("k1-child", ns)
         assert child.data == {"replicas": "2"}
         refs = child.metadata.owner_references
         assert len(refs) == 1 and refs[0].uid == w["metadata"]["uid"] and refs[0].kind == "Widget"
         custom.delete_namespaced_custom_object(CRD_GROUP, "v1", ns, "widgets", "k1")
-        wait_for(lambda: gone(lambda: custom.get_namespaced_custom_object(CRD_GROUP, "v1", ns, "widgets", "k1")),
-                 timeout=60, interval=0.2, what="the Widget to be finalized and removed")
+        wait_until(lambda: gone(lambda: custom.get_namespaced_custom_object(CRD_GROUP, "v1", ns, "widgets", "k1")),
+                   timeout=60,
+                   message="the Widget to be finalized and removed",
+                   interval=0.2)
         core.read_namespaced_config_map("k1-deleted", ns)  # the delete handler ran
-        wait_for(lambda: gone(lambda: core.read_namespaced_config_map("k1-child", ns)), timeout=30,
-                 what="the child ConfigMap to be garbage-collected")
+        wait_until(lambda: gone(lambda: core.read_namespaced_config_map("k1-child", ns)),
+                   timeout=30,
+                   message="the child ConfigMap to be garbage-collected",
+                   interval=0.05)
     except (AssertionError, ApiException, pytest.fail.Exception):
         log.flush()
         print((tmp_path / "kopf.log").read_text()[-4000:])

@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 import yaml
+from tests.waiting import wait_until
 
-from .conftest import Cluster, wait_for
+from .conftest import Cluster
 
 GROUP = "kubectl.railyard.io"
 
@@ -67,8 +68,10 @@ def test_kubectl_apply_get_explain_delete(kubectl: Kubectl, ns: str, tmp_path: P
     crd_file.write_text(yaml.safe_dump(CRD))
     run("apply", "-f", str(crd_file))
     try:
-        wait_for(lambda: run("get", "gizmos", "-n", ns, ok=False).returncode == 0,
-                 what="kubectl to see the Gizmo kind")
+        wait_until(lambda: run("get", "gizmos", "-n", ns, ok=False).returncode == 0,
+                   timeout=15,
+                   message="kubectl to see the Gizmo kind",
+                   interval=0.05)
         cr = tmp_path / "cr.yaml"
         cr.write_text(yaml.safe_dump({"apiVersion": f"{GROUP}/v1alpha1", "kind": "Gizmo",
                                       "metadata": {"name": "g1", "namespace": ns}, "spec": {"size": 4}}))

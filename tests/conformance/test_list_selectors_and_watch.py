@@ -10,8 +10,9 @@ from typing import Any
 import pytest
 from kubernetes import client, watch
 from kubernetes.client.rest import ApiException
+from tests.waiting import wait_until
 
-from .conftest import Cluster, pod, wait_for
+from .conftest import Cluster, pod
 
 
 def _names(items: list[Any]) -> set[str]:
@@ -45,11 +46,15 @@ def test_label_selectors(core: client.CoreV1Api, labelled: str, selector: str, e
 
 def test_a_new_namespace_holds_what_the_controllers_add(needs_controllers: None, core: client.CoreV1Api, ns: str) -> None:
     """Every namespace gets the root CA bundle and a default ServiceAccount (kube-controller-manager)."""
-    cm = wait_for(lambda: _maybe(lambda: core.read_namespaced_config_map("kube-root-ca.crt", ns)),
-                  what="kube-root-ca.crt in the new namespace")
+    cm = wait_until(lambda: _maybe(lambda: core.read_namespaced_config_map("kube-root-ca.crt", ns)),
+                    timeout=15,
+                    message="kube-root-ca.crt in the new namespace",
+                    interval=0.05)
     assert cm.data["ca.crt"].startswith("-----BEGIN CERTIFICATE-----")
-    wait_for(lambda: _maybe(lambda: core.read_namespaced_service_account("default", ns)),
-             what="the default ServiceAccount")
+    wait_until(lambda: _maybe(lambda: core.read_namespaced_service_account("default", ns)),
+               timeout=15,
+               message="the default ServiceAccount",
+               interval=0.05)
 
 
 def _maybe(fn: Any) -> Any:

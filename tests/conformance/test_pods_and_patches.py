@@ -11,8 +11,9 @@ from typing import Any
 import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
+from tests.waiting import wait_until
 
-from .conftest import Cluster, gone, pod, wait_for, wait_for_default_service_account
+from .conftest import Cluster, gone, pod, wait_for_default_service_account
 
 
 def _bind(core: client.CoreV1Api, ns: str, name: str, node: str) -> None:
@@ -96,14 +97,14 @@ def test_bound_pod_waits_for_the_node_to_confirm_deletion(core: client.CoreV1Api
     p = core.read_namespaced_pod("gr", ns)
     assert p.metadata.deletion_timestamp is not None and p.metadata.deletion_grace_period_seconds == 30
     core.delete_namespaced_pod("gr", ns, grace_period_seconds=0)
-    wait_for(lambda: gone(lambda: core.read_namespaced_pod("gr", ns)), what="the pod to be removed")
+    wait_until(lambda: gone(lambda: core.read_namespaced_pod("gr", ns)), timeout=15, message="the pod to be removed", interval=0.05)
 
 
 def test_eviction_deletes_the_pod(core: client.CoreV1Api, ns: str) -> None:
     core.create_namespaced_pod(ns, pod("ev"))
     core.create_namespaced_pod_eviction("ev", ns, {"apiVersion": "policy/v1", "kind": "Eviction",
                                                    "metadata": {"name": "ev", "namespace": ns}})
-    wait_for(lambda: gone(lambda: core.read_namespaced_pod("ev", ns)), what="the evicted pod to go")
+    wait_until(lambda: gone(lambda: core.read_namespaced_pod("ev", ns)), timeout=15, message="the evicted pod to go", interval=0.05)
 
 
 def test_strategic_merge_patch_merges_lists_by_merge_key(cluster: Cluster, core: client.CoreV1Api, ns: str) -> None:
@@ -182,7 +183,7 @@ def test_confirmed_pod_deletion_still_waits_for_finalizers(core: client.CoreV1Ap
     p = core.read_namespaced_pod("fin", ns)
     assert p.metadata.deletion_timestamp is not None and p.metadata.deletion_grace_period_seconds == 0
     core.patch_namespaced_pod("fin", ns, {"metadata": {"finalizers": None}})
-    wait_for(lambda: gone(lambda: core.read_namespaced_pod("fin", ns)), what="the pod to go with its finalizer")
+    wait_until(lambda: gone(lambda: core.read_namespaced_pod("fin", ns)), timeout=15, message="the pod to go with its finalizer", interval=0.05)
 
 
 def test_terminating_pod_on_a_missing_node_goes_after_its_grace_period(embedded_only: None,
@@ -191,8 +192,10 @@ def test_terminating_pod_on_a_missing_node_goes_after_its_grace_period(embedded_
     core.create_namespaced_pod(ns, pod("orphan", nodeName="no-such-node"))
     core.delete_namespaced_pod("orphan", ns, grace_period_seconds=1)
     assert core.read_namespaced_pod("orphan", ns).metadata.deletion_timestamp is not None
-    wait_for(lambda: gone(lambda: core.read_namespaced_pod("orphan", ns)), timeout=10,
-             what="the orphaned terminating pod to be removed")
+    wait_until(lambda: gone(lambda: core.read_namespaced_pod("orphan", ns)),
+               timeout=10,
+               message="the orphaned terminating pod to be removed",
+               interval=0.05)
 
 
 def test_admission_adds_the_token_volume_and_default_tolerations(cluster: Cluster, core: client.CoreV1Api,
@@ -281,5 +284,7 @@ def test_a_deleted_podgroup_stays_until_no_running_pod_names_it(embedded_only: N
     assert left["metadata"]["deletionTimestamp"]
     assert left["metadata"]["finalizers"] == ["scheduling.k8s.io/podgroup-protection"]
     core.delete_namespaced_pod("member", ns)
-    wait_for(lambda: gone(lambda: custom.get_namespaced_custom_object(*api, ns, "podgroups", "g")),
-             what="the PodGroup to go with its last pod")
+    wait_until(lambda: gone(lambda: custom.get_namespaced_custom_object(*api, ns, "podgroups", "g")),
+               timeout=15,
+               message="the PodGroup to go with its last pod",
+               interval=0.05)

@@ -3,20 +3,13 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Iterator
-from typing import Any, TypeVar, cast
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 from tests.waiting import wait_until
-
-T = TypeVar("T")
-
-
-def wait_for(check: Callable[[], T | None], timeout: float = 60.0, what: str = "condition") -> T:
-    """:func:`tests.waiting.wait_until` in this folder's argument order (kept for its callers)."""
-    return cast(T, wait_until(check, timeout=timeout, message=what))
 
 
 @pytest.fixture(scope="session")
@@ -53,4 +46,4 @@ def wait_phase(core: k8s.CoreV1Api, ns: str, name: str, phases: tuple[str, ...],
         pod = core.read_namespaced_pod(name, ns)
         return pod if pod.status.phase in phases else None
 
-    return wait_for(check, timeout, f"pod {ns}/{name} in {phases}")
+    return wait_until(check, timeout=timeout, message=f"pod {ns}/{name} in {phases}")

@@ -18,13 +18,14 @@ from typing import Any
 
 import pytest
 from kubernetes import client as k8s
+from tests.waiting import wait_until
 
 from railyard.commands import local as local_cmd
 from railyard.local.agent import SIMULATE_ANNOTATION
 from railyard.protocol.device import read_device
 
 from .builders import make_pod
-from .conftest import wait_for, wait_phase
+from .conftest import wait_phase
 
 pytestmark = pytest.mark.cluster
 PY = sys.executable
@@ -66,7 +67,7 @@ def test_nodes_are_ready_with_capacity_and_topology_labels(local_cluster: Any, c
 def test_node_leases_are_renewed(local_cluster: Any, api_client: k8s.ApiClient) -> None:
     coord = k8s.CoordinationV1Api(api_client)
     first = coord.read_namespaced_lease("node-0", "kube-node-lease").spec.renew_time
-    wait_for(lambda: coord.read_namespaced_lease("node-0", "kube-node-lease").spec.renew_time > first, 60, "lease renewal")
+    wait_until(lambda: coord.read_namespaced_lease("node-0", "kube-node-lease").spec.renew_time > first, timeout=60, message="lease renewal")
 
 
 def test_a_command_succeeds_and_a_failing_one_reports_its_exit_code(core: k8s.CoreV1Api, namespace: str) -> None:
@@ -108,7 +109,7 @@ def test_a_gated_pod_is_never_bound_until_ungated(core: k8s.CoreV1Api, namespace
     core.create_namespaced_pod(namespace, make_pod("gated").gate().command(*py("pass")).obj())
     core.create_namespaced_pod(namespace, make_pod("canary").command(*py("pass")).obj())
     # the canary is scheduled after the gated pod was seen: a bound canary means the scheduler ran
-    wait_for(lambda: core.read_namespaced_pod("canary", namespace).spec.node_name, 60, "canary bound")
+    wait_until(lambda: core.read_namespaced_pod("canary", namespace).spec.node_name, timeout=60, message="canary bound")
     assert core.read_namespaced_pod("gated", namespace).spec.node_name is None
     core.patch_namespaced_pod("gated", namespace, {"spec": {"schedulingGates": None}})
     done = wait_phase(core, namespace, "gated", ("Succeeded",), timeout=30)
@@ -119,7 +120,7 @@ def test_gpu_capacity_is_respected_and_freed(core: k8s.CoreV1Api, namespace: str
     # 3 nodes x 2 GPUs: six 1-GPU pods fit, the seventh waits until one goes away
     for i in range(7):
         core.create_namespaced_pod(namespace, make_pod(f"g{i}").gpus(1).command("sleep", "60").obj())
-    wait_for(lambda: sum(1 for p in core.list_namespaced_pod(namespace).items if p.spec.node_name) == 6, 30, "six bound")
+    wait_until(lambda: sum(1 for p in core.list_namespaced_pod(namespace).items if p.spec.node_name) == 6, timeout=30, message="six bound")
 
     def unschedulable() -> Any:
         pending = [p for p in core.list_namespaced_pod(namespace).items if not p.spec.node_name]
@@ -129,15 +130,13 @@ def test_gpu_capacity_is_respected_and_freed(core: k8s.CoreV1Api, namespace: str
         cond = conds.get("PodScheduled")
         return pending[0] if cond is not None and cond.reason == "Unschedulable" else None
 
-    waiting = wait_for(unschedulable, 60, "an unschedulable pod")
+    waiting = wait_until(unschedulable, timeout=60, message="an unschedulable pod")
     msg = next(c.message for c in waiting.status.conditions if c.type == "PodScheduled")
     assert "Insufficient nvidia.com/gpu" in msg
-    wait_for(
-        lambda: any(e.reason == "FailedScheduling" and e.involved_object.name == waiting.metadata.name
+    wait_until(lambda: any(e.reason == "FailedScheduling" and e.involved_object.name == waiting.metadata.name
                     for e in core.list_namespaced_event(namespace).items),
-        10,
-        "a FailedScheduling event",
-    )
+               timeout=10,
+               message="a FailedScheduling event")
     per_node: dict[str, int] = {}
     for p in core.list_namespaced_pod(namespace).items:
         if p.spec.node_name:
@@ -145,7 +144,7 @@ def test_gpu_capacity_is_respected_and_freed(core: k8s.CoreV1Api, namespace: str
     assert max(per_node.values()) == 2
     victim = next(p.metadata.name for p in core.list_namespaced_pod(namespace).items if p.spec.node_name)
     core.delete_namespaced_pod(victim, namespace, grace_period_seconds=1)
-    wait_for(lambda: core.read_namespaced_pod(waiting.metadata.name, namespace).spec.node_name, 30, "the waiting pod bound")
+    wait_until(lambda: core.read_namespaced_pod(waiting.metadata.name, namespace).spec.node_name, timeout=30, message="the waiting pod bound")
 
 
 def test_env_downward_api_value_from_and_volumes(local_cluster: Any, core: k8s.CoreV1Api, namespace: str) -> None:
@@ -274,7 +273,7 @@ def test_graceful_delete_sends_sigterm_and_keeps_host_path(local_cluster: Any, c
     core.create_namespaced_pod(namespace, pod)
     running = wait_phase(core, namespace, "graceful", ("Running",))
     host_dir = Path(local_cluster.state_dir) / "nodes" / running.spec.node_name / "hostpath" / "dev/shm/railyard-test" / namespace
-    wait_for(lambda: (host_dir / "started").exists(), 60, "the process to start")
+    wait_until(lambda: (host_dir / "started").exists(), timeout=60, message="the process to start")
     core.delete_namespaced_pod("graceful", namespace)
 
     def gone() -> bool:
@@ -284,7 +283,7 @@ def test_graceful_delete_sends_sigterm_and_keeps_host_path(local_cluster: Any, c
             return exc.status == 404
         return False
 
-    wait_for(gone, 60, "the pod to be removed")
+    wait_until(gone, timeout=60, message="the pod to be removed")
     assert (host_dir / "stopped").read_text() == "sigterm"
 
 
@@ -300,7 +299,7 @@ def test_sigkill_after_the_grace_period(local_cluster: Any, core: k8s.CoreV1Api,
     core.create_namespaced_pod(namespace, pod)
     wait_phase(core, namespace, "stubborn", ("Running",))
     log = Path(local_cluster.log_dir) / namespace / "stubborn" / "main.log"
-    wait_for(lambda: log.exists() and "armed" in log.read_text(), 60, "the SIGTERM handler installed")
+    wait_until(lambda: log.exists() and "armed" in log.read_text(), timeout=60, message="the SIGTERM handler installed")
     started = time.monotonic()
     core.delete_namespaced_pod("stubborn", namespace)
 
@@ -311,7 +310,7 @@ def test_sigkill_after_the_grace_period(local_cluster: Any, core: k8s.CoreV1Api,
             return exc.status == 404
         return False
 
-    wait_for(gone, 60, "the pod to be removed")
+    wait_until(gone, timeout=60, message="the pod to be removed")
     assert time.monotonic() - started >= 0.9  # it waited the grace period before SIGKILL
 
 
@@ -351,7 +350,7 @@ def test_node_fail_and_recover(local_cluster: Any, core: k8s.CoreV1Api, namespac
             node = core.read_node("node-2")
             return any(c.type == "Ready" and c.status != "True" for c in node.status.conditions)
 
-        wait_for(not_ready, 60, "node-2 NotReady")
+        wait_until(not_ready, timeout=60, message="node-2 NotReady")
         failed = wait_phase(core, namespace, "victim", ("Failed",), timeout=60)
         assert failed.status.container_statuses[0].state.terminated.exit_code == 137
         pid = int(failed.status.container_statuses[0].container_id.rsplit("/", 1)[1])
@@ -368,7 +367,7 @@ def test_node_fail_and_recover(local_cluster: Any, core: k8s.CoreV1Api, namespac
         assert later.status.phase == "Pending" and not later.status.container_statuses, later.status
     finally:
         assert cli(local_cluster, "node", "recover", "node-2") == 0
-    wait_for(lambda: not any(c.type == "Ready" and c.status != "True" for c in core.read_node("node-2").status.conditions), 60, "node-2 Ready")
+    wait_until(lambda: not any(c.type == "Ready" and c.status != "True" for c in core.read_node("node-2").status.conditions), timeout=60, message="node-2 Ready")
     assert wait_phase(core, namespace, "later", ("Succeeded",), timeout=60)
 
 
@@ -390,7 +389,7 @@ def test_taints_via_the_cli_keep_pods_off(local_cluster: Any, core: k8s.CoreV1Ap
 def test_slow_node_exports_its_factor(local_cluster: Any, core: k8s.CoreV1Api, namespace: str) -> None:
     assert cli(local_cluster, "node", "slow", "node-1", "--factor", "1.5") == 0
     try:
-        wait_for(lambda: (core.read_node("node-1").metadata.annotations or {}).get("local.railyard.dev/slow-factor") == "1.5", 60)
+        wait_until(lambda: (core.read_node("node-1").metadata.annotations or {}).get("local.railyard.dev/slow-factor") == "1.5", timeout=60, message="condition")
         # the static factor, and the simulated device the trainer's speed probe reads each step
         pod = make_pod("slowpoke").command(*py("""
             import os
@@ -403,7 +402,7 @@ def test_slow_node_exports_its_factor(local_cluster: Any, core: k8s.CoreV1Api, n
     finally:
         assert cli(local_cluster, "node", "slow", "node-1", "--factor", "1") == 0
     device = Path(local_cluster.state_dir) / "nodes" / "node-1" / "device.json"
-    wait_for(lambda: read_device(device).slow_factor == 1.0, 60, "the device back at full speed")
+    wait_until(lambda: read_device(device).slow_factor == 1.0, timeout=60, message="the device back at full speed")
 
 
 def test_a_simulated_pod_runs_its_init_containers_and_stays_running(core: k8s.CoreV1Api, namespace: str) -> None:
@@ -452,7 +451,7 @@ def test_readiness_probe_gates_ready(core: k8s.CoreV1Api, namespace: str, tmp_pa
         p = core.read_namespaced_pod("probed", namespace)
         return bool(p.status.container_statuses[0].ready) and any(c.type == "Ready" and c.status == "True" for c in p.status.conditions)
 
-    wait_for(ready, 60, "the probe to pass")
+    wait_until(ready, timeout=60, message="the probe to pass")
 
 
 # ---- Kubernetes' own gang scheduling: PodGroups (scheduling.k8s.io/v1alpha2) ---------------------
@@ -493,13 +492,13 @@ def test_a_podgroup_is_bound_whole_inside_one_leaf(core: k8s.CoreV1Api, podgroup
     core.create_namespaced_pod(namespace, make_pod("g-0").gpus(2).group("gang").command("sleep", "60").obj())
     # the canary is scheduled after g-0 was seen: a bound canary means the scheduler looked at g-0
     core.create_namespaced_pod(namespace, make_pod("canary").command(*py("pass")).obj())
-    wait_for(lambda: core.read_namespaced_pod("canary", namespace).spec.node_name, 60, "canary bound")
+    wait_until(lambda: core.read_namespaced_pod("canary", namespace).spec.node_name, timeout=60, message="canary bound")
     assert core.read_namespaced_pod("g-0", namespace).spec.node_name is None
     core.create_namespaced_pod(namespace, make_pod("g-1").gpus(2).group("gang").command("sleep", "60").obj())
-    nodes = {n: wait_for(lambda n=n: core.read_namespaced_pod(n, namespace).spec.node_name, 60, f"{n} bound")
+    nodes = {n: wait_until(lambda n=n: core.read_namespaced_pod(n, namespace).spec.node_name, timeout=60, message=f"{n} bound")
              for n in ("g-0", "g-1")}
     assert sorted(nodes.values()) == ["node-0", "node-1"]
-    cond = wait_for(lambda: _group_condition(podgroups, namespace, "gang"), 30, "PodGroupScheduled")
+    cond = wait_until(lambda: _group_condition(podgroups, namespace, "gang"), timeout=30, message="PodGroupScheduled")
     assert (cond["status"], cond["reason"]) == ("True", "Scheduled")
 
 
@@ -513,13 +512,13 @@ def test_a_gang_of_gated_pinned_pods_goes_exactly_where_it_was_pinned(
                                    .command(*py("pass")).obj())
     for name in ("p-0", "p-1"):
         core.patch_namespaced_pod(name, namespace, {"spec": {"schedulingGates": None}})
-    placed = {n: wait_for(lambda n=n: core.read_namespaced_pod(n, namespace).spec.node_name, 60, f"{n} bound")
+    placed = {n: wait_until(lambda n=n: core.read_namespaced_pod(n, namespace).spec.node_name, timeout=60, message=f"{n} bound")
               for n in ("p-0", "p-1")}
     assert placed == {"p-0": "node-1", "p-1": "node-0"}
     # pinned into different leaves, a gang that must share one leaf never starts
     _make_group(podgroups, namespace, "split", 2)
     for name, node in (("s-0", "node-0"), ("s-1", "node-2")):
         core.create_namespaced_pod(namespace, make_pod(name).pin(node).group("split").command(*py("pass")).obj())
-    cond = wait_for(lambda: _group_condition(podgroups, namespace, "split"), 60, "PodGroupScheduled False")
+    cond = wait_until(lambda: _group_condition(podgroups, namespace, "split"), timeout=60, message="PodGroupScheduled False")
     assert (cond["status"], cond["reason"]) == ("False", "Unschedulable")
     assert all(core.read_namespaced_pod(n, namespace).spec.node_name is None for n in ("s-0", "s-1"))

@@ -7,11 +7,12 @@ from pathlib import Path
 import pytest
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
+from tests.waiting import wait_until
 
 from railyard.local.cluster import LocalCluster, LocalClusterError
 
 from .builders import make_pod
-from .conftest import wait_for, wait_phase
+from .conftest import wait_phase
 
 pytestmark = pytest.mark.cluster
 
@@ -26,7 +27,7 @@ def test_down_then_up_keeps_objects_and_failed_nodes(tmp_path: Path) -> None:
         core.create_namespaced_pod("default", make_pod("sleeper").command("sleep", "300").obj())
         wait_phase(core, "default", "sleeper", ("Running",))
         core.patch_node("node-1", {"metadata": {"annotations": {"local.railyard.dev/fail": "true"}}})
-        wait_for(lambda: any(c.type == "Ready" and c.status == "False" for c in core.read_node("node-1").status.conditions), 60)
+        wait_until(lambda: any(c.type == "Ready" and c.status == "False" for c in core.read_node("node-1").status.conditions), timeout=60, message="condition")
         api.close()
     finally:
         cluster.stop()

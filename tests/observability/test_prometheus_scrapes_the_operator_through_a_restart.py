@@ -23,8 +23,9 @@ from typing import Any
 
 import pytest
 import yaml
-from tests.operator.conftest import ROOT, Api, OperatorProcess, _apply_crd, wait_for
+from tests.operator.conftest import ROOT, Api, OperatorProcess, _apply_crd
 from tests.system.conftest import base_spec
+from tests.waiting import wait_until
 
 from railyard.demo.prometheus import SCRAPE_JOB, Prometheus, build_report, start_prometheus
 from railyard.protocol.exitcodes import FailureClass
@@ -92,7 +93,7 @@ def run(prometheus_binary: str, local_cluster: Any, tmp_path_factory: pytest.Tem
 
     api = Api(Path(local_cluster.kubeconfig))
     asyncio.run(_apply_crd(api.kubeconfig, yaml.safe_load((ROOT / "crds" / "trainingjob.yaml").read_text())))
-    wait_for("the TrainingJob CRD to serve", lambda: api.custom.list_namespaced_custom_object("railyard.dev", "v1alpha1", NS, "trainingjobs") is not None)
+    wait_until(lambda: api.custom.list_namespaced_custom_object("railyard.dev", "v1alpha1", NS, "trainingjobs") is not None, timeout=30, message="the TrainingJob CRD to serve", retry_on=(Exception,))
     api.ensure_namespace(NS)
     work = tmp_path_factory.mktemp("prometheus")
     operator = OperatorProcess(api.kubeconfig, work / "operator.log", [NS])
@@ -106,8 +107,11 @@ def run(prometheus_binary: str, local_cluster: Any, tmp_path_factory: pytest.Tem
         spec = base_spec(trainer={"steps": 16, "faults": [{"kind": "bitflip", "target": "grad", "rank": 1, "step": FLIP_STEP, "attempt": 0}]})
         api.create_job(NS, name, spec)
         try:
-            status = wait_for("the job to finish", lambda: (s := api.status(NS, name)).get("phase") in ("Succeeded", "Failed") and s,
-                              timeout=300, interval=0.5)
+            status = wait_until(lambda: (s := api.status(NS, name)).get("phase") in ("Succeeded", "Failed") and s,
+                                timeout=300,
+                                message="the job to finish",
+                                interval=0.5,
+                                retry_on=(Exception,))
         except AssertionError as exc:
             raise AssertionError(f"{exc}\n--- status ---\n{json.dumps(api.status(NS, name), indent=1)[:3000]}\n--- operator ---\n{operator.log_tail(40)}") from None
         assert status["phase"] == "Succeeded", status.get("message")

@@ -16,7 +16,7 @@ import socket
 import subprocess
 import sys
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -46,12 +46,6 @@ while True:
             sys.exit(int(f.read_text().strip() or 0))
     time.sleep(0.05)
 """
-
-
-def wait_for(what: str, pred: Callable[[], Any], timeout: float = 30.0, interval: float = 0.1) -> Any:
-    """:func:`tests.waiting.wait_until` in this folder's argument order (kept for its callers; new
-    code calls ``wait_until``). An API hiccup in ``pred`` is not a verdict."""
-    return wait_until(pred, timeout=timeout, interval=interval, message=what, retry_on=(Exception,))
 
 
 def _die_with_parent() -> None:
@@ -131,7 +125,7 @@ def api(local_cluster: Any) -> Api:
     a = Api(Path(local_cluster.kubeconfig))
     crd = yaml.safe_load((ROOT / "crds" / "trainingjob.yaml").read_text())
     asyncio.run(_apply_crd(a.kubeconfig, crd))
-    wait_for("the TrainingJob CRD to serve", lambda: a.custom.list_namespaced_custom_object(GROUP, VERSION, "default", PLURAL) is not None)
+    wait_until(lambda: a.custom.list_namespaced_custom_object(GROUP, VERSION, "default", PLURAL) is not None, timeout=30, message="the TrainingJob CRD to serve", retry_on=(Exception,))
     a.ensure_namespace(MAIN_NS)
     return a
 
@@ -160,7 +154,7 @@ class OperatorProcess:
         # the machine or act on a later run's cluster)
         self.proc = subprocess.Popen(argv, stdout=log_path.open("ab"), stderr=subprocess.STDOUT, cwd=ROOT,
                                      preexec_fn=_die_with_parent)
-        wait_for("the operator's /healthz", self.healthy, timeout=60)
+        wait_until(self.healthy, timeout=60, message="the operator's /healthz", retry_on=(Exception,))
 
     def healthy(self) -> bool:
         import urllib.request

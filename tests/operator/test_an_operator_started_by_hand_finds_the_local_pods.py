@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.operator.conftest import ROOT, Api, _die_with_parent, wait_for
+from tests.operator.conftest import ROOT, Api, _die_with_parent
+from tests.waiting import wait_until
 
 from railyard.commands.operator import DEFAULT_HOST, DEFAULT_PORT, ServeAddress, choose_address
 from railyard.local.operator_address import (
@@ -89,7 +90,7 @@ class HandRunOperator:
         env = dict(os.environ, KUBECONFIG=str(kubeconfig))
         self.proc = subprocess.Popen(argv, stdout=log_path.open("ab"), stderr=subprocess.STDOUT, cwd=ROOT, env=env,
                                      preexec_fn=_die_with_parent)
-        wait_for("the hand-run operator's /healthz on the local cluster's address", self.healthy, timeout=90)
+        wait_until(self.healthy, timeout=90, message="the hand-run operator's /healthz on the local cluster's address", retry_on=(Exception,))
 
     def healthy(self) -> bool:
         import urllib.request
@@ -120,14 +121,14 @@ def test_an_operator_restarted_by_hand_keeps_hearing_the_running_pods(local_clus
     op = HandRunOperator(Path(local_cluster.kubeconfig), tmp_path / "op1.log", published.url)
     try:
         api.create_job(NS, job_name, spec)
-        wait_for("heartbeats moving the step", lambda: (api.status(NS, job_name).get("step") or 0) >= 2, 120)
+        wait_until(lambda: (api.status(NS, job_name).get("step") or 0) >= 2, timeout=120, message="heartbeats moving the step", retry_on=(Exception,))
         pods = {p.metadata.name: p for p in api.pods(NS, job_name)}
         urls = {e.value for p in pods.values() for c in p.spec.containers for e in c.env or () if e.name == "RAILYARD_HEARTBEAT_URL"}
         assert urls == {f"{published.url}/v1/heartbeats/{NS}/{job_name}"}, urls
         op.kill()
         stopped_at = int(api.status(NS, job_name).get("step") or 0)
         op = HandRunOperator(Path(local_cluster.kubeconfig), tmp_path / "op2.log", published.url)
-        wait_for("heartbeats reaching the restarted operator", lambda: (api.status(NS, job_name).get("step") or 0) > stopped_at + 2, 120)
+        wait_until(lambda: (api.status(NS, job_name).get("step") or 0) > stopped_at + 2, timeout=120, message="heartbeats reaching the restarted operator", retry_on=(Exception,))
         st = api.status(NS, job_name)
         assert st["phase"] == "Running" and st["attempt"] == 0, st
         assert {p.metadata.uid for p in api.pods(NS, job_name)} == {p.metadata.uid for p in pods.values()}, "the same pods"

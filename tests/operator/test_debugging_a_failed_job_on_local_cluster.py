@@ -19,8 +19,8 @@ from tests.operator.conftest import (
     Workload,
     base_spec,
     on_exit_dump,
-    wait_for,
 )
+from tests.waiting import wait_until
 
 from railyard.logic.conditions import parse_time
 
@@ -57,7 +57,7 @@ def test_a_crashed_job_shows_what_it_printed_and_keeps_its_last_pods(api: Api, o
                      restartPolicy={"application": {"limit": 1, "backoffSeconds": 0}})
     api.create_job(NS, job_name, spec)
     try:
-        st = wait_for("phase Failed", lambda: (s := api.status(NS, job_name)).get("phase") == "Failed" and s, 120)
+        st = wait_until(lambda: (s := api.status(NS, job_name)).get("phase") == "Failed" and s, timeout=120, message="phase Failed", retry_on=(Exception,))
         failed = next(c for c in st["conditions"] if c["type"] == "Failed")
         assert failed["reason"] == "RestartBudgetSpent" and CRASH in failed["message"], failed
         assert st["restarts"]["application"] == 1 and st["attempt"] == 1
@@ -65,12 +65,18 @@ def test_a_crashed_job_shows_what_it_printed_and_keeps_its_last_pods(api: Api, o
         assert last["attempt"] == 1 and last["exitCode"] == 1 and last["node"] and CRASH in last["message"]
 
         # the pods of the last attempt stay; the first attempt's were deleted at the restart
-        kept = wait_for("attempt 1's two pods, finished", lambda: (ps := _live(api, job_name))
-                        and sorted((p.metadata.labels["railyard.dev/attempt"], p.status.phase) for p in ps) == [("1", "Failed")] * 2 and ps, 90)
+        kept = wait_until(lambda: (ps := _live(api, job_name))
+                        and sorted((p.metadata.labels["railyard.dev/attempt"], p.status.phase) for p in ps) == [("1", "Failed")] * 2 and ps,
+                          timeout=90,
+                          message="attempt 1's two pods, finished",
+                          retry_on=(Exception,))
         for p in kept:
             assert CRASH in (p.status.container_statuses[0].state.terminated.message or ""), "FallbackToLogsOnError"
-        wait_for("the RestartBudgetSpent Event quoting the crash", lambda: any(
-            e.reason == "RestartBudgetSpent" and CRASH in (e.message or "") for e in api.events(NS, job_name)), 30)
+        wait_until(lambda: any(
+            e.reason == "RestartBudgetSpent" and CRASH in (e.message or "") for e in api.events(NS, job_name)),
+                   timeout=30,
+                   message="the RestartBudgetSpent Event quoting the crash",
+                   retry_on=(Exception,))
 
         described = _kubectl(api, "describe", "trainingjob", job_name)
         assert described.returncode == 0, described.stderr
@@ -91,7 +97,7 @@ def test_a_crashed_job_shows_what_it_printed_and_keeps_its_last_pods(api: Api, o
 
         # until the TTL: a TTL of 0 set now releases them; the job and its status stay
         api.patch_spec(NS, job_name, {"cleanup": {"ttlSecondsAfterFinished": 0}})
-        wait_for("the kept pods released", lambda: not api.pods(NS, job_name), 60)
+        wait_until(lambda: not api.pods(NS, job_name), timeout=60, message="the kept pods released", retry_on=(Exception,))
         assert _phase(api, job_name) == "Failed" and CRASH in api.status(NS, job_name)["lastFailure"]["message"]
         gone = _cli(api, sys.executable, "-m", "railyard", "logs", job_name, "-n", NS)
         assert gone.returncode == 1 and "no pods" in gone.stderr and CRASH in gone.stderr, "says so, and quotes status.lastFailure"
@@ -117,21 +123,21 @@ def test_kept_pods_never_block_a_new_job_and_go_at_their_ttl(api: Api, operator:
     # each job takes every GPU of every simulated node
     api.create_job(NS, first, _every_gpu_spec(w1, api))
     try:
-        wait_for("the first job Running", lambda: _phase(api, first) == "Running", 120)
+        wait_until(lambda: _phase(api, first) == "Running", timeout=120, message="the first job Running", retry_on=(Exception,))
         w1.exit(0)
-        wait_for("the first job Succeeded", lambda: _phase(api, first) == "Succeeded", 90)
-        kept = wait_for("its pods kept, Succeeded", lambda: (ps := _live(api, first)) and all(p.status.phase == "Succeeded" for p in ps) and ps, 60)
+        wait_until(lambda: _phase(api, first) == "Succeeded", timeout=90, message="the first job Succeeded", retry_on=(Exception,))
+        kept = wait_until(lambda: (ps := _live(api, first)) and all(p.status.phase == "Succeeded" for p in ps) and ps, timeout=60, message="its pods kept, Succeeded", retry_on=(Exception,))
         held = {p.spec.node_name for p in kept}
 
         # the second job needs exactly those GPUs: placed, bound and Running next to the kept pods
         api.create_job(NS, second, _every_gpu_spec(w2, api, cleanup={"ttlSecondsAfterFinished": 5}))
-        wait_for("the second job Running", lambda: _phase(api, second) == "Running", 120)
+        wait_until(lambda: _phase(api, second) == "Running", timeout=120, message="the second job Running", retry_on=(Exception,))
         assert {p.spec.node_name for p in _live(api, second)} == held
         assert len(_live(api, first)) == len(kept), "the first job's pods are still kept"
 
         w2.exit(0)
-        st = wait_for("the second job Succeeded", lambda: (s := api.status(NS, second)).get("phase") == "Succeeded" and s, 90)
-        wait_for("the second job's pods released at their TTL", lambda: not api.pods(NS, second), 90)
+        st = wait_until(lambda: (s := api.status(NS, second)).get("phase") == "Succeeded" and s, timeout=90, message="the second job Succeeded", retry_on=(Exception,))
+        wait_until(lambda: not api.pods(NS, second), timeout=90, message="the second job's pods released at their TTL", retry_on=(Exception,))
         released_at = time.time()
         done = parse_time(st["completionTime"])
         assert done is not None and released_at >= done + 5 - 1, "not before the TTL (completionTime has whole seconds)"

@@ -23,8 +23,8 @@ from tests.operator.conftest import (
     Workload,
     base_spec,
     on_exit_dump,
-    wait_for,
 )
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.cluster
 NS = MAIN_NS
@@ -44,7 +44,7 @@ def _running_pods(api: Api, name: str, attempt: int) -> list[Any]:
 def test_gang_is_created_whole_gated_owned_and_succeeds(api: Api, operator: OperatorProcess, workload: Workload, job_name: str) -> None:
     api.create_job(NS, job_name, base_spec(workload, nodes=2))
     try:
-        wait_for("phase Running", lambda: _phase(api, job_name) == "Running", 90)
+        wait_until(lambda: _phase(api, job_name) == "Running", timeout=90, message="phase Running", retry_on=(Exception,))
         pods = api.pods(NS, job_name)
         assert sorted(p.metadata.name for p in pods) == [f"{job_name}-a0-0", f"{job_name}-a0-1"]
         assert len({p.spec.node_name for p in pods}) == 2, "one pod per node"
@@ -57,7 +57,7 @@ def test_gang_is_created_whole_gated_owned_and_succeeds(api: Api, operator: Oper
             assert term.match_fields[0].values == [p.spec.node_name]
             sc = p.spec.containers[0].security_context
             assert sc.allow_privilege_escalation is False and sc.capabilities.drop == ["ALL"]
-        started = wait_for("both pods to start", lambda: len(workload.started(0)) == 2 and workload.started(0))
+        started = wait_until(lambda: len(workload.started(0)) == 2 and workload.started(0), timeout=30, message="both pods to start", retry_on=(Exception,))
         env0 = started[0]["env"]
         assert env0["MASTER_ADDR"] == f"{job_name}-0.{job_name}.{NS}.svc"
         assert env0["RAILYARD_ATTEMPT"] == "0" and env0["NCCL_CROSS_NIC"] == "0"
@@ -72,14 +72,14 @@ def test_gang_is_created_whole_gated_owned_and_succeeds(api: Api, operator: Oper
         assert api.core.read_namespaced_service(job_name, NS).spec.cluster_ip == "None"
 
         workload.exit(0)
-        wait_for("phase Succeeded", lambda: _phase(api, job_name) == "Succeeded", 90)
+        wait_until(lambda: _phase(api, job_name) == "Succeeded", timeout=90, message="phase Succeeded", retry_on=(Exception,))
         # the finished pods stay (spec.cleanup: Keep, for a day by default) for kubectl logs
-        kept = wait_for("both pods Succeeded", lambda: (ps := api.pods(NS, job_name)) and all(p.status.phase == "Succeeded" for p in ps) and ps, 90)
+        kept = wait_until(lambda: (ps := api.pods(NS, job_name)) and all(p.status.phase == "Succeeded" for p in ps) and ps, timeout=90, message="both pods Succeeded", retry_on=(Exception,))
         assert sorted(p.metadata.name for p in kept) == [f"{job_name}-a0-0", f"{job_name}-a0-1"]
         st = api.status(NS, job_name)
         assert st["completionTime"] and st["restarts"]["total"] == 0
         wanted = {"GangCreated", "AllPodsRunning", "AllRanksSucceeded"}
-        wait_for(f"Events {sorted(wanted)}", lambda: wanted <= {e.reason for e in api.events(NS, job_name)}, 30)
+        wait_until(lambda: wanted <= {e.reason for e in api.events(NS, job_name)}, timeout=30, message=f"Events {sorted(wanted)}", retry_on=(Exception,))
     except AssertionError:
         print(on_exit_dump(api, NS, job_name, operator))
         raise
@@ -93,11 +93,11 @@ def test_failed_node_moves_only_its_ranks_to_a_spare_and_is_quarantined(api: Api
     api.create_job(NS, job_name, base_spec(workload, nodes=2))
     victim = ""
     try:
-        wait_for("running", lambda: len(_running_pods(api, job_name, 0)) == 2, 90)
+        wait_until(lambda: len(_running_pods(api, job_name, 0)) == 2, timeout=90, message="running", retry_on=(Exception,))
         before = api.status(NS, job_name)["placement"]["nodes"]
         victim = before[1]
         api.annotate_node(victim, {FAIL_ANNOTATION: "true"})
-        wait_for("attempt 1 running", lambda: len(_running_pods(api, job_name, 1)) == 2, 60)
+        wait_until(lambda: len(_running_pods(api, job_name, 1)) == 2, timeout=60, message="attempt 1 running", retry_on=(Exception,))
         st = api.status(NS, job_name)
         after = st["placement"]["nodes"]
         assert after[0] == before[0], "the healthy node keeps its pod index and ranks"
@@ -107,26 +107,29 @@ def test_failed_node_moves_only_its_ranks_to_a_spare_and_is_quarantined(api: Api
         node = api.node(victim)
         assert node.metadata.labels.get("railyard.dev/quarantined") == "true"
         assert any(t.key == "railyard.dev/quarantined" and t.effect == "NoSchedule" for t in node.spec.taints or [])
-        wait_for("the NodeQuarantined Event", lambda: any(e.reason == "NodeQuarantined" for e in api.events(NS, job_name)), 30)
-        assert wait_for("Running again", lambda: _phase(api, job_name) == "Running", 90)
+        wait_until(lambda: any(e.reason == "NodeQuarantined" for e in api.events(NS, job_name)), timeout=30, message="the NodeQuarantined Event", retry_on=(Exception,))
+        assert wait_until(lambda: _phase(api, job_name) == "Running", timeout=90, message="Running again", retry_on=(Exception,))
         # a person releases the node: the operator removes the label and the taint
         api.annotate_node(victim, {FAIL_ANNOTATION: None, "railyard.dev/release": "true"})
-        wait_for("release honoured", lambda: not any(t.key == "railyard.dev/quarantined" for t in api.node(victim).spec.taints or [])
-                 and "railyard.dev/quarantined" not in (api.node(victim).metadata.labels or {}), 90)
-        wait_for("status forgets the released node", lambda: api.status(NS, job_name)["quarantinedNodes"] == [], 90)
+        wait_until(lambda: not any(t.key == "railyard.dev/quarantined" for t in api.node(victim).spec.taints or [])
+                 and "railyard.dev/quarantined" not in (api.node(victim).metadata.labels or {}),
+                   timeout=90,
+                   message="release honoured",
+                   retry_on=(Exception,))
+        wait_until(lambda: api.status(NS, job_name)["quarantinedNodes"] == [], timeout=90, message="status forgets the released node", retry_on=(Exception,))
     except AssertionError:
         print(on_exit_dump(api, NS, job_name, operator))
         raise
     finally:
         if victim:
             api.annotate_node(victim, {FAIL_ANNOTATION: None, "railyard.dev/release": "true"})
-            wait_for("node Ready", lambda: any(c.type == "Ready" and c.status == "True" for c in api.node(victim).status.conditions), 90)
+            wait_until(lambda: any(c.type == "Ready" and c.status == "True" for c in api.node(victim).status.conditions), timeout=90, message="node Ready", retry_on=(Exception,))
         api.delete_job(NS, job_name)
 
 
 def test_deleting_the_job_removes_everything_it_owns(api: Api, operator: OperatorProcess, workload: Workload, job_name: str) -> None:
     api.create_job(NS, job_name, base_spec(workload, nodes=2))
-    wait_for("running", lambda: _phase(api, job_name) == "Running", 90)
+    wait_until(lambda: _phase(api, job_name) == "Running", timeout=90, message="running", retry_on=(Exception,))
     api.delete_job(NS, job_name)
 
     def owned() -> list[str]:
@@ -137,7 +140,7 @@ def test_deleting_the_job_removes_everything_it_owns(api: Api, operator: Operato
         names += [s.metadata.name for s in api.core.list_namespaced_secret(NS, label_selector=sel).items]
         return names
 
-    wait_for("nothing owned left", lambda: not owned(), 90)
+    wait_until(lambda: not owned(), timeout=90, message="nothing owned left", retry_on=(Exception,))
 
 
 def test_metrics_are_served_and_count_restarts_by_class(api: Api, operator: OperatorProcess, workload: Workload, job_name: str) -> None:
@@ -152,9 +155,9 @@ def test_metrics_are_served_and_count_restarts_by_class(api: Api, operator: Oper
     before = restarts("Application")
     api.create_job(NS, job_name, base_spec(workload, nodes=2))
     try:
-        wait_for("running", lambda: len(_running_pods(api, job_name, 0)) == 2, 90)
+        wait_until(lambda: len(_running_pods(api, job_name, 0)) == 2, timeout=90, message="running", retry_on=(Exception,))
         workload.exit(3, attempt=0, pod=0)
-        wait_for("attempt 1 Running", lambda: api.status(NS, job_name).get("attempt") == 1 and _phase(api, job_name) == "Running", 90)
+        wait_until(lambda: api.status(NS, job_name).get("attempt") == 1 and _phase(api, job_name) == "Running", timeout=90, message="attempt 1 Running", retry_on=(Exception,))
         assert restarts("Application") == before + 1
         families = {f.name: f for f in text_string_to_metric_families(operator.metrics_text())}
         for name in ("railyard_jobs", "railyard_gang_ready_seconds", "railyard_failure_to_restarted_seconds",
@@ -184,7 +187,7 @@ def test_confirmed_sdc_heartbeat_restarts_the_gang_and_quarantines_the_node(api:
     api.create_job(NS, job_name, base_spec(workload, nodes=2))
     victim = ""
     try:
-        wait_for("Running", lambda: _phase(api, job_name) == "Running", 90)
+        wait_until(lambda: _phase(api, job_name) == "Running", timeout=90, message="Running", retry_on=(Exception,))
         victim = api.status(NS, job_name)["placement"]["nodes"][1]
         token = base64.b64decode(api.core.read_namespaced_secret(f"{job_name}-heartbeat", NS).data["token"]).decode()
         beat = {
@@ -199,11 +202,11 @@ def test_confirmed_sdc_heartbeat_restarts_the_gang_and_quarantines_the_node(api:
         )
         with urllib.request.urlopen(req, timeout=5) as resp:
             assert resp.status == 204
-        wait_for("SDC restart", lambda: api.status(NS, job_name)["restarts"]["sdc"] == 1, 90)
+        wait_until(lambda: api.status(NS, job_name)["restarts"]["sdc"] == 1, timeout=90, message="SDC restart", retry_on=(Exception,))
         st = api.status(NS, job_name)
         assert [q["node"] for q in st["quarantinedNodes"]] == [victim]
         assert st["restarts"]["lastReason"].startswith("SDCVerdict")
-        wait_for("attempt 1 Running", lambda: len(_running_pods(api, job_name, 1)) == 2, 90)
+        wait_until(lambda: len(_running_pods(api, job_name, 1)) == 2, timeout=90, message="attempt 1 Running", retry_on=(Exception,))
         assert victim not in api.status(NS, job_name)["placement"]["nodes"]
     except AssertionError:
         print(on_exit_dump(api, NS, job_name, operator))
@@ -211,7 +214,7 @@ def test_confirmed_sdc_heartbeat_restarts_the_gang_and_quarantines_the_node(api:
     finally:
         if victim:
             api.annotate_node(victim, {"railyard.dev/release": "true"})
-            wait_for("released", lambda: "railyard.dev/quarantined" not in (api.node(victim).metadata.labels or {}), 90)
+            wait_until(lambda: "railyard.dev/quarantined" not in (api.node(victim).metadata.labels or {}), timeout=90, message="released", retry_on=(Exception,))
         api.delete_job(NS, job_name)
 
 
@@ -222,8 +225,8 @@ def test_cleanup_on_delete_removes_checkpoints_then_the_finalizer(api: Api, oper
     spec["checkpoint"]["cleanupOnDelete"] = True
     api.create_job(NS, job_name, spec)
     try:
-        wait_for("our finalizer", lambda: "railyard.dev/checkpoint-cleanup" in (api.job(NS, job_name)["metadata"].get("finalizers") or []), 90)
-        started = wait_for("both pods started", lambda: len(workload.started(0)) == 2 and workload.started(0), 90)
+        wait_until(lambda: "railyard.dev/checkpoint-cleanup" in (api.job(NS, job_name)["metadata"].get("finalizers") or []), timeout=90, message="our finalizer", retry_on=(Exception,))
+        started = wait_until(lambda: len(workload.started(0)) == 2 and workload.started(0), timeout=90, message="both pods started", retry_on=(Exception,))
         markers = [Path(s["env"][var]) / job_name / f"marker-{i}" for i, s in started.items()
                    for var in ("RAILYARD_CHECKPOINT_MEMORY_DIR", "RAILYARD_CHECKPOINT_SHARED_DIR")]
         assert all(m.exists() for m in markers), markers
@@ -238,7 +241,7 @@ def test_cleanup_on_delete_removes_checkpoints_then_the_finalizer(api: Api, oper
                 return exc.status == 404
             return False
 
-        wait_for("job gone after cleanup", gone, 60)
+        wait_until(gone, timeout=60, message="job gone after cleanup", retry_on=(Exception,))
         assert not any(m.exists() for m in markers), [m for m in markers if m.exists()]
         assert not api.pods(NS, job_name), "gang and cleanup pods removed"
     except AssertionError:

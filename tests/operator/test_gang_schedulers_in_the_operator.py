@@ -21,9 +21,9 @@ from tests.operator.conftest import (
     _apply_crd,
     base_spec,
     on_exit_dump,
-    wait_for,
 )
 from tests.operator.fake_cluster import Harness, make_job
+from tests.waiting import wait_until
 
 from railyard.api.trainingjob import TrainingJobSpec
 from railyard.k8s import gang as ops
@@ -363,12 +363,14 @@ def test_a_volcano_job_gets_its_podgroup_before_pods_that_name_volcano(
     api: Api, operator: OperatorProcess, workload: Workload, job_name: str
 ) -> None:
     asyncio.run(_apply_crd(api.kubeconfig, _volcano_crd()))
-    wait_for("the PodGroup CRD to serve",
-             lambda: api.custom.list_namespaced_custom_object("scheduling.volcano.sh", "v1beta1", NS, "podgroups") is not None)
+    wait_until(lambda: api.custom.list_namespaced_custom_object("scheduling.volcano.sh", "v1beta1", NS, "podgroups") is not None,
+               timeout=30,
+               message="the PodGroup CRD to serve",
+               retry_on=(Exception,))
     spec = base_spec(workload, nodes=2, gang={"scheduleTimeoutSeconds": 60, "schedulerName": "volcano", "queueName": "research"})
     api.create_job(NS, job_name, spec)
     try:
-        pods = wait_for("both pods created", lambda: len(api.pods(NS, job_name)) == 2 and api.pods(NS, job_name), 60)
+        pods = wait_until(lambda: len(api.pods(NS, job_name)) == 2 and api.pods(NS, job_name), timeout=60, message="both pods created", retry_on=(Exception,))
         group = api.custom.get_namespaced_custom_object("scheduling.volcano.sh", "v1beta1", NS, "podgroups", f"{job_name}-a0")
         assert group["spec"]["minMember"] == 2 and group["spec"]["queue"] == "research"
         owner = group["metadata"]["ownerReferences"][0]
@@ -380,7 +382,7 @@ def test_a_volcano_job_gets_its_podgroup_before_pods_that_name_volcano(
             term = p.spec.affinity.node_affinity.required_during_scheduling_ignored_during_execution.node_selector_terms[0]
             assert term.match_fields[0].values == [p.metadata.annotations["railyard.dev/node"]]
             assert p.metadata.creation_timestamp.isoformat().replace("+00:00", "Z") >= created
-        wait_for("our gates lifted", lambda: all(not p.spec.scheduling_gates for p in api.pods(NS, job_name)), 30)
+        wait_until(lambda: all(not p.spec.scheduling_gates for p in api.pods(NS, job_name)), timeout=30, message="our gates lifted", retry_on=(Exception,))
         # nobody runs Volcano here: the pods wait for it, unbound
         assert all(not p.spec.node_name for p in api.pods(NS, job_name))
     except BaseException:
@@ -400,7 +402,7 @@ def test_a_scheduler_whose_crd_is_missing_keeps_the_job_placing_with_the_fix(
         def reasons() -> set[str]:
             return {c.get("reason") for c in api.status(NS, job_name).get("conditions") or []}
 
-        wait_for("reason PodGroupUnavailable", lambda: "PodGroupUnavailable" in reasons(), 60)
+        wait_until(lambda: "PodGroupUnavailable" in reasons(), timeout=60, message="reason PodGroupUnavailable", retry_on=(Exception,))
         st = api.status(NS, job_name)
         assert st["phase"] == "Placing"
         assert "spec.gang.schedulerName" in st["message"] and "scheduling.x-k8s.io/v1alpha1" in st["message"]
@@ -505,8 +507,8 @@ def test_kubernetes_binds_the_whole_gang_in_its_group_and_a_lost_node_is_replace
                     and p["metadata"]["labels"].get("railyard.dev/attempt") is not None  # not a spare's placeholder
                     and (attempt is None or p["metadata"]["labels"]["railyard.dev/attempt"] == str(attempt))]
 
-        wait_for("the gang Running", lambda: api.status(NS, job_name).get("phase") == "Running", 120)
-        wait_for("both launchers heard by the operator", lambda: len(workload.started(0)) == 2, 60)
+        wait_until(lambda: api.status(NS, job_name).get("phase") == "Running", timeout=120, message="the gang Running", retry_on=(Exception,))
+        wait_until(lambda: len(workload.started(0)) == 2, timeout=60, message="both launchers heard by the operator", retry_on=(Exception,))
         group = f"{job_name}-a0"
         wl, pg = _k8s_object(api, "workloads", group), _k8s_object(api, "podgroups", group)
         assert wl is not None and pg is not None, "a Workload and a PodGroup for the attempt"
@@ -516,7 +518,7 @@ def test_kubernetes_binds_the_whole_gang_in_its_group_and_a_lost_node_is_replace
         for obj in (wl, pg):
             assert obj["metadata"]["ownerReferences"][0]["name"] == job_name
         # the scheduler bound the group as a whole, and says so (kube-golden/v1.36-workload 021)
-        wait_for("PodGroupScheduled", lambda: _scheduled(api, group), 30)
+        wait_until(lambda: _scheduled(api, group), timeout=30, message="PodGroupScheduled", retry_on=(Exception,))
         placed = api.status(NS, job_name)["placement"]["nodes"]
         pods = running(0)
         assert sorted(p["metadata"]["name"] for p in pods) == [f"{group}-0", f"{group}-1"]
@@ -527,8 +529,11 @@ def test_kubernetes_binds_the_whole_gang_in_its_group_and_a_lost_node_is_replace
 
         victim = placed[1]
         api.annotate_node(victim, {FAIL_ANNOTATION: "true"})
-        wait_for("the restart in place done", lambda: (api.status(NS, job_name).get("lastRestart") or {}).get("state") == "Done"
-                 and api.status(NS, job_name).get("phase") == "Running", 120)
+        wait_until(lambda: (api.status(NS, job_name).get("lastRestart") or {}).get("state") == "Done"
+                 and api.status(NS, job_name).get("phase") == "Running",
+                   timeout=120,
+                   message="the restart in place done",
+                   retry_on=(Exception,))
         st = api.status(NS, job_name)
         assert st["lastRestart"]["mode"] == "InPlace" and st["lastRestart"]["replaced"] == [1], st["lastRestart"]
         assert [q["node"] for q in st["quarantinedNodes"]] == [victim]
@@ -541,12 +546,12 @@ def test_kubernetes_binds_the_whole_gang_in_its_group_and_a_lost_node_is_replace
         assert now[f"{group}-0"]["spec"]["schedulingGroup"] == {"podGroupName": group}
         replacement = _k8s_object(api, "podgroups", f"{job_name}-a1")
         assert replacement is not None and replacement["spec"]["schedulingPolicy"] == {"gang": {"minCount": 1}}
-        wait_for("the replacement's PodGroupScheduled", lambda: _scheduled(api, f"{job_name}-a1"), 30)
+        wait_until(lambda: _scheduled(api, f"{job_name}-a1"), timeout=30, message="the replacement's PodGroupScheduled", retry_on=(Exception,))
     except BaseException:
         print(on_exit_dump(api, NS, job_name, operator))
         raise
     finally:
         if victim:
             api.annotate_node(victim, {FAIL_ANNOTATION: None, "railyard.dev/release": "true"})
-            wait_for("node Ready", lambda: any(c.type == "Ready" and c.status == "True" for c in api.node(victim).status.conditions), 90)
+            wait_until(lambda: any(c.type == "Ready" and c.status == "True" for c in api.node(victim).status.conditions), timeout=90, message="node Ready", retry_on=(Exception,))
         api.delete_job(NS, job_name)

@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 from tests.operator.builders import make_node
-from tests.operator.conftest import Api, OperatorProcess, Workload, base_spec, wait_for
+from tests.operator.conftest import Api, OperatorProcess, Workload, base_spec
+from tests.waiting import wait_until
 
 from railyard.api.trainingjob import TrainingJobSpec
 from railyard.logic.manifests import (
@@ -66,7 +67,7 @@ def test_killed_mid_creation_then_restarted_creates_no_duplicates(
 
     op = OperatorProcess(api.kubeconfig, tmp_path / "op1.log", [NS])
     try:
-        wait_for("gang Running", lambda: (api.status(NS, job_name).get("phase") == "Running"), 90)
+        wait_until(lambda: (api.status(NS, job_name).get("phase") == "Running"), timeout=90, message="gang Running", retry_on=(Exception,))
         names = sorted(p.metadata.name for p in _pods(api, job_name))
         assert names == [f"{job_name}-a0-0", f"{job_name}-a0-1"], names
         assert next(p for p in _pods(api, job_name) if p.metadata.name.endswith("-0")).metadata.uid == first_uid, "resumed, not recreated"
@@ -74,19 +75,19 @@ def test_killed_mid_creation_then_restarted_creates_no_duplicates(
         # killed hard while a rank fails: the new operator still counts the restart exactly once
         op.kill()
         workload.exit(1, attempt=0, pod=1)
-        wait_for("pod 1 Failed", lambda: any(p.status.phase == "Failed" for p in _pods(api, job_name)), 90)
+        wait_until(lambda: any(p.status.phase == "Failed" for p in _pods(api, job_name)), timeout=90, message="pod 1 Failed", retry_on=(Exception,))
     finally:
         op.kill()
     op2 = OperatorProcess(api.kubeconfig, tmp_path / "op2.log", [NS])
     try:
-        wait_for("attempt 1 Running", lambda: (st := api.status(NS, job_name)).get("attempt") == 1 and st.get("phase") == "Running", 90)
+        wait_until(lambda: (st := api.status(NS, job_name)).get("attempt") == 1 and st.get("phase") == "Running", timeout=90, message="attempt 1 Running", retry_on=(Exception,))
         op2.kill()
     finally:
         op2.kill()
     op3 = OperatorProcess(api.kubeconfig, tmp_path / "op3.log", [NS])
     try:
         # a third operator finds everything in order and changes nothing
-        wait_for("phase still Running", lambda: api.status(NS, job_name).get("phase") == "Running", 90)
+        wait_until(lambda: api.status(NS, job_name).get("phase") == "Running", timeout=90, message="phase still Running", retry_on=(Exception,))
         st = api.status(NS, job_name)
         assert st["attempt"] == 1 and st["restarts"]["application"] == 1 and st["restarts"]["total"] == 1
         pods_now = _pods(api, job_name)

@@ -24,7 +24,8 @@ from typing import Any
 import pytest
 import yaml
 from aiohttp import ClientSession, ClientTimeout, TCPConnector, web
-from tests.operator.conftest import ROOT, _free_port, wait_for
+from tests.operator.conftest import ROOT, _free_port
+from tests.waiting import wait_until
 
 from railyard.observe.probes import Probes
 
@@ -195,12 +196,12 @@ def test_probes_follow_sync_and_a_wedged_worker(tmp_path: Path) -> None:
                 return log_path.read_text(errors="replace")[-3000:]
 
             # started and live, but the node list is held: kopf's indexes are not filled
-            wait_for("the operator to serve /healthz", lambda: status_of(healthz)[0] == 200, 60)
-            wait_for("the operator's node list to be held", lambda: node_list.held >= 1, 30)
+            wait_until(lambda: status_of(healthz)[0] == 200, timeout=60, message="the operator to serve /healthz", retry_on=(Exception,))
+            wait_until(lambda: node_list.held >= 1, timeout=30, message="the operator's node list to be held", retry_on=(Exception,))
             code, text = status_of(readyz)
             assert (code, text.strip()) == (503, "syncing: waiting for the initial list of nodes and pods"), tail()
             node_list.release.set()
-            wait_for("readiness once synced", lambda: status_of(readyz)[0] == 200, 60)
+            wait_until(lambda: status_of(readyz)[0] == 200, timeout=60, message="readiness once synced", retry_on=(Exception,))
 
             # wedge the job's worker: every call it makes for the job's namespace waits
             wedge = gates.add(lambda m, p, q: f"/namespaces/{ns}/" in p and q.get("watch") not in ("true", "1"))
@@ -208,12 +209,12 @@ def test_probes_follow_sync_and_a_wedged_worker(tmp_path: Path) -> None:
                    "spec": {"nodes": 1, "gpusPerPod": 0, "command": ["true"]}}
             status, body = rawkube.request(api, "POST", f"/apis/railyard.dev/v1alpha1/namespaces/{ns}/trainingjobs", job)
             assert status == 201, body
-            wait_for("the worker's call to be held", lambda: wedge.held >= 1, 30)
-            code, text = wait_for("liveness to fail", lambda: (r := status_of(healthz))[0] == 503 and r, 30)
+            wait_until(lambda: wedge.held >= 1, timeout=30, message="the worker's call to be held", retry_on=(Exception,))
+            code, text = wait_until(lambda: (r := status_of(healthz))[0] == 503 and r, timeout=30, message="liveness to fail", retry_on=(Exception,))
             assert f"the reconcile of {ns}/wedged has run for" in text and "wedged" in text, text
             assert status_of(readyz)[0] == 503
             wedge.release.set()
-            wait_for("liveness once the cycle returns", lambda: status_of(healthz)[0] == 200, 60)
+            wait_until(lambda: status_of(healthz)[0] == 200, timeout=60, message="liveness once the cycle returns", retry_on=(Exception,))
             assert status_of(readyz)[0] == 200
             assert proc.poll() is None, tail()
             proc.terminate()

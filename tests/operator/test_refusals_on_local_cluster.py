@@ -16,8 +16,8 @@ from tests.operator.conftest import (
     Workload,
     base_spec,
     on_exit_dump,
-    wait_for,
 )
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.cluster
 NS = MAIN_NS
@@ -39,11 +39,11 @@ def test_a_service_the_api_server_refuses_fails_the_job_with_its_message(api: Ap
     name = f"v1.{job_name}"[:50]
     api.create_job(NS, name, base_spec(workload, nodes=2))
     try:
-        cond = wait_for("Failed", lambda: (c := api.condition(NS, name, "Failed")) and c["status"] == "True" and c, 90)
+        cond = wait_until(lambda: (c := api.condition(NS, name, "Failed")) and c["status"] == "True" and c, timeout=90, message="Failed", retry_on=(Exception,))
         assert cond["reason"] == "ObjectInvalid", cond
         assert f"Service {name}" in cond["message"] and "(422 Invalid)" in cond["message"] and "is invalid" in cond["message"], cond
         assert _phase(api, NS, name) == "Failed" and not api.pods(NS, name), "no pod of a refused gang"
-        event = wait_for("the ObjectInvalid Event", lambda: next((e for e in api.events(NS, name) if e.reason == "ObjectInvalid"), None), 30)
+        event = wait_until(lambda: next((e for e in api.events(NS, name) if e.reason == "ObjectInvalid"), None), timeout=30, message="the ObjectInvalid Event", retry_on=(Exception,))
         assert event.type == "Warning" and "is invalid" in event.message
         _no_failed_reconciles(operator)
     except AssertionError:

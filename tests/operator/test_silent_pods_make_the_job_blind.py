@@ -10,8 +10,9 @@ import pytest
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 from tests.operator.builders import make_node
-from tests.operator.conftest import MAIN_NS, Api, OperatorProcess, Workload, base_spec, wait_for
+from tests.operator.conftest import MAIN_NS, Api, OperatorProcess, Workload, base_spec
 from tests.operator.fake_cluster import Harness, make_job
+from tests.waiting import wait_until
 
 from railyard.handlers import kopf_handlers
 from railyard.handlers.health import heartbeat_url_for
@@ -133,11 +134,11 @@ def test_a_workload_that_never_reaches_the_operator_makes_the_job_blind(api: Api
             st = api.status(MAIN_NS, job_name)
             return next((c for c in st.get("conditions") or () if c["type"] == "Blind" and c["status"] == "True"), None)
 
-        cond = wait_for("the Blind condition", blind, 120)
+        cond = wait_until(blind, timeout=120, message="the Blind condition", retry_on=(Exception,))
         assert cond["reason"] == SILENT and cond["message"].startswith("2/2 Running pods (pod 0-1; ranks 0-1)"), cond
         assert f"at http://127.0.0.1:{operator.port}/v1/heartbeats/{MAIN_NS}/{job_name}" in cond["message"], cond
         assert api.status(MAIN_NS, job_name)["phase"] == "Running", "said, not restarted"
-        wait_for("the PodsSilent Event", lambda: any(e.reason == SILENT and e.type == "Warning" for e in api.events(MAIN_NS, job_name)), 30)
+        wait_until(lambda: any(e.reason == SILENT and e.type == "Warning" for e in api.events(MAIN_NS, job_name)), timeout=30, message="the PodsSilent Event", retry_on=(Exception,))
         samples = [s for f in text_string_to_metric_families(operator.metrics_text()) for s in f.samples if s.name == "railyard_silent_pods"]
         assert [s.value for s in samples if s.labels == {"namespace": MAIN_NS, "job": job_name}] == [2.0]
     finally:

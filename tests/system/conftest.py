@@ -23,12 +23,13 @@ from typing import Any
 import pytest
 import yaml
 from tests.clusters import running_local_cluster
-from tests.operator.conftest import ROOT, Api, OperatorProcess, _apply_crd, wait_for
+from tests.operator.conftest import ROOT, Api, OperatorProcess, _apply_crd
+from tests.waiting import wait_until
 
 SYSTEM_NS = "railyard-system-e2e"
 NODES = 16
 
-__all__ = ["BASE", "SYSTEM_NS", "Api", "OperatorProcess", "base_spec", "cluster_nodes", "pod_events", "wait_for", "wait_status"]
+__all__ = ["BASE", "SYSTEM_NS", "Api", "OperatorProcess", "base_spec", "cluster_nodes", "pod_events", "wait_status"]
 
 
 @pytest.fixture(scope="module")
@@ -53,8 +54,10 @@ def api(local_cluster: Any) -> Api:
     a = Api(Path(local_cluster.kubeconfig))
     crd = yaml.safe_load((ROOT / "crds" / "trainingjob.yaml").read_text())
     asyncio.run(_apply_crd(a.kubeconfig, crd))
-    wait_for("the TrainingJob CRD to serve",
-             lambda: a.custom.list_namespaced_custom_object("railyard.dev", "v1alpha1", "default", "trainingjobs") is not None)
+    wait_until(lambda: a.custom.list_namespaced_custom_object("railyard.dev", "v1alpha1", "default", "trainingjobs") is not None,
+               timeout=30,
+               message="the TrainingJob CRD to serve",
+               retry_on=(Exception,))
     a.ensure_namespace(SYSTEM_NS)
     return a
 
@@ -119,7 +122,7 @@ def wait_status(api: Api, name: str, what: str, pred: Callable[[dict[str, Any]],
                 op: OperatorProcess | None = None) -> Any:
     """Poll the job's status until ``pred(status)`` is truthy; on timeout show status + logs."""
     try:
-        return wait_for(what, lambda: pred(api.status(SYSTEM_NS, name)), timeout=timeout, interval=0.2)
+        return wait_until(lambda: pred(api.status(SYSTEM_NS, name)), timeout=timeout, message=what, interval=0.2, retry_on=(Exception,))
     except AssertionError as exc:
         extra = json.dumps(api.status(SYSTEM_NS, name), indent=1)[:3000]
         if op is not None:
