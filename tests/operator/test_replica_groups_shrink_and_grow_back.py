@@ -26,7 +26,7 @@ def cluster(n: int = 3) -> list[dict[str, Any]]:
 def job(min_replicas: int = 2) -> dict[str, Any]:
     return make_job(nodes=3, parallelism={"dataReplicas": 3, "tensor": 2},
                     faultTolerance={"mode": "ReplicaGroups", "minReplicas": min_replicas},
-                    restartPolicy={"infrastructure": {"limit": 3, "backoffSeconds": 0}})
+                    restartPolicy={"infrastructure": {"limit": 3, "backoffSeconds": 0}, "application": {"limit": 3, "backoffSeconds": 0}})
 
 
 async def running(h: Harness) -> None:
@@ -147,3 +147,32 @@ async def test_below_min_replicas_a_lost_group_without_a_node_is_a_restart_as_be
     lr = h.status.last_restart
     assert lr is not None and lr.state != WAITING and lr.mode == "Full", lr
     assert h.status.phase == "Restarting"
+
+
+async def test_a_survivor_that_fails_while_a_group_waits_waits_too() -> None:
+    """Three groups, minReplicas 1: group 1's node is lost (no node: it waits), then group 2's
+    workers fail (its launcher reports the attempt it carries on with): group 2 waits as well,
+    its pod kept with its launcher told to wait, and group 0 trains alone; one new node brings
+    both back, group 2's pod restarting in place."""
+    h = Harness(cluster(), job(min_replicas=1))
+    await running(h)
+    h.node_down(h.pod_nodes()[1])
+    await h.cycle(5.0)
+    assert h.status.last_restart.waiting_groups == [1]  # type: ignore[union-attr]
+    h.cluster.finish_deletions()
+    h.report(2, "failed", attempt=0, code=1)
+    await h.cycle(1.0)
+    st = h.status
+    lr = st.last_restart
+    assert lr is not None and (lr.state, lr.waiting_groups, lr.carried_on, lr.replaced) == (WAITING, [1, 2], [0], [1]), (lr, h.cluster.events)
+    assert st.phase == "Running" and st.attempt == 2 and st.restarts.total == 2
+    assert degraded(h) == ("True", "1/3 replica groups training; groups 1, 2 wait for a node")
+    assert "j-a0-2" in h.cluster.pods, "a waiting group's pod that need not move stays"
+    assert h.report(2, "failed", attempt=0, code=1).action is Action.CONTINUE, "told to wait"
+    assert h.report(0, "running", attempt=0).action is Action.CONTINUE
+    h.cluster.nodes["node-9"] = make_node("node-9", gpus=2, leaf="leaf-1")
+    await h.cycle(1.0)
+    lr = h.status.last_restart
+    assert lr is not None and (lr.replaced, lr.carried_on, lr.kept) == ([1], [0], 2), lr
+    assert h.report(2, "failed", attempt=0, code=1).action is Action.RESTART, "its workers restart in place"
+    assert h.report(0, "running", attempt=0).action is Action.CONTINUE

@@ -49,6 +49,13 @@ def events_of(local_cluster: Any, pod: str, event: str) -> list[dict[str, Any]]:
     return [e for e in pod_events(local_cluster, SYSTEM_NS, pod) if e.get("event") == event]
 
 
+def groups_training(operator: OperatorProcess, job: str) -> float | None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return next((x.value for f in text_string_to_metric_families(operator.metrics_text()) for x in f.samples
+                 if x.name == "railyard_replica_groups" and x.labels == {"namespace": SYSTEM_NS, "job": job, "state": "training"}), None)
+
+
 def waiting_or_fail(s: dict[str, Any]) -> Any:
     lr = s.get("lastRestart") or {}
     if lr.get("state") == "Waiting":
@@ -99,8 +106,7 @@ def test_a_lost_group_without_a_node_waits_and_grows_back_on_a_new_one(api: Api,
         assert s["phase"] == "Running", s["phase"]
         degraded = api.condition(SYSTEM_NS, name, "Degraded") or {}
         assert (degraded.get("status"), degraded.get("message")) == ("True", f"1/2 replica groups training; group {lost} waits for a node"), degraded
-        training = f'railyard_replica_groups{{namespace="{SYSTEM_NS}",job="{name}",state="training"}} 1.0'
-        wait_for("the groups gauge at 1", lambda: training in operator.metrics_text(), timeout=60)
+        wait_for("the groups gauge at 1", lambda: groups_training(operator, name) == 1, timeout=60)
         at = s.get("step", 0)
         wait_status(api, name, "the survivor training on alone",
                     lambda s: s if s.get("step", 0) >= min(at + 2, HOLD - 1) and (s.get("lastRestart") or {}).get("state") == "Waiting" else None,

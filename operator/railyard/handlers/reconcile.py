@@ -27,6 +27,7 @@ from railyard.handlers.failures import handle_failure, place_again
 from railyard.handlers.health import evaluate_health, settle_blind
 from railyard.handlers.inplace import (
     await_relaunch,
+    carried_attempts,
     continue_in_place,
     fall_back_to_full,
     finish_in_place,
@@ -141,8 +142,10 @@ async def _step(cycle: Cycle, job: TrainingJob) -> float | None:
             runtime.store.begin_attempt(cycle.ns, cycle.name, cycle.st.attempt)
     expected = cycle.st.placement.node_count if (cycle.st.placement and cycle.st.gang_created_time) else spec.nodes
     # what the launchers report (their workers' exits, while the pod runs on) is pod evidence too
-    view = apply_launcher_reports(pods, runtime.control.reports(cycle.ns, cycle.name), attempt=cycle.st.attempt)
     since = members_since(cycle)
+    # a replica group that carries on reports the attempt its pods were created in
+    carried = carried_attempts(cycle.st.last_restart, cycle.st.attempt, gang_members(pods, attempt=cycle.st.attempt, since=since)[0])
+    view = apply_launcher_reports(pods, runtime.control.reports(cycle.ns, cycle.name), attempt=cycle.st.attempt, carried=carried)
     gang = assess_gang(view, nodes, attempt=cycle.st.attempt, expected=expected, now=cycle.now,
                        not_ready_grace_s=runtime.settings.not_ready_grace_s, echo_settle_s=DEFAULT_ECHO_SETTLE_S, since=since,
                        waiting=waiting_pods(cycle.st, spec.replica_groups))
