@@ -31,6 +31,7 @@ from railyard.logic.manifests import (
 from railyard.logic.placement import Placement, build_placement_input, plan_placement
 from railyard.protocol.podenv import LIGHTHOUSE, POD_IP, REPLICA_GROUP
 from railyard.protocol.ranktable import RankTable
+from railyard.protocol.trainerconfig import lighthouse_join_timeout_ms
 
 OWNER = {"apiVersion": "railyard.dev/v1alpha1", "kind": "TrainingJob", "name": "llm", "uid": "u-1", "controller": True}
 NODES = ["n-0", "n-1", "n-2", "n-3", "n-4", "n-5"]
@@ -100,7 +101,8 @@ def test_the_lighthouse_pod_runs_the_trainer_image_under_the_headless_service() 
     s = pod["spec"]
     c = s["containers"][0]
     assert c["image"] == spec.image
-    assert c["command"] == ["railyard-train", "lighthouse", "--min-replicas", "2", "--bind", f"[::]:{lighthouse_port('llm', 'ml')}"]
+    assert c["command"] == ["railyard-train", "lighthouse", "--min-replicas", "2", "--bind", f"[::]:{lighthouse_port('llm', 'ml')}",
+                            "--join-timeout-ms", "15000"], "a quarter of the default 60 s watchdog"
     assert (s["hostname"], s["subdomain"]) == ("llm-lighthouse", "llm")
     assert pod["metadata"]["ownerReferences"] == [OWNER], "deleted with the job"
     assert pod["metadata"]["labels"][LIGHTHOUSE_LABEL] == "true"
@@ -177,3 +179,22 @@ def test_a_job_name_leaves_room_for_the_lighthouse_hostname() -> None:
     assert check_names(name, 6) == []
     problems = check_names(name, 6, lighthouse=True)
     assert problems and problems[0].startswith("metadata.name:") and "at most 52 characters" in problems[0], problems
+
+
+@pytest.mark.parametrize(
+    ("watchdog_s", "join_ms"),
+    [
+        pytest.param(60.0, 15_000, id="default-watchdog-a-quarter"),
+        pytest.param(40.0, 10_000, id="system-tests-watchdog"),
+        pytest.param(600.0, 150_000, id="long-watchdog"),
+        pytest.param(16.0, 5_000, id="floor-5s"),
+        pytest.param(8.0, 4_000, id="short-watchdog-half-wins-over-the-floor"),
+        pytest.param(0.001, 1, id="never-zero"),
+    ],
+)
+def test_the_lighthouse_join_timeout_stays_below_the_watchdog(watchdog_s: float, join_ms: int) -> None:
+    assert lighthouse_join_timeout_ms(watchdog_s) == join_ms
+    assert join_ms <= watchdog_s * 1000 / 2 or join_ms == 1
+    spec = _spec(**RG, trainer={"watchdogSeconds": watchdog_s, "collectiveTimeoutSeconds": 3600})
+    command = build_lighthouse_pod(spec, job="llm", namespace="ml", owner=OWNER)["spec"]["containers"][0]["command"]
+    assert command[command.index("--join-timeout-ms") + 1] == str(join_ms), "the manifest uses the rule"

@@ -612,12 +612,13 @@ class RestoreStatus(_Model):
 class LastRestart(_Model):
     attempt: Annotated[int, Field(description="The attempt this restart started.")] = 0
     mode: Annotated[Literal["InPlace", "Full"], Field(description="InPlace: pods on healthy nodes kept, only the others replaced; Full: the whole gang recreated.")] = "Full"
-    state: Annotated[Literal["Pending", "Started", "Done"], Field(description="Pending: waiting for backoff and the replacements' placement; Started: replacements created, launchers told; Done: every pod runs the attempt.")] = "Pending"
+    state: Annotated[Literal["Pending", "Started", "Done", "Waiting"], Field(description="Pending: waiting for backoff and the replacements' placement; Started: replacements created, launchers told; Done: every pod runs the attempt. Waiting (faultTolerance ReplicaGroups): the replica groups in waitingGroups found no node; the others train on, and the waiting ones are placed and started (a new attempt) once a node is usable.")] = "Pending"
     reason: Annotated[str, Field(description="For a Full restart after an in-place one was wanted: why (InPlaceDisabled, SpecChanged, NoControlChannel, NothingToKeep, NotPlaceable, RestartNotAnswered). For an in-place one: ReplicaGroupReplaced when only the replica groups the failure touched restarted (faultTolerance ReplicaGroups).")] = ""
     message: Annotated[str, Field(description="Which pods stayed, which moved where, and why.")] = ""
     kept: Annotated[int, Field(description="Pods kept on their nodes.")] = 0
     replaced: Annotated[list[int], Field(description="Pod indices replaced (first 64).")] = []
     carried_on: Annotated[list[int], Field(description="faultTolerance ReplicaGroups (reason ReplicaGroupReplaced): pod indices of the replica groups the failure did not touch, whose workers carried on untouched (never told to restart).")] = []
+    waiting_groups: Annotated[list[int], Field(description="faultTolerance ReplicaGroups, state Waiting: the replica groups that wait for a node while the others train.")] = []
     started_time: Annotated[str | None, Field(description="When the kept launchers were told to restart.")] = None
 
 

@@ -1,6 +1,7 @@
 """Handling a failure of the gang: spend the failure class's budget or fail the job, quarantine
-the nodes to blame, then restart in place (handlers/inplace.py) or delete the whole gang and
-back off before the next one. The first failing pod's exit code, node and last words go into
+the nodes to blame, then restart in place (handlers/inplace.py), go on with fewer replica groups
+when the lost ones cannot be placed (handlers/elastic.py), or delete the whole gang and back off
+before the next one. The first failing pod's exit code, node and last words go into
 the status, the condition and the Event (logic/failure_report.py)."""
 
 from __future__ import annotations
@@ -10,8 +11,10 @@ from typing import Any
 
 from railyard.api.trainingjob import QuarantinedNode, TrainingJob
 from railyard.handlers.cycle import Cycle
+from railyard.handlers.elastic import shrink_groups
 from railyard.handlers.inplace import begin_in_place, plan_restart, record_full
 from railyard.logic.conditions import format_micro_time
+from railyard.logic.elastic import decide_shrink
 from railyard.logic.failure_report import describe_failure, explain_failure
 from railyard.logic.failures import Failure
 from railyard.logic.inplace import RestartPlan, failed_pod_indices
@@ -65,6 +68,14 @@ async def handle_failure(
         got = await begin_in_place(cycle, job, f, decision, plan, stragglers, gang, real, nodes, quarantined)
         if not isinstance(got, RestartPlan):
             return got
+        # the lost replica groups found no place: the others go on without them (logic/elastic.py)
+        shrink = decide_shrink(plan, got.message.removeprefix("full restart (NotPlaceable): "), replicas=spec.replica_groups,
+                               min_replicas=spec.fault_tolerance.min_replicas) if got.reason == "NotPlaceable" else None
+        if shrink is not None:
+            shrunk = await shrink_groups(cycle, job, f, decision, shrink, gang, real, nodes, quarantined)
+            if not isinstance(shrunk, RestartPlan):
+                return shrunk
+            got = shrunk
         plan = got
     await cycle.delete_pods(gang, nodes)
     backoff = decision.backoff_seconds

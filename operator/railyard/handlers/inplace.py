@@ -32,6 +32,7 @@ from railyard.handlers.health import heartbeat_url_for
 from railyard.handlers.spares import delete_placeholders
 from railyard.k8s.client import ApiError
 from railyard.logic.conditions import format_micro_time, parse_time
+from railyard.logic.elastic import WAITING
 from railyard.logic.failure_report import describe_failure
 from railyard.logic.failures import Failure
 from railyard.logic.gang import attempt_of, gang_members, is_gated, pod_index_of
@@ -104,13 +105,15 @@ def members_since(c: Cycle) -> int | None:
 
 
 def capable_pods(c: Cycle, members: Sequence[Obj]) -> frozenset[int]:
-    """Pod indices whose launcher spoke the control protocol in the current attempt."""
+    """Pod indices whose launcher spoke the control protocol in the current attempt (or, for a
+    pod that carries on with the attempt it was created in after a replica-group repair, in
+    that attempt: its launcher is never moved on)."""
     reports = c.rt.control.reports(c.ns, c.name)
     out = set()
     for p in members:
         i = pod_index_of(p)
         got = reports.get(i)
-        if got is not None and got[0].pod == _name(p) and got[0].attempt == c.st.attempt:
+        if got is not None and got[0].pod == _name(p) and got[0].attempt in (c.st.attempt, attempt_of(p)):
             out.add(i)
     return frozenset(out)
 
@@ -393,7 +396,7 @@ async def republish(c: Cycle, members: Sequence[Obj], *, replica_groups: int = 1
     names = {i: present.get(i, pod_name(c.name, attempt, i)) for i in range(len(table.pods))}
     lr = in_place_restart(c)
     c.rt.control.publish(c.ns, c.name, attempt=attempt, members=names, table=table, restore=(config or {}).get("restore"),
-                         open_=not (lr is not None and lr.state == "Pending"), carry_on=carried_on(c.st.last_restart, attempt),
+                         open_=not (lr is not None and lr.state in ("Pending", WAITING)), carry_on=carried_on(c.st.last_restart, attempt),
                          replica_groups=replica_groups)
     c.rt.store.begin_attempt(c.ns, c.name, attempt, layout=GroupLayout.of(table, replica_groups),
                              carry_on=carried_attempts(c.st.last_restart, attempt, members))

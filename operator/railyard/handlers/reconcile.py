@@ -22,10 +22,12 @@ from railyard.api.trainingjob import TrainingJob, TrainingJobStatus
 from railyard.handlers.cleanup import cleanup_checkpoints
 from railyard.handlers.creation import finish_creation, place_and_create
 from railyard.handlers.cycle import Cycle, GangIO, KubeGangIO
+from railyard.handlers.elastic import grow_back
 from railyard.handlers.failures import handle_failure, place_again
 from railyard.handlers.health import evaluate_health, settle_blind
 from railyard.handlers.inplace import (
     await_relaunch,
+    carried_attempts,
     continue_in_place,
     fall_back_to_full,
     finish_in_place,
@@ -39,6 +41,7 @@ from railyard.handlers.runtime import JobWorker, Runtime
 from railyard.handlers.spares import reconcile_spares
 from railyard.logic import lifecycle as lc
 from railyard.logic.conditions import find_condition, parse_time
+from railyard.logic.elastic import count_training_groups, decide_groups_finished, waiting_pods
 from railyard.logic.finished import decide_finished_pods
 from railyard.logic.gang import (
     DEFAULT_ECHO_SETTLE_S,
@@ -48,6 +51,7 @@ from railyard.logic.gang import (
     find_stale_placement,
     first_exit_time,
     gang_members,
+    pod_index_of,
 )
 from railyard.logic.inplace import apply_launcher_reports
 from railyard.logic.manifests import CLEANUP_FINALIZER, check_names, is_owned_by
@@ -138,10 +142,13 @@ async def _step(cycle: Cycle, job: TrainingJob) -> float | None:
             runtime.store.begin_attempt(cycle.ns, cycle.name, cycle.st.attempt)
     expected = cycle.st.placement.node_count if (cycle.st.placement and cycle.st.gang_created_time) else spec.nodes
     # what the launchers report (their workers' exits, while the pod runs on) is pod evidence too
-    view = apply_launcher_reports(pods, runtime.control.reports(cycle.ns, cycle.name), attempt=cycle.st.attempt)
     since = members_since(cycle)
+    # a replica group that carries on reports the attempt its pods were created in
+    carried = carried_attempts(cycle.st.last_restart, cycle.st.attempt, gang_members(pods, attempt=cycle.st.attempt, since=since)[0])
+    view = apply_launcher_reports(pods, runtime.control.reports(cycle.ns, cycle.name), attempt=cycle.st.attempt, carried=carried)
     gang = assess_gang(view, nodes, attempt=cycle.st.attempt, expected=expected, now=cycle.now,
-                       not_ready_grace_s=runtime.settings.not_ready_grace_s, echo_settle_s=DEFAULT_ECHO_SETTLE_S, since=since)
+                       not_ready_grace_s=runtime.settings.not_ready_grace_s, echo_settle_s=DEFAULT_ECHO_SETTLE_S, since=since,
+                       waiting=waiting_pods(cycle.st, spec.replica_groups))
     old = set(gang.stale)
     stale = [p for p in pods if _name(p) in old]
     if stale:
@@ -176,6 +183,8 @@ def _observe(
         relaunch=observe_relaunch(cycle, job, members) if lr is not None else None,
         heartbeats=cycle.rt.store.job(cycle.ns, cycle.name) is not None,
         first_exit=first_exit_time(members) if gang.state == "Failed" else None,
+        groups_finished=decide_groups_finished(members, replicas=spec.replica_groups, expected=gang.expected, now=cycle.now,
+                                               waiting=waiting_pods(cycle.st, spec.replica_groups)),
     )
 
 
@@ -192,7 +201,7 @@ async def _execute(
     delay: float | None = None
     for step in decision.steps:
         if isinstance(step, lc.CheckHealth):
-            verdict = evaluate_health(cycle, job, members, report=step.report)
+            verdict = evaluate_health(cycle, job, _watched(cycle, job, members), report=step.report)
             if verdict is None:
                 continue
             failed = await handle_failure(cycle, job, verdict, members, nodes)
@@ -244,7 +253,7 @@ async def _run(
         case lc.HandleFailure(failure):
             return await handle_failure(cycle, job, failure, members, nodes)
         case lc.AwaitSdcVerdict():
-            got = lc.decide_sdc(step, evaluate_health(cycle, job, members))
+            got = lc.decide_sdc(step, evaluate_health(cycle, job, _watched(cycle, job, members)))
             if isinstance(got, float):
                 return got
             return await handle_failure(cycle, job, got, members, nodes)
@@ -258,6 +267,8 @@ async def _run(
         case lc.AwaitRelaunch(waiting, seconds):
             await_relaunch(cycle, waiting)
             return seconds
+        case lc.GrowBack():
+            return await grow_back(cycle, job, members, nodes)
     raise AssertionError(f"unknown lifecycle step {step!r}")
 
 
@@ -331,4 +342,14 @@ def _refresh_quarantine(cycle: Cycle, nodes: Mapping[str, Mapping[str, Any]]) ->
 
 
 def _update_degraded(cycle: Cycle, job: TrainingJob) -> None:
-    cycle.st = decide_degraded(cycle.st, hot_spares=job.spec.gang.hot_spares, now=cycle.iso, replica_groups=job.spec.replica_groups)
+    groups = job.spec.replica_groups
+    cycle.st = decide_degraded(cycle.st, hot_spares=job.spec.gang.hot_spares, now=cycle.iso, replica_groups=groups)
+    if groups > 1:
+        cycle.rt.metrics.set_replica_groups(cycle.ns, cycle.name, wanted=groups, training=count_training_groups(cycle.st, groups))
+
+
+def _watched(cycle: Cycle, job: TrainingJob, members: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """The members whose heartbeats the health rules judge: not the pods of replica groups that
+    wait for a node (idle by plan)."""
+    waiting = waiting_pods(cycle.st, job.spec.replica_groups)
+    return [p for p in members if pod_index_of(p) not in waiting] if waiting else list(members)

@@ -108,8 +108,11 @@ def assess_gang(
     not_ready_grace_s: float = 0.0,
     echo_settle_s: float = 0.0,
     since: int | None = None,
+    waiting: frozenset[int] = frozenset(),
 ) -> GangAssessment:
     """What the gang of ``attempt`` is doing (its pods: :func:`gang_members` with ``since``).
+    ``waiting``: pod indices of replica groups that wait for a node (logic/elastic.py): absent
+    or idle by plan, neither a failure nor needed for the gang to run.
 
     ``echo_settle_s``: when the only failures are echoes (:data:`ECHO_KINDS`: exit 70, "a peer
     or a collective failed") while other pods of the gang still run, wait up to this long after
@@ -118,8 +121,11 @@ def assess_gang(
     """
     current, old = gang_members(pods, attempt=attempt, since=since)
     stale = tuple(sorted(str((p.get("metadata") or {}).get("name", "")) for p in old))
+    if waiting:
+        current = [p for p in current if pod_index_of(p) not in waiting]
     by_index = {pod_index_of(p): p for p in current}
-    missing = tuple(i for i in range(expected) if i not in by_index)
+    missing = tuple(i for i in range(expected) if i not in by_index and i not in waiting)
+    wanted = expected - sum(1 for i in waiting if 0 <= i < expected)
     gated = tuple(sorted(str(p["metadata"]["name"]) for p in current if is_gated(p)))
     running = sum(1 for p in current if _phase(p) == "Running" and not (p.get("metadata") or {}).get("deletionTimestamp"))
     succeeded = sum(1 for p in current if _phase(p) == "Succeeded")
@@ -162,9 +168,9 @@ def assess_gang(
         state = "Partial"
     elif gated:
         state = "Gated"
-    elif succeeded == expected:
+    elif succeeded == wanted:
         state = "Succeeded"
-    elif running + succeeded == expected and running > 0:
+    elif running + succeeded == wanted and running > 0:
         state = "Running"
     else:
         state = "Starting"

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 
 from railyard.api.trainingjob import RestartPolicy, Restarts, TrainingJobStatus
 from railyard.logic.conditions import parse_time
+from railyard.logic.elastic import GROW_BACK_RECHECK_S, WAITING, GroupsFinished
 from railyard.logic.failures import Failure
 from railyard.logic.gang import GangAssessment, StalePlacement
 from railyard.logic.rejections import PERMANENT_REASONS
@@ -148,6 +149,8 @@ class Observed:
     heartbeats: bool = False
     #: When the first container of the gang exited non-zero (an SDC exit waits from there).
     first_exit: float | None = None
+    #: faultTolerance ReplicaGroups: a group finished the last step (logic/elastic.py).
+    groups_finished: GroupsFinished | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -258,9 +261,15 @@ class AwaitRelaunch:
     seconds: float
 
 
+@dataclass(frozen=True, slots=True)
+class GrowBack:
+    """faultTolerance ReplicaGroups: replica groups wait for a node while the others train; ask
+    the placement whether they can come back (:func:`railyard.logic.elastic.decide_grow_back`)."""
+
+
 Step = (Wait | WaitForOldPods | Place | LetGo | FinishCreation | PlaceAgain | MarkStarting | MarkRunning | CheckHealth
         | ResetStreak | Succeed | HandleFailure | AwaitSdcVerdict | ContinueInPlace | FallBackToFull | FinishInPlace
-        | AwaitRelaunch)
+        | AwaitRelaunch | GrowBack)
 
 
 @dataclass(frozen=True, slots=True)
@@ -272,9 +281,32 @@ class Decision:
 
 def decide_lifecycle(o: Observed) -> Decision:
     """The cycle's steps for the gang ``o.gang`` of ``o.status.attempt``."""
+    if o.groups_finished is not None and o.gang.state != "Succeeded":
+        return Decision(tuple(_groups_finished(o.groups_finished, o)))
+    if o.in_place == WAITING:
+        return Decision(tuple(_waiting(o)))
     if o.in_place is not None:
         return Decision(tuple(_in_place(o)))
     return Decision(tuple(_gang(o)))
+
+
+def _groups_finished(done: GroupsFinished, o: Observed) -> list[Step]:
+    """A replica group finished the last step: the run is complete. The others get a settle
+    time to finish too (they are in the same last step), then the job Succeeds without them
+    (a group still behind can no longer heal from peers that are gone); a failure of theirs
+    meanwhile is moot."""
+    if done.left_s > 0 and o.gang.state != "Failed":
+        return [Wait(done.left_s)]
+    return [CheckHealth(report=False), Succeed(f"{done.message} (attempt {o.status.attempt})")]
+
+
+def _waiting(o: Observed) -> list[Step]:
+    """Replica groups wait for a node (the gang as assessed leaves them out): the others' gang
+    is looked after as always; while it runs, ask the placement again."""
+    steps = _gang(o)
+    if o.gang.state == "Running":
+        steps += [GrowBack(), Wait(GROW_BACK_RECHECK_S)]
+    return steps
 
 
 def _in_place(o: Observed) -> list[Step]:

@@ -25,7 +25,7 @@ from railyard.protocol import podenv
 from railyard.protocol.mesh import MeshShape
 from railyard.protocol.ranktable import PodEntry, RankTable
 from railyard.protocol.termination import TERMINATION_LOG
-from railyard.protocol.trainerconfig import restart_wait_seconds
+from railyard.protocol.trainerconfig import lighthouse_join_timeout_ms, restart_wait_seconds
 
 # labels, annotations, names ------------------------------------------------------------------
 JOB_LABEL = f"{GROUP}/job"
@@ -560,14 +560,16 @@ def build_lighthouse_pod(
     annotations: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """The job's Lighthouse: one pod of the job's image running ``railyard-train lighthouse``
-    with ``faultTolerance.minReplicas``, reachable at :func:`lighthouse_address` (hostname and
+    with ``faultTolerance.minReplicas`` and a join timeout below the trainer's watchdog
+    (:func:`railyard.protocol.trainerconfig.lighthouse_join_timeout_ms`), reachable at :func:`lighthouse_address` (hostname and
     subdomain under the job's headless Service, which selects the job label). Not gated and not
     pinned: it needs no GPU, only to run while the groups train; ``restartPolicy: Always``
     restarts a crashed Lighthouse in place, and the operator recreates a lost one
     (handlers/lighthouse.py). Owned by the job, so it goes with it."""
     pod_sc, container_sc = _security(spec)
     port = lighthouse_port(job, namespace)
-    command = [*LIGHTHOUSE_COMMAND, "--min-replicas", str(spec.fault_tolerance.min_replicas), "--bind", f"[::]:{port}"]
+    command = [*LIGHTHOUSE_COMMAND, "--min-replicas", str(spec.fault_tolerance.min_replicas), "--bind", f"[::]:{port}",
+               "--join-timeout-ms", str(lighthouse_join_timeout_ms(spec.trainer.watchdog_seconds))]
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Always",
         "hostname": lighthouse_name(job),

@@ -13,6 +13,7 @@ from typing import Any
 
 from railyard.api.trainingjob import PlacementStatus, TrainingJobStatus
 from railyard.logic.conditions import compute_transitions, set_condition
+from railyard.logic.elastic import count_training_groups, describe_groups, waiting_groups
 from railyard.logic.inplace import GROUP_REPAIR
 from railyard.logic.placement import Placement
 
@@ -117,17 +118,18 @@ def decide_degraded(status: TrainingJobStatus, *, hot_spares: int, now: str, rep
     """``Degraded`` is True while ranks straggle, a running gang holds fewer hot spares than
     ``spec.gang.hotSpares`` (a sticky re-placement may have spent them), or (faultTolerance
     ReplicaGroups, ``replica_groups`` > 1) replica groups restart alone while the others train
-    (until every pod of the gang runs again); it is orthogonal to the phase, except that a
+    (until every pod of the gang runs again) or wait for a node (logic/elastic.py); it is orthogonal to the phase, except that a
     finished job is never Degraded (reason ``Finished``). Returns ``status`` itself when nothing
     changes."""
     reasons = []
     lr = status.last_restart
-    if (replica_groups > 1 and lr is not None and lr.reason == GROUP_REPAIR and lr.attempt == status.attempt
+    waiting = waiting_groups(status)
+    if replica_groups > 1 and waiting and status.phase not in TERMINAL_PHASES:
+        reasons.append(describe_groups(count_training_groups(status, replica_groups), replica_groups, waiting=waiting))
+    elif (replica_groups > 1 and lr is not None and lr.reason == GROUP_REPAIR and lr.attempt == status.attempt
             and status.phase in ("Restarting", "Starting")):
-        pods = status.placement.node_count if status.placement is not None and status.placement.node_count else lr.kept + len(lr.replaced)
-        size = max(pods // replica_groups, 1)
-        training = len(lr.carried_on) // size
-        reasons.append(f"{training}/{replica_groups} replica groups training while {replica_groups - training} restart")
+        training = count_training_groups(status, replica_groups)
+        reasons.append(describe_groups(training, replica_groups, restarting=replica_groups - training))
     if status.stragglers and status.phase not in TERMINAL_PHASES:
         reasons.append(f"{len(status.stragglers)} straggling ranks")
     spares = len(status.placement.spares) if status.placement else 0

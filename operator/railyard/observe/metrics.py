@@ -85,6 +85,11 @@ class OperatorMetrics:
         )
         self.pods_replaced = Counter("railyard_pods_replaced", "Pods replaced by in-place restarts (the rest of each gang stayed).", registry=reg)
         self.replica_group_restarts = Counter("railyard_replica_group_restarts", "Replica groups restarted alone while the job's other groups carried on (faultTolerance ReplicaGroups).", registry=reg)
+        self.replica_groups = Gauge(
+            "railyard_replica_groups",
+            "Replica groups per job (faultTolerance ReplicaGroups): wanted (parallelism.dataReplicas) and training (taking steps now: fewer while groups restart or wait for a node).",
+            ["namespace", "job", "state"], registry=reg,
+        )
         self.in_place_restart = Histogram(
             "railyard_in_place_restart_seconds",
             "Time from telling the kept launchers to restart to every one of them running the new attempt.",
@@ -119,8 +124,12 @@ class OperatorMetrics:
         self.hot_spares.labels(namespace=namespace, job=job, state="wanted").set(wanted)
         self.hot_spares.labels(namespace=namespace, job=job, state="held").set(held)
 
+    def set_replica_groups(self, namespace: str, job: str, *, wanted: int, training: int) -> None:
+        self.replica_groups.labels(namespace=namespace, job=job, state="wanted").set(wanted)
+        self.replica_groups.labels(namespace=namespace, job=job, state="training").set(training)
+
     def forget_job(self, namespace: str, job: str) -> None:
-        for metric in (self.cross_bytes, self.spine_bytes, self.hot_spares):
+        for metric in (self.cross_bytes, self.spine_bytes, self.hot_spares, self.replica_groups):
             for labels in list(metric._metrics):  # prometheus-client keeps children by label tuple
                 if labels[:2] == (namespace, job):
                     metric.remove(*labels)

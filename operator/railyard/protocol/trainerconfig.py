@@ -136,6 +136,25 @@ def restart_wait_seconds(in_place_timeout_seconds: float) -> float:
 
 # --------------------------------------------------------------------------- fault tolerance
 
+#: The Lighthouse's join timeout (faultTolerance ReplicaGroups) as a share of
+#: ``trainer.watchdogSeconds``, its floor, and its ceiling as a share of the watchdog.
+JOIN_TIMEOUT_SHARE = 0.25
+JOIN_TIMEOUT_FLOOR_SECONDS = 5.0
+JOIN_TIMEOUT_MAX_SHARE = 0.5
+
+
+def lighthouse_join_timeout_ms(watchdog_seconds: float) -> int:
+    """torchft's Lighthouse ``--join-timeout-ms`` for a job whose trainer watchdog is
+    ``watchdog_seconds``. While a member of the last quorum that is alive (it still heartbeats)
+    has not asked for the next quorum, the Lighthouse waits this long before forming the quorum
+    without it, and every other group stands meanwhile; so it must stay well below the watchdog
+    that ends a group standing still (torchft's default, 60 s, equals the default watchdog). A
+    quarter of the watchdog, at least 5 s (torchft's heartbeat timeout: a live member is not
+    dropped sooner than a dead one), at most half the watchdog (a very short watchdog wins)."""
+    s = min(max(watchdog_seconds * JOIN_TIMEOUT_SHARE, JOIN_TIMEOUT_FLOOR_SECONDS), watchdog_seconds * JOIN_TIMEOUT_MAX_SHARE)
+    return max(int(s * 1000), 1)
+
+
 
 @dataclass(frozen=True)
 class FaultTolerance:
