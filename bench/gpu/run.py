@@ -481,7 +481,11 @@ def part_snapshot(part: Part, limit_s: float, dry: bool) -> dict[str, Any]:
     from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_state_dict
 
     from railyard_trainer.checkpoint import build_checkpointer
-    from railyard_trainer.checkpoint.cpuclass import BackgroundCpu, checkpoint_group, resolve_cpu_class
+    from railyard_trainer.checkpoint.cpuclass import (
+        BackgroundCpu,
+        checkpoint_group,
+        resolve_cpu_class,
+    )
     from railyard_trainer.checkpoint.statedict import _tensors, tensor_state
     from railyard_trainer.config import DatasetConfig
     from railyard_trainer.data import ShardedBatches, build_source

@@ -29,9 +29,9 @@ from tests.system.conftest import (
     cluster_nodes,
     pod_events,
     unique,
-    wait_for,
     wait_status,
 )
+from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.cluster, pytest.mark.torch, pytest.mark.timeout(900)]
 
@@ -106,7 +106,7 @@ def test_a_lost_group_without_a_node_waits_and_grows_back_on_a_new_one(api: Api,
         assert s["phase"] == "Running", s["phase"]
         degraded = api.condition(SYSTEM_NS, name, "Degraded") or {}
         assert (degraded.get("status"), degraded.get("message")) == ("True", f"1/2 replica groups training; group {lost} waits for a node"), degraded
-        wait_for("the groups gauge at 1", lambda: groups_training(operator, name) == 1, timeout=60)
+        wait_until(lambda: groups_training(operator, name) == 1, timeout=60, message="the groups gauge at 1", retry_on=(Exception,))
         at = s.get("step", 0)
         wait_status(api, name, "the survivor training on alone",
                     lambda s: s if s.get("step", 0) >= min(at + 2, HOLD - 1) and (s.get("lastRestart") or {}).get("state") == "Waiting" else None,
@@ -118,7 +118,7 @@ def test_a_lost_group_without_a_node_waits_and_grows_back_on_a_new_one(api: Api,
                         and s.get("attempt", 0) >= 2 else None, 240, operator)
         assert s["lastRestart"]["carriedOn"] == [kept] and s["lastRestart"]["replaced"] == [lost], s["lastRestart"]
         new = f"{name}-a{s['attempt']}-{lost}"
-        wait_for("the replacement to join the quorum", lambda: events_of(local_cluster, new, "replica_joining"), timeout=300, interval=0.2)
+        wait_until(lambda: events_of(local_cluster, new, "replica_joining"), timeout=300, message="the replacement to join the quorum", interval=0.2, retry_on=(Exception,))
         hold.touch()
 
         s = wait_status(api, name, "the job to finish", lambda s: s if s.get("phase") in ("Succeeded", "Failed") else None, 500, operator)
