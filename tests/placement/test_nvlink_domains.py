@@ -8,6 +8,8 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from railyard.api.trainingjob import TrainingJob
 from railyard.api.validation import validate_manifest
@@ -248,3 +250,79 @@ def test_ignoring_the_domains_sends_tp_traffic_over_the_network() -> None:
     assert host + ours.cost.bytes_at(NVLINK) == pytest.approx(
         theirs_cost.bytes_at("host") + theirs_cost.bytes_at(NVLINK) + theirs_cost.bytes_at(NETWORK)
     )
+
+
+# ---------------------------------------------------------------------------- properties
+
+STATES = ["ok", "ok", "ok", "notready", "busy2", "unlabelled"]
+
+
+@st.composite
+def nvl_cases(draw: st.DrawFn) -> tuple[Nodes, dict[str, str], Any]:
+    nvl = draw(st.integers(2, 4))
+    nodes = make_nvl_nodes(draw(st.integers(1, 2)), draw(st.integers(1, 2)), draw(st.integers(2, 6)), nvl=nvl)
+    state = {}
+    for name in nodes.names():
+        state[name] = s = draw(st.sampled_from(STATES))
+        if s == "notready":
+            nodes.not_ready(name)
+        elif s == "busy2":
+            nodes.busy(name, 2)
+        elif s == "unlabelled":
+            nodes.unlabel(name)
+    k = draw(st.sampled_from([2, 3]))
+    units = draw(st.integers(1, 4))
+    pp = draw(st.sampled_from([p for p in (1, 2) if units % p == 0]))
+    job = make_job(nodes=units * k, procs=4).with_parallelism(tp=4 * k, pp=pp).with_spares(draw(st.integers(0, 2)))
+    if draw(st.booleans()):
+        job.required(SPINE)
+    return nodes, state, job.on_nvlink().obj()
+
+
+def _feasible(nodes: Nodes, state: dict[str, str], req: Any) -> bool:
+    """From the labels: some domain of the required level (or the cluster) holds the units, each
+    inside one NVLink domain, and the gang plus spares in all."""
+    labels = {n["metadata"]["name"]: n["metadata"]["labels"] for n in nodes.nodes}
+    usable = [n for n, s in state.items() if s in ("ok", "unlabelled")]
+    scopes: dict[str, list[str]] = {}
+    for n in usable:
+        scopes.setdefault(labels[n][SPINE] if req.mode == "Required" else "", []).append(n)
+    k = req.tp_pods
+    for members in scopes.values():
+        cliques: dict[str, int] = {}
+        for n in members:
+            if CLIQUE in labels[n]:
+                key = f"{labels[n][LEAF]}/{labels[n][CLIQUE]}"
+                cliques[key] = cliques.get(key, 0) + 1
+        if sum(c // k for c in cliques.values()) * k >= req.nodes and len(members) >= req.nodes + req.hot_spares:
+            return True
+    return False
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=nvl_cases(), data=st.data())
+def test_nvlink_placement_is_valid_or_truly_impossible_and_repairs_in_place(case: Any, data: st.DataObject) -> None:
+    nodes, state, req = case
+    topo = nodes.topology(req)
+    out = plan_placement(PlacementInput(topo, req))
+    if not isinstance(out, Placement):
+        assert isinstance(out, Unplaceable) and out.constraint in ("capacity", "requiredLevel", "topology")
+        assert out.short > 0 or "no candidate node carries" in out.reason
+        assert not _feasible(nodes, state, req), out.reason
+        return
+    assert _feasible(nodes, state, req)
+    assert_valid(out, topo, req)
+    failed = data.draw(st.sets(st.sampled_from(out.nodes), min_size=1, max_size=2))
+    nodes.not_ready(*failed)
+    topo = nodes.topology(req)
+    again = plan_placement(PlacementInput(topo, req, previous=PreviousPlacement(out.nodes, out.spares)))
+    if isinstance(again, Placement):
+        assert_valid(again, topo, req)
+        k = req.tp_pods
+        for i, name in enumerate(out.nodes):
+            if name in failed:
+                assert i in again.moved
+            elif i in again.moved:  # only when its whole group moved
+                assert set(range(i // k * k, i // k * k + k)) <= set(again.moved)
+            else:
+                assert again.nodes[i] == name

@@ -27,6 +27,7 @@ failed), and :func:`plan_placement` decides from it. The operator (handlers/reco
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -704,16 +705,26 @@ def _place(
             )
             start_lv, doms = rl, [best]
         elif req.mode == "Required":
-            ranked = sorted(range(len(topo.domain_names[rl])), key=lambda d: (-tree.nfree[rl][d], d))
+            # nodes short per domain: for the gang plus spares, and (TP groups across nodes)
+            # for the whole units its NVLink domains hold
+            lack = [
+                max(total - tree.nfree[rl][d], (units - tree.free[rl][d]) * k)
+                for d in range(len(topo.domain_names[rl]))
+            ]
+            ranked = sorted(range(len(lack)), key=lambda d: (lack[d], -tree.nfree[rl][d], d))
             most = tree.nfree[rl][ranked[0]] if ranked else 0
+            short = lack[ranked[0]] if ranked else total
             top = tuple(
-                f"{topo.domain_names[rl][d]} ({tree.nfree[rl][d]} usable)" for d in ranked[:3]
+                f"{topo.domain_names[rl][d]} ({tree.nfree[rl][d]} usable"
+                + (f", {tree.free[rl][d]} TP groups of {k})" if k > 1 else ")")
+                for d in ranked[:3]
             )
+            unit_note = f" and {units} tensor-parallel groups of {k} nodes, each inside one NVLink domain" if k > 1 else ""
             return Unplaceable(
                 "requiredLevel",
-                f"topology.requiredLevel {req.required_level}: no single domain holds {what}; "
-                f"the largest has {most} usable nodes ({total - most} short): {', '.join(top)}",
-                short=total - most,
+                f"topology.requiredLevel {req.required_level}: no single domain holds {what}{unit_note}; "
+                f"the closest has {most} usable nodes ({short} short): {', '.join(top)}",
+                short=short,
                 domains=top,
             )
         else:
@@ -786,8 +797,15 @@ def _replace(
             excluded=excl,
         )
     pool_set = set(pool)
+    if req.tp_pods > 1 and not taken:
+        # nothing kept: every TP group moves whole, a fresh placement (required level, spares)
+        fresh = _place(topo, req, cand, cost_inputs, ["every pod lost its node: placed afresh"])
+        if isinstance(fresh, Placement):
+            return dataclasses.replace(fresh, moved=tuple(range(req.nodes)))
+        return fresh
     if req.tp_pods > 1:
-        return _replace_units(topo, req, gang, lost, pool_set, spare_set, cand, cost_inputs)
+        old_nodes = [topo.index.get(name, -1) for name in prev.nodes]
+        return _replace_units(topo, req, gang, lost, old_nodes, pool_set, spare_set, cand, cost_inputs)
     nearest = _NearestFree(topo, pool_set)
     spares_left = sorted(spare_set & pool_set)
     for p in lost:
@@ -812,6 +830,7 @@ def _replace_units(
     req: GangRequest,
     gang: list[int],
     lost: list[int],
+    old_nodes: list[int],
     pool: set[int],
     spare_set: set[int],
     cand: list[bool],
@@ -851,7 +870,7 @@ def _replace_units(
                     pool.discard(i)
                 continue
         # the whole group moves: to the domain sharing the most levels with its old one
-        old = kept[0] if kept else -1
+        old = kept[0] if kept else next((old_nodes[p] for p in pods if old_nodes[p] >= 0), -1)
         for p in pods:
             if gang[p] >= 0:
                 pool.add(gang[p])
