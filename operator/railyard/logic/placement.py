@@ -940,8 +940,8 @@ def build_gang_request(
     topo = spec.topology
     levels = resolve_level_keys(topo.preset, topo.levels, nodes)
     nvlink = resolve_nvlink_key(topo.preset, topo.nvlink_level, nodes)
-    if spec.parallelism.tensor > spec.procs_per_node and nvlink not in levels:
-        levels = (*levels, nvlink)
+    if spec.parallelism.tensor > spec.procs_per_node:
+        levels = (*(k for k in levels if k != nvlink), nvlink)  # the deepest level
     return GangRequest(
         job=job.metadata.name or "",
         nodes=spec.nodes,
