@@ -299,7 +299,7 @@ def _feasible(nodes: Nodes, state: dict[str, str], req: Any) -> bool:
     return False
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(case=nvl_cases(), data=st.data())
 def test_nvlink_placement_is_valid_or_truly_impossible_and_repairs_in_place(case: Any, data: st.DataObject) -> None:
     nodes, state, req = case
