@@ -36,6 +36,7 @@ SMOKE: dict[str, tuple[list[str], str]] = {
     # the simulated-pod path: the operator in its own process, a gang, a node failure, a restart
     "operator.py": (["--pods", "8", "--restart-pods", "4", "--nodes", "12"], "operator"),
     "placement.py": (["--small"], "placement"),
+    "nvl72_placement.py": (["--small"], "nvl72_placement"),
     # the real trainer under the operator: one node lost under replica groups (the in-place and
     # full modes, and the no-failure reference, only in the full run); 1-3 minutes
     "replica_groups.py": (["--smoke", "--modes", "replica_groups", "--no-reference"], "replica_groups"),

@@ -12,6 +12,7 @@ from railyard.logic.quarantine import QUARANTINE_KEY
 from railyard.logic.topology import (
     GPU_RESOURCE,
     JOB_LABEL,
+    NVLINK_LABEL,
     RAIL_OFFSET_LABEL,
     Topology,
     build_synthetic_nodes,
@@ -20,6 +21,7 @@ from railyard.logic.topology import (
 
 SPINE = "railyard.dev/spine"
 LEAF = "railyard.dev/leaf"
+CLIQUE = NVLINK_LABEL
 
 
 class Nodes:
@@ -102,11 +104,24 @@ class Nodes:
             levels=job.levels if job else (SPINE, LEAF),
             tolerations=job.tolerations if job else (),
             ignore_job=job.job if job else None,
+            nvlink_level=job.nvlink_level if job else None,
         )
+
+    def unlabel(self, *names: str, key: str = CLIQUE) -> Nodes:
+        """Drop a label (e.g. the NVLink domain: a node outside any rack-scale domain)."""
+        for name in names:
+            self._node(name)["metadata"]["labels"].pop(key, None)
+        return self
 
 
 def make_nodes(spines: int, leaves: int, per_leaf: int, gpus: int = 8) -> Nodes:
     return Nodes(build_synthetic_nodes(spines, leaves, per_leaf, gpus))
+
+
+def make_nvl_nodes(spines: int, leaves: int, per_leaf: int, *, nvl: int, gpus: int = 4) -> Nodes:
+    """Trays of ``gpus`` GPUs; each leaf's nodes form NVLink domains of ``nvl`` consecutive
+    nodes (label ``nvidia.com/gpu.clique`` = ``nvl-<spine>-<leaf>-<j>``)."""
+    return Nodes(build_synthetic_nodes(spines, leaves, per_leaf, gpus, nvlink_domain=nvl))
 
 
 def node(spine: int, leaf: int, i: int) -> str:
@@ -123,6 +138,12 @@ class Job:
         world = self.req.nodes * self.req.procs_per_node
         d = dp if dp is not None else world // (tp * pp)
         self.req = replace(self.req, tp=tp, pp=pp, dp=d)
+        return self
+
+    def on_nvlink(self, key: str = CLIQUE) -> Job:
+        """The NVLink-domain level below the leaf, as build_gang_request adds it when tensor
+        exceeds procsPerNode."""
+        self.req = replace(self.req, levels=(*self.req.levels, key), nvlink_level=key)
         return self
 
     def with_spares(self, n: int) -> Job:
@@ -178,10 +199,15 @@ def assert_valid(pl: Placement, topo: Topology, req: GangRequest) -> None:
     assert (t.pp, t.dp, t.tp) == (req.pp, req.dp, req.tp)
     assert [p.node for p in t.pods] == list(pl.nodes)
     by_rank = {e.rank: e for e in t.ranks}
-    # TP group never crosses a node
+    # TP group never crosses a node, or spans tp / procsPerNode pods of one NVLink domain
+    k = req.tp_pods
+    nv = topo.nvlink_level
     for g in range(req.pp * req.dp):
-        pods = {by_rank[g * req.tp + k].pod_index for k in range(req.tp)}
-        assert len(pods) == 1, f"TP group {g} spans pods {pods}"
+        pods = {by_rank[g * req.tp + x].pod_index for x in range(req.tp)}
+        assert len(pods) == k, f"TP group {g} spans pods {pods}"
+        if k > 1 and req.nvlink_level is not None:
+            doms = {topo.domain_of[nv][topo.index[pl.nodes[p]]] for p in pods}
+            assert len(doms) == 1, f"TP group {g} spans NVLink domains {doms}"
     # every DP group on one rail whenever the shape allows it
     rails = max(
         len({by_rank[(p * req.dp + d) * req.tp + k].rail for d in range(req.dp)})

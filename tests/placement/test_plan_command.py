@@ -96,3 +96,24 @@ def test_generated_nodes_carry_the_jobs_topology_preset_labels(capsys):
     out = capsys.readouterr().out
     assert "placed llama-8b: 2048 pods on 2048 nodes + 16 hot spares" in out
     assert "fabric.topograph.run/tier-1: 1 domains" in out
+
+
+def test_plan_shows_the_nvlink_domains_and_their_tp_groups(capsys):
+    """The NVL72 example: tensor 16 on trays of 4 GPUs, racks of 18 trays (nvl=18)."""
+    example = Path(__file__).parents[2] / "examples" / "nvl72-job.yaml"
+    spec = "spine=2,leaf=9,nodes=72,gpus=4,nvl=18"
+    assert main(["plan", str(example), "--nodes", spec, "--tp-bytes", "32e9"]) == 0
+    out = capsys.readouterr().out
+    assert "every group inside one domain" in out and "NVLink domains (nvidia.com/gpu.clique): 64 hold" in out
+    assert "nvl-0-0-0                    TP groups 0, 1, 2, 3 (16 of its 18 nodes)" in out
+    assert "    nvlink " in out and "rail-aligned" in out
+    assert main(["plan", str(example), "--nodes", spec, "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)["placement"]
+    groups = [g for gs in doc["nvlinkDomains"].values() for g in gs]
+    assert sorted(groups) == list(range(256)), "every TP group in exactly one domain"
+    assert max(len(gs) for gs in doc["nvlinkDomains"].values()) == 4
+    assert doc["crossBytesPerStep"]["nvlink"] > 0
+    # the same job on nodes without the label: refused, naming the field and the fix
+    assert main(["plan", str(example), "--nodes", "spine=2,leaf=9,nodes=72,gpus=4"]) == 3
+    out = capsys.readouterr().out
+    assert "unplaceable (topology)" in out and "parallelism.tensor 16" in out and "nvidia.com/gpu.clique" in out

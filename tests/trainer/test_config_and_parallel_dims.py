@@ -96,7 +96,8 @@ def test_data_parallel_size_is_derived(pp: int, dp: int, tp: int, world: int, pp
     [
         (1, 2, 2, 8, 4, "world size is 8"),  # product mismatch
         (3, -1, 1, 4, 4, "not divisible"),  # cannot derive
-        (1, 1, 4, 4, 2, "parallelism.tensor"),  # TP would span nodes
+        (1, 1, 3, 3, 2, "parallelism.tensor"),  # TP neither inside a node nor on whole nodes
+        (1, 2, 6, 12, 4, "parallelism.tensor"),  # a TP group over one and a half nodes
         (0, 1, 1, 1, 1, "pp"),
     ],
 )

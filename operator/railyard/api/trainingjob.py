@@ -146,7 +146,7 @@ class Toleration(_Model):
 
 
 class Parallelism(_Model):
-    tensor: Annotated[int, Field(ge=1, le=64, description="Tensor-parallel degree. Must divide procsPerNode: a TP group never leaves a node (NVLink).")] = 1
+    tensor: Annotated[int, Field(ge=1, le=64, description="Tensor-parallel degree. A divisor of procsPerNode (a TP group inside one node), or a multiple of it: a TP group then spans tensor / procsPerNode nodes of one NVLink domain (rack-scale NVLink such as GB200 NVL72; the nodes must carry topology.nvlinkLevel, else the job waits unplaced, reason TopologyMismatch).")] = 1
     pipeline: Annotated[int, Field(ge=1, le=1024, description="Pipeline-parallel degree (number of stages).")] = 1
     data: Annotated[
         int | None,
@@ -254,6 +254,10 @@ class Topology(_Model):
     required_level: Annotated[
         str | None,
         Field(max_length=316, description="With mode Required: the label key of the level one domain of which must hold the whole gang (e.g. railyard.dev/spine)."),
+    ] = None
+    nvlink_level: Annotated[
+        str | None,
+        Field(min_length=1, max_length=316, description="Node label key naming the NVLink domain (a rack-scale NVLink fabric: nodes with the same value reach each other over NVLink, e.g. the 18 trays of a GB200 NVL72 rack). Used as a level below the leaf when parallelism.tensor exceeds procsPerNode: every tensor-parallel group is placed inside one domain. Empty: nvidia.com/gpu.clique (NVIDIA GPU feature discovery); with preset topograph, Topograph's accelerator label (accelerator.topograph.run/domain, or network.topology.nvidia.com/accelerator) when nodes carry it."),
     ] = None
 
 
@@ -389,13 +393,13 @@ class Cleanup(_Model):
 #: to the spec.
 SPEC_RULES: list[dict[str, str]] = [
     {
-        "rule": "self.procsPerNode % self.parallelism.tensor == 0",
-        "message": "parallelism.tensor must divide procsPerNode: a tensor-parallel group never leaves a node. Set tensor to a divisor of procsPerNode.",
+        "rule": "self.procsPerNode % self.parallelism.tensor == 0 || self.parallelism.tensor % self.procsPerNode == 0",
+        "message": "parallelism.tensor must divide procsPerNode (a tensor-parallel group inside one node) or be a multiple of it (a group spanning tensor / procsPerNode nodes of one NVLink domain, topology.nvlinkLevel). Set tensor to a divisor or a multiple of procsPerNode.",
         "fieldPath": ".parallelism.tensor",
         "reason": "FieldValueInvalid",
     },
     {
-        "rule": "self.procsPerNode % self.parallelism.tensor != 0 || (self.nodes * self.procsPerNode) % (self.parallelism.tensor * self.parallelism.pipeline) == 0",
+        "rule": "(self.procsPerNode % self.parallelism.tensor != 0 && self.parallelism.tensor % self.procsPerNode != 0) || (self.nodes * self.procsPerNode) % (self.parallelism.tensor * self.parallelism.pipeline) == 0",
         "message": "parallelism.tensor x parallelism.pipeline must divide the world size (nodes x procsPerNode).",
         "fieldPath": ".parallelism.pipeline",
         "reason": "FieldValueInvalid",

@@ -26,7 +26,7 @@ from railyard.logic.placement import (
     build_placement_input,
     plan_placement,
 )
-from railyard.logic.topology import parse_synthetic_spec, synthetic_levels
+from railyard.logic.topology import parse_synthetic_spec, resolve_nvlink_key, synthetic_levels
 
 EXIT_UNPLACEABLE = 3
 _DEFAULTS = CostInputs()
@@ -40,7 +40,8 @@ def add_parser(sub: Any) -> None:
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument(
         "--nodes",
-        help="file with Node objects (list, List or NodeList), or a spec like spine=2,leaf=4,nodes=32,gpus=8",
+        help="file with Node objects (list, List or NodeList), or a spec like spine=2,leaf=4,nodes=32,gpus=8 "
+        "(add nvl=18 for NVLink domains of 18 nodes, as GB200 NVL72 racks)",
     )
     src.add_argument("--kubeconfig", help="read nodes and pods from this cluster")
     p.add_argument("--pods", help="file with Pod objects using GPUs (with --nodes)")
@@ -62,6 +63,12 @@ def add_parser(sub: Any) -> None:
         type=float,
         default=_DEFAULTS.activation_bytes,
         help="activation bytes per microbatch between stages",
+    )
+    p.add_argument(
+        "--tp-bytes",
+        type=float,
+        default=_DEFAULTS.tp_bytes_per_step,
+        help="bytes all-reduced per tensor-parallel group per step (default 0: TP traffic not counted)",
     )
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.add_argument(
@@ -118,6 +125,7 @@ def _summary(pl: Placement, req: GangRequest, show: int) -> list[str]:
     for level, names in pl.domains.items():
         shown = ", ".join(names[:6]) + (", ..." if len(names) > 6 else "")
         lines.append(f"  {level}: {len(names)} domains ({shown})")
+    lines.extend(_nvlink_lines(pl, req))
     if pl.moved:
         lines.append(f"  moved pods: {list(pl.moved)}")
     lines.append(f"  pods (first {min(show, len(pl.nodes))}):")
@@ -133,12 +141,38 @@ def _summary(pl: Placement, req: GangRequest, show: int) -> list[str]:
         )
     if pl.spares:
         lines.append(f"  spares: {', '.join(pl.spares)}")
-    lines.append("  network cost per step:")
+    lines.append("  network cost per step (host and nvlink: NVLink, not the network):")
     lines.append(f"    {'level':<34} {'bytes':>12} {'seconds':>10}")
     for c in pl.cost.levels:
         lines.append(f"    {c.level:<34} {c.bytes_per_step / 1e9:>10.2f}GB {c.seconds:>10.4f}")
     lines.append(f"    {'cross-rail':<34} {pl.cost.cross_rail_bytes / 1e9:>10.2f}GB")
     lines.extend(f"  note: {n}" for n in pl.notes)
+    return lines
+
+
+def _nvlink_lines(pl: Placement, req: GangRequest, show: int = 8) -> list[str]:
+    """The NVLink domains the gang uses and the tensor-parallel groups in each."""
+    by_domain = pl.tp_groups_by_domain
+    if not by_domain or pl.topology is None:
+        return []
+    topo = pl.topology
+    nv = topo.nvlink_level
+    split = sum(1 for d in pl.tp_domains if len(d) > 1)
+    k = req.tp_pods
+    lines = [
+        f"  NVLink domains ({topo.nvlink_key}): {len(by_domain)} hold the {len(pl.tp_domains)} tensor-parallel "
+        f"groups of {k} node{'s' if k > 1 else ''}; "
+        + (f"{split} groups split across domains" if split else "every group inside one domain")
+    ]
+    used = {name: 0 for name in by_domain}
+    for n in pl.nodes:
+        used[topo.domain_names[nv][topo.domain_of[nv][topo.index[n]]]] += 1
+    size = {topo.domain_names[nv][d]: len(x) for d, x in enumerate(topo.leaf_nodes)}
+    for name, groups in list(by_domain.items())[:show]:
+        shown = ", ".join(str(g) for g in groups[:8]) + (", ..." if len(groups) > 8 else "")
+        lines.append(f"    {name:<28} TP groups {shown} ({used[name]} of its {size[name]} nodes)")
+    if len(by_domain) > show:
+        lines.append(f"    ... {len(by_domain) - show} more domains")
     return lines
 
 
@@ -161,6 +195,7 @@ def _as_json(pl: Placement | Unplaceable) -> dict[str, Any]:
         "leafDomainsPerDataParallelGroup": pl.dp_leaf_spans,
         "crossBytesPerStep": pl.cost.as_dict(),
         "moved": list(pl.moved),
+        "nvlinkDomains": {k: list(v) for k, v in pl.tp_groups_by_domain.items()},
         "notes": list(pl.notes),
     }
 
@@ -204,12 +239,17 @@ def run(args: argparse.Namespace) -> int:
         if args.kubeconfig:
             nodes, pods = _from_cluster(args.kubeconfig)
         elif "=" in args.nodes and not args.nodes.endswith((".yaml", ".yml", ".json")):
-            preset = ((job_doc.get("spec") or {}).get("topology") or {}).get("preset")
-            nodes, pods = parse_synthetic_spec(args.nodes, levels=synthetic_levels(preset)), []
+            topo = (job_doc.get("spec") or {}).get("topology") or {}
+            preset = topo.get("preset")
+            nvlink_key = resolve_nvlink_key(preset, topo.get("nvlinkLevel"), [])
+            nodes = parse_synthetic_spec(args.nodes, levels=synthetic_levels(preset), nvlink_key=nvlink_key)
+            pods = []
         else:
             nodes = _load_objects(args.nodes)
             pods = _load_objects(args.pods) if args.pods else []
-        inputs = CostInputs(param_bytes=args.param_bytes, activation_bytes=args.activation_bytes)
+        inputs = CostInputs(
+            param_bytes=args.param_bytes, activation_bytes=args.activation_bytes, tp_bytes_per_step=args.tp_bytes
+        )
         req, first, second = plan(job_doc, nodes, pods, fail=args.fail, cost_inputs=inputs)
     except (OSError, yaml.YAMLError, ValueError, ValidationError) as exc:
         print(f"railyard plan: {exc}", file=sys.stderr)

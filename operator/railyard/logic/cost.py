@@ -10,11 +10,15 @@ benchmark to compare against baselines. The collectives come from the layout:
   ``2 * microbatches * activation_bytes / tp`` per rank pair between adjacent stages;
 - tensor parallel: an all-reduce ring of ``tp_bytes_per_step`` per TP group.
 
-A hop between two ranks on the same node counts as ``host`` (NVLink); every other hop counts as
-``network``, and also under each level key whose domains differ for the two nodes (cumulative: a
-hop that crosses a spine also crosses a leaf). A network hop between different rails counts in
-``cross_rail`` as well. Time per level is the busiest sender's bytes at that level over the
-level's bandwidth (each rank sends on its own rail's NIC).
+A hop between two ranks on the same node counts as ``host`` (NVLink inside the node). When the
+topology has an NVLink-domain level (``Topology.nvlink_key``: a rack-scale NVLink fabric such as
+a GB200 NVL72), a hop between two nodes of one domain counts as ``nvlink`` (it never touches the
+network). Every other hop counts as ``network``, and also under each switch level key whose
+domains differ for the two nodes (cumulative: a hop that crosses a spine also crosses a leaf;
+the NVLink level itself is not listed, the bytes leaving a domain are the ``network`` row). A
+network hop between different rails counts in ``cross_rail`` as well. Time per level is the
+busiest sender's bytes at that level over the level's bandwidth (each rank sends on its own
+rail's NIC, and over its own GPU's NVLink ports for ``nvlink``).
 """
 
 from __future__ import annotations
@@ -27,12 +31,15 @@ from railyard.logic.topology import Topology
 from railyard.protocol.ranktable import RankTable
 
 HOST = "host"
+NVLINK = "nvlink"
 NETWORK = "network"
 
 #: NVLink bandwidth per node (bytes/s, ~900 GB/s on H100/H200 HGX).
 DEFAULT_HOST_BW = 900e9
 #: One 400 Gb/s NIC per rail (bytes/s).
 DEFAULT_NIC_BW = 400e9 / 8
+#: NVLink 5 per GPU across an NVLink domain (bytes/s one way: 1.8 TB/s bidirectional, GB200 NVL72).
+DEFAULT_NVLINK_DOMAIN_BW = 900e9
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +54,8 @@ class CostInputs:
     tp_bytes_per_step: float = 0.0
     host_bandwidth: float = DEFAULT_HOST_BW
     nic_bandwidth: float = DEFAULT_NIC_BW
+    #: Per GPU between the nodes of one NVLink domain.
+    nvlink_bandwidth: float = DEFAULT_NVLINK_DOMAIN_BW
     #: Per level key (bytes/s per rail): a slower value models an oversubscribed tier.
     level_bandwidth: Mapping[str, float] = field(default_factory=dict)
 
@@ -60,9 +69,15 @@ class LevelCost:
 
 @dataclass(frozen=True, slots=True)
 class CostReport:
-    #: ``host``, ``network``, then each level key from the leaf up to the broadest.
+    #: ``host``, ``nvlink`` (with an NVLink-domain level), ``network``, then each switch level
+    #: key from the leaf up to the broadest.
     levels: tuple[LevelCost, ...]
     cross_rail_bytes: float
+
+    @property
+    def nvlink_bytes(self) -> float:
+        """Bytes per step between nodes of one NVLink domain (0 without such a level)."""
+        return self.bytes_at(NVLINK)
 
     def bytes_at(self, level: str) -> float:
         return next((c.bytes_per_step for c in self.levels if c.level == level), 0.0)
@@ -101,6 +116,8 @@ def compute_cost(table: RankTable, topo: Topology, inputs: CostInputs | None = N
     sender: dict[tuple[int, int], list[float]] = {}
     cross_rail = 0.0
     depth_cache: dict[tuple[int, int], int] = {}
+    # network hops: depth <= net (with an NVLink level, depth n_lv is inside one domain: NVLink)
+    net = n_lv - 1 if topo.nvlink_key else n_lv
 
     def hop(a: int, b: int, nbytes: float) -> None:
         nonlocal cross_rail
@@ -124,7 +141,7 @@ def compute_cost(table: RankTable, topo: Topology, inputs: CostInputs | None = N
                     break
             depth_cache[k] = depth
         exclusive[depth] += nbytes
-        if rank_rail[a] != rank_rail[b]:
+        if rank_rail[a] != rank_rail[b] and depth <= net:
             cross_rail += nbytes
         key = (pa, rank_rail[a])
         vec = sender.get(key)
@@ -158,11 +175,14 @@ def compute_cost(table: RankTable, topo: Topology, inputs: CostInputs | None = N
     levels: list[LevelCost] = []
     host_max = max((v[n_lv + 1] for v in sender.values()), default=0.0)
     levels.append(LevelCost(HOST, exclusive[n_lv + 1], host_max / ci.host_bandwidth))
+    if topo.nvlink_key:
+        nvl_max = max((v[n_lv] for v in sender.values()), default=0.0)
+        levels.append(LevelCost(NVLINK, exclusive[n_lv], nvl_max / ci.nvlink_bandwidth))
     # cumulative network bytes at "depth <= lv"
-    net_bytes = sum(exclusive[: n_lv + 1])
-    net_max = max((sum(v[: n_lv + 1]) for v in sender.values()), default=0.0)
+    net_bytes = sum(exclusive[: net + 1])
+    net_max = max((sum(v[: net + 1]) for v in sender.values()), default=0.0)
     levels.append(LevelCost(NETWORK, net_bytes, net_max / ci.nic_bandwidth))
-    for lv in range(n_lv - 1, -1, -1):
+    for lv in range(net - 1 if topo.nvlink_key else n_lv - 1, -1, -1):
         key = topo.levels[lv]
         b = sum(exclusive[: lv + 1])
         m = max((sum(v[: lv + 1]) for v in sender.values()), default=0.0)

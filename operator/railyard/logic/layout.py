@@ -6,7 +6,9 @@ module builds the rank table from it. The mesh order is fixed by the trainer
 parallel groups per pod, TP group ``g = p * dp_size + d`` goes to pod ``g % nodes`` in slot
 ``g // nodes`` (local ranks ``slot * tp .. slot * tp + tp - 1``). Hence:
 
-- a TP group never leaves a pod (tp divides procs_per_node);
+- a TP group never leaves a pod when tp divides procs_per_node; when tp is a multiple of it, a
+  TP group spans ``tp / procs_per_node`` consecutive pods (a unit, placed inside one NVLink
+  domain) and every DP group shares one local GPU index (:class:`~railyard.protocol.mesh.MeshShape`);
 - when ``S`` divides ``pp`` every data-parallel group ``(p, t)`` uses one slot, so all its ranks
   share a local GPU index and therefore a rail; the pods then fall into ``nodes / dp`` blocks of
   ``dp`` consecutive pod indices, each hosting whole DP groups, which placement packs into as
@@ -42,20 +44,25 @@ def compute_dp_group_spread(
     # Group (p, t) holds TP groups g = p * dp + d (d < dp), on pod g % nodes at local rank
     # (g // nodes) * tp + t: its pods do not depend on t, and its rails only on the distinct
     # (slot base, rail offset, GPUs) of those pods, usually one. So pp x dp steps, not pp x dp x tp.
+    # When a TP group spans K pods (tp = K x procs_per_node), rank t of it is on the unit's pod
+    # t // procs_per_node: the group's pods depend on that quotient q, so pp x K x dp steps.
     tp, dp = shape.tp, shape.dp
+    k = shape.pods_per_tp_group
+    span = shape.procs_per_node if k > 1 else tp
     most_rails = most_domains = most_pods = 0
     for p in range(shape.pp):
-        pods: set[int] = set()
-        wiring: set[tuple[int, int, int]] = set()
-        for g in range(p * dp, (p + 1) * dp):
-            pod, base = shape.position(g * tp)
-            pods.add(pod)
-            wiring.add((base, pod_rail_offset[pod], pod_gpus[pod]))
-        for t in range(tp):
-            rails = {compute_rail(base + t, offset, gpus) for base, offset, gpus in wiring}
-            most_rails = max(most_rails, len(rails))
-        most_pods = max(most_pods, len(pods))
-        most_domains = max(most_domains, len({pod_domain[x] for x in pods}))
+        for q in range(k):
+            pods: set[int] = set()
+            wiring: set[tuple[int, int, int]] = set()
+            for g in range(p * dp, (p + 1) * dp):
+                pod, base = shape.position(g * tp + q * span)
+                pods.add(pod)
+                wiring.add((base, pod_rail_offset[pod], pod_gpus[pod]))
+            for t in range(span):
+                rails = {compute_rail(base + t, offset, gpus) for base, offset, gpus in wiring}
+                most_rails = max(most_rails, len(rails))
+            most_pods = max(most_pods, len(pods))
+            most_domains = max(most_domains, len({pod_domain[x] for x in pods}))
     return most_rails, most_domains, most_pods
 
 

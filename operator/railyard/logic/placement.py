@@ -27,6 +27,7 @@ failed), and :func:`plan_placement` decides from it. The operator (handlers/reco
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -39,10 +40,12 @@ from railyard.logic.layout import MeshShape, build_rank_table, compute_dp_group_
 from railyard.logic.topology import (
     BUSY,
     LEVEL_PRESETS,
+    NVLINK_LABEL,
     Topology,
     TopologyCache,
     build_topology,
     resolve_level_keys,
+    resolve_nvlink_key,
 )
 from railyard.protocol.ranktable import RankTable
 
@@ -69,10 +72,20 @@ class GangRequest:
     attempt: int = 0
     #: Replica groups that fail alone (faultTolerance ReplicaGroups); each is placed as a block.
     replicas: int = 1
+    #: The label key of the NVLink-domain level (``topology.nvlinkLevel``). A TP group spanning
+    #: several pods (tp > procs_per_node) is placed inside one domain of it, the deepest of
+    #: ``levels``. None: no NVLink rule, such groups are placed on consecutive nodes of a leaf
+    #: (the domain-ignorant reference of bench/nvl72_placement.py; the operator never sets it).
+    nvlink_level: str | None = NVLINK_LABEL
 
     @property
     def shape(self) -> MeshShape:
         return MeshShape(self.nodes, self.procs_per_node, self.pp, self.dp, self.tp, self.replicas)
+
+    @property
+    def tp_pods(self) -> int:
+        """Pods one tensor-parallel group spans (1: inside one node)."""
+        return self.shape.pods_per_tp_group
 
     @property
     def gpus_needed(self) -> int:
@@ -123,6 +136,9 @@ class Placement:
     #: Pod indices whose node changed (sticky re-placement); empty for a fresh placement.
     moved: tuple[int, ...] = ()
     notes: tuple[str, ...] = ()
+    #: With an NVLink-domain level: per TP group (``g = p * dp + d``), the names of the NVLink
+    #: domains its pods are in (one each, unless the placement was made without the rule).
+    tp_domains: tuple[tuple[str, ...], ...] = ()
     topology: Topology | None = field(default=None, repr=False, compare=False)
     request: GangRequest | None = field(default=None, repr=False, compare=False)
     cost_inputs: CostInputs | None = field(default=None, repr=False, compare=False)
@@ -155,6 +171,16 @@ class Placement:
         if self.topology is None:
             raise ValueError("placement: no topology to compute the cost on")
         return compute_cost(self.rank_table, self.topology, self.cost_inputs)
+
+    @property
+    def tp_groups_by_domain(self) -> dict[str, tuple[int, ...]]:
+        """NVLink domain name -> the TP groups inside it (a group split over several domains
+        is listed under each); empty without an NVLink-domain level."""
+        out: dict[str, list[int]] = {}
+        for g, doms in enumerate(self.tp_domains):
+            for name in doms:
+                out.setdefault(name, []).append(g)
+        return {k: tuple(v) for k, v in sorted(out.items())}
 
     @property
     def domain_counts(self) -> dict[str, int]:
@@ -209,7 +235,9 @@ class Unplaceable:
 class _Tree:
     """Per-decision candidate counts over the domain tree."""
 
-    def __init__(self, topo: Topology, cand: Sequence[bool]) -> None:
+    def __init__(self, topo: Topology, cand: Sequence[bool], unit: int = 1) -> None:
+        """``unit``: pods per TP group; the deepest level then counts whole units of that many
+        of its nodes (``free`` and ``total`` are in units; ``nfree`` is always in nodes)."""
         self.topo = topo
         n_lv = len(topo.levels)
         self.n_lv = n_lv
@@ -227,21 +255,25 @@ class _Tree:
         ]
         self.free: list[list[int]] = []
         self.total: list[list[int]] = []
+        self.nfree: list[list[int]] = []
         if n_lv:
-            leaf_free = [len(c) for c in self.leaf_cands]
-            leaf_total = [len(c) for c in topo.leaf_nodes]
             self.free = [[] for _ in range(n_lv)]
             self.total = [[] for _ in range(n_lv)]
-            self.free[n_lv - 1] = leaf_free
-            self.total[n_lv - 1] = leaf_total
+            self.nfree = [[] for _ in range(n_lv)]
+            self.free[n_lv - 1] = [len(c) // unit for c in self.leaf_cands]
+            self.total[n_lv - 1] = [len(c) // unit for c in topo.leaf_nodes]
+            self.nfree[n_lv - 1] = [len(c) for c in self.leaf_cands]
             for lv in range(n_lv - 2, -1, -1):
                 f = [0] * len(topo.domain_names[lv])
                 t = [0] * len(topo.domain_names[lv])
+                nf = [0] * len(topo.domain_names[lv])
                 for d, p in enumerate(topo.parent[lv + 1]):
                     f[p] += self.free[lv + 1][d]
                     t[p] += self.total[lv + 1][d]
+                    nf[p] += self.nfree[lv + 1][d]
                 self.free[lv] = f
                 self.total[lv] = t
+                self.nfree[lv] = nf
 
     def kids(self, lv: int, d: int) -> list[int]:
         return self.children[lv][d]
@@ -314,14 +346,18 @@ def _cut_blocks(segments: list[list[int]], size: int, count: int) -> list[list[i
 
 
 class _Planner:
+    """Counts in *units*: a TP group's pods (``req.tp_pods``, 1 when TP stays in a node), which
+    the deepest level keeps together; blocks are ``block`` units."""
+
     def __init__(self, topo: Topology, req: GangRequest, cand: list[bool]) -> None:
         self.topo = topo
         self.req = req
         self.cand = cand
-        self.tree = _Tree(topo, cand)
+        self.unit = req.tp_pods
+        self.tree = _Tree(topo, cand, self.unit)
         shape = req.shape
-        self.block = shape.block_nodes
-        self.blocks = req.nodes // self.block
+        self.block = shape.block_nodes // self.unit
+        self.blocks = req.nodes // shape.block_nodes
         n_lv = self.tree.n_lv
         # Deepest level with a domain big enough to hold a block: blocks are kept inside it.
         self.block_level = -1
@@ -341,12 +377,13 @@ class _Planner:
 
     # -- node mode
     def nodes_in(self, lv: int, doms: Sequence[int], need: int) -> list[list[int]]:
-        """Pick ``need`` candidate nodes best-fit under ``doms`` (level ``lv``); per-leaf lists."""
+        """Pick ``need`` units of candidate nodes best-fit under ``doms`` (level ``lv``);
+        per-leaf lists (of whole units)."""
         tree = self.tree
         out: list[list[int]] = []
         for d, k in _split(doms, lambda x: tree.free[lv][x], need):
             if lv == tree.n_lv - 1:
-                out.append(sorted(tree.leaf_cands[d][:k]))
+                out.append(sorted(tree.leaf_cands[d][: k * self.unit]))
             else:
                 out.extend(self.nodes_in(lv + 1, tree.kids(lv, d), k))
         return out
@@ -357,19 +394,20 @@ class _Planner:
         for d, u in _split(doms, lambda x: self.capb[lv][x], need, lambda x: self.tree.free[lv][x]):
             if lv >= self.block_level:
                 segs = self.nodes_in(lv, [d], u * self.block)
-                out.extend(_cut_blocks(segs, self.block, u))
+                out.extend(_cut_blocks(segs, self.block * self.unit, u))
             else:
                 out.extend(self.blocks_in(lv + 1, self.tree.kids(lv, d), u))
         return out
 
     def gang(self, lv: int, doms: Sequence[int]) -> tuple[list[int], bool]:
-        """Gang nodes in pod-index order, and whether blocks are leaf-aligned."""
-        n = self.req.nodes
+        """Gang nodes in pod-index order, and whether blocks are leaf-aligned. Segments are
+        whole units and blocks whole units, so no unit is cut across leaves."""
+        n = self.req.nodes // self.unit
         if self.block > 1 and sum(self.capb[lv][d] for d in doms) >= self.blocks:
             blocks = self.blocks_in(lv, doms, self.blocks)
             return [i for b in blocks for i in b], True
         segs = self.nodes_in(lv, doms, n)
-        blocks = _cut_blocks(segs, self.block, self.blocks)
+        blocks = _cut_blocks(segs, self.block * self.unit, self.blocks)
         return [i for b in blocks for i in b], self.block == 1
 
 
@@ -457,7 +495,7 @@ def _replica_peers(topo: Topology, nodes: Sequence[int]) -> list[int]:
     n = len(nodes)
     if n < 2:
         return [-1] * n
-    leaf = [topo.leaf_of(i) for i in nodes]
+    leaf = [topo.network_leaf_of(i) for i in nodes]
     for k in range(1, n):
         if all(leaf[i] != leaf[(i + k) % n] for i in range(n)):
             return [(i + k) % n for i in range(n)]
@@ -494,13 +532,21 @@ def _finish(
         shape,
         pod_rail_offset=[topo.rail_offset[i] for i in gang],
         pod_gpus=[topo.gpus[i] for i in gang],
-        pod_domain=[topo.leaf_of(i) for i in gang],
+        pod_domain=[topo.network_leaf_of(i) for i in gang],
     )
     spans = max(spans, 1)
     minimum = 1
-    if topo.levels:
-        leaf_size = max(len(x) for x in topo.leaf_nodes)
-        minimum = max(1, -(-widest // leaf_size))
+    nlv = topo.network_leaf_level
+    if nlv >= 0:
+        # how many of a DP group's pods one leaf can hold: a DP group has one pod in each of
+        # its units (TP groups of k pods, 1 when TP stays in a node), a leaf holds the whole
+        # units of its deepest domains (its NVLink domains, or itself)
+        k = shape.pods_per_tp_group
+        per_leaf: dict[int, int] = {}
+        for members in topo.leaf_nodes:
+            leaf = topo.domain_of[nlv][members[0]]
+            per_leaf[leaf] = per_leaf.get(leaf, 0) + len(members) // k
+        minimum = max(1, -(-widest // max(max(per_leaf.values()), 1)))
     if rails > 1:
         notes.append(
             f"data-parallel groups span up to {rails} rails: procsPerNode/tensor = {shape.slots_per_node} "
@@ -509,6 +555,15 @@ def _finish(
     if spans > minimum:
         notes.append(
             f"a data-parallel group spans {spans} leaf domains (least possible on an empty cluster: {minimum})"
+        )
+    tp_domains: tuple[tuple[str, ...], ...] = ()
+    nv = topo.nvlink_level
+    if nv >= 0:
+        names, dom_of, k = topo.domain_names[nv], topo.domain_of[nv], shape.pods_per_tp_group
+        span = shape.procs_per_node if k > 1 else shape.tp
+        tp_domains = tuple(
+            tuple(sorted({names[dom_of[gang[shape.position(g * shape.tp + q * span)[0]]]] for q in range(k)}))
+            for g in range(shape.pp * shape.dp)
         )
     return Placement(
         nodes=tuple(topo.names[i] for i in gang),
@@ -520,6 +575,7 @@ def _finish(
         dp_leaf_minimum=minimum,
         moved=moved,
         notes=tuple(notes),
+        tp_domains=tp_domains,
         topology=topo,
         request=req,
         cost_inputs=cost_inputs,
@@ -553,6 +609,9 @@ def plan_placement(inp: PlacementInput) -> Placement | Unplaceable:
             if req.mode == "Required":
                 return Unplaceable("topology", str(exc))
             notes.append(f"ignored (Preferred): {exc}")
+    refusal = _nvlink_refusal(topo, req)
+    if refusal is not None:
+        return refusal
     if previous is not None and len(previous.nodes) == req.nodes:
         return _replace(topo, req, previous, cand, cost_inputs)
     if previous is not None:
@@ -560,6 +619,36 @@ def plan_placement(inp: PlacementInput) -> Placement | Unplaceable:
             f"previous placement has {len(previous.nodes)} pods, the gang {req.nodes}: placed afresh"
         )
     return _place(topo, req, cand, cost_inputs, notes)
+
+
+def _nvlink_refusal(topo: Topology, req: GangRequest) -> Unplaceable | None:
+    """A TP group spanning pods needs the NVLink-domain level on the cluster and one domain
+    that can hold it; else the reason, naming the field and the fix."""
+    k = req.tp_pods
+    if k == 1 or req.nvlink_level is None:
+        return None
+    what = (
+        f"parallelism.tensor {req.tp} spans {k} nodes of procsPerNode {req.procs_per_node} and needs them "
+        f"inside one NVLink domain (node label {req.nvlink_level}, topology.nvlinkLevel)"
+    )
+    if topo.nvlink_key != req.nvlink_level:
+        return Unplaceable(
+            "topology",
+            f"{what}, but no candidate node carries that label; set tensor to a divisor of procsPerNode, "
+            "or label each NVLink domain's nodes (NVIDIA GPU feature discovery sets nvidia.com/gpu.clique on "
+            "GB200/GB300 NVL trays; name another key in topology.nvlinkLevel)",
+        )
+    nv = topo.nvlink_level
+    largest = max(len(x) for x in topo.leaf_nodes) if topo.leaf_nodes else 0
+    if largest < k:
+        biggest = max(range(len(topo.leaf_nodes)), key=lambda d: (len(topo.leaf_nodes[d]), -d))
+        return Unplaceable(
+            "topology",
+            f"{what}, but the largest NVLink domain ({topo.domain_names[nv][biggest]}) has {largest} nodes; "
+            f"set tensor to at most {largest * req.procs_per_node} (a multiple or a divisor of procsPerNode)",
+            short=k - largest,
+        )
+    return None
 
 
 def _place(
@@ -591,26 +680,51 @@ def _place(
 
     planner = _Planner(topo, req, cand)
     tree = planner.tree
+    k = planner.unit
+    units = req.nodes // k
+    if k > 1 and sum(tree.free[0]) < units:
+        room = sum(tree.free[0])
+        where = "NVLink domain" if topo.nvlink_key else "leaf"
+        return Unplaceable(
+            "capacity",
+            f"needs {units} tensor-parallel groups of {k} nodes, each inside one {where}; the usable nodes hold "
+            f"{room} ({units - room} groups short; a domain holds its usable nodes // {k} groups)",
+            short=(units - room) * k,
+            excluded=_excluded_counts(topo, req.gpus_needed),
+        )
     start_lv, doms = 0, list(range(len(topo.domain_names[0])))
     if req.required_level is not None and req.required_level in topo.levels:
         rl = topo.levels.index(req.required_level)
-        fitting = [d for d in range(len(topo.domain_names[rl])) if tree.free[rl][d] >= total]
+        fitting = [
+            d for d in range(len(topo.domain_names[rl]))
+            if tree.free[rl][d] >= units and tree.nfree[rl][d] >= total
+        ]
         if fitting:
             best = min(
-                fitting, key=lambda d: (planner.capb[rl][d] < planner.blocks, tree.free[rl][d], d)
+                fitting, key=lambda d: (planner.capb[rl][d] < planner.blocks, tree.nfree[rl][d], d)
             )
             start_lv, doms = rl, [best]
         elif req.mode == "Required":
-            ranked = sorted(range(len(topo.domain_names[rl])), key=lambda d: (-tree.free[rl][d], d))
-            most = tree.free[rl][ranked[0]] if ranked else 0
+            # nodes short per domain: for the gang plus spares, and (TP groups across nodes)
+            # for the whole units its NVLink domains hold
+            lack = [
+                max(total - tree.nfree[rl][d], (units - tree.free[rl][d]) * k)
+                for d in range(len(topo.domain_names[rl]))
+            ]
+            ranked = sorted(range(len(lack)), key=lambda d: (lack[d], -tree.nfree[rl][d], d))
+            most = tree.nfree[rl][ranked[0]] if ranked else 0
+            short = lack[ranked[0]] if ranked else total
             top = tuple(
-                f"{topo.domain_names[rl][d]} ({tree.free[rl][d]} usable)" for d in ranked[:3]
+                f"{topo.domain_names[rl][d]} ({tree.nfree[rl][d]} usable"
+                + (f", {tree.free[rl][d]} TP groups of {k})" if k > 1 else ")")
+                for d in ranked[:3]
             )
+            unit_note = f" and {units} tensor-parallel groups of {k} nodes, each inside one NVLink domain" if k > 1 else ""
             return Unplaceable(
                 "requiredLevel",
-                f"topology.requiredLevel {req.required_level}: no single domain holds {what}; "
-                f"the largest has {most} usable nodes ({total - most} short): {', '.join(top)}",
-                short=total - most,
+                f"topology.requiredLevel {req.required_level}: no single domain holds {what}{unit_note}; "
+                f"the closest has {most} usable nodes ({short} short): {', '.join(top)}",
+                short=short,
                 domains=top,
             )
         else:
@@ -683,6 +797,15 @@ def _replace(
             excluded=excl,
         )
     pool_set = set(pool)
+    if req.tp_pods > 1 and not taken:
+        # nothing kept: every TP group moves whole, a fresh placement (required level, spares)
+        fresh = _place(topo, req, cand, cost_inputs, ["every pod lost its node: placed afresh"])
+        if isinstance(fresh, Placement):
+            return dataclasses.replace(fresh, moved=tuple(range(req.nodes)))
+        return fresh
+    if req.tp_pods > 1:
+        old_nodes = [topo.index.get(name, -1) for name in prev.nodes]
+        return _replace_units(topo, req, gang, lost, old_nodes, pool_set, spare_set, cand, cost_inputs)
     nearest = _NearestFree(topo, pool_set)
     spares_left = sorted(spare_set & pool_set)
     for p in lost:
@@ -700,6 +823,87 @@ def _replace(
     notes.append(f"re-placed pods {lost}; {req.nodes - len(lost)} pods kept their nodes")
     spares = _top_up(topo, req, gang, kept_spares, cand, notes)
     return _finish(topo, req, gang, spares, cost_inputs, notes, moved=tuple(lost))
+
+
+def _replace_units(
+    topo: Topology,
+    req: GangRequest,
+    gang: list[int],
+    lost: list[int],
+    old_nodes: list[int],
+    pool: set[int],
+    spare_set: set[int],
+    cand: list[bool],
+    cost_inputs: CostInputs | None,
+) -> Placement | Unplaceable:
+    """Sticky re-placement when a TP group spans ``k`` pods: a lost pod's replacement must be
+    in the NVLink domain of its group's kept pods (a spare there first, then the best-fitting
+    free node there). When that domain has too few, the whole group moves to the domain
+    nearest its old one with room for ``k`` (its kept pods' nodes are freed); the other
+    groups keep their nodes."""
+    k, cl = req.tp_pods, topo.leaf_level
+    members: dict[int, list[int]] = {}
+
+    def free_in(d: int) -> list[int]:
+        """The pool's nodes of domain ``d``: spares first, then best fit, then tree order."""
+        got = members.get(d)
+        if got is None:
+            got = members[d] = sorted(
+                (i for i in topo.leaf_nodes[d] if i in pool),
+                key=lambda i: (i not in spare_set, topo.free_gpus[i], i),
+            )
+        got[:] = [i for i in got if i in pool]
+        return got
+
+    notes: list[str] = []
+    moved: set[int] = set(lost)
+    for u in sorted({p // k for p in lost}):
+        pods = range(u * k, u * k + k)
+        kept = [gang[p] for p in pods if gang[p] >= 0]
+        missing = [p for p in pods if gang[p] < 0]
+        doms = {topo.domain_of[cl][i] for i in kept}
+        if len(doms) == 1:
+            here = free_in(doms.pop())
+            if len(here) >= len(missing):
+                for p, i in zip(missing, here, strict=False):
+                    gang[p] = i
+                    pool.discard(i)
+                continue
+        # the whole group moves: to the domain sharing the most levels with its old one
+        old = kept[0] if kept else next((old_nodes[p] for p in pods if old_nodes[p] >= 0), -1)
+        for p in pods:
+            if gang[p] >= 0:
+                pool.add(gang[p])
+                members.pop(topo.domain_of[cl][gang[p]], None)
+                gang[p] = -1
+        rooms = [d for d in range(len(topo.leaf_nodes)) if len(free_in(d)) >= k]
+        if not rooms:
+            return Unplaceable(
+                "capacity",
+                f"re-placement: tensor-parallel group {u} (pods {list(pods)}) needs {k} usable nodes inside one "
+                f"{'NVLink domain' if topo.nvlink_key else 'leaf'}; none has that many free",
+                short=k,
+                excluded=_excluded_counts(topo, req.gpus_needed),
+            )
+        best = min(
+            rooms,
+            key=lambda d: (
+                -_shared_depth(topo, old, topo.leaf_nodes[d][0]) if old >= 0 else 0,
+                len(free_in(d)),
+                d,
+            ),
+        )
+        for p, i in zip(pods, free_in(best)[:k], strict=True):
+            gang[p] = i
+            pool.discard(i)
+        moved.update(pods)
+        notes.append(
+            f"tensor-parallel group {u} moved whole to {topo.domain_names[cl][best]}: its domain had no free node"
+        )
+    kept_spares = sorted(spare_set & pool)
+    notes.insert(0, f"re-placed pods {sorted(moved)}; {req.nodes - len(moved)} pods kept their nodes")
+    spares = _top_up(topo, req, gang, kept_spares, cand, notes)
+    return _finish(topo, req, gang, spares, cost_inputs, notes, moved=tuple(sorted(moved)))
 
 
 def _top_up(
@@ -730,10 +934,14 @@ def build_gang_request(
     job: TrainingJob, *, nodes: Sequence[Mapping[str, Any]] = (), attempt: int = 0
 ) -> GangRequest:
     """The GangRequest for a TrainingJob. ``nodes`` resolves a preset with several label
-    families (topograph) to the one the cluster carries."""
+    families (topograph) to the one the cluster carries. A job whose tensor-parallel group
+    spans nodes (tensor > procsPerNode) gets the NVLink-domain level below its leaf."""
     spec = job.spec
     topo = spec.topology
     levels = resolve_level_keys(topo.preset, topo.levels, nodes)
+    nvlink = resolve_nvlink_key(topo.preset, topo.nvlink_level, nodes)
+    if spec.parallelism.tensor > spec.procs_per_node:
+        levels = (*(k for k in levels if k != nvlink), nvlink)  # the deepest level
     return GangRequest(
         job=job.metadata.name or "",
         nodes=spec.nodes,
@@ -751,6 +959,7 @@ def build_gang_request(
         gpus_per_pod=spec.gpus_per_pod,
         attempt=attempt,
         replicas=spec.replica_groups,
+        nvlink_level=nvlink,
     )
 
 
@@ -791,7 +1000,8 @@ def build_placement_input(
     selected = [n for n in nodes if matches_node_selector(n, selector)] if selector else list(nodes)
     req = build_gang_request(job, nodes=selected, attempt=attempt)
     topo = build_topology(
-        selected, pods, levels=req.levels, tolerations=req.tolerations, ignore_job=req.job, cache=cache
+        selected, pods, levels=req.levels, tolerations=req.tolerations, ignore_job=req.job, cache=cache,
+        nvlink_level=req.nvlink_level,
     )
     previous = None
     if previous_nodes:

@@ -71,6 +71,21 @@ LEVEL_PRESETS: dict[str, tuple[tuple[str, ...], ...]] = {
     ),
 }
 
+#: The node label naming a node's NVLink domain (a rack-scale NVLink fabric: the 18 trays of a
+#: GB200/GB300 NVL72 rack, value ``<cluster UUID>.<clique id>``), set by NVIDIA's GPU feature
+#: discovery and read by its DRA driver, Topograph, KAI and Kueue.
+NVLINK_LABEL = "nvidia.com/gpu.clique"
+#: Preset name -> candidate NVLink-domain label keys; the first one any node carries is the
+#: NVLink level (placed below the leaf for a job whose tensor-parallel group spans nodes), else
+#: the first. Topograph >= 1.0 writes ``accelerator.topograph.run/domain``, before 1.0
+#: ``network.topology.nvidia.com/accelerator``.
+NVLINK_PRESETS: dict[str, tuple[str, ...]] = {
+    "railyard": (NVLINK_LABEL,),
+    "topograph": ("accelerator.topograph.run/domain", "network.topology.nvidia.com/accelerator", NVLINK_LABEL),
+    "gke": (NVLINK_LABEL,),
+    "eks": (NVLINK_LABEL,),
+}
+
 #: Why a node cannot be used, in the order they are checked (the first reason found is kept).
 NOT_READY = "NotReady"
 UNSCHEDULABLE = "Unschedulable"
@@ -103,6 +118,9 @@ class Topology:
     excluded: tuple[str, ...]
     #: Level keys asked for but dropped because no node carries them.
     dropped_levels: tuple[str, ...] = ()
+    #: The key of the deepest level when it is an NVLink domain (nodes of one domain reach each
+    #: other over NVLink, not the network), else "".
+    nvlink_key: str = ""
 
     @property
     def size(self) -> int:
@@ -115,6 +133,20 @@ class Topology:
 
     def leaf_of(self, node: int) -> int:
         return self.domain_of[self.leaf_level][node] if self.levels else 0
+
+    @property
+    def nvlink_level(self) -> int:
+        """Index of the NVLink-domain level (the deepest), or -1 when there is none."""
+        return self.leaf_level if self.nvlink_key else -1
+
+    @property
+    def network_leaf_level(self) -> int:
+        """Index of the deepest switch level (the leaf, above an NVLink level), -1 if none."""
+        return self.leaf_level - 1 if self.nvlink_key else self.leaf_level
+
+    def network_leaf_of(self, node: int) -> int:
+        lv = self.network_leaf_level
+        return self.domain_of[lv][node] if lv >= 0 else 0
 
     def path(self, node: int) -> tuple[str, ...]:
         return tuple(
@@ -170,6 +202,23 @@ def resolve_level_keys(
     while keys and keys[-1] in HOST_KEYS:
         keys.pop()
     return tuple(keys)
+
+
+def resolve_nvlink_key(
+    preset: str | None, key: str | None, nodes: Sequence[Mapping[str, Any]]
+) -> str:
+    """The NVLink-domain label key: ``key`` (``topology.nvlinkLevel``) when given, else the
+    preset's first candidate any node carries, else its first."""
+    if key:
+        return key
+    candidates = NVLINK_PRESETS.get(preset or "railyard", NVLINK_PRESETS["railyard"])
+    if len(candidates) > 1:
+        for n in nodes:
+            labels = (n.get("metadata") or {}).get("labels") or {}
+            found = next((c for c in candidates if c in labels), None)
+            if found is not None:
+                return found
+    return candidates[0]
 
 
 _DIGITS = re.compile(r"(\d+)")
@@ -388,10 +437,14 @@ def build_topology(
     tolerations: Sequence[Toleration] = (),
     ignore_job: str | None = None,
     cache: TopologyCache | None = None,
+    nvlink_level: str | None = None,
 ) -> Topology:
     """Build the domain tree from Node dicts (and the Pods that use their GPUs).
 
     ``levels`` are label keys broadest first, without the host (see :func:`resolve_level_keys`).
+    ``nvlink_level``: the key of the NVLink-domain level; when it is the deepest level some node
+    carries, the topology says so (``nvlink_key``) and the cost model counts traffic between
+    the nodes of one domain as NVLink, not network.
     Pods labelled ``railyard.dev/job=<ignore_job>`` are ignored when computing free GPUs.
     ``cache`` keeps what was derived from each Node for the next call (see
     :class:`TopologyCache`); without one, everything is derived afresh.
@@ -416,6 +469,7 @@ def build_topology(
         rail_offset=tuple(f.rail_offset for f in placed),
         excluded=tuple(f.excluded for f in placed),
         dropped_levels=tuple(k for k in keys if k not in tree.present),
+        nvlink_key=nvlink_level if nvlink_level and tree.present[-1:] == (nvlink_level,) else "",
     )
 
 
@@ -427,11 +481,15 @@ def build_synthetic_nodes(
     *,
     levels: Sequence[str] = LEVEL_PRESETS["railyard"][0],
     prefix: str = "node",
+    nvlink_domain: int = 0,
+    nvlink_key: str = NVLINK_LABEL,
 ) -> list[dict[str, Any]]:
     """Ready, untainted Node dicts for a two-switch-level topology (spine -> leaf -> host).
 
     Names are ``{prefix}-s{spine}-l{leaf}-n{i}``; ``levels`` names the two label keys used.
-    Used by tests, benchmarks, the simulator and the demo.
+    ``nvlink_domain`` > 0: the nodes of each leaf also form NVLink domains of that many
+    consecutive nodes (an NVL72 rack is 18 trays of 4 GPUs), label ``nvlink_key`` =
+    ``nvl-{spine}-{leaf}-{j}``. Used by tests, benchmarks, the simulator and the demo.
     """
     if len(levels) != 2:
         raise ValueError(f"levels: need exactly two keys (spine, leaf), got {list(levels)}")
@@ -450,6 +508,7 @@ def build_synthetic_nodes(
                                 levels[0]: f"spine-{s}",
                                 levels[1]: f"leaf-{s}-{lf}",
                                 HOSTNAME_KEY: name,
+                                **({nvlink_key: f"nvl-{s}-{lf}-{i // nvlink_domain}"} if nvlink_domain > 0 else {}),
                             },
                         },
                         "spec": {},
@@ -471,17 +530,18 @@ def synthetic_levels(preset: str | None) -> tuple[str, str]:
 
 
 def parse_synthetic_spec(
-    spec: str, *, levels: Sequence[str] = LEVEL_PRESETS["railyard"][0]
+    spec: str, *, levels: Sequence[str] = LEVEL_PRESETS["railyard"][0], nvlink_key: str = NVLINK_LABEL
 ) -> list[dict[str, Any]]:
-    """Nodes from a compact spec ``spine=2,leaf=4,nodes=32,gpus=8`` (leaf per spine, nodes per
-    leaf; gpus defaults to 8), labelled with ``levels`` (see :func:`synthetic_levels`)."""
+    """Nodes from a compact spec ``spine=2,leaf=4,nodes=32,gpus=8[,nvl=18]`` (leaf per spine,
+    nodes per leaf; gpus defaults to 8; nvl: nodes per NVLink domain, label ``nvlink_key``),
+    labelled with ``levels`` (see :func:`synthetic_levels`)."""
     fields: dict[str, int] = {}
     for part in spec.split(","):
         k, sep, v = part.partition("=")
         k = k.strip()
-        if not sep or k not in ("spine", "leaf", "nodes", "gpus"):
+        if not sep or k not in ("spine", "leaf", "nodes", "gpus", "nvl"):
             raise ValueError(
-                f"--nodes: bad item {part!r} in {spec!r}; expected spine=N,leaf=N,nodes=N[,gpus=N]"
+                f"--nodes: bad item {part!r} in {spec!r}; expected spine=N,leaf=N,nodes=N[,gpus=N][,nvl=N]"
             )
         try:
             fields[k] = int(v)
@@ -490,8 +550,9 @@ def parse_synthetic_spec(
     missing = [k for k in ("spine", "leaf", "nodes") if k not in fields]
     if missing:
         raise ValueError(
-            f"--nodes: {spec!r} lacks {missing}; expected spine=N,leaf=N,nodes=N[,gpus=N]"
+            f"--nodes: {spec!r} lacks {missing}; expected spine=N,leaf=N,nodes=N[,gpus=N][,nvl=N]"
         )
     return build_synthetic_nodes(
-        fields["spine"], fields["leaf"], fields["nodes"], fields.get("gpus", 8), levels=levels
+        fields["spine"], fields["leaf"], fields["nodes"], fields.get("gpus", 8), levels=levels,
+        nvlink_domain=fields.get("nvl", 0), nvlink_key=nvlink_key,
     )

@@ -41,10 +41,11 @@ def check_mesh(*, world_size: int, procs_per_node: int, pp: int, dp: int, tp: in
             f"parallelism: pipeline x data x tensor = {pp}x{dp}x{tp} = {pp * dp * tp}, but the world size is "
             f"{world_size} (nodes x procsPerNode); set parallelism.data to {fit or 'a divisor'} or change nodes"
         )
-    if procs_per_node % tp:
+    if procs_per_node % tp and tp % procs_per_node:
         out.append(
-            f"parallelism.tensor: {tp} does not divide procsPerNode {procs_per_node}; "
-            "a tensor-parallel group must stay inside one node"
+            f"parallelism.tensor: {tp} neither divides procsPerNode {procs_per_node} (a tensor-parallel group "
+            "inside one node) nor is a multiple of it (a group spanning tensor / procsPerNode whole nodes of one "
+            "NVLink domain); set tensor to a divisor or a multiple of procsPerNode"
         )
     return out
 
@@ -85,6 +86,12 @@ class MeshShape:
     tp`` tensor-parallel groups per pod, TP group ``g = p * dp + d`` goes to pod ``g % nodes``
     in slot ``g // nodes``, so a TP group never leaves a pod and, when ``S`` divides ``pp``,
     every data-parallel group shares one local GPU index (one rail).
+
+    ``tp`` a multiple of ``procs_per_node`` (a rack-scale NVLink domain, e.g. GB200 NVL72):
+    each TP group spans ``K = tp / procs_per_node`` consecutive pods, a *unit*; TP group ``g``
+    takes unit ``g`` (pods ``g * K .. g * K + K - 1``), its rank ``t`` on pod ``g * K + t //
+    procs_per_node`` at local rank ``t % procs_per_node``. Every data-parallel group then shares
+    one local GPU index (one rail), and placement keeps each unit inside one NVLink domain.
 
     ``replicas`` > 1 (``faultTolerance.mode: ReplicaGroups``): the data dimension's outermost
     factor splits the gang into that many replica groups, each its own world of ``nodes /
@@ -138,7 +145,13 @@ class MeshShape:
 
     @property
     def slots_per_node(self) -> int:
-        return self.procs_per_node // self.tp
+        """TP groups per pod (1 when a TP group spans several pods)."""
+        return max(self.procs_per_node // self.tp, 1)
+
+    @property
+    def pods_per_tp_group(self) -> int:
+        """Pods one TP group spans: 1, or ``tp / procs_per_node`` (a unit inside one NVLink domain)."""
+        return max(self.tp // self.procs_per_node, 1)
 
     @property
     def rail_pure(self) -> bool:
@@ -148,22 +161,24 @@ class MeshShape:
     @property
     def block_nodes(self) -> int:
         """Pods per placement block: with replica groups, one group (placed whole inside the
-        fewest domains); else ``dp`` when layouts are rail-pure (each block holds whole DP
-        groups), else 1 (no block structure)."""
+        fewest domains); else ``dp`` units of :attr:`pods_per_tp_group` pods when layouts are
+        rail-pure (each block holds whole DP groups), else 1 (no block structure)."""
         if self.replicas > 1:
             return self.group_nodes
-        return self.dp if self.rail_pure else 1
+        return self.dp * self.pods_per_tp_group if self.rail_pure else 1
 
     def position(self, rank: int) -> tuple[int, int]:
         """(pod index, local rank) of a global rank."""
         g, t = divmod(rank, self.tp)
+        k = self.pods_per_tp_group
+        q, t = divmod(t, self.procs_per_node) if k > 1 else (0, t)
         if self.replicas > 1:
             p, d = divmod(g, self.dp)
             group, gd = divmod(d, self.dp // self.replicas)
-            slot, pod = divmod(p * (self.dp // self.replicas) + gd, self.group_nodes)
-            return group * self.group_nodes + pod, slot * self.tp + t
-        slot, pod = divmod(g, self.nodes)
-        return pod, slot * self.tp + t
+            slot, unit = divmod(p * (self.dp // self.replicas) + gd, self.group_nodes // k)
+            return group * self.group_nodes + unit * k + q, slot * self.tp + t
+        slot, unit = divmod(g, self.nodes // k)
+        return unit * k + q, slot * self.tp + t
 
     def coords(self, rank: int) -> tuple[int, int, int]:
         """(pp, dp, tp) coordinates of a global rank."""
@@ -178,11 +193,14 @@ class MeshShape:
         table of a 16,384-rank gang is built per re-placement)."""
         tp, dp, n = self.tp, self.dp, self.group_nodes
         share = dp // self.replicas
+        k = self.pods_per_tp_group
+        ppn = self.procs_per_node if k > 1 else tp
         for g in range(self.pp * dp):
             p, d = divmod(g, dp)
             group, gd = divmod(d, share)
-            slot, pod = divmod(p * share + gd, n)
-            pod += group * n
+            slot, unit = divmod(p * share + gd, n // k)
+            pod = group * n + unit * k
             base = g * tp
             for t in range(tp):
-                yield base + t, pod, slot * tp + t, p, d, t
+                q, lt = divmod(t, ppn)
+                yield base + t, pod + q, slot * tp + lt, p, d, t
