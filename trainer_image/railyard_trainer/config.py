@@ -1,11 +1,11 @@
 """The trainer's configuration, parsed from the operator's ``config.json`` (torch-free).
 
 The operator writes ``config.json`` from the TrainingJob spec (camelCase keys, as in the CRD).
-The sections ``trainer``, ``parallelism``, ``health`` and ``faultTolerance`` are read with the schema both sides
-share, :mod:`railyard.protocol.trainerconfig`: the same fields, defaults, bounds and choices as
-the CRD's pydantic models (a test proves it), so there is no second set of defaults here.
+The sections ``trainer``, ``parallelism``, ``health`` and ``faultTolerance`` are read with the
+contract both sides share, :mod:`railyard.protocol.trainerconfig`, where each setting is declared
+once (the CRD is generated from the same classes), so there is no second set of defaults here.
 ``checkpoint`` is handed to :mod:`railyard_trainer.checkpoint.settings`, which takes its tier
-defaults from the same schema. Every problem is reported at once, each naming its field. This
+defaults from the same contract. Every problem is reported at once, each naming its field. This
 module must not import torch: tests, the operator's tools and the launcher's parent process
 import it cheaply.
 """
