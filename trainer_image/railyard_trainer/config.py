@@ -19,7 +19,6 @@ from typing import Any
 
 from railyard.protocol import podenv
 from railyard.protocol.trainerconfig import (
-    DATASET_TYPES,
     RESTART_WAIT_FLOOR_SECONDS,
     Dataset,
     FaultSpec,
@@ -32,19 +31,12 @@ from railyard.protocol.trainerconfig import (
     trainer_rule_problems,
 )
 
-PRESETS = ("tiny", "small", "1b", "8b")
-MIXED_PRECISION = ("auto", "bf16", "fp32")
-SCHEDULES = ("GPipe", "1F1B", "Interleaved1F1B")
-FAULT_KINDS = ("crash", "hang", "slow", "bitflip", "exit")
-FAULT_TARGETS = ("param", "grad")
-
 # The schema's classes under the names the trainer's modules use.
 DatasetConfig = Dataset
 TrainingConfig = TrainerSettings
 ParallelismConfig = Parallelism
 
 __all__ = [
-    "DATASET_TYPES",
     "ConfigError",
     "DatasetConfig",
     "FaultSpec",

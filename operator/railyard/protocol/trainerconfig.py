@@ -78,7 +78,6 @@ class FaultSpec:
     attempt: int = setting(default=0, description="Only inject in this attempt (restarts do not re-inject).", ge=0)
 
 
-DATASET_TYPES = ("synthetic", "files", "tokens")
 #: The largest vocabulary the trainer takes (token shards hold uint32 ids; a bound keeps a typo
 #: from asking for a terabyte embedding).
 MAX_VOCAB = 16_777_216
@@ -435,7 +434,6 @@ def to_wire(obj: Any, *, keep_none: bool = False) -> Any:
 
 
 __all__ = [
-    "DATASET_TYPES",
     "RESTART_WAIT_FLOOR_SECONDS",
     "Checkpoint",
     "Dataset",
