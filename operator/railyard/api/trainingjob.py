@@ -167,11 +167,14 @@ class Toleration(_Model):
 
 def _narrowed(cls: type[T]) -> type[T]:
     """``cls``, a subclass of a contract section that only annotates some of its fields, as a
-    section whose annotated fields take the narrower types (Kubernetes rules the trainer does
-    not check); every field keeps the contract's default, bounds and description. A default that
-    is a section becomes the narrowed section it is annotated with."""
+    section whose annotated fields take the narrower types (checks the trainer does not make:
+    Kubernetes names and quantities, the length of each item); every field keeps the contract's
+    default, bounds and description. A default that is a section becomes the narrowed section it
+    is annotated with."""
     (base,) = cls.__bases__
     annotated = inspect.get_annotations(cls)
+    if unknown := set(annotated) - {f.name for f in fields(base)}:
+        raise TypeError(f"{cls.__name__}: {', '.join(sorted(unknown))} not in the contract's {base.__name__}")
     narrower = get_type_hints(cls)
     for f in fields(base):
         if f.name not in annotated:
@@ -209,6 +212,7 @@ class SharedTier(contract.SharedTier):
 class Checkpoint(contract.Checkpoint):
     memory: MemoryTier
     shared: SharedTier
+
 
 # --------------------------------------------------------------------------- topology and gang
 
