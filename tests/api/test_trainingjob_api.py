@@ -105,6 +105,21 @@ def test_a_program_is_not_held_to_the_bundled_trainers_batch_rule() -> None:
 
 
 @pytest.mark.parametrize(
+    ("trainer", "expected"),
+    [
+        # the trainer's sections are dataclasses holding tuples; the user wrote objects and lists
+        ({"faults": 5}, "spec.trainer.faults: Input should be a valid list; fix the value"),
+        ({"dataset": "tokens"}, "spec.trainer.dataset: Input should be a valid dictionary or instance of Dataset; fix the value"),
+        ({"program": {"command": []}}, "spec.trainer.program.command: List should have at least 1 item after validation, not 0; fix the value"),
+        # an invalid item is one problem (a tuple counts only its valid items: not also too short)
+        ({"program": {"command": [""]}}, "spec.trainer.program.command[0]: String should have at least 1 character; give a non-empty value"),
+    ],
+)
+def test_a_trainer_setting_problem_is_worded_as_the_user_wrote_it(trainer: dict[str, Any], expected: str) -> None:
+    assert [str(p) for p in validate_manifest(make_job(trainer=trainer))] == [expected]
+
+
+@pytest.mark.parametrize(
     "spec",
     [
         {"nodes": 2, "procsPerNode": 8, "parallelism": {"tensor": 8}, "trainer": {"batchSize": 2}},

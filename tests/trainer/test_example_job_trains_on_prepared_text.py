@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +44,8 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> tuple[Run, Path, Path]:
     prepared = _cli("prepare", "--tokenizer", str(tok), "--line-documents", "--output", str(root / "shards"), str(TEXT))
     assert prepared["tokens"] > 3000 and prepared["dtype"] == "uint16"
     job = TrainingJob.model_validate(yaml.safe_load(EXAMPLE.read_text()))
-    spec = job.spec.model_copy(update={"trainer": job.spec.trainer.model_copy(update={"dataset": job.spec.trainer.dataset.model_copy(update={"path": str(root / "shards")})})})
+    trainer = job.spec.trainer
+    spec = job.spec.model_copy(update={"trainer": replace(trainer, dataset=replace(trainer.dataset, path=str(root / "shards")))})
     config = build_trainer_config(spec, job="tiny-text", namespace="default", attempt=0)
     config["checkpoint"]["memory"]["dir"] = str(root / "memory")
     config["checkpoint"]["shared"]["dir"] = str(root / "shared")

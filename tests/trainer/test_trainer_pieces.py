@@ -224,13 +224,13 @@ def test_a_slow_fault_is_logged_once_and_slows_the_device_from_its_step() -> Non
     from railyard_trainer.faults import FaultInjector
 
     logged: list[dict[str, object]] = []
-    faults = FaultInjector((FaultSpec("slow", rank=0, step=2, factor=1.5),), rank=0, log=lambda event, **kw: logged.append({"event": event, **kw}))
+    faults = FaultInjector((FaultSpec(kind="slow", rank=0, step=2, factor=1.5),), rank=0, log=lambda event, **kw: logged.append({"event": event, **kw}))
     for step in (1, 2, 3):
         faults.before_step(step)
         assert faults.slow_down(step, 0.002) == (0.0 if step == 1 else pytest.approx(0.001))  # forward/backward
         assert faults.slow_factor(step) == (1.0 if step == 1 else 1.5)  # the speed probe's work
     assert logged == [{"event": "fault", "rank": 0, "kind": "slow", "step": 2, "factor": 1.5}]
-    other_rank = FaultInjector((FaultSpec("slow", rank=0, step=2, factor=1.5),), rank=1, log=lambda event, **kw: None)
+    other_rank = FaultInjector((FaultSpec(kind="slow", rank=0, step=2, factor=1.5),), rank=1, log=lambda event, **kw: None)
     assert other_rank.slow_factor(3) == 1.0
 
 

@@ -1,11 +1,11 @@
 """The trainer's configuration, parsed from the operator's ``config.json`` (torch-free).
 
 The operator writes ``config.json`` from the TrainingJob spec (camelCase keys, as in the CRD).
-The sections ``trainer``, ``parallelism``, ``health`` and ``faultTolerance`` are read with the schema both sides
-share, :mod:`railyard.protocol.trainerconfig`: the same fields, defaults, bounds and choices as
-the CRD's pydantic models (a test proves it), so there is no second set of defaults here.
+The sections ``trainer``, ``parallelism``, ``health`` and ``faultTolerance`` are read with the
+contract both sides share, :mod:`railyard.protocol.trainerconfig`, where each setting is declared
+once (the CRD is generated from the same classes), so there is no second set of defaults here.
 ``checkpoint`` is handed to :mod:`railyard_trainer.checkpoint.settings`, which takes its tier
-defaults from the same schema. Every problem is reported at once, each naming its field. This
+defaults from the same contract. Every problem is reported at once, each naming its field. This
 module must not import torch: tests, the operator's tools and the launcher's parent process
 import it cheaply.
 """
@@ -19,7 +19,6 @@ from typing import Any
 
 from railyard.protocol import podenv
 from railyard.protocol.trainerconfig import (
-    DATASET_TYPES,
     RESTART_WAIT_FLOOR_SECONDS,
     Dataset,
     FaultSpec,
@@ -32,19 +31,12 @@ from railyard.protocol.trainerconfig import (
     trainer_rule_problems,
 )
 
-PRESETS = ("tiny", "small", "1b", "8b")
-MIXED_PRECISION = ("auto", "bf16", "fp32")
-SCHEDULES = ("GPipe", "1F1B", "Interleaved1F1B")
-FAULT_KINDS = ("crash", "hang", "slow", "bitflip", "exit")
-FAULT_TARGETS = ("param", "grad")
-
 # The schema's classes under the names the trainer's modules use.
 DatasetConfig = Dataset
 TrainingConfig = TrainerSettings
 ParallelismConfig = Parallelism
 
 __all__ = [
-    "DATASET_TYPES",
     "ConfigError",
     "DatasetConfig",
     "FaultSpec",

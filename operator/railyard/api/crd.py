@@ -1,4 +1,5 @@
-"""Generate the TrainingJob CustomResourceDefinition from the pydantic models.
+"""Generate the TrainingJob CustomResourceDefinition from the pydantic models (and the trainer
+contract's sections they hold, railyard.protocol.trainerconfig).
 
 pydantic emits JSON Schema (with ``$ref``, ``anyOf: [X, null]``, titles); a CRD needs a
 *structural* OpenAPI v3 schema: everything inlined, one type per node, descriptions everywhere,
@@ -10,9 +11,11 @@ test keeps the two equal.
 from __future__ import annotations
 
 import copy
+from dataclasses import is_dataclass
 from typing import Any
 
 import yaml
+from pydantic.json_schema import GenerateJsonSchema
 
 from railyard import GROUP, VERSION
 from railyard.api.trainingjob import (
@@ -23,6 +26,7 @@ from railyard.api.trainingjob import (
     TrainingJobSpec,
     TrainingJobStatus,
 )
+from railyard.protocol.trainerconfig import to_wire
 
 #: JSON-schema keys that carry over to OpenAPI v3 as they are.
 _KEEP = {
@@ -43,6 +47,17 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
 ]
 
 
+class _JsonSchema(GenerateJsonSchema):
+    """pydantic's JSON Schema, with a default that is a section of the trainer contract
+    (railyard.protocol.trainerconfig, a stdlib dataclass) written by its wire names, as the
+    trainer reads it (pydantic would write the Python names: the dataclass has no config)."""
+
+    def encode_default(self, dft: Any) -> Any:
+        if is_dataclass(dft) and not isinstance(dft, type):
+            dft = to_wire(dft, keep_none=True)
+        return super().encode_default(dft)
+
+
 def _strip_nulls(value: Any) -> Any:
     if isinstance(value, dict):
         return {k: _strip_nulls(v) for k, v in value.items() if v is not None}
@@ -55,7 +70,9 @@ def _convert(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
     """Inline refs and turn one JSON-schema node into a structural OpenAPI v3 node."""
     node = dict(node)
     if "$ref" in node:
-        target = defs[node.pop("$ref").split("/")[-1]]
+        # A type's docstring is for Python readers (the contract's sections have them); the CRD
+        # says what a field means with the field's description.
+        target = {k: v for k, v in defs[node.pop("$ref").split("/")[-1]].items() if k != "description"}
         merged = {**target, **node}  # the referring node's description/default win
         return _convert(merged, defs)
     if "allOf" in node and len(node["allOf"]) == 1:
@@ -118,7 +135,7 @@ def defaulted(value: Any, schema: dict[str, Any]) -> Any:
 
 
 def openapi_schema(model: type[TrainingJobSpec] | type[TrainingJobStatus]) -> dict[str, Any]:
-    raw = model.model_json_schema(by_alias=True, mode="validation")
+    raw = model.model_json_schema(by_alias=True, mode="validation", schema_generator=_JsonSchema)
     defs = raw.pop("$defs", {})
     return _convert(raw, defs)
 

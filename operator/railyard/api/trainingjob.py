@@ -1,15 +1,18 @@
 """The TrainingJob API (group ``railyard.dev``, version ``v1alpha1``).
 
-These pydantic models are the single source of truth: the CRD in ``crds/`` is generated from
-them (``railyard crd``), the operator reads objects through them, and ``railyard validate``
-checks manifests offline with them. Cross-field rules are written once, as CEL, in
+These pydantic models, with the trainer's settings they hold (the sections of the trainer
+contract, declared once in ``railyard.protocol.trainerconfig``), are the single source of truth:
+the CRD in ``crds/`` is generated from them (``railyard crd``), the operator reads objects
+through them, and ``railyard validate`` checks manifests offline with them. Cross-field rules are written once, as CEL, in
 :data:`SPEC_RULES`; the models evaluate the same rules in Python so the API server's verdict and
 ``railyard validate`` agree.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+import inspect
+from dataclasses import field, fields, is_dataclass
+from typing import Annotated, Any, Literal, TypeVar, get_type_hints
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
@@ -17,8 +20,19 @@ from pydantic.alias_generators import to_camel
 from railyard import GROUP, VERSION
 from railyard.api import corev1
 from railyard.api.quantity import NON_NEGATIVE_QUANTITY_PATTERN, parse_quantity
+from railyard.protocol import trainerconfig as contract
 from railyard.protocol.mesh import derive_data_parallel
-from railyard.protocol.trainerconfig import MAX_VOCAB
+from railyard.protocol.trainerconfig import Dataset as Dataset
+from railyard.protocol.trainerconfig import FaultSpec as FaultSpec
+from railyard.protocol.trainerconfig import FaultTolerance as FaultTolerance
+from railyard.protocol.trainerconfig import Health as Health
+from railyard.protocol.trainerconfig import LocalTier as LocalTier
+from railyard.protocol.trainerconfig import Parallelism as Parallelism
+from railyard.protocol.trainerconfig import SdcPolicy as SdcPolicy
+from railyard.protocol.trainerconfig import StragglerPolicy as StragglerPolicy
+from railyard.protocol.trainerconfig import section
+
+T = TypeVar("T")
 
 KIND = "TrainingJob"
 PLURAL = "trainingjobs"
@@ -142,97 +156,62 @@ class Toleration(_Model):
         return self
 
 
-# --------------------------------------------------------------------------- parallelism
+# --------------------------------------------------------------------------- the trainer's settings
+# spec.trainer, spec.parallelism, spec.faultTolerance, spec.checkpoint and spec.health are the
+# trainer contract's sections (railyard.protocol.trainerconfig), where each setting is declared
+# once: its default, bounds and description. pydantic validates these stdlib dataclasses as they
+# are (it reads the metadata of their fields, the config of the model that holds them: camelCase,
+# unknown fields refused) and the CRD is generated from them. Checks that only the API makes
+# narrow a field's type here.
 
 
-class Parallelism(_Model):
-    tensor: Annotated[int, Field(ge=1, le=64, description="Tensor-parallel degree. A divisor of procsPerNode (a TP group inside one node), or a multiple of it: a TP group then spans tensor / procsPerNode nodes of one NVLink domain (rack-scale NVLink such as GB200 NVL72; the nodes must carry topology.nvlinkLevel, else the job waits unplaced, reason TopologyMismatch).")] = 1
-    pipeline: Annotated[int, Field(ge=1, le=1024, description="Pipeline-parallel degree (number of stages).")] = 1
-    data: Annotated[
-        int | None,
-        Field(ge=1, description="Data-parallel (FSDP) degree. Leave empty to derive it: nodes x procsPerNode / (tensor x pipeline)."),
-    ] = None
-    data_replicas: Annotated[
-        int,
-        Field(ge=1, le=4096, description="HSDP (hybrid sharded data parallel): the data-parallel ranks form this many replica groups, each sharding the model over data / dataReplicas ranks; the SDC cross-replica vote compares the replicas. 1: plain FSDP over all data-parallel ranks."),
-    ] = 1
-    pipeline_schedule: Annotated[
-        Literal["GPipe", "1F1B", "Interleaved1F1B"],
-        Field(description="Pipeline schedule used when pipeline > 1."),
-    ] = "1F1B"
-    microbatches: Annotated[
-        int | None,
-        Field(ge=1, le=4096, description="Pipeline microbatches per step. Empty: equal to pipeline (at least 1)."),
-    ] = None
+def _narrowed(cls: type[T]) -> type[T]:
+    """``cls``, a subclass of a contract section that only annotates some of its fields, as a
+    section whose annotated fields take the narrower types (checks the trainer does not make:
+    Kubernetes names and quantities, the length of each item); every field keeps the contract's
+    default, bounds and description. A default that is a section becomes the narrowed section it
+    is annotated with."""
+    (base,) = cls.__bases__
+    annotated = inspect.get_annotations(cls)
+    if unknown := set(annotated) - {f.name for f in fields(base)}:
+        raise TypeError(f"{cls.__name__}: {', '.join(sorted(unknown))} not in the contract's {base.__name__}")
+    narrower = get_type_hints(cls)
+    for f in fields(base):
+        if f.name not in annotated:
+            continue
+        default = f.default
+        target = narrower[f.name]
+        if is_dataclass(default) and not isinstance(default, type) and isinstance(target, type) and issubclass(target, type(default)):
+            default = target(**{x.name: getattr(default, x.name) for x in fields(default)})
+        setattr(cls, f.name, field(default=default, default_factory=f.default_factory, metadata=f.metadata))
+    return section(cls)
 
 
-class FaultTolerance(_Model):
-    mode: Annotated[
-        Literal["None", "ReplicaGroups"],
-        Field(description="None: a lost rank stops the whole gang, which restarts (in place or from a checkpoint tier). ReplicaGroups (needs parallelism.dataReplicas > 1): each HSDP replica group is its own torch.distributed world and the cross-replica gradient all-reduce is fault tolerant (torchft): a lost group stops only itself, the others keep training, and the group that replaces it heals from a live peer. See docs/fault-tolerance.md."),
-    ] = "None"
-    min_replicas: Annotated[
-        int,
-        Field(ge=1, le=4096, description="ReplicaGroups: the fewest replica groups that may commit a step (1 to parallelism.dataReplicas). With fewer live groups the survivors wait (no step commits) until enough groups rejoin; losing more than dataReplicas - minReplicas groups at once is the checkpoint tiers' case."),
-    ] = 1
+@_narrowed
+class Program(contract.Program):
+    command: tuple[Annotated[str, Field(min_length=1, max_length=4096)], ...] | None
+    args: tuple[Annotated[str, Field(max_length=32768)], ...]
 
 
-# --------------------------------------------------------------------------- trainer
+@_narrowed
+class TrainerSettings(contract.TrainerSettings):
+    program: Program | None
 
 
-class FaultSpec(_Model):
-    kind: Annotated[Literal["crash", "hang", "slow", "bitflip", "exit"], Field(description="What to inject: crash (exception), hang, slow (by factor), bitflip (one high-order bit), exit (with code).")]
-    rank: Annotated[int, Field(ge=0, description="Global rank to inject into.")] = 0
-    step: Annotated[int, Field(ge=0, description="Training step at which to inject.")] = 1
-    factor: Annotated[float, Field(ge=1.0, le=100.0, description="Slow-down factor for kind=slow.")] = 1.5
-    target: Annotated[Literal["param", "grad"], Field(description="For kind=bitflip: flip a bit in a parameter or a gradient.")] = "param"
-    bit: Annotated[int, Field(ge=0, le=30, description="For kind=bitflip: which bit of the float32 layout to flip (30: the top exponent bit, 23-29 the others, 0-22 the mantissa; bf16 flips the same bit of its top 16).")] = 30
-    code: Annotated[int, Field(ge=0, le=255, description="Exit code for kind=exit.")] = 1
-    attempt: Annotated[int, Field(ge=0, description="Only inject in this attempt (restarts do not re-inject).")] = 0
+@_narrowed
+class MemoryTier(contract.MemoryTier):
+    size_limit: ResourceQuantity | None
 
 
-class Dataset(_Model):
-    type: Annotated[
-        Literal["synthetic", "files", "tokens"],
-        Field(description="synthetic: a deterministic learnable language; files: byte-level text from path (vocabulary 256); tokens: pre-tokenized shards written by `railyard-train prepare` (a folder with index.json and uint16/uint32 token files, memory-mapped)."),
-    ] = "synthetic"
-    path: Annotated[str | None, Field(max_length=4096, description="Inside the pod: the folder of shards for type=tokens, the folder or file of text for type=files.")] = None
-    shuffle: Annotated[bool, Field(description="type=tokens: visit each epoch's sequences in a seeded random order (resumable exactly); false: in file order.")] = True
+@_narrowed
+class SharedTier(contract.SharedTier):
+    claim_name: DnsSubdomain | None
 
 
-class Program(_Model):
-    script: Annotated[str | None, Field(min_length=1, max_length=4096, description="A Python file in the image, run as `python SCRIPT ARGS` once per rank (torchrun's positional script). A relative path is taken from the container's working directory.")] = None
-    module: Annotated[str | None, Field(min_length=1, max_length=512, description="A Python module, run as `python -m MODULE ARGS` once per rank (torchrun's -m).")] = None
-    command: Annotated[list[Annotated[str, Field(min_length=1, max_length=4096)]] | None, Field(min_length=1, max_length=64, description="An executable and its first arguments, run as is once per rank (torchrun's --no-python), e.g. a wrapper script.")] = None
-    args: Annotated[list[Annotated[str, Field(max_length=32768)]], Field(max_length=256, description="Arguments after the script, module or command.")] = []
-
-
-class TrainerSettings(_Model):
-    preset: Annotated[Literal["tiny", "small", "1b", "8b"], Field(description="Model size preset of the bundled LLaMA-style trainer. tiny runs on CPU.")] = "tiny"
-    vocab_size: Annotated[
-        int | None,
-        Field(ge=1, le=MAX_VOCAB, description="The model's vocabulary (rows of its embedding and output). Unset: the tokenizer's of the prepared shards for dataset type tokens (from their index.json), else the preset's. Set it to fix the size, e.g. to resume a checkpoint made with another; it must hold every id of the shards' tokenizer."),
-    ] = None
-    steps: Annotated[int, Field(ge=1, le=100_000_000, description="Number of optimizer steps to train.")] = 100
-    batch_size: Annotated[int, Field(ge=1, le=1_000_000, description="Global batch size in sequences per step; must divide evenly over data-parallel ranks and microbatches.")] = 8
-    seq_len: Annotated[int, Field(ge=8, le=1_048_576, description="Sequence length in tokens.")] = 128
-    learning_rate: Annotated[float, Field(gt=0.0, le=1.0, description="Peak AdamW learning rate.")] = 3e-4
-    warmup_steps: Annotated[int, Field(ge=0, description="Linear warmup steps before cosine decay.")] = 10
-    weight_decay: Annotated[float, Field(ge=0.0, le=1.0, description="AdamW weight decay.")] = 0.1
-    grad_clip: Annotated[float, Field(ge=0.0, description="Gradient clipping max norm (0 disables).")] = 1.0
-    seed: Annotated[int, Field(ge=0, description="Seed for initialisation and data.")] = 0
-    dataset: Annotated[Dataset, Field(description="Training data.")] = Dataset()
-    activation_checkpointing: Annotated[bool, Field(description="Recompute activations in backward to save memory.")] = False
-    mixed_precision: Annotated[Literal["auto", "bf16", "fp32"], Field(description="auto: bf16 on GPU, fp32 on CPU.")] = "auto"
-    cpu_offload: Annotated[bool, Field(description="Offload parameters, gradients and optimizer state to CPU (FSDP2 offload policy).")] = False
-    log_every_steps: Annotated[int, Field(ge=1, description="Log metrics every N steps.")] = 1
-    collective_timeout_seconds: Annotated[float, Field(gt=0.0, le=3600, description="A collective that takes longer fails the attempt as an infrastructure failure (instead of NCCL's 30-minute default).")] = 120.0
-    watchdog_seconds: Annotated[float, Field(gt=0.0, le=3600, description="A rank whose step makes no progress this long reports itself hung; must be below collectiveTimeoutSeconds.")] = 60.0
-    faults: Annotated[list[FaultSpec], Field(max_length=32, description="Fault injection for tests and demos; empty in production.")] = []
-    program: Annotated[
-        Program | None,
-        Field(description="Run your own training program instead of the bundled trainer: railyard-train starts it once per local rank with the environment torchrun gives (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, ...) and the rank table, and classifies its exit as it does the bundled trainer's. The bundled trainer's settings (preset, steps, batchSize, dataset, ...) are then not used; watchdogSeconds applies once the program reports steps through the SDK (railyard_trainer.sdk). See docs/trainer.md, \"Your own program\"."),
-    ] = None
+@_narrowed
+class Checkpoint(contract.Checkpoint):
+    memory: MemoryTier
+    shared: SharedTier
 
 
 # --------------------------------------------------------------------------- topology and gang
@@ -271,68 +250,6 @@ class Gang(_Model):
         Literal["auto", "kubernetes", "none"],
         Field(description="Gang scheduling by Kubernetes itself (scheduling.k8s.io/v1alpha2 Workload and PodGroup; kube-apiserver and kube-scheduler v1.36 with the GenericWorkload and GangScheduling feature gates): every attempt gets a Workload and a PodGroup whose gang minCount is the pod count, with a topology constraint at the level the placement chose, and kube-scheduler binds all of the gang or none (on the nodes the placement chose). kubernetes: always (the job waits, reason PodGroupUnavailable, while the API server does not serve it); auto: when the API server serves scheduling.k8s.io/v1alpha2 and neither queueName nor a Volcano or scheduler-plugins schedulerName is set; none: never."),
     ] = "auto"
-
-
-# --------------------------------------------------------------------------- checkpoints
-
-
-class MemoryTier(_Model):
-    enabled: Annotated[bool, Field(description="Save to node RAM (a hostPath on tmpfs that outlives the pod, or the pod's own memory volume).")] = True
-    interval_steps: Annotated[int, Field(ge=1, description="Save every N steps.")] = 10
-    keep: Annotated[int, Field(ge=1, le=100, description="Keep the newest K checkpoints of this tier.")] = 2
-    replicate: Annotated[bool, Field(description="Also keep a replica of each pod's shard in a neighbour node's memory tier (survives the loss of one node).")] = True
-    medium: Annotated[
-        Literal["HostPath", "Pod"],
-        Field(description="HostPath: a tmpfs folder on the node (hostPath), which outlives the pod. Pod: an emptyDir of medium Memory in the pod, which lives as long as the pod: an in-place restart keeps it, a replaced pod gets its shard back from its neighbour's replica, a full restart loses the tier (local/shared tiers remain); no hostPath, so the pods pass the baseline Pod Security Standard (with local disabled and shared on a claim).")
-    ] = "HostPath"
-    size_limit: Annotated[ResourceQuantity | None, Field(description="With medium Pod: the emptyDir's sizeLimit (counts against the pod's memory; e.g. 64Gi). Empty: no limit.")] = None
-    host_path: Annotated[str, Field(min_length=1, max_length=4096, description="With medium HostPath: the folder on the node (tmpfs).")] = "/dev/shm/railyard"
-
-
-class LocalTier(_Model):
-    enabled: Annotated[bool, Field(description="Save to node-local disk.")] = True
-    interval_steps: Annotated[int, Field(ge=1, description="Save every N steps.")] = 50
-    keep: Annotated[int, Field(ge=1, le=100, description="Keep the newest K checkpoints of this tier.")] = 2
-    host_path: Annotated[str, Field(min_length=1, max_length=4096, description="Folder on the node's local disk.")] = "/var/lib/railyard/checkpoints"
-
-
-class SharedTier(_Model):
-    enabled: Annotated[bool, Field(description="Save to shared storage (durable; supports resuming on a different world size).")] = True
-    interval_steps: Annotated[int, Field(ge=1, description="Save every N steps.")] = 100
-    keep: Annotated[int, Field(ge=1, le=100, description="Keep the newest K checkpoints of this tier.")] = 3
-    claim_name: Annotated[DnsSubdomain | None, Field(description="PersistentVolumeClaim (ReadWriteMany) for the shared tier.")] = None
-    host_path: Annotated[str, Field(min_length=1, max_length=4096, description="Without claimName: a folder mounted on every node (e.g. NFS).")] = "/mnt/railyard-shared"
-
-
-class Checkpoint(_Model):
-    memory: Annotated[MemoryTier, Field(description="Tier 1: node RAM with a peer replica.")] = MemoryTier()
-    local: Annotated[LocalTier, Field(description="Tier 2: node-local disk.")] = LocalTier()
-    shared: Annotated[SharedTier, Field(description="Tier 3: shared storage.")] = SharedTier()
-    cleanup_on_delete: Annotated[bool, Field(description="Delete this job's checkpoints when the TrainingJob is deleted.")] = False
-
-
-# --------------------------------------------------------------------------- health
-
-
-class StragglerPolicy(_Model):
-    threshold: Annotated[float, Field(gt=0.0, le=1.0, description="Flag a rank whose speed score (peers' median compute time / its own) stays below this. 0.9 flags ranks >= ~10% slower.")] = 0.9
-    window_steps: Annotated[int, Field(ge=3, le=10000, description="Steps in the scoring window.")] = 20
-    action: Annotated[Literal["Report", "Restart"], Field(description="Report (status, event, metric) or Restart (quarantine the node, restart sticky on a spare).")] = "Report"
-
-
-class SdcPolicy(_Model):
-    interval_steps: Annotated[int, Field(ge=1, description="Run the SDC checks every N steps (and before the first step).")] = 50
-    action: Annotated[Literal["Report", "Restart"], Field(description="Report, or Restart: quarantine the node and resume from the newest checkpoint that passed its checks.")] = "Restart"
-    replay_on_spike: Annotated[bool, Field(description="Replay a step whose loss or gradient norm spikes to confirm corruption before acting.")] = True
-
-
-class Health(_Model):
-    heartbeat_interval_seconds: Annotated[float, Field(ge=0.1, le=300, description="How often each pod posts its ranks' heartbeats.")] = 2.0
-    heartbeat_timeout_seconds: Annotated[float, Field(ge=1, le=3600, description="A rank with no heartbeat for this long while its pod runs is dead.")] = 10.0
-    hang_timeout_seconds: Annotated[float, Field(ge=1, le=86400, description="Floor of the hang timeout: a rank whose step does not advance within max(hangP99Multiplier x p99 step time, this) is hung.")] = 10.0
-    hang_p99_multiplier: Annotated[float, Field(ge=1, le=100, description="Multiplier of the p99 step time for hang detection.")] = 3.0
-    straggler: Annotated[StragglerPolicy, Field(description="Straggler detection.")] = StragglerPolicy()
-    sdc: Annotated[SdcPolicy, Field(description="Silent-data-corruption checks.")] = SdcPolicy()
 
 
 # --------------------------------------------------------------------------- restarts

@@ -11,9 +11,9 @@ from __future__ import annotations
 import copy
 import difflib
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, is_dataclass
 from functools import cache
-from typing import Any, get_args
+from typing import Any, get_args, get_type_hints
 
 import celpy
 from celpy.adapter import json_to_cel
@@ -21,6 +21,7 @@ from pydantic import BaseModel, ValidationError
 from pydantic.alias_generators import to_camel
 
 from railyard.api.trainingjob import API_VERSION, KIND, SPEC_RULES, TrainingJob, TrainingJobSpec
+from railyard.protocol.trainerconfig import wire_name
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,20 @@ _FIXES = {
     "missing": "add it",
 }
 
+#: What pydantic says of a field no model or section has (a section is a dataclass: its unknown
+#: fields are unexpected keyword arguments).
+_UNKNOWN_FIELD = ("extra_forbidden", "unexpected_keyword_argument")
+
+
+def _message(err: Any) -> str:
+    """pydantic's message in the words it has for models and lists: the trainer's sections are
+    dataclasses and their lists tuples, which the wire knows as objects and lists."""
+    if err["type"] == "dataclass_type":
+        return f"Input should be a valid dictionary or instance of {err['ctx']['class_name']}"
+    if err["type"] == "tuple_type":
+        return "Input should be a valid list"
+    return str(err["msg"]).replace("Tuple should", "List should")
+
 
 def _loc(loc: tuple[int | str, ...]) -> str:
     out = ""
@@ -70,29 +85,34 @@ FIELD_ALIASES = {
 }
 
 
-def _model_in(annotation: Any) -> type[BaseModel] | None:
-    """The pydantic model a field holds (directly, in a list, or optional)."""
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+def _object_in(annotation: Any) -> type | None:
+    """The object type a field holds (directly, in a list, or optional): a pydantic model or a
+    section of the trainer contract (a dataclass)."""
+    if isinstance(annotation, type) and (issubclass(annotation, BaseModel) or is_dataclass(annotation)):
         return annotation
     for arg in get_args(annotation):
-        if (found := _model_in(arg)) is not None:
+        if (found := _object_in(arg)) is not None:
             return found
     return None
 
 
+def _fields_of(cls: type) -> dict[str, Any]:
+    """wire name -> the type the field holds."""
+    if issubclass(cls, BaseModel):
+        return {f.alias or name: f.annotation for name, f in cls.model_fields.items()}
+    hints = get_type_hints(cls)
+    return {wire_name(f.name): hints[f.name] for f in fields(cls)}  # type: ignore[arg-type]
+
+
 def known_fields(loc: Sequence[int | str]) -> list[str]:
     """The wire names of the fields of the object at ``loc`` (a TrainingJob path, list indices
-    included); empty where the path leads to no model (free-form maps)."""
-    model: type[BaseModel] = TrainingJob
+    included); empty where the path leads to no object (free-form maps)."""
+    cls: type | None = TrainingJob
     for part in loc:
         if isinstance(part, int):
             continue
-        field = next((f for name, f in model.model_fields.items() if (f.alias or name) == part), None)
-        sub = _model_in(field.annotation) if field is not None else None
-        if sub is None:
-            return []
-        model = sub
-    return [f.alias or name for name, f in model.model_fields.items()]
+        cls = _object_in(_fields_of(cls).get(part)) if cls is not None else None
+    return [] if cls is None else list(_fields_of(cls))
 
 
 def nearest_field(name: str, known: Sequence[str]) -> str | None:
@@ -135,7 +155,7 @@ def _deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
 
 @cache
 def _spec_defaults() -> dict[str, Any]:
-    return TrainingJobSpec().model_dump(by_alias=True, exclude_none=True)
+    return TrainingJobSpec().model_dump(by_alias=True, exclude_none=True, mode="json")
 
 
 def check_spec_rules(spec: dict[str, Any]) -> list[Problem]:
@@ -170,16 +190,21 @@ def validate_manifest(obj: Any) -> list[Problem]:
         # by wire name only, as the API server decodes (the models also take Python names)
         TrainingJob.model_validate(body, by_alias=True, by_name=False)
     except ValidationError as exc:
-        for err in exc.errors():
+        errors = exc.errors()
+        # A tuple counts only its valid items: a list whose item is invalid is not also too short.
+        bad_items = {_loc(err["loc"][:-1]) for err in errors if err["loc"] and isinstance(err["loc"][-1], int)}
+        for err in errors:
             path = _loc(err["loc"])
             fix = _FIXES.get(err["type"], "fix the value")
-            msg = err["msg"]
-            if err["type"] == "extra_forbidden":
+            msg = _message(err)
+            if err["type"] in _UNKNOWN_FIELD:
                 problems.append(Problem(path, unknown_field_message(err["loc"])))
                 continue
             elif err["type"] == "value_error":
                 # our rules (railyard.api.corev1, api.quantity) say what to write instead
                 problems.append(Problem(path, msg.removeprefix("Value error, ")))
+                continue
+            elif err["type"] == "too_short" and path in bad_items:
                 continue
             problems.append(Problem(path, f"{msg}; {fix}"))
     spec = obj.get("spec") or {}

@@ -40,6 +40,7 @@ from railyard.logic.health.silence import (
 from railyard.logic.health.window import JobWindow
 from railyard.logic.restarts import best_checkpoint
 from railyard.protocol.restore import compute_steps_lost, latest_verified_per_tier
+from railyard.protocol.trainerconfig import to_wire
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +79,7 @@ def evaluate_health(c: Cycle, job: TrainingJob, pods: Sequence[Mapping[str, Any]
     }
     try:
         bundled = job.spec.trainer.program is None
-        policy = HealthPolicy.from_spec(job.spec.health.model_dump(by_alias=True), heartbeats_expected=bundled,
+        policy = HealthPolicy.from_spec(to_wire(job.spec.health), heartbeats_expected=bundled,
                                         final_step=job.spec.trainer.steps if bundled else None)
     except ValueError as exc:
         log.warning("%s/%s: health policy: %s", c.ns, c.name, exc)

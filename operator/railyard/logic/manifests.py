@@ -25,7 +25,11 @@ from railyard.protocol import podenv
 from railyard.protocol.mesh import MeshShape
 from railyard.protocol.ranktable import PodEntry, RankTable
 from railyard.protocol.termination import TERMINATION_LOG
-from railyard.protocol.trainerconfig import lighthouse_join_timeout_ms, restart_wait_seconds
+from railyard.protocol.trainerconfig import (
+    lighthouse_join_timeout_ms,
+    restart_wait_seconds,
+    to_wire,
+)
 
 # labels, annotations, names ------------------------------------------------------------------
 JOB_LABEL = f"{GROUP}/job"
@@ -245,12 +249,12 @@ def build_trainer_config(
         "job": job,
         "namespace": namespace,
         "attempt": attempt,
-        "trainer": spec.trainer.model_dump(by_alias=True, exclude_none=True, mode="json"),
-        # railyard.protocol.trainerconfig.Parallelism, with the data degree resolved
-        "parallelism": {**spec.parallelism.model_dump(by_alias=True, mode="json"), "data": spec.data_parallel or None},
-        "checkpoint": spec.checkpoint.model_dump(by_alias=True, exclude_none=True, mode="json"),
-        "health": spec.health.model_dump(by_alias=True, exclude_none=True, mode="json"),
-        "faultTolerance": spec.fault_tolerance.model_dump(by_alias=True, exclude_none=True, mode="json"),
+        "trainer": to_wire(spec.trainer),
+        # with the data degree resolved
+        "parallelism": {**to_wire(spec.parallelism, keep_none=True), "data": spec.data_parallel or None},
+        "checkpoint": to_wire(spec.checkpoint),
+        "health": to_wire(spec.health),
+        "faultTolerance": to_wire(spec.fault_tolerance),
         "restore": None if restore is None else dict(restore),
         "restartWaitSeconds": restart_wait_seconds(spec.restart_policy.in_place_timeout_seconds),
     }

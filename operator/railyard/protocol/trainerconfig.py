@@ -1,14 +1,20 @@
-"""The trainer's settings as they travel in ``config.json``: one schema, read by both sides.
+"""The trainer's settings, declared once: the contract between the TrainingJob API and the trainer.
 
-The TrainingJob's pydantic models (``railyard.api.trainingjob``) are the CRD; the operator
-dumps ``spec.trainer``, ``spec.parallelism`` and ``spec.health`` from them into the job's
-config.json. The trainer may not import pydantic, so it reads these frozen stdlib dataclasses
-instead. They carry the same wire names (camelCase), defaults, bounds and choices as the
-pydantic models, and ``tests/trainer/test_one_schema_for_operator_and_trainer.py`` proves it
-field by field: there is no second set of defaults to drift.
+Each setting is written here once, with its wire name (camelCase of the field name), default,
+bounds and description, as a field of a frozen stdlib dataclass (:func:`section`,
+:func:`setting`). Both sides read these same classes:
 
-:func:`parse` reads a camelCase mapping into one of these classes and reports every problem at
-once, each naming its field path; :func:`to_wire` writes one back. Standard library only.
+- the operator: ``railyard.api.trainingjob`` uses them as the types of ``spec.trainer``,
+  ``spec.parallelism``, ``spec.faultTolerance``, ``spec.health`` and ``spec.checkpoint``;
+  pydantic validates them (it reads a stdlib dataclass field's metadata, whose keys are
+  ``pydantic.Field``'s argument names), the CRD schema and ``kubectl explain`` are generated from
+  them, and the operator writes them into the job's ``config.json`` with :func:`to_wire`;
+- the trainer, which may not import pydantic: :func:`parse` reads ``config.json`` back into them
+  and reports every problem at once, each naming its field path.
+
+The few checks only the API makes (a Kubernetes quantity, a DNS name, the length of each item of
+a list) narrow a field's type on the API side; defaults, bounds and descriptions stay here.
+Standard library only.
 """
 
 from __future__ import annotations
@@ -17,62 +23,86 @@ import math
 import types
 from collections.abc import Mapping
 from dataclasses import MISSING, dataclass, field, fields, is_dataclass, replace
-from typing import Any, Literal, TypeVar, Union, get_args, get_origin, get_type_hints
+from typing import (
+    Any,
+    Literal,
+    TypeVar,
+    Union,
+    dataclass_transform,
+    get_args,
+    get_origin,
+    get_type_hints,
+)
 
 T = TypeVar("T")
 
 
-def _c(default: Any, **bounds: Any) -> Any:
-    """A field with a default and its bounds (``ge``, ``gt``, ``le``, ``min_length``,
-    ``max_length``, as pydantic's ``Field``)."""
-    return field(default=default, metadata=bounds)
+def setting(
+    *,
+    default: Any = MISSING,
+    description: str,
+    ge: float | None = None,
+    gt: float | None = None,
+    le: float | None = None,
+    min_length: int | None = None,
+    max_length: int | None = None,
+) -> Any:
+    """One setting of a :func:`section`: its default (none: required), what it means (the CRD's
+    description, shown by ``kubectl explain``) and its bounds, by ``pydantic.Field``'s names:
+    numbers ``ge``/``gt``/``le``; lengths of strings and lists ``min_length``/``max_length``."""
+    bounds = {"ge": ge, "gt": gt, "le": le, "min_length": min_length, "max_length": max_length}
+    return field(default=default, metadata={"description": description, **{k: v for k, v in bounds.items() if v is not None}})
+
+
+@dataclass_transform(frozen_default=True, kw_only_default=True, field_specifiers=(setting,))
+def section(cls: type[T]) -> type[T]:
+    """A section of settings: a frozen dataclass taking keyword arguments only. A nested section's
+    default is an instance (frozen, so one instance is safely shared)."""
+    return dataclass(frozen=True, kw_only=True)(cls)
 
 
 # --------------------------------------------------------------------------- trainer
 
 
-@dataclass(frozen=True)
+@section
 class FaultSpec:
     """One injected fault (tests and demos); applies only in attempt ``attempt``."""
 
-    kind: Literal["crash", "hang", "slow", "bitflip", "exit"]
-    rank: int = _c(0, ge=0)
-    step: int = _c(1, ge=0)
-    factor: float = _c(1.5, ge=1.0, le=100.0)
-    target: Literal["param", "grad"] = "param"
-    #: bitflip: the bit of the float32 layout (30: top exponent bit; bf16 uses its top 16 bits).
-    bit: int = _c(30, ge=0, le=30)
-    code: int = _c(1, ge=0, le=255)
-    attempt: int = _c(0, ge=0)
+    kind: Literal["crash", "hang", "slow", "bitflip", "exit"] = setting(description="What to inject: crash (exception), hang, slow (by factor), bitflip (one high-order bit), exit (with code).")
+    rank: int = setting(default=0, description="Global rank to inject into.", ge=0)
+    step: int = setting(default=1, description="Training step at which to inject.", ge=0)
+    factor: float = setting(default=1.5, description="Slow-down factor for kind=slow.", ge=1.0, le=100.0)
+    target: Literal["param", "grad"] = setting(default="param", description="For kind=bitflip: flip a bit in a parameter or a gradient.")
+    bit: int = setting(default=30, description="For kind=bitflip: which bit of the float32 layout to flip (30: the top exponent bit, 23-29 the others, 0-22 the mantissa; bf16 flips the same bit of its top 16).", ge=0, le=30)
+    code: int = setting(default=1, description="Exit code for kind=exit.", ge=0, le=255)
+    attempt: int = setting(default=0, description="Only inject in this attempt (restarts do not re-inject).", ge=0)
 
 
-DATASET_TYPES = ("synthetic", "files", "tokens")
 #: The largest vocabulary the trainer takes (token shards hold uint32 ids; a bound keeps a typo
 #: from asking for a terabyte embedding).
 MAX_VOCAB = 16_777_216
 
 
-@dataclass(frozen=True)
+@section
 class Dataset:
     """Training data. ``tokens``: a folder of pre-tokenized shards written by
     ``railyard-train prepare`` (``index.json`` + token files, see docs/trainer.md)."""
 
-    type: Literal["synthetic", "files", "tokens"] = "synthetic"
-    path: str | None = _c(None, max_length=4096)
-    #: tokens: visit the sequences of each epoch in a seeded random order (else in file order).
-    shuffle: bool = True
+    type: Literal["synthetic", "files", "tokens"] = setting(default="synthetic", description="synthetic: a deterministic learnable language; files: byte-level text from path (vocabulary 256); tokens: pre-tokenized shards written by `railyard-train prepare` (a folder with index.json and uint16/uint32 token files, memory-mapped).")
+    path: str | None = setting(default=None, description="Inside the pod: the folder of shards for type=tokens, the folder or file of text for type=files.", max_length=4096)
+    shuffle: bool = setting(default=True, description="type=tokens: visit each epoch's sequences in a seeded random order (resumable exactly); false: in file order.")
 
 
-@dataclass(frozen=True)
+@section
 class Program:
     """The user's program, started by ``railyard-train`` once per local rank with torchrun's
     environment (docs/trainer.md, "Your own program"). Exactly one of ``script``, ``module``
     and ``command``, as torchrun takes a script, ``-m module`` or ``--no-python command``."""
 
-    script: str | None = _c(None, min_length=1, max_length=4096)
-    module: str | None = _c(None, min_length=1, max_length=512)
-    command: tuple[str, ...] | None = _c(None, min_length=1, max_length=64)
-    args: tuple[str, ...] = _c((), max_length=256)
+    script: str | None = setting(default=None, description="A Python file in the image, run as `python SCRIPT ARGS` once per rank (torchrun's positional script). A relative path is taken from the container's working directory.", min_length=1, max_length=4096)
+    module: str | None = setting(default=None, description="A Python module, run as `python -m MODULE ARGS` once per rank (torchrun's -m).", min_length=1, max_length=512)
+    command: tuple[str, ...] | None = setting(default=None, description="An executable and its first arguments, run as is once per rank (torchrun's --no-python), e.g. a wrapper script.", min_length=1, max_length=64)
+    args: tuple[str, ...] = setting(default=(), description="Arguments after the script, module or command.", max_length=256)
 
     @property
     def kinds(self) -> tuple[str, ...]:
@@ -80,44 +110,37 @@ class Program:
         return tuple(k for k in ("script", "module", "command") if getattr(self, k) is not None)
 
 
-@dataclass(frozen=True)
+@section
 class TrainerSettings:
-    preset: Literal["tiny", "small", "1b", "8b"] = "tiny"
-    #: The model's vocabulary. None: the shards' tokenizer's (dataset type tokens), else the
-    #: preset's (``railyard_trainer.data.model_vocab_size``).
-    vocab_size: int | None = _c(None, ge=1, le=MAX_VOCAB)
-    steps: int = _c(100, ge=1, le=100_000_000)
-    batch_size: int = _c(8, ge=1, le=1_000_000)
-    seq_len: int = _c(128, ge=8, le=1_048_576)
-    learning_rate: float = _c(3e-4, gt=0.0, le=1.0)
-    warmup_steps: int = _c(10, ge=0)
-    weight_decay: float = _c(0.1, ge=0.0, le=1.0)
-    grad_clip: float = _c(1.0, ge=0.0)
-    seed: int = _c(0, ge=0)
-    dataset: Dataset = field(default_factory=Dataset)
-    activation_checkpointing: bool = False
-    mixed_precision: Literal["auto", "bf16", "fp32"] = "auto"
-    cpu_offload: bool = False
-    log_every_steps: int = _c(1, ge=1)
-    collective_timeout_seconds: float = _c(120.0, gt=0.0, le=3600)
-    watchdog_seconds: float = _c(60.0, gt=0.0, le=3600)
-    faults: tuple[FaultSpec, ...] = _c((), max_length=32)
-    #: None: the bundled trainer; else the user's program under the launcher.
-    program: Program | None = None
+    preset: Literal["tiny", "small", "1b", "8b"] = setting(default="tiny", description="Model size preset of the bundled LLaMA-style trainer. tiny runs on CPU.")
+    vocab_size: int | None = setting(default=None, description="The model's vocabulary (rows of its embedding and output). Unset: the tokenizer's of the prepared shards for dataset type tokens (from their index.json), else the preset's. Set it to fix the size, e.g. to resume a checkpoint made with another; it must hold every id of the shards' tokenizer.", ge=1, le=MAX_VOCAB)
+    steps: int = setting(default=100, description="Number of optimizer steps to train.", ge=1, le=100_000_000)
+    batch_size: int = setting(default=8, description="Global batch size in sequences per step; must divide evenly over data-parallel ranks and microbatches.", ge=1, le=1_000_000)
+    seq_len: int = setting(default=128, description="Sequence length in tokens.", ge=8, le=1_048_576)
+    learning_rate: float = setting(default=3e-4, description="Peak AdamW learning rate.", gt=0.0, le=1.0)
+    warmup_steps: int = setting(default=10, description="Linear warmup steps before cosine decay.", ge=0)
+    weight_decay: float = setting(default=0.1, description="AdamW weight decay.", ge=0.0, le=1.0)
+    grad_clip: float = setting(default=1.0, description="Gradient clipping max norm (0 disables).", ge=0.0)
+    seed: int = setting(default=0, description="Seed for initialisation and data.", ge=0)
+    dataset: Dataset = setting(default=Dataset(), description="Training data.")
+    activation_checkpointing: bool = setting(default=False, description="Recompute activations in backward to save memory.")
+    mixed_precision: Literal["auto", "bf16", "fp32"] = setting(default="auto", description="auto: bf16 on GPU, fp32 on CPU.")
+    cpu_offload: bool = setting(default=False, description="Offload parameters, gradients and optimizer state to CPU (FSDP2 offload policy).")
+    log_every_steps: int = setting(default=1, description="Log metrics every N steps.", ge=1)
+    collective_timeout_seconds: float = setting(default=120.0, description="A collective that takes longer fails the attempt as an infrastructure failure (instead of NCCL's 30-minute default).", gt=0.0, le=3600)
+    watchdog_seconds: float = setting(default=60.0, description="A rank whose step makes no progress this long reports itself hung; must be below collectiveTimeoutSeconds.", gt=0.0, le=3600)
+    faults: tuple[FaultSpec, ...] = setting(default=(), description="Fault injection for tests and demos; empty in production.", max_length=32)
+    program: Program | None = setting(default=None, description='Run your own training program instead of the bundled trainer: railyard-train starts it once per local rank with the environment torchrun gives (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, ...) and the rank table, and classifies its exit as it does the bundled trainer\'s. The bundled trainer\'s settings (preset, steps, batchSize, dataset, ...) are then not used; watchdogSeconds applies once the program reports steps through the SDK (railyard_trainer.sdk). See docs/trainer.md, "Your own program".')
 
 
-@dataclass(frozen=True)
+@section
 class Parallelism:
-    tensor: int = _c(1, ge=1, le=64)
-    pipeline: int = _c(1, ge=1, le=1024)
-    #: None: derived as world size / (tensor x pipeline).
-    data: int | None = _c(None, ge=1)
-    #: HSDP: the data-parallel ranks form this many replica groups, each sharding the model
-    #: over data / dataReplicas ranks. 1: plain FSDP over all data-parallel ranks.
-    data_replicas: int = _c(1, ge=1, le=4096)
-    pipeline_schedule: Literal["GPipe", "1F1B", "Interleaved1F1B"] = "1F1B"
-    #: None: one microbatch per pipeline rank.
-    microbatches: int | None = _c(None, ge=1, le=4096)
+    tensor: int = setting(default=1, description="Tensor-parallel degree. A divisor of procsPerNode (a TP group inside one node), or a multiple of it: a TP group then spans tensor / procsPerNode nodes of one NVLink domain (rack-scale NVLink such as GB200 NVL72; the nodes must carry topology.nvlinkLevel, else the job waits unplaced, reason TopologyMismatch).", ge=1, le=64)
+    pipeline: int = setting(default=1, description="Pipeline-parallel degree (number of stages).", ge=1, le=1024)
+    data: int | None = setting(default=None, description="Data-parallel (FSDP) degree. Leave empty to derive it: nodes x procsPerNode / (tensor x pipeline).", ge=1)
+    data_replicas: int = setting(default=1, description="HSDP (hybrid sharded data parallel): the data-parallel ranks form this many replica groups, each sharding the model over data / dataReplicas ranks; the SDC cross-replica vote compares the replicas. 1: plain FSDP over all data-parallel ranks.", ge=1, le=4096)
+    pipeline_schedule: Literal["GPipe", "1F1B", "Interleaved1F1B"] = setting(default="1F1B", description="Pipeline schedule used when pipeline > 1.")
+    microbatches: int | None = setting(default=None, description="Pipeline microbatches per step. Empty: equal to pipeline (at least 1).", ge=1, le=4096)
 
 
 # --------------------------------------------------------------------------- restarts
@@ -156,15 +179,13 @@ def lighthouse_join_timeout_ms(watchdog_seconds: float) -> int:
 
 
 
-@dataclass(frozen=True)
+@section
 class FaultTolerance:
     """ReplicaGroups: each HSDP replica group is its own world and the cross-replica gradient
     all-reduce goes through torchft (railyard_trainer/replicas.py, docs/fault-tolerance.md)."""
 
-    mode: Literal["None", "ReplicaGroups"] = "None"
-    #: The fewest replica groups that may commit a step.
-    min_replicas: int = _c(1, ge=1, le=4096)
-
+    mode: Literal["None", "ReplicaGroups"] = setting(default="None", description="None: a lost rank stops the whole gang, which restarts (in place or from a checkpoint tier). ReplicaGroups (needs parallelism.dataReplicas > 1): each HSDP replica group is its own torch.distributed world and the cross-replica gradient all-reduce is fault tolerant (torchft): a lost group stops only itself, the others keep training, and the group that replaces it heals from a live peer. See docs/fault-tolerance.md.")
+    min_replicas: int = setting(default=1, description="ReplicaGroups: the fewest replica groups that may commit a step (1 to parallelism.dataReplicas). With fewer live groups the survivors wait (no step commits) until enough groups rejoin; losing more than dataReplicas - minReplicas groups at once is the checkpoint tiers' case.", ge=1, le=4096)
 
 
 def world_parallelism(p: Parallelism, ft: FaultTolerance) -> Parallelism:
@@ -179,68 +200,68 @@ def world_parallelism(p: Parallelism, ft: FaultTolerance) -> Parallelism:
 # --------------------------------------------------------------------------- health
 
 
-@dataclass(frozen=True)
+@section
 class StragglerPolicy:
-    threshold: float = _c(0.9, gt=0.0, le=1.0)
-    window_steps: int = _c(20, ge=3, le=10000)
-    action: Literal["Report", "Restart"] = "Report"
+    threshold: float = setting(default=0.9, description="Flag a rank whose speed score (peers' median compute time / its own) stays below this. 0.9 flags ranks >= ~10% slower.", gt=0.0, le=1.0)
+    window_steps: int = setting(default=20, description="Steps in the scoring window.", ge=3, le=10000)
+    action: Literal["Report", "Restart"] = setting(default="Report", description="Report (status, event, metric) or Restart (quarantine the node, restart sticky on a spare).")
 
 
-@dataclass(frozen=True)
+@section
 class SdcPolicy:
-    interval_steps: int = _c(50, ge=1)
-    action: Literal["Report", "Restart"] = "Restart"
-    replay_on_spike: bool = True
+    interval_steps: int = setting(default=50, description="Run the SDC checks every N steps (and before the first step).", ge=1)
+    action: Literal["Report", "Restart"] = setting(default="Restart", description="Report, or Restart: quarantine the node and resume from the newest checkpoint that passed its checks.")
+    replay_on_spike: bool = setting(default=True, description="Replay a step whose loss or gradient norm spikes to confirm corruption before acting.")
 
 
-@dataclass(frozen=True)
+@section
 class Health:
-    heartbeat_interval_seconds: float = _c(2.0, ge=0.1, le=300)
-    heartbeat_timeout_seconds: float = _c(10.0, ge=1, le=3600)
-    hang_timeout_seconds: float = _c(10.0, ge=1, le=86400)
-    hang_p99_multiplier: float = _c(3.0, ge=1, le=100)
-    straggler: StragglerPolicy = field(default_factory=StragglerPolicy)
-    sdc: SdcPolicy = field(default_factory=SdcPolicy)
+    heartbeat_interval_seconds: float = setting(default=2.0, description="How often each pod posts its ranks' heartbeats.", ge=0.1, le=300)
+    heartbeat_timeout_seconds: float = setting(default=10.0, description="A rank with no heartbeat for this long while its pod runs is dead.", ge=1, le=3600)
+    hang_timeout_seconds: float = setting(default=10.0, description="Floor of the hang timeout: a rank whose step does not advance within max(hangP99Multiplier x p99 step time, this) is hung.", ge=1, le=86400)
+    hang_p99_multiplier: float = setting(default=3.0, description="Multiplier of the p99 step time for hang detection.", ge=1, le=100)
+    straggler: StragglerPolicy = setting(default=StragglerPolicy(), description="Straggler detection.")
+    sdc: SdcPolicy = setting(default=SdcPolicy(), description="Silent-data-corruption checks.")
 
 
 # --------------------------------------------------------------------------- checkpoint tiers
 
 
-@dataclass(frozen=True)
+@section
 class MemoryTier:
-    enabled: bool = True
-    interval_steps: int = _c(10, ge=1)
-    keep: int = _c(2, ge=1, le=100)
-    replicate: bool = True
-    medium: Literal["HostPath", "Pod"] = "HostPath"
-    size_limit: str | None = _c(None, min_length=1, max_length=64)
-    host_path: str = _c("/dev/shm/railyard", min_length=1, max_length=4096)
+    enabled: bool = setting(default=True, description="Save to node RAM (a hostPath on tmpfs that outlives the pod, or the pod's own memory volume).")
+    interval_steps: int = setting(default=10, description="Save every N steps.", ge=1)
+    keep: int = setting(default=2, description="Keep the newest K checkpoints of this tier.", ge=1, le=100)
+    replicate: bool = setting(default=True, description="Also keep a replica of each pod's shard in a neighbour node's memory tier (survives the loss of one node).")
+    medium: Literal["HostPath", "Pod"] = setting(default="HostPath", description="HostPath: a tmpfs folder on the node (hostPath), which outlives the pod. Pod: an emptyDir of medium Memory in the pod, which lives as long as the pod: an in-place restart keeps it, a replaced pod gets its shard back from its neighbour's replica, a full restart loses the tier (local/shared tiers remain); no hostPath, so the pods pass the baseline Pod Security Standard (with local disabled and shared on a claim).")
+    size_limit: str | None = setting(default=None, min_length=1, max_length=64, description="With medium Pod: the emptyDir's sizeLimit (counts against the pod's memory; e.g. 64Gi). Empty: no limit.")
+    host_path: str = setting(default="/dev/shm/railyard", description="With medium HostPath: the folder on the node (tmpfs).", min_length=1, max_length=4096)
 
 
-@dataclass(frozen=True)
+@section
 class LocalTier:
-    enabled: bool = True
-    interval_steps: int = _c(50, ge=1)
-    keep: int = _c(2, ge=1, le=100)
-    host_path: str = _c("/var/lib/railyard/checkpoints", min_length=1, max_length=4096)
+    enabled: bool = setting(default=True, description="Save to node-local disk.")
+    interval_steps: int = setting(default=50, description="Save every N steps.", ge=1)
+    keep: int = setting(default=2, description="Keep the newest K checkpoints of this tier.", ge=1, le=100)
+    host_path: str = setting(default="/var/lib/railyard/checkpoints", description="Folder on the node's local disk.", min_length=1, max_length=4096)
 
 
-@dataclass(frozen=True)
+@section
 class SharedTier:
-    enabled: bool = True
-    interval_steps: int = _c(100, ge=1)
-    keep: int = _c(3, ge=1, le=100)
+    enabled: bool = setting(default=True, description="Save to shared storage (durable; supports resuming on a different world size).")
+    interval_steps: int = setting(default=100, description="Save every N steps.", ge=1)
+    keep: int = setting(default=3, description="Keep the newest K checkpoints of this tier.", ge=1, le=100)
     #: The operator checks it is a DNS subdomain; the trainer never reads it.
-    claim_name: str | None = _c(None, max_length=253)
-    host_path: str = _c("/mnt/railyard-shared", min_length=1, max_length=4096)
+    claim_name: str | None = setting(default=None, max_length=253, description="PersistentVolumeClaim (ReadWriteMany) for the shared tier.")
+    host_path: str = setting(default="/mnt/railyard-shared", description="Without claimName: a folder mounted on every node (e.g. NFS).", min_length=1, max_length=4096)
 
 
-@dataclass(frozen=True)
+@section
 class Checkpoint:
-    memory: MemoryTier = field(default_factory=MemoryTier)
-    local: LocalTier = field(default_factory=LocalTier)
-    shared: SharedTier = field(default_factory=SharedTier)
-    cleanup_on_delete: bool = False
+    memory: MemoryTier = setting(default=MemoryTier(), description="Tier 1: node RAM with a peer replica.")
+    local: LocalTier = setting(default=LocalTier(), description="Tier 2: node-local disk.")
+    shared: SharedTier = setting(default=SharedTier(), description="Tier 3: shared storage.")
+    cleanup_on_delete: bool = setting(default=False, description="Delete this job's checkpoints when the TrainingJob is deleted.")
 
 
 # --------------------------------------------------------------------------- cross-field rules
@@ -417,30 +438,21 @@ def parse(cls: type[T], raw: Any, *, where: str = "", problems: list[str] | None
     return value
 
 
-def to_wire(obj: Any) -> Any:
-    """A schema dataclass as its camelCase JSON value (None fields omitted, as the operator's
-    ``model_dump(exclude_none=True)``)."""
+def to_wire(obj: Any, *, keep_none: bool = False) -> Any:
+    """A section as its camelCase JSON value, as config.json carries it; None fields are left
+    out unless ``keep_none``."""
     if is_dataclass(obj) and not isinstance(obj, type):
-        return {wire_name(f.name): to_wire(getattr(obj, f.name)) for f in fields(obj) if getattr(obj, f.name) is not None}
+        return {
+            wire_name(f.name): to_wire(value, keep_none=keep_none)
+            for f in fields(obj)
+            if (value := getattr(obj, f.name)) is not None or keep_none
+        }
     if isinstance(obj, tuple | list):
-        return [to_wire(x) for x in obj]
+        return [to_wire(x, keep_none=keep_none) for x in obj]
     return obj
 
 
-def schema_fields(cls: type) -> dict[str, tuple[Any, Any, Mapping[str, Any]]]:
-    """wire name -> (type, default, bounds): what the agreement test compares with pydantic."""
-    hints = _hints(cls)
-    out: dict[str, tuple[Any, Any, Mapping[str, Any]]] = {}
-    for f in fields(cls):
-        default: Any = f.default
-        if f.default_factory is not MISSING:
-            default = f.default_factory()
-        out[wire_name(f.name)] = (hints[f.name], default, f.metadata)
-    return out
-
-
 __all__ = [
-    "DATASET_TYPES",
     "RESTART_WAIT_FLOOR_SECONDS",
     "Checkpoint",
     "Dataset",
@@ -458,7 +470,8 @@ __all__ = [
     "TrainerSettings",
     "parse",
     "restart_wait_seconds",
-    "schema_fields",
+    "section",
+    "setting",
     "to_wire",
     "trainer_rule_problems",
     "wire_name",

@@ -38,6 +38,7 @@ from railyard.logic.topology import TopologyCache, build_synthetic_nodes
 from railyard.protocol.exitcodes import FailureClass
 from railyard.protocol.manifest import Manifest, ShardInfo
 from railyard.protocol.restore import FoundCheckpoint, Layout, decide_restore, pod_location
+from railyard.protocol.trainerconfig import to_wire
 from railyard.sim.model import Cause, PolicyConfig, Scenario
 
 # --------------------------------------------------------------------------- detection
@@ -71,7 +72,7 @@ class Detector:
     def __init__(self, scn: Scenario, policy: PolicyConfig) -> None:
         self.scn = scn
         self.policy = policy
-        self.health = HealthPolicy.from_spec(policy.health.model_dump(by_alias=True))
+        self.health = HealthPolicy.from_spec(to_wire(policy.health))
         self.hang_timeout_s = compute_hang_timeout([scn.step_s] * 100, self.health)
         self._straggler_steps: dict[float, int] = {}
 

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
+from railyard.protocol.trainerconfig import to_wire
 from railyard.sim.engine import SLOW, STALL, RunResult, simulate
 from railyard.sim.model import (
     LLAMA3_REPORTED_GOODPUT,
@@ -283,7 +284,7 @@ def to_json(c: Comparison, policies: Mapping[str, PolicyConfig] | None = None) -
 def _policy_dict(p: PolicyConfig) -> dict[str, Any]:
     return {
         "name": p.name,
-        "checkpoint": p.checkpoint.model_dump(by_alias=True),
+        "checkpoint": to_wire(p.checkpoint, keep_none=True),
         "async_save": p.async_save,
         "detection": p.detection,
         "sticky": p.sticky,
@@ -295,7 +296,7 @@ def _policy_dict(p: PolicyConfig) -> dict[str, Any]:
         "verified_restore": p.verified_restore,
         "hot_spares": p.hot_spares,
         "collective_timeout_s": p.collective_timeout_s,
-        "health": p.health.model_dump(by_alias=True),
+        "health": to_wire(p.health, keep_none=True),
         "restart_policy": p.restart_policy.model_dump(by_alias=True),
     }
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from railyard.protocol.heartbeat import HealthResult
+from railyard.protocol.trainerconfig import Health
 
 
 class FaultKind(enum.StrEnum):
@@ -29,27 +30,34 @@ class Action(enum.StrEnum):
     RESTART = "Restart"
 
 
+#: ``spec.health``'s defaults, as the trainer contract declares them.
+_SPEC = Health()
+_STRAGGLER_ACTION = Action(_SPEC.straggler.action)
+_SDC_ACTION = Action(_SPEC.sdc.action)
+
+
 @dataclass(frozen=True, slots=True)
 class HealthPolicy:
-    """Detection settings; :meth:`from_spec` reads a TrainingJob's ``spec.health``."""
+    """Detection settings; :meth:`from_spec` reads a TrainingJob's ``spec.health``. Those settings
+    default to ``spec.health``'s defaults; the others are the detector's own."""
 
-    heartbeat_interval_s: float = 2.0
-    heartbeat_timeout_s: float = 10.0
-    hang_timeout_floor_s: float = 10.0
-    hang_p99_multiplier: float = 3.0
+    heartbeat_interval_s: float = _SPEC.heartbeat_interval_seconds
+    heartbeat_timeout_s: float = _SPEC.heartbeat_timeout_seconds
+    hang_timeout_floor_s: float = _SPEC.hang_timeout_seconds
+    hang_p99_multiplier: float = _SPEC.hang_p99_multiplier
     #: Before the first step completes there is no p99: a rank may take this long (compile, load).
     first_step_timeout_s: float = 600.0
     #: A Running pod that never sent a heartbeat is dead after this long.
     first_heartbeat_timeout_s: float = 300.0
-    straggler_threshold: float = 0.9
-    straggler_window_steps: int = 20
+    straggler_threshold: float = _SPEC.straggler.threshold
+    straggler_window_steps: int = _SPEC.straggler.window_steps
     #: A rank is flagged when its score is below the threshold at this many consecutive step
     #: positions (windows ending at the newest step, the one before, ...); cleared likewise.
     straggler_confirm_steps: int = 3
     #: Clear a flag only once the score is back above threshold + margin (hysteresis band).
     straggler_clear_margin: float = 0.05
-    straggler_action: Action = Action.REPORT
-    sdc_action: Action = Action.RESTART
+    straggler_action: Action = _STRAGGLER_ACTION
+    sdc_action: Action = _SDC_ACTION
     #: How many of the slowest ranks a report (and the metrics) name.
     slowest_ranks_reported: int = 5
     #: The step a rank stands at once it has trained its last (``spec.trainer.steps`` for the
