@@ -22,7 +22,7 @@ def draw_all(record: Record, out: Path, groups: GroupReport | None = None) -> li
     matplotlib.use("Agg")
     out.mkdir(parents=True, exist_ok=True)
     return [draw_loss(record, out / "loss.png", groups), draw_timeline(record, out / "timeline.png"),
-            draw_placement(record, out / "placement.png")]
+            draw_placement(record, out / "placement.png", groups)]
 
 
 def _restarts(record: Record) -> list[tuple[float, int]]:
@@ -125,11 +125,12 @@ def draw_timeline(record: Record, path: Path) -> Path:
     return path
 
 
-def draw_placement(record: Record, path: Path) -> Path:
+def draw_placement(record: Record, path: Path, groups: GroupReport | None = None) -> Path:
     import matplotlib.pyplot as plt
     from matplotlib.patches import FancyBboxPatch
 
     picture = placement_picture(record)
+    group_of = {i: s.group for s in groups.stories for i in s.pod_indices} if groups is not None else {}
     colors = {"pod": "#a1d99b", "spare": "#c6dbef", "quarantined": "#fcbba1", "free": "#f0f0f0"}
     width = sum(len(cells) for cells in picture.leaves.values())
     fig, ax = plt.subplots(figsize=(2.2 * max(width, 2), 3.2))
@@ -139,7 +140,7 @@ def draw_placement(record: Record, path: Path) -> Path:
         for c in cells:
             label = c.node
             if c.role == "pod":
-                label = f"{c.node}\npod {c.pod_index}" + (" (moved)" if c.moved else "")
+                label = f"{c.node}\npod {c.pod_index}" + (f" group {group_of[c.pod_index]}" if c.pod_index in group_of else "") + (" (moved)" if c.moved else "")
             elif c.role != "free":
                 label = f"{c.node}\n{c.role}"
             ax.add_patch(FancyBboxPatch((x, 0), 1.8, 1, boxstyle="round,pad=0.05", facecolor=colors[c.role], edgecolor="#333333"))
@@ -151,7 +152,9 @@ def draw_placement(record: Record, path: Path) -> Path:
     ax.set_xlim(-0.3, x)
     ax.set_ylim(-0.3, 1.9)
     ax.axis("off")
-    ax.set_title(f"Placement of the final gang (attempt {picture.attempt}); TP inside each node, FSDP across nodes on one rail")
+    how = ("one replica group per pod (FSDP inside it), HSDP across groups" if groups is not None
+           else "TP inside each node, FSDP across nodes on one rail")
+    ax.set_title(f"Placement of the final gang (attempt {picture.attempt}); {how}")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
