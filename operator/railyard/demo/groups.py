@@ -206,7 +206,8 @@ def _pids_same(before: Sequence[PodSeen], after: Sequence[PodSeen], record: Grou
 def format_group_report(r: GroupReport, started_at: float) -> str:
     """The lines the demo prints under its summary."""
     lost = next((s for s in r.stories if s.lost_node), None)
-    lines = [f"  replica groups  {r.groups} (faultTolerance ReplicaGroups, minReplicas {r.min_replicas}); one node lost"]
+    lines = [f"  replica groups  {r.groups} (faultTolerance ReplicaGroups, minReplicas {r.min_replicas}); "
+             + ("one node lost" if r.lost_node else "no node lost")]
     if lost is not None and r.injected_at is not None:
         lines.append(f"  node lost       {r.lost_node} (group {lost.group}) at {r.injected_at - started_at:.0f} s, after step {lost.step_at_loss}"
                      " (its rank 0's last step before the injection)")
