@@ -1,6 +1,6 @@
 """`railyard demo --replica-groups` without a cluster: the flag selects the replica-groups
-scenario of the one demo, and the report and the picture's marks are computed from what a real
-run recorded (tests/demo/data/replica_groups_run.json: pods and UIDs, the trainer's events, the
+scenario of the one demo, and the report and the picture's marks are computed from what real
+runs recorded (tests/demo/data/replica_groups_run*.json: pods and UIDs, the trainer's events, the
 final status), then from the same record with a survivor that went wrong."""
 
 from __future__ import annotations
@@ -24,7 +24,9 @@ from railyard.demo.groups import (
 )
 from railyard.demo.scenario import Scenario, ScenarioError, scenario_from_dict
 
-RUN = Path(__file__).parent / "data" / "replica_groups_run.json"
+DATA = Path(__file__).parent / "data"
+RUN = DATA / "replica_groups_run.json"
+RUN_R3 = DATA / "replica_groups_run_r3.json"
 
 
 def _args(*argv: str) -> argparse.Namespace:
@@ -84,8 +86,8 @@ def test_the_flag_and_a_scenario_file_do_not_mix(tmp_path: Path) -> None:
         build_scenario(_args("--replica-groups", "7"))
 
 
-def _run() -> dict[str, Any]:
-    return dict(json.loads(RUN.read_text()))
+def _run(path: Path = RUN) -> dict[str, Any]:
+    return dict(json.loads(path.read_text()))
 
 
 def _report(run: dict[str, Any]) -> GroupReport:
@@ -117,7 +119,7 @@ def test_the_recorded_run_reports_a_survivor_that_carried_on_and_a_group_that_he
     assert "group 0         carried on: demo-a0-0 same UID, same worker pids; steps up to 80, none went back" in text
     assert "group 1         restarted (its node lost): demo-a0-1 -> demo-a1-1; healed from a live peer: step 0 -> 52, no checkpoint read" in text
     assert "ReplicaGroupReplaced), pods carried on [0], replaced [1]" in text
-    assert text.endswith("never a step back: yes")
+    assert text.endswith("never a step back: yes; carried on untouched (same pods and worker pids): group 0")
 
 
 def test_the_picture_marks_the_node_loss_and_the_heal_on_their_group() -> None:
@@ -142,13 +144,31 @@ def test_a_survivor_that_restarted_or_went_back_is_reported() -> None:
     assert survivor.pids_same is False and survivor.steps_back == 1
     assert not r.survivors_never_went_back
     text = format_group_report(r, run["startedAt"])
-    assert "worker pids CHANGED" in text and "1 WENT BACK" in text and text.endswith("NO")
+    assert "restarted in place: demo-a0-0 same UID, new worker pids" in text and "1 WENT BACK" in text
+    assert "never a step back: NO; carried on untouched (same pods and worker pids): none" in text
     # a survivor whose pod was replaced did not carry on
     other = copy.deepcopy(_run())
     other["record"]["pods"]["demo-a0-0"]["uid"] = "another"
     other["record"]["pods"]["demo-a1-0"] = {**other["record"]["pods"]["demo-a0-0"], "name": "demo-a1-0", "uid": "new", "attempt": 1}
     other["record"]["at_end"] = ["demo-a1-0", "demo-a1-1"]
     assert not _report(other).stories[0].carried_on
+
+
+def test_a_recorded_run_of_three_groups_tells_a_group_restarted_in_place_from_one_carried_on() -> None:
+    """The R = 3 run: group 2's node lost; a worker of group 1 died of SIGPIPE on the lost peer's
+    socket, so the operator restarted group 1 in place as well (same pod, new workers)."""
+    run = _run(RUN_R3)
+    r = _report(run)
+    untouched, in_place, lost = r.stories
+    assert untouched.carried_on and untouched.steps_back == 0 and untouched.heals == ()
+    assert in_place.same_pods and in_place.pids_same is False and not in_place.carried_on
+    assert in_place.heals and in_place.heals[0].from_step == 0 and in_place.steps_back == 0
+    assert lost.lost_node and not lost.same_pods and lost.heals and lost.checkpoint_reads == 0
+    assert r.survivors_never_went_back
+    text = format_group_report(r, run["startedAt"])
+    assert "group 1         restarted in place: demo-a0-1 same UID, new worker pids; healed from a live peer: step 0 -> " in text
+    assert text.endswith("carried on untouched (same pods and worker pids): group 0")
+    assert [(m.kind, m.group) for m in group_marks(r, run["startedAt"])] == [("node lost", 2), ("healed", 1), ("healed", 2)]
 
 
 def test_the_picture_is_drawn_from_the_report(tmp_path: Path) -> None:

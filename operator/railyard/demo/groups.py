@@ -60,7 +60,7 @@ class GroupStory:
     pods_before: tuple[str, ...]
     pods_after: tuple[str, ...]
     #: Every pod of the group at the loss is the same object (UID) at the end.
-    carried_on: bool
+    same_pods: bool
     #: Its pods' worker pids at the end are those before the loss (None: no workers_started seen).
     pids_same: bool | None
     lost_node: bool
@@ -76,6 +76,11 @@ class GroupStory:
     checkpoint_reads: int
     #: (time, step) of every step its rank 0 logged, in time order.
     steps: tuple[tuple[float, int], ...]
+
+    @property
+    def carried_on(self) -> bool:
+        """Untouched by the loss: the same pod objects and the same worker processes."""
+        return self.same_pods and self.pids_same is True
 
 
 @dataclass(frozen=True)
@@ -97,7 +102,8 @@ class GroupReport:
 
     @property
     def survivors_never_went_back(self) -> bool:
-        return all(s.steps_back == 0 and s.carried_on for s in self.survivors)
+        """No group whose node stayed logged a step at or below one it had logged before."""
+        return all(s.steps_back == 0 for s in self.survivors)
 
 
 def build_group_report(job: Mapping[str, Any], record: GroupRecord, status: Mapping[str, Any],
@@ -158,7 +164,7 @@ def _story(g: int, pods: Sequence[PodSeen], before: Sequence[PodSeen], after: Se
             pause = max(pause or 0.0, t - last_t)
         top, last_t = s, t
     after_uids = {p.uid for p in after}
-    carried = bool(before) and all(p.uid in after_uids for p in before)
+    same_pods = bool(before) and all(p.uid in after_uids for p in before)
     # every rank of the group logs the heal: one per (from, to), at its first rank's time
     heals: dict[tuple[int, int], Heal] = {}
     for e in events:
@@ -171,7 +177,7 @@ def _story(g: int, pods: Sequence[PodSeen], before: Sequence[PodSeen], after: Se
         pod_indices=tuple(sorted({p.index for p in pods})),
         pods_before=tuple(p.name for p in before),
         pods_after=tuple(p.name for p in after),
-        carried_on=carried,
+        same_pods=same_pods,
         pids_same=_pids_same(before, after, record, t0),
         lost_node=any(p.node == record.lost_node for p in before) if record.lost_node else False,
         step_at_loss=at_loss,
@@ -218,25 +224,26 @@ def format_group_report(r: GroupReport, started_at: float) -> str:
     for s in r.stories:
         lines.append(f"  group {s.group:<9} {_story_line(s)}")
     verdict = "yes" if r.survivors_never_went_back else "NO"
-    lines.append(f"  survivors       same pods (UIDs) and never a step back: {verdict}")
+    untouched = [s.group for s in r.stories if s.carried_on]
+    lines.append(f"  survivors       never a step back: {verdict}; carried on untouched (same pods and worker pids): "
+                 + (f"group{'s' if len(untouched) > 1 else ''} {', '.join(map(str, untouched))}" if untouched else "none"))
     return "\n".join(lines)
 
 
 def _story_line(s: GroupStory) -> str:
     steps = f"steps up to {s.last_step}" if s.last_step is not None else "no step logged"
     reads = "no checkpoint read" if s.checkpoint_reads == 0 else f"{s.checkpoint_reads} checkpoint reads"
+    back = "none went back" if s.steps_back == 0 else f"{s.steps_back} WENT BACK"
+    pause = f", longest pause {s.longest_pause_s:.1f} s" if s.longest_pause_s is not None else ""
+    heal = (f"healed from a live peer: step {s.heals[0].from_step} -> {s.heals[0].to_step}" if s.heals
+            else "did NOT heal from a peer")
     if s.carried_on:
-        pids = {True: "same worker pids", False: "worker pids CHANGED", None: "worker pids not seen"}[s.pids_same]
-        pause = f", longest pause {s.longest_pause_s:.1f} s" if s.longest_pause_s is not None else ""
-        back = "none went back" if s.steps_back == 0 else f"{s.steps_back} WENT BACK"
-        return f"carried on: {', '.join(s.pods_before)} same UID, {pids}; {steps}, {back}{pause}; {reads}"
+        return f"carried on: {', '.join(s.pods_before)} same UID, same worker pids; {steps}, {back}{pause}; {reads}"
+    if s.same_pods:
+        pids = "new worker pids" if s.pids_same is False else "worker pids not seen"
+        return f"restarted in place: {', '.join(s.pods_before)} same UID, {pids}; {heal}, {reads}; {steps}, {back}"
     moved = f"{', '.join(s.pods_before) or '-'} -> {', '.join(s.pods_after) or '-'}"
-    if s.heals:
-        h = s.heals[0]
-        heal = f"healed from a live peer: step {h.from_step} -> {h.to_step}"
-    else:
-        heal = "did NOT heal from a peer"
-    return f"restarted ({'its node lost' if s.lost_node else 'with the lost one'}): {moved}; {heal}, {reads}; {steps}"
+    return f"restarted ({'its node lost' if s.lost_node else 'pod replaced'}): {moved}; {heal}, {reads}; {steps}"
 
 
 @dataclass(frozen=True)
