@@ -20,7 +20,7 @@ def add_parser(sub: Any) -> None:
                    help="the replica-groups scenario: R (default 2, at most 4) HSDP groups of 1 pod x 2 ranks under "
                         "faultTolerance ReplicaGroups (minReplicas 1), the last group's node lost mid-run; "
                         "no straggler, no bit flip (docs/demo.md)")
-    p.add_argument("--steps", type=int, help="training steps (default 80)")
+    p.add_argument("--steps", type=int, help="training steps (default 80; 120 with --replica-groups)")
     p.add_argument("--no-node-failure", action="store_true", help="do not fail a node")
     p.add_argument("--no-straggler", action="store_true", help="do not slow a node")
     p.add_argument("--no-bitflip", action="store_true", help="do not flip a bit")
