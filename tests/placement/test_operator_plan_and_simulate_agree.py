@@ -5,7 +5,9 @@ and busy nodes) and jobs (shape, hot spares, nodeSelector, tolerations, Required
 to all three: the operator's reconcile cycle (in-process, on the fake cluster), the plan
 command's core and the simulator's cluster. The answers must be identical: the same nodes by
 pod index and the same spares, or the same reason it cannot be placed; then, after the node of
-one pod fails, the same sticky re-placement."""
+one pod fails, the same sticky re-placement. Jobs with replica groups (faultTolerance
+ReplicaGroups) also get the same groups from `railyard plan` as from the operator's pods (which
+pods, on which nodes) and the same Lighthouse pod (name, address, command, not pinned)."""
 
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ from tests.operator.builders import make_node
 from tests.operator.fake_cluster import Harness
 
 from railyard.api.trainingjob import TrainingJob
-from railyard.commands.plan import plan
+from railyard.commands.plan import plan, plan_lighthouse
 from railyard.logic.conditions import find_condition
 from railyard.logic.placement import Placement, Unplaceable
 from railyard.sim.decisions import Cluster
@@ -62,6 +64,13 @@ def _job(rng: random.Random, gpus: int, size: int) -> dict[str, Any]:
     if rng.random() < 0.4:
         spec["tolerations"] = [{"key": "dedicated", "operator": "Exists", "effect": "NoSchedule"}]
     if rng.random() < 0.3:
+        # replica groups: every group nodes / R whole pods, each placed as a block
+        groups = rng.choice([2, 3])
+        spec["nodes"] = nodes = groups * rng.randint(1, max(1, min(3, (size - 1) // groups)))
+        spec["parallelism"] = {"tensor": tensor, "dataReplicas": groups}
+        spec["faultTolerance"] = {"mode": "ReplicaGroups", "minReplicas": rng.randint(1, groups)}
+        spec["trainer"] = {"batchSize": nodes * procs}
+    elif rng.random() < 0.3:
         # often larger than one spine holds: NoDomainFits
         spec["topology"] = {"mode": "Required", "requiredLevel": "railyard.dev/spine"}
         spec["nodes"] = nodes = rng.randint(1, size)
@@ -76,6 +85,34 @@ def _answer(result: Placement | Unplaceable) -> tuple[Any, ...]:
     if isinstance(result, Unplaceable):
         return ("unplaceable", result.condition_reason)
     return ("placed", result.nodes, result.spares)
+
+
+def _plan_groups(result: Placement | Unplaceable) -> list[tuple[int, tuple[int, ...], tuple[str, ...]]]:
+    if not isinstance(result, Placement):
+        return []
+    return [(g.group, g.pods, g.nodes) for g in result.replica_groups]
+
+
+def _operator_groups(h: Harness, attempt: int) -> list[tuple[int, tuple[int, ...], tuple[str, ...]]]:
+    """The groups as the operator's pods say: RAILYARD_REPLICA_GROUP of each pod, its node."""
+    from tests.operator.fake_cluster import _pinned_node
+
+    groups: dict[int, list[tuple[int, str]]] = {}
+    for pod in h.cluster.pods_of(attempt):
+        env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
+        if "RAILYARD_REPLICA_GROUP" in env:
+            groups.setdefault(int(env["RAILYARD_REPLICA_GROUP"]), []).append((int(env["RAILYARD_POD_INDEX"]), _pinned_node(pod)))
+    return [(g, tuple(i for i, _ in sorted(m)), tuple(n for _, n in sorted(m))) for g, m in sorted(groups.items())]
+
+
+def _operator_lighthouse(h: Harness, job: TrainingJob) -> tuple[Any, ...] | None:
+    pod = h.cluster.pods.get(f"{job.metadata.name}-lighthouse")
+    if pod is None:
+        return None
+    gang = h.cluster.pods_of(0)
+    address = {e["name"]: e.get("value") for e in gang[0]["spec"]["containers"][0]["env"]}.get("TORCHFT_LIGHTHOUSE") if gang else None
+    pinned = bool(pod["spec"].get("nodeName") or pod["spec"].get("affinity"))
+    return (pod["metadata"]["name"], address, tuple(pod["spec"]["containers"][0]["command"]), pinned)
 
 
 async def _operator_first(h: Harness) -> tuple[Any, ...]:
@@ -122,6 +159,12 @@ async def test_operator_plan_and_simulator_give_the_same_answer(seed: int) -> No
     except ValueError:
         sim, by_sim = None, ("unplaceable", first.condition_reason if isinstance(first, Unplaceable) else "?")
     assert _answer(first) == by_operator == by_sim, (seed, doc["spec"])
+    assert _plan_groups(first) == _operator_groups(h, 0), (seed, doc["spec"])
+    if isinstance(first, Placement) and job.spec.replica_groups > 1:
+        lighthouse = plan_lighthouse(job)
+        assert lighthouse is not None and first.replica_groups
+        by_plan_lh = (lighthouse.pod, lighthouse.address, lighthouse.command, lighthouse.node.startswith("pinned"))
+        assert by_plan_lh == _operator_lighthouse(h, job), (seed, doc["spec"])
 
     if not isinstance(first, Placement) or sim is None:
         return
@@ -133,6 +176,8 @@ async def test_operator_plan_and_simulator_give_the_same_answer(seed: int) -> No
     ok = sim.quarantine_and_replace([victim], now=0.0, repair_s=3600.0)
     by_sim = ("placed", sim.placement.nodes, sim.placement.spares, sim.placement.moved) if ok else ("unplaceable", "NotEnoughNodes")
     assert by_plan == by_operator == by_sim, (seed, victim, doc["spec"])
+    if isinstance(second, Placement) and h.status.phase == "Starting":
+        assert _plan_groups(second) == _operator_groups(h, 1), (seed, victim, doc["spec"])
 
 
 def test_the_generator_covers_placed_unplaceable_and_replaced_cases() -> None:
@@ -142,5 +187,7 @@ def test_the_generator_covers_placed_unplaceable_and_replaced_cases() -> None:
         nodes, pods = _cluster(rng)
         doc = _job(rng, int(nodes[0]["status"]["allocatable"]["nvidia.com/gpu"]), len(nodes))
         _, first, _ = plan(doc, nodes, pods)
-        outcomes.add(_answer(first)[0] if isinstance(first, Placement) else first.condition_reason)
-    assert "placed" in outcomes and len(outcomes) >= 3, outcomes
+        placed = _answer(first)[0] if isinstance(first, Placement) else first.condition_reason
+        groups = isinstance(first, Placement) and bool(first.replica_groups)
+        outcomes.add(placed + (" in replica groups" if groups else ""))
+    assert "placed" in outcomes and "placed in replica groups" in outcomes and len(outcomes) >= 4, outcomes

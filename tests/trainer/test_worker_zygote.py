@@ -26,7 +26,7 @@ out = os.environ["OUT"]
 info = {"pid": os.getpid(), "ppid": os.getppid(), "sid": os.getsid(0), "cwd": os.getcwd(), "argv": sys.argv[1:],
         "rank": os.environ.get("RANK"), "leaked": os.environ.get("ONLY_IN_THE_LAUNCHER"),
         "preloaded": "colorsys" in sys.modules, "name": __name__,
-        "comm": open("/proc/self/comm").read().strip()}
+        "comm": open("/proc/self/comm").read().strip(), "sigpipe": str(signal.getsignal(signal.SIGPIPE))}
 with open(out + ".tmp", "w") as f:
     json.dump(info, f)
 os.replace(out + ".tmp", out)
@@ -71,6 +71,8 @@ def test_workers_are_forked_from_one_zygote_with_their_own_environment_and_exit_
         assert ia["argv"] == ["x", "y"] and ia["name"] == "__main__" and ia["cwd"] == str(tmp_path)
         assert (ia["rank"], ib["rank"]) == ("0", "1") and ia["leaked"] is None
         assert (ia["comm"], ib["comm"]) == ("railyard-r0", "railyard-r1")  # what top shows
+        # SIGPIPE ignored, as in a fresh interpreter: a peer's closed socket is an error, not death
+        assert ia["sigpipe"] == str(signal.SIG_IGN)
         # the next generation (an in-place restart) forks from the same zygote
         c = spawner.spawn(_command(script), _env(tmp_path, "c", RANK="0"))
         assert c.wait(60) == 0 and _info(tmp_path, "c")["ppid"] == zygote

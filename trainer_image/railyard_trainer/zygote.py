@@ -396,8 +396,12 @@ def run_child(child: _Child) -> None:
     ``python -m MODULE ARGS`` as the interpreter would. Returns through SystemExit."""
     os.setsid()
     die_with_parent()
-    for s in (signal.SIGTERM, signal.SIGCHLD, signal.SIGPIPE):
+    for s in (signal.SIGTERM, signal.SIGCHLD):
         signal.signal(s, signal.SIG_DFL)
+    # as a fresh interpreter sets it: a write to a socket a dead peer closed raises EPIPE (torchft
+    # records the failed collective) instead of killing the worker (exit 141, seen with replica
+    # groups when a peer group's node was lost)
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     os.environ.clear()
     os.environ.update(child.env)

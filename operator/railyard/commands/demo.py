@@ -1,4 +1,5 @@
-"""``railyard demo``: the main job on one machine, with a node failure, a straggler and a bit flip."""
+"""``railyard demo``: the main job on one machine, with a node failure, a straggler and a bit flip;
+``--replica-groups``: the same demo with replica groups (faultTolerance) and one node lost."""
 
 from __future__ import annotations
 
@@ -14,8 +15,12 @@ def add_parser(sub: Any) -> None:
         "demo", help="run a tiny FSDP + TP job on a local cluster through scripted faults, then summarise"
     )
     p.add_argument("--out", default="railyard-demo", help="folder for pictures, summary.json and logs (default: ./railyard-demo)")
-    p.add_argument("--scenario", help="YAML scenario file (steps, nodeFailure, straggler, bitflip); see docs/demo.md")
-    p.add_argument("--steps", type=int, help="training steps (default 80)")
+    p.add_argument("--scenario", help="YAML scenario file (steps, nodeFailure, straggler, bitflip, replicaGroups); see docs/demo.md")
+    p.add_argument("--replica-groups", type=int, nargs="?", const=2, metavar="R",
+                   help="the replica-groups scenario: R (default 2, at most 4; R > 2 may stall, docs/fault-tolerance.md) HSDP groups of 1 pod x 2 ranks under "
+                        "faultTolerance ReplicaGroups (minReplicas 1), the last group's node lost mid-run; "
+                        "no straggler, no bit flip (docs/demo.md)")
+    p.add_argument("--steps", type=int, help="training steps (default 80; 120 with --replica-groups)")
     p.add_argument("--no-node-failure", action="store_true", help="do not fail a node")
     p.add_argument("--no-straggler", action="store_true", help="do not slow a node")
     p.add_argument("--no-bitflip", action="store_true", help="do not flip a bit")
@@ -34,9 +39,20 @@ def build_scenario(args: argparse.Namespace) -> Any:
 
     import yaml
 
-    from railyard.demo.scenario import Scenario, scenario_from_dict
+    from railyard.demo.scenario import (
+        Scenario,
+        ScenarioError,
+        replica_groups_scenario,
+        scenario_from_dict,
+    )
 
     scn = Scenario()
+    if args.replica_groups is not None:
+        if args.scenario:
+            raise ScenarioError("--replica-groups: not with --scenario (put replicaGroups: {groups: R} in the scenario file instead)")
+        if not 2 <= args.replica_groups <= 4:
+            raise ScenarioError(f"--replica-groups: {args.replica_groups} must be in [2, 4] (one pod per group on this machine)")
+        scn = replica_groups_scenario(args.replica_groups)
     if args.scenario:
         with open(args.scenario, encoding="utf-8") as fh:
             scn = scenario_from_dict(yaml.safe_load(fh) or {})

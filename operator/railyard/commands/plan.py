@@ -1,7 +1,9 @@
 """``railyard plan JOB.yaml --nodes NODES``: where a TrainingJob would be placed, and why not.
 
 Prints the placement, a rank-table summary and the network cost per topology level, or the
-reason the gang is unplaceable (exit code 3). ``NODES`` is a YAML/JSON file holding a list of
+reason the gang is unplaceable (exit code 3). With ``faultTolerance: ReplicaGroups`` also the
+replica groups (which pods form each, on which nodes and leaf domains) and the Lighthouse pod the
+operator creates for the job. ``NODES`` is a YAML/JSON file holding a list of
 Node objects (or a ``kind: List`` / ``NodeList`` with ``items``, as ``kubectl get nodes -o yaml``
 writes), or a compact generator spec such as ``spine=2,leaf=4,nodes=32,gpus=8``;
 ``--kubeconfig`` reads nodes and pods from a live cluster instead. ``--fail NODE`` then shows the
@@ -14,10 +16,12 @@ import argparse
 import json
 import sys
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import yaml
 
+from railyard.api.trainingjob import TrainingJob
 from railyard.logic.cost import CostInputs
 from railyard.logic.placement import (
     GangRequest,
@@ -114,7 +118,68 @@ def _from_cluster(kubeconfig: str) -> tuple[list[dict[str, Any]], list[dict[str,
     return nodes, pods
 
 
-def _summary(pl: Placement, req: GangRequest, show: int) -> list[str]:
+@dataclass(frozen=True)
+class LighthousePlan:
+    """The job's Lighthouse as the operator would create it (faultTolerance ReplicaGroups)."""
+
+    pod: str
+    address: str
+    command: tuple[str, ...]
+    #: When the operator creates it (railyard.logic.lighthouse.decide_lighthouse).
+    created: str
+    #: The node: the operator does not choose it (the pod is not pinned), so this says who does.
+    node: str
+
+
+def plan_lighthouse(job: TrainingJob) -> LighthousePlan | None:
+    """The operator's own Lighthouse pod and decision for this job (None without replica groups)."""
+    from typing import get_args
+
+    from railyard.api.trainingjob import TrainingJobStatus
+    from railyard.logic.lighthouse import decide_lighthouse
+    from railyard.logic.manifests import build_lighthouse_pod, lighthouse_address
+
+    spec = job.spec
+    if spec.replica_groups <= 1:
+        return None
+    name, ns = job.metadata.name or "", job.metadata.namespace or "default"
+    pod = build_lighthouse_pod(spec, job=name, namespace=ns, owner={})
+    all_phases = get_args(TrainingJobStatus.model_fields["phase"].annotation)
+    phases = [ph for ph in all_phases if decide_lighthouse(replica_groups=spec.replica_groups, phase=ph, deleting=False,
+                                                                  have=[], nodes={}).create]
+    pinned = pod["spec"].get("nodeName") or pod["spec"].get("affinity")
+    selector = pod["spec"].get("nodeSelector")
+    where = [f"nodeSelector {selector}" if selector else "any node"] + (["the job's tolerations"] if pod["spec"].get("tolerations") else [])
+    node = ("pinned by the operator" if pinned else
+            f"not chosen by the operator: kube-scheduler places it (no GPU; {', '.join(where)}); it may share a node with the gang")
+    return LighthousePlan(
+        pod=str(pod["metadata"]["name"]), address=lighthouse_address(name, ns), command=tuple(pod["spec"]["containers"][0]["command"]),
+        created="while the gang holds its nodes (" + ", ".join(phases) + "); recreated when lost", node=node,
+    )
+
+
+def _groups_summary(pl: Placement, req: GangRequest, lighthouse: LighthousePlan | None) -> list[str]:
+    groups = pl.replica_groups
+    if not groups:
+        return []
+    per = req.nodes // req.replicas
+    lines = [
+        f"  replica groups: {len(groups)} of {per} pods each (faultTolerance ReplicaGroups), each its own world "
+        f"pp {req.pp} x dp {req.dp // req.replicas} x tp {req.tp}:",
+        f"    {'group':>5}  {'pods':<12} {'nodes':<40} leaf domains",
+    ]
+    for g in groups:
+        pods = ",".join(str(i) for i in g.pods) + (" (moved " + ",".join(str(i) for i in g.moved) + ")" if g.moved else "")
+        nodes = ", ".join(g.nodes[:4]) + (", ..." if len(g.nodes) > 4 else "")
+        leaves = ", ".join("/".join(path) or "-" for path in g.leaves)
+        lines.append(f"    {g.group:>5}  {pods:<12} {nodes:<40} {leaves}")
+    if lighthouse is not None:
+        lines.append(f"  lighthouse: pod {lighthouse.pod} at {lighthouse.address}: {' '.join(lighthouse.command)}")
+        lines.append(f"    created {lighthouse.created}; node: {lighthouse.node}")
+    return lines
+
+
+def _summary(pl: Placement, req: GangRequest, show: int, lighthouse: LighthousePlan | None = None) -> list[str]:
     t = pl.rank_table
     lines = [
         f"placed {req.job}: {len(pl.nodes)} pods on {len(pl.nodes)} nodes + {len(pl.spares)} hot spares",
@@ -141,6 +206,7 @@ def _summary(pl: Placement, req: GangRequest, show: int) -> list[str]:
         )
     if pl.spares:
         lines.append(f"  spares: {', '.join(pl.spares)}")
+    lines.extend(_groups_summary(pl, req, lighthouse))
     lines.append("  network cost per step (host and nvlink: NVLink, not the network):")
     lines.append(f"    {'level':<34} {'bytes':>12} {'seconds':>10}")
     for c in pl.cost.levels:
@@ -176,7 +242,7 @@ def _nvlink_lines(pl: Placement, req: GangRequest, show: int = 8) -> list[str]:
     return lines
 
 
-def _as_json(pl: Placement | Unplaceable) -> dict[str, Any]:
+def _as_json(pl: Placement | Unplaceable, lighthouse: LighthousePlan | None = None) -> dict[str, Any]:
     if isinstance(pl, Unplaceable):
         return {
             "placed": False,
@@ -197,6 +263,11 @@ def _as_json(pl: Placement | Unplaceable) -> dict[str, Any]:
         "moved": list(pl.moved),
         "nvlinkDomains": {k: list(v) for k, v in pl.tp_groups_by_domain.items()},
         "notes": list(pl.notes),
+        **({"replicaGroups": [{"group": g.group, "pods": list(g.pods), "nodes": list(g.nodes),
+                               "leaves": ["/".join(path) for path in g.leaves], "moved": list(g.moved)} for g in pl.replica_groups]}
+           if pl.replica_groups else {}),
+        **({"lighthouse": {"pod": lighthouse.pod, "address": lighthouse.address, "command": list(lighthouse.command),
+                           "created": lighthouse.created, "node": lighthouse.node}} if lighthouse is not None else {}),
     }
 
 
@@ -251,13 +322,14 @@ def run(args: argparse.Namespace) -> int:
             param_bytes=args.param_bytes, activation_bytes=args.activation_bytes, tp_bytes_per_step=args.tp_bytes
         )
         req, first, second = plan(job_doc, nodes, pods, fail=args.fail, cost_inputs=inputs)
+        lighthouse = plan_lighthouse(TrainingJob.model_validate(job_doc))
     except (OSError, yaml.YAMLError, ValueError, ValidationError) as exc:
         print(f"railyard plan: {exc}", file=sys.stderr)
         return 1
     if args.json:
-        out: dict[str, Any] = {"job": req.job, "placement": _as_json(first)}
+        out: dict[str, Any] = {"job": req.job, "placement": _as_json(first, lighthouse)}
         if second is not None:
-            out["replacement"] = _as_json(second)
+            out["replacement"] = _as_json(second, lighthouse)
         print(json.dumps(out, indent=2))
     else:
         for label, result in (
@@ -269,6 +341,6 @@ def run(args: argparse.Namespace) -> int:
             if isinstance(result, Unplaceable):
                 print(f"{label}unplaceable ({result.constraint}): {result.reason}")
             else:
-                print(label + "\n".join(_summary(result, req, args.show_pods)))
+                print(label + "\n".join(_summary(result, req, args.show_pods, lighthouse)))
     final = second if second is not None else first
     return EXIT_UNPLACEABLE if isinstance(final, Unplaceable) else 0

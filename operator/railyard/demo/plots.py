@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from railyard.demo.groups import GroupReport, group_marks
 from railyard.demo.record import Record, placement_picture
 
 PHASE_COLORS = {
@@ -13,12 +14,15 @@ PHASE_COLORS = {
 }
 
 
-def draw_all(record: Record, out: Path) -> list[Path]:
+def draw_all(record: Record, out: Path, groups: GroupReport | None = None) -> list[Path]:
+    """``groups`` (``--replica-groups``): the step picture shows each group's steps as its
+    trainer logged them, the node loss and the heals (railyard.demo.groups.group_marks)."""
     import matplotlib
 
     matplotlib.use("Agg")
     out.mkdir(parents=True, exist_ok=True)
-    return [draw_loss(record, out / "loss.png"), draw_timeline(record, out / "timeline.png"), draw_placement(record, out / "placement.png")]
+    return [draw_loss(record, out / "loss.png", groups), draw_timeline(record, out / "timeline.png"),
+            draw_placement(record, out / "placement.png", groups)]
 
 
 def _restarts(record: Record) -> list[tuple[float, int]]:
@@ -29,7 +33,7 @@ def _restarts(record: Record) -> list[tuple[float, int]]:
     return out
 
 
-def draw_loss(record: Record, path: Path) -> Path:
+def draw_loss(record: Record, path: Path, groups: GroupReport | None = None) -> Path:
     import matplotlib.pyplot as plt
 
     fig, (ax_loss, ax_step) = plt.subplots(2, 1, figsize=(9, 6), sharex=True)
@@ -41,7 +45,10 @@ def draw_loss(record: Record, path: Path) -> Path:
         pts = [(s.t - record.started_at, s.loss, s.step) for s in own[first:] if s.loss is not None]
         if pts:
             ax_loss.plot([p[0] for p in pts], [p[1] for p in pts], ".-", label=f"attempt {attempt}")
-            ax_step.plot([p[0] for p in pts], [p[2] for p in pts], "-", label=f"attempt {attempt}")
+            if groups is None:
+                ax_step.plot([p[0] for p in pts], [p[2] for p in pts], "-", label=f"attempt {attempt}")
+    if groups is not None:
+        _draw_group_steps(ax_step, groups, record.started_at)
     for t, attempt in _restarts(record):
         for ax in (ax_loss, ax_step):
             ax.axvline(t, color="#de2d26", linestyle="--", linewidth=1)
@@ -52,12 +59,35 @@ def draw_loss(record: Record, path: Path) -> Path:
     ax_loss.set_ylabel("loss")
     ax_loss.set_title("Training loss; dashed: restarts, dotted: injected faults")
     ax_loss.legend(fontsize=8)
-    ax_step.set_ylabel("step")
+    ax_step.set_ylabel("step" if groups is None else "step (each group's rank 0)")
     ax_step.set_xlabel("seconds since kubectl apply")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def _draw_group_steps(ax: object, groups: GroupReport, started_at: float) -> None:
+    """Each replica group's steps as its trainer logged them (gaps: not training), the node
+    loss and every heal marked on the group it happened to."""
+    from typing import Any
+
+    a: Any = ax
+    colors = {}
+    markers = ["o", "x", "+", "^"]
+    for story in groups.stories:
+        pts = [(t - started_at, step) for t, step in story.steps]
+        if pts:
+            # groups step together: hollow and open markers keep every group visible
+            (line,) = a.plot([p[0] for p in pts], [p[1] for p in pts], markers[story.group % len(markers)], markersize=5,
+                             markerfacecolor="none", linestyle="none",
+                             label=f"group {story.group}" + (" (node lost, healed)" if story.heals else ""))
+            colors[story.group] = line.get_color()
+    for m in group_marks(groups, started_at):
+        color = "#de2d26" if m.kind == "node lost" else colors.get(m.group, "#31a354")
+        a.plot([m.t], [m.step], "X" if m.kind == "node lost" else "*", markersize=12, color=color, markeredgecolor="#333333")
+        a.annotate(m.label, (m.t, m.step), xytext=(6, -12 if m.kind == "healed" else 6), textcoords="offset points", fontsize=8, color=color)
+    a.legend(fontsize=8, loc="lower right")
 
 
 def phase_spans(record: Record) -> list[tuple[int, str, float, float]]:
@@ -95,11 +125,12 @@ def draw_timeline(record: Record, path: Path) -> Path:
     return path
 
 
-def draw_placement(record: Record, path: Path) -> Path:
+def draw_placement(record: Record, path: Path, groups: GroupReport | None = None) -> Path:
     import matplotlib.pyplot as plt
     from matplotlib.patches import FancyBboxPatch
 
     picture = placement_picture(record)
+    group_of = {i: s.group for s in groups.stories for i in s.pod_indices} if groups is not None else {}
     colors = {"pod": "#a1d99b", "spare": "#c6dbef", "quarantined": "#fcbba1", "free": "#f0f0f0"}
     width = sum(len(cells) for cells in picture.leaves.values())
     fig, ax = plt.subplots(figsize=(2.2 * max(width, 2), 3.2))
@@ -109,7 +140,7 @@ def draw_placement(record: Record, path: Path) -> Path:
         for c in cells:
             label = c.node
             if c.role == "pod":
-                label = f"{c.node}\npod {c.pod_index}" + (" (moved)" if c.moved else "")
+                label = f"{c.node}\npod {c.pod_index}" + (f" group {group_of[c.pod_index]}" if c.pod_index in group_of else "") + (" (moved)" if c.moved else "")
             elif c.role != "free":
                 label = f"{c.node}\n{c.role}"
             ax.add_patch(FancyBboxPatch((x, 0), 1.8, 1, boxstyle="round,pad=0.05", facecolor=colors[c.role], edgecolor="#333333"))
@@ -121,7 +152,9 @@ def draw_placement(record: Record, path: Path) -> Path:
     ax.set_xlim(-0.3, x)
     ax.set_ylim(-0.3, 1.9)
     ax.axis("off")
-    ax.set_title(f"Placement of the final gang (attempt {picture.attempt}); TP inside each node, FSDP across nodes on one rail")
+    how = ("one replica group per pod (FSDP inside it), HSDP across groups" if groups is not None
+           else "TP inside each node, FSDP across nodes on one rail")
+    ax.set_title(f"Placement of the final gang (attempt {picture.attempt}); {how}")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

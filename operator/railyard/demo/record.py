@@ -95,7 +95,7 @@ def note_restart(record: Record, status: dict[str, Any]) -> dict[str, Any] | Non
     if last.get("mode") == "InPlace" and last.get("state") == "Pending":
         return None  # wait for the replacements: the message then names where they went
     attempt = int(last["attempt"])
-    note = {k: last.get(k) for k in ("mode", "reason", "message", "kept", "replaced")}
+    note = {k: last.get(k) for k in ("mode", "reason", "message", "kept", "replaced", "carriedOn")}
     if record.restarts.get(attempt) == note:
         return None
     record.restarts[attempt] = note

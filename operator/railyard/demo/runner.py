@@ -23,6 +23,14 @@ from typing import Any
 
 import yaml
 
+from railyard.demo.groups import (
+    GroupRecord,
+    GroupReport,
+    PodSeen,
+    build_group_report,
+    format_group_report,
+    group_record_to_json,
+)
 from railyard.demo.plots import draw_all
 from railyard.demo.prometheus import (
     EXAMPLE_QUERIES,
@@ -123,6 +131,22 @@ def restarts_from_metrics(text: str) -> dict[str, int]:
     return out
 
 
+def read_pod_events(log_dir: Path, namespace: str, pod: str) -> list[dict[str, Any]]:
+    """The JSON lines a pod's containers printed (the trainer's and its launcher's events), from
+    the node agent's log files (railyard.local.podlogs.log_file): on this machine, whatever the
+    pod's state now."""
+    from railyard.local.podlogs import log_file
+
+    out: list[dict[str, Any]] = []
+    folder = log_file(log_dir, namespace, pod, "x").parent
+    for f in sorted(folder.glob("*.log")) if folder.exists() else []:
+        for line in f.read_text(errors="replace").splitlines():
+            if line.startswith("{"):
+                with contextlib.suppress(ValueError):
+                    out.append(json.loads(line))
+    return out
+
+
 def _wait(what: str, pred: Callable[[], bool], timeout: float, log_hint: str) -> None:
     deadline = time.monotonic() + timeout
     while not pred():
@@ -152,6 +176,9 @@ class Demo:
         self.prometheus = prometheus
         self.prometheus_port = prometheus_port
         self.prometheus_report: dict[str, Any] | None = None
+        #: --replica-groups: pods, UIDs, trainer events (railyard.demo.groups)
+        self.groups = GroupRecord()
+        self.group_report: GroupReport | None = None
 
     # ------------------------------------------------------------------ orchestration
 
@@ -180,9 +207,11 @@ class Demo:
             self._read_topology()
             self.record.started_at = time.time()
             self.custom.create_namespaced_custom_object(GROUP, VERSION, self.ns, PLURAL, self.job)
-            self.echo(f"  applied TrainingJob {self.name}: {self.scenario.nodes} nodes x {self.scenario.procs_per_node} ranks, tensor={self.scenario.tensor}, FSDP across nodes, {self.scenario.steps} steps")
+            self.echo(f"  applied TrainingJob {self.name}: {self._describe_job()}, {self.scenario.steps} steps")
             self._describe_scenario()
             self._watch(operator, cluster)
+            if self.scenario.replica_groups is not None:
+                self.groups.events = {name: read_pod_events(cluster.log_dir, self.ns, name) for name in self.groups.pods}
             try:
                 self.metrics_restarts = restarts_from_metrics(operator.get("/metrics"))
             except OSError:
@@ -267,6 +296,14 @@ class Demo:
             labels = node.metadata.labels or {}
             self.record.topology[node.metadata.name] = (labels.get("railyard.dev/spine", "?"), labels.get("railyard.dev/leaf", "?"))
 
+    def _describe_job(self) -> str:
+        s = self.scenario
+        if s.replica_groups is not None:
+            return (f"{s.replica_groups.groups} replica groups of {s.nodes // s.replica_groups.groups} pod x {s.procs_per_node} ranks "
+                    f"(FSDP inside each, HSDP across them; faultTolerance ReplicaGroups, minReplicas {s.replica_groups.min_replicas}), "
+                    f"a Lighthouse pod")
+        return f"{s.nodes} nodes x {s.procs_per_node} ranks, tensor={s.tensor}, FSDP across nodes"
+
     def _describe_scenario(self) -> None:
         s = self.scenario
         parts = []
@@ -303,7 +340,7 @@ class Demo:
                 last_line = now
             self._note_placement(status)
             self._note_restart(status)
-            self._note_pods(status)
+            self._note_pods(status, sample.phase)
             for s in status.get("stragglers") or []:
                 self.stragglers_seen.add(f"rank {s.get('rank')} on {s.get('node')}")
             self._print_events()
@@ -336,9 +373,10 @@ class Demo:
             attempt = int((status.get("lastRestart") or {}).get("attempt", 0))
             self.echo(f"  restarted {describe_restart(attempt, note)}")
 
-    def _note_pods(self, status: dict[str, Any]) -> None:
+    def _note_pods(self, status: dict[str, Any], phase: str) -> None:
         pods = self.core.list_namespaced_pod(self.ns, label_selector=f"railyard.dev/job={self.name}").items
         seen = []
+        gang: list[str] = []
         for p in pods:
             labels = p.metadata.labels or {}
             if labels.get("railyard.dev/cleanup") == "true" or labels.get("railyard.dev/spare") == "true" or not p.spec.node_name:
@@ -346,11 +384,22 @@ class Demo:
             if p.metadata.deletion_timestamp:
                 continue
             try:
-                seen.append((int(labels.get("railyard.dev/attempt", -1)), int(labels.get("railyard.dev/pod-index", -1)), str(p.spec.node_name)))
+                attempt, index = int(labels.get("railyard.dev/attempt", -1)), int(labels.get("railyard.dev/pod-index", -1))
             except ValueError:
                 continue
+            seen.append((attempt, index, str(p.spec.node_name)))
+            if index >= 0:
+                name = str(p.metadata.name)
+                self.groups.pods[name] = PodSeen(name, str(p.metadata.uid), attempt, index, str(p.spec.node_name))
+                gang.append(name)
         # the pods that serve the current attempt (kept ones were created for earlier attempts)
-        note_pods(self.record, members_of(status, seen))
+        members = members_of(status, seen)
+        note_pods(self.record, members)
+        serving = {(i, n) for _, i, n in members}
+        gang = sorted(n for n in gang if (self.groups.pods[n].index, self.groups.pods[n].node) in serving)
+        if phase == "Running" and gang:
+            # the gang as it last ran (a finished job's pods may go before the last poll)
+            self.groups.at_end = gang
 
     def _print_events(self) -> None:
         events = self.core.list_namespaced_event(self.ns, field_selector=f"involvedObject.name={self.name}").items
@@ -382,9 +431,12 @@ class Demo:
             self.echo(f"  >>> fault: {node} now runs x{scn.straggler.factor:g} slower (a throttling GPU)")
         if scn.node_failure and "node_failure" not in self.done_actions and s.attempt == 0 and s.step >= scn.node_failure.step:
             node = nodes[scn.node_failure.pod_index]
+            self.groups.at_failure = list(self.groups.at_end)
             self._annotate_node(node, {FAIL_ANNOTATION: "true"})
+            # the one time of the demo's own the replica-group report uses: when it injected the fault
+            self.groups.injected_at, self.groups.lost_node = time.time(), node
             self.done_actions.add("node_failure")
-            self.record.actions.append((time.time(), f"fail {node}"))
+            self.record.actions.append((self.groups.injected_at, f"fail {node}"))
             self.echo(f"  >>> fault: node {node} fails (NotReady, its processes and its RAM checkpoints are gone)")
         if scn.bitflip and "bitflip" not in self.done_actions and s.attempt == scn.bitflip_attempt() and s.step >= scn.bitflip.step:
             self.done_actions.add("bitflip")
@@ -401,10 +453,14 @@ class Demo:
         summary = summarise(self.record, restores)
         if self.stragglers_seen:
             summary = Summary(**{**asdict(summary), "restores": restores, "stragglers": sorted(self.stragglers_seen)})
-        pictures = draw_all(self.record, self.out)
+        if self.scenario.replica_groups is not None:
+            self.group_report = build_group_report(self.job, self.groups, self.record.final_status, self.record.restarts)
+        pictures = draw_all(self.record, self.out, self.group_report)
         self.echo("")
         self.echo("Summary")
         self.echo(format_summary(summary))
+        if self.group_report is not None:
+            self.echo(format_group_report(self.group_report, self.record.started_at))
         status_restarts = {k: v for k, v in summary.restarts.items() if k != "total" and v}
         metric_restarts = {k.lower(): v for k, v in self.metrics_restarts.items() if v}
         agree = {k.lower(): v for k, v in status_restarts.items()} == metric_restarts
@@ -427,6 +483,9 @@ class Demo:
             "pods": self.record.pods,
             "placementPicture": placement_picture(self.record).pods(),
         }
+        if self.group_report is not None:
+            data["replicaGroups"] = {"report": asdict(self.group_report), "record": group_record_to_json(self.groups),
+                                     "startedAt": self.record.started_at, "restarts": self.record.restarts}
         (self.out / "summary.json").write_text(json.dumps(data, indent=1, default=str))
         (self.out / "trainingjob.yaml").write_text(yaml.safe_dump(self.job, sort_keys=False))
         return summary

@@ -191,6 +191,37 @@ class Placement:
         """Bytes per step crossing each level (``host``, ``network``, then the level keys)."""
         return {c.level: c.bytes_per_step for c in self.cost.levels}
 
+    @property
+    def replica_groups(self) -> tuple[GroupPlacement, ...]:
+        """faultTolerance ReplicaGroups: which pods form each group (the layout's rule,
+        :meth:`MeshShape.group_of_pod`, the one the pods' ``RAILYARD_REPLICA_GROUP`` comes from)
+        and the leaf domains its nodes lie in. Empty when the gang is one world."""
+        if self.request is None or self.topology is None or self.request.replicas <= 1:
+            return ()
+        shape, topo = self.request.shape, self.topology
+        pods: dict[int, list[int]] = {}
+        for i in range(len(self.nodes)):
+            pods.setdefault(shape.group_of_pod(i), []).append(i)
+        out = []
+        for g, members in sorted(pods.items()):
+            nodes = tuple(self.nodes[i] for i in members)
+            leaves = tuple(dict.fromkeys(topo.path(topo.index[n]) for n in nodes))
+            out.append(GroupPlacement(g, tuple(members), nodes, leaves, tuple(i for i in members if i in self.moved)))
+        return tuple(out)
+
+
+@dataclass(frozen=True, slots=True)
+class GroupPlacement:
+    """One replica group of a placement (:attr:`Placement.replica_groups`)."""
+
+    group: int
+    pods: tuple[int, ...]
+    nodes: tuple[str, ...]
+    #: The leaf domains of its nodes, each as its path (broadest level first), in pod order.
+    leaves: tuple[tuple[str, ...], ...]
+    #: Its pods that moved in a re-placement.
+    moved: tuple[int, ...] = ()
+
 
 #: Placement constraint -> the reason the operator writes into the Placed condition.
 CONDITION_REASONS: Mapping[str, str] = {
