@@ -55,7 +55,7 @@ def _ints(v: Any) -> Any:
 def cluster(tmp_path: Path) -> Iterator[Any]:
     """A fresh embedded cluster (own API server, scheduler and node agent): the operator under
     test watches all namespaces, so it gets a cluster no other test leaves jobs in."""
-    from railyard.local.cluster import LocalCluster
+    from railyard_local.cluster import LocalCluster
 
     c = LocalCluster(tmp_path / "cluster", mode="embedded", nodes=2, gpus_per_node=1, topology="spine=1,leaf=1",
                      lease_interval=2.0)

@@ -8,7 +8,7 @@ import pytest
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 
-from railyard.local.cluster import LocalCluster, LocalClusterError
+from railyard_local.cluster import LocalCluster, LocalClusterError
 
 from .builders import make_pod
 from .conftest import wait_for, wait_phase

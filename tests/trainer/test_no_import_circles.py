@@ -13,7 +13,7 @@ import grimp
 
 #: Each import loop still allowed (its modules, exactly), with why.
 ALLOWED: dict[frozenset[str], str] = {
-    frozenset({"railyard.local.apiserver.admission", "railyard.local.apiserver.engine"}): (
+    frozenset({"railyard_local.apiserver.admission", "railyard_local.apiserver.engine"}): (
         "the embedded API server's admission plugins take the engine as an argument (typed under "
         "TYPE_CHECKING) and call engine.random_suffix from inside a function; builtins and crd "
         "reach the engine under TYPE_CHECKING only"

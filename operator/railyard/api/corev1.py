@@ -2,7 +2,7 @@
 
 - **Tolerations and taints** (kube's ``ToleratesTaint``): used by placement
   (:mod:`railyard.logic.topology`) and the local cluster's scheduler
-  (:mod:`railyard.local.scheduling`), so both keep a pod off the same nodes.
+  (:mod:`railyard_local.scheduling`), so both keep a pod off the same nodes.
 - **Node readiness** (the ``Ready`` condition): placement, failure classification, pod
   deletion, the kopf handlers and the local scheduler.
 - **What the pods' API checks** in the fields a TrainingJob passes through to its pods (label

@@ -21,10 +21,10 @@ from pathlib import Path
 from typing import Any
 
 from railyard.api.corev1 import node_is_ready
-from railyard.local.cluster import MODES, LocalCluster, LocalClusterError, default_state_dir
-from railyard.local.kube import MERGE, ApiError, KubeClient
-from railyard.local.nodes import FAIL_ANNOTATION, SLOW_ANNOTATION
-from railyard.local.topology import SIMULATED_LABEL, TopologyError
+from railyard_local.cluster import MODES, LocalCluster, LocalClusterError, default_state_dir
+from railyard_local.kube import MERGE, ApiError, KubeClient
+from railyard_local.nodes import FAIL_ANNOTATION, SLOW_ANNOTATION
+from railyard_local.topology import SIMULATED_LABEL, TopologyError
 
 EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
 

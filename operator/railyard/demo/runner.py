@@ -156,7 +156,7 @@ class Demo:
     # ------------------------------------------------------------------ orchestration
 
     def run(self) -> Summary:
-        from railyard.local.cluster import LocalCluster
+        from railyard_local.cluster import LocalCluster
 
         state = self.out / "cluster"
         if state.exists():

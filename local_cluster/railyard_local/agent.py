@@ -30,13 +30,13 @@ from typing import Any
 
 import aiohttp
 
-from railyard.local import podenv, podlogs
-from railyard.local.kube import ApiError, Informer, KubeClient, Obj, key_of, retry
-from railyard.local.nodes import NodeControl, now_iso
-from railyard.local.podenv import ContainerConfigError, PodContext
-from railyard.local.tasks import TaskSet
-from railyard.local.termination import build_termination_message, termination_message_path
-from railyard.local.topology import NodeSpec
+from railyard_local import podenv, podlogs
+from railyard_local.kube import ApiError, Informer, KubeClient, Obj, key_of, retry
+from railyard_local.nodes import NodeControl, now_iso
+from railyard_local.podenv import ContainerConfigError, PodContext
+from railyard_local.tasks import TaskSet
+from railyard_local.termination import build_termination_message, termination_message_path
+from railyard_local.topology import NodeSpec
 from railyard.protocol import podenv as contract
 from railyard.protocol.device import SIMULATED_DEVICE_ENV, SimulatedDevice, write_device
 
