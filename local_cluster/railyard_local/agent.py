@@ -30,6 +30,8 @@ from typing import Any
 
 import aiohttp
 
+from railyard.protocol import podenv as contract
+from railyard.protocol.device import SIMULATED_DEVICE_ENV, SimulatedDevice, write_device
 from railyard_local import podenv, podlogs
 from railyard_local.kube import ApiError, Informer, KubeClient, Obj, key_of, retry
 from railyard_local.nodes import NodeControl, now_iso
@@ -37,8 +39,6 @@ from railyard_local.podenv import ContainerConfigError, PodContext
 from railyard_local.tasks import TaskSet
 from railyard_local.termination import build_termination_message, termination_message_path
 from railyard_local.topology import NodeSpec
-from railyard.protocol import podenv as contract
-from railyard.protocol.device import SIMULATED_DEVICE_ENV, SimulatedDevice, write_device
 
 log = logging.getLogger(__name__)
 RESOLVER_SOURCE = Path(__file__).with_name("_resolver_site.py")

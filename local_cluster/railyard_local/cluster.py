@@ -31,13 +31,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from railyard_local.kubeconfig import kubeconfig_ca, write_kubeconfig
-from railyard_local.nodes import CLUSTER_LABEL
 from railyard.operator_address import (
     LOOPBACK,
     publish_operator_address,
     unpublish_operator_address,
 )
+from railyard_local.kubeconfig import kubeconfig_ca, write_kubeconfig
+from railyard_local.nodes import CLUSTER_LABEL
 from railyard_local.topology import (
     ClusterShape,
     NodeSpec,

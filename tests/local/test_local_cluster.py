@@ -20,8 +20,8 @@ import pytest
 from kubernetes import client as k8s
 
 from railyard.commands import local as local_cmd
-from railyard_local.agent import SIMULATE_ANNOTATION
 from railyard.protocol.device import read_device
+from railyard_local.agent import SIMULATE_ANNOTATION
 
 from .builders import make_pod
 from .conftest import wait_for, wait_phase
