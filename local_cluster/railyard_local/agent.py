@@ -26,6 +26,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from railyard.api.corev1 import labels_match
 from railyard.protocol.device import SimulatedDevice, write_device
 from railyard_local import podenv, podlogs
 from railyard_local.faults import run_duty_cycle
@@ -289,12 +290,14 @@ class Agent:
         for svc in self.services.values():
             meta = svc.get("metadata") or {}
             selector = (svc.get("spec") or {}).get("selector") or {}
+            if not selector:
+                continue  # a Service without a selector has no endpoints the agent knows of
             ns = meta.get("namespace", "default")
             ips = sorted(
                 {
                     w.node.ip
                     for w in running
-                    if w.ns == ns and podenv.selector_matches(selector, (w.pod.get("metadata") or {}).get("labels") or {})
+                    if w.ns == ns and labels_match(selector, (w.pod.get("metadata") or {}).get("labels") or {})
                 }
             )
             names = podenv.service_names(str(meta.get("name")), ns)
