@@ -17,7 +17,6 @@ Everything the cluster needs to come back after ``stop()`` is in ``<state>/clust
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import dataclasses
 import importlib
 import json
@@ -38,6 +37,7 @@ from railyard.operator_address import (
 )
 from railyard_local.kubeconfig import kubeconfig_ca, write_kubeconfig
 from railyard_local.nodes import CLUSTER_LABEL
+from railyard_local.processes import set_parent_death_signal
 from railyard_local.topology import (
     ClusterShape,
     NodeSpec,
@@ -61,9 +61,9 @@ def default_state_dir() -> Path:
     return Path(os.environ.get("RAILYARD_STATE_DIR") or Path.cwd() / ".railyard" / "local").absolute()
 
 
-def _pdeathsig() -> None:
-    with contextlib.suppress(Exception):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)
+def _stop_with_us() -> None:
+    """Runs in the API server's and the runtime's process before exec: SIGTERM when we die."""
+    set_parent_death_signal(signal.SIGTERM)
 
 
 def _free_port() -> int:
@@ -285,7 +285,7 @@ class LocalCluster:
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 env=env or dict(os.environ),
-                preexec_fn=_pdeathsig,
+                preexec_fn=_stop_with_us,
             )
         self._procs[name] = proc
         return proc

@@ -14,10 +14,16 @@ import os
 import signal
 
 
-def die_with_agent() -> None:
-    """Runs in the child before exec: die with the agent."""
+def set_parent_death_signal(sig: int) -> None:
+    """Runs in a child before exec: the kernel sends it ``sig`` when its parent dies
+    (PR_SET_PDEATHSIG)."""
     with contextlib.suppress(Exception):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, sig)
+
+
+def die_with_agent() -> None:
+    """Runs in a pod's process before exec: die with the agent."""
+    set_parent_death_signal(signal.SIGKILL)
 
 
 def process_tree(roots: list[int]) -> list[int]:
