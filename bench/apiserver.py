@@ -1,6 +1,6 @@
-"""Benchmark: the embedded API server (railyard.local.apiserver) as the operator would load it.
+"""Benchmark: the embedded API server (railyard_local.apiserver) as the operator would load it.
 
-Runs the server as its own process (``python -m railyard.local.apiserver``, TLS + token, fresh
+Runs the server as its own process (``python -m railyard_local.apiserver``, TLS + token, fresh
 state dir) and measures from one client process:
 
 - pod create throughput: 2,000 Pods POSTed by one aiohttp client with 32 requests in flight,
@@ -29,7 +29,7 @@ from typing import Any
 
 import aiohttp
 
-from railyard.local.apiserver.process import ServerProcess, start_server_process
+from railyard_local.apiserver.process import ServerProcess, start_server_process
 
 RESULTS = Path(__file__).parent / "results" / "apiserver.json"
 

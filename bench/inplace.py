@@ -39,11 +39,11 @@ from typing import Any
 import aiohttp
 
 from railyard.k8s.client import Kube
-from railyard.local.agent import SIMULATE_ANNOTATION
-from railyard.local.cluster import LocalCluster
-from railyard.local.nodes import FAIL_ANNOTATION
 from railyard.logic.conditions import parse_time
 from railyard.protocol.control import Action, LauncherReport, LauncherState, parse_order
+from railyard_local.agent import SIMULATE_ANNOTATION
+from railyard_local.cluster import LocalCluster
+from railyard_local.nodes import FAIL_ANNOTATION
 
 ROOT = Path(__file__).resolve().parents[1]
 NS = "bench-inplace"

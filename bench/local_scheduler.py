@@ -24,11 +24,11 @@ from pathlib import Path
 from typing import Any
 
 from railyard.api.corev1 import compute_pod_requests
-from railyard.local.agent import SIMULATE_ANNOTATION
-from railyard.local.cluster import LocalCluster
-from railyard.local.kube import KubeClient
-from railyard.local.scheduling import DecisionCache, build_node_info, decide_node
-from railyard.local.topology import ClusterShape, build_nodes, parse_topology_spec
+from railyard_local.agent import SIMULATE_ANNOTATION
+from railyard_local.cluster import LocalCluster
+from railyard_local.kube import KubeClient
+from railyard_local.scheduling import DecisionCache, build_node_info, decide_node
+from railyard_local.topology import ClusterShape, build_nodes, parse_topology_spec
 
 TARGET_PODS_PER_S = 300.0
 

@@ -34,9 +34,9 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from railyard.k8s.client import Kube
-from railyard.local.agent import SIMULATE_ANNOTATION
-from railyard.local.cluster import LocalCluster
-from railyard.local.nodes import FAIL_ANNOTATION
+from railyard_local.agent import SIMULATE_ANNOTATION
+from railyard_local.cluster import LocalCluster
+from railyard_local.nodes import FAIL_ANNOTATION
 
 ROOT = Path(__file__).resolve().parents[1]
 TARGET_PODS_PER_S = 300.0

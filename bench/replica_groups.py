@@ -54,8 +54,8 @@ import itertools
 
 from inplace import _prepare, start_operator, stop_operator
 from railyard.k8s.client import Kube
-from railyard.local.cluster import LocalCluster
-from railyard.local.nodes import FAIL_ANNOTATION
+from railyard_local.cluster import LocalCluster
+from railyard_local.nodes import FAIL_ANNOTATION
 
 ROOT = Path(__file__).resolve().parents[1]
 NS = "bench-replica-groups"

@@ -1,6 +1,6 @@
 """The local cluster the integration tests run on, on whichever API server this run is given.
 
-One rule for every folder that starts a :class:`railyard.local.cluster.LocalCluster`:
+One rule for every folder that starts a :class:`railyard_local.cluster.LocalCluster`:
 ``RAILYARD_TEST_KUBECONFIG`` adds the cluster's simulated nodes and its node agent to that API
 server (existing mode: the pods still run here, as local processes); ``KUBEBUILDER_ASSETS`` starts
 envtest's kube-apiserver and etcd; otherwise the embedded server. What the node agent writes
@@ -25,7 +25,7 @@ def running_local_cluster(state: Path, **shape: Any) -> Iterator[Any]:
     the nodes it had. Two clusters in one run of one server need their own ``node_prefix`` (and
     ``node_ip_offset``, so that their pods' addresses differ too).
     """
-    from railyard.local.cluster import LocalCluster
+    from railyard_local.cluster import LocalCluster
 
     given = os.environ.get("RAILYARD_TEST_KUBECONFIG")
     if given:

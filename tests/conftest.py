@@ -19,7 +19,7 @@ import pytest
 
 @pytest.fixture(scope="session")
 def local_cluster(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
-    """One running :class:`railyard.local.cluster.LocalCluster` for the whole session.
+    """One running :class:`railyard_local.cluster.LocalCluster` for the whole session.
 
     Three simulated nodes (``node-0..2``, 2 GPUs each, ``spine=1,leaf=2``) in a temporary state
     dir. Against a real API server when asked: ``RAILYARD_TEST_KUBECONFIG`` adds the nodes and

@@ -2,7 +2,7 @@
 
 The generated ``kubernetes`` client is synchronous and slow at hundreds of calls a second, so
 the operator (:class:`railyard.k8s.client.Kube`, which adds retries) and the local cluster's
-runtime (:class:`railyard.local.kube.KubeClient`, which adds watches) speak plain HTTP with
+runtime (:class:`railyard_local.kube.KubeClient`, which adds watches) speak plain HTTP with
 aiohttp over one pooled session. Credentials come from :mod:`railyard.kubecreds` (kubeconfig or
 in-cluster: token, token file, client certificate, CA, exec plugin) and are refreshed the way
 client-go refreshes them: before a request when they have expired, and once after a 401.

@@ -17,8 +17,8 @@ import pytest
 
 from railyard.api.crd import build_crd, defaulted
 from railyard.api.trainingjob import TrainingJobSpec
-from railyard.local.apiserver import cel
-from railyard.local.apiserver.crd import validate_crd, validate_openapi_schema
+from railyard_local.apiserver import cel
+from railyard_local.apiserver.crd import validate_crd, validate_openapi_schema
 
 CORPUS = Path(__file__).resolve().parents[1] / "golden" / "kube-v1.36"
 
@@ -109,7 +109,7 @@ def test_the_cost_estimate_grows_with_the_bounds_and_refuses_unbounded_quadratic
 
 def test_every_rule_of_the_generated_crd_is_cheap() -> None:
     schema = copy.deepcopy(build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"])
-    from railyard.local.apiserver.schema import Schema
+    from railyard_local.apiserver.schema import Schema
 
     costs = Schema(schema).rule_costs
     assert costs and all(c.cost < cel.PER_RULE_COST_LIMIT / 100 for c in costs), costs

@@ -31,7 +31,7 @@ from railyard.api.quantity import (
     parse_quantity,
 )
 from railyard.api.validation import validate_manifest
-from railyard.local.apiserver.schema import Schema
+from railyard_local.apiserver.schema import Schema
 
 INT64_MAX = (1 << 63) - 1
 

@@ -1,6 +1,6 @@
 """The API server the conformance tests are given.
 
-- default: the embedded server (``python -m railyard.local.apiserver``) on a temp state dir;
+- default: the embedded server (``python -m railyard_local.apiserver``) on a temp state dir;
 - ``KUBEBUILDER_ASSETS`` with kube-apiserver and etcd: those real binaries on loopback (envtest);
 - ``RAILYARD_TEST_KUBECONFIG`` (or ``KUBECONFIG`` with ``RAILYARD_TEST_USE_KUBECONFIG=1``): that
   cluster, each test in a fresh namespace.
@@ -27,8 +27,8 @@ from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 from tests.waiting import wait_until
 
-from railyard.local.apiserver.envtest import EnvtestCluster, assets_dir, start_envtest
-from railyard.local.apiserver.process import ServerProcess, start_server_process
+from railyard_local.apiserver.envtest import EnvtestCluster, assets_dir, start_envtest
+from railyard_local.apiserver.process import ServerProcess, start_server_process
 
 CRD_GROUP = "conformance.railyard.io"
 

@@ -12,8 +12,8 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, padding, rsa
 from cryptography.hazmat.primitives.hashes import SHA256
 
-from railyard.local.apiserver.envtest import apiserver_args
-from railyard.local.apiserver.pki import ensure_certs, ensure_service_account_keys
+from railyard_local.apiserver.envtest import apiserver_args
+from railyard_local.apiserver.pki import ensure_certs, ensure_service_account_keys
 
 
 def _flags(args: list[str]) -> dict[str, str]:

@@ -182,7 +182,7 @@ def test_watch_bookmarks_carry_a_resource_version(cluster: Cluster, core: client
 def test_watch_from_a_version_older_than_the_window_is_410(embedded_only: None, tmp_path: Any) -> None:
     """Real servers answer 410 once etcd compacted the version (minutes); the embedded server once
     its event window has moved past it, which a small window makes quick to test."""
-    from railyard.local.apiserver.process import start_server_process
+    from railyard_local.apiserver.process import start_server_process
 
     from .conftest import _api_client
 

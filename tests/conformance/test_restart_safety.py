@@ -9,7 +9,7 @@ from typing import Any
 
 import aiohttp
 
-from railyard.local.apiserver.process import ServerProcess, start_server_process
+from railyard_local.apiserver.process import ServerProcess, start_server_process
 
 
 async def _writer(session: aiohttp.ClientSession, url: str, i: int, acked: dict[str, tuple[str, int]]) -> None:
@@ -94,13 +94,13 @@ def test_the_command_refuses_non_loopback_hosts(tmp_path: Path) -> None:
     import subprocess
     import sys
 
-    res = subprocess.run([sys.executable, "-m", "railyard.local.apiserver", "--state-dir", str(tmp_path),
+    res = subprocess.run([sys.executable, "-m", "railyard_local.apiserver", "--state-dir", str(tmp_path),
                           "--token", "t", "--host", "0.0.0.0"], capture_output=True, text=True, timeout=60)
     assert res.returncode != 0 and "loopback" in res.stderr
 
 
 async def test_in_process_server_serves_and_stops(embedded_only: None, tmp_path: Path) -> None:
-    from railyard.local.apiserver import APIServer
+    from railyard_local.apiserver import APIServer
 
     server = APIServer(tmp_path, token="in-process")
     url = await server.start()

@@ -1,6 +1,6 @@
 """A real `helm install` / `helm uninstall` of the chart (Helm's Go SDK through helm-python-sdk)
 against an API server: the one named by RAILYARD_TEST_KUBECONFIG, envtest's kube-apiserver when
-KUBEBUILDER_ASSETS is set, otherwise our embedded API server (railyard.local.apiserver)."""
+KUBEBUILDER_ASSETS is set, otherwise our embedded API server (railyard_local.apiserver)."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ def kubeconfig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path,
     if os.environ.get("RAILYARD_TEST_KUBECONFIG"):
         yield Path(os.environ["RAILYARD_TEST_KUBECONFIG"]), "given"
         return
-    from railyard.local.apiserver.envtest import assets_dir, start_envtest
+    from railyard_local.apiserver.envtest import assets_dir, start_envtest
 
     work = tmp_path_factory.mktemp("helm-it")
     assets = assets_dir()
@@ -42,7 +42,7 @@ def kubeconfig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path,
         finally:
             env.stop()
         return
-    from railyard.local.apiserver.process import start_server_process
+    from railyard_local.apiserver.process import start_server_process
 
     srv = start_server_process(work / "api")
     try:

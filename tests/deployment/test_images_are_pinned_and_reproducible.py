@@ -85,7 +85,7 @@ def test_the_readme_sets_up_with_the_constraints_ci_installs_with() -> None:
     ci = (ROOT / ".ci" / "run").read_text()
     [pins] = re.findall(r"^pins=\((.*)\)$", ci, flags=re.M)
     ci_installs = [line.split("-q ", 1)[1] for line in ci.splitlines() if line.startswith("python -m pip install -q ")]
-    assert ci_installs == ["torch==2.13.0 \"${pins[@]}\"", "-e '.[dev]' \"${pins[@]}\""], ci_installs
+    assert ci_installs == ["torch==2.13.0 \"${pins[@]}\"", "-e '.[dev]' -e ./local_cluster \"${pins[@]}\""], ci_installs
     setup = next(line for line in (ROOT / "README.md").read_text().splitlines() if line.startswith("python3 -m venv .venv"))
     readme_installs = [cmd.strip().removeprefix("pip install ") for cmd in setup.split("&&") if cmd.strip().startswith("pip install ")]
     assert readme_installs == [i.replace('"${pins[@]}"', pins) for i in ci_installs], setup
@@ -104,6 +104,37 @@ def test_operator_constraints_pin_the_tested_dependency_closure_without_torch() 
                 if "==" in line)
     _assert_tested(pins, freeze.closure(deps))
     assert "torch" not in pins and "numpy" not in pins
+    # the image installs every pin (-r): the local cluster's dependencies are not among them
+    assert not {"cryptography", "kubernetes", "jsonschema"} & set(pins)
+
+
+def test_the_local_cluster_constraints_pin_its_own_tested_closure() -> None:
+    """railyard-local (local_cluster/) is installed beside railyard by the README's set-up
+    command, with its own pins; its dependencies are the ones the operator no longer carries."""
+    sys.path.insert(0, str(ROOT / "deploy" / "images"))
+    try:
+        import freeze
+    finally:
+        sys.path.pop(0)
+    import tomllib
+
+    local = tomllib.loads((ROOT / "local_cluster" / "pyproject.toml").read_text())["project"]
+    pins = dict(line.split("==") for line in (ROOT / "deploy" / "images" / "local-cluster-constraints.txt").read_text().split()
+                if "==" in line)
+    _assert_tested(pins, freeze.local_cluster_closure(local))
+    assert {"cryptography", "kubernetes"} <= set(pins) and "railyard" not in pins
+    operator = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    assert not [r for r in operator if r.startswith(("cryptography", "kubernetes"))], operator
+
+
+def test_the_operator_image_is_built_without_the_local_cluster() -> None:
+    """The operator image installs railyard only: the local cluster's folder is not in the build
+    context and no COPY names it (tests/images checks the built image)."""
+    text = OPERATOR.read_text()
+    assert "local_cluster" not in text
+    assert "local_cluster" in (ROOT / ".dockerignore").read_text().split()
+    assert "COPY operator/ operator/" in text
+    assert not (ROOT / "operator" / "railyard" / "local").exists()
 
 
 def test_trainer_build_is_reproducible_by_construction() -> None:

@@ -59,7 +59,7 @@ def operator_metrics_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[s
     """`railyard operator run` (a real process) against our embedded API server; its /metrics URL."""
     from kubernetes import config as k8s_config
 
-    from railyard.local.apiserver.process import start_server_process
+    from railyard_local.apiserver.process import start_server_process
 
     work = tmp_path_factory.mktemp("operator-metrics")
     srv = start_server_process(work / "api")

@@ -44,8 +44,8 @@ def test_request_mapping_follows_the_authorizer() -> None:
 def test_every_request_of_a_running_operator_is_granted(tmp_path: Path) -> None:
     from kubernetes import config as k8s_config
 
-    from railyard.local.apiserver.kubeconfig import write_kubeconfig
-    from railyard.local.apiserver.process import start_server_process
+    from railyard_local.apiserver.kubeconfig import write_kubeconfig
+    from railyard_local.apiserver.process import start_server_process
 
     granted = rules_to_permissions(find(render_objects({}), "ClusterRole")["rules"])
     srv = start_server_process(tmp_path / "api")

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from railyard.local.apiserver.process import start_server_process
+from railyard_local.apiserver.process import start_server_process
 
 from .replay import (
     Client,

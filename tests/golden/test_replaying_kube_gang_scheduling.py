@@ -22,9 +22,9 @@ from typing import Any
 
 import pytest
 
-from railyard.local.apiserver.process import start_server_process
-from railyard.local.kube import Informer, KubeClient
-from railyard.local.scheduler import PODGROUPS, Scheduler
+from railyard_local.apiserver.process import start_server_process
+from railyard_local.kube import Informer, KubeClient
+from railyard_local.scheduler import PODGROUPS, Scheduler
 
 from .replay import (
     WORKLOAD_ALLOWLIST,

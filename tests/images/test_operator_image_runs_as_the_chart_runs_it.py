@@ -55,7 +55,7 @@ def _ints(v: Any) -> Any:
 def cluster(tmp_path: Path) -> Iterator[Any]:
     """A fresh embedded cluster (own API server, scheduler and node agent): the operator under
     test watches all namespaces, so it gets a cluster no other test leaves jobs in."""
-    from railyard.local.cluster import LocalCluster
+    from railyard_local.cluster import LocalCluster
 
     c = LocalCluster(tmp_path / "cluster", mode="embedded", nodes=2, gpus_per_node=1, topology="spine=1,leaf=1",
                      lease_interval=2.0)
@@ -188,3 +188,15 @@ def test_the_operator_image_agrees_with_the_chart(images: Images) -> None:
     found = json.loads(probe.stdout)
     assert found == {"torch": False, "numpy": False, "kopf": True, "railyard": True}, found
     assert [m["mountPath"] for m in container["volumeMounts"]] == ["/tmp"]
+
+
+def test_the_operator_image_does_not_carry_the_local_cluster(images: Images) -> None:
+    """The local cluster (railyard-local, local_cluster/) is a tool next to the product: the
+    operator image has neither its package nor its dependencies (issue 36)."""
+    imported = images.run("run", "--rm", "--entrypoint", "python", images.operator, "-c", "import railyard_local", check=False)
+    assert imported.returncode != 0 and "No module named 'railyard_local'" in imported.stderr, imported.stdout + imported.stderr
+    for dist in ("cryptography", "kubernetes", "railyard-local"):
+        shown = images.run("run", "--rm", "--entrypoint", "python", images.operator, "-m", "pip", "show", dist, check=False)
+        assert shown.returncode != 0 and not shown.stdout.strip(), f"pip show {dist}: {shown.stdout}{shown.stderr}"
+    # the operator itself still starts without them
+    assert images.run("run", "--rm", images.operator, "operator", "--help").returncode == 0

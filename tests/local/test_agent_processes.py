@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 from tests.waiting import wait_until
 
-from railyard.local.agent import RESOLVER_SOURCE, Agent
-from railyard.local.nodes import NodeControl
-from railyard.local.podenv import ContainerConfigError, PodContext
-from railyard.local.topology import ClusterShape, build_nodes
+from railyard_local.agent import RESOLVER_SOURCE, Agent
+from railyard_local.nodes import NodeControl
+from railyard_local.podenv import ContainerConfigError, PodContext
+from railyard_local.topology import ClusterShape, build_nodes
 
 from .builders import make_pod
 
@@ -136,8 +136,8 @@ async def test_the_kubelet_endpoint_serves_container_logs_to_the_api_servers_cer
 
     import aiohttp
 
-    from railyard.local.apiserver.pki import ensure_certs, issue_cert
-    from railyard.local.kubelet import KubeletEndpoint, server_context
+    from railyard_local.apiserver.pki import ensure_certs, issue_cert
+    from railyard_local.kubelet import KubeletEndpoint, server_context
 
     ca = ensure_certs(tmp_path / "cluster-ca").ca_cert
     cert, key = issue_cert(tmp_path / "cluster-ca", "apiserver-kubelet-client", common_name="kube-apiserver", client=True)

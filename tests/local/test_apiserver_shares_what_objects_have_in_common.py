@@ -8,9 +8,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from railyard.local.apiserver.engine import Ctx
-from railyard.local.apiserver.server import APIServer
-from railyard.local.apiserver.sharing import ManagedFieldsInterner
+from railyard_local.apiserver.engine import Ctx
+from railyard_local.apiserver.server import APIServer
+from railyard_local.apiserver.sharing import ManagedFieldsInterner
 
 
 def pod(i: int) -> dict[str, Any]:

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from celpy.adapter import json_to_cel
 
-from railyard.local.apiserver import cel
+from railyard_local.apiserver import cel
 
 SCHEMA = {"type": "object", "properties": {
     "n": {"type": "integer"}, "inner": {"type": "object", "properties": {"k": {"type": "integer"}}},

@@ -21,8 +21,8 @@ from kubernetes import client as k8s
 from tests.waiting import wait_until
 
 from railyard.commands import local as local_cmd
-from railyard.local.agent import SIMULATE_ANNOTATION
 from railyard.protocol.device import read_device
+from railyard_local.agent import SIMULATE_ANNOTATION
 
 from .builders import make_pod
 from .conftest import wait_phase
@@ -230,7 +230,7 @@ def test_the_node_agent_serves_container_logs_where_an_api_server_reads_them(loc
     import urllib.error
     import urllib.request
 
-    from railyard.local.apiserver.pki import issue_cert
+    from railyard_local.apiserver.pki import issue_cert
 
     client_ca = local_cluster.kubelet_client_ca()
     if client_ca is None or not (client_ca.parent / "ca.key").exists():

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from railyard.local.podenv import (
+from railyard_local.podenv import (
     ContainerConfigError,
     PodContext,
     build_command,

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from railyard.local.apiserver.podsecurity import check_pod, describe, policy_of
+from railyard_local.apiserver.podsecurity import check_pod, describe, policy_of
 
 
 def make(**spec: Any) -> dict[str, Any]:

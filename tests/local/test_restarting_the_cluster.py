@@ -9,7 +9,7 @@ from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 from tests.waiting import wait_until
 
-from railyard.local.cluster import LocalCluster, LocalClusterError
+from railyard_local.cluster import LocalCluster, LocalClusterError
 
 from .builders import make_pod
 from .conftest import wait_phase

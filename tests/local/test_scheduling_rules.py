@@ -8,9 +8,9 @@ import pytest
 
 from railyard.api.corev1 import Toleration, compute_pod_requests
 from railyard.api.quantity import QuantityError, parse_quantity, to_milli
-from railyard.local.kube import KubeClient
-from railyard.local.scheduler import GROUP, Scheduler
-from railyard.local.scheduling import (
+from railyard_local.kube import KubeClient
+from railyard_local.scheduler import GROUP, Scheduler
+from railyard_local.scheduling import (
     GANG_NO_PREEMPTION,
     GANG_WAITING_MESSAGE,
     DecisionCache,

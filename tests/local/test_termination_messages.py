@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from kubernetes import client as k8s
 
-from railyard.local.termination import (
+from railyard_local.termination import (
     FALLBACK_LOG_BYTES,
     FALLBACK_LOG_LINES,
     build_termination_message,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from railyard.local.topology import (
+from railyard_local.topology import (
     ClusterShape,
     TopologyError,
     build_nodes,

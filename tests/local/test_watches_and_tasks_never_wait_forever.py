@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from railyard.local.kube import Informer, KubeClient, WatchInactive
-from railyard.local.tasks import Supervisor, TaskSet
+from railyard_local.kube import Informer, KubeClient, WatchInactive
+from railyard_local.tasks import Supervisor, TaskSet
 
 #: Only catches a hang: every wait below ends as soon as its condition holds.
 HANG = 20.0
@@ -159,7 +159,7 @@ def test_a_loop_that_dies_is_logged_and_restarted(caplog: pytest.LogCaptureFixtu
         assert sup.restarts == {"scheduler": 1} and sup.fatal is None
         await sup.cancel_all()
 
-    with caplog.at_level("ERROR", logger="railyard.local.tasks"):
+    with caplog.at_level("ERROR", logger="railyard_local.tasks"):
         run(scenario())
     assert any("runtime task 'scheduler' died; restarting" in r.getMessage() and r.exc_info for r in caplog.records)
 
@@ -216,7 +216,7 @@ def test_a_failed_background_task_is_logged_with_its_name(caplog: pytest.LogCapt
         await asyncio.gather(task, return_exceptions=True)  # its done callbacks ran first
         assert len(tasks) == 0
 
-    with caplog.at_level("ERROR", logger="railyard.local.tasks"):
+    with caplog.at_level("ERROR", logger="railyard_local.tasks"):
         run(scenario())
     (record,) = [r for r in caplog.records if "binding ns/p-0" in r.getMessage()]
     assert "scheduler: background task binding ns/p-0 failed" in record.getMessage() and record.exc_info

@@ -67,7 +67,7 @@ class Run:
 @pytest.fixture(scope="module")
 def local_cluster(prometheus_binary: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """Our own three nodes: the flip quarantines one, which must not touch other tests' nodes."""
-    from railyard.local.cluster import LocalCluster
+    from railyard_local.cluster import LocalCluster
 
     cluster = LocalCluster(tmp_path_factory.mktemp("railyard-prometheus"), mode="embedded", nodes=3, gpus_per_node=2,
                            topology="spine=1,leaf=2", lease_interval=1.0)

@@ -14,7 +14,7 @@ from tests.operator.conftest import ROOT, Api, _die_with_parent
 from tests.waiting import wait_until
 
 from railyard.commands.operator import DEFAULT_HOST, DEFAULT_PORT, ServeAddress, choose_address
-from railyard.local.operator_address import (
+from railyard.operator_address import (
     LocalOperatorAddress,
     find_operator_address,
     publish_operator_address,

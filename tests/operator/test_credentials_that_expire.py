@@ -86,7 +86,7 @@ def runs(accept: Path) -> list[dict[str, Any]]:
 @pytest.fixture
 async def apiserver(tmp_path: Path) -> Any:
     """The embedded API server in this process, accepting the tokens listed in ``accept``."""
-    from railyard.local.apiserver.server import APIServer
+    from railyard_local.apiserver.server import APIServer
 
     accept = tmp_path / "accepted-tokens"
     accept.write_text("")

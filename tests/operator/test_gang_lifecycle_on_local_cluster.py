@@ -88,7 +88,7 @@ def test_gang_is_created_whole_gated_owned_and_succeeds(api: Api, operator: Oper
 
 
 def test_failed_node_moves_only_its_ranks_to_a_spare_and_is_quarantined(api: Api, operator: OperatorProcess, workload: Workload, job_name: str) -> None:
-    from railyard.local.nodes import FAIL_ANNOTATION
+    from railyard_local.nodes import FAIL_ANNOTATION
 
     api.create_job(NS, job_name, base_spec(workload, nodes=2))
     victim = ""

@@ -495,7 +495,7 @@ def test_kubernetes_binds_the_whole_gang_in_its_group_and_a_lost_node_is_replace
 ) -> None:
     if not _serves_workload_api(api):
         pytest.skip("the API server does not serve scheduling.k8s.io/v1alpha2 Workloads and PodGroups")
-    from railyard.local.nodes import FAIL_ANNOTATION
+    from railyard_local.nodes import FAIL_ANNOTATION
 
     spec = _launched_spec(workload, nodes=2, gang={"scheduleTimeoutSeconds": 60, "scheduler": "kubernetes", "hotSpares": 1})
     api.create_job(NS, job_name, spec)

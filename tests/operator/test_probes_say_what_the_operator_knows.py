@@ -164,8 +164,8 @@ def test_probes_follow_sync_and_a_wedged_worker(tmp_path: Path) -> None:
     from kubernetes import config as k8s_config
     from tests.deployment import rawkube
 
-    from railyard.local.apiserver.kubeconfig import write_kubeconfig
-    from railyard.local.apiserver.process import start_server_process
+    from railyard_local.apiserver.kubeconfig import write_kubeconfig
+    from railyard_local.apiserver.process import start_server_process
 
     ns = "probes"
     srv = start_server_process(tmp_path / "api")

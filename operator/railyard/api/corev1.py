@@ -2,9 +2,12 @@
 
 - **Tolerations and taints** (kube's ``ToleratesTaint``): used by placement
   (:mod:`railyard.logic.topology`) and the local cluster's scheduler
-  (:mod:`railyard.local.scheduling`), so both keep a pod off the same nodes.
+  (:mod:`railyard_local.scheduling`), so both keep a pod off the same nodes.
 - **Node readiness** (the ``Ready`` condition): placement, failure classification, pod
   deletion, the kopf handlers and the local scheduler.
+- **Node selection** (``nodeSelector``, required node-affinity terms, and the equality selector a
+  Service has): placement (``spec.nodeSelector``), the gang check and the local cluster's
+  scheduler and node agent (its hosts file) match with the same functions.
 - **What the pods' API checks** in the fields a TrainingJob passes through to its pods (label
   keys and values, DNS names, environment variable names, container resources): the models
   (hence ``railyard validate`` and the operator) apply these functions, and the CRD carries the
@@ -313,6 +316,55 @@ def check_toleration(key: str, operator: str, value: str, effect: str, toleratio
 
 
 # --------------------------------------------------------------------------- nodes
+
+
+def labels_match(selector: Mapping[str, str] | Iterable[tuple[str, str]], labels: Mapping[str, str]) -> bool:
+    """Whether ``labels`` carry every ``key: value`` of an equality selector (a ``nodeSelector``,
+    a Service's ``selector``; a mapping or its items). An empty selector matches everything."""
+    pairs = selector.items() if isinstance(selector, Mapping) else selector
+    return all(labels.get(k) == v for k, v in pairs)
+
+
+def match_selector_requirement(expr: Mapping[str, Any], value: str | None) -> bool:
+    """One NodeSelectorRequirement (``key``, ``operator``, ``values``) against a label or field
+    value; ``value`` None when the node has none."""
+    op = expr.get("operator")
+    values = [str(v) for v in expr.get("values") or []]
+    if op == "In":
+        return value is not None and value in values
+    if op == "NotIn":
+        return value is None or value not in values
+    if op == "Exists":
+        return value is not None
+    if op == "DoesNotExist":
+        return value is None
+    if op in ("Gt", "Lt"):
+        if value is None or len(values) != 1:
+            return False
+        try:
+            have, want = int(value), int(values[0])
+        except ValueError:
+            return False
+        return have > want if op == "Gt" else have < want
+    return False
+
+
+def match_node_selector_term(term: Mapping[str, Any], *, name: str, labels: Mapping[str, str]) -> bool:
+    """A required node-affinity term against the node ``name`` with ``labels``: all its
+    expressions and fields match; an empty term matches nothing."""
+    exprs = term.get("matchExpressions") or []
+    fields = term.get("matchFields") or []
+    if not exprs and not fields:
+        return False
+    for expr in exprs:
+        if not match_selector_requirement(expr, labels.get(str(expr.get("key")))):
+            return False
+    for expr in fields:
+        value = name if expr.get("key") == "metadata.name" else None
+        if not match_selector_requirement(expr, value):
+            return False
+    return True
+
 
 
 def node_is_ready(node: Mapping[str, Any] | None) -> bool:

@@ -74,6 +74,12 @@ def build_scenario(args: argparse.Namespace) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
+    from railyard.commands import missing_local_cluster
+
+    missing = missing_local_cluster("demo")
+    if missing:
+        print(missing, file=sys.stderr)
+        return 2
     from railyard.demo.runner import Demo, DemoError
     from railyard.demo.scenario import ScenarioError
 

@@ -14,8 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, cast
 
-from railyard.local.operator_address import FILE, LocalOperatorAddress, find_operator_address
 from railyard.observe.probes import DEFAULT_STUCK_AFTER_S
+from railyard.operator_address import FILE, LocalOperatorAddress, find_operator_address
 
 
 def add_parser(sub: Any) -> None:

@@ -59,8 +59,6 @@ from railyard.demo.record import (
 from railyard.demo.scenario import Scenario
 
 GROUP, VERSION, PLURAL = "railyard.dev", "v1alpha1", "trainingjobs"
-SLOW_ANNOTATION = "local.railyard.dev/slow-factor"
-FAIL_ANNOTATION = "local.railyard.dev/fail"
 DONE = ("Succeeded", "Failed")
 
 
@@ -183,7 +181,7 @@ class Demo:
     # ------------------------------------------------------------------ orchestration
 
     def run(self) -> Summary:
-        from railyard.local.cluster import LocalCluster
+        from railyard_local.cluster import LocalCluster
 
         state = self.out / "cluster"
         if state.exists():
@@ -417,6 +415,9 @@ class Demo:
 
     def _act(self, s: Sample, status: dict[str, Any]) -> None:
         """Inject the scenario's cluster-level faults when training reaches their step."""
+        # the node controls the local cluster's node agent watches (railyard local node slow/fail)
+        from railyard_local.nodes import FAIL_ANNOTATION, SLOW_ANNOTATION
+
         scn = self.scenario
         # faults go to the nodes of the gang that runs now, not the previous attempt's
         current = int((status.get("placement") or {}).get("attempt", -1)) == s.attempt

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Literal
 
-from railyard.api.corev1 import Toleration
+from railyard.api.corev1 import Toleration, labels_match
 from railyard.api.trainingjob import TrainingJob
 from railyard.logic.cost import CostInputs, CostReport, compute_cost
 from railyard.logic.layout import MeshShape, build_rank_table, compute_dp_group_spread
@@ -1000,9 +1000,9 @@ def job_tolerations(job: TrainingJob) -> tuple[Toleration, ...]:
 
 
 def matches_node_selector(node: Mapping[str, Any], selector: Mapping[str, str]) -> bool:
-    """Whether the node's labels carry every ``key: value`` of ``spec.nodeSelector``."""
-    labels = (node.get("metadata") or {}).get("labels") or {}
-    return all(labels.get(k) == v for k, v in selector.items())
+    """Whether the Node's labels carry every ``key: value`` of ``spec.nodeSelector`` (the rule is
+    :func:`railyard.api.corev1.labels_match`, the local scheduler's too)."""
+    return labels_match(selector, (node.get("metadata") or {}).get("labels") or {})
 
 
 def build_placement_input(

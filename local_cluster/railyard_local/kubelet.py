@@ -30,11 +30,11 @@ from pathlib import Path
 
 from aiohttp import web
 
-from railyard.local import podlogs
-from railyard.local.apiserver.pki import ensure_certs, issue_cert
-from railyard.local.kube import Obj
-from railyard.local.podlogs import LogOptionError, parse_log_options
-from railyard.local.topology import NodeSpec
+from railyard_local import podlogs
+from railyard_local.apiserver.pki import ensure_certs, issue_cert
+from railyard_local.kube import Obj
+from railyard_local.podlogs import LogOptionError, parse_log_options
+from railyard_local.topology import NodeSpec
 
 log = logging.getLogger(__name__)
 #: (namespace, pod, container, previous) -> the log file (the node agent's ``log_path``).

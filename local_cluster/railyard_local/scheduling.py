@@ -3,8 +3,9 @@
 The rules are those of kube-scheduler's default filter plugins that our workloads rely on:
 NodeName, NodeUnschedulable, NodeAffinity (nodeSelector + required node affinity), TaintToleration
 (NoSchedule/NoExecute) and NodeResourcesFit (every requested resource, ``pods`` included),
-plus scheduling gates. Taints, tolerations, node readiness and quantities are
-:mod:`railyard.api.corev1`'s and :mod:`railyard.api.quantity`'s, the same rules placement uses. Scoring is LeastAllocated (spread), ties broken by node name so the
+plus scheduling gates. Node selection (nodeSelector, node-affinity terms), taints, tolerations,
+node readiness and quantities are :mod:`railyard.api.corev1`'s and :mod:`railyard.api.quantity`'s,
+the same rules placement uses. Scoring is LeastAllocated (spread), ties broken by node name so the
 result is deterministic. Everything here works on plain dicts: no I/O, no clock.
 """
 
@@ -19,6 +20,8 @@ from railyard.api.corev1 import (
     Toleration,
     build_tolerations,
     compute_pod_requests,
+    labels_match,
+    match_node_selector_term,
     node_is_ready,
     untolerated_taint,
 )
@@ -91,45 +94,6 @@ def is_terminated(pod: Obj) -> bool:
     return (pod.get("status", {}) or {}).get("phase") in TERMINAL_PHASES
 
 
-def match_expression(expr: Obj, value: str | None) -> bool:
-    """One NodeSelectorRequirement against a label (or field) value; None when absent."""
-    op = expr.get("operator")
-    values = [str(v) for v in expr.get("values") or []]
-    if op == "In":
-        return value is not None and value in values
-    if op == "NotIn":
-        return value is None or value not in values
-    if op == "Exists":
-        return value is not None
-    if op == "DoesNotExist":
-        return value is None
-    if op in ("Gt", "Lt"):
-        if value is None or len(values) != 1:
-            return False
-        try:
-            have, want = int(value), int(values[0])
-        except ValueError:
-            return False
-        return have > want if op == "Gt" else have < want
-    return False
-
-
-def match_node_selector_term(term: Obj, node: NodeInfo) -> bool:
-    """A term matches when all its expressions and fields match; an empty term matches nothing."""
-    exprs = term.get("matchExpressions") or []
-    fields = term.get("matchFields") or []
-    if not exprs and not fields:
-        return False
-    for expr in exprs:
-        if not match_expression(expr, node.labels.get(str(expr.get("key")))):
-            return False
-    for expr in fields:
-        value = node.name if expr.get("key") == "metadata.name" else None
-        if not match_expression(expr, value):
-            return False
-    return True
-
-
 def required_terms(pod: Obj) -> list[Obj] | None:
     """The required node-affinity terms (ORed), or None when the pod has none."""
     affinity = ((pod.get("spec", {}) or {}).get("affinity") or {}).get("nodeAffinity") or {}
@@ -162,10 +126,9 @@ def build_pod_view(pod: Obj, requests: Mapping[str, int]) -> PodView:
 def check_view(view: PodView, node: NodeInfo) -> str | None:
     """:func:`check_node` on a prepared :class:`PodView` (the scheduler's hot loop)."""
     labels = node.labels
-    for key, value in view.node_selector:
-        if labels.get(key) != value:
-            return "node(s) didn't match Pod's node affinity/selector"
-    if view.terms is not None and not any(match_node_selector_term(t, node) for t in view.terms):
+    if not labels_match(view.node_selector, labels) or (
+        view.terms is not None and not any(match_node_selector_term(t, name=node.name, labels=labels) for t in view.terms)
+    ):
         return "node(s) didn't match Pod's node affinity/selector"
     if node.taints or not node.ready or node.unschedulable:
         taint = untolerated_taint(view.tolerations, node.effective_taints())

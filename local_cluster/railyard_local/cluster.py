@@ -2,14 +2,14 @@
 
 Three modes behind one API:
 
-- ``embedded``: our API server (``python -m railyard.local.apiserver``) on 127.0.0.1 with a
+- ``embedded``: our API server (``python -m railyard_local.apiserver``) on 127.0.0.1 with a
   bearer token, its state under ``<state>/apiserver``; plus the runtime with the scheduler.
 - ``envtest``: real ``kube-apiserver`` + ``etcd`` from ``$KUBEBUILDER_ASSETS``; plus the runtime
   with the scheduler (envtest runs no scheduler).
 - ``existing``: any cluster named by a kubeconfig; only the runtime's simulated nodes and node
   agent are added (the cluster's own scheduler binds pods to them).
 
-The runtime (``python -m railyard.local.runtime``) registers the nodes and runs pods. Both are
+The runtime (``python -m railyard_local.runtime``) registers the nodes and runs pods. Both are
 child processes in this process's group, with PR_SET_PDEATHSIG, so nothing outlives it.
 Everything the cluster needs to come back after ``stop()`` is in ``<state>/cluster.json``.
 """
@@ -17,7 +17,6 @@ Everything the cluster needs to come back after ``stop()`` is in ``<state>/clust
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import dataclasses
 import importlib
 import json
@@ -31,14 +30,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from railyard.local.kubeconfig import kubeconfig_ca, write_kubeconfig
-from railyard.local.nodes import CLUSTER_LABEL
-from railyard.local.operator_address import (
+from railyard.operator_address import (
     LOOPBACK,
     publish_operator_address,
     unpublish_operator_address,
 )
-from railyard.local.topology import (
+from railyard_local.kubeconfig import kubeconfig_ca, write_kubeconfig
+from railyard_local.nodes import CLUSTER_LABEL
+from railyard_local.processes import set_parent_death_signal
+from railyard_local.topology import (
     ClusterShape,
     NodeSpec,
     build_nodes,
@@ -61,9 +61,9 @@ def default_state_dir() -> Path:
     return Path(os.environ.get("RAILYARD_STATE_DIR") or Path.cwd() / ".railyard" / "local").absolute()
 
 
-def _pdeathsig() -> None:
-    with contextlib.suppress(Exception):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)
+def _stop_with_us() -> None:
+    """Runs in the API server's and the runtime's process before exec: SIGTERM when we die."""
+    set_parent_death_signal(signal.SIGTERM)
 
 
 def _free_port() -> int:
@@ -285,7 +285,7 @@ class LocalCluster:
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 env=env or dict(os.environ),
-                preexec_fn=_pdeathsig,
+                preexec_fn=_stop_with_us,
             )
         self._procs[name] = proc
         return proc
@@ -318,7 +318,7 @@ class LocalCluster:
         self._spawn(
             "apiserver",
             [
-                self.python, "-m", "railyard.local.apiserver",
+                self.python, "-m", "railyard_local.apiserver",
                 "--state-dir", str(self.state_dir / "apiserver"),
                 "--host", "127.0.0.1",
                 "--port", str(port),
@@ -341,7 +341,7 @@ class LocalCluster:
 
     def _start_envtest(self, timeout: float) -> None:
         try:
-            envtest = importlib.import_module("railyard.local.apiserver.envtest")
+            envtest = importlib.import_module("railyard_local.apiserver.envtest")
         except ImportError as exc:
             raise LocalClusterError(f"envtest mode is not available in this build: {exc}") from exc
         assets = envtest.assets_dir()
@@ -358,7 +358,7 @@ class LocalCluster:
         ready = self.state_dir / "run" / "runtime.json"
         ready.unlink(missing_ok=True)
         argv = [
-            self.python, "-m", "railyard.local.runtime",
+            self.python, "-m", "railyard_local.runtime",
             "--kubeconfig", str(self.kubeconfig),
             "--state-dir", str(self.state_dir),
             "--config", str(self.config_path),
@@ -453,7 +453,7 @@ class LocalCluster:
         asyncio.run(self._remove_nodes())
 
     async def _remove_nodes(self) -> None:
-        from railyard.local.kube import ApiError, KubeClient
+        from railyard_local.kube import ApiError, KubeClient
 
         names = {spec.name for spec in self.node_specs}
         async with KubeClient.from_kubeconfig(str(self.kubeconfig)) as client:
@@ -474,7 +474,7 @@ class LocalCluster:
         bound to it, and ``remove_nodes`` would delete it."""
         import asyncio
 
-        from railyard.local.kube import KubeClient
+        from railyard_local.kube import KubeClient
 
         async def foreign() -> list[str]:
             async with KubeClient.from_kubeconfig(str(self.kubeconfig)) as client:

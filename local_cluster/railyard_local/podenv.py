@@ -293,9 +293,5 @@ def service_names(name: str, namespace: str, cluster_domain: str = "cluster.loca
     return [f"{name}.{namespace}.svc.{cluster_domain}", f"{name}.{namespace}.svc", f"{name}.{namespace}"]
 
 
-def selector_matches(selector: Mapping[str, str], labels: Mapping[str, str]) -> bool:
-    return bool(selector) and all(labels.get(k) == v for k, v in selector.items())
-
-
 def mounts_json(mounts: Mapping[str, str]) -> str:
     return json.dumps(dict(mounts), sort_keys=True)

@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from railyard.local.kube import ApiError, KubeClient, Obj, retry
-from railyard.local.tasks import TaskSet
-from railyard.local.topology import LOCAL_GROUP, SIMULATED_LABEL, NodeSpec
+from railyard_local.kube import ApiError, KubeClient, Obj, retry
+from railyard_local.tasks import TaskSet
+from railyard_local.topology import LOCAL_GROUP, SIMULATED_LABEL, NodeSpec
 
 log = logging.getLogger(__name__)
 FAIL_ANNOTATION = f"{LOCAL_GROUP}/fail"

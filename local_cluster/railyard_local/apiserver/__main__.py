@@ -1,4 +1,4 @@
-"""``python -m railyard.local.apiserver``: run the embedded API server until SIGTERM/SIGINT."""
+"""``python -m railyard_local.apiserver``: run the embedded API server until SIGTERM/SIGINT."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from .server import serve
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m railyard.local.apiserver",
+    parser = argparse.ArgumentParser(prog="python -m railyard_local.apiserver",
                                      description="Embedded Kubernetes-compatible API server (loopback only).")
     parser.add_argument("--state-dir", required=True, type=Path, help="folder for objects.sqlite and pod logs")
     parser.add_argument("--host", default="127.0.0.1", help="loopback address to listen on (default 127.0.0.1)")

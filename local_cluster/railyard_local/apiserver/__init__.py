@@ -13,7 +13,7 @@ docs/local-apiserver.md.
 
 Command line::
 
-    python -m railyard.local.apiserver --state-dir DIR --token TOKEN [--port 0] [--ready-file F]
+    python -m railyard_local.apiserver --state-dir DIR --token TOKEN [--port 0] [--ready-file F]
 
 In-process::
 

@@ -50,7 +50,7 @@ class ServerProcess:
 def start_server_process(state_dir: Path | str, *, token: str | None = None, port: int = 0,
                          extra_args: list[str] | None = None, log_file: Path | str | None = None,
                          timeout_s: float = 30.0) -> ServerProcess:
-    """Start ``python -m railyard.local.apiserver`` and wait until it serves."""
+    """Start ``python -m railyard_local.apiserver`` and wait until it serves."""
     state = Path(state_dir)
     state.mkdir(parents=True, exist_ok=True)
     token = token or secrets.token_hex(16)
@@ -60,7 +60,7 @@ def start_server_process(state_dir: Path | str, *, token: str | None = None, por
     fd = os.open(token_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
         f.write(token)
-    cmd = [sys.executable, "-m", "railyard.local.apiserver", "--state-dir", str(state), "--port", str(port),
+    cmd = [sys.executable, "-m", "railyard_local.apiserver", "--state-dir", str(state), "--port", str(port),
            "--token-file", str(token_file), "--ready-file", str(ready), *(extra_args or [])]
     with log.open("ab") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)

@@ -3,7 +3,7 @@
 Runs only where the cluster has no scheduler of its own (embedded and envtest modes).
 Watch-driven: the shared pod and node informers call :meth:`Scheduler.on_pod` and
 :meth:`Scheduler.on_node`, which keep resource usage per node and queue pods that need a
-decision; decisions are the pure rules of :mod:`railyard.local.scheduling`. A pod is "assumed"
+decision; decisions are the pure rules of :mod:`railyard_local.scheduling`. A pod is "assumed"
 on its node as soon as it is decided, so hundreds of bindings can be in flight at once without
 overcommitting a node. Unschedulable pods wait until a node or a pod changes.
 
@@ -23,9 +23,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from railyard.api.corev1 import compute_pod_requests
-from railyard.local.kube import ApiError, KubeClient, Obj, key_of
-from railyard.local.nodes import now_iso, now_micro
-from railyard.local.scheduling import (
+from railyard_local.kube import ApiError, KubeClient, Obj, key_of
+from railyard_local.nodes import now_iso, now_micro
+from railyard_local.scheduling import (
     GANG_WAITING_MESSAGE,
     DecisionCache,
     NodeInfo,
@@ -37,7 +37,7 @@ from railyard.local.scheduling import (
     is_gated,
     is_terminated,
 )
-from railyard.local.tasks import TaskSet
+from railyard_local.tasks import TaskSet
 
 log = logging.getLogger(__name__)
 SCHEDULER_NAMES = frozenset({"", "default-scheduler"})

@@ -1,9 +1,9 @@
 """The node-side process of the local cluster: simulated nodes, scheduler and node agent.
 
-Started by :class:`railyard.local.cluster.LocalCluster` as ``python -m railyard.local.runtime``
+Started by :class:`railyard_local.cluster.LocalCluster` as ``python -m railyard_local.runtime``
 against any API server (embedded, envtest or an existing cluster). One asyncio loop, one shared
 list+watch per kind (nodes, pods, services). SIGTERM/SIGINT stop it; every pod process is
-killed before it exits. Its loops run under a :class:`~railyard.local.tasks.Supervisor`: one
+killed before it exits. Its loops run under a :class:`~railyard_local.tasks.Supervisor`: one
 that dies is logged and restarted, one that keeps dying stops the process with exit code 1 and
 a message naming it; a watch that goes quiet is re-established (``--watch-inactivity``).
 """
@@ -19,15 +19,15 @@ import signal
 import sys
 from pathlib import Path
 
-from railyard.local.agent import DEFAULT_SHARED_HOST_PATHS, Agent
-from railyard.local.kube import DEFAULT_WATCH_INACTIVITY_S, Informer, KubeClient
-from railyard.local.kubelet import KubeletEndpoint, server_context
-from railyard.local.nodes import NodeManager
-from railyard.local.scheduler import PODGROUPS, Scheduler, serves_podgroups
-from railyard.local.tasks import Supervisor
-from railyard.local.topology import NodeSpec
+from railyard_local.agent import DEFAULT_SHARED_HOST_PATHS, Agent
+from railyard_local.kube import DEFAULT_WATCH_INACTIVITY_S, Informer, KubeClient
+from railyard_local.kubelet import KubeletEndpoint, server_context
+from railyard_local.nodes import NodeManager
+from railyard_local.scheduler import PODGROUPS, Scheduler, serves_podgroups
+from railyard_local.tasks import Supervisor
+from railyard_local.topology import NodeSpec
 
-log = logging.getLogger("railyard.local.runtime")
+log = logging.getLogger("railyard_local.runtime")
 
 
 def load_specs(config_path: Path) -> list[NodeSpec]:
@@ -141,7 +141,7 @@ async def _until(event: asyncio.Event, supervisor: Supervisor, stop: asyncio.Eve
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m railyard.local.runtime")
+    parser = argparse.ArgumentParser(prog="python -m railyard_local.runtime")
     parser.add_argument("--kubeconfig", required=True)
     parser.add_argument("--state-dir", required=True, type=Path)
     parser.add_argument("--config", required=True, type=Path, help="cluster.json with nodeSpecs")

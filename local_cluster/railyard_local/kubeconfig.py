@@ -1,7 +1,7 @@
 """The kubeconfig ``railyard local up`` writes: one cluster, one token user, one context.
 
 kubectl, kopf and the kubernetes client read it as is (``export KUBECONFIG=...``). The embedded
-API server's helpers (:mod:`railyard.local.apiserver.kubeconfig`) write the same file through here.
+API server's helpers (:mod:`railyard_local.apiserver.kubeconfig`) write the same file through here.
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
 """A kubeconfig for the embedded server that kubectl and the kubernetes client use as is.
 
-One implementation for the whole local cluster: :mod:`railyard.local.kubeconfig`.
+One implementation for the whole local cluster: :mod:`railyard_local.kubeconfig`.
 """
 
 from __future__ import annotations
 
-from railyard.local.kubeconfig import build_kubeconfig, write_kubeconfig
+from railyard_local.kubeconfig import build_kubeconfig, write_kubeconfig
 
 __all__ = ["build_kubeconfig", "write_kubeconfig"]

@@ -15,8 +15,8 @@ from typing import Any
 from aiohttp import web
 from multidict import CIMultiDict
 
-from railyard.local import podlogs
-from railyard.local.podlogs import LogOptionError, parse_log_options
+from railyard_local import podlogs
+from railyard_local.podlogs import LogOptionError, parse_log_options
 
 from . import discovery, fieldmanager, openapi, protobuf, table
 from .controllers import Controllers, namespace_children
