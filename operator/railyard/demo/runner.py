@@ -131,9 +131,9 @@ def restarts_from_metrics(text: str) -> dict[str, int]:
 
 def read_pod_events(log_dir: Path, namespace: str, pod: str) -> list[dict[str, Any]]:
     """The JSON lines a pod's containers printed (the trainer's and its launcher's events), from
-    the node agent's log files (railyard.local.podlogs.log_file): on this machine, whatever the
+    the node agent's log files (railyard_local.podlogs.log_file): on this machine, whatever the
     pod's state now."""
-    from railyard.local.podlogs import log_file
+    from railyard_local.podlogs import log_file
 
     out: list[dict[str, Any]] = []
     folder = log_file(log_dir, namespace, pod, "x").parent
