@@ -146,3 +146,40 @@ def test_the_sims_replacement_is_the_operators_decision(failed: tuple[int, ...])
     assert (c.placement.nodes, c.placement.spares, c.placement.moved) == (direct.nodes, direct.spares, direct.moved)
     assert c.placement.moved == tuple(sorted(failed))
     assert not set(victims) & set(c.placement.nodes)
+
+
+def _tp_domains(cluster: Cluster, nvlink_key: str) -> list[set[str]]:
+    """The NVLink domain labels of each tensor-parallel group's nodes (pods in rank order)."""
+    labels = {str(n["metadata"]["name"]): n["metadata"]["labels"] for n in cluster.node_objects()}
+    k = cluster.job.spec.parallelism.tensor // cluster.job.spec.procs_per_node
+    nodes = list(cluster.placement.nodes)
+    return [{labels[n].get(nvlink_key, "") for n in nodes[i:i + k]} for i in range(0, len(nodes), k)]
+
+
+def test_rack_scale_nvlink_tensor_groups_stay_in_one_domain_through_a_replacement() -> None:
+    """tp 16 on 4-GPU trays of 8-tray NVLink domains: the simulator places (and re-places) the
+    gang as the operator does, each tensor-parallel group's 4 trays inside one domain."""
+    from railyard.logic.topology import NVLINK_LABEL
+
+    s = tiny(gpus=128, gpus_per_node=4, tp=16, nodes_per_leaf=16, nvlink_domain_nodes=8)
+    assert s.problems() == []
+    cluster = Cluster(s, hot_spares=4)
+    before = _tp_domains(cluster, NVLINK_LABEL)
+    assert len(before) == 8 and all(len(d) == 1 and "" not in d for d in before)
+    lost = cluster.placement.nodes[5]
+    assert cluster.quarantine_and_replace([lost], now=0.0, repair_s=3600.0)
+    assert lost not in cluster.placement.nodes and cluster.placement.moved
+    after = _tp_domains(cluster, NVLINK_LABEL)
+    assert all(len(d) == 1 and "" not in d for d in after)
+
+
+@pytest.mark.parametrize(
+    ("changes", "wanted"),
+    [
+        ({"tp": 16, "gpus_per_node": 4, "gpus": 128}, "set nvlink_domain_nodes (--nvlink-domain-nodes) to at least 4"),
+        ({"tp": 6, "gpus_per_node": 4, "gpus": 96, "pp": 1}, "neither divides gpus_per_node 4"),
+        ({"tp": 16, "gpus_per_node": 4, "gpus": 128, "nvlink_domain_nodes": 5, "nodes_per_leaf": 32}, "nvlink_domain_nodes: must be 0 (none) or divide nodes_per_leaf (32)"),
+    ],
+)
+def test_a_tensor_group_the_simulated_nodes_cannot_hold_is_refused_with_the_fix(changes: dict[str, int], wanted: str) -> None:
+    assert any(wanted in p for p in tiny(**changes).problems()), tiny(**changes).problems()

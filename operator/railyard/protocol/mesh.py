@@ -41,13 +41,22 @@ def check_mesh(*, world_size: int, procs_per_node: int, pp: int, dp: int, tp: in
             f"parallelism: pipeline x data x tensor = {pp}x{dp}x{tp} = {pp * dp * tp}, but the world size is "
             f"{world_size} (nodes x procsPerNode); set parallelism.data to {fit or 'a divisor'} or change nodes"
         )
+    if problem := tensor_layout_problem(tp, procs_per_node):
+        out.append(f"parallelism.tensor: {problem}")
+    return out
+
+
+def tensor_layout_problem(tp: int, procs_per_node: int) -> str:
+    """Why ``tp`` cannot be laid out on nodes of ``procs_per_node`` ranks ("" when it can): a
+    tensor-parallel group lies inside one node (``tp`` divides ``procs_per_node``) or spans
+    ``tp / procs_per_node`` whole nodes of one NVLink domain (``tp`` a multiple of it)."""
     if procs_per_node % tp and tp % procs_per_node:
-        out.append(
-            f"parallelism.tensor: {tp} neither divides procsPerNode {procs_per_node} (a tensor-parallel group "
+        return (
+            f"{tp} neither divides procsPerNode {procs_per_node} (a tensor-parallel group "
             "inside one node) nor is a multiple of it (a group spanning tensor / procsPerNode whole nodes of one "
             "NVLink domain); set tensor to a divisor or a multiple of procsPerNode"
         )
-    return out
+    return ""
 
 
 def mesh_coordinates(rank: int, dp: int, tp: int) -> tuple[int, int, int]:

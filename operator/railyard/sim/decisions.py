@@ -204,7 +204,7 @@ class Cluster:
         per_spine = scn.nodes_per_leaf * scn.leaves_per_spine
         spines = max(1, math.ceil(total / per_spine))
         leaves = min(scn.leaves_per_spine, math.ceil(total / scn.nodes_per_leaf))
-        nodes = build_synthetic_nodes(spines, leaves, scn.nodes_per_leaf, scn.gpus_per_node)
+        nodes = build_synthetic_nodes(spines, leaves, scn.nodes_per_leaf, scn.gpus_per_node, nvlink_domain=scn.nvlink_domain_nodes)
         self._start(build_sim_job(scn, hot_spares), nodes)
 
     @classmethod

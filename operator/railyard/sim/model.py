@@ -27,6 +27,7 @@ from railyard.api.trainingjob import (
     SharedTier,
     StragglerPolicy,
 )
+from railyard.protocol.mesh import tensor_layout_problem
 
 #: How a fault shows to the control plane: the process exits (a GPU error kills the rank; pod
 #: status shows it), the host goes silent (heartbeat timeout), the step stops advancing (hang
@@ -143,6 +144,9 @@ class Scenario:
     # cluster: the job's nodes plus this much free room, leaves of this many nodes
     extra_nodes_fraction: float = 0.125
     nodes_per_leaf: int = 32
+    #: Nodes per NVLink domain (0: none, NVLink only inside a node): consecutive nodes of a leaf
+    #: share one (an NVL72 rack: 18 trays of 4 GPUs), so ``tp`` may span them.
+    nvlink_domain_nodes: int = 0
     leaves_per_spine: int = 8
 
     # bandwidths, bytes/s
@@ -204,8 +208,18 @@ class Scenario:
             out.append(
                 f"pp x tp = {self.pp * self.tp} must divide gpus ({self.gpus}); set --pp/--tp"
             )
-        if self.gpus_per_node % self.tp:
-            out.append(f"tp: {self.tp} must divide gpus_per_node ({self.gpus_per_node})")
+        if problem := tensor_layout_problem(self.tp, self.gpus_per_node):
+            out.append(f"tp: {problem.replace('procsPerNode', 'gpus_per_node')}")
+        elif self.tp > self.gpus_per_node and self.nvlink_domain_nodes < self.tp // self.gpus_per_node:
+            out.append(
+                f"tp: {self.tp} spans {self.tp // self.gpus_per_node} nodes, which must lie in one NVLink domain; "
+                f"set nvlink_domain_nodes (--nvlink-domain-nodes) to at least {self.tp // self.gpus_per_node}"
+            )
+        if self.nvlink_domain_nodes < 0 or (self.nvlink_domain_nodes and self.nodes_per_leaf % self.nvlink_domain_nodes):
+            out.append(
+                f"nvlink_domain_nodes: must be 0 (none) or divide nodes_per_leaf ({self.nodes_per_leaf}), "
+                f"got {self.nvlink_domain_nodes}"
+            )
         if self.days <= 0:
             out.append(f"days: must be > 0, got {self.days}")
         if not 0 <= self.failure_scale <= MAX_FAILURE_SCALE:
