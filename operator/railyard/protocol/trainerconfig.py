@@ -135,7 +135,7 @@ class TrainerSettings:
 
 @section
 class Parallelism:
-    tensor: int = setting(default=1, description="Tensor-parallel degree. A divisor of procsPerNode (a TP group inside one node), or a multiple of it: a TP group then spans tensor / procsPerNode nodes of one NVLink domain (rack-scale NVLink such as GB200 NVL72; the nodes must carry topology.nvlinkLevel, else the job waits unplaced, reason TopologyMismatch).", ge=1, le=64)
+    tensor: int = setting(default=1, description="Tensor-parallel degree. A divisor of procsPerNode (a TP group inside one node), or a multiple of it: a TP group then spans tensor / procsPerNode nodes of one NVLink domain (rack-scale NVLink such as GB200 NVL72; the nodes must carry topology.nvlinkLevel, else the job waits unplaced, reason TopologyMismatch).", ge=1, le=1024)
     pipeline: int = setting(default=1, description="Pipeline-parallel degree (number of stages).", ge=1, le=1024)
     data: int | None = setting(default=None, description="Data-parallel (FSDP) degree. Leave empty to derive it: nodes x procsPerNode / (tensor x pipeline).", ge=1)
     data_replicas: int = setting(default=1, description="HSDP (hybrid sharded data parallel): the data-parallel ranks form this many replica groups, each sharding the model over data / dataReplicas ranks; the SDC cross-replica vote compares the replicas. 1: plain FSDP over all data-parallel ranks.", ge=1, le=4096)
