@@ -348,7 +348,7 @@ class RecordingScheduler(Scheduler):
     def _spawn(self, coro: Any) -> None:
         coro.close()
 
-    async def _bind(self, pod: Any, node: str) -> None:
+    async def _bind(self, pod: Any, node: str, allocations: Any = None) -> None:
         raise AssertionError("not awaited")
 
     def add(self, pod: dict[str, Any]) -> None:

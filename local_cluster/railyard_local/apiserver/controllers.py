@@ -71,6 +71,7 @@ class Controllers:
         self._new_crds: set[str] = set()
         self._protected_groups: set[ObjKey] = set()
         self._claiming_pods: set[ObjKey] = set()
+        self._compute_domains: set[ObjKey] = set()
         self._kick = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._stopped = False
@@ -121,6 +122,9 @@ class Controllers:
                 kick = True
             if rt.key == "pods" and dra.pod_claims_from_templates(entry.obj):
                 self._claiming_pods.add(key)
+                kick = True
+            if rt.key == dra.COMPUTE_DOMAINS_KEY and not meta.get("deletionTimestamp"):
+                self._compute_domains.add(key)
                 kick = True
             if rt.key == dra.TEMPLATES_KEY and self._claiming_pods:
                 kick = True  # pods waiting for this template
@@ -210,8 +214,21 @@ class Controllers:
             await self._process_terminating_pod(key)
         for key in list(self._protected_groups):
             await self._process_protected_group(key)
+        for key in list(self._compute_domains):
+            self._compute_domains.discard(key)
+            await self._ensure_channel_template(key)
         for key in list(self._claiming_pods):
             await self._process_claiming_pod(key)
+
+    async def _ensure_channel_template(self, key: ObjKey) -> None:
+        """NVIDIA's DRA driver's part: a ComputeDomain's channel ResourceClaimTemplate (dra.py)."""
+        entry = self.store.get(*key)
+        rt = self._rt(dra.TEMPLATES_KEY)
+        template = dra.channel_template_for(entry.obj) if entry is not None else None
+        if rt is None or template is None or self.store.get(dra.TEMPLATES_KEY, key[1], template["metadata"]["name"]):
+            return
+        with contextlib.suppress(APIError):
+            await self.engine.create(rt, key[1], template, Ctx(manager="compute-domain-controller"))
 
     async def _process_claiming_pod(self, key: ObjKey) -> None:
         """The resourceclaim controller: a ResourceClaim from the template for each of the pod's

@@ -201,3 +201,55 @@ def is_generated_for(claim: JSON, pod_uid: str) -> bool:
     return POD_CLAIM_ANNOTATION in (meta.get("annotations") or {}) and any(
         r.get("uid") == pod_uid and r.get("controller") for r in meta.get("ownerReferences") or [])
 
+
+
+# ---- NVIDIA's DRA driver, as far as a ComputeDomain goes ----------------------------------------
+
+#: A ComputeDomain (resource.nvidia.com, a CRD of NVIDIA's DRA driver, installed by whoever
+#: wants them: tests and demos install a minimal one) is stored like any custom resource; the
+#: driver's controller part that matters to pods is played here: it creates the domain's channel
+#: ResourceClaimTemplate, whose claims ask for one IMEX channel of the node
+#: (railyard_local.devices publishes ``channel-0`` per node).
+COMPUTE_DOMAINS_KEY = "computedomains.resource.nvidia.com"
+CHANNEL_DEVICE_CLASS = "compute-domain-default-channel.nvidia.com"
+
+
+def channel_template_for(domain: JSON) -> JSON | None:
+    """The channel ResourceClaimTemplate NVIDIA's driver makes for a ComputeDomain (owned by it),
+    or None when the domain names none."""
+    meta = domain.get("metadata") or {}
+    name = (((domain.get("spec") or {}).get("channel") or {}).get("resourceClaimTemplate") or {}).get("name")
+    if not isinstance(name, str) or not name:
+        return None
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": name, "namespace": meta.get("namespace", "default"),
+                     "ownerReferences": [{"apiVersion": str(domain.get("apiVersion")), "kind": "ComputeDomain",
+                                          "name": meta.get("name"), "uid": meta.get("uid"), "controller": True}]},
+        "spec": {"spec": {"devices": {"requests": [{"name": "channel", "exactly": {"deviceClassName": CHANNEL_DEVICE_CLASS}}]}}},
+    }
+
+
+def compute_domain_crd() -> JSON:
+    """A minimal ComputeDomain CRD (the fields Railyard writes; the rest preserved unknown), for
+    tests and demos on the local cluster: NVIDIA's chart installs the real one."""
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": COMPUTE_DOMAINS_KEY},
+        "spec": {
+            "group": "resource.nvidia.com",
+            "scope": "Namespaced",
+            "names": {"plural": "computedomains", "singular": "computedomain", "kind": "ComputeDomain", "listKind": "ComputeDomainList"},
+            "versions": [{
+                "name": "v1beta1", "served": True, "storage": True, "subresources": {"status": {}},
+                "schema": {"openAPIV3Schema": {"type": "object", "properties": {
+                    "spec": {"type": "object", "x-kubernetes-preserve-unknown-fields": True, "properties": {
+                        "numNodes": {"type": "integer"},
+                        "channel": {"type": "object", "properties": {"resourceClaimTemplate": {
+                            "type": "object", "properties": {"name": {"type": "string"}}}}}}},
+                    "status": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}}}},
+            }],
+        },
+    }
