@@ -390,6 +390,7 @@ def prepare_create(rt: ResourceType, obj: JSON, eng: Engine) -> None:
                                      "message": "Scheduling is blocked due to non-empty scheduling gates"}]
         obj["status"] = status
     workloads.prepare_create(rt.key, obj)
+    dra.prepare_create(rt.key, obj)
     if rt.key == CRD_KEY:
         from .crd import prepare_crd
 

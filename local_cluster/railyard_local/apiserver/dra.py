@@ -21,6 +21,7 @@ records the name in the pod's ``status.resourceClaimStatuses``.
 from __future__ import annotations
 
 import copy
+import json
 import re
 import secrets
 from typing import Any
@@ -51,7 +52,15 @@ def default(key: str, obj: JSON) -> None:
     if key == CLAIMS_KEY:
         _default_devices((obj.get("spec") or {}).get("devices"))
     elif key == TEMPLATES_KEY:
-        _default_devices(((obj.get("spec") or {}).get("spec") or {}).get("devices"))
+        spec = obj.get("spec")
+        if isinstance(spec, dict):
+            spec.setdefault("metadata", {})  # a struct, serialised even when empty
+            _default_devices((spec.get("spec") or {}).get("devices"))
+
+
+def prepare_create(key: str, obj: JSON) -> None:
+    if key == CLAIMS_KEY:
+        obj["status"] = {}  # the scheduler's (allocation) and the kubelet's, through /status
 
 
 def _default_devices(devices: Any) -> None:
@@ -116,8 +125,11 @@ def _validate_devices(devices: Any, path: str) -> list[Cause]:
         else:
             seen.add(name)
         chosen = [k for k in ("exactly", "firstAvailable") if r.get(k) is not None]
-        if len(chosen) != 1:
-            causes.append(invalid_value(where, None, "exactly one of `exactly` or `firstAvailable` is required"))
+        if not chosen:
+            causes.append(required(where, "exactly one of `exactly` or `firstAvailable` is required"))
+            continue
+        if len(chosen) > 1:
+            causes.append(invalid_value(where, None, "exactly one of `exactly` or `firstAvailable` is required, but multiple fields are set"))
             continue
         exactly = r.get("exactly")
         if not isinstance(exactly, dict):
@@ -159,8 +171,10 @@ def validate_pod_claims(spec: JSON) -> list[Cause]:
             claims = ((ctr or {}).get("resources") or {}).get("claims") or [] if isinstance(ctr, dict) else []
             for j, claim in enumerate(claims):
                 name = claim.get("name") if isinstance(claim, dict) else None
-                if name not in names:
-                    causes.append(not_supported(f"spec.{kind}[{i}].resources.claims[{j}].name", name, sorted(names)))
+                if name not in names:  # upstream: a NotFound with an explanation
+                    known = ": " + ", ".join(sorted(names)) if names else " which is empty"
+                    causes.append(Cause(f"spec.{kind}[{i}].resources.claims[{j}]", "FieldValueNotFound",
+                                        f"Not found: {json.dumps(name)}: must be one of the names in pod.spec.resourceClaims{known}"))
     return causes
 
 
