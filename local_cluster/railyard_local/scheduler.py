@@ -76,6 +76,8 @@ class Scheduler:
         self.slices: Mapping[str, Obj] = slices if slices is not None else {}
         self.device_classes: Mapping[str, Obj] = device_classes if device_classes is not None else {}
         self.devices: dict[str, dict[str, list[str]]] = {}  # node -> driver -> device names
+        self._node_slices: dict[str, dict[str, Obj]] = {}  # node -> slice key -> slice
+        self._slice_node: dict[str, str] = {}  # slice key -> its node
         #: Devices chosen for claims whose allocation is being written: claim "ns/name" -> devices.
         self.allocating: dict[str, set[tuple[str, str, str]]] = {}
         self.pods = pods  # the pod informer's cache, by "ns/name"
@@ -115,9 +117,23 @@ class Scheduler:
         self._wake_waiting()
 
     def on_slice(self, kind: str, piece: Obj, old: Obj | None) -> None:
-        self.devices = node_devices(self.slices.values())
-        for info in self.nodes.values():
-            self._add_devices(info)
+        """Only the slice's node (and the one it named before) is counted again."""
+        key = key_of(piece)
+        touched = set()
+        before = self._slice_node.pop(key, None)
+        if before is not None:
+            self._node_slices.get(before, {}).pop(key, None)
+            touched.add(before)
+        node = str((piece.get("spec") or {}).get("nodeName") or "")
+        if kind != "DELETED" and node:
+            self._node_slices.setdefault(node, {})[key] = piece
+            self._slice_node[key] = node
+            touched.add(node)
+        for name in touched:
+            self.devices[name] = node_devices(self._node_slices.get(name, {}).values()).get(name, {})
+            info = self.nodes.get(name)
+            if info is not None:
+                self._add_devices(info)
         self._wake_waiting()
 
     def on_device_class(self, kind: str, device_class: Obj, old: Obj | None) -> None:
