@@ -142,7 +142,7 @@ def test_failed_node_moves_only_its_ranks_to_a_spare_and_is_quarantined(api: Api
             pods = _running_pods(api, job_name, 1)
             claims = {pod: sorted(c) for pod, c in _claims_on_their_nodes(api, pods).items()}
             assert claims == {p.metadata.name: sorted([f"gpus@{p.spec.node_name}", f"channel@{p.spec.node_name}"]) for p in pods}, claims
-            domain = api.custom.get_namespaced_custom_object("resource.nvidia.com", "v1beta1", NS, "computedomains", f"{job_name}-nvlink")
+            domain = api.custom.get_namespaced_custom_object("resource.nvidia.com", "v1beta1", NS, "computedomains", f"{job_name}-nvlink-2")
             assert domain["spec"]["numNodes"] == 2 and domain["metadata"]["ownerReferences"][0]["kind"] == "TrainingJob"
             assert all(not (c.resources.limits or {}).get("nvidia.com/gpu") for p in pods for c in p.spec.containers)
         assert st["restarts"]["infrastructure"] == 1 and st["restarts"]["application"] == 0

@@ -19,7 +19,9 @@ from railyard.logic.manifests import (
     build_gang_pods,
     build_gpu_claim_template,
     build_spare_pod,
+    channel_claim_template_name,
     container_resources,
+    gpu_claim_template_name,
 )
 from railyard.logic.schedulers import gang_min_resources
 from railyard.logic.topology import compute_used_gpus, node_gpus
@@ -43,21 +45,24 @@ def _pod(spec: TrainingJobSpec) -> dict[str, Any]:
         ({}, {"nvidia.com/gpu": "4"}, None, None),
         ({"gpusPerPod": 8}, {"nvidia.com/gpu": "8"}, None, None),
         # by claim: no nvidia.com/gpu, one claim from the job's template
-        ({"gpuClaim": {}}, None, [{"name": "gpus", "resourceClaimTemplateName": "llm-gpus"}], [{"name": "gpus"}]),
+        ({"gpuClaim": {}}, None, [{"name": "gpus", "resourceClaimTemplateName": "GPUS"}], [{"name": "gpus"}]),
         ({"gpuClaim": {}, "resources": {"limits": {"cpu": "8"}}}, {"cpu": "8"},
-         [{"name": "gpus", "resourceClaimTemplateName": "llm-gpus"}], [{"name": "gpus"}]),
+         [{"name": "gpus", "resourceClaimTemplateName": "GPUS"}], [{"name": "gpus"}]),
         # with a ComputeDomain: also its IMEX channel
         ({"gpuClaim": {"computeDomain": True}}, None,
-         [{"name": "gpus", "resourceClaimTemplateName": "llm-gpus"}, {"name": "channel", "resourceClaimTemplateName": "llm-imex-channel"}],
+         [{"name": "gpus", "resourceClaimTemplateName": "GPUS"}, {"name": "channel", "resourceClaimTemplateName": "CHANNEL"}],
          [{"name": "gpus"}, {"name": "channel"}]),
     ],
 )
 def test_pods_ask_for_gpus_one_way(spec: dict[str, Any], limits: dict[str, str] | None, pod_claims: list[dict[str, str]] | None,
                                    container_claims: list[dict[str, str]] | None) -> None:
-    pod = _pod(_spec(**spec))
+    built = _spec(**spec)
+    pod = _pod(built)
     resources = pod["spec"]["containers"][0]["resources"]
     assert resources.get("limits") == limits
-    assert pod["spec"].get("resourceClaims") == pod_claims
+    names = {"GPUS": gpu_claim_template_name(built, "llm"), "CHANNEL": channel_claim_template_name(built, "llm")}
+    want = [{**c, "resourceClaimTemplateName": names[c["resourceClaimTemplateName"]]} for c in pod_claims] if pod_claims else None
+    assert pod["spec"].get("resourceClaims") == want
     assert resources.get("claims") == container_claims
     assert ("railyard.dev/claimed-gpus" in pod["metadata"]["annotations"]) == (pod_claims is not None)
 
@@ -73,7 +78,7 @@ def test_the_claim_template_asks_each_pod_for_its_gpus(spec: dict[str, Any], dev
     tmpl = build_gpu_claim_template(_spec(**spec), job="llm", namespace="ml", owner=OWNER)
     assert tmpl is not None
     assert (tmpl["apiVersion"], tmpl["kind"]) == ("resource.k8s.io/v1", "ResourceClaimTemplate")
-    assert tmpl["metadata"]["name"] == "llm-gpus" and tmpl["metadata"]["ownerReferences"] == [OWNER]
+    assert tmpl["metadata"]["name"].startswith("llm-gpus-") and tmpl["metadata"]["ownerReferences"] == [OWNER]
     assert tmpl["metadata"]["labels"]["railyard.dev/job"] == "llm"
     assert tmpl["spec"]["spec"]["devices"]["requests"] == [
         {"name": "gpus", "exactly": {"deviceClassName": device_class, "allocationMode": "ExactCount", "count": count}}
@@ -93,13 +98,25 @@ def test_the_job_gets_its_dra_objects_before_the_pods(spec: dict[str, Any], kind
     assert [o["kind"] for o in build_dra_objects(_spec(**spec), job="llm", namespace="ml", owner=OWNER)] == kinds
 
 
+def test_a_spec_edit_of_the_count_or_class_names_a_new_template_and_domain() -> None:
+    """Templates are immutable: the new pods of an edited spec must name a new one (the count and
+    class are in the name); the ComputeDomain's name carries its numNodes."""
+    base = _spec(gpuClaim={})
+    assert gpu_claim_template_name(base, "llm") == gpu_claim_template_name(_spec(gpuClaim={}), "llm"), "deterministic"
+    assert gpu_claim_template_name(base, "llm") != gpu_claim_template_name(_spec(gpusPerPod=8, gpuClaim={}), "llm")
+    assert gpu_claim_template_name(base, "llm") != gpu_claim_template_name(_spec(gpuClaim={"deviceClassName": "b200.example.com"}), "llm")
+    two = _spec(gpuClaim={"computeDomain": True})
+    four = _spec(nodes=4, trainer={"batchSize": 16}, gpuClaim={"computeDomain": True})
+    assert channel_claim_template_name(two, "llm") != channel_claim_template_name(four, "llm")
+
+
 def test_the_compute_domain_spans_the_gang_and_names_the_channel_the_pods_claim() -> None:
     spec = _spec(nodes=4, trainer={"batchSize": 16}, gpuClaim={"computeDomain": True})
     cd = build_compute_domain(spec, job="llm", namespace="ml", owner=OWNER)
     assert cd is not None
-    assert (cd["apiVersion"], cd["kind"], cd["metadata"]["name"]) == ("resource.nvidia.com/v1beta1", "ComputeDomain", "llm-nvlink")
+    assert (cd["apiVersion"], cd["kind"], cd["metadata"]["name"]) == ("resource.nvidia.com/v1beta1", "ComputeDomain", "llm-nvlink-4")
     assert cd["metadata"]["ownerReferences"] == [OWNER], "deleted with the job"
-    assert cd["spec"] == {"numNodes": 4, "channel": {"resourceClaimTemplate": {"name": "llm-imex-channel"}}}
+    assert cd["spec"] == {"numNodes": 4, "channel": {"resourceClaimTemplate": {"name": "llm-nvlink-4-channel"}}}
     channel = [c for c in _pod(spec)["spec"]["resourceClaims"] if c["name"] == "channel"]
     assert channel == [{"name": "channel", "resourceClaimTemplateName": cd["spec"]["channel"]["resourceClaimTemplate"]["name"]}]
 
@@ -162,11 +179,12 @@ async def test_a_dra_gang_goes_through_a_node_loss_like_any_other(gpus_label_onl
                    restartPolicy={"application": {"limit": 3, "backoffSeconds": 0}})
     h = Harness(_dra_cluster(gpus_label_only), job)
     await running(h)
-    assert ("ResourceClaimTemplate", "j-gpus") in h.cluster.objects
-    assert ("ComputeDomain", "j-nvlink") in h.cluster.objects
-    assert h.cluster.objects[("ComputeDomain", "j-nvlink")]["spec"]["numNodes"] == 2
+    templates = [name for kind, name in h.cluster.objects if kind == "ResourceClaimTemplate"]
+    assert len(templates) == 1 and templates[0].startswith("j-gpus-")
+    assert ("ComputeDomain", "j-nvlink-2") in h.cluster.objects
+    assert h.cluster.objects[("ComputeDomain", "j-nvlink-2")]["spec"]["numNodes"] == 2
     spares = h.cluster.pods_of(spare=True)
-    assert len(spares) == 1 and spares[0]["spec"]["resourceClaims"][0]["resourceClaimTemplateName"] == "j-gpus"
+    assert len(spares) == 1 and spares[0]["spec"]["resourceClaims"][0]["resourceClaimTemplateName"] == templates[0]
     spare_node = spares[0]["metadata"]["annotations"]["railyard.dev/node"]
     lost = h.pod_nodes()[1]
     h.node_down(lost)

@@ -224,18 +224,30 @@ GPU_CLAIM = "gpus"
 CHANNEL_CLAIM = "channel"
 
 
-def gpu_claim_template_name(job: str) -> str:
-    return f"{job}-gpus"
+def _gpu_request(spec: TrainingJobSpec) -> dict[str, Any]:
+    claim = spec.gpu_claim
+    device_class = claim.device_class_name if claim is not None else ""
+    return {"name": GPU_CLAIM, "exactly": {"deviceClassName": device_class, "allocationMode": "ExactCount", "count": spec.claimed_gpus}}
 
 
-def compute_domain_name(job: str) -> str:
-    return f"{job}-nvlink"
+def gpu_claim_template_name(spec: TrainingJobSpec, job: str) -> str:
+    """``<job>-gpus-<hash of the request>``: a template's spec cannot change, so a spec edit of the
+    count or the class (taking effect at the next restart) makes a new one, which the new pods
+    name; the old one goes with the job."""
+    digest = zlib.crc32(json.dumps(_gpu_request(spec), sort_keys=True).encode())
+    return f"{job}-gpus-{digest:08x}"
 
 
-def channel_claim_template_name(job: str) -> str:
+def compute_domain_name(spec: TrainingJobSpec, job: str) -> str:
+    """``<job>-nvlink-<nodes>``: one ComputeDomain per gang size (``numNodes``), for the same
+    reason as :func:`gpu_claim_template_name`."""
+    return f"{job}-nvlink-{spec.nodes}"
+
+
+def channel_claim_template_name(spec: TrainingJobSpec, job: str) -> str:
     """The ResourceClaimTemplate NVIDIA's driver creates for the ComputeDomain's IMEX channel
     (the name is ours: ``spec.channel.resourceClaimTemplate.name``)."""
-    return f"{job}-imex-channel"
+    return f"{compute_domain_name(spec, job)}-channel"
 
 
 def pod_resource_claims(spec: TrainingJobSpec, job: str) -> list[dict[str, str]]:
@@ -244,9 +256,9 @@ def pod_resource_claims(spec: TrainingJobSpec, job: str) -> list[dict[str, str]]
     claim = spec.gpu_claim
     if claim is None or spec.claimed_gpus == 0:
         return []
-    out = [{"name": GPU_CLAIM, "resourceClaimTemplateName": gpu_claim_template_name(job)}]
+    out = [{"name": GPU_CLAIM, "resourceClaimTemplateName": gpu_claim_template_name(spec, job)}]
     if claim.compute_domain:
-        out.append({"name": CHANNEL_CLAIM, "resourceClaimTemplateName": channel_claim_template_name(job)})
+        out.append({"name": CHANNEL_CLAIM, "resourceClaimTemplateName": channel_claim_template_name(spec, job)})
     return out
 
 
@@ -256,12 +268,11 @@ def build_gpu_claim_template(spec: TrainingJobSpec, *, job: str, namespace: str,
     claim = spec.gpu_claim
     if claim is None or spec.claimed_gpus == 0:
         return None
-    request = {"name": GPU_CLAIM, "exactly": {"deviceClassName": claim.device_class_name, "allocationMode": "ExactCount", "count": spec.claimed_gpus}}
     return {
         "apiVersion": RESOURCE_API_VERSION,
         "kind": "ResourceClaimTemplate",
-        "metadata": _meta(gpu_claim_template_name(job), namespace, job_labels(job), owner),
-        "spec": {"metadata": {"labels": job_labels(job)}, "spec": {"devices": {"requests": [request]}}},
+        "metadata": _meta(gpu_claim_template_name(spec, job), namespace, job_labels(job), owner),
+        "spec": {"metadata": {"labels": job_labels(job)}, "spec": {"devices": {"requests": [_gpu_request(spec)]}}},
     }
 
 
@@ -275,8 +286,8 @@ def build_compute_domain(spec: TrainingJobSpec, *, job: str, namespace: str, own
     return {
         "apiVersion": COMPUTE_DOMAIN_API_VERSION,
         "kind": "ComputeDomain",
-        "metadata": _meta(compute_domain_name(job), namespace, job_labels(job), owner),
-        "spec": {"numNodes": spec.nodes, "channel": {"resourceClaimTemplate": {"name": channel_claim_template_name(job)}}},
+        "metadata": _meta(compute_domain_name(spec, job), namespace, job_labels(job), owner),
+        "spec": {"numNodes": spec.nodes, "channel": {"resourceClaimTemplate": {"name": channel_claim_template_name(spec, job)}}},
     }
 
 
