@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from railyard_local.devices import RESOURCE_API, build_device_classes, build_slices
 from railyard_local.kube import ApiError, KubeClient, Obj, retry
 from railyard_local.tasks import TaskSet
 from railyard_local.topology import LOCAL_GROUP, SIMULATED_LABEL, NodeSpec
@@ -153,6 +154,7 @@ class NodeManager:
         self._on_control = on_control
         self._sem = asyncio.Semaphore(32)
         self._tasks = TaskSet("node manager")
+        self._dra = False
 
     async def _bounded(self, coro: Any) -> Any:
         async with self._sem:
@@ -165,8 +167,32 @@ class NodeManager:
         except ApiError as exc:
             if exc.status != 409:
                 raise
+        self._dra = any(s.gpus for s in self.specs.values()) and await self._publish_device_classes()
         await asyncio.gather(*(self._bounded(self._register_one(s)) for s in self.specs.values()))
         await self._remove_stale()
+
+    async def _publish_device_classes(self) -> bool:
+        """The DeviceClasses of the simulated GPUs (railyard_local.devices); False where the API
+        server does not serve resource.k8s.io/v1 (the GPUs are then nvidia.com/gpu only)."""
+        for cls in build_device_classes():
+            try:
+                await self.client.create(f"{RESOURCE_API}/deviceclasses", cls)
+            except ApiError as exc:
+                if exc.status == 404:
+                    log.info("the API server does not serve resource.k8s.io/v1: no ResourceSlices published")
+                    return False
+                if exc.status != 409:
+                    raise
+        return True
+
+    async def _publish_slices(self, spec: NodeSpec, node_uid: str) -> None:
+        """What a DRA driver's kubelet plugin publishes for the node: its devices, owned by the Node."""
+        for piece in build_slices(spec.name, node_uid, spec.gpus):
+            try:
+                await self.client.create(f"{RESOURCE_API}/resourceslices", piece)
+            except ApiError as exc:
+                if exc.status != 409:
+                    raise
 
     async def _remove_stale(self) -> None:
         ids = {s.labels.get(CLUSTER_LABEL) for s in self.specs.values()}
@@ -193,6 +219,8 @@ class NodeManager:
         self._since[spec.name] = now_iso()
         await self.patch_status(spec.name)
         await self._renew_lease(spec, current.get("metadata", {}).get("uid", ""))
+        if self._dra:
+            await self._publish_slices(spec, current.get("metadata", {}).get("uid", ""))
 
     async def patch_status(self, name: str) -> None:
         spec = self.specs[name]

@@ -20,10 +20,11 @@ import sys
 from pathlib import Path
 
 from railyard_local.agent import DEFAULT_SHARED_HOST_PATHS, Agent
+from railyard_local.devices import RESOURCE_API
 from railyard_local.kube import DEFAULT_WATCH_INACTIVITY_S, Informer, KubeClient
 from railyard_local.kubelet import KubeletEndpoint, server_context
 from railyard_local.nodes import NodeManager
-from railyard_local.scheduler import PODGROUPS, Scheduler, serves_podgroups
+from railyard_local.scheduler import PODGROUPS, Scheduler, serves_dra, serves_podgroups
 from railyard_local.tasks import Supervisor
 from railyard_local.topology import NodeSpec
 
@@ -90,14 +91,23 @@ async def run_runtime(
         nodes.add_handler(manager.on_node_event)
         sched: Scheduler | None = None
         podgroups: Informer | None = None
+        dra: list[Informer] = []  # resource.k8s.io/v1: slices, classes, claims
         if scheduler:
             if await serves_podgroups(client):
                 podgroups = informer(f"{PODGROUPS}/podgroups", "podgroups")
-            sched = Scheduler(client, pods.cache, podgroups=podgroups.cache if podgroups else None)
+            if await serves_dra(client):
+                dra = [informer(f"{RESOURCE_API}/{plural}", plural) for plural in ("resourceslices", "deviceclasses", "resourceclaims")]
+            sched = Scheduler(client, pods.cache, podgroups=podgroups.cache if podgroups else None,
+                              slices=dra[0].cache if dra else None, device_classes=dra[1].cache if dra else None,
+                              claims=dra[2].cache if dra else None)
             nodes.add_handler(sched.on_node)
             pods.add_handler(sched.on_pod)
             if podgroups is not None:
                 podgroups.add_handler(sched.on_podgroup)
+            if dra:
+                dra[0].add_handler(sched.on_slice)
+                dra[1].add_handler(sched.on_device_class)
+                dra[2].add_handler(sched.on_claim)
         pods.add_handler(agent.on_pod)
         agent.pods = pods
         services.add_handler(agent.on_service)
@@ -105,6 +115,8 @@ async def run_runtime(
         supervisor.start("nodes informer", nodes.run)
         if podgroups is not None:  # before the pods: a gang's pods find their group
             supervisor.start("podgroups informer", podgroups.run)
+        for inf in dra:  # before the pods too: a pod's claims and the nodes' devices are known
+            supervisor.start(f"{inf.name} informer", inf.run)
         if await _until(nodes.synced, supervisor, stop):
             supervisor.start("pods informer", pods.run)
             supervisor.start("services informer", services.run)

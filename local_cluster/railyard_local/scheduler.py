@@ -13,6 +13,14 @@ are decided together, as kube-scheduler's gang scheduling does: nothing is bound
 topology constraint; then all are bound and the PodGroup's ``PodGroupScheduled`` condition says
 so (``False``/``Unschedulable`` while they do not fit). A pod whose PodGroup does not exist
 waits for it, unmarked. ``on_podgroup`` is fed by a PodGroup informer where the API serves them.
+
+Pods that claim devices (``spec.resourceClaims``, resource.k8s.io/v1) wait until each of their
+claims exists (``status.resourceClaimStatuses``, written by the API server's resourceclaim
+controller); their devices count as requests of the node's published devices
+(:mod:`railyard_local.devices`), and binding first writes each claim's ``status.allocation``
+(free devices of the chosen node) and ``reservedFor`` the pod, as kube-scheduler's DRA plugin
+does in PreBind. ``on_claim``, ``on_slice`` and ``on_device_class`` are fed by informers where
+the API serves resource.k8s.io/v1.
 """
 
 from __future__ import annotations
@@ -23,11 +31,20 @@ from collections.abc import Mapping
 from typing import Any
 
 from railyard.api.corev1 import compute_pod_requests
+from railyard_local.devices import (
+    DEVICE_RESOURCE_PREFIX,
+    RESOURCE_API,
+    allocated_devices,
+    build_allocation,
+    claim_needs,
+    node_devices,
+)
 from railyard_local.kube import ApiError, KubeClient, Obj, key_of
 from railyard_local.nodes import now_iso, now_micro
 from railyard_local.scheduling import (
     GANG_WAITING_MESSAGE,
     DecisionCache,
+    GangDecision,
     NodeInfo,
     build_gang_policy,
     build_node_info,
@@ -50,8 +67,19 @@ GROUP = "podgroup:"
 
 class Scheduler:
     def __init__(self, client: KubeClient, pods: Mapping[str, Obj], *, concurrency: int = 48,
-                 podgroups: Mapping[str, Obj] | None = None, field_manager: str | None = None) -> None:
+                 podgroups: Mapping[str, Obj] | None = None, field_manager: str | None = None,
+                 claims: Mapping[str, Obj] | None = None, slices: Mapping[str, Obj] | None = None,
+                 device_classes: Mapping[str, Obj] | None = None) -> None:
         self.client = client
+        # resource.k8s.io/v1 informers' caches (by "ns/name", slices and classes by "name")
+        self.claims: Mapping[str, Obj] = claims if claims is not None else {}
+        self.slices: Mapping[str, Obj] = slices if slices is not None else {}
+        self.device_classes: Mapping[str, Obj] = device_classes if device_classes is not None else {}
+        self.devices: dict[str, dict[str, list[str]]] = {}  # node -> driver -> device names
+        self._node_slices: dict[str, dict[str, Obj]] = {}  # node -> slice key -> slice
+        self._slice_node: dict[str, str] = {}  # slice key -> its node
+        #: Devices chosen for claims whose allocation is being written: claim "ns/name" -> devices.
+        self.allocating: dict[str, set[tuple[str, str, str]]] = {}
         self.pods = pods  # the pod informer's cache, by "ns/name"
         self.podgroups: Mapping[str, Obj] = podgroups if podgroups is not None else {}  # by "ns/name"
         self.members: dict[str, set[str]] = {}  # PodGroup "ns/name" -> keys of the pods that name it
@@ -77,6 +105,7 @@ class Scheduler:
             self.nodes.pop(name, None)
             return
         info = build_node_info(node)
+        self._add_devices(info)
         previous = self.nodes.get(name)
         if previous is not None:
             info.requested = previous.requested
@@ -86,6 +115,96 @@ class Scheduler:
                     info.add(requests)
         self.nodes[name] = info
         self._wake_waiting()
+
+    def on_slice(self, kind: str, piece: Obj, old: Obj | None) -> None:
+        """Only the slice's node (and the one it named before) is counted again."""
+        key = key_of(piece)
+        touched = set()
+        before = self._slice_node.pop(key, None)
+        if before is not None:
+            self._node_slices.get(before, {}).pop(key, None)
+            touched.add(before)
+        node = str((piece.get("spec") or {}).get("nodeName") or "")
+        if kind != "DELETED" and node:
+            self._node_slices.setdefault(node, {})[key] = piece
+            self._slice_node[key] = node
+            touched.add(node)
+        for name in touched:
+            self.devices[name] = node_devices(self._node_slices.get(name, {}).values()).get(name, {})
+            info = self.nodes.get(name)
+            if info is not None:
+                self._add_devices(info)
+        self._wake_waiting()
+
+    def on_device_class(self, kind: str, device_class: Obj, old: Obj | None) -> None:
+        self._wake_waiting()
+
+    def on_claim(self, kind: str, claim: Obj, old: Obj | None) -> None:
+        key = key_of(claim)
+        if kind == "DELETED" or (claim.get("status") or {}).get("allocation"):
+            self.allocating.pop(key, None)
+        if kind == "DELETED" or not (old or {}).get("metadata"):
+            self._wake_waiting()  # devices freed, or a claim a pod waits for is there
+
+    def _add_devices(self, info: NodeInfo) -> None:
+        for key in [k for k in info.allocatable if k.startswith(DEVICE_RESOURCE_PREFIX)]:
+            del info.allocatable[key]
+        for driver, names in self.devices.get(info.name, {}).items():
+            info.allocatable[DEVICE_RESOURCE_PREFIX + driver] = 1000 * len(names)
+        info.version += 1
+
+    def _pod_claims(self, pod: Obj) -> tuple[list[Obj], str]:
+        """The pod's ResourceClaims, or a reason to wait: one not made (or not seen) yet."""
+        spec, status = pod.get("spec") or {}, pod.get("status") or {}
+        ns = (pod.get("metadata") or {}).get("namespace", "default")
+        made = {s.get("name"): s.get("resourceClaimName") for s in status.get("resourceClaimStatuses") or []}
+        out: list[Obj] = []
+        for c in spec.get("resourceClaims") or []:
+            name = c.get("resourceClaimName") or made.get(c.get("name"))
+            claim = self.claims.get(f"{ns}/{name}") if name else None
+            if claim is None:
+                return [], f'waiting for the pod\'s ResourceClaim "{c.get("name")}" to be created'
+            out.append(claim)
+        return out, ""
+
+    def _requests(self, pod: Obj) -> tuple[dict[str, int] | None, str]:
+        """The pod's requests, its claims' devices included (None with a reason to wait)."""
+        requests = compute_pod_requests(pod)
+        if not (pod.get("spec") or {}).get("resourceClaims"):
+            return requests, ""
+        claims, why = self._pod_claims(pod)
+        if why:
+            return None, why
+        for claim in claims:
+            needs, problem = claim_needs(claim, self.device_classes)
+            if problem is not None:
+                return None, problem
+            for k, v in needs.items():
+                requests[k] = requests.get(k, 0) + v
+        return requests, ""
+
+    def _allocate(self, pod: Obj, node: str) -> list[tuple[Obj, dict[str, Any]]] | None:
+        """Devices of ``node`` for each of the pod's unallocated claims (held at once, so that
+        decisions in flight never hand out a device twice); None when too few are free."""
+        claims, why = self._pod_claims(pod)
+        if why:
+            return None
+        held = allocated_devices(self.claims.values())
+        for devices in self.allocating.values():
+            held |= devices
+        out: list[tuple[Obj, dict[str, Any]]] = []
+        for claim in claims:
+            if (claim.get("status") or {}).get("allocation"):
+                continue
+            allocation = build_allocation(claim, node, self.device_classes, self.devices.get(node, {}), held)
+            if allocation is None:
+                return None
+            chosen = {(r["driver"], r["pool"], r["device"]) for r in allocation["devices"]["results"]}
+            held |= chosen
+            out.append((claim, allocation))
+        for claim, allocation in out:
+            self.allocating[key_of(claim)] = {(r["driver"], r["pool"], r["device"]) for r in allocation["devices"]["results"]}
+        return out
 
     def on_podgroup(self, kind: str, group: Obj, old: Obj | None) -> None:
         key = key_of(group)
@@ -116,7 +235,7 @@ class Scheduler:
         if node:
             self.waiting.pop(key, None)
             if uid not in self.usage:
-                self._account(uid, node, compute_pod_requests(pod))
+                self._account(uid, node, self._requests(pod)[0] or compute_pod_requests(pod))
             return
         if meta.get("deletionTimestamp") or is_gated(pod):
             return
@@ -175,18 +294,28 @@ class Scheduler:
         if spec.get("nodeName") or is_gated(pod) or meta.get("deletionTimestamp") or is_terminated(pod):
             return
         uid = str(meta.get("uid", ""))
-        requests = compute_pod_requests(pod)
+        requests, why = self._requests(pod)
+        if requests is None:
+            self._unschedulable(key, pod, why)
+            return
         self._start += 1
         decision = decide_node(pod, self.nodes, requests, start=self._start, cache=self.decisions)
         if decision.node is None:
-            if self.waiting.get(key) != decision.message:
-                self.waiting[key] = decision.message
-                self._spawn(self._mark_unschedulable(pod, decision.message, decision.message))
+            self._unschedulable(key, pod, decision.message)
+            return
+        allocations = self._allocate(pod, decision.node)
+        if allocations is None:
+            self._unschedulable(key, pod, "cannot allocate all claims")
             return
         self.waiting.pop(key, None)
         self._account(uid, decision.node, requests)
         self.in_flight.add(key)
-        self._spawn(self._bind(pod, decision.node))
+        self._spawn(self._bind(pod, decision.node, allocations))
+
+    def _unschedulable(self, key: str, pod: Obj, message: str) -> None:
+        if self.waiting.get(key) != message:
+            self.waiting[key] = message
+            self._spawn(self._mark_unschedulable(pod, message, message))
 
     def _pending(self, pod: Obj | None) -> bool:
         if pod is None:
@@ -232,7 +361,24 @@ class Scheduler:
             first = self.nodes.get(placed[0])
             values = {k: (first.labels.get(k) if first else None) for k in policy.topology_keys}
             nodes = {n: i for n, i in self.nodes.items() if all(i.labels.get(k) == v for k, v in values.items())}
-        decision = decide_gang(pending, nodes, policy)
+        requests: dict[str, dict[str, int]] = {}
+        for k, pod in pending.items():
+            wants, why = self._requests(pod)
+            if wants is None:
+                self._wait(queue_key, pending, GANG_WAITING_MESSAGE, why)
+                return
+            requests[k] = wants
+        decision = decide_gang(pending, nodes, policy, requests)
+        allocations: dict[str, list[tuple[Obj, dict[str, Any]]]] = {}
+        for k, node in decision.nodes.items():
+            got = self._allocate(pending[k], node)
+            if got is None:  # fewer free devices than counted: give back what was chosen, wait
+                for claims in allocations.values():
+                    for claim, _ in claims:
+                        self.allocating.pop(key_of(claim), None)
+                decision = GangDecision(group_message="cannot allocate all claims", pod_message="cannot allocate all claims")
+                break
+            allocations[k] = got
         if not decision.nodes:
             self._wait(queue_key, pending, GANG_WAITING_MESSAGE, decision.pod_message)
             self._set_group_condition(gkey, ("False", "Unschedulable", decision.group_message))
@@ -240,9 +386,9 @@ class Scheduler:
         self.waiting.pop(queue_key, None)
         for k, node in decision.nodes.items():
             pod = pending[k]
-            self._account(str((pod.get("metadata") or {}).get("uid", "")), node, compute_pod_requests(pod))
+            self._account(str((pod.get("metadata") or {}).get("uid", "")), node, requests[k])
             self.in_flight.add(k)
-            self._spawn(self._bind(pod, node))
+            self._spawn(self._bind(pod, node, allocations.get(k, [])))
         self._set_group_condition(gkey, ("True", "Scheduled", ""))
 
     def _wait(self, queue_key: str, pods: Mapping[str, Obj], condition: str, event: str) -> None:
@@ -285,10 +431,33 @@ class Scheduler:
     def _spawn(self, coro: Any) -> None:
         self._tasks.spawn(coro)
 
-    async def _bind(self, pod: Obj, node: str) -> None:
+    async def _write_allocations(self, pod: Obj, allocations: list[tuple[Obj, dict[str, Any]]]) -> None:
+        """PreBind of kube-scheduler's DRA plugin: each claim allocated and reserved for the pod."""
+        meta = pod.get("metadata") or {}
+        reserved = [{"resource": "pods", "name": meta.get("name", ""), "uid": meta.get("uid", "")}]
+        for claim, allocation in allocations:
+            cmeta = claim.get("metadata") or {}
+            body = {"status": {"allocation": allocation, "reservedFor": reserved}}
+            await self.client.request(
+                "PATCH", f"{RESOURCE_API}/namespaces/{cmeta.get('namespace')}/resourceclaims/{cmeta.get('name')}/status",
+                params=self._params(), body=body, content_type="application/merge-patch+json")
+
+    async def _bind(self, pod: Obj, node: str, allocations: list[tuple[Obj, dict[str, Any]]] | None = None) -> None:
         meta = pod.get("metadata") or {}
         ns, name, uid = meta.get("namespace", "default"), meta.get("name", ""), str(meta.get("uid", ""))
         key = f"{ns}/{name}"
+        if allocations:
+            try:
+                await self._write_allocations(pod, allocations)
+            except (ApiError, OSError, TimeoutError) as exc:
+                log.warning("allocating the claims of %s on %s failed: %s", key, node, exc)
+                for claim, _ in allocations:
+                    self.allocating.pop(key_of(claim), None)
+                self._release(uid)
+                self.in_flight.discard(key)
+                await asyncio.sleep(1.0)
+                self._enqueue(key)
+                return
         body = {
             "apiVersion": "v1",
             "kind": "Binding",
@@ -377,3 +546,12 @@ async def serves_podgroups(client: KubeClient) -> bool:
     except (ApiError, OSError, TimeoutError):
         return False
     return any(r.get("name") == "podgroups" for r in found.get("resources") or [])
+
+
+async def serves_dra(client: KubeClient) -> bool:
+    """Whether the API server serves resource.k8s.io/v1 ResourceClaims (Kubernetes >= 1.34)."""
+    try:
+        found = await client.get(RESOURCE_API)
+    except (ApiError, OSError, TimeoutError):
+        return False
+    return any(r.get("name") == "resourceclaims" for r in found.get("resources") or [])

@@ -141,7 +141,8 @@ def check_view(view: PodView, node: NodeInfo) -> str | None:
         return "Too many pods"
     for key, want in view.requests.items():
         if want > allocatable.get(key, 0) - requested.get(key, 0):
-            return f"Insufficient {key}"
+            # claimed devices (railyard_local.devices), worded as kube-scheduler's DRA plugin
+            return "cannot allocate all claims" if key.startswith("devices/") else f"Insufficient {key}"
     return None
 
 
@@ -357,13 +358,15 @@ class GangDecision:
     """Why the first placement tried did not fit (the gang's pods' FailedScheduling events)."""
 
 
-def decide_gang(pods: Mapping[str, Obj], nodes: Mapping[str, NodeInfo], policy: GangPolicy) -> GangDecision:
+def decide_gang(pods: Mapping[str, Obj], nodes: Mapping[str, NodeInfo], policy: GangPolicy,
+                requests: Mapping[str, Mapping[str, int]] | None = None) -> GangDecision:
     """All-or-nothing: a node for every pod of ``pods`` (pod key -> pod, already at least
     ``minCount`` of them) inside one topology placement, or none. Each pod's own filters hold
     (node affinity, taints, resources: a pod pinned to a node by required affinity goes there or
     the gang waits). Among placements that fit, the tightest (least free capacity left over) is
     chosen, leaving whole domains free for larger gangs; ties go to the first by label value.
-    Pure: ``nodes`` is not changed (placements are tried on copies)."""
+    Pure: ``nodes`` is not changed (placements are tried on copies). ``requests``: each pod's
+    requests by key where they are more than its containers' (claimed devices)."""
     placements = topology_domains(nodes, policy.topology_keys)
     best: GangDecision | None = None
     best_slack = 0.0
@@ -377,13 +380,13 @@ def decide_gang(pods: Mapping[str, Obj], nodes: Mapping[str, NodeInfo], policy: 
         failed = ""
         for key in sorted(pods):
             pod = pods[key]
-            requests = compute_pod_requests(pod)
-            decision = decide_node(pod, trial, requests)
+            wants = requests[key] if requests is not None and key in requests else compute_pod_requests(pod)
+            decision = decide_node(pod, trial, wants)
             if decision.node is None:
                 failed = decision.message.removesuffix(".") + ". " + GANG_NO_PREEMPTION
                 break
             chosen[key] = decision.node
-            trial[decision.node].add(requests)
+            trial[decision.node].add(wants)
         if failed:
             if not first_failure:
                 first_failure = failed

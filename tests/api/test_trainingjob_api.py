@@ -87,6 +87,8 @@ def test_data_parallel_is_derived_from_the_world_size() -> None:
         ({"trainer": {"program": {"args": ["--steps", "5"]}}}, "spec.trainer.program"),
         ({"gang": {"scheduler": "kubernetes", "queueName": "team-a"}}, "spec.gang.scheduler"),
         ({"gang": {"scheduler": "kubernetes", "schedulerName": "volcano"}}, "spec.gang.scheduler"),
+        ({"gpusPerPod": 0, "gpuClaim": {}}, "spec.gpuClaim"),
+        ({"gpuClaim": {"deviceClassName": "gpu.nvidia.com"}, "resources": {"limits": {"nvidia.com/gpu": "1"}}}, "spec.gpuClaim"),
     ],
 )
 def test_each_cross_field_rule_names_its_field(spec: dict[str, Any], field: str) -> None:
@@ -96,7 +98,13 @@ def test_each_cross_field_rule_names_its_field(spec: dict[str, Any], field: str)
 
 def test_every_rule_is_exercised_above() -> None:
     # Keeps the table above honest when a rule is added.
-    assert len(SPEC_RULES) == 17
+    assert len(SPEC_RULES) == 19
+
+
+def test_a_gpu_claim_names_a_device_class() -> None:
+    problems = validate_manifest(make_job(gpuClaim={"deviceClassName": "GPU_Nvidia", "computeDomain": "maybe"}))
+    assert sorted(p.path for p in problems) == ["spec.gpuClaim.computeDomain", "spec.gpuClaim.deviceClassName"], problems
+    assert validate_manifest(make_job(gpuClaim={"deviceClass": "gpu.nvidia.com"}))[0].message.startswith("unknown field; did you mean spec.gpuClaim.deviceClassName?")
 
 
 def test_a_program_is_not_held_to_the_bundled_trainers_batch_rule() -> None:
@@ -129,6 +137,8 @@ def test_a_trainer_setting_problem_is_worded_as_the_user_wrote_it(trainer: dict[
         {"trainer": {"dataset": {"type": "files", "path": "/data"}}},
         {"nodes": 4, "trainer": {"batchSize": 4}, "parallelism": {"dataReplicas": 4}, "faultTolerance": {"mode": "ReplicaGroups", "minReplicas": 2}},
         {"nodes": 4, "trainer": {"batchSize": 4}, "parallelism": {"dataReplicas": 4}, "faultTolerance": {"mode": "ReplicaGroups"}},
+        {"nodes": 2, "procsPerNode": 4, "trainer": {"batchSize": 8}, "gpuClaim": {"deviceClassName": "gpu.nvidia.com", "computeDomain": True}},
+        {"gpuClaim": {}, "resources": {"limits": {"cpu": "2"}}},
     ],
 )
 def test_valid_shapes_pass(spec: dict[str, Any]) -> None:

@@ -34,6 +34,12 @@ class PodBuilder:
         self.main.setdefault("resources", {}).setdefault("limits", {})["nvidia.com/gpu"] = str(n)
         return self
 
+    def claim(self, template: str, name: str = "gpus") -> PodBuilder:
+        """Claim devices by Dynamic Resource Allocation: one claim per pod from ``template``."""
+        self.spec.setdefault("resourceClaims", []).append({"name": name, "resourceClaimTemplateName": template})
+        self.main.setdefault("resources", {}).setdefault("claims", []).append({"name": name})
+        return self
+
     def node_selector(self, **labels: str) -> PodBuilder:
         self.spec["nodeSelector"] = labels
         return self

@@ -348,7 +348,7 @@ class RecordingScheduler(Scheduler):
     def _spawn(self, coro: Any) -> None:
         coro.close()
 
-    async def _bind(self, pod: Any, node: str) -> None:
+    async def _bind(self, pod: Any, node: str, allocations: Any = None) -> None:
         raise AssertionError("not awaited")
 
     def add(self, pod: dict[str, Any]) -> None:
@@ -412,3 +412,44 @@ async def test_a_pod_naming_a_missing_podgroup_stays_pending() -> None:
     sched.on_podgroup("ADDED", sched.podgroups["ns/no-such-group"], None)
     sched.run_queue()
     assert sched.bound == {"orphan": "fake-0000"}
+
+
+async def test_a_gang_claiming_devices_is_bound_where_they_are_free_and_holds_them() -> None:
+    """Claimed devices (resource.k8s.io/v1) in the gang decision: two nodes of 2 GPUs published as
+    ResourceSlices, a gang of two pods each claiming 2 takes both nodes, each claim gets the devices
+    of its pod's node; a third pod claiming 1 waits, and a pod whose claim is not made yet waits
+    for it."""
+    from railyard_local.devices import build_device_classes, build_slices
+
+    groups = {"ns/g": {**_group("g", 2), "spec": {"schedulingPolicy": {"gang": {"minCount": 2}}}}}
+    sched = RecordingScheduler(groups)
+    claims: dict[str, Any] = {}
+    sched.claims = claims
+    sched.device_classes = {c["metadata"]["name"]: c for c in build_device_classes()}
+    for name in ("n-0", "n-1"):
+        sched.on_node("ADDED", make_node(name), None)
+        for piece in build_slices(name, f"uid-{name}", 2):
+            sched.on_slice("ADDED", piece, None)
+
+    def claiming(pod_name: str, count: int, *, made: bool = True) -> dict[str, Any]:
+        pod = make_pod(pod_name, "ns").claim("t").obj()
+        if made:
+            claims[f"ns/{pod_name}-gpus"] = {"metadata": {"name": f"{pod_name}-gpus", "namespace": "ns"}, "spec": {"devices": {"requests": [
+                {"name": "gpus", "exactly": {"deviceClassName": "gpu.nvidia.com", "allocationMode": "ExactCount", "count": count}}]}}}
+            pod["status"] = {"resourceClaimStatuses": [{"name": "gpus", "resourceClaimName": f"{pod_name}-gpus"}]}
+        return pod
+
+    for i in range(2):
+        pod = claiming(f"m-{i}", 2)
+        pod["spec"]["schedulingGroup"] = {"podGroupName": "g"}
+        sched.add(pod)
+    sched.run_queue()
+    assert sorted(sched.bound.values()) == ["n-0", "n-1"]
+    assert {k: sorted(d for _, _, d in v) for k, v in sched.allocating.items()} == {"ns/m-0-gpus": ["gpu-0", "gpu-1"], "ns/m-1-gpus": ["gpu-0", "gpu-1"]}
+    assert {next(iter(v))[1] for k, v in sched.allocating.items() if k == "ns/m-0-gpus"} == {sched.bound["m-0"]}
+    sched.add(claiming("late", 1))
+    sched.add(claiming("unmade", 1, made=False))
+    sched.run_queue()
+    assert "late" not in sched.bound
+    assert sched.waiting["ns/late"] == "0/2 nodes are available: 2 cannot allocate all claims."
+    assert sched.waiting["ns/unmade"] == 'waiting for the pod\'s ResourceClaim "gpus" to be created'

@@ -9,6 +9,7 @@ test_reconcile_state_machine.py and test_lifecycle_decisions.py."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import urllib.error
 import urllib.request
@@ -21,6 +22,7 @@ from tests.operator.conftest import (
     Api,
     OperatorProcess,
     Workload,
+    _apply_crd,
     base_spec,
     on_exit_dump,
 )
@@ -87,21 +89,62 @@ def test_gang_is_created_whole_gated_owned_and_succeeds(api: Api, operator: Oper
         api.delete_job(NS, job_name)
 
 
-def test_failed_node_moves_only_its_ranks_to_a_spare_and_is_quarantined(api: Api, operator: OperatorProcess, workload: Workload, job_name: str) -> None:
+RESOURCE = ("resource.k8s.io", "v1")
+
+
+@pytest.fixture
+def gpus_by_claim(request: pytest.FixtureRequest, api: Api, local_cluster: Any) -> dict[str, Any]:
+    """The spec fields that ask for the GPUs: nvidia.com/gpu (nothing to add), or Dynamic
+    Resource Allocation with a ComputeDomain (spec.gpuClaim), on an embedded local cluster (its
+    nodes publish ResourceSlices; it plays NVIDIA's driver for the ComputeDomain, whose minimal
+    CRD is installed here)."""
+    if request.param == "nvidia.com/gpu":
+        return {}
+    if local_cluster.mode != "embedded":
+        pytest.skip("ComputeDomains need NVIDIA's DRA driver; the embedded API server plays it")
+    from railyard_local.apiserver.dra import compute_domain_crd
+
+    asyncio.run(_apply_crd(api.kubeconfig, compute_domain_crd()))
+    wait_until(lambda: api.custom.list_namespaced_custom_object("resource.nvidia.com", "v1beta1", NS, "computedomains") is not None, timeout=30, message="the ComputeDomain CRD to serve", retry_on=(Exception,))
+    return {"gpuClaim": {"deviceClassName": "gpu.nvidia.com", "computeDomain": True}}
+
+
+def _claims_on_their_nodes(api: Api, pods: list[Any]) -> dict[str, list[str]]:
+    """pod -> "<claim>@<node>" of each of its ResourceClaims' allocated devices."""
+    out: dict[str, list[str]] = {}
+    for p in pods:
+        for s in p.status.resource_claim_statuses or []:
+            claim = api.custom.get_namespaced_custom_object(*RESOURCE, NS, "resourceclaims", s.resource_claim_name)
+            results = ((claim.get("status") or {}).get("allocation") or {}).get("devices", {}).get("results") or []
+            out.setdefault(p.metadata.name, []).extend(f"{s.name}@{r['pool']}" for r in results)
+    return out
+
+
+@pytest.mark.parametrize("gpus_by_claim", ["nvidia.com/gpu", "dra"], indirect=True)
+def test_failed_node_moves_only_its_ranks_to_a_spare_and_is_quarantined(api: Api, operator: OperatorProcess, workload: Workload, job_name: str,
+                                                                       gpus_by_claim: dict[str, Any]) -> None:
     from railyard_local.nodes import FAIL_ANNOTATION
 
-    api.create_job(NS, job_name, base_spec(workload, nodes=2))
+    api.create_job(NS, job_name, base_spec(workload, nodes=2, gang={"scheduleTimeoutSeconds": 60, "hotSpares": 1}, **gpus_by_claim))
     victim = ""
     try:
         wait_until(lambda: len(_running_pods(api, job_name, 0)) == 2, timeout=90, message="running", retry_on=(Exception,))
-        before = api.status(NS, job_name)["placement"]["nodes"]
+        placement = wait_until(lambda: (pl := api.status(NS, job_name)["placement"]) and pl.get("spares") and pl, timeout=60, message="the spare held", retry_on=(Exception,))
+        before, spares = placement["nodes"], placement["spares"]
         victim = before[1]
         api.annotate_node(victim, {FAIL_ANNOTATION: "true"})
         wait_until(lambda: len(_running_pods(api, job_name, 1)) == 2, timeout=60, message="attempt 1 running", retry_on=(Exception,))
         st = api.status(NS, job_name)
         after = st["placement"]["nodes"]
         assert after[0] == before[0], "the healthy node keeps its pod index and ranks"
-        assert after[1] != victim and after[1] not in before
+        assert after[1] != victim and after[1] in spares, f"the replacement takes the spare: {before} -> {after}, spares {spares}"
+        if gpus_by_claim:
+            pods = _running_pods(api, job_name, 1)
+            claims = {pod: sorted(c) for pod, c in _claims_on_their_nodes(api, pods).items()}
+            assert claims == {p.metadata.name: sorted([f"gpus@{p.spec.node_name}", f"channel@{p.spec.node_name}"]) for p in pods}, claims
+            domain = api.custom.get_namespaced_custom_object("resource.nvidia.com", "v1beta1", NS, "computedomains", f"{job_name}-nvlink-2")
+            assert domain["spec"]["numNodes"] == 2 and domain["metadata"]["ownerReferences"][0]["kind"] == "TrainingJob"
+            assert all(not (c.resources.limits or {}).get("nvidia.com/gpu") for p in pods for c in p.spec.containers)
         assert st["restarts"]["infrastructure"] == 1 and st["restarts"]["application"] == 0
         assert [q["node"] for q in st["quarantinedNodes"]] == [victim]
         node = api.node(victim)

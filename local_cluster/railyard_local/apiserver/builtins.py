@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from railyard.api.corev1 import compute_pod_qos_class
 
-from . import workloads
+from . import dra, workloads
 from .errors import Cause, bad_request, forbidden, invalid_value, required
 from .names import DNS1123_SUBDOMAIN, LABEL_NAME, qualified_name
 from .registry import CRD_KEY
@@ -170,6 +170,8 @@ def default(rt: ResourceType, obj: JSON, eng: Engine) -> None:
         default_crd(obj)
     elif key in (workloads.WORKLOADS_KEY, workloads.PODGROUPS_KEY):
         workloads.default(key, obj)
+    elif key in dra.KEYS:
+        dra.default(key, obj)
     elif key == "nodes":
         obj.setdefault("spec", {})
         obj.setdefault("status", {})
@@ -287,6 +289,7 @@ def validate(rt: ResourceType, obj: JSON, old: JSON | None, eng: Engine) -> list
         if old is None and gates and spec.get("nodeName"):
             causes.append(forbidden("spec.nodeName", "cannot be set until all schedulingGates have been cleared"))
         causes.extend(_validate_scheduling_group(spec))
+        causes.extend(dra.validate_pod_claims(spec))
         if old is not None:
             causes.extend(_validate_pod_update(obj, old))
             old_qos = (old.get("status") or {}).get("qosClass", "")
@@ -312,6 +315,8 @@ def validate(rt: ResourceType, obj: JSON, old: JSON | None, eng: Engine) -> list
                 causes.append(invalid_value(f, d, "must be a map of strings"))
     elif key in (workloads.WORKLOADS_KEY, workloads.PODGROUPS_KEY):
         causes.extend(workloads.validate(key, obj, old))
+    elif key in dra.KEYS:
+        causes.extend(dra.validate(key, obj, old))
     elif key == CRD_KEY:
         from .crd import validate_crd
 
@@ -385,6 +390,7 @@ def prepare_create(rt: ResourceType, obj: JSON, eng: Engine) -> None:
                                      "message": "Scheduling is blocked due to non-empty scheduling gates"}]
         obj["status"] = status
     workloads.prepare_create(rt.key, obj)
+    dra.prepare_create(rt.key, obj)
     if rt.key == CRD_KEY:
         from .crd import prepare_crd
 

@@ -1,7 +1,8 @@
 """The controllers kube-controller-manager would run for this API: garbage collection by
 ownerReferences (background, foreground, orphan), namespace deletion, CRD instance cleanup,
-PodGroup protection (a deleted PodGroup goes once no running pod names it) and each
-namespace's ``default`` ServiceAccount.
+PodGroup protection (a deleted PodGroup goes once no running pod names it), each namespace's
+``default`` ServiceAccount, and the resourceclaim controller (a pod's ResourceClaims made from
+its templates, recorded in ``status.resourceClaimStatuses``; deleted once the pod is done).
 
 They react to writes (``on_write``, called synchronously by the engine) by queueing work, and do
 the work in one asyncio task so that they never race each other.
@@ -16,6 +17,7 @@ import logging
 from collections.abc import Coroutine
 from typing import Any
 
+from . import dra
 from .crd import established_status
 from .engine import Ctx, DeleteOptions, Engine
 from .errors import APIError
@@ -68,6 +70,8 @@ class Controllers:
         self._terminating_pods: set[ObjKey] = set()
         self._new_crds: set[str] = set()
         self._protected_groups: set[ObjKey] = set()
+        self._claiming_pods: set[ObjKey] = set()
+        self._compute_domains: set[ObjKey] = set()
         self._kick = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._stopped = False
@@ -116,6 +120,14 @@ class Controllers:
             elif rt.key == CRD_KEY:
                 self._new_crds.add(meta["name"])
                 kick = True
+            if rt.key == "pods" and dra.pod_claims_from_templates(entry.obj):
+                self._claiming_pods.add(key)
+                kick = True
+            if rt.key == dra.COMPUTE_DOMAINS_KEY and not meta.get("deletionTimestamp"):
+                self._compute_domains.add(key)
+                kick = True
+            if rt.key == dra.TEMPLATES_KEY and self._claiming_pods:
+                kick = True  # pods waiting for this template
             if rt.key == "pods" and self._protected_groups and _terminal(entry.obj) and \
                     (PODGROUPS_KEY, meta.get("namespace", ""), group_of(entry.obj)) in self._protected_groups:
                 kick = True
@@ -202,6 +214,63 @@ class Controllers:
             await self._process_terminating_pod(key)
         for key in list(self._protected_groups):
             await self._process_protected_group(key)
+        for key in list(self._compute_domains):
+            self._compute_domains.discard(key)
+            await self._ensure_channel_template(key)
+        for key in list(self._claiming_pods):
+            await self._process_claiming_pod(key)
+
+    async def _ensure_channel_template(self, key: ObjKey) -> None:
+        """NVIDIA's DRA driver's part: a ComputeDomain's channel ResourceClaimTemplate (dra.py)."""
+        entry = self.store.get(*key)
+        rt = self._rt(dra.TEMPLATES_KEY)
+        template = dra.channel_template_for(entry.obj) if entry is not None else None
+        if rt is None or template is None or self.store.get(dra.TEMPLATES_KEY, key[1], template["metadata"]["name"]):
+            return
+        with contextlib.suppress(APIError):
+            await self.engine.create(rt, key[1], template, Ctx(manager="compute-domain-controller"))
+
+    async def _process_claiming_pod(self, key: ObjKey) -> None:
+        """The resourceclaim controller: a ResourceClaim from the template for each of the pod's
+        claims that has none yet, then the pod's ``status.resourceClaimStatuses``; a pod that is
+        done gets its generated claims deleted (a deleted pod's go by ownerReference). A pod
+        whose template does not exist yet waits for it."""
+        entry = self.store.get(*key)
+        pods_rt, claims_rt = self._rt("pods"), self._rt(dra.CLAIMS_KEY)
+        if entry is None or pods_rt is None or claims_rt is None or entry.obj["metadata"].get("deletionTimestamp"):
+            self._claiming_pods.discard(key)
+            return
+        pod, ns = entry.obj, key[1]
+        uid = pod["metadata"].get("uid", "")
+        if _terminal(pod):
+            self._claiming_pods.discard(key)
+            done = [c.obj["metadata"]["name"] for c in self.store.items(dra.CLAIMS_KEY, ns) if dra.is_generated_for(c.obj, uid)]
+            await asyncio.gather(*(self._delete((dra.CLAIMS_KEY, ns, n)) for n in done))
+            return
+        statuses = list((pod.get("status") or {}).get("resourceClaimStatuses") or [])
+        recorded = {s.get("name") for s in statuses}
+        missing = [(c, t) for c, t in dra.pod_claims_from_templates(pod) if c not in recorded]
+        if not missing:
+            self._claiming_pods.discard(key)
+            return
+        made = {c.obj["metadata"]["annotations"][dra.POD_CLAIM_ANNOTATION]: c.obj["metadata"]["name"]
+                for c in self.store.items(dra.CLAIMS_KEY, ns) if dra.is_generated_for(c.obj, uid)}
+        for claim, template_name in missing:
+            if claim not in made:
+                template = self.store.get(dra.TEMPLATES_KEY, ns, template_name)
+                if template is None:
+                    return  # stays queued: a template's creation kicks us again
+                created = await self.engine.create(claims_rt, ns, dra.claim_for_pod(pod, claim, template.obj),
+                                                   Ctx(manager="kube-controller-manager"))
+                made[claim] = created.obj["metadata"]["name"]
+            statuses.append({"name": claim, "resourceClaimName": made[claim]})
+        cur = self.store.get(*key)
+        if cur is None or cur.obj["metadata"].get("uid") != uid:
+            return
+        obj = cur.clone()
+        obj.setdefault("status", {})["resourceClaimStatuses"] = statuses
+        await self.engine.write_raw(pods_rt, obj)
+        self._claiming_pods.discard(key)
 
     async def _process_protected_group(self, key: ObjKey) -> None:
         """PodGroup protection: a deleted PodGroup keeps its finalizer while a pod that has not

@@ -127,6 +127,14 @@ def builtin_types(*, workload_api: bool = True) -> list[ResourceType]:
         _builtin("rbac.authorization.k8s.io", "v1", "clusterroles", "ClusterRole", False),
         _builtin("rbac.authorization.k8s.io", "v1", "clusterrolebindings", "ClusterRoleBinding", False),
     ]
+    # Dynamic Resource Allocation (GA in 1.34, served by default): see dra.py
+    types += [
+        _builtin("resource.k8s.io", "v1", "deviceclasses", "DeviceClass", False),
+        _builtin("resource.k8s.io", "v1", "resourceclaimtemplates", "ResourceClaimTemplate", True),
+        _builtin("resource.k8s.io", "v1", "resourceclaims", "ResourceClaim", True, [], ("status",)),
+        _builtin("resource.k8s.io", "v1", "resourceslices", "ResourceSlice", False, [], (),
+                 ("spec.nodeName", "spec.driver")),
+    ]
     if workload_api:  # Kubernetes' own gang scheduling: see workloads.py
         types += [
             _builtin("scheduling.k8s.io", "v1alpha2", "workloads", "Workload", True),

@@ -121,7 +121,7 @@ class ResourceRequirements(_Model):
     ] = {}
     limits: Annotated[
         dict[ResourceName, ResourceQuantity],
-        Field(max_length=32, description="Resource limits per pod. nvidia.com/gpu defaults to gpusPerPod."),
+        Field(max_length=32, description="Resource limits per pod. nvidia.com/gpu defaults to gpusPerPod (without gpuClaim)."),
     ] = {}
 
     @model_validator(mode="after")
@@ -154,6 +154,21 @@ class Toleration(_Model):
         if problems:
             raise ValueError("; ".join(f"{field}: {message}" for field, message in problems))
         return self
+
+
+class GpuClaim(_Model):
+    """GPUs by Dynamic Resource Allocation (``resource.k8s.io/v1``) instead of the extended
+    resource ``nvidia.com/gpu``: the operator creates one ResourceClaimTemplate per job and every
+    pod gets its own claim from it."""
+
+    device_class_name: Annotated[
+        DnsSubdomain,
+        Field(description="DeviceClass of the GPUs (NVIDIA's DRA driver: gpu.nvidia.com). Each pod claims gpusPerPod devices of it (allocationMode ExactCount) through a ResourceClaimTemplate the operator creates with the gang, instead of nvidia.com/gpu limits."),
+    ] = "gpu.nvidia.com"
+    compute_domain: Annotated[
+        bool,
+        Field(description="Also create a ComputeDomain (resource.nvidia.com/v1beta1, NVIDIA's DRA driver) with numNodes = nodes, and give every pod its IMEX channel claim: for tensor- or expert-parallel traffic over NVLink between the trays of one NVLink domain (GB200/GB300 NVL72). Deleted with the job. The driver must be installed."),
+    ] = False
 
 
 # --------------------------------------------------------------------------- the trainer's settings
@@ -407,6 +422,18 @@ SPEC_RULES: list[dict[str, str]] = [
         "reason": "FieldValueInvalid",
     },
     {
+        "rule": "!has(self.gpuClaim) || !has(self.gpusPerPod) || self.gpusPerPod > 0",
+        "message": "gpuClaim needs GPUs: gpusPerPod 0 claims none. Set gpusPerPod to at least procsPerNode (or leave it empty), or remove gpuClaim for a CPU-only job.",
+        "fieldPath": ".gpuClaim",
+        "reason": "FieldValueInvalid",
+    },
+    {
+        "rule": "!has(self.gpuClaim) || !has(self.resources) || ((!has(self.resources.limits) || !('nvidia.com/gpu' in self.resources.limits)) && (!has(self.resources.requests) || !('nvidia.com/gpu' in self.resources.requests)))",
+        "message": "gpuClaim asks for the GPUs by Dynamic Resource Allocation: remove nvidia.com/gpu from resources.limits and resources.requests (the count is gpusPerPod), or remove gpuClaim to use the extended resource.",
+        "fieldPath": ".gpuClaim",
+        "reason": "FieldValueInvalid",
+    },
+    {
         "rule": "!has(self.gpusPerPod) || self.gpusPerPod == 0 || self.gpusPerPod >= self.procsPerNode",
         "message": "gpusPerPod must be 0 (CPU) or at least procsPerNode (one GPU per process).",
         "fieldPath": ".gpusPerPod",
@@ -426,7 +453,8 @@ class TrainingJobSpec(_Model):
     resources: Annotated[ResourceRequirements, Field(description="Compute resources per pod (one pod per node).")] = ResourceRequirements()
     nodes: Annotated[int, Field(ge=1, le=100_000, description="Number of nodes, one pod per node.")] = 1
     procs_per_node: Annotated[int, Field(ge=1, le=64, description="Training processes (ranks) per pod, usually one per GPU.")] = 1
-    gpus_per_pod: Annotated[int | None, Field(ge=0, le=64, description="GPUs each pod uses (nvidia.com/gpu); 0 for CPU-only nodes. Empty: procsPerNode.")] = None
+    gpus_per_pod: Annotated[int | None, Field(ge=0, le=64, description="GPUs each pod uses (nvidia.com/gpu, or the devices of gpuClaim); 0 for CPU-only nodes. Empty: procsPerNode.")] = None
+    gpu_claim: Annotated[GpuClaim | None, Field(description="Ask for the gpusPerPod GPUs by Dynamic Resource Allocation (resource.k8s.io/v1 ResourceClaims of a DeviceClass, optionally with a ComputeDomain) instead of the nvidia.com/gpu extended resource. Empty: nvidia.com/gpu. Placement, quarantine and spares count the GPUs the same way.")] = None
     node_selector: Annotated[dict[LabelKeyOfMap, LabelValue], Field(max_length=64, description="Only place on nodes with these labels (label keys and values).")] = {}
     tolerations: Annotated[list[Toleration], Field(max_length=32, description="Tolerations for the gang's pods (placement honours them too).")] = []
     service_account_name: Annotated[DnsSubdomain | None, Field(description="ServiceAccount of the pods (default: the namespace's default, with no token mounted).")] = None
@@ -464,6 +492,17 @@ class TrainingJobSpec(_Model):
     def gpus(self) -> int:
         """GPUs per pod, given or derived (one per process)."""
         return self.procs_per_node if self.gpus_per_pod is None else self.gpus_per_pod
+
+    @property
+    def extended_gpus(self) -> int:
+        """GPUs per pod asked as the extended resource ``nvidia.com/gpu``: :attr:`gpus`, or 0
+        when ``gpuClaim`` asks for them by Dynamic Resource Allocation."""
+        return self.gpus if self.gpu_claim is None else 0
+
+    @property
+    def claimed_gpus(self) -> int:
+        """GPUs per pod asked by ``gpuClaim`` (0 without it): the other half of :attr:`gpus`."""
+        return self.gpus - self.extended_gpus
 
     @property
     def microbatches(self) -> int:

@@ -12,7 +12,7 @@ import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
-from railyard.api.trainingjob import TrainingJob
+from railyard.api.trainingjob import TrainingJob, TrainingJobSpec
 from railyard.handlers.cycle import Cycle
 from railyard.handlers.health import heartbeat_url_for
 from railyard.k8s.client import ApiError
@@ -22,6 +22,7 @@ from railyard.logic.health.window import GroupLayout
 from railyard.logic.lifecycle import earlier_attempts, placement_retry_s
 from railyard.logic.manifests import (
     build_configmap,
+    build_dra_objects,
     build_gang_pods,
     build_network_policy,
     build_secret,
@@ -134,7 +135,7 @@ async def create_gang(cycle: Cycle, job: TrainingJob, placed: Placement) -> tupl
     async with _refusals(f"PodGroup {plan.group_name}"):
         if not await _ensure_podgroups(cycle, plan):
             return None
-    await _ensure_job_objects(cycle, owner, spec.replica_groups)
+    await _ensure_job_objects(cycle, owner, spec)
     table = with_addresses(placed.rank_table, cycle.ns)
     # a new gang: no pod is kept (a memory tier in the pods is gone with them)
     restore = restore_hint(cycle.st, spec, pods_kept=False)
@@ -236,7 +237,7 @@ async def finish_creation(cycle: Cycle, job: TrainingJob, current: Sequence[Mapp
         async with _refusals("the gang's pods", pods=names, configmap=configmap_name(cycle.name, cycle.st.attempt)):
             if missing:
                 runtime.metrics.pods_created.inc(await cycle.io.create_pods(missing))
-        await _ensure_job_objects(cycle, owner, job.spec.replica_groups)
+        await _ensure_job_objects(cycle, owner, job.spec)
         async with _refusals("the gang's pods", pods=names, configmap=configmap_name(cycle.name, cycle.st.attempt)):
             await cycle.io.lift_gates(pods)
     except GangRefused as refused:
@@ -256,10 +257,11 @@ async def finish_creation(cycle: Cycle, job: TrainingJob, current: Sequence[Mapp
     return 1.0
 
 
-async def _ensure_job_objects(cycle: Cycle, owner: Mapping[str, Any], replica_groups: int = 1) -> None:
+async def _ensure_job_objects(cycle: Cycle, owner: Mapping[str, Any], spec: TrainingJobSpec) -> None:
     """The per-job Secret (heartbeat token) and headless Service (and with replica groups the
-    job's NetworkPolicy); idempotent, and the token is re-read after an operator restart so
-    heartbeats authenticate against the same one."""
+    job's NetworkPolicy, with spec.gpuClaim its ResourceClaimTemplate and ComputeDomain);
+    idempotent, and the token is re-read after an operator restart so heartbeats authenticate
+    against the same one."""
     runtime = cycle.rt
     if runtime.tokens(cycle.ns, cycle.name) is None:
         async with _refusals(f"Secret {secret_name(cycle.name)}"):
@@ -267,7 +269,11 @@ async def _ensure_job_objects(cycle: Cycle, owner: Mapping[str, Any], replica_gr
         runtime.tokens.set(cycle.ns, cycle.name, token)
     async with _refusals(f"Service {service_name(cycle.name)}"):
         await cycle.io.create_object(build_service(cycle.name, cycle.ns, owner))
-    if replica_groups > 1:
+    for obj in build_dra_objects(spec, job=cycle.name, namespace=cycle.ns, owner=owner):
+        # before the pods that claim from them (a pod whose template is missing stays Pending)
+        async with _refusals(f"{obj['kind']} {obj['metadata']['name']}"):
+            await cycle.io.create_object(obj)
+    if spec.replica_groups > 1:
         # the Lighthouse and torchft's recovery transport: reachable from the job's pods only
         async with _refusals(f"NetworkPolicy {network_policy_name(cycle.name)}"):
             await cycle.io.create_object(build_network_policy(cycle.name, cycle.ns, owner))

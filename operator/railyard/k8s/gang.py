@@ -20,8 +20,12 @@ from railyard.api.trainingjob import API_VERSION, KIND, PLURAL
 from railyard.k8s.client import ApiError, Kube, core_path, custom_path
 from railyard.logic.conditions import format_time
 from railyard.logic.manifests import (
+    COMPUTE_DOMAIN_API_VERSION,
+    COMPUTE_DOMAIN_PLURAL,
     CONFIG_FILE,
     RANK_TABLE_FILE,
+    RESOURCE_API_VERSION,
+    RESOURCE_CLAIM_TEMPLATE_PLURAL,
     build_gate_removal,
     configmap_name,
     secret_name,
@@ -66,13 +70,29 @@ async def _bounded(calls: Iterable[Awaitable[T]], limit: int = CONCURRENCY) -> l
 # creation -------------------------------------------------------------------------------------
 
 
+#: The job's objects outside the core group. A ComputeDomain is a CRD of NVIDIA's DRA driver:
+#: where it is not installed its create is a 404 (the job waits, reason NotFound).
+_GROUPED_KINDS = ("NetworkPolicy", "ResourceClaimTemplate", "ComputeDomain")
+_RESOURCE_GROUP, _RESOURCE_VERSION = RESOURCE_API_VERSION.split("/")
+_COMPUTE_DOMAIN_GROUP, _COMPUTE_DOMAIN_VERSION = COMPUTE_DOMAIN_API_VERSION.split("/")
+
+
 async def create_object(kube: Kube, obj: Mapping[str, Any]) -> bool:
-    """Create a namespaced core object (or a job's NetworkPolicy); False when it already existed."""
+    """Create a namespaced core object (or a job's NetworkPolicy, ResourceClaimTemplate or
+    ComputeDomain); False when it already existed. Each path is spelled out: the RBAC rules are
+    read from these calls (railyard.k8s.rbac)."""
     meta = obj["metadata"]
-    if obj["kind"] == "NetworkPolicy":
-        return await kube.create(custom_path("networking.k8s.io", "v1", "networkpolicies", meta["namespace"]), dict(obj)) is not None
-    plural = {"Pod": "pods", "Service": "services", "ConfigMap": "configmaps", "Secret": "secrets"}[obj["kind"]]
-    return await kube.create(core_path(plural, meta["namespace"]), dict(obj)) is not None
+    kind, namespace = obj["kind"], meta["namespace"]
+    if kind == "NetworkPolicy":
+        path = custom_path("networking.k8s.io", "v1", "networkpolicies", namespace)
+    elif kind == "ResourceClaimTemplate":
+        path = custom_path(_RESOURCE_GROUP, _RESOURCE_VERSION, RESOURCE_CLAIM_TEMPLATE_PLURAL, namespace)
+    elif kind == "ComputeDomain":
+        path = custom_path(_COMPUTE_DOMAIN_GROUP, _COMPUTE_DOMAIN_VERSION, COMPUTE_DOMAIN_PLURAL, namespace)
+    else:
+        path = core_path({"Pod": "pods", "Service": "services", "ConfigMap": "configmaps", "Secret": "secrets"}[kind], namespace)
+    return await kube.create(path, dict(obj)) is not None
+
 
 
 async def create_podgroups(kube: Kube, objects: Sequence[Mapping[str, Any]]) -> int:
@@ -245,12 +265,30 @@ async def delete_owned(kube: Kube, namespace: str, job: str) -> None:
             kube.delete(core_path(plural, namespace, i["metadata"]["name"]), grace_seconds=0 if plural == "pods" else None)
             for i in items
         )
-    try:
-        policies = await kube.list(custom_path("networking.k8s.io", "v1", "networkpolicies", namespace), labelSelector=selector)
-    except ApiError as exc:
-        log.warning("listing networkpolicies of %s/%s: %s", namespace, job, exc)
-        return
-    await _bounded(kube.delete(custom_path("networking.k8s.io", "v1", "networkpolicies", namespace, i["metadata"]["name"])) for i in policies)
+    for kind in _GROUPED_KINDS:
+        if kind == "NetworkPolicy":
+            listing = custom_path("networking.k8s.io", "v1", "networkpolicies", namespace)
+        elif kind == "ResourceClaimTemplate":
+            listing = custom_path(_RESOURCE_GROUP, _RESOURCE_VERSION, RESOURCE_CLAIM_TEMPLATE_PLURAL, namespace)
+        else:
+            listing = custom_path(_COMPUTE_DOMAIN_GROUP, _COMPUTE_DOMAIN_VERSION, COMPUTE_DOMAIN_PLURAL, namespace)
+        try:
+            items = await kube.list(listing, labelSelector=selector)
+        except ApiError as exc:  # a ComputeDomain CRD that is not installed: nothing to delete
+            if exc.status != 404:
+                log.warning("listing %s of %s/%s: %s", kind, namespace, job, exc)
+            continue
+        await _bounded(_delete_grouped(kube, kind, namespace, i["metadata"]["name"]) for i in items)
+
+
+async def _delete_grouped(kube: Kube, kind: str, namespace: str, name: str) -> bool:
+    if kind == "NetworkPolicy":
+        path = custom_path("networking.k8s.io", "v1", "networkpolicies", namespace, name)
+    elif kind == "ResourceClaimTemplate":
+        path = custom_path(_RESOURCE_GROUP, _RESOURCE_VERSION, RESOURCE_CLAIM_TEMPLATE_PLURAL, namespace, name)
+    else:
+        path = custom_path(_COMPUTE_DOMAIN_GROUP, _COMPUTE_DOMAIN_VERSION, COMPUTE_DOMAIN_PLURAL, namespace, name)
+    return await kube.delete(path)
 
 
 # the job --------------------------------------------------------------------------------------

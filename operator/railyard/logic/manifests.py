@@ -1,4 +1,5 @@
-"""Pure builders of the objects a gang is made of: Service, ConfigMap, Secret and Pods.
+"""Pure builders of the objects a gang is made of: Service, ConfigMap, Secret, Pods, and with
+spec.gpuClaim the DRA ResourceClaimTemplate and ComputeDomain.
 
 Everything here is a function of the TrainingJob, the attempt and the rank table, so a repeated
 reconcile builds byte-identical objects with identical names and "create" is idempotent
@@ -21,6 +22,7 @@ from railyard.api.trainingjob import (
     TRAINER_UID as TRAINER_UID,  # the image's user, for callers of this module
 )
 from railyard.logic.layout import build_replica_group_table
+from railyard.logic.topology import CLAIMED_GPUS_ANNOTATION
 from railyard.protocol import podenv
 from railyard.protocol.mesh import MeshShape
 from railyard.protocol.ranktable import PodEntry, RankTable
@@ -195,19 +197,121 @@ def group_rank_table_file(group: int) -> str:
 
 def container_resources(spec: TrainingJobSpec) -> dict[str, Any]:
     """The trainer container's requests and limits: the spec's, plus ``spec.gpus`` GPUs (a
-    request equal to the limit, as the device plugin requires). Gang pods and spare
-    placeholders ask for exactly the same, so a placeholder's node fits its replacement."""
+    request equal to the limit, as the device plugin requires), or with ``spec.gpuClaim`` the
+    pod's DRA claims by name (:func:`pod_resource_claims`). Gang pods and spare placeholders
+    ask for exactly the same, so a placeholder's node fits its replacement."""
     requests = dict(spec.resources.requests)
     limits = dict(spec.resources.limits)
-    if spec.gpus > 0:
-        limits.setdefault("nvidia.com/gpu", str(spec.gpus))
+    if spec.extended_gpus > 0:
+        limits.setdefault("nvidia.com/gpu", str(spec.extended_gpus))
         requests.setdefault("nvidia.com/gpu", limits["nvidia.com/gpu"])
     resources: dict[str, Any] = {}
     if requests:
         resources["requests"] = requests
     if limits:
         resources["limits"] = limits
+    claims = pod_resource_claims(spec, "")
+    if claims:
+        resources["claims"] = [{"name": c["name"]} for c in claims]
     return resources
+
+
+# GPUs by Dynamic Resource Allocation (spec.gpuClaim) ------------------------------------------
+
+RESOURCE_API_VERSION = "resource.k8s.io/v1"
+#: NVIDIA's DRA driver: the ComputeDomain CRD, and the DeviceClass of its IMEX channels.
+COMPUTE_DOMAIN_API_VERSION = "resource.nvidia.com/v1beta1"
+COMPUTE_DOMAIN_PLURAL = "computedomains"
+RESOURCE_CLAIM_TEMPLATE_PLURAL = "resourceclaimtemplates"
+#: The pod's claim names (``spec.resourceClaims[].name``, ``resources.claims[].name``).
+GPU_CLAIM = "gpus"
+CHANNEL_CLAIM = "channel"
+
+
+def _gpu_request(spec: TrainingJobSpec) -> dict[str, Any]:
+    claim = spec.gpu_claim
+    device_class = claim.device_class_name if claim is not None else ""
+    return {"name": GPU_CLAIM, "exactly": {"deviceClassName": device_class, "allocationMode": "ExactCount", "count": spec.claimed_gpus}}
+
+
+def gpu_claim_template_name(spec: TrainingJobSpec, job: str) -> str:
+    """``<job>-gpus-<hash of the request>``: a template's spec cannot change, so a spec edit of the
+    count or the class (taking effect at the next restart) makes a new one, which the new pods
+    name; the old one goes with the job."""
+    digest = zlib.crc32(json.dumps(_gpu_request(spec), sort_keys=True).encode())
+    return f"{job}-gpus-{digest:08x}"
+
+
+def compute_domain_name(spec: TrainingJobSpec, job: str) -> str:
+    """``<job>-nvlink-<nodes>``: one ComputeDomain per gang size (``numNodes``), for the same
+    reason as :func:`gpu_claim_template_name`."""
+    return f"{job}-nvlink-{spec.nodes}"
+
+
+def channel_claim_template_name(spec: TrainingJobSpec, job: str) -> str:
+    """The ResourceClaimTemplate NVIDIA's driver creates for the ComputeDomain's IMEX channel
+    (the name is ours: ``spec.channel.resourceClaimTemplate.name``)."""
+    return f"{compute_domain_name(spec, job)}-channel"
+
+
+def pod_resource_claims(spec: TrainingJobSpec, job: str) -> list[dict[str, str]]:
+    """``spec.resourceClaims`` of a gang pod or placeholder: one claim per pod from the job's GPU
+    template and, with a ComputeDomain, from its channel template; empty without gpuClaim."""
+    claim = spec.gpu_claim
+    if claim is None or spec.claimed_gpus == 0:
+        return []
+    out = [{"name": GPU_CLAIM, "resourceClaimTemplateName": gpu_claim_template_name(spec, job)}]
+    if claim.compute_domain:
+        out.append({"name": CHANNEL_CLAIM, "resourceClaimTemplateName": channel_claim_template_name(spec, job)})
+    return out
+
+
+def build_gpu_claim_template(spec: TrainingJobSpec, *, job: str, namespace: str, owner: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The job's ResourceClaimTemplate: ``spec.gpus`` devices of ``gpuClaim.deviceClassName``
+    per pod (allocationMode ExactCount); None without gpuClaim. Owned by the job."""
+    claim = spec.gpu_claim
+    if claim is None or spec.claimed_gpus == 0:
+        return None
+    return {
+        "apiVersion": RESOURCE_API_VERSION,
+        "kind": "ResourceClaimTemplate",
+        "metadata": _meta(gpu_claim_template_name(spec, job), namespace, job_labels(job), owner),
+        "spec": {"metadata": {"labels": job_labels(job)}, "spec": {"devices": {"requests": [_gpu_request(spec)]}}},
+    }
+
+
+def build_compute_domain(spec: TrainingJobSpec, *, job: str, namespace: str, owner: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The job's ComputeDomain (``gpuClaim.computeDomain``): one IMEX domain over the gang's
+    ``spec.nodes`` nodes, whose channel template the pods claim from; None otherwise. Owned by
+    the job, so it goes with it."""
+    claim = spec.gpu_claim
+    if claim is None or not claim.compute_domain or spec.claimed_gpus == 0:
+        return None
+    return {
+        "apiVersion": COMPUTE_DOMAIN_API_VERSION,
+        "kind": "ComputeDomain",
+        "metadata": _meta(compute_domain_name(spec, job), namespace, job_labels(job), owner),
+        "spec": {"numNodes": spec.nodes, "channel": {"resourceClaimTemplate": {"name": channel_claim_template_name(spec, job)}}},
+    }
+
+
+def build_dra_objects(spec: TrainingJobSpec, *, job: str, namespace: str, owner: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The per-job DRA objects, in creation order (before any pod): the GPU claim template, then
+    the ComputeDomain; empty without gpuClaim."""
+    built = (
+        build_gpu_claim_template(spec, job=job, namespace=namespace, owner=owner),
+        build_compute_domain(spec, job=job, namespace=namespace, owner=owner),
+    )
+    return [o for o in built if o is not None]
+
+
+def _with_claims(spec: TrainingJobSpec, job: str, pod_spec: dict[str, Any], meta: dict[str, Any]) -> None:
+    """Give a pod (gang member or placeholder) its DRA claims and the annotation placement
+    counts them by."""
+    claims = pod_resource_claims(spec, job)
+    if claims:
+        pod_spec["resourceClaims"] = claims
+        meta["annotations"][CLAIMED_GPUS_ANNOTATION] = str(spec.claimed_gpus)
 
 
 def build_service(job: str, namespace: str, owner: Mapping[str, Any]) -> dict[str, Any]:
@@ -517,6 +621,7 @@ def build_pod(
         pod_spec["priorityClassName"] = spec.gang.priority_class_name
     meta = _meta(pod_name(job, attempt, pod_index), namespace, labels, owner)
     meta["annotations"] = {**dict(annotations or {}), NODE_ANNOTATION: node}
+    _with_claims(spec, job, pod_spec, meta)
     if spec.gang.queue_name:
         meta["labels"]["kueue.x-k8s.io/queue-name"] = spec.gang.queue_name
     return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": pod_spec}
@@ -691,6 +796,7 @@ def build_spare_pod(
         pod_spec["priorityClassName"] = spec.gang.priority_class_name
     meta = _meta(spare_pod_name(job, node), namespace, {**job_labels(job), SPARE_LABEL: "true"}, owner)
     meta["annotations"] = {**dict(annotations or {}), NODE_ANNOTATION: node}
+    _with_claims(spec, job, pod_spec, meta)
     return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": pod_spec}
 
 

@@ -158,8 +158,8 @@ def _quantity_sum(value: str, count: int) -> str:
 def gang_min_resources(spec: TrainingJobSpec, gang_size: int) -> dict[str, str]:
     """The whole gang's requests (what the scheduler must find before binding any pod)."""
     requests = dict(spec.resources.requests)
-    if spec.gpus > 0:
-        requests.setdefault("nvidia.com/gpu", str(spec.gpus))
+    if spec.extended_gpus > 0:
+        requests.setdefault("nvidia.com/gpu", str(spec.extended_gpus))
     return {k: _quantity_sum(str(v), gang_size) for k, v in sorted(requests.items())}
 
 

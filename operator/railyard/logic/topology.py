@@ -33,6 +33,12 @@ from railyard.api.quantity import to_count
 from railyard.logic.quarantine import is_quarantined
 
 GPU_RESOURCE = "nvidia.com/gpu"
+#: GPU feature discovery's label of a node's GPU count: the node's GPUs where the extended
+#: resource is not advertised (NVIDIA's DRA driver publishes ResourceSlices instead).
+GPU_COUNT_LABEL = "nvidia.com/gpu.count"
+#: On a pod whose GPUs come by Dynamic Resource Allocation (spec.gpuClaim): how many its claim
+#: holds, counted like its ``nvidia.com/gpu`` requests would be.
+CLAIMED_GPUS_ANNOTATION = "railyard.dev/claimed-gpus"
 HOSTNAME_KEY = "kubernetes.io/hostname"
 RAIL_OFFSET_LABEL = "railyard.dev/rail-offset"
 #: Pods carrying this label with the job's name do not count against free GPUs of that job
@@ -174,8 +180,17 @@ def placement_signature(node: Mapping[str, Any]) -> tuple[Any, ...]:
         bool(spec.get("unschedulable")),
         tuple(sorted((str(t.get("key")), str(t.get("value") or ""), str(t.get("effect"))) for t in spec.get("taints") or ())),
         is_quarantined(node),
-        str(((node.get("status") or {}).get("allocatable") or {}).get(GPU_RESOURCE)),
+        node_gpus(node),
     )
+
+
+def node_gpus(node: Mapping[str, Any]) -> int:
+    """A node's GPUs: its allocatable ``nvidia.com/gpu`` (device plugin), else the GPU count
+    label (a node whose GPUs are handed out by Dynamic Resource Allocation)."""
+    allocatable = ((node.get("status") or {}).get("allocatable") or {}).get(GPU_RESOURCE)
+    if allocatable is not None:
+        return to_count(allocatable)
+    return _int_label(((node.get("metadata") or {}).get("labels") or {}).get(GPU_COUNT_LABEL, 0))
 
 
 def resolve_level_keys(
@@ -240,7 +255,10 @@ def _int_label(v: Any) -> int:
 
 
 def _pod_gpus(pod: Mapping[str, Any]) -> int:
-    return compute_pod_requests(pod, only=GPU_RESOURCE).get(GPU_RESOURCE, 0) // 1000
+    """The GPUs a pod holds: its ``nvidia.com/gpu`` requests plus those its DRA claim holds
+    (:data:`CLAIMED_GPUS_ANNOTATION`, on our pods)."""
+    claimed = _int_label(((pod.get("metadata") or {}).get("annotations") or {}).get(CLAIMED_GPUS_ANNOTATION, 0))
+    return compute_pod_requests(pod, only=GPU_RESOURCE).get(GPU_RESOURCE, 0) // 1000 + claimed
 
 
 def compute_used_gpus(
@@ -356,7 +374,7 @@ class TopologyCache:
                     rv,
                     str(meta.get("name", "")),
                     tuple(map(labels.get, keys)),
-                    to_count(((node.get("status") or {}).get("allocatable") or {}).get(GPU_RESOURCE)),
+                    node_gpus(node),
                     _int_label(labels.get(RAIL_OFFSET_LABEL, 0)),
                     node_exclusion(node, tolerations),
                 )
