@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from kubernetes import client as k8s
 from tests.local.builders import make_pod
-from tests.local.conftest import wait_for
+from tests.waiting import wait_until
 
 from railyard_local.devices import (
     CHANNEL_DRIVER,
@@ -58,7 +58,7 @@ def test_a_pod_gets_devices_of_its_node_and_gives_them_back(core: k8s.CoreV1Api,
     _template(resources, namespace, "two", 2)
     _template(resources, namespace, "one", 1)
     core.create_namespaced_pod(namespace, make_pod("a").pin("node-0").claim("two").command("sleep", "60").obj())
-    node = wait_for(lambda: core.read_namespaced_pod("a", namespace).spec.node_name, 60, "a bound")
+    node = wait_until(lambda: core.read_namespaced_pod("a", namespace).spec.node_name, timeout=60, message="a bound")
     claim = _claim_of(core, resources, namespace, "a")
     assert claim is not None and claim["metadata"]["name"].startswith("a-gpus-")
     assert claim["metadata"]["ownerReferences"][0]["name"] == "a"
@@ -68,11 +68,13 @@ def test_a_pod_gets_devices_of_its_node_and_gives_them_back(core: k8s.CoreV1Api,
     # node-0 has no free GPU left: a pod pinned there waits, then gets one when a is gone
     core.create_namespaced_pod(namespace, make_pod("b").pin("node-0").claim("one").command("sleep", "60").obj())
     # (first it waits for its claim to be made, then for devices)
-    wait_for(lambda: any(c.type == "PodScheduled" and c.status == "False" and "cannot allocate all claims" in (c.message or "")
-                         for c in core.read_namespaced_pod("b", namespace).status.conditions or []), 60, "b unschedulable")
+    wait_until(lambda: any(c.type == "PodScheduled" and c.status == "False" and "cannot allocate all claims" in (c.message or "")
+                         for c in core.read_namespaced_pod("b", namespace).status.conditions or []),
+               timeout=60,
+               message="b unschedulable")
     assert core.read_namespaced_pod("b", namespace).spec.node_name is None
     core.delete_namespaced_pod("a", namespace, grace_period_seconds=0)
-    assert wait_for(lambda: core.read_namespaced_pod("b", namespace).spec.node_name, 60, "b bound") == "node-0"
+    assert wait_until(lambda: core.read_namespaced_pod("b", namespace).spec.node_name, timeout=60, message="b bound") == "node-0"
 
 
 def test_the_allocation_rules() -> None:
