@@ -33,7 +33,7 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from railyard.protocol import podenv
-from railyard.protocol.trainerconfig import world_parallelism
+from railyard.protocol.trainerconfig import cross_group_timeout_seconds, world_parallelism
 from railyard_trainer import hooks, sdk
 from railyard_trainer.config import ConfigError, TrainerConfig
 from railyard_trainer.data import ShardedBatches, build_source, model_vocab_size
@@ -182,6 +182,7 @@ class Trainer:
             group=group, data_replicas=self.cfg.parallelism.data_replicas, min_replicas=self.cfg.fault_tolerance.min_replicas,
             group_rank=self.env.rank, group_world=self.env.world_size, lighthouse=lighthouse, job=self.cfg.job,
             timeout_s=self.cfg.trainer.collective_timeout_seconds, state=state, device=self.device,
+            cross_group_timeout_s=cross_group_timeout_seconds(collective_timeout_seconds=self.cfg.trainer.collective_timeout_seconds, watchdog_seconds=self.cfg.trainer.watchdog_seconds),
             store_addr=os.environ["MASTER_ADDR"], store_port=int(os.environ["MASTER_PORT"]),
         )
 
