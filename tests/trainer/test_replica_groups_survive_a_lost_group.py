@@ -1,9 +1,12 @@
 """faultTolerance.mode ReplicaGroups (railyard_trainer/replicas.py, docs/fault-tolerance.md).
 
-A Lighthouse and replica groups (three of one process; two of two processes, FSDP inside each),
-each its own launcher and torch.distributed world (gloo, CPU, the tiny preset). A process of the
-last group dies in the middle of a step: the other groups keep stepping without it (same
-processes, steps never going back; the step it died in does not commit and is trained again).
+A Lighthouse and replica groups (three or two, of two processes each, FSDP inside each), each
+its own launcher and torch.distributed world (gloo, CPU, the tiny preset). The last group is
+lost in the middle of a step: with three groups it hangs there while the others wait for it in
+the cross-group all-reduce and is then killed whole (a node lost mid-collective: in torchft's
+ring only some survivor ranks see its connections close, the others wait on a survivor); with
+two, one of its processes dies. The other groups keep stepping without it (same processes,
+steps never going back; the step it was lost in does not commit and is trained again).
 The lost group is started again: it heals from a live peer (and reads none of its own
 checkpoints, which it left on disk), rejoins, and every group ends at the last step with
 bit-identical parameters. Across the membership changes every global sample was trained
@@ -126,10 +129,14 @@ class Shape:
     groups: int
     procs: int  # per group: FSDP over this many ranks inside the group's own world
     batch: int
-    crash_rank: int  # which rank of the lost group dies
+    crash_rank: int  # which rank of the lost group dies (or hangs)
+    #: "crash": the rank raises at the start of the step; "hang": it hangs there, and once the
+    #: survivors wait for it in the cross-group all-reduce the whole group is killed (a node lost
+    #: mid-collective: with three groups only one survivor is the lost group's ring neighbour)
+    fault: str = "crash"
 
 
-SHAPES = [Shape(groups=3, procs=1, batch=6, crash_rank=0), Shape(groups=2, procs=2, batch=8, crash_rank=1)]
+SHAPES = [Shape(groups=3, procs=2, batch=12, crash_rank=1, fault="hang"), Shape(groups=2, procs=2, batch=8, crash_rank=1)]
 
 
 def _group(tmp: Path, shape: Shape, g: int, lighthouse: str, incarnation: int, *, hold: str | None = None, crash_at: int | None = None) -> Proc:
@@ -138,7 +145,7 @@ def _group(tmp: Path, shape: Shape, g: int, lighthouse: str, incarnation: int, *
     cfg = {
         "job": "ft",
         "trainer": {**BASE_TRAINER, "steps": STEPS, "batchSize": shape.batch, "collectiveTimeoutSeconds": 300, "watchdogSeconds": 240,
-                    "faults": [] if crash_at is None else [{"kind": "crash", "rank": shape.crash_rank, "step": crash_at}]},
+                    "faults": [] if crash_at is None else [{"kind": shape.fault, "rank": shape.crash_rank, "step": crash_at}]},
         "parallelism": {"dataReplicas": shape.groups},
         "faultTolerance": {"mode": "ReplicaGroups", "minReplicas": 1},
         # each group keeps its own plain checkpoints: the replacement must not read them
@@ -158,7 +165,10 @@ def test_a_lost_replica_group_stops_only_itself_and_heals_from_a_live_peer(tmp_p
     lost = shape.groups - 1
     try:
         lh = Proc("lighthouse", [sys.executable, "-m", "railyard_trainer.launcher", "lighthouse", "--min-replicas", "1",
-                                 "--bind", "[::]:0", "--heartbeat-timeout-ms", "2000", "--join-timeout-ms", "60000"],
+                                 "--bind", "[::]:0", "--heartbeat-timeout-ms", "2000",
+                                 # beyond WAIT_S: a survivor stalled in the collective fails the test
+                                 # instead of being dropped by the Lighthouse
+                                 "--join-timeout-ms", "600000"],
                   launcher_env(), tmp_path)
         procs.append(lh)
         lh.wait_for("its address", lambda p: bool(p.of("lighthouse")), [])
@@ -166,10 +176,10 @@ def test_a_lost_replica_group_stops_only_itself_and_heals_from_a_live_peer(tmp_p
         start, release = tmp_path / "start", tmp_path / "release"
         holds = f"1:{start},{HOLD_AT}:{release}"
         survivors = [_group(tmp_path, shape, g, address, 0, hold=holds) for g in range(lost)]
-        g2 = _group(tmp_path, shape, lost, address, 0, crash_at=KILL_AT)
+        g2 = _group(tmp_path, shape, lost, address, 0, hold=f"1:{start}", crash_at=KILL_AT)
         procs.extend([*survivors, g2])
-        # the survivors take their first step only once the lost group's manager is up, so none
-        # can train far ahead before it takes part (it must be in the quorum of step KILL_AT)
+        # every group takes its first step only once the lost group's manager is up, so none
+        # can train far ahead before the others take part (all must be in the quorum of step KILL_AT)
         g2.wait_for("joining the quorum", lambda p: bool(p.of("replica_joining")), survivors)
         start.touch()
 
@@ -178,6 +188,9 @@ def test_a_lost_replica_group_stops_only_itself_and_heals_from_a_live_peer(tmp_p
         for p in survivors:
             p.wait_for("the workers' pids", lambda q: bool(q.of("workers_started")), survivors)
         survivors_pids = {p.name: p.of("workers_started")[0]["pids"] for p in survivors}
+        if shape.fault == "hang":
+            g2.wait_for(f"to hang at step {KILL_AT}", lambda p: bool(p.of("fault")), survivors)
+            os.killpg(g2.p.pid, signal.SIGKILL)
         g2.wait_exit(f"to crash at step {KILL_AT}")
         g2.reader.join(timeout=10)
         assert g2.p.returncode != 0 and g2.of("fault"), g2.explain()
@@ -210,6 +223,12 @@ def test_a_lost_replica_group_stops_only_itself_and_heals_from_a_live_peer(tmp_p
             # the step the lost group died in did not commit; the survivors trained it again
             assert [e["step"] for e in p.of("step_not_committed") if e["rank"] == 0] == [KILL_AT], p.explain()
             assert next(e for e in p.of("step") if e["step"] == KILL_AT)["participants"] == lost
+            # every rank's cross-group collective failed when the lost group went, none by its
+            # timeout: a survivor that gave up the step closed its connections (replicas.py), so
+            # the ones waiting for it in torchft's ring were told at once
+            failed = p.of("replica_collective_failed")
+            assert sorted(e["rank"] for e in failed) == list(range(shape.procs)), p.explain()
+            assert not any("timed out" in e["error"].lower() or "timeout" in e["error"].lower() for e in failed), failed
 
         # the replacement healed from a live peer, read no checkpoint tier, and caught up
         healed = g2b.of("replica_healed")
