@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -28,12 +29,15 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from tests.waiting import wait_until
 
-from railyard_trainer.replicas import plan_share
+from railyard_trainer.checkpoint.restore import NoVerifiedCheckpoint
+from railyard_trainer.replicas import Share, plan_share
+from railyard_trainer.train import Trainer
 
 from .launch import BASE_TRAINER, launcher_env
 
@@ -56,6 +60,47 @@ def test_shares_tile_the_global_batch(batch: int, unit: int, participants: int) 
     assert covered == list(range(100, 100 + batch))  # in order, each once
     assert all(s.count % unit == 0 for s in shares)
     assert max(s.count for s in shares) - min(s.count for s in shares) <= unit
+
+
+def _restarted_group(*, hint_step: int | None, peer_step: int | None, first: list[tuple[int, int]] = []) -> tuple[Trainer, SimpleNamespace]:  # noqa: B006
+    """A Trainer of two groups past its first quorum after a whole-job restart, its own tier
+    folder empty (every group reads only its own); its next quorums are ``first`` (the
+    quorum's step, participants), then the peer at ``peer_step`` (None: no ReplicaGroups, the
+    job is one world)."""
+    t = object.__new__(Trainer)
+    ctx = SimpleNamespace(step=0)
+    quorums = list(first)
+
+    def empty_tiers(_ctx: object) -> None:
+        raise NoVerifiedCheckpoint("restore: no committed checkpoint found")
+
+    def next_quorum() -> Share:
+        assert peer_step is not None
+        ctx.step, participants = quorums.pop(0) if quorums else (peer_step, 2)  # a heal sets ctx.step
+        return Share(first=0, count=1, rank=0, participants=participants)
+
+    t.ctx, t.checkpointer, t._joined = ctx, SimpleNamespace(restore=empty_tiers), None  # type: ignore[assignment]
+    t.cfg = SimpleNamespace(restore=None if hint_step is None else {"tier": "memory", "step": hint_step},  # type: ignore[assignment]
+                            trainer=SimpleNamespace(collective_timeout_seconds=WAIT_S), parallelism=SimpleNamespace(data_replicas=2))
+    t.env = SimpleNamespace(rank=0)  # type: ignore[assignment]
+    t.replicas = None if peer_step is None else SimpleNamespace(group=1, heals=0)  # type: ignore[assignment]
+    t._start_replica_step = next_quorum  # type: ignore[method-assign]
+    return t, ctx
+
+
+@pytest.mark.parametrize("first", [[], [(0, 1)], [(0, 2)]], ids=["peer-restored", "peer-still-restoring-past-the-join-timeout", "peer-in-its-quorum-before-restoring"])
+def test_a_group_without_its_checkpoint_heals_from_the_peers_that_restored_the_hint(first: list[tuple[int, int]]) -> None:
+    t, ctx = _restarted_group(hint_step=10, peer_step=10, first=first)
+    assert t._restore_from_tiers() is None
+    assert ctx.step == 10 and t._joined is not None  # healed, and trains the quorum's share
+
+
+@pytest.mark.parametrize(("hint_step", "peer_step"), [(10, 0), (10, 9), (None, 0), (10, None)], ids=["no-peer-restored", "peers-below-the-hint", "no-hint-nobody-trained", "not-replica-groups"])
+def test_a_group_without_its_checkpoint_still_exits_77_when_no_peer_reached_the_hint(hint_step: int | None, peer_step: int | None) -> None:
+    t, _ = _restarted_group(hint_step=hint_step, peer_step=peer_step)
+    with pytest.raises(NoVerifiedCheckpoint) as err:
+        t._restore_from_tiers()
+    assert err.value.exit_code == 77 and "no committed checkpoint found" in str(err.value)
 
 
 class Proc:
@@ -271,3 +316,59 @@ def _assert_every_sample_trained_once(kept: list[Proc], *, killed: Proc, shape: 
         seen.extend(g for a, b in cut for g in range(a, b))
     assert seen == list(range(STEPS * shape.batch)), "a sample was skipped or trained twice"
     assert {shape.groups - 1, shape.groups} <= set(participants.values())
+
+
+def _tiered_group(tmp: Path, g: int, lighthouse: str, *, steps: int, attempt: int, restore: dict[str, Any] | None) -> Proc:
+    """A group of one process with a memory tier in its own folder (as each group's tiers are
+    under the operator), saving every 3 steps; ``restore``: the operator's hint."""
+    work = tmp / f"group-{g}"
+    work.mkdir(exist_ok=True)
+    cfg = {
+        "job": "ft", "attempt": attempt,
+        "trainer": {**BASE_TRAINER, "steps": steps, "batchSize": 4, "collectiveTimeoutSeconds": 300, "watchdogSeconds": 240},
+        "parallelism": {"dataReplicas": 2},
+        "faultTolerance": {"mode": "ReplicaGroups", "minReplicas": 2},
+        "checkpoint": {"memory": {"enabled": True, "intervalSteps": 3, "keep": 2, "replicate": False}},
+        "restore": restore,
+    }
+    (work / f"config-{attempt}.json").write_text(json.dumps(cfg))
+    env = launcher_env(RAILYARD_REPLICA_GROUP=str(g), TORCHFT_LIGHTHOUSE=lighthouse, RAILYARD_CHECKPOINT_MEMORY_DIR=str(work / "memory"))
+    env.pop("RAILYARD_PLAIN_CHECKPOINT")
+    return Proc(f"group-{g}.{attempt}", [sys.executable, "-m", "railyard_trainer.launcher", "--nproc-per-node", "1", "--config", str(work / f"config-{attempt}.json")], env, work)
+
+
+def test_after_a_whole_job_restart_a_group_without_its_checkpoint_heals_from_a_peer(tmp_path: Path) -> None:
+    """Two groups train 6 steps; group 1's tier folder is lost (its node replaced); the whole
+    job restarts with the operator's hint (memory, step 6): group 0 restores it, group 1 finds
+    nothing, heals from group 0 instead of exiting 77, and both end on the same weights."""
+    procs: list[Proc] = []
+    try:
+        # both groups in every quorum: after the restart both join the first one at step 0,
+        # before either looked at its tiers (as after a whole-job restart under the operator)
+        lh = Proc("lighthouse", [sys.executable, "-m", "railyard_trainer.launcher", "lighthouse", "--min-replicas", "2",
+                                 "--bind", "[::]:0", "--heartbeat-timeout-ms", "2000", "--join-timeout-ms", "10000"], launcher_env(), tmp_path)
+        procs.append(lh)
+        lh.wait_for("its address", lambda p: bool(p.of("lighthouse")), [])
+        address = str(lh.of("lighthouse")[0]["address"])
+        first = [_tiered_group(tmp_path, g, address, steps=6, attempt=0, restore=None) for g in range(2)]
+        procs.extend(first)
+        for p in first:
+            p.wait_exit("to finish")
+            p.reader.join(timeout=10)
+            assert p.p.returncode == 0, p.explain()
+        shutil.rmtree(tmp_path / "group-1" / "memory")  # the group's node was replaced
+        second = [_tiered_group(tmp_path, g, address, steps=9, attempt=1, restore={"tier": "memory", "step": 6}) for g in range(2)]
+        procs.extend(second)
+        for p in second:
+            p.wait_exit("to finish")
+            p.reader.join(timeout=10)
+            assert p.p.returncode == 0, p.explain()
+        g0, g1 = second
+        assert [(e["tier"], e["step"]) for e in g0.of("restored")] == [("memory", 6)], g0.explain()
+        assert g1.of("restore_from_peer") and not g1.of("restored"), g1.explain()
+        assert [(e["from_step"], e["to_step"]) for e in g1.of("replica_healed")] == [(0, 6)], g1.explain()
+        done = [e for p in second for e in p.of("done")]
+        assert {d["step"] for d in done} == {9} and len({d["params_sha256"] for d in done}) == 1, done
+    finally:
+        for p in reversed(procs):
+            p.stop()
