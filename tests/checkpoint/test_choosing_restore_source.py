@@ -13,6 +13,7 @@ from railyard.protocol.restore import (
     Layout,
     RestoreHint,
     compute_steps_lost,
+    decide_replica_group_unrestored,
     decide_restore,
     latest_verified_per_tier,
     merge_verified,
@@ -262,3 +263,31 @@ def test_steps_lost_and_latest_verified() -> None:
         CheckpointEvent(step=30, tier="shared", ok=True, kind="restore"),
     ]
     assert latest_verified_per_tier(events) == {"memory": 10, "shared": 10}
+
+
+@pytest.mark.parametrize(
+    ("hint_step", "quorum_step", "participants", "full_before", "timed_out", "action"),
+    [
+        pytest.param(10, 10, 2, 0, False, "train", id="healed-to-the-hinted-step"),
+        pytest.param(10, 12, 2, 1, False, "train", id="healed-beyond-the-hint"),
+        pytest.param(10, 10, 1, 0, True, "train", id="healed-even-at-the-deadline"),
+        pytest.param(None, 7, 2, 0, False, "train", id="no-hint-a-load-failed-peers-hold-a-state"),
+        pytest.param(10, 0, 2, 0, False, "ask_again", id="first-full-quorum-peers-may-not-have-restored-yet"),
+        pytest.param(10, 0, 1, 5, False, "ask_again", id="a-group-missing-it-may-still-be-restoring"),
+        pytest.param(10, 0, 2, 1, False, "exit", id="second-full-quorum-nobody-restored"),
+        pytest.param(10, 9, 3, 1, False, "exit", id="peers-below-the-hint"),
+        pytest.param(10, 0, 1, 0, True, "exit", id="a-group-stayed-away-until-the-deadline"),
+        pytest.param(None, 0, 2, 1, False, "exit", id="no-hint-nobody-holds-anything"),
+        pytest.param(0, 0, 2, 1, False, "exit", id="hint-step-0-is-no-trained-state"),
+    ],
+)
+def test_a_replica_group_without_its_checkpoint_heals_only_from_peers_at_the_hint(
+    hint_step: int | None, quorum_step: int, participants: int, full_before: int, timed_out: bool, action: str
+) -> None:
+    d = decide_replica_group_unrestored(hint_step=hint_step, quorum_step=quorum_step, participants=participants,
+                                        groups=participants if participants > 1 else 2, full_quorums_before=full_before, timed_out=timed_out)
+    assert d.action == action
+    assert (d.reason != "") == (action == "exit")
+    if action == "exit":
+        assert f"highest step is {quorum_step}" in d.reason
+        assert f"hinted step {hint_step}" in d.reason if hint_step is not None else "a trained state" in d.reason

@@ -31,7 +31,7 @@ from railyard.logic.manifests import (
 from railyard.logic.placement import Placement, build_placement_input, plan_placement
 from railyard.protocol.podenv import LIGHTHOUSE, POD_IP, REPLICA_GROUP
 from railyard.protocol.ranktable import RankTable
-from railyard.protocol.trainerconfig import lighthouse_join_timeout_ms
+from railyard.protocol.trainerconfig import cross_group_timeout_seconds, lighthouse_join_timeout_ms
 
 OWNER = {"apiVersion": "railyard.dev/v1alpha1", "kind": "TrainingJob", "name": "llm", "uid": "u-1", "controller": True}
 NODES = ["n-0", "n-1", "n-2", "n-3", "n-4", "n-5"]
@@ -198,3 +198,20 @@ def test_the_lighthouse_join_timeout_stays_below_the_watchdog(watchdog_s: float,
     spec = _spec(**RG, trainer={"watchdogSeconds": watchdog_s, "collectiveTimeoutSeconds": 3600})
     command = build_lighthouse_pod(spec, job="llm", namespace="ml", owner=OWNER)["spec"]["containers"][0]["command"]
     assert command[command.index("--join-timeout-ms") + 1] == str(join_ms), "the manifest uses the rule"
+
+
+@pytest.mark.parametrize(
+    ("collective_s", "watchdog_s", "cross_s"),
+    [
+        pytest.param(120.0, 60.0, 15.0, id="defaults-the-join-timeout"),
+        pytest.param(300.0, 240.0, 60.0, id="long-watchdog"),
+        pytest.param(10.0, 8.0, 4.0, id="short-watchdog"),
+        pytest.param(3.0, 2.0, 1.0, id="below-the-floor-half-the-watchdog"),
+    ],
+)
+def test_cross_group_collectives_give_up_before_the_lighthouse_drops_a_waiting_group(collective_s: float, watchdog_s: float, cross_s: float) -> None:
+    got = cross_group_timeout_seconds(collective_timeout_seconds=collective_s, watchdog_seconds=watchdog_s)
+    assert got == cross_s
+    # no longer than the Lighthouse waits for a live group to join, nor than the group's own
+    # collectives (the API keeps watchdogSeconds below collectiveTimeoutSeconds)
+    assert got <= lighthouse_join_timeout_ms(watchdog_s) / 1000 and got <= collective_s

@@ -1,9 +1,12 @@
 """faultTolerance.mode ReplicaGroups (railyard_trainer/replicas.py, docs/fault-tolerance.md).
 
-A Lighthouse and replica groups (three of one process; two of two processes, FSDP inside each),
-each its own launcher and torch.distributed world (gloo, CPU, the tiny preset). A process of the
-last group dies in the middle of a step: the other groups keep stepping without it (same
-processes, steps never going back; the step it died in does not commit and is trained again).
+A Lighthouse and replica groups (three or two, of two processes each, FSDP inside each), each
+its own launcher and torch.distributed world (gloo, CPU, the tiny preset). The last group is
+lost in the middle of a step: with three groups it hangs there while the others wait for it in
+the cross-group all-reduce and is then killed whole (a node lost mid-collective: in torchft's
+ring only some survivor ranks see its connections close, the others wait on a survivor); with
+two, one of its processes dies. The other groups keep stepping without it (same processes,
+steps never going back; the step it was lost in does not commit and is trained again).
 The lost group is started again: it heals from a live peer (and reads none of its own
 checkpoints, which it left on disk), rejoins, and every group ends at the last step with
 bit-identical parameters. Across the membership changes every global sample was trained
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -25,12 +29,15 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from tests.waiting import wait_until
 
-from railyard_trainer.replicas import plan_share
+from railyard_trainer.checkpoint.restore import NoVerifiedCheckpoint
+from railyard_trainer.replicas import Share, plan_share
+from railyard_trainer.train import Trainer
 
 from .launch import BASE_TRAINER, launcher_env
 
@@ -53,6 +60,47 @@ def test_shares_tile_the_global_batch(batch: int, unit: int, participants: int) 
     assert covered == list(range(100, 100 + batch))  # in order, each once
     assert all(s.count % unit == 0 for s in shares)
     assert max(s.count for s in shares) - min(s.count for s in shares) <= unit
+
+
+def _restarted_group(*, hint_step: int | None, peer_step: int | None, first: list[tuple[int, int]] = []) -> tuple[Trainer, SimpleNamespace]:  # noqa: B006
+    """A Trainer of two groups past its first quorum after a whole-job restart, its own tier
+    folder empty (every group reads only its own); its next quorums are ``first`` (the
+    quorum's step, participants), then the peer at ``peer_step`` (None: no ReplicaGroups, the
+    job is one world)."""
+    t = object.__new__(Trainer)
+    ctx = SimpleNamespace(step=0)
+    quorums = list(first)
+
+    def empty_tiers(_ctx: object) -> None:
+        raise NoVerifiedCheckpoint("restore: no committed checkpoint found")
+
+    def next_quorum() -> Share:
+        assert peer_step is not None
+        ctx.step, participants = quorums.pop(0) if quorums else (peer_step, 2)  # a heal sets ctx.step
+        return Share(first=0, count=1, rank=0, participants=participants)
+
+    t.ctx, t.checkpointer, t._joined = ctx, SimpleNamespace(restore=empty_tiers), None  # type: ignore[assignment]
+    t.cfg = SimpleNamespace(restore=None if hint_step is None else {"tier": "memory", "step": hint_step},  # type: ignore[assignment]
+                            trainer=SimpleNamespace(collective_timeout_seconds=WAIT_S), parallelism=SimpleNamespace(data_replicas=2))
+    t.env = SimpleNamespace(rank=0)  # type: ignore[assignment]
+    t.replicas = None if peer_step is None else SimpleNamespace(group=1, heals=0)  # type: ignore[assignment]
+    t._start_replica_step = next_quorum  # type: ignore[method-assign]
+    return t, ctx
+
+
+@pytest.mark.parametrize("first", [[], [(0, 1)], [(0, 2)]], ids=["peer-restored", "peer-still-restoring-past-the-join-timeout", "peer-in-its-quorum-before-restoring"])
+def test_a_group_without_its_checkpoint_heals_from_the_peers_that_restored_the_hint(first: list[tuple[int, int]]) -> None:
+    t, ctx = _restarted_group(hint_step=10, peer_step=10, first=first)
+    assert t._restore_from_tiers() is None
+    assert ctx.step == 10 and t._joined is not None  # healed, and trains the quorum's share
+
+
+@pytest.mark.parametrize(("hint_step", "peer_step"), [(10, 0), (10, 9), (None, 0), (10, None)], ids=["no-peer-restored", "peers-below-the-hint", "no-hint-nobody-trained", "not-replica-groups"])
+def test_a_group_without_its_checkpoint_still_exits_77_when_no_peer_reached_the_hint(hint_step: int | None, peer_step: int | None) -> None:
+    t, _ = _restarted_group(hint_step=hint_step, peer_step=peer_step)
+    with pytest.raises(NoVerifiedCheckpoint) as err:
+        t._restore_from_tiers()
+    assert err.value.exit_code == 77 and "no committed checkpoint found" in str(err.value)
 
 
 class Proc:
@@ -126,10 +174,14 @@ class Shape:
     groups: int
     procs: int  # per group: FSDP over this many ranks inside the group's own world
     batch: int
-    crash_rank: int  # which rank of the lost group dies
+    crash_rank: int  # which rank of the lost group dies (or hangs)
+    #: "crash": the rank raises at the start of the step; "hang": it hangs there, and once the
+    #: survivors wait for it in the cross-group all-reduce the whole group is killed (a node lost
+    #: mid-collective: with three groups only one survivor is the lost group's ring neighbour)
+    fault: str = "crash"
 
 
-SHAPES = [Shape(groups=3, procs=1, batch=6, crash_rank=0), Shape(groups=2, procs=2, batch=8, crash_rank=1)]
+SHAPES = [Shape(groups=3, procs=2, batch=12, crash_rank=1, fault="hang"), Shape(groups=2, procs=2, batch=8, crash_rank=1)]
 
 
 def _group(tmp: Path, shape: Shape, g: int, lighthouse: str, incarnation: int, *, hold: str | None = None, crash_at: int | None = None) -> Proc:
@@ -138,7 +190,7 @@ def _group(tmp: Path, shape: Shape, g: int, lighthouse: str, incarnation: int, *
     cfg = {
         "job": "ft",
         "trainer": {**BASE_TRAINER, "steps": STEPS, "batchSize": shape.batch, "collectiveTimeoutSeconds": 300, "watchdogSeconds": 240,
-                    "faults": [] if crash_at is None else [{"kind": "crash", "rank": shape.crash_rank, "step": crash_at}]},
+                    "faults": [] if crash_at is None else [{"kind": shape.fault, "rank": shape.crash_rank, "step": crash_at}]},
         "parallelism": {"dataReplicas": shape.groups},
         "faultTolerance": {"mode": "ReplicaGroups", "minReplicas": 1},
         # each group keeps its own plain checkpoints: the replacement must not read them
@@ -158,7 +210,10 @@ def test_a_lost_replica_group_stops_only_itself_and_heals_from_a_live_peer(tmp_p
     lost = shape.groups - 1
     try:
         lh = Proc("lighthouse", [sys.executable, "-m", "railyard_trainer.launcher", "lighthouse", "--min-replicas", "1",
-                                 "--bind", "[::]:0", "--heartbeat-timeout-ms", "2000", "--join-timeout-ms", "60000"],
+                                 "--bind", "[::]:0", "--heartbeat-timeout-ms", "2000",
+                                 # beyond WAIT_S: a survivor stalled in the collective fails the test
+                                 # instead of being dropped by the Lighthouse
+                                 "--join-timeout-ms", "600000"],
                   launcher_env(), tmp_path)
         procs.append(lh)
         lh.wait_for("its address", lambda p: bool(p.of("lighthouse")), [])
@@ -166,10 +221,10 @@ def test_a_lost_replica_group_stops_only_itself_and_heals_from_a_live_peer(tmp_p
         start, release = tmp_path / "start", tmp_path / "release"
         holds = f"1:{start},{HOLD_AT}:{release}"
         survivors = [_group(tmp_path, shape, g, address, 0, hold=holds) for g in range(lost)]
-        g2 = _group(tmp_path, shape, lost, address, 0, crash_at=KILL_AT)
+        g2 = _group(tmp_path, shape, lost, address, 0, hold=f"1:{start}", crash_at=KILL_AT)
         procs.extend([*survivors, g2])
-        # the survivors take their first step only once the lost group's manager is up, so none
-        # can train far ahead before it takes part (it must be in the quorum of step KILL_AT)
+        # every group takes its first step only once the lost group's manager is up, so none
+        # can train far ahead before the others take part (all must be in the quorum of step KILL_AT)
         g2.wait_for("joining the quorum", lambda p: bool(p.of("replica_joining")), survivors)
         start.touch()
 
@@ -178,6 +233,9 @@ def test_a_lost_replica_group_stops_only_itself_and_heals_from_a_live_peer(tmp_p
         for p in survivors:
             p.wait_for("the workers' pids", lambda q: bool(q.of("workers_started")), survivors)
         survivors_pids = {p.name: p.of("workers_started")[0]["pids"] for p in survivors}
+        if shape.fault == "hang":
+            g2.wait_for(f"to hang at step {KILL_AT}", lambda p: bool(p.of("fault")), survivors)
+            os.killpg(g2.p.pid, signal.SIGKILL)
         g2.wait_exit(f"to crash at step {KILL_AT}")
         g2.reader.join(timeout=10)
         assert g2.p.returncode != 0 and g2.of("fault"), g2.explain()
@@ -210,6 +268,12 @@ def test_a_lost_replica_group_stops_only_itself_and_heals_from_a_live_peer(tmp_p
             # the step the lost group died in did not commit; the survivors trained it again
             assert [e["step"] for e in p.of("step_not_committed") if e["rank"] == 0] == [KILL_AT], p.explain()
             assert next(e for e in p.of("step") if e["step"] == KILL_AT)["participants"] == lost
+            # every rank's cross-group collective failed when the lost group went, none by its
+            # timeout: a survivor that gave up the step closed its connections (replicas.py), so
+            # the ones waiting for it in torchft's ring were told at once
+            failed = p.of("replica_collective_failed")
+            assert sorted(e["rank"] for e in failed) == list(range(shape.procs)), p.explain()
+            assert not any("timed out" in e["error"].lower() or "timeout" in e["error"].lower() for e in failed), failed
 
         # the replacement healed from a live peer, read no checkpoint tier, and caught up
         healed = g2b.of("replica_healed")
@@ -252,3 +316,59 @@ def _assert_every_sample_trained_once(kept: list[Proc], *, killed: Proc, shape: 
         seen.extend(g for a, b in cut for g in range(a, b))
     assert seen == list(range(STEPS * shape.batch)), "a sample was skipped or trained twice"
     assert {shape.groups - 1, shape.groups} <= set(participants.values())
+
+
+def _tiered_group(tmp: Path, g: int, lighthouse: str, *, steps: int, attempt: int, restore: dict[str, Any] | None) -> Proc:
+    """A group of one process with a memory tier in its own folder (as each group's tiers are
+    under the operator), saving every 3 steps; ``restore``: the operator's hint."""
+    work = tmp / f"group-{g}"
+    work.mkdir(exist_ok=True)
+    cfg = {
+        "job": "ft", "attempt": attempt,
+        "trainer": {**BASE_TRAINER, "steps": steps, "batchSize": 4, "collectiveTimeoutSeconds": 300, "watchdogSeconds": 240},
+        "parallelism": {"dataReplicas": 2},
+        "faultTolerance": {"mode": "ReplicaGroups", "minReplicas": 2},
+        "checkpoint": {"memory": {"enabled": True, "intervalSteps": 3, "keep": 2, "replicate": False}},
+        "restore": restore,
+    }
+    (work / f"config-{attempt}.json").write_text(json.dumps(cfg))
+    env = launcher_env(RAILYARD_REPLICA_GROUP=str(g), TORCHFT_LIGHTHOUSE=lighthouse, RAILYARD_CHECKPOINT_MEMORY_DIR=str(work / "memory"))
+    env.pop("RAILYARD_PLAIN_CHECKPOINT")
+    return Proc(f"group-{g}.{attempt}", [sys.executable, "-m", "railyard_trainer.launcher", "--nproc-per-node", "1", "--config", str(work / f"config-{attempt}.json")], env, work)
+
+
+def test_after_a_whole_job_restart_a_group_without_its_checkpoint_heals_from_a_peer(tmp_path: Path) -> None:
+    """Two groups train 6 steps; group 1's tier folder is lost (its node replaced); the whole
+    job restarts with the operator's hint (memory, step 6): group 0 restores it, group 1 finds
+    nothing, heals from group 0 instead of exiting 77, and both end on the same weights."""
+    procs: list[Proc] = []
+    try:
+        # both groups in every quorum: after the restart both join the first one at step 0,
+        # before either looked at its tiers (as after a whole-job restart under the operator)
+        lh = Proc("lighthouse", [sys.executable, "-m", "railyard_trainer.launcher", "lighthouse", "--min-replicas", "2",
+                                 "--bind", "[::]:0", "--heartbeat-timeout-ms", "2000", "--join-timeout-ms", "10000"], launcher_env(), tmp_path)
+        procs.append(lh)
+        lh.wait_for("its address", lambda p: bool(p.of("lighthouse")), [])
+        address = str(lh.of("lighthouse")[0]["address"])
+        first = [_tiered_group(tmp_path, g, address, steps=6, attempt=0, restore=None) for g in range(2)]
+        procs.extend(first)
+        for p in first:
+            p.wait_exit("to finish")
+            p.reader.join(timeout=10)
+            assert p.p.returncode == 0, p.explain()
+        shutil.rmtree(tmp_path / "group-1" / "memory")  # the group's node was replaced
+        second = [_tiered_group(tmp_path, g, address, steps=9, attempt=1, restore={"tier": "memory", "step": 6}) for g in range(2)]
+        procs.extend(second)
+        for p in second:
+            p.wait_exit("to finish")
+            p.reader.join(timeout=10)
+            assert p.p.returncode == 0, p.explain()
+        g0, g1 = second
+        assert [(e["tier"], e["step"]) for e in g0.of("restored")] == [("memory", 6)], g0.explain()
+        assert g1.of("restore_from_peer") and not g1.of("restored"), g1.explain()
+        assert [(e["from_step"], e["to_step"]) for e in g1.of("replica_healed")] == [(0, 6)], g1.explain()
+        done = [e for p in second for e in p.of("done")]
+        assert {d["step"] for d in done} == {9} and len({d["params_sha256"] for d in done}) == 1, done
+    finally:
+        for p in reversed(procs):
+            p.stop()

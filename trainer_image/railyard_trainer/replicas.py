@@ -183,17 +183,20 @@ class ReplicaGroup:
     """
 
     def __init__(self, *, group: int, data_replicas: int, min_replicas: int, group_rank: int, group_world: int,
-                 lighthouse: str, job: str, timeout_s: float, state: HealState, device: torch.device,
-                 store_addr: str, store_port: int) -> None:
+                 lighthouse: str, job: str, timeout_s: float, cross_group_timeout_s: float, state: HealState,
+                 device: torch.device, store_addr: str, store_port: int) -> None:
         from torchft import Manager, ProcessGroupGloo, ProcessGroupNCCL
 
-        self.group, self.data_replicas, self.state = group, data_replicas, state
+        self.group, self.group_rank, self.data_replicas, self.state = group, group_rank, data_replicas, state
         timeout = timedelta(seconds=timeout_s)
-        pg = ProcessGroupNCCL(timeout=timeout) if device.type == "cuda" else ProcessGroupGloo(timeout=timeout)
+        # the cross-group collectives give up sooner than the group's own (cross_group_timeout_seconds
+        # in protocol/trainerconfig.py); the quorum, the commit vote and a heal keep the group's timeout
+        pg_timeout = timedelta(seconds=cross_group_timeout_s)
+        self.pg = ProcessGroupNCCL(timeout=pg_timeout) if device.type == "cuda" else ProcessGroupGloo(timeout=pg_timeout)
         host = advertised_host()
         self.manager = Manager(
             hostname=host, checkpoint_transport=checkpoint_transport(host, timeout),
-            pg=pg, load_state_dict=state.load_state_dict, state_dict=state.state_dict, min_replica_size=min_replicas,
+            pg=self.pg, load_state_dict=state.load_state_dict, state_dict=state.state_dict, min_replica_size=min_replicas,
             use_async_quorum=False, timeout=timeout, quorum_timeout=timeout, connect_timeout=timeout,
             rank=group_rank, world_size=group_world, store_addr=store_addr, store_port=store_port,
             lighthouse_addr=lighthouse, replica_id=f"{job}-group-{group}",
@@ -203,12 +206,15 @@ class ReplicaGroup:
         )
         self.heals = 0
         self.failed_steps = 0
+        #: this step's process group was aborted after an error (one abort per step)
+        self._aborted = False
         log_event("replica_joining", group=group, rank=group_rank, lighthouse=lighthouse, min_replicas=min_replicas, host=host)
 
     def start_step(self, *, consumed_of: Callable[[], int], batch_size: int, unit: int) -> Share:
         """Join this step's quorum (healing from a live peer first if we are behind) and return
         our share of the step's global batch; ``consumed_of`` is read after a heal."""
         before = self.manager.current_step()
+        self._aborted = False
         self.manager.start_quorum()
         after = self.manager.current_step()
         rank = self.manager.participating_rank()
@@ -235,13 +241,32 @@ class ReplicaGroup:
             works.append(self.manager.allreduce(local, reduce_op=ReduceOp.SUM))
         for w in works:
             w.wait()
+        self._abort_if_errored()
 
     def reduce_scalar(self, value: torch.Tensor, weight: float) -> float:
         from torch.distributed import ReduceOp
 
         buf = value.detach().float().reshape(1).clone() * weight
         self.manager.allreduce(buf, reduce_op=ReduceOp.SUM).wait()
+        self._abort_if_errored()
         return float(buf[0])
+
+    def _abort_if_errored(self) -> None:
+        """After a failed cross-group collective, close this step's process group at once.
+
+        torchft records the failure and skips the step's remaining collectives, but leaves the
+        connections open: in its ring only the lost group's neighbours see the lost peer's
+        connection close, and a survivor that waits for data from one of them (which gave up
+        the step) would wait out the collective timeout while the Lighthouse waits for it to
+        join. Aborting closes our connections, so every peer waiting on us fails now too, asks
+        for the next quorum, and the Lighthouse (which starts a new quorum id after a commit
+        failure) has torchft build a new process group for it."""
+        err = self.manager.errored()
+        if err is None or self._aborted:
+            return
+        self._aborted = True
+        log_event("replica_collective_failed", group=self.group, rank=self.group_rank, error=str(err.original_exception)[:300])
+        self.pg.abort()
 
     def commit(self) -> bool:
         """Whether this step may be applied (every collective of it succeeded, enough groups)."""

@@ -33,8 +33,10 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from railyard.protocol import podenv
-from railyard.protocol.trainerconfig import world_parallelism
+from railyard.protocol.restore import decide_replica_group_unrestored
+from railyard.protocol.trainerconfig import cross_group_timeout_seconds, world_parallelism
 from railyard_trainer import hooks, sdk
+from railyard_trainer.checkpoint.restore import NoVerifiedCheckpoint
 from railyard_trainer.config import ConfigError, TrainerConfig
 from railyard_trainer.data import ShardedBatches, build_source, model_vocab_size
 from railyard_trainer.events import log_event
@@ -182,6 +184,7 @@ class Trainer:
             group=group, data_replicas=self.cfg.parallelism.data_replicas, min_replicas=self.cfg.fault_tolerance.min_replicas,
             group_rank=self.env.rank, group_world=self.env.world_size, lighthouse=lighthouse, job=self.cfg.job,
             timeout_s=self.cfg.trainer.collective_timeout_seconds, state=state, device=self.device,
+            cross_group_timeout_s=cross_group_timeout_seconds(collective_timeout_seconds=self.cfg.trainer.collective_timeout_seconds, watchdog_seconds=self.cfg.trainer.watchdog_seconds),
             store_addr=os.environ["MASTER_ADDR"], store_port=int(os.environ["MASTER_PORT"]),
         )
 
@@ -196,13 +199,7 @@ class Trainer:
             # them and never reads a checkpoint tier; when nobody is ahead (the job starts or
             # restarts whole) the tiers restore as always and the quorum takes their step.
             self._joined = self._start_replica_step()
-        if self.replicas is not None and self.replicas.heals:
-            restored = None
-        else:
-            restored = self.checkpointer.restore(self.ctx)  # logged and reported by the SDK
-            if self.replicas is not None and self.ctx.step:
-                self.replicas.set_step(self.ctx.step)
-                self._joined = None  # the data position moved: take the share again
+        restored = None if self.replicas is not None and self.replicas.heals else self._restore_from_tiers()
         self.ctx.extra["restore"] = restored
         self.health.preflight(self.ctx)
         self.session.expect_progress(first_step_factor=5.0)
@@ -214,6 +211,47 @@ class Trainer:
             # replica groups must end on identical weights (tests compare them)
             extra.update(group=self.replicas.group, heals=self.replicas.heals, params_sha256=_params_digest(self.parts))
         log_event("done", rank=self.env.rank, step=self.ctx.step, **extra)
+
+    def _restore_from_tiers(self) -> hooks.RestoreResult | None:
+        """The tiers' restore (logged and reported by the SDK). ReplicaGroups: a group whose own
+        tiers cannot restore heals from a peer that did (:meth:`_heal_instead_of_restore`)."""
+        try:
+            restored = self.checkpointer.restore(self.ctx)
+        except NoVerifiedCheckpoint as exc:
+            if self.replicas is None:
+                raise
+            self._heal_instead_of_restore(exc)
+            return None
+        if self.replicas is not None and self.ctx.step:
+            self.replicas.set_step(self.ctx.step)
+            self._joined = None  # the data position moved: take the share again
+        return restored
+
+    def _heal_instead_of_restore(self, exc: NoVerifiedCheckpoint) -> None:
+        """After a whole-job restart each group reads only its own tier folders; one that holds
+        nothing for the operator's hint (its node was replaced) joins the next quorum, where the
+        groups that restored stand at the hinted step, and heals from them. It exits 77 all the
+        same when no peer reached the hint (decide_replica_group_unrestored: after two quorums of
+        all groups, or the collective timeout while some group stays away)."""
+        assert self.replicas is not None
+        log_event("restore_from_peer", rank=self.env.rank, group=self.replicas.group, reason=str(exc)[:500])
+        step = (self.cfg.restore or {}).get("step")
+        deadline = time.monotonic() + self.cfg.trainer.collective_timeout_seconds
+        full_quorums = 0
+        while True:
+            share = self._start_replica_step()  # heals when a peer is ahead: ctx.step moves
+            decision = decide_replica_group_unrestored(
+                hint_step=step if isinstance(step, int) else None, quorum_step=self.ctx.step, participants=share.participants,
+                groups=self.cfg.parallelism.data_replicas, full_quorums_before=full_quorums, timed_out=time.monotonic() > deadline)
+            if decision.action == "train":
+                self._joined = share
+                return
+            if decision.action == "exit":
+                raise NoVerifiedCheckpoint(f"{exc}; {decision.reason}") from exc
+            if share.participants >= self.cfg.parallelism.data_replicas:
+                full_quorums += 1
+            else:
+                time.sleep(1.0)  # a group is missing from the quorum: it may still be restoring
 
     def run_step(self) -> hooks.StepMetrics:
         """One step with its checks and checkpoint. Before a checkpoint the health package

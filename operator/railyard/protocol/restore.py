@@ -284,6 +284,43 @@ def plan_gc(
     return sorted(doomed)
 
 
+@dataclass(frozen=True, slots=True)
+class UnrestoredGroupDecision:
+    """What a replica group whose own tiers could not restore does after a quorum:
+    ``train`` (it healed to the step it needed), ``ask_again`` (join the next quorum), or
+    ``exit`` with ``NoVerifiedCheckpoint`` for ``reason``."""
+
+    action: str
+    reason: str = ""
+
+
+def decide_replica_group_unrestored(
+    *, hint_step: int | None, quorum_step: int, participants: int, groups: int, full_quorums_before: int, timed_out: bool
+) -> UnrestoredGroupDecision:
+    """faultTolerance ReplicaGroups, after a whole-job restart: each group reads only its own
+    tier folders, and the group whose node was replaced holds nothing while the others restore
+    the operator's hinted step. Instead of exiting, that group joins quorums and heals from a
+    peer; this decides, after each quorum, whether it may train on the state it now holds
+    (``quorum_step``: the quorum's highest step, which a heal brought it to).
+
+    It trains on once the quorum reached the hinted step (without a hint: any trained state,
+    step >= 1). A quorum of all ``groups`` below that is final only when it is the second
+    such: every group joins one quorum before it restores, so a full quorum may hold peers that
+    have not restored yet, but in the next full one every peer has been through its restore.
+    A quorum without some group (one still restoring past the Lighthouse's join timeout, or
+    gone) is never final: ask again, until ``timed_out``. Exiting keeps the protection against
+    silently starting over."""
+    need = max(hint_step, 1) if hint_step is not None and hint_step >= 0 else 1
+    if quorum_step >= need:
+        return UnrestoredGroupDecision("train")
+    final = participants >= groups and full_quorums_before >= 1
+    if not final and not timed_out:
+        return UnrestoredGroupDecision("ask_again")
+    what = f"the hinted step {hint_step}" if hint_step is not None and hint_step >= 0 else "a trained state"
+    why = "" if final else f", and {groups - participants} of {groups} groups did not join before the wait ended"
+    return UnrestoredGroupDecision("exit", f"no live replica group reached {what} either (the quorum's highest step is {quorum_step}{why})")
+
+
 def compute_steps_lost(last_step: int, restored_step: int) -> int:
     """Steps trained before the failure that the restart has to redo (``restored_step`` -1: all)."""
     return max(0, last_step - max(restored_step, 0))

@@ -178,6 +178,18 @@ def lighthouse_join_timeout_ms(watchdog_seconds: float) -> int:
     return max(int(s * 1000), 1)
 
 
+def cross_group_timeout_seconds(*, collective_timeout_seconds: float, watchdog_seconds: float) -> float:
+    """The timeout of a replica group's cross-group collectives (torchft's process group), for a
+    job with these ``trainer`` settings: the Lighthouse's join timeout, never above the group's
+    own collective timeout. A survivor that waits on a peer in the cross-group all-reduce longer
+    than the Lighthouse waits for it to join is waiting for a group that is gone or hung: only
+    the lost group's direct neighbours in torchft's ring see the connection close, the others
+    wait for data from a survivor that has given up the step. Past this timeout the wait fails
+    like theirs, the step does not commit and the group asks for the next quorum while the
+    Lighthouse still waits for it (docs/fault-tolerance.md)."""
+    return min(lighthouse_join_timeout_ms(watchdog_seconds) / 1000, collective_timeout_seconds)
+
+
 
 @section
 class FaultTolerance:
