@@ -24,6 +24,7 @@ The Lighthouse: ``railyard-train lighthouse`` (:func:`lighthouse_main`).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ipaddress
 import logging
 import os
@@ -31,7 +32,8 @@ import signal
 import socket
 import sys
 import threading
-from collections.abc import Callable, Iterable, Mapping, Sequence
+import zlib
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -87,6 +89,18 @@ def replica_problems(*, batch_size: int, group_dp: int, data_replicas: int, min_
     if batch_size % group_dp == 0 and batch_size // group_dp < data_replicas:
         out.append(f"trainer.batchSize: {batch_size} gives {batch_size // group_dp} rows per data-parallel rank of a group, fewer than the {data_replicas} replica groups that split it; raise batchSize to at least {group_dp * data_replicas}")
     return out
+
+
+def params_crc32(parts: Iterable[torch.nn.Module]) -> int:
+    """CRC-32 of this rank's parameter shards, bit for bit, in name order: the same rank of
+    every replica group must end with the same number (the ``done`` event's ``params_crc32``)."""
+    crc = 0
+    for part in parts:
+        for name, p in part.named_parameters():
+            local = p.to_local() if isinstance(p, DTensor) else p
+            crc = zlib.crc32(name.encode(), crc)
+            crc = zlib.crc32(local.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes(), crc)
+    return crc
 
 
 # --------------------------------------------------------------------------- state for healing
@@ -203,13 +217,17 @@ class ReplicaGroup:
         )
         self.heals = 0
         self.failed_steps = 0
+        #: Inside the exchange with the other groups (quorum, gradient sum, commit): a rank that
+        #: waits here for a stuck peer group is not stuck itself (heartbeat ``waiting_for_groups``).
+        self.waiting = False
         log_event("replica_joining", group=group, rank=group_rank, lighthouse=lighthouse, min_replicas=min_replicas, host=host)
 
     def start_step(self, *, consumed_of: Callable[[], int], batch_size: int, unit: int) -> Share:
         """Join this step's quorum (healing from a live peer first if we are behind) and return
         our share of the step's global batch; ``consumed_of`` is read after a heal."""
         before = self.manager.current_step()
-        self.manager.start_quorum()
+        with self._exchange():
+            self.manager.start_quorum()
         after = self.manager.current_step()
         rank = self.manager.participating_rank()
         participants = self.manager.num_participants()
@@ -233,22 +251,33 @@ class ReplicaGroup:
             local = g.to_local() if isinstance(g, DTensor) else g
             local.mul_(weight)
             works.append(self.manager.allreduce(local, reduce_op=ReduceOp.SUM))
-        for w in works:
-            w.wait()
+        with self._exchange():
+            for w in works:
+                w.wait()
 
     def reduce_scalar(self, value: torch.Tensor, weight: float) -> float:
         from torch.distributed import ReduceOp
 
         buf = value.detach().float().reshape(1).clone() * weight
-        self.manager.allreduce(buf, reduce_op=ReduceOp.SUM).wait()
+        with self._exchange():
+            self.manager.allreduce(buf, reduce_op=ReduceOp.SUM).wait()
         return float(buf[0])
 
     def commit(self) -> bool:
         """Whether this step may be applied (every collective of it succeeded, enough groups)."""
-        ok = bool(self.manager.should_commit())
+        with self._exchange():
+            ok = bool(self.manager.should_commit())
         if not ok:
             self.failed_steps += 1
         return ok
+
+    @contextlib.contextmanager
+    def _exchange(self) -> Iterator[None]:
+        self.waiting = True
+        try:
+            yield
+        finally:
+            self.waiting = False
 
     def set_step(self, step: int) -> None:
         """After a restore from a checkpoint tier: the quorum's step is the restored one."""

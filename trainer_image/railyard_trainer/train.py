@@ -55,6 +55,7 @@ from railyard_trainer.replicas import (
     ReplicaGroup,
     Share,
     group_from_env,
+    params_crc32,
     replica_problems,
 )
 from railyard_trainer.speed_probe import SpeedProbe
@@ -162,12 +163,17 @@ class Trainer:
         # copies them during the next forward and backward (checkpoint.manager._Capture).
         self.checkpointer = self.session.checkpoints(self.ctx, final_step=t.steps, defer_capture=True)
         self.health = _build_health(cfg, self.ctx)
-        self.faults = FaultInjector(cfg.active_faults(), rank=env.rank, log=log_event)
+        self.faults = FaultInjector(cfg.active_faults(), rank=env.rank, log=log_event,
+                                    group=group_from_env()[0] if ft.mode == "ReplicaGroups" else None)
         self.probe = SpeedProbe(self.device)
         self.watchdog: Watchdog = self.session.watchdog
         self.log_all_ranks = podenv.LOG_ALL_RANKS.get(os.environ)
         self.dump_grads_dir = podenv.DUMP_GRADS.get(os.environ)
         self.replicas = self._build_replicas() if ft.mode == "ReplicaGroups" else None
+        if self.replicas is not None:
+            # waiting for the other groups is not a hang of this one (the operator's hang rule)
+            replicas = self.replicas
+            self.session.reporter.add_waiting_probe(lambda: replicas.waiting)
         #: ReplicaGroups: the share of the first step, from the quorum joined before restoring.
         self._joined: Share | None = None
 
@@ -212,7 +218,8 @@ class Trainer:
         extra: dict[str, Any] = {}
         if self.replicas is not None:
             # replica groups must end on identical weights (tests compare them)
-            extra.update(group=self.replicas.group, heals=self.replicas.heals, params_sha256=_params_digest(self.parts))
+            extra.update(group=self.replicas.group, heals=self.replicas.heals, params_sha256=_params_digest(self.parts),
+                         params_crc32=params_crc32(self.parts))
         log_event("done", rank=self.env.rank, step=self.ctx.step, **extra)
 
     def run_step(self) -> hooks.StepMetrics:

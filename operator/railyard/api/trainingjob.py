@@ -189,6 +189,7 @@ class FaultSpec(_Model):
     bit: Annotated[int, Field(ge=0, le=30, description="For kind=bitflip: which bit of the float32 layout to flip (30: the top exponent bit, 23-29 the others, 0-22 the mantissa; bf16 flips the same bit of its top 16).")] = 30
     code: Annotated[int, Field(ge=0, le=255, description="Exit code for kind=exit.")] = 1
     attempt: Annotated[int, Field(ge=0, description="Only inject in this attempt (restarts do not re-inject).")] = 0
+    group: Annotated[int | None, Field(ge=0, description="faultTolerance ReplicaGroups: only inject in this replica group (rank is then the rank inside the group's own world); unset: every group.")] = None
 
 
 class Dataset(_Model):

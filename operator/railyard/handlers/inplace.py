@@ -178,7 +178,7 @@ async def begin_in_place(
 
     owner = owner_reference(c.body)
     table = with_addresses(result.rank_table, c.ns)
-    restore = restore_hint(c.st, spec, pods_kept=True)
+    restore = restore_hint(c.st, spec, pods_kept=True, not_after=f.restore_not_after)
     config = build_trainer_config(spec, job=c.name, namespace=c.ns, attempt=attempt, restore=restore)
     if not await c.io.create_object(build_configmap(c.name, c.ns, owner, attempt=attempt, rank_table=table, config=config,
                                                          replica_groups=spec.replica_groups)):

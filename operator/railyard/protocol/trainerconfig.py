@@ -44,6 +44,9 @@ class FaultSpec:
     bit: int = _c(30, ge=0, le=30)
     code: int = _c(1, ge=0, le=255)
     attempt: int = _c(0, ge=0)
+    #: faultTolerance ReplicaGroups: only in this replica group (``rank`` is then the group's own
+    #: rank); None: in every group.
+    group: int | None = _c(None, ge=0)
 
 
 DATASET_TYPES = ("synthetic", "files", "tokens")

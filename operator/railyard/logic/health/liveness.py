@@ -101,17 +101,8 @@ def decide_hung_ranks(
     now: float,
 ) -> list[Verdict]:
     worst: dict[int, tuple[RankSignals, int]] = {}
-    for r in ranks:
-        pod = pods.get(r.pod_index)
-        if pod is None or pod.phase != RUNNING or r.saving:
-            continue
-        if not r.progress:
-            continue  # a program that does not report its steps cannot be judged hung by them
-        if now - r.last_seen_at >= policy.heartbeat_timeout_s:
-            continue  # silent, not hung: the dead rule owns it
-        since = max(r.step_advanced_at, r.last_saving_at)
-        if now - since >= policy.teardown_bound(r.step, hang_timeout_s):
-            _tally(worst, r)
+    for r in excuse_waiting_groups(stalled_ranks(ranks, pods, hang_timeout_s, policy, now)):
+        _tally(worst, r)
     out = []
     for pod_index, (r, count) in sorted(worst.items()):
         since = max(r.step_advanced_at, r.last_saving_at)
@@ -133,6 +124,39 @@ def decide_hung_ranks(
             )
         )
     return out
+
+
+def stalled_ranks(
+    ranks: Iterable[RankSignals],
+    pods: Mapping[int, PodStatus],
+    hang_timeout_s: float,
+    policy: HealthPolicy,
+    now: float,
+) -> list[RankSignals]:
+    """Ranks of Running pods that beat but whose step has not advanced within the hang bound."""
+    out = []
+    for r in ranks:
+        pod = pods.get(r.pod_index)
+        if pod is None or pod.phase != RUNNING or r.saving:
+            continue
+        if not r.progress:
+            continue  # a program that does not report its steps cannot be judged hung by them
+        if now - r.last_seen_at >= policy.heartbeat_timeout_s:
+            continue  # silent, not hung: the dead rule owns it
+        since = max(r.step_advanced_at, r.last_saving_at)
+        if now - since >= policy.teardown_bound(r.step, hang_timeout_s):
+            out.append(r)
+    return out
+
+
+def excuse_waiting_groups(stalled: Sequence[RankSignals]) -> Sequence[RankSignals]:
+    """faultTolerance ReplicaGroups: a group stuck in a step stalls every other group in the
+    exchange (their gradient sum waits for it). When some stalled rank is not waiting for the
+    other groups, it is the culprit: the ranks that only wait are excused, so the verdict names
+    the hung group alone and only that group restarts. When every stalled rank waits (the
+    Lighthouse is gone, no group is to blame), all of them are hung, as before."""
+    culprits = [r for r in stalled if not r.waiting_for_groups]
+    return culprits if culprits else stalled
 
 
 def _tally(worst: dict[int, tuple[RankSignals, int]], r: RankSignals) -> None:
