@@ -17,12 +17,14 @@ forward+backward waits for the slowest peer inside the all-gathers, so forward+b
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
 import resource
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
@@ -244,7 +246,7 @@ class Trainer:
     def _replica_step(self) -> hooks.StepMetrics:
         """One committed step of a replica group: a step that does not commit (a peer group died
         during it) is retried with the same global batch under the new quorum."""
-        _test_hold(self.ctx.step + 1)
+        _test_hold(self.ctx.step + 1, self.session.paused)
         while True:
             share = self._joined or self._start_replica_step()  # may heal: ctx.step and data move
             self._joined = None
@@ -397,18 +399,21 @@ class Trainer:
         dist.destroy_process_group()
 
 
-def _test_hold(step: int) -> None:
+def _test_hold(step: int, paused: Callable[[], AbstractContextManager[None]] = contextlib.nullcontext) -> None:
     """Test hook (``RAILYARD_TEST_HOLD=STEP:PATH[,STEP:PATH...]``): before step STEP wait until
     PATH exists, so a test can line replica groups up (start together, or keep survivors from
-    finishing before a replacement joins) on conditions it observes, not on timing."""
+    finishing before a replacement joins) on conditions it observes, not on timing. Held inside
+    ``paused`` (the SDK session's): a held rank is neither hung to the watchdog nor to the
+    operator's hang rule."""
     for item in filter(None, podenv.TEST_HOLD.get(os.environ).split(",")):
         at, _, name = item.partition(":")
         if int(at) != step:
             continue
         path = Path(name)
         log_event("test_hold", step=step, path=str(path))
-        while not path.exists():
-            time.sleep(0.05)
+        with paused():
+            while not path.exists():
+                time.sleep(0.05)
 
 
 def _params_digest(parts: Sequence[torch.nn.Module]) -> str:
