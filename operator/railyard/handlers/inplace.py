@@ -104,13 +104,17 @@ def members_since(c: Cycle) -> int | None:
 
 
 def capable_pods(c: Cycle, members: Sequence[Obj]) -> frozenset[int]:
-    """Pod indices whose launcher spoke the control protocol in the current attempt."""
+    """Pod indices whose launcher spoke the control protocol in the current attempt (or, for a
+    pod that carries on after a replica-group repair, in the older attempt it still runs)."""
     reports = c.rt.control.reports(c.ns, c.name)
+    carried = carried_attempts(c.st.last_restart, c.st.attempt, members)
     out = set()
     for p in members:
         i = pod_index_of(p)
         got = reports.get(i)
-        if got is not None and got[0].pod == _name(p) and got[0].attempt == c.st.attempt:
+        if got is None or got[0].pod != _name(p):
+            continue
+        if got[0].attempt == c.st.attempt or (i in carried and carried[i] <= got[0].attempt < c.st.attempt):
             out.add(i)
     return frozenset(out)
 

@@ -26,6 +26,7 @@ from railyard.handlers.failures import handle_failure, place_again
 from railyard.handlers.health import evaluate_health, settle_blind
 from railyard.handlers.inplace import (
     await_relaunch,
+    carried_attempts,
     continue_in_place,
     fall_back_to_full,
     finish_in_place,
@@ -138,7 +139,8 @@ async def _step(cycle: Cycle, job: TrainingJob) -> float | None:
             runtime.store.begin_attempt(cycle.ns, cycle.name, cycle.st.attempt)
     expected = cycle.st.placement.node_count if (cycle.st.placement and cycle.st.gang_created_time) else spec.nodes
     # what the launchers report (their workers' exits, while the pod runs on) is pod evidence too
-    view = apply_launcher_reports(pods, runtime.control.reports(cycle.ns, cycle.name), attempt=cycle.st.attempt)
+    view = apply_launcher_reports(pods, runtime.control.reports(cycle.ns, cycle.name), attempt=cycle.st.attempt,
+                                  carried=carried_attempts(cycle.st.last_restart, cycle.st.attempt, pods))
     since = members_since(cycle)
     gang = assess_gang(view, nodes, attempt=cycle.st.attempt, expected=expected, now=cycle.now,
                        not_ready_grace_s=runtime.settings.not_ready_grace_s, echo_settle_s=DEFAULT_ECHO_SETTLE_S, since=since)

@@ -70,13 +70,16 @@ def apply_launcher_reports(
     reports: Mapping[int, tuple[LauncherReport, float]],
     *,
     attempt: int,
+    carried: Mapping[int, int] | None = None,
 ) -> list[dict[str, Any]]:
     """The pods as the failure rules should see them: a pod whose launcher reported that the
     workers of ``attempt`` failed looks as if its container had exited with that code (at the
     time the report arrived, with the workers' last words as its termination message), although
     the launcher keeps the pod running to restart in place.
     Reports of other attempts, of other pods (a replaced pod's name) and pods that did exit are
-    left alone. ``reports``: pod index -> (latest report, when it arrived)."""
+    left alone. ``reports``: pod index -> (latest report, when it arrived). ``carried``: pod
+    index -> the attempt a pod that carries on after a replica-group repair still runs from
+    (its workers' failure in that attempt counts too)."""
     out: list[dict[str, Any]] = []
     for p in pods:
         got = reports.get(pod_index_of(p))
@@ -84,7 +87,8 @@ def apply_launcher_reports(
             out.append(dict(p))
             continue
         report, at = got
-        if report.attempt != attempt or report.pod != _name(p) or report.state is not LauncherState.FAILED or report.code == 0:
+        current = report.attempt == attempt or (carried is not None and carried.get(pod_index_of(p), attempt) <= report.attempt < attempt)
+        if not current or report.pod != _name(p) or report.state is not LauncherState.FAILED or report.code == 0:
             out.append(dict(p))
             continue
         view = copy.deepcopy(dict(p))
