@@ -40,9 +40,9 @@ from tests.system.conftest import (
     base_spec,
     pod_events,
     unique,
-    wait_for,
     wait_status,
 )
+from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.cluster, pytest.mark.torch, pytest.mark.timeout(600)]
 
@@ -57,6 +57,12 @@ HOLD_END = 55  #: every group waits here until the hung group 2 rejoined
 
 def events(local_cluster: Any, pod: str, kind: str) -> list[dict[str, Any]]:
     return [e for e in pod_events(local_cluster, SYSTEM_NS, pod) if e.get("event") == kind]
+
+
+def log_tail(local_cluster: Any, pod: str, n: int = 12) -> str:
+    base = Path(local_cluster.log_dir) / SYSTEM_NS / pod
+    lines = [ln for f in sorted(base.glob("*.log")) for ln in f.read_text(errors="replace").splitlines()] if base.exists() else []
+    return "\n".join(ln[:300] for ln in lines[-n:])
 
 
 def refused_heartbeats(local_cluster: Any, pod: str) -> list[str]:
@@ -94,11 +100,19 @@ def test_each_fault_restarts_only_its_replica_group(api: Api, operator: Operator
         assert s["lastRestart"]["reason"] == "ReplicaGroupReplaced", s["lastRestart"]
         return s
 
+    def explain() -> str:
+        pods = [(p.metadata.name, p.status.phase, p.spec.node_name) for p in api.pods(SYSTEM_NS, name)]
+        tails = {p: log_tail(local_cluster, p) for p, _, _ in pods}
+        return (f"status: {json.dumps(api.status(SYSTEM_NS, name))[:2500]}\npods: {pods}\n"
+                + "".join(f"--- {p}\n{t}\n" for p, t in tails.items()) + f"--- operator\n{operator.log_tail(40)}")
+
     def joined(pod: str, times: int) -> None:
-        wait_for(f"{pod} to join the quorum ({times})", lambda: len(events(local_cluster, pod, "replica_joining")) >= 2 * times, timeout=300)
+        wait_until(lambda: len(events(local_cluster, pod, "replica_joining")) >= 2 * times, timeout=300,
+                   message=f"{pod} to join the quorum ({times})", retry_on=(Exception,), explain=explain)
 
     def held(pods: list[str], step: int) -> None:
-        wait_for(f"{pods} held before step {step}", lambda: all(any(e["step"] == step for e in events(local_cluster, p, "test_hold")) for p in pods), timeout=300)
+        wait_until(lambda: all(any(e["step"] == step for e in events(local_cluster, p, "test_hold")) for p in pods), timeout=300,
+                   message=f"{pods} held before step {step}", retry_on=(Exception,), explain=explain)
 
     try:
         s = wait_status(api, name, "the groups training", lambda s: s if s.get("phase") == "Running" and s.get("step", 0) >= 5 else ended(s), 400, operator)
@@ -133,7 +147,7 @@ def test_each_fault_restarts_only_its_replica_group(api: Api, operator: Operator
         holds[HOLD_END].touch()
 
         s = wait_status(api, name, "the job to finish", lambda s: s if s.get("phase") in ("Succeeded", "Failed") else None, 400, operator)
-        assert s["phase"] == "Succeeded", json.dumps(s)[:3000]
+        assert s["phase"] == "Succeeded", explain()
         assert s["restarts"]["total"] == 3 and s["attempt"] == 3, s["restarts"]
         after = {p.metadata.name: p.metadata.uid for p in api.pods(SYSTEM_NS, name)}
         assert after[pod0] == uids[pod0] and after[pod2] == uids[pod2], "groups 0 and 2 kept their pods throughout"

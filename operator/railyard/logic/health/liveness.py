@@ -13,7 +13,7 @@ and 2,048 verdicts are easier to act on than 16,384.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 
 from railyard.logic.health.model import (
     Action,
@@ -101,7 +101,7 @@ def decide_hung_ranks(
     now: float,
 ) -> list[Verdict]:
     worst: dict[int, tuple[RankSignals, int]] = {}
-    for r in excuse_waiting_groups(*stalled_ranks(ranks, pods, hang_timeout_s, policy, now)):
+    for r in excuse_waiting_groups(stalled_ranks(ranks, pods, hang_timeout_s, policy, now), pods):
         _tally(worst, r)
     out = []
     for pod_index, (r, count) in sorted(worst.items()):
@@ -132,42 +132,40 @@ def stalled_ranks(
     hang_timeout_s: float,
     policy: HealthPolicy,
     now: float,
-) -> tuple[list[RankSignals], int]:
-    """Ranks of Running pods that beat but whose step has not advanced within the hang bound,
-    and how many ranks were judged at all (Running, beating, reporting steps; saving ones too)."""
+) -> list[RankSignals]:
+    """Ranks of Running pods that beat but whose step has not advanced within the hang bound."""
     out = []
-    judged = 0
     for r in ranks:
         pod = pods.get(r.pod_index)
-        if pod is None or pod.phase != RUNNING:
+        if pod is None or pod.phase != RUNNING or r.saving:
             continue
         if not r.progress:
             continue  # a program that does not report its steps cannot be judged hung by them
         if now - r.last_seen_at >= policy.heartbeat_timeout_s:
             continue  # silent, not hung: the dead rule owns it
-        judged += 1
-        if r.saving:
-            continue
         since = max(r.step_advanced_at, r.last_saving_at)
         if now - since >= policy.teardown_bound(r.step, hang_timeout_s):
             out.append(r)
-    return out, judged
+    return out
 
 
-def excuse_waiting_groups(stalled: Sequence[RankSignals], judged: int) -> Sequence[RankSignals]:
+def excuse_waiting_groups(stalled: Sequence[RankSignals], pods: Collection[int]) -> Sequence[RankSignals]:
     """faultTolerance ReplicaGroups: a group stuck in a step stalls every other group in the
-    exchange (their gradient sum waits for it). The ranks that only wait for the other groups
-    are not hung themselves:
+    exchange (their gradient sum, or the next quorum, waits for it). The ranks that only wait for
+    the other groups are not hung themselves:
 
     - some stalled rank is not waiting: it is the culprit, and the verdict names its group alone
       (only that group restarts);
-    - every rank judged is stalled and waiting: nobody is to blame but the exchange itself (the
-      Lighthouse is gone), all of them are hung, as before;
-    - else they wait for a group that is still busy (saving, training towards the quorum): not
-      hung (a wait that never ends is the trainer's watchdog's to end)."""
+    - every pod of the gang has a stalled rank and all of them wait: nobody is to blame but the
+      exchange itself (the Lighthouse is gone): all of them are hung, as before;
+    - else they wait for a pod that is busy (saving, training towards the quorum) or (re)starting
+      its workers after a repair: not hung. A wait that never ends is the trainer's watchdog's to
+      end (``trainer.watchdogSeconds``)."""
     culprits = [r for r in stalled if not r.waiting_for_groups]
-    if culprits or len(stalled) == judged:
-        return culprits or stalled
+    if culprits:
+        return culprits
+    if stalled and set(pods) <= {r.pod_index for r in stalled}:
+        return stalled
     return []
 
 
