@@ -97,13 +97,14 @@ def test_each_fault_restarts_only_its_replica_group(api: Api, operator: Operator
     def repair(attempt: int) -> dict[str, Any]:
         s = wait_status(api, name, f"the group repair of attempt {attempt}",
                         lambda s: s if s.get("attempt", 0) >= attempt and (s.get("lastRestart") or {}).get("attempt") == attempt else ended(s), 300, operator)
-        assert s["lastRestart"]["reason"] == "ReplicaGroupReplaced", s["lastRestart"]
+        assert s["lastRestart"]["reason"] == "ReplicaGroupReplaced", explain()
         return s
 
     def explain() -> str:
         pods = [(p.metadata.name, p.status.phase, p.spec.node_name) for p in api.pods(SYSTEM_NS, name)]
         tails = {p: log_tail(local_cluster, p) for p, _, _ in pods}
-        return (f"status: {json.dumps(api.status(SYSTEM_NS, name))[:2500]}\npods: {pods}\n"
+        said = [f"{e.reason}: {(e.message or '')[:300]}" for e in api.events(SYSTEM_NS, name) if e.type == "Warning"]
+        return (f"status: {json.dumps(api.status(SYSTEM_NS, name))[:2500]}\npods: {pods}\nwarnings:\n" + "\n".join(said) + "\n"
                 + "".join(f"--- {p}\n{t}\n" for p, t in tails.items()) + f"--- operator\n{operator.log_tail(40)}")
 
     def joined(pod: str, times: int) -> None:
@@ -123,7 +124,7 @@ def test_each_fault_restarts_only_its_replica_group(api: Api, operator: Operator
 
         # 1. the SDC in group 1: the cross-group vote names it, its pod moves, its node is quarantined
         s = repair(1)
-        assert (s["lastRestart"]["carriedOn"], s["lastRestart"]["replaced"]) == ([0, 2], [1]), s["lastRestart"]
+        assert (s["lastRestart"]["carriedOn"], s["lastRestart"]["replaced"]) == ([0, 2], [1]), explain()
         assert s["lastFailure"]["reason"] == "SDCVerdict", s["lastFailure"]
         assert [q["node"] for q in s.get("quarantinedNodes") or []] == [victim], s.get("quarantinedNodes")
         assert (api.node(victim).metadata.labels or {}).get("railyard.dev/quarantined") == "true"
@@ -135,20 +136,20 @@ def test_each_fault_restarts_only_its_replica_group(api: Api, operator: Operator
         held([pod0, new1, pod2], HOLD_KILL)
         os.kill(int(events(local_cluster, pod0, "workers_started")[-1]["pids"]["0"]), signal.SIGKILL)
         s = repair(2)
-        assert (s["lastRestart"]["carriedOn"], s["lastRestart"]["replaced"]) == ([1, 2], []), s["lastRestart"]
+        assert (s["lastRestart"]["carriedOn"], s["lastRestart"]["replaced"]) == ([1, 2], []), explain()
         joined(pod0, 2)
         holds[HOLD_KILL].touch()
 
         # 3. a hang in group 2: the others wait for it and are excused; group 2 restarts in place
         s = repair(3)
-        assert (s["lastRestart"]["carriedOn"], s["lastRestart"]["replaced"]) == ([0, 1], []), s["lastRestart"]
+        assert (s["lastRestart"]["carriedOn"], s["lastRestart"]["replaced"]) == ([0, 1], []), explain()
         assert s["lastFailure"]["reason"] == "HangVerdict", s["lastFailure"]
         joined(pod2, 2)
         holds[HOLD_END].touch()
 
         s = wait_status(api, name, "the job to finish", lambda s: s if s.get("phase") in ("Succeeded", "Failed") else None, 400, operator)
         assert s["phase"] == "Succeeded", explain()
-        assert s["restarts"]["total"] == 3 and s["attempt"] == 3, s["restarts"]
+        assert s["restarts"]["total"] == 3 and s["attempt"] == 3, explain()
         after = {p.metadata.name: p.metadata.uid for p in api.pods(SYSTEM_NS, name)}
         assert after[pod0] == uids[pod0] and after[pod2] == uids[pod2], "groups 0 and 2 kept their pods throughout"
         assert [e["pids"] for e in events(local_cluster, pod2, "workers_started")][:1] == [e["pids"] for e in pids2], "group 2's workers carried on until its hang"

@@ -217,8 +217,9 @@ class ReplicaGroup:
         )
         self.heals = 0
         self.failed_steps = 0
-        #: Inside the exchange with the other groups (quorum, gradient sum, commit): a rank that
-        #: waits here for a stuck peer group is not stuck itself (heartbeat ``waiting_for_groups``).
+        #: Inside the exchange with the other groups (the quorum; from the gradient sum to the
+        #: commit): a rank that waits here for a stuck peer group is not stuck itself (heartbeat
+        #: ``waiting_for_groups``).
         self.waiting = False
         log_event("replica_joining", group=group, rank=group_rank, lighthouse=lighthouse, min_replicas=min_replicas, host=host)
 
@@ -243,6 +244,10 @@ class ReplicaGroup:
         A failed collective is recorded by the Manager and fails this step's commit."""
         from torch.distributed import ReduceOp
 
+        # from here to the commit this group waits on the others: the torchft collectives and
+        # the in-group ones between them (clipping, the loss), which a rank reaches only as its
+        # own torchft collective ends (``waiting`` until :meth:`commit` returns)
+        self.waiting = True
         works = []
         for p in params:
             g = p.grad
@@ -251,16 +256,14 @@ class ReplicaGroup:
             local = g.to_local() if isinstance(g, DTensor) else g
             local.mul_(weight)
             works.append(self.manager.allreduce(local, reduce_op=ReduceOp.SUM))
-        with self._exchange():
-            for w in works:
-                w.wait()
+        for w in works:
+            w.wait()
 
     def reduce_scalar(self, value: torch.Tensor, weight: float) -> float:
         from torch.distributed import ReduceOp
 
         buf = value.detach().float().reshape(1).clone() * weight
-        with self._exchange():
-            self.manager.allreduce(buf, reduce_op=ReduceOp.SUM).wait()
+        self.manager.allreduce(buf, reduce_op=ReduceOp.SUM).wait()
         return float(buf[0])
 
     def commit(self) -> bool:
