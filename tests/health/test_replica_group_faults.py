@@ -178,19 +178,21 @@ class _Stalled:
     ("waiting", "hung_pods"),
     [
         pytest.param({0: True, 1: False, 2: True}, [1], id="group-1-hung-the-others-wait-for-it"),
-        pytest.param({0: True, 1: True, 2: True}, [0, 1, 2], id="all-wait-lighthouse-gone-all-hung"),
+        pytest.param({0: True, 1: True, 2: True}, [], id="all-wait-for-the-quorum-the-watchdog-ends-that"),
         pytest.param({0: False, 1: False, 2: False}, [0, 1, 2], id="one-world-or-old-trainer-as-before"),
         pytest.param({0: True, 1: True, 2: "saving"}, [], id="they-wait-for-a-group-that-saves"),
         pytest.param({0: True, 1: True, 2: "training"}, [], id="they-wait-for-a-group-still-training"),
         pytest.param({0: True, 1: True, 2: "restarting"}, [], id="they-wait-for-a-group-whose-workers-restart"),
         pytest.param({0: True, 1: True, 2: "no-progress-yet"}, [], id="they-wait-for-a-group-not-at-its-first-step"),
+        pytest.param({0: "one-waits", 1: True, 2: False}, [2], id="a-rank-held-up-by-its-waiting-group-mate-is-excused"),
     ],
 )
-def test_a_hang_names_only_the_group_that_is_not_waiting_for_the_others(waiting: dict[int, bool | str], hung_pods: list[int]) -> None:
-    ranks = [_Stalled(rank=2 * p + r, pod_index=p, waiting_for_groups=w is True, saving=w == "saving", progress=w != "no-progress-yet",
-                      step_advanced_at=99.0 if w == "training" else 50.0) for p, w in waiting.items() for r in range(2) if w != "restarting"]
+def test_a_hang_names_only_the_group_where_no_rank_waits_for_the_others(waiting: dict[int, bool | str], hung_pods: list[int]) -> None:
+    ranks = [_Stalled(rank=2 * p + r, pod_index=p, waiting_for_groups=w is True or (w == "one-waits" and r == 1), saving=w == "saving",
+                      progress=w != "no-progress-yet", step_advanced_at=99.0 if w == "training" else 50.0)
+             for p, w in waiting.items() for r in range(2) if w != "restarting"]
     pods = {p: PodStatus(p, "Running", f"node-{p}", 0.0) for p in waiting}
-    verdicts = decide_hung_ranks(ranks, pods, 10.0, POLICY, now=100.0)
+    verdicts = decide_hung_ranks(ranks, pods, 10.0, POLICY, now=100.0, group_of=lambda pod: pod)
     assert [v.pod_index for v in verdicts] == hung_pods
     assert all(v.kind is FaultKind.HANG for v in verdicts)
 

@@ -49,7 +49,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.cluster, pytest.mark.torch, pytest.m
 GROUPS = 3
 STEPS = 60
 FLIP_AT = 12  #: group 1, rank 1: bit 16 of a parameter (a 0.4% change of one element)
-HOLD_SDC = 25  #: every group waits here until the SDC-replaced group 1 joined
+#: every group waits here (after the fingerprints of step 15) until the SDC-replaced group 1
+#: joined: the old group 1 goes while no collective is in flight
+HOLD_SDC = 16
 HOLD_KILL = 32  #: every group waits here; group 0's worker is killed; released when it rejoined
 HANG_AT = 40  #: group 2, rank 0
 HOLD_END = 55  #: every group waits here until the hung group 2 rejoined

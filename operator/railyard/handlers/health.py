@@ -85,7 +85,8 @@ def evaluate_health(c: Cycle, job: TrainingJob, pods: Sequence[Mapping[str, Any]
         return None
     state = c.w.health_state if c.w.health_state is not None else HealthState()
     decision = decide_health(window, pod_status, state, policy, c.now,
-                             fingerprints=window.rank_signals() if window.layout is not None else None)
+                             fingerprints=window.rank_signals() if window.layout is not None else None,
+                             group_of=window.layout.group_of if window.layout is not None else None)
     c.w.health_state = decision.state
     rt.health_metrics.observe_decision(c.ns, c.name, decision)
     _copy_progress(c, window, decision)

@@ -7,7 +7,7 @@ under a second of one core, see bench/heartbeats.py). The returned state goes in
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 from railyard.logic.health.groups import FingerprintSource, decide_group_sdc
 from railyard.logic.health.liveness import (
@@ -41,9 +41,11 @@ def decide_health(
     now: float,
     *,
     fingerprints: Iterable[FingerprintSource] | None = None,
+    group_of: Callable[[int], int] | None = None,
 ) -> HealthDecision:
-    """Every rule over the job's signals. ``fingerprints``: faultTolerance ReplicaGroups, the
-    ranks whose fingerprints the cross-group SDC vote compares (the store's rank windows)."""
+    """Every rule over the job's signals. faultTolerance ReplicaGroups: ``fingerprints``, the
+    ranks whose fingerprints the cross-group SDC vote compares (the store's rank windows);
+    ``group_of``, pod index -> replica group (the hang rule excuses groups that wait)."""
     if state.attempt != job.attempt:
         state = HealthState(attempt=job.attempt)
     ranks = list(job.rank_signals())
@@ -51,7 +53,7 @@ def decide_health(
     hang_timeout = compute_hang_timeout(step_times, policy)
 
     liveness: list[Verdict] = decide_dead_ranks(ranks, pods, policy, now)
-    liveness += decide_hung_ranks(ranks, pods, hang_timeout, policy, now)
+    liveness += decide_hung_ranks(ranks, pods, hang_timeout, policy, now, group_of=group_of)
     open_now = frozenset((v.kind, v.pod_index) for v in liveness)
     new = [v for v in liveness if (v.kind, v.pod_index) not in state.open]
 

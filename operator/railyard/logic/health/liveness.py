@@ -13,7 +13,7 @@ and 2,048 verdicts are easier to act on than 16,384.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from railyard.logic.health.model import (
     Action,
@@ -99,9 +99,14 @@ def decide_hung_ranks(
     hang_timeout_s: float,
     policy: HealthPolicy,
     now: float,
+    *,
+    group_of: Callable[[int], int] | None = None,
 ) -> list[Verdict]:
+    """Hung ranks, one verdict per pod (``group_of``: faultTolerance ReplicaGroups, pod index ->
+    replica group, :func:`excuse_waiting_groups`)."""
+    ranks = list(ranks)
     worst: dict[int, tuple[RankSignals, int]] = {}
-    for r in excuse_waiting_groups(stalled_ranks(ranks, pods, hang_timeout_s, policy, now), pods):
+    for r in excuse_waiting_groups(stalled_ranks(ranks, pods, hang_timeout_s, policy, now), ranks, group_of):
         _tally(worst, r)
     out = []
     for pod_index, (r, count) in sorted(worst.items()):
@@ -149,24 +154,21 @@ def stalled_ranks(
     return out
 
 
-def excuse_waiting_groups(stalled: Sequence[RankSignals], pods: Collection[int]) -> Sequence[RankSignals]:
+def excuse_waiting_groups(stalled: Sequence[RankSignals], ranks: Iterable[RankSignals],
+                          group_of: Callable[[int], int] | None = None) -> list[RankSignals]:
     """faultTolerance ReplicaGroups: a group stuck in a step stalls every other group in the
-    exchange (their gradient sum, or the next quorum, waits for it). The ranks that only wait for
-    the other groups are not hung themselves:
-
-    - some stalled rank is not waiting: it is the culprit, and the verdict names its group alone
-      (only that group restarts);
-    - every pod of the gang has a stalled rank and all of them wait: nobody is to blame but the
-      exchange itself (the Lighthouse is gone): all of them are hung, as before;
-    - else they wait for a pod that is busy (saving, training towards the quorum) or (re)starting
-      its workers after a repair: not hung. A wait that never ends is the trainer's watchdog's to
-      end (``trainer.watchdogSeconds``)."""
-    culprits = [r for r in stalled if not r.waiting_for_groups]
-    if culprits:
-        return culprits
-    if stalled and set(pods) <= {r.pod_index for r in stalled}:
-        return stalled
-    return []
+    exchange (their gradient sum, or the next quorum, waits for it). The ranks that only wait
+    for the other groups are not hung themselves, and neither are their group-mates, which a
+    rank that waits holds up in the group's own collectives (``group_of``: pod index -> replica
+    group; without it every pod is its own). The stalled ranks of groups where no rank waits are
+    the culprits, and the verdict names their group alone (only it restarts). A group may wait
+    for one that saves, restarts its workers or heals, or for torchft's Lighthouse to drop a
+    dying member (up to its join timeout), which is no hang of anyone; a wait that never ends
+    (the Lighthouse is gone) is the trainer's watchdog's to end (``trainer.watchdogSeconds``:
+    the workers exit with the hang code, and the restart follows from their exits)."""
+    group = group_of or (lambda pod_index: pod_index)
+    waiting = {group(r.pod_index) for r in ranks if r.waiting_for_groups}
+    return [r for r in stalled if group(r.pod_index) not in waiting]
 
 
 def _tally(worst: dict[int, tuple[RankSignals, int]], r: RankSignals) -> None:
