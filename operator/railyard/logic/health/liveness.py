@@ -7,7 +7,8 @@ hung, and the clock restarts when the save ends, so long checkpoint writes are n
 A rank that has trained its last step (``HealthPolicy.final_step``) is finishing: its final save
 and its exit, while its pod waits for its peers; it is judged on the first-step bound instead.
 A rank whose program has not opted into step reports (``progress`` false) is never hung: its
-step says nothing. Verdicts are one per pod (naming its lowest affected rank): a hang usually stops every rank,
+step says nothing. With replica groups, a group with a rank that waits for the other groups is
+never hung (:func:`excuse_waiting_groups`): the hung group is named alone. Verdicts are one per pod (naming its lowest affected rank): a hang usually stops every rank,
 and 2,048 verdicts are easier to act on than 16,384.
 """
 
