@@ -291,3 +291,14 @@ def test_a_replica_group_without_its_checkpoint_heals_only_from_peers_at_the_hin
     if action == "exit":
         assert f"highest step is {quorum_step}" in d.reason
         assert f"hinted step {hint_step}" in d.reason if hint_step is not None else "a trained state" in d.reason
+
+
+def test_a_hint_with_not_after_rules_out_newer_checkpoints() -> None:
+    """faultTolerance ReplicaGroups with no majority among the groups: nothing saved after the
+    last step they agreed on may come back."""
+    found = [mem(20).obj(), shared(10).obj()]
+    got = decide_restore(found, layout=LAYOUT, hint=RestoreHint("", -1, not_after=15))
+    assert got.source is not None and (got.source.tier, got.source.step) == ("shared", 10)
+    assert any("newer than step 15" in r for r in got.rejected)
+    assert decide_restore(found, layout=LAYOUT, hint=RestoreHint("", -1, not_after=5)).source is None
+    assert decide_restore(found, layout=LAYOUT, hint=RestoreHint("memory", 20)).source.step == 20  # type: ignore[union-attr]

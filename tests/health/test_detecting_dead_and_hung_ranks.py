@@ -148,6 +148,7 @@ class _Rank:
     saving: bool = False
     last_saving_at: float = float("-inf")
     progress: bool = True
+    waiting_for_groups: bool = False
 
     def recent_compute(self, n: int) -> list[float]:
         return []

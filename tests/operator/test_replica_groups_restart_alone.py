@@ -133,3 +133,25 @@ async def test_below_min_replicas_the_whole_gang_restarts_in_place() -> None:
     lr = h.status.last_restart
     assert lr is not None and lr.mode == "InPlace" and lr.reason == "" and lr.carried_on == [], lr
     assert h.report(0, "running", attempt=0).action is Action.RESTART
+
+
+async def test_a_second_repair_restarts_only_its_group_while_the_other_still_runs_an_older_attempt() -> None:
+    """After one group repair the carried-on group's launcher still runs (and reports) the older
+    attempt: it speaks the control protocol all the same, so the next failure, in that group, is
+    again a group repair (not a full restart for want of a control channel)."""
+    h = Harness(cluster(), job())
+    await running(h)
+    h.report(1, "failed", code=1)
+    await h.cycle(5.0)
+    assert h.report(1, "failed", attempt=0, code=1).action is Action.RESTART
+    h.report(1, "running", attempt=1)
+    await h.cycle(0.5)
+    assert h.status.phase == "Running" and h.status.attempt == 1
+    before = uids(h)
+    h.report(0, "failed", attempt=0, code=1)  # group 0 still runs attempt 0
+    await h.cycle(5.0)
+    lr = h.status.last_restart
+    assert lr is not None and (lr.mode, lr.reason, lr.replaced, lr.carried_on) == ("InPlace", GROUP_REPAIR, [], [1]), (lr, h.cluster.events)
+    assert h.status.attempt == 2 and uids(h) == before
+    assert h.report(0, "failed", attempt=0, code=1).action is Action.RESTART
+    assert h.report(1, "running", attempt=1).action is Action.CONTINUE, "group 1 carries on with attempt 1"

@@ -1,7 +1,7 @@
 """Fault injection for tests and demos: crash, hang, slow down, flip a bit, exit with a code.
 
 Off by default; configured in ``trainer.faults`` (each fault names its rank, step and attempt,
-so a restarted gang does not re-inject). Every injection logs a ``{"event": "fault"}`` line
+so a restarted gang does not re-inject; with replica groups it may name its group). Every injection logs a ``{"event": "fault"}`` line
 first, so a test can tell an injected failure from a real one.
 
 - ``crash``: raises at the start of step S -> the worker exits APPLICATION (1).
@@ -44,8 +44,10 @@ class InjectedExit(SystemExit):
 
 
 class FaultInjector:
-    def __init__(self, faults: tuple[FaultSpec, ...], *, rank: int, log: Callable[..., None]) -> None:
-        self.faults = [f for f in faults if f.rank == rank]
+    def __init__(self, faults: tuple[FaultSpec, ...], *, rank: int, log: Callable[..., None], group: int | None = None) -> None:
+        # ``group``: this replica group's index (faultTolerance ReplicaGroups); a fault that names
+        # a group applies only there
+        self.faults = [f for f in faults if f.rank == rank and (f.group is None or f.group == group)]
         self.rank = rank
         self.log = log
 

@@ -24,6 +24,7 @@ The Lighthouse: ``railyard-train lighthouse`` (:func:`lighthouse_main`).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ipaddress
 import logging
 import os
@@ -31,7 +32,8 @@ import signal
 import socket
 import sys
 import threading
-from collections.abc import Callable, Iterable, Mapping, Sequence
+import zlib
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -87,6 +89,18 @@ def replica_problems(*, batch_size: int, group_dp: int, data_replicas: int, min_
     if batch_size % group_dp == 0 and batch_size // group_dp < data_replicas:
         out.append(f"trainer.batchSize: {batch_size} gives {batch_size // group_dp} rows per data-parallel rank of a group, fewer than the {data_replicas} replica groups that split it; raise batchSize to at least {group_dp * data_replicas}")
     return out
+
+
+def params_crc32(parts: Iterable[torch.nn.Module]) -> int:
+    """CRC-32 of this rank's parameter shards, bit for bit, in name order: the same rank of
+    every replica group must end with the same number (the ``done`` event's ``params_crc32``)."""
+    crc = 0
+    for part in parts:
+        for name, p in part.named_parameters():
+            local = p.to_local() if isinstance(p, DTensor) else p
+            crc = zlib.crc32(name.encode(), crc)
+            crc = zlib.crc32(local.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes(), crc)
+    return crc
 
 
 # --------------------------------------------------------------------------- state for healing
@@ -208,6 +222,10 @@ class ReplicaGroup:
         self.failed_steps = 0
         #: this step's process group was aborted after an error (one abort per step)
         self._aborted = False
+        #: Inside the exchange with the other groups (the quorum; from the gradient sum to the
+        #: commit): a rank that waits here for a stuck peer group is not stuck itself (heartbeat
+        #: ``waiting_for_groups``).
+        self.waiting = False
         log_event("replica_joining", group=group, rank=group_rank, lighthouse=lighthouse, min_replicas=min_replicas, host=host)
 
     def start_step(self, *, consumed_of: Callable[[], int], batch_size: int, unit: int) -> Share:
@@ -215,7 +233,8 @@ class ReplicaGroup:
         our share of the step's global batch; ``consumed_of`` is read after a heal."""
         before = self.manager.current_step()
         self._aborted = False
-        self.manager.start_quorum()
+        with self._exchange():
+            self.manager.start_quorum()
         after = self.manager.current_step()
         rank = self.manager.participating_rank()
         participants = self.manager.num_participants()
@@ -231,6 +250,10 @@ class ReplicaGroup:
         A failed collective is recorded by the Manager and fails this step's commit."""
         from torch.distributed import ReduceOp
 
+        # from here to the commit this group waits on the others: the torchft collectives and
+        # the in-group ones between them (clipping, the loss), which a rank reaches only as its
+        # own torchft collective ends (``waiting`` until :meth:`commit` returns)
+        self.waiting = True
         works = []
         for p in params:
             g = p.grad
@@ -270,10 +293,19 @@ class ReplicaGroup:
 
     def commit(self) -> bool:
         """Whether this step may be applied (every collective of it succeeded, enough groups)."""
-        ok = bool(self.manager.should_commit())
+        with self._exchange():
+            ok = bool(self.manager.should_commit())
         if not ok:
             self.failed_steps += 1
         return ok
+
+    @contextlib.contextmanager
+    def _exchange(self) -> Iterator[None]:
+        self.waiting = True
+        try:
+            yield
+        finally:
+            self.waiting = False
 
     def set_step(self, step: int) -> None:
         """After a restore from a checkpoint tier: the quorum's step is the restored one."""

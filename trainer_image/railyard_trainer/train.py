@@ -17,12 +17,14 @@ forward+backward waits for the slowest peer inside the all-gathers, so forward+b
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
 import resource
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
@@ -57,6 +59,7 @@ from railyard_trainer.replicas import (
     ReplicaGroup,
     Share,
     group_from_env,
+    params_crc32,
     replica_problems,
 )
 from railyard_trainer.speed_probe import SpeedProbe
@@ -164,12 +167,17 @@ class Trainer:
         # copies them during the next forward and backward (checkpoint.manager._Capture).
         self.checkpointer = self.session.checkpoints(self.ctx, final_step=t.steps, defer_capture=True)
         self.health = _build_health(cfg, self.ctx)
-        self.faults = FaultInjector(cfg.active_faults(), rank=env.rank, log=log_event)
+        self.faults = FaultInjector(cfg.active_faults(), rank=env.rank, log=log_event,
+                                    group=group_from_env()[0] if ft.mode == "ReplicaGroups" else None)
         self.probe = SpeedProbe(self.device)
         self.watchdog: Watchdog = self.session.watchdog
         self.log_all_ranks = podenv.LOG_ALL_RANKS.get(os.environ)
         self.dump_grads_dir = podenv.DUMP_GRADS.get(os.environ)
         self.replicas = self._build_replicas() if ft.mode == "ReplicaGroups" else None
+        if self.replicas is not None:
+            # waiting for the other groups is not a hang of this one (the operator's hang rule)
+            replicas = self.replicas
+            self.session.reporter.add_waiting_probe(lambda: replicas.waiting)
         #: ReplicaGroups: the share of the first step, from the quorum joined before restoring.
         self._joined: Share | None = None
 
@@ -209,7 +217,8 @@ class Trainer:
         extra: dict[str, Any] = {}
         if self.replicas is not None:
             # replica groups must end on identical weights (tests compare them)
-            extra.update(group=self.replicas.group, heals=self.replicas.heals, params_sha256=_params_digest(self.parts))
+            extra.update(group=self.replicas.group, heals=self.replicas.heals, params_sha256=_params_digest(self.parts),
+                         params_crc32=params_crc32(self.parts))
         log_event("done", rank=self.env.rank, step=self.ctx.step, **extra)
 
     def _restore_from_tiers(self) -> hooks.RestoreResult | None:
@@ -275,7 +284,7 @@ class Trainer:
     def _replica_step(self) -> hooks.StepMetrics:
         """One committed step of a replica group: a step that does not commit (a peer group died
         during it) is retried with the same global batch under the new quorum."""
-        _test_hold(self.ctx.step + 1)
+        _test_hold(self.ctx.step + 1, self.session.paused)
         while True:
             share = self._joined or self._start_replica_step()  # may heal: ctx.step and data move
             self._joined = None
@@ -428,18 +437,21 @@ class Trainer:
         dist.destroy_process_group()
 
 
-def _test_hold(step: int) -> None:
+def _test_hold(step: int, paused: Callable[[], AbstractContextManager[None]] = contextlib.nullcontext) -> None:
     """Test hook (``RAILYARD_TEST_HOLD=STEP:PATH[,STEP:PATH...]``): before step STEP wait until
     PATH exists, so a test can line replica groups up (start together, or keep survivors from
-    finishing before a replacement joins) on conditions it observes, not on timing."""
+    finishing before a replacement joins) on conditions it observes, not on timing. Held inside
+    ``paused`` (the SDK session's): a held rank is neither hung to the watchdog nor to the
+    operator's hang rule."""
     for item in filter(None, podenv.TEST_HOLD.get(os.environ).split(",")):
         at, _, name = item.partition(":")
         if int(at) != step:
             continue
         path = Path(name)
         log_event("test_hold", step=step, path=str(path))
-        while not path.exists():
-            time.sleep(0.05)
+        with paused():
+            while not path.exists():
+                time.sleep(0.05)
 
 
 def _params_digest(parts: Sequence[torch.nn.Module]) -> str:

@@ -63,7 +63,7 @@ async def handle_failure(
     real = {str((p.get("metadata") or {}).get("name")): p for p in cycle.rt.pods_of(cycle.ns, cycle.name)}
     gang = [real.get(str((p.get("metadata") or {}).get("name")), p) for p in current]
     plan: RestartPlan | None
-    plan, stragglers = plan_restart(cycle, job, f, gang, nodes, quarantined, failed=frozenset(failed_pod_indices(current)))
+    plan, stragglers = plan_restart(cycle, job, f, gang, nodes, quarantined, failed=frozenset(failed_pod_indices(current)) | frozenset(f.pod_indices))
     if plan.mode == "InPlace":
         got = await begin_in_place(cycle, job, f, decision, plan, stragglers, gang, real, nodes, quarantined)
         if not isinstance(got, RestartPlan):

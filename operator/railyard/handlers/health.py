@@ -85,7 +85,9 @@ def evaluate_health(c: Cycle, job: TrainingJob, pods: Sequence[Mapping[str, Any]
         log.warning("%s/%s: health policy: %s", c.ns, c.name, exc)
         return None
     state = c.w.health_state if c.w.health_state is not None else HealthState()
-    decision = decide_health(window, pod_status, state, policy, c.now)
+    decision = decide_health(window, pod_status, state, policy, c.now,
+                             fingerprints=window.rank_signals() if window.layout is not None else None,
+                             group_of=window.layout.group_of if window.layout is not None else None)
     c.w.health_state = decision.state
     rt.health_metrics.observe_decision(c.ns, c.name, decision)
     _copy_progress(c, window, decision)
@@ -100,7 +102,9 @@ def evaluate_health(c: Cycle, job: TrainingJob, pods: Sequence[Mapping[str, Any]
         return None
     restarting = [v for v in decision.verdicts if v.action.value == "Restart"]
     first = restarting[0] if restarting else decision.verdicts[0]
-    return build_verdict_failure(first.kind.value, first.message, decision.quarantine_nodes)
+    # the pods the verdicts name: with replica groups only their groups restart
+    return build_verdict_failure(first.kind.value, first.message, decision.quarantine_nodes,
+                                 pod_indices=[v.pod_index for v in restarting], restore_not_after=first.restore_not_after)
 
 
 def _judge_silence(

@@ -106,14 +106,16 @@ def members_since(c: Cycle) -> int | None:
 
 def capable_pods(c: Cycle, members: Sequence[Obj]) -> frozenset[int]:
     """Pod indices whose launcher spoke the control protocol in the current attempt (or, for a
-    pod that carries on with the attempt it was created in after a replica-group repair, in
-    that attempt: its launcher is never moved on)."""
+    pod that carries on after a replica-group repair, in the older attempt it still runs)."""
     reports = c.rt.control.reports(c.ns, c.name)
+    carried = carried_attempts(c.st.last_restart, c.st.attempt, members)
     out = set()
     for p in members:
         i = pod_index_of(p)
         got = reports.get(i)
-        if got is not None and got[0].pod == _name(p) and got[0].attempt in (c.st.attempt, attempt_of(p)):
+        if got is None or got[0].pod != _name(p):
+            continue
+        if got[0].attempt == c.st.attempt or (i in carried and carried[i] <= got[0].attempt < c.st.attempt):
             out.add(i)
     return frozenset(out)
 
@@ -181,7 +183,7 @@ async def begin_in_place(
 
     owner = owner_reference(c.body)
     table = with_addresses(result.rank_table, c.ns)
-    restore = restore_hint(c.st, spec, pods_kept=True)
+    restore = restore_hint(c.st, spec, pods_kept=True, not_after=f.restore_not_after)
     config = build_trainer_config(spec, job=c.name, namespace=c.ns, attempt=attempt, restore=restore)
     if not await c.io.create_object(build_configmap(c.name, c.ns, owner, attempt=attempt, rank_table=table, config=config,
                                                          replica_groups=spec.replica_groups)):

@@ -105,6 +105,11 @@ class Failure:
     message: str
     pod: str = ""
     priority: int = 0
+    #: Pod indices the failure is about, when a health verdict named them (faultTolerance
+    #: ReplicaGroups restarts only their groups: logic/inplace.py's decide_group_repair).
+    pod_indices: tuple[int, ...] = ()
+    #: The restart restores no checkpoint newer than this step (-1: any).
+    restore_not_after: int = -1
 
     @property
     def restartable(self) -> bool:
@@ -194,14 +199,18 @@ VERDICT_EVIDENCE: Mapping[str, str] = {
 }
 
 
-def build_verdict_failure(verdict_kind: str, message: str, nodes: Iterable[str]) -> Failure | None:
-    """The failure a health verdict that asks for a restart stands for (None: unknown kind)."""
+def build_verdict_failure(verdict_kind: str, message: str, nodes: Iterable[str], *, pod_indices: Iterable[int] = (),
+                          restore_not_after: int = -1) -> Failure | None:
+    """The failure a health verdict that asks for a restart stands for (None: unknown kind).
+    ``pod_indices``: the pods the verdicts name; ``restore_not_after``: the newest step the
+    restart may restore (-1: any)."""
     kind = VERDICT_EVIDENCE.get(verdict_kind)
     if kind is None:
         return None
     rule = RULES[kind]
     blamed = tuple(dict.fromkeys(n for n in nodes if n)) if rule.blame_node else ()
-    return Failure(kind, rule.cls, blamed, rule.message.format(detail=message), "", rule.priority)
+    return Failure(kind, rule.cls, blamed, rule.message.format(detail=message), "", rule.priority,
+                   pod_indices=tuple(sorted({i for i in pod_indices if i >= 0})), restore_not_after=restore_not_after)
 
 
 def decide_root_failure(failures: Iterable[Failure]) -> Failure | None:

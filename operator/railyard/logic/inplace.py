@@ -78,9 +78,8 @@ def apply_launcher_reports(
     the launcher keeps the pod running to restart in place.
     Reports of other attempts, of other pods (a replaced pod's name) and pods that did exit are
     left alone. ``reports``: pod index -> (latest report, when it arrived). ``carried``: pod
-    index -> the older attempt a pod carries on with after a replica-group repair (its launcher
-    reports that attempt, never ``attempt``)."""
-    carried = carried or {}
+    index -> the attempt a pod that carries on after a replica-group repair still runs from
+    (its workers' failure in that attempt counts too)."""
     out: list[dict[str, Any]] = []
     for p in pods:
         got = reports.get(pod_index_of(p))
@@ -88,7 +87,8 @@ def apply_launcher_reports(
             out.append(dict(p))
             continue
         report, at = got
-        if report.attempt not in (attempt, carried.get(pod_index_of(p), attempt)) or report.pod != _name(p) or report.state is not LauncherState.FAILED or report.code == 0:
+        current = report.attempt == attempt or (carried is not None and carried.get(pod_index_of(p), attempt) <= report.attempt < attempt)
+        if not current or report.pod != _name(p) or report.state is not LauncherState.FAILED or report.code == 0:
             out.append(dict(p))
             continue
         view = copy.deepcopy(dict(p))

@@ -125,7 +125,7 @@ def best_checkpoint(refs: Iterable[CheckpointRef]) -> CheckpointRef:
     return max(refs, key=lambda r: (r.step, -TIER_RANK.get(r.tier, len(TIER_RANK))))
 
 
-def restore_hint(status: TrainingJobStatus, spec: TrainingJobSpec, *, pods_kept: bool) -> dict[str, Any] | None:
+def restore_hint(status: TrainingJobStatus, spec: TrainingJobSpec, *, pods_kept: bool, not_after: int = -1) -> dict[str, Any] | None:
     """The next attempt's restore hint (config.json ``restore``): the newest verified checkpoint
     that survives the restart, and the newest step reported (the trainer counts the steps lost).
 
@@ -133,10 +133,17 @@ def restore_hint(status: TrainingJobStatus, spec: TrainingJobSpec, *, pods_kept:
     Pod`` the memory tier with them: its checkpoints are not hinted then (the trainer refuses to
     start from scratch when a hinted checkpoint is missing), the newest local or shared one is.
     An in-place restart keeps the pods' memory, and a replaced pod's shards come back from its
-    neighbour's replica."""
+    neighbour's replica.
+
+    ``not_after`` >= 0: no checkpoint newer than that step may be restored (the replica groups'
+    states differed after it); the hint carries it (``notAfter``) for the trainer's own choice."""
     refs = list(status.checkpoints) or ([status.last_checkpoint] if status.last_checkpoint is not None else [])
     if not pods_kept and spec.checkpoint.memory.medium == "Pod":
         refs = [r for r in refs if r.tier != "memory"]
+    if not_after >= 0:
+        refs = [r for r in refs if r.step <= not_after]
+        best = best_checkpoint(refs) if refs else None
+        return {"tier": best.tier if best else "", "step": best.step if best else -1, "lastStep": status.step, "notAfter": not_after}
     if not refs:
         return None
     best = best_checkpoint(refs)

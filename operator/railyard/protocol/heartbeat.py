@@ -28,6 +28,8 @@ MAX_RANKS_PER_BATCH = 64
 MAX_RECENT_STEPS = 64
 #: Most health results one rank may carry in one beat.
 MAX_HEALTH_RESULTS = 32
+#: Longest ``fingerprint`` (a hex digest).
+MAX_FINGERPRINT_CHARS = 64
 
 
 class HeartbeatError(ValueError):
@@ -72,6 +74,16 @@ class RankBeat:
     #: that does not call ``railyard_trainer.sdk.report_step``). It is alive, but its ``step``
     #: means nothing, so the hang and straggler rules skip it. Added field: readers default to True.
     progress: bool = True
+    #: faultTolerance ReplicaGroups: the step of the rank's newest fingerprint (-1: none yet) and
+    #: the fingerprint itself, a digest of the rank's parameters and optimizer state after that
+    #: step, which the same rank of every other group holds bit for bit (the operator's
+    #: cross-group SDC vote, logic/health/groups.py). Added fields: readers default to none.
+    fingerprint_step: int = -1
+    fingerprint: str = ""
+    #: faultTolerance ReplicaGroups: the rank is inside the exchange with the other groups
+    #: (torchft's quorum, the gradient sum, the commit), waiting for them rather than stuck
+    #: itself. Added field: readers default to False.
+    waiting_for_groups: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,6 +189,7 @@ def _rank_fast(r: Any) -> RankBeat | None:
     loss, gn, saving = g("loss"), g("grad_norm"), g("saving", False)
     health, recent = g("health", ()), g("recent_compute_s", ())
     progress = g("progress", True)
+    fstep, fp, waiting = g("fingerprint_step", -1), g("fingerprint", ""), g("waiting_for_groups", False)
     if (
         type(rank) is not int or rank < 0 or type(step) is not int or step < 0
         or type(st) not in _NUM or not 0.0 <= st < _INF
@@ -187,6 +200,9 @@ def _rank_fast(r: Any) -> RankBeat | None:
         or (gn is not None and type(gn) not in _NUM)
         or type(saving) is not bool
         or type(progress) is not bool
+        or type(fstep) is not int or fstep < -1
+        or type(fp) is not str or len(fp) > MAX_FINGERPRINT_CHARS
+        or type(waiting) is not bool
         or health  # health results take the checked path
         or (type(health) not in (list, tuple))
         or type(recent) not in (list, tuple) or len(recent) > MAX_RECENT_STEPS
@@ -198,7 +214,7 @@ def _rank_fast(r: Any) -> RankBeat | None:
     return RankBeat(
         rank, step, float(st), float(cs), float(bs),
         None if loss is None else float(loss), None if gn is None else float(gn),
-        saving, float(tps), (), tuple(map(float, recent)), progress,
+        saving, float(tps), (), tuple(map(float, recent)), progress, fstep, fp, waiting,
     )
 
 
@@ -246,7 +262,17 @@ def _rank_checked(r: Any, where: str) -> RankBeat:
         health=tuple(health),
         recent_compute_s=tuple(recent),
         progress=_bool(r, "progress", default=True, where=where),
+        fingerprint_step=_int(r, "fingerprint_step", default=-1, where=where, minimum=-1),
+        fingerprint=_fingerprint(r, where),
+        waiting_for_groups=_bool(r, "waiting_for_groups", default=False, where=where),
     )
+
+
+def _fingerprint(r: dict[str, Any], where: str) -> str:
+    v = _str(r, "fingerprint", default="", where=where)
+    if len(v) > MAX_FINGERPRINT_CHARS:
+        raise HeartbeatError(f"{where}.fingerprint: {len(v)} characters, at most {MAX_FINGERPRINT_CHARS} (a hex digest)")
+    return v
 
 
 def _checkpoint(c: Any, where: str) -> CheckpointEvent:

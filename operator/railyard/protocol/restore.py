@@ -11,7 +11,7 @@ Rules (docs/checkpoints.md):
 
 - a checkpoint exists only through a committed manifest; shard files without one are ignored;
 - a manifest whose SDC checks did not pass (``sdc_passed=False``) is never restored;
-- the newest step wins; among sources of the same step the fastest tier wins
+- the newest step wins (none newer than the hint's ``not_after``, when it has one); among sources of the same step the fastest tier wins
   (memory, then local, then shared) unless the operator's hint names another tier for that
   step; the hint never makes an older step win;
 - a checkpoint is usable when every shard it lists is present somewhere with a matching
@@ -77,10 +77,13 @@ class FoundCheckpoint:
 
 @dataclass(frozen=True, slots=True)
 class RestoreHint:
-    """The operator's suggestion (config.json ``restore``): picks the tier among sources of one step."""
+    """The operator's suggestion (config.json ``restore``): picks the tier among sources of one
+    step; ``not_after`` (config.json ``notAfter``, -1: none) rules out every newer checkpoint
+    (faultTolerance ReplicaGroups: the groups' states differed after that step)."""
 
     tier: str
     step: int
+    not_after: int = -1
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,6 +153,9 @@ def decide_restore(
         tier, step, attempt = key
         copies = sorted(groups[key], key=lambda f: f.location)
         name = f"{tier} step {step} (attempt {attempt})"
+        if hint is not None and 0 <= hint.not_after < step:
+            rejected.append(f"{name}: newer than step {hint.not_after}, after which the replica groups' states differed")
+            continue
         listings = _group_by_listing(copies)
         # the shard list most copies agree on (ties: the first location's)
         reference_digest = max(listings, key=lambda digest: len(listings[digest]))

@@ -76,6 +76,7 @@ class FaultSpec:
     bit: int = setting(default=30, description="For kind=bitflip: which bit of the float32 layout to flip (30: the top exponent bit, 23-29 the others, 0-22 the mantissa; bf16 flips the same bit of its top 16).", ge=0, le=30)
     code: int = setting(default=1, description="Exit code for kind=exit.", ge=0, le=255)
     attempt: int = setting(default=0, description="Only inject in this attempt (restarts do not re-inject).", ge=0)
+    group: int | None = setting(default=None, description="faultTolerance ReplicaGroups: only inject in this replica group (rank is then the rank inside the group's own world); unset: every group.", ge=0)
 
 
 #: The largest vocabulary the trainer takes (token shards hold uint32 ids; a bound keeps a typo

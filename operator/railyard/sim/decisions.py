@@ -57,6 +57,7 @@ class _Rank:
     saving: bool = False
     last_saving_at: float = -math.inf
     progress: bool = True
+    waiting_for_groups: bool = False
     compute: list[float] = dataclasses.field(default_factory=list)
 
     def recent_compute(self, n: int) -> Sequence[float]:

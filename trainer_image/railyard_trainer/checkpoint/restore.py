@@ -457,9 +457,9 @@ def _apply_trainer_state(ctx: TrainContext, manifest: Manifest, rank: int, world
 def _hint(raw: Mapping[str, Any] | None) -> RestoreHint | None:
     if not raw:
         return None
-    tier, step = raw.get("tier"), raw.get("step")
+    tier, step, not_after = raw.get("tier"), raw.get("step"), raw.get("notAfter", -1)
     if isinstance(tier, str) and isinstance(step, int):
-        return RestoreHint(tier=tier, step=step)
+        return RestoreHint(tier=tier, step=step, not_after=not_after if isinstance(not_after, int) else -1)
     return None
 
 

@@ -114,6 +114,9 @@ class RailyardHealthMonitor:
         self._before_step_max: list[float] | None = None
         self._after_step_sums: list[int] | None = None
         self._lock = threading.Lock()
+        #: faultTolerance ReplicaGroups: fingerprint the state for the operator's cross-group vote.
+        ft = getattr(getattr(ctx, "config", None), "fault_tolerance", None)
+        self._group_fingerprints = getattr(ft, "mode", "None") == "ReplicaGroups"
         given = reporter if reporter is not None else ctx.extra.get("reporter")
         self._owns_reporter = not isinstance(given, Reporter)
         self.reporter: Reporter = given if isinstance(given, Reporter) else Reporter(
@@ -248,6 +251,8 @@ class RailyardHealthMonitor:
             self._known_answer(ctx)
         if self.s.replica_check:
             self._replicas(ctx)
+        if self._group_fingerprints:
+            self._fingerprint(ctx)
 
     def _optimizer_state(self, ctx: TrainContext) -> None:
         """Adam's moments must be finite: an inf/NaN there (a corrupted gradient squared into
@@ -298,6 +303,21 @@ class RailyardHealthMonitor:
             else:
                 self._confirmed(ctx, kind, ctx.step, f"parameters replicated over {dim_name!r} differ between ranks {ranks}; no majority names the bad one", -1)
             return
+
+    def _fingerprint(self, ctx: TrainContext) -> None:
+        """faultTolerance ReplicaGroups: this rank's parameters and optimizer moments are the same
+        bits as those of the same rank of every other group (a world of its own, one replica,
+        so :meth:`_replicas` has nothing to compare). Their checksum goes into the heartbeats;
+        the operator compares the groups' (logic/health/groups.py) and evicts the group that
+        differs from the majority."""
+        moments = _optimizer_moments(ctx)
+        tensors: list[torch.Tensor] = []
+        for p in _params(ctx):
+            tensors.append(p)
+            tensors.extend(moments.get(id(p), ()))
+        value = tensor_checksum(tensors) & ((1 << 64) - 1)
+        self.runs["group_fingerprint"] += 1
+        self.reporter.set_fingerprint(ctx.step, f"{value:016x}")
 
     def _suspect(self, ctx: TrainContext, step: int, detail: str, orig: float) -> None:
         """A spike: replay the step on the same batch (all ranks together) to confirm."""

@@ -59,6 +59,8 @@ class Reporter:
         self._checkpoints: list[CheckpointEvent] = []
         self._restored: tuple[str, int] | None = None
         self._saving: list[Callable[[], bool]] = []
+        self._waiting: list[Callable[[], bool]] = []
+        self._fingerprint: tuple[int, str] = (-1, "")
         self._paused = 0
         self._last_sent = 0.0
         self._stop = threading.Event()
@@ -158,6 +160,20 @@ class Reporter:
             if is_saving not in self._saving:
                 self._saving.append(is_saving)
 
+    def add_waiting_probe(self, is_waiting: Callable[[], bool]) -> None:
+        """A callable that says the rank waits for the other replica groups (heartbeat
+        ``waiting_for_groups``: a hang of another group stalls it, the verdict names that group)."""
+        with self._lock:
+            if is_waiting not in self._waiting:
+                self._waiting.append(is_waiting)
+
+    def set_fingerprint(self, step: int, fingerprint: str) -> None:
+        """The rank's state fingerprint after ``step`` (faultTolerance ReplicaGroups: the
+        operator compares it with the same rank of the other groups). Sent with every beat
+        until the next one."""
+        with self._lock:
+            self._fingerprint = (step, fingerprint)
+
     @contextlib.contextmanager
     def paused(self) -> Iterator[None]:
         """No step is due while inside (an evaluation, a long save): the beats say ``saving``,
@@ -190,6 +206,7 @@ class Reporter:
             b = self._beat
             beat = replace(
                 b, loss=_finite_or_none(b.loss), grad_norm=_finite_or_none(b.grad_norm), saving=saving,
+                fingerprint_step=self._fingerprint[0], fingerprint=self._fingerprint[1], waiting_for_groups=_any(self._waiting),
                 health=tuple(self._results[-MAX_PENDING_RESULTS:]),
                 recent_compute_s=tuple(x for x in self._recent if x >= 0 and math.isfinite(x)),
             )
@@ -220,6 +237,16 @@ class Reporter:
             self.aggregator.stop()
         if self.sender is not None:
             self.sender.close()
+
+
+def _any(probes: list[Callable[[], bool]]) -> bool:
+    for probe in probes:
+        try:
+            if probe():
+                return True
+        except Exception:
+            continue
+    return False
 
 
 def _non_negative(v: float) -> float:

@@ -7,8 +7,9 @@ under a second of one core, see bench/heartbeats.py). The returned state goes in
 from __future__ import annotations
 
 import heapq
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 
+from railyard.logic.health.groups import FingerprintSource, decide_group_sdc
 from railyard.logic.health.liveness import (
     RUNNING,
     compute_hang_timeout,
@@ -38,7 +39,13 @@ def decide_health(
     state: HealthState,
     policy: HealthPolicy,
     now: float,
+    *,
+    fingerprints: Iterable[FingerprintSource] | None = None,
+    group_of: Callable[[int], int] | None = None,
 ) -> HealthDecision:
+    """Every rule over the job's signals. faultTolerance ReplicaGroups: ``fingerprints``, the
+    ranks whose fingerprints the cross-group SDC vote compares (the store's rank windows);
+    ``group_of``, pod index -> replica group (the hang rule excuses groups that wait)."""
     if state.attempt != job.attempt:
         state = HealthState(attempt=job.attempt)
     ranks = list(job.rank_signals())
@@ -46,7 +53,7 @@ def decide_health(
     hang_timeout = compute_hang_timeout(step_times, policy)
 
     liveness: list[Verdict] = decide_dead_ranks(ranks, pods, policy, now)
-    liveness += decide_hung_ranks(ranks, pods, hang_timeout, policy, now)
+    liveness += decide_hung_ranks(ranks, pods, hang_timeout, policy, now, group_of=group_of)
     open_now = frozenset((v.kind, v.pod_index) for v in liveness)
     new = [v for v in liveness if (v.kind, v.pod_index) not in state.open]
 
@@ -57,13 +64,17 @@ def decide_health(
     nodes_by_rank = {r.rank: (r.node, r.pod_index) for r in ranks}
     sdc, seen = decide_sdc(job.health_events(), state.sdc_seen_seq, nodes_by_rank, policy, now)
     new += sdc
+    groups = state.groups
+    if fingerprints is not None:
+        diverged, groups = decide_group_sdc(fingerprints, groups, policy, now)
+        new += diverged
 
     ages = [now - r.last_seen_at for r in ranks if (p := pods.get(r.pod_index)) and p.phase == RUNNING]
     slowest = heapq.nsmallest(policy.slowest_ranks_reported, (s.score for s in scores), key=lambda s: s.score)
     return HealthDecision(
         verdicts=tuple(new),
         active=tuple(liveness),
-        state=HealthState(attempt=job.attempt, open=open_now, stragglers=flagged, sdc_seen_seq=seen),
+        state=HealthState(attempt=job.attempt, open=open_now, stragglers=flagged, sdc_seen_seq=seen, groups=groups),
         restart=any(v.action is Action.RESTART for v in new),
         quarantine_nodes=tuple(sorted({v.node for v in new if v.quarantine_node and v.node})),
         slowest=tuple(slowest),

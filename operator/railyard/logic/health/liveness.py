@@ -7,13 +7,14 @@ hung, and the clock restarts when the save ends, so long checkpoint writes are n
 A rank that has trained its last step (``HealthPolicy.final_step``) is finishing: its final save
 and its exit, while its pod waits for its peers; it is judged on the first-step bound instead.
 A rank whose program has not opted into step reports (``progress`` false) is never hung: its
-step says nothing. Verdicts are one per pod (naming its lowest affected rank): a hang usually stops every rank,
+step says nothing. With replica groups, a group with a rank that waits for the other groups is
+never hung (:func:`excuse_waiting_groups`): the hung group is named alone. Verdicts are one per pod (naming its lowest affected rank): a hang usually stops every rank,
 and 2,048 verdicts are easier to act on than 16,384.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from railyard.logic.health.model import (
     Action,
@@ -99,19 +100,15 @@ def decide_hung_ranks(
     hang_timeout_s: float,
     policy: HealthPolicy,
     now: float,
+    *,
+    group_of: Callable[[int], int] | None = None,
 ) -> list[Verdict]:
+    """Hung ranks, one verdict per pod (``group_of``: faultTolerance ReplicaGroups, pod index ->
+    replica group, :func:`excuse_waiting_groups`)."""
+    ranks = list(ranks)
     worst: dict[int, tuple[RankSignals, int]] = {}
-    for r in ranks:
-        pod = pods.get(r.pod_index)
-        if pod is None or pod.phase != RUNNING or r.saving:
-            continue
-        if not r.progress:
-            continue  # a program that does not report its steps cannot be judged hung by them
-        if now - r.last_seen_at >= policy.heartbeat_timeout_s:
-            continue  # silent, not hung: the dead rule owns it
-        since = max(r.step_advanced_at, r.last_saving_at)
-        if now - since >= policy.teardown_bound(r.step, hang_timeout_s):
-            _tally(worst, r)
+    for r in excuse_waiting_groups(stalled_ranks(ranks, pods, hang_timeout_s, policy, now), ranks, group_of):
+        _tally(worst, r)
     out = []
     for pod_index, (r, count) in sorted(worst.items()):
         since = max(r.step_advanced_at, r.last_saving_at)
@@ -133,6 +130,46 @@ def decide_hung_ranks(
             )
         )
     return out
+
+
+def stalled_ranks(
+    ranks: Iterable[RankSignals],
+    pods: Mapping[int, PodStatus],
+    hang_timeout_s: float,
+    policy: HealthPolicy,
+    now: float,
+) -> list[RankSignals]:
+    """Ranks of Running pods that beat but whose step has not advanced within the hang bound."""
+    out = []
+    for r in ranks:
+        pod = pods.get(r.pod_index)
+        if pod is None or pod.phase != RUNNING or r.saving:
+            continue
+        if not r.progress:
+            continue  # a program that does not report its steps cannot be judged hung by them
+        if now - r.last_seen_at >= policy.heartbeat_timeout_s:
+            continue  # silent, not hung: the dead rule owns it
+        since = max(r.step_advanced_at, r.last_saving_at)
+        if now - since >= policy.teardown_bound(r.step, hang_timeout_s):
+            out.append(r)
+    return out
+
+
+def excuse_waiting_groups(stalled: Sequence[RankSignals], ranks: Iterable[RankSignals],
+                          group_of: Callable[[int], int] | None = None) -> list[RankSignals]:
+    """faultTolerance ReplicaGroups: a group stuck in a step stalls every other group in the
+    exchange (their gradient sum, or the next quorum, waits for it). The ranks that only wait
+    for the other groups are not hung themselves, and neither are their group-mates, which a
+    rank that waits holds up in the group's own collectives (``group_of``: pod index -> replica
+    group; without it every pod is its own). The stalled ranks of groups where no rank waits are
+    the culprits, and the verdict names their group alone (only it restarts). A group may wait
+    for one that saves, restarts its workers or heals, or for torchft's Lighthouse to drop a
+    dying member (up to its join timeout), which is no hang of anyone; a wait that never ends
+    (the Lighthouse is gone) is the trainer's watchdog's to end (``trainer.watchdogSeconds``:
+    the workers exit with the hang code, and the restart follows from their exits)."""
+    group = group_of or (lambda pod_index: pod_index)
+    waiting = {group(r.pod_index) for r in ranks if r.waiting_for_groups}
+    return [r for r in stalled if group(r.pod_index) not in waiting]
 
 
 def _tally(worst: dict[int, tuple[RankSignals, int]], r: RankSignals) -> None:

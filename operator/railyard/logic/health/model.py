@@ -136,6 +136,10 @@ class RankSignals(Protocol):
     #: says nothing about progress).
     @property
     def progress(self) -> bool: ...
+    #: faultTolerance ReplicaGroups: the rank waits inside the exchange with the other groups
+    #: (a hung peer group stalls it; it is not stuck itself).
+    @property
+    def waiting_for_groups(self) -> bool: ...
     def recent_compute(self, n: int) -> Sequence[float]:
         """Up to ``n`` newest per-step compute times, oldest first."""
         ...
@@ -188,6 +192,9 @@ class Verdict:
     #: The operator should quarantine ``node`` (confirmed SDC or a straggler with Restart).
     quarantine_node: bool = False
     score: float | None = None
+    #: The restart must restore no checkpoint newer than this step (-1: any): the replica
+    #: groups' states differed after it and no majority said which was right.
+    restore_not_after: int = -1
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,6 +211,20 @@ class StragglerScore:
 
 
 @dataclass(frozen=True, slots=True)
+class GroupVoteState:
+    """What one evaluation of the cross-group SDC vote (groups.py) hands to the next."""
+
+    #: Slot (group rank) -> the newest step judged for it.
+    judged: Mapping[int, int] = field(default_factory=dict)
+    #: Slot -> the newest step at which its groups agreed.
+    agreed: Mapping[int, int] = field(default_factory=dict)
+    #: Groups already named this attempt (each is named once; its repair ends the attempt).
+    named: frozenset[int] = frozenset()
+    #: A no-majority verdict was given this attempt.
+    tied: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class HealthState:
     """What one evaluation hands to the next (keep it per job; reset on a new attempt)."""
 
@@ -213,6 +234,8 @@ class HealthState:
     #: Flagged stragglers: rank -> score at flag time.
     stragglers: Mapping[int, float] = field(default_factory=dict)
     sdc_seen_seq: int = -1
+    #: faultTolerance ReplicaGroups: the cross-group SDC vote.
+    groups: GroupVoteState = field(default_factory=GroupVoteState)
 
 
 @dataclass(frozen=True, slots=True)

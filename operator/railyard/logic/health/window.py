@@ -41,6 +41,8 @@ _SAMPLE_FIELDS = 6
 _NAN = float("nan")
 HEALTH_EVENTS_KEPT = 1024
 CHECKPOINT_EVENTS_PER_TIER = 8
+#: Fingerprints kept per rank (ReplicaGroups' cross-group vote; the newest steps).
+FINGERPRINTS_KEPT = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +70,9 @@ class RankWindow:
         "_s",
         "_si",
         "_sn",
+        "fingerprints",
+        "group",
+        "group_rank",
         "last_beat",
         "last_saving_at",
         "last_seen_at",
@@ -78,6 +83,7 @@ class RankWindow:
         "saving",
         "step",
         "step_advanced_at",
+        "waiting_for_groups",
     )
 
     def __init__(self, rank: int, window: int, sample_window: int = SAMPLE_WINDOW) -> None:
@@ -90,6 +96,12 @@ class RankWindow:
         self.saving = False
         self.last_saving_at = float("-inf")
         self.progress = True
+        self.waiting_for_groups = False
+        #: ReplicaGroups: this rank's group and its rank inside the group's world (its slot:
+        #: the same slot of every group holds the same state), and its newest fingerprints by step.
+        self.group = 0
+        self.group_rank = rank
+        self.fingerprints: dict[int, str] = {}
         self.last_beat: RankBeat | None = None
         self._c = array("f", bytes(4 * window))
         self._ci = 0
@@ -107,7 +119,13 @@ class RankWindow:
         if b.saving:
             self.last_saving_at = now
         self.progress = b.progress
+        self.waiting_for_groups = b.waiting_for_groups
         self.last_beat = b
+        if b.fingerprint and b.fingerprint_step >= 0 and b.fingerprint_step not in self.fingerprints:
+            fps = self.fingerprints
+            fps[b.fingerprint_step] = b.fingerprint
+            if len(fps) > FINGERPRINTS_KEPT:
+                del fps[min(fps)]
         if b.step <= self.step:
             return False
         recent = b.recent_compute_s
@@ -245,6 +263,7 @@ class JobWindow:
             rw = self.ranks.get(rank)
             if rw is None:
                 rw = self.ranks[rank] = RankWindow(rank, self.window)
+                rw.group, rw.group_rank = group, b.rank
             if rw.update(b, batch.pod_index, batch.node, now) and b.step > self.max_step:
                 self.max_step = b.step
                 if b.step_time_s > 0.0:
