@@ -92,3 +92,25 @@ def test_one_ranking_of_tiers_names_the_best_checkpoint_and_an_unknown_tier_come
     assert best_checkpoint(refs).tier == "shared"
     assert best_checkpoint([*refs, CheckpointRef(tier="memory", step=30)]).tier == "memory"
     assert best_checkpoint([CheckpointRef(tier="nvme", step=31), *refs]).tier == "nvme"  # newer wins whatever the tier
+
+
+@pytest.mark.parametrize(
+    ("in_place", "backoff", "since_before", "since_after"),
+    [(False, 0.0, None, None), (False, 4.0, 2, None), (True, 0.0, None, 3), (True, 8.0, 1, 1)],
+)
+def test_every_restart_writes_the_same_status_fields(in_place: bool, backoff: float, since_before: int | None, since_after: int | None) -> None:
+    """Full, in place or a replica-group shrink: the restart counted under its class, the new
+    attempt, the failure time, the backoff's end, the quarantined nodes; an in-place restart also
+    says from which attempt its pods count (kept across in-place restarts)."""
+    from railyard.api.trainingjob import QuarantinedNode, TrainingJobStatus
+    from railyard.logic.failures import Failure
+    from railyard.logic.restarts import restart_update
+
+    st = TrainingJobStatus(attempt=3, pods_since_attempt=since_before)
+    q = [QuarantinedNode(node="n1", reason="NodeLost", time="t")]
+    got = restart_update(st, Failure("NodeLost", FailureClass.INFRASTRUCTURE, ("n1",), "gone"), attempt=4, now=100.0,
+                         now_iso="t", backoff_s=backoff, quarantined=q, in_place=in_place)
+    assert got["attempt"] == 4 and got["quarantined_nodes"] == q
+    assert got["restarts"].infrastructure == 1 and got["restarts"].last_reason == "NodeLost: gone"
+    assert got["failure_time"] and (got["next_attempt_time"] is None) == (backoff == 0)
+    assert got.get("pods_since_attempt") == since_after and ("pods_since_attempt" in got) == in_place

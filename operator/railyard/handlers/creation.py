@@ -109,10 +109,10 @@ async def place_and_create(cycle: Cycle, job: TrainingJob, nodes: Mapping[str, M
         }
     )
     cycle.phase("Starting", "GangCreated", f"attempt {attempt}: {len(pods)} pods created and released together on {placement.summary}")
-    await cycle.io.delete_configmaps(cycle.ns, [configmap_name(cycle.name, a) for a in earlier_attempts(attempt)])
+    await cycle.io.delete_configmaps(cycle.ns, [configmap_name(cycle.name, assessment) for assessment in earlier_attempts(attempt)])
     if plan.objects:
         # one PodGroup per attempt: the earlier attempts' groups go with their pods
-        earlier = [group_name(cycle.name, a) for a in earlier_attempts(attempt)]
+        earlier = [group_name(cycle.name, assessment) for assessment in earlier_attempts(attempt)]
         await cycle.io.delete_podgroups(cycle.ns, plan.objects[0]["apiVersion"], earlier)
     return float(spec.gang.schedule_timeout_seconds)
 
@@ -213,7 +213,7 @@ async def _ensure_podgroups(cycle: Cycle, plan: GangSchedulingPlan) -> bool:
     return True
 
 
-async def finish_creation(cycle: Cycle, job: TrainingJob, current: Sequence[Mapping[str, Any]], a: GangAssessment) -> float | None:
+async def finish_creation(cycle: Cycle, job: TrainingJob, current: Sequence[Mapping[str, Any]], assessment: GangAssessment) -> float | None:
     """Resume a gang whose creation was interrupted: same names, same nodes (from the
     attempt's ConfigMap), then lift every gate."""
     runtime = cycle.rt
@@ -233,7 +233,7 @@ async def finish_creation(cycle: Cycle, job: TrainingJob, current: Sequence[Mapp
             if not await _ensure_podgroups(cycle, plan):
                 return PODGROUP_RETRY_S
         pods = apply_to_pods(pods, plan)
-        missing = [pods[i] for i in a.missing if i < len(pods)]
+        missing = [pods[i] for i in assessment.missing if i < len(pods)]
         async with _refusals("the gang's pods", pods=names, configmap=configmap_name(cycle.name, cycle.st.attempt)):
             if missing:
                 runtime.metrics.pods_created.inc(await cycle.io.create_pods(missing))

@@ -142,20 +142,20 @@ class Cycle:
     """The state one reconcile cycle works on, and its deferred writes (one status patch and
     the Events, at :meth:`commit`)."""
 
-    def __init__(self, rt: Runtime, w: JobWorker, now: float, io: GangIO) -> None:
-        self.rt = rt
-        self.w = w
+    def __init__(self, runtime: Runtime, worker: JobWorker, now: float, io: GangIO) -> None:
+        self.rt = runtime
+        self.w = worker
         self.io = io
-        self.body: dict[str, Any] = w.body
+        self.body: dict[str, Any] = worker.body
         self.meta: Mapping[str, Any] = self.body.get("metadata") or {}
-        self.ns = w.namespace
-        self.name = w.name
+        self.ns = worker.namespace
+        self.name = worker.name
         self.generation = int(self.meta.get("generation") or 0)
         self.now = now
         self.iso = format_time(now)
         body_status = dict(self.body.get("status") or {})
         # our own last write wins over a watch event that has not caught up with it yet
-        self.old_wire: dict[str, Any] = w.status_wire if w.status_wire is not None else body_status
+        self.old_wire: dict[str, Any] = worker.status_wire if worker.status_wire is not None else body_status
         try:
             self.st = TrainingJobStatus.model_validate(self.old_wire)
         except ValidationError:

@@ -28,7 +28,6 @@ from railyard.handlers.inplace import (
     fall_back_to_full,
     in_place_restart,
 )
-from railyard.logic.conditions import format_micro_time
 from railyard.logic.elastic import WAITING, KeepWaiting, Shrink, decide_grow_back
 from railyard.logic.failure_report import describe_failure
 from railyard.logic.failures import Failure
@@ -42,7 +41,7 @@ from railyard.logic.manifests import (
     pod_name,
     with_addresses,
 )
-from railyard.logic.restarts import RestartDecision, record_restart, restore_hint
+from railyard.logic.restarts import RestartDecision, restart_update, restore_hint
 from railyard.logic.status import placement_status
 from railyard.protocol.ranktable import RankTable
 
@@ -53,26 +52,26 @@ def _name(p: Obj) -> str:
     return str((p.get("metadata") or {}).get("name") or "")
 
 
-async def _write_attempt(c: Cycle, job: TrainingJob, attempt: int, table: RankTable) -> tuple[RankTable, Any]:
+async def _write_attempt(cycle: Cycle, job: TrainingJob, attempt: int, table: RankTable) -> tuple[RankTable, Any]:
     """The attempt's ConfigMap (rank table, trainer config); one written by an earlier try of
     this same step (an operator that died before its status patch) is the one that counts."""
     spec = job.spec
-    restore = restore_hint(c.st, spec, pods_kept=True)
-    config = build_trainer_config(spec, job=c.name, namespace=c.ns, attempt=attempt, restore=restore)
-    if not await c.io.create_object(build_configmap(c.name, c.ns, owner_reference(c.body), attempt=attempt, rank_table=table,
+    restore = restore_hint(cycle.st, spec, pods_kept=True)
+    config = build_trainer_config(spec, job=cycle.name, namespace=cycle.ns, attempt=attempt, restore=restore)
+    if not await cycle.io.create_object(build_configmap(cycle.name, cycle.ns, owner_reference(cycle.body), attempt=attempt, rank_table=table,
                                                     config=config, replica_groups=spec.replica_groups)):
-        again = await c.io.read_rank_table(c.ns, c.name, attempt)
+        again = await cycle.io.read_rank_table(cycle.ns, cycle.name, attempt)
         if again is not None and len(again.pods) == len(table.pods):
             table = again
-            written = await c.io.read_attempt_config(c.ns, c.name, attempt)
+            written = await cycle.io.read_attempt_config(cycle.ns, cycle.name, attempt)
             restore = (written or {}).get("restore", restore)
     return table, restore
 
 
 async def shrink_groups(
-    c: Cycle,
+    cycle: Cycle,
     job: TrainingJob,
-    f: Failure,
+    failure: Failure,
     decision: RestartDecision,
     shrink: Shrink,
     members: Sequence[Obj],
@@ -82,78 +81,73 @@ async def shrink_groups(
 ) -> float | RestartPlan:
     """The job goes on with fewer replica groups; returns when to look again, or a Full plan
     when the running attempt's rank table is gone (nothing to go on from)."""
-    rt, spec, attempt = c.rt, job.spec, c.st.attempt + 1
-    prev = await _current_table(c)
+    runtime, spec, attempt = cycle.rt, job.spec, cycle.st.attempt + 1
+    prev = await _current_table(cycle)
     if prev is None:
         return RestartPlan("Full", "NotPlaceable", "full restart (NotPlaceable): the running attempt's rank table is gone")
     # the running table, renumbered: the carried-on groups run on it; the waiting groups' entries
     # keep their old nodes until the grow back places them
-    table, restore = await _write_attempt(c, job, attempt, with_addresses(dataclasses.replace(prev, attempt=attempt), c.ns))
+    table, restore = await _write_attempt(cycle, job, attempt, with_addresses(dataclasses.replace(prev, attempt=attempt), cycle.ns))
     delete = set(shrink.delete)
-    await c.delete_pods([real[_name(p)] for p in members if pod_index_of(p) in delete and _name(p) in real], nodes)
+    await cycle.delete_pods([real[_name(p)] for p in members if pod_index_of(p) in delete and _name(p) in real], nodes)
     by_index = {pod_index_of(p): _name(p) for p in members}
-    names = {i: (by_index[i] if i in by_index and i not in delete else pod_name(c.name, attempt, i)) for i in range(len(table.pods))}
+    names = {i: (by_index[i] if i in by_index and i not in delete else pod_name(cycle.name, attempt, i)) for i in range(len(table.pods))}
     backoff = decision.backoff_seconds
-    since = c.st.pods_since_attempt if c.st.pods_since_attempt is not None else c.st.attempt
     lr = LastRestart(attempt=attempt, mode="InPlace", state=WAITING, message=shrink.message, kept=len(table.pods) - len(delete),
                      replaced=sorted(delete)[:64], reason=GROUP_REPAIR, carried_on=list(shrink.carry_on), waiting_groups=list(shrink.waiting))
-    c.st = c.st.model_copy(update={
-        "restarts": record_restart(c.st.restarts, f.cls, f"{f.kind}: {f.message}", c.iso),
-        "attempt": attempt,
-        "failure_time": format_micro_time(c.now),
-        "next_attempt_time": format_micro_time(c.now + backoff) if backoff > 0 else None,
-        "quarantined_nodes": quarantined,
-        "pods_since_attempt": since,
+    cycle.st = cycle.st.model_copy(update={
+        **restart_update(cycle.st, failure, attempt=attempt, now=cycle.now, now_iso=cycle.iso, backoff_s=backoff,
+                         quarantined=quarantined, in_place=True),
         "last_restart": lr,
     })
-    rt.control.publish(c.ns, c.name, attempt=attempt, members=names, table=table, restore=restore, open_=False,
+    runtime.control.publish(cycle.ns, cycle.name, attempt=attempt, members=names, table=table, restore=restore, open_=False,
                        carry_on=shrink.carry_on, waiting=shrink.message)
     carry = carried_attempts(lr, attempt, members)
 
     def watch_on() -> None:
         # the carried-on groups' rank windows go on into the attempt (their beats keep counting)
-        rt.store.begin_attempt(c.ns, c.name, attempt, layout=GroupLayout.of(table, spec.replica_groups), carry_on=carry)
+        runtime.store.begin_attempt(cycle.ns, cycle.name, attempt, layout=GroupLayout.of(table, spec.replica_groups), carry_on=carry)
 
-    c.after_commit.append(watch_on)
-    rt.metrics.restarts.labels(**{"class": f.cls.value}).inc()
-    said = describe_failure(f, c.st.last_failure) if c.st.last_failure is not None else f.message
-    c.event("Warning", f.kind, f"{said}; {decision.reason}; the job goes on with fewer replica groups: {shrink.message}")
-    c.phase("Running", "ReplicaGroupsWaiting", shrink.message)
+    cycle.after_commit.append(watch_on)
+    runtime.metrics.restarts.labels(**{"class": failure.cls.value}).inc()
+    said = describe_failure(failure, cycle.st.last_failure) if cycle.st.last_failure is not None else failure.message
+    cycle.event("Warning", failure.kind, f"{said}; {decision.reason}; the job goes on with fewer replica groups: {shrink.message}")
+    cycle.phase("Running", "ReplicaGroupsWaiting", shrink.message)
     return 1.0
 
 
-async def grow_back(c: Cycle, job: TrainingJob, members: Sequence[Obj], nodes: Mapping[str, Obj]) -> float | None:
+async def grow_back(cycle: Cycle, job: TrainingJob, members: Sequence[Obj], nodes: Mapping[str, Obj]) -> float | None:
     """Place the waiting groups if a node is usable; then start them (the next attempt, a group
     repair: the carried-on groups go on untouched). Returns when to look again."""
-    lr = in_place_restart(c)
+    lr = in_place_restart(cycle)
     if lr is None or lr.state != WAITING:
         return None
-    rt, spec = c.rt, job.spec
-    prev = await _current_table(c)
+    runtime, spec = cycle.rt, job.spec
+    prev = await _current_table(cycle)
     if prev is None:
-        return await fall_back_to_full(c, job, "NotPlaceable", f"the rank table of attempt {c.st.attempt} is gone", nodes)
-    attempt = c.st.attempt + 1
-    result = _place(c, job, prev, nodes, {q.node for q in c.st.quarantined_nodes}, attempt)
+        return await fall_back_to_full(cycle, job, "NotPlaceable", f"the rank table of attempt {cycle.st.attempt} is gone", nodes)
+    attempt = cycle.st.attempt + 1
+    result = _place(cycle, job, prev, nodes, {q.node for q in cycle.st.quarantined_nodes}, attempt)
     present = {pod_index_of(p) for p in members}
     d = decide_grow_back(result, waiting=lr.waiting_groups, group_size=len(prev.pods) // max(spec.replica_groups, 1),
                          present=present, carry_on=lr.carried_on, old_nodes={p.pod_index: p.node for p in prev.pods})
     if isinstance(d, KeepWaiting):
         return None
-    table, restore = await _write_attempt(c, job, attempt, with_addresses(d.placement.rank_table, c.ns))
+    table, restore = await _write_attempt(cycle, job, attempt, with_addresses(d.placement.rank_table, cycle.ns))
     moving = [p for p in members if pod_index_of(p) in d.replace]
     if moving:
-        await c.delete_pods(moving, nodes)
+        await cycle.delete_pods(moving, nodes)
     by_index = {pod_index_of(p): _name(p) for p in members}
-    names = {i: (by_index[i] if i in by_index and i not in d.replace else pod_name(c.name, attempt, i)) for i in range(len(table.pods))}
-    c.st = c.st.model_copy(update={
+    names = {i: (by_index[i] if i in by_index and i not in d.replace else pod_name(cycle.name, attempt, i)) for i in range(len(table.pods))}
+    cycle.st = cycle.st.model_copy(update={
         "attempt": attempt,
         "placement": placement_status(d.placement, attempt=attempt),
         "last_restart": LastRestart(attempt=attempt, mode="InPlace", state="Pending", message=d.message, kept=len(d.keep),
                                     replaced=sorted(d.replace)[:64], reason=GROUP_REPAIR, carried_on=list(d.carry_on)),
     })
-    rt.control.publish(c.ns, c.name, attempt=attempt, members=names, table=table, restore=restore, open_=False, carry_on=d.carry_on,
+    runtime.control.publish(cycle.ns, cycle.name, attempt=attempt, members=names, table=table, restore=restore, open_=False, carry_on=d.carry_on,
                        waiting=f"preparing attempt {attempt}")
-    rt.metrics.replica_group_restarts.inc(len(lr.waiting_groups))
-    rt.metrics.pods_replaced.inc(len(d.replace))
-    c.event("Normal", "ReplicaGroupsPlaced", d.message)
-    return await continue_in_place(c, job, nodes)
+    runtime.metrics.replica_group_restarts.inc(len(lr.waiting_groups))
+    runtime.metrics.pods_replaced.inc(len(d.replace))
+    cycle.event("Normal", "ReplicaGroupsPlaced", d.message)
+    return await continue_in_place(cycle, job, nodes)

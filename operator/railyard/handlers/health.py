@@ -62,17 +62,17 @@ def _running_since(pod: Mapping[str, Any], floor: float | None = None) -> float 
     return since
 
 
-def evaluate_health(c: Cycle, job: TrainingJob, pods: Sequence[Mapping[str, Any]], *, report: bool = True) -> Failure | None:
+def evaluate_health(cycle: Cycle, job: TrainingJob, pods: Sequence[Mapping[str, Any]], *, report: bool = True) -> Failure | None:
     """Update ``c.st`` from the job's heartbeats; return a failure when a verdict asks for a
     restart. ``c`` is the reconcile Cycle. ``report=False`` (the gang has finished): progress
     only, no verdict Events and no failure."""
-    rt = c.rt
-    window = rt.store.job(c.ns, c.name)
-    if window is None or window.attempt != c.st.attempt:
+    runtime = cycle.rt
+    window = runtime.store.job(cycle.ns, cycle.name)
+    if window is None or window.attempt != cycle.st.attempt:
         return None
     # the gang's pods (``pods`` are its members: an in-place restart keeps pods of older attempts)
     current = {pod_index_of(p): p for p in pods}
-    floor = parse_time(c.st.gang_created_time)
+    floor = parse_time(cycle.st.gang_created_time)
     pod_status = {
         i: PodStatus(i, str((p.get("status") or {}).get("phase") or "Pending"), str((p.get("spec") or {}).get("nodeName") or ""), _running_since(p, floor))
         for i, p in current.items()
@@ -82,22 +82,22 @@ def evaluate_health(c: Cycle, job: TrainingJob, pods: Sequence[Mapping[str, Any]
         policy = HealthPolicy.from_spec(to_wire(job.spec.health), heartbeats_expected=bundled,
                                         final_step=job.spec.trainer.steps if bundled else None)
     except ValueError as exc:
-        log.warning("%s/%s: health policy: %s", c.ns, c.name, exc)
+        log.warning("%s/%s: health policy: %s", cycle.ns, cycle.name, exc)
         return None
-    state = c.w.health_state if c.w.health_state is not None else HealthState()
-    decision = decide_health(window, pod_status, state, policy, c.now,
+    state = cycle.w.health_state if cycle.w.health_state is not None else HealthState()
+    decision = decide_health(window, pod_status, state, policy, cycle.now,
                              fingerprints=window.rank_signals() if window.layout is not None else None,
                              group_of=window.layout.group_of if window.layout is not None else None)
-    c.w.health_state = decision.state
-    rt.health_metrics.observe_decision(c.ns, c.name, decision)
-    _copy_progress(c, window, decision)
-    rt.checkpoint_metrics.set_goodput(c.ns, c.name, compute_goodput(c.st.step, decision.p50_step_time_s, parse_time(c.st.start_time), c.now))
+    cycle.w.health_state = decision.state
+    runtime.health_metrics.observe_decision(cycle.ns, cycle.name, decision)
+    _copy_progress(cycle, window, decision)
+    runtime.checkpoint_metrics.set_goodput(cycle.ns, cycle.name, compute_goodput(cycle.st.step, decision.p50_step_time_s, parse_time(cycle.st.start_time), cycle.now))
     if not report:
         return None
-    if c.st.phase == "Running":
-        _judge_silence(c, window, current, pod_status, policy)
+    if cycle.st.phase == "Running":
+        _judge_silence(cycle, window, current, pod_status, policy)
     for v in decision.verdicts:
-        c.event("Warning", v.reason or v.kind.value, v.message)
+        cycle.event("Warning", v.reason or v.kind.value, v.message)
     if not decision.restart:
         return None
     restarting = [v for v in decision.verdicts if v.action.value == "Restart"]
@@ -108,60 +108,60 @@ def evaluate_health(c: Cycle, job: TrainingJob, pods: Sequence[Mapping[str, Any]
 
 
 def _judge_silence(
-    c: Cycle, window: JobWindow, current: Mapping[int, Mapping[str, Any]], pod_status: Mapping[int, PodStatus], policy: HealthPolicy,
+    cycle: Cycle, window: JobWindow, current: Mapping[int, Mapping[str, Any]], pod_status: Mapping[int, PodStatus], policy: HealthPolicy,
 ) -> None:
     """The Blind condition: heard are pods with a rank in the heartbeat window of this attempt,
     and pods whose launcher (this very pod, by name) reported on the control channel."""
-    rt = c.rt
-    if c.w.watching_since is None:
-        c.w.watching_since = c.now
+    runtime = cycle.rt
+    if cycle.w.watching_since is None:
+        cycle.w.watching_since = cycle.now
     heard = {r.pod_index for r in window.rank_signals()}
     names = {i: str((p.get("metadata") or {}).get("name") or "") for i, p in current.items()}
-    heard |= {i for i, (report, _) in rt.control.reports(c.ns, c.name).items() if report.pod and report.pod == names.get(i)}
-    table = rt.control.table(c.ns, c.name, c.st.attempt)
+    heard |= {i for i, (report, _) in runtime.control.reports(cycle.ns, cycle.name).items() if report.pod and report.pod == names.get(i)}
+    table = runtime.control.table(cycle.ns, cycle.name, cycle.st.attempt)
     ranks_of: dict[int, list[int]] = {}
     for r in table.ranks if table is not None else ():
         ranks_of.setdefault(r.pod_index, []).append(r.rank)
     silent = [i for i in sorted(pod_status) if i not in heard]
     silence = decide_silence(
-        pod_status, heard, bound_s=compute_silence_bound(policy), watching_since=c.w.watching_since, now=c.now,
+        pod_status, heard, bound_s=compute_silence_bound(policy), watching_since=cycle.w.watching_since, now=cycle.now,
         ranks_of=ranks_of, pods_url=heartbeat_url_of(current[silent[0]]) if silent else "",
-        operator_url=heartbeat_url_for(rt, c.ns, c.name),
+        operator_url=heartbeat_url_for(runtime, cycle.ns, cycle.name),
     )
-    rt.health_metrics.set_silent_pods(c.ns, c.name, len(silence.silent))
-    _set_blind(c, silence)
+    runtime.health_metrics.set_silent_pods(cycle.ns, cycle.name, len(silence.silent))
+    _set_blind(cycle, silence)
 
 
-def settle_blind(c: Cycle) -> None:
+def settle_blind(cycle: Cycle) -> None:
     """Each cycle: a job without a running gang is not Blind (no Event)."""
-    _set_blind(c, None)
+    _set_blind(cycle, None)
 
 
-def _set_blind(c: Cycle, silence: Silence | None) -> None:
-    st, event = apply_silence(c.st, silence, now=c.iso)
-    c.st = st
+def _set_blind(cycle: Cycle, silence: Silence | None) -> None:
+    st, event = apply_silence(cycle.st, silence, now=cycle.iso)
+    cycle.st = st
     if event is not None:
-        c.event(*event)
+        cycle.event(*event)
 
 
-def heartbeat_url_for(rt: Runtime, namespace: str, job: str) -> str:
+def heartbeat_url_for(runtime: Runtime, namespace: str, job: str) -> str:
     """The heartbeat URL for the job's new pods: the advertised base, else the base its pods
     already carry (learned once per job and kept: an operator restarted under running pods does
     not move them to another address), else the chart's Service."""
     carried = ""
-    if not rt.settings.heartbeat_url:
-        w = rt.workers.get((namespace, job))
-        carried = w.heartbeat_base if w is not None else ""
+    if not runtime.settings.heartbeat_url:
+        worker = runtime.workers.get((namespace, job))
+        carried = worker.heartbeat_base if worker is not None else ""
         if not carried:
-            carried = carried_heartbeat_base(rt.pods_of(namespace, job), namespace, job)
-            if w is not None:
-                w.heartbeat_base = carried
-    base = decide_heartbeat_base(advertised=rt.settings.heartbeat_url, carried=carried, metrics_port=rt.settings.metrics_port)
+            carried = carried_heartbeat_base(runtime.pods_of(namespace, job), namespace, job)
+            if worker is not None:
+                worker.heartbeat_base = carried
+    base = decide_heartbeat_base(advertised=runtime.settings.heartbeat_url, carried=carried, metrics_port=runtime.settings.metrics_port)
     return build_heartbeat_url(base, namespace, job)
 
 
-def _copy_progress(c: Cycle, window: JobWindow, decision: HealthDecision) -> None:
-    st = c.st
+def _copy_progress(cycle: Cycle, window: JobWindow, decision: HealthDecision) -> None:
+    st = cycle.st
     update: dict[str, Any] = {}
     # a new attempt's first beats (before its first step) report 0: keep the step shown
     if window.max_step > 0 and window.max_step != st.step:
@@ -171,7 +171,7 @@ def _copy_progress(c: Cycle, window: JobWindow, decision: HealthDecision) -> Non
             update["loss"] = round(float(loss), 5)
         update["tokens_per_second"] = round(float(tokens_per_s), 1)
     stragglers = [
-        StragglerStatus(rank=s.rank, node=s.node, score=round(float(s.score), 4), since=format_time(c.now))
+        StragglerStatus(rank=s.rank, node=s.node, score=round(float(s.score), 4), since=format_time(cycle.now))
         for s in decision.stragglers
     ]
     old = {(s.rank, s.node): s for s in st.stragglers}
@@ -184,7 +184,7 @@ def _copy_progress(c: Cycle, window: JobWindow, decision: HealthDecision) -> Non
         changed = False
         for tier, step in latest.items():
             if tier not in per_tier or per_tier[tier].step < step:
-                per_tier[tier] = CheckpointRef(step=step, tier=tier, time=format_time(c.now))
+                per_tier[tier] = CheckpointRef(step=step, tier=tier, time=format_time(cycle.now))
                 changed = True
         if changed:
             refs = sorted(per_tier.values(), key=lambda r: r.tier)
@@ -196,7 +196,7 @@ def _copy_progress(c: Cycle, window: JobWindow, decision: HealthDecision) -> Non
         last = window.previous_max_step if window.previous_max_step >= 0 else st.step
         lost = compute_steps_lost(last, window.restored_step) if window.restored_step >= 0 else 0
         update["restore"] = RestoreStatus(tier=window.restored_tier, step=window.restored_step, steps_lost=lost)
-        if c.st.attempt > 0:
-            c.rt.checkpoint_metrics.observe_steps_lost(lost)
+        if cycle.st.attempt > 0:
+            cycle.rt.checkpoint_metrics.observe_steps_lost(lost)
     if update:
-        c.st = st.model_copy(update=update)
+        cycle.st = st.model_copy(update=update)

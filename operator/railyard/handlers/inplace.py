@@ -59,7 +59,7 @@ from railyard.logic.manifests import (
     with_addresses,
 )
 from railyard.logic.placement import Placement, Unplaceable, build_placement_input, plan_placement
-from railyard.logic.restarts import RestartDecision, record_restart, restore_hint
+from railyard.logic.restarts import RestartDecision, restart_update, restore_hint
 from railyard.logic.schedulers import apply_to_pods
 from railyard.logic.status import placement_status
 from railyard.protocol.ranktable import RankTable
@@ -76,10 +76,10 @@ def _node(p: Obj) -> str:
     return str((p.get("spec") or {}).get("nodeName") or "")
 
 
-def in_place_restart(c: Cycle) -> LastRestart | None:
+def in_place_restart(cycle: Cycle) -> LastRestart | None:
     """The in-place restart the current attempt is going through (None: none, or done)."""
-    lr = c.st.last_restart
-    if lr is None or lr.mode != "InPlace" or lr.attempt != c.st.attempt or lr.state == "Done":
+    lr = cycle.st.last_restart
+    if lr is None or lr.mode != "InPlace" or lr.attempt != cycle.st.attempt or lr.state == "Done":
         return None
     return lr
 
@@ -99,66 +99,66 @@ def carried_attempts(lr: LastRestart | None, attempt: int, members: Sequence[Obj
     return {pod_index_of(p): attempt_of(p) for p in members if pod_index_of(p) in carry}
 
 
-def members_since(c: Cycle) -> int | None:
+def members_since(cycle: Cycle) -> int | None:
     """The ``since`` of :func:`railyard.logic.gang.gang_members` for the cycle's attempt."""
-    return logic_members_since(c.st)
+    return logic_members_since(cycle.st)
 
 
-def capable_pods(c: Cycle, members: Sequence[Obj]) -> frozenset[int]:
+def capable_pods(cycle: Cycle, members: Sequence[Obj]) -> frozenset[int]:
     """Pod indices whose launcher spoke the control protocol in the current attempt (or, for a
     pod that carries on after a replica-group repair, in the older attempt it still runs)."""
-    reports = c.rt.control.reports(c.ns, c.name)
-    carried = carried_attempts(c.st.last_restart, c.st.attempt, members)
+    reports = cycle.rt.control.reports(cycle.ns, cycle.name)
+    carried = carried_attempts(cycle.st.last_restart, cycle.st.attempt, members)
     out = set()
     for p in members:
         i = pod_index_of(p)
         got = reports.get(i)
         if got is None or got[0].pod != _name(p):
             continue
-        if got[0].attempt == c.st.attempt or (i in carried and carried[i] <= got[0].attempt < c.st.attempt):
+        if got[0].attempt == cycle.st.attempt or (i in carried and carried[i] <= got[0].attempt < cycle.st.attempt):
             out.add(i)
     return frozenset(out)
 
 
-def plan_restart(c: Cycle, job: TrainingJob, f: Failure, members: Sequence[Obj], nodes: Mapping[str, Obj],
+def plan_restart(cycle: Cycle, job: TrainingJob, failure: Failure, members: Sequence[Obj], nodes: Mapping[str, Obj],
                  quarantined: Sequence[QuarantinedNode], failed: frozenset[int] = frozenset()) -> tuple[RestartPlan, dict[str, str]]:
     """In place or full, and the nodes the restart moves off (blamed, quarantined, stragglers).
     ``failed``: pod indices whose workers failed (a replica-group repair restarts their groups)."""
-    move_off = {n: f"blamed: {f.kind}" for n in f.nodes}
+    move_off = {n: f"blamed: {failure.kind}" for n in failure.nodes}
     for q in quarantined:
         move_off.setdefault(q.node, "quarantined")
-    stragglers = decide_nodes_to_leave([(s.node, s.rank, s.score) for s in c.st.stragglers],
+    stragglers = decide_nodes_to_leave([(s.node, s.rank, s.score) for s in cycle.st.stragglers],
                                        [_node(p) for p in members if _node(p) not in move_off])
-    spec_changed = bool(c.st.observed_generation) and c.generation != c.st.observed_generation
-    expected = c.st.placement.node_count if c.st.placement and c.st.placement.node_count else job.spec.nodes
+    spec_changed = bool(cycle.st.observed_generation) and cycle.generation != cycle.st.observed_generation
+    expected = cycle.st.placement.node_count if cycle.st.placement and cycle.st.placement.node_count else job.spec.nodes
     plan = decide_restart_mode(
         enabled=job.spec.restart_policy.in_place, spec_changed=spec_changed, members=members, expected=expected,
-        nodes=nodes, move_off=move_off, leave=stragglers, capable=capable_pods(c, members),
+        nodes=nodes, move_off=move_off, leave=stragglers, capable=capable_pods(cycle, members),
     )
     plan = decide_group_repair(plan, expected=expected, replicas=job.spec.replica_groups,
                                min_replicas=job.spec.fault_tolerance.min_replicas, failed=failed)
     return plan, stragglers
 
 
-async def _current_table(c: Cycle) -> RankTable | None:
-    table = c.rt.control.table(c.ns, c.name, c.st.attempt)
+async def _current_table(cycle: Cycle) -> RankTable | None:
+    table = cycle.rt.control.table(cycle.ns, cycle.name, cycle.st.attempt)
     if table is None:
-        table = await c.io.read_rank_table(c.ns, c.name, c.st.attempt)
+        table = await cycle.io.read_rank_table(cycle.ns, cycle.name, cycle.st.attempt)
     return table
 
 
-def _place(c: Cycle, job: TrainingJob, prev: RankTable, nodes: Mapping[str, Obj], failed: set[str], attempt: int) -> Placement | Unplaceable:
+def _place(cycle: Cycle, job: TrainingJob, prev: RankTable, nodes: Mapping[str, Obj], failed: set[str], attempt: int) -> Placement | Unplaceable:
     return plan_placement(build_placement_input(
-        job, nodes=list(nodes.values()), pods=c.rt.all_bound_pods(), attempt=attempt,
+        job, nodes=list(nodes.values()), pods=cycle.rt.all_bound_pods(), attempt=attempt,
         previous_nodes=[p.node for p in sorted(prev.pods, key=lambda p: p.pod_index)],
-        previous_spares=c.st.placement.spares if c.st.placement else (), failed=failed,
+        previous_spares=cycle.st.placement.spares if cycle.st.placement else (), failed=failed,
     ))
 
 
 async def begin_in_place(
-    c: Cycle,
+    cycle: Cycle,
     job: TrainingJob,
-    f: Failure,
+    failure: Failure,
     decision: RestartDecision,
     plan: RestartPlan,
     stragglers: Mapping[str, str],
@@ -169,89 +169,84 @@ async def begin_in_place(
 ) -> float | RestartPlan | None:
     """Step 1. Returns the delay until the next look, or a Full :class:`RestartPlan` when the
     pods that must move cannot be placed (the caller restarts in full)."""
-    rt, spec, attempt = c.rt, job.spec, c.st.attempt + 1
-    prev = await _current_table(c)
+    runtime, spec, attempt = cycle.rt, job.spec, cycle.st.attempt + 1
+    prev = await _current_table(cycle)
     if prev is None:
         return RestartPlan("Full", "NotPlaceable", "full restart (NotPlaceable): the running attempt's rank table is gone")
-    failed = {q.node for q in quarantined} | set(f.nodes)
+    failed = {q.node for q in quarantined} | set(failure.nodes)
     t0 = time.perf_counter()
-    moves = plan_in_place_moves(plan, prev, stragglers, failed, lambda avoid: _place(c, job, prev, nodes, avoid, attempt))
-    rt.metrics.placement.observe(time.perf_counter() - t0)
+    moves = plan_in_place_moves(plan, prev, stragglers, failed, lambda avoid: _place(cycle, job, prev, nodes, avoid, attempt))
+    runtime.metrics.placement.observe(time.perf_counter() - t0)
     if isinstance(moves, RestartPlan):
         return moves
     result, replace, keep, message = moves.placement, moves.replace, moves.keep, moves.message
 
-    owner = owner_reference(c.body)
-    table = with_addresses(result.rank_table, c.ns)
-    restore = restore_hint(c.st, spec, pods_kept=True, not_after=f.restore_not_after)
-    config = build_trainer_config(spec, job=c.name, namespace=c.ns, attempt=attempt, restore=restore)
-    if not await c.io.create_object(build_configmap(c.name, c.ns, owner, attempt=attempt, rank_table=table, config=config,
+    owner = owner_reference(cycle.body)
+    table = with_addresses(result.rank_table, cycle.ns)
+    restore = restore_hint(cycle.st, spec, pods_kept=True, not_after=failure.restore_not_after)
+    config = build_trainer_config(spec, job=cycle.name, namespace=cycle.ns, attempt=attempt, restore=restore)
+    if not await cycle.io.create_object(build_configmap(cycle.name, cycle.ns, owner, attempt=attempt, rank_table=table, config=config,
                                                          replica_groups=spec.replica_groups)):
         # written by an earlier try of this same restart (an operator that died before its
         # status patch): that table is the one some launchers may already run
-        again = await c.io.read_rank_table(c.ns, c.name, attempt)
+        again = await cycle.io.read_rank_table(cycle.ns, cycle.name, attempt)
         if again is not None and len(again.pods) == len(table.pods):
             table = again
-            written = await c.io.read_attempt_config(c.ns, c.name, attempt)
+            written = await cycle.io.read_attempt_config(cycle.ns, cycle.name, attempt)
             restore = (written or {}).get("restore", restore)
     moving = [real[_name(p)] for p in members if pod_index_of(p) in replace and _name(p) in real]
-    await c.delete_pods(moving, nodes)
+    await cycle.delete_pods(moving, nodes)
 
     backoff = decision.backoff_seconds
     by_index = {pod_index_of(p): _name(p) for p in members}
-    names = {i: (by_index[i] if i in keep else pod_name(c.name, attempt, i)) for i in range(len(table.pods))}
-    since = c.st.pods_since_attempt if c.st.pods_since_attempt is not None else c.st.attempt
-    c.st = c.st.model_copy(update={
-        "restarts": record_restart(c.st.restarts, f.cls, f"{f.kind}: {f.message}", c.iso),
-        "attempt": attempt,
-        "failure_time": format_micro_time(c.now),
-        "next_attempt_time": format_micro_time(c.now + backoff) if backoff > 0 else None,
-        "quarantined_nodes": quarantined,
-        "pods_since_attempt": since,
+    names = {i: (by_index[i] if i in keep else pod_name(cycle.name, attempt, i)) for i in range(len(table.pods))}
+    cycle.st = cycle.st.model_copy(update={
+        **restart_update(cycle.st, failure, attempt=attempt, now=cycle.now, now_iso=cycle.iso, backoff_s=backoff,
+                         quarantined=quarantined, in_place=True),
         "placement": placement_status(result, attempt=attempt),
         "last_restart": LastRestart(attempt=attempt, mode="InPlace", state="Pending", message=message, kept=len(keep), replaced=sorted(replace)[:64],
                                     reason=GROUP_REPAIR if moves.carry_on else "", carried_on=list(moves.carry_on)),
     })
-    rt.control.publish(c.ns, c.name, attempt=attempt, members=names, table=table, restore=restore, open_=False, carry_on=moves.carry_on,
+    runtime.control.publish(cycle.ns, cycle.name, attempt=attempt, members=names, table=table, restore=restore, open_=False, carry_on=moves.carry_on,
                        waiting=f"restart to attempt {attempt} in {backoff:g}s" if backoff > 0 else f"preparing attempt {attempt}")
     if moves.carry_on:
-        rt.metrics.replica_group_restarts.inc(len({i // plan.group_size for i in range(len(table.pods)) if i not in set(moves.carry_on)}))
-    rt.metrics.restarts.labels(**{"class": f.cls.value}).inc()
-    rt.metrics.restart_modes.labels(mode="InPlace", reason="None").inc()
-    rt.metrics.pods_replaced.inc(len(replace))
+        runtime.metrics.replica_group_restarts.inc(len({i // plan.group_size for i in range(len(table.pods)) if i not in set(moves.carry_on)}))
+    runtime.metrics.restarts.labels(**{"class": failure.cls.value}).inc()
+    runtime.metrics.restart_modes.labels(mode="InPlace", reason="None").inc()
+    runtime.metrics.pods_replaced.inc(len(replace))
     wait = f", workers restart in {backoff:g}s" if backoff > 0 else ""
-    said = describe_failure(f, c.st.last_failure) if c.st.last_failure is not None else f.message
-    c.phase("Restarting", f.kind, f"{said}; {decision.reason}; {message}{wait}")
+    said = describe_failure(failure, cycle.st.last_failure) if cycle.st.last_failure is not None else failure.message
+    cycle.phase("Restarting", failure.kind, f"{said}; {decision.reason}; {message}{wait}")
     if backoff > 0:
         return backoff
     # the Restarting phase lasts no cycle: its Event is written here, the Starting one follows
-    c.event("Warning", f.kind, c.st.message)
-    return await continue_in_place(c, job, nodes)
+    cycle.event("Warning", failure.kind, cycle.st.message)
+    return await continue_in_place(cycle, job, nodes)
 
 
-async def continue_in_place(c: Cycle, job: TrainingJob, nodes: Mapping[str, Obj]) -> float | None:
+async def continue_in_place(cycle: Cycle, job: TrainingJob, nodes: Mapping[str, Obj]) -> float | None:
     """Step 2, idempotent: replacements created, placeholders out of their way, gates lifted,
     orders opened. Returns when to look again (None: on events)."""
-    lr = in_place_restart(c)
+    lr = in_place_restart(cycle)
     assert lr is not None
-    rt, attempt = c.rt, c.st.attempt
+    runtime, attempt = cycle.rt, cycle.st.attempt
     if lr.state == "Pending":
-        nat = parse_time(c.st.next_attempt_time)
-        if nat is not None and c.now < nat:
-            return nat - c.now
-    table = rt.control.table(c.ns, c.name, attempt) or await c.io.read_rank_table(c.ns, c.name, attempt)
+        next_attempt = parse_time(cycle.st.next_attempt_time)
+        if next_attempt is not None and cycle.now < next_attempt:
+            return next_attempt - cycle.now
+    table = runtime.control.table(cycle.ns, cycle.name, attempt) or await cycle.io.read_rank_table(cycle.ns, cycle.name, attempt)
     if table is None:
-        return await fall_back_to_full(c, job, "NotPlaceable", f"the rank table of attempt {attempt} is gone", nodes)
+        return await fall_back_to_full(cycle, job, "NotPlaceable", f"the rank table of attempt {attempt} is gone", nodes)
     # pods this operator asked to delete are gone as far as the plan goes (the watch may not
     # have caught up with the deletion yet)
-    pods = [p for p in rt.pods_of(c.ns, c.name) if _name(p) not in c.w.deleting and not (p.get("metadata") or {}).get("deletionTimestamp")]
-    members, _ = gang_members(pods, attempt=attempt, since=c.st.pods_since_attempt)
+    pods = [p for p in runtime.pods_of(cycle.ns, cycle.name) if _name(p) not in cycle.w.deleting and not (p.get("metadata") or {}).get("deletionTimestamp")]
+    members, _ = gang_members(pods, attempt=attempt, since=cycle.st.pods_since_attempt)
     present = {pod_index_of(p): p for p in members}
-    owner = owner_reference(c.body)
-    url = heartbeat_url_for(rt, c.ns, c.name)
+    owner = owner_reference(cycle.body)
+    url = heartbeat_url_for(runtime, cycle.ns, cycle.name)
     missing = [
-        build_pod(job.spec, job=c.name, namespace=c.ns, owner=owner, attempt=attempt, pod_index=e.pod_index, node=e.node,
-                  heartbeat_url=url, annotations=rt.settings.pod_annotations)
+        build_pod(job.spec, job=cycle.name, namespace=cycle.ns, owner=owner, attempt=attempt, pod_index=e.pod_index, node=e.node,
+                  heartbeat_url=url, annotations=runtime.settings.pod_annotations)
         for e in table.pods if e.pod_index not in present
     ]
     if missing:
@@ -259,91 +254,91 @@ async def continue_in_place(c: Cycle, job: TrainingJob, nodes: Mapping[str, Obj]
         # kept pods' group was scheduled, and a pod's group is immutable
         kept = {pod_index_of(p) for p in members if attempt_of(p) < attempt}
         replaced = [e.node for e in sorted(table.pods, key=lambda e: e.pod_index) if e.pod_index not in kept]
-        sched = await c.plan_gang(job.spec, attempt=attempt, gang_nodes=replaced)
+        sched = await cycle.plan_gang(job.spec, attempt=attempt, gang_nodes=replaced)
         if sched.objects:
             try:
-                await c.io.create_podgroups(sched.objects)
+                await cycle.io.create_podgroups(sched.objects)
             except ApiError as exc:
-                if not c.drop_detected(sched, exc.status):
+                if not cycle.drop_detected(sched, exc.status):
                     raise
-                sched = await c.plan_gang(job.spec, attempt=attempt, gang_nodes=replaced)
+                sched = await cycle.plan_gang(job.spec, attempt=attempt, gang_nodes=replaced)
         missing = apply_to_pods(missing, sched)
-        rt.metrics.pods_created.inc(await c.io.create_pods(missing))
+        runtime.metrics.pods_created.inc(await cycle.io.create_pods(missing))
     # replacements (new or from a previous cycle) still gated, and the placeholders in their way
     # (found by name: the pod index keeps no annotations)
     node_of = {e.pod_index: e.node for e in table.pods}
     gated = [p for p in [*missing, *(p for p in members if is_gated(p))] if attempt_of(p) == attempt]
-    in_way_names = {spare_pod_name(c.name, node_of[pod_index_of(p)]): node_of[pod_index_of(p)] for p in gated}
-    in_way = [s for s in rt.pods_of(c.ns, c.name, spare=True) if _name(s) in in_way_names]
+    in_way_names = {spare_pod_name(cycle.name, node_of[pod_index_of(p)]): node_of[pod_index_of(p)] for p in gated}
+    in_way = [s for s in runtime.pods_of(cycle.ns, cycle.name, spare=True) if _name(s) in in_way_names]
     if in_way:
-        await delete_placeholders(c, in_way, nodes)
+        await delete_placeholders(cycle, in_way, nodes)
     blocked = {in_way_names[_name(s)] for s in in_way}
     ready = [p for p in gated if node_of[pod_index_of(p)] not in blocked]
     if ready:
-        await c.io.lift_gates(ready)
+        await cycle.io.lift_gates(ready)
     if lr.state == "Pending":
-        started = format_micro_time(c.now)
-        c.st = c.st.model_copy(update={
+        started = format_micro_time(cycle.now)
+        cycle.st = cycle.st.model_copy(update={
             "last_restart": lr.model_copy(update={"state": "Started", "started_time": started}),
             "gang_created_time": started, "time_to_all_ready_seconds": None, "next_attempt_time": None,
-            "observed_generation": c.generation, "pending_spec_changes": "",
+            "observed_generation": cycle.generation, "pending_spec_changes": "",
         })
-        names = {i: _name(present[i]) if i in present else pod_name(c.name, attempt, i) for i in range(len(table.pods))}
+        names = {i: _name(present[i]) if i in present else pod_name(cycle.name, attempt, i) for i in range(len(table.pods))}
         carry_on = carried_on(lr, attempt)
 
         def open_orders() -> None:
-            rt.control.publish(c.ns, c.name, attempt=attempt, members=names, table=table, open_=True, carry_on=carry_on)
-            rt.store.begin_attempt(c.ns, c.name, attempt, layout=GroupLayout.of(table, job.spec.replica_groups),
+            runtime.control.publish(cycle.ns, cycle.name, attempt=attempt, members=names, table=table, open_=True, carry_on=carry_on)
+            runtime.store.begin_attempt(cycle.ns, cycle.name, attempt, layout=GroupLayout.of(table, job.spec.replica_groups),
                                    carry_on=carried_attempts(lr, attempt, members))
 
-        c.after_commit.append(open_orders)
-        c.phase("Starting", "RestartedInPlace", f"attempt {attempt}: {lr.message}")
+        cycle.after_commit.append(open_orders)
+        cycle.phase("Starting", "RestartedInPlace", f"attempt {attempt}: {lr.message}")
     # placeholders go within a kubelet round trip; their deletion events wake this job
     return 0.5 if blocked else None
 
 
-async def _drop_old_configmaps(c: Cycle, members: Sequence[Obj]) -> None:
+async def _drop_old_configmaps(cycle: Cycle, members: Sequence[Obj]) -> None:
     """Delete the ConfigMaps of attempts no pod of the gang was created for (kept pods still
     mount their own attempt's), keeping those of the earlier attempts a new gang keeps."""
     used = {attempt_of(p) for p in members}
-    kept_from = earlier_attempts(c.st.attempt).start
-    old = [configmap_name(c.name, a) for a in range(max(kept_from - KEPT_ATTEMPTS, 0), kept_from) if a not in used]
+    kept_from = earlier_attempts(cycle.st.attempt).start
+    old = [configmap_name(cycle.name, assessment) for assessment in range(max(kept_from - KEPT_ATTEMPTS, 0), kept_from) if assessment not in used]
     if old:
-        await c.io.delete_configmaps(c.ns, old)
+        await cycle.io.delete_configmaps(cycle.ns, old)
 
 
-def observe_relaunch(c: Cycle, job: TrainingJob, members: Sequence[Obj]) -> Relaunch | None:
+def observe_relaunch(cycle: Cycle, job: TrainingJob, members: Sequence[Obj]) -> Relaunch | None:
     """Step 3, what is seen: the kept launchers that have not reported the new attempt yet
     (None: no in-place restart is Started)."""
-    lr = in_place_restart(c)
+    lr = in_place_restart(cycle)
     if lr is None or lr.state != "Started":
         return None
-    attempt = c.st.attempt
+    attempt = cycle.st.attempt
     carry_on = set(carried_on(lr, attempt))
     kept = [pod_index_of(p) for p in members if attempt_of(p) < attempt and pod_index_of(p) not in carry_on]
     names = {pod_index_of(p): _name(p) for p in members}
-    reports = c.rt.control.reports(c.ns, c.name)
+    reports = cycle.rt.control.reports(cycle.ns, cycle.name)
     waiting = decide_unacknowledged(kept, reports, names, attempt=attempt)
     return Relaunch(
         waiting=tuple(f"{names[i]} (index {i}{_said(reports.get(i), attempt)})" for i in waiting),
-        started=parse_time(lr.started_time) or c.now,
+        started=parse_time(lr.started_time) or cycle.now,
         timeout_s=job.spec.restart_policy.in_place_timeout_seconds,
     )
 
 
-async def finish_in_place(c: Cycle, members: Sequence[Obj]) -> None:
+async def finish_in_place(cycle: Cycle, members: Sequence[Obj]) -> None:
     """Every kept launcher runs the attempt: the restart is Done (old ConfigMaps can go)."""
-    lr = in_place_restart(c)
+    lr = in_place_restart(cycle)
     assert lr is not None
-    started = parse_time(lr.started_time) or c.now
-    c.rt.metrics.in_place_restart.observe(max(c.now - started, 0.0))
-    c.st = c.st.model_copy(update={"last_restart": lr.model_copy(update={"state": "Done"})})
-    await _drop_old_configmaps(c, members)
+    started = parse_time(lr.started_time) or cycle.now
+    cycle.rt.metrics.in_place_restart.observe(max(cycle.now - started, 0.0))
+    cycle.st = cycle.st.model_copy(update={"last_restart": lr.model_copy(update={"state": "Done"})})
+    await _drop_old_configmaps(cycle, members)
 
 
-def await_relaunch(c: Cycle, waiting: int) -> None:
-    if c.st.phase == "Starting":
-        c.st = c.st.model_copy(update={"message": f"attempt {c.st.attempt}: waiting for {waiting} kept pods' launchers to restart their workers"})
+def await_relaunch(cycle: Cycle, waiting: int) -> None:
+    if cycle.st.phase == "Starting":
+        cycle.st = cycle.st.model_copy(update={"message": f"attempt {cycle.st.attempt}: waiting for {waiting} kept pods' launchers to restart their workers"})
 
 
 def _said(got: Any, attempt: int) -> str:
@@ -355,56 +350,56 @@ def _said(got: Any, attempt: int) -> str:
     return ""
 
 
-async def fall_back_to_full(c: Cycle, job: TrainingJob, reason: str, message: str, nodes: Mapping[str, Obj]) -> float:
+async def fall_back_to_full(cycle: Cycle, job: TrainingJob, reason: str, message: str, nodes: Mapping[str, Obj]) -> float:
     """Turn the current in-place restart into a full one: every pod of the gang goes, the next
     attempt is created whole (the budget was spent when the failure was handled)."""
-    rt = c.rt
-    pods = rt.pods_of(c.ns, c.name)
-    await c.delete_pods(pods, nodes)
-    attempt = c.st.attempt + 1
-    c.st = c.st.model_copy(update={
+    runtime = cycle.rt
+    pods = runtime.pods_of(cycle.ns, cycle.name)
+    await cycle.delete_pods(pods, nodes)
+    attempt = cycle.st.attempt + 1
+    cycle.st = cycle.st.model_copy(update={
         "attempt": attempt, "pods_since_attempt": None, "gang_created_time": None, "next_attempt_time": None,
         "last_restart": LastRestart(attempt=attempt, mode="Full", state="Pending", reason=reason, message=f"full restart ({reason}): {message}"),
     })
-    rt.control.publish(c.ns, c.name, attempt=attempt, members={}, open_=False, waiting="full restart")
-    rt.metrics.restart_modes.labels(mode="Full", reason=reason).inc()
-    c.phase("Restarting", reason, f"in-place restart abandoned: {message}; restarting the whole gang")
+    runtime.control.publish(cycle.ns, cycle.name, attempt=attempt, members={}, open_=False, waiting="full restart")
+    runtime.metrics.restart_modes.labels(mode="Full", reason=reason).inc()
+    cycle.phase("Restarting", reason, f"in-place restart abandoned: {message}; restarting the whole gang")
     return 1.0
 
 
-def record_full(c: Cycle, plan: RestartPlan | None) -> None:
+def record_full(cycle: Cycle, plan: RestartPlan | None) -> None:
     """A full restart's ``lastRestart`` (after the attempt was bumped), and the Event of a
     fallback from in place; the old launchers are told to stop."""
-    attempt = c.st.attempt
+    attempt = cycle.st.attempt
     reason = plan.reason if plan is not None else ""
     message = plan.message if plan is not None else "full restart"
-    c.st = c.st.model_copy(update={"pods_since_attempt": None,
+    cycle.st = cycle.st.model_copy(update={"pods_since_attempt": None,
                                    "last_restart": LastRestart(attempt=attempt, mode="Full", state="Pending", reason=reason, message=message)})
-    c.rt.control.publish(c.ns, c.name, attempt=attempt, members={}, open_=False, waiting="full restart")
-    c.rt.metrics.restart_modes.labels(mode="Full", reason=reason or "None").inc()  # not "": a scrape drops empty labels
+    cycle.rt.control.publish(cycle.ns, cycle.name, attempt=attempt, members={}, open_=False, waiting="full restart")
+    cycle.rt.metrics.restart_modes.labels(mode="Full", reason=reason or "None").inc()  # not "": a scrape drops empty labels
     if plan is not None and reason and reason != "InPlaceDisabled":
-        c.event("Warning", "FullRestart", message)
+        cycle.event("Warning", "FullRestart", message)
 
 
-async def republish(c: Cycle, members: Sequence[Obj], *, replica_groups: int = 1) -> None:
+async def republish(cycle: Cycle, members: Sequence[Obj], *, replica_groups: int = 1) -> None:
     """After an operator restart: what the launchers of the current attempt are told, rebuilt
     from the attempt's ConfigMap and the pods."""
-    attempt = c.st.attempt
-    table = await c.io.read_rank_table(c.ns, c.name, attempt)
-    config = await c.io.read_attempt_config(c.ns, c.name, attempt)
+    attempt = cycle.st.attempt
+    table = await cycle.io.read_rank_table(cycle.ns, cycle.name, attempt)
+    config = await cycle.io.read_attempt_config(cycle.ns, cycle.name, attempt)
     if table is None:
         return
     present = {pod_index_of(p): _name(p) for p in members}
-    names = {i: present.get(i, pod_name(c.name, attempt, i)) for i in range(len(table.pods))}
-    lr = in_place_restart(c)
-    c.rt.control.publish(c.ns, c.name, attempt=attempt, members=names, table=table, restore=(config or {}).get("restore"),
-                         open_=not (lr is not None and lr.state in ("Pending", WAITING)), carry_on=carried_on(c.st.last_restart, attempt),
+    names = {i: present.get(i, pod_name(cycle.name, attempt, i)) for i in range(len(table.pods))}
+    lr = in_place_restart(cycle)
+    cycle.rt.control.publish(cycle.ns, cycle.name, attempt=attempt, members=names, table=table, restore=(config or {}).get("restore"),
+                         open_=not (lr is not None and lr.state in ("Pending", WAITING)), carry_on=carried_on(cycle.st.last_restart, attempt),
                          replica_groups=replica_groups)
-    c.rt.store.begin_attempt(c.ns, c.name, attempt, layout=GroupLayout.of(table, replica_groups),
-                             carry_on=carried_attempts(c.st.last_restart, attempt, members))
-    for a in sorted({attempt_of(p) for p in members if attempt_of(p) < attempt}):
+    cycle.rt.store.begin_attempt(cycle.ns, cycle.name, attempt, layout=GroupLayout.of(table, replica_groups),
+                             carry_on=carried_attempts(cycle.st.last_restart, attempt, members))
+    for assessment in sorted({attempt_of(p) for p in members if attempt_of(p) < attempt}):
         # kept launchers run these tables: the delta of their restart is built against them
-        old = await c.io.read_rank_table(c.ns, c.name, a)
+        old = await cycle.io.read_rank_table(cycle.ns, cycle.name, assessment)
         if old is not None:
-            c.rt.control.jobs[(c.ns, c.name)].tables.setdefault(a, old)
+            cycle.rt.control.jobs[(cycle.ns, cycle.name)].tables.setdefault(assessment, old)
 

@@ -35,11 +35,11 @@ def build_memo(settings: OperatorSettings) -> kopf.Memo:
 def runtime_of(memo: kopf.Memo) -> Runtime:
     """The runtime in kopf's memo; one with default settings when the operator was started
     without :func:`build_memo` (``kopf run`` on this module: the first activity sets it)."""
-    rt = memo.get("runtime")
-    if rt is None:
-        rt = memo["runtime"] = Runtime(OperatorSettings(), reconcile_job)
-    assert isinstance(rt, Runtime)
-    return rt
+    runtime = memo.get("runtime")
+    if runtime is None:
+        runtime = memo["runtime"] = Runtime(OperatorSettings(), reconcile_job)
+    assert isinstance(runtime, Runtime)
+    return runtime
 
 
 # compact copies for the indexes ---------------------------------------------------------------
@@ -54,7 +54,7 @@ def compact_pod(body: Any) -> dict[str, Any]:
     meta = body.get("metadata") or {}
     spec = body.get("spec") or {}
     status = body.get("status") or {}
-    containers = [{"name": c.get("name"), "resources": c.get("resources") or {}, **_heartbeat_env(c)} for c in spec.get("containers") or ()]
+    containers = [{"name": cycle.get("name"), "resources": cycle.get("resources") or {}, **_heartbeat_env(cycle)} for cycle in spec.get("containers") or ()]
     owners = [_pick(o, "uid", "controller") for o in meta.get("ownerReferences") or ()]
     # of the annotations only the node the placement chose (logic.gang.find_stale_placement)
     planned = _pick(meta.get("annotations") or {}, NODE_ANNOTATION)
@@ -131,12 +131,12 @@ async def on_login_operator(memo: kopf.Memo, **_: Any) -> kopf.ConnectionInfo:
     """kopf's client logs in with our connection: the same kubeconfig and ``--context`` (kopf's
     own login reads the current context only) and the same renewing credentials. kopf asks again
     when what it was given expired or was refused (401), so that one is dropped first."""
-    rt = runtime_of(memo)
-    conn = rt.connection()
-    if rt.kopf_credential is not None:
-        conn.credentials.invalidate(rt.kopf_credential)
+    runtime = runtime_of(memo)
+    conn = runtime.connection()
+    if runtime.kopf_credential is not None:
+        conn.credentials.invalidate(runtime.kopf_credential)
     cred = await conn.credentials.current()
-    rt.kopf_credential = cred
+    runtime.kopf_credential = cred
     token = cred.token[7:] if cred.token and cred.token.lower().startswith("bearer ") else cred.token
     return kopf.ConnectionInfo(
         server=conn.server, ca_path=conn.ca_file, insecure=conn.insecure or None,
@@ -148,35 +148,35 @@ async def on_login_operator(memo: kopf.Memo, **_: Any) -> kopf.ConnectionInfo:
 
 @kopf.on.startup()
 async def on_startup_operator(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
-    rt = runtime_of(memo)
+    runtime = runtime_of(memo)
     settings.posting.enabled = False  # we write our own Events, one per transition
     apply_watch_settings(settings)
     settings.networking.error_backoffs = [0.5, 1, 2, 5]
-    rt.api()
-    if rt.settings.metrics_port:
+    runtime.api()
+    if runtime.settings.metrics_port:
         from railyard.observe.control import add_control_routes
         from railyard.observe.heartbeats import add_heartbeat_routes
         from railyard.observe.metrics import build_http_app, start_http_server
 
         def routes(a: Any) -> None:
-            add_heartbeat_routes(a, rt.store, rt.tokens, metrics=rt.health_metrics, on_batch=rt.checkpoint_metrics.observe_batch)
-            add_control_routes(a, rt.control, rt.tokens)
+            add_heartbeat_routes(a, runtime.store, runtime.tokens, metrics=runtime.health_metrics, on_batch=runtime.checkpoint_metrics.observe_batch)
+            add_control_routes(a, runtime.control, runtime.tokens)
 
         app = build_http_app(
-            rt.metrics.registry,
-            healthy=rt.probes.liveness,
-            ready=rt.probes.readiness,
+            runtime.metrics.registry,
+            healthy=runtime.probes.liveness,
+            ready=runtime.probes.readiness,
             extra_routes=routes,
         )
-        rt.http_runner = await start_http_server(app, rt.settings.metrics_host, rt.settings.metrics_port)
-    rt.probes.started = True
+        runtime.http_runner = await start_http_server(app, runtime.settings.metrics_host, runtime.settings.metrics_port)
+    runtime.probes.started = True
 
 
 @kopf.on.cleanup()
 async def on_cleanup_operator(memo: kopf.Memo, **_: Any) -> None:
-    rt = memo.get("runtime")
-    if isinstance(rt, Runtime):
-        await rt.close()
+    runtime = memo.get("runtime")
+    if isinstance(runtime, Runtime):
+        await runtime.close()
 
 
 # events ---------------------------------------------------------------------------------------
@@ -184,29 +184,29 @@ async def on_cleanup_operator(memo: kopf.Memo, **_: Any) -> None:
 
 @kopf.on.event(GROUP, VERSION, PLURAL)
 async def on_event_trainingjob(event: Any, body: Any, name: str, namespace: str | None, memo: kopf.Memo, **kwargs: Any) -> None:
-    rt = runtime_of(memo)
+    runtime = runtime_of(memo)
     namespace = namespace or "default"
-    rt.bind_indexes(kwargs)
+    runtime.bind_indexes(kwargs)
     if event.get("type") == "DELETED":
-        await rt.remove_job(namespace, name)
+        await runtime.remove_job(namespace, name)
         # ownerReferences garbage-collect the rest; this covers API servers without a collector
-        await KubeGangIO(rt.api()).delete_owned(namespace, name)
+        await KubeGangIO(runtime.api()).delete_owned(namespace, name)
         return
-    rt.upsert_job(namespace, name, _plain(body))
+    runtime.upsert_job(namespace, name, _plain(body))
 
 
 @kopf.on.event("pods", labels={JOB_LABEL: kopf.PRESENT})
 def on_event_pod(namespace: str | None, labels: Any, memo: kopf.Memo, **kwargs: Any) -> None:
-    rt = runtime_of(memo)
-    rt.bind_indexes(kwargs)
-    rt.wake(namespace or "", labels[JOB_LABEL])
+    runtime = runtime_of(memo)
+    runtime.bind_indexes(kwargs)
+    runtime.wake(namespace or "", labels[JOB_LABEL])
 
 
 @kopf.on.event("nodes")
 async def on_event_node(event: Any, name: str, body: Any, memo: kopf.Memo, **kwargs: Any) -> None:
-    rt = runtime_of(memo)
-    rt.bind_indexes(kwargs)
-    await on_node_change(rt, KubeGangIO(rt.api()), deleted=event.get("type") == "DELETED", name=name, body=body)
+    runtime = runtime_of(memo)
+    runtime.bind_indexes(kwargs)
+    await on_node_change(runtime, KubeGangIO(runtime.api()), deleted=event.get("type") == "DELETED", name=name, body=body)
 
 
 def _plain(body: Any) -> dict[str, Any]:

@@ -10,20 +10,20 @@ from railyard.logic.lighthouse import decide_lighthouse
 from railyard.logic.manifests import build_lighthouse_pod, owner_reference
 
 
-async def reconcile_lighthouse(c: Cycle, job: TrainingJob) -> float | None:
+async def reconcile_lighthouse(cycle: Cycle, job: TrainingJob) -> float | None:
     """Make the Lighthouse match the decision; returns when to look again (None: no hurry)."""
-    rt = c.rt
-    have = rt.pods_of(c.ns, c.name, lighthouse=True)
-    nodes = rt.node_map()
-    d = decide_lighthouse(replica_groups=job.spec.replica_groups, phase=c.st.phase,
-                          deleting=bool(c.meta.get("deletionTimestamp") or job.spec.suspend), have=have, nodes=nodes)
+    runtime = cycle.rt
+    have = runtime.pods_of(cycle.ns, cycle.name, lighthouse=True)
+    nodes = runtime.node_map()
+    d = decide_lighthouse(replica_groups=job.spec.replica_groups, phase=cycle.st.phase,
+                          deleting=bool(cycle.meta.get("deletionTimestamp") or job.spec.suspend), have=have, nodes=nodes)
     if d.delete:
         # the same deletion as a placeholder's: force on a dead node, each pod once
-        await delete_placeholders(c, d.delete, nodes)
+        await delete_placeholders(cycle, d.delete, nodes)
     if d.lost:
-        await c.io.create_event(c.body, type_="Warning", reason="LighthouseLost",
-                                message=f"{d.lost}; creating it again (the replica groups wait for a quorum meanwhile)", now=c.now)
+        await cycle.io.create_event(cycle.body, type_="Warning", reason="LighthouseLost",
+                                message=f"{d.lost}; creating it again (the replica groups wait for a quorum meanwhile)", now=cycle.now)
     if d.create:
-        await c.io.create_pods([build_lighthouse_pod(job.spec, job=c.name, namespace=c.ns, owner=owner_reference(c.body),
-                                                     annotations=rt.settings.pod_annotations)])
+        await cycle.io.create_pods([build_lighthouse_pod(job.spec, job=cycle.name, namespace=cycle.ns, owner=owner_reference(cycle.body),
+                                                     annotations=runtime.settings.pod_annotations)])
     return 1.0 if d.create or d.delete else None

@@ -16,17 +16,17 @@ from railyard.logic.quarantine import wants_release
 from railyard.logic.topology import placement_signature
 
 
-async def on_node_change(rt: Runtime, io: GangIO, *, deleted: bool, name: str, body: Mapping[str, Any]) -> None:
+async def on_node_change(runtime: Runtime, io: GangIO, *, deleted: bool, name: str, body: Mapping[str, Any]) -> None:
     """Finish a release a person started, wake every job when something placement reads
     changed (readiness, cordon, taints, quarantine, GPUs), and keep the quarantined-nodes gauge."""
     if deleted:
-        rt.node_signatures.pop(name, None)
-        rt.wake_jobs()
+        runtime.node_signatures.pop(name, None)
+        runtime.wake_jobs()
     else:
         if wants_release(body):
             await io.release_node(name)
         sig = placement_signature(body)
-        if rt.node_signatures.get(name) != sig:
-            rt.node_signatures[name] = sig
-            rt.wake_jobs()
-    rt.metrics.quarantined.set(sum(1 for s in rt.node_signatures.values() if s[3]))
+        if runtime.node_signatures.get(name) != sig:
+            runtime.node_signatures[name] = sig
+            runtime.wake_jobs()
+    runtime.metrics.quarantined.set(sum(1 for s in runtime.node_signatures.values() if s[3]))

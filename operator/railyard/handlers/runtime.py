@@ -173,46 +173,46 @@ class Runtime:
 
     def upsert_job(self, namespace: str, name: str, body: dict[str, Any]) -> JobWorker:
         key = (namespace, name)
-        w = self.workers.get(key)
+        worker = self.workers.get(key)
         uid = (body.get("metadata") or {}).get("uid")
-        old_uid = (w.body.get("metadata") or {}).get("uid") if w is not None else None
-        if w is not None and old_uid and uid and old_uid != uid:
+        old_uid = (worker.body.get("metadata") or {}).get("uid") if worker is not None else None
+        if worker is not None and old_uid and uid and old_uid != uid:
             # deleted and recreated under the same name while we missed the deletion
-            w.gone = True
-            if w.task is not None:
-                w.task.cancel()
-            w = None
-        if w is None or w.gone:
-            w = JobWorker(namespace, name)
-            self.workers[key] = w
-        w.body = body
-        if w.task is None or w.task.done():
-            self._start_worker(w)
-        w.wake.set()
-        return w
+            worker.gone = True
+            if worker.task is not None:
+                worker.task.cancel()
+            worker = None
+        if worker is None or worker.gone:
+            worker = JobWorker(namespace, name)
+            self.workers[key] = worker
+        worker.body = body
+        if worker.task is None or worker.task.done():
+            self._start_worker(worker)
+        worker.wake.set()
+        return worker
 
-    def _start_worker(self, w: JobWorker) -> None:
-        w.task = asyncio.create_task(self._loop(w), name=f"railyard-job-{w.namespace}/{w.name}")
-        w.task.add_done_callback(lambda task: self._on_worker_done(w, task))
+    def _start_worker(self, worker: JobWorker) -> None:
+        worker.task = asyncio.create_task(self._loop(worker), name=f"railyard-job-{worker.namespace}/{worker.name}")
+        worker.task.add_done_callback(lambda task: self._on_worker_done(worker, task))
 
-    def _on_worker_done(self, w: JobWorker, task: asyncio.Task[None]) -> None:
+    def _on_worker_done(self, worker: JobWorker, task: asyncio.Task[None]) -> None:
         """A job's worker runs until its job is gone; one that ended otherwise is logged and
         restarted at once, so the job is not left unreconciled until its next event."""
-        if w.gone or task.cancelled() or w.task is not task or self.workers.get((w.namespace, w.name)) is not w:
+        if worker.gone or task.cancelled() or worker.task is not task or self.workers.get((worker.namespace, worker.name)) is not worker:
             return
         exc = task.exception()
-        log.error("the worker of %s/%s ended unexpectedly (%r); restarting it in %.0fs", w.namespace, w.name, exc,
+        log.error("the worker of %s/%s ended unexpectedly (%r); restarting it in %.0fs", worker.namespace, worker.name, exc,
                   WORKER_RESTART_DELAY_S, exc_info=exc)
         self.metrics.reconcile_errors.labels(kind="WorkerDied").inc()
-        asyncio.get_running_loop().call_later(WORKER_RESTART_DELAY_S, self._restart_worker, w, task)
+        asyncio.get_running_loop().call_later(WORKER_RESTART_DELAY_S, self._restart_worker, worker, task)
 
-    def _restart_worker(self, w: JobWorker, dead: asyncio.Task[None]) -> None:
-        if not w.gone and w.task is dead and self.workers.get((w.namespace, w.name)) is w:
-            self._start_worker(w)
-            w.wake.set()
+    def _restart_worker(self, worker: JobWorker, dead: asyncio.Task[None]) -> None:
+        if not worker.gone and worker.task is dead and self.workers.get((worker.namespace, worker.name)) is worker:
+            self._start_worker(worker)
+            worker.wake.set()
 
     async def remove_job(self, namespace: str, name: str) -> None:
-        w = self.workers.pop((namespace, name), None)
+        worker = self.workers.pop((namespace, name), None)
         self.phases.pop((namespace, name), None)
         self.store.forget_job(namespace, name)
         self.control.forget(namespace, name)
@@ -221,21 +221,21 @@ class Runtime:
         self.health_metrics.forget_job(namespace, name)
         self.checkpoint_metrics.forget_job(namespace, name)
         self.update_phase_gauge()
-        if w is not None:
-            w.gone = True
-            if w.task is not None:
-                w.task.cancel()
+        if worker is not None:
+            worker.gone = True
+            if worker.task is not None:
+                worker.task.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await w.task
+                    await worker.task
 
     def wake(self, namespace: str, name: str) -> None:
-        w = self.workers.get((namespace, name))
-        if w is not None:
-            w.wake.set()
+        worker = self.workers.get((namespace, name))
+        if worker is not None:
+            worker.wake.set()
 
     def wake_jobs(self) -> None:
-        for w in self.workers.values():
-            w.wake.set()
+        for worker in self.workers.values():
+            worker.wake.set()
 
     def set_phase(self, namespace: str, name: str, phase: str) -> None:
         if self.phases.get((namespace, name)) != phase:
@@ -256,18 +256,18 @@ class Runtime:
             counts[phase] = counts.get(phase, 0) + 1
         self.metrics.set_phases(counts)
 
-    async def _loop(self, w: JobWorker) -> None:
+    async def _loop(self, worker: JobWorker) -> None:
         failures = 0
-        while not w.gone:
-            w.wake.clear()
+        while not worker.gone:
+            worker.wake.clear()
             delay: float | None
             try:
                 self.metrics.reconciles.inc()
-                self.probes.cycle_started((w.namespace, w.name))
+                self.probes.cycle_started((worker.namespace, worker.name))
                 try:
-                    delay = await self.reconcile(self, w)
+                    delay = await self.reconcile(self, worker)
                 finally:
-                    self.probes.cycle_finished((w.namespace, w.name))
+                    self.probes.cycle_finished((worker.namespace, worker.name))
                 failures = 0
             except asyncio.CancelledError:
                 raise
@@ -279,24 +279,24 @@ class Runtime:
                     kind = f"{kind}{status}"
                 self.metrics.reconcile_errors.labels(kind=kind).inc()
                 delay = min(0.5 * 2 ** min(failures, 6), 30.0)
-                log.exception("reconciling %s/%s failed (retry in %.1fs)", w.namespace, w.name, delay)
-            if w.gone:
+                log.exception("reconciling %s/%s failed (retry in %.1fs)", worker.namespace, worker.name, delay)
+            if worker.gone:
                 return
             timeout = self.settings.idle_recheck_s if delay is None else max(delay, 0.0)
             if timeout > 0:
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(w.wake.wait(), timeout=timeout)
+                    await asyncio.wait_for(worker.wake.wait(), timeout=timeout)
             if self.settings.coalesce_s > 0:
                 await asyncio.sleep(self.settings.coalesce_s)
 
     async def close(self) -> None:
         for key in list(self.workers):
-            w = self.workers.pop(key)
-            w.gone = True
-            if w.task is not None:
-                w.task.cancel()
+            worker = self.workers.pop(key)
+            worker.gone = True
+            if worker.task is not None:
+                worker.task.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await w.task
+                    await worker.task
         self.control.close()
         if self.http_runner is not None:
             await self.http_runner.cleanup()

@@ -24,37 +24,37 @@ from railyard.logic.spares import HOLDING, decide_spares
 PLACEHOLDER_GRACE_S = 1
 
 
-async def delete_placeholders(c: Cycle, pods: Sequence[Mapping[str, Any]], nodes: Mapping[str, Mapping[str, Any]]) -> None:
+async def delete_placeholders(cycle: Cycle, pods: Sequence[Mapping[str, Any]], nodes: Mapping[str, Mapping[str, Any]]) -> None:
     """Delete placeholders (force on dead nodes), once each."""
-    normal, force = plan_pod_deletions(pods, nodes, now=c.now, asked=c.w.deleting, stuck_terminating_s=c.rt.settings.stuck_terminating_s)
+    normal, force = plan_pod_deletions(pods, nodes, now=cycle.now, asked=cycle.w.deleting, stuck_terminating_s=cycle.rt.settings.stuck_terminating_s)
     for n in normal + force:
-        c.w.deleting[n] = c.now
+        cycle.w.deleting[n] = cycle.now
     if normal:
-        await c.io.delete_pods(c.ns, normal, grace_seconds=PLACEHOLDER_GRACE_S)
+        await cycle.io.delete_pods(cycle.ns, normal, grace_seconds=PLACEHOLDER_GRACE_S)
     if force:
-        await c.io.delete_pods(c.ns, force, grace_seconds=0)
+        await cycle.io.delete_pods(cycle.ns, force, grace_seconds=0)
 
 
-async def reconcile_spares(c: Cycle, job: TrainingJob) -> float | None:
+async def reconcile_spares(cycle: Cycle, job: TrainingJob) -> float | None:
     """Make the placeholders match the placement's spares; returns when to look again."""
-    rt = c.rt
-    have = rt.pods_of(c.ns, c.name, spare=True)
-    deleting = c.meta.get("deletionTimestamp") or job.spec.suspend
-    spares = list(c.st.placement.spares) if c.st.placement is not None else []
-    nodes = rt.node_map()
-    create, delete, held = decide_spares(job=c.name, phase="" if deleting else c.st.phase, wanted=job.spec.gang.hot_spares,
+    runtime = cycle.rt
+    have = runtime.pods_of(cycle.ns, cycle.name, spare=True)
+    deleting = cycle.meta.get("deletionTimestamp") or job.spec.suspend
+    spares = list(cycle.st.placement.spares) if cycle.st.placement is not None else []
+    nodes = runtime.node_map()
+    create, delete, held = decide_spares(job=cycle.name, phase="" if deleting else cycle.st.phase, wanted=job.spec.gang.hot_spares,
                                          spares=spares, nodes=nodes, have=have)
     if delete:
-        await delete_placeholders(c, delete, nodes)
-    lr = c.st.last_restart
-    if create and lr is not None and lr.mode == "InPlace" and lr.attempt == c.st.attempt and lr.state != "Done":
+        await delete_placeholders(cycle, delete, nodes)
+    lr = cycle.st.last_restart
+    if create and lr is not None and lr.mode == "InPlace" and lr.attempt == cycle.st.attempt and lr.state != "Done":
         # a restart in place is opening: its replacements and orders first, new spares after
         create = []
     if create:
-        owner = owner_reference(c.body)
-        await c.io.create_pods([build_spare_pod(job.spec, job=c.name, namespace=c.ns, owner=owner, node=n,
-                                                annotations=rt.settings.pod_annotations) for n in create])
-    if held != c.st.spares_held:
-        c.update(spares_held=held)
-    rt.metrics.set_spares(c.ns, c.name, wanted=job.spec.gang.hot_spares if c.st.phase in HOLDING else 0, held=held)
+        owner = owner_reference(cycle.body)
+        await cycle.io.create_pods([build_spare_pod(job.spec, job=cycle.name, namespace=cycle.ns, owner=owner, node=n,
+                                                annotations=runtime.settings.pod_annotations) for n in create])
+    if held != cycle.st.spares_held:
+        cycle.update(spares_held=held)
+    runtime.metrics.set_spares(cycle.ns, cycle.name, wanted=job.spec.gang.hot_spares if cycle.st.phase in HOLDING else 0, held=held)
     return 1.0 if create else None

@@ -21,12 +21,15 @@ from typing import Any
 
 from railyard.api.trainingjob import (
     CheckpointRef,
+    QuarantinedNode,
     RestartBudget,
     RestartPolicy,
     Restarts,
     TrainingJobSpec,
     TrainingJobStatus,
 )
+from railyard.logic.conditions import format_micro_time
+from railyard.logic.failures import Failure
 from railyard.protocol.exitcodes import FailureClass
 from railyard.protocol.restore import TIER_RANK
 
@@ -117,6 +120,26 @@ def record_restart(restarts: Restarts, cls: FailureClass, reason: str, now_iso: 
             "last_time": now_iso,
         }
     )
+
+
+def restart_update(
+    status: TrainingJobStatus, failure: Failure, *, attempt: int, now: float, now_iso: str, backoff_s: float,
+    quarantined: list[QuarantinedNode], in_place: bool,
+) -> dict[str, Any]:
+    """What every restart writes into the status, written once (full, in place, a replica-group
+    shrink): the restart counted, the new attempt, when it failed, when the next attempt may start
+    (after the backoff), the quarantined nodes. ``in_place``: the attempt keeps pods of earlier
+    attempts, counted from ``pods_since_attempt`` (kept across in-place restarts)."""
+    update: dict[str, Any] = {
+        "restarts": record_restart(status.restarts, failure.cls, f"{failure.kind}: {failure.message}", now_iso),
+        "attempt": attempt,
+        "failure_time": format_micro_time(now),
+        "next_attempt_time": format_micro_time(now + backoff_s) if backoff_s > 0 else None,
+        "quarantined_nodes": quarantined,
+    }
+    if in_place:
+        update["pods_since_attempt"] = status.pods_since_attempt if status.pods_since_attempt is not None else status.attempt
+    return update
 
 
 def best_checkpoint(refs: Iterable[CheckpointRef]) -> CheckpointRef:
