@@ -3,7 +3,10 @@ cluster. Two replica groups of one pod x one rank (tiny preset), a hot spare.
 
 The node of group 1's pod fails mid-run: only that group restarts, its pod replaced (on the
 spare). Group 0's pod is the same object (UID) with the same worker process throughout, the
-restarted group heals from group 0, and the job Succeeds with both groups at the last step.
+restarted group heals from group 0, and the job Succeeds with both groups at the last step and
+the same parameters (``params_crc32`` of each ``done`` event). With ``minReplicas: 2`` one group
+alone could commit no step: the operator falls back to the ordinary in-place restart of the whole
+gang (group 0's pod kept, its workers restarted), and the job ends the same way.
 (A killed worker, restarted in place, is one of the faults of
 tests/system/test_replica_group_faults.py, with SDC and a hang, in one job.)
 Group 0 keeps running its older attempt: the operator accepts its heartbeats throughout (none
@@ -46,11 +49,13 @@ def refused_heartbeats(local_cluster: Any, pod: str) -> list[str]:
     return [ln for ln in lines if "heartbeat POST" in ln and "failed" in ln]
 
 
-def test_a_lost_node_restarts_only_its_replica_group(api: Api, operator: OperatorProcess, local_cluster: Any) -> None:
+@pytest.mark.parametrize("min_replicas", [1, 2], ids=["group-repair", "below-minReplicas-in-place"])
+def test_a_lost_node_restarts_only_its_replica_group(api: Api, operator: OperatorProcess, local_cluster: Any, min_replicas: int) -> None:
+    alone = min_replicas == 1  # group 0 can commit steps alone: only group 1 restarts
     name = unique("rg")
     spec = base_spec(
         parallelism={"dataReplicas": 2},
-        faultTolerance={"mode": "ReplicaGroups", "minReplicas": 1},
+        faultTolerance={"mode": "ReplicaGroups", "minReplicas": min_replicas},
         gang={"hotSpares": 1, "scheduleTimeoutSeconds": 240},
         trainer={"steps": STEPS, "batchSize": 8},
         nodeSelector=local_cluster.node_selector,  # on a given API server, not another's nodes
@@ -67,23 +72,33 @@ def test_a_lost_node_restarts_only_its_replica_group(api: Api, operator: Operato
         pids = [e["pids"] for e in events_of(local_cluster, keep) if e.get("event") == "workers_started"]
         victim = s["placement"]["nodes"][1]
         api.annotate_node(victim, {FAIL: "true"})
-        s = wait_status(api, name, "the group repair", lambda s: s if (s.get("lastRestart") or {}).get("reason") == "ReplicaGroupReplaced"
-                        else (pytest.fail(f"not a group repair: {s.get('lastRestart')}") if (s.get("lastRestart") or {}).get("mode") == "Full" else None),
+        s = wait_status(api, name, "the restart", lambda s: s if (s.get("lastRestart") or {}).get("mode") == "InPlace" and s["lastRestart"].get("attempt") == 1
+                        else (pytest.fail(f"a full restart: {s.get('lastRestart')}") if (s.get("lastRestart") or {}).get("mode") == "Full" else None),
                         240, operator)
-        assert s["lastRestart"]["carriedOn"] == [0] and s["lastRestart"]["replaced"] == [1], s["lastRestart"]
+        lr = s["lastRestart"]
+        if alone:
+            assert (lr["reason"], lr["carriedOn"], lr["replaced"]) == ("ReplicaGroupReplaced", [0], [1]), lr
+        else:  # below minReplicas: the whole gang restarts in place, nobody carries on
+            assert (lr["reason"], lr["carriedOn"], lr["replaced"]) == ("", [], [1]), lr
         s = wait_status(api, name, "the job to finish", lambda s: s if s.get("phase") in ("Succeeded", "Failed") else None, 500, operator)
         assert s["phase"] == "Succeeded", json.dumps(s)[:3000]
-        assert s.get("attempt") == 1 and s["restarts"]["total"] == 1, "one restart: the group's"
+        assert s.get("attempt") == 1 and s["restarts"]["total"] == 1, "one restart"
         after = {p.metadata.name: p for p in api.pods(SYSTEM_NS, name)}
         assert after[keep].metadata.uid == uid, "group 0's pod is the same object"
         kept = events_of(local_cluster, keep)
-        assert [e["pids"] for e in kept if e.get("event") == "workers_started"] == pids, "and the same worker process"
+        started = [e["pids"] for e in kept if e.get("event") == "workers_started"]
+        if alone:
+            assert started == pids, "and the same worker process"
+        else:
+            assert started[:len(pids)] == pids and len(started) > len(pids), "its workers restarted in place"
         new = next(n for n in after if n.startswith(f"{name}-a1-1"))
         assert after[new].spec.node_name != victim
         replaced = events_of(local_cluster, new)
-        assert any(e.get("event") == "replica_healed" for e in replaced), replaced[-20:]
+        if alone:
+            assert any(e.get("event") == "replica_healed" for e in replaced), replaced[-20:]
         done = [e for p in (kept, replaced) for e in p if e.get("event") == "done"]
         assert len(done) == 2 and {d["step"] for d in done} == {STEPS}, done
+        assert len({d["params_crc32"] for d in done}) == 1, f"the groups' parameters differ: {done}"
         assert lose not in after or after[lose].metadata.deletion_timestamp or after[lose].status.phase != "Running"
         assert refused_heartbeats(local_cluster, keep) == [], "the carried-on group's beats are accepted after the repair"
     finally:
