@@ -4,9 +4,13 @@ topology. matplotlib with the Agg backend; nothing is shown, PNGs are written.""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from railyard.demo.groups import GroupReport, group_marks
-from railyard.demo.record import Record, placement_picture
+from railyard.demo.record import Cell, PlacementPicture, Record, placement_picture
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 PHASE_COLORS = {
     "Pending": "#bbbbbb", "Placing": "#9ecae1", "Starting": "#6baed6", "Running": "#31a354",
@@ -127,35 +131,93 @@ def draw_timeline(record: Record, path: Path) -> Path:
 
 def draw_placement(record: Record, path: Path, groups: GroupReport | None = None) -> Path:
     import matplotlib.pyplot as plt
-    from matplotlib.patches import FancyBboxPatch
 
-    picture = placement_picture(record)
-    group_of = {i: s.group for s in groups.stories for i in s.pod_indices} if groups is not None else {}
-    colors = {"pod": "#a1d99b", "spare": "#c6dbef", "quarantined": "#fcbba1", "free": "#f0f0f0"}
-    width = sum(len(cells) for cells in picture.leaves.values())
-    fig, ax = plt.subplots(figsize=(2.2 * max(width, 2), 3.2))
-    x = 0.0
-    for (spine, leaf), cells in sorted(picture.leaves.items()):
-        left = x
-        for c in cells:
-            label = c.node
-            if c.role == "pod":
-                label = f"{c.node}\npod {c.pod_index}" + (f" group {group_of[c.pod_index]}" if c.pod_index in group_of else "") + (" (moved)" if c.moved else "")
-            elif c.role != "free":
-                label = f"{c.node}\n{c.role}"
-            ax.add_patch(FancyBboxPatch((x, 0), 1.8, 1, boxstyle="round,pad=0.05", facecolor=colors[c.role], edgecolor="#333333"))
-            ax.text(x + 0.9, 0.5, label, ha="center", va="center", fontsize=8)
-            x += 2.0
-        ax.plot([left + 0.9, x - 1.1], [1.35, 1.35], color="#555555")
-        ax.text((left + x - 0.2) / 2, 1.5, f"{spine} / {leaf}", ha="center", fontsize=9)
-        x += 0.5
-    ax.set_xlim(-0.3, x)
-    ax.set_ylim(-0.3, 1.9)
-    ax.axis("off")
-    how = ("one replica group per pod (FSDP inside it), HSDP across groups" if groups is not None
-           else "TP inside each node, FSDP across nodes on one rail")
-    ax.set_title(f"Placement of the final gang (attempt {picture.attempt}); {how}")
+    fig = placement_figure(record, groups)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+NVLINK_COLOR = "#3182bd"
+
+
+def placement_figure(record: Record, groups: GroupReport | None = None) -> Figure:
+    """The placement picture: each leaf's nodes under its ``spine / leaf`` bar and, where nodes
+    carry the NVLink-domain label, each domain outlined (dashed) around its nodes with its name
+    and the TP groups inside it; a TP group spanning several pods joined by a bar."""
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import FancyBboxPatch
+
+    picture = placement_picture(record)
+    domains = picture.domains()
+    group_of = {i: s.group for s in groups.stories for i in s.pod_indices} if groups is not None else {}
+    colors = {"pod": "#a1d99b", "spare": "#c6dbef", "quarantined": "#fcbba1", "free": "#f0f0f0"}
+    width = sum(len(cells) for cells in picture.leaves.values())
+    fig, ax = plt.subplots(figsize=(2.2 * max(width, 2), 3.2 if not domains else 3.8))
+    x = 0.0
+    for (spine, leaf), cells in sorted(picture.leaves.items()):
+        left = x
+        starts: list[float] = []
+        for i, c in enumerate(cells):
+            if i and c.domain != cells[i - 1].domain:
+                x += 0.3  # room between two NVLink domains' outlines
+            label = c.node
+            if c.role == "pod":
+                label = f"{c.node}\npod {c.pod_index}" + (f" group {group_of[c.pod_index]}" if c.pod_index in group_of else "") + (" (moved)" if c.moved else "")
+                if c.tp_groups:
+                    label += "\nTP " + ", ".join(str(g) for g in c.tp_groups)
+            elif c.role != "free":
+                label = f"{c.node}\n{c.role}"
+            ax.add_patch(FancyBboxPatch((x, 0), 1.8, 1, boxstyle="round,pad=0.05", facecolor=colors[c.role], edgecolor="#333333"))
+            ax.text(x + 0.9, 0.5, label, ha="center", va="center", fontsize=8)
+            starts.append(x)
+            x += 2.0
+        if domains:
+            _draw_nvlink_domains(ax, cells, starts, domains)
+        ax.plot([left + 0.9, x - 1.1], [1.35, 1.35], color="#555555")
+        ax.text((left + x - 0.2) / 2, 1.5, f"{spine} / {leaf}", ha="center", fontsize=9)
+        x += 0.5
+    ax.set_xlim(-0.3, x)
+    ax.set_ylim(-0.3 if not domains else -0.8, 1.9)
+    ax.axis("off")
+    if groups is not None:
+        how = "one replica group per pod (FSDP inside it), HSDP across groups"
+    elif any(len(_pods_of(picture, g)) > 1 for gs in domains.values() for g in gs):
+        how = "TP across the nodes of one NVLink domain (dashed), FSDP across domains on one rail"
+    else:
+        how = "TP inside each node, FSDP across nodes on one rail" + ("; dashed: NVLink domains" if domains else "")
+    ax.set_title(f"Placement of the final gang (attempt {picture.attempt}); {how}")
+    return fig
+
+
+def _pods_of(picture: PlacementPicture, tp_group: int) -> list[str]:
+    return [c.node for cells in picture.leaves.values() for c in cells if tp_group in c.tp_groups]
+
+
+def _draw_nvlink_domains(ax: object, cells: list[Cell], starts: list[float], domains: dict[str, tuple[int, ...]]) -> None:
+    """One leaf's NVLink domains: a dashed outline around each run of its nodes in one domain
+    (placement_picture keeps them together), named below with the TP groups inside it; a TP
+    group on several of those nodes is joined by a bar across them."""
+    from typing import Any
+
+    from matplotlib.patches import FancyBboxPatch
+
+    a: Any = ax
+    run_start = 0
+    for i in range(1, len(cells) + 1):
+        if i < len(cells) and cells[i].domain == cells[run_start].domain:
+            continue
+        domain = cells[run_start].domain
+        if domain:
+            x0, x1 = starts[run_start] - 0.12, starts[i - 1] + 1.92
+            a.add_patch(FancyBboxPatch((x0, -0.12), x1 - x0, 1.24, boxstyle="round,pad=0.02", fill=False,
+                                       edgecolor=NVLINK_COLOR, linestyle="--", linewidth=1.5))
+            tp = domains.get(domain, ())
+            a.text((x0 + x1) / 2, -0.25, f"NVLink {domain}" + (f"\nTP groups {', '.join(str(g) for g in tp)}" if tp else ""),
+                   ha="center", va="top", fontsize=8, color=NVLINK_COLOR)
+            for g in tp:
+                on = [starts[j] for j in range(run_start, i) if g in cells[j].tp_groups]
+                if len(on) > 1:
+                    a.plot([on[0] + 0.2, on[-1] + 1.6], [0.12, 0.12], color=NVLINK_COLOR, linewidth=3, solid_capstyle="round")
+        run_start = i

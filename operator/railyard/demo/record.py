@@ -52,6 +52,12 @@ class Record:
     pods: dict[int, dict[int, str]] = field(default_factory=dict)
     #: node -> (spine, leaf)
     topology: dict[str, tuple[str, str]] = field(default_factory=dict)
+    #: node -> its NVLink domain, the value of the job's NVLink-domain label on the node
+    #: (``topology.nvlinkLevel``, by default nvidia.com/gpu.clique); empty when no node carries it
+    nvlink: dict[str, str] = field(default_factory=dict)
+    #: pod index -> the tensor-parallel groups (``g = p * dp + d``) its ranks belong to, by the
+    #: operator's layout rule (railyard.protocol.mesh.MeshShape.layout)
+    tp_groups: dict[int, tuple[int, ...]] = field(default_factory=dict)
     #: scenario actions the runner took: (t, what)
     actions: list[tuple[float, str]] = field(default_factory=list)
     final_status: dict[str, Any] = field(default_factory=dict)
@@ -84,6 +90,30 @@ def note_placement(record: Record, status: dict[str, Any]) -> int | None:
     record.spares[attempt] = list(placement.get("spares") or [])
     record.moved[attempt] = [int(i) for i in placement.get("moved") or []]
     return attempt
+
+
+def note_nodes(record: Record, job: dict[str, Any], nodes: list[dict[str, Any]]) -> None:
+    """Record each Node's (spine, leaf) and NVLink domain from its labels, and the TP groups of
+    each pod index. The NVLink label key is the operator's (railyard.logic.placement
+    build_gang_request: ``topology.nvlinkLevel``, else the preset's key the nodes carry), so is
+    the pod -> TP group rule (the job's MeshShape); where the pods went is ``status.placement``'s."""
+    from railyard.api.trainingjob import TrainingJob
+    from railyard.logic.placement import build_gang_request
+
+    request = build_gang_request(TrainingJob.model_validate(job), nodes=nodes)
+    key = request.nvlink_level or ""
+    for node in nodes:
+        meta = node.get("metadata") or {}
+        labels = meta.get("labels") or {}
+        name = str(meta.get("name", ""))
+        record.topology[name] = (labels.get("railyard.dev/spine", "?"), labels.get("railyard.dev/leaf", "?"))
+        if labels.get(key):
+            record.nvlink[name] = str(labels[key])
+    shape = request.shape
+    groups: dict[int, set[int]] = {}
+    for _rank, pod, _local, p, d, _t in shape.layout():
+        groups.setdefault(pod, set()).add(p * shape.dp + d)
+    record.tp_groups = {pod: tuple(sorted(g)) for pod, g in sorted(groups.items())}
 
 
 def note_restart(record: Record, status: dict[str, Any]) -> dict[str, Any] | None:
@@ -138,16 +168,30 @@ class Cell:
     role: str
     pod_index: int | None = None
     moved: bool = False
+    #: the node's NVLink domain ("" without one)
+    domain: str = ""
+    #: with an NVLink domain: the TP groups of the pod on it
+    tp_groups: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
 class PlacementPicture:
     attempt: int
-    #: (spine, leaf) -> the nodes of that leaf, in order
+    #: (spine, leaf) -> the nodes of that leaf, in order (those of one NVLink domain together)
     leaves: dict[tuple[str, str], list[Cell]]
 
     def pods(self) -> dict[int, str]:
         return {c.pod_index: c.node for cells in self.leaves.values() for c in cells if c.pod_index is not None}
+
+    def domains(self) -> dict[str, tuple[int, ...]]:
+        """NVLink domain -> the TP groups of the pods inside it (a group split over several
+        domains is listed under each, as in Placement.tp_groups_by_domain); empty without one."""
+        out: dict[str, set[int]] = {}
+        for cells in self.leaves.values():
+            for c in cells:
+                if c.domain:
+                    out.setdefault(c.domain, set()).update(c.tp_groups)
+        return {k: tuple(sorted(v)) for k, v in sorted(out.items())}
 
 
 def placement_picture(record: Record) -> PlacementPicture:
@@ -158,15 +202,18 @@ def placement_picture(record: Record) -> PlacementPicture:
     spares = set(record.spares.get(attempt, []))
     quarantined = {q.get("node", "") for q in record.final_status.get("quarantinedNodes") or []}
     leaves: dict[tuple[str, str], list[Cell]] = {}
-    for n in sorted(record.topology, key=lambda n: (record.topology[n], n)):
+    nvlink = record.nvlink
+    for n in sorted(record.topology, key=lambda n: (record.topology[n], nvlink.get(n, ""), n)):
+        domain = nvlink.get(n, "")
         if n in gang:
-            cell = Cell(n, "pod", gang.index(n), gang.index(n) in moved)
+            index = gang.index(n)
+            cell = Cell(n, "pod", index, index in moved, domain, record.tp_groups.get(index, ()) if domain else ())
         elif n in quarantined:
-            cell = Cell(n, "quarantined")
+            cell = Cell(n, "quarantined", domain=domain)
         elif n in spares:
-            cell = Cell(n, "spare")
+            cell = Cell(n, "spare", domain=domain)
         else:
-            cell = Cell(n, "free")
+            cell = Cell(n, "free", domain=domain)
         leaves.setdefault(record.topology[n], []).append(cell)
     return PlacementPicture(attempt, leaves)
 

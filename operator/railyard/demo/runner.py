@@ -49,6 +49,7 @@ from railyard.demo.record import (
     describe_restart,
     format_summary,
     members_of,
+    note_nodes,
     note_placement,
     note_pods,
     note_restart,
@@ -290,9 +291,8 @@ class Demo:
             return False
 
     def _read_topology(self) -> None:
-        for node in self.core.list_node().items:
-            labels = node.metadata.labels or {}
-            self.record.topology[node.metadata.name] = (labels.get("railyard.dev/spine", "?"), labels.get("railyard.dev/leaf", "?"))
+        nodes = [{"metadata": {"name": n.metadata.name, "labels": n.metadata.labels or {}}} for n in self.core.list_node().items]
+        note_nodes(self.record, self.job, nodes)
 
     def _describe_job(self) -> str:
         s = self.scenario
