@@ -133,7 +133,8 @@ def _status(phase: str, *, state: str = "Started", reason: str = GROUP_REPAIR, a
         pytest.param(_status("Running", state=WAITING, waiting=(2,), lr_attempt=4), 3, 3, None, id="an-older-restart"),
         pytest.param(_status("Succeeded", state=WAITING, waiting=(2,)), 3, 1, None, id="finished-not-degraded"),
         pytest.param(_status("Starting", reason=""), 3, 0, None, id="a-whole-restart"),
-        pytest.param(_status("Running"), 1, 0, None, id="one-world"),
+        pytest.param(_status("Running"), 1, 1, None, id="one-world"),
+        pytest.param(_status("Starting", reason=""), 1, 0, None, id="one-world-restarting"),
     ],
 )
 def test_the_status_says_how_many_groups_train(st: TrainingJobStatus, groups: int, training: int, degraded: str | None) -> None:

@@ -344,8 +344,7 @@ def _refresh_quarantine(cycle: Cycle, nodes: Mapping[str, Mapping[str, Any]]) ->
 def _update_degraded(cycle: Cycle, job: TrainingJob) -> None:
     groups = job.spec.replica_groups
     cycle.st = decide_degraded(cycle.st, hot_spares=job.spec.gang.hot_spares, now=cycle.iso, replica_groups=groups)
-    if groups > 1:
-        cycle.rt.metrics.set_replica_groups(cycle.ns, cycle.name, wanted=groups, training=count_training_groups(cycle.st, groups))
+    cycle.rt.metrics.set_replica_groups(cycle.ns, cycle.name, wanted=groups, training=count_training_groups(cycle.st, groups))
 
 
 def _watched(cycle: Cycle, job: TrainingJob, members: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:

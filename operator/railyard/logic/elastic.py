@@ -175,9 +175,9 @@ def decide_grow_back(
 def count_training_groups(status: TrainingJobStatus, replicas: int) -> int:
     """Replica groups taking steps now, as the status says: all of them while Running, less the
     waiting ones; during a group repair the carried-on ones; none otherwise (starting, a whole
-    restart, finished)."""
+    restart, finished). A job without replica groups is one world: 1 while Running."""
     if replicas <= 1:
-        return 0
+        return 1 if status.phase == "Running" else 0
     lr = status.last_restart
     current = lr is not None and lr.attempt == status.attempt
     if current and lr is not None and lr.state == WAITING:

@@ -87,7 +87,7 @@ class OperatorMetrics:
         self.replica_group_restarts = Counter("railyard_replica_group_restarts", "Replica groups restarted alone while the job's other groups carried on (faultTolerance ReplicaGroups).", registry=reg)
         self.replica_groups = Gauge(
             "railyard_replica_groups",
-            "Replica groups per job (faultTolerance ReplicaGroups): wanted (parallelism.dataReplicas) and training (taking steps now: fewer while groups restart or wait for a node).",
+            "Replica groups per job: wanted (parallelism.dataReplicas with faultTolerance ReplicaGroups; 1 otherwise, the whole gang being one world) and training (taking steps now: fewer while groups restart or wait for a node; 0 while the whole gang restarts).",
             ["namespace", "job", "state"], registry=reg,
         )
         self.in_place_restart = Histogram(
