@@ -54,6 +54,7 @@ import itertools
 
 from inplace import _prepare, start_operator, stop_operator
 from railyard.k8s.client import Kube
+from railyard_local import podlogs
 from railyard_local.cluster import LocalCluster
 from railyard_local.nodes import FAIL_ANNOTATION
 
@@ -162,14 +163,7 @@ def pod_events(log_dir: Path, job: str) -> dict[tuple[int, int], list[dict[str, 
         m = pat.match(d.name)
         if not m:
             continue
-        evs: list[dict[str, Any]] = []
-        for f in sorted(d.glob("*.log")):
-            for line in f.read_text(errors="replace").splitlines():
-                if line.startswith("{"):
-                    try:
-                        evs.append(json.loads(line))
-                    except ValueError:
-                        continue
+        evs = podlogs.pod_events(log_dir, NS, d.name)
         out[(int(m.group(1)), int(m.group(2)))] = evs
     return out
 

@@ -9,9 +9,12 @@ accepted and ignored (the files hold no per-line times).
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from aiohttp import web
 
@@ -23,6 +26,21 @@ def log_file(log_dir: Path, namespace: str, pod: str, container: str, previous: 
     """Where a container's log lives: ``<log_dir>/<ns>/<pod>/<container>.log`` (``.previous.log``:
     its run before the last restart). The node agent writes there; both servers read there."""
     return log_dir / namespace / pod / f"{container}{'.previous' if previous else ''}.log"
+
+
+def pod_events(log_dir: Path, namespace: str, pod: str) -> list[dict[str, Any]]:
+    """The JSON lines a pod's containers printed (the trainer's and its launcher's events), in
+    the order of its log files (:func:`log_file`), from this machine's node agent logs: they are
+    here whatever the pod's state now and whichever API server holds the pod (a real one cannot
+    serve pods/log for them: it would ask a kubelet)."""
+    out: list[dict[str, Any]] = []
+    folder = log_file(log_dir, namespace, pod, "x").parent
+    for f in sorted(folder.glob("*.log")) if folder.exists() else []:
+        for line in f.read_text(errors="replace").splitlines():
+            if line.startswith("{"):
+                with contextlib.suppress(ValueError):
+                    out.append(json.loads(line))
+    return out
 
 
 class LogOptionError(ValueError):

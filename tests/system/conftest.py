@@ -26,6 +26,8 @@ from tests.clusters import running_local_cluster
 from tests.operator.conftest import ROOT, Api, OperatorProcess, _apply_crd
 from tests.waiting import wait_until
 
+from railyard_local import podlogs
+
 SYSTEM_NS = "railyard-system-e2e"
 NODES = 16
 
@@ -131,19 +133,9 @@ def wait_status(api: Api, name: str, what: str, pred: Callable[[dict[str, Any]],
 
 
 def pod_events(local_cluster: Any, namespace: str, pod: str) -> list[dict[str, Any]]:
-    """The JSON lines of a pod's containers (the trainer's launcher and rank 0 print events), from
-    the node agent's log files: they are on this machine whichever API server the pods are in
-    (a real one cannot serve pods/log for them: it would ask a kubelet)."""
-    out = []
-    base = Path(local_cluster.log_dir) / namespace / pod
-    for f in sorted(base.glob("*.log")) if base.exists() else []:
-        for line in f.read_text(errors="replace").splitlines():
-            if line.startswith("{"):
-                try:
-                    out.append(json.loads(line))
-                except ValueError:
-                    continue
-    return out
+    """The JSON lines of a pod's containers, from the node agent's log files
+    (:func:`railyard_local.podlogs.pod_events`)."""
+    return podlogs.pod_events(Path(local_cluster.log_dir), namespace, pod)
 
 
 def now() -> float:

@@ -130,22 +130,6 @@ def restarts_from_metrics(text: str) -> dict[str, int]:
     return out
 
 
-def read_pod_events(log_dir: Path, namespace: str, pod: str) -> list[dict[str, Any]]:
-    """The JSON lines a pod's containers printed (the trainer's and its launcher's events), from
-    the node agent's log files (railyard_local.podlogs.log_file): on this machine, whatever the
-    pod's state now."""
-    from railyard_local.podlogs import log_file
-
-    out: list[dict[str, Any]] = []
-    folder = log_file(log_dir, namespace, pod, "x").parent
-    for f in sorted(folder.glob("*.log")) if folder.exists() else []:
-        for line in f.read_text(errors="replace").splitlines():
-            if line.startswith("{"):
-                with contextlib.suppress(ValueError):
-                    out.append(json.loads(line))
-    return out
-
-
 def _wait(what: str, pred: Callable[[], bool], timeout: float, log_hint: str) -> None:
     deadline = time.monotonic() + timeout
     while not pred():
@@ -183,6 +167,7 @@ class Demo:
 
     def run(self) -> Summary:
         from railyard_local.cluster import LocalCluster
+        from railyard_local.podlogs import pod_events
 
         state = self.out / "cluster"
         if state.exists():
@@ -210,7 +195,7 @@ class Demo:
             self._describe_scenario()
             self._watch(operator, cluster)
             if self.scenario.replica_groups is not None:
-                self.groups.events = {name: read_pod_events(cluster.log_dir, self.ns, name) for name in self.groups.pods}
+                self.groups.events = {name: pod_events(cluster.log_dir, self.ns, name) for name in self.groups.pods}
             try:
                 self.metrics_restarts = restarts_from_metrics(operator.get("/metrics"))
             except OSError:
