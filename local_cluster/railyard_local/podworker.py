@@ -227,7 +227,7 @@ class PodWorker:
                 "HOSTNAME": str((self.pod.get("spec") or {}).get("hostname") or self.name),
                 contract.POD_NAME.name: self.name,
                 "RAILYARD_POD_NAMESPACE": self.ns,
-                "RAILYARD_POD_IP": self.node.ip,
+                contract.POD_IP.name: self.node.ip,
                 contract.NODE_NAME.name: self.node.name,
                 "RAILYARD_POD_DIR": str(self.pod_dir),
                 "RAILYARD_MOUNTS": podenv.mounts_json(mounts),
