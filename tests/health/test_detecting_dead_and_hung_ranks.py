@@ -149,6 +149,7 @@ class _Rank:
     last_saving_at: float = float("-inf")
     progress: bool = True
     waiting_for_groups: bool = False
+    last_waiting_at: float = float("-inf")
 
     def recent_compute(self, n: int) -> list[float]:
         return []

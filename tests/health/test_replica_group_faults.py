@@ -169,6 +169,7 @@ class _Stalled:
     saving: bool = False
     last_saving_at: float = float("-inf")
     progress: bool = True
+    last_waiting_at: float = float("-inf")
 
     def recent_compute(self, n: int) -> list[float]:
         return []
@@ -195,6 +196,41 @@ def test_a_hang_names_only_the_group_where_no_rank_waits_for_the_others(waiting:
     verdicts = decide_hung_ranks(ranks, pods, 10.0, POLICY, now=100.0, group_of=lambda pod: pod)
     assert [v.pod_index for v in verdicts] == hung_pods
     assert all(v.kind is FaultKind.HANG for v in verdicts)
+
+
+@pytest.mark.parametrize(
+    ("rank0_waited_ago", "hung_pods"),
+    [
+        pytest.param(2.0, [], id="released-2s-ago-training-its-step"),
+        pytest.param(9.9, [], id="released-just-within-the-hang-timeout"),
+        pytest.param(10.0, [0], id="stuck-a-hang-timeout-after-its-wait-ended"),
+        pytest.param(None, [0], id="never-waited-judged-from-its-last-step"),
+    ],
+)
+def test_a_group_released_from_the_exchange_is_judged_from_the_end_of_its_wait(rank0_waited_ago: float | None, hung_pods: list[int]) -> None:
+    """Group 0 stood at step 30 from t=50 while a peer group hung (its rank 0 in the exchange,
+    its rank 1 held up by rank 0); the quorum formed without the hung group and released it,
+    and at t=100 it trains its step, no longer waiting. The hang timeout (10 s) counts from
+    the group's last beat that said it waited, for both its ranks: the one that waited and the
+    group-mate it held up, which never said so itself."""
+    waited = float("-inf") if rank0_waited_ago is None else 100.0 - rank0_waited_ago
+    ranks = [_Stalled(rank=0, pod_index=0, waiting_for_groups=False, last_waiting_at=waited),
+             _Stalled(rank=1, pod_index=0, waiting_for_groups=False)]
+    pods = {0: PodStatus(0, "Running", "node-0", 0.0)}
+    verdicts = decide_hung_ranks(ranks, pods, 10.0, POLICY, now=100.0, group_of=lambda pod: pod)
+    assert [v.pod_index for v in verdicts] == hung_pods
+    assert all(v.fault_at == max(50.0, waited) for v in verdicts), "the stall is dated from the end of the wait"
+
+
+def test_the_store_remembers_when_a_rank_last_waited_for_the_groups() -> None:
+    store = HeartbeatStore()
+    for now, waiting in ((1.0, False), (2.0, True), (3.0, True), (4.0, False)):
+        beat = RankBeat(rank=0, step=7, step_time_s=0.1, waiting_for_groups=waiting)
+        store.ingest("ns", "j", HeartbeatBatch("j", 0, 0, "n0", 0.0, (beat,)), now)
+    jw = store.job("ns", "j")
+    assert jw is not None
+    (rw,) = jw.ranks.values()
+    assert (rw.waiting_for_groups, rw.last_waiting_at, rw.step_advanced_at) == (False, 3.0, 1.0)
 
 
 # --------------------------------------------------------------------------- restoring after a tie

@@ -58,6 +58,7 @@ class _Rank:
     last_saving_at: float = -math.inf
     progress: bool = True
     waiting_for_groups: bool = False
+    last_waiting_at: float = -math.inf
     compute: list[float] = dataclasses.field(default_factory=list)
 
     def recent_compute(self, n: int) -> Sequence[float]:

@@ -8,12 +8,15 @@ A rank that has trained its last step (``HealthPolicy.final_step``) is finishing
 and its exit, while its pod waits for its peers; it is judged on the first-step bound instead.
 A rank whose program has not opted into step reports (``progress`` false) is never hung: its
 step says nothing. With replica groups, a group with a rank that waits for the other groups is
-never hung (:func:`excuse_waiting_groups`): the hung group is named alone. Verdicts are one per pod (naming its lowest affected rank): a hang usually stops every rank,
-and 2,048 verdicts are easier to act on than 16,384.
+never hung (:func:`excuse_waiting_groups`): the hung group is named alone; and like a save, a
+wait restarts the group's clock when it ends (:func:`groups_waited_at`). Verdicts are one per
+pod (naming its lowest affected rank): a hang usually stops every rank, and 2,048 verdicts are
+easier to act on than 16,384.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from railyard.logic.health.model import (
@@ -106,12 +109,18 @@ def decide_hung_ranks(
     """Hung ranks, one verdict per pod (``group_of``: faultTolerance ReplicaGroups, pod index ->
     replica group, :func:`excuse_waiting_groups`)."""
     ranks = list(ranks)
+    group = group_of or _own_group
+    waited = groups_waited_at(ranks, group)
+
+    def waited_at(r: RankSignals) -> float:
+        return waited.get(group(r.pod_index), -math.inf)
+
     worst: dict[int, tuple[RankSignals, int]] = {}
-    for r in excuse_waiting_groups(stalled_ranks(ranks, pods, hang_timeout_s, policy, now), ranks, group_of):
+    for r in excuse_waiting_groups(stalled_ranks(ranks, pods, hang_timeout_s, policy, now, waited_at=waited_at), ranks, group_of):
         _tally(worst, r)
     out = []
     for pod_index, (r, count) in sorted(worst.items()):
-        since = max(r.step_advanced_at, r.last_saving_at)
+        since = stalled_since(r, waited_at(r))
         bound = policy.teardown_bound(r.step, hang_timeout_s)
         out.append(
             Verdict(
@@ -138,8 +147,12 @@ def stalled_ranks(
     hang_timeout_s: float,
     policy: HealthPolicy,
     now: float,
+    *,
+    waited_at: Callable[[RankSignals], float] | None = None,
 ) -> list[RankSignals]:
-    """Ranks of Running pods that beat but whose step has not advanced within the hang bound."""
+    """Ranks of Running pods that beat but whose step has not advanced within the hang bound
+    (counted from the step, the end of a save, or ``waited_at``: the end of their group's wait
+    for the other groups)."""
     out = []
     for r in ranks:
         pod = pods.get(r.pod_index)
@@ -149,10 +162,36 @@ def stalled_ranks(
             continue  # a program that does not report its steps cannot be judged hung by them
         if now - r.last_seen_at >= policy.heartbeat_timeout_s:
             continue  # silent, not hung: the dead rule owns it
-        since = max(r.step_advanced_at, r.last_saving_at)
+        since = stalled_since(r, waited_at(r) if waited_at is not None else -math.inf)
         if now - since >= policy.teardown_bound(r.step, hang_timeout_s):
             out.append(r)
     return out
+
+
+def stalled_since(r: RankSignals, waited_at: float = -math.inf) -> float:
+    """Since when ``r`` has shown no progress: its last new step, the last beat of a save, or
+    ``waited_at`` (the last beat in which its group waited for the other groups)."""
+    return max(r.step_advanced_at, r.last_saving_at, waited_at)
+
+
+def groups_waited_at(ranks: Iterable[RankSignals], group_of: Callable[[int], int] | None = None) -> dict[int, float]:
+    """faultTolerance ReplicaGroups: replica group -> the last beat in which one of its ranks
+    waited for the other groups. A group released from the exchange (the quorum formed without
+    the hung group, or with its replacement) has its step still to train, and its clock starts
+    there, as after a save: judged from its last step before the wait, a group that waited out
+    a peer's hang would be hung itself the moment it stops waiting. Its group-mates' clocks
+    start there too (the waiting rank held them up)."""
+    group = group_of or _own_group
+    out: dict[int, float] = {}
+    for r in ranks:
+        if r.last_waiting_at > -math.inf:
+            g = group(r.pod_index)
+            out[g] = max(out.get(g, -math.inf), r.last_waiting_at)
+    return out
+
+
+def _own_group(pod_index: int) -> int:
+    return pod_index
 
 
 def excuse_waiting_groups(stalled: Sequence[RankSignals], ranks: Iterable[RankSignals],
@@ -167,7 +206,7 @@ def excuse_waiting_groups(stalled: Sequence[RankSignals], ranks: Iterable[RankSi
     dying member (up to its join timeout), which is no hang of anyone; a wait that never ends
     (the Lighthouse is gone) is the trainer's watchdog's to end (``trainer.watchdogSeconds``:
     the workers exit with the hang code, and the restart follows from their exits)."""
-    group = group_of or (lambda pod_index: pod_index)
+    group = group_of or _own_group
     waiting = {group(r.pod_index) for r in ranks if r.waiting_for_groups}
     return [r for r in stalled if group(r.pod_index) not in waiting]
 

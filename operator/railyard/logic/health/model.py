@@ -140,6 +140,9 @@ class RankSignals(Protocol):
     #: (a hung peer group stalls it; it is not stuck itself).
     @property
     def waiting_for_groups(self) -> bool: ...
+    #: Last arrival time at which the rank said it waited for the other groups (-inf: never).
+    @property
+    def last_waiting_at(self) -> float: ...
     def recent_compute(self, n: int) -> Sequence[float]:
         """Up to ``n`` newest per-step compute times, oldest first."""
         ...

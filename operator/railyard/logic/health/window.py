@@ -76,6 +76,7 @@ class RankWindow:
         "last_beat",
         "last_saving_at",
         "last_seen_at",
+        "last_waiting_at",
         "node",
         "pod_index",
         "progress",
@@ -97,6 +98,7 @@ class RankWindow:
         self.last_saving_at = float("-inf")
         self.progress = True
         self.waiting_for_groups = False
+        self.last_waiting_at = float("-inf")
         #: ReplicaGroups: this rank's group and its rank inside the group's world (its slot:
         #: the same slot of every group holds the same state), and its newest fingerprints by step.
         self.group = 0
@@ -120,6 +122,8 @@ class RankWindow:
             self.last_saving_at = now
         self.progress = b.progress
         self.waiting_for_groups = b.waiting_for_groups
+        if b.waiting_for_groups:
+            self.last_waiting_at = now
         self.last_beat = b
         if b.fingerprint and b.fingerprint_step >= 0 and b.fingerprint_step not in self.fingerprints:
             fps = self.fingerprints
