@@ -31,7 +31,12 @@ from railyard.logic.manifests import (
 from railyard.logic.placement import Placement, build_placement_input, plan_placement
 from railyard.protocol.podenv import LIGHTHOUSE, POD_IP, REPLICA_GROUP
 from railyard.protocol.ranktable import RankTable
-from railyard.protocol.trainerconfig import cross_group_timeout_seconds, lighthouse_join_timeout_ms
+from railyard.protocol.trainerconfig import (
+    JOIN_TIMEOUT_FLOOR_SECONDS,
+    cross_group_timeout_seconds,
+    lighthouse_heartbeat_timeout_ms,
+    lighthouse_join_timeout_ms,
+)
 
 OWNER = {"apiVersion": "railyard.dev/v1alpha1", "kind": "TrainingJob", "name": "llm", "uid": "u-1", "controller": True}
 NODES = ["n-0", "n-1", "n-2", "n-3", "n-4", "n-5"]
@@ -102,7 +107,7 @@ def test_the_lighthouse_pod_runs_the_trainer_image_under_the_headless_service() 
     c = s["containers"][0]
     assert c["image"] == spec.image
     assert c["command"] == ["railyard-train", "lighthouse", "--min-replicas", "2", "--bind", f"[::]:{lighthouse_port('llm', 'ml')}",
-                            "--join-timeout-ms", "15000"], "a quarter of the default 60 s watchdog"
+                            "--join-timeout-ms", "15000", "--heartbeat-timeout-ms", "1000"], "a quarter of the default 60 s watchdog; ten missed 100 ms beats"
     assert (s["hostname"], s["subdomain"]) == ("llm-lighthouse", "llm")
     assert pod["metadata"]["ownerReferences"] == [OWNER], "deleted with the job"
     assert pod["metadata"]["labels"][LIGHTHOUSE_LABEL] == "true"
@@ -198,6 +203,14 @@ def test_the_lighthouse_join_timeout_stays_below_the_watchdog(watchdog_s: float,
     spec = _spec(**RG, trainer={"watchdogSeconds": watchdog_s, "collectiveTimeoutSeconds": 3600})
     command = build_lighthouse_pod(spec, job="llm", namespace="ml", owner=OWNER)["spec"]["containers"][0]["command"]
     assert command[command.index("--join-timeout-ms") + 1] == str(join_ms), "the manifest uses the rule"
+
+
+def test_a_lost_group_is_dropped_well_before_a_slow_one() -> None:
+    """The survivors of a lost group stand until the Lighthouse's heartbeat timeout; a live group
+    that is slow to ask for the quorum is waited for up to the join timeout, whose floor stays
+    well above it."""
+    assert lighthouse_heartbeat_timeout_ms() < 5_000, "below torchft's default 5 s"
+    assert lighthouse_heartbeat_timeout_ms() * 4 <= JOIN_TIMEOUT_FLOOR_SECONDS * 1000
 
 
 @pytest.mark.parametrize(

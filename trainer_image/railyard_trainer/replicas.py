@@ -45,6 +45,10 @@ from torch.distributed.tensor import DTensor
 # among the replica groups, and the pod IP torchft advertises: the operator sets them, spelled once
 # in protocol/
 from railyard.protocol import podenv
+from railyard.protocol.trainerconfig import (
+    LIGHTHOUSE_HEARTBEAT_INTERVAL_MS,
+    lighthouse_heartbeat_timeout_ms,
+)
 from railyard_trainer.config import ConfigError
 from railyard_trainer.events import log_event
 
@@ -214,6 +218,8 @@ class ReplicaGroup:
             use_async_quorum=False, timeout=timeout, quorum_timeout=timeout, connect_timeout=timeout,
             rank=group_rank, world_size=group_world, store_addr=store_addr, store_port=store_port,
             lighthouse_addr=lighthouse, replica_id=f"{job}-group-{group}",
+            # the Lighthouse drops a group after lighthouse_heartbeat_timeout_ms of these missed
+            heartbeat_interval=timedelta(milliseconds=LIGHTHOUSE_HEARTBEAT_INTERVAL_MS),
             # every group builds its model from the same seed: nothing to sync at step 0, and a
             # whole-job restart restores from the tiers instead (docs/fault-tolerance.md)
             init_sync=False,
@@ -340,7 +346,7 @@ def lighthouse_main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--min-replicas", type=int, required=True, help="fewest replica groups that form a quorum (faultTolerance.minReplicas)")
     p.add_argument("--bind", default="[::]:29510", help="address to listen on (port 0: any free port)")
     p.add_argument("--join-timeout-ms", type=int, default=60_000, help="how long a quorum waits for the previous members to join again")
-    p.add_argument("--heartbeat-timeout-ms", type=int, default=5_000, help="a group with no heartbeat for this long is dead")
+    p.add_argument("--heartbeat-timeout-ms", type=int, default=lighthouse_heartbeat_timeout_ms(), help="a group with no heartbeat for this long is dead")
     p.add_argument("--quorum-tick-ms", type=int, default=100)
     args = p.parse_args(argv)
     from torchft.coordination import LighthouseServer

@@ -28,6 +28,7 @@ from railyard.protocol.mesh import MeshShape
 from railyard.protocol.ranktable import PodEntry, RankTable
 from railyard.protocol.termination import TERMINATION_LOG
 from railyard.protocol.trainerconfig import (
+    lighthouse_heartbeat_timeout_ms,
     lighthouse_join_timeout_ms,
     restart_wait_seconds,
     to_wire,
@@ -669,8 +670,9 @@ def build_lighthouse_pod(
     annotations: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """The job's Lighthouse: one pod of the job's image running ``railyard-train lighthouse``
-    with ``faultTolerance.minReplicas`` and a join timeout below the trainer's watchdog
-    (:func:`railyard.protocol.trainerconfig.lighthouse_join_timeout_ms`), reachable at :func:`lighthouse_address` (hostname and
+    with ``faultTolerance.minReplicas``, a join timeout below the trainer's watchdog
+    (:func:`railyard.protocol.trainerconfig.lighthouse_join_timeout_ms`) and a heartbeat timeout
+    of ten missed beats (:func:`~railyard.protocol.trainerconfig.lighthouse_heartbeat_timeout_ms`), reachable at :func:`lighthouse_address` (hostname and
     subdomain under the job's headless Service, which selects the job label). Not gated and not
     pinned: it needs no GPU, only to run while the groups train; ``restartPolicy: Always``
     restarts a crashed Lighthouse in place, and the operator recreates a lost one
@@ -678,7 +680,8 @@ def build_lighthouse_pod(
     pod_sc, container_sc = _security(spec)
     port = lighthouse_port(job, namespace)
     command = [*LIGHTHOUSE_COMMAND, "--min-replicas", str(spec.fault_tolerance.min_replicas), "--bind", f"[::]:{port}",
-               "--join-timeout-ms", str(lighthouse_join_timeout_ms(spec.trainer.watchdog_seconds))]
+               "--join-timeout-ms", str(lighthouse_join_timeout_ms(spec.trainer.watchdog_seconds)),
+               "--heartbeat-timeout-ms", str(lighthouse_heartbeat_timeout_ms())]
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Always",
         "hostname": lighthouse_name(job),

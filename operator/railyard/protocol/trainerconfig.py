@@ -160,6 +160,26 @@ def restart_wait_seconds(in_place_timeout_seconds: float) -> float:
 
 # --------------------------------------------------------------------------- fault tolerance
 
+#: How often each replica group's torchft Manager tells the Lighthouse it lives (torchft's own
+#: default; the beats come from its Rust runtime, not the trainer's Python thread, so a long step
+#: does not delay them), and how many missed beats make the Lighthouse drop a group.
+LIGHTHOUSE_HEARTBEAT_INTERVAL_MS = 100
+LIGHTHOUSE_MISSED_HEARTBEATS = 10
+
+
+def lighthouse_heartbeat_timeout_ms() -> int:
+    """torchft's Lighthouse ``--heartbeat-timeout-ms``: a group silent this long is dead.
+
+    The survivors of a lost group stand for this long: their next quorum waits for every member
+    of the last one that still counts as alive, and a lost group counts as alive until its
+    heartbeats are this old. torchft's default (5 s) made that pause the largest cost of a lost
+    node (bench/replica_groups.py: the whole job stood 6 s, as long as this small job's
+    in-place restart). Ten missed beats (1 s) still tolerate a starved or briefly unreachable
+    Manager; a live group dropped by mistake is no fault either, only a cost: it finds itself
+    behind at its next quorum and heals from a peer (docs/fault-tolerance.md)."""
+    return LIGHTHOUSE_HEARTBEAT_INTERVAL_MS * LIGHTHOUSE_MISSED_HEARTBEATS
+
+
 #: The Lighthouse's join timeout (faultTolerance ReplicaGroups) as a share of
 #: ``trainer.watchdogSeconds``, its floor, and its ceiling as a share of the watchdog.
 JOIN_TIMEOUT_SHARE = 0.25
@@ -173,8 +193,9 @@ def lighthouse_join_timeout_ms(watchdog_seconds: float) -> int:
     has not asked for the next quorum, the Lighthouse waits this long before forming the quorum
     without it, and every other group stands meanwhile; so it must stay well below the watchdog
     that ends a group standing still (torchft's default, 60 s, equals the default watchdog). A
-    quarter of the watchdog, at least 5 s (torchft's heartbeat timeout: a live member is not
-    dropped sooner than a dead one), at most half the watchdog (a very short watchdog wins)."""
+    quarter of the watchdog, at least 5 s (well above :func:`lighthouse_heartbeat_timeout_ms`: a
+    live member that is slow to ask is not dropped sooner than a dead one), at most half the
+    watchdog (a very short watchdog wins)."""
     s = min(max(watchdog_seconds * JOIN_TIMEOUT_SHARE, JOIN_TIMEOUT_FLOOR_SECONDS), watchdog_seconds * JOIN_TIMEOUT_MAX_SHARE)
     return max(int(s * 1000), 1)
 
