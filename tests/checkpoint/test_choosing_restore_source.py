@@ -302,3 +302,35 @@ def test_a_hint_with_not_after_rules_out_newer_checkpoints() -> None:
     assert any("newer than step 15" in r for r in got.rejected)
     assert decide_restore(found, layout=LAYOUT, hint=RestoreHint("", -1, not_after=5)).source is None
     assert decide_restore(found, layout=LAYOUT, hint=RestoreHint("memory", 20)).source.step == 20  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(
+    ("newer_attempt", "restored"),
+    [
+        pytest.param(1, ("shared", 10), id="written-before-the-fence-abandoned"),
+        pytest.param(3, ("memory", 20), id="written-by-the-attempt-that-went-back-kept"),
+        pytest.param(4, ("memory", 20), id="written-by-a-later-attempt-kept"),
+    ],
+)
+def test_the_fence_shuts_out_only_the_abandoned_part_of_the_run(newer_attempt: int, restored: tuple[str, int]) -> None:
+    """Attempt 3 went back to step 15 (the groups disagreed after it). A checkpoint of step 20
+    that attempt 1 wrote is on the abandoned part of the run, on every later restart too; one
+    that attempt 3 or later wrote, training again from step 15, is the run's own."""
+    found = [CkptBuilder("memory", 20, attempt=newer_attempt).obj(), CkptBuilder("shared", 10, attempt=1).obj()]
+    hint = RestoreHint.from_wire({"tier": "", "step": -1, "notAfter": 15, "abandonedBefore": 3})
+    got = decide_restore(found, layout=LAYOUT, hint=hint)
+    assert got.source is not None and (got.source.tier, got.source.step) == restored
+
+
+@pytest.mark.parametrize(
+    ("raw", "hint"),
+    [
+        pytest.param(None, None, id="none"),
+        pytest.param({"tier": "memory", "step": 20, "lastStep": 23}, RestoreHint("memory", 20), id="plain"),
+        pytest.param({"tier": "", "step": -1, "notAfter": 15}, RestoreHint("", -1, 15), id="fence-without-attempt-all-attempts"),
+        pytest.param({"tier": "", "step": -1, "notAfter": 15, "abandonedBefore": 3}, RestoreHint("", -1, 15, 3), id="fence"),
+        pytest.param({"tier": 3, "step": -1}, None, id="malformed"),
+    ],
+)
+def test_reading_the_hint_from_config_json(raw: dict[str, object] | None, hint: RestoreHint | None) -> None:
+    assert RestoreHint.from_wire(raw) == hint

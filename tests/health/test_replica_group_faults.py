@@ -25,6 +25,7 @@ from railyard.logic.health import (
     decide_health,
 )
 from railyard.logic.health.groups import DIVERGED, NO_MAJORITY, decide_group_sdc
+from railyard.api.trainingjob import CheckpointFence
 from railyard.logic.health.liveness import decide_hung_ranks
 from railyard.logic.health.model import GroupVoteState
 from railyard.logic.health.window import GroupLayout, HeartbeatStore
@@ -242,5 +243,34 @@ def test_the_restore_hint_carries_the_bound() -> None:
     st = TrainingJobStatus(step=23, checkpoints=[CheckpointRef(step=20, tier="memory"), CheckpointRef(step=10, tier="shared")])
     spec = TrainingJobSpec.model_validate({"image": "x", "nodes": 2})
     assert restore_hint(st, spec, pods_kept=True) == {"tier": "memory", "step": 20, "lastStep": 23}
-    assert restore_hint(st, spec, pods_kept=True, not_after=15) == {"tier": "shared", "step": 10, "lastStep": 23, "notAfter": 15}
-    assert restore_hint(st, spec, pods_kept=True, not_after=5) == {"tier": "", "step": -1, "lastStep": 23, "notAfter": 5}
+    fence = CheckpointFence(step=15, attempt=4)
+    assert restore_hint(st, spec, pods_kept=True, fence=fence) == {"tier": "shared", "step": 10, "lastStep": 23, "notAfter": 15, "abandonedBefore": 4}
+    assert restore_hint(st, spec, pods_kept=True, fence=CheckpointFence(step=5, attempt=4)) == {
+        "tier": "", "step": -1, "lastStep": 23, "notAfter": 5, "abandonedBefore": 4}
+
+
+def test_a_fence_stays_up_for_every_later_restart_full_ones_included() -> None:
+    """No majority among the groups after step 15: the restart to attempt 4 puts up the fence
+    (status.checkpointFence), and drops the checkpoints after step 15 from the status. Every
+    later hint carries it, a full restart's (a new gang, no pod kept) too, while the status
+    lists the checkpoints attempt 4 and later save."""
+    from railyard.api.trainingjob import CheckpointRef, TrainingJobSpec, TrainingJobStatus
+    from railyard.logic.failures import build_verdict_failure
+    from railyard.logic.restarts import new_fence, restart_update
+
+    spec = TrainingJobSpec.model_validate({"image": "x", "nodes": 2})
+    st = TrainingJobStatus(attempt=3, step=23, checkpoints=[CheckpointRef(step=20, tier="memory"), CheckpointRef(step=10, tier="shared")],
+                           last_checkpoint=CheckpointRef(step=20, tier="memory"))
+    failure = build_verdict_failure("SDC", "no majority", (), restore_not_after=15)
+    assert failure is not None and new_fence(failure, 4) == CheckpointFence(step=15, attempt=4)
+    st = st.model_copy(update=restart_update(st, failure, attempt=4, now=0.0, now_iso="", backoff_s=0.0, quarantined=[], in_place=False))
+    assert st.checkpoint_fence == CheckpointFence(step=15, attempt=4)
+    assert [(r.tier, r.step) for r in st.checkpoints] == [("shared", 10)] and st.last_checkpoint == st.checkpoints[0]
+    assert restore_hint(st, spec, pods_kept=False) == {"tier": "shared", "step": 10, "lastStep": 23, "notAfter": 15, "abandonedBefore": 4}
+    # attempt 4 trains on from step 10 and saves step 20 again; a node failure then restarts in place
+    st = st.model_copy(update={"checkpoints": [CheckpointRef(step=20, tier="memory"), CheckpointRef(step=10, tier="shared")]})
+    other = build_verdict_failure("Dead", "silent", ("node-1",))
+    assert other is not None and new_fence(other, 5) is None
+    st = st.model_copy(update=restart_update(st, other, attempt=5, now=0.0, now_iso="", backoff_s=0.0, quarantined=[], in_place=True))
+    assert st.checkpoint_fence == CheckpointFence(step=15, attempt=4), "a later restart keeps the fence"
+    assert restore_hint(st, spec, pods_kept=True) == {"tier": "memory", "step": 20, "lastStep": 23, "notAfter": 15, "abandonedBefore": 4}

@@ -539,6 +539,11 @@ class CheckpointRef(_Model):
     time: Annotated[str | None, Field(description="RFC 3339 time it was committed.")] = None
 
 
+class CheckpointFence(_Model):
+    step: Annotated[int, Field(description="No checkpoint newer than this step written before `attempt` is restored.")]
+    attempt: Annotated[int, Field(description="The attempt that restarted from at most `step`; its checkpoints and later attempts' are on the run's timeline again.")]
+
+
 class Restarts(_Model):
     total: Annotated[int, Field(description="All restarts.")] = 0
     infrastructure: Annotated[int, Field(description="Restarts after infrastructure failures.")] = 0
@@ -610,6 +615,7 @@ class TrainingJobStatus(_Model):
     tokens_per_second: Annotated[float, Field(description="Training throughput of the whole gang.")] = 0.0
     last_checkpoint: Annotated[CheckpointRef | None, Field(description="Newest verified checkpoint over all tiers.")] = None
     checkpoints: Annotated[list[CheckpointRef], Field(description="Newest verified checkpoint per tier.")] = []
+    checkpoint_fence: Annotated[CheckpointFence | None, Field(description="faultTolerance ReplicaGroups: the replica groups' states differed after `step` and no majority named the bad one, so the run went back to at most that step; the checkpoints the earlier attempts wrote after it are never restored (every restart's hint says so).")] = None
     restore: Annotated[RestoreStatus | None, Field(description="What the current attempt resumed from.")] = None
     restarts: Annotated[Restarts, Field(description="Restarts by failure class.")] = Restarts()
     stragglers: Annotated[list[StragglerStatus], Field(description="Ranks currently flagged as stragglers.")] = []

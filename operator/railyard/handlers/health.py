@@ -179,7 +179,9 @@ def _copy_progress(cycle: Cycle, window: JobWindow, decision: HealthDecision) ->
     if [(s.rank, s.node, s.score) for s in stragglers] != [(s.rank, s.node, s.score) for s in st.stragglers]:
         update["stragglers"] = stragglers
     latest = latest_verified_per_tier(window.last_checkpoints().values())
-    if latest:
+    if latest and (st.checkpoint_fence is None or window.attempt >= st.checkpoint_fence.attempt):
+        # (an attempt before the fence may still beat until the next one begins: its saves after
+        # the fence's step are the abandoned part of the run)
         per_tier = {ref.tier: ref for ref in st.checkpoints}
         changed = False
         for tier, step in latest.items():

@@ -59,7 +59,7 @@ from railyard.logic.manifests import (
     with_addresses,
 )
 from railyard.logic.placement import Placement, Unplaceable, build_placement_input, plan_placement
-from railyard.logic.restarts import RestartDecision, restart_update, restore_hint
+from railyard.logic.restarts import RestartDecision, new_fence, restart_update, restore_hint
 from railyard.logic.schedulers import apply_to_pods
 from railyard.logic.status import placement_status
 from railyard.protocol.ranktable import RankTable
@@ -183,7 +183,7 @@ async def begin_in_place(
 
     owner = owner_reference(cycle.body)
     table = with_addresses(result.rank_table, cycle.ns)
-    restore = restore_hint(cycle.st, spec, pods_kept=True, not_after=failure.restore_not_after)
+    restore = restore_hint(cycle.st, spec, pods_kept=True, fence=new_fence(failure, attempt))
     config = build_trainer_config(spec, job=cycle.name, namespace=cycle.ns, attempt=attempt, restore=restore)
     if not await cycle.io.create_object(build_configmap(cycle.name, cycle.ns, owner, attempt=attempt, rank_table=table, config=config,
                                                          replica_groups=spec.replica_groups)):

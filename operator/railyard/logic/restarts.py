@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from railyard.api.trainingjob import (
+    CheckpointFence,
     CheckpointRef,
     QuarantinedNode,
     RestartBudget,
@@ -137,6 +138,11 @@ def restart_update(
         "next_attempt_time": format_micro_time(now + backoff_s) if backoff_s > 0 else None,
         "quarantined_nodes": quarantined,
     }
+    fence = new_fence(failure, attempt)
+    if fence is not None:
+        # the checkpoints after the step are on the abandoned part of the run: not hinted again
+        refs = [r for r in status.checkpoints if r.step <= fence.step]
+        update.update(checkpoint_fence=fence, checkpoints=refs, last_checkpoint=best_checkpoint(refs) if refs else None)
     if in_place:
         update["pods_since_attempt"] = status.pods_since_attempt if status.pods_since_attempt is not None else status.attempt
     return update
@@ -148,7 +154,19 @@ def best_checkpoint(refs: Iterable[CheckpointRef]) -> CheckpointRef:
     return max(refs, key=lambda r: (r.step, -TIER_RANK.get(r.tier, len(TIER_RANK))))
 
 
-def restore_hint(status: TrainingJobStatus, spec: TrainingJobSpec, *, pods_kept: bool, not_after: int = -1) -> dict[str, Any] | None:
+def new_fence(failure: Failure, attempt: int) -> CheckpointFence | None:
+    """The fence a restart to ``attempt`` after ``failure`` puts up (None: none): the replica
+    groups' states differed after ``failure.restore_not_after`` and no majority named the bad
+    one (logic/health/groups.py), so this attempt goes back to at most that step, and what the
+    earlier attempts saved after it must never be restored, by this restart or any later one
+    (until this attempt's own saves, which the fence lets through, replace them)."""
+    if failure.restore_not_after < 0:
+        return None
+    return CheckpointFence(step=failure.restore_not_after, attempt=attempt)
+
+
+def restore_hint(status: TrainingJobStatus, spec: TrainingJobSpec, *, pods_kept: bool,
+                 fence: CheckpointFence | None = None) -> dict[str, Any] | None:
     """The next attempt's restore hint (config.json ``restore``): the newest verified checkpoint
     that survives the restart, and the newest step reported (the trainer counts the steps lost).
 
@@ -158,15 +176,20 @@ def restore_hint(status: TrainingJobStatus, spec: TrainingJobSpec, *, pods_kept:
     An in-place restart keeps the pods' memory, and a replaced pod's shards come back from its
     neighbour's replica.
 
-    ``not_after`` >= 0: no checkpoint newer than that step may be restored (the replica groups'
-    states differed after it); the hint carries it (``notAfter``) for the trainer's own choice."""
+    ``fence``: the one this restart puts up (:func:`new_fence`), else ``status.checkpointFence``
+    (in force since an earlier restart; the status no longer lists the checkpoints it shuts
+    out). The hint carries it (``notAfter``, ``abandonedBefore``): the trainer restores no
+    checkpoint newer than ``notAfter`` that an attempt before ``abandonedBefore`` wrote."""
     refs = list(status.checkpoints) or ([status.last_checkpoint] if status.last_checkpoint is not None else [])
     if not pods_kept and spec.checkpoint.memory.medium == "Pod":
         refs = [r for r in refs if r.tier != "memory"]
-    if not_after >= 0:
-        refs = [r for r in refs if r.step <= not_after]
+    if fence is not None:
+        refs = [r for r in refs if r.step <= fence.step]
+    fence = fence or status.checkpoint_fence
+    if fence is not None:
         best = best_checkpoint(refs) if refs else None
-        return {"tier": best.tier if best else "", "step": best.step if best else -1, "lastStep": status.step, "notAfter": not_after}
+        return {"tier": best.tier if best else "", "step": best.step if best else -1, "lastStep": status.step,
+                "notAfter": fence.step, "abandonedBefore": fence.attempt}
     if not refs:
         return None
     best = best_checkpoint(refs)

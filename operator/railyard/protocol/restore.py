@@ -11,7 +11,8 @@ Rules (docs/checkpoints.md):
 
 - a checkpoint exists only through a committed manifest; shard files without one are ignored;
 - a manifest whose SDC checks did not pass (``sdc_passed=False``) is never restored;
-- the newest step wins (none newer than the hint's ``not_after``, when it has one); among sources of the same step the fastest tier wins
+- the newest step wins (none newer than the hint's ``not_after`` that an attempt before its
+  ``abandoned_before`` wrote, when it has one); among sources of the same step the fastest tier wins
   (memory, then local, then shared) unless the operator's hint names another tier for that
   step; the hint never makes an older step win;
 - a checkpoint is usable when every shard it lists is present somewhere with a matching
@@ -32,6 +33,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from railyard.protocol.heartbeat import CheckpointEvent
 from railyard.protocol.manifest import TIERS, Manifest, ShardInfo
@@ -79,11 +81,31 @@ class FoundCheckpoint:
 class RestoreHint:
     """The operator's suggestion (config.json ``restore``): picks the tier among sources of one
     step; ``not_after`` (config.json ``notAfter``, -1: none) rules out every newer checkpoint
-    (faultTolerance ReplicaGroups: the groups' states differed after that step)."""
+    that an attempt before ``abandoned_before`` (``abandonedBefore``; absent: any attempt)
+    wrote (faultTolerance ReplicaGroups: the groups' states differed after that step, and the
+    attempt ``abandoned_before`` went back to it; the operator's ``status.checkpointFence``)."""
 
     tier: str
     step: int
     not_after: int = -1
+    abandoned_before: int | None = None
+
+    @classmethod
+    def from_wire(cls, raw: Mapping[str, Any] | None) -> RestoreHint | None:
+        """config.json's ``restore`` (written by the operator's ``restore_hint``); None when it
+        names no checkpoint source."""
+        if not raw:
+            return None
+        tier, step = raw.get("tier"), raw.get("step")
+        if not (isinstance(tier, str) and isinstance(step, int)):
+            return None
+        not_after, before = raw.get("notAfter", -1), raw.get("abandonedBefore")
+        return cls(tier=tier, step=step, not_after=not_after if isinstance(not_after, int) else -1,
+                   abandoned_before=before if isinstance(before, int) else None)
+
+    def shuts_out(self, step: int, attempt: int) -> bool:
+        """Whether a checkpoint of ``step`` written by ``attempt`` is on the abandoned part of the run."""
+        return 0 <= self.not_after < step and (self.abandoned_before is None or attempt < self.abandoned_before)
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,7 +175,7 @@ def decide_restore(
         tier, step, attempt = key
         copies = sorted(groups[key], key=lambda f: f.location)
         name = f"{tier} step {step} (attempt {attempt})"
-        if hint is not None and 0 <= hint.not_after < step:
+        if hint is not None and hint.shuts_out(step, attempt):
             rejected.append(f"{name}: newer than step {hint.not_after}, after which the replica groups' states differed")
             continue
         listings = _group_by_listing(copies)

@@ -455,12 +455,7 @@ def _apply_trainer_state(ctx: TrainContext, manifest: Manifest, rank: int, world
 
 
 def _hint(raw: Mapping[str, Any] | None) -> RestoreHint | None:
-    if not raw:
-        return None
-    tier, step, not_after = raw.get("tier"), raw.get("step"), raw.get("notAfter", -1)
-    if isinstance(tier, str) and isinstance(step, int):
-        return RestoreHint(tier=tier, step=step, not_after=not_after if isinstance(not_after, int) else -1)
-    return None
+    return RestoreHint.from_wire(raw)
 
 
 def _mark_corrupt(found: list[FoundCheckpoint], src: RestoreSource) -> list[FoundCheckpoint]:
