@@ -161,7 +161,7 @@ class Scenario:
     def _replica_groups_job(self, name: str, rg: ReplicaGroups) -> dict[str, Any]:
         """The job of bench/replica_groups.py and the system test (tried on this machine's CPUs):
         R groups of one pod x procsPerNode ranks, memory-tier checkpoints only, health timeouts
-        longer than torchft's pause while it drops the lost group (its 5 s heartbeat timeout)."""
+        longer than torchft's pause while it drops the lost group (its heartbeat timeout)."""
         return {
             "apiVersion": "railyard.dev/v1alpha1",
             "kind": "TrainingJob",
