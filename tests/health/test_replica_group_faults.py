@@ -16,6 +16,7 @@ import dataclasses
 
 import pytest
 
+from railyard.api.trainingjob import CheckpointFence
 from railyard.logic.health import (
     Action,
     FaultKind,
@@ -25,7 +26,6 @@ from railyard.logic.health import (
     decide_health,
 )
 from railyard.logic.health.groups import DIVERGED, NO_MAJORITY, decide_group_sdc
-from railyard.api.trainingjob import CheckpointFence
 from railyard.logic.health.liveness import decide_hung_ranks
 from railyard.logic.health.model import GroupVoteState
 from railyard.logic.health.window import GroupLayout, HeartbeatStore

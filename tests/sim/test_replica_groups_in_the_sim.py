@@ -45,6 +45,27 @@ def test_a_slower_rate_with_one_group_missing_costs_more() -> None:
     assert lost_to(slow, "Faulty GPU") > lost_to(ideal, "Faulty GPU")
 
 
+def test_with_no_spare_the_lost_group_waits_for_a_node_while_the_others_train() -> None:
+    """The operator's shrink (logic/elastic.py): no hot spare, so the lost node's group waits for
+    a repaired node (scn.repair_h) and the job trains on with R-1 groups meanwhile, which costs
+    the missing group's share of the wait, not the whole job's as with the in-place restart."""
+    from railyard.sim.trace import Event
+
+    s = tiny(nodes_per_leaf=9, leaves_per_spine=1)  # one free node beside the job's 8: the first lost node takes it, the second waits
+    trace = (Event(0, 3600.0, "fault", cause("Faulty GPU"), 3, u1=0.5, u2=0.5),
+             Event(1, 7200.0, "fault", cause("GPU HBM3 memory"), 5, u1=0.5, u2=0.5))
+    groups = simulate(s, our_policy(hot_spares=0, replica_groups=R), trace)
+    in_place = simulate(s, our_policy(hot_spares=0), trace)
+    assert groups.waits_for_repair == in_place.waits_for_repair == 1
+    wait_share = groups.lost["GPU HBM3 memory"]["backoff"]
+    assert wait_share > 0.0
+    # the wait outlasts the run (48 h repair): both count it up to the end of the run, the
+    # groups their share (the survivors' stall comes first: it shortens the room by its length)
+    assert in_place.lost["GPU HBM3 memory"]["backoff"] == pytest.approx(R * wait_share, abs=R * s.group_survivor_stall_s)
+    assert wait_share < s.wall_s - 7200.0
+    assert groups.useful_s + groups.lost_total_s() == pytest.approx(s.wall_s, rel=1e-9)
+
+
 def test_a_silent_corruption_still_restores_the_whole_job_from_a_checkpoint() -> None:
     from railyard.sim.trace import Event
 

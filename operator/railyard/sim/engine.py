@@ -514,12 +514,18 @@ class _Run:
         self.step = float(whole)
         heal = self.group_heal_s()
         self.res.restore_tiers["live peer"] += 1
-        self.down(cause.name, {
-            "detection": self.scn.group_survivor_stall_s + missing * parts.get("detection", 0.0),
-            "backoff": missing * parts.get("backoff", 0.0),
-            "restart": missing * parts.get("restart", 0.0),
-            "restore": missing * heal,
-        }, recompute)
+        stall = self.scn.group_survivor_stall_s
+        # the group's outage, clipped at the end of the run before it is scaled (a group that
+        # waits past the end for a repaired node costs its share of the time left, not of the wait)
+        room = max(0.0, self.horizon - self.t - stall)
+        scaled: dict[str, float] = {}
+        for comp, sec in (("detection", parts.get("detection", 0.0)), ("backoff", parts.get("backoff", 0.0)),
+                          ("restart", parts.get("restart", 0.0)), ("restore", heal)):
+            sec = min(sec, room)
+            room -= sec
+            scaled[comp] = missing * sec
+        scaled["detection"] += stall
+        self.down(cause.name, scaled, recompute)
 
     def down(self, cause: str, parts: dict[str, float], recompute: float) -> None:
         """Sit out the restart (clipped at the end of the run) and schedule the resume."""
