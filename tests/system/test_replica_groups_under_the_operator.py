@@ -105,3 +105,41 @@ def test_a_lost_node_restarts_only_its_replica_group(api: Api, operator: Operato
         if victim:
             api.annotate_node(victim, {FAIL: None})
         api.delete_job(SYSTEM_NS, name)
+
+
+FLIP_AT = 12  #: group 1: a low parameter bit flipped after the optimizer step (no local check sees it)
+
+
+def test_two_groups_that_disagree_go_back_behind_a_fence(api: Api, operator: OperatorProcess, local_cluster: Any) -> None:
+    """With two groups the cross-group vote cannot name the corrupt one: a flip in group 1 makes
+    the fingerprints differ with no majority, and the whole job restarts in place from the
+    checkpoint tiers, no newer than the last step the groups agreed on. That bound stays up
+    (``status.checkpointFence``) for every later restart; here the job Succeeds with both groups
+    at the last step and the same parameters, nobody quarantined (nobody was named)."""
+    name = unique("rgf")
+    spec = base_spec(
+        parallelism={"dataReplicas": 2},
+        faultTolerance={"mode": "ReplicaGroups", "minReplicas": 1},
+        gang={"hotSpares": 1, "scheduleTimeoutSeconds": 240},
+        trainer={"steps": STEPS, "batchSize": 8, "faults": [
+            {"kind": "bitflip", "target": "param", "bit": 16, "group": 1, "rank": 0, "step": FLIP_AT, "attempt": 0}]},
+        health={"sdc": {"intervalSteps": 5}},
+        nodeSelector=local_cluster.node_selector,
+    )
+    api.create_job(SYSTEM_NS, name, spec)
+    try:
+        s = wait_status(api, name, "the job to finish", lambda s: s if s.get("phase") in ("Succeeded", "Failed") else None, 500, operator)
+        assert s["phase"] == "Succeeded", json.dumps(s)[:3000]
+        assert s["restarts"]["total"] == 1 and s["restarts"]["lastReason"].startswith("SDCVerdict"), s["restarts"]
+        lr, fence = s["lastRestart"], s.get("checkpointFence")
+        assert (lr["mode"], lr["reason"], lr["carriedOn"]) == ("InPlace", "", []), lr
+        # the groups agreed at a fingerprint step before the flip, not after it
+        assert fence is not None and fence["attempt"] == 1 and 0 <= fence["step"] < FLIP_AT, fence
+        assert (s.get("restore") or {}).get("step", -1) <= fence["step"], s.get("restore")
+        assert not s.get("quarantinedNodes"), "no majority named a node"
+        assert all(c["step"] <= fence["step"] or c["step"] > FLIP_AT for c in s.get("checkpoints") or []), s.get("checkpoints")
+        done = [e for i in range(2) for e in events_of(local_cluster, f"{name}-a0-{i}") if e.get("event") == "done"]
+        assert len(done) == 2 and {d["step"] for d in done} == {STEPS}, done
+        assert len({d["params_crc32"] for d in done}) == 1, f"the groups' parameters differ: {done}"
+    finally:
+        api.delete_job(SYSTEM_NS, name)
