@@ -143,3 +143,49 @@ def test_two_groups_that_disagree_go_back_behind_a_fence(api: Api, operator: Ope
         assert len({d["params_crc32"] for d in done}) == 1, f"the groups' parameters differ: {done}"
     finally:
         api.delete_job(SYSTEM_NS, name)
+
+
+SLOW_FROM = 20  #: group 1's device 2x slower from this step (its speed probe too)
+
+
+def test_a_straggling_group_is_moved_to_the_spare_while_the_other_trains_on(api: Api, operator: OperatorProcess, local_cluster: Any) -> None:
+    """``straggler.action: Restart`` with replica groups: group 1's device slows down, the
+    straggler rule flags its rank, and only group 1 restarts, its pod moved to the spare (its
+    node quarantined) where it heals from group 0; group 0 keeps its pod and worker process,
+    and both groups end at the last step with the same parameters."""
+    name = unique("rgs")
+    spec = base_spec(
+        parallelism={"dataReplicas": 2},
+        faultTolerance={"mode": "ReplicaGroups", "minReplicas": 1},
+        gang={"hotSpares": 1, "scheduleTimeoutSeconds": 240},
+        trainer={"steps": STEPS, "batchSize": 8, "faults": [
+            {"kind": "slow", "factor": 2.0, "group": 1, "rank": 0, "step": SLOW_FROM, "attempt": 0}]},
+        health={"straggler": {"windowSteps": 10, "action": "Restart"}},
+        nodeSelector=local_cluster.node_selector,
+    )
+    api.create_job(SYSTEM_NS, name, spec)
+    keep = f"{name}-a0-0"
+    try:
+        s = wait_status(api, name, "the groups training", lambda s: s if s.get("phase") == "Running" and s.get("step", 0) >= 5
+                        else (pytest.fail(f"ended early: {s}") if s.get("phase") in ("Succeeded", "Failed") else None), 400, operator)
+        uid = next(p.metadata.uid for p in api.pods(SYSTEM_NS, name) if p.metadata.name == keep)
+        slow_node = s["placement"]["nodes"][1]
+        s = wait_status(api, name, "the job to finish", lambda s: s if s.get("phase") in ("Succeeded", "Failed") else None, 500, operator)
+        assert s["phase"] == "Succeeded", json.dumps(s)[:3000]
+        assert s["restarts"]["total"] == 1 and s["restarts"]["lastReason"].startswith("StragglerVerdict"), s["restarts"]
+        lr = s["lastRestart"]
+        assert (lr["reason"], lr["carriedOn"], lr["replaced"]) == ("ReplicaGroupReplaced", [0], [1]), lr
+        assert [q["node"] for q in s.get("quarantinedNodes") or []] == [slow_node], s.get("quarantinedNodes")
+        after = {p.metadata.name: p for p in api.pods(SYSTEM_NS, name)}
+        assert after[keep].metadata.uid == uid, "group 0's pod is the same object"
+        kept = events_of(local_cluster, keep)
+        assert len([e for e in kept if e.get("event") == "workers_started"]) == 1, "and the same worker process"
+        new = next(n for n in after if n.startswith(f"{name}-a1-1"))
+        assert after[new].spec.node_name != slow_node
+        replaced = events_of(local_cluster, new)
+        assert any(e.get("event") == "replica_healed" for e in replaced), replaced[-20:]
+        done = [e for p in (kept, replaced) for e in p if e.get("event") == "done"]
+        assert len(done) == 2 and {d["step"] for d in done} == {STEPS}, done
+        assert len({d["params_crc32"] for d in done}) == 1, f"the groups' parameters differ: {done}"
+    finally:
+        api.delete_job(SYSTEM_NS, name)
