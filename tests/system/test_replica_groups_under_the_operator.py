@@ -49,17 +49,23 @@ def refused_heartbeats(local_cluster: Any, pod: str) -> list[str]:
     return [ln for ln in lines if "heartbeat POST" in ln and "failed" in ln]
 
 
+def two_groups(local_cluster: Any, *, min_replicas: int = 1, faults: tuple[dict[str, Any], ...] = (), **overrides: Any) -> dict[str, Any]:
+    """Two replica groups of one pod x one rank, a hot spare, ``faults`` injected."""
+    return base_spec(
+        parallelism={"dataReplicas": 2},
+        faultTolerance={"mode": "ReplicaGroups", "minReplicas": min_replicas},
+        gang={"hotSpares": 1, "scheduleTimeoutSeconds": 240},
+        trainer={"steps": STEPS, "batchSize": 8, **({"faults": list(faults)} if faults else {})},
+        nodeSelector=local_cluster.node_selector,  # on a given API server, not another's nodes
+        **overrides,
+    )
+
+
 @pytest.mark.parametrize("min_replicas", [1, 2], ids=["group-repair", "below-minReplicas-in-place"])
 def test_a_lost_node_restarts_only_its_replica_group(api: Api, operator: OperatorProcess, local_cluster: Any, min_replicas: int) -> None:
     alone = min_replicas == 1  # group 0 can commit steps alone: only group 1 restarts
     name = unique("rg")
-    spec = base_spec(
-        parallelism={"dataReplicas": 2},
-        faultTolerance={"mode": "ReplicaGroups", "minReplicas": min_replicas},
-        gang={"hotSpares": 1, "scheduleTimeoutSeconds": 240},
-        trainer={"steps": STEPS, "batchSize": 8},
-        nodeSelector=local_cluster.node_selector,  # on a given API server, not another's nodes
-    )
+    spec = two_groups(local_cluster, min_replicas=min_replicas)
     api.create_job(SYSTEM_NS, name, spec)
     victim = ""
     try:
@@ -117,15 +123,8 @@ def test_two_groups_that_disagree_go_back_behind_a_fence(api: Api, operator: Ope
     (``status.checkpointFence``) for every later restart; here the job Succeeds with both groups
     at the last step and the same parameters, nobody quarantined (nobody was named)."""
     name = unique("rgf")
-    spec = base_spec(
-        parallelism={"dataReplicas": 2},
-        faultTolerance={"mode": "ReplicaGroups", "minReplicas": 1},
-        gang={"hotSpares": 1, "scheduleTimeoutSeconds": 240},
-        trainer={"steps": STEPS, "batchSize": 8, "faults": [
-            {"kind": "bitflip", "target": "param", "bit": 16, "group": 1, "rank": 0, "step": FLIP_AT, "attempt": 0}]},
-        health={"sdc": {"intervalSteps": 5}},
-        nodeSelector=local_cluster.node_selector,
-    )
+    spec = two_groups(local_cluster, faults=({"kind": "bitflip", "target": "param", "bit": 16, "group": 1, "rank": 0, "step": FLIP_AT, "attempt": 0},),
+                      health={"sdc": {"intervalSteps": 5}})
     api.create_job(SYSTEM_NS, name, spec)
     try:
         s = wait_status(api, name, "the job to finish", lambda s: s if s.get("phase") in ("Succeeded", "Failed") else None, 500, operator)
@@ -154,15 +153,8 @@ def test_a_straggling_group_is_moved_to_the_spare_while_the_other_trains_on(api:
     node quarantined) where it heals from group 0; group 0 keeps its pod and worker process,
     and both groups end at the last step with the same parameters."""
     name = unique("rgs")
-    spec = base_spec(
-        parallelism={"dataReplicas": 2},
-        faultTolerance={"mode": "ReplicaGroups", "minReplicas": 1},
-        gang={"hotSpares": 1, "scheduleTimeoutSeconds": 240},
-        trainer={"steps": STEPS, "batchSize": 8, "faults": [
-            {"kind": "slow", "factor": 2.0, "group": 1, "rank": 0, "step": SLOW_FROM, "attempt": 0}]},
-        health={"straggler": {"windowSteps": 10, "action": "Restart"}},
-        nodeSelector=local_cluster.node_selector,
-    )
+    spec = two_groups(local_cluster, faults=({"kind": "slow", "factor": 2.0, "group": 1, "rank": 0, "step": SLOW_FROM, "attempt": 0},),
+                      health={"straggler": {"windowSteps": 10, "action": "Restart"}})
     api.create_job(SYSTEM_NS, name, spec)
     keep = f"{name}-a0-0"
     try:
