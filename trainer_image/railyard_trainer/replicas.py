@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
 import ipaddress
 import logging
 import os
@@ -95,16 +96,30 @@ def replica_problems(*, batch_size: int, group_dp: int, data_replicas: int, min_
     return out
 
 
+def _param_shards(parts: Iterable[torch.nn.Module]) -> Iterator[tuple[bytes, bytes]]:
+    """(name, raw bytes) of each of this rank's parameter shards, in the modules' order."""
+    for part in parts:
+        for name, p in part.named_parameters():
+            local = p.to_local() if isinstance(p, DTensor) else p
+            yield name.encode(), local.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+
+
 def params_crc32(parts: Iterable[torch.nn.Module]) -> int:
     """CRC-32 of this rank's parameter shards, bit for bit, in name order: the same rank of
     every replica group must end with the same number (the ``done`` event's ``params_crc32``)."""
     crc = 0
-    for part in parts:
-        for name, p in part.named_parameters():
-            local = p.to_local() if isinstance(p, DTensor) else p
-            crc = zlib.crc32(name.encode(), crc)
-            crc = zlib.crc32(local.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes(), crc)
+    for name, data in _param_shards(parts):
+        crc = zlib.crc32(data, zlib.crc32(name, crc))
     return crc
+
+
+def params_sha256(parts: Iterable[torch.nn.Module]) -> str:
+    """sha256 of the same bytes as :func:`params_crc32` (the ``done`` event's ``params_sha256``)."""
+    h = hashlib.sha256()
+    for name, data in _param_shards(parts):
+        h.update(name)
+        h.update(data)
+    return h.hexdigest()
 
 
 # --------------------------------------------------------------------------- state for healing

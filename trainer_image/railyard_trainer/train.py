@@ -18,12 +18,11 @@ forward+backward waits for the slowest peer inside the all-gathers, so forward+b
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import logging
 import os
 import resource
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import replace
 from datetime import timedelta
@@ -60,6 +59,7 @@ from railyard_trainer.replicas import (
     Share,
     group_from_env,
     params_crc32,
+    params_sha256,
     replica_problems,
 )
 from railyard_trainer.speed_probe import SpeedProbe
@@ -217,7 +217,7 @@ class Trainer:
         extra: dict[str, Any] = {}
         if self.replicas is not None:
             # replica groups must end on identical weights (tests compare them)
-            extra.update(group=self.replicas.group, heals=self.replicas.heals, params_sha256=_params_digest(self.parts),
+            extra.update(group=self.replicas.group, heals=self.replicas.heals, params_sha256=params_sha256(self.parts),
                          params_crc32=params_crc32(self.parts))
         log_event("done", rank=self.env.rank, step=self.ctx.step, **extra)
 
@@ -452,17 +452,6 @@ def _test_hold(step: int, paused: Callable[[], AbstractContextManager[None]] = c
         with paused():
             while not path.exists():
                 time.sleep(0.05)
-
-
-def _params_digest(parts: Sequence[torch.nn.Module]) -> str:
-    """sha256 of this rank's parameter shards, bit for bit."""
-    h = hashlib.sha256()
-    for part in parts:
-        for name, p in part.named_parameters():
-            local = p.to_local() if isinstance(p, DTensor) else p
-            h.update(name.encode())
-            h.update(local.detach().float().cpu().contiguous().numpy().tobytes())
-    return h.hexdigest()
 
 
 def seed_rank_rng(seed: int, rank: int) -> None:

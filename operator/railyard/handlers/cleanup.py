@@ -72,7 +72,7 @@ async def cleanup_checkpoints(cycle: Cycle, finalizers: Sequence[str]) -> float 
     await cycle.flush_events()
     if cleaners:
         await cycle.io.delete_pods(cycle.ns, list(cleaners), grace_seconds=0)
-    rest = [failure for failure in finalizers if failure != CLEANUP_FINALIZER]
+    rest = [name for name in finalizers if name != CLEANUP_FINALIZER]
     if not await cycle.io.patch_job_finalizers(cycle.ns, cycle.name, rest, cycle.meta.get("resourceVersion")):
         return 0.5
     await cycle.io.delete_owned(cycle.ns, cycle.name)

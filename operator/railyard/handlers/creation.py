@@ -109,10 +109,10 @@ async def place_and_create(cycle: Cycle, job: TrainingJob, nodes: Mapping[str, M
         }
     )
     cycle.phase("Starting", "GangCreated", f"attempt {attempt}: {len(pods)} pods created and released together on {placement.summary}")
-    await cycle.io.delete_configmaps(cycle.ns, [configmap_name(cycle.name, assessment) for assessment in earlier_attempts(attempt)])
+    await cycle.io.delete_configmaps(cycle.ns, [configmap_name(cycle.name, earlier) for earlier in earlier_attempts(attempt)])
     if plan.objects:
         # one PodGroup per attempt: the earlier attempts' groups go with their pods
-        earlier = [group_name(cycle.name, assessment) for assessment in earlier_attempts(attempt)]
+        earlier = [group_name(cycle.name, older) for older in earlier_attempts(attempt)]
         await cycle.io.delete_podgroups(cycle.ns, plan.objects[0]["apiVersion"], earlier)
     return float(spec.gang.schedule_timeout_seconds)
 

@@ -302,7 +302,7 @@ async def _drop_old_configmaps(cycle: Cycle, members: Sequence[Obj]) -> None:
     mount their own attempt's), keeping those of the earlier attempts a new gang keeps."""
     used = {attempt_of(p) for p in members}
     kept_from = earlier_attempts(cycle.st.attempt).start
-    old = [configmap_name(cycle.name, assessment) for assessment in range(max(kept_from - KEPT_ATTEMPTS, 0), kept_from) if assessment not in used]
+    old = [configmap_name(cycle.name, earlier) for earlier in range(max(kept_from - KEPT_ATTEMPTS, 0), kept_from) if earlier not in used]
     if old:
         await cycle.io.delete_configmaps(cycle.ns, old)
 
@@ -397,9 +397,9 @@ async def republish(cycle: Cycle, members: Sequence[Obj], *, replica_groups: int
                          replica_groups=replica_groups)
     cycle.rt.store.begin_attempt(cycle.ns, cycle.name, attempt, layout=GroupLayout.of(table, replica_groups),
                              carry_on=carried_attempts(cycle.st.last_restart, attempt, members))
-    for assessment in sorted({attempt_of(p) for p in members if attempt_of(p) < attempt}):
+    for earlier in sorted({attempt_of(p) for p in members if attempt_of(p) < attempt}):
         # kept launchers run these tables: the delta of their restart is built against them
-        old = await cycle.io.read_rank_table(cycle.ns, cycle.name, assessment)
+        old = await cycle.io.read_rank_table(cycle.ns, cycle.name, earlier)
         if old is not None:
-            cycle.rt.control.jobs[(cycle.ns, cycle.name)].tables.setdefault(assessment, old)
+            cycle.rt.control.jobs[(cycle.ns, cycle.name)].tables.setdefault(earlier, old)
 

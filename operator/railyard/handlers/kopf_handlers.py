@@ -54,7 +54,7 @@ def compact_pod(body: Any) -> dict[str, Any]:
     meta = body.get("metadata") or {}
     spec = body.get("spec") or {}
     status = body.get("status") or {}
-    containers = [{"name": cycle.get("name"), "resources": cycle.get("resources") or {}, **_heartbeat_env(cycle)} for cycle in spec.get("containers") or ()]
+    containers = [{"name": container.get("name"), "resources": container.get("resources") or {}, **_heartbeat_env(container)} for container in spec.get("containers") or ()]
     owners = [_pick(o, "uid", "controller") for o in meta.get("ownerReferences") or ()]
     # of the annotations only the node the placement chose (logic.gang.find_stale_placement)
     planned = _pick(meta.get("annotations") or {}, NODE_ANNOTATION)

@@ -84,7 +84,7 @@ async def reconcile_job(runtime: Runtime, worker: JobWorker, *, now: float | Non
     wants = bool(((cycle.body.get("spec") or {}).get("checkpoint") or {}).get("cleanupOnDelete"))
     if wants != ours:
         # a finalizer only while the job asks for its checkpoints to be deleted with it
-        new = [*finalizers, CLEANUP_FINALIZER] if wants else [failure for failure in finalizers if failure != CLEANUP_FINALIZER]
+        new = [*finalizers, CLEANUP_FINALIZER] if wants else [name for name in finalizers if name != CLEANUP_FINALIZER]
         await cycle.io.patch_job_finalizers(cycle.ns, cycle.name, new, cycle.meta.get("resourceVersion"))
     try:
         job = TrainingJob.model_validate({"metadata": {"name": cycle.name, "namespace": cycle.ns}, "spec": cycle.body.get("spec") or {}})

@@ -197,12 +197,7 @@ class Reporter:
                 self._checkpoints.clear()
             return
         with self._lock:
-            saving = self._paused > 0
-            for probe in self._saving:
-                try:
-                    saving = saving or bool(probe())
-                except Exception:
-                    continue
+            saving = self._paused > 0 or _any(self._saving)
             b = self._beat
             beat = replace(
                 b, loss=_finite_or_none(b.loss), grad_norm=_finite_or_none(b.grad_norm), saving=saving,
@@ -240,6 +235,7 @@ class Reporter:
 
 
 def _any(probes: list[Callable[[], bool]]) -> bool:
+    """Whether a probe says yes (a probe that raises says nothing)."""
     for probe in probes:
         try:
             if probe():
