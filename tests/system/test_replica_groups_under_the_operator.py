@@ -30,11 +30,13 @@ from tests.system.conftest import (
     unique,
     wait_status,
 )
+from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.cluster, pytest.mark.torch, pytest.mark.timeout(600)]
 
 FAIL = "local.railyard.dev/fail"
 STEPS = 80
+HOLD_AT = 60  #: a survivor waits before this step until the replacement group joined
 
 
 def events_of(local_cluster: Any, pod: str) -> list[dict[str, Any]]:
@@ -49,23 +51,39 @@ def refused_heartbeats(local_cluster: Any, pod: str) -> list[str]:
     return [ln for ln in lines if "heartbeat POST" in ln and "failed" in ln]
 
 
-def two_groups(local_cluster: Any, *, min_replicas: int = 1, faults: tuple[dict[str, Any], ...] = (), **overrides: Any) -> dict[str, Any]:
-    """Two replica groups of one pod x one rank, a hot spare, ``faults`` injected."""
+def two_groups(local_cluster: Any, *, min_replicas: int = 1, faults: tuple[dict[str, Any], ...] = (), hold: Path | None = None,
+               **overrides: Any) -> dict[str, Any]:
+    """Two replica groups of one pod x one rank, a hot spare, ``faults`` injected; ``hold``: every
+    group waits before step :data:`HOLD_AT` until that file exists (:func:`release_when_joined`)."""
     return base_spec(
         parallelism={"dataReplicas": 2},
         faultTolerance={"mode": "ReplicaGroups", "minReplicas": min_replicas},
         gang={"hotSpares": 1, "scheduleTimeoutSeconds": 240},
         trainer={"steps": STEPS, "batchSize": 8, **({"faults": list(faults)} if faults else {})},
         nodeSelector=local_cluster.node_selector,  # on a given API server, not another's nodes
+        **({"env": [{"name": "RAILYARD_TEST_HOLD", "value": f"{HOLD_AT}:{hold}"}]} if hold is not None else {}),
         **overrides,
     )
 
 
+def release_when_joined(local_cluster: Any, pod: str, hold: Path) -> None:
+    """The survivor must not finish before the replacement group heals from it (a group that
+    joins after the end never heals: docs/fault-tolerance.md, "The end of a run with a late
+    group"); with the Lighthouse's 1 s heartbeat timeout it barely pauses for the loss. It is
+    held before a late step (the trainer's test hold: paused, so neither hung nor timed out)
+    until the replacement's Manager has joined; then both meet in the next quorum."""
+    wait_until(lambda: any(e.get("event") == "replica_joining" for e in events_of(local_cluster, pod)), timeout=300,
+               message=f"{pod} to join the quorum", retry_on=(Exception,))
+    hold.touch()
+
+
 @pytest.mark.parametrize("min_replicas", [1, 2], ids=["group-repair", "below-minReplicas-in-place"])
-def test_a_lost_node_restarts_only_its_replica_group(api: Api, operator: OperatorProcess, local_cluster: Any, min_replicas: int) -> None:
+def test_a_lost_node_restarts_only_its_replica_group(api: Api, operator: OperatorProcess, local_cluster: Any, min_replicas: int,
+                                                    tmp_path: Path) -> None:
     alone = min_replicas == 1  # group 0 can commit steps alone: only group 1 restarts
     name = unique("rg")
-    spec = two_groups(local_cluster, min_replicas=min_replicas)
+    hold = tmp_path / "release"
+    spec = two_groups(local_cluster, min_replicas=min_replicas, hold=hold if alone else None)
     api.create_job(SYSTEM_NS, name, spec)
     victim = ""
     try:
@@ -86,6 +104,8 @@ def test_a_lost_node_restarts_only_its_replica_group(api: Api, operator: Operato
             assert (lr["reason"], lr["carriedOn"], lr["replaced"]) == ("ReplicaGroupReplaced", [0], [1]), lr
         else:  # below minReplicas: the whole gang restarts in place, nobody carries on
             assert (lr["reason"], lr["carriedOn"], lr["replaced"]) == ("", [], [1]), lr
+        if alone:
+            release_when_joined(local_cluster, f"{name}-a1-1", hold)
         s = wait_status(api, name, "the job to finish", lambda s: s if s.get("phase") in ("Succeeded", "Failed") else None, 500, operator)
         assert s["phase"] == "Succeeded", json.dumps(s)[:3000]
         assert s.get("attempt") == 1 and s["restarts"]["total"] == 1, "one restart"
@@ -108,6 +128,7 @@ def test_a_lost_node_restarts_only_its_replica_group(api: Api, operator: Operato
         assert lose not in after or after[lose].metadata.deletion_timestamp or after[lose].status.phase != "Running"
         assert refused_heartbeats(local_cluster, keep) == [], "the carried-on group's beats are accepted after the repair"
     finally:
+        hold.touch()
         if victim:
             api.annotate_node(victim, {FAIL: None})
         api.delete_job(SYSTEM_NS, name)
@@ -147,14 +168,16 @@ def test_two_groups_that_disagree_go_back_behind_a_fence(api: Api, operator: Ope
 SLOW_FROM = 20  #: group 1's device 2x slower from this step (its speed probe too)
 
 
-def test_a_straggling_group_is_moved_to_the_spare_while_the_other_trains_on(api: Api, operator: OperatorProcess, local_cluster: Any) -> None:
+def test_a_straggling_group_is_moved_to_the_spare_while_the_other_trains_on(api: Api, operator: OperatorProcess, local_cluster: Any,
+                                                                          tmp_path: Path) -> None:
     """``straggler.action: Restart`` with replica groups: group 1's device slows down, the
     straggler rule flags its rank, and only group 1 restarts, its pod moved to the spare (its
     node quarantined) where it heals from group 0; group 0 keeps its pod and worker process,
     and both groups end at the last step with the same parameters."""
     name = unique("rgs")
+    hold = tmp_path / "release"
     spec = two_groups(local_cluster, faults=({"kind": "slow", "factor": 2.0, "group": 1, "rank": 0, "step": SLOW_FROM, "attempt": 0},),
-                      health={"straggler": {"windowSteps": 10, "action": "Restart"}})
+                      hold=hold, health={"straggler": {"windowSteps": 10, "action": "Restart"}})
     api.create_job(SYSTEM_NS, name, spec)
     keep = f"{name}-a0-0"
     try:
@@ -162,6 +185,9 @@ def test_a_straggling_group_is_moved_to_the_spare_while_the_other_trains_on(api:
                         else (pytest.fail(f"ended early: {s}") if s.get("phase") in ("Succeeded", "Failed") else None), 400, operator)
         uid = next(p.metadata.uid for p in api.pods(SYSTEM_NS, name) if p.metadata.name == keep)
         slow_node = s["placement"]["nodes"][1]
+        wait_status(api, name, "the straggler's group repair", lambda s: s if (s.get("lastRestart") or {}).get("attempt") == 1
+                    else (pytest.fail(f"ended early: {s}") if s.get("phase") in ("Succeeded", "Failed") else None), 400, operator)
+        release_when_joined(local_cluster, f"{name}-a1-1", hold)
         s = wait_status(api, name, "the job to finish", lambda s: s if s.get("phase") in ("Succeeded", "Failed") else None, 500, operator)
         assert s["phase"] == "Succeeded", json.dumps(s)[:3000]
         assert s["restarts"]["total"] == 1 and s["restarts"]["lastReason"].startswith("StragglerVerdict"), s["restarts"]
@@ -180,4 +206,5 @@ def test_a_straggling_group_is_moved_to_the_spare_while_the_other_trains_on(api:
         assert len(done) == 2 and {d["step"] for d in done} == {STEPS}, done
         assert len({d["params_crc32"] for d in done}) == 1, f"the groups' parameters differ: {done}"
     finally:
+        hold.touch()
         api.delete_job(SYSTEM_NS, name)
