@@ -245,7 +245,7 @@ class Harness:
     def __init__(self, nodes: Iterable[dict[str, Any]], job: dict[str, Any], *, now: float = 1_767_225_600.0, **settings: Any) -> None:
         self.now = now
         self.cluster = FakeCluster(nodes, clock=lambda: self.now)
-        self.rt = Runtime(OperatorSettings(metrics_port=0, registry=CollectorRegistry(), coalesce_s=0, **settings), reconcile_job)
+        self.runtime = Runtime(OperatorSettings(metrics_port=0, registry=CollectorRegistry(), coalesce_s=0, **settings), reconcile_job)
         meta = job["metadata"]
         self.worker = JobWorker(meta["namespace"], meta["name"], body=copy.deepcopy(job))
         self.delays: list[float | None] = []
@@ -260,8 +260,8 @@ class Harness:
 
     async def cycle(self, after: float = 0.0) -> float | None:
         self.now += after
-        self.cluster.bind(self.rt)
-        delay = await reconcile_job(self.rt, self.worker, now=self.now, io=self.cluster)
+        self.cluster.bind(self.runtime)
+        delay = await reconcile_job(self.runtime, self.worker, now=self.now, io=self.cluster)
         # the watch delivers what was written
         self.worker.body["status"] = copy.deepcopy(self.cluster.status)
         self.worker.body["metadata"]["finalizers"] = list(self.cluster.finalizers)
@@ -318,9 +318,9 @@ class Harness:
         a = self.status.attempt if attempt is None else attempt
         r = LauncherReport(job=self.worker.name, attempt=a, pod_index=index, pod=name, state=LauncherState(state), code=code,
                            workers=((index, code),) if code else (), sent_at=self.now)
-        self.rt.control.clock = lambda: self.now
-        self.rt.control.record(self.worker.namespace, self.worker.name, r)
-        order, _ = self.rt.control.answer(self.worker.namespace, self.worker.name, r)
+        self.runtime.control.clock = lambda: self.now
+        self.runtime.control.record(self.worker.namespace, self.worker.name, r)
+        order, _ = self.runtime.control.answer(self.worker.namespace, self.worker.name, r)
         return parse_order(order) if isinstance(order, bytes) else order
 
     def all_report(self, state: str = "running", **kw: Any) -> list[Any]:

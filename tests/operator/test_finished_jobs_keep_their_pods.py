@@ -188,7 +188,7 @@ def _beats(h: Harness, step: int, slow_compute: float) -> None:
     for pod, ranks, compute in ((0, (0, 1), 0.3), (1, (2, 3), slow_compute)):
         beat = HeartbeatBatch(job="j", attempt=0, pod_index=pod, node=h.pod_nodes()[pod], sent_at=h.now,
                               ranks=tuple(RankBeat(rank=r, step=step, step_time_s=1.0, compute_s=compute, loss=2.0, tokens_per_s=10.0) for r in ranks))
-        h.rt.store.ingest("ns", "j", beat, h.now)
+        h.runtime.store.ingest("ns", "j", beat, h.now)
 
 
 async def test_no_health_warning_after_the_job_finished() -> None:

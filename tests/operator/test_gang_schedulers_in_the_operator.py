@@ -296,7 +296,7 @@ async def test_auto_refused_by_rbac_falls_back_to_no_group_for_this_operator() -
     h.cluster.podgroup_error = 403
     await h.cycle()
     assert h.status.phase == "Placing" and h.status.message.startswith("spec.gang.scheduler=auto:")
-    assert h.rt.workload_api is False
+    assert h.runtime.workload_api is False
     await h.cycle(10.0)
     assert h.status.phase == "Starting"
     assert all(_group_of(p) is None for p in h.cluster.pods_of(0)) and len(h.cluster.pods_of(0)) == 2
@@ -312,7 +312,7 @@ async def test_auto_refused_at_an_in_place_restart_replaces_the_pod_without_a_gr
     h.node_down(h.pod_nodes()[1])
     await h.cycle(5.0)
     assert h.status.last_restart is not None and h.status.last_restart.mode == "InPlace"
-    assert _group_of(h.cluster.pods["j-a1-1"]) is None and h.rt.workload_api is False
+    assert _group_of(h.cluster.pods["j-a1-1"]) is None and h.runtime.workload_api is False
     assert _group_of(h.cluster.pods["j-a0-0"]) == "j-a0"
 
 
@@ -330,7 +330,7 @@ async def test_a_resumed_creation_keeps_the_group_choice_of_the_operator_that_be
     h.worker.status_wire = None
     h.worker.body["status"] = {**h.cluster.status, "phase": "Placing"}
     h.cluster.status = dict(h.worker.body["status"])
-    h.rt.workload_api = None  # a new operator process
+    h.runtime.workload_api = None  # a new operator process
     h.cluster.workload_api = not began_with_group
     await h.cycle(1.0)
     assert h.status.phase == "Starting" and "GangResumed" in h.reasons()

@@ -489,7 +489,7 @@ def _beat(h: Harness, pod: int, step: int, *, ranks: tuple[int, ...], checkpoint
     batch = HeartbeatBatch(job="j", attempt=h.status.attempt, pod_index=pod, node=h.pod_nodes()[pod], sent_at=h.now,
                            ranks=tuple(RankBeat(rank=r, step=step, step_time_s=1.0, compute_s=0.9, loss=2.5, tokens_per_s=100.0) for r in ranks),
                            checkpoints=checkpoints)
-    h.rt.store.ingest("ns", "j", batch, h.now)
+    h.runtime.store.ingest("ns", "j", batch, h.now)
 
 
 async def test_heartbeats_put_progress_in_the_status_and_a_silent_rank_restarts_the_gang() -> None:
@@ -521,20 +521,20 @@ async def test_node_events_release_what_a_person_released_and_wake_only_on_chang
     from railyard.logic.quarantine import REASON_ANNOTATION, RELEASE_ANNOTATION
 
     h = Harness(cluster(2), make_job())
-    w = h.rt.upsert_job("ns", "j", h.job)
+    w = h.runtime.upsert_job("ns", "j", h.job)
     try:
         node = make_node("node-0", labels={"railyard.dev/quarantined": "true"}, annotations={REASON_ANNOTATION: "x", RELEASE_ANNOTATION: "true"},
                          taints=[{"key": "railyard.dev/quarantined", "effect": "NoSchedule"}])
         w.wake.clear()
-        await on_node_change(h.rt, h.cluster, deleted=False, name="node-0", body=node)
+        await on_node_change(h.runtime, h.cluster, deleted=False, name="node-0", body=node)
         assert ("release", "node-0") in h.cluster.calls and w.wake.is_set()
         w.wake.clear()
-        await on_node_change(h.rt, h.cluster, deleted=False, name="node-0", body=node)
+        await on_node_change(h.runtime, h.cluster, deleted=False, name="node-0", body=node)
         assert not w.wake.is_set(), "nothing placement reads changed"
-        await on_node_change(h.rt, h.cluster, deleted=True, name="node-0", body=node)
-        assert w.wake.is_set() and "node-0" not in h.rt.node_signatures
+        await on_node_change(h.runtime, h.cluster, deleted=True, name="node-0", body=node)
+        assert w.wake.is_set() and "node-0" not in h.runtime.node_signatures
     finally:
-        await h.rt.close()
+        await h.runtime.close()
 
 
 async def test_the_worker_loop_runs_cycles_counts_errors_and_stops_with_the_job() -> None:

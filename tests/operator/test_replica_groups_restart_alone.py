@@ -99,7 +99,7 @@ async def test_a_lost_node_replaces_only_its_group_and_the_other_carries_on() ->
     assert degraded(h)[0] == "False"
     assert uids(h)["j-a0-0"] == before["j-a0-0"]
     assert h.report(0, "running", attempt=0).action is Action.CONTINUE
-    assert h.rt.metrics.registry.get_sample_value("railyard_replica_group_restarts_total") == 1
+    assert h.runtime.metrics.registry.get_sample_value("railyard_replica_group_restarts_total") == 1
 
 
 async def test_a_crashed_group_restarts_in_place_and_the_other_carries_on() -> None:
@@ -114,7 +114,7 @@ async def test_a_crashed_group_restarts_in_place_and_the_other_carries_on() -> N
     order = h.report(1, "failed", attempt=0, code=1)
     assert order.action is Action.RESTART and order.delta is not None
     # the launcher runs its group's table: the order's delta turns that into the group's new one
-    prev = h.rt.control.table("ns", "j", 0)
+    prev = h.runtime.control.table("ns", "j", 0)
     assert prev is not None
     mine = build_replica_group_table(prev, group=1, replicas=2, master_port=rendezvous_port("j", "ns", 0, 1))
     new = apply_rank_table_delta(mine, order.delta)

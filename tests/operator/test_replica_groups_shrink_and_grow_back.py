@@ -44,7 +44,7 @@ def degraded(h: Harness) -> tuple[str, str]:
 
 
 def training(h: Harness) -> float | None:
-    return h.rt.metrics.registry.get_sample_value("railyard_replica_groups", {"namespace": "ns", "job": "j", "state": "training"})
+    return h.runtime.metrics.registry.get_sample_value("railyard_replica_groups", {"namespace": "ns", "job": "j", "state": "training"})
 
 
 def finished(h: Harness, pod: str) -> None:
@@ -103,7 +103,7 @@ async def test_no_node_for_a_lost_group_the_others_go_on_and_it_grows_back_on_a_
     st = h.status
     assert st.phase == "Running" and st.last_restart is not None and st.last_restart.state == "Done", (st.phase, st.message)
     assert degraded(h)[0] == "False" and training(h) == 3
-    assert h.rt.metrics.registry.get_sample_value("railyard_replica_group_restarts_total") == 1
+    assert h.runtime.metrics.registry.get_sample_value("railyard_replica_group_restarts_total") == 1
 
     # the survivors finish the last step, the late group does not: it is given a settle time, then
     # the job Succeeds without it

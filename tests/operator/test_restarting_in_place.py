@@ -127,7 +127,7 @@ async def test_how_a_failure_restarts(row: Row) -> None:
                 continue
             order = h.report(i, "failed", attempt=0, code=70)
             assert order.action is Action.RESTART and order.attempt == 1
-            prev = h.rt.control.table("ns", "j", 0)
+            prev = h.runtime.control.table("ns", "j", 0)
             assert prev is not None and order.delta is not None
             table = apply_rank_table_delta(prev, order.delta)
             assert [e.node for e in table.pods] == h.status.placement.nodes  # type: ignore[union-attr]
@@ -166,8 +166,8 @@ async def test_the_gang_runs_again_once_every_kept_launcher_restarted() -> None:
     await h.cycle(0.5)
     st = h.status
     assert st.phase == "Running" and st.last_restart.state == "Done"  # type: ignore[union-attr]
-    assert h.rt.metrics.registry.get_sample_value("railyard_in_place_restart_seconds_count") == 1
-    assert h.rt.metrics.registry.get_sample_value("railyard_restart_modes_total", {"mode": "InPlace", "reason": "None"}) == 1
+    assert h.runtime.metrics.registry.get_sample_value("railyard_in_place_restart_seconds_count") == 1
+    assert h.runtime.metrics.registry.get_sample_value("railyard_restart_modes_total", {"mode": "InPlace", "reason": "None"}) == 1
 
 
 async def test_a_launcher_that_does_not_restart_in_time_turns_it_into_a_full_restart() -> None:
@@ -245,7 +245,7 @@ async def test_spares_are_held_counted_and_released_when_the_job_ends() -> None:
     spares = h.cluster.pods_of(spare=True)
     assert sorted(p["spec"]["nodeName"] for p in spares) == sorted(h.status.placement.spares)  # type: ignore[union-attr]
     assert h.status.spares_held == 2
-    reg = h.rt.metrics.registry
+    reg = h.runtime.metrics.registry
     assert reg.get_sample_value("railyard_hot_spares", {"namespace": "ns", "job": "j", "state": "held"}) == 2
     pod = spares[0]
     req = pod["spec"]["containers"][0]["resources"]["requests"]
@@ -269,7 +269,7 @@ async def test_an_operator_restarted_mid_restart_tells_the_launchers_the_same_th
     from railyard.handlers.reconcile import reconcile_job
     from railyard.handlers.runtime import JobWorker, OperatorSettings, Runtime
 
-    h.rt = Runtime(OperatorSettings(metrics_port=0, registry=CollectorRegistry(), coalesce_s=0), reconcile_job)
+    h.runtime = Runtime(OperatorSettings(metrics_port=0, registry=CollectorRegistry(), coalesce_s=0), reconcile_job)
     h.worker = JobWorker("ns", "j", body=h.worker.body)
     await h.cycle(0.5)
     after = h.report(0, "failed", attempt=0, code=70)

@@ -35,7 +35,7 @@ async def _running(h: Harness) -> None:
 
 
 def _silent_pods(h: Harness) -> float | None:
-    return h.rt.metrics.registry.get_sample_value("railyard_silent_pods", {"namespace": "ns", "job": "j"})
+    return h.runtime.metrics.registry.get_sample_value("railyard_silent_pods", {"namespace": "ns", "job": "j"})
 
 
 def _beat(h: Harness, pod: int, ranks: tuple[int, ...]) -> None:
@@ -43,7 +43,7 @@ def _beat(h: Harness, pod: int, ranks: tuple[int, ...]) -> None:
 
     batch = HeartbeatBatch(job="j", attempt=h.status.attempt, pod_index=pod, node=h.pod_nodes()[pod], sent_at=h.now,
                            ranks=tuple(RankBeat(rank=r, step=0, step_time_s=0.0) for r in ranks))
-    h.rt.store.ingest("ns", "j", batch, h.now)
+    h.runtime.store.ingest("ns", "j", batch, h.now)
 
 
 async def test_silent_running_pods_make_the_job_blind_until_they_are_heard() -> None:

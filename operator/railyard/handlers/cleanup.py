@@ -23,8 +23,8 @@ CLEANUP_TIMEOUT_S = 120.0
 
 
 async def _nodes_that_held_the_job(cycle: Cycle) -> list[str]:
-    nodes: list[str] = list(cycle.st.placement.nodes) if cycle.st.placement else []
-    for attempt in [*earlier_attempts(cycle.st.attempt), cycle.st.attempt]:
+    nodes: list[str] = list(cycle.status.placement.nodes) if cycle.status.placement else []
+    for attempt in [*earlier_attempts(cycle.status.attempt), cycle.status.attempt]:
         table = await cycle.io.read_rank_table(cycle.ns, cycle.name, attempt)
         if table is not None:
             nodes += [p.node for p in table.pods]
@@ -33,7 +33,7 @@ async def _nodes_that_held_the_job(cycle: Cycle) -> list[str]:
 
 async def cleanup_checkpoints(cycle: Cycle, finalizers: Sequence[str]) -> float | None:
     """One cycle of a deletion with our finalizer; returns when to look again."""
-    runtime = cycle.rt
+    runtime = cycle.runtime
     nodes = runtime.node_map()
     gang = runtime.pods_of(cycle.ns, cycle.name)
     if gang:

@@ -56,7 +56,7 @@ PODGROUP_RETRY_S = 10.0
 
 async def _previous_placement(cycle: Cycle) -> RankTable | None:
     """The newest earlier attempt's rank table (a sticky placement starts from it)."""
-    for prev in reversed(earlier_attempts(cycle.st.attempt)):
+    for prev in reversed(earlier_attempts(cycle.status.attempt)):
         table = await cycle.io.read_rank_table(cycle.ns, cycle.name, prev)
         if table is not None:
             return table
@@ -66,10 +66,10 @@ async def _previous_placement(cycle: Cycle) -> RankTable | None:
 
 
 async def place_and_create(cycle: Cycle, job: TrainingJob, nodes: Mapping[str, Mapping[str, Any]]) -> float | None:
-    """Place the gang of ``cycle.st.attempt`` (sticky on the previous attempt's nodes) and create it;
+    """Place the gang of ``cycle.status.attempt`` (sticky on the previous attempt's nodes) and create it;
     unplaceable: Placing with the reason (or Failed when it never fits), retried with backoff.
     Returns when to look again."""
-    runtime, spec, attempt = cycle.rt, job.spec, cycle.st.attempt
+    runtime, spec, attempt = cycle.runtime, job.spec, cycle.status.attempt
     # whatever comes of it, this cycle acts on the current spec
     cycle.update(observed_generation=cycle.generation)
     prev = await _previous_placement(cycle)
@@ -77,20 +77,20 @@ async def place_and_create(cycle: Cycle, job: TrainingJob, nodes: Mapping[str, M
     result = plan_placement(build_placement_input(
         job, nodes=list(nodes.values()), pods=runtime.all_bound_pods(), attempt=attempt,
         previous_nodes=[p.node for p in sorted(prev.pods, key=lambda p: p.pod_index)] if prev is not None else None,
-        previous_spares=cycle.st.placement.spares if cycle.st.placement else (),
-        failed={q.node for q in cycle.st.quarantined_nodes}, cache=cycle.w.topology_cache,
+        previous_spares=cycle.status.placement.spares if cycle.status.placement else (),
+        failed={q.node for q in cycle.status.quarantined_nodes}, cache=cycle.worker.topology_cache,
     ))
     runtime.metrics.placement.observe(time.perf_counter() - t0)
 
     if isinstance(result, Unplaceable):
-        cycle.w.placement_failures += 1
+        cycle.worker.placement_failures += 1
         if result.permanent:
             cycle.phase("Failed", result.condition_reason, result.message)
             return None
-        retry = placement_retry_s(cycle.w.placement_failures)
+        retry = placement_retry_s(cycle.worker.placement_failures)
         cycle.phase("Placing", result.condition_reason, f"{result.message}; retrying (and on every node change)")
         return retry
-    cycle.w.placement_failures = 0
+    cycle.worker.placement_failures = 0
     try:
         created = await create_gang(cycle, job, result)
     except GangRefused as refused:
@@ -102,7 +102,7 @@ async def place_and_create(cycle: Cycle, job: TrainingJob, nodes: Mapping[str, M
     levels = [k for k in result.cross_bytes_per_step if k not in ("host", "network")]
     spine = levels[-1] if levels else None
     runtime.metrics.set_cross_bytes(cycle.ns, cycle.name, dict(result.cross_bytes_per_step), spine)
-    cycle.st = cycle.st.model_copy(
+    cycle.status = cycle.status.model_copy(
         update={
             "placement": placement, "gang_created_time": format_micro_time(cycle.now), "time_to_all_ready_seconds": None,
             "observed_generation": cycle.generation, "pending_spec_changes": "", "next_attempt_time": None,
@@ -118,14 +118,14 @@ async def place_and_create(cycle: Cycle, job: TrainingJob, nodes: Mapping[str, M
 
 
 async def create_gang(cycle: Cycle, job: TrainingJob, placed: Placement) -> tuple[list[dict[str, Any]], GangSchedulingPlan] | None:
-    """Create the gang of ``cycle.st.attempt`` on ``placed``: the scheduler's PodGroup, the job's
+    """Create the gang of ``cycle.status.attempt`` on ``placed``: the scheduler's PodGroup, the job's
     Secret and Service, the attempt's ConfigMap, every pod gated, then every gate lifted at once.
     None when the PodGroup kind is unavailable (the job stays Placing).
 
     Every object the API server may refuse for this gang is created here: a refusal raises
     :class:`GangRefused` (naming the object and what to roll back), which
     :func:`gang_refused` turns into a Failed phase or a waiting condition."""
-    runtime, spec, attempt = cycle.rt, job.spec, cycle.st.attempt
+    runtime, spec, attempt = cycle.runtime, job.spec, cycle.status.attempt
     owner = owner_reference(cycle.body)
     plan = await cycle.plan_gang(spec, attempt=attempt, gang_nodes=placed.nodes)
     pods = build_gang_pods(spec, job=cycle.name, namespace=cycle.ns, owner=owner, attempt=attempt, nodes=placed.nodes, heartbeat_url=heartbeat_url_for(runtime, cycle.ns, cycle.name), annotations=runtime.settings.pod_annotations)
@@ -138,7 +138,7 @@ async def create_gang(cycle: Cycle, job: TrainingJob, placed: Placement) -> tupl
     await _ensure_job_objects(cycle, owner, spec)
     table = with_addresses(placed.rank_table, cycle.ns)
     # a new gang: no pod is kept (a memory tier in the pods is gone with them)
-    restore = restore_hint(cycle.st, spec, pods_kept=False)
+    restore = restore_hint(cycle.status, spec, pods_kept=False)
     config = build_trainer_config(spec, job=cycle.name, namespace=cycle.ns, attempt=attempt, restore=restore)
     async with _refusals(f"ConfigMap {cm}"):
         await cycle.io.create_object(build_configmap(cycle.name, cycle.ns, owner, attempt=attempt, rank_table=table, config=config,
@@ -184,15 +184,15 @@ async def gang_refused(cycle: Cycle, refused: GangRefused) -> float | None:
     log.warning("%s/%s: %s", cycle.ns, cycle.name, decision.message)
     if refused.pods:
         for n in refused.pods:
-            cycle.w.deleting[n] = cycle.now
+            cycle.worker.deleting[n] = cycle.now
         await cycle.io.delete_pods(cycle.ns, refused.pods, grace_seconds=0)  # gated, never bound: gone at once
     if refused.configmap:
         await cycle.io.delete_configmaps(cycle.ns, [refused.configmap])
-    cycle.st = cycle.st.model_copy(update={"observed_generation": cycle.generation, "gang_created_time": None})
+    cycle.status = cycle.status.model_copy(update={"observed_generation": cycle.generation, "gang_created_time": None})
     if decision.permanent:
         cycle.phase("Failed", decision.reason, decision.message)
         return None
-    cycle.st = cycle.st.model_copy(update={"next_attempt_time": format_micro_time(cycle.now + decision.retry_after_s)})
+    cycle.status = cycle.status.model_copy(update={"next_attempt_time": format_micro_time(cycle.now + decision.retry_after_s)})
     cycle.phase("Placing", decision.reason, decision.message)
     return decision.retry_after_s
 
@@ -216,17 +216,17 @@ async def _ensure_podgroups(cycle: Cycle, plan: GangSchedulingPlan) -> bool:
 async def finish_creation(cycle: Cycle, job: TrainingJob, current: Sequence[Mapping[str, Any]], assessment: GangAssessment) -> float | None:
     """Resume a gang whose creation was interrupted: same names, same nodes (from the
     attempt's ConfigMap), then lift every gate."""
-    runtime = cycle.rt
-    table = await cycle.io.read_rank_table(cycle.ns, cycle.name, cycle.st.attempt)
+    runtime = cycle.runtime
+    table = await cycle.io.read_rank_table(cycle.ns, cycle.name, cycle.status.attempt)
     if table is None:
         # nothing says where the rest goes: start this attempt over
         await cycle.delete_pods(current, runtime.node_map())
-        cycle.st = cycle.st.model_copy(update={"attempt": cycle.st.attempt + 1, "gang_created_time": None})
+        cycle.status = cycle.status.model_copy(update={"attempt": cycle.status.attempt + 1, "gang_created_time": None})
         return 0.5
     nodes = [p.node for p in sorted(table.pods, key=lambda p: p.pod_index)]
     owner = owner_reference(cycle.body)
-    pods = build_gang_pods(job.spec, job=cycle.name, namespace=cycle.ns, owner=owner, attempt=cycle.st.attempt, nodes=nodes, heartbeat_url=heartbeat_url_for(runtime, cycle.ns, cycle.name), annotations=runtime.settings.pod_annotations)
-    plan = await cycle.plan_gang(job.spec, attempt=cycle.st.attempt, gang_nodes=nodes, begun=current)
+    pods = build_gang_pods(job.spec, job=cycle.name, namespace=cycle.ns, owner=owner, attempt=cycle.status.attempt, nodes=nodes, heartbeat_url=heartbeat_url_for(runtime, cycle.ns, cycle.name), annotations=runtime.settings.pod_annotations)
+    plan = await cycle.plan_gang(job.spec, attempt=cycle.status.attempt, gang_nodes=nodes, begun=current)
     names = [str(p["metadata"]["name"]) for p in pods]
     try:
         async with _refusals(f"PodGroup {plan.group_name}"):
@@ -234,26 +234,26 @@ async def finish_creation(cycle: Cycle, job: TrainingJob, current: Sequence[Mapp
                 return PODGROUP_RETRY_S
         pods = apply_to_pods(pods, plan)
         missing = [pods[i] for i in assessment.missing if i < len(pods)]
-        async with _refusals("the gang's pods", pods=names, configmap=configmap_name(cycle.name, cycle.st.attempt)):
+        async with _refusals("the gang's pods", pods=names, configmap=configmap_name(cycle.name, cycle.status.attempt)):
             if missing:
                 runtime.metrics.pods_created.inc(await cycle.io.create_pods(missing))
         await _ensure_job_objects(cycle, owner, job.spec)
-        async with _refusals("the gang's pods", pods=names, configmap=configmap_name(cycle.name, cycle.st.attempt)):
+        async with _refusals("the gang's pods", pods=names, configmap=configmap_name(cycle.name, cycle.status.attempt)):
             await cycle.io.lift_gates(pods)
     except GangRefused as refused:
         # the rest of this gang exists already: it goes too
         refused.pods = names
-        refused.configmap = configmap_name(cycle.name, cycle.st.attempt)
+        refused.configmap = configmap_name(cycle.name, cycle.status.attempt)
         return await gang_refused(cycle, refused)
     update: dict[str, Any] = {}
-    if cycle.st.gang_created_time is None:
+    if cycle.status.gang_created_time is None:
         update["gang_created_time"] = format_micro_time(cycle.now)
-    if cycle.st.placement is None or cycle.st.placement.attempt != cycle.st.attempt or cycle.st.placement.node_count != len(nodes):
-        update["placement"] = build_placement_status(nodes, attempt=cycle.st.attempt)
+    if cycle.status.placement is None or cycle.status.placement.attempt != cycle.status.attempt or cycle.status.placement.node_count != len(nodes):
+        update["placement"] = build_placement_status(nodes, attempt=cycle.status.attempt)
     if update:
-        cycle.st = cycle.st.model_copy(update=update)
-    if cycle.st.phase != "Starting":
-        cycle.phase("Starting", "GangResumed", f"attempt {cycle.st.attempt}: finished creating {len(missing)} missing pods and released the gang")
+        cycle.status = cycle.status.model_copy(update=update)
+    if cycle.status.phase != "Starting":
+        cycle.phase("Starting", "GangResumed", f"attempt {cycle.status.attempt}: finished creating {len(missing)} missing pods and released the gang")
     return 1.0
 
 
@@ -262,7 +262,7 @@ async def _ensure_job_objects(cycle: Cycle, owner: Mapping[str, Any], spec: Trai
     job's NetworkPolicy, with spec.gpuClaim its ResourceClaimTemplate and ComputeDomain);
     idempotent, and the token is re-read after an operator restart so heartbeats authenticate
     against the same one."""
-    runtime = cycle.rt
+    runtime = cycle.runtime
     if runtime.tokens(cycle.ns, cycle.name) is None:
         async with _refusals(f"Secret {secret_name(cycle.name)}"):
             token = await cycle.io.ensure_secret(build_secret(cycle.name, cycle.ns, owner, cycle.io.new_token()))

@@ -1,7 +1,7 @@
 """The reconcile cycle as a typed object, and the one seam through which it touches the cluster.
 
 A :class:`Cycle` is what one reconcile of one TrainingJob works on: the job as read, the status
-being built (``st``, replaced, never mutated, by the pure functions of :mod:`railyard.logic`),
+being built (``status``, replaced, never mutated, by the pure functions of :mod:`railyard.logic`),
 the Events to write, and :class:`GangIO`, every call to the Kubernetes API the cycle may make.
 :class:`KubeGangIO` is that seam over :mod:`railyard.k8s.gang`; tests fake it
 (tests/operator/fake_cluster.py) and run the whole state machine in-process.
@@ -143,8 +143,8 @@ class Cycle:
     the Events, at :meth:`commit`)."""
 
     def __init__(self, runtime: Runtime, worker: JobWorker, now: float, io: GangIO) -> None:
-        self.rt = runtime
-        self.w = worker
+        self.runtime = runtime
+        self.worker = worker
         self.io = io
         self.body: dict[str, Any] = worker.body
         self.meta: Mapping[str, Any] = self.body.get("metadata") or {}
@@ -157,11 +157,11 @@ class Cycle:
         # our own last write wins over a watch event that has not caught up with it yet
         self.old_wire: dict[str, Any] = worker.status_wire if worker.status_wire is not None else body_status
         try:
-            self.st = TrainingJobStatus.model_validate(self.old_wire)
+            self.status = TrainingJobStatus.model_validate(self.old_wire)
         except ValidationError:
             log.warning("%s/%s: unreadable status, rebuilding from the cluster", self.ns, self.name)
-            self.st = TrainingJobStatus()
-        self.old_st = self.st  # what the Events compare against (updates replace st, never mutate it)
+            self.status = TrainingJobStatus()
+        self.old_status = self.status  # what the Events compare against (updates replace it, never mutate it)
         self.extra_events: list[tuple[str, str, str]] = []
         #: Run once the status is written (what must not happen before it is durable: telling
         #: launchers to restart for an attempt the status does not yet name).
@@ -172,12 +172,12 @@ class Cycle:
         return self.body.get("spec") or {}
 
     def phase(self, phase: str, reason: str, message: str) -> None:
-        self.st = apply_phase(self.st, phase, reason=reason, message=message, now=self.iso, generation=self.st.observed_generation or None)
-        self.rt.set_phase(self.ns, self.name, phase)
+        self.status = apply_phase(self.status, phase, reason=reason, message=message, now=self.iso, generation=self.status.observed_generation or None)
+        self.runtime.set_phase(self.ns, self.name, phase)
 
     def update(self, **fields: Any) -> None:
         """Replace status fields (snake_case names of :class:`TrainingJobStatus`)."""
-        self.st = self.st.model_copy(update=fields)
+        self.status = self.status.model_copy(update=fields)
 
     def event(self, type_: str, reason: str, message: str) -> None:
         self.extra_events.append((type_, reason, message))
@@ -189,18 +189,18 @@ class Cycle:
 
     async def commit(self) -> None:
         """Write the status once (the merge patch of what changed), then the Events."""
-        new_wire = status_to_wire(self.st)
+        new_wire = status_to_wire(self.status)
         patch = build_status_patch(self.old_wire, new_wire)
         if patch:
             got = await self.io.patch_job_status(self.ns, self.name, patch)
             if got is None:
                 return
-            self.w.status_wire = new_wire
+            self.worker.status_wire = new_wire
         for hook in self.after_commit:
             hook()
         self.after_commit.clear()
-        self.rt.set_phase(self.ns, self.name, self.st.phase)
-        for type_, reason, message in build_transition_events(self.old_st, self.st):
+        self.runtime.set_phase(self.ns, self.name, self.status.phase)
+        for type_, reason, message in build_transition_events(self.old_status, self.status):
             await self.io.create_event(self.body, type_=type_, reason=reason, message=message, now=self.now)
         await self.flush_events()
 
@@ -214,13 +214,13 @@ class Cycle:
         if needs_workload_api(spec) and begun:
             served = decide_resumed_workload_api(begun, group_name(self.name, attempt))
         elif needs_workload_api(spec):
-            if self.rt.workload_api is None:
-                self.rt.workload_api = await self.io.serves_workload_api()
-                log.info("scheduling.k8s.io/v1alpha2 Workloads and PodGroups %s", "served: gang.scheduler auto uses them" if self.rt.workload_api else "not served")
-            served = self.rt.workload_api
+            if self.runtime.workload_api is None:
+                self.runtime.workload_api = await self.io.serves_workload_api()
+                log.info("scheduling.k8s.io/v1alpha2 Workloads and PodGroups %s", "served: gang.scheduler auto uses them" if self.runtime.workload_api else "not served")
+            served = self.runtime.workload_api
         key = None
         if decide_integration(spec, workload_api=served) is Integration.KUBERNETES:
-            key = topology_key_for(spec, gang_nodes, self.rt.node_map())
+            key = topology_key_for(spec, gang_nodes, self.runtime.node_map())
         return plan_gang_scheduling(spec, job=self.name, namespace=self.ns, attempt=attempt, owner=owner_reference(self.body),
                                     gang_size=len(gang_nodes), workload_api=served, topology_key=key)
 
@@ -229,16 +229,16 @@ class Cycle:
         objects was refused (403: not granted, 404: no longer served): this operator stops
         using it (the next plan has no group). True when it did."""
         if plan.detected and status in (403, 404):
-            self.rt.workload_api = False
+            self.runtime.workload_api = False
             return True
         return False
 
     async def delete_pods(self, pods: Sequence[Obj], nodes: Mapping[str, Obj]) -> int:
         """Delete pods; force on dead nodes and when stuck Terminating. Returns how many remain."""
-        s = self.rt.settings
-        normal, force = plan_pod_deletions(pods, nodes, now=self.now, asked=self.w.deleting, stuck_terminating_s=s.stuck_terminating_s)
+        s = self.runtime.settings
+        normal, force = plan_pod_deletions(pods, nodes, now=self.now, asked=self.worker.deleting, stuck_terminating_s=s.stuck_terminating_s)
         for n in normal + force:
-            self.w.deleting[n] = self.now
+            self.worker.deleting[n] = self.now
         if normal:
             await self.io.delete_pods(self.ns, normal, grace_seconds=s.delete_grace_s)
         if force:

@@ -56,7 +56,7 @@ async def _write_attempt(cycle: Cycle, job: TrainingJob, attempt: int, table: Ra
     """The attempt's ConfigMap (rank table, trainer config); one written by an earlier try of
     this same step (an operator that died before its status patch) is the one that counts."""
     spec = job.spec
-    restore = restore_hint(cycle.st, spec, pods_kept=True)
+    restore = restore_hint(cycle.status, spec, pods_kept=True)
     config = build_trainer_config(spec, job=cycle.name, namespace=cycle.ns, attempt=attempt, restore=restore)
     if not await cycle.io.create_object(build_configmap(cycle.name, cycle.ns, owner_reference(cycle.body), attempt=attempt, rank_table=table,
                                                     config=config, replica_groups=spec.replica_groups)):
@@ -81,7 +81,7 @@ async def shrink_groups(
 ) -> float | RestartPlan:
     """The job goes on with fewer replica groups; returns when to look again, or a Full plan
     when the running attempt's rank table is gone (nothing to go on from)."""
-    runtime, spec, attempt = cycle.rt, job.spec, cycle.st.attempt + 1
+    runtime, spec, attempt = cycle.runtime, job.spec, cycle.status.attempt + 1
     prev = await _current_table(cycle)
     if prev is None:
         return RestartPlan("Full", "NotPlaceable", "full restart (NotPlaceable): the running attempt's rank table is gone")
@@ -95,8 +95,8 @@ async def shrink_groups(
     backoff = decision.backoff_seconds
     lr = LastRestart(attempt=attempt, mode="InPlace", state=WAITING, message=shrink.message, kept=len(table.pods) - len(delete),
                      replaced=sorted(delete)[:64], reason=GROUP_REPAIR, carried_on=list(shrink.carry_on), waiting_groups=list(shrink.waiting))
-    cycle.st = cycle.st.model_copy(update={
-        **restart_update(cycle.st, failure, attempt=attempt, now=cycle.now, now_iso=cycle.iso, backoff_s=backoff,
+    cycle.status = cycle.status.model_copy(update={
+        **restart_update(cycle.status, failure, attempt=attempt, now=cycle.now, now_iso=cycle.iso, backoff_s=backoff,
                          quarantined=quarantined, in_place=True),
         "last_restart": lr,
     })
@@ -110,7 +110,7 @@ async def shrink_groups(
 
     cycle.after_commit.append(watch_on)
     runtime.metrics.restarts.labels(**{"class": failure.cls.value}).inc()
-    said = describe_failure(failure, cycle.st.last_failure) if cycle.st.last_failure is not None else failure.message
+    said = describe_failure(failure, cycle.status.last_failure) if cycle.status.last_failure is not None else failure.message
     cycle.event("Warning", failure.kind, f"{said}; {decision.reason}; the job goes on with fewer replica groups: {shrink.message}")
     cycle.phase("Running", "ReplicaGroupsWaiting", shrink.message)
     return 1.0
@@ -122,12 +122,12 @@ async def grow_back(cycle: Cycle, job: TrainingJob, members: Sequence[Obj], node
     lr = in_place_restart(cycle)
     if lr is None or lr.state != WAITING:
         return None
-    runtime, spec = cycle.rt, job.spec
+    runtime, spec = cycle.runtime, job.spec
     prev = await _current_table(cycle)
     if prev is None:
-        return await fall_back_to_full(cycle, job, "NotPlaceable", f"the rank table of attempt {cycle.st.attempt} is gone", nodes)
-    attempt = cycle.st.attempt + 1
-    result = _place(cycle, job, prev, nodes, {q.node for q in cycle.st.quarantined_nodes}, attempt)
+        return await fall_back_to_full(cycle, job, "NotPlaceable", f"the rank table of attempt {cycle.status.attempt} is gone", nodes)
+    attempt = cycle.status.attempt + 1
+    result = _place(cycle, job, prev, nodes, {q.node for q in cycle.status.quarantined_nodes}, attempt)
     present = {pod_index_of(p) for p in members}
     d = decide_grow_back(result, waiting=lr.waiting_groups, group_size=len(prev.pods) // max(spec.replica_groups, 1),
                          present=present, carry_on=lr.carried_on, old_nodes={p.pod_index: p.node for p in prev.pods})
@@ -139,7 +139,7 @@ async def grow_back(cycle: Cycle, job: TrainingJob, members: Sequence[Obj], node
         await cycle.delete_pods(moving, nodes)
     by_index = {pod_index_of(p): _name(p) for p in members}
     names = {i: (by_index[i] if i in by_index and i not in d.replace else pod_name(cycle.name, attempt, i)) for i in range(len(table.pods))}
-    cycle.st = cycle.st.model_copy(update={
+    cycle.status = cycle.status.model_copy(update={
         "attempt": attempt,
         "placement": placement_status(d.placement, attempt=attempt),
         "last_restart": LastRestart(attempt=attempt, mode="InPlace", state="Pending", message=d.message, kept=len(d.keep),

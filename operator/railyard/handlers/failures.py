@@ -27,7 +27,7 @@ async def place_again(
 ) -> float:
     """Tear down a gang that cannot start where it was placed; the next attempt places it again."""
     await cycle.delete_pods(current, nodes)
-    cycle.st = cycle.st.model_copy(update={"attempt": cycle.st.attempt + 1, "gang_created_time": None})
+    cycle.status = cycle.status.model_copy(update={"attempt": cycle.status.attempt + 1, "gang_created_time": None})
     cycle.phase("Placing", reason, message)
     return 0.5
 
@@ -40,26 +40,26 @@ async def handle_failure(
     nodes: Mapping[str, Mapping[str, Any]],
 ) -> float | None:
     """Returns when to look again (None: the job Failed)."""
-    m = cycle.rt.metrics
+    m = cycle.runtime.metrics
     m.failures.labels(**{"class": failure.cls.value, "kind": failure.kind}).inc()
     spec = job.spec
     # the first failing pod's exit code, node and last words: its pod is deleted below (or at
     # the TTL), the status and the Event keep them
-    failure, report = explain_failure(failure, current, nodes, attempt=cycle.st.attempt, time=cycle.iso)
+    failure, report = explain_failure(failure, current, nodes, attempt=cycle.status.attempt, time=cycle.iso)
     said = describe_failure(failure, report)
     cycle.update(last_failure=report)
-    decision = decide_failure(failure, said, spec.restart_policy, cycle.st.restarts)
+    decision = decide_failure(failure, said, spec.restart_policy, cycle.status.restarts)
     if isinstance(decision, FailJob):
         cycle.phase("Failed", decision.reason, decision.message)
         return None
-    quarantined = list(cycle.st.quarantined_nodes)
+    quarantined = list(cycle.status.quarantined_nodes)
     for node in failure.nodes:
         if await cycle.io.quarantine_node(node, reason=failure.kind, job=f"{cycle.ns}/{cycle.name}", now=cycle.now):
             quarantined = [q for q in quarantined if q.node != node] + [QuarantinedNode(node=node, reason=failure.message, time=cycle.iso)]
             cycle.event("Warning", "NodeQuarantined", f"node {node} quarantined: {failure.message} (release: label {QUARANTINE_KEY}- or annotate railyard.dev/release=true)")
     # the pods themselves, not the launchers' reports laid over them (a launcher that waits to
     # restart in place is alive: it gets the normal grace)
-    real = {str((p.get("metadata") or {}).get("name")): p for p in cycle.rt.pods_of(cycle.ns, cycle.name)}
+    real = {str((p.get("metadata") or {}).get("name")): p for p in cycle.runtime.pods_of(cycle.ns, cycle.name)}
     gang = [real.get(str((p.get("metadata") or {}).get("name")), p) for p in current]
     plan: RestartPlan | None
     plan, stragglers = plan_restart(cycle, job, failure, gang, nodes, quarantined, failed=frozenset(failed_pod_indices(current)) | frozenset(failure.pod_indices))
@@ -78,8 +78,8 @@ async def handle_failure(
         plan = got
     await cycle.delete_pods(gang, nodes)
     backoff = decision.backoff_seconds
-    cycle.st = cycle.st.model_copy(update={
-        **restart_update(cycle.st, failure, attempt=cycle.st.attempt + 1, now=cycle.now, now_iso=cycle.iso, backoff_s=backoff,
+    cycle.status = cycle.status.model_copy(update={
+        **restart_update(cycle.status, failure, attempt=cycle.status.attempt + 1, now=cycle.now, now_iso=cycle.iso, backoff_s=backoff,
                          quarantined=quarantined, in_place=False),
         "gang_created_time": None,
     })

@@ -63,16 +63,16 @@ def _running_since(pod: Mapping[str, Any], floor: float | None = None) -> float 
 
 
 def evaluate_health(cycle: Cycle, job: TrainingJob, pods: Sequence[Mapping[str, Any]], *, report: bool = True) -> Failure | None:
-    """Update ``c.st`` from the job's heartbeats; return a failure when a verdict asks for a
+    """Update ``cycle.status`` from the job's heartbeats; return a failure when a verdict asks for a
     restart. ``c`` is the reconcile Cycle. ``report=False`` (the gang has finished): progress
     only, no verdict Events and no failure."""
-    runtime = cycle.rt
+    runtime = cycle.runtime
     window = runtime.store.job(cycle.ns, cycle.name)
-    if window is None or window.attempt != cycle.st.attempt:
+    if window is None or window.attempt != cycle.status.attempt:
         return None
     # the gang's pods (``pods`` are its members: an in-place restart keeps pods of older attempts)
     current = {pod_index_of(p): p for p in pods}
-    floor = parse_time(cycle.st.gang_created_time)
+    floor = parse_time(cycle.status.gang_created_time)
     pod_status = {
         i: PodStatus(i, str((p.get("status") or {}).get("phase") or "Pending"), str((p.get("spec") or {}).get("nodeName") or ""), _running_since(p, floor))
         for i, p in current.items()
@@ -84,17 +84,17 @@ def evaluate_health(cycle: Cycle, job: TrainingJob, pods: Sequence[Mapping[str, 
     except ValueError as exc:
         log.warning("%s/%s: health policy: %s", cycle.ns, cycle.name, exc)
         return None
-    state = cycle.w.health_state if cycle.w.health_state is not None else HealthState()
+    state = cycle.worker.health_state if cycle.worker.health_state is not None else HealthState()
     decision = decide_health(window, pod_status, state, policy, cycle.now,
                              fingerprints=window.rank_signals() if window.layout is not None else None,
                              group_of=window.layout.group_of if window.layout is not None else None)
-    cycle.w.health_state = decision.state
+    cycle.worker.health_state = decision.state
     runtime.health_metrics.observe_decision(cycle.ns, cycle.name, decision)
     _copy_progress(cycle, window, decision)
-    runtime.checkpoint_metrics.set_goodput(cycle.ns, cycle.name, compute_goodput(cycle.st.step, decision.p50_step_time_s, parse_time(cycle.st.start_time), cycle.now))
+    runtime.checkpoint_metrics.set_goodput(cycle.ns, cycle.name, compute_goodput(cycle.status.step, decision.p50_step_time_s, parse_time(cycle.status.start_time), cycle.now))
     if not report:
         return None
-    if cycle.st.phase == "Running":
+    if cycle.status.phase == "Running":
         _judge_silence(cycle, window, current, pod_status, policy)
     for v in decision.verdicts:
         cycle.event("Warning", v.reason or v.kind.value, v.message)
@@ -112,19 +112,19 @@ def _judge_silence(
 ) -> None:
     """The Blind condition: heard are pods with a rank in the heartbeat window of this attempt,
     and pods whose launcher (this very pod, by name) reported on the control channel."""
-    runtime = cycle.rt
-    if cycle.w.watching_since is None:
-        cycle.w.watching_since = cycle.now
+    runtime = cycle.runtime
+    if cycle.worker.watching_since is None:
+        cycle.worker.watching_since = cycle.now
     heard = {r.pod_index for r in window.rank_signals()}
     names = {i: str((p.get("metadata") or {}).get("name") or "") for i, p in current.items()}
     heard |= {i for i, (report, _) in runtime.control.reports(cycle.ns, cycle.name).items() if report.pod and report.pod == names.get(i)}
-    table = runtime.control.table(cycle.ns, cycle.name, cycle.st.attempt)
+    table = runtime.control.table(cycle.ns, cycle.name, cycle.status.attempt)
     ranks_of: dict[int, list[int]] = {}
     for r in table.ranks if table is not None else ():
         ranks_of.setdefault(r.pod_index, []).append(r.rank)
     silent = [i for i in sorted(pod_status) if i not in heard]
     silence = decide_silence(
-        pod_status, heard, bound_s=compute_silence_bound(policy), watching_since=cycle.w.watching_since, now=cycle.now,
+        pod_status, heard, bound_s=compute_silence_bound(policy), watching_since=cycle.worker.watching_since, now=cycle.now,
         ranks_of=ranks_of, pods_url=heartbeat_url_of(current[silent[0]]) if silent else "",
         operator_url=heartbeat_url_for(runtime, cycle.ns, cycle.name),
     )
@@ -138,8 +138,8 @@ def settle_blind(cycle: Cycle) -> None:
 
 
 def _set_blind(cycle: Cycle, silence: Silence | None) -> None:
-    st, event = apply_silence(cycle.st, silence, now=cycle.iso)
-    cycle.st = st
+    st, event = apply_silence(cycle.status, silence, now=cycle.iso)
+    cycle.status = st
     if event is not None:
         cycle.event(*event)
 
@@ -161,7 +161,7 @@ def heartbeat_url_for(runtime: Runtime, namespace: str, job: str) -> str:
 
 
 def _copy_progress(cycle: Cycle, window: JobWindow, decision: HealthDecision) -> None:
-    st = cycle.st
+    st = cycle.status
     update: dict[str, Any] = {}
     # a new attempt's first beats (before its first step) report 0: keep the step shown
     if window.max_step > 0 and window.max_step != st.step:
@@ -198,7 +198,7 @@ def _copy_progress(cycle: Cycle, window: JobWindow, decision: HealthDecision) ->
         last = window.previous_max_step if window.previous_max_step >= 0 else st.step
         lost = compute_steps_lost(last, window.restored_step) if window.restored_step >= 0 else 0
         update["restore"] = RestoreStatus(tier=window.restored_tier, step=window.restored_step, steps_lost=lost)
-        if cycle.st.attempt > 0:
-            cycle.rt.checkpoint_metrics.observe_steps_lost(lost)
+        if cycle.status.attempt > 0:
+            cycle.runtime.checkpoint_metrics.observe_steps_lost(lost)
     if update:
-        cycle.st = st.model_copy(update=update)
+        cycle.status = st.model_copy(update=update)

@@ -78,8 +78,8 @@ def _node(p: Obj) -> str:
 
 def in_place_restart(cycle: Cycle) -> LastRestart | None:
     """The in-place restart the current attempt is going through (None: none, or done)."""
-    lr = cycle.st.last_restart
-    if lr is None or lr.mode != "InPlace" or lr.attempt != cycle.st.attempt or lr.state == "Done":
+    lr = cycle.status.last_restart
+    if lr is None or lr.mode != "InPlace" or lr.attempt != cycle.status.attempt or lr.state == "Done":
         return None
     return lr
 
@@ -101,21 +101,21 @@ def carried_attempts(lr: LastRestart | None, attempt: int, members: Sequence[Obj
 
 def members_since(cycle: Cycle) -> int | None:
     """The ``since`` of :func:`railyard.logic.gang.gang_members` for the cycle's attempt."""
-    return logic_members_since(cycle.st)
+    return logic_members_since(cycle.status)
 
 
 def capable_pods(cycle: Cycle, members: Sequence[Obj]) -> frozenset[int]:
     """Pod indices whose launcher spoke the control protocol in the current attempt (or, for a
     pod that carries on after a replica-group repair, in the older attempt it still runs)."""
-    reports = cycle.rt.control.reports(cycle.ns, cycle.name)
-    carried = carried_attempts(cycle.st.last_restart, cycle.st.attempt, members)
+    reports = cycle.runtime.control.reports(cycle.ns, cycle.name)
+    carried = carried_attempts(cycle.status.last_restart, cycle.status.attempt, members)
     out = set()
     for p in members:
         i = pod_index_of(p)
         got = reports.get(i)
         if got is None or got[0].pod != _name(p):
             continue
-        if got[0].attempt == cycle.st.attempt or (i in carried and carried[i] <= got[0].attempt < cycle.st.attempt):
+        if got[0].attempt == cycle.status.attempt or (i in carried and carried[i] <= got[0].attempt < cycle.status.attempt):
             out.add(i)
     return frozenset(out)
 
@@ -127,10 +127,10 @@ def plan_restart(cycle: Cycle, job: TrainingJob, failure: Failure, members: Sequ
     move_off = {n: f"blamed: {failure.kind}" for n in failure.nodes}
     for q in quarantined:
         move_off.setdefault(q.node, "quarantined")
-    stragglers = decide_nodes_to_leave([(s.node, s.rank, s.score) for s in cycle.st.stragglers],
+    stragglers = decide_nodes_to_leave([(s.node, s.rank, s.score) for s in cycle.status.stragglers],
                                        [_node(p) for p in members if _node(p) not in move_off])
-    spec_changed = bool(cycle.st.observed_generation) and cycle.generation != cycle.st.observed_generation
-    expected = cycle.st.placement.node_count if cycle.st.placement and cycle.st.placement.node_count else job.spec.nodes
+    spec_changed = bool(cycle.status.observed_generation) and cycle.generation != cycle.status.observed_generation
+    expected = cycle.status.placement.node_count if cycle.status.placement and cycle.status.placement.node_count else job.spec.nodes
     plan = decide_restart_mode(
         enabled=job.spec.restart_policy.in_place, spec_changed=spec_changed, members=members, expected=expected,
         nodes=nodes, move_off=move_off, leave=stragglers, capable=capable_pods(cycle, members),
@@ -141,17 +141,17 @@ def plan_restart(cycle: Cycle, job: TrainingJob, failure: Failure, members: Sequ
 
 
 async def _current_table(cycle: Cycle) -> RankTable | None:
-    table = cycle.rt.control.table(cycle.ns, cycle.name, cycle.st.attempt)
+    table = cycle.runtime.control.table(cycle.ns, cycle.name, cycle.status.attempt)
     if table is None:
-        table = await cycle.io.read_rank_table(cycle.ns, cycle.name, cycle.st.attempt)
+        table = await cycle.io.read_rank_table(cycle.ns, cycle.name, cycle.status.attempt)
     return table
 
 
 def _place(cycle: Cycle, job: TrainingJob, prev: RankTable, nodes: Mapping[str, Obj], failed: set[str], attempt: int) -> Placement | Unplaceable:
     return plan_placement(build_placement_input(
-        job, nodes=list(nodes.values()), pods=cycle.rt.all_bound_pods(), attempt=attempt,
+        job, nodes=list(nodes.values()), pods=cycle.runtime.all_bound_pods(), attempt=attempt,
         previous_nodes=[p.node for p in sorted(prev.pods, key=lambda p: p.pod_index)],
-        previous_spares=cycle.st.placement.spares if cycle.st.placement else (), failed=failed,
+        previous_spares=cycle.status.placement.spares if cycle.status.placement else (), failed=failed,
     ))
 
 
@@ -169,7 +169,7 @@ async def begin_in_place(
 ) -> float | RestartPlan | None:
     """Step 1. Returns the delay until the next look, or a Full :class:`RestartPlan` when the
     pods that must move cannot be placed (the caller restarts in full)."""
-    runtime, spec, attempt = cycle.rt, job.spec, cycle.st.attempt + 1
+    runtime, spec, attempt = cycle.runtime, job.spec, cycle.status.attempt + 1
     prev = await _current_table(cycle)
     if prev is None:
         return RestartPlan("Full", "NotPlaceable", "full restart (NotPlaceable): the running attempt's rank table is gone")
@@ -183,7 +183,7 @@ async def begin_in_place(
 
     owner = owner_reference(cycle.body)
     table = with_addresses(result.rank_table, cycle.ns)
-    restore = restore_hint(cycle.st, spec, pods_kept=True, fence=new_fence(failure, attempt))
+    restore = restore_hint(cycle.status, spec, pods_kept=True, fence=new_fence(failure, attempt))
     config = build_trainer_config(spec, job=cycle.name, namespace=cycle.ns, attempt=attempt, restore=restore)
     if not await cycle.io.create_object(build_configmap(cycle.name, cycle.ns, owner, attempt=attempt, rank_table=table, config=config,
                                                          replica_groups=spec.replica_groups)):
@@ -200,8 +200,8 @@ async def begin_in_place(
     backoff = decision.backoff_seconds
     by_index = {pod_index_of(p): _name(p) for p in members}
     names = {i: (by_index[i] if i in keep else pod_name(cycle.name, attempt, i)) for i in range(len(table.pods))}
-    cycle.st = cycle.st.model_copy(update={
-        **restart_update(cycle.st, failure, attempt=attempt, now=cycle.now, now_iso=cycle.iso, backoff_s=backoff,
+    cycle.status = cycle.status.model_copy(update={
+        **restart_update(cycle.status, failure, attempt=attempt, now=cycle.now, now_iso=cycle.iso, backoff_s=backoff,
                          quarantined=quarantined, in_place=True),
         "placement": placement_status(result, attempt=attempt),
         "last_restart": LastRestart(attempt=attempt, mode="InPlace", state="Pending", message=message, kept=len(keep), replaced=sorted(replace)[:64],
@@ -215,12 +215,12 @@ async def begin_in_place(
     runtime.metrics.restart_modes.labels(mode="InPlace", reason="None").inc()
     runtime.metrics.pods_replaced.inc(len(replace))
     wait = f", workers restart in {backoff:g}s" if backoff > 0 else ""
-    said = describe_failure(failure, cycle.st.last_failure) if cycle.st.last_failure is not None else failure.message
+    said = describe_failure(failure, cycle.status.last_failure) if cycle.status.last_failure is not None else failure.message
     cycle.phase("Restarting", failure.kind, f"{said}; {decision.reason}; {message}{wait}")
     if backoff > 0:
         return backoff
     # the Restarting phase lasts no cycle: its Event is written here, the Starting one follows
-    cycle.event("Warning", failure.kind, cycle.st.message)
+    cycle.event("Warning", failure.kind, cycle.status.message)
     return await continue_in_place(cycle, job, nodes)
 
 
@@ -229,9 +229,9 @@ async def continue_in_place(cycle: Cycle, job: TrainingJob, nodes: Mapping[str, 
     orders opened. Returns when to look again (None: on events)."""
     lr = in_place_restart(cycle)
     assert lr is not None
-    runtime, attempt = cycle.rt, cycle.st.attempt
+    runtime, attempt = cycle.runtime, cycle.status.attempt
     if lr.state == "Pending":
-        next_attempt = parse_time(cycle.st.next_attempt_time)
+        next_attempt = parse_time(cycle.status.next_attempt_time)
         if next_attempt is not None and cycle.now < next_attempt:
             return next_attempt - cycle.now
     table = runtime.control.table(cycle.ns, cycle.name, attempt) or await cycle.io.read_rank_table(cycle.ns, cycle.name, attempt)
@@ -239,8 +239,8 @@ async def continue_in_place(cycle: Cycle, job: TrainingJob, nodes: Mapping[str, 
         return await fall_back_to_full(cycle, job, "NotPlaceable", f"the rank table of attempt {attempt} is gone", nodes)
     # pods this operator asked to delete are gone as far as the plan goes (the watch may not
     # have caught up with the deletion yet)
-    pods = [p for p in runtime.pods_of(cycle.ns, cycle.name) if _name(p) not in cycle.w.deleting and not (p.get("metadata") or {}).get("deletionTimestamp")]
-    members, _ = gang_members(pods, attempt=attempt, since=cycle.st.pods_since_attempt)
+    pods = [p for p in runtime.pods_of(cycle.ns, cycle.name) if _name(p) not in cycle.worker.deleting and not (p.get("metadata") or {}).get("deletionTimestamp")]
+    members, _ = gang_members(pods, attempt=attempt, since=cycle.status.pods_since_attempt)
     present = {pod_index_of(p): p for p in members}
     owner = owner_reference(cycle.body)
     url = heartbeat_url_for(runtime, cycle.ns, cycle.name)
@@ -278,7 +278,7 @@ async def continue_in_place(cycle: Cycle, job: TrainingJob, nodes: Mapping[str, 
         await cycle.io.lift_gates(ready)
     if lr.state == "Pending":
         started = format_micro_time(cycle.now)
-        cycle.st = cycle.st.model_copy(update={
+        cycle.status = cycle.status.model_copy(update={
             "last_restart": lr.model_copy(update={"state": "Started", "started_time": started}),
             "gang_created_time": started, "time_to_all_ready_seconds": None, "next_attempt_time": None,
             "observed_generation": cycle.generation, "pending_spec_changes": "",
@@ -301,7 +301,7 @@ async def _drop_old_configmaps(cycle: Cycle, members: Sequence[Obj]) -> None:
     """Delete the ConfigMaps of attempts no pod of the gang was created for (kept pods still
     mount their own attempt's), keeping those of the earlier attempts a new gang keeps."""
     used = {attempt_of(p) for p in members}
-    kept_from = earlier_attempts(cycle.st.attempt).start
+    kept_from = earlier_attempts(cycle.status.attempt).start
     old = [configmap_name(cycle.name, earlier) for earlier in range(max(kept_from - KEPT_ATTEMPTS, 0), kept_from) if earlier not in used]
     if old:
         await cycle.io.delete_configmaps(cycle.ns, old)
@@ -313,11 +313,11 @@ def observe_relaunch(cycle: Cycle, job: TrainingJob, members: Sequence[Obj]) -> 
     lr = in_place_restart(cycle)
     if lr is None or lr.state != "Started":
         return None
-    attempt = cycle.st.attempt
+    attempt = cycle.status.attempt
     carry_on = set(carried_on(lr, attempt))
     kept = [pod_index_of(p) for p in members if attempt_of(p) < attempt and pod_index_of(p) not in carry_on]
     names = {pod_index_of(p): _name(p) for p in members}
-    reports = cycle.rt.control.reports(cycle.ns, cycle.name)
+    reports = cycle.runtime.control.reports(cycle.ns, cycle.name)
     waiting = decide_unacknowledged(kept, reports, names, attempt=attempt)
     return Relaunch(
         waiting=tuple(f"{names[i]} (index {i}{_said(reports.get(i), attempt)})" for i in waiting),
@@ -331,14 +331,14 @@ async def finish_in_place(cycle: Cycle, members: Sequence[Obj]) -> None:
     lr = in_place_restart(cycle)
     assert lr is not None
     started = parse_time(lr.started_time) or cycle.now
-    cycle.rt.metrics.in_place_restart.observe(max(cycle.now - started, 0.0))
-    cycle.st = cycle.st.model_copy(update={"last_restart": lr.model_copy(update={"state": "Done"})})
+    cycle.runtime.metrics.in_place_restart.observe(max(cycle.now - started, 0.0))
+    cycle.status = cycle.status.model_copy(update={"last_restart": lr.model_copy(update={"state": "Done"})})
     await _drop_old_configmaps(cycle, members)
 
 
 def await_relaunch(cycle: Cycle, waiting: int) -> None:
-    if cycle.st.phase == "Starting":
-        cycle.st = cycle.st.model_copy(update={"message": f"attempt {cycle.st.attempt}: waiting for {waiting} kept pods' launchers to restart their workers"})
+    if cycle.status.phase == "Starting":
+        cycle.status = cycle.status.model_copy(update={"message": f"attempt {cycle.status.attempt}: waiting for {waiting} kept pods' launchers to restart their workers"})
 
 
 def _said(got: Any, attempt: int) -> str:
@@ -353,11 +353,11 @@ def _said(got: Any, attempt: int) -> str:
 async def fall_back_to_full(cycle: Cycle, job: TrainingJob, reason: str, message: str, nodes: Mapping[str, Obj]) -> float:
     """Turn the current in-place restart into a full one: every pod of the gang goes, the next
     attempt is created whole (the budget was spent when the failure was handled)."""
-    runtime = cycle.rt
+    runtime = cycle.runtime
     pods = runtime.pods_of(cycle.ns, cycle.name)
     await cycle.delete_pods(pods, nodes)
-    attempt = cycle.st.attempt + 1
-    cycle.st = cycle.st.model_copy(update={
+    attempt = cycle.status.attempt + 1
+    cycle.status = cycle.status.model_copy(update={
         "attempt": attempt, "pods_since_attempt": None, "gang_created_time": None, "next_attempt_time": None,
         "last_restart": LastRestart(attempt=attempt, mode="Full", state="Pending", reason=reason, message=f"full restart ({reason}): {message}"),
     })
@@ -370,13 +370,13 @@ async def fall_back_to_full(cycle: Cycle, job: TrainingJob, reason: str, message
 def record_full(cycle: Cycle, plan: RestartPlan | None) -> None:
     """A full restart's ``lastRestart`` (after the attempt was bumped), and the Event of a
     fallback from in place; the old launchers are told to stop."""
-    attempt = cycle.st.attempt
+    attempt = cycle.status.attempt
     reason = plan.reason if plan is not None else ""
     message = plan.message if plan is not None else "full restart"
-    cycle.st = cycle.st.model_copy(update={"pods_since_attempt": None,
+    cycle.status = cycle.status.model_copy(update={"pods_since_attempt": None,
                                    "last_restart": LastRestart(attempt=attempt, mode="Full", state="Pending", reason=reason, message=message)})
-    cycle.rt.control.publish(cycle.ns, cycle.name, attempt=attempt, members={}, open_=False, waiting="full restart")
-    cycle.rt.metrics.restart_modes.labels(mode="Full", reason=reason or "None").inc()  # not "": a scrape drops empty labels
+    cycle.runtime.control.publish(cycle.ns, cycle.name, attempt=attempt, members={}, open_=False, waiting="full restart")
+    cycle.runtime.metrics.restart_modes.labels(mode="Full", reason=reason or "None").inc()  # not "": a scrape drops empty labels
     if plan is not None and reason and reason != "InPlaceDisabled":
         cycle.event("Warning", "FullRestart", message)
 
@@ -384,7 +384,7 @@ def record_full(cycle: Cycle, plan: RestartPlan | None) -> None:
 async def republish(cycle: Cycle, members: Sequence[Obj], *, replica_groups: int = 1) -> None:
     """After an operator restart: what the launchers of the current attempt are told, rebuilt
     from the attempt's ConfigMap and the pods."""
-    attempt = cycle.st.attempt
+    attempt = cycle.status.attempt
     table = await cycle.io.read_rank_table(cycle.ns, cycle.name, attempt)
     config = await cycle.io.read_attempt_config(cycle.ns, cycle.name, attempt)
     if table is None:
@@ -392,14 +392,14 @@ async def republish(cycle: Cycle, members: Sequence[Obj], *, replica_groups: int
     present = {pod_index_of(p): _name(p) for p in members}
     names = {i: present.get(i, pod_name(cycle.name, attempt, i)) for i in range(len(table.pods))}
     lr = in_place_restart(cycle)
-    cycle.rt.control.publish(cycle.ns, cycle.name, attempt=attempt, members=names, table=table, restore=(config or {}).get("restore"),
-                         open_=not (lr is not None and lr.state in ("Pending", WAITING)), carry_on=carried_on(cycle.st.last_restart, attempt),
+    cycle.runtime.control.publish(cycle.ns, cycle.name, attempt=attempt, members=names, table=table, restore=(config or {}).get("restore"),
+                         open_=not (lr is not None and lr.state in ("Pending", WAITING)), carry_on=carried_on(cycle.status.last_restart, attempt),
                          replica_groups=replica_groups)
-    cycle.rt.store.begin_attempt(cycle.ns, cycle.name, attempt, layout=GroupLayout.of(table, replica_groups),
-                             carry_on=carried_attempts(cycle.st.last_restart, attempt, members))
+    cycle.runtime.store.begin_attempt(cycle.ns, cycle.name, attempt, layout=GroupLayout.of(table, replica_groups),
+                             carry_on=carried_attempts(cycle.status.last_restart, attempt, members))
     for earlier in sorted({attempt_of(p) for p in members if attempt_of(p) < attempt}):
         # kept launchers run these tables: the delta of their restart is built against them
         old = await cycle.io.read_rank_table(cycle.ns, cycle.name, earlier)
         if old is not None:
-            cycle.rt.control.jobs[(cycle.ns, cycle.name)].tables.setdefault(earlier, old)
+            cycle.runtime.control.jobs[(cycle.ns, cycle.name)].tables.setdefault(earlier, old)
 

@@ -12,10 +12,10 @@ from railyard.logic.manifests import build_lighthouse_pod, owner_reference
 
 async def reconcile_lighthouse(cycle: Cycle, job: TrainingJob) -> float | None:
     """Make the Lighthouse match the decision; returns when to look again (None: no hurry)."""
-    runtime = cycle.rt
+    runtime = cycle.runtime
     have = runtime.pods_of(cycle.ns, cycle.name, lighthouse=True)
     nodes = runtime.node_map()
-    d = decide_lighthouse(replica_groups=job.spec.replica_groups, phase=cycle.st.phase,
+    d = decide_lighthouse(replica_groups=job.spec.replica_groups, phase=cycle.status.phase,
                           deleting=bool(cycle.meta.get("deletionTimestamp") or job.spec.suspend), have=have, nodes=nodes)
     if d.delete:
         # the same deletion as a placeholder's: force on a dead node, each pod once

@@ -93,7 +93,7 @@ async def reconcile_job(runtime: Runtime, worker: JobWorker, *, now: float | Non
         job, problems = None, [_format_validation(exc)]
     if job is None or problems:
         await cycle.delete_pods(runtime.pods_of(cycle.ns, cycle.name), runtime.node_map())
-        if cycle.st.phase != "Failed" or cycle.st.message != "; ".join(problems):
+        if cycle.status.phase != "Failed" or cycle.status.message != "; ".join(problems):
             cycle.update(observed_generation=cycle.generation)
             cycle.phase("Failed", "InvalidSpec", "; ".join(problems) + " (fix the spec; the job stays Failed until then)")
         await cycle.commit()
@@ -108,17 +108,17 @@ async def reconcile_job(runtime: Runtime, worker: JobWorker, *, now: float | Non
 
 
 async def _step(cycle: Cycle, job: TrainingJob) -> float | None:
-    runtime, spec = cycle.rt, job.spec
+    runtime, spec = cycle.runtime, job.spec
     pods = _own_pods(cycle)
     nodes = runtime.node_map()
-    if cycle.w.deleting:
+    if cycle.worker.deleting:
         # forget the deletions of pods that are gone (the names of every attempt would pile up)
         present = {_name(p) for p in pods}
-        cycle.w.deleting = {n: t for n, t in cycle.w.deleting.items() if n in present}
+        cycle.worker.deleting = {n: t for n, t in cycle.worker.deleting.items() if n in present}
     _refresh_quarantine(cycle, nodes)
     for _ in range(3):  # a StartOver or a Resume is followed by the decision on the new status
-        failed = find_condition(cycle.st.conditions, "Failed")
-        standing = lc.decide_standing(cycle.st, generation=cycle.generation, suspend=spec.suspend, has_pods=bool(pods),
+        failed = find_condition(cycle.status.conditions, "Failed")
+        standing = lc.decide_standing(cycle.status, generation=cycle.generation, suspend=spec.suspend, has_pods=bool(pods),
                                       failed_reason=failed.reason if failed is not None else None)
         if standing is None:
             break
@@ -127,38 +127,38 @@ async def _step(cycle: Cycle, job: TrainingJob) -> float | None:
         if isinstance(standing, lc.Suspend):
             return await _suspend(cycle, standing, pods, nodes)
         if isinstance(standing, lc.StartOver):
-            cycle.st = TrainingJobStatus(attempt=cycle.st.attempt + 1, restarts=cycle.st.restarts, last_failure=cycle.st.last_failure)
+            cycle.status = TrainingJobStatus(attempt=cycle.status.attempt + 1, restarts=cycle.status.restarts, last_failure=cycle.status.last_failure)
         else:
-            cycle.update(attempt=cycle.st.attempt + 1)
+            cycle.update(attempt=cycle.status.attempt + 1)
             cycle.phase("Placing", "Resumed", "spec.suspend is false: placing the gang again")
     if not cycle.old_wire.get("attempt") and pods:
         # an unreadable or missing status: the pods' attempt labels say where we were
-        cycle.update(attempt=max(cycle.st.attempt, *(attempt_of(p) for p in pods)))
+        cycle.update(attempt=max(cycle.status.attempt, *(attempt_of(p) for p in pods)))
     if pods and runtime.tokens(cycle.ns, cycle.name) is None:
         # an operator restarted under a running gang: accept its heartbeats again
         token = await cycle.io.read_token(cycle.ns, cycle.name)
         if token:
             runtime.tokens.set(cycle.ns, cycle.name, token)
-            runtime.store.begin_attempt(cycle.ns, cycle.name, cycle.st.attempt)
-    expected = cycle.st.placement.node_count if (cycle.st.placement and cycle.st.gang_created_time) else spec.nodes
+            runtime.store.begin_attempt(cycle.ns, cycle.name, cycle.status.attempt)
+    expected = cycle.status.placement.node_count if (cycle.status.placement and cycle.status.gang_created_time) else spec.nodes
     # what the launchers report (their workers' exits, while the pod runs on) is pod evidence too
     since = members_since(cycle)
     # a replica group that carries on reports the attempt its pods were created in
-    carried = carried_attempts(cycle.st.last_restart, cycle.st.attempt, gang_members(pods, attempt=cycle.st.attempt, since=since)[0])
-    view = apply_launcher_reports(pods, runtime.control.reports(cycle.ns, cycle.name), attempt=cycle.st.attempt, carried=carried)
-    gang = assess_gang(view, nodes, attempt=cycle.st.attempt, expected=expected, now=cycle.now,
+    carried = carried_attempts(cycle.status.last_restart, cycle.status.attempt, gang_members(pods, attempt=cycle.status.attempt, since=since)[0])
+    view = apply_launcher_reports(pods, runtime.control.reports(cycle.ns, cycle.name), attempt=cycle.status.attempt, carried=carried)
+    gang = assess_gang(view, nodes, attempt=cycle.status.attempt, expected=expected, now=cycle.now,
                        not_ready_grace_s=runtime.settings.not_ready_grace_s, echo_settle_s=DEFAULT_ECHO_SETTLE_S, since=since,
-                       waiting=waiting_pods(cycle.st, spec.replica_groups))
+                       waiting=waiting_pods(cycle.status, spec.replica_groups))
     old = set(gang.stale)
     stale = [p for p in pods if _name(p) in old]
     if stale:
         await cycle.delete_pods(stale, nodes)
-    members, _ = gang_members(view, attempt=cycle.st.attempt, since=since)
+    members, _ = gang_members(view, attempt=cycle.status.attempt, since=since)
     if pods and runtime.control.get(cycle.ns, cycle.name) is None:
         await republish(cycle, members, replica_groups=job.spec.replica_groups)  # an operator restarted under a running gang
     decision = lc.decide_lifecycle(_observe(cycle, job, gang, members, nodes))
     delay = await _execute(cycle, job, decision, gang, members, nodes)
-    if cycle.st.phase in TERMINAL_PHASES:
+    if cycle.status.phase in TERMINAL_PHASES:
         return await _release_finished(cycle, job, nodes)
     _update_degraded(cycle, job)
     if gang.recheck_after > 0:
@@ -174,17 +174,17 @@ def _observe(
     spec = job.spec
     lr = in_place_restart(cycle)
     return lc.Observed(
-        status=cycle.st, generation=cycle.generation, now=cycle.now, gang=gang,
+        status=cycle.status, generation=cycle.generation, now=cycle.now, gang=gang,
         schedule_timeout_s=spec.gang.schedule_timeout_seconds, heartbeat_interval_s=spec.health.heartbeat_interval_seconds,
         restart_policy=spec.restart_policy,
         stale_placement=tuple(find_stale_placement(job, members, nodes)) if gang.state == "Starting" else (),
-        rolled_back=bool(members) and all(_name(p) in cycle.w.deleting for p in members),
+        rolled_back=bool(members) and all(_name(p) in cycle.worker.deleting for p in members),
         in_place=lr.state if lr is not None else None,
         relaunch=observe_relaunch(cycle, job, members) if lr is not None else None,
-        heartbeats=cycle.rt.store.job(cycle.ns, cycle.name) is not None,
+        heartbeats=cycle.runtime.store.job(cycle.ns, cycle.name) is not None,
         first_exit=first_exit_time(members) if gang.state == "Failed" else None,
         groups_finished=decide_groups_finished(members, replicas=spec.replica_groups, expected=gang.expected, now=cycle.now,
-                                               waiting=waiting_pods(cycle.st, spec.replica_groups)),
+                                               waiting=waiting_pods(cycle.status, spec.replica_groups)),
     )
 
 
@@ -282,22 +282,22 @@ async def _suspend(cycle: Cycle, step: lc.Suspend, pods: Sequence[Mapping[str, A
 
 
 def _mark_running(cycle: Cycle, step: lc.MarkRunning) -> None:
-    if step.pending_spec_changes != cycle.st.pending_spec_changes:
+    if step.pending_spec_changes != cycle.status.pending_spec_changes:
         cycle.update(pending_spec_changes=step.pending_spec_changes)
     if not step.enter:
         return
     update: dict[str, Any] = {}
-    created = parse_time(cycle.st.gang_created_time)
-    metrics = cycle.rt.metrics
+    created = parse_time(cycle.status.gang_created_time)
+    metrics = cycle.runtime.metrics
     if created is not None:
         update["time_to_all_ready_seconds"] = round(cycle.now - created, 3)
         metrics.gang_ready.observe(max(cycle.now - created, 0.0))
-    if cycle.st.start_time is None:
+    if cycle.status.start_time is None:
         update["start_time"] = cycle.iso
         born = parse_time(str(cycle.meta.get("creationTimestamp") or ""))
         if born is not None:
             metrics.job_start.observe(max(cycle.now - born, 0.0))
-    failed_at = parse_time(cycle.st.failure_time)
+    failed_at = parse_time(cycle.status.failure_time)
     if failed_at is not None:
         metrics.restart_duration.observe(max(cycle.now - failed_at, 0.0))
         update["failure_time"] = None
@@ -310,12 +310,12 @@ async def _release_finished(cycle: Cycle, job: TrainingJob, nodes: Mapping[str, 
     last attempt's finished pods until ``spec.cleanup`` says, give its members still running a
     little time to exit on their own (logic/finished.py); no more health news. Returns when to
     look again (a settle time or the TTL)."""
-    if cycle.st.stragglers:
+    if cycle.status.stragglers:
         cycle.update(stragglers=[])
     _update_degraded(cycle, job)  # a finished job is not Degraded (no Event: it finished)
     done = decide_finished_pods(
-        _own_pods(cycle), job_phase=cycle.st.phase, attempt=cycle.st.attempt, cleanup=job.spec.cleanup,
-        completion_time=parse_time(cycle.st.completion_time), now=cycle.now, since=members_since(cycle),
+        _own_pods(cycle), job_phase=cycle.status.phase, attempt=cycle.status.attempt, cleanup=job.spec.cleanup,
+        completion_time=parse_time(cycle.status.completion_time), now=cycle.now, since=members_since(cycle),
     )
     if done.delete:
         await cycle.delete_pods(done.delete, nodes)
@@ -327,7 +327,7 @@ def _own_pods(cycle: Cycle) -> list[dict[str, Any]]:
     """The job's gang pods; a deleted job's pods (same name, another uid, finished pods kept for
     their TTL) are not this job's, whatever their labels say."""
     uid = cycle.meta.get("uid")
-    return [p for p in cycle.rt.pods_of(cycle.ns, cycle.name) if is_owned_by(p, str(uid) if uid else None)]
+    return [p for p in cycle.runtime.pods_of(cycle.ns, cycle.name) if is_owned_by(p, str(uid) if uid else None)]
 
 
 def _name(pod: Mapping[str, Any]) -> str:
@@ -336,19 +336,19 @@ def _name(pod: Mapping[str, Any]) -> str:
 
 def _refresh_quarantine(cycle: Cycle, nodes: Mapping[str, Mapping[str, Any]]) -> None:
     """Drop nodes a person released (label or taint removed) from the job's quarantine list."""
-    keep = decide_still_quarantined(cycle.st.quarantined_nodes, nodes)
-    if len(keep) != len(cycle.st.quarantined_nodes):
+    keep = decide_still_quarantined(cycle.status.quarantined_nodes, nodes)
+    if len(keep) != len(cycle.status.quarantined_nodes):
         cycle.update(quarantined_nodes=keep)
 
 
 def _update_degraded(cycle: Cycle, job: TrainingJob) -> None:
     groups = job.spec.replica_groups
-    cycle.st = decide_degraded(cycle.st, hot_spares=job.spec.gang.hot_spares, now=cycle.iso, replica_groups=groups)
-    cycle.rt.metrics.set_replica_groups(cycle.ns, cycle.name, wanted=groups, training=count_training_groups(cycle.st, groups))
+    cycle.status = decide_degraded(cycle.status, hot_spares=job.spec.gang.hot_spares, now=cycle.iso, replica_groups=groups)
+    cycle.runtime.metrics.set_replica_groups(cycle.ns, cycle.name, wanted=groups, training=count_training_groups(cycle.status, groups))
 
 
 def _watched(cycle: Cycle, job: TrainingJob, members: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
     """The members whose heartbeats the health rules judge: not the pods of replica groups that
     wait for a node (idle by plan)."""
-    waiting = waiting_pods(cycle.st, job.spec.replica_groups)
+    waiting = waiting_pods(cycle.status, job.spec.replica_groups)
     return [p for p in members if pod_index_of(p) not in waiting] if waiting else list(members)

@@ -26,9 +26,9 @@ PLACEHOLDER_GRACE_S = 1
 
 async def delete_placeholders(cycle: Cycle, pods: Sequence[Mapping[str, Any]], nodes: Mapping[str, Mapping[str, Any]]) -> None:
     """Delete placeholders (force on dead nodes), once each."""
-    normal, force = plan_pod_deletions(pods, nodes, now=cycle.now, asked=cycle.w.deleting, stuck_terminating_s=cycle.rt.settings.stuck_terminating_s)
+    normal, force = plan_pod_deletions(pods, nodes, now=cycle.now, asked=cycle.worker.deleting, stuck_terminating_s=cycle.runtime.settings.stuck_terminating_s)
     for n in normal + force:
-        cycle.w.deleting[n] = cycle.now
+        cycle.worker.deleting[n] = cycle.now
     if normal:
         await cycle.io.delete_pods(cycle.ns, normal, grace_seconds=PLACEHOLDER_GRACE_S)
     if force:
@@ -37,24 +37,24 @@ async def delete_placeholders(cycle: Cycle, pods: Sequence[Mapping[str, Any]], n
 
 async def reconcile_spares(cycle: Cycle, job: TrainingJob) -> float | None:
     """Make the placeholders match the placement's spares; returns when to look again."""
-    runtime = cycle.rt
+    runtime = cycle.runtime
     have = runtime.pods_of(cycle.ns, cycle.name, spare=True)
     deleting = cycle.meta.get("deletionTimestamp") or job.spec.suspend
-    spares = list(cycle.st.placement.spares) if cycle.st.placement is not None else []
+    spares = list(cycle.status.placement.spares) if cycle.status.placement is not None else []
     nodes = runtime.node_map()
-    create, delete, held = decide_spares(job=cycle.name, phase="" if deleting else cycle.st.phase, wanted=job.spec.gang.hot_spares,
+    create, delete, held = decide_spares(job=cycle.name, phase="" if deleting else cycle.status.phase, wanted=job.spec.gang.hot_spares,
                                          spares=spares, nodes=nodes, have=have)
     if delete:
         await delete_placeholders(cycle, delete, nodes)
-    lr = cycle.st.last_restart
-    if create and lr is not None and lr.mode == "InPlace" and lr.attempt == cycle.st.attempt and lr.state != "Done":
+    lr = cycle.status.last_restart
+    if create and lr is not None and lr.mode == "InPlace" and lr.attempt == cycle.status.attempt and lr.state != "Done":
         # a restart in place is opening: its replacements and orders first, new spares after
         create = []
     if create:
         owner = owner_reference(cycle.body)
         await cycle.io.create_pods([build_spare_pod(job.spec, job=cycle.name, namespace=cycle.ns, owner=owner, node=n,
                                                 annotations=runtime.settings.pod_annotations) for n in create])
-    if held != cycle.st.spares_held:
+    if held != cycle.status.spares_held:
         cycle.update(spares_held=held)
-    runtime.metrics.set_spares(cycle.ns, cycle.name, wanted=job.spec.gang.hot_spares if cycle.st.phase in HOLDING else 0, held=held)
+    runtime.metrics.set_spares(cycle.ns, cycle.name, wanted=job.spec.gang.hot_spares if cycle.status.phase in HOLDING else 0, held=held)
     return 1.0 if create else None
