@@ -279,100 +279,100 @@ class Decision:
     steps: tuple[Step, ...] = field(default_factory=tuple)
 
 
-def decide_lifecycle(o: Observed) -> Decision:
-    """The cycle's steps for the gang ``o.gang`` of ``o.status.attempt``."""
-    if o.groups_finished is not None and o.gang.state != "Succeeded":
-        return Decision(tuple(_groups_finished(o.groups_finished, o)))
-    if o.in_place == WAITING:
-        return Decision(tuple(_waiting(o)))
-    if o.in_place is not None:
-        return Decision(tuple(_in_place(o)))
-    return Decision(tuple(_gang(o)))
+def decide_lifecycle(seen: Observed) -> Decision:
+    """The cycle's steps for the gang ``seen.gang`` of ``seen.status.attempt``."""
+    if seen.groups_finished is not None and seen.gang.state != "Succeeded":
+        return Decision(tuple(_groups_finished(seen.groups_finished, seen)))
+    if seen.in_place == WAITING:
+        return Decision(tuple(_waiting(seen)))
+    if seen.in_place is not None:
+        return Decision(tuple(_in_place(seen)))
+    return Decision(tuple(_gang(seen)))
 
 
-def _groups_finished(done: GroupsFinished, o: Observed) -> list[Step]:
+def _groups_finished(done: GroupsFinished, seen: Observed) -> list[Step]:
     """A replica group finished the last step: the run is complete. The others get a settle
     time to finish too (they are in the same last step), then the job Succeeds without them
     (a group still behind can no longer heal from peers that are gone); a failure of theirs
     meanwhile is moot."""
-    if done.left_s > 0 and o.gang.state != "Failed":
+    if done.left_s > 0 and seen.gang.state != "Failed":
         return [Wait(done.left_s)]
-    return [CheckHealth(report=False), Succeed(f"{done.message} (attempt {o.status.attempt})")]
+    return [CheckHealth(report=False), Succeed(f"{done.message} (attempt {seen.status.attempt})")]
 
 
-def _waiting(o: Observed) -> list[Step]:
+def _waiting(seen: Observed) -> list[Step]:
     """Replica groups wait for a node (the gang as assessed leaves them out): the others' gang
     is looked after as always; while it runs, ask the placement again."""
-    steps = _gang(o)
-    if o.gang.state == "Running":
+    steps = _gang(seen)
+    if seen.gang.state == "Running":
         steps += [GrowBack(), Wait(GROW_BACK_RECHECK_S)]
     return steps
 
 
-def _in_place(o: Observed) -> list[Step]:
-    state = o.gang.state
-    if o.in_place == "Pending" or state in ("Partial", "Gated"):
+def _in_place(seen: Observed) -> list[Step]:
+    state = seen.gang.state
+    if seen.in_place == "Pending" or state in ("Partial", "Gated"):
         # the replaced indices have no pod yet: that is the plan, not a lost pod
         return [ContinueInPlace()]
-    if state not in ("Starting", "Running") or o.relaunch is None:
-        return _gang(o)
-    r = o.relaunch
-    if not r.waiting:
-        return [FinishInPlace(), *_gang(o)]
-    if o.now - r.started >= r.timeout_s:
+    if state not in ("Starting", "Running") or seen.relaunch is None:
+        return _gang(seen)
+    relaunch = seen.relaunch
+    if not relaunch.waiting:
+        return [FinishInPlace(), *_gang(seen)]
+    if seen.now - relaunch.started >= relaunch.timeout_s:
         return [FallBackToFull(
             "RestartNotAnswered",
-            f"{len(r.waiting)} kept pods did not restart their workers within {r.timeout_s:g}s "
-            f"(restartPolicy.inPlaceTimeoutSeconds): {', '.join(r.waiting[:8])}",
+            f"{len(relaunch.waiting)} kept pods did not restart their workers within {relaunch.timeout_s:g}s "
+            f"(restartPolicy.inPlaceTimeoutSeconds): {', '.join(relaunch.waiting[:8])}",
         )]
-    wait = AwaitRelaunch(len(r.waiting), max(min(r.started + r.timeout_s - o.now, 1.0), 0.1))
-    return [wait, *_gang(o)] if state == "Starting" else [wait]
+    wait = AwaitRelaunch(len(relaunch.waiting), max(min(relaunch.started + relaunch.timeout_s - seen.now, 1.0), 0.1))
+    return [wait, *_gang(seen)] if state == "Starting" else [wait]
 
 
-def _gang(o: Observed) -> list[Step]:
-    st, a = o.status, o.gang
-    if a.state == "Absent":
-        if a.stale:
-            return [WaitForOldPods(len(a.stale), enter=st.phase not in ("Restarting", "Placing"))]
-        nat = parse_time(st.next_attempt_time)
-        if nat is not None and o.now < nat:
-            return [Wait(nat - o.now)]
+def _gang(seen: Observed) -> list[Step]:
+    status, gang = seen.status, seen.gang
+    if gang.state == "Absent":
+        if gang.stale:
+            return [WaitForOldPods(len(gang.stale), enter=status.phase not in ("Restarting", "Placing"))]
+        next_try = parse_time(status.next_attempt_time)
+        if next_try is not None and seen.now < next_try:
+            return [Wait(next_try - seen.now)]
         return [Place()]
-    if a.state in ("Partial", "Gated"):
-        return [LetGo()] if o.rolled_back else [FinishCreation()]
-    if a.state == "Starting":
-        if st.phase == "Running":
+    if gang.state in ("Partial", "Gated"):
+        return [LetGo()] if seen.rolled_back else [FinishCreation()]
+    if gang.state == "Starting":
+        if status.phase == "Running":
             # a Running gang that lost a pod: the loss is classified within the NotReady grace
             # (or the pod's deletion shows): it stays Running until then
             return [CheckHealth(), Wait(LOST_POD_RECHECK_S)]
-        return _starting(o)
-    if a.state == "Running":
-        return _running(o)
-    if a.state == "Succeeded":
-        return [CheckHealth(report=False), Succeed(f"all {a.expected} pods exited 0 (attempt {st.attempt})")]
-    if a.state == "Failed":
-        assert a.failure is not None
-        f = a.failure
-        if f.cls is FailureClass.SDC and f.kind == "SDCExitCode":
-            left = (o.first_exit + SDC_VERDICT_WAIT_S - o.now) if o.first_exit is not None else 0.0
-            return [AwaitSdcVerdict(f, left)]
-        return [HandleFailure(f)]
+        return _starting(seen)
+    if gang.state == "Running":
+        return _running(seen)
+    if gang.state == "Succeeded":
+        return [CheckHealth(report=False), Succeed(f"all {gang.expected} pods exited 0 (attempt {status.attempt})")]
+    if gang.state == "Failed":
+        assert gang.failure is not None
+        failure = gang.failure
+        if failure.cls is FailureClass.SDC and failure.kind == "SDCExitCode":
+            left = (seen.first_exit + SDC_VERDICT_WAIT_S - seen.now) if seen.first_exit is not None else 0.0
+            return [AwaitSdcVerdict(failure, left)]
+        return [HandleFailure(failure)]
     return []  # Settling: the cause behind an echo may still come (the gang's recheck says when)
 
 
-def _starting(o: Observed) -> list[Step]:
-    st, a = o.status, o.gang
-    created = parse_time(st.gang_created_time) or o.now
-    deadline = created + o.schedule_timeout_s
-    if o.now >= deadline:
+def _starting(seen: Observed) -> list[Step]:
+    status, gang = seen.status, seen.gang
+    created = parse_time(status.gang_created_time) or seen.now
+    deadline = created + seen.schedule_timeout_s
+    if seen.now >= deadline:
         return [PlaceAgain(
             "GangTimeout",
-            f"{a.running}/{a.expected} pods Running after {o.schedule_timeout_s}s "
+            f"{gang.running}/{gang.expected} pods Running after {seen.schedule_timeout_s}s "
             "(spec.gang.scheduleTimeoutSeconds): tearing down and re-placing",
         )]
-    if o.stale_placement:
-        stuck = o.stale_placement[0]
-        more = len(o.stale_placement) - 1
+    if seen.stale_placement:
+        stuck = seen.stale_placement[0]
+        more = len(seen.stale_placement) - 1
         return [PlaceAgain(
             "NodeUnusable",
             f"pod {stuck.pod} cannot be scheduled on its node {stuck.node} any more ({stuck.why}"
@@ -380,50 +380,50 @@ def _starting(o: Observed) -> list[Step]:
             + "): tearing down and re-placing without waiting for spec.gang.scheduleTimeoutSeconds",
         )]
     steps: list[Step] = []
-    if st.phase != "Starting":
-        steps.append(MarkStarting(f"attempt {st.attempt}: {a.running}/{a.expected} pods Running; waiting for the rest "
-                                  f"(spec.gang.scheduleTimeoutSeconds={o.schedule_timeout_s})"))
-    return [*steps, CheckHealth(), Wait(min(deadline - o.now, o.heartbeat_interval_s))]
+    if status.phase != "Starting":
+        steps.append(MarkStarting(f"attempt {status.attempt}: {gang.running}/{gang.expected} pods Running; waiting for the rest "
+                                  f"(spec.gang.scheduleTimeoutSeconds={seen.schedule_timeout_s})"))
+    return [*steps, CheckHealth(), Wait(min(deadline - seen.now, seen.heartbeat_interval_s))]
 
 
-def _running(o: Observed) -> list[Step]:
-    st = o.status
+def _running(seen: Observed) -> list[Step]:
+    status = seen.status
     pending = ""
-    if o.generation != st.observed_generation and st.observed_generation:
+    if seen.generation != status.observed_generation and status.observed_generation:
         pending = (
-            f"spec generation {o.generation} differs from the running gang's ({st.observed_generation}); "
+            f"spec generation {seen.generation} differs from the running gang's ({status.observed_generation}); "
             "it takes effect at the next restart (suspend and resume to apply it now)"
         )
-    steps: list[Step] = [MarkRunning(f"all {o.gang.expected} pods Running (attempt {st.attempt})", st.phase != "Running", pending),
+    steps: list[Step] = [MarkRunning(f"all {seen.gang.expected} pods Running (attempt {status.attempt})", status.phase != "Running", pending),
                          CheckHealth()]
-    reset_in = _streak_timer(o, steps)
-    due = o.heartbeat_interval_s if o.heartbeats else None
+    reset_in = _streak_timer(seen, steps)
+    due = seen.heartbeat_interval_s if seen.heartbeats else None
     wait = reset_in if due is None else (due if reset_in is None else min(due, reset_in))
     if wait is not None:
         steps.append(Wait(wait))
     return steps
 
 
-def _streak_timer(o: Observed, steps: list[Step]) -> float | None:
+def _streak_timer(seen: Observed, steps: list[Step]) -> float | None:
     """Clear the restart streak once the gang has run healthy long enough (appending the step);
     returns the seconds until that is due (None: nothing to wait for)."""
-    st, policy = o.status, o.restart_policy
-    created = parse_time(st.gang_created_time)
+    status, policy = seen.status, seen.restart_policy
+    created = parse_time(status.gang_created_time)
     if created is None:
         return None
     # a gang marked Running in this cycle has run since now (MarkRunning records that)
-    ready = st.time_to_all_ready_seconds if st.phase == "Running" else round(o.now - created, 3)
+    ready = status.time_to_all_ready_seconds if status.phase == "Running" else round(seen.now - created, 3)
     if ready is None:
         return None
     running_since = created + ready
-    reset = decide_streak_reset(st.restarts, policy, running_since, o.now)
+    reset = decide_streak_reset(status.restarts, policy, running_since, seen.now)
     if reset is not None:
         steps.append(ResetStreak(reset))
         return None
-    streak = st.restarts.streak
-    if policy.reset_after_seconds <= 0 or (streak is not None and not any(streak.values())) or st.restarts.total == 0:
+    streak = status.restarts.streak
+    if policy.reset_after_seconds <= 0 or (streak is not None and not any(streak.values())) or status.restarts.total == 0:
         return None
-    return max(running_since + policy.reset_after_seconds - o.now, 0.5)
+    return max(running_since + policy.reset_after_seconds - seen.now, 0.5)
 
 
 def decide_sdc(step: AwaitSdcVerdict, verdict: Failure | None) -> Failure | float:
@@ -446,18 +446,18 @@ class FailJob:
     message: str
 
 
-def decide_failure(f: Failure, said: str, policy: RestartPolicy, restarts: Restarts) -> FailJob | RestartDecision:
+def decide_failure(failure: Failure, said: str, policy: RestartPolicy, restarts: Restarts) -> FailJob | RestartDecision:
     """A failure of the gang fails the job (a permanent class, or its class's budget spent) or
     restarts it (the allowed :class:`RestartDecision`, with its backoff). ``said``: the failure
     as the status tells it (logic/failure_report.py)."""
-    if f.cls is FailureClass.PERMANENT:
-        return FailJob(f.kind, f"{said}: not retried (permanent)")
-    decision = decide_restart(policy, restarts, f.cls)
+    if failure.cls is FailureClass.PERMANENT:
+        return FailJob(failure.kind, f"{said}: not retried (permanent)")
+    decision = decide_restart(policy, restarts, failure.cls)
     if not decision.allowed:
         return FailJob("RestartBudgetSpent", f"{said}; {decision.reason}")
     return decision
 
 
-def describe_steps(d: Decision) -> Sequence[str]:
+def describe_steps(decision: Decision) -> Sequence[str]:
     """The step names, for logs and tests."""
-    return [type(s).__name__ for s in d.steps]
+    return [type(s).__name__ for s in decision.steps]
