@@ -47,8 +47,10 @@ from torch.distributed.tensor import DTensor
 # in protocol/
 from railyard.protocol import podenv
 from railyard.protocol.trainerconfig import (
+    DEFAULT_WATCHDOG_SECONDS,
     LIGHTHOUSE_HEARTBEAT_INTERVAL_MS,
     lighthouse_heartbeat_timeout_ms,
+    lighthouse_join_timeout_ms,
 )
 from railyard_trainer.config import ConfigError
 from railyard_trainer.events import log_event
@@ -360,7 +362,9 @@ def lighthouse_main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="railyard-train lighthouse", description="torchft Lighthouse for faultTolerance.mode ReplicaGroups")
     p.add_argument("--min-replicas", type=int, required=True, help="fewest replica groups that form a quorum (faultTolerance.minReplicas)")
     p.add_argument("--bind", default="[::]:29510", help="address to listen on (port 0: any free port)")
-    p.add_argument("--join-timeout-ms", type=int, default=60_000, help="how long a quorum waits for the previous members to join again")
+    p.add_argument("--join-timeout-ms", type=int, default=lighthouse_join_timeout_ms(DEFAULT_WATCHDOG_SECONDS),
+                   help="how long a quorum waits for the previous members to join again (default: the operator's rule for "
+                        "the default trainer.watchdogSeconds, protocol/trainerconfig.py lighthouse_join_timeout_ms)")
     p.add_argument("--heartbeat-timeout-ms", type=int, default=lighthouse_heartbeat_timeout_ms(), help="a group with no heartbeat for this long is dead")
     p.add_argument("--quorum-tick-ms", type=int, default=100)
     args = p.parse_args(argv)

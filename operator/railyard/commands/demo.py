@@ -17,7 +17,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--out", default="railyard-demo", help="folder for pictures, summary.json and logs (default: ./railyard-demo)")
     p.add_argument("--scenario", help="YAML scenario file (steps, nodeFailure, straggler, bitflip, replicaGroups); see docs/demo.md")
     p.add_argument("--replica-groups", type=int, nargs="?", const=2, metavar="R",
-                   help="the replica-groups scenario: R (default 2, at most 4; R > 2 may stall, docs/fault-tolerance.md) HSDP groups of 1 pod x 2 ranks under "
+                   help="the replica-groups scenario: R (default 2, at most 4) HSDP groups of 1 pod x 2 ranks under "
                         "faultTolerance ReplicaGroups (minReplicas 1), the last group's node lost mid-run; "
                         "no straggler, no bit flip (docs/demo.md)")
     p.add_argument("--steps", type=int, help="training steps (default 80; 120 with --replica-groups)")

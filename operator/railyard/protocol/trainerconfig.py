@@ -64,6 +64,11 @@ def section(cls: type[T]) -> type[T]:
 # --------------------------------------------------------------------------- trainer
 
 
+#: ``trainer.watchdogSeconds`` when the spec leaves it out (also what ``railyard-train lighthouse``
+#: derives its join timeout from when it is run by hand).
+DEFAULT_WATCHDOG_SECONDS = 60.0
+
+
 @section
 class FaultSpec:
     """One injected fault (tests and demos); applies only in attempt ``attempt``."""
@@ -129,7 +134,7 @@ class TrainerSettings:
     cpu_offload: bool = setting(default=False, description="Offload parameters, gradients and optimizer state to CPU (FSDP2 offload policy).")
     log_every_steps: int = setting(default=1, description="Log metrics every N steps.", ge=1)
     collective_timeout_seconds: float = setting(default=120.0, description="A collective that takes longer fails the attempt as an infrastructure failure (instead of NCCL's 30-minute default).", gt=0.0, le=3600)
-    watchdog_seconds: float = setting(default=60.0, description="A rank whose step makes no progress this long reports itself hung; must be below collectiveTimeoutSeconds.", gt=0.0, le=3600)
+    watchdog_seconds: float = setting(default=DEFAULT_WATCHDOG_SECONDS, description="A rank whose step makes no progress this long reports itself hung; must be below collectiveTimeoutSeconds.", gt=0.0, le=3600)
     faults: tuple[FaultSpec, ...] = setting(default=(), description="Fault injection for tests and demos; empty in production.", max_length=32)
     program: Program | None = setting(default=None, description='Run your own training program instead of the bundled trainer: railyard-train starts it once per local rank with the environment torchrun gives (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, ...) and the rank table, and classifies its exit as it does the bundled trainer\'s. The bundled trainer\'s settings (preset, steps, batchSize, dataset, ...) are then not used; watchdogSeconds applies once the program reports steps through the SDK (railyard_trainer.sdk). See docs/trainer.md, "Your own program".')
 
