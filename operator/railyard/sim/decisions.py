@@ -59,6 +59,9 @@ class _Rank:
     progress: bool = True
     waiting_for_groups: bool = False
     last_waiting_at: float = -math.inf
+    group: int = 0
+    group_rank: int = 0
+    fingerprints: Mapping[int, str] = dataclasses.field(default_factory=dict)
     compute: list[float] = dataclasses.field(default_factory=list)
 
     def recent_compute(self, n: int) -> Sequence[float]:

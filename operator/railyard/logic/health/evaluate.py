@@ -9,7 +9,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable, Iterable, Mapping
 
-from railyard.logic.health.groups import FingerprintSource, decide_group_sdc
+from railyard.logic.health.groups import decide_group_sdc
 from railyard.logic.health.liveness import (
     RUNNING,
     compute_hang_timeout,
@@ -24,6 +24,7 @@ from railyard.logic.health.model import (
     HealthState,
     JobSignals,
     PodStatus,
+    RankSignals,
     Verdict,
 )
 from railyard.logic.health.sdc import decide_sdc
@@ -40,7 +41,7 @@ def decide_health(
     policy: HealthPolicy,
     now: float,
     *,
-    fingerprints: Iterable[FingerprintSource] | None = None,
+    fingerprints: Iterable[RankSignals] | None = None,
     group_of: Callable[[int], int] | None = None,
 ) -> HealthDecision:
     """Every rule over the job's signals. faultTolerance ReplicaGroups: ``fingerprints``, the

@@ -26,40 +26,29 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Mapping
-from typing import Protocol
 
-from railyard.logic.health.model import Action, FaultKind, GroupVoteState, HealthPolicy, Verdict
+from railyard.logic.health.model import (
+    Action,
+    FaultKind,
+    GroupVoteState,
+    HealthPolicy,
+    RankSignals,
+    Verdict,
+)
 
 #: Verdict reasons (Events).
 DIVERGED = "ReplicaGroupDiverged"
 NO_MAJORITY = "ReplicaGroupsDisagree"
 
 
-class FingerprintSource(Protocol):
-    """What the vote reads of one rank (the store's rank window has these attributes)."""
-
-    @property
-    def rank(self) -> int: ...
-    @property
-    def pod_index(self) -> int: ...
-    @property
-    def node(self) -> str: ...
-    @property
-    def group(self) -> int: ...
-    @property
-    def group_rank(self) -> int: ...
-    @property
-    def fingerprints(self) -> Mapping[int, str]: ...
-
-
 def decide_group_sdc(
-    ranks: Iterable[FingerprintSource],
+    ranks: Iterable[RankSignals],
     state: GroupVoteState,
     policy: HealthPolicy,
     now: float,
 ) -> tuple[list[Verdict], GroupVoteState]:
     """New verdicts of the cross-group vote and the state for the next call."""
-    slots: dict[int, dict[int, FingerprintSource]] = {}
+    slots: dict[int, dict[int, RankSignals]] = {}
     for r in ranks:
         if r.fingerprints:
             slots.setdefault(r.group_rank, {})[r.group] = r
@@ -91,7 +80,7 @@ def decide_group_sdc(
     return out, GroupVoteState(judged=judged, agreed=agreed, named=frozenset(named), tied=tied)
 
 
-def _diverged(r: FingerprintSource, step: int, count: int, total: int, policy: HealthPolicy, now: float) -> Verdict:
+def _diverged(r: RankSignals, step: int, count: int, total: int, policy: HealthPolicy, now: float) -> Verdict:
     restart = policy.sdc_action is Action.RESTART
     return Verdict(
         kind=FaultKind.SDC,
