@@ -203,6 +203,12 @@ def decide_restart_mode(
             continue
         move.append(i)
         why[i] = reason
+    if not keep and optional:
+        # a straggler's pod moves only when there is room, and moving it must never turn an
+        # in-place restart into a full one: with nothing else left to keep, the stragglers stay
+        keep, optional = optional, []
+        move = [i for i in move if i not in keep]
+        why = {i: w for i, w in why.items() if i not in keep}
     if not keep:
         return _full("NothingToKeep")
     deaf = [i for i in keep + optional if i not in capable]
