@@ -1,6 +1,6 @@
 """Handling a failure of the gang: spend the failure class's budget or fail the job, quarantine
 the nodes to blame, then restart in place (handlers/inplace.py), go on with fewer replica groups
-when the lost ones cannot be placed (handlers/elastic.py), or delete the whole gang and back off
+when the lost ones cannot be placed (handlers/regroup.py), or delete the whole gang and back off
 before the next one. The first failing pod's exit code, node and last words go into
 the status, the condition and the Event (logic/failure_report.py)."""
 
@@ -11,9 +11,9 @@ from typing import Any
 
 from railyard.api.trainingjob import QuarantinedNode, TrainingJob
 from railyard.handlers.cycle import Cycle
-from railyard.handlers.elastic import shrink_groups
+from railyard.handlers.regroup import shrink_groups
 from railyard.handlers.inplace import begin_in_place, plan_restart, record_full
-from railyard.logic.elastic import decide_shrink
+from railyard.logic.shrink import decide_shrink
 from railyard.logic.failure_report import describe_failure, explain_failure
 from railyard.logic.failures import Failure
 from railyard.logic.inplace import RestartPlan, failed_pod_indices
@@ -67,7 +67,7 @@ async def handle_failure(
         got = await begin_in_place(cycle, job, failure, decision, plan, stragglers, gang, real, nodes, quarantined)
         if not isinstance(got, RestartPlan):
             return got
-        # the lost replica groups found no place: the others go on without them (logic/elastic.py)
+        # the lost replica groups found no place: the others go on without them (logic/shrink.py)
         shrink = decide_shrink(plan, got.message.removeprefix("full restart (NotPlaceable): "), replicas=spec.replica_groups,
                                min_replicas=spec.fault_tolerance.min_replicas) if got.reason == "NotPlaceable" else None
         if shrink is not None:

@@ -32,7 +32,7 @@ from railyard.handlers.health import heartbeat_url_for
 from railyard.handlers.spares import delete_placeholders
 from railyard.k8s.client import ApiError
 from railyard.logic.conditions import format_micro_time, parse_time
-from railyard.logic.elastic import WAITING
+from railyard.logic.shrink import WAITING
 from railyard.logic.failure_report import describe_failure
 from railyard.logic.failures import Failure
 from railyard.logic.gang import attempt_of, gang_members, is_gated, pod_index_of

@@ -22,7 +22,7 @@ from railyard.api.trainingjob import TrainingJob, TrainingJobStatus
 from railyard.handlers.cleanup import cleanup_checkpoints
 from railyard.handlers.creation import finish_creation, place_and_create
 from railyard.handlers.cycle import Cycle, GangIO, KubeGangIO
-from railyard.handlers.elastic import grow_back
+from railyard.handlers.regroup import grow_back
 from railyard.handlers.failures import handle_failure, place_again
 from railyard.handlers.health import evaluate_health, settle_blind
 from railyard.handlers.inplace import (
@@ -41,7 +41,7 @@ from railyard.handlers.runtime import JobWorker, Runtime
 from railyard.handlers.spares import reconcile_spares
 from railyard.logic import lifecycle as lc
 from railyard.logic.conditions import find_condition, parse_time
-from railyard.logic.elastic import count_training_groups, decide_groups_finished, waiting_pods
+from railyard.logic.shrink import count_training_groups, decide_groups_finished, waiting_pods
 from railyard.logic.finished import decide_finished_pods
 from railyard.logic.gang import (
     DEFAULT_ECHO_SETTLE_S,

@@ -1,6 +1,6 @@
-"""Elastic replica groups in the reconcile cycle (faultTolerance ReplicaGroups): the job shrinks
+"""Replica groups that shrink and grow back, in the reconcile cycle (faultTolerance ReplicaGroups): the job shrinks
 when a lost group cannot be placed, and grows back once a node is usable. The decisions are
-railyard.logic.elastic's (:func:`decide_shrink`, :func:`decide_grow_back`); this module executes
+railyard.logic.shrink's (:func:`decide_shrink`, :func:`decide_grow_back`); this module executes
 them through the cycle's GangIO, with the pieces of an in-place restart (handlers/inplace.py).
 
 - :func:`shrink_groups` (the failure's cycle): the attempt moves on (its ConfigMap is the running
@@ -28,7 +28,7 @@ from railyard.handlers.inplace import (
     fall_back_to_full,
     in_place_restart,
 )
-from railyard.logic.elastic import WAITING, KeepWaiting, Shrink, decide_grow_back
+from railyard.logic.shrink import WAITING, KeepWaiting, Shrink, decide_grow_back
 from railyard.logic.failure_report import describe_failure
 from railyard.logic.failures import Failure
 from railyard.logic.gang import pod_index_of

@@ -1,4 +1,4 @@
-"""Elastic replica groups (logic/elastic.py), table-driven and pure: when a lost group that
+"""Replica groups that shrink and grow back (logic/shrink.py), table-driven and pure: when a lost group that
 cannot be placed lets the others go on (shrink), when a waiting group comes back (grow back), how
 many groups the status says train (Degraded, the gauge), when a job whose group finished the last
 step Succeeds, and how the lifecycle and the gang assessment read waiting groups."""
@@ -13,7 +13,7 @@ from tests.operator.builders import make_node, make_pod
 from railyard.api.trainingjob import LastRestart, PlacementStatus, RestartPolicy, TrainingJobStatus
 from railyard.logic import lifecycle as lc
 from railyard.logic.conditions import format_micro_time
-from railyard.logic.elastic import (
+from railyard.logic.shrink import (
     GROUPS_FINISH_SETTLE_S,
     WAITING,
     GrowBack,

@@ -1,4 +1,4 @@
-"""Elastic replica groups (faultTolerance ReplicaGroups): shrink, wait, grow back, finish. Pure.
+"""Replica groups that shrink and grow back (faultTolerance ReplicaGroups): shrink, wait, grow back, finish. Pure.
 
 A failure restarts only the replica groups it touched (:func:`railyard.logic.inplace.decide_group_repair`).
 When their pods that must move cannot be placed (no spare, no usable node) but at least
