@@ -13,6 +13,15 @@ from tests.operator.builders import make_node, make_pod
 from railyard.api.trainingjob import LastRestart, PlacementStatus, RestartPolicy, TrainingJobStatus
 from railyard.logic import lifecycle as lc
 from railyard.logic.conditions import format_micro_time
+from railyard.logic.failures import build_failure
+from railyard.logic.gang import GangAssessment, assess_gang
+from railyard.logic.inplace import (
+    GROUP_REPAIR,
+    RestartPlan,
+    decide_group_repair,
+    decide_restart_mode,
+)
+from railyard.logic.placement import Placement, Unplaceable
 from railyard.logic.shrink import (
     GROUPS_FINISH_SETTLE_S,
     WAITING,
@@ -25,15 +34,6 @@ from railyard.logic.shrink import (
     describe_groups,
     waiting_pods,
 )
-from railyard.logic.failures import build_failure
-from railyard.logic.gang import GangAssessment, assess_gang
-from railyard.logic.inplace import (
-    GROUP_REPAIR,
-    RestartPlan,
-    decide_group_repair,
-    decide_restart_mode,
-)
-from railyard.logic.placement import Placement, Unplaceable
 from railyard.logic.status import decide_degraded
 
 NOW = 1_767_225_600.0

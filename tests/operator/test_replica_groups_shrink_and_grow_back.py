@@ -14,8 +14,8 @@ from tests.operator.builders import make_node
 from tests.operator.fake_cluster import Harness, make_job
 
 from railyard.logic.conditions import find_condition, format_time
-from railyard.logic.shrink import GROUPS_FINISH_SETTLE_S, WAITING
 from railyard.logic.inplace import GROUP_REPAIR
+from railyard.logic.shrink import GROUPS_FINISH_SETTLE_S, WAITING
 from railyard.protocol.control import Action
 
 

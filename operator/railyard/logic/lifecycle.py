@@ -33,11 +33,11 @@ from dataclasses import dataclass, field
 
 from railyard.api.trainingjob import RestartPolicy, Restarts, TrainingJobStatus
 from railyard.logic.conditions import parse_time
-from railyard.logic.shrink import GROW_BACK_RECHECK_S, WAITING, GroupsFinished
 from railyard.logic.failures import Failure
 from railyard.logic.gang import GangAssessment, StalePlacement
 from railyard.logic.rejections import PERMANENT_REASONS
 from railyard.logic.restarts import RestartDecision, decide_restart, decide_streak_reset
+from railyard.logic.shrink import GROW_BACK_RECHECK_S, WAITING, GroupsFinished
 from railyard.logic.status import TERMINAL_PHASES
 from railyard.protocol.exitcodes import FailureClass
 

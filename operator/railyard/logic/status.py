@@ -13,9 +13,9 @@ from typing import Any
 
 from railyard.api.trainingjob import PlacementStatus, TrainingJobStatus
 from railyard.logic.conditions import compute_transitions, set_condition
-from railyard.logic.shrink import count_training_groups, describe_groups, waiting_groups
 from railyard.logic.inplace import GROUP_REPAIR
 from railyard.logic.placement import Placement
+from railyard.logic.shrink import count_training_groups, describe_groups, waiting_groups
 
 #: phase -> {condition type: status}. The first entry is the phase's headline condition and
 #: carries the phase's reason and message; the rest carry them as context.
