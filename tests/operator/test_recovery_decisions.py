@@ -109,45 +109,49 @@ def summary(plan: RecoveryPlan) -> tuple[Any, ...]:
     raise AssertionError(plan)
 
 
+def node_lost(**kw: Any) -> Seen:
+    """node-1 (pod 1's) fails NotReady."""
+    return Seen(lost("node-1", 1), **{"down": ("node-1",), **kw})
+
+
+def waiting(**kw: Any) -> Seen:
+    """Replica group 1 of three (one pod each) waits for a node; groups 0 and 2 train."""
+    return Seen(WaitingGroups((1,), (0, 2)), **{"gang": 3, "absent": (1,), "spec": GROUPS, **kw})
+
+
+QUARANTINED = {"quarantined_nodes": [QuarantinedNode(node="node-0", reason="x", time="t")]}
+MIN_3 = {**GROUPS, "faultTolerance": {"mode": "ReplicaGroups", "minReplicas": 3}}
+
 ROWS: list[tuple[str, Seen, tuple[Any, ...]]] = [
     # Fail: what no restart fixes, and a spent budget
     ("a permanent exit fails the job", Seen(PERMANENT), ("Fail", "PermanentExitCode")),
     ("the class's budget is spent", Seen(spec=NO_BUDGET), ("Fail", "RestartBudgetSpent")),
     # RestartInPlace: the pods on healthy nodes stay, the others move sticky
     ("a crash restarts in place, nothing moves", Seen(), ("RestartInPlace", (), (0, 1))),
-    ("a lost node's pod moves to the spare", Seen(lost("node-1", 1), down=("node-1",)), ("RestartInPlace", (1,), (0,))),
+    ("a lost node's pod moves to the spare", node_lost(), ("RestartInPlace", (1,), (0,))),
     # issue 45: the only pod that can stay sits on a flagged straggler node; it stays
-    ("the straggler row", Seen(lost("node-1", 1), down=("node-1",), status=flagged("node-0")), ("RestartInPlace", (1,), (0,))),
-    ("a straggler's pod moves when there is room", Seen(lost("node-1", 1), gang=3, cluster=5, down=("node-1",), status=flagged("node-0")),
+    ("the straggler row", node_lost(status=flagged("node-0")), ("RestartInPlace", (1,), (0,))),
+    ("a straggler's pod moves when there is room", node_lost(gang=3, cluster=5, status=flagged("node-0")),
      ("RestartInPlace", (0, 1), (2,))),
-    ("without room the straggler stays", Seen(lost("node-1", 1), gang=3, cluster=4, down=("node-1",), status=flagged("node-0")),
+    ("without room the straggler stays", node_lost(gang=3, cluster=4, status=flagged("node-0")),
      ("RestartInPlace", (1,), (0, 2))),
-    ("a quarantined node is left too", Seen(CRASH, gang=2, cluster=3,
-                                            status={"quarantined_nodes": [QuarantinedNode(node="node-0", reason="x", time="t")]}),
-     ("RestartInPlace", (0,), (1,))),
+    ("a quarantined node is left too", Seen(status=QUARANTINED), ("RestartInPlace", (0,), (1,))),
     # FullRestart: each fallback
     ("in place is off", Seen(spec={"restartPolicy": {"inPlace": False}}), ("FullRestart", "InPlaceDisabled")),
     ("the spec changed since the gang was built", Seen(status={"observed_generation": 2}), ("FullRestart", "SpecChanged")),
     ("a kept launcher never spoke", Seen(capable=(1,)), ("FullRestart", "NoControlChannel")),
-    ("every node is down", Seen(lost("node-1", 1), down=("node-0", "node-1")), ("FullRestart", "NothingToKeep")),
-    ("no spare for the lost node", Seen(lost("node-1", 1), cluster=2, down=("node-1",)), ("FullRestart", "NotPlaceable")),
-    ("the running rank table is gone", Seen(lost("node-1", 1), down=("node-1",), table_gone=True), ("FullRestart", "NotPlaceable")),
+    ("every node is down", node_lost(down=("node-0", "node-1")), ("FullRestart", "NothingToKeep")),
+    ("no spare for the lost node", node_lost(cluster=2), ("FullRestart", "NotPlaceable")),
+    ("the running rank table is gone", node_lost(table_gone=True), ("FullRestart", "NotPlaceable")),
     # RepairGroups: only the touched replica group restarts
-    ("a lost node's group is repaired", Seen(lost("node-1", 1), gang=3, cluster=4, down=("node-1",), spec=GROUPS),
-     ("RepairGroups", (1,), (1,), (0, 2))),
+    ("a lost node's group is repaired", node_lost(gang=3, cluster=4, spec=GROUPS), ("RepairGroups", (1,), (1,), (0, 2))),
     # ShrinkAndWait: no place for the touched group, enough groups train on
-    ("no spare: the group waits", Seen(lost("node-1", 1), gang=3, cluster=3, down=("node-1",), spec=GROUPS),
-     ("ShrinkAndWait", (1,), (1,), (0, 2))),
-    ("no spare and too few groups left: full", Seen(lost("node-1", 1), gang=3, cluster=3, down=("node-1",),
-                                                   spec={**GROUPS, "faultTolerance": {"mode": "ReplicaGroups", "minReplicas": 3}}),
-     ("FullRestart", "NotPlaceable")),
+    ("no spare: the group waits", node_lost(gang=3, cluster=3, spec=GROUPS), ("ShrinkAndWait", (1,), (1,), (0, 2))),
+    ("no spare and too few groups left: full", node_lost(gang=3, cluster=3, spec=MIN_3), ("FullRestart", "NotPlaceable")),
     # GrowBack / KeepWaiting / FallBackToFull: while a group waits
-    ("a node is usable: the waiting group comes back", Seen(WaitingGroups((1,), (0, 2)), gang=3, cluster=4, absent=(1,), spec=GROUPS,
-                                                             down=("node-1",)),
-     ("GrowBack", (1,), (0, 2))),
-    ("no node yet", Seen(WaitingGroups((1,), (0, 2)), gang=3, cluster=3, absent=(1,), down=("node-1",), spec=GROUPS), ("KeepWaiting",)),
-    ("nothing to grow back onto", Seen(WaitingGroups((1,), (0, 2)), gang=3, cluster=4, absent=(1,), spec=GROUPS, table_gone=True),
-     ("FallBackToFull", "NotPlaceable")),
+    ("a node is usable: the waiting group comes back", waiting(cluster=4, down=("node-1",)), ("GrowBack", (1,), (0, 2))),
+    ("no node yet", waiting(cluster=3, down=("node-1",)), ("KeepWaiting",)),
+    ("nothing to grow back onto", waiting(cluster=4, table_gone=True), ("FallBackToFull", "NotPlaceable")),
 ]
 
 
@@ -160,16 +164,17 @@ def test_recovery_decisions(name: str, seen: Seen, want: tuple[Any, ...]) -> Non
 
 def test_every_plan_kind_has_a_row() -> None:
     kinds = {summary(decide_recovery(seen.observed()))[0] for _, seen, _ in ROWS}
-    assert kinds == {"Fail", "FullRestart", "RestartInPlace", "RepairGroups", "ShrinkAndWait", "GrowBack", "KeepWaiting",
-                     "FallBackToFull"}
+    assert kinds == {"Fail", "FullRestart", "RestartInPlace", "RepairGroups", "ShrinkAndWait", "GrowBack",
+                     "KeepWaiting", "FallBackToFull"}
 
 
 def test_reason_codes_and_messages_are_built_from_the_plan() -> None:
-    full = decide_recovery(Seen(lost("node-1", 1), cluster=2, down=("node-1",)).observed())
-    assert isinstance(full, FullRestart) and full.message.startswith("full restart (NotPlaceable): ") and full.detail in full.message
-    moved = decide_recovery(Seen(lost("node-1", 1), gang=3, cluster=5, down=("node-1",), status=flagged("node-0")).observed())
+    full = decide_recovery(node_lost(cluster=2).observed())
+    assert isinstance(full, FullRestart) and full.message.startswith("full restart (NotPlaceable): ")
+    assert full.detail and full.detail in full.message
+    moved = decide_recovery(node_lost(gang=3, cluster=5, status=flagged("node-0")).observed())
     assert isinstance(moved, RestartInPlace) and not isinstance(moved, RepairGroups) and moved.reason == ""
     assert "left stragglers behind: node-0" in moved.message
-    shrink = decide_recovery(Seen(lost("node-1", 1), gang=3, cluster=3, down=("node-1",), spec=GROUPS).observed())
+    shrink = decide_recovery(node_lost(gang=3, cluster=3, spec=GROUPS).observed())
     assert isinstance(shrink, ShrinkAndWait) and shrink.reason == "ReplicaGroupReplaced"
     assert shrink.message.startswith("2/3 replica groups training; group 1 waits for a node (")

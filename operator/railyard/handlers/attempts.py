@@ -31,16 +31,26 @@ async def running_table(cycle: Cycle) -> RankTable | None:
     return table
 
 
-async def write_attempt(cycle: Cycle, job: TrainingJob, attempt: int, table: RankTable,
-                        restore: dict[str, Any] | None) -> tuple[RankTable, Any]:
+async def write_attempt(
+    cycle: Cycle, job: TrainingJob, attempt: int, table: RankTable, restore: dict[str, Any] | None
+) -> tuple[RankTable, Any]:
     """Write ``attempt``'s ConfigMap (rank table, trainer config with ``restore``). One written by
     an earlier try of this same step (an operator that died before its status patch) is the one
     that counts: some launchers may already run its table. Returns the table and restore hint
     the launchers are given."""
     spec = job.spec
     config = build_trainer_config(spec, job=cycle.name, namespace=cycle.ns, attempt=attempt, restore=restore)
-    if not await cycle.io.create_object(build_configmap(cycle.name, cycle.ns, owner_reference(cycle.body), attempt=attempt,
-                                                        rank_table=table, config=config, replica_groups=spec.replica_groups)):
+    if not await cycle.io.create_object(
+        build_configmap(
+            cycle.name,
+            cycle.ns,
+            owner_reference(cycle.body),
+            attempt=attempt,
+            rank_table=table,
+            config=config,
+            replica_groups=spec.replica_groups,
+        )
+    ):
         again = await cycle.io.read_rank_table(cycle.ns, cycle.name, attempt)
         if again is not None and len(again.pods) == len(table.pods):
             table = again
@@ -49,8 +59,13 @@ async def write_attempt(cycle: Cycle, job: TrainingJob, attempt: int, table: Ran
     return table, restore
 
 
-def member_names(cycle: Cycle, members: Sequence[Obj], attempt: int, pods: int, replaced: Collection[int]) -> dict[int, str]:
+def member_names(
+    cycle: Cycle, members: Sequence[Obj], attempt: int, pods: int, replaced: Collection[int]
+) -> dict[int, str]:
     """Pod index -> the name of its member in ``attempt``: the pod that stays, or the name of the
     pod that replaces it (``replaced``, and indices without a pod)."""
     by_index = {pod_index_of(p): str((p.get("metadata") or {}).get("name") or "") for p in members}
-    return {i: (by_index[i] if i in by_index and i not in replaced else pod_name(cycle.name, attempt, i)) for i in range(pods)}
+    return {
+        i: (by_index[i] if i in by_index and i not in replaced else pod_name(cycle.name, attempt, i))
+        for i in range(pods)
+    }

@@ -31,7 +31,11 @@ from railyard.logic.restarts import restart_update
 
 
 async def place_again(
-    cycle: Cycle, current: Sequence[Mapping[str, Any]], nodes: Mapping[str, Mapping[str, Any]], reason: str, message: str,
+    cycle: Cycle,
+    current: Sequence[Mapping[str, Any]],
+    nodes: Mapping[str, Mapping[str, Any]],
+    reason: str,
+    message: str,
 ) -> float:
     """Tear down a gang that cannot start where it was placed; the next attempt places it again."""
     await cycle.delete_pods(current, nodes)
@@ -63,11 +67,21 @@ async def handle_failure(
     in_place = job.spec.restart_policy.in_place
     table = await running_table(cycle) if in_place else None
     t0 = time.perf_counter()
-    plan = decide_recovery(Observed(
-        cause=failure, job=job, status=cycle.status, generation=cycle.generation, members=gang, nodes=nodes,
-        cluster_pods=runtime.all_bound_pods() if in_place else (), table=table, capable=capable_pods(cycle, gang),
-        reported=current, said=said,
-    ))
+    plan = decide_recovery(
+        Observed(
+            cause=failure,
+            job=job,
+            status=cycle.status,
+            generation=cycle.generation,
+            members=gang,
+            nodes=nodes,
+            cluster_pods=runtime.all_bound_pods() if in_place else (),
+            table=table,
+            capable=capable_pods(cycle, gang),
+            reported=current,
+            said=said,
+        )
+    )
     if isinstance(plan, RestartInPlace):
         runtime.metrics.placement.observe(time.perf_counter() - t0)
     if isinstance(plan, Fail):
@@ -90,27 +104,51 @@ async def _quarantine(cycle: Cycle, failure: Failure) -> list[QuarantinedNode]:
     quarantined = list(cycle.status.quarantined_nodes)
     for node in failure.nodes:
         if await cycle.io.quarantine_node(node, reason=failure.kind, job=f"{cycle.ns}/{cycle.name}", now=cycle.now):
-            quarantined = [q for q in quarantined if q.node != node] + [QuarantinedNode(node=node, reason=failure.message, time=cycle.iso)]
-            cycle.event("Warning", "NodeQuarantined", f"node {node} quarantined: {failure.message} "
-                        f"(release: label {QUARANTINE_KEY}- or annotate railyard.dev/release=true)")
+            quarantined = [q for q in quarantined if q.node != node] + [
+                QuarantinedNode(node=node, reason=failure.message, time=cycle.iso)
+            ]
+            cycle.event(
+                "Warning",
+                "NodeQuarantined",
+                f"node {node} quarantined: {failure.message} "
+                f"(release: label {QUARANTINE_KEY}- or annotate railyard.dev/release=true)",
+            )
     return quarantined
 
 
-async def _restart_whole_gang(cycle: Cycle, plan: FullRestart, said: str, gang: Sequence[Mapping[str, Any]],
-                              nodes: Mapping[str, Mapping[str, Any]], quarantined: list[QuarantinedNode]) -> float:
+async def _restart_whole_gang(
+    cycle: Cycle,
+    plan: FullRestart,
+    said: str,
+    gang: Sequence[Mapping[str, Any]],
+    nodes: Mapping[str, Mapping[str, Any]],
+    quarantined: list[QuarantinedNode],
+) -> float:
     """Delete every pod, count the restart, back off; the next attempt is created whole. The
     old launchers are told to stop; a fallback from in place gets its own Warning."""
     runtime, failure, budget = cycle.runtime, plan.failure, plan.budget
     await cycle.delete_pods(gang, nodes)
     backoff = budget.backoff_seconds
     attempt = cycle.status.attempt + 1
-    cycle.status = cycle.status.model_copy(update={
-        **restart_update(cycle.status, failure, attempt=attempt, now=cycle.now, now_iso=cycle.iso, backoff_s=backoff,
-                         quarantined=quarantined, in_place=False),
-        "gang_created_time": None,
-        "pods_since_attempt": None,
-        "last_restart": LastRestart(attempt=attempt, mode="Full", state="Pending", reason=plan.reason, message=plan.message),
-    })
+    cycle.status = cycle.status.model_copy(
+        update={
+            **restart_update(
+                cycle.status,
+                failure,
+                attempt=attempt,
+                now=cycle.now,
+                now_iso=cycle.iso,
+                backoff_s=backoff,
+                quarantined=quarantined,
+                in_place=False,
+            ),
+            "gang_created_time": None,
+            "pods_since_attempt": None,
+            "last_restart": LastRestart(
+                attempt=attempt, mode="Full", state="Pending", reason=plan.reason, message=plan.message
+            ),
+        }
+    )
     runtime.metrics.restarts.labels(**{"class": failure.cls.value}).inc()
     runtime.control.publish(cycle.ns, cycle.name, attempt=attempt, members={}, open_=False, waiting="full restart")
     runtime.metrics.restart_modes.labels(mode="Full", reason=plan.reason).inc()

@@ -118,7 +118,8 @@ async def begin_in_place(
     runtime, spec, attempt = cycle.runtime, job.spec, cycle.status.attempt + 1
     failure, budget = plan.failure, plan.budget
     restore = restore_hint(cycle.status, spec, pods_kept=True, fence=new_fence(failure, attempt))
-    table, restore = await write_attempt(cycle, job, attempt, with_addresses(plan.placement.rank_table, cycle.ns), restore)
+    table = with_addresses(plan.placement.rank_table, cycle.ns)
+    table, restore = await write_attempt(cycle, job, attempt, table, restore)
     moving = [real[_name(p)] for p in members if pod_index_of(p) in plan.replace and _name(p) in real]
     await cycle.delete_pods(moving, nodes)
 
@@ -128,12 +129,13 @@ async def begin_in_place(
         **restart_update(cycle.status, failure, attempt=attempt, now=cycle.now, now_iso=cycle.iso, backoff_s=backoff,
                          quarantined=quarantined, in_place=True),
         "placement": placement_status(plan.placement, attempt=attempt),
-        "last_restart": LastRestart(attempt=attempt, mode="InPlace", state="Pending", message=plan.message, kept=len(plan.keep),
-                                    replaced=sorted(plan.replace)[:64], reason=plan.reason, carried_on=list(plan.carry_on)),
+        "last_restart": LastRestart(attempt=attempt, mode="InPlace", state="Pending", message=plan.message,
+                                    kept=len(plan.keep), replaced=sorted(plan.replace)[:64], reason=plan.reason,
+                                    carried_on=list(plan.carry_on)),
     })
-    runtime.control.publish(cycle.ns, cycle.name, attempt=attempt, members=names, table=table, restore=restore, open_=False,
-                            carry_on=plan.carry_on,
-                            waiting=f"restart to attempt {attempt} in {backoff:g}s" if backoff > 0 else f"preparing attempt {attempt}")
+    waiting = f"restart to attempt {attempt} in {backoff:g}s" if backoff > 0 else f"preparing attempt {attempt}"
+    runtime.control.publish(cycle.ns, cycle.name, attempt=attempt, members=names, table=table, restore=restore,
+                            open_=False, carry_on=plan.carry_on, waiting=waiting)
     if isinstance(plan, RepairGroups):
         runtime.metrics.replica_group_restarts.inc(len(plan.groups))
     runtime.metrics.restarts.labels(**{"class": failure.cls.value}).inc()

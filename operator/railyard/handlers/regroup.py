@@ -70,31 +70,68 @@ async def shrink_groups(
     # the running table, renumbered: the carried-on groups run on it; the waiting groups' entries
     # keep their old nodes until the grow back places them
     renumbered = with_addresses(dataclasses.replace(table, attempt=attempt), cycle.ns)
-    table, restore = await write_attempt(cycle, job, attempt, renumbered, restore_hint(cycle.status, spec, pods_kept=True))
+    table, restore = await write_attempt(
+        cycle, job, attempt, renumbered, restore_hint(cycle.status, spec, pods_kept=True)
+    )
     delete = set(shrink.delete)
     await cycle.delete_pods([real[_name(p)] for p in members if pod_index_of(p) in delete and _name(p) in real], nodes)
     names = member_names(cycle, members, attempt, len(table.pods), delete)
     backoff = budget.backoff_seconds
-    lr = LastRestart(attempt=attempt, mode="InPlace", state=WAITING, message=plan.message, kept=len(table.pods) - len(delete),
-                     replaced=sorted(delete)[:64], reason=plan.reason, carried_on=list(shrink.carry_on),
-                     waiting_groups=list(shrink.waiting))
-    cycle.status = cycle.status.model_copy(update={
-        **restart_update(cycle.status, failure, attempt=attempt, now=cycle.now, now_iso=cycle.iso, backoff_s=backoff,
-                         quarantined=quarantined, in_place=True),
-        "last_restart": lr,
-    })
-    runtime.control.publish(cycle.ns, cycle.name, attempt=attempt, members=names, table=table, restore=restore, open_=False,
-                            carry_on=shrink.carry_on, waiting=plan.message)
+    lr = LastRestart(
+        attempt=attempt,
+        mode="InPlace",
+        state=WAITING,
+        message=plan.message,
+        kept=len(table.pods) - len(delete),
+        replaced=sorted(delete)[:64],
+        reason=plan.reason,
+        carried_on=list(shrink.carry_on),
+        waiting_groups=list(shrink.waiting),
+    )
+    cycle.status = cycle.status.model_copy(
+        update={
+            **restart_update(
+                cycle.status,
+                failure,
+                attempt=attempt,
+                now=cycle.now,
+                now_iso=cycle.iso,
+                backoff_s=backoff,
+                quarantined=quarantined,
+                in_place=True,
+            ),
+            "last_restart": lr,
+        }
+    )
+    runtime.control.publish(
+        cycle.ns,
+        cycle.name,
+        attempt=attempt,
+        members=names,
+        table=table,
+        restore=restore,
+        open_=False,
+        carry_on=shrink.carry_on,
+        waiting=plan.message,
+    )
     carry = carried_attempts(lr, attempt, members)
 
     def watch_on() -> None:
         # the carried-on groups' rank windows go on into the attempt (their beats keep counting)
-        runtime.store.begin_attempt(cycle.ns, cycle.name, attempt, layout=GroupLayout.of(table, spec.replica_groups), carry_on=carry)
+        runtime.store.begin_attempt(
+            cycle.ns, cycle.name, attempt, layout=GroupLayout.of(table, spec.replica_groups), carry_on=carry
+        )
 
     cycle.after_commit.append(watch_on)
     runtime.metrics.restarts.labels(**{"class": failure.cls.value}).inc()
-    said = describe_failure(failure, cycle.status.last_failure) if cycle.status.last_failure is not None else failure.message
-    cycle.event("Warning", failure.kind, f"{said}; {budget.reason}; the job goes on with fewer replica groups: {plan.message}")
+    said = (
+        describe_failure(failure, cycle.status.last_failure)
+        if cycle.status.last_failure is not None
+        else failure.message
+    )
+    cycle.event(
+        "Warning", failure.kind, f"{said}; {budget.reason}; the job goes on with fewer replica groups: {plan.message}"
+    )
     cycle.phase("Running", "ReplicaGroupsWaiting", plan.message)
     return 1.0
 
@@ -107,10 +144,18 @@ async def grow_back(cycle: Cycle, job: TrainingJob, members: Sequence[Obj], node
     if lr is None or lr.state != WAITING:
         return None
     table = await running_table(cycle)
-    plan = decide_recovery(Observed(
-        cause=WaitingGroups(groups=tuple(lr.waiting_groups), carry_on=tuple(lr.carried_on)), job=job, status=cycle.status,
-        generation=cycle.generation, members=members, nodes=nodes, cluster_pods=cycle.runtime.all_bound_pods(), table=table,
-    ))
+    plan = decide_recovery(
+        Observed(
+            cause=WaitingGroups(groups=tuple(lr.waiting_groups), carry_on=tuple(lr.carried_on)),
+            job=job,
+            status=cycle.status,
+            generation=cycle.generation,
+            members=members,
+            nodes=nodes,
+            cluster_pods=cycle.runtime.all_bound_pods(),
+            table=table,
+        )
+    )
     match plan:
         case KeepWaiting():
             return None
@@ -121,23 +166,48 @@ async def grow_back(cycle: Cycle, job: TrainingJob, members: Sequence[Obj], node
     raise AssertionError(f"{plan!r} is no plan for waiting replica groups")
 
 
-async def _start_waiting_groups(cycle: Cycle, job: TrainingJob, plan: GrowBack, lr: LastRestart, members: Sequence[Obj],
-                                nodes: Mapping[str, Obj]) -> float | None:
+async def _start_waiting_groups(
+    cycle: Cycle, job: TrainingJob, plan: GrowBack, lr: LastRestart, members: Sequence[Obj], nodes: Mapping[str, Obj]
+) -> float | None:
     runtime, spec, attempt = cycle.runtime, job.spec, cycle.status.attempt + 1
-    table, restore = await write_attempt(cycle, job, attempt, with_addresses(plan.placement.rank_table, cycle.ns),
-                                         restore_hint(cycle.status, spec, pods_kept=True))
+    table, restore = await write_attempt(
+        cycle,
+        job,
+        attempt,
+        with_addresses(plan.placement.rank_table, cycle.ns),
+        restore_hint(cycle.status, spec, pods_kept=True),
+    )
     moving = [p for p in members if pod_index_of(p) in plan.replace]
     if moving:
         await cycle.delete_pods(moving, nodes)
     names = member_names(cycle, members, attempt, len(table.pods), plan.replace)
-    cycle.status = cycle.status.model_copy(update={
-        "attempt": attempt,
-        "placement": placement_status(plan.placement, attempt=attempt),
-        "last_restart": LastRestart(attempt=attempt, mode="InPlace", state="Pending", message=plan.message, kept=len(plan.keep),
-                                    replaced=sorted(plan.replace)[:64], reason=plan.reason, carried_on=list(plan.carry_on)),
-    })
-    runtime.control.publish(cycle.ns, cycle.name, attempt=attempt, members=names, table=table, restore=restore, open_=False,
-                            carry_on=plan.carry_on, waiting=f"preparing attempt {attempt}")
+    cycle.status = cycle.status.model_copy(
+        update={
+            "attempt": attempt,
+            "placement": placement_status(plan.placement, attempt=attempt),
+            "last_restart": LastRestart(
+                attempt=attempt,
+                mode="InPlace",
+                state="Pending",
+                message=plan.message,
+                kept=len(plan.keep),
+                replaced=sorted(plan.replace)[:64],
+                reason=plan.reason,
+                carried_on=list(plan.carry_on),
+            ),
+        }
+    )
+    runtime.control.publish(
+        cycle.ns,
+        cycle.name,
+        attempt=attempt,
+        members=names,
+        table=table,
+        restore=restore,
+        open_=False,
+        carry_on=plan.carry_on,
+        waiting=f"preparing attempt {attempt}",
+    )
     runtime.metrics.replica_group_restarts.inc(len(lr.waiting_groups))
     runtime.metrics.pods_replaced.inc(len(plan.replace))
     cycle.event("Normal", "ReplicaGroupsPlaced", plan.message)

@@ -26,7 +26,7 @@ from railyard.logic.conditions import format_micro_time
 from railyard.logic.gang import pod_index_of
 from railyard.logic.placement import Placement, Unplaceable
 from railyard.protocol.control import Action, LauncherReport, LauncherState
-from railyard.protocol.mesh import group_of_pod_index
+from railyard.protocol.mesh import group_of_pod_index, pods_per_group
 from railyard.protocol.ranktable import RankTable
 
 Obj = Mapping[str, Any]
@@ -240,7 +240,7 @@ def decide_group_repair(plan: RestartPlan, *, expected: int, replicas: int, min_
     A Full plan stays Full."""
     if replicas <= 1 or plan.mode != "InPlace" or expected % replicas:
         return plan
-    size = expected // replicas
+    size = pods_per_group(expected, replicas)
     optional = set(plan.optional)
     lost = ({group_of_pod_index(i, size) for i in plan.replace if i not in optional}
             | {group_of_pod_index(i, size) for i in failed if 0 <= i < expected})
@@ -281,7 +281,8 @@ class InPlaceMoves:
         if not self.carry_on:
             return ()
         carry = set(self.carry_on)
-        return tuple(sorted({group_of_pod_index(i, self.group_size) for i in range(len(self.placement.nodes)) if i not in carry}))
+        pods = range(len(self.placement.nodes))
+        return tuple(sorted({group_of_pod_index(i, self.group_size) for i in pods if i not in carry}))
 
     @property
     def message(self) -> str:
@@ -321,7 +322,7 @@ def plan_in_place_moves(
         replace -= set(plan.optional)
         result = place(failed)
     if isinstance(result, Unplaceable):
-        return RestartPlan("Full", "NotPlaceable", f"full restart (NotPlaceable): {result.message}", detail=result.message)
+        return _full("NotPlaceable", result.message)
     why = dict(plan.why)
     for i in result.moved:
         if i not in replace:
@@ -333,9 +334,10 @@ def plan_in_place_moves(
     # a group repair: a group the placement moves a pod of restarts too (no longer carries on)
     size = plan.group_size
     moved_groups = {group_of_pod_index(j, size) for j in replace} if size else set()
-    carry_on = tuple(i for i in plan.carry_on if i in keep and group_of_pod_index(i, size) not in moved_groups) if size else ()
+    carry_on = tuple(i for i in plan.carry_on if i in keep and group_of_pod_index(i, size) not in moved_groups)
     return InPlaceMoves(result, frozenset(replace), keep, why=why, old_nodes=old_nodes,
-                        left_behind={} if carry_on else left_behind, carry_on=carry_on, group_size=size if carry_on else 0)
+                        left_behind={} if carry_on else left_behind, carry_on=carry_on,
+                        group_size=size if carry_on else 0)
 
 
 def describe_group_repair(restarting: Sequence[int], carrying_on: int, groups: int) -> str:
@@ -343,7 +345,8 @@ def describe_group_repair(restarting: Sequence[int], carrying_on: int, groups: i
     return f"replica groups {', '.join(map(str, restarting))} restart, {carrying_on}/{groups} groups carry on untouched"
 
 
-def describe_moves(replace: Sequence[int], why: Mapping[int, str], kept: int, moves: Mapping[int, tuple[str, str]] | None = None) -> str:
+def describe_moves(replace: Sequence[int], why: Mapping[int, str], kept: int,
+                   moves: Mapping[int, tuple[str, str]] | None = None) -> str:
     """What stayed, what moved where, and why (the tail of every in-place restart's line)."""
     parts = []
     for i in replace[:8]:
@@ -356,7 +359,8 @@ def describe_moves(replace: Sequence[int], why: Mapping[int, str], kept: int, mo
     return f"{kept} pods kept on their nodes{moved}"
 
 
-def describe_in_place(replace: Sequence[int], why: Mapping[int, str], kept: int, moves: Mapping[int, tuple[str, str]] | None = None) -> str:
+def describe_in_place(replace: Sequence[int], why: Mapping[int, str], kept: int,
+                      moves: Mapping[int, tuple[str, str]] | None = None) -> str:
     """One line for the Event: what stayed, what moved where, and why."""
     return "restart in place: " + describe_moves(replace, why, kept, moves)
 

@@ -50,11 +50,23 @@ from railyard.logic.lifecycle import FailJob, FallBackToFull, decide_failure
 from railyard.logic.placement import Placement, Unplaceable, build_placement_input, plan_placement
 from railyard.logic.restarts import RestartDecision
 from railyard.logic.shrink import GrowBack, KeepWaiting, Shrink, decide_grow_back, decide_shrink
+from railyard.protocol.mesh import pods_per_group
 from railyard.protocol.ranktable import RankTable
 
 __all__ = [
-    "Fail", "FallBackToFull", "FullRestart", "GrowBack", "KeepWaiting", "MoveAhead", "Observed", "RecoveryPlan",
-    "RepairGroups", "RestartInPlace", "ShrinkAndWait", "WaitingGroups", "decide_recovery",
+    "Fail",
+    "FallBackToFull",
+    "FullRestart",
+    "GrowBack",
+    "KeepWaiting",
+    "MoveAhead",
+    "Observed",
+    "RecoveryPlan",
+    "RepairGroups",
+    "RestartInPlace",
+    "ShrinkAndWait",
+    "WaitingGroups",
+    "decide_recovery",
 ]
 
 Obj = Mapping[str, Any]
@@ -125,7 +137,9 @@ class FullRestart:
 
     @property
     def message(self) -> str:
-        return f"full restart ({self.fallback}): {FALLBACKS[self.fallback]}" + (f": {self.detail}" if self.detail else "")
+        return f"full restart ({self.fallback}): {FALLBACKS[self.fallback]}" + (
+            f": {self.detail}" if self.detail else ""
+        )
 
     @property
     def notable(self) -> bool:
@@ -219,7 +233,9 @@ class MoveAhead:
 
 
 #: Every plan :func:`decide_recovery` returns (``MoveAhead`` joins when its path does).
-RecoveryPlan = Fail | FullRestart | RestartInPlace | RepairGroups | ShrinkAndWait | GrowBack | KeepWaiting | FallBackToFull
+RecoveryPlan = (
+    Fail | FullRestart | RestartInPlace | RepairGroups | ShrinkAndWait | GrowBack | KeepWaiting | FallBackToFull
+)
 
 
 # --------------------------------------------------------------------------- the decision
@@ -240,11 +256,17 @@ def _node(p: Obj) -> str:
 def _place(o: Observed, table: RankTable, avoid: set[str], attempt: int) -> Placement | Unplaceable:
     """The next attempt's placement, sticky to ``table`` (the running attempt's), avoiding ``avoid``."""
     status = o.status
-    return plan_placement(build_placement_input(
-        o.job, nodes=list(o.nodes.values()), pods=o.cluster_pods, attempt=attempt,
-        previous_nodes=[p.node for p in sorted(table.pods, key=lambda p: p.pod_index)],
-        previous_spares=status.placement.spares if status.placement else (), failed=avoid,
-    ))
+    return plan_placement(
+        build_placement_input(
+            o.job,
+            nodes=list(o.nodes.values()),
+            pods=o.cluster_pods,
+            attempt=attempt,
+            previous_nodes=[p.node for p in sorted(table.pods, key=lambda p: p.pod_index)],
+            previous_spares=status.placement.spares if status.placement else (),
+            failed=avoid,
+        )
+    )
 
 
 def _after_failure(o: Observed, failure: Failure) -> RecoveryPlan:
@@ -257,17 +279,30 @@ def _after_failure(o: Observed, failure: Failure) -> RecoveryPlan:
     move_off = {n: f"blamed: {failure.kind}" for n in failure.nodes}
     for q in status.quarantined_nodes:
         move_off.setdefault(q.node, "quarantined")
-    stragglers = decide_nodes_to_leave([(s.node, s.rank, s.score) for s in status.stragglers],
-                                       [_node(p) for p in o.members if _node(p) not in move_off])
+    stragglers = decide_nodes_to_leave(
+        [(s.node, s.rank, s.score) for s in status.stragglers],
+        [_node(p) for p in o.members if _node(p) not in move_off],
+    )
     spec_changed = bool(status.observed_generation) and o.generation != status.observed_generation
     expected = status.placement.node_count if status.placement and status.placement.node_count else spec.nodes
     mode = decide_restart_mode(
-        enabled=spec.restart_policy.in_place, spec_changed=spec_changed, members=o.members, expected=expected,
-        nodes=o.nodes, move_off=move_off, leave=stragglers, capable=o.capable,
+        enabled=spec.restart_policy.in_place,
+        spec_changed=spec_changed,
+        members=o.members,
+        expected=expected,
+        nodes=o.nodes,
+        move_off=move_off,
+        leave=stragglers,
+        capable=o.capable,
     )
     failed_pods = frozenset(failed_pod_indices(o.reported)) | frozenset(failure.pod_indices)
-    mode = decide_group_repair(mode, expected=expected, replicas=spec.replica_groups,
-                               min_replicas=spec.fault_tolerance.min_replicas, failed=failed_pods)
+    mode = decide_group_repair(
+        mode,
+        expected=expected,
+        replicas=spec.replica_groups,
+        min_replicas=spec.fault_tolerance.min_replicas,
+        failed=failed_pods,
+    )
     if mode.mode == "Full":
         return FullRestart(failure, budget, mode.reason, mode.detail)
     table = o.table
@@ -278,8 +313,13 @@ def _after_failure(o: Observed, failure: Failure) -> RecoveryPlan:
     moves = plan_in_place_moves(mode, table, stragglers, avoid, lambda nodes: _place(o, table, nodes, attempt))
     if isinstance(moves, RestartPlan):
         # the lost replica groups found no place: the others go on without them
-        shrink = (decide_shrink(mode, moves.detail, replicas=spec.replica_groups, min_replicas=spec.fault_tolerance.min_replicas)
-                  if moves.reason == "NotPlaceable" else None)
+        shrink = (
+            decide_shrink(
+                mode, moves.detail, replicas=spec.replica_groups, min_replicas=spec.fault_tolerance.min_replicas
+            )
+            if moves.reason == "NotPlaceable"
+            else None
+        )
         if shrink is not None:
             return ShrinkAndWait(failure, budget, shrink)
         return FullRestart(failure, budget, moves.reason, moves.detail)
@@ -293,6 +333,11 @@ def _grow_back(o: Observed, waiting: WaitingGroups) -> RecoveryPlan:
     if table is None:
         return FallBackToFull("NotPlaceable", f"the rank table of attempt {status.attempt} is gone")
     result = _place(o, table, {q.node for q in status.quarantined_nodes}, status.attempt + 1)
-    return decide_grow_back(result, waiting=waiting.groups, group_size=len(table.pods) // max(o.job.spec.replica_groups, 1),
-                            present={pod_index_of(p) for p in o.members}, carry_on=waiting.carry_on,
-                            old_nodes={p.pod_index: p.node for p in table.pods})
+    return decide_grow_back(
+        result,
+        waiting=waiting.groups,
+        group_size=pods_per_group(len(table.pods), o.job.spec.replica_groups),
+        present={pod_index_of(p) for p in o.members},
+        carry_on=waiting.carry_on,
+        old_nodes={p.pod_index: p.node for p in table.pods},
+    )

@@ -1,4 +1,6 @@
-"""Replica groups that shrink and grow back (faultTolerance ReplicaGroups): shrink, wait, grow back, finish. Pure.
+"""Replica groups shrink and grow back (faultTolerance ReplicaGroups): shrink, wait, grow back,
+finish. Pure; railyard.logic.recovery's ``decide_recovery`` composes these rules into its plans
+(``ShrinkAndWait``, ``GrowBack``, ``KeepWaiting``), the status reads the counts from here.
 
 A failure restarts only the replica groups it touched (:func:`railyard.logic.inplace.decide_group_repair`).
 When their pods that must move cannot be placed (no spare, no usable node) but at least
@@ -34,7 +36,7 @@ from railyard.logic.conditions import parse_time
 from railyard.logic.gang import pod_index_of
 from railyard.logic.inplace import GROUP_REPAIR, RestartPlan
 from railyard.logic.placement import Placement, Unplaceable
-from railyard.protocol.mesh import group_of_pod_index, pods_of_group
+from railyard.protocol.mesh import group_of_pod_index, pods_of_group, pods_per_group
 
 Obj = Mapping[str, Any]
 
@@ -124,7 +126,7 @@ def waiting_pods(status: TrainingJobStatus, replicas: int) -> frozenset[int]:
     lr = status.last_restart
     assert lr is not None
     pods = status.placement.node_count if status.placement is not None and status.placement.node_count else lr.kept + len(lr.replaced)
-    return frozenset(i for g in groups for i in pods_of_group(g, max(pods // replicas, 1)))
+    return frozenset(i for g in groups for i in pods_of_group(g, pods_per_group(pods, replicas)))
 
 
 # --------------------------------------------------------------------------- grow back
@@ -154,11 +156,13 @@ class GrowBack:
 
     @property
     def message(self) -> str:
-        where = ", ".join(f"pod {i} {self.old_nodes.get(i) or '?'} -> {self.placement.nodes[i]}" for i in sorted(self.replace)[:8])
+        nodes = self.placement.nodes
+        where = ", ".join(f"pod {i} {self.old_nodes.get(i) or '?'} -> {nodes[i]}" for i in sorted(self.replace)[:8])
         training = len({group_of_pod_index(i, self.group_size) for i in self.carry_on})
         replicas = len({group_of_pod_index(i, self.group_size) for i in range(len(self.placement.nodes))})
         return (f"a node is usable again: {_groups(sorted(self.waiting))} placed ({where}); "
-                f"{training}/{replicas} groups carry on untouched, the placed ones join the quorum and heal from a live peer")
+                f"{training}/{replicas} groups carry on untouched, the placed ones join the quorum and heal "
+                "from a live peer")
 
 
 @dataclass(frozen=True, slots=True)
@@ -213,7 +217,7 @@ def count_training_groups(status: TrainingJobStatus, replicas: int) -> int:
         return replicas
     if current and lr is not None and lr.reason == GROUP_REPAIR and status.phase in ("Restarting", "Starting"):
         pods = status.placement.node_count if status.placement is not None and status.placement.node_count else lr.kept + len(lr.replaced)
-        return len({group_of_pod_index(i, max(pods // replicas, 1)) for i in lr.carried_on})
+        return len({group_of_pod_index(i, pods_per_group(pods, replicas)) for i in lr.carried_on})
     return 0
 
 
@@ -262,7 +266,7 @@ def decide_groups_finished(
     (groups waiting for a node) are not waited for."""
     if replicas <= 1 or expected % replicas or not members:
         return None
-    size = expected // replicas
+    size = pods_per_group(expected, replicas)
     by_group: dict[int, list[Obj]] = {}
     for p in members:
         i = pod_index_of(p)

@@ -71,6 +71,12 @@ def mesh_rank(p: int, d: int, t: int, dp: int, tp: int) -> int:
     return (p * dp + d) * tp + t
 
 
+def pods_per_group(pods: int, replicas: int) -> int:
+    """Pods per replica group: a gang of ``pods`` split into ``replicas`` groups of consecutive
+    pods (the whole gang for one group; at least 1)."""
+    return max(pods // max(replicas, 1), 1)
+
+
 def group_of_pod_index(pod_index: int, group_pods: int) -> int:
     """The replica group of a pod index: the groups are ``group_pods`` consecutive pods each (the
     one rule; :meth:`MeshShape.group_of_pod`, the operator's recovery and the heartbeat store ask it)."""
