@@ -308,7 +308,8 @@ def test_in_place_moves_leave_stragglers_behind_only_when_there_is_room() -> Non
 
     asked.clear()
     got = plan_in_place_moves(plan, prev, {"n2": "slow"}, {"n1"}, tight)
-    assert isinstance(got, InPlaceMoves) and got.replace == {1} and got.keep == (0, 2) and "stragglers" not in got.message
+    assert isinstance(got, InPlaceMoves) and got.replace == {1} and got.keep == (0, 2)
+    assert "left stragglers behind" not in got.message and "stragglers kept: n2 (no room to leave it)" in got.message
     assert asked == [{"n1", "n2"}, {"n1"}]
     nowhere = plan_in_place_moves(plan, prev, {}, {"n1"}, lambda avoid: Unplaceable("capacity", "not enough nodes"))
     assert isinstance(nowhere, RestartPlan) and nowhere.reason == "NotPlaceable"

@@ -175,6 +175,10 @@ def test_reason_codes_and_messages_are_built_from_the_plan() -> None:
     moved = decide_recovery(node_lost(gang=3, cluster=5, status=flagged("node-0")).observed())
     assert isinstance(moved, RestartInPlace) and not isinstance(moved, RepairGroups) and moved.reason == ""
     assert "left stragglers behind: node-0" in moved.message
+    alone = decide_recovery(node_lost(status=flagged("node-0")).observed())
+    assert "stragglers kept: node-0 (no other pod could stay)" in getattr(alone, "message", "")
+    tight = decide_recovery(node_lost(gang=3, cluster=4, status=flagged("node-0")).observed())
+    assert "stragglers kept: node-0 (no room to leave it)" in getattr(tight, "message", "")
     shrink = decide_recovery(node_lost(gang=3, cluster=3, spec=GROUPS).observed())
     assert isinstance(shrink, ShrinkAndWait) and shrink.reason == "ReplicaGroupReplaced"
     assert shrink.message.startswith("2/3 replica groups training; group 1 waits for a node (")

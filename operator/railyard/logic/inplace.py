@@ -51,6 +51,10 @@ def _name(pod: Obj) -> str:
     return str((pod.get("metadata") or {}).get("name") or "")
 
 
+def _node(pod: Obj) -> str:
+    return str((pod.get("spec") or {}).get("nodeName") or "")
+
+
 def _terminated(pod: Obj) -> bool:
     """The pod's trainer container has exited (restartPolicy Never: its process cannot come back)."""
     if str((pod.get("status") or {}).get("phase") or "") in ("Succeeded", "Failed"):
@@ -143,6 +147,8 @@ class RestartPlan:
     carry_on: tuple[int, ...] = ()
     #: A Full plan's detail (NotPlaceable: the placement's reason), without the reason's prefix.
     detail: str = ""
+    #: Flagged straggler nodes whose pods stay all the same (node -> why they stay).
+    stragglers_kept: Mapping[str, str] = field(default_factory=dict)
 
 
 def _full(reason: str, detail: str = "") -> RestartPlan:
@@ -206,19 +212,21 @@ def decide_restart_mode(
             continue
         move.append(i)
         why[i] = reason
+    stayed: dict[str, str] = {}
     if not keep and optional:
         # a straggler's pod moves only when there is room, and moving it must never turn an
         # in-place restart into a full one: with nothing else left to keep, the stragglers stay
         keep, optional = optional, []
         move = [i for i in move if i not in keep]
         why = {i: w for i, w in why.items() if i not in keep}
+        stayed = {_node(by_index[i]): "no other pod could stay" for i in keep}
     if not keep:
         return _full("NothingToKeep")
     deaf = [i for i in keep + optional if i not in capable]
     if deaf:
         return _full("NoControlChannel", f"pod indices {_short(deaf)}")
     return RestartPlan("InPlace", replace=tuple(move), why=why, keep=tuple(keep), optional=tuple(optional),
-                       message=describe_in_place(tuple(move), why, len(keep)))
+                       message=describe_in_place(tuple(move), why, len(keep)), stragglers_kept=stayed)
 
 
 def failed_pod_indices(pods: Sequence[Obj]) -> set[int]:
@@ -270,6 +278,8 @@ class InPlaceMoves:
     old_nodes: Mapping[int, str] = field(default_factory=dict)
     #: Straggler nodes the restart leaves behind (node -> why).
     left_behind: Mapping[str, str] = field(default_factory=dict)
+    #: Flagged straggler nodes whose pods stay all the same (node -> why they stay).
+    stragglers_kept: Mapping[str, str] = field(default_factory=dict)
     #: Of ``keep``: the pods whose workers carry on, not restarted (a replica-group repair).
     carry_on: tuple[int, ...] = ()
     #: Pods per replica group (a replica-group repair; 0 otherwise).
@@ -297,6 +307,8 @@ class InPlaceMoves:
         text = "restart in place: " + describe_moves(replaced, self.why, kept, moves)
         if self.left_behind:
             text += f"; left stragglers behind: {', '.join(f'{n} ({w})' for n, w in sorted(self.left_behind.items()))}"
+        if self.stragglers_kept:
+            text += f"; stragglers kept: {', '.join(f'{n} ({w})' for n, w in sorted(self.stragglers_kept.items()))}"
         return text
 
 
@@ -317,7 +329,9 @@ def plan_in_place_moves(
     result = place(failed | leave)
     replace = set(plan.replace)
     left_behind = {n: w for n, w in stragglers.items() if n in leave}
+    stayed = dict(plan.stragglers_kept)
     if isinstance(result, Unplaceable) and leave:
+        stayed.update(dict.fromkeys(left_behind, "no room to leave it"))
         left_behind = {}
         replace -= set(plan.optional)
         result = place(failed)
@@ -336,8 +350,8 @@ def plan_in_place_moves(
     moved_groups = {group_of_pod_index(j, size) for j in replace} if size else set()
     carry_on = tuple(i for i in plan.carry_on if i in keep and group_of_pod_index(i, size) not in moved_groups)
     return InPlaceMoves(result, frozenset(replace), keep, why=why, old_nodes=old_nodes,
-                        left_behind={} if carry_on else left_behind, carry_on=carry_on,
-                        group_size=size if carry_on else 0)
+                        left_behind={} if carry_on else left_behind, stragglers_kept={} if carry_on else stayed,
+                        carry_on=carry_on, group_size=size if carry_on else 0)
 
 
 def describe_group_repair(restarting: Sequence[int], carrying_on: int, groups: int) -> str:
