@@ -162,6 +162,9 @@ def _gang(*extra: Any) -> list[dict[str, Any]]:
     ("a container exited", [*_gang()[:2], make_pod(index=2, node="node-2").exited(1).obj()], _nodes(), {}, {0, 1}, {}, "InPlace", "", (2,)),
     ("a pod being deleted", [*_gang()[:2], make_pod(index=2, node="node-2").deleting().obj()], _nodes(), {}, {0, 1}, {}, "InPlace", "", (2,)),
     ("a straggler node to leave", _gang(), _nodes(), {}, {0, 1, 2}, {"leave": {"node-0": "straggler"}}, "InPlace", "", (0,)),
+    # issue 45: moving the straggler's pod would leave nothing to keep, so it stays
+    ("the only pod that can stay is on a straggler node", _gang()[:2], _nodes(), {"node-1": "NotReady"}, {0, 1},
+     {"leave": {"node-0": "straggler"}}, "InPlace", "", (1, 2)),
     ("a kept launcher never spoke", _gang(), _nodes("node-1"), {}, {0}, {}, "Full", "NoControlChannel", ()),
     ("nothing can stay", _gang(), _nodes("node-0", "node-1", "node-2"), {}, set(), {}, "Full", "NothingToKeep", ()),
     ("disabled", _gang(), _nodes(), {}, {0, 1, 2}, {"enabled": False}, "Full", "InPlaceDisabled", ()),
@@ -305,7 +308,8 @@ def test_in_place_moves_leave_stragglers_behind_only_when_there_is_room() -> Non
 
     asked.clear()
     got = plan_in_place_moves(plan, prev, {"n2": "slow"}, {"n1"}, tight)
-    assert isinstance(got, InPlaceMoves) and got.replace == {1} and got.keep == (0, 2) and "stragglers" not in got.message
+    assert isinstance(got, InPlaceMoves) and got.replace == {1} and got.keep == (0, 2)
+    assert "left stragglers behind" not in got.message and "stragglers kept: n2 (no room to leave it)" in got.message
     assert asked == [{"n1", "n2"}, {"n1"}]
     nowhere = plan_in_place_moves(plan, prev, {}, {"n1"}, lambda avoid: Unplaceable("capacity", "not enough nodes"))
     assert isinstance(nowhere, RestartPlan) and nowhere.reason == "NotPlaceable"

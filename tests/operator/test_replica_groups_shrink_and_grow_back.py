@@ -1,4 +1,4 @@
-"""Elastic replica groups in the reconcile cycle, in-process on the fake cluster (fake_cluster.py),
+"""Replica groups that shrink and grow back, in the reconcile cycle, in-process on the fake cluster (fake_cluster.py),
 the launchers played by the test on the control board: three groups of one pod on exactly three
 nodes and no spare. A lost node's group cannot be placed: the job goes on with two groups (Running,
 Degraded with the count, the groups gauge at 2), the survivors' pods the same objects and their
@@ -14,8 +14,8 @@ from tests.operator.builders import make_node
 from tests.operator.fake_cluster import Harness, make_job
 
 from railyard.logic.conditions import find_condition, format_time
-from railyard.logic.elastic import GROUPS_FINISH_SETTLE_S, WAITING
 from railyard.logic.inplace import GROUP_REPAIR
+from railyard.logic.shrink import GROUPS_FINISH_SETTLE_S, WAITING
 from railyard.protocol.control import Action
 
 

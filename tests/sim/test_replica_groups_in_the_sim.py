@@ -46,7 +46,7 @@ def test_a_slower_rate_with_one_group_missing_costs_more() -> None:
 
 
 def test_with_no_spare_the_lost_group_waits_for_a_node_while_the_others_train() -> None:
-    """The operator's shrink (logic/elastic.py): no hot spare, so the lost node's group waits for
+    """The operator's shrink (logic/shrink.py): no hot spare, so the lost node's group waits for
     a repaired node (scn.repair_h) and the job trains on with R-1 groups meanwhile, which costs
     the missing group's share of the wait, not the whole job's as with the in-place restart."""
     from railyard.sim.trace import Event

@@ -1,4 +1,4 @@
-"""Elastic replica groups end to end: the REAL trainer under the operator on the local cluster.
+"""Replica groups that shrink and grow back, end to end: the REAL trainer under the operator on the local cluster.
 Two replica groups of one pod x two ranks (tiny preset) on exactly two nodes (a label of the
 test's own), no spare.
 
@@ -36,7 +36,7 @@ from tests.waiting import wait_until
 pytestmark = [pytest.mark.slow, pytest.mark.cluster, pytest.mark.torch, pytest.mark.timeout(900)]
 
 FAIL = "local.railyard.dev/fail"
-LABEL = "test.railyard.dev/elastic"
+LABEL = "test.railyard.dev/grow-back"
 STEPS = 24
 HOLD = 20
 

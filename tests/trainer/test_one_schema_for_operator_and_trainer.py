@@ -78,3 +78,18 @@ def test_fault_tolerance_travels_to_the_trainer_and_makes_each_group_its_own_wor
     assert (world.data, world.data_replicas) == (2, 1)  # one group: 6 / 3 data-parallel ranks
     plain = proto.world_parallelism(cfg.parallelism, proto.FaultTolerance())
     assert (plain.data, plain.data_replicas) == (6, 3)
+
+
+@pytest.mark.parametrize(("data_replicas", "min_replicas", "mode"), [
+    (1, 1, "None"), (3, 1, "ReplicaGroups"), (3, 3, "ReplicaGroups"), (2, 3, "ReplicaGroups"), (1, 2, "None"),
+])
+def test_the_min_replicas_rule_is_one_rule_for_the_crd_and_the_trainer(data_replicas: int, min_replicas: int,
+                                                                        mode: str) -> None:
+    parallelism, fault_tolerance = {"dataReplicas": data_replicas}, {"mode": mode, "minReplicas": min_replicas}
+    spec = {"nodes": 6, "parallelism": parallelism, "faultTolerance": fault_tolerance}
+    cel = {p.path.removeprefix("spec.") for p in check_spec_rules(spec) if p.path == "spec.faultTolerance.minReplicas"}
+    problems = proto.min_replicas_problems(proto.parse(proto.FaultTolerance, fault_tolerance),
+                                           proto.parse(proto.Parallelism, parallelism))
+    ours = {p.split(":")[0] for p in problems}
+    assert ours == cel
+    assert bool(ours) == (min_replicas > data_replicas)

@@ -26,6 +26,7 @@ from railyard.protocol.trainerconfig import (
     Health,
     Parallelism,
     TrainerSettings,
+    min_replicas_problems,
     parse,
     to_wire,
     trainer_rule_problems,
@@ -126,8 +127,7 @@ def _parse(raw: Any) -> TrainerConfig:
     parallelism = parse(Parallelism, raw.get("parallelism"), where="parallelism", problems=problems)
     health = parse(Health, raw.get("health"), where="health", problems=problems)
     fault_tolerance = parse(FaultTolerance, raw.get("faultTolerance"), where="faultTolerance", problems=problems)
-    if fault_tolerance.mode == "ReplicaGroups" and fault_tolerance.min_replicas > parallelism.data_replicas:
-        problems.append(f"faultTolerance.minReplicas: {fault_tolerance.min_replicas} is more than parallelism.dataReplicas ({parallelism.data_replicas}); set it between 1 and the number of replica groups")
+    problems.extend(min_replicas_problems(fault_tolerance, parallelism))
     # A field that is itself invalid already has its problem; its rule would only repeat it.
     invalid = {p.split(":")[0] for p in problems}
     problems.extend(p for p in trainer_rule_problems(trainer) if p.split(":")[0] not in invalid)

@@ -86,13 +86,12 @@ def plan_share(*, consumed: int, batch_size: int, unit: int, rank: int, particip
     return Share(first=consumed + start * unit, count=size * unit, rank=rank, participants=participants)
 
 
-def replica_problems(*, batch_size: int, group_dp: int, data_replicas: int, min_replicas: int) -> list[str]:
-    """What makes a ReplicaGroups run impossible before it starts (each names its field)."""
+def replica_problems(*, batch_size: int, group_dp: int, data_replicas: int) -> list[str]:
+    """What makes a ReplicaGroups run impossible before it starts (each names its field; the
+    contract's rules, minReplicas among them, were checked when config.json was read)."""
     out = []
     if data_replicas < 2:
         out.append("faultTolerance.mode: ReplicaGroups needs parallelism.dataReplicas > 1; set dataReplicas or use mode None")
-    if not 1 <= min_replicas <= max(data_replicas, 1):
-        out.append(f"faultTolerance.minReplicas: {min_replicas} must be between 1 and parallelism.dataReplicas ({data_replicas})")
     if batch_size % group_dp == 0 and batch_size // group_dp < data_replicas:
         out.append(f"trainer.batchSize: {batch_size} gives {batch_size // group_dp} rows per data-parallel rank of a group, fewer than the {data_replicas} replica groups that split it; raise batchSize to at least {group_dp * data_replicas}")
     return out

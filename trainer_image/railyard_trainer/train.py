@@ -107,7 +107,8 @@ class Trainer:
             problems.append(f"trainer.batchSize: {t.batch_size} is not divisible by the data-parallel size {self.dims.dp}")
         ft = cfg.fault_tolerance
         if ft.mode == "ReplicaGroups":
-            problems.extend(replica_problems(batch_size=t.batch_size, group_dp=self.dims.dp, data_replicas=cfg.parallelism.data_replicas, min_replicas=ft.min_replicas))
+            problems.extend(replica_problems(batch_size=t.batch_size, group_dp=self.dims.dp,
+                                             data_replicas=cfg.parallelism.data_replicas))
         if problems:
             raise ConfigError(problems)
         self.microbatches = check_microbatches(cfg.parallelism.pipeline_schedule, self.dims.pp, cfg.parallelism.microbatches or 0, t.batch_size // self.dims.dp) if self.dims.pp_enabled else 1

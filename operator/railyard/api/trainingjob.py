@@ -402,12 +402,7 @@ SPEC_RULES: list[dict[str, str]] = [
         "fieldPath": ".nodes",
         "reason": "FieldValueInvalid",
     },
-    {
-        "rule": "self.faultTolerance.minReplicas <= self.parallelism.dataReplicas",
-        "message": "faultTolerance.minReplicas must be at most parallelism.dataReplicas (the number of replica groups).",
-        "fieldPath": ".faultTolerance.minReplicas",
-        "reason": "FieldValueInvalid",
-    },
+    dict(contract.MIN_REPLICAS_RULE),  # the trainer checks the same rule (protocol/trainerconfig.py)
     {
         "rule": "self.trainer.dataset.type == 'synthetic' || has(self.trainer.dataset.path)",
         "message": "trainer.dataset.path is required when trainer.dataset.type is files or tokens.",

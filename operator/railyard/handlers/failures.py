@@ -1,29 +1,41 @@
-"""Handling a failure of the gang: spend the failure class's budget or fail the job, quarantine
-the nodes to blame, then restart in place (handlers/inplace.py), go on with fewer replica groups
-when the lost ones cannot be placed (handlers/elastic.py), or delete the whole gang and back off
-before the next one. The first failing pod's exit code, node and last words go into
-the status, the condition and the Event (logic/failure_report.py)."""
+"""Handling a failure of the gang: ask railyard.logic.recovery for the plan and execute it. The
+plan says everything (fail the job; or restart in full, in place, only the touched replica
+groups, or go on with fewer groups); this module quarantines the nodes the failure blames and
+hands each plan to its executor: handlers/inplace.py (in place, group repair),
+handlers/regroup.py (shrink), the full restart here. The first failing pod's exit code, node and
+last words go into the status, the condition and the Event (logic/failure_report.py)."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from railyard.api.trainingjob import QuarantinedNode, TrainingJob
+from railyard.api.trainingjob import LastRestart, QuarantinedNode, TrainingJob
+from railyard.handlers.attempts import running_table
 from railyard.handlers.cycle import Cycle
-from railyard.handlers.elastic import shrink_groups
-from railyard.handlers.inplace import begin_in_place, plan_restart, record_full
-from railyard.logic.elastic import decide_shrink
+from railyard.handlers.inplace import begin_in_place, capable_pods
+from railyard.handlers.regroup import shrink_groups
 from railyard.logic.failure_report import describe_failure, explain_failure
 from railyard.logic.failures import Failure
-from railyard.logic.inplace import RestartPlan, failed_pod_indices
-from railyard.logic.lifecycle import FailJob, decide_failure
 from railyard.logic.quarantine import QUARANTINE_KEY
+from railyard.logic.recovery import (
+    Fail,
+    FullRestart,
+    Observed,
+    RestartInPlace,
+    ShrinkAndWait,
+    decide_recovery,
+)
 from railyard.logic.restarts import restart_update
 
 
 async def place_again(
-    cycle: Cycle, current: Sequence[Mapping[str, Any]], nodes: Mapping[str, Mapping[str, Any]], reason: str, message: str,
+    cycle: Cycle,
+    current: Sequence[Mapping[str, Any]],
+    nodes: Mapping[str, Mapping[str, Any]],
+    reason: str,
+    message: str,
 ) -> float:
     """Tear down a gang that cannot start where it was placed; the next attempt places it again."""
     await cycle.delete_pods(current, nodes)
@@ -40,52 +52,109 @@ async def handle_failure(
     nodes: Mapping[str, Mapping[str, Any]],
 ) -> float | None:
     """Returns when to look again (None: the job Failed)."""
-    m = cycle.runtime.metrics
-    m.failures.labels(**{"class": failure.cls.value, "kind": failure.kind}).inc()
-    spec = job.spec
+    runtime = cycle.runtime
+    runtime.metrics.failures.labels(**{"class": failure.cls.value, "kind": failure.kind}).inc()
     # the first failing pod's exit code, node and last words: its pod is deleted below (or at
     # the TTL), the status and the Event keep them
     failure, report = explain_failure(failure, current, nodes, attempt=cycle.status.attempt, time=cycle.iso)
     said = describe_failure(failure, report)
     cycle.update(last_failure=report)
-    decision = decide_failure(failure, said, spec.restart_policy, cycle.status.restarts)
-    if isinstance(decision, FailJob):
-        cycle.phase("Failed", decision.reason, decision.message)
+    # the pods themselves, not the launchers' reports laid over them (a launcher that waits to
+    # restart in place is alive: it gets the normal grace)
+    real = {str((p.get("metadata") or {}).get("name")): p for p in runtime.pods_of(cycle.ns, cycle.name)}
+    gang = [real.get(str((p.get("metadata") or {}).get("name")), p) for p in current]
+    # what only a restart that keeps pods needs is read only when one may happen
+    in_place = job.spec.restart_policy.in_place
+    table = await running_table(cycle) if in_place else None
+    t0 = time.perf_counter()
+    plan = decide_recovery(
+        Observed(
+            cause=failure,
+            job=job,
+            status=cycle.status,
+            generation=cycle.generation,
+            members=gang,
+            nodes=nodes,
+            cluster_pods=runtime.all_bound_pods() if in_place else (),
+            table=table,
+            capable=capable_pods(cycle, gang),
+            reported=current,
+            said=said,
+        )
+    )
+    if isinstance(plan, RestartInPlace):
+        runtime.metrics.placement.observe(time.perf_counter() - t0)
+    if isinstance(plan, Fail):
+        cycle.phase("Failed", plan.reason, plan.message)
         return None
+    quarantined = await _quarantine(cycle, failure)
+    match plan:
+        case RestartInPlace():  # RepairGroups too
+            return await begin_in_place(cycle, job, plan, gang, real, nodes, quarantined)
+        case ShrinkAndWait():
+            assert table is not None, "a shrink goes on from the running table"
+            return await shrink_groups(cycle, job, plan, table, gang, real, nodes, quarantined)
+        case FullRestart():
+            return await _restart_whole_gang(cycle, plan, said, gang, nodes, quarantined)
+    raise AssertionError(f"{plan!r} is no plan after a failure")
+
+
+async def _quarantine(cycle: Cycle, failure: Failure) -> list[QuarantinedNode]:
+    """Quarantine the nodes the failure blames; the status's list with them."""
     quarantined = list(cycle.status.quarantined_nodes)
     for node in failure.nodes:
         if await cycle.io.quarantine_node(node, reason=failure.kind, job=f"{cycle.ns}/{cycle.name}", now=cycle.now):
-            quarantined = [q for q in quarantined if q.node != node] + [QuarantinedNode(node=node, reason=failure.message, time=cycle.iso)]
-            cycle.event("Warning", "NodeQuarantined", f"node {node} quarantined: {failure.message} (release: label {QUARANTINE_KEY}- or annotate railyard.dev/release=true)")
-    # the pods themselves, not the launchers' reports laid over them (a launcher that waits to
-    # restart in place is alive: it gets the normal grace)
-    real = {str((p.get("metadata") or {}).get("name")): p for p in cycle.runtime.pods_of(cycle.ns, cycle.name)}
-    gang = [real.get(str((p.get("metadata") or {}).get("name")), p) for p in current]
-    plan: RestartPlan | None
-    plan, stragglers = plan_restart(cycle, job, failure, gang, nodes, quarantined, failed=frozenset(failed_pod_indices(current)) | frozenset(failure.pod_indices))
-    if plan.mode == "InPlace":
-        got = await begin_in_place(cycle, job, failure, decision, plan, stragglers, gang, real, nodes, quarantined)
-        if not isinstance(got, RestartPlan):
-            return got
-        # the lost replica groups found no place: the others go on without them (logic/elastic.py)
-        shrink = decide_shrink(plan, got.message.removeprefix("full restart (NotPlaceable): "), replicas=spec.replica_groups,
-                               min_replicas=spec.fault_tolerance.min_replicas) if got.reason == "NotPlaceable" else None
-        if shrink is not None:
-            shrunk = await shrink_groups(cycle, job, failure, decision, shrink, gang, real, nodes, quarantined)
-            if not isinstance(shrunk, RestartPlan):
-                return shrunk
-            got = shrunk
-        plan = got
+            quarantined = [q for q in quarantined if q.node != node] + [
+                QuarantinedNode(node=node, reason=failure.message, time=cycle.iso)
+            ]
+            cycle.event(
+                "Warning",
+                "NodeQuarantined",
+                f"node {node} quarantined: {failure.message} "
+                f"(release: label {QUARANTINE_KEY}- or annotate railyard.dev/release=true)",
+            )
+    return quarantined
+
+
+async def _restart_whole_gang(
+    cycle: Cycle,
+    plan: FullRestart,
+    said: str,
+    gang: Sequence[Mapping[str, Any]],
+    nodes: Mapping[str, Mapping[str, Any]],
+    quarantined: list[QuarantinedNode],
+) -> float:
+    """Delete every pod, count the restart, back off; the next attempt is created whole. The
+    old launchers are told to stop; a fallback from in place gets its own Warning."""
+    runtime, failure, budget = cycle.runtime, plan.failure, plan.budget
     await cycle.delete_pods(gang, nodes)
-    backoff = decision.backoff_seconds
-    cycle.status = cycle.status.model_copy(update={
-        **restart_update(cycle.status, failure, attempt=cycle.status.attempt + 1, now=cycle.now, now_iso=cycle.iso, backoff_s=backoff,
-                         quarantined=quarantined, in_place=False),
-        "gang_created_time": None,
-    })
-    m.restarts.labels(**{"class": failure.cls.value}).inc()
-    record_full(cycle, plan)
+    backoff = budget.backoff_seconds
+    attempt = cycle.status.attempt + 1
+    cycle.status = cycle.status.model_copy(
+        update={
+            **restart_update(
+                cycle.status,
+                failure,
+                attempt=attempt,
+                now=cycle.now,
+                now_iso=cycle.iso,
+                backoff_s=backoff,
+                quarantined=quarantined,
+                in_place=False,
+            ),
+            "gang_created_time": None,
+            "pods_since_attempt": None,
+            "last_restart": LastRestart(
+                attempt=attempt, mode="Full", state="Pending", reason=plan.reason, message=plan.message
+            ),
+        }
+    )
+    runtime.metrics.restarts.labels(**{"class": failure.cls.value}).inc()
+    runtime.control.publish(cycle.ns, cycle.name, attempt=attempt, members={}, open_=False, waiting="full restart")
+    runtime.metrics.restart_modes.labels(mode="Full", reason=plan.reason).inc()
+    if plan.notable:
+        cycle.event("Warning", "FullRestart", plan.message)
     wait = f", next gang in {backoff:g}s" if backoff > 0 else ""
-    full = f"; {plan.message}" if plan.reason and plan.reason != "InPlaceDisabled" else ""
-    cycle.phase("Restarting", failure.kind, f"{said}; {decision.reason}{full}{wait}")
+    full = f"; {plan.message}" if plan.notable else ""
+    cycle.phase("Restarting", failure.kind, f"{said}; {budget.reason}{full}{wait}")
     return backoff if backoff > 0 else 0.2

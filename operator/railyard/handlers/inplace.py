@@ -1,14 +1,14 @@
 """In-place restarts in the reconcile cycle: keep the pods on healthy nodes, replace the others,
 tell every kept launcher to restart its workers, fall back to a full restart when that cannot
-work. The decisions are railyard.logic.inplace's; this module reads the cycle, calls them and
-acts through the cycle's GangIO.
+work. What to do is decided in logic/ (railyard.logic.recovery's plan, railyard.logic.lifecycle's
+steps); this module executes it through the cycle's GangIO.
 
 The sequence (docs/operator.md "Restarting in place"):
 
-1. :func:`begin_in_place` (the failure's cycle): decide which pods move, place them sticky,
-   write the new attempt's ConfigMap, delete the pods that move, record attempt + 1 with
-   ``lastRestart`` (mode InPlace, state Pending) and the backoff. The launchers of the failed
-   attempt are told to wait; those of replaced pods to stop.
+1. :func:`begin_in_place` (the failure's cycle) executes a :class:`RestartInPlace` or
+   :class:`RepairGroups` plan: write the new attempt's ConfigMap, delete the pods that move,
+   record attempt + 1 with ``lastRestart`` (mode InPlace, state Pending) and the backoff. The
+   launchers of the failed attempt are told to wait; those of replaced pods to stop.
 2. :func:`continue_in_place` (once the backoff passed; every cycle until all pods run): create
    the replacements gated, delete the hot-spare placeholders on their nodes, lift each gate once
    its placeholder is gone; then (state Started, after the status is written) open the restart
@@ -22,47 +22,35 @@ The sequence (docs/operator.md "Restarting in place"):
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from railyard.api.trainingjob import LastRestart, QuarantinedNode, TrainingJob
+from railyard.handlers.attempts import member_names, write_attempt
 from railyard.handlers.cycle import Cycle
 from railyard.handlers.health import heartbeat_url_for
 from railyard.handlers.spares import delete_placeholders
 from railyard.k8s.client import ApiError
 from railyard.logic.conditions import format_micro_time, parse_time
-from railyard.logic.elastic import WAITING
 from railyard.logic.failure_report import describe_failure
-from railyard.logic.failures import Failure
 from railyard.logic.gang import attempt_of, gang_members, is_gated, pod_index_of
 from railyard.logic.health.window import GroupLayout
-from railyard.logic.inplace import (
-    GROUP_REPAIR,
-    RestartPlan,
-    decide_group_repair,
-    decide_nodes_to_leave,
-    decide_restart_mode,
-    decide_unacknowledged,
-    plan_in_place_moves,
-)
+from railyard.logic.inplace import GROUP_REPAIR, decide_unacknowledged
 from railyard.logic.inplace import members_since as logic_members_since
 from railyard.logic.lifecycle import KEPT_ATTEMPTS, Relaunch, earlier_attempts
 from railyard.logic.manifests import (
-    build_configmap,
     build_pod,
-    build_trainer_config,
     configmap_name,
     owner_reference,
     pod_name,
     spare_pod_name,
     with_addresses,
 )
-from railyard.logic.placement import Placement, Unplaceable, build_placement_input, plan_placement
-from railyard.logic.restarts import RestartDecision, new_fence, restart_update, restore_hint
+from railyard.logic.recovery import RepairGroups, RestartInPlace
+from railyard.logic.restarts import new_fence, restart_update, restore_hint
 from railyard.logic.schedulers import apply_to_pods
+from railyard.logic.shrink import WAITING
 from railyard.logic.status import placement_status
-from railyard.protocol.ranktable import RankTable
 
 log = logging.getLogger(__name__)
 Obj = Mapping[str, Any]
@@ -70,10 +58,6 @@ Obj = Mapping[str, Any]
 
 def _name(p: Obj) -> str:
     return str((p.get("metadata") or {}).get("name") or "")
-
-
-def _node(p: Obj) -> str:
-    return str((p.get("spec") or {}).get("nodeName") or "")
 
 
 def in_place_restart(cycle: Cycle) -> LastRestart | None:
@@ -120,103 +104,46 @@ def capable_pods(cycle: Cycle, members: Sequence[Obj]) -> frozenset[int]:
     return frozenset(out)
 
 
-def plan_restart(cycle: Cycle, job: TrainingJob, failure: Failure, members: Sequence[Obj], nodes: Mapping[str, Obj],
-                 quarantined: Sequence[QuarantinedNode], failed: frozenset[int] = frozenset()) -> tuple[RestartPlan, dict[str, str]]:
-    """In place or full, and the nodes the restart moves off (blamed, quarantined, stragglers).
-    ``failed``: pod indices whose workers failed (a replica-group repair restarts their groups)."""
-    move_off = {n: f"blamed: {failure.kind}" for n in failure.nodes}
-    for q in quarantined:
-        move_off.setdefault(q.node, "quarantined")
-    stragglers = decide_nodes_to_leave([(s.node, s.rank, s.score) for s in cycle.status.stragglers],
-                                       [_node(p) for p in members if _node(p) not in move_off])
-    spec_changed = bool(cycle.status.observed_generation) and cycle.generation != cycle.status.observed_generation
-    expected = cycle.status.placement.node_count if cycle.status.placement and cycle.status.placement.node_count else job.spec.nodes
-    plan = decide_restart_mode(
-        enabled=job.spec.restart_policy.in_place, spec_changed=spec_changed, members=members, expected=expected,
-        nodes=nodes, move_off=move_off, leave=stragglers, capable=capable_pods(cycle, members),
-    )
-    plan = decide_group_repair(plan, expected=expected, replicas=job.spec.replica_groups,
-                               min_replicas=job.spec.fault_tolerance.min_replicas, failed=failed)
-    return plan, stragglers
-
-
-async def _current_table(cycle: Cycle) -> RankTable | None:
-    table = cycle.runtime.control.table(cycle.ns, cycle.name, cycle.status.attempt)
-    if table is None:
-        table = await cycle.io.read_rank_table(cycle.ns, cycle.name, cycle.status.attempt)
-    return table
-
-
-def _place(cycle: Cycle, job: TrainingJob, prev: RankTable, nodes: Mapping[str, Obj], failed: set[str], attempt: int) -> Placement | Unplaceable:
-    return plan_placement(build_placement_input(
-        job, nodes=list(nodes.values()), pods=cycle.runtime.all_bound_pods(), attempt=attempt,
-        previous_nodes=[p.node for p in sorted(prev.pods, key=lambda p: p.pod_index)],
-        previous_spares=cycle.status.placement.spares if cycle.status.placement else (), failed=failed,
-    ))
-
-
 async def begin_in_place(
     cycle: Cycle,
     job: TrainingJob,
-    failure: Failure,
-    decision: RestartDecision,
-    plan: RestartPlan,
-    stragglers: Mapping[str, str],
+    plan: RestartInPlace,
     members: Sequence[Obj],
     real: Mapping[str, Obj],
     nodes: Mapping[str, Obj],
     quarantined: list[QuarantinedNode],
-) -> float | RestartPlan | None:
-    """Step 1. Returns the delay until the next look, or a Full :class:`RestartPlan` when the
-    pods that must move cannot be placed (the caller restarts in full)."""
+) -> float | None:
+    """Step 1: execute an in-place restart or a replica-group repair (railyard.logic.recovery
+    decided it, placement included). Returns the delay until the next look."""
     runtime, spec, attempt = cycle.runtime, job.spec, cycle.status.attempt + 1
-    prev = await _current_table(cycle)
-    if prev is None:
-        return RestartPlan("Full", "NotPlaceable", "full restart (NotPlaceable): the running attempt's rank table is gone")
-    failed = {q.node for q in quarantined} | set(failure.nodes)
-    t0 = time.perf_counter()
-    moves = plan_in_place_moves(plan, prev, stragglers, failed, lambda avoid: _place(cycle, job, prev, nodes, avoid, attempt))
-    runtime.metrics.placement.observe(time.perf_counter() - t0)
-    if isinstance(moves, RestartPlan):
-        return moves
-    result, replace, keep, message = moves.placement, moves.replace, moves.keep, moves.message
-
-    owner = owner_reference(cycle.body)
-    table = with_addresses(result.rank_table, cycle.ns)
+    failure, budget = plan.failure, plan.budget
     restore = restore_hint(cycle.status, spec, pods_kept=True, fence=new_fence(failure, attempt))
-    config = build_trainer_config(spec, job=cycle.name, namespace=cycle.ns, attempt=attempt, restore=restore)
-    if not await cycle.io.create_object(build_configmap(cycle.name, cycle.ns, owner, attempt=attempt, rank_table=table, config=config,
-                                                         replica_groups=spec.replica_groups)):
-        # written by an earlier try of this same restart (an operator that died before its
-        # status patch): that table is the one some launchers may already run
-        again = await cycle.io.read_rank_table(cycle.ns, cycle.name, attempt)
-        if again is not None and len(again.pods) == len(table.pods):
-            table = again
-            written = await cycle.io.read_attempt_config(cycle.ns, cycle.name, attempt)
-            restore = (written or {}).get("restore", restore)
-    moving = [real[_name(p)] for p in members if pod_index_of(p) in replace and _name(p) in real]
+    table = with_addresses(plan.placement.rank_table, cycle.ns)
+    table, restore = await write_attempt(cycle, job, attempt, table, restore)
+    moving = [real[_name(p)] for p in members if pod_index_of(p) in plan.replace and _name(p) in real]
     await cycle.delete_pods(moving, nodes)
 
-    backoff = decision.backoff_seconds
-    by_index = {pod_index_of(p): _name(p) for p in members}
-    names = {i: (by_index[i] if i in keep else pod_name(cycle.name, attempt, i)) for i in range(len(table.pods))}
+    backoff = budget.backoff_seconds
+    names = member_names(cycle, members, attempt, len(table.pods), plan.replace)
     cycle.status = cycle.status.model_copy(update={
         **restart_update(cycle.status, failure, attempt=attempt, now=cycle.now, now_iso=cycle.iso, backoff_s=backoff,
                          quarantined=quarantined, in_place=True),
-        "placement": placement_status(result, attempt=attempt),
-        "last_restart": LastRestart(attempt=attempt, mode="InPlace", state="Pending", message=message, kept=len(keep), replaced=sorted(replace)[:64],
-                                    reason=GROUP_REPAIR if moves.carry_on else "", carried_on=list(moves.carry_on)),
+        "placement": placement_status(plan.placement, attempt=attempt),
+        "last_restart": LastRestart(attempt=attempt, mode="InPlace", state="Pending", message=plan.message,
+                                    kept=len(plan.keep), replaced=sorted(plan.replace)[:64], reason=plan.reason,
+                                    carried_on=list(plan.carry_on)),
     })
-    runtime.control.publish(cycle.ns, cycle.name, attempt=attempt, members=names, table=table, restore=restore, open_=False, carry_on=moves.carry_on,
-                       waiting=f"restart to attempt {attempt} in {backoff:g}s" if backoff > 0 else f"preparing attempt {attempt}")
-    if moves.carry_on:
-        runtime.metrics.replica_group_restarts.inc(len({i // plan.group_size for i in range(len(table.pods)) if i not in set(moves.carry_on)}))
+    waiting = f"restart to attempt {attempt} in {backoff:g}s" if backoff > 0 else f"preparing attempt {attempt}"
+    runtime.control.publish(cycle.ns, cycle.name, attempt=attempt, members=names, table=table, restore=restore,
+                            open_=False, carry_on=plan.carry_on, waiting=waiting)
+    if isinstance(plan, RepairGroups):
+        runtime.metrics.replica_group_restarts.inc(len(plan.groups))
     runtime.metrics.restarts.labels(**{"class": failure.cls.value}).inc()
     runtime.metrics.restart_modes.labels(mode="InPlace", reason="None").inc()
-    runtime.metrics.pods_replaced.inc(len(replace))
+    runtime.metrics.pods_replaced.inc(len(plan.replace))
     wait = f", workers restart in {backoff:g}s" if backoff > 0 else ""
     said = describe_failure(failure, cycle.status.last_failure) if cycle.status.last_failure is not None else failure.message
-    cycle.phase("Restarting", failure.kind, f"{said}; {decision.reason}; {message}{wait}")
+    cycle.phase("Restarting", failure.kind, f"{said}; {budget.reason}; {plan.message}{wait}")
     if backoff > 0:
         return backoff
     # the Restarting phase lasts no cycle: its Event is written here, the Starting one follows
@@ -365,20 +292,6 @@ async def fall_back_to_full(cycle: Cycle, job: TrainingJob, reason: str, message
     runtime.metrics.restart_modes.labels(mode="Full", reason=reason).inc()
     cycle.phase("Restarting", reason, f"in-place restart abandoned: {message}; restarting the whole gang")
     return 1.0
-
-
-def record_full(cycle: Cycle, plan: RestartPlan | None) -> None:
-    """A full restart's ``lastRestart`` (after the attempt was bumped), and the Event of a
-    fallback from in place; the old launchers are told to stop."""
-    attempt = cycle.status.attempt
-    reason = plan.reason if plan is not None else ""
-    message = plan.message if plan is not None else "full restart"
-    cycle.status = cycle.status.model_copy(update={"pods_since_attempt": None,
-                                   "last_restart": LastRestart(attempt=attempt, mode="Full", state="Pending", reason=reason, message=message)})
-    cycle.runtime.control.publish(cycle.ns, cycle.name, attempt=attempt, members={}, open_=False, waiting="full restart")
-    cycle.runtime.metrics.restart_modes.labels(mode="Full", reason=reason or "None").inc()  # not "": a scrape drops empty labels
-    if plan is not None and reason and reason != "InPlaceDisabled":
-        cycle.event("Warning", "FullRestart", message)
 
 
 async def republish(cycle: Cycle, members: Sequence[Obj], *, replica_groups: int = 1) -> None:

@@ -22,7 +22,6 @@ from railyard.api.trainingjob import TrainingJob, TrainingJobStatus
 from railyard.handlers.cleanup import cleanup_checkpoints
 from railyard.handlers.creation import finish_creation, place_and_create
 from railyard.handlers.cycle import Cycle, GangIO, KubeGangIO
-from railyard.handlers.elastic import grow_back
 from railyard.handlers.failures import handle_failure, place_again
 from railyard.handlers.health import evaluate_health, settle_blind
 from railyard.handlers.inplace import (
@@ -37,11 +36,11 @@ from railyard.handlers.inplace import (
     republish,
 )
 from railyard.handlers.lighthouse import reconcile_lighthouse
+from railyard.handlers.regroup import grow_back
 from railyard.handlers.runtime import JobWorker, Runtime
 from railyard.handlers.spares import reconcile_spares
 from railyard.logic import lifecycle as lc
 from railyard.logic.conditions import find_condition, parse_time
-from railyard.logic.elastic import count_training_groups, decide_groups_finished, waiting_pods
 from railyard.logic.finished import decide_finished_pods
 from railyard.logic.gang import (
     DEFAULT_ECHO_SETTLE_S,
@@ -56,6 +55,7 @@ from railyard.logic.gang import (
 from railyard.logic.inplace import apply_launcher_reports
 from railyard.logic.manifests import CLEANUP_FINALIZER, check_names, is_owned_by
 from railyard.logic.quarantine import decide_still_quarantined
+from railyard.logic.shrink import count_training_groups, decide_groups_finished, waiting_pods
 from railyard.logic.status import TERMINAL_PHASES, decide_degraded
 
 log = logging.getLogger(__name__)

@@ -111,7 +111,7 @@ def assess_gang(
     waiting: frozenset[int] = frozenset(),
 ) -> GangAssessment:
     """What the gang of ``attempt`` is doing (its pods: :func:`gang_members` with ``since``).
-    ``waiting``: pod indices of replica groups that wait for a node (logic/elastic.py): absent
+    ``waiting``: pod indices of replica groups that wait for a node (logic/shrink.py): absent
     or idle by plan, neither a failure nor needed for the gang to run.
 
     ``echo_settle_s``: when the only failures are echoes (:data:`ECHO_KINDS`: exit 70, "a peer

@@ -26,6 +26,7 @@ from railyard.logic.conditions import format_micro_time
 from railyard.logic.gang import pod_index_of
 from railyard.logic.placement import Placement, Unplaceable
 from railyard.protocol.control import Action, LauncherReport, LauncherState
+from railyard.protocol.mesh import group_of_pod_index, pods_per_group
 from railyard.protocol.ranktable import RankTable
 
 Obj = Mapping[str, Any]
@@ -48,6 +49,10 @@ GROUP_REPAIR = "ReplicaGroupReplaced"
 
 def _name(pod: Obj) -> str:
     return str((pod.get("metadata") or {}).get("name") or "")
+
+
+def _node(pod: Obj) -> str:
+    return str((pod.get("spec") or {}).get("nodeName") or "")
 
 
 def _terminated(pod: Obj) -> bool:
@@ -140,11 +145,15 @@ class RestartPlan:
     #: launchers are never told to restart (their workers keep training through torchft); only
     #: the lost groups restart (their pods that must move replaced, the others in place).
     carry_on: tuple[int, ...] = ()
+    #: A Full plan's detail (NotPlaceable: the placement's reason), without the reason's prefix.
+    detail: str = ""
+    #: Flagged straggler nodes whose pods stay all the same (node -> why they stay).
+    stragglers_kept: Mapping[str, str] = field(default_factory=dict)
 
 
 def _full(reason: str, detail: str = "") -> RestartPlan:
     text = FALLBACKS[reason] + (f": {detail}" if detail else "")
-    return RestartPlan("Full", reason, f"full restart ({reason}): {text}")
+    return RestartPlan("Full", reason, f"full restart ({reason}): {text}", detail=detail)
 
 
 def decide_restart_mode(
@@ -203,13 +212,21 @@ def decide_restart_mode(
             continue
         move.append(i)
         why[i] = reason
+    stayed: dict[str, str] = {}
+    if not keep and optional:
+        # a straggler's pod moves only when there is room, and moving it must never turn an
+        # in-place restart into a full one: with nothing else left to keep, the stragglers stay
+        keep, optional = optional, []
+        move = [i for i in move if i not in keep]
+        why = {i: w for i, w in why.items() if i not in keep}
+        stayed = {_node(by_index[i]): "no other pod could stay" for i in keep}
     if not keep:
         return _full("NothingToKeep")
     deaf = [i for i in keep + optional if i not in capable]
     if deaf:
         return _full("NoControlChannel", f"pod indices {_short(deaf)}")
     return RestartPlan("InPlace", replace=tuple(move), why=why, keep=tuple(keep), optional=tuple(optional),
-                       message=describe_in_place(tuple(move), why, len(keep)))
+                       message=describe_in_place(tuple(move), why, len(keep)), stragglers_kept=stayed)
 
 
 def failed_pod_indices(pods: Sequence[Obj]) -> set[int]:
@@ -218,7 +235,8 @@ def failed_pod_indices(pods: Sequence[Obj]) -> set[int]:
     return {pod_index_of(p) for p in pods if _terminated(p) and str((p.get("status") or {}).get("phase") or "") != "Succeeded"}
 
 
-def decide_group_repair(plan: RestartPlan, *, expected: int, replicas: int, min_replicas: int, failed: set[int] | frozenset[int] = frozenset()) -> RestartPlan:
+def decide_group_repair(plan: RestartPlan, *, expected: int, replicas: int, min_replicas: int,
+                        failed: set[int] | frozenset[int] = frozenset()) -> RestartPlan:
     """faultTolerance ReplicaGroups: an in-place ``plan`` (from :func:`decide_restart_mode`)
     becomes the repair of the groups the failure touched (a pod of theirs must move, or is in
     ``failed``: its workers failed). Those groups restart: their pods that must move are
@@ -230,18 +248,18 @@ def decide_group_repair(plan: RestartPlan, *, expected: int, replicas: int, min_
     A Full plan stays Full."""
     if replicas <= 1 or plan.mode != "InPlace" or expected % replicas:
         return plan
-    size = expected // replicas
+    size = pods_per_group(expected, replicas)
     optional = set(plan.optional)
-    lost = {i // size for i in plan.replace if i not in optional} | {i // size for i in failed if 0 <= i < expected}
+    lost = ({group_of_pod_index(i, size) for i in plan.replace if i not in optional}
+            | {group_of_pod_index(i, size) for i in failed if 0 <= i < expected})
     if not lost or replicas - len(lost) < min_replicas:
         return plan
-    replace = tuple(i for i in plan.replace if i // size in lost)
+    replace = tuple(i for i in plan.replace if group_of_pod_index(i, size) in lost)
     keep = tuple(i for i in range(expected) if i not in set(replace))
-    carry_on = tuple(i for i in keep if i // size not in lost)
+    carry_on = tuple(i for i in keep if group_of_pod_index(i, size) not in lost)
     why = {i: w for i, w in plan.why.items() if i in set(replace)}
-    groups = ", ".join(map(str, sorted(lost)))
-    message = (f"replica groups {groups} restart, {replicas - len(lost)}/{replicas} groups carry on untouched; "
-               + describe_in_place(replace, why, len(keep) - len(carry_on)).removeprefix("restart in place: "))
+    message = (describe_group_repair(sorted(lost), replicas - len(lost), replicas) + "; "
+               + describe_moves(replace, why, len(keep) - len(carry_on)))
     return RestartPlan("InPlace", reason=GROUP_REPAIR, message=message, replace=replace, why=why, keep=keep,
                        optional=tuple(i for i in plan.optional if i in set(replace)), group_size=size, carry_on=carry_on)
 
@@ -249,14 +267,49 @@ def decide_group_repair(plan: RestartPlan, *, expected: int, replicas: int, min_
 @dataclass(frozen=True, slots=True)
 class InPlaceMoves:
     """Where an in-place restart puts the new attempt: its placement, the pod indices replaced
-    and kept, and what the status and the Event say about it."""
+    (and why, from which node) and kept; :attr:`message` is built from them."""
 
     placement: Placement
     replace: frozenset[int]
     keep: tuple[int, ...]
-    message: str
+    #: Pod index -> why it is replaced.
+    why: Mapping[int, str] = field(default_factory=dict)
+    #: Pod index -> the node it ran on in the running attempt.
+    old_nodes: Mapping[int, str] = field(default_factory=dict)
+    #: Straggler nodes the restart leaves behind (node -> why).
+    left_behind: Mapping[str, str] = field(default_factory=dict)
+    #: Flagged straggler nodes whose pods stay all the same (node -> why they stay).
+    stragglers_kept: Mapping[str, str] = field(default_factory=dict)
     #: Of ``keep``: the pods whose workers carry on, not restarted (a replica-group repair).
     carry_on: tuple[int, ...] = ()
+    #: Pods per replica group (a replica-group repair; 0 otherwise).
+    group_size: int = 0
+
+    @property
+    def restarting_groups(self) -> tuple[int, ...]:
+        """A replica-group repair: the groups that restart (every group without a carried-on pod)."""
+        if not self.carry_on:
+            return ()
+        carry = set(self.carry_on)
+        pods = range(len(self.placement.nodes))
+        return tuple(sorted({group_of_pod_index(i, self.group_size) for i in pods if i not in carry}))
+
+    @property
+    def message(self) -> str:
+        moves = {i: (self.old_nodes.get(i, ""), self.placement.nodes[i]) for i in sorted(self.replace)}
+        replaced = sorted(self.replace)
+        kept = len(self.keep) - len(self.carry_on)
+        if self.carry_on:
+            groups = len({group_of_pod_index(i, self.group_size) for i in range(len(self.placement.nodes))})
+            restarting = self.restarting_groups
+            return (describe_group_repair(restarting, groups - len(restarting), groups) + "; "
+                    + describe_moves(replaced, self.why, kept, moves))
+        text = "restart in place: " + describe_moves(replaced, self.why, kept, moves)
+        if self.left_behind:
+            text += f"; left stragglers behind: {', '.join(f'{n} ({w})' for n, w in sorted(self.left_behind.items()))}"
+        if self.stragglers_kept:
+            text += f"; stragglers kept: {', '.join(f'{n} ({w})' for n, w in sorted(self.stragglers_kept.items()))}"
+        return text
 
 
 def plan_in_place_moves(
@@ -270,45 +323,45 @@ def plan_in_place_moves(
     new attempt sticky (``place(nodes to avoid)``, avoiding ``failed`` and the straggler nodes
     the optional moves leave); with no room to leave the stragglers behind they stay and only
     what must move moves. A pod the placement moves anyway is replaced too. A Full plan when the
-    pods that must move cannot be placed or no pod can stay."""
-    def node_of(index: int) -> str:
-        return next((p.node for p in prev.pods if p.pod_index == index), "")
-
-    leave = {node_of(i) for i in plan.optional}
+    pods that must move cannot be placed (``detail``: the placement's reason) or no pod can stay."""
+    old_nodes = {p.pod_index: p.node for p in prev.pods}
+    leave = {old_nodes.get(i, "") for i in plan.optional}
     result = place(failed | leave)
     replace = set(plan.replace)
     left_behind = {n: w for n, w in stragglers.items() if n in leave}
+    stayed = dict(plan.stragglers_kept)
     if isinstance(result, Unplaceable) and leave:
+        stayed.update(dict.fromkeys(left_behind, "no room to leave it"))
         left_behind = {}
         replace -= set(plan.optional)
         result = place(failed)
     if isinstance(result, Unplaceable):
-        return RestartPlan("Full", "NotPlaceable", f"full restart (NotPlaceable): {result.message}")
+        return _full("NotPlaceable", result.message)
     why = dict(plan.why)
     for i in result.moved:
         if i not in replace:
             replace.add(i)
-            why[i] = f"node {node_of(i)} no longer usable by placement"
+            why[i] = f"node {old_nodes.get(i, '')} no longer usable by placement"
     keep = tuple(i for i in range(len(result.nodes)) if i not in replace)
+    if not keep:
+        return _full("NothingToKeep")
     # a group repair: a group the placement moves a pod of restarts too (no longer carries on)
     size = plan.group_size
-    carry_on = tuple(i for i in plan.carry_on if i in keep and not any(j // size == i // size for j in replace)) if size else ()
-    if not keep:
-        return RestartPlan("Full", "NothingToKeep", "full restart (NothingToKeep): no pod can stay where it is")
-    moves = {i: (node_of(i), result.nodes[i]) for i in sorted(replace)}
-    message = describe_in_place(sorted(replace), why, len(keep) - len(carry_on), moves)
-    if carry_on:
-        groups = sorted({i // size for i in range(len(result.nodes)) if i not in set(carry_on)})
-        message = (f"replica groups {', '.join(map(str, groups))} restart, {len(carry_on) // size}/{len(result.nodes) // size} groups carry on untouched; "
-                   + message.removeprefix("restart in place: "))
-        return InPlaceMoves(result, frozenset(replace), keep, message, carry_on=carry_on)
-    if left_behind:
-        message += f"; left stragglers behind: {', '.join(f'{n} ({w})' for n, w in sorted(left_behind.items()))}"
-    return InPlaceMoves(result, frozenset(replace), keep, message)
+    moved_groups = {group_of_pod_index(j, size) for j in replace} if size else set()
+    carry_on = tuple(i for i in plan.carry_on if i in keep and group_of_pod_index(i, size) not in moved_groups)
+    return InPlaceMoves(result, frozenset(replace), keep, why=why, old_nodes=old_nodes,
+                        left_behind={} if carry_on else left_behind, stragglers_kept={} if carry_on else stayed,
+                        carry_on=carry_on, group_size=size if carry_on else 0)
 
 
-def describe_in_place(replace: Sequence[int], why: Mapping[int, str], kept: int, moves: Mapping[int, tuple[str, str]] | None = None) -> str:
-    """One line for the Event: what stayed, what moved where, and why."""
+def describe_group_repair(restarting: Sequence[int], carrying_on: int, groups: int) -> str:
+    """The head of a replica-group repair's line: which groups restart, how many carry on."""
+    return f"replica groups {', '.join(map(str, restarting))} restart, {carrying_on}/{groups} groups carry on untouched"
+
+
+def describe_moves(replace: Sequence[int], why: Mapping[int, str], kept: int,
+                   moves: Mapping[int, tuple[str, str]] | None = None) -> str:
+    """What stayed, what moved where, and why (the tail of every in-place restart's line)."""
     parts = []
     for i in replace[:8]:
         where = ""
@@ -317,7 +370,13 @@ def describe_in_place(replace: Sequence[int], why: Mapping[int, str], kept: int,
         parts.append(f"pod {i}{where} ({why.get(i, 'moved')})")
     more = f" and {len(replace) - 8} more" if len(replace) > 8 else ""
     moved = f"; replaced {', '.join(parts)}{more}" if parts else "; no pod moved"
-    return f"restart in place: {kept} pods kept on their nodes{moved}"
+    return f"{kept} pods kept on their nodes{moved}"
+
+
+def describe_in_place(replace: Sequence[int], why: Mapping[int, str], kept: int,
+                      moves: Mapping[int, tuple[str, str]] | None = None) -> str:
+    """One line for the Event: what stayed, what moved where, and why."""
+    return "restart in place: " + describe_moves(replace, why, kept, moves)
 
 
 def _short(xs: Sequence[int]) -> str:

@@ -33,11 +33,11 @@ from dataclasses import dataclass, field
 
 from railyard.api.trainingjob import RestartPolicy, Restarts, TrainingJobStatus
 from railyard.logic.conditions import parse_time
-from railyard.logic.elastic import GROW_BACK_RECHECK_S, WAITING, GroupsFinished
 from railyard.logic.failures import Failure
 from railyard.logic.gang import GangAssessment, StalePlacement
 from railyard.logic.rejections import PERMANENT_REASONS
 from railyard.logic.restarts import RestartDecision, decide_restart, decide_streak_reset
+from railyard.logic.shrink import GROW_BACK_RECHECK_S, WAITING, GroupsFinished
 from railyard.logic.status import TERMINAL_PHASES
 from railyard.protocol.exitcodes import FailureClass
 
@@ -149,7 +149,7 @@ class Observed:
     heartbeats: bool = False
     #: When the first container of the gang exited non-zero (an SDC exit waits from there).
     first_exit: float | None = None
-    #: faultTolerance ReplicaGroups: a group finished the last step (logic/elastic.py).
+    #: faultTolerance ReplicaGroups: a group finished the last step (logic/shrink.py).
     groups_finished: GroupsFinished | None = None
 
 
@@ -264,7 +264,7 @@ class AwaitRelaunch:
 @dataclass(frozen=True, slots=True)
 class GrowBack:
     """faultTolerance ReplicaGroups: replica groups wait for a node while the others train; ask
-    the placement whether they can come back (:func:`railyard.logic.elastic.decide_grow_back`)."""
+    the placement whether they can come back (:func:`railyard.logic.shrink.decide_grow_back`)."""
 
 
 Step = (Wait | WaitForOldPods | Place | LetGo | FinishCreation | PlaceAgain | MarkStarting | MarkRunning | CheckHealth

@@ -13,9 +13,9 @@ from typing import Any
 
 from railyard.api.trainingjob import PlacementStatus, TrainingJobStatus
 from railyard.logic.conditions import compute_transitions, set_condition
-from railyard.logic.elastic import count_training_groups, describe_groups, waiting_groups
 from railyard.logic.inplace import GROUP_REPAIR
 from railyard.logic.placement import Placement
+from railyard.logic.shrink import count_training_groups, describe_groups, waiting_groups
 
 #: phase -> {condition type: status}. The first entry is the phase's headline condition and
 #: carries the phase's reason and message; the rest carry them as context.
@@ -118,9 +118,9 @@ def decide_degraded(status: TrainingJobStatus, *, hot_spares: int, now: str, rep
     """``Degraded`` is True while ranks straggle, a running gang holds fewer hot spares than
     ``spec.gang.hotSpares`` (a sticky re-placement may have spent them), or (faultTolerance
     ReplicaGroups, ``replica_groups`` > 1) replica groups restart alone while the others train
-    (until every pod of the gang runs again) or wait for a node (logic/elastic.py); it is orthogonal to the phase, except that a
-    finished job is never Degraded (reason ``Finished``). Returns ``status`` itself when nothing
-    changes."""
+    (until every pod of the gang runs again) or wait for a node (logic/shrink.py); it is
+    orthogonal to the phase, except that a finished job is never Degraded (reason ``Finished``).
+    Returns ``status`` itself when nothing changes."""
     reasons = []
     lr = status.last_restart
     waiting = waiting_groups(status)

@@ -71,6 +71,23 @@ def mesh_rank(p: int, d: int, t: int, dp: int, tp: int) -> int:
     return (p * dp + d) * tp + t
 
 
+def pods_per_group(pods: int, replicas: int) -> int:
+    """Pods per replica group: a gang of ``pods`` split into ``replicas`` groups of consecutive
+    pods (the whole gang for one group; at least 1)."""
+    return max(pods // max(replicas, 1), 1)
+
+
+def group_of_pod_index(pod_index: int, group_pods: int) -> int:
+    """The replica group of a pod index: the groups are ``group_pods`` consecutive pods each (the
+    one rule; :meth:`MeshShape.group_of_pod`, the operator's recovery and the heartbeat store ask it)."""
+    return pod_index // max(group_pods, 1)
+
+
+def pods_of_group(group: int, group_pods: int) -> range:
+    """The pod indices of one replica group (the inverse of :func:`group_of_pod_index`)."""
+    return range(group * group_pods, (group + 1) * group_pods)
+
+
 def job_rank_of_group_rank(rank: int, *, group: int, replicas: int, pp: int, dp: int, tp: int) -> int:
     """The job-wide rank of ``rank`` of replica group ``group`` (faultTolerance ReplicaGroups).
 
@@ -143,7 +160,7 @@ class MeshShape:
 
     def group_of_pod(self, pod: int) -> int:
         """The replica group of a pod index (0 when ``replicas`` is 1)."""
-        return pod // self.group_nodes
+        return group_of_pod_index(pod, self.group_nodes)
 
     @property
     def group_shape(self) -> MeshShape:

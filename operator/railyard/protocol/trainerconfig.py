@@ -324,6 +324,26 @@ def trainer_rule_problems(t: TrainerSettings) -> list[str]:
     return out
 
 
+#: ``faultTolerance.minReplicas`` at most ``parallelism.dataReplicas``, declared once: the CRD
+#: carries the CEL (``railyard.api.trainingjob.SPEC_RULES``, which ``railyard validate``
+#: evaluates), the trainer checks a config.json with :func:`min_replicas_problems`; a test
+#: evaluates both on one table.
+MIN_REPLICAS_RULE: Mapping[str, str] = {
+    "rule": "self.faultTolerance.minReplicas <= self.parallelism.dataReplicas",
+    "message": "faultTolerance.minReplicas must be at most parallelism.dataReplicas (the number of replica groups).",
+    "fieldPath": ".faultTolerance.minReplicas",
+    "reason": "FieldValueInvalid",
+}
+
+
+def min_replicas_problems(fault_tolerance: FaultTolerance, parallelism: Parallelism) -> list[str]:
+    """:data:`MIN_REPLICAS_RULE` for a config that never passed an API server."""
+    if fault_tolerance.min_replicas <= parallelism.data_replicas:
+        return []
+    return [f"faultTolerance.minReplicas: {fault_tolerance.min_replicas} is more than parallelism.dataReplicas "
+            f"({parallelism.data_replicas}); set it between 1 and the number of replica groups"]
+
+
 # --------------------------------------------------------------------------- wire format
 
 
@@ -492,6 +512,7 @@ def to_wire(obj: Any, *, keep_none: bool = False) -> Any:
 
 
 __all__ = [
+    "MIN_REPLICAS_RULE",
     "RESTART_WAIT_FLOOR_SECONDS",
     "Checkpoint",
     "Dataset",
@@ -507,6 +528,7 @@ __all__ = [
     "SharedTier",
     "StragglerPolicy",
     "TrainerSettings",
+    "min_replicas_problems",
     "parse",
     "restart_wait_seconds",
     "section",

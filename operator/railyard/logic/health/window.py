@@ -30,7 +30,7 @@ from itertools import islice
 
 from railyard.logic.health.model import HealthEvent
 from railyard.protocol.heartbeat import CheckpointEvent, HeartbeatBatch, HeartbeatError, RankBeat
-from railyard.protocol.mesh import job_rank_of_group_rank
+from railyard.protocol.mesh import group_of_pod_index, job_rank_of_group_rank, pods_per_group
 from railyard.protocol.ranktable import RankTable
 
 #: Steps of compute time kept per rank (the straggler window needs at most window + 2).
@@ -201,10 +201,10 @@ class GroupLayout:
         """The layout of the job whose (job-wide) rank table is ``table``; None for one group."""
         if replicas < 2:
             return None
-        return cls(replicas, max(len(table.pods) // replicas, 1), table.pp, table.dp, table.tp)
+        return cls(replicas, pods_per_group(len(table.pods), replicas), table.pp, table.dp, table.tp)
 
     def group_of(self, pod_index: int) -> int:
-        return min(pod_index // self.pods_per_group, self.replicas - 1)
+        return min(group_of_pod_index(pod_index, self.pods_per_group), self.replicas - 1)
 
     def job_rank(self, group: int, rank: int) -> int:
         """The job-wide rank of ``rank`` of ``group``'s world (a :class:`HeartbeatError` for a

@@ -1,4 +1,6 @@
-"""Elastic replica groups (faultTolerance ReplicaGroups): shrink, wait, grow back, finish. Pure.
+"""Replica groups shrink and grow back (faultTolerance ReplicaGroups): shrink, wait, grow back,
+finish. Pure; railyard.logic.recovery's ``decide_recovery`` composes these rules into its plans
+(``ShrinkAndWait``, ``GrowBack``, ``KeepWaiting``), the status reads the counts from here.
 
 A failure restarts only the replica groups it touched (:func:`railyard.logic.inplace.decide_group_repair`).
 When their pods that must move cannot be placed (no spare, no usable node) but at least
@@ -26,7 +28,7 @@ then the job Succeeds (docs/fault-tolerance.md).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from railyard.api.trainingjob import TrainingJobStatus
@@ -34,6 +36,7 @@ from railyard.logic.conditions import parse_time
 from railyard.logic.gang import pod_index_of
 from railyard.logic.inplace import GROUP_REPAIR, RestartPlan
 from railyard.logic.placement import Placement, Unplaceable
+from railyard.protocol.mesh import group_of_pod_index, pods_of_group, pods_per_group
 
 Obj = Mapping[str, Any]
 
@@ -76,7 +79,19 @@ class Shrink:
     carry_on: tuple[int, ...]
     #: Pods per group.
     group_size: int
-    message: str
+    #: Replica groups of the job.
+    replicas: int
+    #: Why the waiting groups found no place (the placement's reason).
+    why: str
+
+    @property
+    def training(self) -> int:
+        """Replica groups that train on."""
+        return len({group_of_pod_index(i, self.group_size) for i in self.carry_on})
+
+    @property
+    def message(self) -> str:
+        return f"{describe_groups(self.training, self.replicas, waiting=self.waiting)} ({self.why})"
 
 
 def decide_shrink(plan: RestartPlan, why: str, *, replicas: int, min_replicas: int) -> Shrink | None:
@@ -86,14 +101,13 @@ def decide_shrink(plan: RestartPlan, why: str, *, replicas: int, min_replicas: i
     size = plan.group_size
     if plan.mode != "InPlace" or plan.reason != GROUP_REPAIR or size <= 0 or replicas <= 1:
         return None
-    training = len(plan.carry_on) // size
+    carry = set(plan.carry_on)
+    training = len({group_of_pod_index(i, size) for i in carry})
     if training < min_replicas or training >= replicas:
         return None
-    carry = set(plan.carry_on)
-    waiting = tuple(sorted({i // size for i in range(replicas * size) if i not in carry}))
+    waiting = tuple(sorted({group_of_pod_index(i, size) for i in range(replicas * size) if i not in carry}))
     delete = tuple(i for i in plan.replace if i not in set(plan.optional))
-    message = f"{describe_groups(training, replicas, waiting=waiting)} ({why})"
-    return Shrink(waiting=waiting, delete=delete, carry_on=plan.carry_on, group_size=size, message=message)
+    return Shrink(waiting=waiting, delete=delete, carry_on=plan.carry_on, group_size=size, replicas=replicas, why=why)
 
 
 def waiting_groups(status: TrainingJobStatus) -> tuple[int, ...]:
@@ -112,8 +126,7 @@ def waiting_pods(status: TrainingJobStatus, replicas: int) -> frozenset[int]:
     lr = status.last_restart
     assert lr is not None
     pods = status.placement.node_count if status.placement is not None and status.placement.node_count else lr.kept + len(lr.replaced)
-    size = max(pods // replicas, 1)
-    return frozenset(i for g in groups for i in range(g * size, (g + 1) * size))
+    return frozenset(i for g in groups for i in pods_of_group(g, pods_per_group(pods, replicas)))
 
 
 # --------------------------------------------------------------------------- grow back
@@ -129,11 +142,33 @@ class GrowBack:
     #: Pod indices that stay (the waiting groups' kept pods restart in place).
     keep: tuple[int, ...]
     carry_on: tuple[int, ...]
-    message: str
+    #: The groups that come back.
+    waiting: tuple[int, ...] = ()
+    #: Pods per group.
+    group_size: int = 1
+    #: Pod index -> its node in the running attempt.
+    old_nodes: Mapping[int, str] = field(default_factory=dict)
+
+    @property
+    def reason(self) -> str:
+        """``lastRestart.reason``: the groups come back as a group repair."""
+        return GROUP_REPAIR
+
+    @property
+    def message(self) -> str:
+        nodes = self.placement.nodes
+        where = ", ".join(f"pod {i} {self.old_nodes.get(i) or '?'} -> {nodes[i]}" for i in sorted(self.replace)[:8])
+        training = len({group_of_pod_index(i, self.group_size) for i in self.carry_on})
+        replicas = len({group_of_pod_index(i, self.group_size) for i in range(len(self.placement.nodes))})
+        return (f"a node is usable again: {_groups(sorted(self.waiting))} placed ({where}); "
+                f"{training}/{replicas} groups carry on untouched, the placed ones join the quorum and heal "
+                "from a live peer")
 
 
 @dataclass(frozen=True, slots=True)
 class KeepWaiting:
+    """The waiting groups still find no place: nothing to do until a node event or the recheck."""
+
     message: str
 
 
@@ -153,20 +188,16 @@ def decide_grow_back(
     if isinstance(result, Unplaceable):
         return KeepWaiting(f"no node for {_groups(sorted(waiting))} yet: {result.message}")
     size = max(group_size, 1)
-    mine = {i for g in waiting for i in range(g * size, (g + 1) * size)}
+    mine = {i for g in waiting for i in pods_of_group(g, size)}
     carry = set(carry_on)
     moved_training = sorted(i for i in result.moved if i in carry)
     if moved_training:
-        return KeepWaiting(f"placing {_groups(sorted(waiting))} would move pods {moved_training} of training groups; waiting for another node")
+        return KeepWaiting(f"placing {_groups(sorted(waiting))} would move pods {moved_training} of training groups; "
+                           "waiting for another node")
     replace = frozenset(i for i in mine if i not in present or i in set(result.moved))
     keep = tuple(i for i in range(len(result.nodes)) if i not in replace)
-    old = old_nodes or {}
-    where = ", ".join(f"pod {i} {old.get(i) or '?'} -> {result.nodes[i]}" for i in sorted(replace)[:8])
-    training = len(carry) // size
-    replicas = len(result.nodes) // size
-    message = (f"a node is usable again: {_groups(sorted(waiting))} placed ({where}); "
-               f"{training}/{replicas} groups carry on untouched, the placed ones join the quorum and heal from a live peer")
-    return GrowBack(placement=result, replace=replace, keep=keep, carry_on=tuple(carry_on), message=message)
+    return GrowBack(placement=result, replace=replace, keep=keep, carry_on=tuple(carry_on), waiting=tuple(waiting),
+                    group_size=size, old_nodes=dict(old_nodes or {}))
 
 
 # --------------------------------------------------------------------------- how many train
@@ -186,7 +217,7 @@ def count_training_groups(status: TrainingJobStatus, replicas: int) -> int:
         return replicas
     if current and lr is not None and lr.reason == GROUP_REPAIR and status.phase in ("Restarting", "Starting"):
         pods = status.placement.node_count if status.placement is not None and status.placement.node_count else lr.kept + len(lr.replaced)
-        return len(lr.carried_on) // max(pods // replicas, 1)
+        return len({group_of_pod_index(i, pods_per_group(pods, replicas)) for i in lr.carried_on})
     return 0
 
 
@@ -235,12 +266,12 @@ def decide_groups_finished(
     (groups waiting for a node) are not waited for."""
     if replicas <= 1 or expected % replicas or not members:
         return None
-    size = expected // replicas
+    size = pods_per_group(expected, replicas)
     by_group: dict[int, list[Obj]] = {}
     for p in members:
         i = pod_index_of(p)
         if 0 <= i < expected and i not in waiting:
-            by_group.setdefault(i // size, []).append(p)
+            by_group.setdefault(group_of_pod_index(i, size), []).append(p)
 
     def succeeded(p: Obj) -> bool:
         return str((p.get("status") or {}).get("phase") or "") == "Succeeded"

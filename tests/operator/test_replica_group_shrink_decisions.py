@@ -1,4 +1,4 @@
-"""Elastic replica groups (logic/elastic.py), table-driven and pure: when a lost group that
+"""Replica groups that shrink and grow back (logic/shrink.py), table-driven and pure: when a lost group that
 cannot be placed lets the others go on (shrink), when a waiting group comes back (grow back), how
 many groups the status says train (Degraded, the gauge), when a job whose group finished the last
 step Succeeds, and how the lifecycle and the gang assessment read waiting groups."""
@@ -13,7 +13,16 @@ from tests.operator.builders import make_node, make_pod
 from railyard.api.trainingjob import LastRestart, PlacementStatus, RestartPolicy, TrainingJobStatus
 from railyard.logic import lifecycle as lc
 from railyard.logic.conditions import format_micro_time
-from railyard.logic.elastic import (
+from railyard.logic.failures import build_failure
+from railyard.logic.gang import GangAssessment, assess_gang
+from railyard.logic.inplace import (
+    GROUP_REPAIR,
+    RestartPlan,
+    decide_group_repair,
+    decide_restart_mode,
+)
+from railyard.logic.placement import Placement, Unplaceable
+from railyard.logic.shrink import (
     GROUPS_FINISH_SETTLE_S,
     WAITING,
     GrowBack,
@@ -25,15 +34,6 @@ from railyard.logic.elastic import (
     describe_groups,
     waiting_pods,
 )
-from railyard.logic.failures import build_failure
-from railyard.logic.gang import GangAssessment, assess_gang
-from railyard.logic.inplace import (
-    GROUP_REPAIR,
-    RestartPlan,
-    decide_group_repair,
-    decide_restart_mode,
-)
-from railyard.logic.placement import Placement, Unplaceable
 from railyard.logic.status import decide_degraded
 
 NOW = 1_767_225_600.0

@@ -1,0 +1,343 @@
+"""Recovery: what the operator does about a failure of the gang, and about replica groups that
+wait for a node, decided in one pure function. :func:`decide_recovery` takes what was observed
+(:class:`Observed`: the cause, the pods and nodes, the cluster's bound pods for the placement,
+the running attempt's rank table, the spec and the status with its budgets) and returns ONE
+typed plan (:data:`RecoveryPlan`); handlers/ execute it and decide nothing on the way.
+
+The plans, and which module of logic/ each step comes from:
+
+- :class:`Fail`: a permanent failure, or its class's restart budget spent (``decide_failure``).
+- :class:`FullRestart`: every pod deleted, the next attempt created whole after the backoff;
+  ``reason`` is a :data:`railyard.logic.inplace.FALLBACKS` key (why not in place).
+- :class:`RestartInPlace`: the pods on healthy nodes stay, the others are replaced sticky
+  (``decide_restart_mode``, then the placement, ``plan_in_place_moves``). A pod on a flagged
+  straggler node moves only when the placement has room; that it was flagged never turns an
+  in-place restart into a full one.
+- :class:`RepairGroups`: faultTolerance ReplicaGroups: only the groups the failure touched
+  restart, the others carry on untouched (``decide_group_repair``).
+- :class:`ShrinkAndWait`: the touched groups cannot be placed but enough groups carry on: the job
+  goes on with fewer groups, the lost ones wait for a node (logic/shrink.py's ``decide_shrink``).
+- :class:`GrowBack` / :class:`KeepWaiting`: while groups wait, whether they fit again
+  (``decide_grow_back``); :class:`FallBackToFull` when there is nothing to grow back onto.
+- :class:`MoveAhead`: the plan of a planned disruption (a node announced to go), produced by the
+  planned-move path when it is added; :func:`decide_recovery` does not return it yet.
+
+Reason codes and messages are properties of the plans, built from their fields: no caller
+parses a message or decodes a union of return types.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from railyard.api.trainingjob import TrainingJob, TrainingJobStatus
+from railyard.logic.failures import Failure
+from railyard.logic.gang import pod_index_of
+from railyard.logic.inplace import (
+    FALLBACKS,
+    GROUP_REPAIR,
+    InPlaceMoves,
+    RestartPlan,
+    decide_group_repair,
+    decide_nodes_to_leave,
+    decide_restart_mode,
+    failed_pod_indices,
+    plan_in_place_moves,
+)
+from railyard.logic.lifecycle import FailJob, FallBackToFull, decide_failure
+from railyard.logic.placement import Placement, Unplaceable, build_placement_input, plan_placement
+from railyard.logic.restarts import RestartDecision
+from railyard.logic.shrink import GrowBack, KeepWaiting, Shrink, decide_grow_back, decide_shrink
+from railyard.protocol.mesh import pods_per_group
+from railyard.protocol.ranktable import RankTable
+
+__all__ = [
+    "Fail",
+    "FallBackToFull",
+    "FullRestart",
+    "GrowBack",
+    "KeepWaiting",
+    "MoveAhead",
+    "Observed",
+    "RecoveryPlan",
+    "RepairGroups",
+    "RestartInPlace",
+    "ShrinkAndWait",
+    "WaitingGroups",
+    "decide_recovery",
+]
+
+Obj = Mapping[str, Any]
+
+
+# --------------------------------------------------------------------------- what was observed
+
+
+@dataclass(frozen=True, slots=True)
+class WaitingGroups:
+    """The cause of a grow-back check: replica groups wait for a node (``lastRestart.state``
+    Waiting) while the others train, and a cycle asks whether they fit again."""
+
+    groups: tuple[int, ...]
+    #: Pod indices of the groups that train on.
+    carry_on: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Observed:
+    """What :func:`decide_recovery` decides from; the handler reads it, nothing more."""
+
+    cause: Failure | WaitingGroups
+    job: TrainingJob
+    status: TrainingJobStatus
+    #: ``metadata.generation`` of the TrainingJob (a spec edited since the gang was built).
+    generation: int
+    #: The gang's pods as they are (not the launchers' reports laid over them).
+    members: Sequence[Obj]
+    nodes: Mapping[str, Obj]
+    #: Every bound pod of the cluster (what the placement counts as taken).
+    cluster_pods: Sequence[Obj] = ()
+    #: The running attempt's rank table (None: gone, or not read because in place is off).
+    table: RankTable | None = None
+    #: Pod indices whose launcher spoke the control protocol in this attempt.
+    capable: frozenset[int] = frozenset()
+    #: The gang as the failure rules see it (launcher reports as pod evidence): whose workers failed.
+    reported: Sequence[Obj] = ()
+    #: The failure as the status tells it (logic/failure_report.py).
+    said: str = ""
+
+
+# --------------------------------------------------------------------------- the plans
+
+
+@dataclass(frozen=True, slots=True)
+class Fail:
+    """The job fails (its phase Failed)."""
+
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class FullRestart:
+    """Delete every pod of the gang; the next attempt is created whole after the backoff."""
+
+    failure: Failure
+    budget: RestartDecision
+    #: Why not in place: a :data:`FALLBACKS` key.
+    fallback: str
+    #: What the fallback's own text leaves out (the placement's reason, the pods without a launcher).
+    detail: str = ""
+
+    @property
+    def reason(self) -> str:
+        return self.fallback
+
+    @property
+    def message(self) -> str:
+        return f"full restart ({self.fallback}): {FALLBACKS[self.fallback]}" + (
+            f": {self.detail}" if self.detail else ""
+        )
+
+    @property
+    def notable(self) -> bool:
+        """Whether the full restart is worth a Warning of its own (in place was possible in principle)."""
+        return self.fallback != "InPlaceDisabled"
+
+
+@dataclass(frozen=True, slots=True)
+class RestartInPlace:
+    """Keep the pods that can stay, replace the others sticky, tell the kept launchers to
+    restart their workers for the new attempt."""
+
+    failure: Failure
+    budget: RestartDecision
+    moves: InPlaceMoves
+
+    @property
+    def placement(self) -> Placement:
+        return self.moves.placement
+
+    @property
+    def replace(self) -> frozenset[int]:
+        return self.moves.replace
+
+    @property
+    def keep(self) -> tuple[int, ...]:
+        return self.moves.keep
+
+    @property
+    def carry_on(self) -> tuple[int, ...]:
+        """Pods whose workers are never told to restart (none: every kept launcher restarts)."""
+        return self.moves.carry_on
+
+    @property
+    def reason(self) -> str:
+        """``lastRestart.reason`` (empty: an ordinary in-place restart)."""
+        return ""
+
+    @property
+    def message(self) -> str:
+        return self.moves.message
+
+
+@dataclass(frozen=True, slots=True)
+class RepairGroups(RestartInPlace):
+    """faultTolerance ReplicaGroups: restart (in place) only the groups the failure touched;
+    every pod of the other groups carries on, its launcher never told to restart."""
+
+    @property
+    def groups(self) -> tuple[int, ...]:
+        """The replica groups that restart."""
+        return self.moves.restarting_groups
+
+    @property
+    def reason(self) -> str:
+        return GROUP_REPAIR
+
+
+@dataclass(frozen=True, slots=True)
+class ShrinkAndWait:
+    """The touched groups cannot be placed: the job goes on with fewer replica groups; theirs
+    wait for a node (their pods that must move deleted, the others' launchers told to wait)."""
+
+    failure: Failure
+    budget: RestartDecision
+    groups: Shrink
+
+    @property
+    def reason(self) -> str:
+        return GROUP_REPAIR
+
+    @property
+    def message(self) -> str:
+        return self.groups.message
+
+
+@dataclass(frozen=True, slots=True)
+class MoveAhead:
+    """A planned disruption (a node announced to be drained or retired): move the pods off the
+    node before it goes, while the gang still runs, as an in-place restart without a failure.
+    The planned-move path produces this plan; the failure path never does."""
+
+    #: Node -> why it is going (the announcement).
+    nodes: Mapping[str, str]
+    moves: InPlaceMoves
+
+    @property
+    def message(self) -> str:
+        going = ", ".join(f"{n} ({w})" for n, w in sorted(self.nodes.items()))
+        return f"moving ahead of {going}: {self.moves.message}"
+
+
+#: Every plan :func:`decide_recovery` returns (``MoveAhead`` joins when its path does).
+RecoveryPlan = (
+    Fail | FullRestart | RestartInPlace | RepairGroups | ShrinkAndWait | GrowBack | KeepWaiting | FallBackToFull
+)
+
+
+# --------------------------------------------------------------------------- the decision
+
+
+def decide_recovery(o: Observed) -> RecoveryPlan:
+    """The one recovery decision: after a failure (:class:`Failure`), or while replica groups
+    wait for a node (:class:`WaitingGroups`)."""
+    if isinstance(o.cause, WaitingGroups):
+        return _grow_back(o, o.cause)
+    return _after_failure(o, o.cause)
+
+
+def _node(p: Obj) -> str:
+    return str((p.get("spec") or {}).get("nodeName") or "")
+
+
+def _place(o: Observed, table: RankTable, avoid: set[str], attempt: int) -> Placement | Unplaceable:
+    """The next attempt's placement, sticky to ``table`` (the running attempt's), avoiding ``avoid``."""
+    status = o.status
+    return plan_placement(
+        build_placement_input(
+            o.job,
+            nodes=list(o.nodes.values()),
+            pods=o.cluster_pods,
+            attempt=attempt,
+            previous_nodes=[p.node for p in sorted(table.pods, key=lambda p: p.pod_index)],
+            previous_spares=status.placement.spares if status.placement else (),
+            failed=avoid,
+        )
+    )
+
+
+def _after_failure(o: Observed, failure: Failure) -> RecoveryPlan:
+    spec, status = o.job.spec, o.status
+    budget = decide_failure(failure, o.said, spec.restart_policy, status.restarts)
+    if isinstance(budget, FailJob):
+        return Fail(budget.reason, budget.message)
+    # the nodes to move off: those the failure blames (quarantined as the plan is executed)
+    # and the quarantined ones
+    move_off = {n: f"blamed: {failure.kind}" for n in failure.nodes}
+    for q in status.quarantined_nodes:
+        move_off.setdefault(q.node, "quarantined")
+    stragglers = decide_nodes_to_leave(
+        [(s.node, s.rank, s.score) for s in status.stragglers],
+        [_node(p) for p in o.members if _node(p) not in move_off],
+    )
+    spec_changed = bool(status.observed_generation) and o.generation != status.observed_generation
+    expected = status.placement.node_count if status.placement and status.placement.node_count else spec.nodes
+    mode = decide_restart_mode(
+        enabled=spec.restart_policy.in_place,
+        spec_changed=spec_changed,
+        members=o.members,
+        expected=expected,
+        nodes=o.nodes,
+        move_off=move_off,
+        leave=stragglers,
+        capable=o.capable,
+    )
+    failed_pods = frozenset(failed_pod_indices(o.reported)) | frozenset(failure.pod_indices)
+    mode = decide_group_repair(
+        mode,
+        expected=expected,
+        replicas=spec.replica_groups,
+        min_replicas=spec.fault_tolerance.min_replicas,
+        failed=failed_pods,
+    )
+    if mode.mode == "Full":
+        return FullRestart(failure, budget, mode.reason, mode.detail)
+    table = o.table
+    if table is None:
+        return FullRestart(failure, budget, "NotPlaceable", "the running attempt's rank table is gone")
+    attempt = status.attempt + 1
+    avoid = set(move_off)
+    moves = plan_in_place_moves(mode, table, stragglers, avoid, lambda nodes: _place(o, table, nodes, attempt))
+    if isinstance(moves, RestartPlan):
+        # the lost replica groups found no place: the others go on without them
+        shrink = (
+            decide_shrink(
+                mode, moves.detail, replicas=spec.replica_groups, min_replicas=spec.fault_tolerance.min_replicas
+            )
+            if moves.reason == "NotPlaceable"
+            else None
+        )
+        if shrink is not None:
+            return ShrinkAndWait(failure, budget, shrink)
+        return FullRestart(failure, budget, moves.reason, moves.detail)
+    if moves.carry_on:
+        return RepairGroups(failure, budget, moves)
+    return RestartInPlace(failure, budget, moves)
+
+
+def _grow_back(o: Observed, waiting: WaitingGroups) -> RecoveryPlan:
+    status, table = o.status, o.table
+    if table is None:
+        return FallBackToFull("NotPlaceable", f"the rank table of attempt {status.attempt} is gone")
+    result = _place(o, table, {q.node for q in status.quarantined_nodes}, status.attempt + 1)
+    return decide_grow_back(
+        result,
+        waiting=waiting.groups,
+        group_size=pods_per_group(len(table.pods), o.job.spec.replica_groups),
+        present={pod_index_of(p) for p in o.members},
+        carry_on=waiting.carry_on,
+        old_nodes={p.pod_index: p.node for p in table.pods},
+    )
