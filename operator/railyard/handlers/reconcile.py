@@ -55,6 +55,7 @@ from railyard.logic.gang import (
 )
 from railyard.logic.inplace import apply_launcher_reports
 from railyard.logic.manifests import CLEANUP_FINALIZER, check_names, is_owned_by
+from railyard.logic.pending import decide_pending_reason, decide_refused_nodes
 from railyard.logic.quarantine import decide_still_quarantined
 from railyard.logic.status import TERMINAL_PHASES, decide_degraded
 
@@ -156,6 +157,8 @@ async def _step(cycle: Cycle, job: TrainingJob) -> float | None:
     members, _ = gang_members(view, attempt=cycle.status.attempt, since=since)
     if pods and runtime.control.get(cycle.ns, cycle.name) is None:
         await republish(cycle, members, replica_groups=job.spec.replica_groups)  # an operator restarted under a running gang
+    if gang.state == "Starting" or cycle.worker.refused_nodes:
+        cycle.worker.refused_nodes = decide_refused_nodes(members, now=cycle.now, held=cycle.worker.refused_nodes)
     decision = lc.decide_lifecycle(_observe(cycle, job, gang, members, nodes))
     delay = await _execute(cycle, job, decision, gang, members, nodes)
     if cycle.status.phase in TERMINAL_PHASES:
@@ -185,6 +188,7 @@ def _observe(
         first_exit=first_exit_time(members) if gang.state == "Failed" else None,
         groups_finished=decide_groups_finished(members, replicas=spec.replica_groups, expected=gang.expected, now=cycle.now,
                                                waiting=waiting_pods(cycle.status, spec.replica_groups)),
+        pending=decide_pending_reason(members, now=cycle.now) if gang.state == "Starting" else None,
     )
 
 
@@ -238,8 +242,8 @@ async def _run(
             return await finish_creation(cycle, job, members, gang)
         case lc.PlaceAgain(reason, message):
             return await place_again(cycle, members, nodes, reason, message)
-        case lc.MarkStarting(message):
-            cycle.phase("Starting", "GangStarting", message)
+        case lc.MarkStarting(message, reason):
+            cycle.phase("Starting", reason, message)
             return None
         case lc.MarkRunning():
             _mark_running(cycle, step)

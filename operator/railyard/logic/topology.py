@@ -98,6 +98,9 @@ UNSCHEDULABLE = "Unschedulable"
 QUARANTINED = "Quarantined"
 TAINTED = "Tainted"
 BUSY = "NotEnoughFreeGPUs"
+#: The scheduler refused one of the job's pods there for lack of GPUs (GPUs the placement did not
+#: see in use; logic/pending.py): left out of the job's next placements for a while.
+REFUSED = "RefusedByScheduler"
 
 
 @dataclass(frozen=True, slots=True)
