@@ -80,8 +80,9 @@ class FakeCluster:
             meta = p["metadata"]
             # what kopf's index holds: the compact copy (no annotations, no env, no volumes); only
             # pods with the job label (kopf_handlers.railyard_job_pods), any pod once bound
-            if JOB_LABEL in (meta.get("labels") or {}):
-                job_pods.setdefault((meta["namespace"], meta["labels"][JOB_LABEL]), []).append(compact_pod(copy.deepcopy(p)))
+            job = (meta.get("labels") or {}).get(JOB_LABEL)
+            if job is not None:
+                job_pods.setdefault((meta["namespace"], job), []).append(compact_pod(copy.deepcopy(p)))
             node = (p.get("spec") or {}).get("nodeName")
             if node:  # finished pods too, as the operator's index keeps them (with their phase)
                 bound.setdefault(node, []).append(compact_pod(copy.deepcopy(p)))

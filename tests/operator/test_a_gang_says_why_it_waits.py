@@ -30,9 +30,14 @@ def cluster() -> list[dict[str, Any]]:
 
 def foreign_pod(name: str, node: str, *, namespace: str = "other-team", gpus: int = 2) -> dict[str, Any]:
     """Another namespace's Running pod holding ``gpus`` GPUs of ``node`` (not a Railyard pod)."""
-    return {"metadata": {"name": name, "namespace": namespace, "labels": {}},
-            "spec": {"nodeName": node, "containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": str(gpus)}}}]},
-            "status": {"phase": "Running"}}
+    return {
+        "metadata": {"name": name, "namespace": namespace, "labels": {}},
+        "spec": {
+            "nodeName": node,
+            "containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": str(gpus)}}}],
+        },
+        "status": {"phase": "Running"},
+    }
 
 
 def harness() -> Harness:
@@ -43,9 +48,20 @@ def refuse(h: Harness, index: int, message: str = NO_GPUS) -> None:
     """The scheduler leaves pod ``index`` of the current attempt unbound, and says why."""
     pod = h.cluster.pods_of(h.status.attempt)[index]
     pod["spec"].pop("nodeName", None)
-    pod["status"] = {"phase": "Pending", "conditions": [
-        {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": message,
-         "lastProbeTime": None, "lastTransitionTime": format_time(h.now), "observedGeneration": 1}]}
+    pod["status"] = {
+        "phase": "Pending",
+        "conditions": [
+            {
+                "type": "PodScheduled",
+                "status": "False",
+                "reason": "Unschedulable",
+                "message": message,
+                "lastProbeTime": None,
+                "lastTransitionTime": format_time(h.now),
+                "observedGeneration": 1,
+            }
+        ],
+    }
 
 
 async def test_a_gpu_held_by_a_pod_of_another_namespace_is_never_chosen() -> None:
@@ -56,7 +72,9 @@ async def test_a_gpu_held_by_a_pod_of_another_namespace_is_never_chosen() -> Non
     # an operator watching every namespace has the other team's pods in its bound-pods index
     # (kopf_handlers.railyard_bound_pods has no namespace filter; the fake fills it the same way)
     held = foreign_pod("their-trainer", "node-1")
-    assert kopf_handlers.railyard_bound_pods(spec=held["spec"], body=held) == {"node-1": kopf_handlers.compact_pod(held)}
+    assert kopf_handlers.railyard_bound_pods(spec=held["spec"], body=held) == {
+        "node-1": kopf_handlers.compact_pod(held)
+    }
     h = harness()
     h.cluster.pods["their-trainer"] = held
     await h.cycle()
@@ -82,8 +100,12 @@ async def test_the_schedulers_reason_is_in_the_condition_within_one_cycle() -> N
     await h.cycle()
     assert "released together" in h.status.message
     refuse(h, 0)
-    refuse(h, 1, "pod group is unschedulable, waiting for minCount pods from a gang to be scheduled, one or more plugins "
-                 "asked to wait and no plugin rejected pod")
+    refuse(
+        h,
+        1,
+        "pod group is unschedulable, waiting for minCount pods from a gang to be scheduled, one or more plugins "
+        "asked to wait and no plugin rejected pod",
+    )
     await h.cycle(1.0)
     placed = find_condition(h.status.conditions, "Placed")
     assert h.status.phase == "Starting" and placed is not None and placed.reason == "Unschedulable"
@@ -97,7 +119,8 @@ async def test_the_schedulers_reason_is_in_the_condition_within_one_cycle() -> N
     for pod in h.cluster.pods_of(h.status.attempt):
         pod["status"] = {"phase": "Pending"}
     await h.cycle(1.0)
-    assert find_condition(h.status.conditions, "Placed").reason == "GangStarting"  # type: ignore[union-attr]
+    placed = find_condition(h.status.conditions, "Placed")
+    assert placed is not None and placed.reason == "GangStarting"
     assert "waiting for the rest" in h.status.message
 
 
@@ -123,8 +146,7 @@ async def test_a_namespaced_operator_leaves_out_the_nodes_the_scheduler_refuses(
 
 
 async def test_a_compute_domain_without_the_nvidia_dra_driver_says_what_to_install() -> None:
-    h = Harness(cluster(), make_job(gpuClaim={"computeDomain": True},
-                                     gang={"scheduleTimeoutSeconds": TIMEOUT_S}))
+    h = Harness(cluster(), make_job(gpuClaim={"computeDomain": True}, gang={"scheduleTimeoutSeconds": TIMEOUT_S}))
     h.cluster.scheduler_binds = False
     await h.cycle()
     assert h.status.phase == "Starting"
@@ -134,10 +156,15 @@ async def test_a_compute_domain_without_the_nvidia_dra_driver_says_what_to_insta
         # kube-controller-manager made the GPU claim from the operator's template; the channel's
         # template is the driver's to make, and no driver runs: no claim, no scheduling
         pod["metadata"]["creationTimestamp"] = format_time(h.now)
-        pod["status"] = {"phase": "Pending", "resourceClaimStatuses": [
-            {"name": GPU_CLAIM, "resourceClaimName": f"{pod['metadata']['name']}-gpus-x7k2p"}]}
+        pod["status"] = {
+            "phase": "Pending",
+            "resourceClaimStatuses": [
+                {"name": GPU_CLAIM, "resourceClaimName": f"{pod['metadata']['name']}-gpus-x7k2p"}
+            ],
+        }
     await h.cycle(1.0)
-    assert find_condition(h.status.conditions, "Placed").reason != "ComputeDomainDriverMissing"  # type: ignore[union-attr]
+    early = find_condition(h.status.conditions, "Placed")
+    assert early is not None and early.reason != "ComputeDomainDriverMissing"
     await h.cycle(CLAIM_GRACE_S)
     placed = find_condition(h.status.conditions, "Placed")
     assert placed is not None and placed.reason == "ComputeDomainDriverMissing", h.status.message

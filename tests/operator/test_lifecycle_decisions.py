@@ -80,9 +80,10 @@ ROWS: list[tuple[str, Seen, list[str]]] = [
     ("first look at a starting gang", Seen("Placing", gang("Starting"), status={"gang_created_time": ago(1)}),
      ["MarkStarting", "CheckHealth", "Wait"]),
     # Starting, and the scheduler says why it waits: shown in the cycle that sees it, once
-    ("the scheduler's reason", Seen("Starting", gang("Starting"), status={"gang_created_time": ago(10)}, kw={"pending": UNSCHEDULABLE}),
-     ["MarkStarting", "CheckHealth", "Wait"]),
-    ("the scheduler's reason, already shown", Seen("Starting", gang("Starting"), status={"gang_created_time": ago(10), "message": SHOWN},
+    ("the scheduler's reason", Seen("Starting", gang("Starting"), status={"gang_created_time": ago(10)},
+                                    kw={"pending": UNSCHEDULABLE}), ["MarkStarting", "CheckHealth", "Wait"]),
+    ("the scheduler's reason, already shown", Seen("Starting", gang("Starting"),
+                                                   status={"gang_created_time": ago(10), "message": SHOWN},
                                                    kw={"pending": UNSCHEDULABLE}), ["CheckHealth", "Wait"]),
     # Starting -> Placing: the schedule timeout passed, whatever the scheduler said
     ("gang timeout, the scheduler refusing", Seen("Starting", gang("Starting"), status={"gang_created_time": ago(300)},
@@ -140,14 +141,18 @@ def test_the_gang_deadline_and_its_wait() -> None:
 
 
 def test_a_starting_job_says_why_its_gang_waits_and_stops_saying_it_when_that_is_over() -> None:
-    said = step(Seen("Starting", gang("Starting"), status={"gang_created_time": ago(10)}, kw={"pending": UNSCHEDULABLE}), lc.MarkStarting)
+    seen = Seen("Starting", gang("Starting"), status={"gang_created_time": ago(10)}, kw={"pending": UNSCHEDULABLE})
+    said = step(seen, lc.MarkStarting)
     assert (said.reason, said.message) == ("Unschedulable", SHOWN)
     missing = PendingReason("ComputeDomainDriverMissing", "install the NVIDIA DRA driver")
-    entering = step(Seen("Placing", gang("Starting"), status={"gang_created_time": ago(20)}, kw={"pending": missing}), lc.MarkStarting)
+    entering = step(Seen("Placing", gang("Starting"), status={"gang_created_time": ago(20)}, kw={"pending": missing}),
+                    lc.MarkStarting)
     assert entering.reason == "ComputeDomainDriverMissing" and "install the NVIDIA DRA driver" in entering.message
     # the pods were scheduled after all: the usual message again (and only after a reason was shown)
-    for reason, expected in (("Unschedulable", ["MarkStarting", "CheckHealth", "Wait"]), ("GangCreated", ["CheckHealth", "Wait"])):
-        shown = apply_phase(TrainingJobStatus(gang_created_time=ago(5)), "Starting", reason=reason, message="m", now=ago(5))
+    for reason, expected in (("Unschedulable", ["MarkStarting", "CheckHealth", "Wait"]),
+                             ("GangCreated", ["CheckHealth", "Wait"])):
+        shown = apply_phase(TrainingJobStatus(gang_created_time=ago(5)), "Starting", reason=reason, message="m",
+                            now=ago(5))
         seen = lc.Observed(status=shown, generation=1, now=NOW, gang=gang("Starting"), schedule_timeout_s=300,
                            heartbeat_interval_s=5.0, restart_policy=RestartPolicy())
         got = lc.decide_lifecycle(seen)

@@ -60,7 +60,8 @@ def compact_pod(body: Any) -> dict[str, Any]:
     planned = _pick(meta.get("annotations") or {}, NODE_ANNOTATION)
     # DRA: which claims the pod asks for from templates and which kube-controller-manager made
     # (logic/pending.py names a missing one, and the driver that should have made its template)
-    claims = [_pick(c, "name", "resourceClaimTemplateName") for c in spec.get("resourceClaims") or () if c.get("resourceClaimTemplateName")]
+    claims = [_pick(c, "name", "resourceClaimTemplateName") for c in spec.get("resourceClaims") or ()
+              if c.get("resourceClaimTemplateName")]
     made = [_pick(c, "name", "resourceClaimName") for c in status.get("resourceClaimStatuses") or ()]
     return {
         "metadata": {**_pick(meta, "name", "namespace", "uid", "deletionTimestamp", "creationTimestamp"), "labels": dict(meta.get("labels") or {}),

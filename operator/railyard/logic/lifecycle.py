@@ -398,7 +398,8 @@ def _starting(seen: Observed) -> list[Step]:
         if status.phase != "Starting" or status.message != message:
             steps.append(MarkStarting(message, seen.pending.reason))
     elif status.phase != "Starting" or said:
-        steps.append(MarkStarting(f"{running}; waiting for the rest (spec.gang.scheduleTimeoutSeconds={seen.schedule_timeout_s})"))
+        steps.append(MarkStarting(
+            f"{running}; waiting for the rest (spec.gang.scheduleTimeoutSeconds={seen.schedule_timeout_s})"))
     return [*steps, CheckHealth(), Wait(min(deadline - seen.now, seen.heartbeat_interval_s))]
 
 

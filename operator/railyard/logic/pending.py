@@ -69,14 +69,19 @@ def _planned_node(pod: Mapping[str, Any]) -> str:
 
 def _waiting(pods: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
     """The pods the scheduler has not bound yet (and nobody is deleting)."""
-    return [p for p in pods if not (p.get("spec") or {}).get("nodeName") and not (p.get("metadata") or {}).get("deletionTimestamp")
-            and (p.get("status") or {}).get("phase", "Pending") == "Pending"]
+    return [
+        p
+        for p in pods
+        if not (p.get("spec") or {}).get("nodeName")
+        and not (p.get("metadata") or {}).get("deletionTimestamp")
+        and (p.get("status") or {}).get("phase", "Pending") == "Pending"
+    ]
 
 
 def unschedulable_message(pod: Mapping[str, Any]) -> str | None:
     """The scheduler's message when ``pod``'s PodScheduled condition is False/Unschedulable."""
     for cond in (pod.get("status") or {}).get("conditions") or ():
-        if cond.get("type") == "PodScheduled" and cond.get("status") == "False" and cond.get("reason") == "Unschedulable":
+        if (cond.get("type"), cond.get("status"), cond.get("reason")) == ("PodScheduled", "False", "Unschedulable"):
             return str(cond.get("message") or "no message")
     return None
 
@@ -86,9 +91,13 @@ def _missing_claims(pod: Mapping[str, Any], now: float, grace_s: float) -> list[
     created = parse_time((pod.get("metadata") or {}).get("creationTimestamp"))
     if created is None or now - created < grace_s:
         return []
-    made = {str(s.get("name")) for s in (pod.get("status") or {}).get("resourceClaimStatuses") or () if s.get("resourceClaimName")}
-    return [(str(c.get("name")), str(c["resourceClaimTemplateName"])) for c in (pod.get("spec") or {}).get("resourceClaims") or ()
-            if c.get("resourceClaimTemplateName") and str(c.get("name")) not in made]
+    status, spec = pod.get("status") or {}, pod.get("spec") or {}
+    made = {str(s.get("name")) for s in status.get("resourceClaimStatuses") or () if s.get("resourceClaimName")}
+    return [
+        (str(c.get("name")), str(c["resourceClaimTemplateName"]))
+        for c in spec.get("resourceClaims") or ()
+        if c.get("resourceClaimTemplateName") and str(c.get("name")) not in made
+    ]
 
 
 def _claims_reason(waiting: Sequence[Mapping[str, Any]], now: float, grace_s: float) -> PendingReason | None:
@@ -101,14 +110,15 @@ def _claims_reason(waiting: Sequence[Mapping[str, Any]], now: float, grace_s: fl
         claim, template = missing[0]
         if claim == CHANNEL_CLAIM:
             return PendingReason("ComputeDomainDriverMissing", (
-                f"the NVIDIA DRA driver's ComputeDomain controller is not running: nobody created ResourceClaimTemplate {template} "
-                f"(the IMEX channel of spec.gpuClaim.computeDomain), so kube-controller-manager cannot create claim {claim!r} of pod "
-                f"{_name(pod)}{others} (FailedResourceClaimCreation) and the pods stay Pending; install {DRA_DRIVER}, "
+                "the NVIDIA DRA driver's ComputeDomain controller is not running: nobody created "
+                f"ResourceClaimTemplate {template} (the IMEX channel of spec.gpuClaim.computeDomain), so "
+                f"kube-controller-manager cannot create claim {claim!r} of pod {_name(pod)}{others} "
+                f"(FailedResourceClaimCreation) and the pods stay Pending; install {DRA_DRIVER}, "
                 "or remove spec.gpuClaim.computeDomain"))
         return PendingReason("ResourceClaimNotCreated", (
-            f"claim {claim!r} of pod {_name(pod)}{others} (from ResourceClaimTemplate {template}) was not created {grace_s:g}s after "
-            "the pod: kube-controller-manager's resourceclaim controller has not made it (see the pod's "
-            "FailedResourceClaimCreation Events; is kube-controller-manager running with DRA?)"))
+            f"claim {claim!r} of pod {_name(pod)}{others} (from ResourceClaimTemplate {template}) was not "
+            f"created {grace_s:g}s after the pod: kube-controller-manager's resourceclaim controller has not "
+            "made it (see the pod's FailedResourceClaimCreation Events; is kube-controller-manager running with DRA?)"))
     return None
 
 
@@ -139,7 +149,8 @@ def decide_pending_reason(
     refused = [(p, m) for p in waiting if (m := unschedulable_message(p)) is not None]
     group_says = ""
     if group_condition is not None and group_condition.get("status") == "False":
-        group_says = f"PodGroup {group or '?'} {group_condition.get('reason') or 'Unschedulable'}: {group_condition.get('message') or ''}"
+        reason = group_condition.get("reason") or "Unschedulable"
+        group_says = f"PodGroup {group or '?'} {reason}: {group_condition.get('message') or ''}"
     if not refused and not group_says:
         return None
     parts = []
