@@ -178,6 +178,11 @@ class FakeCluster:
         self.calls.append(("discover", "scheduling.k8s.io/v1alpha2"))
         return self.workload_api
 
+    async def read_podgroup_condition(self, namespace: str, name: str) -> dict[str, Any] | None:
+        self.calls.append(("read", f"PodGroup/{name}"))
+        group = self.objects.get(("PodGroup", name)) or {}
+        return next((dict(c) for c in (group.get("status") or {}).get("conditions") or () if c.get("type") == "PodGroupScheduled"), None)
+
     async def read_rank_table(self, namespace: str, job: str, attempt: int) -> RankTable | None:
         cm = self.objects.get(("ConfigMap", configmap_name(job, attempt)))
         if cm is None:

@@ -21,6 +21,11 @@ pytestmark = pytest.mark.asyncio
 TIMEOUT_S = 60
 #: A pod pinned to a node whose GPUs are all held: what kube-scheduler writes on it.
 NO_GPUS = "0/4 nodes are available: 1 Insufficient nvidia.com/gpu, 3 node(s) didn't match Pod's node affinity/selector."
+#: What every pod of a gang that fits nowhere reads under Kubernetes' gang scheduling.
+GANG_WAITS = (
+    "pod group is unschedulable, waiting for minCount pods from a gang to be scheduled, one or more plugins "
+    "asked to wait and no plugin rejected pod"
+)
 
 
 def cluster() -> list[dict[str, Any]]:
@@ -100,17 +105,12 @@ async def test_the_schedulers_reason_is_in_the_condition_within_one_cycle() -> N
     await h.cycle()
     assert "released together" in h.status.message
     refuse(h, 0)
-    refuse(
-        h,
-        1,
-        "pod group is unschedulable, waiting for minCount pods from a gang to be scheduled, one or more plugins "
-        "asked to wait and no plugin rejected pod",
-    )
+    refuse(h, 1, GANG_WAITS)
     await h.cycle(1.0)
     placed = find_condition(h.status.conditions, "Placed")
     assert h.status.phase == "Starting" and placed is not None and placed.reason == "Unschedulable"
     assert "1 Insufficient nvidia.com/gpu" in h.status.message and "pinned to node node-0" in h.status.message
-    assert "Unschedulable" in h.reasons()
+    assert ("Warning", "Unschedulable") in [(kind, reason) for kind, reason, _ in h.cluster.events]
     # said once: the next cycles write nothing new
     events = len(h.cluster.events)
     await h.cycle(1.0)
@@ -169,3 +169,23 @@ async def test_a_compute_domain_without_the_nvidia_dra_driver_says_what_to_insta
     placed = find_condition(h.status.conditions, "Placed")
     assert placed is not None and placed.reason == "ComputeDomainDriverMissing", h.status.message
     assert "NVIDIA DRA driver for GPUs" in h.status.message and "-channel" in h.status.message
+
+
+async def test_with_kubernetes_gang_scheduling_the_podgroup_says_it_too() -> None:
+    h = Harness(cluster(), make_job(gang={"scheduler": "kubernetes", "scheduleTimeoutSeconds": TIMEOUT_S}))
+    h.cluster.scheduler_binds = False
+    await h.cycle()
+    group = next(name for kind, name in h.cluster.objects if kind == "PodGroup")
+    await h.cycle(1.0)
+    assert ("read", f"PodGroup/{group}") not in h.cluster.calls  # nothing refused: nothing to read
+    # v1.36-workload 027-028: every pod of a gang that fits in no leaf, and its group
+    for index in range(2):
+        refuse(h, index, GANG_WAITS)
+    unschedulable = {"type": "PodGroupScheduled", "status": "False", "reason": "Unschedulable",
+                     "message": "0/2 placements are available, first placement status: pod group is unschedulable"}
+    h.cluster.objects[("PodGroup", group)]["status"] = {"conditions": [unschedulable]}
+    await h.cycle(1.0)
+    placed = find_condition(h.status.conditions, "Placed")
+    assert placed is not None and placed.reason == "Unschedulable"
+    assert f"PodGroup {group} Unschedulable: 0/2 placements are available" in h.status.message
+    assert "waiting for minCount pods" in h.status.message

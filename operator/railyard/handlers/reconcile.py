@@ -55,8 +55,14 @@ from railyard.logic.gang import (
 )
 from railyard.logic.inplace import apply_launcher_reports
 from railyard.logic.manifests import CLEANUP_FINALIZER, check_names, is_owned_by
-from railyard.logic.pending import decide_pending_reason, decide_refused_nodes
+from railyard.logic.pending import (
+    PendingReason,
+    decide_pending_reason,
+    decide_refused_nodes,
+    unschedulable_message,
+)
 from railyard.logic.quarantine import decide_still_quarantined
+from railyard.logic.schedulers import pod_group_of
 from railyard.logic.status import TERMINAL_PHASES, decide_degraded
 
 log = logging.getLogger(__name__)
@@ -159,7 +165,8 @@ async def _step(cycle: Cycle, job: TrainingJob) -> float | None:
         await republish(cycle, members, replica_groups=job.spec.replica_groups)  # an operator restarted under a running gang
     if gang.state == "Starting" or cycle.worker.refused_nodes:
         cycle.worker.refused_nodes = decide_refused_nodes(members, now=cycle.now, held=cycle.worker.refused_nodes)
-    decision = lc.decide_lifecycle(_observe(cycle, job, gang, members, nodes))
+    pending = await _pending_reason(cycle, members) if gang.state == "Starting" else None
+    decision = lc.decide_lifecycle(_observe(cycle, job, gang, members, nodes, pending))
     delay = await _execute(cycle, job, decision, gang, members, nodes)
     if cycle.status.phase in TERMINAL_PHASES:
         return await _release_finished(cycle, job, nodes)
@@ -169,8 +176,19 @@ async def _step(cycle: Cycle, job: TrainingJob) -> float | None:
     return delay
 
 
+async def _pending_reason(cycle: Cycle, members: Sequence[Mapping[str, Any]]) -> PendingReason | None:
+    """Why the gang's pods wait (logic/pending.py); Kubernetes' PodGroup is read only while the
+    scheduler reports one of its pods Unschedulable (one GET a cycle, then)."""
+    group = next((name for p in members if (name := pod_group_of(p))), None)
+    condition = None
+    if group and any(unschedulable_message(p) is not None for p in members):
+        condition = await cycle.io.read_podgroup_condition(cycle.ns, group)
+    return decide_pending_reason(members, now=cycle.now, group_condition=condition, group=group or "")
+
+
 def _observe(
     cycle: Cycle, job: TrainingJob, gang: GangAssessment, members: Sequence[Mapping[str, Any]], nodes: Mapping[str, Mapping[str, Any]],
+    pending: PendingReason | None = None,
 ) -> lc.Observed:
     """The inputs of :func:`railyard.logic.lifecycle.decide_lifecycle` (what only some states
     read is read only then)."""
@@ -188,7 +206,7 @@ def _observe(
         first_exit=first_exit_time(members) if gang.state == "Failed" else None,
         groups_finished=decide_groups_finished(members, replicas=spec.replica_groups, expected=gang.expected, now=cycle.now,
                                                waiting=waiting_pods(cycle.status, spec.replica_groups)),
-        pending=decide_pending_reason(members, now=cycle.now) if gang.state == "Starting" else None,
+        pending=pending,
     )
 
 
