@@ -17,8 +17,9 @@ The states of the gang and what follows each (docs/operator.md "How a job runs")
   creation (rolled back) is let go.
 - Starting: all Running within ``spec.gang.scheduleTimeoutSeconds``, else placed again; placed
   again at once when a planned node can no longer take its pod. Meanwhile the job's message
-  carries why the pods wait, where the scheduler or a controller says it (logic/pending.py). A gang that was Running and
-  lost a pod stays Running until the loss is classified (it never goes back to Starting).
+  carries why the pods wait, where the scheduler or a controller says it (logic/pending.py). A
+  gang that was Running and lost a pod stays Running until the loss is classified (it never goes
+  back to Starting).
 - Running: record it, clear the restart streak after ``restartPolicy.resetAfterSeconds``.
 - Succeeded: record it. Failed: handle the failure (an SDC exit waits a moment for the
   heartbeat that names the suspect).

@@ -88,14 +88,17 @@ def unschedulable_message(pod: Mapping[str, Any]) -> str | None:
 
 def _missing_claims(pod: Mapping[str, Any], now: float, grace_s: float) -> list[tuple[str, str]]:
     """(claim name, template) of ``pod``'s template claims not created ``grace_s`` after the pod."""
+    claims = (pod.get("spec") or {}).get("resourceClaims")
+    if not claims:  # the common case, and a cheap one: no DRA
+        return []
     created = parse_time((pod.get("metadata") or {}).get("creationTimestamp"))
     if created is None or now - created < grace_s:
         return []
-    status, spec = pod.get("status") or {}, pod.get("spec") or {}
+    status = pod.get("status") or {}
     made = {str(s.get("name")) for s in status.get("resourceClaimStatuses") or () if s.get("resourceClaimName")}
     return [
         (str(c.get("name")), str(c["resourceClaimTemplateName"]))
-        for c in spec.get("resourceClaims") or ()
+        for c in claims
         if c.get("resourceClaimTemplateName") and str(c.get("name")) not in made
     ]
 

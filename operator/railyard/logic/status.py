@@ -180,7 +180,7 @@ def build_transition_events(old: TrainingJobStatus, new: TrainingJobStatus) -> l
     if old.phase != new.phase or (new_head is not None and (old_head is None or old_head.reason != new_head.reason)):
         reason = new_head.reason if new_head is not None and new_head.reason else new.phase
         # a gang the scheduler (or a missing controller) keeps from starting is a warning too
-        warn = new.phase in WARNING_PHASES or reason in PENDING_REASONS
+        warn = new.phase in WARNING_PHASES or (new.phase == "Starting" and reason in PENDING_REASONS)
         events.append(("Warning" if warn else "Normal", reason, new.message or f"phase {new.phase}"))
     for t in compute_transitions(old.conditions, new.conditions):
         if t.type == "Degraded" and new.phase not in TERMINAL_PHASES:
