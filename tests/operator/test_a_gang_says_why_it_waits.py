@@ -189,3 +189,33 @@ async def test_with_kubernetes_gang_scheduling_the_podgroup_says_it_too() -> Non
     assert placed is not None and placed.reason == "Unschedulable"
     assert f"PodGroup {group} Unschedulable: 0/2 placements are available" in h.status.message
     assert "waiting for minCount pods" in h.status.message
+
+
+async def test_gpus_a_dra_claim_holds_on_a_node_count_too() -> None:
+    # a Railyard gang of another namespace with spec.gpuClaim: no nvidia.com/gpu request, the
+    # claimed GPUs in an annotation that the operator's pod index must keep
+    h = harness()
+    held = foreign_pod("their-a0-0", "node-1", gpus=0)
+    held["metadata"]["annotations"] = {"railyard.dev/claimed-gpus": "2", "railyard.dev/node": "node-1"}
+    h.cluster.pods["their-a0-0"] = held
+    await h.cycle()
+    assert h.status.phase == "Starting"
+    assert h.pod_nodes() == ["node-2", "node-3"]
+
+
+async def test_a_refusal_the_operator_can_explain_does_not_hold_the_node() -> None:
+    # a pod the operator sees was bound to node-0 after the placement: the scheduler's refusal is
+    # what the operator counts too, so node-0 is free for the job again once that pod is gone
+    h = harness()
+    h.cluster.scheduler_binds = False
+    await h.cycle()
+    assert h.pod_nodes() == ["node-0", "node-1"]
+    h.cluster.pods["late"] = foreign_pod("late", "node-0", namespace="ns")
+    refuse(h, 0)
+    await h.cycle(1.0)
+    assert "Insufficient nvidia.com/gpu" in h.status.message
+    assert h.worker.refused_nodes == {}
+    # unseen: held
+    del h.cluster.pods["late"]
+    await h.cycle(1.0)
+    assert set(h.worker.refused_nodes) == {"node-0"}

@@ -36,12 +36,14 @@ def test_index_copies_keep_the_pods_dra_claims_and_the_schedulers_verdict() -> N
     scheduled = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "0/6 nodes"}
     made = [{"name": "gpus", "resourceClaimName": "p-gpus-x"}]
     claims = [{"name": "gpus", "resourceClaimTemplateName": "t"}, {"name": "c", "resourceClaimName": "shared"}]
-    pod = {"metadata": {"name": "p", "namespace": "ns", "labels": {}},
+    annotations = {"railyard.dev/claimed-gpus": "4", "x": "y"}
+    pod = {"metadata": {"name": "p", "namespace": "ns", "labels": {}, "annotations": annotations},
            "spec": {"containers": [], "resourceClaims": claims},
            "status": {"phase": "Pending", "conditions": [scheduled], "resourceClaimStatuses": made,
                       "qosClass": "BestEffort"}}
     small = kopf_handlers.compact_pod(pod)
     assert small["spec"]["resourceClaims"] == claims[:1]
+    assert small["metadata"]["annotations"] == {"railyard.dev/claimed-gpus": "4"}  # placement counts them
     assert small["status"] == {"phase": "Pending", "conditions": [scheduled], "resourceClaimStatuses": made}
 
 

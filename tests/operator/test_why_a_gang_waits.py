@@ -16,6 +16,7 @@ from railyard.logic.pending import (
     PendingReason,
     decide_pending_reason,
     decide_refused_nodes,
+    find_gpu_shortages,
 )
 
 NOW = 1_767_225_600.0
@@ -55,8 +56,10 @@ def pod(
     claims: tuple[tuple[str, str], ...] = (),
     made: tuple[str, ...] = (),
     phase: str = "Pending",
+    gpus: int = 8,
 ) -> dict[str, Any]:
-    """A compact gang pod pinned to ``node``; ``scheduled``: the scheduler's Unschedulable message."""
+    """A compact gang pod pinned to ``node`` asking for ``gpus``; ``scheduled``: the
+    scheduler's Unschedulable message."""
     status: dict[str, Any] = {"phase": phase}
     if scheduled is not None:
         status["conditions"] = [
@@ -71,7 +74,9 @@ def pod(
         ]
     if made:
         status["resourceClaimStatuses"] = [{"name": c, "resourceClaimName": f"{name}-{c}-x7k2p"} for c in made]
-    spec: dict[str, Any] = {"nodeName": node} if bound else {}
+    spec: dict[str, Any] = {"containers": [{"name": "trainer", "resources": {"limits": {"nvidia.com/gpu": str(gpus)}}}]}
+    if bound:
+        spec["nodeName"] = node
     if claims:
         spec["resourceClaims"] = [{"name": c, "resourceClaimTemplateName": t} for c, t in claims]
     return {
@@ -188,33 +193,33 @@ def test_a_claim_kube_controller_manager_never_made_says_so() -> None:
     assert "'gpus'" in got.message and "j-gpus-0a1b2c3d" in got.message and "kube-controller-manager" in got.message
 
 
-REFUSALS: list[tuple[str, list[dict[str, Any]], dict[str, float], dict[str, float]]] = [
-    (
-        "no GPUs on a pinned node",
-        [pod("j-a0-0", "n1", scheduled=NO_GPUS), pod("j-a0-1", "n2", bound=True)],
-        {},
-        {"n1": NOW + REFUSED_NODE_HOLD_S},
-    ),
-    ("no DRA devices", [pod("j-a0-0", "n1", scheduled=NO_DEVICES)], {}, {"n1": NOW + REFUSED_NODE_HOLD_S}),
-    (
-        "a cordon is not a GPU shortage (the stale placement handles it)",
-        [pod("j-a0-0", "n1", scheduled=CORDONED)],
-        {},
-        {},
-    ),
-    ("the gang's own wait names no node", [pod("j-a0-0", "n1", scheduled=GANG_WAITS)], {}, {}),
-    ("held nodes stay until their time", [pod("j-a0-0", "n1")], {"n3": NOW + 5, "n4": NOW - 1}, {"n3": NOW + 5}),
-    (
-        "refused again: held longer",
-        [pod("j-a0-0", "n3", scheduled=NO_GPUS)],
-        {"n3": NOW + 5},
-        {"n3": NOW + REFUSED_NODE_HOLD_S},
-    ),
+HOLD = NOW + REFUSED_NODE_HOLD_S
+#: What the operator counts free on each node (its GPUs less those of the bound pods it sees).
+ALL_FREE = {"n1": 8, "n2": 8, "n3": 8}
+
+REFUSALS: list[tuple[str, list[dict[str, Any]], dict[str, float], dict[str, int], dict[str, float]]] = [
+    ("no GPUs on a pinned node", [pod("j-a0-0", "n1", scheduled=NO_GPUS), pod("j-a0-1", "n2", bound=True)], {},
+     ALL_FREE, {"n1": HOLD}),
+    ("no DRA devices", [pod("j-a0-0", "n1", scheduled=NO_DEVICES)], {}, ALL_FREE, {"n1": HOLD}),
+    ("a cordon is not a GPU shortage (the stale placement handles it)", [pod("j-a0-0", "n1", scheduled=CORDONED)], {},
+     ALL_FREE, {}),
+    ("the gang's own wait names no node", [pod("j-a0-0", "n1", scheduled=GANG_WAITS)], {}, ALL_FREE, {}),
+    # the operator sees why (its own earlier pod still terminating there): its count covers it
+    ("a shortage the operator sees", [pod("j-a0-0", "n1", scheduled=NO_GPUS)], {}, {"n1": 0}, {}),
+    ("a shortage the operator half sees", [pod("j-a0-0", "n1", scheduled=NO_GPUS, gpus=4)], {}, {"n1": 3}, {}),
+    ("enough for this pod as the operator counts", [pod("j-a0-0", "n1", scheduled=NO_GPUS, gpus=4)], {}, {"n1": 4},
+     {"n1": HOLD}),
+    ("a node the operator does not know", [pod("j-a0-0", "n9", scheduled=NO_GPUS)], {}, ALL_FREE, {}),
+    ("held nodes stay until their time", [pod("j-a0-0", "n1")], {"n3": NOW + 5, "n4": NOW - 1}, ALL_FREE,
+     {"n3": NOW + 5}),
+    ("refused again: held longer", [pod("j-a0-0", "n3", scheduled=NO_GPUS)], {"n3": NOW + 5}, ALL_FREE, {"n3": HOLD}),
 ]
 
 
-@pytest.mark.parametrize(("pods", "held", "expected"), [r[1:] for r in REFUSALS], ids=[r[0] for r in REFUSALS])
+@pytest.mark.parametrize(("pods", "held", "seen_free", "expected"), [r[1:] for r in REFUSALS],
+                         ids=[r[0] for r in REFUSALS])
 def test_the_nodes_the_scheduler_refuses(
-    pods: list[dict[str, Any]], held: dict[str, float], expected: dict[str, float]
+    pods: list[dict[str, Any]], held: dict[str, float], seen_free: dict[str, int], expected: dict[str, float]
 ) -> None:
-    assert decide_refused_nodes(pods, now=NOW, held=held) == expected
+    shortages = find_gpu_shortages(pods)
+    assert decide_refused_nodes(shortages, now=NOW, held=held, seen_free=seen_free) == expected

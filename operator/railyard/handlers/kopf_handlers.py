@@ -23,6 +23,7 @@ from railyard.handlers.reconcile import reconcile_job
 from railyard.handlers.runtime import OperatorSettings, Runtime
 from railyard.logic.health.address import HEARTBEAT_URL_ENV
 from railyard.logic.manifests import JOB_LABEL, NODE_ANNOTATION
+from railyard.logic.topology import CLAIMED_GPUS_ANNOTATION
 
 log = logging.getLogger(__name__)
 
@@ -56,8 +57,9 @@ def compact_pod(body: Any) -> dict[str, Any]:
     status = body.get("status") or {}
     containers = [{"name": container.get("name"), "resources": container.get("resources") or {}, **_heartbeat_env(container)} for container in spec.get("containers") or ()]
     owners = [_pick(o, "uid", "controller") for o in meta.get("ownerReferences") or ()]
-    # of the annotations only the node the placement chose (logic.gang.find_stale_placement)
-    planned = _pick(meta.get("annotations") or {}, NODE_ANNOTATION)
+    # of the annotations only the node the placement chose (logic.gang.find_stale_placement) and
+    # the GPUs a DRA claim holds (logic.topology.pod_gpus: the placement counts them on the node)
+    planned = _pick(meta.get("annotations") or {}, NODE_ANNOTATION, CLAIMED_GPUS_ANNOTATION)
     # DRA: which claims the pod asks for from templates and which kube-controller-manager made
     # (logic/pending.py names a missing one, and the driver that should have made its template)
     claims = [_pick(c, "name", "resourceClaimTemplateName") for c in spec.get("resourceClaims") or ()

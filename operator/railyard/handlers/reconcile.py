@@ -59,11 +59,13 @@ from railyard.logic.pending import (
     PendingReason,
     decide_pending_reason,
     decide_refused_nodes,
+    find_gpu_shortages,
     unschedulable_message,
 )
 from railyard.logic.quarantine import decide_still_quarantined
 from railyard.logic.schedulers import pod_group_of
 from railyard.logic.status import TERMINAL_PHASES, decide_degraded
+from railyard.logic.topology import compute_used_gpus, node_gpus
 
 log = logging.getLogger(__name__)
 
@@ -164,7 +166,7 @@ async def _step(cycle: Cycle, job: TrainingJob) -> float | None:
     if pods and runtime.control.get(cycle.ns, cycle.name) is None:
         await republish(cycle, members, replica_groups=job.spec.replica_groups)  # an operator restarted under a running gang
     if gang.state == "Starting" or cycle.worker.refused_nodes:
-        cycle.worker.refused_nodes = decide_refused_nodes(members, now=cycle.now, held=cycle.worker.refused_nodes)
+        _refresh_refused_nodes(cycle, members, nodes)
     pending = await _pending_reason(cycle, members) if gang.state == "Starting" else None
     decision = lc.decide_lifecycle(_observe(cycle, job, gang, members, nodes, pending))
     delay = await _execute(cycle, job, decision, gang, members, nodes)
@@ -174,6 +176,20 @@ async def _step(cycle: Cycle, job: TrainingJob) -> float | None:
     if gang.recheck_after > 0:
         delay = gang.recheck_after if delay is None else min(delay, gang.recheck_after)
     return delay
+
+
+def _refresh_refused_nodes(
+    cycle: Cycle, members: Sequence[Mapping[str, Any]], nodes: Mapping[str, Mapping[str, Any]],
+) -> None:
+    """The nodes the scheduler refuses the job's pods on for GPUs the operator does not see in
+    use (logic/pending.py); the bound pods are counted only when there is such a refusal."""
+    shortages = find_gpu_shortages(members)
+    seen_free: dict[str, int] = {}
+    if shortages:
+        used = compute_used_gpus(cycle.runtime.all_bound_pods())
+        seen_free = {node: node_gpus(nodes[node]) - used.get(node, 0) for node in shortages if node in nodes}
+    cycle.worker.refused_nodes = decide_refused_nodes(shortages, now=cycle.now, held=cycle.worker.refused_nodes,
+                                                      seen_free=seen_free)
 
 
 async def _pending_reason(cycle: Cycle, members: Sequence[Mapping[str, Any]]) -> PendingReason | None:

@@ -19,10 +19,11 @@ same nodes again. Two readings of the gang's pods make that visible:
   pod's ``spec.resourceClaims`` against its ``status.resourceClaimStatuses``. The channel claim
   of a ComputeDomain comes from a template only NVIDIA's DRA driver creates, so a missing
   channel claim names the driver to install.
-* :func:`decide_refused_nodes`: the nodes on which a pod of ours was refused for lack of GPUs,
-  held for :data:`REFUSED_NODE_HOLD_S`, so that the next placement leaves them out. GPUs held
-  by pods the operator cannot see (another namespace's, when it watches only some namespaces)
-  show up this way.
+* :func:`decide_refused_nodes`: the nodes on which a pod of ours was refused for lack of GPUs
+  that the operator's own count says are free, held for :data:`REFUSED_NODE_HOLD_S`, so that the
+  next placement leaves them out. GPUs held by pods the operator cannot see (another
+  namespace's, when it watches only some namespaces; DRA devices other workloads claimed) show
+  up this way.
 
 Pure: the pods are the compact copies of the operator's index (handlers/kopf_handlers.py).
 """
@@ -35,6 +36,7 @@ from typing import Any
 
 from railyard.logic.conditions import parse_time
 from railyard.logic.manifests import CHANNEL_CLAIM, NODE_ANNOTATION
+from railyard.logic.topology import pod_gpus
 
 #: How long after its creation a pod may wait for kube-controller-manager to create its DRA
 #: claims (it does so within ~0.1 s when it can, v1.36-dra 014) before the job says why not.
@@ -167,22 +169,37 @@ def decide_pending_reason(
     return PendingReason("Unschedulable", "; ".join(parts))
 
 
-def decide_refused_nodes(
-    pods: Sequence[Mapping[str, Any]],
-    *,
-    now: float,
-    held: Mapping[str, float],
-    hold_s: float = REFUSED_NODE_HOLD_S,
-) -> dict[str, float]:
-    """The nodes to leave out of the next placement, each with the time until which it is left
-    out: those of ``held`` whose time has not passed, and the planned node of every unbound pod
-    the scheduler reports Unschedulable for lack of GPUs (:data:`GPU_SHORTAGE`), held
-    ``hold_s`` from ``now``. Our pods are pinned to one node each, so a GPU shortage in their
-    message is that node's: its GPUs are held by pods the placement did not count."""
-    out = {node: until for node, until in held.items() if until > now}
+def find_gpu_shortages(pods: Sequence[Mapping[str, Any]]) -> dict[str, int]:
+    """Planned node -> GPUs asked for, of every unbound pod the scheduler reports Unschedulable
+    for lack of GPUs (:data:`GPU_SHORTAGE`). Our pods are pinned to one node each, so a GPU
+    shortage in their message is that node's."""
+    out: dict[str, int] = {}
     for pod in _waiting(pods):
         message = unschedulable_message(pod)
         node = _planned_node(pod)
         if node and message is not None and any(s in message for s in GPU_SHORTAGE):
+            out[node] = max(out.get(node, 0), pod_gpus(pod))
+    return out
+
+
+def decide_refused_nodes(
+    shortages: Mapping[str, int],
+    *,
+    now: float,
+    held: Mapping[str, float],
+    seen_free: Mapping[str, int],
+    hold_s: float = REFUSED_NODE_HOLD_S,
+) -> dict[str, float]:
+    """The nodes to leave out of the next placement, each with the time until which it is left
+    out: those of ``held`` whose time has not passed, and each node of ``shortages``
+    (:func:`find_gpu_shortages`) whose refusal the operator's own count does not explain, held
+    ``hold_s`` from ``now``: its free GPUs as the operator sees them (``seen_free``: the node's
+    GPUs less those of every bound pod it sees, this job's too) cover what the pod asks for, so
+    pods it cannot see hold them. A refusal it can explain (the job's own pod of an earlier
+    attempt still terminating there, a pod bound after the placement) is left to that count: the
+    node is free again once the pod is gone."""
+    out = {node: until for node, until in held.items() if until > now}
+    for node, need in shortages.items():
+        if seen_free.get(node, 0) >= need:
             out[node] = now + hold_s
     return out

@@ -257,7 +257,7 @@ def _int_label(v: Any) -> int:
         return 0
 
 
-def _pod_gpus(pod: Mapping[str, Any]) -> int:
+def pod_gpus(pod: Mapping[str, Any]) -> int:
     """The GPUs a pod holds: its ``nvidia.com/gpu`` requests plus those its DRA claim holds
     (:data:`CLAIMED_GPUS_ANNOTATION`, on our pods)."""
     claimed = _int_label(((pod.get("metadata") or {}).get("annotations") or {}).get(CLAIMED_GPUS_ANNOTATION, 0))
@@ -280,7 +280,7 @@ def compute_used_gpus(
             and ((pod.get("metadata") or {}).get("labels") or {}).get(JOB_LABEL) == ignore_job
         ):
             continue
-        g = _pod_gpus(pod)
+        g = pod_gpus(pod)
         if g:
             used[node] = used.get(node, 0) + g
     return used
