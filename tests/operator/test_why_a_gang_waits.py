@@ -5,10 +5,13 @@ messages below are those recorded from kube-scheduler v1.36 (../shared/kube-gold
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from railyard.handlers.kopf_handlers import compact_pod
 from railyard.logic.conditions import format_time
 from railyard.logic.pending import (
     CLAIM_GRACE_S,
@@ -223,3 +226,26 @@ def test_the_nodes_the_scheduler_refuses(
 ) -> None:
     shortages = find_gpu_shortages(pods)
     assert decide_refused_nodes(shortages, now=NOW, held=held, seen_free=seen_free) == expected
+
+
+GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "kube-v1.36-workload"
+
+
+def _recorded(name: str) -> dict[str, Any]:
+    body: dict[str, Any] = json.loads((GOLDEN / name).read_text())["response"]["body"]
+    return body
+
+
+def test_the_recorded_gang_that_fits_in_no_leaf_says_why() -> None:
+    # the bodies kube-apiserver v1.36 served for a gang of 4 that fits in no leaf, as the
+    # operator's pod index holds them
+    pod = compact_pod(_recorded("028-w46-gang-pod-pending.json"))
+    group = _recorded("027-w45-podgroup-unschedulable-status.json")
+    condition = next(c for c in group["status"]["conditions"] if c["type"] == "PodGroupScheduled")
+    got = decide_pending_reason([pod], now=NOW, group_condition=condition, group=group["metadata"]["name"])
+    assert got is not None and got.reason == "Unschedulable"
+    said = "the scheduler left 1/1 pods unscheduled: pod group is unschedulable, waiting for minCount pods"
+    assert said in got.message
+    assert "PodGroup job-b-a0 Unschedulable: 0/2 placements are available" in got.message
+    # not a GPU shortage of the pod's node: nothing to hold (the gang's own wait names none)
+    assert find_gpu_shortages([pod]) == {}
