@@ -45,13 +45,16 @@ def test_scan_finds_the_calls_the_operator_is_known_to_make() -> None:
         Permission("scheduling.k8s.io", "podgroups", "create"),
         Permission("scheduling.k8s.io", "workloads", "delete"),  # delete_podgroups
         Permission("scheduling.k8s.io", "podgroups", "delete"),
+        Permission("scheduling.k8s.io", "podgroups", "get"),  # read_podgroup_condition: why a gang waits
     ]:
         assert p in found, p
     # nothing in the operator updates (PUT) or deletes nodes, or touches RBAC
     assert not {p for p in found if p.resource == "nodes" and p.verb in ("update", "delete")}
     assert not {p for p in found if p.group == "rbac.authorization.k8s.io"}
-    # discovery (GET /apis/scheduling.k8s.io/v1alpha2) is no resource: every client may read it
-    assert not {p for p in found if p.group == "scheduling.k8s.io" and p.verb not in ("create", "delete")}
+    # discovery (GET /apis/scheduling.k8s.io/v1alpha2) is no resource: every client may read it;
+    # a PodGroup is read by name only (its condition), never listed or watched
+    assert not {p for p in found if p.group == "scheduling.k8s.io" and p.verb not in ("create", "delete", "get")}
+    assert not {p for p in found if p.group == "scheduling.k8s.io" and p.resource == "workloads" and p.verb == "get"}
 
 
 def test_scanner_resolves_names_loops_dicts_and_subresources() -> None:

@@ -78,8 +78,11 @@ class FakeCluster:
 
         for p in self.pods.values():
             meta = p["metadata"]
-            # what kopf's index holds: the compact copy (no annotations, no env, no volumes)
-            job_pods.setdefault((meta["namespace"], meta["labels"][JOB_LABEL]), []).append(compact_pod(copy.deepcopy(p)))
+            # what kopf's index holds: the compact copy (no annotations, no env, no volumes); only
+            # pods with the job label (kopf_handlers.railyard_job_pods), any pod once bound
+            job = (meta.get("labels") or {}).get(JOB_LABEL)
+            if job is not None:
+                job_pods.setdefault((meta["namespace"], job), []).append(compact_pod(copy.deepcopy(p)))
             node = (p.get("spec") or {}).get("nodeName")
             if node:  # finished pods too, as the operator's index keeps them (with their phase)
                 bound.setdefault(node, []).append(compact_pod(copy.deepcopy(p)))
@@ -174,6 +177,11 @@ class FakeCluster:
     async def serves_workload_api(self) -> bool:
         self.calls.append(("discover", "scheduling.k8s.io/v1alpha2"))
         return self.workload_api
+
+    async def read_podgroup_condition(self, namespace: str, name: str) -> dict[str, Any] | None:
+        self.calls.append(("read", f"PodGroup/{name}"))
+        group = self.objects.get(("PodGroup", name)) or {}
+        return next((dict(c) for c in (group.get("status") or {}).get("conditions") or () if c.get("type") == "PodGroupScheduled"), None)
 
     async def read_rank_table(self, namespace: str, job: str, attempt: int) -> RankTable | None:
         cm = self.objects.get(("ConfigMap", configmap_name(job, attempt)))

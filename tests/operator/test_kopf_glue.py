@@ -31,6 +31,22 @@ def test_index_copies_keep_only_what_the_decisions_read() -> None:
     assert "podCIDR" not in kopf_handlers.compact_node(node)["spec"]
 
 
+def test_index_copies_keep_the_pods_dra_claims_and_the_schedulers_verdict() -> None:
+    # what logic/pending.py reads: the claims from templates, the claims made, PodScheduled
+    scheduled = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "0/6 nodes"}
+    made = [{"name": "gpus", "resourceClaimName": "p-gpus-x"}]
+    claims = [{"name": "gpus", "resourceClaimTemplateName": "t"}, {"name": "c", "resourceClaimName": "shared"}]
+    annotations = {"railyard.dev/claimed-gpus": "4", "x": "y"}
+    pod = {"metadata": {"name": "p", "namespace": "ns", "labels": {}, "annotations": annotations},
+           "spec": {"containers": [], "resourceClaims": claims},
+           "status": {"phase": "Pending", "conditions": [scheduled], "resourceClaimStatuses": made,
+                      "qosClass": "BestEffort"}}
+    small = kopf_handlers.compact_pod(pod)
+    assert small["spec"]["resourceClaims"] == claims[:1]
+    assert small["metadata"]["annotations"] == {"railyard.dev/claimed-gpus": "4"}  # placement counts them
+    assert small["status"] == {"phase": "Pending", "conditions": [scheduled], "resourceClaimStatuses": made}
+
+
 def test_a_pod_event_wakes_only_its_jobs_worker(memo: kopf.Memo) -> None:
     rt = kopf_handlers.runtime_of(memo)
     mine, other = JobWorker("ns", "j"), JobWorker("ns", "k")

@@ -15,7 +15,9 @@ from railyard.logic import lifecycle as lc
 from railyard.logic.conditions import format_micro_time
 from railyard.logic.failures import build_failure
 from railyard.logic.gang import GangAssessment, StalePlacement
+from railyard.logic.pending import PendingReason
 from railyard.logic.rejections import PERMANENT_REASONS
+from railyard.logic.status import apply_phase
 
 NOW = 1_767_225_600.0
 
@@ -49,6 +51,9 @@ class Seen:
                            heartbeat_interval_s=5.0, restart_policy=RestartPolicy(), **self.kw)
 
 
+UNSCHEDULABLE = PendingReason("Unschedulable", "the scheduler left 4/4 pods unscheduled: 0/6 nodes are available")
+SHOWN = ("attempt 0: 0/4 pods Running; the scheduler left 4/4 pods unscheduled: 0/6 nodes are available "
+         "(placed again after spec.gang.scheduleTimeoutSeconds=300)")
 CRASH = build_failure("ApplicationExitCode", "1", pod="j-a0-0")
 SDC_EXIT = build_failure("SDCExitCode", "exit 75", node="node-1", pod="j-a0-1")
 RESET_AFTER = RestartPolicy().reset_after_seconds
@@ -74,7 +79,15 @@ ROWS: list[tuple[str, Seen, list[str]]] = [
     ("starting waits", Seen("Starting", gang("Starting", running=3), status={"gang_created_time": ago(10)}), ["CheckHealth", "Wait"]),
     ("first look at a starting gang", Seen("Placing", gang("Starting"), status={"gang_created_time": ago(1)}),
      ["MarkStarting", "CheckHealth", "Wait"]),
-    # Starting -> Placing: the schedule timeout passed
+    # Starting, and the scheduler says why it waits: shown in the cycle that sees it, once
+    ("the scheduler's reason", Seen("Starting", gang("Starting"), status={"gang_created_time": ago(10)},
+                                    kw={"pending": UNSCHEDULABLE}), ["MarkStarting", "CheckHealth", "Wait"]),
+    ("the scheduler's reason, already shown", Seen("Starting", gang("Starting"),
+                                                   status={"gang_created_time": ago(10), "message": SHOWN},
+                                                   kw={"pending": UNSCHEDULABLE}), ["CheckHealth", "Wait"]),
+    # Starting -> Placing: the schedule timeout passed, whatever the scheduler said
+    ("gang timeout, the scheduler refusing", Seen("Starting", gang("Starting"), status={"gang_created_time": ago(300)},
+                                                  kw={"pending": UNSCHEDULABLE}), ["PlaceAgain"]),
     ("gang timeout", Seen("Starting", gang("Starting", running=3), status={"gang_created_time": ago(300)}), ["PlaceAgain"]),
     # Starting -> Placing at once: a planned node can no longer take its pod
     ("planned node unusable", Seen("Starting", gang("Starting"), status={"gang_created_time": ago(1)},
@@ -125,6 +138,28 @@ def test_the_gang_deadline_and_its_wait() -> None:
     stuck = (StalePlacement("j-a0-1", "node-1", "Tainted"), StalePlacement("j-a0-2", "node-2", "NodeGone"))
     unusable = step(Seen("Starting", gang("Starting"), status={"gang_created_time": ago(1)}, kw={"stale_placement": stuck}), lc.PlaceAgain)
     assert unusable.reason == "NodeUnusable" and "j-a0-1" in unusable.message and "1 more pods likewise" in unusable.message
+
+
+def test_a_starting_job_says_why_its_gang_waits_and_stops_saying_it_when_that_is_over() -> None:
+    seen = Seen("Starting", gang("Starting"), status={"gang_created_time": ago(10)}, kw={"pending": UNSCHEDULABLE})
+    said = step(seen, lc.MarkStarting)
+    assert (said.reason, said.message) == ("Unschedulable", SHOWN)
+    missing = PendingReason("ComputeDomainDriverMissing", "install the NVIDIA DRA driver")
+    entering = step(Seen("Placing", gang("Starting"), status={"gang_created_time": ago(20)}, kw={"pending": missing}),
+                    lc.MarkStarting)
+    assert entering.reason == "ComputeDomainDriverMissing" and "install the NVIDIA DRA driver" in entering.message
+    # the pods were scheduled after all: the usual message again (and only after a reason was shown)
+    for reason, expected in (("Unschedulable", ["MarkStarting", "CheckHealth", "Wait"]),
+                             ("GangCreated", ["CheckHealth", "Wait"])):
+        shown = apply_phase(TrainingJobStatus(gang_created_time=ago(5)), "Starting", reason=reason, message="m",
+                            now=ago(5))
+        seen = lc.Observed(status=shown, generation=1, now=NOW, gang=gang("Starting"), schedule_timeout_s=300,
+                           heartbeat_interval_s=5.0, restart_policy=RestartPolicy())
+        got = lc.decide_lifecycle(seen)
+        assert list(lc.describe_steps(got)) == expected, reason
+        if expected[0] == "MarkStarting":
+            back = next(s for s in got.steps if isinstance(s, lc.MarkStarting))
+            assert back.reason == "GangStarting" and "waiting for the rest" in back.message
 
 
 def test_a_running_gang_never_goes_back_to_starting() -> None:

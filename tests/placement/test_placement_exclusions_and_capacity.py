@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from railyard.logic.placement import Placement, PlacementInput, Unplaceable, plan_placement
+from railyard.api.trainingjob import TrainingJob
+from railyard.logic.placement import (
+    Placement,
+    PlacementInput,
+    Unplaceable,
+    build_placement_input,
+    plan_placement,
+)
+from railyard.logic.topology import GPU_RESOURCE
 
 from .placement_builders import assert_valid, make_job, make_nodes, node
 
@@ -139,3 +147,41 @@ def test_best_fit_keeps_whole_spines_free():
     pl = plan_placement(PlacementInput(topo, req))
     assert isinstance(pl, Placement)
     assert pl.domains["railyard.dev/spine"] == ("spine-1",)
+
+
+def _training_job(nodes: int) -> TrainingJob:
+    return TrainingJob.model_validate({
+        "apiVersion": "railyard.dev/v1alpha1", "kind": "TrainingJob",
+        "metadata": {"name": "job", "namespace": "team-a"},
+        "spec": {"nodes": nodes, "procsPerNode": 8, "parallelism": {"tensor": 8}, "trainer": {"batchSize": 8}},
+    })
+
+
+@pytest.mark.parametrize(
+    ("seen", "refused", "left_out"),
+    [
+        pytest.param(False, (), set(), id="nothing-held"),
+        # an operator watching every namespace: another namespace's pod holds the node's GPUs
+        pytest.param(True, (), {BAD}, id="held-by-another-namespace"),
+        # a namespaced operator does not see that pod; the scheduler refused ours there
+        pytest.param(False, (BAD,), {BAD}, id="refused-by-the-scheduler"),
+        pytest.param(True, (BAD, node(0, 0, 1)), {BAD, node(0, 0, 1)}, id="both"),
+    ],
+)
+def test_gpus_held_where_the_placement_looks_are_never_chosen(seen, refused, left_out):
+    nodes = make_nodes(1, 2, 4)
+    if seen:
+        nodes.pods.append({"metadata": {"name": "their-trainer", "namespace": "team-b", "labels": {}},
+                           "spec": {"nodeName": BAD, "containers": [{"resources": {"limits": {GPU_RESOURCE: "8"}}}]},
+                           "status": {"phase": "Running"}})
+    job = _training_job(4)
+    pl = plan_placement(build_placement_input(job, nodes=nodes.nodes, pods=nodes.pods, refused=refused))
+    assert isinstance(pl, Placement), pl
+    assert not left_out & set(pl.nodes)
+    if not left_out:
+        assert BAD in pl.nodes  # the first leaf, unless something holds its GPUs
+    # every usable node is needed: refused ones make the gang wait, and the message says why
+    out = plan_placement(build_placement_input(_training_job(8), nodes=nodes.nodes, pods=nodes.pods, refused=refused))
+    if left_out:
+        assert isinstance(out, Unplaceable) and out.short == len(left_out)
+        assert ("RefusedByScheduler" in out.message) is bool(refused)

@@ -23,6 +23,7 @@ from railyard.handlers.reconcile import reconcile_job
 from railyard.handlers.runtime import OperatorSettings, Runtime
 from railyard.logic.health.address import HEARTBEAT_URL_ENV
 from railyard.logic.manifests import JOB_LABEL, NODE_ANNOTATION
+from railyard.logic.topology import CLAIMED_GPUS_ANNOTATION
 
 log = logging.getLogger(__name__)
 
@@ -56,13 +57,21 @@ def compact_pod(body: Any) -> dict[str, Any]:
     status = body.get("status") or {}
     containers = [{"name": container.get("name"), "resources": container.get("resources") or {}, **_heartbeat_env(container)} for container in spec.get("containers") or ()]
     owners = [_pick(o, "uid", "controller") for o in meta.get("ownerReferences") or ()]
-    # of the annotations only the node the placement chose (logic.gang.find_stale_placement)
-    planned = _pick(meta.get("annotations") or {}, NODE_ANNOTATION)
+    # of the annotations only the node the placement chose (logic.gang.find_stale_placement) and
+    # the GPUs a DRA claim holds (logic.topology.pod_gpus: the placement counts them on the node)
+    planned = _pick(meta.get("annotations") or {}, NODE_ANNOTATION, CLAIMED_GPUS_ANNOTATION)
+    # DRA: which claims the pod asks for from templates and which kube-controller-manager made
+    # (logic/pending.py names a missing one, and the driver that should have made its template)
+    claims = [_pick(c, "name", "resourceClaimTemplateName") for c in spec.get("resourceClaims") or ()
+              if c.get("resourceClaimTemplateName")]
+    made = [_pick(c, "name", "resourceClaimName") for c in status.get("resourceClaimStatuses") or ()]
     return {
         "metadata": {**_pick(meta, "name", "namespace", "uid", "deletionTimestamp", "creationTimestamp"), "labels": dict(meta.get("labels") or {}),
                      **({"ownerReferences": owners} if owners else {}), **({"annotations": planned} if planned else {})},
-        "spec": {**_pick(spec, "nodeName", "schedulingGates", "schedulingGroup"), "containers": containers},
-        "status": _pick(status, "phase", "reason", "message", "conditions", "containerStatuses", "startTime"),
+        "spec": {**_pick(spec, "nodeName", "schedulingGates", "schedulingGroup"), "containers": containers,
+                 **({"resourceClaims": claims} if claims else {})},
+        "status": {**_pick(status, "phase", "reason", "message", "conditions", "containerStatuses", "startTime"),
+                   **({"resourceClaimStatuses": made} if made else {})},
     }
 
 
@@ -92,7 +101,10 @@ def railyard_job_pods(namespace: str | None, labels: Any, body: Any, **_: Any) -
 
 @kopf.index("pods", field="spec.nodeName", value=kopf.PRESENT)
 def railyard_bound_pods(spec: Any, body: Any, **_: Any) -> dict[str, dict[str, Any]]:
-    # Every bound pod, finished ones too, with its latest phase: placement counts only pods that
+    # Every bound pod of every watched namespace (all of them unless `--namespace` narrows the
+    # operator: then GPUs held by other namespaces' pods are unseen, and only the scheduler's
+    # refusals keep the placement off those nodes, logic/pending.py; docs/operator.md).
+    # Finished ones too, with their latest phase: placement counts only pods that
     # are not Succeeded/Failed (logic.topology.compute_used_gpus). Returning None for a finished
     # pod would not drop it: kopf keeps an index's last value when a handler returns None, so
     # the pod would look Running, holding its GPUs, until deleted.

@@ -54,9 +54,18 @@ from railyard.logic.gang import (
 )
 from railyard.logic.inplace import apply_launcher_reports
 from railyard.logic.manifests import CLEANUP_FINALIZER, check_names, is_owned_by
+from railyard.logic.pending import (
+    PendingReason,
+    decide_pending_reason,
+    decide_refused_nodes,
+    find_gpu_shortages,
+    unschedulable_message,
+)
 from railyard.logic.quarantine import decide_still_quarantined
+from railyard.logic.schedulers import pod_group_of
 from railyard.logic.shrink import count_training_groups, decide_groups_finished, waiting_pods
 from railyard.logic.status import TERMINAL_PHASES, decide_degraded
+from railyard.logic.topology import compute_used_gpus, node_gpus
 
 log = logging.getLogger(__name__)
 
@@ -156,7 +165,10 @@ async def _step(cycle: Cycle, job: TrainingJob) -> float | None:
     members, _ = gang_members(view, attempt=cycle.status.attempt, since=since)
     if pods and runtime.control.get(cycle.ns, cycle.name) is None:
         await republish(cycle, members, replica_groups=job.spec.replica_groups)  # an operator restarted under a running gang
-    decision = lc.decide_lifecycle(_observe(cycle, job, gang, members, nodes))
+    if gang.state == "Starting" or cycle.worker.refused_nodes:
+        _refresh_refused_nodes(cycle, members, nodes)
+    pending = await _pending_reason(cycle, members) if gang.state == "Starting" else None
+    decision = lc.decide_lifecycle(_observe(cycle, job, gang, members, nodes, pending))
     delay = await _execute(cycle, job, decision, gang, members, nodes)
     if cycle.status.phase in TERMINAL_PHASES:
         return await _release_finished(cycle, job, nodes)
@@ -166,8 +178,33 @@ async def _step(cycle: Cycle, job: TrainingJob) -> float | None:
     return delay
 
 
+def _refresh_refused_nodes(
+    cycle: Cycle, members: Sequence[Mapping[str, Any]], nodes: Mapping[str, Mapping[str, Any]],
+) -> None:
+    """The nodes the scheduler refuses the job's pods on for GPUs the operator does not see in
+    use (logic/pending.py); the bound pods are counted only when there is such a refusal."""
+    shortages = find_gpu_shortages(members)
+    seen_free: dict[str, int] = {}
+    if shortages:
+        used = compute_used_gpus(cycle.runtime.all_bound_pods())
+        seen_free = {node: node_gpus(nodes[node]) - used.get(node, 0) for node in shortages if node in nodes}
+    cycle.worker.refused_nodes = decide_refused_nodes(shortages, now=cycle.now, held=cycle.worker.refused_nodes,
+                                                      seen_free=seen_free)
+
+
+async def _pending_reason(cycle: Cycle, members: Sequence[Mapping[str, Any]]) -> PendingReason | None:
+    """Why the gang's pods wait (logic/pending.py); Kubernetes' PodGroup is read only while the
+    scheduler reports one of its pods Unschedulable (one GET a cycle, then)."""
+    group = next((name for p in members if (name := pod_group_of(p))), None)
+    condition = None
+    if group and any(unschedulable_message(p) is not None for p in members):
+        condition = await cycle.io.read_podgroup_condition(cycle.ns, group)
+    return decide_pending_reason(members, now=cycle.now, group_condition=condition, group=group or "")
+
+
 def _observe(
     cycle: Cycle, job: TrainingJob, gang: GangAssessment, members: Sequence[Mapping[str, Any]], nodes: Mapping[str, Mapping[str, Any]],
+    pending: PendingReason | None = None,
 ) -> lc.Observed:
     """The inputs of :func:`railyard.logic.lifecycle.decide_lifecycle` (what only some states
     read is read only then)."""
@@ -185,6 +222,7 @@ def _observe(
         first_exit=first_exit_time(members) if gang.state == "Failed" else None,
         groups_finished=decide_groups_finished(members, replicas=spec.replica_groups, expected=gang.expected, now=cycle.now,
                                                waiting=waiting_pods(cycle.status, spec.replica_groups)),
+        pending=pending,
     )
 
 
@@ -238,8 +276,8 @@ async def _run(
             return await finish_creation(cycle, job, members, gang)
         case lc.PlaceAgain(reason, message):
             return await place_again(cycle, members, nodes, reason, message)
-        case lc.MarkStarting(message):
-            cycle.phase("Starting", "GangStarting", message)
+        case lc.MarkStarting(message, reason):
+            cycle.phase("Starting", reason, message)
             return None
         case lc.MarkRunning():
             _mark_running(cycle, step)

@@ -87,6 +87,9 @@ class JobWorker:
     #: index entry is a new dict when it changes), so a re-placement on a big cluster does not
     #: re-derive the domain tree.
     topology_cache: TopologyCache = field(default_factory=TopologyCache)
+    #: node -> until when the job's placements leave it out: the scheduler refused a pod of the
+    #: job there for lack of GPUs (logic/pending.py). Lost with the operator: a bounded hint.
+    refused_nodes: dict[str, float] = field(default_factory=dict)
 
 
 #: One reconcile cycle of a job's worker (handlers.reconcile.reconcile_job); returns when to look again.

@@ -132,6 +132,21 @@ async def serves_workload_api(kube: Kube) -> bool:
     return {WORKLOAD_PLURAL, PODGROUP_PLURAL} <= served
 
 
+async def read_podgroup_condition(kube: Kube, namespace: str, name: str) -> dict[str, Any] | None:
+    """The ``PodGroupScheduled`` condition kube-scheduler wrote on Kubernetes' PodGroup ``name``
+    (v1.36-workload 027: False/Unschedulable while the gang fits nowhere); None when it wrote
+    none yet, the group is gone, or reading it failed (it only adds to what the pods say)."""
+    try:
+        group = await kube.get(custom_path(SCHEDULING_GROUP, SCHEDULING_VERSION, PODGROUP_PLURAL, namespace, name))
+    except ApiError as exc:
+        log.warning("reading PodGroup %s/%s: %s", namespace, name, exc)
+        return None
+    for cond in ((group or {}).get("status") or {}).get("conditions") or ():
+        if cond.get("type") == "PodGroupScheduled":
+            return dict(cond)
+    return None
+
+
 async def delete_podgroups(kube: Kube, namespace: str, api_version: str, names: Iterable[str]) -> int:
     """Delete earlier attempts' PodGroups (at most a few, one by one; for Kubernetes' own their
     Workloads too: deleting a Workload leaves its PodGroups); NotFound, and a CRD that is gone,

@@ -16,8 +16,10 @@ The states of the gang and what follows each (docs/operator.md "How a job runs")
 - Partial/Gated (an operator died mid-creation): finish creating it; what is left of a refused
   creation (rolled back) is let go.
 - Starting: all Running within ``spec.gang.scheduleTimeoutSeconds``, else placed again; placed
-  again at once when a planned node can no longer take its pod. A gang that was Running and
-  lost a pod stays Running until the loss is classified (it never goes back to Starting).
+  again at once when a planned node can no longer take its pod. Meanwhile the job's message
+  carries why the pods wait, where the scheduler or a controller says it (logic/pending.py). A
+  gang that was Running and lost a pod stays Running until the loss is classified (it never goes
+  back to Starting).
 - Running: record it, clear the restart streak after ``restartPolicy.resetAfterSeconds``.
 - Succeeded: record it. Failed: handle the failure (an SDC exit waits a moment for the
   heartbeat that names the suspect).
@@ -32,9 +34,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from railyard.api.trainingjob import RestartPolicy, Restarts, TrainingJobStatus
-from railyard.logic.conditions import parse_time
+from railyard.logic.conditions import find_condition, parse_time
 from railyard.logic.failures import Failure
 from railyard.logic.gang import GangAssessment, StalePlacement
+from railyard.logic.pending import PENDING_REASONS, PendingReason
 from railyard.logic.rejections import PERMANENT_REASONS
 from railyard.logic.restarts import RestartDecision, decide_restart, decide_streak_reset
 from railyard.logic.shrink import GROW_BACK_RECHECK_S, WAITING, GroupsFinished
@@ -151,6 +154,9 @@ class Observed:
     first_exit: float | None = None
     #: faultTolerance ReplicaGroups: a group finished the last step (logic/shrink.py).
     groups_finished: GroupsFinished | None = None
+    #: Why the gang's pods wait, as the scheduler or a controller says it (Starting only;
+    #: :func:`railyard.logic.pending.decide_pending_reason`).
+    pending: PendingReason | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,7 +199,10 @@ class PlaceAgain:
 
 @dataclass(frozen=True, slots=True)
 class MarkStarting:
+    """The job is Starting; ``reason``: the condition's (why the gang waits, where known)."""
+
     message: str
+    reason: str = "GangStarting"
 
 
 @dataclass(frozen=True, slots=True)
@@ -380,9 +389,18 @@ def _starting(seen: Observed) -> list[Step]:
             + "): tearing down and re-placing without waiting for spec.gang.scheduleTimeoutSeconds",
         )]
     steps: list[Step] = []
-    if status.phase != "Starting":
-        steps.append(MarkStarting(f"attempt {status.attempt}: {gang.running}/{gang.expected} pods Running; waiting for the rest "
-                                  f"(spec.gang.scheduleTimeoutSeconds={seen.schedule_timeout_s})"))
+    running = f"attempt {status.attempt}: {gang.running}/{gang.expected} pods Running"
+    placed = find_condition(status.conditions, "Placed")
+    said = placed is not None and placed.reason in PENDING_REASONS
+    if seen.pending is not None:
+        # the scheduler's (or a controller's) reason within the cycle that sees it, not at the timeout
+        message = (f"{running}; {seen.pending.message} (placed again after "
+                   f"spec.gang.scheduleTimeoutSeconds={seen.schedule_timeout_s})")
+        if status.phase != "Starting" or status.message != message:
+            steps.append(MarkStarting(message, seen.pending.reason))
+    elif status.phase != "Starting" or said:
+        steps.append(MarkStarting(
+            f"{running}; waiting for the rest (spec.gang.scheduleTimeoutSeconds={seen.schedule_timeout_s})"))
     return [*steps, CheckHealth(), Wait(min(deadline - seen.now, seen.heartbeat_interval_s))]
 
 

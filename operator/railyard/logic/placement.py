@@ -41,6 +41,7 @@ from railyard.logic.topology import (
     BUSY,
     LEVEL_PRESETS,
     NVLINK_LABEL,
+    REFUSED,
     Topology,
     TopologyCache,
     build_topology,
@@ -1016,6 +1017,7 @@ def build_placement_input(
     failed: Iterable[str] = (),
     cost_inputs: CostInputs | None = None,
     cache: TopologyCache | None = None,
+    refused: Iterable[str] = (),
 ) -> PlacementInput:
     """The one place a placement decision's input is made, from the job and the cluster.
 
@@ -1026,7 +1028,10 @@ def build_placement_input(
     last attempt's nodes by pod index, ``previous_spares`` its hot spares, ``failed`` the nodes
     to move off (the job's quarantined nodes): sticky re-placement. ``cache``: what the last
     call derived from the same Node objects (:class:`~railyard.logic.topology.TopologyCache`),
-    for callers that decide again and again on one cluster; the answer is the same without."""
+    for callers that decide again and again on one cluster; the answer is the same without.
+    ``refused``: nodes the scheduler refused this job's pods for lack of GPUs
+    (:func:`railyard.logic.pending.decide_refused_nodes`): GPUs held by pods not in ``pods``
+    (another namespace's, which a namespaced operator does not see) are left out this way."""
     selector = job.spec.node_selector
     selected = [n for n in nodes if matches_node_selector(n, selector)] if selector else list(nodes)
     req = build_gang_request(job, nodes=selected, attempt=attempt)
@@ -1034,6 +1039,10 @@ def build_placement_input(
         selected, pods, levels=req.levels, tolerations=req.tolerations, ignore_job=req.job, cache=cache,
         nvlink_level=req.nvlink_level,
     )
+    refused = frozenset(refused)
+    if refused:
+        topo = dataclasses.replace(topo, excluded=tuple(
+            why or (REFUSED if name in refused else "") for name, why in zip(topo.names, topo.excluded, strict=True)))
     previous = None
     if previous_nodes:
         previous = PreviousPlacement(tuple(previous_nodes), tuple(previous_spares), frozenset(failed))

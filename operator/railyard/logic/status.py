@@ -14,6 +14,7 @@ from typing import Any
 from railyard.api.trainingjob import PlacementStatus, TrainingJobStatus
 from railyard.logic.conditions import compute_transitions, set_condition
 from railyard.logic.inplace import GROUP_REPAIR
+from railyard.logic.pending import PENDING_REASONS
 from railyard.logic.placement import Placement
 from railyard.logic.shrink import count_training_groups, describe_groups, waiting_groups
 
@@ -178,7 +179,9 @@ def build_transition_events(old: TrainingJobStatus, new: TrainingJobStatus) -> l
     new_head = _headline(new)
     if old.phase != new.phase or (new_head is not None and (old_head is None or old_head.reason != new_head.reason)):
         reason = new_head.reason if new_head is not None and new_head.reason else new.phase
-        events.append(("Warning" if new.phase in WARNING_PHASES else "Normal", reason, new.message or f"phase {new.phase}"))
+        # a gang the scheduler (or a missing controller) keeps from starting is a warning too
+        warn = new.phase in WARNING_PHASES or (new.phase == "Starting" and reason in PENDING_REASONS)
+        events.append(("Warning" if warn else "Normal", reason, new.message or f"phase {new.phase}"))
     for t in compute_transitions(old.conditions, new.conditions):
         if t.type == "Degraded" and new.phase not in TERMINAL_PHASES:
             events.append(("Warning" if t.status == "True" else "Normal", t.reason or "Degraded", t.message or f"Degraded is {t.status}"))

@@ -98,6 +98,9 @@ UNSCHEDULABLE = "Unschedulable"
 QUARANTINED = "Quarantined"
 TAINTED = "Tainted"
 BUSY = "NotEnoughFreeGPUs"
+#: The scheduler refused one of the job's pods there for lack of GPUs (GPUs the placement did not
+#: see in use; logic/pending.py): left out of the job's next placements for a while.
+REFUSED = "RefusedByScheduler"
 
 
 @dataclass(frozen=True, slots=True)
@@ -254,7 +257,7 @@ def _int_label(v: Any) -> int:
         return 0
 
 
-def _pod_gpus(pod: Mapping[str, Any]) -> int:
+def pod_gpus(pod: Mapping[str, Any]) -> int:
     """The GPUs a pod holds: its ``nvidia.com/gpu`` requests plus those its DRA claim holds
     (:data:`CLAIMED_GPUS_ANNOTATION`, on our pods)."""
     claimed = _int_label(((pod.get("metadata") or {}).get("annotations") or {}).get(CLAIMED_GPUS_ANNOTATION, 0))
@@ -277,7 +280,7 @@ def compute_used_gpus(
             and ((pod.get("metadata") or {}).get("labels") or {}).get(JOB_LABEL) == ignore_job
         ):
             continue
-        g = _pod_gpus(pod)
+        g = pod_gpus(pod)
         if g:
             used[node] = used.get(node, 0) + g
     return used
