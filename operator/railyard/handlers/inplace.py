@@ -152,6 +152,7 @@ def _place(cycle: Cycle, job: TrainingJob, prev: RankTable, nodes: Mapping[str, 
         job, nodes=list(nodes.values()), pods=cycle.runtime.all_bound_pods(), attempt=attempt,
         previous_nodes=[p.node for p in sorted(prev.pods, key=lambda p: p.pod_index)],
         previous_spares=cycle.status.placement.spares if cycle.status.placement else (), failed=failed,
+        cache=cycle.runtime.topology_cache,
     ))
 
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from railyard.api.corev1 import Toleration, compute_pod_requests, node_is_ready, untolerated_taint
 from railyard.api.quantity import to_count
@@ -369,13 +369,14 @@ class TopologyCache:
             f = old.get(id(node)) if old else None
             if f is None or f.node is not node or f.resource_version != rv:
                 labels = meta.get("labels") or {}
+                rail = labels.get(RAIL_OFFSET_LABEL)
                 f = _NodeFacts(
                     node,
                     rv,
                     str(meta.get("name", "")),
                     tuple(map(labels.get, keys)),
                     node_gpus(node),
-                    _int_label(labels.get(RAIL_OFFSET_LABEL, 0)),
+                    0 if rail is None else _int_label(rail),
                     node_exclusion(node, tolerations),
                 )
             if remember:
@@ -392,18 +393,24 @@ class TopologyCache:
         # a key is a level when any node carries it (even with an empty value)
         present_idx = [j for j in range(len(keys)) if any(f.values[j] is not None for f in facts)]
         present = tuple(keys[j] for j in present_idx)
+        every_key = len(present_idx) == len(keys)
         # A missing (or empty) label value puts the node in a domain of its own.
-        paths = [
-            tuple(f.values[j] or f"{f.name}(no {keys[j]})" for j in present_idx) for f in facts
+        paths: list[tuple[str, ...]] = [
+            cast("tuple[str, ...]", f.values) if every_key and all(f.values)  # no None, no ""
+            else tuple(f.values[j] or f"{f.name}(no {keys[j]})" for j in present_idx)
+            for f in facts
         ]
+        # Nodes share few distinct paths (one per leaf): the sort key and the domains of each
+        # path are worked out once, not once per node.
         value_keys = self._value_keys
+        path_keys: dict[tuple[str, ...], tuple[tuple[str | int, ...], ...]] = {}
         for p in paths:
-            for v in p:
-                if v not in value_keys:
-                    value_keys[v] = natural_key(v)
-        sort_keys = [
-            (tuple(value_keys[v] for v in p), natural_key(f.name)) for p, f in zip(paths, facts, strict=True)
-        ]
+            if p not in path_keys:
+                for v in p:
+                    if v not in value_keys:
+                        value_keys[v] = natural_key(v)
+                path_keys[p] = tuple(value_keys[v] for v in p)
+        sort_keys = [(path_keys[p], natural_key(f.name)) for p, f in zip(paths, facts, strict=True)]
         order = sorted(range(len(facts)), key=sort_keys.__getitem__)
         n_levels = len(present)
         ids: list[dict[tuple[str, ...], int]] = [{} for _ in range(n_levels)]
@@ -411,23 +418,30 @@ class TopologyCache:
         parents: list[list[int]] = [[] for _ in range(n_levels)]
         domain_of: list[list[int]] = [[] for _ in range(n_levels)]
         leaf_nodes: list[list[int]] = []
+        path_domains: dict[tuple[str, ...], tuple[int, ...]] = {}
         for new_i, i in enumerate(order):
             p = paths[i]
-            parent = -1
-            for lv in range(n_levels):
-                key = p[: lv + 1]
-                d = ids[lv].get(key)
-                if d is None:
-                    d = len(dom_names[lv])
-                    ids[lv][key] = d
-                    dom_names[lv].append(p[lv])
-                    parents[lv].append(parent)
-                    if lv == n_levels - 1:
-                        leaf_nodes.append([])
+            doms = path_domains.get(p)
+            if doms is None:
+                found: list[int] = []
+                parent = -1
+                for lv in range(n_levels):
+                    key = p[: lv + 1]
+                    d = ids[lv].get(key)
+                    if d is None:
+                        d = len(dom_names[lv])
+                        ids[lv][key] = d
+                        dom_names[lv].append(p[lv])
+                        parents[lv].append(parent)
+                        if lv == n_levels - 1:
+                            leaf_nodes.append([])
+                    found.append(d)
+                    parent = d
+                doms = path_domains[p] = tuple(found)
+            for lv, d in enumerate(doms):
                 domain_of[lv].append(d)
-                parent = d
             if n_levels:
-                leaf_nodes[parent].append(new_i)
+                leaf_nodes[doms[-1]].append(new_i)
         if not n_levels:
             leaf_nodes = [list(range(len(order)))]
         names = tuple(facts[i].name for i in order)

@@ -24,13 +24,23 @@ def affinity(topo: Topology, used: list[set[int]], i: int) -> int:
     return a
 
 
+def _network_leaves(topo: Topology, nodes: Sequence[int]) -> list[int]:
+    """The network leaf of each of ``nodes`` (:meth:`Topology.network_leaf_of`, the level looked
+    up once for all of them: a gang's every pod asks it twice per decision)."""
+    lv = topo.network_leaf_level
+    if lv < 0:
+        return [0] * len(nodes)
+    leaf_of = topo.domain_of[lv]
+    return [leaf_of[i] for i in nodes]
+
+
 def _replica_peers(topo: Topology, nodes: Sequence[int]) -> list[int]:
     """Pod i's checkpoint replica goes to pod ``(i + k) % n`` for the smallest uniform shift ``k``
     that puts every pair in different leaves (a permutation: each pod holds one replica)."""
     n = len(nodes)
     if n < 2:
         return [-1] * n
-    leaf = [topo.network_leaf_of(i) for i in nodes]
+    leaf = _network_leaves(topo, nodes)
     for k in range(1, n):
         if all(leaf[i] != leaf[(i + k) % n] for i in range(n)):
             return [(i + k) % n for i in range(n)]
@@ -67,7 +77,7 @@ def finish_placement(
         shape,
         pod_rail_offset=[topo.rail_offset[i] for i in gang],
         pod_gpus=[topo.gpus[i] for i in gang],
-        pod_domain=[topo.network_leaf_of(i) for i in gang],
+        pod_domain=_network_leaves(topo, gang),
     )
     spans = max(spans, 1)
     minimum = 1
