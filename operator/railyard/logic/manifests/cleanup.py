@@ -40,7 +40,10 @@ def build_cleanup_pod(
     if not shared:
         volumes = [v for v in volumes if v["name"] != "ckpt-shared"]
         mounts = [m for m in mounts if m["name"] != "ckpt-shared"]
-    env = [var.entry(CHECKPOINT_MOUNTS[tier] if shared or tier != "shared" else "") for tier, var in podenv.CHECKPOINT_DIRS.items()]
+    env = [
+        var.entry(CHECKPOINT_MOUNTS[tier] if shared or tier != "shared" else "")
+        for tier, var in podenv.CHECKPOINT_DIRS.items()
+    ]
     labels = {**job_labels(job), CLEANUP_LABEL: "true"}
     return {
         "apiVersion": "v1",

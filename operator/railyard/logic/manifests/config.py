@@ -104,7 +104,8 @@ def build_configmap(
     if replica_groups > 1:
         for g in range(replica_groups):
             port = rendezvous_port(job, namespace, attempt, g)
-            data[group_rank_table_file(g)] = build_replica_group_table(rank_table, group=g, replicas=replica_groups, master_port=port).to_json()
+            group_table = build_replica_group_table(rank_table, group=g, replicas=replica_groups, master_port=port)
+            data[group_rank_table_file(g)] = group_table.to_json()
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
@@ -122,5 +123,6 @@ def with_addresses(table: RankTable, namespace: str) -> RankTable:
     return RankTable(
         job=table.job, attempt=table.attempt, pp=table.pp, dp=table.dp, tp=table.tp,
         procs_per_node=table.procs_per_node, pods=pods, ranks=table.ranks,
-        master_addr=pod_address(table.job, namespace, 0), master_port=rendezvous_port(table.job, namespace, table.attempt),
+        master_addr=pod_address(table.job, namespace, 0),
+        master_port=rendezvous_port(table.job, namespace, table.attempt),
     )

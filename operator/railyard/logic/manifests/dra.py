@@ -31,7 +31,8 @@ CHANNEL_CLAIM = "channel"
 def _gpu_request(spec: TrainingJobSpec) -> dict[str, Any]:
     claim = spec.gpu_claim
     device_class = claim.device_class_name if claim is not None else ""
-    return {"name": GPU_CLAIM, "exactly": {"deviceClassName": device_class, "allocationMode": "ExactCount", "count": spec.claimed_gpus}}
+    exactly = {"deviceClassName": device_class, "allocationMode": "ExactCount", "count": spec.claimed_gpus}
+    return {"name": GPU_CLAIM, "exactly": exactly}
 
 
 def gpu_claim_template_name(spec: TrainingJobSpec, job: str) -> str:
@@ -66,7 +67,9 @@ def pod_resource_claims(spec: TrainingJobSpec, job: str) -> list[dict[str, str]]
     return out
 
 
-def build_gpu_claim_template(spec: TrainingJobSpec, *, job: str, namespace: str, owner: Mapping[str, Any]) -> dict[str, Any] | None:
+def build_gpu_claim_template(
+    spec: TrainingJobSpec, *, job: str, namespace: str, owner: Mapping[str, Any]
+) -> dict[str, Any] | None:
     """The job's ResourceClaimTemplate: ``spec.gpus`` devices of ``gpuClaim.deviceClassName``
     per pod (allocationMode ExactCount); None without gpuClaim. Owned by the job."""
     claim = spec.gpu_claim
@@ -80,7 +83,9 @@ def build_gpu_claim_template(spec: TrainingJobSpec, *, job: str, namespace: str,
     }
 
 
-def build_compute_domain(spec: TrainingJobSpec, *, job: str, namespace: str, owner: Mapping[str, Any]) -> dict[str, Any] | None:
+def build_compute_domain(
+    spec: TrainingJobSpec, *, job: str, namespace: str, owner: Mapping[str, Any]
+) -> dict[str, Any] | None:
     """The job's ComputeDomain (``gpuClaim.computeDomain``): one IMEX domain over the gang's
     ``spec.nodes`` nodes, whose channel template the pods claim from; None otherwise. Owned by
     the job, so it goes with it."""
@@ -91,11 +96,16 @@ def build_compute_domain(spec: TrainingJobSpec, *, job: str, namespace: str, own
         "apiVersion": COMPUTE_DOMAIN_API_VERSION,
         "kind": "ComputeDomain",
         "metadata": object_meta(compute_domain_name(spec, job), namespace, job_labels(job), owner),
-        "spec": {"numNodes": spec.nodes, "channel": {"resourceClaimTemplate": {"name": channel_claim_template_name(spec, job)}}},
+        "spec": {
+            "numNodes": spec.nodes,
+            "channel": {"resourceClaimTemplate": {"name": channel_claim_template_name(spec, job)}},
+        },
     }
 
 
-def build_dra_objects(spec: TrainingJobSpec, *, job: str, namespace: str, owner: Mapping[str, Any]) -> list[dict[str, Any]]:
+def build_dra_objects(
+    spec: TrainingJobSpec, *, job: str, namespace: str, owner: Mapping[str, Any]
+) -> list[dict[str, Any]]:
     """The per-job DRA objects, in creation order (before any pod): the GPU claim template, then
     the ComputeDomain; empty without gpuClaim."""
     built = (

@@ -41,11 +41,12 @@ def build_lighthouse_pod(
     """The job's Lighthouse: one pod of the job's image running ``railyard-train lighthouse``
     with ``faultTolerance.minReplicas``, a join timeout below the trainer's watchdog
     (:func:`railyard.protocol.trainerconfig.lighthouse_join_timeout_ms`) and a heartbeat timeout
-    of ten missed beats (:func:`~railyard.protocol.trainerconfig.lighthouse_heartbeat_timeout_ms`), reachable at :func:`lighthouse_address` (hostname and
-    subdomain under the job's headless Service, which selects the job label). Not gated and not
-    pinned: it needs no GPU, only to run while the groups train; ``restartPolicy: Always``
-    restarts a crashed Lighthouse in place, and the operator recreates a lost one
-    (handlers/lighthouse.py). Owned by the job, so it goes with it."""
+    of ten missed beats (:func:`~railyard.protocol.trainerconfig.lighthouse_heartbeat_timeout_ms`),
+    reachable at :func:`lighthouse_address` (hostname and subdomain under the job's headless
+    Service, which selects the job label). Not gated and not pinned: it needs no GPU, only to
+    run while the groups train; ``restartPolicy: Always`` restarts a crashed Lighthouse in place,
+    and the operator recreates a lost one (handlers/lighthouse.py). Owned by the job, so it goes
+    with it."""
     pod_sc, container_sc = security_contexts(spec)
     port = lighthouse_port(job, namespace)
     command = [*LIGHTHOUSE_COMMAND, "--min-replicas", str(spec.fault_tolerance.min_replicas), "--bind", f"[::]:{port}",

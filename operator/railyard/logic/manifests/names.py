@@ -35,7 +35,11 @@ TOKEN_KEY = "token"
 #: failed again at once, exit 70).
 RENDEZVOUS_PORT_BASE = 20000
 RENDEZVOUS_PORT_SPAN = 10000
-CHECKPOINT_MOUNTS = {"memory": "/railyard/checkpoints/memory", "local": "/railyard/checkpoints/local", "shared": "/railyard/checkpoints/shared"}
+CHECKPOINT_MOUNTS = {
+    "memory": "/railyard/checkpoints/memory",
+    "local": "/railyard/checkpoints/local",
+    "shared": "/railyard/checkpoints/shared",
+}
 
 
 def pod_name(job: str, attempt: int, pod_index: int) -> str:
@@ -72,7 +76,10 @@ def check_names(job: str, nodes: int, *, lighthouse: bool = False) -> list[str]:
     longest_pod = len(pod_name(job, 9999, max(nodes - 1, 0)))
     problems = []
     if longest > 63:
-        problems.append(f"metadata.name: {job!r} is too long: pod hostnames <name>-<index> must fit 63 characters; use a name of at most {63 - (longest - len(job))} characters")
+        problems.append(
+            f"metadata.name: {job!r} is too long: pod hostnames <name>-<index> must fit 63 characters; "
+            f"use a name of at most {63 - (longest - len(job))} characters"
+        )
     if longest_pod > 253:
         problems.append("metadata.name: too long for pod names")
     return problems

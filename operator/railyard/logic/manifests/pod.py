@@ -95,7 +95,9 @@ def security_contexts(spec: TrainingJobSpec) -> tuple[dict[str, Any], dict[str, 
     return pod_sc, container_sc
 
 
-def _checkpoint_dirs_init(spec: TrainingJobSpec, volumes: Sequence[Mapping[str, Any]], mounts: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+def _checkpoint_dirs_init(
+    spec: TrainingJobSpec, volumes: Sequence[Mapping[str, Any]], mounts: Sequence[Mapping[str, Any]]
+) -> list[dict[str, Any]]:
     """For a non-root trainer (``spec.securityContext.runAsUser`` > 0, by default the image's
     10001): an init container that hands the job's hostPath checkpoint folders to that user. The
     kubelet creates a ``DirectoryOrCreate`` folder as root, mode 0755, and ``fsGroup`` does not
@@ -134,10 +136,17 @@ def _memory_volume(spec: TrainingJobSpec, per_job: str) -> dict[str, Any]:
         if mem.size_limit:
             empty["sizeLimit"] = mem.size_limit
         return {"name": "ckpt-memory", "emptyDir": empty}
-    return {"name": "ckpt-memory", "hostPath": {"path": f"{mem.host_path.rstrip('/')}/{per_job}", "type": "DirectoryOrCreate"}}
+    return {"name": "ckpt-memory", "hostPath": _host_dir(mem.host_path, per_job)}
 
 
-def pod_volumes(spec: TrainingJobSpec, job: str, namespace: str, attempt: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def _host_dir(host_path: str, per_job: str) -> dict[str, str]:
+    """A tier's per-job folder under its hostPath, created by the kubelet when missing."""
+    return {"path": f"{host_path.rstrip('/')}/{per_job}", "type": "DirectoryOrCreate"}
+
+
+def pod_volumes(
+    spec: TrainingJobSpec, job: str, namespace: str, attempt: int
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """The config and the checkpoint tiers' volumes. A disabled tier gets no volume (a hostPath
     nobody writes would still keep the pods out of the baseline Pod Security Standard)."""
     ck = spec.checkpoint
@@ -151,13 +160,13 @@ def pod_volumes(spec: TrainingJobSpec, job: str, namespace: str, attempt: int) -
         {"name": "ckpt-memory", "mountPath": CHECKPOINT_MOUNTS["memory"]},
     ]
     if ck.local.enabled:
-        volumes.append({"name": "ckpt-local", "hostPath": {"path": f"{ck.local.host_path.rstrip('/')}/{per_job}", "type": "DirectoryOrCreate"}})
+        volumes.append({"name": "ckpt-local", "hostPath": _host_dir(ck.local.host_path, per_job)})
         mounts.append({"name": "ckpt-local", "mountPath": CHECKPOINT_MOUNTS["local"]})
     if ck.shared.claim_name:
         volumes.append({"name": "ckpt-shared", "persistentVolumeClaim": {"claimName": ck.shared.claim_name}})
         mounts.append({"name": "ckpt-shared", "mountPath": CHECKPOINT_MOUNTS["shared"]})
     elif ck.shared.enabled:
-        volumes.append({"name": "ckpt-shared", "hostPath": {"path": f"{ck.shared.host_path.rstrip('/')}/{per_job}", "type": "DirectoryOrCreate"}})
+        volumes.append({"name": "ckpt-shared", "hostPath": _host_dir(ck.shared.host_path, per_job)})
         mounts.append({"name": "ckpt-shared", "mountPath": CHECKPOINT_MOUNTS["shared"]})
     return volumes, mounts
 
@@ -239,13 +248,16 @@ def build_pod(
     pod_sc, container_sc = security_contexts(spec)
     volumes, mounts = pod_volumes(spec, job, namespace, attempt)
     resources = container_resources(spec)
+    port = rendezvous_port(job, namespace, attempt, replica_group_of(spec, pod_index))
     container: dict[str, Any] = {
         "name": CONTAINER_NAME,
         "image": spec.image,
         "imagePullPolicy": spec.image_pull_policy,
         "command": list(spec.command) if spec.command else list(DEFAULT_COMMAND),
-        "env": build_pod_env(spec, job=job, namespace=namespace, attempt=attempt, pod_index=pod_index, heartbeat_url=heartbeat_url),
-        "ports": [{"name": "rendezvous", "containerPort": rendezvous_port(job, namespace, attempt, replica_group_of(spec, pod_index)), "protocol": "TCP"}],
+        "env": build_pod_env(
+            spec, job=job, namespace=namespace, attempt=attempt, pod_index=pod_index, heartbeat_url=heartbeat_url
+        ),
+        "ports": [{"name": "rendezvous", "containerPort": port, "protocol": "TCP"}],
         "resources": resources,
         "volumeMounts": mounts,
         "securityContext": container_sc,
@@ -267,7 +279,9 @@ def build_pod(
         "affinity": {
             "nodeAffinity": {
                 "requiredDuringSchedulingIgnoredDuringExecution": {
-                    "nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}]
+                    "nodeSelectorTerms": [
+                        {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}
+                    ]
                 }
             }
         },

@@ -55,14 +55,19 @@ def build_spare_pod(
         "terminationGracePeriodSeconds": 1,
         "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
             "nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}]}}},
-        "securityContext": {"runAsNonRoot": True, "runAsUser": SPARE_UID, "runAsGroup": SPARE_UID, "seccompProfile": {"type": "RuntimeDefault"}},
+        "securityContext": {
+            "runAsNonRoot": True, "runAsUser": SPARE_UID, "runAsGroup": SPARE_UID,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
         "containers": [{
             "name": "placeholder",
             "image": spec.image,
             "imagePullPolicy": spec.image_pull_policy,
             "command": list(SPARE_COMMAND),
             "resources": resources,
-            "securityContext": {"allowPrivilegeEscalation": False, "privileged": False, "capabilities": {"drop": ["ALL"]}},
+            "securityContext": {
+                "allowPrivilegeEscalation": False, "privileged": False, "capabilities": {"drop": ["ALL"]},
+            },
         }],
     }
     if spec.node_selector:

@@ -195,7 +195,9 @@ def plan_fresh(
                 + (f", {tree.free[rl][d]} TP groups of {k})" if k > 1 else ")")
                 for d in ranked[:3]
             )
-            unit_note = f" and {units} tensor-parallel groups of {k} nodes, each inside one NVLink domain" if k > 1 else ""
+            unit_note = (
+                f" and {units} tensor-parallel groups of {k} nodes, each inside one NVLink domain" if k > 1 else ""
+            )
             return Unplaceable(
                 "requiredLevel",
                 f"topology.requiredLevel {req.required_level}: no single domain holds {what}{unit_note}; "
