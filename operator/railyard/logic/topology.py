@@ -340,13 +340,32 @@ class TopologyCache:
     A Node is recognised by identity (and by ``metadata.resourceVersion`` when it has one): hand
     over a new dict when a node changes, as the kopf index and the simulator do. A dict changed
     in place without a new resourceVersion is not seen. The answers are those of a build without
-    a cache (which uses a fresh one)."""
+    a cache (which uses a fresh one).
+
+    What a node says depends on the level keys and the tolerations asked with: the cache keeps
+    the :data:`CONTEXTS` most recently used of them, so jobs that differ in either, placed in
+    turn by one operator, do not each start from nothing."""
+
+    #: How many (level keys, tolerations) contexts are kept.
+    CONTEXTS = 8
 
     def __init__(self) -> None:
         self._context: tuple[tuple[str, ...], tuple[Toleration, ...]] | None = None
         self._facts: dict[int, _NodeFacts] = {}
         self._structure: _Structure | None = None
+        #: The other contexts' facts and tree, least recently used first.
+        self._others: dict[
+            tuple[tuple[str, ...], tuple[Toleration, ...]], tuple[dict[int, _NodeFacts], _Structure | None]
+        ] = {}
         self._value_keys: dict[str, tuple[str | int, ...]] = {}
+
+    def _switch(self, context: tuple[tuple[str, ...], tuple[Toleration, ...]]) -> None:
+        if self._context is not None:
+            self._others[self._context] = (self._facts, self._structure)
+        self._facts, self._structure = self._others.pop(context, ({}, None))
+        self._context = context
+        while len(self._others) >= self.CONTEXTS:
+            del self._others[next(iter(self._others))]
 
     def _node_facts(
         self,
@@ -357,9 +376,7 @@ class TopologyCache:
         remember: bool,
     ) -> list[_NodeFacts]:
         if self._context != (keys, tolerations):
-            self._context = (keys, tolerations)
-            self._facts = {}
-            self._structure = None
+            self._switch((keys, tolerations))
         old = self._facts
         facts: dict[int, _NodeFacts] = {}
         out: list[_NodeFacts] = []
