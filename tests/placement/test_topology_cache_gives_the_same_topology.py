@@ -79,3 +79,20 @@ def test_a_node_changed_in_place_is_seen_when_its_resource_version_changes() -> 
     nodes[1]["status"]["conditions"] = [{"type": "Ready", "status": "False"}]
     nodes[1]["metadata"]["resourceVersion"] = "2"
     assert build_topology(nodes, cache=cache).excluded == ("", "NotReady")
+
+
+def test_jobs_asking_with_other_levels_or_tolerations_in_turn_keep_their_derived_tree() -> None:
+    """One operator-wide cache serves every job: a job placed with other level keys or
+    tolerations in between finds its own context's tree again (the same object), and the
+    least recently used context goes once more than TopologyCache.CONTEXTS are asked for."""
+    nodes = build_synthetic_nodes(2, 2, 3, 8)
+    cache = TopologyCache()
+    first = build_topology(nodes, levels=(SPINE, LEAF), cache=cache)
+    build_topology(nodes, levels=(LEAF,), cache=cache)
+    build_topology(nodes, levels=(SPINE, LEAF), tolerations=(Toleration(key="maintenance", operator="Exists"),), cache=cache)
+    again = build_topology(nodes, levels=(SPINE, LEAF), cache=cache)
+    assert again == first and again.domain_of is first.domain_of
+    for k in range(TopologyCache.CONTEXTS):
+        build_topology(nodes, levels=(SPINE, LEAF), tolerations=(Toleration(key=f"k{k}", operator="Exists"),), cache=cache)
+    evicted = build_topology(nodes, levels=(SPINE, LEAF), cache=cache)
+    assert evicted == first and evicted.domain_of is not first.domain_of

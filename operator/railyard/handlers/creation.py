@@ -78,8 +78,8 @@ async def place_and_create(cycle: Cycle, job: TrainingJob, nodes: Mapping[str, M
         job, nodes=list(nodes.values()), pods=runtime.all_bound_pods(), attempt=attempt,
         previous_nodes=[p.node for p in sorted(prev.pods, key=lambda p: p.pod_index)] if prev is not None else None,
         previous_spares=cycle.status.placement.spares if cycle.status.placement else (),
-        failed={q.node for q in cycle.status.quarantined_nodes}, cache=cycle.worker.topology_cache,
-        refused=[node for node, until in cycle.worker.refused_nodes.items() if until > cycle.now],
+        failed={q.node for q in cycle.status.quarantined_nodes}, cache=runtime.topology_cache,
+        refused=cycle.refused_nodes(),
     ))
     runtime.metrics.placement.observe(time.perf_counter() - t0)
 

@@ -175,6 +175,11 @@ class Cycle:
     def spec(self) -> Mapping[str, Any]:
         return self.body.get("spec") or {}
 
+    def refused_nodes(self) -> list[str]:
+        """Nodes the job's placements leave out now: the scheduler refused a pod of the job there
+        for lack of GPUs the operator's count did not explain (logic/pending.py)."""
+        return [node for node, until in self.worker.refused_nodes.items() if until > self.now]
+
     def phase(self, phase: str, reason: str, message: str) -> None:
         self.status = apply_phase(self.status, phase, reason=reason, message=message, now=self.iso, generation=self.status.observed_generation or None)
         self.runtime.set_phase(self.ns, self.name, phase)

@@ -80,6 +80,8 @@ async def handle_failure(
             capable=capable_pods(cycle, gang),
             reported=current,
             said=said,
+            refused=cycle.refused_nodes(),
+            topology_cache=runtime.topology_cache,
         )
     )
     if isinstance(plan, RestartInPlace):

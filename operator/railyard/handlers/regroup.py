@@ -154,6 +154,8 @@ async def grow_back(cycle: Cycle, job: TrainingJob, members: Sequence[Obj], node
             nodes=nodes,
             cluster_pods=cycle.runtime.all_bound_pods(),
             table=table,
+            refused=cycle.refused_nodes(),
+            topology_cache=cycle.runtime.topology_cache,
         )
     )
     match plan:

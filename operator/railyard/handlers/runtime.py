@@ -83,10 +83,6 @@ class JobWorker:
     watching_since: float | None = None
     #: The heartbeat base URL this job's pods carry, learned from them (handlers.health.heartbeat_url_for).
     heartbeat_base: str = ""
-    #: What the last placement input derived from each Node object of the index (a node's
-    #: index entry is a new dict when it changes), so a re-placement on a big cluster does not
-    #: re-derive the domain tree.
-    topology_cache: TopologyCache = field(default_factory=TopologyCache)
     #: node -> until when the job's placements leave it out: the scheduler refused a pod of the
     #: job there for lack of GPUs (logic/pending.py). Lost with the operator: a bounded hint.
     refused_nodes: dict[str, float] = field(default_factory=dict)
@@ -113,6 +109,12 @@ class Runtime:
         self.job_pods: Any = None
         self.nodes: Any = None
         self.bound_pods: Any = None
+        #: What the last placement input derived from each Node object of the index (a node's
+        #: index entry is a new dict when it changes), so a placement on a big cluster does not
+        #: re-derive every node's facts and the domain tree. One per operator, not per job: the
+        #: nodes are the same for every job, and a job's first placement is its only one unless
+        #: it restarts (per job, every gang start derived all of it afresh: issue 46).
+        self.topology_cache = TopologyCache()
         self.workers: dict[Key, JobWorker] = {}
         self.phases: dict[Key, str] = {}
         self.http_runner: Any = None

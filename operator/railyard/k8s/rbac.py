@@ -36,7 +36,7 @@ from typing import Any
 
 #: Packages whose code runs in the operator process and may call the API.
 OPERATOR_PACKAGES = ("railyard.k8s", "railyard.handlers", "railyard.observe")
-#: Modules building manifests (scanned for ownerReferences only).
+#: Modules (or packages) building manifests (scanned for ownerReferences only).
 MANIFEST_MODULES = ("railyard.logic.manifests",)
 
 _CLIENT_VERBS = {"get": "get", "list": "list", "create": "create", "patch": "patch", "delete": "delete"}
@@ -290,7 +290,7 @@ def _modules(packages: Iterable[str]) -> Iterator[ModuleType]:
 def scan_operator(packages: Iterable[str] = OPERATOR_PACKAGES, manifests: Iterable[str] = MANIFEST_MODULES) -> set[Permission]:
     """The permissions the operator's own code needs (without :data:`FRAMEWORK`)."""
     perms: set[Permission] = set()
-    for mod in [*_modules(packages), *(importlib.import_module(m) for m in manifests)]:
+    for mod in [*_modules(packages), *_modules(manifests)]:
         try:
             source = inspect.getsource(mod)
         except (OSError, TypeError):

@@ -50,6 +50,7 @@ from railyard.logic.lifecycle import FailJob, FallBackToFull, decide_failure
 from railyard.logic.placement import Placement, Unplaceable, build_placement_input, plan_placement
 from railyard.logic.restarts import RestartDecision
 from railyard.logic.shrink import GrowBack, KeepWaiting, Shrink, decide_grow_back, decide_shrink
+from railyard.logic.topology import TopologyCache
 from railyard.protocol.mesh import pods_per_group
 from railyard.protocol.ranktable import RankTable
 
@@ -107,6 +108,11 @@ class Observed:
     reported: Sequence[Obj] = ()
     #: The failure as the status tells it (logic/failure_report.py).
     said: str = ""
+    #: Nodes the scheduler refused the job's pods for lack of GPUs (logic/pending.py).
+    refused: Sequence[str] = ()
+    #: The operator's memo of what it derived from the Node objects (the answer is the same
+    #: without; :class:`railyard.logic.topology.TopologyCache`).
+    topology_cache: TopologyCache | None = None
 
 
 # --------------------------------------------------------------------------- the plans
@@ -265,6 +271,8 @@ def _place(o: Observed, table: RankTable, avoid: set[str], attempt: int) -> Plac
             previous_nodes=[p.node for p in sorted(table.pods, key=lambda p: p.pod_index)],
             previous_spares=status.placement.spares if status.placement else (),
             failed=avoid,
+            cache=o.topology_cache,
+            refused=o.refused,
         )
     )
 

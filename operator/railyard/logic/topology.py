@@ -26,7 +26,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from railyard.api.corev1 import Toleration, compute_pod_requests, node_is_ready, untolerated_taint
 from railyard.api.quantity import to_count
@@ -343,13 +343,32 @@ class TopologyCache:
     A Node is recognised by identity (and by ``metadata.resourceVersion`` when it has one): hand
     over a new dict when a node changes, as the kopf index and the simulator do. A dict changed
     in place without a new resourceVersion is not seen. The answers are those of a build without
-    a cache (which uses a fresh one)."""
+    a cache (which uses a fresh one).
+
+    What a node says depends on the level keys and the tolerations asked with: the cache keeps
+    the :data:`CONTEXTS` most recently used of them, so jobs that differ in either, placed in
+    turn by one operator, do not each start from nothing."""
+
+    #: How many (level keys, tolerations) contexts are kept.
+    CONTEXTS = 8
 
     def __init__(self) -> None:
         self._context: tuple[tuple[str, ...], tuple[Toleration, ...]] | None = None
         self._facts: dict[int, _NodeFacts] = {}
         self._structure: _Structure | None = None
+        #: The other contexts' facts and tree, least recently used first.
+        self._others: dict[
+            tuple[tuple[str, ...], tuple[Toleration, ...]], tuple[dict[int, _NodeFacts], _Structure | None]
+        ] = {}
         self._value_keys: dict[str, tuple[str | int, ...]] = {}
+
+    def _switch(self, context: tuple[tuple[str, ...], tuple[Toleration, ...]]) -> None:
+        if self._context is not None:
+            self._others[self._context] = (self._facts, self._structure)
+        self._facts, self._structure = self._others.pop(context, ({}, None))
+        self._context = context
+        while len(self._others) >= self.CONTEXTS:
+            del self._others[next(iter(self._others))]
 
     def _node_facts(
         self,
@@ -360,9 +379,7 @@ class TopologyCache:
         remember: bool,
     ) -> list[_NodeFacts]:
         if self._context != (keys, tolerations):
-            self._context = (keys, tolerations)
-            self._facts = {}
-            self._structure = None
+            self._switch((keys, tolerations))
         old = self._facts
         facts: dict[int, _NodeFacts] = {}
         out: list[_NodeFacts] = []
@@ -372,13 +389,14 @@ class TopologyCache:
             f = old.get(id(node)) if old else None
             if f is None or f.node is not node or f.resource_version != rv:
                 labels = meta.get("labels") or {}
+                rail = labels.get(RAIL_OFFSET_LABEL)
                 f = _NodeFacts(
                     node,
                     rv,
                     str(meta.get("name", "")),
                     tuple(map(labels.get, keys)),
                     node_gpus(node),
-                    _int_label(labels.get(RAIL_OFFSET_LABEL, 0)),
+                    0 if rail is None else _int_label(rail),
                     node_exclusion(node, tolerations),
                 )
             if remember:
@@ -395,18 +413,24 @@ class TopologyCache:
         # a key is a level when any node carries it (even with an empty value)
         present_idx = [j for j in range(len(keys)) if any(f.values[j] is not None for f in facts)]
         present = tuple(keys[j] for j in present_idx)
+        every_key = len(present_idx) == len(keys)
         # A missing (or empty) label value puts the node in a domain of its own.
-        paths = [
-            tuple(f.values[j] or f"{f.name}(no {keys[j]})" for j in present_idx) for f in facts
+        paths: list[tuple[str, ...]] = [
+            cast("tuple[str, ...]", f.values) if every_key and all(f.values)  # no None, no ""
+            else tuple(f.values[j] or f"{f.name}(no {keys[j]})" for j in present_idx)
+            for f in facts
         ]
+        # Nodes share few distinct paths (one per leaf): the sort key and the domains of each
+        # path are worked out once, not once per node.
         value_keys = self._value_keys
+        path_keys: dict[tuple[str, ...], tuple[tuple[str | int, ...], ...]] = {}
         for p in paths:
-            for v in p:
-                if v not in value_keys:
-                    value_keys[v] = natural_key(v)
-        sort_keys = [
-            (tuple(value_keys[v] for v in p), natural_key(f.name)) for p, f in zip(paths, facts, strict=True)
-        ]
+            if p not in path_keys:
+                for v in p:
+                    if v not in value_keys:
+                        value_keys[v] = natural_key(v)
+                path_keys[p] = tuple(value_keys[v] for v in p)
+        sort_keys = [(path_keys[p], natural_key(f.name)) for p, f in zip(paths, facts, strict=True)]
         order = sorted(range(len(facts)), key=sort_keys.__getitem__)
         n_levels = len(present)
         ids: list[dict[tuple[str, ...], int]] = [{} for _ in range(n_levels)]
@@ -414,23 +438,30 @@ class TopologyCache:
         parents: list[list[int]] = [[] for _ in range(n_levels)]
         domain_of: list[list[int]] = [[] for _ in range(n_levels)]
         leaf_nodes: list[list[int]] = []
+        path_domains: dict[tuple[str, ...], tuple[int, ...]] = {}
         for new_i, i in enumerate(order):
             p = paths[i]
-            parent = -1
-            for lv in range(n_levels):
-                key = p[: lv + 1]
-                d = ids[lv].get(key)
-                if d is None:
-                    d = len(dom_names[lv])
-                    ids[lv][key] = d
-                    dom_names[lv].append(p[lv])
-                    parents[lv].append(parent)
-                    if lv == n_levels - 1:
-                        leaf_nodes.append([])
+            doms = path_domains.get(p)
+            if doms is None:
+                found: list[int] = []
+                parent = -1
+                for lv in range(n_levels):
+                    key = p[: lv + 1]
+                    d = ids[lv].get(key)
+                    if d is None:
+                        d = len(dom_names[lv])
+                        ids[lv][key] = d
+                        dom_names[lv].append(p[lv])
+                        parents[lv].append(parent)
+                        if lv == n_levels - 1:
+                            leaf_nodes.append([])
+                    found.append(d)
+                    parent = d
+                doms = path_domains[p] = tuple(found)
+            for lv, d in enumerate(doms):
                 domain_of[lv].append(d)
-                parent = d
             if n_levels:
-                leaf_nodes[parent].append(new_i)
+                leaf_nodes[doms[-1]].append(new_i)
         if not n_levels:
             leaf_nodes = [list(range(len(order)))]
         names = tuple(facts[i].name for i in order)

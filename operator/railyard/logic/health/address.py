@@ -1,7 +1,7 @@
 """Where a job's pods reach the operator: the base URL of its heartbeat ingest and control channel.
 
 Pods get ``RAILYARD_HEARTBEAT_URL=<base>/v1/heartbeats/<ns>/<job>`` (and the control URL beside
-it, logic/manifests.py) when they are created, and keep it for their life. So the base a job's
+it, logic/manifests/pod.py) when they are created, and keep it for their life. So the base a job's
 pods carry is a fact an operator restarted under them must not change by accident (issue 35):
 
 1. an advertised base (``--heartbeat-advertise-url``, or the local cluster's published
