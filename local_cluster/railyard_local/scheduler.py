@@ -32,6 +32,7 @@ from typing import Any
 
 from railyard.api.corev1 import compute_pod_requests
 from railyard_local.devices import (
+    DELETE_PROTECTION,
     DEVICE_RESOURCE_PREFIX,
     RESOURCE_API,
     allocated_devices,
@@ -143,8 +144,10 @@ class Scheduler:
         key = key_of(claim)
         if kind == "DELETED" or (claim.get("status") or {}).get("allocation"):
             self.allocating.pop(key, None)
-        if kind == "DELETED" or not (old or {}).get("metadata"):
-            self._wake_waiting()  # devices freed, or a claim a pod waits for is there
+        allocated_now = bool((claim.get("status") or {}).get("allocation")) and \
+            not ((old or {}).get("status") or {}).get("allocation")
+        if kind == "DELETED" or not (old or {}).get("metadata") or allocated_now:
+            self._wake_waiting()  # devices freed, a claim a pod waits for is there, or a shared one allocated
 
     def _add_devices(self, info: NodeInfo) -> None:
         for key in [k for k in info.allocatable if k.startswith(DEVICE_RESOURCE_PREFIX)]:
@@ -195,7 +198,10 @@ class Scheduler:
         out: list[tuple[Obj, dict[str, Any]]] = []
         for claim in claims:
             if (claim.get("status") or {}).get("allocation"):
+                out.append((claim, {}))  # shared and allocated already: only reserved for this pod too
                 continue
+            if key_of(claim) in self.allocating:
+                return None  # another pod's allocation of this claim is being written: wait for it
             allocation = build_allocation(claim, node, self.device_classes, self.devices.get(node, {}), held)
             if allocation is None:
                 return None
@@ -203,7 +209,9 @@ class Scheduler:
             held |= chosen
             out.append((claim, allocation))
         for claim, allocation in out:
-            self.allocating[key_of(claim)] = {(r["driver"], r["pool"], r["device"]) for r in allocation["devices"]["results"]}
+            if allocation:
+                self.allocating[key_of(claim)] = {(r["driver"], r["pool"], r["device"])
+                                                  for r in allocation["devices"]["results"]}
         return out
 
     def on_podgroup(self, kind: str, group: Obj, old: Obj | None) -> None:
@@ -432,15 +440,45 @@ class Scheduler:
         self._tasks.spawn(coro)
 
     async def _write_allocations(self, pod: Obj, allocations: list[tuple[Obj, dict[str, Any]]]) -> None:
-        """PreBind of kube-scheduler's DRA plugin: each claim allocated and reserved for the pod."""
+        """PreBind of kube-scheduler's DRA plugin: each claim protected by the delete-protection
+        finalizer (its own write, as kube-scheduler does it), then allocated (``allocationTimestamp``
+        included) and reserved for the pod in one status write; a claim allocated already (shared)
+        only gains the pod in ``reservedFor``."""
         meta = pod.get("metadata") or {}
-        reserved = [{"resource": "pods", "name": meta.get("name", ""), "uid": meta.get("uid", "")}]
+        me = {"resource": "pods", "name": meta.get("name", ""), "uid": meta.get("uid", "")}
         for claim, allocation in allocations:
             cmeta = claim.get("metadata") or {}
-            body = {"status": {"allocation": allocation, "reservedFor": reserved}}
-            await self.client.request(
-                "PATCH", f"{RESOURCE_API}/namespaces/{cmeta.get('namespace')}/resourceclaims/{cmeta.get('name')}/status",
-                params=self._params(), body=body, content_type="application/merge-patch+json")
+            path = f"{RESOURCE_API}/namespaces/{cmeta.get('namespace')}/resourceclaims/{cmeta.get('name')}"
+            if not allocation:
+                await self._reserve(path, me)
+                continue
+            finalizers = list(cmeta.get("finalizers") or [])
+            if DELETE_PROTECTION not in finalizers:
+                await self.client.request("PATCH", path, params=self._params(), content_type="application/merge-patch+json",
+                                          body={"metadata": {"finalizers": [*finalizers, DELETE_PROTECTION]}})
+            body = {"status": {"allocation": {**allocation, "allocationTimestamp": now_iso()}, "reservedFor": [me]}}
+            await self.client.request("PATCH", f"{path}/status", params=self._params(), body=body,
+                                      content_type="application/merge-patch+json")
+
+    async def _reserve(self, path: str, me: dict[str, Any]) -> None:
+        """Add the pod to an allocated claim's ``reservedFor`` (read, then written with the read's
+        resourceVersion: two pods sharing the claim may reserve it at once)."""
+        for _ in range(5):
+            claim = await self.client.request("GET", path)
+            status = claim.get("status") or {}
+            reserved = list(status.get("reservedFor") or [])
+            if any(r.get("uid") == me["uid"] for r in reserved):
+                return
+            body = {"metadata": {"resourceVersion": (claim.get("metadata") or {}).get("resourceVersion")},
+                    "status": {"reservedFor": [*reserved, me]}}
+            try:
+                await self.client.request("PATCH", f"{path}/status", params=self._params(), body=body,
+                                          content_type="application/merge-patch+json")
+                return
+            except ApiError as exc:
+                if exc.status != 409:
+                    raise
+        raise ApiError(409, "the claim kept changing", "PATCH", f"{path}/status")
 
     async def _bind(self, pod: Obj, node: str, allocations: list[tuple[Obj, dict[str, Any]]] | None = None) -> None:
         meta = pod.get("metadata") or {}

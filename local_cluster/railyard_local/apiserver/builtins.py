@@ -124,10 +124,13 @@ def default(rt: ResourceType, obj: JSON, eng: Engine) -> None:
                 v["emptyDir"] = {}
         _null_condition_times(obj, ("lastProbeTime", "lastTransitionTime"))
         status = obj.get("status")
-        if isinstance(status, dict):  # SetDefaults_PodStatus: the plural from the singular
-            for one, many in (("podIP", "podIPs"), ("hostIP", "hostIPs")):
-                if status.get(one) and not status.get(many):
-                    status[many] = [{"ip": status[one]}]
+        if isinstance(status, dict):  # SetDefaults_PodStatus: podIPs from podIP (a v1.36 server leaves hostIPs)
+            if status.get("podIP") and not status.get("podIPs"):
+                status["podIPs"] = [{"ip": status["podIP"]}]
+            for kind in ("containerStatuses", "initContainerStatuses"):
+                for cs in status.get(kind) or []:
+                    if isinstance(cs, dict):  # Go structs, serialised even when empty
+                        cs.setdefault("lastState", {})
     elif key == "namespaces":
         spec = obj.setdefault("spec", {})
         if not obj["metadata"].get("deletionTimestamp"):

@@ -35,7 +35,8 @@ _NAME_CHARS = "bcdfghjklmnpqrstvwxz2456789"
 
 #: Kinds whose strategy keeps metadata.generation (the others have none).
 _GENERATION = frozenset({"pods", CRD_KEY, "deployments.apps", "statefulsets.apps", "daemonsets.apps", "jobs.batch",
-                         "poddisruptionbudgets.policy", "networkpolicies.networking.k8s.io"})
+                         "poddisruptionbudgets.policy", "networkpolicies.networking.k8s.io",
+                         "deviceclasses.resource.k8s.io", "resourceslices.resource.k8s.io"})
 
 
 _LAST_SECOND: list[Any] = [None, ""]
