@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import secrets
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -45,15 +46,19 @@ CASES = load_corpus(CORPUS)
 
 
 def register_nodes(c: Client, setup: Path) -> None:
-    """The recorder's nodes (``setup-nodes.json``), registered and Ready."""
+    """The recorder's nodes (``setup-nodes.json``): created with their status, as a kubelet
+    registers, then one heartbeat (the Ready and pressure conditions' times) through /status."""
     for node in json.loads(setup.read_text()):
-        status, body = c.json("POST", "/api/v1/nodes", {"metadata": node["metadata"], "spec": node.get("spec") or {}})
+        name = node["metadata"]["name"]
+        status, body = c.json("POST", "/api/v1/nodes", node)
         if status != 201:
-            raise RuntimeError(f"could not register {node['metadata']['name']}: {status} {body}")
-        status, body = c.json("PATCH", f"/api/v1/nodes/{node['metadata']['name']}/status", {"status": node["status"]},
-                              content_type="application/merge-patch+json")
+            raise RuntimeError(f"could not register {name}: {status} {body}")
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        beat = [{**cond, "lastHeartbeatTime": now, "lastTransitionTime": now} for cond in node["status"]["conditions"]]
+        status, body = c.json("PATCH", f"/api/v1/nodes/{name}/status", {"status": {"conditions": beat}},
+                              content_type="application/strategic-merge-patch+json")
         if status != 200:
-            raise RuntimeError(f"could not make {node['metadata']['name']} ready: {status} {body}")
+            raise RuntimeError(f"could not make {name} ready: {status} {body}")
 
 
 class Recorder:

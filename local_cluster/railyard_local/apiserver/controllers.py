@@ -18,7 +18,9 @@ from collections.abc import Coroutine
 from typing import Any
 
 from . import dra
+from .cordon import NodeCorrections
 from .crd import established_status
+from .disruption import DisruptionController
 from .engine import Ctx, DeleteOptions, Engine
 from .errors import APIError
 from .events import record_event
@@ -74,6 +76,8 @@ class Controllers:
         self._claiming_pods: set[ObjKey] = set()
         self._releasing_claims: set[ObjKey] = set()
         self._missing_templates: set[tuple[str, str]] = set()  # (pod uid, template) already reported
+        self.disruption = DisruptionController(engine)
+        self.node_corrections = NodeCorrections(engine)
         self._compute_domains: set[ObjKey] = set()
         self._kick = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -145,6 +149,10 @@ class Controllers:
                 if ref.get("uid") and ref["uid"] not in self.store.by_uid:
                     self._gone_owners.add(ref["uid"])
                     kick = True
+        if rt.key in ("pods", "poddisruptionbudgets.policy") or rt.crd is not None:
+            kick |= self.disruption.on_write(rt.key, entry)
+        if rt.key == "nodes" and not deleted:
+            kick |= self.node_corrections.on_write(entry)
         if kick:
             self._kick.set()
 
@@ -188,7 +196,8 @@ class Controllers:
 
     async def _run(self) -> None:
         while not self._stopped:
-            busy = bool(self._pending_owners or self._terminating or self._terminating_pods)
+            busy = bool(self._pending_owners or self._terminating or self._terminating_pods
+                        or self.disruption.next_expiry() is not None)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._kick.wait(), timeout=1.0 if busy else 30.0)
             self._kick.clear()
@@ -241,6 +250,12 @@ class Controllers:
         for key in list(self._releasing_claims):
             self._releasing_claims.discard(key)
             await self._release_claim(key)
+        expiry = self.disruption.next_expiry()
+        if expiry is not None and expiry <= self.engine.clock():
+            for pdb in self.store.items("poddisruptionbudgets.policy"):
+                self.disruption.on_write("poddisruptionbudgets.policy", pdb)
+        await self.disruption.process()
+        await self.node_corrections.process()
 
     async def _release_claim(self, key: ObjKey) -> None:
         """The resourceclaim controller's cleanup (dra.release_claim): gone pods leave reservedFor,

@@ -121,7 +121,7 @@ def _pod_spec() -> TypeNode:
         "ephemeralContainers": keyed("name", elem=c), "volumes": keyed("name"), "tolerations": _ATOMIC,
         "schedulingGates": keyed("name"), "imagePullSecrets": keyed("name"), "hostAliases": keyed("ip"),
         "topologySpreadConstraints": keyed("topologyKey", "whenUnsatisfiable"), "readinessGates": _ATOMIC,
-        "resourceClaims": keyed("name"), "nodeSelector": mapping(), "overhead": mapping(),
+        "resourceClaims": keyed("name"), "nodeSelector": _ATOMIC, "overhead": mapping(),
     })
 
 
@@ -171,7 +171,9 @@ def _kind_types() -> dict[str, TypeNode]:
             "status": struct({"conditions": _conditions(), "storedVersions": _ATOMIC})}),
         "deployments.apps": workload, "statefulsets.apps": workload, "daemonsets.apps": workload,
         "jobs.batch": workload,
-        "poddisruptionbudgets.policy": struct({"metadata": OBJECT_META, "status": struct({"conditions": _conditions()})}),
+        "poddisruptionbudgets.policy": struct({"metadata": OBJECT_META, "spec": struct({"selector": _ATOMIC}),
+                                               "status": struct({"conditions": _conditions(),
+                                                                 "disruptedPods": mapping()})}),
         "resourceclaims.resource.k8s.io": struct({"metadata": OBJECT_META, "spec": struct({
             "devices": struct({"requests": _ATOMIC, "constraints": _ATOMIC, "config": _ATOMIC})}),
             "status": struct({"allocation": struct({"devices": struct({"results": _ATOMIC, "config": _ATOMIC}),
