@@ -62,6 +62,8 @@ SCHEDULER_NAMES = frozenset({"", "default-scheduler"})
 #: kube-scheduler reports as "default-scheduler-<host>"; this one is the local cluster's.
 REPORTING_INSTANCE = "default-scheduler-railyard-local"
 PODGROUPS = "/apis/scheduling.k8s.io/v1alpha2"
+#: Why a pod waits while one of its claims is not made yet (it is not marked unschedulable for it).
+CLAIM_NOT_MADE = "waiting for the pod's ResourceClaim"
 #: Queue keys of PodGroups start with this (pods' keys are "ns/name").
 GROUP = "podgroup:"
 
@@ -166,7 +168,7 @@ class Scheduler:
             name = c.get("resourceClaimName") or made.get(c.get("name"))
             claim = self.claims.get(f"{ns}/{name}") if name else None
             if claim is None:
-                return [], f'waiting for the pod\'s ResourceClaim "{c.get("name")}" to be created'
+                return [], f'{CLAIM_NOT_MADE} "{c.get("name")}" to be created'
             out.append(claim)
         return out, ""
 
@@ -323,7 +325,8 @@ class Scheduler:
     def _unschedulable(self, key: str, pod: Obj, message: str) -> None:
         if self.waiting.get(key) != message:
             self.waiting[key] = message
-            self._spawn(self._mark_unschedulable(pod, message, message))
+            if not message.startswith(CLAIM_NOT_MADE):  # kcm makes it in moments: kube-scheduler waits unmarked
+                self._spawn(self._mark_unschedulable(pod, message, message))
 
     def _pending(self, pod: Obj | None) -> bool:
         if pod is None:
@@ -439,13 +442,19 @@ class Scheduler:
     def _spawn(self, coro: Any) -> None:
         self._tasks.spawn(coro)
 
-    async def _write_allocations(self, pod: Obj, allocations: list[tuple[Obj, dict[str, Any]]]) -> None:
-        """PreBind of kube-scheduler's DRA plugin: each claim protected by the delete-protection
+    async def _write_allocations(self, pod: Obj, node: str, allocations: list[tuple[Obj, dict[str, Any]]]) -> None:
+        """PreBind of kube-scheduler's DRA plugin, after nominating ``node`` for the pod (as
+        kube-scheduler does when PreBind has work): each claim protected by the delete-protection
         finalizer (its own write, as kube-scheduler does it), then allocated (``allocationTimestamp``
         included) and reserved for the pod in one status write; a claim allocated already (shared)
         only gains the pod in ``reservedFor``."""
         meta = pod.get("metadata") or {}
         me = {"resource": "pods", "name": meta.get("name", ""), "uid": meta.get("uid", "")}
+        # kube-scheduler nominates the node first when PreBind has work to do (binding clears it)
+        await self.client.request(
+            "PATCH", f"/api/v1/namespaces/{meta.get('namespace', 'default')}/pods/{meta.get('name', '')}/status",
+            params=self._params(), body={"status": {"nominatedNodeName": node}},
+            content_type="application/merge-patch+json")
         for claim, allocation in allocations:
             cmeta = claim.get("metadata") or {}
             path = f"{RESOURCE_API}/namespaces/{cmeta.get('namespace')}/resourceclaims/{cmeta.get('name')}"
@@ -486,7 +495,7 @@ class Scheduler:
         key = f"{ns}/{name}"
         if allocations:
             try:
-                await self._write_allocations(pod, allocations)
+                await self._write_allocations(pod, node, allocations)
             except (ApiError, OSError, TimeoutError) as exc:
                 log.warning("allocating the claims of %s on %s failed: %s", key, node, exc)
                 for claim, _ in allocations:

@@ -1,5 +1,6 @@
-"""Replay the recorded kube-apiserver exchanges (kube-v1.36/, kube-v1.36-workload/) against a
-server and compare.
+"""Replay the recorded kube-apiserver exchanges (kube-v1.36/, kube-v1.36-workload/,
+kube-v1.36-dra/, kube-v1.36-disruption/: copies of ../shared/kube-golden) against a server and
+compare.
 
 The corpus and its rules are in kube-v1.36/README.md: files run in order, bodies are normalised
 (timestamps, uids, resourceVersions, UUIDs), and the comparison covers the status code always,

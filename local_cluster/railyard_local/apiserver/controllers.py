@@ -26,6 +26,7 @@ from .errors import APIError
 from .events import record_event
 from .registry import CRD_KEY, ResourceType
 from .store import Entry, ObjKey
+from .taintmanager import TaintManager
 from .workloads import PODGROUPS_KEY, PROTECTION_FINALIZER, group_of
 
 log = logging.getLogger(__name__)
@@ -78,6 +79,7 @@ class Controllers:
         self._missing_templates: set[tuple[str, str]] = set()  # (pod uid, template) already reported
         self.disruption = DisruptionController(engine)
         self.node_corrections = NodeCorrections(engine)
+        self.taint_manager = TaintManager(engine)
         self._compute_domains: set[ObjKey] = set()
         self._kick = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -153,6 +155,8 @@ class Controllers:
             kick |= self.disruption.on_write(rt.key, entry)
         if rt.key == "nodes" and not deleted:
             kick |= self.node_corrections.on_write(entry)
+        if rt.key in ("nodes", "pods") and not deleted:
+            kick |= self.taint_manager.on_write(rt.key, entry)
         if kick:
             self._kick.set()
 
@@ -197,7 +201,7 @@ class Controllers:
     async def _run(self) -> None:
         while not self._stopped:
             busy = bool(self._pending_owners or self._terminating or self._terminating_pods
-                        or self.disruption.next_expiry() is not None)
+                        or self.disruption.next_expiry() is not None or self.taint_manager.next_deadline() is not None)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._kick.wait(), timeout=1.0 if busy else 30.0)
             self._kick.clear()
@@ -256,6 +260,7 @@ class Controllers:
                 self.disruption.on_write("poddisruptionbudgets.policy", pdb)
         await self.disruption.process()
         await self.node_corrections.process()
+        await self.taint_manager.process()
 
     async def _release_claim(self, key: ObjKey) -> None:
         """The resourceclaim controller's cleanup (dra.release_claim): gone pods leave reservedFor,
@@ -327,9 +332,10 @@ class Controllers:
         cur = self.store.get(*key)
         if cur is None or cur.obj["metadata"].get("uid") != uid:
             return
-        obj = cur.clone()
-        obj.setdefault("status", {})["resourceClaimStatuses"] = statuses
-        await self.engine.write_raw(pods_rt, obj)
+        # kcm writes it by server-side apply of its own (manager ResourceClaimController), as recorded
+        config = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": key[2], "namespace": ns, "uid": uid},
+                  "status": {"resourceClaimStatuses": statuses}}
+        await self.engine.apply(pods_rt, ns, key[2], config, Ctx(manager="ResourceClaimController", force=True), "status")
         self._claiming_pods.discard(key)
 
     async def _process_protected_group(self, key: ObjKey) -> None:

@@ -85,8 +85,9 @@ def validate(key: str, obj: JSON, old: JSON | None) -> list[Cause]:
     spec = obj.get("spec")
     if key == CLAIMS_KEY:
         causes = _validate_devices((spec or {}).get("devices") if isinstance(spec, dict) else None, "spec.devices")
-        if old is not None and spec != old.get("spec"):
-            causes.append(invalid_value("spec", None, "field is immutable"))
+        if old is not None and spec != old.get("spec"):  # upstream prints the new spec as its Go struct
+            causes.append(Cause("spec", "FieldValueInvalid",
+                                f"Invalid value: {go_claim_spec(spec)}: field is immutable"))
         return causes
     if key == TEMPLATES_KEY:
         inner = (spec or {}).get("spec") if isinstance(spec, dict) else None
@@ -181,6 +182,59 @@ def _validate_devices(devices: Any, path: str) -> list[Cause]:
         elif mode == "All" and count not in (None, 0):
             causes.append(invalid_value(f"{where}.exactly.count", count, "must not be specified when allocationMode is 'All'"))
     return causes
+
+
+def _go(value: Any, fields: tuple[tuple[str, str, Any], ...]) -> JSON | None:
+    """``value`` as encoding/json prints the internal Go struct: every field, capitalised, in
+    declaration order; ``fields`` is (json name, Go name, how to print the value)."""
+    if not isinstance(value, dict):
+        return None
+    return {go: conv(value.get(name)) for name, go, conv in fields}
+
+
+def _plain(value: Any) -> Any:
+    return value
+
+
+def _list_of(fields: tuple[tuple[str, str, Any], ...]) -> Any:
+    return lambda items: [_go(i, fields) for i in items] if isinstance(items, list) else None
+
+
+def _int(value: Any) -> Any:
+    return value if value is not None else 0
+
+
+def _str(value: Any) -> Any:
+    return value if value is not None else ""
+
+
+_SELECTOR = (("cel", "CEL", lambda c: _go(c, (("expression", "Expression", _str),))),)
+_TOLERATION = (("key", "Key", _str), ("operator", "Operator", _str), ("value", "Value", _str),
+               ("effect", "Effect", _str), ("tolerationSeconds", "TolerationSeconds", _plain))
+_CAPACITY = (("requests", "Requests", _plain),)
+_EXACT = (("deviceClassName", "DeviceClassName", _str), ("selectors", "Selectors", _list_of(_SELECTOR)),
+          ("allocationMode", "AllocationMode", _str), ("count", "Count", _int), ("adminAccess", "AdminAccess", _plain),
+          ("tolerations", "Tolerations", _list_of(_TOLERATION)),
+          ("capacity", "Capacity", lambda c: _go(c, _CAPACITY)))
+_SUBREQUEST = (("name", "Name", _str), ("deviceClassName", "DeviceClassName", _str),
+               ("selectors", "Selectors", _list_of(_SELECTOR)), ("allocationMode", "AllocationMode", _str),
+               ("count", "Count", _int), ("tolerations", "Tolerations", _list_of(_TOLERATION)),
+               ("capacity", "Capacity", lambda c: _go(c, _CAPACITY)))
+_REQUEST = (("name", "Name", _str), ("exactly", "Exactly", lambda e: _go(e, _EXACT)),
+            ("firstAvailable", "FirstAvailable", _list_of(_SUBREQUEST)))
+_CONSTRAINT = (("requests", "Requests", _plain), ("matchAttribute", "MatchAttribute", _plain),
+               ("distinctAttribute", "DistinctAttribute", _plain))
+_OPAQUE = (("driver", "Driver", _str), ("parameters", "Parameters", _plain))
+_CONFIG = (("requests", "Requests", _plain), ("opaque", "Opaque", lambda o: _go(o, _OPAQUE)))
+_DEVICES = (("requests", "Requests", _list_of(_REQUEST)), ("constraints", "Constraints", _list_of(_CONSTRAINT)),
+            ("config", "Config", _list_of(_CONFIG)))
+
+
+def go_claim_spec(spec: Any) -> str:
+    """A ResourceClaim spec as kube-apiserver prints its internal struct in an error message."""
+    devices = _go((spec or {}).get("devices") if isinstance(spec, dict) else None, _DEVICES)
+    empty = {go: None for _, go, _ in _DEVICES}
+    return json.dumps({"Devices": devices if devices is not None else empty}, separators=(",", ":"))
 
 
 def validate_pod_claims(spec: JSON) -> list[Cause]:

@@ -681,6 +681,7 @@ class Engine:
         conds.append({"type": "PodScheduled", "status": "True", "lastProbeTime": None,
                       "lastTransitionTime": self.now()})
         status["conditions"] = conds
+        status.pop("nominatedNodeName", None)  # bound: the nomination is over (its owner stays recorded)
         pod["status"] = status
         await self._write(rt, pod, ctx)
 
