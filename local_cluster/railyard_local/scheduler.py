@@ -463,7 +463,8 @@ class Scheduler:
                 continue
             finalizers = list(cmeta.get("finalizers") or [])
             if DELETE_PROTECTION not in finalizers:
-                await self.client.request("PATCH", path, params=self._params(), content_type="application/merge-patch+json",
+                await self.client.request("PATCH", path, params=self._params(),
+                                          content_type="application/merge-patch+json",
                                           body={"metadata": {"finalizers": [*finalizers, DELETE_PROTECTION]}})
             body = {"status": {"allocation": {**allocation, "allocationTimestamp": now_iso()}, "reservedFor": [me]}}
             await self.client.request("PATCH", f"{path}/status", params=self._params(), body=body,

@@ -39,8 +39,8 @@ class SchedulerThread:
         informers = [Informer(client, p, n) for p, n in (("/api/v1/nodes", "nodes"), ("/api/v1/pods", "pods"),
                                                           (f"{PODGROUPS}/podgroups", "podgroups"))]
         nodes, pods, groups = informers
-        dra = [Informer(client, f"{RESOURCE_API}/{p}", p) for p in ("resourceslices", "deviceclasses", "resourceclaims")] \
-            if self.dra else []
+        plurals = ("resourceslices", "deviceclasses", "resourceclaims") if self.dra else ()
+        dra = [Informer(client, f"{RESOURCE_API}/{p}", p) for p in plurals]
         sched = Scheduler(client, pods.cache, podgroups=groups.cache, field_manager=self.field_manager,
                           slices=dra[0].cache if dra else None, device_classes=dra[1].cache if dra else None,
                           claims=dra[2].cache if dra else None)

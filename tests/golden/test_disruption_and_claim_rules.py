@@ -1,6 +1,7 @@
 """The pure rules behind the replayed answers, as tables: the disruption controller's PDB status,
 the eviction's verdict, kcm's claim release and its node corrections (cordon taint, TTL
-annotation, beta labels), the taint manager's deadline. Each row is a case the recorded corpora show or one next to it."""
+annotation, beta labels), the taint manager's deadline. Each row is a case the recorded corpora
+show or one next to it."""
 
 from __future__ import annotations
 
@@ -101,7 +102,8 @@ EVICTION_ROWS = [
 ]
 
 
-@pytest.mark.parametrize(("why", "target", "budgets", "code", "cause"), EVICTION_ROWS, ids=[r[0] for r in EVICTION_ROWS])
+@pytest.mark.parametrize(("why", "target", "budgets", "code", "cause"), EVICTION_ROWS,
+                         ids=[r[0] for r in EVICTION_ROWS])
 def test_the_eviction_decides(why: str, target: JSON, budgets: list[JSON], code: int | None, cause: str | None) -> None:
     if code in (429, 500):
         with pytest.raises(APIError) as err:
@@ -163,7 +165,8 @@ TAINT = {"key": UNSCHEDULABLE_TAINT, "effect": "NoSchedule", "timeAdded": "t0"}
 
 NODE_ROWS = [
     ("a new node: TTL annotation and beta label", NODE,
-     {"metadata": {"annotations": {"node.alpha.kubernetes.io/ttl": "0"}, "labels": {"beta.kubernetes.io/os": "linux"}}}),
+     {"metadata": {"annotations": {"node.alpha.kubernetes.io/ttl": "0"},
+                   "labels": {"beta.kubernetes.io/os": "linux"}}}),
     ("settled: nothing", SETTLED, None),
     ("cordoned: the unschedulable taint (x41)", {**SETTLED, "spec": {"unschedulable": True}},
      {"spec": {"taints": [{"key": UNSCHEDULABLE_TAINT, "effect": "NoSchedule", "timeAdded": "now"}]}}),

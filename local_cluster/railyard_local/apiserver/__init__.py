@@ -9,7 +9,8 @@ bookmarks, the three patch types and server-side apply with managedFields, the a
 default cluster runs (service-account volume, tolerations, priority, Pod Security), finalizers,
 garbage collection, namespaces, Table output, Events, Leases, the Pod subresources binding,
 eviction (with PodDisruptionBudgets) and log, and the kube-controller-manager controllers a
-cluster's users see act (disruption, taint-based eviction, resourceclaim, cordon taints). tests/golden replays a real kube-apiserver's answers against it. See
+cluster's users see act (disruption, taint-based eviction, resourceclaim, cordon taints).
+tests/golden replays a real kube-apiserver's answers against it. See
 docs/local-apiserver.md.
 
 Command line::

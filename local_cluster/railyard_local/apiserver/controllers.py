@@ -322,8 +322,9 @@ class Controllers:
                         await record_event(self.engine, {"apiVersion": "v1", "kind": "Pod", **pod},
                                            reason="FailedResourceClaimCreation", kind="Warning",
                                            component="resource_claim",
-                                           message=f'PodResourceClaim {claim}: resource claim template "{template_name}": '
-                                                   f'resourceclaimtemplate.resource.k8s.io "{template_name}" not found')
+                                           message=f'PodResourceClaim {claim}: resource claim template '
+                                                   f'"{template_name}": resourceclaimtemplate.resource.k8s.io '
+                                                   f'"{template_name}" not found')
                     return
                 created = await self.engine.create(claims_rt, ns, dra.claim_for_pod(pod, claim, template.obj),
                                                    Ctx(manager="kube-controller-manager"))
@@ -335,7 +336,8 @@ class Controllers:
         # kcm writes it by server-side apply of its own (manager ResourceClaimController), as recorded
         config = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": key[2], "namespace": ns, "uid": uid},
                   "status": {"resourceClaimStatuses": statuses}}
-        await self.engine.apply(pods_rt, ns, key[2], config, Ctx(manager="ResourceClaimController", force=True), "status")
+        await self.engine.apply(pods_rt, ns, key[2], config, Ctx(manager="ResourceClaimController", force=True),
+                                "status")
         self._claiming_pods.discard(key)
 
     async def _process_protected_group(self, key: ObjKey) -> None:

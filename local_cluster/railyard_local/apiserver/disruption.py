@@ -94,7 +94,8 @@ def compute_pdb_status(pdb: JSON, pods: list[JSON], scale_of: Callable[[JSON], i
         nonlocal unmanaged
         total, seen = 0, set()
         for pod in pods:
-            ref = next((r for r in (pod.get("metadata") or {}).get("ownerReferences") or [] if r.get("controller")), None)
+            refs = (pod.get("metadata") or {}).get("ownerReferences") or []
+            ref = next((r for r in refs if r.get("controller")), None)
             replicas = scale_of(pod) if ref is not None else None
             if replicas is None:
                 unmanaged = True
@@ -258,7 +259,7 @@ class DisruptionController:
         ns = meta.get("namespace", "")
         if rkey == PDBS_KEY:
             self.dirty.add((PDBS_KEY, ns, meta["name"]))
-        elif rkey == "pods" or rkey not in ("events", "leases.coordination.k8s.io"):
+        else:  # a pod, or a custom resource that may be a pod's controller (its scale)
             for pdb in self.engine.store.items(PDBS_KEY, ns):
                 self.dirty.add((PDBS_KEY, ns, pdb.obj["metadata"]["name"]))
         return bool(self.dirty)

@@ -332,7 +332,8 @@ def release_claim(claim: JSON, live_pods: set[str]) -> tuple[JSON | None, bool]:
         new.pop("reservedFor", None)
         new.pop("allocation", None)
     meta = claim.get("metadata") or {}
-    unprotect = not reserved and bool(meta.get("deletionTimestamp")) and DELETE_PROTECTION in (meta.get("finalizers") or [])
+    unprotect = not reserved and bool(meta.get("deletionTimestamp")) \
+        and DELETE_PROTECTION in (meta.get("finalizers") or [])
     return (new if new != status else None), unprotect
 
 

@@ -112,7 +112,8 @@ class TaintManager:
         pod = entry.obj
         await record_event(self.engine, {"apiVersion": "v1", "kind": "Pod", **pod}, reason="TaintManagerEviction",
                            message=f"Marking for deletion Pod {ns}/{name}", component="taint-eviction-controller")
-        conditions = [c for c in (pod.get("status") or {}).get("conditions") or [] if c.get("type") != "DisruptionTarget"]
+        conditions = [c for c in (pod.get("status") or {}).get("conditions") or []
+                      if c.get("type") != "DisruptionTarget"]
         conditions.append({"type": "DisruptionTarget", "status": "True", "lastProbeTime": None,
                            "lastTransitionTime": self.engine.now(), "reason": REASON, "message": MESSAGE,
                            "observedGeneration": pod["metadata"].get("generation", 1)})
