@@ -13,8 +13,10 @@ what the embedded cluster does not do yet: ``NOT_YET``.
 
 from __future__ import annotations
 
+import calendar
 import json
 import secrets
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -44,20 +46,26 @@ NAMESPACE = "golden-disruption"
 PODS = f"/api/v1/namespaces/{NAMESPACE}/pods"
 PDBS = f"/apis/policy/v1/namespaces/{NAMESPACE}/poddisruptionbudgets"
 CRDS = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
+UNREACHABLE = "node.kubernetes.io/unreachable"
 CASES = load_corpus(CORPUS)
 
+
+def _epoch(ts: Any) -> float:
+    return calendar.timegm(time.strptime(str(ts), "%Y-%m-%dT%H:%M:%SZ")) if ts else 0.0
+
+
+def _must(answer: tuple[int, Any], what: str) -> None:
+    if answer[0] not in (200, 201):
+        raise RuntimeError(f"{what}: {answer[0]} {answer[1]}")
+
 #: Exchanges the embedded cluster does not answer as recorded yet, each failing strictly so that
-#: the day it matches it must leave this list. A lost node's NotReady/unreachable taints and the
-#: taint manager's eviction are kube-controller-manager's node lifecycle controller (issue 46
-#: item 1, apiserver/nodelifecycle.py, another branch); preemption is the scheduler's.
+#: the day it matches it must leave this list. Preemption and events are the scheduler's; the
+#: node events are the node lifecycle controller's (issue 46 item 1, another branch), whose
+#: writes on the lost node the replay plays (``Recorder.node_lost``).
 NOT_YET = {
     "040": "the local scheduler's Unschedulable message for a cordoned node differs from kube-scheduler's",
-    "047": "a lost node: NotReady/Unknown conditions and unreachable taints need the node lifecycle controller",
-    "048": "taint-based eviction (DisruptionTarget DeletionByTaintManager) needs the node lifecycle controller",
-    "049": "pods of a lost node marked Ready=False by the node lifecycle controller",
-    "050": "the taint manager's events",
-    "051": "the node lifecycle controller's node events",
-    "052": "the node back: the recorder's heartbeat takes back the conditions kcm had set Unknown (after 047)",
+    "050": "the local scheduler emits no Scheduled event (kube-scheduler's, action Binding)",
+    "051": "kcm's node lifecycle controller's RegisteredNode/NodeNotReady node events (another branch)",
     "059": "preemption by priority: the local scheduler does not preempt (DisruptionTarget PreemptionByScheduler)",
     "060": "the preemptor's status.nominatedNodeName",
     "061": "the scheduler's Preempted event",
@@ -95,6 +103,14 @@ class Recorder:
         return hook
 
     @staticmethod
+    def marked(pod: str) -> Callable[[Client], None]:
+        def hook(c: Client) -> None:
+            wait_until(lambda: any(x.get("type") == "PodScheduled" for x in
+                                   ((c.json("GET", f"{PODS}/{pod}")[1] or {}).get("status") or {}).get("conditions")
+                                   or []), timeout=WAIT_S, interval=0.05, message=f"the scheduler's verdict on {pod}")
+        return hook
+
+    @staticmethod
     def unmanaged_event(c: Client) -> None:
         wait_until(lambda: (c.json("GET", f"/api/v1/namespaces/{NAMESPACE}/events",
                                    query={"fieldSelector": "involvedObject.name=pdb-zero,reason=UnmanagedPods"})[1]
@@ -120,11 +136,73 @@ class Recorder:
                        message=f"{pod} to go")
         return hook
 
+    @staticmethod
+    def node_lost(c: Client) -> None:
+        """What kcm's node lifecycle controller did ~54 s after rec-stale's last heartbeat (047's
+        note): the node's conditions Unknown, the unreachable taints, its pods Ready=False with a
+        NodeNotReady event each. Not an exchange of the corpus, and the controller that does it
+        is not this server's yet (nodelifecycle.py, another branch): the replay plays its writes,
+        and the taint manager's answer to them (048-049) is the server's."""
+        _, node = c.json("GET", "/api/v1/nodes/rec-stale")
+        beat = max(_epoch(x.get("lastHeartbeatTime")) for x in node["status"]["conditions"])
+        # a transition after the last heartbeat (recorded 54 s after it; here at least a second)
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(max(time.time(), beat + 1)))
+        unknown = [{"type": x["type"], "status": "Unknown", "reason": "NodeStatusUnknown", "lastTransitionTime": now,
+                    "message": "Kubelet stopped posting node status."} for x in node["status"]["conditions"]]
+        kcm = {"fieldManager": "kube-controller-manager"}
+        _must(c.json("PATCH", "/api/v1/nodes/rec-stale/status", {"status": {"conditions": unknown}}, query=kcm,
+                     content_type="application/strategic-merge-patch+json"), "the node's Unknown conditions")
+        taints = [{"key": UNREACHABLE, "effect": effect, "timeAdded": now} for effect in ("NoSchedule", "NoExecute")]
+        _must(c.json("PATCH", "/api/v1/nodes/rec-stale", {"spec": {"taints": taints}}, query=kcm,
+                     content_type="application/strategic-merge-patch+json"), "the unreachable taints")
+        for pod in ("stale-5s", "stale-300s"):
+            _must(c.json("PATCH", f"{PODS}/{pod}/status", {"status": {"conditions": [
+                {"type": "Ready", "status": "False", "lastTransitionTime": now}]}}, query=kcm,
+                content_type="application/strategic-merge-patch+json"), f"{pod} Ready=False")
+            _, live = c.json("GET", f"{PODS}/{pod}")
+            _must(c.json("POST", f"/api/v1/namespaces/{NAMESPACE}/events", {
+                "metadata": {"generateName": f"{pod}."}, "type": "Warning", "reason": "NodeNotReady",
+                "message": "Node is not ready", "count": 1, "firstTimestamp": now, "lastTimestamp": now,
+                "source": {"component": "node-controller"}, "reportingComponent": "node-controller",
+                "involvedObject": {"apiVersion": "v1", "kind": "Pod", "name": pod, "namespace": NAMESPACE,
+                                   "uid": live["metadata"]["uid"],
+                                   "resourceVersion": live["metadata"]["resourceVersion"]}},
+                query=kcm), f"{pod}'s NodeNotReady event")
+
+    @staticmethod
+    def taint_evicted(c: Client) -> None:
+        wait_until(lambda: (c.json("GET", f"{PODS}/stale-5s")[1] or {}).get("metadata", {}).get("deletionTimestamp"),
+                   timeout=WAIT_S, interval=0.05, message="the taint manager to evict stale-5s")
+
+    @staticmethod
+    def node_back(c: Client) -> None:
+        """The recorder's heartbeat resumed, and kcm took the taints away (052's note)."""
+        setup = next(n for n in json.loads((CORPUS / "setup-nodes.json").read_text())
+                     if n["metadata"]["name"] == "rec-stale")
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        beat = [{**x, "lastHeartbeatTime": now, "lastTransitionTime": now} for x in setup["status"]["conditions"]]
+        _must(c.json("PATCH", "/api/v1/nodes/rec-stale/status", {"status": {"conditions": beat}},
+                     content_type="application/strategic-merge-patch+json"), "the heartbeat")
+        _must(c.json("PATCH", "/api/v1/nodes/rec-stale", {"spec": {"taints": None}},
+                     query={"fieldManager": "kube-controller-manager"},
+                     content_type="application/merge-patch+json"), "the taints' removal")
+
+    @staticmethod
+    def nodes(c: Client) -> None:
+        """The recorder's nodes, and rec-dra-0 of the DRA corpus that existed too (the scheduler's
+        messages count 6 nodes)."""
+        register_nodes(c, CORPUS / "setup-nodes.json")
+        register_nodes(c, CORPUS.parent / "kube-v1.36-dra" / "setup-nodes.json")
+
+    def stale_pods_gone(self, c: Client) -> None:
+        for pod in ("stale-5s", "stale-300s"):
+            self.gone(pod)(c)
+
     def hooks(self) -> dict[str, Callable[[Client], None]]:
         no_disrupted = self.budget("pdb-one", lambda s: "disruptedPods" not in s and s.get("currentHealthy") == 1,
                                    "disruptedPods dropped once web-0 terminates")
         return {
-            "000": lambda c: register_nodes(c, CORPUS / "setup-nodes.json"),
+            "000": self.nodes,
             "003": self.bound("web-0", "web-1"),
             "005": self.budget("pdb-zero", lambda s: s.get("currentHealthy") == 2, "two healthy pods"),
             "006": self.unmanaged_event,
@@ -135,8 +213,13 @@ class Recorder:
             "030": self.gone("web-0"),
             "031": self.bound("lone-0"),
             "034": self.gone("lone-0"),
+            "040": self.marked("on-cordoned"),
             "043": self.gone("on-cordoned"),
             "045": self.bound("stale-5s", "stale-300s"),
+            "047": self.node_lost,
+            "048": self.taint_evicted,
+            "052": self.node_back,
+            "053": self.stale_pods_gone,
             "057": self.bound("victim"),
         }
 

@@ -71,11 +71,14 @@ def is_ready(pod: JSON) -> bool:
 
 
 def _scaled(value: Any, total: int, round_up: bool) -> int:
-    """intstr.GetScaledValueFromIntOrPercent."""
-    if isinstance(value, str) and value.endswith("%"):
-        share = int(value[:-1]) * total / 100
-        return math.ceil(share) if round_up else math.floor(share)
-    return int(value)
+    """intstr.GetScaledValueFromIntOrPercent (a value that is neither counts as 0)."""
+    try:
+        if isinstance(value, str) and value.endswith("%"):
+            share = int(value[:-1]) * total / 100
+            return math.ceil(share) if round_up else math.floor(share)
+        return int(value)
+    except ValueError:
+        return 0
 
 
 @dataclass
