@@ -68,6 +68,15 @@ CLAIM_NOT_MADE = "waiting for the pod's ResourceClaim"
 GROUP = "podgroup:"
 
 
+def _allocation_nodes(allocation: Obj, default: str) -> set[str]:
+    """The nodes an allocation's ``nodeSelector`` names by ``metadata.name`` (the one form
+    build_allocation writes); an allocation without one is usable anywhere (``default``)."""
+    terms = ((allocation.get("nodeSelector") or {}).get("nodeSelectorTerms") or [])
+    names = {str(v) for t in terms for f in t.get("matchFields") or []
+             if f.get("key") == "metadata.name" and f.get("operator") == "In" for v in f.get("values") or []}
+    return names or {default}
+
+
 class Scheduler:
     def __init__(self, client: KubeClient, pods: Mapping[str, Obj], *, concurrency: int = 48,
                  podgroups: Mapping[str, Obj] | None = None, field_manager: str | None = None,
@@ -199,8 +208,11 @@ class Scheduler:
             held |= devices
         out: list[tuple[Obj, dict[str, Any]]] = []
         for claim in claims:
-            if (claim.get("status") or {}).get("allocation"):
-                out.append((claim, {}))  # shared and allocated already: only reserved for this pod too
+            allocated = (claim.get("status") or {}).get("allocation")
+            if allocated:  # shared and allocated already: usable on its node only, then reserved for this pod too
+                if node not in _allocation_nodes(allocated, node):
+                    return None
+                out.append((claim, {}))
                 continue
             if key_of(claim) in self.allocating:
                 return None  # another pod's allocation of this claim is being written: wait for it
