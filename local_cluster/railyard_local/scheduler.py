@@ -323,7 +323,7 @@ class Scheduler:
         self._start += 1
         decision = decide_node(pod, self.nodes, requests, start=self._start, cache=self.decisions)
         if decision.node is None:
-            self._unschedulable(key, pod, decision.message)
+            self._unschedulable(key, pod, f"{decision.message} {decision.postfilter}".strip())
             return
         allocations = self._allocate(pod, decision.node)
         if allocations is None:

@@ -130,6 +130,8 @@ def check_view(view: PodView, node: NodeInfo) -> str | None:
         view.terms is not None and not any(match_node_selector_term(t, name=node.name, labels=labels) for t in view.terms)
     ):
         return "node(s) didn't match Pod's node affinity/selector"
+    if node.unschedulable and untolerated_taint(view.tolerations, [UNSCHEDULABLE_TAINT]) is not None:
+        return "node(s) were unschedulable"  # kube-scheduler's NodeUnschedulable plugin, before the taints
     if node.taints or not node.ready or node.unschedulable:
         taint = untolerated_taint(view.tolerations, node.effective_taints())
         if taint is not None:
@@ -206,6 +208,24 @@ def candidate_names(pod: Obj) -> set[str] | None:
 class Decision:
     node: str | None
     message: str = ""
+    postfilter: str = ""
+    """What kube-scheduler's PostFilter plugins (DRA's deallocation, then preemption) add to the
+    message of a pod that fits nowhere; the local scheduler never preempts."""
+
+
+#: Filter verdicts a preemption could cure (the other verdicts are "unresolvable" to kube-scheduler).
+_PREEMPTABLE = ("Insufficient ", "Too many pods")
+
+
+def build_postfilter_message(pod: Obj, reasons: Mapping[str, int], total: int) -> str:
+    """kube-scheduler's PostFilter text after a FitError: DRA's ("still not schedulable" for a pod
+    with claims, "no new claims to deallocate" otherwise), then preemption's verdict per node."""
+    dra = "still not schedulable" if (pod.get("spec") or {}).get("resourceClaims") else "no new claims to deallocate"
+    curable = sum(n for reason, n in reasons.items() if reason.startswith(_PREEMPTABLE))
+    verdicts = {"No preemption victims found for incoming pod": curable,
+                "Preemption is not helpful for scheduling": total - curable}
+    detail = ", ".join(f"{n} {v}" for v, n in sorted(verdicts.items()) if n)
+    return f"{dra}, preemption: 0/{total} nodes are available: {detail}."
 
 
 #: node name -> (the NodeInfo it was computed on, its version, filter verdict, score)
@@ -292,7 +312,8 @@ def decide_node(
         skipped = total - sum(reasons.values())
         if skipped:
             detail = ", ".join(filter(None, [detail, f"{skipped} node(s) didn't match Pod's node affinity/selector"]))
-    return Decision(None, f"0/{total} nodes are available: {detail or 'no nodes registered'}.")
+    return Decision(None, f"0/{total} nodes are available: {detail or 'no nodes registered'}.",
+                    build_postfilter_message(pod, reasons, total) if total else "")
 
 
 # --------------------------------------------------------------------------- gangs (PodGroups)

@@ -1,6 +1,6 @@
 """The pure rules behind the replayed answers, as tables: the disruption controller's PDB status,
 the eviction's verdict, kcm's claim release and its node corrections (cordon taint, TTL
-annotation, beta labels), the taint manager's deadline. Each row is a case the recorded corpora
+annotation, beta labels), the taint manager's deadline, the scheduler's words. Each row is a case the recorded corpora
 show or one next to it."""
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from railyard_local.apiserver.cordon import UNSCHEDULABLE_TAINT, compute_node_pa
 from railyard_local.apiserver.disruption import compute_pdb_status, decide_eviction
 from railyard_local.apiserver.errors import APIError
 from railyard_local.apiserver.taintmanager import compute_eviction_time
+from railyard_local.scheduling import build_node_info, build_postfilter_message, decide_node
 
 NOW = 1_800_000_000.0
 JSON = dict[str, Any]
@@ -217,3 +218,50 @@ def test_the_taint_manager_decides_when_a_pod_goes(why: str, target: JSON, taint
     got = compute_eviction_time(target, taints, now)
     want = now if after == "now" else None if after is None else _at(float(after))
     assert got == want
+
+
+def _node(name: str, *, cordoned: bool = False, cpu: str = "16") -> JSON:
+    return {"metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}},
+            "spec": {"unschedulable": cordoned},
+            "status": {"allocatable": {"cpu": cpu, "pods": "110"}, "conditions": [{"type": "Ready", "status": "True"}]}}
+
+
+def _pinned(node: str, *, claims: bool = False, tolerations: list[JSON] | None = None, cpu: str = "0") -> JSON:
+    spec: JSON = {"nodeSelector": {"kubernetes.io/hostname": node}, "tolerations": tolerations or [],
+                  "containers": [{"name": "c", "resources": {"requests": {"cpu": cpu}}}]}
+    if claims:
+        spec["resourceClaims"] = [{"name": "gpus", "resourceClaimName": "x"}]
+    return {"metadata": {"name": "p", "namespace": "ns"}, "spec": spec}
+
+
+SCHEDULER_ROWS = [
+    # (why, nodes, pod, the message kube-scheduler wrote)
+    ("a pod pinned to a cordoned node (x43)", [_node("c", cordoned=True), *(_node(f"n{i}") for i in range(5))],
+     _pinned("c"), "0/6 nodes are available: 1 node(s) were unschedulable, 5 node(s) didn't match Pod's node "
+     "affinity/selector. no new claims to deallocate, preemption: 0/6 nodes are available: 6 Preemption is not "
+     "helpful for scheduling."),
+    ("a full node: preemption could help, the local scheduler has no victim", [_node("s", cpu="1"), _node("t")],
+     _pinned("s", cpu="2"), "0/2 nodes are available: 1 Insufficient cpu, 1 node(s) didn't match Pod's node "
+     "affinity/selector. no new claims to deallocate, preemption: 0/2 nodes are available: 1 No preemption victims "
+     "found for incoming pod, 1 Preemption is not helpful for scheduling."),
+]
+
+
+@pytest.mark.parametrize(("why", "nodes", "target", "message"), SCHEDULER_ROWS, ids=[r[0] for r in SCHEDULER_ROWS])
+def test_the_local_scheduler_words_it_as_kube_scheduler(why: str, nodes: list[JSON], target: JSON,
+                                                         message: str) -> None:
+    decision = decide_node(target, {n["metadata"]["name"]: build_node_info(n) for n in nodes})
+    assert decision.node is None
+    assert f"{decision.message} {decision.postfilter}" == message
+
+
+def test_a_pod_tolerating_the_cordon_may_go_there() -> None:
+    tolerates = [{"key": "node.kubernetes.io/unschedulable", "operator": "Exists", "effect": "NoSchedule"}]
+    decision = decide_node(_pinned("c", tolerations=tolerates), {"c": build_node_info(_node("c", cordoned=True))})
+    assert decision.node == "c"
+
+
+def test_dra_postfilter_says_still_not_schedulable_for_a_pod_with_claims() -> None:
+    """d21: every node cannot allocate the claim."""
+    assert build_postfilter_message(_pinned("n", claims=True), {"cannot allocate all claims": 6}, 6) == (
+        "still not schedulable, preemption: 0/6 nodes are available: 6 Preemption is not helpful for scheduling.")

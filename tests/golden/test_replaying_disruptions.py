@@ -63,7 +63,6 @@ def _must(answer: tuple[int, Any], what: str) -> None:
 #: node events are the node lifecycle controller's (issue 46 item 1, another branch), whose
 #: writes on the lost node the replay plays (``Recorder.node_lost``).
 NOT_YET = {
-    "040": "the local scheduler's Unschedulable message for a cordoned node differs from kube-scheduler's",
     "050": "the local scheduler emits no Scheduled event (kube-scheduler's, action Binding)",
     "051": "kcm's node lifecycle controller's RegisteredNode/NodeNotReady node events (another branch)",
     "059": "preemption by priority: the local scheduler does not preempt (DisruptionTarget PreemptionByScheduler)",

@@ -150,10 +150,17 @@ class Recorder:
     def shared_claim_gone(self, c: Client) -> None:
         self.claim_gone(c, "shared-gpu")
 
+    @staticmethod
+    def nodes(c: Client) -> None:
+        """rec-dra-0, and the five nodes of the disruption corpus that existed too (the scheduler's
+        messages count 6 nodes)."""
+        register_nodes(c, CORPUS / "setup-nodes.json")
+        register_nodes(c, CORPUS.parent / "kube-v1.36-disruption" / "setup-nodes.json")
+
     def hooks(self) -> dict[str, Callable[[Client], None]]:
         """By exchange number, what the recorder did before it (kube-v1.36-dra/README.md)."""
         return {
-            "004": lambda c: register_nodes(c, CORPUS / "setup-nodes.json"),
+            "004": self.nodes,
             "013": self.take_list_rv,
             "014": self.first_pod_bound,
             "021": self.second_pod_unschedulable,
@@ -196,24 +203,7 @@ def test_every_allowlist_entry_names_a_case_and_a_reason() -> None:
     assert allowlist_problems(load_allowlist(ALLOWLIST), CASES) == []
 
 
-#: Exchanges the embedded cluster does not answer as recorded yet (issue 46, item 5): each one
-#: fails strictly, so that the day it matches it must leave this list.
-NOT_YET = {
-    "021": "the scheduler's wording: kube-scheduler appends its PostFilter verdicts (DRA's \"still not "
-           "schedulable\", preemption's \"Preemption is not helpful\") and counted 6 nodes (the disruption "
-           "corpus's too); the local scheduler says \"0/1 nodes are available: 1 cannot allocate all claims.\"",
-    "023": "the same scheduler message, in the FailedScheduling event",
-}
-
-
-def _case(ex_name: str) -> object:
-    number = ex_name.split("-", 1)[0]
-    if number in NOT_YET:
-        return pytest.param(ex_name, marks=pytest.mark.xfail(strict=True, reason=NOT_YET[number]))
-    return ex_name
-
-
-@pytest.mark.parametrize("name", [_case(c.name) for c in CASES])
+@pytest.mark.parametrize("name", [c.name for c in CASES])
 def test_exchange_matches_the_record(replayed: Replay, name: str) -> None:
     ex = replayed.by_name(name)
     problems = differences(ex, replayed.allow)
