@@ -21,6 +21,12 @@ controller); their devices count as requests of the node's published devices
 (free devices of the chosen node) and ``reservedFor`` the pod, as kube-scheduler's DRA plugin
 does in PreBind. ``on_claim``, ``on_slice`` and ``on_device_class`` are fed by informers where
 the API serves resource.k8s.io/v1.
+
+A pod with a priority that fits nowhere preempts as kube-scheduler does
+(:func:`railyard_local.scheduling.plan_preemption`): the fewest lower-priority pods of one node
+get ``DisruptionTarget=True`` (reason ``PreemptionByScheduler``), a Preempted event and a graceful
+delete; the pod is nominated to that node (``status.nominatedNodeName``) and bound once they are
+gone. Unschedulable pods are worded as kube-scheduler words them, PostFilter verdicts included.
 """
 
 from __future__ import annotations
@@ -47,6 +53,7 @@ from railyard_local.scheduling import (
     DecisionCache,
     GangDecision,
     NodeInfo,
+    Resident,
     build_gang_policy,
     build_node_info,
     decide_gang,
@@ -54,6 +61,7 @@ from railyard_local.scheduling import (
     group_name_of,
     is_gated,
     is_terminated,
+    plan_preemption,
 )
 from railyard_local.tasks import TaskSet
 
@@ -97,6 +105,7 @@ class Scheduler:
         self.members: dict[str, set[str]] = {}  # PodGroup "ns/name" -> keys of the pods that name it
         self.group_conditions: dict[str, tuple[str, str, str]] = {}  # PodGroup -> (status, reason, message)
         self.gang_marks: dict[str, str] = {}  # waiting gang pod key -> the reason its event gave
+        self.preempting: dict[str, set[str]] = {}  # preemptor key -> keys of the pods it evicts
         self.field_manager = field_manager
         self.nodes: dict[str, NodeInfo] = {}
         self.usage: dict[str, tuple[str, dict[str, int]]] = {}  # uid -> (node, requests)
@@ -249,6 +258,7 @@ class Scheduler:
                 self.members.setdefault(group_key, set()).add(key)
         if kind == "DELETED" or is_terminated(pod) or node:
             self.gang_marks.pop(key, None)
+            self.preempting.pop(key, None)
         if kind == "DELETED" or is_terminated(pod):
             self.waiting.pop(key, None)
             if self._release(uid):
@@ -323,7 +333,8 @@ class Scheduler:
         self._start += 1
         decision = decide_node(pod, self.nodes, requests, start=self._start, cache=self.decisions)
         if decision.node is None:
-            self._unschedulable(key, pod, f"{decision.message} {decision.postfilter}".strip())
+            if not self._preempt(key, pod, requests, decision.message):
+                self._unschedulable(key, pod, f"{decision.message} {decision.postfilter}".strip())
             return
         allocations = self._allocate(pod, decision.node)
         if allocations is None:
@@ -333,6 +344,77 @@ class Scheduler:
         self._account(uid, decision.node, requests)
         self.in_flight.add(key)
         self._spawn(self._bind(pod, decision.node, allocations))
+
+    def _preempt(self, key: str, pod: Obj, requests: dict[str, int], message: str) -> bool:
+        """kube-scheduler's preemption (scheduling.plan_preemption): lower-priority pods of one
+        node get DisruptionTarget=True (PreemptionByScheduler), a Preempted event and a graceful
+        delete; the pod is nominated to the node and waits for them to go. Whether it did (or
+        still waits for earlier victims)."""
+        victims_left = [v for v in self.preempting.get(key, ()) if v in self.pods]
+        if victims_left:
+            return True
+        self.preempting.pop(key, None)
+        if not (pod.get("spec") or {}).get("priority"):
+            return False  # priority 0 (the default) has nobody below it but negative priorities: not worth a scan
+        residents: dict[str, list[Resident]] = {}
+        for other in self.pods.values():
+            node = (other.get("spec") or {}).get("nodeName")
+            ometa = other.get("metadata") or {}
+            if not node or is_terminated(other):
+                continue
+            used = self.usage.get(str(ometa.get("uid", "")))
+            residents.setdefault(node, []).append(Resident(
+                key_of(other), int((other.get("spec") or {}).get("priority") or 0),
+                used[1] if used is not None else compute_pod_requests(other), bool(ometa.get("deletionTimestamp"))))
+        plan = plan_preemption(pod, requests, self.nodes, residents)
+        if plan is None:
+            return False
+        node, victims = plan
+        self.preempting[key] = set(victims)
+        self.waiting[key] = message
+        self._spawn(self._preempt_victims(pod, node, [self.pods[v] for v in victims if v in self.pods], message))
+        return True
+
+    async def _preempt_victims(self, pod: Obj, node: str, victims: list[Obj], message: str) -> None:
+        meta = pod.get("metadata") or {}
+        ns, name = meta.get("namespace", "default"), meta.get("name", "")
+        try:
+            for victim in victims:
+                vmeta = victim.get("metadata") or {}
+                vns, vname = vmeta.get("namespace", "default"), vmeta.get("name", "")
+                conditions = [c for c in (victim.get("status") or {}).get("conditions") or []
+                              if c.get("type") != "DisruptionTarget"]
+                conditions.append({"type": "DisruptionTarget", "status": "True", "reason": "PreemptionByScheduler",
+                                   "message": "default-scheduler: preempting to accommodate a higher priority pod",
+                                   "lastTransitionTime": now_iso(), "lastProbeTime": None,
+                                   "observedGeneration": vmeta.get("generation", 1)})
+                await self.client.request("PATCH", f"/api/v1/namespaces/{vns}/pods/{vname}/status",
+                                          params=self._params(), body={"status": {"conditions": conditions}},
+                                          content_type="application/merge-patch+json")
+                await self.client.request("POST", f"/apis/events.k8s.io/v1/namespaces/{vns}/events",
+                                          params=self._params(), body=self._event(
+                                              victim, "Preempted", "Preempting", "Normal",
+                                              f"Preempted by pod {meta.get('uid', '')} on node {node}"))
+                await self.client.request("DELETE", f"/api/v1/namespaces/{vns}/pods/{vname}")
+            await self._mark_unschedulable(pod, message, message)
+            await self.client.request("PATCH", f"/api/v1/namespaces/{ns}/pods/{name}/status", params=self._params(),
+                                      body={"status": {"nominatedNodeName": node}},
+                                      content_type="application/merge-patch+json")
+        except (ApiError, OSError, TimeoutError) as exc:
+            log.warning("preempting for %s/%s on %s failed: %s", ns, name, node, exc)
+
+    @staticmethod
+    def _event(pod: Obj, reason: str, action: str, kind: str, note: str) -> dict[str, Any]:
+        """An events.k8s.io/v1 Event about ``pod``, as kube-scheduler writes them."""
+        meta = pod.get("metadata") or {}
+        ns, name = meta.get("namespace", "default"), meta.get("name", "")
+        return {"apiVersion": "events.k8s.io/v1", "kind": "Event",
+                "metadata": {"generateName": f"{name}.", "namespace": ns},
+                "regarding": {"apiVersion": "v1", "kind": "Pod", "name": name, "namespace": ns,
+                              "uid": meta.get("uid", ""), "resourceVersion": meta.get("resourceVersion", "")},
+                "reason": reason, "action": action, "note": note, "type": kind,
+                "reportingController": "default-scheduler", "reportingInstance": REPORTING_INSTANCE,
+                "eventTime": now_micro()}
 
     def _unschedulable(self, key: str, pod: Obj, message: str) -> None:
         if self.waiting.get(key) != message:
@@ -575,20 +657,7 @@ class Scheduler:
                 "observedGeneration": meta.get("generation", 1),
             }
         )
-        event = {
-            "apiVersion": "events.k8s.io/v1",
-            "kind": "Event",
-            "metadata": {"generateName": f"{name}.", "namespace": ns},
-            "regarding": {"apiVersion": "v1", "kind": "Pod", "name": name, "namespace": ns,
-                          "uid": meta.get("uid", ""), "resourceVersion": meta.get("resourceVersion", "")},
-            "reason": "FailedScheduling",
-            "action": "Scheduling",
-            "note": note,
-            "type": "Warning",
-            "reportingController": "default-scheduler",
-            "reportingInstance": REPORTING_INSTANCE,
-            "eventTime": now_micro(),
-        }
+        event = self._event(pod, "FailedScheduling", "Scheduling", "Warning", note)
         try:
             await self.client.request("PATCH", f"/api/v1/namespaces/{ns}/pods/{name}/status", params=self._params(),
                                       body={"status": {"conditions": conditions}},

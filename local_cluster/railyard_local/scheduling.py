@@ -12,8 +12,8 @@ result is deterministic. Everything here works on plain dicts: no I/O, no clock.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from railyard.api.corev1 import (
@@ -215,6 +215,50 @@ class Decision:
 
 #: Filter verdicts a preemption could cure (the other verdicts are "unresolvable" to kube-scheduler).
 _PREEMPTABLE = ("Insufficient ", "Too many pods")
+
+
+@dataclass(frozen=True)
+class Resident:
+    """A pod bound to a node, as preemption sees it."""
+
+    key: str
+    priority: int
+    requests: Mapping[str, int]
+    terminating: bool = False
+
+
+def plan_preemption(pod: Obj, requests: Mapping[str, int], nodes: Mapping[str, NodeInfo],
+                    residents: Mapping[str, Sequence[Resident]]) -> tuple[str, list[str]] | None:
+    """kube-scheduler's DefaultPreemption, as far as the local cluster needs it: among the nodes
+    the pod fails only for resources, the one where evicting the fewest pods of lower priority
+    (lowest first) lets it fit, and those pods; None when no eviction helps or the pod may not
+    preempt (``preemptionPolicy: Never``). PodDisruptionBudgets are not weighed."""
+    spec = pod.get("spec") or {}
+    if spec.get("preemptionPolicy") == "Never":
+        return None
+    priority = int(spec.get("priority") or 0)
+    view = build_pod_view(pod, requests)
+    names = candidate_names(pod)
+    best: tuple[str, list[str]] | None = None
+    for name in sorted(names if names is not None else nodes):
+        node = nodes.get(name)
+        reason = check_view(view, node) if node is not None else None
+        if node is None or reason is None or not reason.startswith(_PREEMPTABLE):
+            continue
+        lower = sorted((r for r in residents.get(name, ()) if r.priority < priority and not r.terminating),
+                       key=lambda r: (r.priority, r.key))
+        trial = replace(node, requested=dict(node.requested))
+        victims: list[str] = []
+        for resident in lower:
+            trial.add(resident.requests, -1)
+            victims.append(resident.key)
+            if check_view(view, trial) is None:
+                break
+        else:
+            continue  # even every lower-priority pod gone, it would not fit
+        if best is None or len(victims) < len(best[1]):
+            best = (name, victims)
+    return best
 
 
 def build_postfilter_message(pod: Obj, reasons: Mapping[str, int], total: int) -> str:

@@ -1,6 +1,7 @@
 """The pure rules behind the replayed answers, as tables: the disruption controller's PDB status,
 the eviction's verdict, kcm's claim release and its node corrections (cordon taint, TTL
-annotation, beta labels), the taint manager's deadline, the scheduler's words. Each row is a case the recorded corpora
+annotation, beta labels), the taint manager's deadline, the scheduler's words and
+preemption. Each row is a case the recorded corpora
 show or one next to it."""
 
 from __future__ import annotations
@@ -15,7 +16,13 @@ from railyard_local.apiserver.cordon import UNSCHEDULABLE_TAINT, compute_node_pa
 from railyard_local.apiserver.disruption import compute_pdb_status, decide_eviction
 from railyard_local.apiserver.errors import APIError
 from railyard_local.apiserver.taintmanager import compute_eviction_time
-from railyard_local.scheduling import build_node_info, build_postfilter_message, decide_node
+from railyard_local.scheduling import (
+    Resident,
+    build_node_info,
+    build_postfilter_message,
+    decide_node,
+    plan_preemption,
+)
 
 NOW = 1_800_000_000.0
 JSON = dict[str, Any]
@@ -265,3 +272,37 @@ def test_dra_postfilter_says_still_not_schedulable_for_a_pod_with_claims() -> No
     """d21: every node cannot allocate the claim."""
     assert build_postfilter_message(_pinned("n", claims=True), {"cannot allocate all claims": 6}, 6) == (
         "still not schedulable, preemption: 0/6 nodes are available: 6 Preemption is not helpful for scheduling.")
+
+
+def _resident(key: str, priority: int, cpu: int = 800, terminating: bool = False) -> Resident:
+    return Resident(key, priority, {"cpu": cpu}, terminating)
+
+
+PREEMPTION_ROWS = [
+    # (why, pod priority, residents of the 1-CPU node "s", the plan)
+    ("a lower-priority pod makes room (x65)", 1000, [_resident("ns/victim", 100)], ("s", ["ns/victim"])),
+    ("the lowest priority goes first, and only as many as needed", 1000,
+     [_resident("ns/mid", 500, 150), _resident("ns/low", 10, 400), _resident("ns/lower", 5, 400)],
+     ("s", ["ns/lower", "ns/low"])),
+    ("equal priority is never preempted", 100, [_resident("ns/peer", 100)], None),
+    ("a terminating pod is not preempted again", 1000, [_resident("ns/victim", 100, terminating=True)], None),
+]
+
+
+@pytest.mark.parametrize(("why", "priority", "residents", "plan"), PREEMPTION_ROWS, ids=[r[0] for r in PREEMPTION_ROWS])
+def test_preemption_chooses_victims(why: str, priority: int, residents: list[Resident],
+                                    plan: tuple[str, list[str]] | None) -> None:
+    info = build_node_info(_node("s", cpu="1"))
+    for r in residents:
+        info.add(r.requests)
+    preemptor = _pinned("s", cpu="800m")
+    preemptor["spec"]["priority"] = priority
+    assert plan_preemption(preemptor, {"cpu": 800}, {"s": info}, {"s": residents}) == plan
+
+
+def test_a_pod_that_may_not_preempt_does_not() -> None:
+    info = build_node_info(_node("s", cpu="1"))
+    info.add({"cpu": 800})
+    preemptor = _pinned("s", cpu="800m")
+    preemptor["spec"].update(priority=1000, preemptionPolicy="Never")
+    assert plan_preemption(preemptor, {"cpu": 800}, {"s": info}, {"s": [_resident("ns/victim", 100)]}) is None

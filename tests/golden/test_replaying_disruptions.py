@@ -59,16 +59,13 @@ def _must(answer: tuple[int, Any], what: str) -> None:
         raise RuntimeError(f"{what}: {answer[0]} {answer[1]}")
 
 #: Exchanges the embedded cluster does not answer as recorded yet, each failing strictly so that
-#: the day it matches it must leave this list. Preemption and events are the scheduler's; the
-#: node events are the node lifecycle controller's (issue 46 item 1, another branch), whose
-#: writes on the lost node the replay plays (``Recorder.node_lost``).
+#: the day it matches it must leave this list. The Scheduled events are the scheduler's; the node
+#: events are the node lifecycle controller's (issue 46 item 1, another branch), whose writes on
+#: the lost node the replay plays (``Recorder.node_lost``).
 NOT_YET = {
     "050": "the local scheduler emits no Scheduled event (kube-scheduler's, action Binding)",
     "051": "kcm's node lifecycle controller's RegisteredNode/NodeNotReady node events (another branch)",
-    "059": "preemption by priority: the local scheduler does not preempt (DisruptionTarget PreemptionByScheduler)",
-    "060": "the preemptor's status.nominatedNodeName",
-    "061": "the scheduler's Preempted event",
-    "062": "the preemptor bound once the victim is gone",
+    "061": "the same missing Scheduled event beside the Preempted one",
 }
 
 
@@ -107,6 +104,15 @@ class Recorder:
             wait_until(lambda: any(x.get("type") == "PodScheduled" for x in
                                    ((c.json("GET", f"{PODS}/{pod}")[1] or {}).get("status") or {}).get("conditions")
                                    or []), timeout=WAIT_S, interval=0.05, message=f"the scheduler's verdict on {pod}")
+        return hook
+
+    @staticmethod
+    def pod_state(pod: str, check: Callable[[dict[str, Any]], Any], what: str) -> Callable[[Client], None]:
+        def hook(c: Client) -> None:
+            def seen() -> Any:
+                status, body = c.json("GET", f"{PODS}/{pod}")
+                return status == 200 and check({"metadata": {}, "status": {}, **body})
+            wait_until(seen, timeout=WAIT_S, interval=0.05, message=what)
         return hook
 
     @staticmethod
@@ -197,6 +203,11 @@ class Recorder:
         for pod in ("stale-5s", "stale-300s"):
             self.gone(pod)(c)
 
+    def preemptor_bound(self, c: Client) -> None:
+        """The recorder deleted the victim (grace 0) after 061; the preemptor is bound then."""
+        self.gone("victim")(c)
+        self.bound("preemptor")(c)
+
     def hooks(self) -> dict[str, Callable[[Client], None]]:
         no_disrupted = self.budget("pdb-one", lambda s: "disruptedPods" not in s and s.get("currentHealthy") == 1,
                                    "disruptedPods dropped once web-0 terminates")
@@ -220,6 +231,10 @@ class Recorder:
             "052": self.node_back,
             "053": self.stale_pods_gone,
             "057": self.bound("victim"),
+            "059": self.pod_state("victim", lambda p: p["metadata"].get("deletionTimestamp"), "the victim terminating"),
+            "060": self.pod_state("preemptor", lambda p: p["status"].get("nominatedNodeName"),
+                                  "the preemptor nominated"),
+            "062": self.preemptor_bound,
         }
 
 
