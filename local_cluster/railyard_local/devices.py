@@ -27,6 +27,8 @@ CHANNEL_CLASS = "compute-domain-default-channel.nvidia.com"
 #: The scheduler's bookkeeping name for a driver's devices on a node (a pseudo resource, in
 #: whole devices x 1000 like every other request), so that fit and gang decisions count them.
 DEVICE_RESOURCE_PREFIX = "devices/"
+#: Put on a claim by the scheduler before it allocates it; kcm removes it once the claim is deallocated.
+DELETE_PROTECTION = "resource.kubernetes.io/delete-protection"
 
 _DRIVER_SELECTOR = re.compile(r"""^\s*device\.driver\s*==\s*["']([^"']+)["']\s*$""")
 

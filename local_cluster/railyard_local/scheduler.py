@@ -21,6 +21,12 @@ controller); their devices count as requests of the node's published devices
 (free devices of the chosen node) and ``reservedFor`` the pod, as kube-scheduler's DRA plugin
 does in PreBind. ``on_claim``, ``on_slice`` and ``on_device_class`` are fed by informers where
 the API serves resource.k8s.io/v1.
+
+A pod with a priority that fits nowhere preempts as kube-scheduler does
+(:func:`railyard_local.scheduling.plan_preemption`): the fewest lower-priority pods of one node
+get ``DisruptionTarget=True`` (reason ``PreemptionByScheduler``), a Preempted event and a graceful
+delete; the pod is nominated to that node (``status.nominatedNodeName``) and bound once they are
+gone. Unschedulable pods are worded as kube-scheduler words them, PostFilter verdicts included.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ from typing import Any
 
 from railyard.api.corev1 import compute_pod_requests
 from railyard_local.devices import (
+    DELETE_PROTECTION,
     DEVICE_RESOURCE_PREFIX,
     RESOURCE_API,
     allocated_devices,
@@ -46,6 +53,7 @@ from railyard_local.scheduling import (
     DecisionCache,
     GangDecision,
     NodeInfo,
+    Resident,
     build_gang_policy,
     build_node_info,
     decide_gang,
@@ -53,6 +61,7 @@ from railyard_local.scheduling import (
     group_name_of,
     is_gated,
     is_terminated,
+    plan_preemption,
 )
 from railyard_local.tasks import TaskSet
 
@@ -61,8 +70,19 @@ SCHEDULER_NAMES = frozenset({"", "default-scheduler"})
 #: kube-scheduler reports as "default-scheduler-<host>"; this one is the local cluster's.
 REPORTING_INSTANCE = "default-scheduler-railyard-local"
 PODGROUPS = "/apis/scheduling.k8s.io/v1alpha2"
+#: Why a pod waits while one of its claims is not made yet (it is not marked unschedulable for it).
+CLAIM_NOT_MADE = "waiting for the pod's ResourceClaim"
 #: Queue keys of PodGroups start with this (pods' keys are "ns/name").
 GROUP = "podgroup:"
+
+
+def _allocation_nodes(allocation: Obj, default: str) -> set[str]:
+    """The nodes an allocation's ``nodeSelector`` names by ``metadata.name`` (the one form
+    build_allocation writes); an allocation without one is usable anywhere (``default``)."""
+    terms = ((allocation.get("nodeSelector") or {}).get("nodeSelectorTerms") or [])
+    names = {str(v) for t in terms for f in t.get("matchFields") or []
+             if f.get("key") == "metadata.name" and f.get("operator") == "In" for v in f.get("values") or []}
+    return names or {default}
 
 
 class Scheduler:
@@ -85,6 +105,7 @@ class Scheduler:
         self.members: dict[str, set[str]] = {}  # PodGroup "ns/name" -> keys of the pods that name it
         self.group_conditions: dict[str, tuple[str, str, str]] = {}  # PodGroup -> (status, reason, message)
         self.gang_marks: dict[str, str] = {}  # waiting gang pod key -> the reason its event gave
+        self.preempting: dict[str, set[str]] = {}  # preemptor key -> keys of the pods it evicts
         self.field_manager = field_manager
         self.nodes: dict[str, NodeInfo] = {}
         self.usage: dict[str, tuple[str, dict[str, int]]] = {}  # uid -> (node, requests)
@@ -143,8 +164,10 @@ class Scheduler:
         key = key_of(claim)
         if kind == "DELETED" or (claim.get("status") or {}).get("allocation"):
             self.allocating.pop(key, None)
-        if kind == "DELETED" or not (old or {}).get("metadata"):
-            self._wake_waiting()  # devices freed, or a claim a pod waits for is there
+        allocated_now = bool((claim.get("status") or {}).get("allocation")) and \
+            not ((old or {}).get("status") or {}).get("allocation")
+        if kind == "DELETED" or not (old or {}).get("metadata") or allocated_now:
+            self._wake_waiting()  # devices freed, a claim a pod waits for is there, or a shared one allocated
 
     def _add_devices(self, info: NodeInfo) -> None:
         for key in [k for k in info.allocatable if k.startswith(DEVICE_RESOURCE_PREFIX)]:
@@ -163,7 +186,7 @@ class Scheduler:
             name = c.get("resourceClaimName") or made.get(c.get("name"))
             claim = self.claims.get(f"{ns}/{name}") if name else None
             if claim is None:
-                return [], f'waiting for the pod\'s ResourceClaim "{c.get("name")}" to be created'
+                return [], f'{CLAIM_NOT_MADE} "{c.get("name")}" to be created'
             out.append(claim)
         return out, ""
 
@@ -194,8 +217,14 @@ class Scheduler:
             held |= devices
         out: list[tuple[Obj, dict[str, Any]]] = []
         for claim in claims:
-            if (claim.get("status") or {}).get("allocation"):
+            allocated = (claim.get("status") or {}).get("allocation")
+            if allocated:  # shared and allocated already: usable on its node only, then reserved for this pod too
+                if node not in _allocation_nodes(allocated, node):
+                    return None
+                out.append((claim, {}))
                 continue
+            if key_of(claim) in self.allocating:
+                return None  # another pod's allocation of this claim is being written: wait for it
             allocation = build_allocation(claim, node, self.device_classes, self.devices.get(node, {}), held)
             if allocation is None:
                 return None
@@ -203,7 +232,9 @@ class Scheduler:
             held |= chosen
             out.append((claim, allocation))
         for claim, allocation in out:
-            self.allocating[key_of(claim)] = {(r["driver"], r["pool"], r["device"]) for r in allocation["devices"]["results"]}
+            if allocation:
+                self.allocating[key_of(claim)] = {(r["driver"], r["pool"], r["device"])
+                                                  for r in allocation["devices"]["results"]}
         return out
 
     def on_podgroup(self, kind: str, group: Obj, old: Obj | None) -> None:
@@ -227,6 +258,7 @@ class Scheduler:
                 self.members.setdefault(group_key, set()).add(key)
         if kind == "DELETED" or is_terminated(pod) or node:
             self.gang_marks.pop(key, None)
+            self.preempting.pop(key, None)
         if kind == "DELETED" or is_terminated(pod):
             self.waiting.pop(key, None)
             if self._release(uid):
@@ -301,7 +333,8 @@ class Scheduler:
         self._start += 1
         decision = decide_node(pod, self.nodes, requests, start=self._start, cache=self.decisions)
         if decision.node is None:
-            self._unschedulable(key, pod, decision.message)
+            if not self._preempt(key, pod, requests, decision.message):
+                self._unschedulable(key, pod, f"{decision.message} {decision.postfilter}".strip())
             return
         allocations = self._allocate(pod, decision.node)
         if allocations is None:
@@ -312,10 +345,82 @@ class Scheduler:
         self.in_flight.add(key)
         self._spawn(self._bind(pod, decision.node, allocations))
 
+    def _preempt(self, key: str, pod: Obj, requests: dict[str, int], message: str) -> bool:
+        """kube-scheduler's preemption (scheduling.plan_preemption): lower-priority pods of one
+        node get DisruptionTarget=True (PreemptionByScheduler), a Preempted event and a graceful
+        delete; the pod is nominated to the node and waits for them to go. Whether it did (or
+        still waits for earlier victims)."""
+        victims_left = [v for v in self.preempting.get(key, ()) if v in self.pods]
+        if victims_left:
+            return True
+        self.preempting.pop(key, None)
+        if not (pod.get("spec") or {}).get("priority"):
+            return False  # priority 0 (the default) has nobody below it but negative priorities: not worth a scan
+        residents: dict[str, list[Resident]] = {}
+        for other in self.pods.values():
+            node = (other.get("spec") or {}).get("nodeName")
+            ometa = other.get("metadata") or {}
+            if not node or is_terminated(other):
+                continue
+            used = self.usage.get(str(ometa.get("uid", "")))
+            residents.setdefault(node, []).append(Resident(
+                key_of(other), int((other.get("spec") or {}).get("priority") or 0),
+                used[1] if used is not None else compute_pod_requests(other), bool(ometa.get("deletionTimestamp"))))
+        plan = plan_preemption(pod, requests, self.nodes, residents)
+        if plan is None:
+            return False
+        node, victims = plan
+        self.preempting[key] = set(victims)
+        self.waiting[key] = message
+        self._spawn(self._preempt_victims(pod, node, [self.pods[v] for v in victims if v in self.pods], message))
+        return True
+
+    async def _preempt_victims(self, pod: Obj, node: str, victims: list[Obj], message: str) -> None:
+        meta = pod.get("metadata") or {}
+        ns, name = meta.get("namespace", "default"), meta.get("name", "")
+        try:
+            for victim in victims:
+                vmeta = victim.get("metadata") or {}
+                vns, vname = vmeta.get("namespace", "default"), vmeta.get("name", "")
+                conditions = [c for c in (victim.get("status") or {}).get("conditions") or []
+                              if c.get("type") != "DisruptionTarget"]
+                conditions.append({"type": "DisruptionTarget", "status": "True", "reason": "PreemptionByScheduler",
+                                   "message": "default-scheduler: preempting to accommodate a higher priority pod",
+                                   "lastTransitionTime": now_iso(), "lastProbeTime": None,
+                                   "observedGeneration": vmeta.get("generation", 1)})
+                await self.client.request("PATCH", f"/api/v1/namespaces/{vns}/pods/{vname}/status",
+                                          params=self._params(), body={"status": {"conditions": conditions}},
+                                          content_type="application/merge-patch+json")
+                await self.client.request("POST", f"/apis/events.k8s.io/v1/namespaces/{vns}/events",
+                                          params=self._params(), body=self._event(
+                                              victim, "Preempted", "Preempting", "Normal",
+                                              f"Preempted by pod {meta.get('uid', '')} on node {node}"))
+                await self.client.request("DELETE", f"/api/v1/namespaces/{vns}/pods/{vname}")
+            await self._mark_unschedulable(pod, message, message)
+            await self.client.request("PATCH", f"/api/v1/namespaces/{ns}/pods/{name}/status", params=self._params(),
+                                      body={"status": {"nominatedNodeName": node}},
+                                      content_type="application/merge-patch+json")
+        except (ApiError, OSError, TimeoutError) as exc:
+            log.warning("preempting for %s/%s on %s failed: %s", ns, name, node, exc)
+
+    @staticmethod
+    def _event(pod: Obj, reason: str, action: str, kind: str, note: str) -> dict[str, Any]:
+        """An events.k8s.io/v1 Event about ``pod``, as kube-scheduler writes them."""
+        meta = pod.get("metadata") or {}
+        ns, name = meta.get("namespace", "default"), meta.get("name", "")
+        return {"apiVersion": "events.k8s.io/v1", "kind": "Event",
+                "metadata": {"generateName": f"{name}.", "namespace": ns},
+                "regarding": {"apiVersion": "v1", "kind": "Pod", "name": name, "namespace": ns,
+                              "uid": meta.get("uid", ""), "resourceVersion": meta.get("resourceVersion", "")},
+                "reason": reason, "action": action, "note": note, "type": kind,
+                "reportingController": "default-scheduler", "reportingInstance": REPORTING_INSTANCE,
+                "eventTime": now_micro()}
+
     def _unschedulable(self, key: str, pod: Obj, message: str) -> None:
         if self.waiting.get(key) != message:
             self.waiting[key] = message
-            self._spawn(self._mark_unschedulable(pod, message, message))
+            if not message.startswith(CLAIM_NOT_MADE):  # kcm makes it in moments: kube-scheduler waits unmarked
+                self._spawn(self._mark_unschedulable(pod, message, message))
 
     def _pending(self, pod: Obj | None) -> bool:
         if pod is None:
@@ -431,16 +536,53 @@ class Scheduler:
     def _spawn(self, coro: Any) -> None:
         self._tasks.spawn(coro)
 
-    async def _write_allocations(self, pod: Obj, allocations: list[tuple[Obj, dict[str, Any]]]) -> None:
-        """PreBind of kube-scheduler's DRA plugin: each claim allocated and reserved for the pod."""
+    async def _write_allocations(self, pod: Obj, node: str, allocations: list[tuple[Obj, dict[str, Any]]]) -> None:
+        """PreBind of kube-scheduler's DRA plugin, after nominating ``node`` for the pod (as
+        kube-scheduler does when PreBind has work): each claim protected by the delete-protection
+        finalizer (its own write, as kube-scheduler does it), then allocated (``allocationTimestamp``
+        included) and reserved for the pod in one status write; a claim allocated already (shared)
+        only gains the pod in ``reservedFor``."""
         meta = pod.get("metadata") or {}
-        reserved = [{"resource": "pods", "name": meta.get("name", ""), "uid": meta.get("uid", "")}]
+        me = {"resource": "pods", "name": meta.get("name", ""), "uid": meta.get("uid", "")}
+        # kube-scheduler nominates the node first when PreBind has work to do (binding clears it)
+        await self.client.request(
+            "PATCH", f"/api/v1/namespaces/{meta.get('namespace', 'default')}/pods/{meta.get('name', '')}/status",
+            params=self._params(), body={"status": {"nominatedNodeName": node}},
+            content_type="application/merge-patch+json")
         for claim, allocation in allocations:
             cmeta = claim.get("metadata") or {}
-            body = {"status": {"allocation": allocation, "reservedFor": reserved}}
-            await self.client.request(
-                "PATCH", f"{RESOURCE_API}/namespaces/{cmeta.get('namespace')}/resourceclaims/{cmeta.get('name')}/status",
-                params=self._params(), body=body, content_type="application/merge-patch+json")
+            path = f"{RESOURCE_API}/namespaces/{cmeta.get('namespace')}/resourceclaims/{cmeta.get('name')}"
+            if not allocation:
+                await self._reserve(path, me)
+                continue
+            finalizers = list(cmeta.get("finalizers") or [])
+            if DELETE_PROTECTION not in finalizers:
+                await self.client.request("PATCH", path, params=self._params(),
+                                          content_type="application/merge-patch+json",
+                                          body={"metadata": {"finalizers": [*finalizers, DELETE_PROTECTION]}})
+            body = {"status": {"allocation": {**allocation, "allocationTimestamp": now_iso()}, "reservedFor": [me]}}
+            await self.client.request("PATCH", f"{path}/status", params=self._params(), body=body,
+                                      content_type="application/merge-patch+json")
+
+    async def _reserve(self, path: str, me: dict[str, Any]) -> None:
+        """Add the pod to an allocated claim's ``reservedFor`` (read, then written with the read's
+        resourceVersion: two pods sharing the claim may reserve it at once)."""
+        for _ in range(5):
+            claim = await self.client.request("GET", path)
+            status = claim.get("status") or {}
+            reserved = list(status.get("reservedFor") or [])
+            if any(r.get("uid") == me["uid"] for r in reserved):
+                return
+            body = {"metadata": {"resourceVersion": (claim.get("metadata") or {}).get("resourceVersion")},
+                    "status": {"reservedFor": [*reserved, me]}}
+            try:
+                await self.client.request("PATCH", f"{path}/status", params=self._params(), body=body,
+                                          content_type="application/merge-patch+json")
+                return
+            except ApiError as exc:
+                if exc.status != 409:
+                    raise
+        raise ApiError(409, "the claim kept changing", "PATCH", f"{path}/status")
 
     async def _bind(self, pod: Obj, node: str, allocations: list[tuple[Obj, dict[str, Any]]] | None = None) -> None:
         meta = pod.get("metadata") or {}
@@ -448,7 +590,7 @@ class Scheduler:
         key = f"{ns}/{name}"
         if allocations:
             try:
-                await self._write_allocations(pod, allocations)
+                await self._write_allocations(pod, node, allocations)
             except (ApiError, OSError, TimeoutError) as exc:
                 log.warning("allocating the claims of %s on %s failed: %s", key, node, exc)
                 for claim, _ in allocations:
@@ -515,20 +657,7 @@ class Scheduler:
                 "observedGeneration": meta.get("generation", 1),
             }
         )
-        event = {
-            "apiVersion": "events.k8s.io/v1",
-            "kind": "Event",
-            "metadata": {"generateName": f"{name}.", "namespace": ns},
-            "regarding": {"apiVersion": "v1", "kind": "Pod", "name": name, "namespace": ns,
-                          "uid": meta.get("uid", ""), "resourceVersion": meta.get("resourceVersion", "")},
-            "reason": "FailedScheduling",
-            "action": "Scheduling",
-            "note": note,
-            "type": "Warning",
-            "reportingController": "default-scheduler",
-            "reportingInstance": REPORTING_INSTANCE,
-            "eventTime": now_micro(),
-        }
+        event = self._event(pod, "FailedScheduling", "Scheduling", "Warning", note)
         try:
             await self.client.request("PATCH", f"/api/v1/namespaces/{ns}/pods/{name}/status", params=self._params(),
                                       body={"status": {"conditions": conditions}},

@@ -12,8 +12,8 @@ result is deterministic. Everything here works on plain dicts: no I/O, no clock.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from railyard.api.corev1 import (
@@ -130,6 +130,8 @@ def check_view(view: PodView, node: NodeInfo) -> str | None:
         view.terms is not None and not any(match_node_selector_term(t, name=node.name, labels=labels) for t in view.terms)
     ):
         return "node(s) didn't match Pod's node affinity/selector"
+    if node.unschedulable and untolerated_taint(view.tolerations, [UNSCHEDULABLE_TAINT]) is not None:
+        return "node(s) were unschedulable"  # kube-scheduler's NodeUnschedulable plugin, before the taints
     if node.taints or not node.ready or node.unschedulable:
         taint = untolerated_taint(view.tolerations, node.effective_taints())
         if taint is not None:
@@ -206,6 +208,68 @@ def candidate_names(pod: Obj) -> set[str] | None:
 class Decision:
     node: str | None
     message: str = ""
+    postfilter: str = ""
+    """What kube-scheduler's PostFilter plugins (DRA's deallocation, then preemption) add to the
+    message of a pod that fits nowhere; the local scheduler never preempts."""
+
+
+#: Filter verdicts a preemption could cure (the other verdicts are "unresolvable" to kube-scheduler).
+_PREEMPTABLE = ("Insufficient ", "Too many pods")
+
+
+@dataclass(frozen=True)
+class Resident:
+    """A pod bound to a node, as preemption sees it."""
+
+    key: str
+    priority: int
+    requests: Mapping[str, int]
+    terminating: bool = False
+
+
+def plan_preemption(pod: Obj, requests: Mapping[str, int], nodes: Mapping[str, NodeInfo],
+                    residents: Mapping[str, Sequence[Resident]]) -> tuple[str, list[str]] | None:
+    """kube-scheduler's DefaultPreemption, as far as the local cluster needs it: among the nodes
+    the pod fails only for resources, the one where evicting the fewest pods of lower priority
+    (lowest first) lets it fit, and those pods; None when no eviction helps or the pod may not
+    preempt (``preemptionPolicy: Never``). PodDisruptionBudgets are not weighed."""
+    spec = pod.get("spec") or {}
+    if spec.get("preemptionPolicy") == "Never":
+        return None
+    priority = int(spec.get("priority") or 0)
+    view = build_pod_view(pod, requests)
+    names = candidate_names(pod)
+    best: tuple[str, list[str]] | None = None
+    for name in sorted(names if names is not None else nodes):
+        node = nodes.get(name)
+        reason = check_view(view, node) if node is not None else None
+        if node is None or reason is None or not reason.startswith(_PREEMPTABLE):
+            continue
+        lower = sorted((r for r in residents.get(name, ()) if r.priority < priority and not r.terminating),
+                       key=lambda r: (r.priority, r.key))
+        trial = replace(node, requested=dict(node.requested))
+        victims: list[str] = []
+        for resident in lower:
+            trial.add(resident.requests, -1)
+            victims.append(resident.key)
+            if check_view(view, trial) is None:
+                break
+        else:
+            continue  # even every lower-priority pod gone, it would not fit
+        if best is None or len(victims) < len(best[1]):
+            best = (name, victims)
+    return best
+
+
+def build_postfilter_message(pod: Obj, reasons: Mapping[str, int], total: int) -> str:
+    """kube-scheduler's PostFilter text after a FitError: DRA's ("still not schedulable" for a pod
+    with claims, "no new claims to deallocate" otherwise), then preemption's verdict per node."""
+    dra = "still not schedulable" if (pod.get("spec") or {}).get("resourceClaims") else "no new claims to deallocate"
+    curable = sum(n for reason, n in reasons.items() if reason.startswith(_PREEMPTABLE))
+    verdicts = {"No preemption victims found for incoming pod": curable,
+                "Preemption is not helpful for scheduling": total - curable}
+    detail = ", ".join(f"{n} {v}" for v, n in sorted(verdicts.items()) if n)
+    return f"{dra}, preemption: 0/{total} nodes are available: {detail}."
 
 
 #: node name -> (the NodeInfo it was computed on, its version, filter verdict, score)
@@ -292,7 +356,8 @@ def decide_node(
         skipped = total - sum(reasons.values())
         if skipped:
             detail = ", ".join(filter(None, [detail, f"{skipped} node(s) didn't match Pod's node affinity/selector"]))
-    return Decision(None, f"0/{total} nodes are available: {detail or 'no nodes registered'}.")
+    return Decision(None, f"0/{total} nodes are available: {detail or 'no nodes registered'}.",
+                    build_postfilter_message(pod, reasons, total) if total else "")
 
 
 # --------------------------------------------------------------------------- gangs (PodGroups)

@@ -1,5 +1,6 @@
-"""Replay the recorded kube-apiserver exchanges (kube-v1.36/, kube-v1.36-workload/) against a
-server and compare.
+"""Replay the recorded kube-apiserver exchanges (kube-v1.36/, kube-v1.36-workload/,
+kube-v1.36-dra/, kube-v1.36-disruption/: copies of ../shared/kube-golden) against a server and
+compare.
 
 The corpus and its rules are in kube-v1.36/README.md: files run in order, bodies are normalised
 (timestamps, uids, resourceVersions, UUIDs), and the comparison covers the status code always,
@@ -45,9 +46,10 @@ _SA_VOLUME = re.compile(r"^kube-api-access-[a-z0-9]{5}$")
 
 
 def normalise(value: Any, key: str | None = None) -> Any:
-    """The corpus README's normalisation, plus the service-account volume's random suffix."""
+    """The corpus README's normalisation, plus the service-account volume's random suffix and
+    UUIDs inside map keys (managedFields' ``k:{"uid":...}``, as kueue-v0.13-workload/ records them)."""
     if isinstance(value, dict):
-        return {k: normalise(v, k) for k, v in value.items()}
+        return {_UUID.sub("<uuid>", k): normalise(v, k) for k, v in value.items()}
     if isinstance(value, list):
         return [normalise(v) for v in value]
     if isinstance(value, str):
@@ -261,9 +263,12 @@ def _decode(status: int, headers: dict[str, str], data: bytes, watch: bool) -> d
 
 
 def replay(c: Client, exchanges: list[Exchange], *, namespace: str = "golden",
-           before: dict[str, Callable[[Client], None]] | None = None) -> None:
+           before: dict[str, Callable[[Client], None]] | None = None,
+           resolve: Callable[[dict[str, Any]], dict[str, Any]] | None = None) -> None:
     """Send every exchange in order; fill in ``got`` (or ``error``). ``before``: what the
-    recorded cluster did before an exchange (by its number), played first (default: BEFORE)."""
+    recorded cluster did before an exchange (by its number), played first (default: BEFORE).
+    ``resolve``: the request as this replay must send it, where the record names something only
+    the replay knows (a generated name, a uid, a resourceVersion) by a placeholder."""
     hooks = BEFORE if before is None else before
     status, body = c.json("POST", "/api/v1/namespaces", {"metadata": {"name": namespace}})
     if status != 201:
@@ -274,7 +279,7 @@ def replay(c: Client, exchanges: list[Exchange], *, namespace: str = "golden",
         try:
             if ex.number in hooks:
                 hooks[ex.number](c)
-            r = ex.request
+            r = resolve(ex.request) if resolve is not None else ex.request
             st, headers, data = c.send(r["method"], r["path"], query=r.get("query") or None, body=r.get("body"),
                                        content_type=r.get("contentType"), accept=r.get("accept"))
             ex.got = _decode(st, headers, data, bool(r.get("watch")))
@@ -461,6 +466,18 @@ def _diff(want: Any, got: Any, path: str) -> list[str]:
     if want != got:
         return [f"{path}: {json.dumps(got)[:600]} != recorded {json.dumps(want)[:600]}"]
     return []
+
+
+def rename(exchanges: list[Exchange], names: dict[str, str]) -> None:
+    """Write each generated name of the replay (``names``: real -> as the record reads it, e.g.
+    ``dra-pod-1-gpus-<random>``) into the answers, as the recorder did to its own."""
+    for ex in exchanges:
+        if ex.got is None or not names:
+            continue
+        text = json.dumps(ex.got)
+        for real, recorded in names.items():
+            text = text.replace(real, recorded)
+        ex.got = json.loads(text)
 
 
 @dataclass

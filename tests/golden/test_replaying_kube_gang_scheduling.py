@@ -12,10 +12,7 @@ in a thread. What the recorded cluster's fake kubelet wrote between exchanges is
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import secrets
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,9 +20,8 @@ from typing import Any
 import pytest
 
 from railyard_local.apiserver.process import start_server_process
-from railyard_local.kube import Informer, KubeClient
-from railyard_local.scheduler import PODGROUPS, Scheduler
 
+from .local_scheduler import SchedulerThread
 from .replay import (
     WORKLOAD_ALLOWLIST,
     WORKLOAD_BEFORE,
@@ -56,65 +52,6 @@ def _register_nodes(c: Client) -> None:
             content_type="application/merge-patch+json")
         if status != 200:
             raise RuntimeError(f"could not make {name} ready: {status} {body}")
-
-
-class SchedulerThread:
-    """The local scheduler with its node, pod and PodGroup informers, on its own event loop."""
-
-    def __init__(self, kubeconfig: Path) -> None:
-        self.kubeconfig = kubeconfig
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self._main, name="golden-scheduler", daemon=True)
-        self._stop: asyncio.Event | None = None
-        self._sched: Scheduler | None = None
-        self._run_task: asyncio.Task[None] | None = None
-
-    def _main(self) -> None:
-        self.loop.run_until_complete(self._run())
-
-    async def _run(self) -> None:
-        self._stop = asyncio.Event()
-        client = KubeClient.from_kubeconfig(str(self.kubeconfig))
-        informers = [Informer(client, p, n) for p, n in (("/api/v1/nodes", "nodes"), ("/api/v1/pods", "pods"),
-                                                          (f"{PODGROUPS}/podgroups", "podgroups"))]
-        nodes, pods, groups = informers
-        sched = Scheduler(client, pods.cache, podgroups=groups.cache, field_manager="sched")
-        nodes.add_handler(sched.on_node)
-        pods.add_handler(sched.on_pod)
-        groups.add_handler(sched.on_podgroup)
-        self._sched = sched
-        tasks = [asyncio.create_task(i.run()) for i in informers]
-        self._run_task = asyncio.create_task(sched.run())
-        try:
-            await self._stop.wait()
-        finally:
-            for t in [*tasks, self._run_task]:
-                t.cancel()
-            for t in [*tasks, self._run_task]:
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await t
-            await client.close()
-
-    def start(self) -> None:
-        self.thread.start()
-
-    def pause(self, _: Client) -> None:
-        """No decisions until :meth:`resume` (changes queue up meanwhile)."""
-        def cancel() -> None:
-            if self._run_task is not None:
-                self._run_task.cancel()
-        self.loop.call_soon_threadsafe(cancel)
-
-    def resume(self, _: Client) -> None:
-        def restart() -> None:
-            if self._sched is not None:
-                self._run_task = self.loop.create_task(self._sched.run())
-        self.loop.call_soon_threadsafe(restart)
-
-    def stop(self) -> None:
-        if self._stop is not None:
-            self.loop.call_soon_threadsafe(self._stop.set)
-        self.thread.join(timeout=30)
 
 
 @pytest.fixture(scope="module")

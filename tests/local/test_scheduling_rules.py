@@ -451,5 +451,7 @@ async def test_a_gang_claiming_devices_is_bound_where_they_are_free_and_holds_th
     sched.add(claiming("unmade", 1, made=False))
     sched.run_queue()
     assert "late" not in sched.bound
-    assert sched.waiting["ns/late"] == "0/2 nodes are available: 2 cannot allocate all claims."
+    assert sched.waiting["ns/late"] == (
+        "0/2 nodes are available: 2 cannot allocate all claims. still not schedulable, "
+        "preemption: 0/2 nodes are available: 2 Preemption is not helpful for scheduling.")
     assert sched.waiting["ns/unmade"] == 'waiting for the pod\'s ResourceClaim "gpus" to be created'

@@ -7,8 +7,10 @@ kube-apiserver checks them (structural schema, defaults, CEL compilation and cos
 schema/CEL validation and defaults, status subresources, list/watch with selectors and
 bookmarks, the three patch types and server-side apply with managedFields, the admission a
 default cluster runs (service-account volume, tolerations, priority, Pod Security), finalizers,
-garbage collection, namespaces, Table output, Events, Leases, and the Pod subresources binding,
-eviction and log. tests/golden replays a real kube-apiserver's answers against it. See
+garbage collection, namespaces, Table output, Events, Leases, the Pod subresources binding,
+eviction (with PodDisruptionBudgets) and log, and the kube-controller-manager controllers a
+cluster's users see act (disruption, taint-based eviction, resourceclaim, cordon taints).
+tests/golden replays a real kube-apiserver's answers against it. See
 docs/local-apiserver.md.
 
 Command line::

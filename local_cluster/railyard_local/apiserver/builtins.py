@@ -124,10 +124,13 @@ def default(rt: ResourceType, obj: JSON, eng: Engine) -> None:
                 v["emptyDir"] = {}
         _null_condition_times(obj, ("lastProbeTime", "lastTransitionTime"))
         status = obj.get("status")
-        if isinstance(status, dict):  # SetDefaults_PodStatus: the plural from the singular
-            for one, many in (("podIP", "podIPs"), ("hostIP", "hostIPs")):
-                if status.get(one) and not status.get(many):
-                    status[many] = [{"ip": status[one]}]
+        if isinstance(status, dict):  # SetDefaults_PodStatus: podIPs from podIP (a v1.36 server leaves hostIPs)
+            if status.get("podIP") and not status.get("podIPs"):
+                status["podIPs"] = [{"ip": status["podIP"]}]
+            for kind in ("containerStatuses", "initContainerStatuses"):
+                for cs in status.get(kind) or []:
+                    if isinstance(cs, dict):  # Go structs, serialised even when empty
+                        cs.setdefault("lastState", {})
     elif key == "namespaces":
         spec = obj.setdefault("spec", {})
         if not obj["metadata"].get("deletionTimestamp"):
@@ -174,10 +177,20 @@ def default(rt: ResourceType, obj: JSON, eng: Engine) -> None:
         dra.default(key, obj)
     elif key == "nodes":
         obj.setdefault("spec", {})
-        obj.setdefault("status", {})
+        status = obj.setdefault("status", {})
+        if isinstance(status, dict):  # Go structs, serialised even when empty
+            status.setdefault("daemonEndpoints", {"kubeletEndpoint": {"Port": 0}})
+            info = status.setdefault("nodeInfo", {})
+            if isinstance(info, dict):
+                for f in _NODE_INFO:
+                    info.setdefault(f, "")
         _null_condition_times(obj, ("lastHeartbeatTime", "lastTransitionTime"))
+    elif key == "priorityclasses.scheduling.k8s.io":
+        obj.setdefault("preemptionPolicy", "PreemptLowerPriority")
 
 
+_NODE_INFO = ("machineID", "systemUUID", "bootID", "kernelVersion", "osImage", "containerRuntimeVersion",
+              "kubeletVersion", "kubeProxyVersion", "operatingSystem", "architecture")
 _CORE_EVENT_ZERO: tuple[tuple[str, Any], ...] = (
     ("involvedObject", {}), ("source", {}), ("firstTimestamp", None), ("lastTimestamp", None), ("eventTime", None),
     ("reportingComponent", ""), ("reportingInstance", ""))
@@ -389,6 +402,8 @@ def prepare_create(rt: ResourceType, obj: JSON, eng: Engine) -> None:
                                      "lastTransitionTime": eng.now(), "reason": "SchedulingGated",
                                      "message": "Scheduling is blocked due to non-empty scheduling gates"}]
         obj["status"] = status
+    if rt.key == "poddisruptionbudgets.policy":  # the disruption controller's, from zero
+        obj["status"] = {"disruptionsAllowed": 0, "currentHealthy": 0, "desiredHealthy": 0, "expectedPods": 0}
     workloads.prepare_create(rt.key, obj)
     dra.prepare_create(rt.key, obj)
     if rt.key == CRD_KEY:

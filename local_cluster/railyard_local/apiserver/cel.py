@@ -597,6 +597,21 @@ def compile_rule(text: str, self_type: CelType, *, old_self: bool = True,
     return CompiledRule(text, _ENV.program(tree), typed.cost.hi, uses_old)
 
 
+def check_expression(text: str, variables: dict[str, CelType]) -> str:
+    """Parse and type-check ``text`` with ``variables`` declared (DRA's ``device``); the kind of
+    its result. Raises :class:`CompileError` with cel-go's issue text."""
+    tree = parse(text)
+    try:
+        ast = _Builder(text).build(tree)
+    except _CheckError as exc:
+        raise CompileError(_format_issue(text, exc.pos, exc.message)) from None
+    checker = _Checker(text, {**{name: DYN for name in _GLOBALS}, **variables})
+    typed = checker.check(ast)
+    if checker.issues:
+        raise CompileError("\n".join(_format_issue(text, p, m) for p, m in sorted(checker.issues)))
+    return typed.type.kind
+
+
 # ---- evaluation ---------------------------------------------------------------------------------
 
 

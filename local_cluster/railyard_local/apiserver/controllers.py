@@ -18,11 +18,15 @@ from collections.abc import Coroutine
 from typing import Any
 
 from . import dra
+from .cordon import NodeCorrections
 from .crd import established_status
+from .disruption import DisruptionController
 from .engine import Ctx, DeleteOptions, Engine
 from .errors import APIError
+from .events import record_event
 from .registry import CRD_KEY, ResourceType
 from .store import Entry, ObjKey
+from .taintmanager import TaintManager
 from .workloads import PODGROUPS_KEY, PROTECTION_FINALIZER, group_of
 
 log = logging.getLogger(__name__)
@@ -71,6 +75,11 @@ class Controllers:
         self._new_crds: set[str] = set()
         self._protected_groups: set[ObjKey] = set()
         self._claiming_pods: set[ObjKey] = set()
+        self._releasing_claims: set[ObjKey] = set()
+        self._missing_templates: set[tuple[str, str]] = set()  # (pod uid, template) already reported
+        self.disruption = DisruptionController(engine)
+        self.node_corrections = NodeCorrections(engine)
+        self.taint_manager = TaintManager(engine)
         self._compute_domains: set[ObjKey] = set()
         self._kick = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -99,6 +108,8 @@ class Controllers:
                 kick = True
             if rt.key == "pods" and self._protected_groups:
                 kick = True
+            if rt.key == "pods":
+                kick |= self._release_claims_of(meta.get("namespace", ""), uid)
         else:
             fins = meta.get("finalizers") or []
             if meta.get("deletionTimestamp"):
@@ -120,6 +131,11 @@ class Controllers:
             elif rt.key == CRD_KEY:
                 self._new_crds.add(meta["name"])
                 kick = True
+            if rt.key == "pods" and _terminal(entry.obj):
+                kick |= self._release_claims_of(meta.get("namespace", ""), uid)
+            if rt.key == dra.CLAIMS_KEY and meta.get("deletionTimestamp"):
+                self._releasing_claims.add(key)
+                kick = True
             if rt.key == "pods" and dra.pod_claims_from_templates(entry.obj):
                 self._claiming_pods.add(key)
                 kick = True
@@ -135,8 +151,23 @@ class Controllers:
                 if ref.get("uid") and ref["uid"] not in self.store.by_uid:
                     self._gone_owners.add(ref["uid"])
                     kick = True
+        if rt.key in ("pods", "poddisruptionbudgets.policy") or rt.crd is not None:
+            kick |= self.disruption.on_write(rt.key, entry)
+        if rt.key == "nodes" and not deleted:
+            kick |= self.node_corrections.on_write(entry)
+        if rt.key in ("nodes", "pods") and not deleted:
+            kick |= self.taint_manager.on_write(rt.key, entry)
         if kick:
             self._kick.set()
+
+    def _release_claims_of(self, ns: str, pod_uid: str) -> bool:
+        """Queue the claims reserved for a pod that is gone or done; whether there were any."""
+        found = False
+        for claim in self.store.items(dra.CLAIMS_KEY, ns):
+            if pod_uid in dra.reserved_pod_uids(claim.obj):
+                self._releasing_claims.add((dra.CLAIMS_KEY, ns, claim.obj["metadata"]["name"]))
+                found = True
+        return found
 
     # ---- lifecycle -------------------------------------------------------------------------
 
@@ -169,7 +200,8 @@ class Controllers:
 
     async def _run(self) -> None:
         while not self._stopped:
-            busy = bool(self._pending_owners or self._terminating or self._terminating_pods)
+            busy = bool(self._pending_owners or self._terminating or self._terminating_pods
+                        or self.disruption.next_expiry() is not None or self.taint_manager.next_deadline() is not None)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._kick.wait(), timeout=1.0 if busy else 30.0)
             self._kick.clear()
@@ -219,6 +251,32 @@ class Controllers:
             await self._ensure_channel_template(key)
         for key in list(self._claiming_pods):
             await self._process_claiming_pod(key)
+        for key in list(self._releasing_claims):
+            self._releasing_claims.discard(key)
+            await self._release_claim(key)
+        expiry = self.disruption.next_expiry()
+        if expiry is not None and expiry <= self.engine.clock():
+            for pdb in self.store.items("poddisruptionbudgets.policy"):
+                self.disruption.on_write("poddisruptionbudgets.policy", pdb)
+        await self.disruption.process()
+        await self.node_corrections.process()
+        await self.taint_manager.process()
+
+    async def _release_claim(self, key: ObjKey) -> None:
+        """The resourceclaim controller's cleanup (dra.release_claim): gone pods leave reservedFor,
+        an unreserved claim is deallocated, a deleted one loses the delete-protection finalizer."""
+        entry, rt = self.store.get(*key), self._rt(dra.CLAIMS_KEY)
+        if entry is None or rt is None:
+            return
+        live = {p.obj["metadata"].get("uid", "") for p in self.store.items("pods", key[1])
+                if not _terminal(p.obj) and not p.obj["metadata"].get("deletionTimestamp")}
+        status, unprotect = dra.release_claim(entry.obj, live)
+        if status is not None:
+            obj = entry.clone()
+            obj["status"] = status
+            entry = await self.engine.write_raw(rt, obj)
+        if unprotect:
+            await self.engine.remove_finalizer(rt, entry, dra.DELETE_PROTECTION)
 
     async def _ensure_channel_template(self, key: ObjKey) -> None:
         """NVIDIA's DRA driver's part: a ComputeDomain's channel ResourceClaimTemplate (dra.py)."""
@@ -258,8 +316,16 @@ class Controllers:
         for claim, template_name in missing:
             if claim not in made:
                 template = self.store.get(dra.TEMPLATES_KEY, ns, template_name)
-                if template is None:
-                    return  # stays queued: a template's creation kicks us again
+                if template is None:  # stays queued: a template's creation kicks us again
+                    if (uid, template_name) not in self._missing_templates:
+                        self._missing_templates.add((uid, template_name))
+                        await record_event(self.engine, {"apiVersion": "v1", "kind": "Pod", **pod},
+                                           reason="FailedResourceClaimCreation", kind="Warning",
+                                           component="resource_claim",
+                                           message=f'PodResourceClaim {claim}: resource claim template '
+                                                   f'"{template_name}": resourceclaimtemplate.resource.k8s.io '
+                                                   f'"{template_name}" not found')
+                    return
                 created = await self.engine.create(claims_rt, ns, dra.claim_for_pod(pod, claim, template.obj),
                                                    Ctx(manager="kube-controller-manager"))
                 made[claim] = created.obj["metadata"]["name"]
@@ -267,9 +333,11 @@ class Controllers:
         cur = self.store.get(*key)
         if cur is None or cur.obj["metadata"].get("uid") != uid:
             return
-        obj = cur.clone()
-        obj.setdefault("status", {})["resourceClaimStatuses"] = statuses
-        await self.engine.write_raw(pods_rt, obj)
+        # kcm writes it by server-side apply of its own (manager ResourceClaimController), as recorded
+        config = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": key[2], "namespace": ns, "uid": uid},
+                  "status": {"resourceClaimStatuses": statuses}}
+        await self.engine.apply(pods_rt, ns, key[2], config, Ctx(manager="ResourceClaimController", force=True),
+                                "status")
         self._claiming_pods.discard(key)
 
     async def _process_protected_group(self, key: ObjKey) -> None:

@@ -336,6 +336,40 @@ def established_status(crd: JSON, now: str) -> JSON | None:
     return status
 
 
+def scale_paths(rt: ResourceType) -> JSON | None:
+    """The storage version's ``subresources.scale`` of a custom resource (None: it has none)."""
+    for v in ((rt.crd or {}).get("spec") or {}).get("versions") or []:
+        if v.get("storage"):
+            scale = (v.get("subresources") or {}).get("scale")
+            return scale if isinstance(scale, dict) else None
+    return None
+
+
+def _at(obj: Any, path: str) -> Any:
+    for part in path.lstrip(".").split("."):
+        obj = obj.get(part) if isinstance(obj, dict) else None
+    return obj
+
+
+def scale_of(rt: ResourceType, obj: JSON) -> JSON:
+    """The autoscaling/v1 Scale a custom resource's ``/scale`` answers with (read through the
+    CRD's specReplicasPath, statusReplicasPath and labelSelectorPath)."""
+    paths = scale_paths(rt) or {}
+    meta = obj.get("metadata") or {}
+    status: JSON = {"replicas": _at(obj, paths.get("statusReplicasPath") or ".status.replicas") or 0}
+    selector = _at(obj, paths["labelSelectorPath"]) if paths.get("labelSelectorPath") else None
+    if selector:
+        status["selector"] = selector
+    spec: JSON = {}
+    replicas = _at(obj, paths.get("specReplicasPath") or ".spec.replicas")
+    if replicas:
+        spec["replicas"] = replicas
+    return {"apiVersion": "autoscaling/v1", "kind": "Scale",
+            "metadata": {k: meta[k] for k in ("name", "namespace", "uid", "resourceVersion", "creationTimestamp")
+                         if k in meta},
+            "spec": spec, "status": status}
+
+
 def resource_type(crd: JSON) -> ResourceType:
     spec = crd["spec"]
     names = spec["names"]
@@ -359,7 +393,6 @@ def resource_type(crd: JSON) -> ResourceType:
         columns[v["name"]] = list(v.get("additionalPrinterColumns") or [])
         for sf in v.get("selectableFields") or []:
             selectable.add(sf["jsonPath"].lstrip("."))
-    subresources.discard("scale")  # scale is not served by this server
     return ResourceType(
         group=spec["group"], versions=versions or [storage], storage_version=storage, plural=names["plural"],
         singular=names.get("singular") or names["kind"].lower(), kind=names["kind"],

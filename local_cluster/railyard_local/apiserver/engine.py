@@ -35,7 +35,9 @@ _NAME_CHARS = "bcdfghjklmnpqrstvwxz2456789"
 
 #: Kinds whose strategy keeps metadata.generation (the others have none).
 _GENERATION = frozenset({"pods", CRD_KEY, "deployments.apps", "statefulsets.apps", "daemonsets.apps", "jobs.batch",
-                         "poddisruptionbudgets.policy", "networkpolicies.networking.k8s.io"})
+                         "poddisruptionbudgets.policy", "networkpolicies.networking.k8s.io",
+                         "deviceclasses.resource.k8s.io", "resourceslices.resource.k8s.io",
+                         "priorityclasses.scheduling.k8s.io"})
 
 
 _LAST_SECOND: list[Any] = [None, ""]
@@ -309,6 +311,9 @@ class Engine:
             if crd is not None and crd.obj["metadata"].get("deletionTimestamp"):
                 raise APIError(405, "create not allowed while custom resource definition is terminating",
                                reason="MethodNotAllowed")
+        for k in ("labels", "annotations"):
+            if meta.get(k) == {}:  # empty maps are omitted (omitempty), and own no field
+                del meta[k]
         request_meta = dict(meta)
         for k in ("resourceVersion", "deletionTimestamp", "deletionGracePeriodSeconds", "uid", "creationTimestamp",
                   "generation", "selfLink"):
@@ -599,6 +604,12 @@ class Engine:
         if policy == "Orphan" and "orphan" not in finalizers:
             finalizers.append("orphan")
         grace = builtins.grace_period(rt, obj, opts.grace_period_seconds)
+        if rt.key == "pods" and not already:
+            # the pod strategy stamps every deletion, an immediate one included, and counts it as a
+            # change of the pod (generation), as a v1.36 server answers
+            meta["generation"] = int(meta.get("generation", 1)) + 1
+            meta["deletionTimestamp"] = rfc3339(self.clock() + (grace or 0))
+            meta["deletionGracePeriodSeconds"] = grace or 0
         if rt.key == "namespaces" and not already:
             obj.setdefault("status", {})["phase"] = "Terminating"
         # namespaces and CRDs are emptied first by the controllers (controllers.py)
@@ -670,19 +681,13 @@ class Engine:
         conds.append({"type": "PodScheduled", "status": "True", "lastProbeTime": None,
                       "lastTransitionTime": self.now()})
         status["conditions"] = conds
+        status.pop("nominatedNodeName", None)  # bound: the nomination is over (its owner stays recorded)
         pod["status"] = status
         await self._write(rt, pod, ctx)
 
     async def evict(self, ns: str, name: str, body: Any, ctx: Ctx) -> None:
-        rt = self.registry.lookup("", "v1", "pods")
-        assert rt is not None
-        opts = DeleteOptions()
-        if isinstance(body, dict) and isinstance(body.get("deleteOptions"), dict):
-            do = body["deleteOptions"]
-            opts.grace_period_seconds = do.get("gracePeriodSeconds")
-            opts.propagation_policy = do.get("propagationPolicy")
-            pre = do.get("preconditions") or {}
-            opts.precondition_uid = pre.get("uid")
-            opts.precondition_rv = pre.get("resourceVersion")
-        await self.delete(rt, ns, name, opts, ctx)
+        """pods/eviction, with PodDisruptionBudgets (disruption.py)."""
+        from .disruption import evict  # disruption.py builds on this module
+
+        await evict(self, ns, name, body, ctx)
 

@@ -27,7 +27,7 @@ class APIError(Exception):
         super().__init__(message)
         self.code = code
         self.message = message
-        self.reason = reason or _REASONS.get(code, "Unknown")
+        self.reason = _REASONS.get(code, "Unknown") if reason is None else reason  # "": none, as upstream's 500s
         self.details = details
 
     def status(self) -> dict[str, Any]:
@@ -47,10 +47,10 @@ def status_object(code: int, message: str, reason: str, details: dict[str, Any] 
     }
     if details is not None:
         out["details"] = details
-    if success:
+    if success or not reason:
         del out["reason"]
-        if not message:
-            del out["message"]
+    if success and not message:
+        del out["message"]
     return out
 
 

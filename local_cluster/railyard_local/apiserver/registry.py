@@ -144,6 +144,8 @@ def builtin_types(*, workload_api: bool = True) -> list[ResourceType]:
         if t.group == "scheduling.k8s.io" and t.versions == ["v1alpha2"]:
             t.return_deleted_object = False
             t.resets_status = False
+        if t.key == "poddisruptionbudgets.policy":
+            t.return_deleted_object = False
         if t.key in ("pods", "services", "deployments.apps", "statefulsets.apps", "daemonsets.apps", "jobs.batch"):
             t.categories = ["all"]
         if t.key == CRD_KEY:

@@ -20,7 +20,7 @@ from railyard_local.podlogs import LogOptionError, parse_log_options
 
 from . import discovery, fieldmanager, openapi, protobuf, table
 from .controllers import Controllers, namespace_children
-from .crd import register_crd_hook, restore_crds
+from .crd import register_crd_hook, restore_crds, scale_of
 from .engine import Ctx, DeleteOptions, Engine
 from .errors import APIError, Cause, bad_request, forbidden, invalid, not_supported, status_object
 from .pki import ensure_certs
@@ -363,6 +363,11 @@ class APIServer:
                 raise APIError(405, "the server does not allow this method on the requested resource",
                                reason="MethodNotAllowed")
             return await self._log(request, rt, ns_, name)
+        if sub == "scale":
+            if method != "GET":  # reading is what the disruption controller needs; writes are not served
+                raise APIError(405, "the server does not allow this method on the requested resource",
+                               reason="MethodNotAllowed")
+            return _json(scale_of(rt, eng.get(rt, ns_, name).obj))
         if sub in ("binding", "eviction"):
             if method != "POST":
                 raise APIError(405, "the server does not allow this method on the requested resource",

@@ -59,7 +59,7 @@ def set_list() -> TypeNode:
 
 OBJECT_META = struct({
     "labels": mapping(), "annotations": mapping(), "finalizers": set_list(),
-    "ownerReferences": keyed("uid"), "managedFields": _ATOMIC,
+    "ownerReferences": keyed("uid", elem=_ATOMIC), "managedFields": _ATOMIC,
 })
 
 
@@ -121,7 +121,7 @@ def _pod_spec() -> TypeNode:
         "ephemeralContainers": keyed("name", elem=c), "volumes": keyed("name"), "tolerations": _ATOMIC,
         "schedulingGates": keyed("name"), "imagePullSecrets": keyed("name"), "hostAliases": keyed("ip"),
         "topologySpreadConstraints": keyed("topologyKey", "whenUnsatisfiable"), "readinessGates": _ATOMIC,
-        "resourceClaims": keyed("name"), "nodeSelector": mapping(), "overhead": mapping(),
+        "resourceClaims": keyed("name"), "nodeSelector": _ATOMIC, "overhead": mapping(),
     })
 
 
@@ -171,7 +171,14 @@ def _kind_types() -> dict[str, TypeNode]:
             "status": struct({"conditions": _conditions(), "storedVersions": _ATOMIC})}),
         "deployments.apps": workload, "statefulsets.apps": workload, "daemonsets.apps": workload,
         "jobs.batch": workload,
-        "poddisruptionbudgets.policy": struct({"metadata": OBJECT_META, "status": struct({"conditions": _conditions()})}),
+        "poddisruptionbudgets.policy": struct({"metadata": OBJECT_META, "spec": struct({"selector": _ATOMIC}),
+                                               "status": struct({"conditions": _conditions(),
+                                                                 "disruptedPods": mapping()})}),
+        "resourceclaims.resource.k8s.io": struct({"metadata": OBJECT_META, "spec": struct({
+            "devices": struct({"requests": _ATOMIC, "constraints": _ATOMIC, "config": _ATOMIC})}),
+            "status": struct({"allocation": struct({"devices": struct({"results": _ATOMIC, "config": _ATOMIC}),
+                                                    "nodeSelector": _ATOMIC}),
+                              "reservedFor": keyed("uid"), "devices": keyed("driver", "device", "pool")})}),
         "roles.rbac.authorization.k8s.io": struct({"metadata": OBJECT_META, "rules": _ATOMIC}),
         "clusterroles.rbac.authorization.k8s.io": struct({"metadata": OBJECT_META, "rules": _ATOMIC}),
         "rolebindings.rbac.authorization.k8s.io": struct({"metadata": OBJECT_META, "subjects": _ATOMIC,
@@ -225,6 +232,12 @@ def _zero_objects() -> dict[str, JSON]:
         "workloads.scheduling.k8s.io": {"metadata": meta, "spec": {"podGroupTemplates": None}},
         "podgroups.scheduling.k8s.io": {"metadata": meta, "spec": {"schedulingPolicy": {}, "podGroupTemplateRef": None,
                                                                    "disruptionMode": ""}, "status": {}},
+        "deviceclasses.resource.k8s.io": {"metadata": meta, "spec": {}},
+        "resourceslices.resource.k8s.io": {"metadata": meta, "spec": {"driver": "", "pool": {
+            "name": "", "generation": 0, "resourceSliceCount": 0}}},
+        "resourceclaimtemplates.resource.k8s.io": {"metadata": meta, "spec": {"metadata": meta, "spec": {
+            "devices": {}}}},
+        "resourceclaims.resource.k8s.io": {"metadata": meta, "spec": {"devices": {}}, "status": {}},
         "roles.rbac.authorization.k8s.io": {"metadata": meta, "rules": None},
         "clusterroles.rbac.authorization.k8s.io": {"metadata": meta, "rules": None},
         "rolebindings.rbac.authorization.k8s.io": {"metadata": meta, "roleRef": {"apiGroup": "", "kind": "", "name": ""}},
