@@ -247,39 +247,39 @@ RecoveryPlan = (
 # --------------------------------------------------------------------------- the decision
 
 
-def decide_recovery(o: Observed) -> RecoveryPlan:
+def decide_recovery(seen: Observed) -> RecoveryPlan:
     """The one recovery decision: after a failure (:class:`Failure`), or while replica groups
     wait for a node (:class:`WaitingGroups`)."""
-    if isinstance(o.cause, WaitingGroups):
-        return _grow_back(o, o.cause)
-    return _after_failure(o, o.cause)
+    if isinstance(seen.cause, WaitingGroups):
+        return _grow_back(seen, seen.cause)
+    return _after_failure(seen, seen.cause)
 
 
 def _node(p: Obj) -> str:
     return str((p.get("spec") or {}).get("nodeName") or "")
 
 
-def _place(o: Observed, table: RankTable, avoid: set[str], attempt: int) -> Placement | Unplaceable:
+def _place(seen: Observed, table: RankTable, avoid: set[str], attempt: int) -> Placement | Unplaceable:
     """The next attempt's placement, sticky to ``table`` (the running attempt's), avoiding ``avoid``."""
-    status = o.status
+    status = seen.status
     return plan_placement(
         build_placement_input(
-            o.job,
-            nodes=list(o.nodes.values()),
-            pods=o.cluster_pods,
+            seen.job,
+            nodes=list(seen.nodes.values()),
+            pods=seen.cluster_pods,
             attempt=attempt,
             previous_nodes=[p.node for p in sorted(table.pods, key=lambda p: p.pod_index)],
             previous_spares=status.placement.spares if status.placement else (),
             failed=avoid,
-            cache=o.topology_cache,
-            refused=o.refused,
+            cache=seen.topology_cache,
+            refused=seen.refused,
         )
     )
 
 
-def _after_failure(o: Observed, failure: Failure) -> RecoveryPlan:
-    spec, status = o.job.spec, o.status
-    budget = decide_failure(failure, o.said, spec.restart_policy, status.restarts)
+def _after_failure(seen: Observed, failure: Failure) -> RecoveryPlan:
+    spec, status = seen.job.spec, seen.status
+    budget = decide_failure(failure, seen.said, spec.restart_policy, status.restarts)
     if isinstance(budget, FailJob):
         return Fail(budget.reason, budget.message)
     # the nodes to move off: those the failure blames (quarantined as the plan is executed)
@@ -289,21 +289,21 @@ def _after_failure(o: Observed, failure: Failure) -> RecoveryPlan:
         move_off.setdefault(q.node, "quarantined")
     stragglers = decide_nodes_to_leave(
         [(s.node, s.rank, s.score) for s in status.stragglers],
-        [_node(p) for p in o.members if _node(p) not in move_off],
+        [_node(p) for p in seen.members if _node(p) not in move_off],
     )
-    spec_changed = bool(status.observed_generation) and o.generation != status.observed_generation
+    spec_changed = bool(status.observed_generation) and seen.generation != status.observed_generation
     expected = status.placement.node_count if status.placement and status.placement.node_count else spec.nodes
     mode = decide_restart_mode(
         enabled=spec.restart_policy.in_place,
         spec_changed=spec_changed,
-        members=o.members,
+        members=seen.members,
         expected=expected,
-        nodes=o.nodes,
+        nodes=seen.nodes,
         move_off=move_off,
         leave=stragglers,
-        capable=o.capable,
+        capable=seen.capable,
     )
-    failed_pods = frozenset(failed_pod_indices(o.reported)) | frozenset(failure.pod_indices)
+    failed_pods = frozenset(failed_pod_indices(seen.reported)) | frozenset(failure.pod_indices)
     mode = decide_group_repair(
         mode,
         expected=expected,
@@ -313,12 +313,12 @@ def _after_failure(o: Observed, failure: Failure) -> RecoveryPlan:
     )
     if mode.mode == "Full":
         return FullRestart(failure, budget, mode.reason, mode.detail)
-    table = o.table
+    table = seen.table
     if table is None:
         return FullRestart(failure, budget, "NotPlaceable", "the running attempt's rank table is gone")
     attempt = status.attempt + 1
     avoid = set(move_off)
-    moves = plan_in_place_moves(mode, table, stragglers, avoid, lambda nodes: _place(o, table, nodes, attempt))
+    moves = plan_in_place_moves(mode, table, stragglers, avoid, lambda nodes: _place(seen, table, nodes, attempt))
     if isinstance(moves, RestartPlan):
         # the lost replica groups found no place: the others go on without them
         shrink = (
@@ -336,16 +336,16 @@ def _after_failure(o: Observed, failure: Failure) -> RecoveryPlan:
     return RestartInPlace(failure, budget, moves)
 
 
-def _grow_back(o: Observed, waiting: WaitingGroups) -> RecoveryPlan:
-    status, table = o.status, o.table
+def _grow_back(seen: Observed, waiting: WaitingGroups) -> RecoveryPlan:
+    status, table = seen.status, seen.table
     if table is None:
         return FallBackToFull("NotPlaceable", f"the rank table of attempt {status.attempt} is gone")
-    result = _place(o, table, {q.node for q in status.quarantined_nodes}, status.attempt + 1)
+    result = _place(seen, table, {q.node for q in status.quarantined_nodes}, status.attempt + 1)
     return decide_grow_back(
         result,
         waiting=waiting.groups,
-        group_size=pods_per_group(len(table.pods), o.job.spec.replica_groups),
-        present={pod_index_of(p) for p in o.members},
+        group_size=pods_per_group(len(table.pods), seen.job.spec.replica_groups),
+        present={pod_index_of(p) for p in seen.members},
         carry_on=waiting.carry_on,
         old_nodes={p.pod_index: p.node for p in table.pods},
     )
