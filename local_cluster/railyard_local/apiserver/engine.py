@@ -685,9 +685,3 @@ class Engine:
         pod["status"] = status
         await self._write(rt, pod, ctx)
 
-    async def evict(self, ns: str, name: str, body: Any, ctx: Ctx) -> None:
-        """pods/eviction, with PodDisruptionBudgets (disruption.py)."""
-        from .disruption import evict  # disruption.py builds on this module
-
-        await evict(self, ns, name, body, ctx)
-

@@ -21,6 +21,7 @@ from railyard_local.podlogs import LogOptionError, parse_log_options
 from . import discovery, fieldmanager, openapi, protobuf, table
 from .controllers import Controllers, namespace_children
 from .crd import register_crd_hook, restore_crds, scale_of
+from .disruption import evict
 from .engine import Ctx, DeleteOptions, Engine
 from .errors import APIError, Cause, bad_request, forbidden, invalid, not_supported, status_object
 from .pki import ensure_certs
@@ -377,7 +378,7 @@ class APIServer:
             if sub == "binding":
                 await eng.bind(ns_, name, body, ctx)
             else:
-                await eng.evict(ns_, name, body, ctx)
+                await evict(eng, ns_, name, body, ctx)
             return _json(status_object(201, "", "", success=True), 201)
         if method == "GET":
             entry = eng.get(rt, ns_, name)

@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from railyard.logic.gang import pod_name_of
 from railyard.logic.manifests import (
     ATTEMPT_LABEL,
     CLEANUP_LABEL,
@@ -111,7 +112,7 @@ def build_sources(
             ranks_of[e.pod_index] = (*ranks_of.get(e.pod_index, ()), e.rank)
     mine = [p for p in pods if _int(_label(p, ATTEMPT_LABEL)) == attempt]
     out = sorted(
-        (Source(str((p.get("metadata") or {}).get("name")), _int(_label(p, POD_INDEX_LABEL)), ranks_of.get(_int(_label(p, POD_INDEX_LABEL)), ()))
+        (Source(pod_name_of(p), _int(_label(p, POD_INDEX_LABEL)), ranks_of.get(_int(_label(p, POD_INDEX_LABEL)), ()))
          for p in mine),
         key=lambda s: (s.index, s.pod),
     )
@@ -124,7 +125,7 @@ def build_sources(
     if pod is not None:
         out = [s for s in out if s.pod == pod or str(s.index) == pod]
         if not out:
-            names = ", ".join(sorted(str((p.get("metadata") or {}).get("name")) for p in mine)) or "none"
+            names = ", ".join(sorted(pod_name_of(p) for p in mine)) or "none"
             raise ValueError(f"--pod {pod}: no such pod in attempt {attempt} (its pods: {names})")
     return out
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from railyard.api.trainingjob import TrainingJob
 from railyard.handlers.cycle import Cycle
-from railyard.logic.gang import pod_index_of
+from railyard.logic.gang import pod_index_of, pod_name_of
 from railyard.logic.manifests import (
     build_configmap,
     build_trainer_config,
@@ -64,7 +64,7 @@ def member_names(
 ) -> dict[int, str]:
     """Pod index -> the name of its member in ``attempt``: the pod that stays, or the name of the
     pod that replaces it (``replaced``, and indices without a pod)."""
-    by_index = {pod_index_of(p): str((p.get("metadata") or {}).get("name") or "") for p in members}
+    by_index = {pod_index_of(p): pod_name_of(p) for p in members}
     return {
         i: (by_index[i] if i in by_index and i not in replaced else pod_name(cycle.name, attempt, i))
         for i in range(pods)

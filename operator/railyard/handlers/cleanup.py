@@ -15,6 +15,7 @@ from railyard.api.corev1 import node_is_ready
 from railyard.api.trainingjob import TrainingJob
 from railyard.handlers.cycle import Cycle
 from railyard.logic.conditions import parse_time
+from railyard.logic.gang import pod_name_of
 from railyard.logic.lifecycle import earlier_attempts
 from railyard.logic.manifests import CLEANUP_FINALIZER, build_cleanup_pod
 
@@ -45,7 +46,7 @@ async def cleanup_checkpoints(cycle: Cycle, finalizers: Sequence[str]) -> float 
     since = parse_time(str(cycle.meta.get("deletionTimestamp") or "")) or cycle.now
     timed_out = cycle.now - since > CLEANUP_TIMEOUT_S
     done = job is None or timed_out
-    cleaners = {str((p.get("metadata") or {}).get("name")): p for p in runtime.pods_of(cycle.ns, cycle.name, cleanup=True)}
+    cleaners = {pod_name_of(p): p for p in runtime.pods_of(cycle.ns, cycle.name, cleanup=True)}
     if job is not None and not done:
         targets = [n for n in await _nodes_that_held_the_job(cycle) if node_is_ready(nodes.get(n))]
         pods = [
@@ -55,13 +56,13 @@ async def cleanup_checkpoints(cycle: Cycle, finalizers: Sequence[str]) -> float 
                               shared=i == 0 or not job.spec.checkpoint.shared.claim_name)
             for i, n in enumerate(targets)
         ]
-        missing = [p for p in pods if p["metadata"]["name"] not in cleaners]
+        missing = [p for p in pods if pod_name_of(p) not in cleaners]
         if missing:
             await cycle.io.create_pods(missing)
             return 1.0
         finished = [
             p for p in pods
-            if ((cleaners.get(p["metadata"]["name"]) or {}).get("status") or {}).get("phase") in ("Succeeded", "Failed")
+            if ((cleaners.get(pod_name_of(p)) or {}).get("status") or {}).get("phase") in ("Succeeded", "Failed")
         ]
         done = len(finished) == len(pods)
         if not done:

@@ -17,7 +17,7 @@ from railyard.handlers.cycle import Cycle
 from railyard.handlers.health import heartbeat_url_for
 from railyard.k8s.client import ApiError
 from railyard.logic.conditions import format_micro_time
-from railyard.logic.gang import GangAssessment
+from railyard.logic.gang import GangAssessment, pod_name_of
 from railyard.logic.health.window import GroupLayout
 from railyard.logic.lifecycle import earlier_attempts, placement_retry_s
 from railyard.logic.manifests import (
@@ -131,7 +131,7 @@ async def create_gang(cycle: Cycle, job: TrainingJob, placed: Placement) -> tupl
     plan = await cycle.plan_gang(spec, attempt=attempt, gang_nodes=placed.nodes)
     pods = build_gang_pods(spec, job=cycle.name, namespace=cycle.ns, owner=owner, attempt=attempt, nodes=placed.nodes, heartbeat_url=heartbeat_url_for(runtime, cycle.ns, cycle.name), annotations=runtime.settings.pod_annotations)
     pods = apply_to_pods(pods, plan)  # schedulerName, queue/group labels; our gate and node affinity stay
-    names = [str(p["metadata"]["name"]) for p in pods]
+    names = [pod_name_of(p) for p in pods]
     cm = configmap_name(cycle.name, attempt)
     async with _refusals(f"PodGroup {plan.group_name}"):
         if not await _ensure_podgroups(cycle, plan):
@@ -228,7 +228,7 @@ async def finish_creation(cycle: Cycle, job: TrainingJob, current: Sequence[Mapp
     owner = owner_reference(cycle.body)
     pods = build_gang_pods(job.spec, job=cycle.name, namespace=cycle.ns, owner=owner, attempt=cycle.status.attempt, nodes=nodes, heartbeat_url=heartbeat_url_for(runtime, cycle.ns, cycle.name), annotations=runtime.settings.pod_annotations)
     plan = await cycle.plan_gang(job.spec, attempt=cycle.status.attempt, gang_nodes=nodes, begun=current)
-    names = [str(p["metadata"]["name"]) for p in pods]
+    names = [pod_name_of(p) for p in pods]
     try:
         async with _refusals(f"PodGroup {plan.group_name}"):
             if not await _ensure_podgroups(cycle, plan):

@@ -18,6 +18,7 @@ from railyard.handlers.inplace import begin_in_place, capable_pods
 from railyard.handlers.regroup import shrink_groups
 from railyard.logic.failure_report import describe_failure, explain_failure
 from railyard.logic.failures import Failure
+from railyard.logic.gang import pod_name_of
 from railyard.logic.quarantine import QUARANTINE_KEY
 from railyard.logic.recovery import (
     Fail,
@@ -61,8 +62,8 @@ async def handle_failure(
     cycle.update(last_failure=report)
     # the pods themselves, not the launchers' reports laid over them (a launcher that waits to
     # restart in place is alive: it gets the normal grace)
-    real = {str((p.get("metadata") or {}).get("name")): p for p in runtime.pods_of(cycle.ns, cycle.name)}
-    gang = [real.get(str((p.get("metadata") or {}).get("name")), p) for p in current]
+    real = {pod_name_of(p): p for p in runtime.pods_of(cycle.ns, cycle.name)}
+    gang = [real.get(pod_name_of(p), p) for p in current]
     # what only a restart that keeps pods needs is read only when one may happen
     in_place = job.spec.restart_policy.in_place
     table = await running_table(cycle) if in_place else None

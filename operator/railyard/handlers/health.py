@@ -16,7 +16,7 @@ from railyard.handlers.cycle import Cycle
 from railyard.handlers.runtime import Runtime
 from railyard.logic.conditions import format_time, parse_time
 from railyard.logic.failures import Failure, build_verdict_failure
-from railyard.logic.gang import pod_index_of
+from railyard.logic.gang import pod_index_of, pod_name_of
 from railyard.logic.goodput import compute_goodput
 from railyard.logic.health import (
     HealthDecision,
@@ -116,7 +116,7 @@ def _judge_silence(
     if cycle.worker.watching_since is None:
         cycle.worker.watching_since = cycle.now
     heard = {r.pod_index for r in window.rank_signals()}
-    names = {i: str((p.get("metadata") or {}).get("name") or "") for i, p in current.items()}
+    names = {i: pod_name_of(p) for i, p in current.items()}
     heard |= {i for i, (report, _) in runtime.control.reports(cycle.ns, cycle.name).items() if report.pod and report.pod == names.get(i)}
     table = runtime.control.table(cycle.ns, cycle.name, cycle.status.attempt)
     ranks_of: dict[int, list[int]] = {}

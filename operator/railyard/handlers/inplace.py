@@ -33,7 +33,7 @@ from railyard.handlers.spares import delete_placeholders
 from railyard.k8s.client import ApiError
 from railyard.logic.conditions import format_micro_time, parse_time
 from railyard.logic.failure_report import describe_failure
-from railyard.logic.gang import attempt_of, gang_members, is_gated, pod_index_of
+from railyard.logic.gang import attempt_of, gang_members, is_gated, pod_index_of, pod_name_of
 from railyard.logic.health.window import GroupLayout
 from railyard.logic.inplace import GROUP_REPAIR, decide_unacknowledged
 from railyard.logic.inplace import members_since as logic_members_since
@@ -55,9 +55,6 @@ from railyard.logic.status import placement_status
 log = logging.getLogger(__name__)
 Obj = Mapping[str, Any]
 
-
-def _name(p: Obj) -> str:
-    return str((p.get("metadata") or {}).get("name") or "")
 
 
 def in_place_restart(cycle: Cycle) -> LastRestart | None:
@@ -97,7 +94,7 @@ def capable_pods(cycle: Cycle, members: Sequence[Obj]) -> frozenset[int]:
     for p in members:
         i = pod_index_of(p)
         got = reports.get(i)
-        if got is None or got[0].pod != _name(p):
+        if got is None or got[0].pod != pod_name_of(p):
             continue
         if got[0].attempt == cycle.status.attempt or (i in carried and carried[i] <= got[0].attempt < cycle.status.attempt):
             out.add(i)
@@ -120,7 +117,7 @@ async def begin_in_place(
     restore = restore_hint(cycle.status, spec, pods_kept=True, fence=new_fence(failure, attempt))
     table = with_addresses(plan.placement.rank_table, cycle.ns)
     table, restore = await write_attempt(cycle, job, attempt, table, restore)
-    moving = [real[_name(p)] for p in members if pod_index_of(p) in plan.replace and _name(p) in real]
+    moving = [real[pod_name_of(p)] for p in members if pod_index_of(p) in plan.replace and pod_name_of(p) in real]
     await cycle.delete_pods(moving, nodes)
 
     backoff = budget.backoff_seconds
@@ -166,7 +163,7 @@ async def continue_in_place(cycle: Cycle, job: TrainingJob, nodes: Mapping[str, 
         return await fall_back_to_full(cycle, job, "NotPlaceable", f"the rank table of attempt {attempt} is gone", nodes)
     # pods this operator asked to delete are gone as far as the plan goes (the watch may not
     # have caught up with the deletion yet)
-    pods = [p for p in runtime.pods_of(cycle.ns, cycle.name) if _name(p) not in cycle.worker.deleting and not (p.get("metadata") or {}).get("deletionTimestamp")]
+    pods = [p for p in runtime.pods_of(cycle.ns, cycle.name) if pod_name_of(p) not in cycle.worker.deleting and not (p.get("metadata") or {}).get("deletionTimestamp")]
     members, _ = gang_members(pods, attempt=attempt, since=cycle.status.pods_since_attempt)
     present = {pod_index_of(p): p for p in members}
     owner = owner_reference(cycle.body)
@@ -196,10 +193,10 @@ async def continue_in_place(cycle: Cycle, job: TrainingJob, nodes: Mapping[str, 
     node_of = {e.pod_index: e.node for e in table.pods}
     gated = [p for p in [*missing, *(p for p in members if is_gated(p))] if attempt_of(p) == attempt]
     in_way_names = {spare_pod_name(cycle.name, node_of[pod_index_of(p)]): node_of[pod_index_of(p)] for p in gated}
-    in_way = [s for s in runtime.pods_of(cycle.ns, cycle.name, spare=True) if _name(s) in in_way_names]
+    in_way = [s for s in runtime.pods_of(cycle.ns, cycle.name, spare=True) if pod_name_of(s) in in_way_names]
     if in_way:
         await delete_placeholders(cycle, in_way, nodes)
-    blocked = {in_way_names[_name(s)] for s in in_way}
+    blocked = {in_way_names[pod_name_of(s)] for s in in_way}
     ready = [p for p in gated if node_of[pod_index_of(p)] not in blocked]
     if ready:
         await cycle.io.lift_gates(ready)
@@ -210,7 +207,7 @@ async def continue_in_place(cycle: Cycle, job: TrainingJob, nodes: Mapping[str, 
             "gang_created_time": started, "time_to_all_ready_seconds": None, "next_attempt_time": None,
             "observed_generation": cycle.generation, "pending_spec_changes": "",
         })
-        names = {i: _name(present[i]) if i in present else pod_name(cycle.name, attempt, i) for i in range(len(table.pods))}
+        names = {i: pod_name_of(present[i]) if i in present else pod_name(cycle.name, attempt, i) for i in range(len(table.pods))}
         carry_on = carried_on(lr, attempt)
 
         def open_orders() -> None:
@@ -243,7 +240,7 @@ def observe_relaunch(cycle: Cycle, job: TrainingJob, members: Sequence[Obj]) -> 
     attempt = cycle.status.attempt
     carry_on = set(carried_on(lr, attempt))
     kept = [pod_index_of(p) for p in members if attempt_of(p) < attempt and pod_index_of(p) not in carry_on]
-    names = {pod_index_of(p): _name(p) for p in members}
+    names = {pod_index_of(p): pod_name_of(p) for p in members}
     reports = cycle.runtime.control.reports(cycle.ns, cycle.name)
     waiting = decide_unacknowledged(kept, reports, names, attempt=attempt)
     return Relaunch(
@@ -302,7 +299,7 @@ async def republish(cycle: Cycle, members: Sequence[Obj], *, replica_groups: int
     config = await cycle.io.read_attempt_config(cycle.ns, cycle.name, attempt)
     if table is None:
         return
-    present = {pod_index_of(p): _name(p) for p in members}
+    present = {pod_index_of(p): pod_name_of(p) for p in members}
     names = {i: present.get(i, pod_name(cycle.name, attempt, i)) for i in range(len(table.pods))}
     lr = in_place_restart(cycle)
     cycle.runtime.control.publish(cycle.ns, cycle.name, attempt=attempt, members=names, table=table, restore=(config or {}).get("restore"),

@@ -51,6 +51,7 @@ from railyard.logic.gang import (
     first_exit_time,
     gang_members,
     pod_index_of,
+    pod_name_of,
 )
 from railyard.logic.inplace import apply_launcher_reports
 from railyard.logic.manifests import CLEANUP_FINALIZER, check_names, is_owned_by
@@ -122,7 +123,7 @@ async def _step(cycle: Cycle, job: TrainingJob) -> float | None:
     nodes = runtime.node_map()
     if cycle.worker.deleting:
         # forget the deletions of pods that are gone (the names of every attempt would pile up)
-        present = {_name(p) for p in pods}
+        present = {pod_name_of(p) for p in pods}
         cycle.worker.deleting = {n: t for n, t in cycle.worker.deleting.items() if n in present}
     _refresh_quarantine(cycle, nodes)
     for _ in range(3):  # a StartOver or a Resume is followed by the decision on the new status
@@ -159,7 +160,7 @@ async def _step(cycle: Cycle, job: TrainingJob) -> float | None:
                        not_ready_grace_s=runtime.settings.not_ready_grace_s, echo_settle_s=DEFAULT_ECHO_SETTLE_S, since=since,
                        waiting=waiting_pods(cycle.status, spec.replica_groups))
     old = set(gang.stale)
-    stale = [p for p in pods if _name(p) in old]
+    stale = [p for p in pods if pod_name_of(p) in old]
     if stale:
         await cycle.delete_pods(stale, nodes)
     members, _ = gang_members(view, attempt=cycle.status.attempt, since=since)
@@ -215,7 +216,7 @@ def _observe(
         schedule_timeout_s=spec.gang.schedule_timeout_seconds, heartbeat_interval_s=spec.health.heartbeat_interval_seconds,
         restart_policy=spec.restart_policy,
         stale_placement=tuple(find_stale_placement(job, members, nodes)) if gang.state == "Starting" else (),
-        rolled_back=bool(members) and all(_name(p) in cycle.worker.deleting for p in members),
+        rolled_back=bool(members) and all(pod_name_of(p) in cycle.worker.deleting for p in members),
         in_place=lr.state if lr is not None else None,
         relaunch=observe_relaunch(cycle, job, members) if lr is not None else None,
         heartbeats=cycle.runtime.store.job(cycle.ns, cycle.name) is not None,
@@ -367,9 +368,6 @@ def _own_pods(cycle: Cycle) -> list[dict[str, Any]]:
     uid = cycle.meta.get("uid")
     return [p for p in cycle.runtime.pods_of(cycle.ns, cycle.name) if is_owned_by(p, str(uid) if uid else None)]
 
-
-def _name(pod: Mapping[str, Any]) -> str:
-    return str((pod.get("metadata") or {}).get("name") or "")
 
 
 def _refresh_quarantine(cycle: Cycle, nodes: Mapping[str, Mapping[str, Any]]) -> None:

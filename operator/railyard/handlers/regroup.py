@@ -29,7 +29,7 @@ from railyard.handlers.inplace import (
     in_place_restart,
 )
 from railyard.logic.failure_report import describe_failure
-from railyard.logic.gang import pod_index_of
+from railyard.logic.gang import pod_index_of, pod_name_of
 from railyard.logic.health.window import GroupLayout
 from railyard.logic.lifecycle import FallBackToFull
 from railyard.logic.manifests import with_addresses
@@ -48,9 +48,6 @@ from railyard.protocol.ranktable import RankTable
 
 Obj = Mapping[str, Any]
 
-
-def _name(p: Obj) -> str:
-    return str((p.get("metadata") or {}).get("name") or "")
 
 
 async def shrink_groups(
@@ -74,7 +71,7 @@ async def shrink_groups(
         cycle, job, attempt, renumbered, restore_hint(cycle.status, spec, pods_kept=True)
     )
     delete = set(shrink.delete)
-    await cycle.delete_pods([real[_name(p)] for p in members if pod_index_of(p) in delete and _name(p) in real], nodes)
+    await cycle.delete_pods([real[pod_name_of(p)] for p in members if pod_index_of(p) in delete and pod_name_of(p) in real], nodes)
     names = member_names(cycle, members, attempt, len(table.pods), delete)
     backoff = budget.backoff_seconds
     lr = LastRestart(

@@ -17,7 +17,7 @@ from typing import Any
 from railyard.api.trainingjob import LastFailure
 from railyard.logic.conditions import parse_time
 from railyard.logic.failures import Failure, classify_pod
-from railyard.logic.gang import pod_index_of
+from railyard.logic.gang import pod_index_of, pod_name_of
 from railyard.logic.manifests import CONTAINER_NAME
 
 Pod = Mapping[str, Any]
@@ -29,9 +29,6 @@ MAX_QUOTE_CHARS = 300
 #: At most this many of the last lines are quoted (a traceback's last line is the exception).
 MAX_QUOTE_LINES = 3
 
-
-def _name(pod: Pod) -> str:
-    return str((pod.get("metadata") or {}).get("name") or "")
 
 
 def _terminated(pod: Pod) -> Mapping[str, Any] | None:
@@ -62,7 +59,7 @@ def pick_first_failing_pod(
     same = [(p, f) for p in pods if (f := classify_pod(p, nodes)) is not None and f.kind == failure.kind]
     if not same:
         return None
-    return min(same, key=lambda pf: (_finished_at(pf[0]), _name(pf[0]) != failure.pod, _name(pf[0])))
+    return min(same, key=lambda pf: (_finished_at(pf[0]), pod_name_of(pf[0]) != failure.pod, pod_name_of(pf[0])))
 
 
 def tail_of(message: str, max_chars: int = MAX_MESSAGE_CHARS) -> str:
@@ -111,7 +108,7 @@ def explain_failure(
     report = LastFailure(
         attempt=attempt,
         reason=failure.kind,
-        pod=_name(pod),
+        pod=pod_name_of(pod),
         pod_index=index if index >= 0 else None,
         node=str((pod.get("spec") or {}).get("nodeName") or ""),
         exit_code=int(code) if code is not None else None,

@@ -26,6 +26,11 @@ from railyard.logic.placement import job_tolerations, matches_node_selector
 from railyard.logic.topology import NOT_READY, node_exclusion
 
 
+def pod_name_of(pod: Mapping[str, Any]) -> str:
+    """A pod's name ("" when the object has none yet)."""
+    return str((pod.get("metadata") or {}).get("name") or "")
+
+
 def pod_index_of(pod: Mapping[str, Any]) -> int:
     try:
         return int(((pod.get("metadata") or {}).get("labels") or {}).get(POD_INDEX_LABEL, -1))
@@ -126,7 +131,7 @@ def assess_gang(
     by_index = {pod_index_of(p): p for p in current}
     missing = tuple(i for i in range(expected) if i not in by_index and i not in waiting)
     wanted = expected - sum(1 for i in waiting if 0 <= i < expected)
-    gated = tuple(sorted(str(p["metadata"]["name"]) for p in current if is_gated(p)))
+    gated = tuple(sorted(pod_name_of(p) for p in current if is_gated(p)))
     running = sum(1 for p in current if _phase(p) == "Running" and not (p.get("metadata") or {}).get("deletionTimestamp"))
     succeeded = sum(1 for p in current if _phase(p) == "Succeeded")
     base = {"expected": expected, "present": len(current), "missing": missing, "gated": gated,

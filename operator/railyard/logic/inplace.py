@@ -23,7 +23,7 @@ from typing import Any, Literal
 from railyard.api.corev1 import node_is_ready
 from railyard.api.trainingjob import TrainingJobStatus
 from railyard.logic.conditions import format_micro_time
-from railyard.logic.gang import pod_index_of
+from railyard.logic.gang import pod_index_of, pod_name_of
 from railyard.logic.placement import Placement, Unplaceable
 from railyard.protocol.control import Action, LauncherReport, LauncherState
 from railyard.protocol.mesh import group_of_pod_index, pods_per_group
@@ -46,9 +46,6 @@ FALLBACKS: Mapping[str, str] = {
 #: whole replica groups and leaves the other groups' workers running (faultTolerance ReplicaGroups).
 GROUP_REPAIR = "ReplicaGroupReplaced"
 
-
-def _name(pod: Obj) -> str:
-    return str((pod.get("metadata") or {}).get("name") or "")
 
 
 def _node(pod: Obj) -> str:
@@ -93,7 +90,7 @@ def apply_launcher_reports(
             continue
         report, at = got
         current = report.attempt == attempt or (carried is not None and carried.get(pod_index_of(p), attempt) <= report.attempt < attempt)
-        if not current or report.pod != _name(p) or report.state is not LauncherState.FAILED or report.code == 0:
+        if not current or report.pod != pod_name_of(p) or report.state is not LauncherState.FAILED or report.code == 0:
             out.append(dict(p))
             continue
         view = copy.deepcopy(dict(p))

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from railyard.api.corev1 import node_is_ready
+from railyard.logic.gang import pod_name_of
 from railyard.logic.spares import HOLDING
 
 
@@ -62,7 +63,7 @@ def decide_lighthouse(
 
 def _lost(pod: Mapping[str, Any], nodes: Mapping[str, Mapping[str, Any]]) -> str:
     """Why this Lighthouse pod no longer serves ("": it does, or may soon)."""
-    name = str((pod.get("metadata") or {}).get("name") or "")
+    name = pod_name_of(pod)
     phase = str((pod.get("status") or {}).get("phase") or "Pending")
     if phase in ("Failed", "Succeeded"):
         return f"Lighthouse pod {name} ended ({phase})"

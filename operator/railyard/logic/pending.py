@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from railyard.logic.conditions import parse_time
+from railyard.logic.gang import pod_name_of
 from railyard.logic.manifests import CHANNEL_CLAIM, NODE_ANNOTATION
 from railyard.logic.topology import pod_gpus
 
@@ -60,9 +61,6 @@ class PendingReason:
     reason: str
     message: str
 
-
-def _name(pod: Mapping[str, Any]) -> str:
-    return str((pod.get("metadata") or {}).get("name") or "")
 
 
 def _planned_node(pod: Mapping[str, Any]) -> str:
@@ -117,11 +115,11 @@ def _claims_reason(waiting: Sequence[Mapping[str, Any]], now: float, grace_s: fl
             return PendingReason("ComputeDomainDriverMissing", (
                 "the NVIDIA DRA driver's ComputeDomain controller is not running: nobody created "
                 f"ResourceClaimTemplate {template} (the IMEX channel of spec.gpuClaim.computeDomain), so "
-                f"kube-controller-manager cannot create claim {claim!r} of pod {_name(pod)}{others} "
+                f"kube-controller-manager cannot create claim {claim!r} of pod {pod_name_of(pod)}{others} "
                 f"(FailedResourceClaimCreation) and the pods stay Pending; install {DRA_DRIVER}, "
                 "or remove spec.gpuClaim.computeDomain"))
         return PendingReason("ResourceClaimNotCreated", (
-            f"claim {claim!r} of pod {_name(pod)}{others} (from ResourceClaimTemplate {template}) was not "
+            f"claim {claim!r} of pod {pod_name_of(pod)}{others} (from ResourceClaimTemplate {template}) was not "
             f"created {grace_s:g}s after the pod: kube-controller-manager's resourceclaim controller has not "
             "made it (see the pod's FailedResourceClaimCreation Events; is kube-controller-manager running with DRA?)"))
     return None
@@ -162,7 +160,7 @@ def decide_pending_reason(
     if refused:
         pod, message = _most_telling(refused)
         node = _planned_node(pod)
-        where = f"pod {_name(pod)}" + (f", pinned to node {node}" if node else "")
+        where = f"pod {pod_name_of(pod)}" + (f", pinned to node {node}" if node else "")
         parts.append(f"the scheduler left {len(refused)}/{len(pods)} pods unscheduled: {message.rstrip('.')} ({where})")
     if group_says:
         parts.append(group_says.rstrip(". "))
