@@ -242,14 +242,16 @@ class Cycle:
             return True
         return False
 
-    async def delete_pods(self, pods: Sequence[Obj], nodes: Mapping[str, Obj]) -> int:
-        """Delete pods; force on dead nodes and when stuck Terminating. Returns how many remain."""
+    async def delete_pods(self, pods: Sequence[Obj], nodes: Mapping[str, Obj], *, grace_seconds: int | None = None) -> int:
+        """Delete pods, once each: with ``grace_seconds`` (default: the operator's
+        ``delete_grace_s``), forced on dead nodes and when stuck Terminating. Returns how many
+        were asked for."""
         s = self.runtime.settings
         normal, force = plan_pod_deletions(pods, nodes, now=self.now, asked=self.worker.deleting, stuck_terminating_s=s.stuck_terminating_s)
         for n in normal + force:
             self.worker.deleting[n] = self.now
         if normal:
-            await self.io.delete_pods(self.ns, normal, grace_seconds=s.delete_grace_s)
+            await self.io.delete_pods(self.ns, normal, grace_seconds=s.delete_grace_s if grace_seconds is None else grace_seconds)
         if force:
             await self.io.delete_pods(self.ns, force, grace_seconds=0)
         return len(pods)

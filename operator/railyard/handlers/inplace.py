@@ -29,7 +29,7 @@ from railyard.api.trainingjob import LastRestart, QuarantinedNode, TrainingJob
 from railyard.handlers.attempts import member_names, write_attempt
 from railyard.handlers.cycle import Cycle
 from railyard.handlers.health import heartbeat_url_for
-from railyard.handlers.spares import delete_placeholders
+from railyard.handlers.spares import PLACEHOLDER_GRACE_S
 from railyard.k8s.client import ApiError
 from railyard.logic.conditions import format_micro_time, parse_time
 from railyard.logic.failure_report import describe_failure
@@ -195,7 +195,7 @@ async def continue_in_place(cycle: Cycle, job: TrainingJob, nodes: Mapping[str, 
     in_way_names = {spare_pod_name(cycle.name, node_of[pod_index_of(p)]): node_of[pod_index_of(p)] for p in gated}
     in_way = [s for s in runtime.pods_of(cycle.ns, cycle.name, spare=True) if pod_name_of(s) in in_way_names]
     if in_way:
-        await delete_placeholders(cycle, in_way, nodes)
+        await cycle.delete_pods(in_way, nodes, grace_seconds=PLACEHOLDER_GRACE_S)
     blocked = {in_way_names[pod_name_of(s)] for s in in_way}
     ready = [p for p in gated if node_of[pod_index_of(p)] not in blocked]
     if ready:

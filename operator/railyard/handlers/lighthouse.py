@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from railyard.api.trainingjob import TrainingJob
 from railyard.handlers.cycle import Cycle
-from railyard.handlers.spares import delete_placeholders
+from railyard.handlers.spares import PLACEHOLDER_GRACE_S
 from railyard.logic.lighthouse import decide_lighthouse
 from railyard.logic.manifests import build_lighthouse_pod, owner_reference
 
@@ -18,8 +18,8 @@ async def reconcile_lighthouse(cycle: Cycle, job: TrainingJob) -> float | None:
     d = decide_lighthouse(replica_groups=job.spec.replica_groups, phase=cycle.status.phase,
                           deleting=bool(cycle.meta.get("deletionTimestamp") or job.spec.suspend), have=have, nodes=nodes)
     if d.delete:
-        # the same deletion as a placeholder's: force on a dead node, each pod once
-        await delete_placeholders(cycle, d.delete, nodes)
+        # a placeholder's short grace: the Lighthouse has nothing to save
+        await cycle.delete_pods(d.delete, nodes, grace_seconds=PLACEHOLDER_GRACE_S)
     if d.lost:
         await cycle.io.create_event(cycle.body, type_="Warning", reason="LighthouseLost",
                                 message=f"{d.lost}; creating it again (the replica groups wait for a quorum meanwhile)", now=cycle.now)

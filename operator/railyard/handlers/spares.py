@@ -11,28 +11,13 @@ and the gauge ``railyard_hot_spares{state="held"}``.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any
-
 from railyard.api.trainingjob import TrainingJob
 from railyard.handlers.cycle import Cycle
-from railyard.logic.gang import plan_pod_deletions
 from railyard.logic.manifests import build_spare_pod, owner_reference
 from railyard.logic.spares import HOLDING, decide_spares
 
 #: A placeholder's deletion grace (its sleep has nothing to save; the replacement waits for it).
 PLACEHOLDER_GRACE_S = 1
-
-
-async def delete_placeholders(cycle: Cycle, pods: Sequence[Mapping[str, Any]], nodes: Mapping[str, Mapping[str, Any]]) -> None:
-    """Delete placeholders (force on dead nodes), once each."""
-    normal, force = plan_pod_deletions(pods, nodes, now=cycle.now, asked=cycle.worker.deleting, stuck_terminating_s=cycle.runtime.settings.stuck_terminating_s)
-    for n in normal + force:
-        cycle.worker.deleting[n] = cycle.now
-    if normal:
-        await cycle.io.delete_pods(cycle.ns, normal, grace_seconds=PLACEHOLDER_GRACE_S)
-    if force:
-        await cycle.io.delete_pods(cycle.ns, force, grace_seconds=0)
 
 
 async def reconcile_spares(cycle: Cycle, job: TrainingJob) -> float | None:
@@ -45,7 +30,7 @@ async def reconcile_spares(cycle: Cycle, job: TrainingJob) -> float | None:
     create, delete, held = decide_spares(job=cycle.name, phase="" if deleting else cycle.status.phase, wanted=job.spec.gang.hot_spares,
                                          spares=spares, nodes=nodes, have=have)
     if delete:
-        await delete_placeholders(cycle, delete, nodes)
+        await cycle.delete_pods(delete, nodes, grace_seconds=PLACEHOLDER_GRACE_S)
     lr = cycle.status.last_restart
     if create and lr is not None and lr.mode == "InPlace" and lr.attempt == cycle.status.attempt and lr.state != "Done":
         # a restart in place is opening: its replacements and orders first, new spares after
