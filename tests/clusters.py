@@ -36,6 +36,12 @@ def own_namespace(name: str) -> str:
     return f"{name}-{RUN_TAG}" if given_kubeconfig() else name
 
 
+def own_group(group: str) -> str:
+    """An API group this run registers (a CRD's): ``group`` on a server of this run's own; on a given
+    one this run's, so that a run deleting its CRD never takes it from another run beside it."""
+    return f"{RUN_TAG}.{group}" if given_kubeconfig() else group
+
+
 def own_shape(**shape: Any) -> dict[str, Any]:
     """``shape`` (``LocalCluster``'s keyword arguments) as it is on a server of this run's own; on a
     given one with this run's ``RUN_TAG`` before its ``node_prefix`` and its addresses in this
