@@ -21,6 +21,10 @@ from typing import Any
 #: other runs (two at once, tests/shared_cluster.py) and other users: names that only this run
 #: uses keep each run on its own nodes, and ``remove_nodes`` off the others'.
 RUN_TAG = f"t{secrets.token_hex(3)}"
+#: A folder the given API server reads container logs from (tests/shared_cluster.py's embedded
+#: server, which serves pods/log from files and asks no node's kubelet endpoint, as kube-apiserver
+#: would): the node agent of a cluster on it writes its logs there.
+POD_LOG_DIR_ENV = "RAILYARD_TEST_POD_LOG_DIR"
 #: This run's block of loopback addresses (all of 127/8 is lo): two runs' pods never share an address.
 RUN_IP_OFFSET = 1024 * (1 + secrets.randbelow(15_000))
 
@@ -66,6 +70,10 @@ def running_local_cluster(state: Path, **shape: Any) -> Iterator[Any]:
 
     given = given_kubeconfig()
     if given:
+        served = os.environ.get(POD_LOG_DIR_ENV)
+        if served:  # the agent's log_dir (existing mode: <state>/pods) is where the server reads
+            state.mkdir(parents=True, exist_ok=True)
+            (state / "pods").symlink_to(Path(served).absolute(), target_is_directory=True)
         cluster = LocalCluster(state, kubeconfig=given, **own_shape(**shape))
     elif os.environ.get("KUBEBUILDER_ASSETS"):
         cluster = LocalCluster(state, mode="envtest", **shape)

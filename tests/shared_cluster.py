@@ -34,10 +34,15 @@ OTHER_PREFIX = "other-"
 
 
 @contextmanager
-def shared_cluster(state: Path, *, other_nodes: int) -> Iterator[Path]:
-    """An embedded API server with a scheduler and ``other_nodes`` nodes of its own; yields its
-    kubeconfig. The nodes have GPUs, as a real cluster's would: a test pod that asks for GPUs and
-    says nothing about where finds room on them."""
+def shared_cluster(state: Path, *, other_nodes: int) -> Iterator[dict[str, str]]:
+    """An embedded API server with a scheduler and ``other_nodes`` nodes of its own; yields the
+    environment that points a test session at it. The nodes have GPUs, as a real cluster's would:
+    a test pod that asks for GPUs and says nothing about where finds room on them.
+
+    The embedded server serves pods/log from the files in its log dir (kube-apiserver asks the
+    node's kubelet endpoint instead): the sessions' node agents write there (``POD_LOG_DIR_ENV``)."""
+    from tests.clusters import POD_LOG_DIR_ENV
+
     from railyard_local.cluster import LocalCluster
 
     cluster = LocalCluster(state, mode="embedded", scheduler=True, nodes=other_nodes, gpus_per_node=2,
@@ -45,20 +50,23 @@ def shared_cluster(state: Path, *, other_nodes: int) -> Iterator[Path]:
                            lease_interval=2.0)
     kubeconfig = cluster.start(timeout=120)
     try:
-        yield kubeconfig
+        yield {"RAILYARD_TEST_KUBECONFIG": str(kubeconfig), POD_LOG_DIR_ENV: str(cluster.log_dir)}
     finally:
         cluster.stop()
 
 
-def _summary(log: Path) -> str:
-    """The last line pytest printed (``== 3 failed, 120 passed in ... ==``)."""
+def _summary(log: Path) -> list[str]:
+    """What pytest said of the session: its FAILED and ERROR lines, then its last line
+    (``3 failed, 120 passed in ...``)."""
     lines = [ln for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
-    return lines[-1] if lines else "(no output)"
+    failed = [ln for ln in lines if ln.startswith(("FAILED ", "ERROR "))]
+    return [*failed, lines[-1] if lines else "(no output)"]
 
 
-def run_sessions(kubeconfig: Path, pytest_args: list[str], *, sessions: int, logs: Path) -> int:
-    """Start ``sessions`` pytest runs at once against ``kubeconfig``; wait for all; report each."""
-    env = dict(os.environ, RAILYARD_TEST_KUBECONFIG=str(kubeconfig))
+def run_sessions(given: dict[str, str], pytest_args: list[str], *, sessions: int, logs: Path) -> int:
+    """Start ``sessions`` pytest runs at once with ``given`` in their environment (the shared
+    cluster's); wait for all; report each."""
+    env = dict(os.environ, **given)
     procs: list[tuple[int, subprocess.Popen[bytes], Path]] = []
     started = time.monotonic()
     for index in range(sessions):
@@ -71,7 +79,10 @@ def run_sessions(kubeconfig: Path, pytest_args: list[str], *, sessions: int, log
     for index, proc, log in procs:
         code = proc.wait()
         worst = worst or code
-        print(f"session {index}: exit {code} after {time.monotonic() - started:.0f} s: {_summary(log)}", flush=True)
+        *failed, last = _summary(log)
+        print(f"session {index}: exit {code} after {time.monotonic() - started:.0f} s: {last}", flush=True)
+        for line in failed:
+            print(f"  {line}", flush=True)
     return worst
 
 
@@ -85,18 +96,21 @@ def main(argv: list[str] | None = None) -> int:
     for p in (run, serve):
         p.add_argument("--state-dir", type=Path, help="where the cluster keeps its state (default: a temporary folder)")
         p.add_argument("--other-nodes", type=int, default=4, help="nodes that belong to no test session")
+    run.add_argument("--log-dir", type=Path, help="where each session's output goes (default: a new temporary folder, kept)")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="railyard-shared-") as tmp:
         state = (args.state_dir or Path(tmp) / "cluster").absolute()
-        with shared_cluster(state, other_nodes=args.other_nodes) as kubeconfig:
+        with shared_cluster(state, other_nodes=args.other_nodes) as given:
             if args.action == "serve":
-                print(f"RAILYARD_TEST_KUBECONFIG={kubeconfig}", flush=True)
+                print(" ".join(f"{k}={v}" for k, v in given.items()), flush=True)
                 done = threading.Event()
                 for sig in (signal.SIGINT, signal.SIGTERM):
                     signal.signal(sig, lambda *_: done.set())
                 done.wait()
                 return 0
-            return run_sessions(kubeconfig, args.pytest_args, sessions=args.sessions, logs=state.parent)
+            logs = (args.log_dir or Path(tempfile.mkdtemp(prefix="railyard-shared-logs-"))).absolute()
+            logs.mkdir(parents=True, exist_ok=True)
+            return run_sessions(given, args.pytest_args, sessions=args.sessions, logs=logs)
 
 
 if __name__ == "__main__":

@@ -52,8 +52,7 @@ def test_killed_mid_creation_then_restarted_creates_no_duplicates(
 
     job = TrainingJob.model_validate({"metadata": {"name": job_name, "namespace": NS}, "spec": spec_dict})
     spec: TrainingJobSpec = job.spec
-    nodes = [n.to_dict() if hasattr(n, "to_dict") else n for n in api.own_nodes()]
-    node_dicts = [make_node(n["metadata"]["name"]) if isinstance(n, dict) else make_node(n.metadata.name) for n in nodes]
+    node_dicts = [make_node(n.metadata.name, labels=api.node_selector) for n in api.own_nodes()]
     placed = plan_placement(build_placement_input(job, nodes=node_dicts))
     owner = owner_reference(created)
     from railyard.logic.manifests import with_addresses
