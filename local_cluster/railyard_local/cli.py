@@ -22,7 +22,7 @@ from typing import Any
 from railyard.api.corev1 import node_is_ready
 from railyard_local.cluster import LocalCluster, LocalClusterError, default_state_dir
 from railyard_local.kube import MERGE, ApiError, KubeClient
-from railyard_local.nodes import FAIL_ANNOTATION, SLOW_ANNOTATION
+from railyard_local.nodes import CLUSTER_LABEL, FAIL_ANNOTATION, SLOW_ANNOTATION
 from railyard_local.topology import SIMULATED_LABEL, TopologyError
 
 EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
@@ -200,6 +200,16 @@ def _kubeconfig(args: argparse.Namespace, state_dir: Path) -> Path:
     return state_dir / "kubeconfig"
 
 
+def _own_nodes(state_dir: Path) -> str:
+    """The label selector of this state dir's nodes: on a shared API server (existing mode) other
+    local clusters' simulated nodes are beside them, and are not this cluster's to report."""
+    with contextlib.suppress(OSError, ValueError):
+        cluster_id = json.loads((state_dir / "cluster.json").read_text()).get("clusterId")
+        if cluster_id:
+            return f"{SIMULATED_LABEL}=true,{CLUSTER_LABEL}={cluster_id}"
+    return f"{SIMULATED_LABEL}=true"
+
+
 async def _status(args: argparse.Namespace, state_dir: Path) -> int:
     kubeconfig = _kubeconfig(args, state_dir)
     pid = _running_pid(state_dir)
@@ -207,7 +217,7 @@ async def _status(args: argparse.Namespace, state_dir: Path) -> int:
     if pid is not None or getattr(args, "kubeconfig", None):
         async with KubeClient.from_kubeconfig(str(kubeconfig)) as client:
             try:
-                nodes = (await client.get("/api/v1/nodes", labelSelector=f"{SIMULATED_LABEL}=true")).get("items") or []
+                nodes = (await client.get("/api/v1/nodes", labelSelector=_own_nodes(state_dir))).get("items") or []
                 pods = (await client.get("/api/v1/pods")).get("items") or []
             except (ApiError, OSError) as exc:
                 print(f"railyard local: API server not reachable: {exc}", file=sys.stderr)

@@ -25,12 +25,18 @@ from typing import Any
 import pytest
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
+from tests.clusters import own_group
 from tests.waiting import wait_until
 
 from railyard_local.apiserver.envtest import EnvtestCluster, assets_dir, start_envtest
 from railyard_local.apiserver.process import ServerProcess, start_server_process
 
-CRD_GROUP = "conformance.railyard.io"
+CRD_GROUP = own_group("conformance.railyard.io")
+#: The scheduler of every pod these tests make: none serves it, so that a pod stays unbound until
+#: a test binds it, even on a cluster whose scheduler binds every pod it can (as kube-scheduler).
+UNSERVED_SCHEDULER = "railyard-conformance-nobody"
+#: A node no cluster has: pods bound to it are run by no node agent.
+ABSENT_NODE = "railyard-conformance-absent-node"
 
 
 @dataclass
@@ -274,9 +280,12 @@ def widget(name: str, **spec: Any) -> dict[str, Any]:
 
 
 def pod(name: str, **extra: Any) -> dict[str, Any]:
+    """A pod that no scheduler binds (``UNSERVED_SCHEDULER``); ``extra`` goes into its spec, but
+    ``labels`` into its metadata."""
     body: dict[str, Any] = {
         "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
-        "spec": {"containers": [{"name": "main", "image": "busybox:1.36", "command": ["sleep", "3600"]}]},
+        "spec": {"schedulerName": UNSERVED_SCHEDULER,
+                 "containers": [{"name": "main", "image": "busybox:1.36", "command": ["sleep", "3600"]}]},
     }
     for k, v in extra.items():
         if k == "labels":

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
+from tests.clusters import own_group
 from tests.waiting import wait_until
 
 from .conftest import CRD_GROUP, Cluster, widget
@@ -171,7 +172,7 @@ def test_invalid_crd_is_rejected(cluster: Cluster) -> None:
 def test_cluster_scoped_crd_and_deleting_a_crd_removes_its_objects(cluster: Cluster) -> None:
     ext = client.ApiextensionsV1Api(cluster.api)
     custom = client.CustomObjectsApi(cluster.api)
-    group = "scoped.railyard.io"
+    group = own_group("scoped.railyard.io")
     crd = {"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
            "metadata": {"name": f"gadgets.{group}"},
            "spec": {"group": group, "scope": "Cluster", "names": {"plural": "gadgets", "kind": "Gadget"},

@@ -28,7 +28,7 @@ OPERATOR = textwrap.dedent('''
         settings.watching.server_timeout = 30
         settings.persistence.finalizer = "conformance.railyard.io/kopf"
 
-    @kopf.on.create("conformance.railyard.io", "v1", "widgets")
+    @kopf.on.create("CRD_GROUP", "v1", "widgets")
     def on_create(spec, name, namespace, patch, **_):
         child = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": f"{name}-child"},
                  "data": {"replicas": str(spec["replicas"])}}
@@ -36,7 +36,7 @@ OPERATOR = textwrap.dedent('''
         kubernetes.client.CoreV1Api().create_namespaced_config_map(namespace, child)
         patch.status["phase"] = "Ready"
 
-    @kopf.on.delete("conformance.railyard.io", "v1", "widgets")
+    @kopf.on.delete("CRD_GROUP", "v1", "widgets")
     def on_delete(name, namespace, **_):
         kubernetes.client.CoreV1Api().create_namespaced_config_map(
             namespace, {"metadata": {"name": f"{name}-deleted"}})
@@ -47,7 +47,7 @@ def test_kopf_operator_reconciles_a_widget_end_to_end(cluster: Cluster, needs_co
                                                       custom: client.CustomObjectsApi, core: client.CoreV1Api,
                                                       widgets: dict[str, str], ns: str, tmp_path: Path) -> None:
     script = tmp_path / "widget_operator.py"
-    script.write_text(OPERATOR)
+    script.write_text(OPERATOR.replace('"CRD_GROUP"', repr(CRD_GROUP)))
     env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig)}
     log = (tmp_path / "kopf.log").open("w")
     proc = subprocess.Popen([sys.executable, "-m", "kopf", "run", "--standalone", "--namespace", ns, str(script)],

@@ -12,11 +12,12 @@ from pathlib import Path
 
 import pytest
 import yaml
+from tests.clusters import own_group
 from tests.waiting import wait_until
 
 from .conftest import Cluster
 
-GROUP = "kubectl.railyard.io"
+GROUP = own_group("kubectl.railyard.io")
 
 CRD = {
     "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",

@@ -12,7 +12,7 @@ from kubernetes import client, watch
 from kubernetes.client.rest import ApiException
 from tests.waiting import wait_until
 
-from .conftest import Cluster, pod
+from .conftest import ABSENT_NODE, Cluster, pod
 
 
 def _names(items: list[Any]) -> set[str]:
@@ -74,10 +74,10 @@ def test_field_selectors_on_name_and_namespace(core: client.CoreV1Api, labelled:
 
 
 def test_field_selectors_on_pod_node_name_and_phase(core: client.CoreV1Api, ns: str) -> None:
-    core.create_namespaced_pod(ns, pod("on-n1", nodeName="node-1"))
+    core.create_namespaced_pod(ns, pod("on-n1", nodeName=ABSENT_NODE))
     core.create_namespaced_pod(ns, pod("unbound"))
     core.patch_namespaced_pod_status("on-n1", ns, {"status": {"phase": "Running"}})
-    assert _names(core.list_namespaced_pod(ns, field_selector="spec.nodeName=node-1").items) == {"on-n1"}
+    assert _names(core.list_namespaced_pod(ns, field_selector=f"spec.nodeName={ABSENT_NODE}").items) == {"on-n1"}
     assert _names(core.list_namespaced_pod(ns, field_selector="spec.nodeName=").items) == {"unbound"}
     assert _names(core.list_namespaced_pod(ns, field_selector="status.phase=Running").items) == {"on-n1"}
     assert _names(core.list_namespaced_pod(ns, field_selector="status.phase!=Running").items) == {"unbound"}

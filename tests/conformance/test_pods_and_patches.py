@@ -13,7 +13,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 from tests.waiting import wait_until
 
-from .conftest import Cluster, gone, pod, wait_for_default_service_account
+from .conftest import ABSENT_NODE, Cluster, gone, pod, wait_for_default_service_account
 
 
 def _bind(core: client.CoreV1Api, ns: str, name: str, node: str) -> None:
@@ -24,20 +24,20 @@ def _bind(core: client.CoreV1Api, ns: str, name: str, node: str) -> None:
 
 def test_binding_sets_node_name_once(core: client.CoreV1Api, ns: str) -> None:
     core.create_namespaced_pod(ns, pod("b"))
-    _bind(core, ns, "b", "node-a")
+    _bind(core, ns, "b", ABSENT_NODE)
     p = core.read_namespaced_pod("b", ns)
-    assert p.spec.node_name == "node-a"
+    assert p.spec.node_name == ABSENT_NODE
     assert any(c.type == "PodScheduled" and c.status == "True" for c in p.status.conditions or [])
     with pytest.raises(ApiException) as err:
-        _bind(core, ns, "b", "node-b")
+        _bind(core, ns, "b", f"{ABSENT_NODE}-b")
     assert err.value.status == 409
-    assert core.read_namespaced_pod("b", ns).spec.node_name == "node-a"
+    assert core.read_namespaced_pod("b", ns).spec.node_name == ABSENT_NODE
 
 
 def test_scheduling_gates_block_binding_and_may_only_be_removed(core: client.CoreV1Api, ns: str) -> None:
     core.create_namespaced_pod(ns, pod("g", schedulingGates=[{"name": "railyard.io/gang"}]))
     with pytest.raises(ApiException) as err:
-        _bind(core, ns, "g", "node-a")
+        _bind(core, ns, "g", ABSENT_NODE)
     assert err.value.status >= 400
     assert core.read_namespaced_pod("g", ns).spec.node_name is None
     with pytest.raises(ApiException) as err:
@@ -46,8 +46,8 @@ def test_scheduling_gates_block_binding_and_may_only_be_removed(core: client.Cor
     assert err.value.status == 422
     p = core.patch_namespaced_pod("g", ns, [{"op": "remove", "path": "/spec/schedulingGates"}])
     assert not p.spec.scheduling_gates
-    _bind(core, ns, "g", "node-a")
-    assert core.read_namespaced_pod("g", ns).spec.node_name == "node-a"
+    _bind(core, ns, "g", ABSENT_NODE)
+    assert core.read_namespaced_pod("g", ns).spec.node_name == ABSENT_NODE
 
 
 def test_pod_spec_is_immutable_apart_from_the_allowed_fields(core: client.CoreV1Api, ns: str) -> None:
@@ -92,7 +92,7 @@ def test_unbound_pod_is_deleted_at_once(core: client.CoreV1Api, ns: str) -> None
 
 
 def test_bound_pod_waits_for_the_node_to_confirm_deletion(core: client.CoreV1Api, ns: str) -> None:
-    core.create_namespaced_pod(ns, pod("gr", nodeName="node-x"))
+    core.create_namespaced_pod(ns, pod("gr", nodeName=ABSENT_NODE))
     core.delete_namespaced_pod("gr", ns, grace_period_seconds=30)
     p = core.read_namespaced_pod("gr", ns)
     assert p.metadata.deletion_timestamp is not None and p.metadata.deletion_grace_period_seconds == 30
@@ -160,7 +160,7 @@ def test_pod_log_is_served_from_the_log_provider(cluster: Cluster, embedded_only
                                                  ns: str) -> None:
     """Contract with the node agent: it writes <state-dir>/pods/<ns>/<pod>/<container>.log."""
     assert cluster.process is not None
-    core.create_namespaced_pod(ns, pod("logs", nodeName="node-1"))
+    core.create_namespaced_pod(ns, pod("logs", nodeName=ABSENT_NODE))
     path = Path(cluster.process.state_dir) / "pods" / ns / "logs" / "main.log"
     path.parent.mkdir(parents=True)
     path.write_text("line 1\nline 2\nline 3\n")
@@ -175,7 +175,7 @@ def test_pod_log_is_served_from_the_log_provider(cluster: Cluster, embedded_only
 
 
 def test_confirmed_pod_deletion_still_waits_for_finalizers(core: client.CoreV1Api, ns: str) -> None:
-    body = pod("fin", nodeName="node-x")
+    body = pod("fin", nodeName=ABSENT_NODE)
     body["metadata"]["finalizers"] = ["railyard.io/hold"]
     core.create_namespaced_pod(ns, body)
     core.delete_namespaced_pod("fin", ns, grace_period_seconds=30)

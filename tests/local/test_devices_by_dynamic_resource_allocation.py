@@ -52,12 +52,13 @@ def _claim_of(core: k8s.CoreV1Api, api: k8s.CustomObjectsApi, ns: str, pod: str)
 
 
 def test_a_pod_gets_devices_of_its_node_and_gives_them_back(core: k8s.CoreV1Api, resources: k8s.CustomObjectsApi,
-                                                            namespace: str) -> None:
+                                                            namespace: str, node_names: list[str]) -> None:
+    first = node_names[0]
     slices = resources.list_cluster_custom_object(*RESOURCE, "resourceslices")["items"]
-    assert {(s["spec"]["nodeName"], s["spec"]["driver"]) for s in slices} >= {("node-0", GPU_DRIVER), ("node-0", CHANNEL_DRIVER)}
+    assert {(s["spec"]["nodeName"], s["spec"]["driver"]) for s in slices} >= {(first, GPU_DRIVER), (first, CHANNEL_DRIVER)}
     _template(resources, namespace, "two", 2)
     _template(resources, namespace, "one", 1)
-    core.create_namespaced_pod(namespace, make_pod("a").pin("node-0").claim("two").command("sleep", "60").obj())
+    core.create_namespaced_pod(namespace, make_pod("a").pin(first).claim("two").command("sleep", "60").obj())
     node = wait_until(lambda: core.read_namespaced_pod("a", namespace).spec.node_name, timeout=60, message="a bound")
     claim = _claim_of(core, resources, namespace, "a")
     assert claim is not None and claim["metadata"]["name"].startswith("a-gpus-")
@@ -65,8 +66,8 @@ def test_a_pod_gets_devices_of_its_node_and_gives_them_back(core: k8s.CoreV1Api,
     results = claim["status"]["allocation"]["devices"]["results"]
     assert sorted(r["device"] for r in results) == ["gpu-0", "gpu-1"] and {r["pool"] for r in results} == {node}
     assert [r["name"] for r in claim["status"]["reservedFor"]] == ["a"]
-    # node-0 has no free GPU left: a pod pinned there waits, then gets one when a is gone
-    core.create_namespaced_pod(namespace, make_pod("b").pin("node-0").claim("one").command("sleep", "60").obj())
+    # the first node has no free GPU left: a pod pinned there waits, then gets one when a is gone
+    core.create_namespaced_pod(namespace, make_pod("b").pin(first).claim("one").command("sleep", "60").obj())
     # (first it waits for its claim to be made, then for devices)
     wait_until(lambda: any(c.type == "PodScheduled" and c.status == "False" and "cannot allocate all claims" in (c.message or "")
                          for c in core.read_namespaced_pod("b", namespace).status.conditions or []),
@@ -74,7 +75,7 @@ def test_a_pod_gets_devices_of_its_node_and_gives_them_back(core: k8s.CoreV1Api,
                message="b unschedulable")
     assert core.read_namespaced_pod("b", namespace).spec.node_name is None
     core.delete_namespaced_pod("a", namespace, grace_period_seconds=0)
-    assert wait_until(lambda: core.read_namespaced_pod("b", namespace).spec.node_name, timeout=60, message="b bound") == "node-0"
+    assert wait_until(lambda: core.read_namespaced_pod("b", namespace).spec.node_name, timeout=60, message="b bound") == first
 
 
 def test_the_allocation_rules() -> None:

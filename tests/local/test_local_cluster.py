@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import ipaddress
 import os
 import subprocess
 import sys
@@ -47,30 +48,35 @@ def embedded_only(local_cluster: Any) -> None:
         pytest.skip("needs the embedded server (pods/log from the agent's files, restarts)")
 
 
-def test_nodes_are_ready_with_capacity_and_topology_labels(local_cluster: Any, core: k8s.CoreV1Api) -> None:
-    nodes = {n.metadata.name: n for n in core.list_node(label_selector="local.railyard.dev/simulated=true").items}
-    assert sorted(nodes) == ["node-0", "node-1", "node-2"]
-    for i, name in enumerate(sorted(nodes)):
+def test_nodes_are_ready_with_capacity_and_topology_labels(local_cluster: Any, core: k8s.CoreV1Api,
+                                                           node_names: list[str]) -> None:
+    ours = ",".join(f"{k}={v}" for k, v in {"local.railyard.dev/simulated": "true", **local_cluster.node_selector}.items())
+    nodes = {n.metadata.name: n for n in core.list_node(label_selector=ours).items}
+    assert sorted(nodes) == node_names
+    first_ip = ipaddress.IPv4Address(local_cluster.node_specs[0].ip)
+    for i, name in enumerate(node_names):
         node = nodes[name]
         ready = next(c for c in node.status.conditions if c.type == "Ready")
         assert ready.status == "True"
         assert node.status.allocatable["nvidia.com/gpu"] == "2"
-        assert {"type": "InternalIP", "address": f"127.0.0.{10 + i}"} in [a.to_dict() for a in node.status.addresses]
+        assert {"type": "InternalIP", "address": str(first_ip + i)} in [a.to_dict() for a in node.status.addresses]
         labels = node.metadata.labels
         assert labels["kubernetes.io/hostname"] == name
         assert labels["railyard.dev/spine"] == "spine-0"
         assert labels["network.topology.nvidia.com/leaf"] == labels["railyard.dev/leaf"]
-    assert nodes["node-0"].metadata.labels["railyard.dev/leaf"] == "leaf-0"
-    assert nodes["node-2"].metadata.labels["railyard.dev/leaf"] == "leaf-1"
+    assert [nodes[name].metadata.labels["railyard.dev/leaf"] for name in node_names] == ["leaf-0", "leaf-0", "leaf-1"]
+    if local_cluster.mode != "existing":  # on a given server the names and addresses are this run's (tests/clusters.py)
+        assert node_names == ["node-0", "node-1", "node-2"] and str(first_ip) == "127.0.0.10"
 
 
-def test_node_leases_are_renewed(local_cluster: Any, api_client: k8s.ApiClient) -> None:
+def test_node_leases_are_renewed(local_cluster: Any, api_client: k8s.ApiClient, node_names: list[str]) -> None:
     coord = k8s.CoordinationV1Api(api_client)
-    first = coord.read_namespaced_lease("node-0", "kube-node-lease").spec.renew_time
-    wait_until(lambda: coord.read_namespaced_lease("node-0", "kube-node-lease").spec.renew_time > first, timeout=60, message="lease renewal")
+    first = coord.read_namespaced_lease(node_names[0], "kube-node-lease").spec.renew_time
+    wait_until(lambda: coord.read_namespaced_lease(node_names[0], "kube-node-lease").spec.renew_time > first, timeout=60, message="lease renewal")
 
 
-def test_a_command_succeeds_and_a_failing_one_reports_its_exit_code(core: k8s.CoreV1Api, namespace: str) -> None:
+def test_a_command_succeeds_and_a_failing_one_reports_its_exit_code(core: k8s.CoreV1Api, namespace: str,
+                                                                    node_names: list[str]) -> None:
     core.create_namespaced_pod(namespace, make_pod("ok").command(*py("print('hello')")).obj())
     core.create_namespaced_pod(namespace, make_pod("bad").command(*py("import sys; sys.exit(3)")).obj())
     ok = wait_phase(core, namespace, "ok", ("Succeeded", "Failed"))
@@ -78,8 +84,8 @@ def test_a_command_succeeds_and_a_failing_one_reports_its_exit_code(core: k8s.Co
     assert ok.status.phase == "Succeeded"
     assert ok.status.container_statuses[0].state.terminated.exit_code == 0
     assert ok.status.container_statuses[0].state.terminated.reason == "Completed"
-    assert ok.spec.node_name in {"node-0", "node-1", "node-2"}
-    assert ok.status.pod_ip == ok.status.host_ip and ok.status.pod_ip.startswith("127.0.0.")
+    assert ok.spec.node_name in node_names
+    assert ok.status.pod_ip == ok.status.host_ip and ok.status.pod_ip.startswith("127.")
     assert bad.status.phase == "Failed"
     assert bad.status.container_statuses[0].state.terminated.exit_code == 3
     conditions = {c.type: c.status for c in ok.status.conditions}
@@ -314,13 +320,14 @@ def test_sigkill_after_the_grace_period(local_cluster: Any, core: k8s.CoreV1Api,
     assert time.monotonic() - started >= 0.9  # it waited the grace period before SIGKILL
 
 
-def test_pod_dns_names_resolve_through_the_hosts_file(core: k8s.CoreV1Api, namespace: str) -> None:
+def test_pod_dns_names_resolve_through_the_hosts_file(local_cluster: Any, core: k8s.CoreV1Api, namespace: str) -> None:
+    first, second = local_cluster.node_specs[:2]
     server = make_pod("srv-0").command(*py("""
         import os, socket
         s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         s.bind((os.environ['POD_IP'], 45123)); s.listen(1)
         c, _ = s.accept(); c.sendall(b'hi from ' + os.environ['POD_IP'].encode()); c.close()
-    """)).env({"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}).node_selector(**{"kubernetes.io/hostname": "node-0"}).obj()
+    """)).env({"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}).node_selector(**{"kubernetes.io/hostname": first.name}).obj()
     server["spec"].update({"hostname": "srv-0", "subdomain": "srv"})
     client_pod = make_pod("cli").command(*py(f"""
         import socket, time
@@ -330,27 +337,28 @@ def test_pod_dns_names_resolve_through_the_hosts_file(core: k8s.CoreV1Api, names
             except OSError:
                 time.sleep(0.1)
         print(c.recv(100).decode())
-    """)).node_selector(**{"kubernetes.io/hostname": "node-1"}).obj()
+    """)).node_selector(**{"kubernetes.io/hostname": second.name}).obj()
     core.create_namespaced_pod(namespace, server)
     wait_phase(core, namespace, "srv-0", ("Running",))
     core.create_namespaced_pod(namespace, client_pod)
     done = wait_phase(core, namespace, "cli", ("Succeeded", "Failed"))
     assert done.status.phase == "Succeeded"
-    assert wait_phase(core, namespace, "srv-0", ("Succeeded",)).status.pod_ip == "127.0.0.10"
+    assert wait_phase(core, namespace, "srv-0", ("Succeeded",)).status.pod_ip == first.ip
 
 
-def test_node_fail_and_recover(local_cluster: Any, core: k8s.CoreV1Api, namespace: str) -> None:
-    pod = make_pod("victim").command("sleep", "300").node_selector(**{"kubernetes.io/hostname": "node-2"}).obj()
+def test_node_fail_and_recover(local_cluster: Any, core: k8s.CoreV1Api, namespace: str, node_names: list[str]) -> None:
+    healthy, failing = node_names[1], node_names[2]
+    pod = make_pod("victim").command("sleep", "300").node_selector(**{"kubernetes.io/hostname": failing}).obj()
     core.create_namespaced_pod(namespace, pod)
     wait_phase(core, namespace, "victim", ("Running",))
     try:
-        assert cli(local_cluster, "node", "fail", "node-2") == 0
+        assert cli(local_cluster, "node", "fail", failing) == 0
 
         def not_ready() -> bool:
-            node = core.read_node("node-2")
+            node = core.read_node(failing)
             return any(c.type == "Ready" and c.status != "True" for c in node.status.conditions)
 
-        wait_until(not_ready, timeout=60, message="node-2 NotReady")
+        wait_until(not_ready, timeout=60, message=f"{failing} NotReady")
         failed = wait_phase(core, namespace, "victim", ("Failed",), timeout=60)
         assert failed.status.container_statuses[0].state.terminated.exit_code == 137
         pid = int(failed.status.container_statuses[0].container_id.rsplit("/", 1)[1])
@@ -360,48 +368,51 @@ def test_node_fail_and_recover(local_cluster: Any, core: k8s.CoreV1Api, namespac
         # A new pod pinned there is not started while the node is down. The agent handles pod
         # events in the order of its one watch: once a pod created after "later" on a healthy
         # node has been started, the agent has seen "later" too, and left it alone.
-        core.create_namespaced_pod(namespace, make_pod("later").command(*py("pass")).on_node("node-2").obj())
-        core.create_namespaced_pod(namespace, make_pod("witness").command(*py("pass")).on_node("node-1").obj())
+        core.create_namespaced_pod(namespace, make_pod("later").command(*py("pass")).on_node(failing).obj())
+        core.create_namespaced_pod(namespace, make_pod("witness").command(*py("pass")).on_node(healthy).obj())
         wait_phase(core, namespace, "witness", ("Succeeded",))
         later = core.read_namespaced_pod("later", namespace)
         assert later.status.phase == "Pending" and not later.status.container_statuses, later.status
     finally:
-        assert cli(local_cluster, "node", "recover", "node-2") == 0
-    wait_until(lambda: not any(c.type == "Ready" and c.status != "True" for c in core.read_node("node-2").status.conditions), timeout=60, message="node-2 Ready")
+        assert cli(local_cluster, "node", "recover", failing) == 0
+    wait_until(lambda: not any(c.type == "Ready" and c.status != "True" for c in core.read_node(failing).status.conditions), timeout=60, message=f"{failing} Ready")
     assert wait_phase(core, namespace, "later", ("Succeeded",), timeout=60)
 
 
-def test_taints_via_the_cli_keep_pods_off(local_cluster: Any, core: k8s.CoreV1Api, namespace: str) -> None:
+def test_taints_via_the_cli_keep_pods_off(local_cluster: Any, core: k8s.CoreV1Api, namespace: str,
+                                          node_names: list[str]) -> None:
     if local_cluster.mode == "existing":
         pytest.skip("binding is the real scheduler's business in existing mode")
-    for n in ("node-0", "node-1"):
+    for n in node_names[:2]:
         assert cli(local_cluster, "node", "taint", n, "railyard.dev/test=yes:NoSchedule") == 0
     try:
-        assert core.read_node("node-0").spec.taints[0].key == "railyard.dev/test"
+        assert core.read_node(node_names[0]).spec.taints[0].key == "railyard.dev/test"
         core.create_namespaced_pod(namespace, make_pod("t").command(*py("pass")).obj())
-        assert wait_phase(core, namespace, "t", ("Succeeded",)).spec.node_name == "node-2"
+        assert wait_phase(core, namespace, "t", ("Succeeded",)).spec.node_name == node_names[2]
     finally:
-        for n in ("node-0", "node-1"):
+        for n in node_names[:2]:
             assert cli(local_cluster, "node", "untaint", n, "railyard.dev/test") == 0
-    assert not core.read_node("node-0").spec.taints
+    assert not core.read_node(node_names[0]).spec.taints
 
 
-def test_slow_node_exports_its_factor(local_cluster: Any, core: k8s.CoreV1Api, namespace: str) -> None:
-    assert cli(local_cluster, "node", "slow", "node-1", "--factor", "1.5") == 0
+def test_slow_node_exports_its_factor(local_cluster: Any, core: k8s.CoreV1Api, namespace: str,
+                                      node_names: list[str]) -> None:
+    slow = node_names[1]
+    assert cli(local_cluster, "node", "slow", slow, "--factor", "1.5") == 0
     try:
-        wait_until(lambda: (core.read_node("node-1").metadata.annotations or {}).get("local.railyard.dev/slow-factor") == "1.5", timeout=60, message="condition")
+        wait_until(lambda: (core.read_node(slow).metadata.annotations or {}).get("local.railyard.dev/slow-factor") == "1.5", timeout=60, message="condition")
         # the static factor, and the simulated device the trainer's speed probe reads each step
         pod = make_pod("slowpoke").command(*py("""
             import os
             from railyard.protocol.device import SIMULATED_DEVICE_ENV, read_device
             print(os.environ['RAILYARD_NODE_SLOW_FACTOR'], read_device(os.environ[SIMULATED_DEVICE_ENV]).slow_factor)
-        """)).on_node("node-1").obj()
+        """)).on_node(slow).obj()
         core.create_namespaced_pod(namespace, pod)
         done = wait_phase(core, namespace, "slowpoke", ("Succeeded",))
         assert _log(local_cluster, core, namespace, "slowpoke", done).split() == ["1.5", "1.5"]
     finally:
-        assert cli(local_cluster, "node", "slow", "node-1", "--factor", "1") == 0
-    device = Path(local_cluster.state_dir) / "nodes" / "node-1" / "device.json"
+        assert cli(local_cluster, "node", "slow", slow, "--factor", "1") == 0
+    device = Path(local_cluster.state_dir) / "nodes" / slow / "device.json"
     wait_until(lambda: read_device(device).slow_factor == 1.0, timeout=60, message="the device back at full speed")
 
 
@@ -419,7 +430,7 @@ def test_a_simulated_pod_runs_its_init_containers_and_stays_running(core: k8s.Co
     assert any(c.type == "Initialized" and c.status == "True" for c in running.status.conditions)
 
 
-def test_status_command_lists_nodes(local_cluster: Any, capsys: pytest.CaptureFixture[str]) -> None:
+def test_status_command_lists_nodes(local_cluster: Any, capsys: pytest.CaptureFixture[str], node_names: list[str]) -> None:
     parser = argparse.ArgumentParser()
     local_cmd.add_parser(parser.add_subparsers())
     args = parser.parse_args(["local", "--state-dir", str(local_cluster.state_dir), "status", "-o", "json",
@@ -428,7 +439,7 @@ def test_status_command_lists_nodes(local_cluster: Any, capsys: pytest.CaptureFi
     import json
 
     out = json.loads(capsys.readouterr().out)
-    assert [n["name"] for n in out["nodes"]] == ["node-0", "node-1", "node-2"]
+    assert [n["name"] for n in out["nodes"]] == node_names
     assert all(n["ready"] for n in out["nodes"])
 
 
@@ -486,7 +497,7 @@ def _group_condition(api: k8s.CustomObjectsApi, ns: str, name: str) -> dict[str,
 
 
 def test_a_podgroup_is_bound_whole_inside_one_leaf(core: k8s.CoreV1Api, podgroups: k8s.CustomObjectsApi,
-                                                     namespace: str) -> None:
+                                                     namespace: str, node_names: list[str]) -> None:
     # 3 nodes x 2 GPUs, leaf-0 = node-0 + node-1, leaf-1 = node-2: a gang of 2 x 2 GPUs fits only leaf-0
     _make_group(podgroups, namespace, "gang", 2)
     core.create_namespaced_pod(namespace, make_pod("g-0").gpus(2).group("gang").command("sleep", "60").obj())
@@ -497,27 +508,27 @@ def test_a_podgroup_is_bound_whole_inside_one_leaf(core: k8s.CoreV1Api, podgroup
     core.create_namespaced_pod(namespace, make_pod("g-1").gpus(2).group("gang").command("sleep", "60").obj())
     nodes = {n: wait_until(lambda n=n: core.read_namespaced_pod(n, namespace).spec.node_name, timeout=60, message=f"{n} bound")
              for n in ("g-0", "g-1")}
-    assert sorted(nodes.values()) == ["node-0", "node-1"]
+    assert sorted(nodes.values()) == node_names[:2]
     cond = wait_until(lambda: _group_condition(podgroups, namespace, "gang"), timeout=30, message="PodGroupScheduled")
     assert (cond["status"], cond["reason"]) == ("True", "Scheduled")
 
 
 def test_a_gang_of_gated_pinned_pods_goes_exactly_where_it_was_pinned(
-        core: k8s.CoreV1Api, podgroups: k8s.CustomObjectsApi, namespace: str) -> None:
+        core: k8s.CoreV1Api, podgroups: k8s.CustomObjectsApi, namespace: str, node_names: list[str]) -> None:
     """The operator's flow: pods created gated, each pinned by required node affinity to the
     node placement chose, then ungated; with a PodGroup the gang still lands on those nodes."""
     _make_group(podgroups, namespace, "pinned", 2)
-    for name, node in (("p-0", "node-1"), ("p-1", "node-0")):
+    for name, node in (("p-0", node_names[1]), ("p-1", node_names[0])):
         core.create_namespaced_pod(namespace, make_pod(name).gate().pin(node).group("pinned")
                                    .command(*py("pass")).obj())
     for name in ("p-0", "p-1"):
         core.patch_namespaced_pod(name, namespace, {"spec": {"schedulingGates": None}})
     placed = {n: wait_until(lambda n=n: core.read_namespaced_pod(n, namespace).spec.node_name, timeout=60, message=f"{n} bound")
               for n in ("p-0", "p-1")}
-    assert placed == {"p-0": "node-1", "p-1": "node-0"}
+    assert placed == {"p-0": node_names[1], "p-1": node_names[0]}
     # pinned into different leaves, a gang that must share one leaf never starts
     _make_group(podgroups, namespace, "split", 2)
-    for name, node in (("s-0", "node-0"), ("s-1", "node-2")):
+    for name, node in (("s-0", node_names[0]), ("s-1", node_names[2])):
         core.create_namespaced_pod(namespace, make_pod(name).pin(node).group("split").command(*py("pass")).obj())
     cond = wait_until(lambda: _group_condition(podgroups, namespace, "split"), timeout=60, message="PodGroupScheduled False")
     assert (cond["status"], cond["reason"]) == ("False", "Unschedulable")

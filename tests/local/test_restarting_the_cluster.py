@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import ipaddress
 from pathlib import Path
 
 import pytest
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
+from tests.clusters import own_shape
 from tests.waiting import wait_until
 
 from railyard_local.cluster import LocalCluster, LocalClusterError
@@ -76,19 +78,22 @@ def test_cli_up_detach_status_and_down(tmp_path: Path) -> None:
 
 def test_existing_mode_adds_nodes_and_an_agent_to_a_running_cluster(local_cluster, core, namespace, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     """kwok-style: a second runtime joins the session's cluster with its own nodes."""
-    edge = LocalCluster(tmp_path / "edge", kubeconfig=local_cluster.kubeconfig, nodes=1, node_prefix="edge-", node_ip_offset=100)
+    edge = LocalCluster(tmp_path / "edge", kubeconfig=local_cluster.kubeconfig,
+                        **own_shape(nodes=1, node_prefix="edge-", node_ip_offset=100))
     assert edge.mode == "existing" and not edge.config["scheduler"]
+    (edge_node,) = edge.node_specs
+    assert edge_node.ip == str(ipaddress.IPv4Address(local_cluster.node_specs[0].ip) + 100)
     edge.start()
     try:
-        node = core.read_node("edge-0")
-        assert node.status.addresses[0].address == "127.0.0.110"
-        core.create_namespaced_pod(namespace, make_pod("on-edge").command("true").on_node("edge-0").obj())
+        node = core.read_node(edge_node.name)
+        assert node.status.addresses[0].address == edge_node.ip
+        core.create_namespaced_pod(namespace, make_pod("on-edge").command("true").on_node(edge_node.name).obj())
         done = wait_phase(core, namespace, "on-edge", ("Succeeded", "Failed"))
-        assert done.status.phase == "Succeeded" and done.status.pod_ip == "127.0.0.110"
+        assert done.status.phase == "Succeeded" and done.status.pod_ip == edge_node.ip
     finally:
         edge.stop()
         edge.remove_nodes()
-    assert not [n for n in core.list_node().items if n.metadata.name == "edge-0"], "removed with its cluster"
+    assert not core.list_node(field_selector=f"metadata.name={edge_node.name}").items, "removed with its cluster"
     assert core.read_node(local_cluster.node_specs[0].name), "and only its own nodes"
 
 

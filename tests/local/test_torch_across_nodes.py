@@ -49,7 +49,8 @@ def free_port() -> int:
 def test_gloo_all_reduce_between_two_nodes(local_cluster: Any, core: k8s.CoreV1Api, namespace: str) -> None:
     port = free_port()
     core.create_namespaced_service(namespace, {"metadata": {"name": "ring"}, "spec": {"clusterIP": "None", "selector": {"app": "ring"}, "ports": [{"port": port}]}})
-    for rank, node in ((0, "node-0"), (1, "node-1")):
+    first, second = local_cluster.node_specs[:2]
+    for rank, node in ((0, first.name), (1, second.name)):
         pod = make_pod(f"ring-{rank}").command(sys.executable, "-c", SCRIPT).env(
             {"name": "RANK", "value": str(rank)},
             {"name": "MASTER_NAME", "value": f"ring-0.ring.{namespace}.svc"},
@@ -63,6 +64,6 @@ def test_gloo_all_reduce_between_two_nodes(local_cluster: Any, core: k8s.CoreV1A
     done = [wait_phase(core, namespace, f"ring-{r}", ("Succeeded", "Failed"), timeout=120) for r in (0, 1)]
     logs = [core.read_namespaced_pod_log(f"ring-{r}", namespace) if local_cluster.mode == "embedded" else "" for r in (0, 1)]
     assert [p.status.phase for p in done] == ["Succeeded", "Succeeded"], logs
-    assert [p.status.pod_ip for p in done] == ["127.0.0.10", "127.0.0.11"]
+    assert [p.status.pod_ip for p in done] == [first.ip, second.ip]
     if local_cluster.mode == "embedded":
-        assert "rank 1 on 127.0.0.11 (master 127.0.0.10): 3.0" in logs[1]
+        assert f"rank 1 on {second.ip} (master {first.ip}): 3.0" in logs[1]

@@ -22,11 +22,14 @@ from typing import Any
 
 import pytest
 import yaml
+from tests.clusters import given_kubeconfig, own_namespace
 from tests.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 GROUP, VERSION, PLURAL = "railyard.dev", "v1alpha1", "trainingjobs"
-MAIN_NS = "railyard-optest"
+#: The namespace of the module-scoped ``operator``; this run's own on a given API server, where
+#: another run's operator may watch the same name beside it.
+MAIN_NS = own_namespace("railyard-optest")
 
 WORKLOAD = r"""
 import json, os, pathlib, sys, time
@@ -66,10 +69,13 @@ def _free_port() -> int:
 class Api:
     """Thin synchronous helpers over the generated client."""
 
-    def __init__(self, kubeconfig: Path) -> None:
+    def __init__(self, kubeconfig: Path, node_selector: dict[str, str] | None = None) -> None:
         from kubernetes import client, config
 
         self.kubeconfig = kubeconfig
+        #: the session cluster's nodes (LocalCluster.node_selector): on a given API server they
+        #: are not all its nodes, and a test uses and reads only its own
+        self.node_selector = dict(node_selector or {})
         self.client = config.new_client_from_config(config_file=str(kubeconfig))
         self.core = client.CoreV1Api(self.client)
         self.custom = client.CustomObjectsApi(self.client)
@@ -113,6 +119,11 @@ class Api:
         evs = self.core.list_namespaced_event(ns).items
         return [e for e in evs if e.involved_object.name == job and e.involved_object.kind == "TrainingJob"]
 
+    def own_nodes(self) -> list[Any]:
+        """The session cluster's nodes, never all the server's."""
+        selector = ",".join(f"{k}={v}" for k, v in self.node_selector.items())
+        return list(self.core.list_node(label_selector=selector).items)
+
     def node(self, name: str) -> Any:
         return self.core.read_node(name)
 
@@ -121,13 +132,16 @@ class Api:
 
 
 @pytest.fixture(scope="session")
-def api(local_cluster: Any) -> Api:
-    a = Api(Path(local_cluster.kubeconfig))
+def api(local_cluster: Any) -> Iterator[Api]:
+    a = Api(Path(local_cluster.kubeconfig), local_cluster.node_selector)
     crd = yaml.safe_load((ROOT / "crds" / "trainingjob.yaml").read_text())
     asyncio.run(_apply_crd(a.kubeconfig, crd))
     wait_until(lambda: a.custom.list_namespaced_custom_object(GROUP, VERSION, "default", PLURAL) is not None, timeout=30, message="the TrainingJob CRD to serve", retry_on=(Exception,))
     a.ensure_namespace(MAIN_NS)
-    return a
+    yield a
+    if given_kubeconfig():  # a given server is left with the namespaces it had
+        with contextlib.suppress(Exception):
+            a.core.delete_namespace(MAIN_NS)
 
 
 async def _apply_crd(kubeconfig: Path, crd: dict[str, Any]) -> None:
@@ -202,11 +216,13 @@ def operator(api: Api, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ope
 
 
 class Workload:
-    """The control folder of one job's stand-in workload."""
+    """The control folder of one job's stand-in workload, and the nodes its job may use (the
+    session cluster's ``nodeSelector``: ``base_spec`` puts it in the job)."""
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, node_selector: dict[str, str] | None = None) -> None:
         self.dir = folder
         self.dir.mkdir(parents=True, exist_ok=True)
+        self.node_selector = dict(node_selector or {})
 
     @property
     def command(self) -> list[str]:
@@ -224,8 +240,8 @@ class Workload:
 
 
 @pytest.fixture
-def workload(tmp_path: Path) -> Workload:
-    return Workload(tmp_path / "control")
+def workload(tmp_path: Path, api: Api) -> Workload:
+    return Workload(tmp_path / "control", api.node_selector)
 
 
 @pytest.fixture
@@ -248,6 +264,8 @@ def base_spec(workload: Workload, nodes: int = 2, **extra: Any) -> dict[str, Any
         },
         "restartPolicy": {"application": {"limit": 3, "backoffSeconds": 0}},
     }
+    if workload.node_selector:  # the session cluster's nodes only: on a given server others are beside them
+        spec["nodeSelector"] = dict(workload.node_selector)
     spec.update(extra)
     return spec
 

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.clusters import own_namespace
 from tests.operator.conftest import ROOT, Api, _die_with_parent
 from tests.waiting import wait_until
 
@@ -58,7 +59,7 @@ def test_the_address_is_found_beside_the_kubeconfig_the_operator_uses(tmp_path: 
 
 # --------------------------------------------------------------------------- on the local cluster
 
-NS = "railyard-optest-address"
+NS = own_namespace("railyard-optest-address")
 
 #: Posts a heartbeat with a growing step every half second to the URL the pod was given.
 BEATING = r"""

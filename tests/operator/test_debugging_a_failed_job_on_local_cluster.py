@@ -109,7 +109,7 @@ def test_a_crashed_job_shows_what_it_printed_and_keeps_its_last_pods(api: Api, o
 
 
 def _every_gpu_spec(workload: Workload, api: Api, **extra: Any) -> dict[str, Any]:
-    nodes = [n for n in api.core.list_node(label_selector="local.railyard.dev/simulated=true").items]
+    nodes = api.own_nodes()
     gpus = {int(n.status.allocatable.get("nvidia.com/gpu", 0)) for n in nodes}
     if len(gpus) != 1 or not gpus.pop():
         pytest.skip("needs simulated nodes with equal GPU counts")
@@ -119,7 +119,7 @@ def _every_gpu_spec(workload: Workload, api: Api, **extra: Any) -> dict[str, Any
 
 def test_kept_pods_never_block_a_new_job_and_go_at_their_ttl(api: Api, operator: OperatorProcess, tmp_path: Path, job_name: str) -> None:
     first, second = f"{job_name}-a", f"{job_name}-b"
-    w1, w2 = Workload(tmp_path / "first"), Workload(tmp_path / "second")
+    w1, w2 = Workload(tmp_path / "first", api.node_selector), Workload(tmp_path / "second", api.node_selector)
     # each job takes every GPU of every simulated node
     api.create_job(NS, first, _every_gpu_spec(w1, api))
     try:

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.clusters import own_namespace
 from tests.operator.builders import make_node
 from tests.operator.conftest import Api, OperatorProcess, Workload, base_spec
 from tests.waiting import wait_until
@@ -21,7 +22,7 @@ from railyard.logic.manifests import (
 )
 
 pytestmark = pytest.mark.cluster
-NS = "railyard-optest-crash"
+NS = own_namespace("railyard-optest-crash")
 
 
 async def _create(kubeconfig: Path, path: str, obj: dict[str, Any]) -> None:
@@ -51,8 +52,7 @@ def test_killed_mid_creation_then_restarted_creates_no_duplicates(
 
     job = TrainingJob.model_validate({"metadata": {"name": job_name, "namespace": NS}, "spec": spec_dict})
     spec: TrainingJobSpec = job.spec
-    nodes = [n.to_dict() if hasattr(n, "to_dict") else n for n in api.core.list_node().items]
-    node_dicts = [make_node(n["metadata"]["name"]) if isinstance(n, dict) else make_node(n.metadata.name) for n in nodes]
+    node_dicts = [make_node(n.metadata.name, labels=api.node_selector) for n in api.own_nodes()]
     placed = plan_placement(build_placement_input(job, nodes=node_dicts))
     owner = owner_reference(created)
     from railyard.logic.manifests import with_addresses
