@@ -36,8 +36,8 @@ import pytest
 from tests.waiting import wait_until
 
 from railyard_trainer.checkpoint.restore import NoVerifiedCheckpoint
+from railyard_trainer.ft import FTManager, NoFT, ReplicaGroupsFT
 from railyard_trainer.replicas import Share, plan_share
-from railyard_trainer.train import Trainer
 
 from .launch import BASE_TRAINER, launcher_env
 
@@ -62,44 +62,47 @@ def test_shares_tile_the_global_batch(batch: int, unit: int, participants: int) 
     assert max(s.count for s in shares) - min(s.count for s in shares) <= unit
 
 
-def _restarted_group(*, hint_step: int | None, peer_step: int | None, first: list[tuple[int, int]] = []) -> tuple[Trainer, SimpleNamespace]:  # noqa: B006
-    """A Trainer of two groups past its first quorum after a whole-job restart, its own tier
-    folder empty (every group reads only its own); its next quorums are ``first`` (the
-    quorum's step, participants), then the peer at ``peer_step`` (None: no ReplicaGroups, the
-    job is one world)."""
-    t = object.__new__(Trainer)
-    ctx = SimpleNamespace(step=0)
-    quorums = list(first)
+class _Tiers:
+    """The group's own checkpoint tiers after a whole-job restart: its folder empty."""
 
-    def empty_tiers(_ctx: object) -> None:
+    def restore(self) -> None:
         raise NoVerifiedCheckpoint("restore: no committed checkpoint found")
 
-    def next_quorum() -> Share:
-        assert peer_step is not None
+
+def _restarted_group(*, hint_step: int | None, peer_step: int | None, first: list[tuple[int, int]] = []) -> tuple[FTManager, SimpleNamespace]:  # noqa: B006
+    """The fault tolerance of a trainer of two groups after a whole-job restart, its own tier
+    folder empty (every group reads only its own); its first quorum finds nobody ahead, its next
+    ones are ``first`` (the quorum's step, participants), then the peer at ``peer_step`` (None:
+    no ReplicaGroups, the job is one world)."""
+    ctx = SimpleNamespace(step=0)
+    cfg = SimpleNamespace(restore=None if hint_step is None else {"tier": "memory", "step": hint_step},
+                          trainer=SimpleNamespace(collective_timeout_seconds=WAIT_S, batch_size=1),
+                          parallelism=SimpleNamespace(data_replicas=2))
+    if peer_step is None:
+        return NoFT(ctx), ctx  # type: ignore[arg-type]
+    quorums = [(0, 2), *first]
+
+    def start_step(**_: object) -> Share:
         ctx.step, participants = quorums.pop(0) if quorums else (peer_step, 2)  # a heal sets ctx.step
         return Share(first=0, count=1, rank=0, participants=participants)
 
-    t.ctx, t.checkpointer, t._joined = ctx, SimpleNamespace(restore=empty_tiers), None  # type: ignore[assignment]
-    t.cfg = SimpleNamespace(restore=None if hint_step is None else {"tier": "memory", "step": hint_step},  # type: ignore[assignment]
-                            trainer=SimpleNamespace(collective_timeout_seconds=WAIT_S), parallelism=SimpleNamespace(data_replicas=2))
-    t.env = SimpleNamespace(rank=0)  # type: ignore[assignment]
-    t.replicas = None if peer_step is None else SimpleNamespace(group=1, heals=0)  # type: ignore[assignment]
-    t._start_replica_step = next_quorum  # type: ignore[method-assign]
-    return t, ctx
+    replicas = SimpleNamespace(group=1, heals=0, start_step=start_step)
+    return ReplicaGroupsFT(replicas, ctx=ctx, data=SimpleNamespace(consumed=0), cfg=cfg, unit=1, rank=0), ctx  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("first", [[], [(0, 1)], [(0, 2)]], ids=["peer-restored", "peer-still-restoring-past-the-join-timeout", "peer-in-its-quorum-before-restoring"])
 def test_a_group_without_its_checkpoint_heals_from_the_peers_that_restored_the_hint(first: list[tuple[int, int]]) -> None:
-    t, ctx = _restarted_group(hint_step=10, peer_step=10, first=first)
-    assert t._restore_from_tiers() is None
-    assert ctx.step == 10 and t._joined is not None  # healed, and trains the quorum's share
+    ft, ctx = _restarted_group(hint_step=10, peer_step=10, first=first)
+    assert ft.restore(_Tiers().restore) is None
+    assert isinstance(ft, ReplicaGroupsFT)
+    assert ctx.step == 10 and ft.joined is not None  # healed, and trains the quorum's share
 
 
 @pytest.mark.parametrize(("hint_step", "peer_step"), [(10, 0), (10, 9), (None, 0), (10, None)], ids=["no-peer-restored", "peers-below-the-hint", "no-hint-nobody-trained", "not-replica-groups"])
 def test_a_group_without_its_checkpoint_still_exits_77_when_no_peer_reached_the_hint(hint_step: int | None, peer_step: int | None) -> None:
-    t, _ = _restarted_group(hint_step=hint_step, peer_step=peer_step)
+    ft, _ = _restarted_group(hint_step=hint_step, peer_step=peer_step)
     with pytest.raises(NoVerifiedCheckpoint) as err:
-        t._restore_from_tiers()
+        ft.restore(_Tiers().restore)
     assert err.value.exit_code == 77 and "no committed checkpoint found" in str(err.value)
 
 

@@ -17,31 +17,27 @@ forward+backward waits for the slowest peer inside the all-gathers, so forward+b
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import resource
 import time
-from collections.abc import Callable
-from contextlib import AbstractContextManager
 from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, overload
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from railyard.protocol import podenv
-from railyard.protocol.restore import decide_replica_group_unrestored
-from railyard.protocol.trainerconfig import cross_group_timeout_seconds, world_parallelism
+from railyard.protocol.trainerconfig import world_parallelism
 from railyard_trainer import hooks, sdk
-from railyard_trainer.checkpoint.restore import NoVerifiedCheckpoint
 from railyard_trainer.config import ConfigError, TrainerConfig
 from railyard_trainer.data import ShardedBatches, build_source, model_vocab_size
 from railyard_trainer.events import log_event
 from railyard_trainer.faults import FaultInjector
+from railyard_trainer.ft import FTManager, StepExchange, build_ft_manager, ft_problems
 from railyard_trainer.grads import clip_grad_norm_
 from railyard_trainer.model import Transformer, cross_entropy_loss
 from railyard_trainer.model_args import PRESETS
@@ -53,15 +49,7 @@ from railyard_trainer.parallelize import (
     param_dtype_for,
 )
 from railyard_trainer.pipeline import STAGES_PER_RANK, build_pipeline, check_microbatches
-from railyard_trainer.replicas import (
-    HealState,
-    ReplicaGroup,
-    Share,
-    group_from_env,
-    params_crc32,
-    params_sha256,
-    replica_problems,
-)
+from railyard_trainer.replicas import HealState
 from railyard_trainer.speed_probe import SpeedProbe
 from railyard_trainer.train_state import ModelState, Optimizers, WarmupCosine
 from railyard_trainer.watchdog import Watchdog
@@ -105,10 +93,7 @@ class Trainer:
         problems = args.problems(tp=self.dims.tp, stages=stages)
         if t.batch_size % self.dims.dp:
             problems.append(f"trainer.batchSize: {t.batch_size} is not divisible by the data-parallel size {self.dims.dp}")
-        ft = cfg.fault_tolerance
-        if ft.mode == "ReplicaGroups":
-            problems.extend(replica_problems(batch_size=t.batch_size, group_dp=self.dims.dp,
-                                             data_replicas=cfg.parallelism.data_replicas))
+        problems.extend(ft_problems(cfg, group_dp=self.dims.dp))
         if problems:
             raise ConfigError(problems)
         self.microbatches = check_microbatches(cfg.parallelism.pipeline_schedule, self.dims.pp, cfg.parallelism.microbatches or 0, t.batch_size // self.dims.dp) if self.dims.pp_enabled else 1
@@ -168,110 +153,35 @@ class Trainer:
         # copies them during the next forward and backward (checkpoint.manager._Capture).
         self.checkpointer = self.session.checkpoints(self.ctx, final_step=t.steps, defer_capture=True)
         self.health = _build_health(cfg, self.ctx)
-        self.faults = FaultInjector(cfg.active_faults(), rank=env.rank, log=log_event,
-                                    group=group_from_env()[0] if ft.mode == "ReplicaGroups" else None)
-        self.probe = SpeedProbe(self.device)
-        self.watchdog: Watchdog = self.session.watchdog
-        self.log_all_ranks = podenv.LOG_ALL_RANKS.get(os.environ)
-        self.dump_grads_dir = podenv.DUMP_GRADS.get(os.environ)
-        self.replicas = self._build_replicas() if ft.mode == "ReplicaGroups" else None
-        if self.replicas is not None:
-            # waiting for the other groups is not a hang of this one (the operator's hang rule)
-            replicas = self.replicas
-            self.session.reporter.add_waiting_probe(lambda: replicas.waiting)
-        #: ReplicaGroups: the share of the first step, from the quorum joined before restoring.
-        self._joined: Share | None = None
-
-    def _build_replicas(self) -> ReplicaGroup:
-        group, lighthouse = group_from_env()
-        state = HealState(
+        # The fault tolerance (ft.py): replica groups, or none; the loop below never asks which.
+        heal_state = HealState(
             parts={"model": ModelState(self.parts), "optimizer": self.optimizer, "lr_scheduler": self.lr_scheduler, "data": self.data},
             get_position=lambda: {"step": self.ctx.step},
             set_position=lambda pos: setattr(self.ctx, "step", int(pos["step"])),
         )
-        return ReplicaGroup(
-            group=group, data_replicas=self.cfg.parallelism.data_replicas, min_replicas=self.cfg.fault_tolerance.min_replicas,
-            group_rank=self.env.rank, group_world=self.env.world_size, lighthouse=lighthouse, job=self.cfg.job,
-            timeout_s=self.cfg.trainer.collective_timeout_seconds, state=state, device=self.device,
-            cross_group_timeout_s=cross_group_timeout_seconds(collective_timeout_seconds=self.cfg.trainer.collective_timeout_seconds, watchdog_seconds=self.cfg.trainer.watchdog_seconds),
-            store_addr=os.environ["MASTER_ADDR"], store_port=int(os.environ["MASTER_PORT"]),
-        )
-
-    def _start_replica_step(self) -> Share:
-        assert self.replicas is not None
-        return self.replicas.start_step(consumed_of=lambda: self.data.consumed, batch_size=self.cfg.trainer.batch_size, unit=self.dims.dp)
+        self.ft: FTManager = build_ft_manager(
+            cfg, ctx=self.ctx, data=self.data, state=heal_state, unit=self.dims.dp, rank=env.rank, world=env.world_size,
+            device=self.device, paused=self.session.paused, add_waiting_probe=self.session.reporter.add_waiting_probe)
+        self.faults = FaultInjector(cfg.active_faults(), rank=env.rank, log=log_event, group=self.ft.group)
+        self.probe = SpeedProbe(self.device)
+        self.watchdog: Watchdog = self.session.watchdog
+        self.log_all_ranks = podenv.LOG_ALL_RANKS.get(os.environ)
+        self.dump_grads_dir = podenv.DUMP_GRADS.get(os.environ)
 
     def train(self) -> None:
-        t = self.cfg.trainer
-        if self.replicas is not None:
-            # Join the quorum first: a group that starts while live peers are ahead heals from
-            # them and never reads a checkpoint tier; when nobody is ahead (the job starts or
-            # restarts whole) the tiers restore as always and the quorum takes their step.
-            self._joined = self._start_replica_step()
-        restored = None if self.replicas is not None and self.replicas.heals else self._restore_from_tiers()
-        self.ctx.extra["restore"] = restored
+        self.ctx.extra["restore"] = self.ft.restore(lambda: self.checkpointer.restore(self.ctx))
         self.health.preflight(self.ctx)
         self.session.expect_progress(first_step_factor=5.0)
-        while self.ctx.step < t.steps:
+        while self.ctx.step < self.cfg.trainer.steps:
             self.run_step()
         self.watchdog.stop()
-        extra: dict[str, Any] = {}
-        if self.replicas is not None:
-            # replica groups must end on identical weights (tests compare them)
-            extra.update(group=self.replicas.group, heals=self.replicas.heals, params_sha256=params_sha256(self.parts),
-                         params_crc32=params_crc32(self.parts))
-        log_event("done", rank=self.env.rank, step=self.ctx.step, **extra)
-
-    def _restore_from_tiers(self) -> hooks.RestoreResult | None:
-        """The tiers' restore (logged and reported by the SDK). ReplicaGroups: a group whose own
-        tiers cannot restore heals from a peer that did (:meth:`_heal_instead_of_restore`)."""
-        try:
-            restored = self.checkpointer.restore(self.ctx)
-        except NoVerifiedCheckpoint as exc:
-            if self.replicas is None:
-                raise
-            self._heal_instead_of_restore(exc)
-            return None
-        if self.replicas is not None and self.ctx.step:
-            self.replicas.set_step(self.ctx.step)
-            self._joined = None  # the data position moved: take the share again
-        return restored
-
-    def _heal_instead_of_restore(self, exc: NoVerifiedCheckpoint) -> None:
-        """After a whole-job restart each group reads only its own tier folders; one that holds
-        nothing for the operator's hint (its node was replaced) joins the next quorum, where the
-        groups that restored stand at the hinted step, and heals from them. It exits 77 all the
-        same when no peer reached the hint (decide_replica_group_unrestored: after two quorums of
-        all groups, or the collective timeout while some group stays away)."""
-        assert self.replicas is not None
-        log_event("restore_from_peer", rank=self.env.rank, group=self.replicas.group, reason=str(exc)[:500])
-        step = (self.cfg.restore or {}).get("step")
-        deadline = time.monotonic() + self.cfg.trainer.collective_timeout_seconds
-        full_quorums = 0
-        while True:
-            share = self._start_replica_step()  # heals when a peer is ahead: ctx.step moves
-            decision = decide_replica_group_unrestored(
-                hint_step=step if isinstance(step, int) else None, quorum_step=self.ctx.step, participants=share.participants,
-                groups=self.cfg.parallelism.data_replicas, full_quorums_before=full_quorums, timed_out=time.monotonic() > deadline)
-            if decision.action == "train":
-                self._joined = share
-                return
-            if decision.action == "exit":
-                raise NoVerifiedCheckpoint(f"{exc}; {decision.reason}") from exc
-            if share.participants >= self.cfg.parallelism.data_replicas:
-                full_quorums += 1
-            else:
-                time.sleep(1.0)  # a group is missing from the quorum: it may still be restoring
+        log_event("done", rank=self.env.rank, step=self.ctx.step, **self.ft.done_fields(self.parts))
 
     def run_step(self) -> hooks.StepMetrics:
         """One step with its checks and checkpoint. Before a checkpoint the health package
         verifies the state it would hold (its collective checks run at that very step), so a
         checkpoint is marked clean only when checks covering its step ran and passed."""
-        if self.replicas is None:
-            self.ctx.step += 1
-            metrics = self.train_step(self.ctx.step)
-        else:
-            metrics = self._replica_step()
+        metrics = self.ft.next_step(self.train_step)
         self.health.after_step(self.ctx, metrics)
         self.session.report_step(
             metrics.step, loss=metrics.loss, step_time_s=metrics.step_time_s, compute_s=metrics.compute_s,
@@ -282,18 +192,6 @@ class Trainer:
         self.checkpointer.maybe_save(self.ctx, checks_passed=self.health.checks_passed())
         return metrics
 
-    def _replica_step(self) -> hooks.StepMetrics:
-        """One committed step of a replica group: a step that does not commit (a peer group died
-        during it) is retried with the same global batch under the new quorum."""
-        _test_hold(self.ctx.step + 1, self.session.paused)
-        while True:
-            share = self._joined or self._start_replica_step()  # may heal: ctx.step and data move
-            self._joined = None
-            metrics = self.train_step(self.ctx.step + 1, share=share)
-            if metrics is not None:
-                self.ctx.step = metrics.step
-                return metrics
-
     def replay_step(self) -> tuple[float, float]:
         """Forward+backward of this step's batch again (all ranks together): (loss, grad norm),
         the norm computed exactly as the step's own (all stages, no clipping)."""
@@ -303,16 +201,12 @@ class Trainer:
         norm = clip_grad_norm_(self.parts, 0.0, pp_group=self.mesh["pp"].get_group() if self.dims.pp_enabled else None)
         return float(loss), float(norm)
 
-    @overload
-    def train_step(self, step: int) -> hooks.StepMetrics: ...
-    @overload
-    def train_step(self, step: int, *, share: Share) -> hooks.StepMetrics | None: ...
-
-    def train_step(self, step: int, *, share: Share | None = None) -> hooks.StepMetrics | None:
-        """One step; with a replica group's ``share``, None when the step did not commit."""
+    def train_step(self, step: int, exchange: StepExchange) -> hooks.StepMetrics | None:
+        """One step, its batch and cross-group exchange through ``exchange`` (ft.py); None when
+        the step did not commit (its gradients are dropped, the manager tries it again)."""
         start = time.perf_counter()
         self.faults.before_step(step)
-        inputs, labels = self.data.next_batch() if share is None else self.data.share_batch(share.first, share.count)
+        inputs, labels = exchange.batch(self.data)
         self.ctx.extra["batch"] = (inputs, labels)
         self._sync()
         t0 = time.perf_counter()
@@ -326,25 +220,13 @@ class Trainer:
         if self.dump_grads_dir and step == 1:
             self._dump_grads(Path(self.dump_grads_dir))
         self.faults.maybe_flip(step, "grad", self.parts)
-        weight = 0.0
-        if share is not None:
-            assert self.replicas is not None
-            # the global batch's mean gradient: each group's mean weighted by its share
-            weight = share.count / self.cfg.trainer.batch_size
-            self.replicas.reduce_gradients((p for part in self.parts for p in part.parameters()), weight)
+        exchange.reduce_gradients(p for part in self.parts for p in part.parameters())
         grad_norm = clip_grad_norm_(self.parts, self.cfg.trainer.grad_clip, pp_group=self.mesh["pp"].get_group() if self.dims.pp_enabled else None)
         lr = self.lr_scheduler.get_last_lr()[0]
-        global_loss = self._global_loss(loss)
-        if share is not None:
-            assert self.replicas is not None
-            global_loss = self.replicas.reduce_scalar(torch.tensor(global_loss), weight)
-            # every rank of the group gets the same answer; the health checks then see only
-            # steps that will be applied (a failed step's gradients may be partial)
-            if not self.replicas.commit():
-                self.optimizer.zero_grad()
-                log_event("step_not_committed", rank=self.env.rank, step=step, participants=share.participants)
-                return None
-            self.data.advance(self.cfg.trainer.batch_size)
+        global_loss = exchange.reduce_loss(self._global_loss(loss))
+        if not exchange.commit(step):
+            self.optimizer.zero_grad()
+            return None
         self.health.after_backward(self.ctx, loss, grad_norm)
         self.optimizer.step()
         self.lr_scheduler.step()
@@ -357,8 +239,7 @@ class Trainer:
             extra: dict[str, Any] = {}
             if self.peak_flops:
                 extra["mfu"] = round(tokens_per_s / self.env.world_size * self.flops_per_token / self.peak_flops, 4)
-            if share is not None:
-                extra.update(group=self.replicas.group if self.replicas else None, samples=[share.first, share.first + share.count], participants=share.participants)
+            extra.update(exchange.log_fields())
             log_event("step", rank=self.env.rank, step=step, loss=global_loss, grad_norm=metrics.grad_norm, lr=lr, step_time_s=round(step_time, 5), fwd_bwd_s=round(fwd_bwd_s, 5), compute_s=round(compute_s, 5), tokens_per_s=round(tokens_per_s, 1), memory_bytes=metrics.memory_bytes, **extra)
         return metrics
 
@@ -431,28 +312,10 @@ class Trainer:
         self.checkpointer.close()
         self.health.close()
         self.session.close()
-        if self.replicas is not None:
-            self.replicas.close()
+        self.ft.close()
         # Nobody leaves while a peer may still talk to the store rank 0 hosts.
         dist.barrier()
         dist.destroy_process_group()
-
-
-def _test_hold(step: int, paused: Callable[[], AbstractContextManager[None]] = contextlib.nullcontext) -> None:
-    """Test hook (``RAILYARD_TEST_HOLD=STEP:PATH[,STEP:PATH...]``): before step STEP wait until
-    PATH exists, so a test can line replica groups up (start together, or keep survivors from
-    finishing before a replacement joins) on conditions it observes, not on timing. Held inside
-    ``paused`` (the SDK session's): a held rank is neither hung to the watchdog nor to the
-    operator's hang rule."""
-    for item in filter(None, podenv.TEST_HOLD.get(os.environ).split(",")):
-        at, _, name = item.partition(":")
-        if int(at) != step:
-            continue
-        path = Path(name)
-        log_event("test_hold", step=step, path=str(path))
-        with paused():
-            while not path.exists():
-                time.sleep(0.05)
 
 
 def seed_rank_rng(seed: int, rank: int) -> None:
