@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from railyard.api import trainingjob as api
+from railyard.api.crd import build_crd
 from railyard.api.validation import check_spec_rules
 from railyard.logic.manifests import build_trainer_config
 from railyard.protocol import trainerconfig as proto
@@ -93,3 +94,43 @@ def test_the_min_replicas_rule_is_one_rule_for_the_crd_and_the_trainer(data_repl
     ours = {p.split(":")[0] for p in problems}
     assert ours == cel
     assert bool(ours) == (min_replicas > data_replicas)
+
+
+def test_config_json_is_the_declared_envelope_around_the_declared_sections() -> None:
+    """config.json's own fields are the contract's AttemptEnvelope: what the operator writes for an
+    attempt the trainer reads back as the same values, and nothing else is at the top level."""
+    spec = api.TrainingJobSpec.model_validate({"restartPolicy": {"inPlaceTimeoutSeconds": 90}})
+    hint = {"tier": "local", "step": 40, "lastStep": 43}
+    written = build_trainer_config(spec, job="j", namespace="n", attempt=3, restore=hint)
+    assert set(written) == set(proto.TOP_LEVEL)
+    got = TrainerConfig.from_dict(written)
+    assert got.envelope() == proto.AttemptEnvelope(job="j", namespace="n", attempt=3, restore=hint, restart_wait_seconds=180.0)
+    assert TrainerConfig.from_dict(got.to_dict()) == got
+    with pytest.raises(ValueError) as err:
+        TrainerConfig.from_dict({"job": "", "attempt": -1, "restore": "memory"})
+    assert {p.split(":")[0] for p in err.value.problems} == {"job", "attempt", "restore"}  # type: ignore[attr-defined]
+
+
+def test_the_trainer_reads_the_checkpoint_section_with_the_crds_fields_and_its_own() -> None:
+    """checkpoint: each of the CRD's tier settings is the contract's, read by the contract; the
+    trainer-only ones (a tier's dir, timeoutSeconds) extend it and never reach the CRD."""
+    from railyard_trainer.checkpoint.settings import (
+        CheckpointConfigError,
+        parse_checkpoint_settings,
+    )
+
+    for crd, ours in [(proto.Checkpoint, proto.CheckpointConfig), (proto.MemoryTier, proto.MemoryTierConfig),
+                      (proto.LocalTier, proto.LocalTierConfig), (proto.SharedTier, proto.SharedTierConfig)]:
+        theirs = {f.name: f.metadata for f in dataclasses.fields(crd)}
+        assert {f.name: f.metadata for f in dataclasses.fields(ours) if f.name in theirs} == theirs
+    crd = build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]["checkpoint"]
+    assert "timeoutSeconds" not in crd["properties"] and "keep" in crd["properties"]["local"]["properties"]
+    assert not any("dir" in crd["properties"][tier]["properties"] for tier in ("memory", "local", "shared"))
+    written = build_trainer_config(api.TrainingJobSpec.model_validate({"checkpoint": {"memory": {"medium": "Pod", "keep": 4}}}),
+                                   job="j", namespace="n", attempt=0)
+    s = parse_checkpoint_settings(written["checkpoint"], env={"RAILYARD_CHECKPOINT_MEMORY_DIR": "/m"})
+    assert (s.tier("memory").keep, s.tier("memory").root, s.tier("memory").replicate) == (4, "/m", True)
+    assert parse_checkpoint_settings({"local": {"dir": "/l"}, "timeoutSeconds": 9}, env={}).tier("local").root == "/l"
+    with pytest.raises(CheckpointConfigError) as err:
+        parse_checkpoint_settings({"local": {"replicate": True}, "timeoutSeconds": 0}, env={})
+    assert [p.split(":")[0] for p in err.value.problems] == ["checkpoint.local.replicate", "checkpoint.timeoutSeconds"]

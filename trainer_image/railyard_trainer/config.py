@@ -1,11 +1,13 @@
 """The trainer's configuration, parsed from the operator's ``config.json`` (torch-free).
 
 The operator writes ``config.json`` from the TrainingJob spec (camelCase keys, as in the CRD).
-The sections ``trainer``, ``parallelism``, ``health`` and ``faultTolerance`` are read with the
-contract both sides share, :mod:`railyard.protocol.trainerconfig`, where each setting is declared
-once (the CRD is generated from the same classes), so there is no second set of defaults here.
-``checkpoint`` is handed to :mod:`railyard_trainer.checkpoint.settings`, which takes its tier
-defaults from the same contract. Every problem is reported at once, each naming its field. This
+The sections ``trainer``, ``parallelism``, ``health`` and ``faultTolerance`` and the envelope
+around them (``job``, ``namespace``, ``attempt``, ``restore``, ``restartWaitSeconds``:
+``AttemptEnvelope``) are read with the contract both sides share,
+:mod:`railyard.protocol.trainerconfig`, where each setting is declared once (the CRD is generated
+from the same classes), so there is no second set of defaults here. ``checkpoint`` is handed to
+:mod:`railyard_trainer.checkpoint.settings`, which reads it with the same contract
+(``CheckpointConfig``). Every problem is reported at once, each naming its field. This
 module must not import torch: tests, the operator's tools and the launcher's parent process
 import it cheaply.
 """
@@ -20,6 +22,9 @@ from typing import Any
 from railyard.protocol import podenv
 from railyard.protocol.trainerconfig import (
     RESTART_WAIT_FLOOR_SECONDS,
+    SECTIONS,
+    TOP_LEVEL,
+    AttemptEnvelope,
     Dataset,
     FaultSpec,
     FaultTolerance,
@@ -58,9 +63,6 @@ class ConfigError(ValueError):
         self.problems = problems
 
 
-_TOP_LEVEL = ("job", "namespace", "attempt", "trainer", "parallelism", "checkpoint", "health", "faultTolerance", "restore", "restartWaitSeconds")
-
-
 @dataclass(frozen=True)
 class TrainerConfig:
     job: str = "local"
@@ -83,18 +85,21 @@ class TrainerConfig:
     def from_dict(cls, raw: Any) -> TrainerConfig:
         return _parse(raw)
 
+    def envelope(self) -> AttemptEnvelope:
+        """config.json's own fields of this config."""
+        return AttemptEnvelope(
+            job=self.job, namespace=self.namespace, attempt=self.attempt,
+            restore=None if self.restore is None else dict(self.restore), restart_wait_seconds=self.restart_wait_seconds,
+        )
+
     def to_dict(self) -> dict[str, Any]:
         return {
-            "job": self.job,
-            "namespace": self.namespace,
-            "attempt": self.attempt,
+            **to_wire(self.envelope(), keep_none=True),
             "trainer": to_wire(self.trainer),
             "parallelism": to_wire(self.parallelism),
             "checkpoint": dict(self.checkpoint),
             "health": to_wire(self.health),
             "faultTolerance": to_wire(self.fault_tolerance),
-            "restore": None if self.restore is None else dict(self.restore),
-            "restartWaitSeconds": self.restart_wait_seconds,
         }
 
     def with_overrides(self, **trainer_fields: Any) -> TrainerConfig:
@@ -122,7 +127,7 @@ def load_config(path: str | Path) -> TrainerConfig:
 def _parse(raw: Any) -> TrainerConfig:
     if not isinstance(raw, dict):
         raise ConfigError(["config: expected a JSON object"])
-    problems: list[str] = [f"{k}: unknown top-level field; known: {', '.join(_TOP_LEVEL)}" for k in raw if k not in _TOP_LEVEL]
+    problems: list[str] = [f"{k}: unknown top-level field; known: {', '.join(TOP_LEVEL)}" for k in raw if k not in TOP_LEVEL]
     trainer = parse(TrainerSettings, raw.get("trainer"), where="trainer", problems=problems)
     parallelism = parse(Parallelism, raw.get("parallelism"), where="parallelism", problems=problems)
     health = parse(Health, raw.get("health"), where="health", problems=problems)
@@ -137,28 +142,12 @@ def _parse(raw: Any) -> TrainerConfig:
     elif not isinstance(checkpoint, dict):
         problems.append("checkpoint: expected an object")
         checkpoint = {}
-    restore = raw.get("restore")
-    if restore is not None and not isinstance(restore, dict):
-        problems.append("restore: expected an object {tier, step} or null")
-        restore = None
-    job, namespace, attempt = raw.get("job", "local"), raw.get("namespace", "default"), raw.get("attempt", 0)
-    if not isinstance(job, str) or not job:
-        problems.append(f"job: expected a non-empty string, got {job!r}")
-        job = "local"
-    if not isinstance(namespace, str):
-        problems.append(f"namespace: expected a string, got {namespace!r}")
-        namespace = "default"
-    if isinstance(attempt, bool) or not isinstance(attempt, int) or attempt < 0:
-        problems.append(f"attempt: expected a whole number >= 0, got {attempt!r}")
-        attempt = 0
-    restart_wait = raw.get("restartWaitSeconds", RESTART_WAIT_FLOOR_SECONDS)
-    if isinstance(restart_wait, bool) or not isinstance(restart_wait, int | float) or not 0 <= restart_wait < float("inf"):
-        problems.append(f"restartWaitSeconds: expected a number of seconds >= 0, got {restart_wait!r}")
-        restart_wait = RESTART_WAIT_FLOOR_SECONDS
+    # the envelope: config.json's own fields (the sections are read above)
+    envelope = parse(AttemptEnvelope, {k: v for k, v in raw.items() if k in TOP_LEVEL and k not in SECTIONS}, problems=problems)
     if problems:
         raise ConfigError(problems)
     return TrainerConfig(
-        job=job, namespace=namespace, attempt=attempt, trainer=trainer, parallelism=parallelism,
-        checkpoint=checkpoint, health=health, fault_tolerance=fault_tolerance, restore=restore,
-        restart_wait_seconds=float(restart_wait),
+        job=envelope.job, namespace=envelope.namespace, attempt=envelope.attempt, trainer=trainer, parallelism=parallelism,
+        checkpoint=checkpoint, health=health, fault_tolerance=fault_tolerance, restore=envelope.restore,
+        restart_wait_seconds=envelope.restart_wait_seconds,
     )

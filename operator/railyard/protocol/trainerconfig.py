@@ -12,6 +12,11 @@ bounds and description, as a field of a frozen stdlib dataclass (:func:`section`
 - the trainer, which may not import pydantic: :func:`parse` reads ``config.json`` back into them
   and reports every problem at once, each naming its field path.
 
+``config.json`` itself is declared here too: the attempt's envelope around those sections
+(:class:`AttemptEnvelope`: job, namespace, attempt, restore hint, the launcher's restart wait),
+and the checkpoint section as the trainer reads it (:class:`CheckpointConfig`: the CRD's tiers
+plus the few settings only runs outside the operator give, such as a tier's folder).
+
 The few checks only the API makes (a Kubernetes quantity, a DNS name, the length of each item of
 a list) narrow a field's type on the API side; defaults, bounds and descriptions stay here.
 Standard library only.
@@ -303,6 +308,66 @@ class Checkpoint:
     cleanup_on_delete: bool = setting(default=False, description="Delete this job's checkpoints when the TrainingJob is deleted.")
 
 
+# --------------------------------------------------------------------------- config.json
+
+#: The trainer-only settings below are never in the CRD: the operator gives a tier's folder by the
+#: pod's environment (RAILYARD_CHECKPOINT_<TIER>_DIR); tests, benches and runs by hand name it here.
+_DIR_DESCRIPTION = "Trainer only: the tier's folder, instead of the pod's RAILYARD_CHECKPOINT_<TIER>_DIR."
+
+
+@section
+class MemoryTierConfig(MemoryTier):
+    dir: str | None = setting(default=None, description=_DIR_DESCRIPTION, max_length=4096)
+
+
+@section
+class LocalTierConfig(LocalTier):
+    dir: str | None = setting(default=None, description=_DIR_DESCRIPTION, max_length=4096)
+
+
+@section
+class SharedTierConfig(SharedTier):
+    dir: str | None = setting(default=None, description=_DIR_DESCRIPTION, max_length=4096)
+
+
+@section
+class CheckpointConfig(Checkpoint):
+    """config.json's ``checkpoint`` as the trainer reads it: ``spec.checkpoint`` (what the
+    operator writes) and the trainer-only settings."""
+
+    memory: MemoryTierConfig = setting(default=MemoryTierConfig(), description="Tier 1: node RAM with a peer replica.")
+    local: LocalTierConfig = setting(default=LocalTierConfig(), description="Tier 2: node-local disk.")
+    shared: SharedTierConfig = setting(default=SharedTierConfig(), description="Tier 3: shared storage.")
+    timeout_seconds: float = setting(
+        default=300.0, gt=0.0, description="Trainer only: the timeout of the checkpoint's background process group."
+    )
+
+
+@section
+class AttemptEnvelope:
+    """config.json's own fields around the sections: which job and attempt it is for, where
+    to restore from, and how long the launcher waits for the operator (written by the operator's
+    ``build_trainer_config``, read by ``railyard_trainer.config``)."""
+
+    job: str = setting(default="local", min_length=1, description="The TrainingJob's name (checkpoints live under it).")
+    namespace: str = setting(default="default", description="The TrainingJob's namespace.")
+    attempt: int = setting(default=0, ge=0, description="The attempt this config is for (faults, checkpoints).")
+    restore: dict[str, Any] | None = setting(
+        default=None,
+        description="The operator's restore hint ({tier, step, lastStep, notAfter, abandonedBefore}: "
+        "railyard.protocol.restore.RestoreHint); null: the newest verified checkpoint.",
+    )
+    restart_wait_seconds: float = setting(
+        default=RESTART_WAIT_FLOOR_SECONDS, ge=0.0,
+        description="How long a launcher whose workers failed waits for word from the operator (restart_wait_seconds).",
+    )
+
+
+#: config.json's top-level fields: the envelope's and the sections'.
+SECTIONS = ("trainer", "parallelism", "checkpoint", "health", "faultTolerance")
+TOP_LEVEL = ("job", "namespace", "attempt", *SECTIONS, "restore", "restartWaitSeconds")
+
+
 # --------------------------------------------------------------------------- cross-field rules
 
 
@@ -409,6 +474,11 @@ def _convert(tp: Any, raw: Any, where: str, bounds: Mapping[str, Any], problems:
         return raw
     if is_dataclass(tp) and isinstance(tp, type):
         return _parse(tp, raw, where + ".", problems)
+    if origin is dict:  # a JSON object passed through as it is (its reader checks its keys)
+        if not isinstance(raw, Mapping):
+            problems.append(f"{where}: expected an object, got {type(raw).__name__}")
+            return _BAD
+        return dict(raw)
     if origin is tuple:
         item_tp = get_args(tp)[0]
         if not isinstance(raw, list | tuple):
@@ -514,18 +584,25 @@ def to_wire(obj: Any, *, keep_none: bool = False) -> Any:
 __all__ = [
     "MIN_REPLICAS_RULE",
     "RESTART_WAIT_FLOOR_SECONDS",
+    "SECTIONS",
+    "TOP_LEVEL",
+    "AttemptEnvelope",
     "Checkpoint",
+    "CheckpointConfig",
     "Dataset",
     "FaultSpec",
     "FaultTolerance",
     "Health",
     "LocalTier",
+    "LocalTierConfig",
     "MemoryTier",
+    "MemoryTierConfig",
     "Parallelism",
     "Program",
     "SchemaError",
     "SdcPolicy",
     "SharedTier",
+    "SharedTierConfig",
     "StragglerPolicy",
     "TrainerSettings",
     "min_replicas_problems",

@@ -1,5 +1,9 @@
 """Checkpoint settings from config.json's ``checkpoint`` object and the pod's environment.
 
+The object is read with the contract (railyard.protocol.trainerconfig's ``CheckpointConfig``):
+every setting, its default and bounds are declared there once; here the settings only meet the
+pod's environment.
+
 torch-free: the launcher and the cleanup command import it cheaply. Every problem is reported
 at once, each naming its field and the fix.
 """
@@ -14,7 +18,13 @@ from typing import Any
 from railyard.protocol import podenv
 from railyard.protocol.exitcodes import ExitCode
 from railyard.protocol.manifest import TIERS
-from railyard.protocol.trainerconfig import Checkpoint
+from railyard.protocol.trainerconfig import (
+    CheckpointConfig,
+    LocalTierConfig,
+    MemoryTierConfig,
+    SharedTierConfig,
+    parse,
+)
 
 ENV_DIRS: Mapping[str, podenv.Text] = podenv.CHECKPOINT_DIRS
 #: How the checkpoint's background threads share the CPU with training (manager.BackgroundCpu):
@@ -25,13 +35,6 @@ ENV_DIRS: Mapping[str, podenv.Text] = podenv.CHECKPOINT_DIRS
 ENV_CPU_CLASS = podenv.CHECKPOINT_CPU.name
 CPU_CLASSES = ("auto", "idle", "nice")
 DEFAULT_CPU_CLASS = podenv.CHECKPOINT_CPU.default
-#: Defaults per tier: (enabled, intervalSteps, keep), the CRD's (spec.checkpoint), from the
-#: schema both sides share. A tier without a directory is inactive whatever it says.
-DEFAULTS: Mapping[str, tuple[bool, int, int]] = {
-    name: (tier.enabled, tier.interval_steps, tier.keep)
-    for name in TIERS
-    for tier in [getattr(Checkpoint(), name)]
-}
 
 
 class CheckpointConfigError(ValueError):
@@ -89,50 +92,21 @@ def parse_checkpoint_settings(
     env: Mapping[str, str] | None = None,
     restore: Mapping[str, Any] | None = None,
 ) -> CheckpointSettings:
-    """Settings from the ``checkpoint`` object (camelCase, as in the TrainingJob spec)."""
-    raw = dict(raw or {})
+    """Settings from config.json's ``checkpoint`` object (camelCase, as in the TrainingJob spec),
+    read with the contract (``CheckpointConfig``: the CRD's tiers and the trainer-only
+    settings), and the pod's environment (each tier's folder, the background CPU class)."""
     env = os.environ if env is None else env
     problems: list[str] = []
+    config = parse(CheckpointConfig, raw, where="checkpoint", problems=problems)
     tiers = []
     for name in TIERS:
-        d_enabled, d_interval, d_keep = DEFAULTS[name]
-        t = raw.get(name, {})
-        if t is None:
-            t = {}
-        if not isinstance(t, Mapping):
-            problems.append(f"checkpoint.{name}: expected an object with enabled/intervalSteps/keep")
-            t = {}
-        enabled = t.get("enabled", d_enabled)
-        interval = t.get("intervalSteps", d_interval)
-        keep = t.get("keep", d_keep)
-        replicate = t.get("replicate", name == "memory")
-        if not isinstance(enabled, bool):
-            problems.append(f"checkpoint.{name}.enabled: expected true or false")
-            enabled = d_enabled
-        if isinstance(interval, bool) or not isinstance(interval, int) or interval < 1:
-            problems.append(f"checkpoint.{name}.intervalSteps: expected an integer >= 1, got {interval!r}")
-            interval = d_interval
-        if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
-            problems.append(f"checkpoint.{name}.keep: expected an integer >= 1, got {keep!r}")
-            keep = d_keep
-        if not isinstance(replicate, bool):
-            problems.append(f"checkpoint.{name}.replicate: expected true or false")
-            replicate = False
-        root = str(t.get("dir", "") or ENV_DIRS[name].get(env))
+        tier: MemoryTierConfig | LocalTierConfig | SharedTierConfig = getattr(config, name)
         tiers.append(
             TierSettings(
-                name=name, enabled=enabled, interval_steps=interval, keep=keep, root=root,
-                replicate=replicate and name == "memory",
+                name=name, enabled=tier.enabled, interval_steps=tier.interval_steps, keep=tier.keep,
+                root=str(tier.dir or ENV_DIRS[name].get(env)), replicate=isinstance(tier, MemoryTierConfig) and tier.replicate,
             )
         )
-    cleanup = raw.get("cleanupOnDelete", False)
-    if not isinstance(cleanup, bool):
-        problems.append("checkpoint.cleanupOnDelete: expected true or false")
-        cleanup = False
-    timeout = raw.get("timeoutSeconds", 300.0)
-    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0:
-        problems.append("checkpoint.timeoutSeconds: expected a positive number of seconds")
-        timeout = 300.0
     cpu_class = podenv.CHECKPOINT_CPU.get(env)
     if cpu_class not in CPU_CLASSES:
         problems.append(
@@ -146,6 +120,6 @@ def parse_checkpoint_settings(
     if problems:
         raise CheckpointConfigError(problems)
     return CheckpointSettings(
-        tiers=tuple(tiers), cleanup_on_delete=cleanup, restore_hint=restore, timeout_s=float(timeout),
-        cpu_class=cpu_class,
+        tiers=tuple(tiers), cleanup_on_delete=config.cleanup_on_delete, restore_hint=restore,
+        timeout_s=config.timeout_seconds, cpu_class=cpu_class,
     )

@@ -29,7 +29,7 @@ from railyard.logic.manifests.names import (
     service_name,
 )
 from railyard.protocol.ranktable import PodEntry, RankTable
-from railyard.protocol.trainerconfig import restart_wait_seconds, to_wire
+from railyard.protocol.trainerconfig import AttemptEnvelope, restart_wait_seconds, to_wire
 
 
 def build_service(job: str, namespace: str, owner: Mapping[str, Any]) -> dict[str, Any]:
@@ -66,19 +66,20 @@ def build_trainer_config(
     attempt: int,
     restore: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """``config.json`` as the trainer reads it (railyard_trainer.config)."""
+    """``config.json`` as the trainer reads it (railyard_trainer.config): the attempt's envelope
+    (protocol's ``AttemptEnvelope``) around the spec's sections."""
+    envelope = AttemptEnvelope(
+        job=job, namespace=namespace, attempt=attempt, restore=None if restore is None else dict(restore),
+        restart_wait_seconds=restart_wait_seconds(spec.restart_policy.in_place_timeout_seconds),
+    )
     return {
-        "job": job,
-        "namespace": namespace,
-        "attempt": attempt,
+        **to_wire(envelope, keep_none=True),
         "trainer": to_wire(spec.trainer),
         # with the data degree resolved
         "parallelism": {**to_wire(spec.parallelism, keep_none=True), "data": spec.data_parallel or None},
         "checkpoint": to_wire(spec.checkpoint),
         "health": to_wire(spec.health),
         "faultTolerance": to_wire(spec.fault_tolerance),
-        "restore": None if restore is None else dict(restore),
-        "restartWaitSeconds": restart_wait_seconds(spec.restart_policy.in_place_timeout_seconds),
     }
 
 
