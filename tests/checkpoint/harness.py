@@ -641,7 +641,7 @@ def cpu_collectives_scenario(rank: int, world: int, port: int, tmp_s: str) -> No
 
 
 def capture_scenario(rank: int, world: int, port: int, tmp_s: str) -> None:
-    """The deferred copy of the parameters and optimizer state (manager._Capture):
+    """The deferred copy of the parameters and optimizer state (snapshot.Capture):
     - held until training has reached its next optimizer step and waits there: the saved state
       is the save step's, training then steps on, the wait is counted (``stall_s``);
     - held until training's wait times out (``timeoutSeconds`` made 1 s here): training goes

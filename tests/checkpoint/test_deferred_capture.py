@@ -1,4 +1,4 @@
-"""The pipelined snapshot (manager._Capture): a save copies the buffers and RNG state while
+"""The pipelined snapshot (snapshot.Capture): a save copies the buffers and RNG state while
 training waits, and leaves the parameters and optimizer state (which only an optimizer step
 changes) to the worker, which copies them while the next step's forward and backward run. The
 next optimizer step waits until it has. What must hold, with the copy held at the worst moments

@@ -170,7 +170,7 @@ def test_a_save_due_while_one_is_running_is_skipped_on_every_rank_not_queued(tmp
         assert r["skipped"] == {"memory": 1}
         assert r["committed"] == [2, 6] and r["dirs"] == ["step-00000002", "step-00000006"]
         # each record says where its time went: consecutive phases that add up to its duration
-        # (``capture``: the worker's copy of the parameters and optimizer state, manager._Capture)
+        # (``capture``: the worker's copy of the parameters and optimizer state, snapshot.Capture)
         written = ["snapshot", "capture", "waited", "ready", "write", "drain", "agree", "commit", "confirm"]
         assert r["phases"] == [written, ["snapshot", "waited", "ready"], written]
         assert all(abs(d) < 1e-6 for d in r["phases_minus_duration"]), r["phases_minus_duration"]

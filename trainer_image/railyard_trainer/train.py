@@ -150,7 +150,7 @@ class Trainer:
         self.session = sdk.init(config=cfg, identity=_identity(env))
         self.session.bind(self.ctx)
         # This loop changes the parameters and optimizer state only in optimizer.step(): a save
-        # copies them during the next forward and backward (checkpoint.manager._Capture).
+        # copies them during the next forward and backward (checkpoint.snapshot.Capture).
         self.checkpointer = self.session.checkpoints(self.ctx, final_step=t.steps, defer_capture=True)
         self.health = _build_health(cfg, self.ctx)
         # The fault tolerance (ft.py): replica groups, or none; the loop below never asks which.

@@ -28,8 +28,9 @@ and ``skipped_saves`` say why). A save of a slower tier (local, shared) or of th
 instead waits for the one in flight (at most one: the buffers are reused). Either way every rank
 runs the same jobs in the same order, so the decision needs no extra collective.
 
-Restoring (:meth:`CheckpointManager.restore`, before the first step) is the other half of the
-manager, in ``restore.py`` (:class:`~railyard_trainer.checkpoint.restore.RestorePath`).
+Restoring (:meth:`CheckpointManager.restore`, before the first step) is the other half, an
+object of its own (:class:`~railyard_trainer.checkpoint.restore.Restorer`, restore.py): the
+manager hands it the tiers and where every rank is, and records what it restored.
 """
 
 from __future__ import annotations
@@ -42,15 +43,12 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_state_dict
 from torch.distributed.checkpoint.filesystem import FileSystemWriter
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
-from torch.distributed.tensor import DTensor
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from railyard.protocol.heartbeat import CheckpointEvent
@@ -64,9 +62,12 @@ from railyard_trainer.checkpoint.cpuclass import BackgroundCpu, checkpoint_group
 from railyard_trainer.checkpoint.digest import DEFAULT_ALGORITHM
 from railyard_trainer.checkpoint.restore import (
     _DCP_ERRORS,
-    RestorePath,
+    RankPlacement,
+    Restored,
+    Restorer,
     rank_dirname,
 )
+from railyard_trainer.checkpoint.savejob import Laps, RankResult, SaveJob, SaveRecord
 from railyard_trainer.checkpoint.saveplan import ReusedSavePlanner
 from railyard_trainer.checkpoint.settings import CheckpointSettings, TierSettings
 from railyard_trainer.checkpoint.shardio import (
@@ -76,10 +77,9 @@ from railyard_trainer.checkpoint.shardio import (
     ShardWriter,
     recv_ring,
 )
+from railyard_trainer.checkpoint.snapshot import Capture, HostSnapshot
 from railyard_trainer.checkpoint.statedict import (
-    _defer,
     _jsonable,
-    _local,
     _tensors,
     tensor_state,
 )
@@ -95,140 +95,7 @@ MAX_EVENTS = 256
 SKIPPABLE_TIERS = frozenset({"memory"})
 
 
-@dataclass
-class _SaveJob:
-    step: int
-    tiers: list[TierSettings]
-    snapshot: dict[str, Any] | None
-    trainer_state: dict[str, Any]
-    sdc_passed: bool
-    blocked_s: float
-    started: float
-    error: str = ""
-    #: Set on a rank that took no snapshot because its previous save was still running.
-    skip: str = ""
-    #: The part of the snapshot the worker copies (the parameters and optimizer state).
-    capture: _Capture | None = None
-    #: When the worker finished that copy (``perf_counter``), and its CPU time.
-    captured_at: float | None = None
-    capture_cpu_s: float = 0.0
-
-
-@dataclass
-class _Capture:
-    """The part of a snapshot copied in the background: the parameters and the optimizer
-    state, which only an optimizer step changes. The worker copies them while training runs the
-    next step's forward and backward, and the next optimizer step waits until it has
-    (:meth:`CheckpointManager._before_optimizer_step`): the pipelined snapshot of CheckFreq
-    (FAST '21), and DCP's asynchronous staging. Everything else (buffers, which a forward may
-    change; the RNG state) is copied while training waits, as before."""
-
-    step: int
-    #: (live tensor, snapshot buffer) pairs, local shards.
-    pairs: list[tuple[torch.Tensor, torch.Tensor]]
-    #: On a GPU: recorded on training's stream at the save; the copy stream waits for it.
-    event: Any = None
-    done: threading.Event = field(default_factory=threading.Event)
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    #: Training reached an optimizer step before the copy was done, and waits (``stall_s``).
-    waiting: bool = False
-    accounted: threading.Event = field(default_factory=threading.Event)
-    stall_s: float = 0.0
-    #: The wait timed out before the copy was done and training went on: the copy may mix two
-    #: steps, and the save fails. (``torn`` and ``done`` change under ``lock``: the first wins.)
-    torn: bool = False
-    error: str = ""
-
-    def finish(self, error: str = "") -> None:
-        with self.lock:
-            self.error = self.error or error
-            self.done.set()
-
-    def stall(self, timeout_s: float) -> float:
-        """Training waited this long at its optimizer step for the copy (the worker calls it
-        after the copy: a wait that began before it ended is counted once it has)."""
-        with self.lock:
-            waiting = self.waiting
-        if waiting:
-            self.accounted.wait(timeout_s)
-        return self.stall_s
-
-
-@dataclass
-class SaveRecord:
-    """One tier's save as this rank saw it (bench and tests; rank 0 also emits an event)."""
-
-    step: int
-    tier: str
-    ok: bool
-    blocked_s: float
-    duration_s: float
-    bytes: int
-    detail: str = ""
-    #: Not written because a rank's previous save was still running (``ok`` is False).
-    skipped: bool = False
-    #: Where ``duration_s`` went, in order (seconds; see :class:`_Laps`): ``snapshot`` (the
-    #: blocking copy, = ``blocked_s``), ``capture`` (the first tier only: the worker's copy of
-    #: the parameters and optimizer state, see :class:`_Capture`), ``waited`` (in the queue, or
-    #: behind the job's earlier tiers), ``ready`` (directories, then every rank agreeing to write), ``write`` (this
-    #: rank's shard: planning, write, hash, replica pieces sent and received meanwhile),
-    #: ``drain`` (the replica streams completed), ``agree`` (the ranks' results gathered),
-    #: ``commit`` (manifest and GC, on the writer) and ``confirm`` (the commits gathered).
-    phases: dict[str, float] = field(default_factory=dict)
-    #: CPU time the checkpoint's worker thread spent on this tier (gloo's threads, which move
-    #: the replica's bytes, not included): what the save takes from training's cores.
-    worker_cpu_s: float = 0.0
-    #: This rank worked out DCP's plan for its shard (a node tier's first save of a snapshot
-    #: structure); the saves after it reuse that plan (saveplan.py).
-    planned: bool = False
-    #: Training waited this long at its next optimizer step for the background copy of the
-    #: parameters and optimizer state (``capture``; see :class:`_Capture`): blocked time too.
-    stall_s: float = 0.0
-
-    @property
-    def background_s(self) -> float:
-        """The save after its snapshot: what runs beside training."""
-        return max(0.0, self.duration_s - self.blocked_s)
-
-
-class _Laps:
-    """Named consecutive intervals of one save, from its start (``perf_counter`` seconds)."""
-
-    def __init__(self, started: float, blocked_s: float) -> None:
-        self.phases: dict[str, float] = {"snapshot": blocked_s}
-        self._started = started
-        self._last = started + blocked_s
-        self._cpu0 = time.thread_time()
-
-    def lap(self, name: str, now: float | None = None) -> None:
-        """The interval from the last lap to ``now`` (default: this moment) is ``name``'s."""
-        now = time.perf_counter() if now is None else now
-        self.phases[name] = self.phases.get(name, 0.0) + max(0.0, now - self._last)
-        self._last = max(self._last, now)
-
-    @property
-    def cpu_s(self) -> float:
-        """CPU time of the calling thread since the laps began."""
-        return time.thread_time() - self._cpu0
-
-    @property
-    def total(self) -> float:
-        """From the save's start to the end of the last lap (the phases add up to it)."""
-        return self._last - self._started
-
-
-@dataclass
-class _Local:
-    """One rank's outcome of writing its part of a tier."""
-
-    error: str = ""
-    shards: list[ShardInfo] = field(default_factory=list)
-    state: dict[str, Any] = field(default_factory=dict)
-    #: Replicas this rank received for other ranks that did not arrive intact.
-    replica_problems: list[str] = field(default_factory=list)
-
-
-class CheckpointManager(RestorePath):
+class CheckpointManager:
     """Tiered, asynchronous, verified checkpoints (implements ``hooks.Checkpointer``).
 
     Construction is collective (all ranks, same order): it creates the checkpoint's own gloo
@@ -254,10 +121,9 @@ class CheckpointManager(RestorePath):
         defer_capture: bool = True,
     ) -> None:
         self.settings = settings
-        #: Copy the parameters and optimizer state in the background (:class:`_Capture`); the
-        #: SDK turns it off (a program's own loop may change its parameters outside an
-        #: optimizer step).
-        self.defer_capture = defer_capture
+        #: The host buffers saves copy the state into (snapshot.py); ``defer_capture``: copy the
+        #: parameters and optimizer state in the background (the SDK turns it off).
+        self.snapshot = HostSnapshot(defer_capture=defer_capture)
         #: The background threads' CPU class; ``background`` is the one ``process_group`` was
         #: made with (checkpoint_group), so that the group's threads are boosted with the writer.
         self.cpu = background or BackgroundCpu(resolve_cpu_class(settings.cpu_class))
@@ -275,13 +141,15 @@ class CheckpointManager(RestorePath):
         placement: list[Any] = [None] * self.world
         with self.cpu.boosting():
             dist.all_gather_object(placement, (pod_index, local_rank), group=self.pg)
-        self.pod_of = {r: int(p[0]) for r, p in enumerate(placement)}
-        self.local_of = {r: int(p[1]) for r, p in enumerate(placement)}
-        self.pod_ranks: dict[int, list[int]] = {}
-        for r in range(self.world):
-            self.pod_ranks.setdefault(self.pod_of[r], []).append(r)
+        ranks = RankPlacement(rank=self.rank, world=self.world, pod=pod_index,
+                              pod_of={r: int(p[0]) for r, p in enumerate(placement)},
+                              local_of={r: int(p[1]) for r, p in enumerate(placement)})
+        self.pod_of, self.local_of, self.pod_ranks = ranks.pod_of, ranks.local_of, ranks.pod_ranks
         self.pod = pod_index
-        self.is_pod_leader = self.pod_ranks[pod_index][0] == self.rank
+        self.is_pod_leader = ranks.is_pod_leader
+        #: The restore half (restore.py): what it needs is handed to it here, nothing else.
+        self.restorer = Restorer(settings, storages=self.storages, tiers=self.tiers, job=job, layout=layout,
+                                 placement=ranks, pg=self.pg)
         pods = sorted(self.pod_ranks)
         if replica_peers is None:
             # Default: a ring over the pods. The rank table's replica_peer overrides it.
@@ -305,24 +173,59 @@ class CheckpointManager(RestorePath):
         self._planner = ReusedSavePlanner()
         self.last_committed: dict[str, int] = {}
         self.last_restore: RestoreResult | None = None
-        self._buffers: dict[str, Any] | None = None
         self._preparing = False
         self._blocking = False
         self._pending = 0
         #: Saves (and skips) queued or running; buffer preparation is not one (a save waits for it).
         self._saves_pending = 0
         self._pending_cv = threading.Condition()
-        self._queue: queue.Queue[_SaveJob | Callable[[], None] | None] = queue.Queue()
+        self._queue: queue.Queue[SaveJob | Callable[[], None] | None] = queue.Queue()
         self._last_saved_step = -1
         self._closed = False
         #: The newest save's background copy, which the next optimizer step waits for.
-        self._capture: _Capture | None = None
-        self._copy_stream: Any = None
+        self._capture: Capture | None = None
         self._step_hook: Any = None
         if defer_capture:
             self._step_hook = register_optimizer_step_pre_hook(_step_guard(weakref.ref(self)))
         self._worker = threading.Thread(target=self._work, name="railyard-ckpt", daemon=True)
         self._worker.start()
+
+    # ------------------------------------------------------------------ restoring
+
+    def restore(self, ctx: TrainContext) -> RestoreResult | None:
+        """Load the newest verified checkpoint into ctx (:meth:`Restorer.restore`). Collective;
+        call before the first step. Training waits for it: the saves in flight finish first, and
+        the checkpoint group's threads are out of the idle class."""
+        with self.cpu.boosting():
+            t0 = time.perf_counter()
+            self.wait(self.settings.timeout_s)
+            restored = self.restorer.restore(ctx, started=t0)
+        return None if restored is None else self._note_restored(ctx, restored)
+
+    def open_restore(self, ctx: TrainContext) -> tuple[RestoreResult, str] | None:
+        """For a reader that loads the checkpoint itself (:meth:`Restorer.open_restore`): what
+        was chosen and the folder this rank reads. Collective; None: fresh start."""
+        with self.cpu.boosting():
+            t0 = time.perf_counter()
+            self.wait(self.settings.timeout_s)
+            opened = self.restorer.open_restore(ctx, started=t0)
+        if opened is None:
+            return None
+        restored, path = opened
+        return self._note_restored(ctx, restored), path
+
+    def _note_restored(self, ctx: TrainContext, restored: Restored) -> RestoreResult:
+        """The restored step is saved already (no save of it again); the restore's event goes to
+        the operator, and the health monitor learns the step."""
+        result = restored.result
+        self.last_restore = result
+        self._last_saved_step = result.step
+        self._emit(restored.event)
+        note_restore = getattr(ctx.extra.get("health_monitor"), "note_restore", None)
+        if callable(note_restore):
+            note_restore(result.tier, result.step)
+        self.forward_events(ctx)
+        return result
 
     # ------------------------------------------------------------------ hooks.Checkpointer
 
@@ -345,7 +248,7 @@ class CheckpointManager(RestorePath):
                 self._queue_skip(ctx, due)
             else:
                 self.save(ctx, tiers=due, checks_passed=checks_passed)
-        elif self._buffers is None and self.tiers and not self._preparing:
+        elif self.snapshot.buffers is None and self.tiers and not self._preparing:
             self.prepare(ctx)
 
     def _queue_skip(self, ctx: TrainContext, tiers: Sequence[TierSettings]) -> None:
@@ -357,7 +260,7 @@ class CheckpointManager(RestorePath):
             if not self._overdue:  # it overran its interval: let it finish out of the idle class
                 self._overdue = True
                 self.cpu.boost()
-        job = _SaveJob(
+        job = SaveJob(
             step=ctx.step, tiers=list(tiers), snapshot=None, trainer_state={}, sdc_passed=False,
             blocked_s=0.0, started=time.perf_counter(), skip=reason,
         )
@@ -382,11 +285,7 @@ class CheckpointManager(RestorePath):
         on_gpu = any(t.is_cuda for t in _tensors(state))
 
         def allocate() -> None:
-            buffers = _create_cpu_state_dict(state, pin_memory=on_gpu)
-            for t in _tensors(buffers):
-                # Fault the pages in now, not during the first blocking copy.
-                (t.to_local() if isinstance(t, DTensor) else t).zero_()
-            self._buffers = buffers
+            self.snapshot.allocate(state, on_gpu=on_gpu)
             if any(t.replicate for t in self.tiers):
                 for src in self._replica_sources():
                     self._rings.setdefault(src, recv_ring())
@@ -435,13 +334,13 @@ class CheckpointManager(RestorePath):
         t0 = time.perf_counter()
         self._blocking = True
         snapshot: dict[str, Any] | None = None
-        capture: _Capture | None = None
+        capture: Capture | None = None
         error = ""
         try:
             # The buffers of the previous snapshot are reused: it must be written first.
             if not self.wait(self.settings.timeout_s):
                 raise TimeoutError(f"the previous save is still running after {self.settings.timeout_s:.0f}s")
-            snapshot, capture = self._snapshot(ctx)
+            snapshot, capture = self.snapshot.take(ctx)
             trainer_state = self._trainer_state(ctx)
         except Exception as exc:  # a failed snapshot must not stop training
             log.exception("checkpoint snapshot at step %d failed", ctx.step)
@@ -452,7 +351,7 @@ class CheckpointManager(RestorePath):
         blocked = time.perf_counter() - t0
         self._last_saved_step = ctx.step
         self._inflight_step = ctx.step
-        job = _SaveJob(
+        job = SaveJob(
             step=ctx.step, tiers=list(tiers), snapshot=snapshot, trainer_state=trainer_state,
             sdc_passed=bool(checks_passed), blocked_s=blocked, started=t0, error=error, capture=capture,
         )
@@ -482,53 +381,7 @@ class CheckpointManager(RestorePath):
         finally:
             self.cpu.unboost()
 
-    def _snapshot(self, ctx: TrainContext) -> tuple[dict[str, Any], _Capture | None]:
-        """Copy what a forward may change now; the parameters and optimizer state, when they can
-        be left to the worker (:class:`_Capture`), are returned as pairs for it to copy."""
-        state = tensor_state(ctx)
-        on_gpu = any(t.is_cuda for t in _tensors(state))
-        live = self._deferrable(ctx)
-        if self._buffers is None:
-            self._buffers = _create_cpu_state_dict(state, pin_memory=on_gpu)
-        try:
-            snap, pairs = self._copy_now(state, live, on_gpu)
-        except Exception:
-            # The state's structure changed (e.g. optimizer state appeared): new buffers.
-            self._buffers = _create_cpu_state_dict(state, pin_memory=on_gpu)
-            snap, pairs = self._copy_now(state, live, on_gpu)
-        event = None
-        if on_gpu:
-            if pairs:
-                event = torch.cuda.Event()
-                event.record()  # the copy stream starts after everything training queued so far
-            torch.cuda.synchronize()
-        return snap, (_Capture(step=ctx.step, pairs=pairs, event=event) if pairs else None)
-
-    def _deferrable(self, ctx: TrainContext) -> set[int] | None:
-        """The storages of the parameters, when an optimizer step (and nothing else) changes
-        them: the trainer's own loop with a torch optimizer, not a program's own state dict."""
-        if not self.defer_capture or callable(ctx.extra.get("state_dict")):
-            return None
-        if not isinstance(ctx.optimizer, torch.optim.Optimizer):
-            return None
-        return {_local(p).untyped_storage().data_ptr() for m in ctx.model_parts for p in m.parameters()}
-
-    def _copy_now(
-        self, state: dict[str, Any], live: set[int] | None, on_gpu: bool
-    ) -> tuple[dict[str, Any], list[tuple[torch.Tensor, torch.Tensor]]]:
-        assert self._buffers is not None
-        pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
-        source = state
-        if live is not None:
-            # The deferred leaves are replaced by their own buffers: copying a tensor onto
-            # itself is a no-op, so the copy below takes only the rest.
-            source = dict(state)
-            source["model"] = _defer(state["model"], self._buffers["model"], live, pairs)
-            if "optim" in state:
-                source["optim"] = _defer(state["optim"], self._buffers["optim"], None, pairs)
-        return _copy_state_dict(source, self._buffers, non_blocking=on_gpu), pairs
-
-    def _run_capture(self, job: _SaveJob) -> None:
+    def _run_capture(self, job: SaveJob) -> None:
         """Worker: copy the job's deferred part into its buffers."""
         cap = job.capture
         assert cap is not None
@@ -536,18 +389,7 @@ class CheckpointManager(RestorePath):
         error = ""
         try:
             self._fault("before_capture", job.tiers[0].name, job.step)
-            if cap.event is not None:
-                if self._copy_stream is None:
-                    self._copy_stream = torch.cuda.Stream(device=cap.pairs[0][0].device)
-                with torch.no_grad(), torch.cuda.stream(self._copy_stream):
-                    self._copy_stream.wait_event(cap.event)
-                    for src, dst in cap.pairs:
-                        dst.copy_(src, non_blocking=True)
-                self._copy_stream.synchronize()
-            else:
-                with torch.no_grad():
-                    for src, dst in cap.pairs:
-                        dst.copy_(src)
+            self.snapshot.copy_deferred(cap)
         except Exception as exc:
             log.exception("checkpoint capture at step %d failed", job.step)
             error = f"rank {self.rank}: snapshot failed: {exc!r}"
@@ -599,7 +441,7 @@ class CheckpointManager(RestorePath):
             if job is None:
                 self.cpu.leave()
                 return
-            if not isinstance(job, _SaveJob):
+            if not isinstance(job, SaveJob):
                 try:
                     job()
                 except Exception:
@@ -638,15 +480,15 @@ class CheckpointManager(RestorePath):
         dist.all_gather_object(out, obj, group=self.pg)
         return out
 
-    def _save_tier(self, job: _SaveJob, tier: TierSettings) -> None:
+    def _save_tier(self, job: SaveJob, tier: TierSettings) -> None:
         storage = self.storages[tier.name]
         per_node = tier.name in PER_NODE_TIERS
-        laps = _Laps(job.started, job.blocked_s)
+        laps = Laps(job.started, job.blocked_s)
         first = tier is job.tiers[0]
         if first and job.captured_at is not None:
             laps.lap("capture", job.captured_at)
         laps.lap("waited")
-        mine = _Local(error=job.error, state=job.trainer_state)
+        mine = RankResult(error=job.error, state=job.trainer_state)
         planned = False
         if not mine.error and not job.skip:
             try:
@@ -689,7 +531,7 @@ class CheckpointManager(RestorePath):
         except _DCP_ERRORS as exc:
             mine.error = f"rank {self.rank}: {exc!r}"
         laps.lap("write")
-        results: list[_Local] = self._gather(mine)
+        results: list[RankResult] = self._gather(mine)
         laps.lap("agree")
         errors = [r.error for r in results if r.error]
         problems = [p for r in results for p in r.replica_problems]
@@ -739,7 +581,7 @@ class CheckpointManager(RestorePath):
         )
 
     def _record_not_written(
-        self, job: _SaveJob, tier: TierSettings, skips: list[str], errors: list[str], laps: _Laps
+        self, job: SaveJob, tier: TierSettings, skips: list[str], errors: list[str], laps: Laps
     ) -> None:
         """The tier is not written at this step on any rank: skipped (a rank was still saving)
         or failed before writing (a snapshot or a directory)."""
@@ -765,7 +607,7 @@ class CheckpointManager(RestorePath):
         )
 
     def _write_rank_shard(
-        self, storage: TierStorage, job: _SaveJob, *, replicate: bool, laps: _Laps
+        self, storage: TierStorage, job: SaveJob, *, replicate: bool, laps: Laps
     ) -> tuple[list[ShardInfo], list[str]]:
         """Write this rank's shard (streamed to its replica target as it is written) and
         receive the replicas sent to this rank. Returns (own shards, replica problems)."""
@@ -873,7 +715,7 @@ class CheckpointManager(RestorePath):
 # ---------------------------------------------------------------------- state helpers
 
 
-def _data_position(results: Sequence[_Local]) -> dict[str, Any]:
+def _data_position(results: Sequence[RankResult]) -> dict[str, Any]:
     """The manifest's trainer state: rank 0's, plus every rank's data state if they differ."""
     first = results[0].state
     out: dict[str, Any] = {k: _jsonable(v) for k, v in first.items()}

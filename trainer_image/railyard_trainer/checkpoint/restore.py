@@ -1,5 +1,10 @@
-"""Restoring (:meth:`CheckpointManager.restore`, before the first step): the restore path of the
-checkpoint manager, apart from its save path (manager.py).
+"""Restoring (:meth:`CheckpointManager.restore`, before the first step): the :class:`Restorer`,
+an object of its own beside the manager's save path (manager.py).
+
+The two halves share only what the constructor hands the restorer: the settings, the tiers'
+storages, the job and its layout, where every rank is (:class:`RankPlacement`, learned once by the
+manager) and the checkpoint's process group. The restorer returns what it restored
+(:class:`Restored`); the manager records it (the step it must not save again, the restore event).
 
 Every pod lists the committed manifests it can see, the listings are gathered, and
 :func:`railyard.protocol.restore.decide_restore` picks the newest complete, SDC-clean step,
@@ -18,8 +23,10 @@ import logging
 import pickle
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
+import torch.distributed as dist
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.filesystem import FileSystemReader
 from torch.distributed.checkpoint.metadata import Metadata
@@ -40,7 +47,6 @@ from railyard.protocol.restore import (
     merge_verified,
     pod_location,
 )
-from railyard_trainer.checkpoint.cpuclass import BackgroundCpu
 from railyard_trainer.checkpoint.settings import CheckpointSettings, TierSettings
 from railyard_trainer.checkpoint.shardio import (
     ShardReader,
@@ -76,53 +82,62 @@ def rank_dirname(rank: int) -> str:
     return f"rank-{rank:05d}"
 
 
-class RestorePath:
-    """The manager's restore path. :class:`railyard_trainer.checkpoint.manager.CheckpointManager`
-    is one; what it shares with the save path (the ranks' layout, the process group, the tiers'
-    storages) is set by the manager's constructor and named here."""
+@dataclass(frozen=True)
+class RankPlacement:
+    """Where every rank of the checkpoint's process group is: its pod and its local rank there
+    (all-gathered once by the manager: construction is collective)."""
 
-    settings: CheckpointSettings
-    storages: dict[str, TierStorage]
-    tiers: list[TierSettings]
-    job: str
-    layout: Layout
-    cpu: BackgroundCpu
     rank: int
     world: int
-    pg: Any
+    #: This rank's pod.
     pod: int
-    pod_of: dict[int, int]
-    local_of: dict[int, int]
-    pod_ranks: dict[int, list[int]]
-    is_pod_leader: bool
-    last_restore: RestoreResult | None
-    _last_saved_step: int
+    pod_of: Mapping[int, int]
+    local_of: Mapping[int, int]
 
-    def wait(self, timeout_s: float = 300.0) -> bool:
-        raise NotImplementedError
+    @property
+    def pod_ranks(self) -> dict[int, list[int]]:
+        """The ranks of each pod, in rank order."""
+        out: dict[int, list[int]] = {}
+        for r in range(self.world):
+            out.setdefault(self.pod_of[r], []).append(r)
+        return out
 
-    def forward_events(self, ctx: TrainContext) -> None:
-        raise NotImplementedError
+    @property
+    def is_pod_leader(self) -> bool:
+        """This rank writes its pod's node-tier manifests (the pod's first rank)."""
+        return self.pod_ranks[self.pod][0] == self.rank
+
+
+@dataclass(frozen=True)
+class Restored:
+    """What a restore loaded: the result the train loop gets, and the event the manager emits."""
+
+    result: RestoreResult
+    event: CheckpointEvent
+
+
+class Restorer:
+    """Chooses, verifies, fetches and loads a checkpoint. Collective: every rank of ``pg`` calls
+    the same methods in the same order. It saves nothing and holds no state between calls."""
+
+    def __init__(self, settings: CheckpointSettings, *, storages: Mapping[str, TierStorage], tiers: Sequence[TierSettings],
+                 job: str, layout: Layout, placement: RankPlacement, pg: Any) -> None:
+        self.settings, self.storages, self.tiers, self.job, self.layout = settings, dict(storages), list(tiers), job, layout
+        self.placement, self.pg = placement, pg
+        self.rank, self.world = placement.rank, placement.world
+        self.pod_of, self.local_of, self.pod_ranks = placement.pod_of, placement.local_of, placement.pod_ranks
 
     def _gather(self, obj: Any) -> list[Any]:
-        raise NotImplementedError
+        out: list[Any] = [None] * self.world
+        dist.all_gather_object(out, obj, group=self.pg)
+        return out
 
-    def _emit(self, event: CheckpointEvent) -> None:
-        raise NotImplementedError
-
-    def restore(self, ctx: TrainContext) -> RestoreResult | None:
-        """Load the newest verified checkpoint into ctx. Collective; call before the first step.
-
-        Returns None for a fresh start. Raises :class:`NoVerifiedCheckpoint` when the operator
-        named a checkpoint (hint with step >= 0) or a load failed and nothing else is usable.
-        Training waits for it: the checkpoint group's threads are out of the idle class.
-        """
-        with self.cpu.boosting():
-            return self._restore(ctx)
-
-    def _restore(self, ctx: TrainContext) -> RestoreResult | None:
-        t0 = time.perf_counter()
-        self.wait(self.settings.timeout_s)
+    def restore(self, ctx: TrainContext, *, started: float) -> Restored | None:
+        """Load the newest verified checkpoint into ctx (``started``: when the caller began, for
+        the duration). None for a fresh start. Raises :class:`NoVerifiedCheckpoint` when the
+        operator named a checkpoint (hint with step >= 0) or a load failed and nothing else is
+        usable."""
+        t0 = started
         hint = _hint(self.settings.restore_hint)
         found = self._list_found()
         home = {r: pod_location(self.pod_of[r]) for r in range(self.world)}
@@ -145,18 +160,13 @@ class RestorePath:
             found = _mark_corrupt(found, decision.source)
         raise NoVerifiedCheckpoint("restore: gave up after too many rounds")  # pragma: no cover
 
-    def open_restore(self, ctx: TrainContext) -> tuple[RestoreResult, str] | None:
+    def open_restore(self, ctx: TrainContext, *, started: float) -> tuple[Restored, str] | None:
         """For a reader that loads the checkpoint itself (the SDK's DCP StorageReader): choose and
         verify the source as :meth:`restore` does, bring the shards a rank needs onto its node
         (a lost node's from the neighbour's replica), and return what was chosen and the folder
         this rank reads: ``step-N/rank-R`` of a node tier (same layout only; another layout
         takes the shared tier) or the shared tier's ``step-N``. Collective; None: fresh start."""
-        with self.cpu.boosting():
-            return self._open_restore(ctx)
-
-    def _open_restore(self, ctx: TrainContext) -> tuple[RestoreResult, str] | None:
-        t0 = time.perf_counter()
-        self.wait(self.settings.timeout_s)
+        t0 = started
         hint = _hint(self.settings.restore_hint)
         found = self._list_found()
         home = {r: pod_location(self.pod_of[r]) for r in range(self.world)}
@@ -192,7 +202,7 @@ class RestorePath:
 
     def _restored(
         self, ctx: TrainContext, src: RestoreSource, t0: float, nbytes: int, rejected: Sequence[str]
-    ) -> RestoreResult:
+    ) -> Restored:
         duration = time.perf_counter() - t0
         hint = self.settings.restore_hint or {}
         last = hint.get("lastStep")
@@ -207,29 +217,21 @@ class RestorePath:
         if rejected:
             detail += "; skipped: " + "; ".join(rejected)
         result = RestoreResult(step=src.step, tier=src.tier, duration_s=duration, detail=detail[:500])
-        self.last_restore = result
-        self._last_saved_step = src.step
-        self._emit(
-            CheckpointEvent(
-                step=src.step, tier=src.tier, ok=True, duration_s=duration, bytes=nbytes,
-                sdc_passed=src.manifest.sdc_passed, detail=result.detail, kind="restore", steps_lost=lost,
-            )
+        event = CheckpointEvent(
+            step=src.step, tier=src.tier, ok=True, duration_s=duration, bytes=nbytes,
+            sdc_passed=src.manifest.sdc_passed, detail=result.detail, kind="restore", steps_lost=lost,
         )
         log.info("restored %s in %.2fs", detail, duration)
-        note_restore = getattr(ctx.extra.get("health_monitor"), "note_restore", None)
-        if callable(note_restore):
-            note_restore(src.tier, src.step)
-        self.forward_events(ctx)
-        return result
+        return Restored(result=result, event=event)
 
     def _list_found(self) -> list[FoundCheckpoint]:
         mine: list[FoundCheckpoint] = []
         for tier in self.tiers:
             storage = self.storages[tier.name]
             if tier.name in PER_NODE_TIERS:
-                if not self.is_pod_leader:
+                if not self.placement.is_pod_leader:
                     continue
-                location = pod_location(self.pod)
+                location = pod_location(self.placement.pod)
             elif self.rank == 0:
                 location = SHARED_LOCATION
             else:

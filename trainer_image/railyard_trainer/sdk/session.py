@@ -274,7 +274,7 @@ class Session:
         checkpoint's own process group): every rank, same order. ``defer_capture``: the loop
         changes the parameters and optimizer state only in ``optimizer.step()``, so a save may
         copy them while the next step's forward and backward run (the bundled trainer's loop;
-        see checkpoint.manager._Capture)."""
+        see checkpoint.snapshot.Capture)."""
         from railyard_trainer.sdk.tiers import Checkpoints, build_inner
 
         cp = Checkpoints(self, build_inner(self.config, ctx, final_step=final_step, defer_capture=defer_capture))
