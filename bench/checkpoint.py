@@ -345,7 +345,7 @@ class _RawOps:
         import torch
 
         from railyard_trainer.checkpoint.digest import DEFAULT_ALGORITHM
-        from railyard_trainer.checkpoint.shardio import CHUNK
+        from railyard_trainer.checkpoint.shardstream import CHUNK
         from railyard_trainer.checkpoint.statedict import tensor_state
 
         self.chunk = CHUNK  # the replica stream's piece size

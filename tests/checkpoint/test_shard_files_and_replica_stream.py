@@ -1,4 +1,4 @@
-"""A node tier's shard files (``checkpoint/shardio.py``, ``checkpoint/digest.py``): written raw in
+"""A node tier's shard files (``checkpoint/shardio.py``, ``shardstream.py``, ``digest.py``): written raw in
 one pass with the digest of what was written, read straight back, refused when torn; and the
 replica stream to the peer, whose receiver keeps a file only when it arrived intact and is never
 left waiting when the sender fails half way.
@@ -24,7 +24,7 @@ from torch.distributed.checkpoint.api import CheckpointException  # noqa: E402
 from torch.distributed.checkpoint.filesystem import FileSystemReader, FileSystemWriter  # noqa: E402
 
 from railyard.protocol.manifest import ShardInfo  # noqa: E402
-from railyard_trainer.checkpoint import shardio  # noqa: E402
+from railyard_trainer.checkpoint import shardstream  # noqa: E402
 from railyard_trainer.checkpoint.digest import (  # noqa: E402
     DEFAULT_ALGORITHM,
     SHA256,
@@ -33,14 +33,13 @@ from railyard_trainer.checkpoint.digest import (  # noqa: E402
     file_digest,
     new_hasher,
 )
-from railyard_trainer.checkpoint.shardio import (  # noqa: E402
+from railyard_trainer.checkpoint.shardio import ShardReader, ShardWriter  # noqa: E402
+from railyard_trainer.checkpoint.shardstream import (  # noqa: E402
     DATA_FILE,
     METADATA_FILE,
     SHARD_FILES,
     ReplicaReceiver,
     ReplicaSender,
-    ShardReader,
-    ShardWriter,
     cut_pieces,
     receive_files,
     recv_ring,
@@ -74,7 +73,7 @@ class _Recv:
 
 
 class FakeWire:
-    """Stands in for ``torch.distributed`` in shardio: one sender, one receiver, messages by tag."""
+    """Stands in for ``torch.distributed`` in shardstream: one sender, one receiver, messages by tag."""
 
     def __init__(self, damage_tag: int | None = None) -> None:
         self.box: dict[int, Any] = {}
@@ -102,7 +101,7 @@ class FakeWire:
 @pytest.fixture
 def wire(monkeypatch: pytest.MonkeyPatch) -> FakeWire:
     w = FakeWire()
-    monkeypatch.setattr(shardio, "dist", w)
+    monkeypatch.setattr(shardstream, "dist", w)
     return w
 
 
@@ -279,7 +278,7 @@ def test_a_replica_received_into_a_recycled_file_is_exactly_what_was_sent(tmp_pa
 
 
 def test_a_replica_damaged_in_transit_is_not_kept(tmp_path: Path, wire: FakeWire) -> None:
-    wire.damage_tag = shardio._tag(0, 3)  # a piece of the data file
+    wire.damage_tag = shardstream._tag(0, 3)  # a piece of the data file
     writer, sender, receiver = _stream(tmp_path, wire)
     dcp.save(_state(), storage_writer=writer, no_dist=True)
     receiver.finish()
@@ -315,7 +314,7 @@ def test_a_receiver_that_cannot_keep_the_replica_still_drains_it(tmp_path: Path,
 
 def _long_state() -> dict[str, Any]:
     g = torch.Generator().manual_seed(1)
-    return {"long": torch.randn((5 * shardio.CHUNK) // 4 + 3, generator=g), "step": 3}
+    return {"long": torch.randn((5 * shardstream.CHUNK) // 4 + 3, generator=g), "step": 3}
 
 
 def test_a_stream_longer_than_the_receive_window_arrives_identical_in_bounded_memory(
@@ -369,7 +368,7 @@ def test_a_receiver_interrupted_half_way_still_receives_what_it_was_promised(
     def broken(*args: Any) -> None:
         raise RuntimeError("disk controller on fire")
 
-    monkeypatch.setattr(shardio, "write_hashed", broken)
+    monkeypatch.setattr(shardstream, "write_hashed", broken)
     with pytest.raises(RuntimeError, match="on fire"):
         receiver.finish()
     assert sender.wait() == "" and wire.box == {}  # every piece received: the sender is not left waiting

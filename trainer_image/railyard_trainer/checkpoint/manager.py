@@ -70,11 +70,11 @@ from railyard_trainer.checkpoint.restore import (
 from railyard_trainer.checkpoint.savejob import Laps, RankResult, SaveJob, SaveRecord
 from railyard_trainer.checkpoint.saveplan import ReusedSavePlanner
 from railyard_trainer.checkpoint.settings import CheckpointSettings, TierSettings
-from railyard_trainer.checkpoint.shardio import (
+from railyard_trainer.checkpoint.shardio import ShardWriter
+from railyard_trainer.checkpoint.shardstream import (
     SHARD_FILES,
     ReplicaReceiver,
     ReplicaSender,
-    ShardWriter,
     recv_ring,
 )
 from railyard_trainer.checkpoint.snapshot import Capture, HostSnapshot

@@ -48,11 +48,8 @@ from railyard.protocol.restore import (
     pod_location,
 )
 from railyard_trainer.checkpoint.settings import CheckpointSettings, TierSettings
-from railyard_trainer.checkpoint.shardio import (
-    ShardReader,
-    receive_files,
-    send_files,
-)
+from railyard_trainer.checkpoint.shardio import ShardReader
+from railyard_trainer.checkpoint.shardstream import receive_files, send_files
 from railyard_trainer.checkpoint.statedict import (
     _keep_saved_rng,
     _MergedReader,
