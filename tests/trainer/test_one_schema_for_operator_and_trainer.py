@@ -104,7 +104,8 @@ def test_config_json_is_the_declared_envelope_around_the_declared_sections() -> 
     written = build_trainer_config(spec, job="j", namespace="n", attempt=3, restore=hint)
     assert set(written) == set(proto.TOP_LEVEL)
     got = TrainerConfig.from_dict(written)
-    assert got.envelope() == proto.AttemptEnvelope(job="j", namespace="n", attempt=3, restore=hint, restart_wait_seconds=180.0)
+    want = proto.AttemptEnvelope(job="j", namespace="n", attempt=3, restore=hint, restart_wait_seconds=180.0)
+    assert got.envelope() == want
     assert TrainerConfig.from_dict(got.to_dict()) == got
     with pytest.raises(ValueError) as err:
         TrainerConfig.from_dict({"job": "", "attempt": -1, "restore": "memory"})
@@ -123,11 +124,12 @@ def test_the_trainer_reads_the_checkpoint_section_with_the_crds_fields_and_its_o
                       (proto.LocalTier, proto.LocalTierConfig), (proto.SharedTier, proto.SharedTierConfig)]:
         theirs = {f.name: f.metadata for f in dataclasses.fields(crd)}
         assert {f.name: f.metadata for f in dataclasses.fields(ours) if f.name in theirs} == theirs
-    crd = build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]["checkpoint"]
+    schema = build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    crd = schema["properties"]["spec"]["properties"]["checkpoint"]
     assert "timeoutSeconds" not in crd["properties"] and "keep" in crd["properties"]["local"]["properties"]
     assert not any("dir" in crd["properties"][tier]["properties"] for tier in ("memory", "local", "shared"))
-    written = build_trainer_config(api.TrainingJobSpec.model_validate({"checkpoint": {"memory": {"medium": "Pod", "keep": 4}}}),
-                                   job="j", namespace="n", attempt=0)
+    spec = api.TrainingJobSpec.model_validate({"checkpoint": {"memory": {"medium": "Pod", "keep": 4}}})
+    written = build_trainer_config(spec, job="j", namespace="n", attempt=0)
     s = parse_checkpoint_settings(written["checkpoint"], env={"RAILYARD_CHECKPOINT_MEMORY_DIR": "/m"})
     assert (s.tier("memory").keep, s.tier("memory").root, s.tier("memory").replicate) == (4, "/m", True)
     assert parse_checkpoint_settings({"local": {"dir": "/l"}, "timeoutSeconds": 9}, env={}).tier("local").root == "/l"

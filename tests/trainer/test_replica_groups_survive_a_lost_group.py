@@ -69,7 +69,9 @@ class _Tiers:
         raise NoVerifiedCheckpoint("restore: no committed checkpoint found")
 
 
-def _restarted_group(*, hint_step: int | None, peer_step: int | None, first: list[tuple[int, int]] = []) -> tuple[FTManager, SimpleNamespace]:  # noqa: B006
+def _restarted_group(
+    *, hint_step: int | None, peer_step: int | None, first: list[tuple[int, int]] = []  # noqa: B006
+) -> tuple[FTManager, SimpleNamespace]:
     """The fault tolerance of a trainer of two groups after a whole-job restart, its own tier
     folder empty (every group reads only its own); its first quorum finds nobody ahead, its next
     ones are ``first`` (the quorum's step, participants), then the peer at ``peer_step`` (None:
@@ -87,7 +89,8 @@ def _restarted_group(*, hint_step: int | None, peer_step: int | None, first: lis
         return Share(first=0, count=1, rank=0, participants=participants)
 
     replicas = SimpleNamespace(group=1, heals=0, start_step=start_step)
-    return ReplicaGroupsFT(replicas, ctx=ctx, data=SimpleNamespace(consumed=0), cfg=cfg, unit=1, rank=0), ctx  # type: ignore[arg-type]
+    data = SimpleNamespace(consumed=0)
+    return ReplicaGroupsFT(replicas, ctx=ctx, data=data, cfg=cfg, unit=1, rank=0), ctx  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("first", [[], [(0, 1)], [(0, 2)]], ids=["peer-restored", "peer-still-restoring-past-the-join-timeout", "peer-in-its-quorum-before-restoring"])

@@ -71,7 +71,8 @@ def _step(tried: list[int], data: Data) -> Any:
         loss = exchange.reduce_loss(2.0)
         if not exchange.commit(step):
             return None
-        return StepMetrics(step=step, loss=loss, grad_norm=0.0, step_time_s=0.0, compute_s=0.0, tokens_per_s=0.0, lr=0.0)
+        return StepMetrics(step=step, loss=loss, grad_norm=0.0, step_time_s=0.0, compute_s=0.0, tokens_per_s=0.0,
+                           lr=0.0)
 
     return train_step
 

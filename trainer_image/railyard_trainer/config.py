@@ -89,7 +89,8 @@ class TrainerConfig:
         """config.json's own fields of this config."""
         return AttemptEnvelope(
             job=self.job, namespace=self.namespace, attempt=self.attempt,
-            restore=None if self.restore is None else dict(self.restore), restart_wait_seconds=self.restart_wait_seconds,
+            restore=None if self.restore is None else dict(self.restore),
+            restart_wait_seconds=self.restart_wait_seconds,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -127,7 +128,8 @@ def load_config(path: str | Path) -> TrainerConfig:
 def _parse(raw: Any) -> TrainerConfig:
     if not isinstance(raw, dict):
         raise ConfigError(["config: expected a JSON object"])
-    problems: list[str] = [f"{k}: unknown top-level field; known: {', '.join(TOP_LEVEL)}" for k in raw if k not in TOP_LEVEL]
+    known = ", ".join(TOP_LEVEL)
+    problems: list[str] = [f"{k}: unknown top-level field; known: {known}" for k in raw if k not in TOP_LEVEL]
     trainer = parse(TrainerSettings, raw.get("trainer"), where="trainer", problems=problems)
     parallelism = parse(Parallelism, raw.get("parallelism"), where="parallelism", problems=problems)
     health = parse(Health, raw.get("health"), where="health", problems=problems)
@@ -143,11 +145,13 @@ def _parse(raw: Any) -> TrainerConfig:
         problems.append("checkpoint: expected an object")
         checkpoint = {}
     # the envelope: config.json's own fields (the sections are read above)
-    envelope = parse(AttemptEnvelope, {k: v for k, v in raw.items() if k in TOP_LEVEL and k not in SECTIONS}, problems=problems)
+    own = {k: v for k, v in raw.items() if k in TOP_LEVEL and k not in SECTIONS}
+    envelope = parse(AttemptEnvelope, own, problems=problems)
     if problems:
         raise ConfigError(problems)
     return TrainerConfig(
-        job=envelope.job, namespace=envelope.namespace, attempt=envelope.attempt, trainer=trainer, parallelism=parallelism,
-        checkpoint=checkpoint, health=health, fault_tolerance=fault_tolerance, restore=envelope.restore,
+        job=envelope.job, namespace=envelope.namespace, attempt=envelope.attempt, trainer=trainer,
+        parallelism=parallelism, checkpoint=checkpoint, health=health, fault_tolerance=fault_tolerance,
+        restore=envelope.restore,
         restart_wait_seconds=envelope.restart_wait_seconds,
     )

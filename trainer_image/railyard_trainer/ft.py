@@ -176,7 +176,8 @@ class ReplicaGroupsFT:
     others through torchft each step (railyard_trainer/replicas.py)."""
 
     def __init__(self, replicas: ReplicaGroup, *, ctx: hooks.TrainContext, data: ShardedBatches, cfg: TrainerConfig,
-                 unit: int, rank: int, paused: Callable[[], AbstractContextManager[None]] = contextlib.nullcontext) -> None:
+                 unit: int, rank: int,
+                 paused: Callable[[], AbstractContextManager[None]] = contextlib.nullcontext) -> None:
         self.replicas, self.ctx, self.data, self.cfg, self.unit, self.rank = replicas, ctx, data, cfg, unit, rank
         self.paused = paused
         self.group: int | None = replicas.group
@@ -184,7 +185,8 @@ class ReplicaGroupsFT:
         self.joined: Share | None = None
 
     def _start_step(self) -> Share:
-        return self.replicas.start_step(consumed_of=lambda: self.data.consumed, batch_size=self.cfg.trainer.batch_size, unit=self.unit)
+        return self.replicas.start_step(consumed_of=lambda: self.data.consumed, batch_size=self.cfg.trainer.batch_size,
+                                        unit=self.unit)
 
     def restore(self, from_tiers: Callable[[], hooks.RestoreResult | None]) -> hooks.RestoreResult | None:
         """Join the quorum first: a group that starts while live peers are ahead heals from them
@@ -218,8 +220,9 @@ class ReplicaGroupsFT:
         while True:
             share = self._start_step()  # heals when a peer is ahead: ctx.step moves
             decision = decide_replica_group_unrestored(
-                hint_step=step if isinstance(step, int) else None, quorum_step=self.ctx.step, participants=share.participants,
-                groups=groups, full_quorums_before=full_quorums, timed_out=time.monotonic() > deadline)
+                hint_step=step if isinstance(step, int) else None, quorum_step=self.ctx.step,
+                participants=share.participants, groups=groups, full_quorums_before=full_quorums,
+                timed_out=time.monotonic() > deadline)
             if decision.action == "train":
                 self.joined = share
                 return
@@ -237,7 +240,8 @@ class ReplicaGroupsFT:
         while True:
             share = self.joined or self._start_step()  # may heal: ctx.step and data move
             self.joined = None
-            exchange = ReplicaExchange(self.replicas, share, batch_size=self.cfg.trainer.batch_size, data=self.data, rank=self.rank)
+            exchange = ReplicaExchange(self.replicas, share, batch_size=self.cfg.trainer.batch_size, data=self.data,
+                                       rank=self.rank)
             metrics = train_step(self.ctx.step + 1, exchange)
             if metrics is not None:
                 self.ctx.step = metrics.step
@@ -256,7 +260,8 @@ def ft_problems(cfg: TrainerConfig, *, group_dp: int) -> list[str]:
     """What makes this job's fault tolerance impossible before it starts (each names its field)."""
     if cfg.fault_tolerance.mode != "ReplicaGroups":
         return []
-    return replica_problems(batch_size=cfg.trainer.batch_size, group_dp=group_dp, data_replicas=cfg.parallelism.data_replicas)
+    return replica_problems(batch_size=cfg.trainer.batch_size, group_dp=group_dp,
+                            data_replicas=cfg.parallelism.data_replicas)
 
 
 def build_ft_manager(cfg: TrainerConfig, *, ctx: hooks.TrainContext, data: ShardedBatches, state: HealState,

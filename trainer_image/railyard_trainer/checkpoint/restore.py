@@ -117,9 +117,10 @@ class Restorer:
     """Chooses, verifies, fetches and loads a checkpoint. Collective: every rank of ``pg`` calls
     the same methods in the same order. It saves nothing and holds no state between calls."""
 
-    def __init__(self, settings: CheckpointSettings, *, storages: Mapping[str, TierStorage], tiers: Sequence[TierSettings],
-                 job: str, layout: Layout, placement: RankPlacement, pg: Any) -> None:
-        self.settings, self.storages, self.tiers, self.job, self.layout = settings, dict(storages), list(tiers), job, layout
+    def __init__(self, settings: CheckpointSettings, *, storages: Mapping[str, TierStorage],
+                 tiers: Sequence[TierSettings], job: str, layout: Layout, placement: RankPlacement, pg: Any) -> None:
+        self.settings, self.storages, self.tiers = settings, dict(storages), list(tiers)
+        self.job, self.layout = job, layout
         self.placement, self.pg = placement, pg
         self.rank, self.world = placement.rank, placement.world
         self.pod_of, self.local_of, self.pod_ranks = placement.pod_of, placement.local_of, placement.pod_ranks

@@ -104,7 +104,8 @@ def parse_checkpoint_settings(
         tiers.append(
             TierSettings(
                 name=name, enabled=tier.enabled, interval_steps=tier.interval_steps, keep=tier.keep,
-                root=str(tier.dir or ENV_DIRS[name].get(env)), replicate=isinstance(tier, MemoryTierConfig) and tier.replicate,
+                root=str(tier.dir or ENV_DIRS[name].get(env)),
+                replicate=isinstance(tier, MemoryTierConfig) and tier.replicate,
             )
         )
     cpu_class = podenv.CHECKPOINT_CPU.get(env)

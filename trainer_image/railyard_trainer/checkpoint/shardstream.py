@@ -388,7 +388,9 @@ class ReplicaReceiver:
             inc.problem = f"replica of {self.directory.name}/{inc.name} from rank {self.src} arrived corrupt"
             ok = False
         elif not ok and not inc.problem:
-            inc.problem = self.error or f"replica of {self.directory.name}/{inc.name}: rank {self.src} could not send it"
+            inc.problem = self.error or (
+                f"replica of {self.directory.name}/{inc.name}: rank {self.src} could not send it"
+            )
         if inc.fd >= 0:
             try:
                 if ok and inc.reused:
