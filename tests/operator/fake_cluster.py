@@ -165,6 +165,15 @@ class FakeCluster:
             if self.objects.pop(("ConfigMap", name), None) is not None:
                 self.calls.append(("delete", f"ConfigMap/{name}"))
 
+    async def ensure_disruption_budget(self, budget: Obj) -> str:
+        key = ("PodDisruptionBudget", str(budget["metadata"]["name"]))
+        current = self.objects.get(key)
+        if current is not None and current.get("spec") == budget.get("spec"):
+            return "kept"
+        self.objects.pop(key, None)
+        await self.create_object(budget)
+        return "created" if current is None else "replaced"
+
     async def create_podgroups(self, objects: Sequence[Obj]) -> int:
         if self.podgroup_error is not None:
             raise ApiError(self.podgroup_error, {"reason": "NotFound", "message": "the server could not find the requested resource"}, "POST", "/apis/podgroups")

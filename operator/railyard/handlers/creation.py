@@ -22,6 +22,7 @@ from railyard.logic.health.window import GroupLayout
 from railyard.logic.lifecycle import earlier_attempts, placement_retry_s
 from railyard.logic.manifests import (
     build_configmap,
+    build_disruption_budget,
     build_dra_objects,
     build_gang_pods,
     build_network_policy,
@@ -29,6 +30,7 @@ from railyard.logic.manifests import (
     build_service,
     build_trainer_config,
     configmap_name,
+    disruption_budget_name,
     network_policy_name,
     owner_reference,
     pod_name,
@@ -136,7 +138,7 @@ async def create_gang(cycle: Cycle, job: TrainingJob, placed: Placement) -> tupl
     async with _refusals(f"PodGroup {plan.group_name}"):
         if not await _ensure_podgroups(cycle, plan):
             return None
-    await _ensure_job_objects(cycle, owner, spec)
+    await _ensure_job_objects(cycle, owner, spec, pods=len(pods))
     table = with_addresses(placed.rank_table, cycle.ns)
     # a new gang: no pod is kept (a memory tier in the pods is gone with them)
     restore = restore_hint(cycle.status, spec, pods_kept=False)
@@ -238,7 +240,7 @@ async def finish_creation(cycle: Cycle, job: TrainingJob, current: Sequence[Mapp
         async with _refusals("the gang's pods", pods=names, configmap=configmap_name(cycle.name, cycle.status.attempt)):
             if missing:
                 runtime.metrics.pods_created.inc(await cycle.io.create_pods(missing))
-        await _ensure_job_objects(cycle, owner, job.spec)
+        await _ensure_job_objects(cycle, owner, job.spec, pods=len(pods))
         async with _refusals("the gang's pods", pods=names, configmap=configmap_name(cycle.name, cycle.status.attempt)):
             await cycle.io.lift_gates(pods)
     except GangRefused as refused:
@@ -258,11 +260,12 @@ async def finish_creation(cycle: Cycle, job: TrainingJob, current: Sequence[Mapp
     return 1.0
 
 
-async def _ensure_job_objects(cycle: Cycle, owner: Mapping[str, Any], spec: TrainingJobSpec) -> None:
-    """The per-job Secret (heartbeat token) and headless Service (and with replica groups the
-    job's NetworkPolicy, with spec.gpuClaim its ResourceClaimTemplate and ComputeDomain);
-    idempotent, and the token is re-read after an operator restart so heartbeats authenticate
-    against the same one."""
+async def _ensure_job_objects(cycle: Cycle, owner: Mapping[str, Any], spec: TrainingJobSpec, *, pods: int) -> None:
+    """The per-job Secret (heartbeat token), headless Service and PodDisruptionBudget over its
+    ``pods`` training pods (and with replica groups the job's NetworkPolicy, with spec.gpuClaim
+    its ResourceClaimTemplate and ComputeDomain); idempotent, and the token is re-read after an
+    operator restart so heartbeats authenticate against the same one. One budget per job: a new
+    attempt of another size replaces it (logic/manifests/disruption.py)."""
     runtime = cycle.runtime
     if runtime.tokens(cycle.ns, cycle.name) is None:
         async with _refusals(f"Secret {secret_name(cycle.name)}"):
@@ -270,6 +273,9 @@ async def _ensure_job_objects(cycle: Cycle, owner: Mapping[str, Any], spec: Trai
         runtime.tokens.set(cycle.ns, cycle.name, token)
     async with _refusals(f"Service {service_name(cycle.name)}"):
         await cycle.io.create_object(build_service(cycle.name, cycle.ns, owner))
+    async with _refusals(f"PodDisruptionBudget {disruption_budget_name(cycle.name)}"):
+        # before the pods: a drain that starts as the gang does finds them covered
+        await cycle.io.ensure_disruption_budget(build_disruption_budget(cycle.name, cycle.ns, owner, pods=pods))
     for obj in build_dra_objects(spec, job=cycle.name, namespace=cycle.ns, owner=owner):
         # before the pods that claim from them (a pod whose template is missing stays Pending)
         async with _refusals(f"{obj['kind']} {obj['metadata']['name']}"):

@@ -28,6 +28,7 @@ from railyard.logic.manifests import (
     RESOURCE_CLAIM_TEMPLATE_PLURAL,
     build_gate_removal,
     configmap_name,
+    disruption_budget_differs,
     secret_name,
 )
 from railyard.logic.quarantine import (
@@ -72,7 +73,7 @@ async def _bounded(calls: Iterable[Awaitable[T]], limit: int = CONCURRENCY) -> l
 
 #: The job's objects outside the core group. A ComputeDomain is a CRD of NVIDIA's DRA driver:
 #: where it is not installed its create is a 404 (the job waits, reason NotFound).
-_GROUPED_KINDS = ("NetworkPolicy", "ResourceClaimTemplate", "ComputeDomain")
+_GROUPED_KINDS = ("NetworkPolicy", "ResourceClaimTemplate", "ComputeDomain", "PodDisruptionBudget")
 _RESOURCE_GROUP, _RESOURCE_VERSION = RESOURCE_API_VERSION.split("/")
 _COMPUTE_DOMAIN_GROUP, _COMPUTE_DOMAIN_VERSION = COMPUTE_DOMAIN_API_VERSION.split("/")
 
@@ -93,6 +94,23 @@ async def create_object(kube: Kube, obj: Mapping[str, Any]) -> bool:
         path = core_path({"Pod": "pods", "Service": "services", "ConfigMap": "configmaps", "Secret": "secrets"}[kind], namespace)
     return await kube.create(path, dict(obj)) is not None
 
+
+
+async def ensure_disruption_budget(kube: Kube, budget: Mapping[str, Any]) -> str:
+    """The job's PodDisruptionBudget as ``budget`` says: "created", "kept" (already so), or
+    "replaced" (another pod count: a new attempt of another size; deleted and created again,
+    as budgets are not updated in place by this operator)."""
+    meta = budget["metadata"]
+    path = custom_path("policy", "v1", "poddisruptionbudgets", meta["namespace"])
+    current = await kube.get(custom_path("policy", "v1", "poddisruptionbudgets", meta["namespace"], meta["name"]))
+    if current is None:
+        await kube.create(path, dict(budget))
+        return "created"
+    if not disruption_budget_differs(current, budget):
+        return "kept"
+    await kube.delete(custom_path("policy", "v1", "poddisruptionbudgets", meta["namespace"], meta["name"]))
+    await kube.create(path, dict(budget))
+    return "replaced"
 
 
 async def create_podgroups(kube: Kube, objects: Sequence[Mapping[str, Any]]) -> int:
@@ -285,6 +303,8 @@ async def delete_owned(kube: Kube, namespace: str, job: str) -> None:
             listing = custom_path("networking.k8s.io", "v1", "networkpolicies", namespace)
         elif kind == "ResourceClaimTemplate":
             listing = custom_path(_RESOURCE_GROUP, _RESOURCE_VERSION, RESOURCE_CLAIM_TEMPLATE_PLURAL, namespace)
+        elif kind == "PodDisruptionBudget":
+            listing = custom_path("policy", "v1", "poddisruptionbudgets", namespace)
         else:
             listing = custom_path(_COMPUTE_DOMAIN_GROUP, _COMPUTE_DOMAIN_VERSION, COMPUTE_DOMAIN_PLURAL, namespace)
         try:
@@ -301,6 +321,8 @@ async def _delete_grouped(kube: Kube, kind: str, namespace: str, name: str) -> b
         path = custom_path("networking.k8s.io", "v1", "networkpolicies", namespace, name)
     elif kind == "ResourceClaimTemplate":
         path = custom_path(_RESOURCE_GROUP, _RESOURCE_VERSION, RESOURCE_CLAIM_TEMPLATE_PLURAL, namespace, name)
+    elif kind == "PodDisruptionBudget":
+        path = custom_path("policy", "v1", "poddisruptionbudgets", namespace, name)
     else:
         path = custom_path(_COMPUTE_DOMAIN_GROUP, _COMPUTE_DOMAIN_VERSION, COMPUTE_DOMAIN_PLURAL, namespace, name)
     return await kube.delete(path)

@@ -12,6 +12,7 @@ reconcile builds byte-identical objects with identical names and "create" is ide
 - :mod:`.pod`: a gang member (the pod contract of docs/trainer.md, NCCL defaults, volumes);
 - :mod:`.lighthouse`: faultTolerance ReplicaGroups' Lighthouse pod and NetworkPolicy;
 - :mod:`.spares`: hot spares' placeholder pods;
+- :mod:`.disruption`: the gang's PodDisruptionBudget (training pods only);
 - :mod:`.cleanup`: the checkpoint cleanup pods.
 
 Every name is importable from this package, as it was from the one module it was split from.
@@ -35,6 +36,12 @@ from railyard.logic.manifests.config import (
     build_service,
     build_trainer_config,
     with_addresses,
+)
+from railyard.logic.manifests.disruption import (
+    PDB_API_VERSION,
+    build_disruption_budget,
+    disruption_budget_differs,
+    disruption_budget_name,
 )
 from railyard.logic.manifests.dra import (
     CHANNEL_CLAIM,
@@ -134,6 +141,7 @@ __all__ = [
     "MANAGED_BY_LABEL",
     "NCCL_DEFAULTS",
     "NODE_ANNOTATION",
+    "PDB_API_VERSION",
     "POD_INDEX_LABEL",
     "RANK_TABLE_FILE",
     "RENDEZVOUS_PORT_BASE",
@@ -148,6 +156,7 @@ __all__ = [
     "build_cleanup_pod",
     "build_compute_domain",
     "build_configmap",
+    "build_disruption_budget",
     "build_dra_objects",
     "build_gang_pods",
     "build_gate_removal",
@@ -167,6 +176,8 @@ __all__ = [
     "configmap_name",
     "container_resources",
     "control_url_for",
+    "disruption_budget_differs",
+    "disruption_budget_name",
     "gpu_claim_template_name",
     "group_checkpoint_dir",
     "group_rank_table_file",
