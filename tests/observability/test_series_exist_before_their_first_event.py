@@ -26,7 +26,9 @@ def test_restarts_and_failures_of_every_class_and_kind_start_at_zero() -> None:
     OperatorMetrics(reg)
     for cls in FailureClass:
         value = reg.get_sample_value("railyard_restarts_total", {"class": cls.value})
-        assert value == (None if cls is FailureClass.PERMANENT else 0.0), cls
+        # never restarted (Permanent), or counted apart (Planned: railyard_planned_moves)
+        assert value == (None if cls in (FailureClass.PERMANENT, FailureClass.PLANNED) else 0.0), cls
+    assert reg.get_sample_value("railyard_planned_moves_total") == 0.0
     for kind, rule in RULES.items():
         assert reg.get_sample_value("railyard_failures_total", {"class": rule.cls.value, "kind": kind}) == 0.0, kind
 

@@ -26,7 +26,9 @@ from railyard.logic.recovery import (
     FullRestart,
     GrowBack,
     KeepWaiting,
+    MoveAhead,
     Observed,
+    PlannedMoves,
     RecoveryPlan,
     RepairGroups,
     RestartInPlace,
@@ -49,7 +51,7 @@ class Seen:
     """A compact :class:`Observed`: ``gang`` pods placed on the first ``gang`` of ``cluster``
     nodes (attempt 0), the gang's first placement as the running rank table."""
 
-    cause: Failure | WaitingGroups = CRASH
+    cause: Failure | WaitingGroups | PlannedMoves = CRASH
     gang: int = 2
     cluster: int = 3
     #: Nodes NotReady now.
@@ -94,6 +96,8 @@ def summary(plan: RecoveryPlan) -> tuple[Any, ...]:
             return ("Fail", reason)
         case FullRestart():
             return ("FullRestart", plan.reason)
+        case MoveAhead():
+            return ("MoveAhead", tuple(sorted(plan.replace)), plan.keep, plan.carry_on)
         case RepairGroups():
             return ("RepairGroups", tuple(sorted(plan.replace)), plan.groups, plan.carry_on)
         case RestartInPlace():
@@ -117,6 +121,11 @@ def node_lost(**kw: Any) -> Seen:
 def waiting(**kw: Any) -> Seen:
     """Replica group 1 of three (one pod each) waits for a node; groups 0 and 2 train."""
     return Seen(WaitingGroups((1,), (0, 2)), **{"gang": 3, "absent": (1,), "spec": GROUPS, **kw})
+
+
+def going(*nodes: str, **kw: Any) -> Seen:
+    """Nodes announced to go (cordoned) under a running gang: a planned move, not a failure."""
+    return Seen(PlannedMoves(dict.fromkeys(nodes, "cordoned")), **kw)
 
 
 QUARANTINED = {"quarantined_nodes": [QuarantinedNode(node="node-0", reason="x", time="t")]}
@@ -148,6 +157,16 @@ ROWS: list[tuple[str, Seen, tuple[Any, ...]]] = [
     # ShrinkAndWait: no place for the touched group, enough groups train on
     ("no spare: the group waits", node_lost(gang=3, cluster=3, spec=GROUPS), ("ShrinkAndWait", (1,), (1,), (0, 2))),
     ("no spare and too few groups left: full", node_lost(gang=3, cluster=3, spec=MIN_3), ("FullRestart", "NotPlaceable")),
+    # MoveAhead: nodes announced to go; no budget spent (NO_BUDGET: the application's is empty)
+    ("a cordoned node's pod moves ahead to the spare", going("node-1", spec=NO_BUDGET), ("MoveAhead", (1,), (0,), ())),
+    ("nodes announced together move in one move", going("node-0", "node-1", gang=3, cluster=5),
+     ("MoveAhead", (0, 1), (2,), ())),
+    ("with replica groups the group on the node moves alone", going("node-1", gang=3, cluster=4, spec=GROUPS),
+     ("MoveAhead", (1,), (0, 2), (0, 2))),
+    ("a planned move without a spare: the group waits", going("node-1", gang=3, cluster=3, spec=GROUPS),
+     ("ShrinkAndWait", (1,), (1,), (0, 2))),
+    ("a planned move without a spare or groups: the whole gang moves", going("node-1", cluster=2),
+     ("FullRestart", "NotPlaceable")),
     # GrowBack / KeepWaiting / FallBackToFull: while a group waits
     ("a node is usable: the waiting group comes back", waiting(cluster=4, down=("node-1",)), ("GrowBack", (1,), (0, 2))),
     ("no node yet", waiting(cluster=3, down=("node-1",)), ("KeepWaiting",)),
@@ -164,8 +183,16 @@ def test_recovery_decisions(name: str, seen: Seen, want: tuple[Any, ...]) -> Non
 
 def test_every_plan_kind_has_a_row() -> None:
     kinds = {summary(decide_recovery(seen.observed()))[0] for _, seen, _ in ROWS}
-    assert kinds == {"Fail", "FullRestart", "RestartInPlace", "RepairGroups", "ShrinkAndWait", "GrowBack",
+    assert kinds == {"Fail", "FullRestart", "RestartInPlace", "RepairGroups", "MoveAhead", "ShrinkAndWait", "GrowBack",
                      "KeepWaiting", "FallBackToFull"}
+
+
+def test_a_planned_move_spends_no_budget_and_blames_no_node() -> None:
+    plan = decide_recovery(going("node-1", spec=NO_BUDGET).observed())
+    assert isinstance(plan, MoveAhead) and plan.reason == "PlannedMove"
+    assert plan.failure.cls.value == "Planned" and plan.failure.nodes == (), "nothing is quarantined"
+    assert plan.budget.allowed and plan.budget.backoff_seconds == 0
+    assert plan.message.startswith("moving ahead of node-1 (cordoned): ") and "node-1" in plan.moves.message
 
 
 def test_reason_codes_and_messages_are_built_from_the_plan() -> None:

@@ -540,11 +540,12 @@ class CheckpointFence(_Model):
 
 
 class Restarts(_Model):
-    total: Annotated[int, Field(description="All restarts.")] = 0
+    total: Annotated[int, Field(description="All restarts after failures (planned moves are counted apart, in planned).")] = 0
     infrastructure: Annotated[int, Field(description="Restarts after infrastructure failures.")] = 0
     application: Annotated[int, Field(description="Restarts after application failures.")] = 0
     sdc: Annotated[int, Field(description="Restarts after silent data corruption.")] = 0
     straggler: Annotated[int, Field(description="Restarts after hangs or stragglers.")] = 0
+    planned: Annotated[int, Field(description="Planned moves: the gang's pods moved off nodes announced to go (cordoned, tainted by someone else, maintenance announced), ahead of time. Not a failure: no restart budget is spent, the streak is not extended.")] = 0
     last_reason: Annotated[str, Field(description="Why the last restart happened.")] = ""
     last_time: Annotated[str | None, Field(description="When the last restart happened.")] = None
     streak: Annotated[dict[str, int] | None, Field(description="Restarts per class since the gang last ran healthy for restartPolicy.resetAfterSeconds; budgets and backoff count these (absent: the totals above).")] = None

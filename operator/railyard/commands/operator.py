@@ -40,6 +40,9 @@ def add_parser(sub: Any) -> None:
     peer.add_argument("--peering", default=None, metavar="NAME", help="kopf peering object name (leader election)")
     r.add_argument("--not-ready-grace", type=float, default=2.0, help="seconds a node may be NotReady before its pods count as failed")
     r.add_argument("--pod-annotation", action="append", default=[], metavar="KEY=VALUE", help="extra annotation on every gang pod (repeatable)")
+    r.add_argument("--maintenance-signal", action="append", default=[], metavar="KEY",
+                   help="a node label or annotation that announces the node's maintenance: the gangs on it move ahead of time "
+                        "(repeatable; added to cloud.google.com/scheduled-maintenance-time and railyard.dev/maintenance)")
     r.add_argument("--stuck-reconcile-seconds", type=float, default=DEFAULT_STUCK_AFTER_S,
                    help="a job's reconcile cycle running longer than this fails /healthz (liveness)")
     r.add_argument("-v", "--verbose", action="store_true", help="debug logging")
@@ -131,6 +134,7 @@ def run(args: argparse.Namespace) -> int:
 
     from railyard.handlers import kopf_handlers
     from railyard.handlers.runtime import OperatorSettings
+    from railyard.logic.planned import MAINTENANCE_SIGNALS
 
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
@@ -157,6 +161,7 @@ def run(args: argparse.Namespace) -> int:
             not_ready_grace_s=args.not_ready_grace,
             pod_annotations=annotations,
             stuck_reconcile_s=args.stuck_reconcile_seconds,
+            maintenance_signals=(*MAINTENANCE_SIGNALS, *args.maintenance_signal),
         )
     )
     namespaces = list(args.namespace)

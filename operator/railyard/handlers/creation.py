@@ -38,7 +38,14 @@ from railyard.logic.manifests import (
     service_name,
     with_addresses,
 )
-from railyard.logic.placement import Placement, Unplaceable, build_placement_input, plan_placement
+from railyard.logic.placement import (
+    Placement,
+    Unplaceable,
+    build_placement_input,
+    job_tolerations,
+    plan_placement,
+)
+from railyard.logic.planned import planned_reason
 from railyard.logic.rejections import decide_rejection
 from railyard.logic.restarts import restore_hint
 from railyard.logic.schedulers import (
@@ -67,6 +74,14 @@ async def _previous_placement(cycle: Cycle) -> RankTable | None:
 
 
 
+def _avoided(cycle: Cycle, job: TrainingJob, nodes: Mapping[str, Mapping[str, Any]]) -> set[str]:
+    """Nodes a new gang is not placed on: the quarantined ones, and those announced to go (a
+    maintenance label the placement alone would not see: the gang would move again at once)."""
+    signals, tolerations = cycle.runtime.settings.maintenance_signals, job_tolerations(job)
+    going = {name for name, node in nodes.items() if planned_reason(node, signals=signals, tolerations=tolerations)}
+    return {q.node for q in cycle.status.quarantined_nodes} | going
+
+
 async def place_and_create(cycle: Cycle, job: TrainingJob, nodes: Mapping[str, Mapping[str, Any]]) -> float | None:
     """Place the gang of ``cycle.status.attempt`` (sticky on the previous attempt's nodes) and create it;
     unplaceable: Placing with the reason (or Failed when it never fits), retried with backoff.
@@ -80,7 +95,7 @@ async def place_and_create(cycle: Cycle, job: TrainingJob, nodes: Mapping[str, M
         job, nodes=list(nodes.values()), pods=runtime.all_bound_pods(), attempt=attempt,
         previous_nodes=[p.node for p in sorted(prev.pods, key=lambda p: p.pod_index)] if prev is not None else None,
         previous_spares=cycle.status.placement.spares if cycle.status.placement else (),
-        failed={q.node for q in cycle.status.quarantined_nodes}, cache=runtime.topology_cache,
+        failed=_avoided(cycle, job, nodes), cache=runtime.topology_cache,
         refused=cycle.refused_nodes(),
     ))
     runtime.metrics.placement.observe(time.perf_counter() - t0)

@@ -98,7 +98,7 @@ async def handle_failure(
             assert table is not None, "a shrink goes on from the running table"
             return await shrink_groups(cycle, job, plan, table, gang, real, nodes, quarantined)
         case FullRestart():
-            return await _restart_whole_gang(cycle, plan, said, gang, nodes, quarantined)
+            return await restart_whole_gang(cycle, plan, said, gang, nodes, quarantined)
     raise AssertionError(f"{plan!r} is no plan after a failure")
 
 
@@ -119,7 +119,7 @@ async def _quarantine(cycle: Cycle, failure: Failure) -> list[QuarantinedNode]:
     return quarantined
 
 
-async def _restart_whole_gang(
+async def restart_whole_gang(
     cycle: Cycle,
     plan: FullRestart,
     said: str,
@@ -152,7 +152,7 @@ async def _restart_whole_gang(
             ),
         }
     )
-    runtime.metrics.restarts.labels(**{"class": failure.cls.value}).inc()
+    runtime.metrics.count_restart(failure.cls)
     runtime.control.publish(cycle.ns, cycle.name, attempt=attempt, members={}, open_=False, waiting="full restart")
     runtime.metrics.restart_modes.labels(mode="Full", reason=plan.reason).inc()
     if plan.notable:

@@ -46,11 +46,12 @@ from railyard.logic.manifests import (
     spare_pod_name,
     with_addresses,
 )
-from railyard.logic.recovery import RepairGroups, RestartInPlace
+from railyard.logic.recovery import RestartInPlace
 from railyard.logic.restarts import new_fence, restart_update, restore_hint
 from railyard.logic.schedulers import apply_to_pods
 from railyard.logic.shrink import WAITING
 from railyard.logic.status import placement_status
+from railyard.protocol.exitcodes import FailureClass
 
 log = logging.getLogger(__name__)
 Obj = Mapping[str, Any]
@@ -133,18 +134,19 @@ async def begin_in_place(
     waiting = f"restart to attempt {attempt} in {backoff:g}s" if backoff > 0 else f"preparing attempt {attempt}"
     runtime.control.publish(cycle.ns, cycle.name, attempt=attempt, members=names, table=table, restore=restore,
                             open_=False, carry_on=plan.carry_on, waiting=waiting)
-    if isinstance(plan, RepairGroups):
-        runtime.metrics.replica_group_restarts.inc(len(plan.groups))
-    runtime.metrics.restarts.labels(**{"class": failure.cls.value}).inc()
+    if plan.carry_on:  # a group repair (RepairGroups, or a planned move with ReplicaGroups)
+        runtime.metrics.replica_group_restarts.inc(len(plan.moves.restarting_groups))
+    runtime.metrics.count_restart(failure.cls)
     runtime.metrics.restart_modes.labels(mode="InPlace", reason="None").inc()
     runtime.metrics.pods_replaced.inc(len(plan.replace))
     wait = f", workers restart in {backoff:g}s" if backoff > 0 else ""
-    said = describe_failure(failure, cycle.status.last_failure) if cycle.status.last_failure is not None else failure.message
+    planned = failure.cls is FailureClass.PLANNED  # a planned move: not a failure, its own words
+    said = failure.message if planned or cycle.status.last_failure is None else describe_failure(failure, cycle.status.last_failure)
     cycle.phase("Restarting", failure.kind, f"{said}; {budget.reason}; {plan.message}{wait}")
     if backoff > 0:
         return backoff
     # the Restarting phase lasts no cycle: its Event is written here, the Starting one follows
-    cycle.event("Warning", failure.kind, cycle.status.message)
+    cycle.event("Normal" if planned else "Warning", failure.kind, cycle.status.message)
     return await continue_in_place(cycle, job, nodes)
 
 

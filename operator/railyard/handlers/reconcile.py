@@ -36,6 +36,7 @@ from railyard.handlers.inplace import (
     republish,
 )
 from railyard.handlers.lighthouse import reconcile_lighthouse
+from railyard.handlers.planned import announced_moves, move_ahead
 from railyard.handlers.regroup import grow_back
 from railyard.handlers.runtime import JobWorker, Runtime
 from railyard.handlers.spares import reconcile_spares
@@ -170,13 +171,31 @@ async def _step(cycle: Cycle, job: TrainingJob) -> float | None:
         _refresh_refused_nodes(cycle, members, nodes)
     pending = await _pending_reason(cycle, members) if gang.state == "Starting" else None
     decision = lc.decide_lifecycle(_observe(cycle, job, gang, members, nodes, pending))
-    delay = await _execute(cycle, job, decision, gang, members, nodes)
+    going = _announced(cycle, job, decision, gang, members, nodes)
+    if going:
+        delay = await move_ahead(cycle, job, going, members, nodes)
+    else:
+        delay = await _execute(cycle, job, decision, gang, members, nodes)
     if cycle.status.phase in TERMINAL_PHASES:
         return await _release_finished(cycle, job, nodes)
     _update_degraded(cycle, job)
     if gang.recheck_after > 0:
         delay = gang.recheck_after if delay is None else min(delay, gang.recheck_after)
     return delay
+
+
+def _announced(
+    cycle: Cycle, job: TrainingJob, decision: lc.Decision, gang: GangAssessment, members: Sequence[Mapping[str, Any]],
+    nodes: Mapping[str, Mapping[str, Any]],
+) -> dict[str, str]:
+    """The gang's nodes announced to go (handlers/planned.py), asked only of a gang that trains
+    whole and has no failure to handle (a failure's restart moves off them as well: the
+    placement leaves cordoned and tainted nodes out) nor a restart under way."""
+    if gang.state != "Running" or cycle.status.phase != "Running" or in_place_restart(cycle) is not None:
+        return {}
+    if any(isinstance(s, lc.HandleFailure | lc.AwaitSdcVerdict) for s in decision.steps):
+        return {}
+    return announced_moves(cycle, job, members, nodes)
 
 
 def _refresh_refused_nodes(

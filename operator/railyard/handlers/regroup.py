@@ -120,7 +120,7 @@ async def shrink_groups(
         )
 
     cycle.after_commit.append(watch_on)
-    runtime.metrics.restarts.labels(**{"class": failure.cls.value}).inc()
+    runtime.metrics.count_restart(failure.cls)
     said = (
         describe_failure(failure, cycle.status.last_failure)
         if cycle.status.last_failure is not None

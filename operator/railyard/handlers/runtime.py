@@ -22,6 +22,7 @@ from railyard.kubecreds import Connection, Credential, load_connection
 from railyard.logic.health import HealthState
 from railyard.logic.health.window import HeartbeatStore
 from railyard.logic.manifests import CLEANUP_LABEL, LIGHTHOUSE_LABEL, SPARE_LABEL
+from railyard.logic.planned import MAINTENANCE_SIGNALS
 from railyard.logic.topology import TopologyCache
 from railyard.observe.checkpoint_metrics import CheckpointMetrics
 from railyard.observe.control import ControlBoard
@@ -60,6 +61,9 @@ class OperatorSettings:
     pod_annotations: dict[str, str] = field(default_factory=dict)
     #: A reconcile cycle running longer than this fails liveness (observe/probes.py).
     stuck_reconcile_s: float = DEFAULT_STUCK_AFTER_S
+    #: Node labels/annotations that announce a node's maintenance: a planned move of the gangs
+    #: on it (logic/planned.py; ``--maintenance-signal`` adds to the defaults).
+    maintenance_signals: tuple[str, ...] = MAINTENANCE_SIGNALS
 
 
 @dataclass

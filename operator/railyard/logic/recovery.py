@@ -19,8 +19,11 @@ The plans, and which module of logic/ each step comes from:
   goes on with fewer groups, the lost ones wait for a node (logic/shrink.py's ``decide_shrink``).
 - :class:`GrowBack` / :class:`KeepWaiting`: while groups wait, whether they fit again
   (``decide_grow_back``); :class:`FallBackToFull` when there is nothing to grow back onto.
-- :class:`MoveAhead`: the plan of a planned disruption (a node announced to go), produced by the
-  planned-move path when it is added; :func:`decide_recovery` does not return it yet.
+- :class:`MoveAhead`: a planned disruption (:class:`PlannedMoves`: nodes announced to go,
+  logic/planned.py): the pods on them move ahead of time as an in-place restart (a replica-group
+  repair with ReplicaGroups) of class Planned, spending no restart budget. When no pod can stay
+  (in place off, no control channel) the planned move is a :class:`FullRestart` of class
+  Planned; with ReplicaGroups and no room, a :class:`ShrinkAndWait`: still no budget spent.
 
 Reason codes and messages are properties of the plans, built from their fields: no caller
 parses a message or decodes a union of return types.
@@ -51,6 +54,7 @@ from railyard.logic.placement import Placement, Unplaceable, build_placement_inp
 from railyard.logic.restarts import RestartDecision
 from railyard.logic.shrink import GrowBack, KeepWaiting, Shrink, decide_grow_back, decide_shrink
 from railyard.logic.topology import TopologyCache
+from railyard.protocol.exitcodes import FailureClass
 from railyard.protocol.mesh import pods_per_group
 from railyard.protocol.ranktable import RankTable
 
@@ -62,6 +66,7 @@ __all__ = [
     "KeepWaiting",
     "MoveAhead",
     "Observed",
+    "PlannedMoves",
     "RecoveryPlan",
     "RepairGroups",
     "RestartInPlace",
@@ -87,10 +92,24 @@ class WaitingGroups:
 
 
 @dataclass(frozen=True, slots=True)
+class PlannedMoves:
+    """The cause of a planned move: nodes of the running gang announced to go (node -> why,
+    logic/planned.py's ``find_planned_moves``); every node marked now, in one move."""
+
+    nodes: Mapping[str, str]
+
+    @property
+    def failure(self) -> Failure:
+        """The restart's record: class Planned (no budget), no node to blame or quarantine."""
+        going = ", ".join(f"{n} ({w})" for n, w in sorted(self.nodes.items()))
+        return Failure(kind=PLANNED_MOVE, cls=FailureClass.PLANNED, nodes=(), message=f"planned move off {going}")
+
+
+@dataclass(frozen=True, slots=True)
 class Observed:
     """What :func:`decide_recovery` decides from; the handler reads it, nothing more."""
 
-    cause: Failure | WaitingGroups
+    cause: Failure | WaitingGroups | PlannedMoves
     job: TrainingJob
     status: TrainingJobStatus
     #: ``metadata.generation`` of the TrainingJob (a spec edited since the gang was built).
@@ -223,14 +242,26 @@ class ShrinkAndWait:
 
 
 @dataclass(frozen=True, slots=True)
-class MoveAhead:
-    """A planned disruption (a node announced to be drained or retired): move the pods off the
-    node before it goes, while the gang still runs, as an in-place restart without a failure.
-    The planned-move path produces this plan; the failure path never does."""
+class MoveAhead(RestartInPlace):
+    """A planned disruption (nodes announced to be drained or retired): move the pods off them
+    before they go, while the gang still runs, as an in-place restart of class Planned (its
+    ``failure``: :attr:`PlannedMoves.failure`; its ``budget``: none spent). With ReplicaGroups
+    (``carry_on``) only the groups on those nodes restart. The failure path never returns it."""
 
     #: Node -> why it is going (the announcement).
     nodes: Mapping[str, str]
-    moves: InPlaceMoves
+
+    @property
+    def groups(self) -> tuple[int, ...]:
+        """The replica groups that restart (none: not a replica-group repair)."""
+        return self.moves.restarting_groups
+
+    @property
+    def reason(self) -> str:
+        """``lastRestart.reason``: with ReplicaGroups the move is executed, and followed, as the
+        group repair it is (what carries on is read from that reason); PlannedMove otherwise.
+        That it was planned is in the message, the Event and ``restarts.planned`` either way."""
+        return GROUP_REPAIR if self.moves.carry_on else PLANNED_MOVE
 
     @property
     def message(self) -> str:
@@ -238,9 +269,13 @@ class MoveAhead:
         return f"moving ahead of {going}: {self.moves.message}"
 
 
-#: Every plan :func:`decide_recovery` returns (``MoveAhead`` joins when its path does).
+#: ``lastRestart.reason`` and the failure kind of a planned move.
+PLANNED_MOVE = "PlannedMove"
+
+#: Every plan :func:`decide_recovery` returns.
 RecoveryPlan = (
-    Fail | FullRestart | RestartInPlace | RepairGroups | ShrinkAndWait | GrowBack | KeepWaiting | FallBackToFull
+    Fail | FullRestart | RestartInPlace | RepairGroups | MoveAhead | ShrinkAndWait | GrowBack | KeepWaiting
+    | FallBackToFull
 )
 
 
@@ -249,9 +284,12 @@ RecoveryPlan = (
 
 def decide_recovery(seen: Observed) -> RecoveryPlan:
     """The one recovery decision: after a failure (:class:`Failure`), or while replica groups
-    wait for a node (:class:`WaitingGroups`)."""
+    wait for a node (:class:`WaitingGroups`), or ahead of nodes announced to go
+    (:class:`PlannedMoves`)."""
     if isinstance(seen.cause, WaitingGroups):
         return _grow_back(seen, seen.cause)
+    if isinstance(seen.cause, PlannedMoves):
+        return _after_failure(seen, seen.cause.failure, planned=seen.cause.nodes)
     return _after_failure(seen, seen.cause)
 
 
@@ -277,14 +315,17 @@ def _place(seen: Observed, table: RankTable, avoid: set[str], attempt: int) -> P
     )
 
 
-def _after_failure(seen: Observed, failure: Failure) -> RecoveryPlan:
+def _after_failure(seen: Observed, failure: Failure, planned: Mapping[str, str] | None = None) -> RecoveryPlan:
+    """After ``failure``; or, with ``planned`` (node -> why it is going), the planned move off
+    those nodes (``failure`` then of class Planned: the same steps, no budget)."""
     spec, status = seen.job.spec, seen.status
     budget = decide_failure(failure, seen.said, spec.restart_policy, status.restarts)
     if isinstance(budget, FailJob):
         return Fail(budget.reason, budget.message)
-    # the nodes to move off: those the failure blames (quarantined as the plan is executed)
-    # and the quarantined ones
+    # the nodes to move off: those the failure blames (quarantined as the plan is executed),
+    # those announced to go, and the quarantined ones
     move_off = {n: f"blamed: {failure.kind}" for n in failure.nodes}
+    move_off.update({n: f"going: {why}" for n, why in (planned or {}).items()})
     for q in status.quarantined_nodes:
         move_off.setdefault(q.node, "quarantined")
     stragglers = decide_nodes_to_leave(
@@ -303,7 +344,8 @@ def _after_failure(seen: Observed, failure: Failure) -> RecoveryPlan:
         leave=stragglers,
         capable=seen.capable,
     )
-    failed_pods = frozenset(failed_pod_indices(seen.reported)) | frozenset(failure.pod_indices)
+    # a planned move has no failed workers: only the pods on the going nodes decide the groups
+    failed_pods = frozenset(() if planned else failed_pod_indices(seen.reported)) | frozenset(failure.pod_indices)
     mode = decide_group_repair(
         mode,
         expected=expected,
@@ -331,6 +373,8 @@ def _after_failure(seen: Observed, failure: Failure) -> RecoveryPlan:
         if shrink is not None:
             return ShrinkAndWait(failure, budget, shrink)
         return FullRestart(failure, budget, moves.reason, moves.detail)
+    if planned:
+        return MoveAhead(failure, budget, moves, planned)
     if moves.carry_on:
         return RepairGroups(failure, budget, moves)
     return RestartInPlace(failure, budget, moves)

@@ -92,6 +92,8 @@ def compute_backoff(budget: RestartBudget, used: int, max_backoff: float) -> flo
 
 
 def decide_restart(policy: RestartPolicy, restarts: Restarts, cls: FailureClass) -> RestartDecision:
+    if cls is FailureClass.PLANNED:
+        return RestartDecision(True, 0.0, restarts.planned, 0, "planned move: no restart budget spent")
     budget = budget_of(policy, cls)
     if budget is None:
         return RestartDecision(False, 0.0, 0, 0, f"{cls.value} failures are not retried")
@@ -108,7 +110,10 @@ def decide_restart(policy: RestartPolicy, restarts: Restarts, cls: FailureClass)
 
 
 def record_restart(restarts: Restarts, cls: FailureClass, reason: str, now_iso: str) -> Restarts:
-    """A copy of ``restarts`` with one more restart of ``cls``."""
+    """A copy of ``restarts`` with one more restart of ``cls``. A planned move (class Planned)
+    is counted apart: not in ``total``, not in the streak, no budget spent."""
+    if cls is FailureClass.PLANNED:
+        return restarts.model_copy(update={"planned": restarts.planned + 1, "last_reason": reason, "last_time": now_iso})
     name = _CLASS_FIELDS[cls]
     streak = dict(restarts.streak) if restarts.streak is not None else {n: int(getattr(restarts, n)) for n in _CLASS_FIELDS.values()}
     streak[name] = streak.get(name, 0) + 1

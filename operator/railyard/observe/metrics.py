@@ -50,7 +50,12 @@ class OperatorMetrics:
             "Time from a TrainingJob's creation to its first gang all Running.",
             buckets=_START_BUCKETS, registry=reg,
         )
-        self.restarts = Counter("railyard_restarts", "Gang restarts by failure class.", ["class"], registry=reg)
+        self.restarts = Counter("railyard_restarts", "Gang restarts by failure class (planned moves apart: railyard_planned_moves).", ["class"], registry=reg)
+        self.planned_moves = Counter(
+            "railyard_planned_moves",
+            "Planned moves: the gang's pods moved ahead of nodes announced to go (cordoned, tainted by someone else, maintenance announced); one per move, however many nodes it covers. No restart budget spent.",
+            registry=reg,
+        )
         self.failures = Counter("railyard_failures", "Gang failures detected, by class and kind.", ["class", "kind"], registry=reg)
         self.restart_duration = Histogram(
             "railyard_failure_to_restarted_seconds",
@@ -101,7 +106,7 @@ class OperatorMetrics:
         # restart already counted is invisible to increase() (RailyardRestartsTooFrequent, the
         # dashboard's per-hour panels), so the first restart of each class would never count.
         for cls in FailureClass:
-            if cls is not FailureClass.PERMANENT:  # a permanent failure is never restarted
+            if cls not in (FailureClass.PERMANENT, FailureClass.PLANNED):  # never restarted / counted apart
                 self.restarts.labels(**{"class": cls.value})
         for kind, rule in RULES.items():
             self.failures.labels(**{"class": rule.cls.value, "kind": kind})
@@ -109,6 +114,12 @@ class OperatorMetrics:
         self.restart_modes.labels(mode="Full", reason="None")
         for reason in FALLBACKS:
             self.restart_modes.labels(mode="Full", reason=reason)
+
+    def count_restart(self, cls: FailureClass) -> None:
+        """One gang restart of ``cls``; a planned move is not a restart after a failure (it has
+        its own counter, and a rolling drain must not look like a crash loop to the alerts)."""
+        if cls is not FailureClass.PLANNED:
+            self.restarts.labels(**{"class": cls.value}).inc()
 
     def set_phases(self, counts: dict[str, int]) -> None:
         for phase in PHASES:

@@ -32,6 +32,9 @@ class FailureClass(enum.StrEnum):
     SDC = "SDC"
     STRAGGLER = "Straggler"
     PERMANENT = "Permanent"
+    #: Not a failure: a node announced to go (cordoned, tainted, maintenance), the gang moved
+    #: off it ahead of time (logic/planned.py). No exit code maps here; it spends no budget.
+    PLANNED = "Planned"
 
 
 _BY_CODE: dict[int, FailureClass] = {

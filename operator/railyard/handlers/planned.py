@@ -1,0 +1,83 @@
+"""Planned moves in the reconcile cycle: a node of the running gang announced to go (cordoned,
+tainted by someone else, maintenance announced; logic/planned.py) moves the gang's pods off it
+ahead of time. railyard.logic.recovery decides (:class:`MoveAhead`, or the full restart or
+shrink it falls back to, all of class Planned: no restart budget); the executors are the
+failure path's (handlers/inplace.py, handlers/regroup.py, handlers/failures.py). Nothing is
+quarantined: the node is not to blame. The job's PodDisruptionBudget keeps ``kubectl drain``
+waiting (429) until the operator's own deletion has moved the pod; then the drain completes.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from railyard.api.trainingjob import TrainingJob
+from railyard.handlers.attempts import running_table
+from railyard.handlers.cycle import Cycle
+from railyard.handlers.failures import restart_whole_gang
+from railyard.handlers.inplace import begin_in_place, capable_pods
+from railyard.handlers.regroup import shrink_groups
+from railyard.logic.gang import pod_index_of
+from railyard.logic.placement import job_tolerations
+from railyard.logic.planned import find_planned_moves
+from railyard.logic.recovery import (
+    Fail,
+    FullRestart,
+    Observed,
+    PlannedMoves,
+    RestartInPlace,
+    ShrinkAndWait,
+    decide_recovery,
+)
+
+Obj = Mapping[str, Any]
+
+
+def _node(p: Obj) -> str:
+    return str((p.get("spec") or {}).get("nodeName") or "")
+
+
+def announced_moves(cycle: Cycle, job: TrainingJob, members: Sequence[Obj], nodes: Mapping[str, Obj]) -> dict[str, str]:
+    """The gang's nodes announced to go now (node -> why); only pods not being deleted count."""
+    on = [_node(p) for p in members if not (p.get("metadata") or {}).get("deletionTimestamp")]
+    return find_planned_moves(nodes, on, signals=cycle.runtime.settings.maintenance_signals,
+                              tolerations=job_tolerations(job))
+
+
+async def move_ahead(
+    cycle: Cycle, job: TrainingJob, going: Mapping[str, str], members: Sequence[Obj], nodes: Mapping[str, Obj],
+) -> float | None:
+    """Execute the planned move off ``going`` (node -> why); returns when to look again."""
+    runtime = cycle.runtime
+    real = {str((p.get("metadata") or {}).get("name")): p for p in runtime.pods_of(cycle.ns, cycle.name)}
+    gang = [real.get(str((p.get("metadata") or {}).get("name")), p) for p in members]
+    table = await running_table(cycle) if job.spec.restart_policy.in_place else None
+    cause = PlannedMoves(dict(going))
+    t0 = time.perf_counter()
+    plan = decide_recovery(Observed(
+        cause=cause, job=job, status=cycle.status, generation=cycle.generation, members=gang, nodes=nodes,
+        cluster_pods=runtime.all_bound_pods() if table is not None else (), table=table,
+        capable=capable_pods(cycle, gang), reported=members, said=cause.failure.message,
+        refused=cycle.refused_nodes(), topology_cache=runtime.topology_cache,
+    ))
+    runtime.metrics.placement.observe(time.perf_counter() - t0)
+    moved = sorted(pod_index_of(p) for p in gang if _node(p) in going)
+    runtime.metrics.planned_moves.inc()
+    quarantined = list(cycle.status.quarantined_nodes)
+    match plan:
+        case RestartInPlace():  # MoveAhead, with ReplicaGroups a group repair
+            cycle.event("Normal", "PlannedMove", plan.message)
+            return await begin_in_place(cycle, job, plan, gang, real, nodes, quarantined)
+        case ShrinkAndWait():
+            assert table is not None, "a shrink goes on from the running table"
+            cycle.event("Normal", "PlannedMove", f"{cause.failure.message}: pods {moved} move; {plan.message}")
+            return await shrink_groups(cycle, job, plan, table, gang, real, nodes, quarantined)
+        case FullRestart():
+            cycle.event("Normal", "PlannedMove", f"{cause.failure.message}: the whole gang moves; {plan.message}")
+            return await restart_whole_gang(cycle, plan, cause.failure.message, gang, nodes, quarantined)
+        case Fail():  # a planned move spends no budget: never, but say so if it were
+            cycle.event("Warning", "PlannedMoveRefused", plan.message)
+            return None
+    raise AssertionError(f"{plan!r} is no plan of a planned move")

@@ -1,0 +1,131 @@
+"""A node of a running gang announced to go, in-process on the fake cluster (fake_cluster.py),
+the launchers played by the test: the operator moves the node's pod ahead of time (MoveAhead)
+as an in-place restart of class Planned: the pod on the node is replaced on the spare, the
+others are the same pod objects, no restart budget is spent (the application budget here is 0:
+a failure would fail the job), the move is counted apart (status.restarts.planned, the
+railyard_planned_moves metric), and the Event and status say which node, why and what moved.
+With ReplicaGroups only the group on the node restarts; the others carry on untouched."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from tests.operator.builders import make_node
+from tests.operator.fake_cluster import Harness, make_job
+
+from railyard.logic.planned import RAILYARD_MAINTENANCE
+from railyard.protocol.control import Action
+
+
+def cluster(n: int = 3) -> list[dict[str, Any]]:
+    return [make_node(f"node-{i}", gpus=2, leaf=f"leaf-{i // 2}") for i in range(n)]
+
+
+NO_BUDGET = {"application": {"limit": 0}, "infrastructure": {"limit": 0}}
+
+
+async def running(h: Harness) -> None:
+    await h.cycle()
+    h.run_pods()
+    for p in h.cluster.pods_of(spare=True):
+        p["status"] = {"phase": "Running"}
+    await h.cycle(1.0)
+    assert all(o.action is Action.CONTINUE for o in h.all_report())
+    await h.cycle(1.0)
+    assert h.status.phase == "Running", h.cluster.events
+
+
+def cordon(h: Harness, node: str) -> None:
+    h.cluster.nodes[node]["spec"]["unschedulable"] = True
+
+
+def announce(h: Harness, node: str) -> None:
+    h.cluster.nodes[node]["metadata"]["annotations"][RAILYARD_MAINTENANCE] = "kernel 6.12"
+
+
+@pytest.mark.parametrize(("mark", "why"), [(cordon, "cordoned"), (announce, "maintenance announced")],
+                         ids=["kubectl drain cordons", "maintenance announced"])
+async def test_a_cordoned_node_moves_its_pod_ahead_without_spending_budget(mark: Any, why: str) -> None:
+    h = Harness(cluster(), make_job(gang={"hotSpares": 1}, restartPolicy=NO_BUDGET))
+    await running(h)
+    kept_uid = h.cluster.pods["j-a0-0"]["metadata"].get("uid")
+    going = h.pod_nodes()[1]
+    mark(h, going)
+    await h.cycle(1.0)
+    st = h.status
+    assert st.phase == "Starting", (st.phase, st.message)
+    assert st.restarts.planned == 1 and st.restarts.total == 0 and st.restarts.application == 0
+    lr = st.last_restart
+    assert lr is not None and (lr.mode, lr.reason, lr.replaced, lr.kept) == ("InPlace", "PlannedMove", [1], 1)
+    assert lr.message.startswith(f"moving ahead of {going} ({why}") and "replaced pod 1" in lr.message
+    assert st.quarantined_nodes == [], "a planned move blames no node"
+    # the node's pod goes (the operator's own deletion, which the PodDisruptionBudget never blocks)
+    assert h.cluster.pods["j-a0-1"]["metadata"].get("deletionTimestamp")
+    assert "j-a0-0" in h.cluster.pods and h.cluster.pods["j-a0-0"]["metadata"].get("uid") == kept_uid
+    assert not h.cluster.pods["j-a0-0"]["metadata"].get("deletionTimestamp"), "the other pod is kept"
+    replacement = h.cluster.pods["j-a1-1"]
+    assert replacement["metadata"]["annotations"]["railyard.dev/node"] != going
+    # the Event says which node, why and what moved; the metric counts the move, not a restart
+    assert any(t == "Normal" and r == "PlannedMove" and going in m and why in m for t, r, m in h.cluster.events), h.cluster.events
+    reg = h.runtime.metrics.registry
+    assert reg.get_sample_value("railyard_planned_moves_total") == 1
+    assert reg.get_sample_value("railyard_restarts_total", {"class": "Planned"}) is None
+    # the kept launcher restarts into the new attempt, the gang runs again: one move, not two
+    h.cluster.finish_deletions()
+    await h.cycle(0.5)
+    h.run_pods()
+    assert h.report(0, "running", attempt=0).action is Action.RESTART
+    h.report(0, "running", attempt=1)
+    h.report(1, "running", attempt=1)
+    await h.cycle(0.5)
+    await h.cycle(0.5)
+    st = h.status
+    assert st.phase == "Running" and st.attempt == 1 and st.restarts.planned == 1, (st.phase, st.message)
+    assert going not in h.pod_nodes(), "nothing of the gang is left on the going node"
+
+
+async def test_without_a_spare_the_whole_gang_moves_and_still_spends_nothing() -> None:
+    h = Harness(cluster(2), make_job(restartPolicy=NO_BUDGET))
+    await running(h)
+    cordon(h, "node-1")
+    await h.cycle(1.0)
+    st = h.status
+    assert st.phase == "Restarting" and st.restarts.planned == 1 and st.restarts.total == 0, (st.phase, st.message)
+    assert st.last_restart is not None and (st.last_restart.mode, st.last_restart.reason) == ("Full", "NotPlaceable")
+    # the next gang is not placed back on the cordoned node: it waits for room
+    h.cluster.finish_deletions()
+    await h.cycle(1.0)
+    assert h.status.phase == "Placing", (h.status.phase, h.status.message)
+
+
+async def test_with_replica_groups_only_the_group_on_the_node_moves() -> None:
+    job = make_job(parallelism={"dataReplicas": 2}, faultTolerance={"mode": "ReplicaGroups", "minReplicas": 1},
+                   gang={"hotSpares": 1}, restartPolicy=NO_BUDGET)
+    h = Harness(cluster(4), job)
+    await running(h)
+    going = h.pod_nodes()[1]
+    carried = h.cluster.pods["j-a0-0"]["metadata"].get("uid")
+    cordon(h, going)
+    await h.cycle(1.0)
+    st = h.status
+    assert st.restarts.planned == 1 and st.restarts.total == 0
+    assert st.last_restart is not None and st.last_restart.reason == "ReplicaGroupReplaced" and st.last_restart.carried_on == [0]
+    assert st.last_restart.message.startswith(f"moving ahead of {going} (cordoned): replica groups 1 restart")
+    assert h.cluster.pods["j-a0-0"]["metadata"].get("uid") == carried
+    assert not h.cluster.pods["j-a0-0"]["metadata"].get("deletionTimestamp")
+    assert h.cluster.pods["j-a0-1"]["metadata"].get("deletionTimestamp")
+    # the carried-on group's launcher is never told to restart
+    assert h.report(0, "running", attempt=0).action is Action.CONTINUE
+    assert h.runtime.metrics.registry.get_sample_value("railyard_replica_group_restarts_total") == 1
+
+
+async def test_a_failure_wins_over_an_announcement_in_the_same_cycle() -> None:
+    h = Harness(cluster(), make_job(gang={"hotSpares": 1}, restartPolicy={"application": {"limit": 3, "backoffSeconds": 0}}))
+    await running(h)
+    cordon(h, h.pod_nodes()[1])
+    h.exit_pod(0, 1)
+    await h.cycle(1.0)
+    st = h.status
+    assert st.restarts.application == 1 and st.restarts.planned == 0, (st.phase, st.message)
+    assert h.status.last_restart is not None and h.status.last_restart.reason != "PlannedMove"
