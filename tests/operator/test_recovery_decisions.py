@@ -63,6 +63,8 @@ class Seen:
     #: Pod indices without a pod (a waiting group's deleted pods).
     absent: tuple[int, ...] = ()
     table_gone: bool = False
+    #: Nodes of the cluster announced to go (no pod is placed there).
+    going: tuple[str, ...] = ()
 
     def observed(self) -> Observed:
         job = TrainingJob.model_validate({"metadata": {"name": "j", "namespace": "ns", "generation": 1},
@@ -78,7 +80,8 @@ class Seen:
         status = TrainingJobStatus(**{"phase": "Running", "observed_generation": 1, **self.status})
         capable = frozenset(range(self.gang) if self.capable is None else self.capable)
         return Observed(cause=self.cause, job=job, status=status, generation=1, members=members, nodes=nodes,
-                        cluster_pods=members, table=table, capable=capable, reported=members, said="it failed")
+                        cluster_pods=members, table=table, capable=capable, reported=members, said="it failed",
+                        going=dict.fromkeys(self.going, "maintenance announced"))
 
 
 def flagged(node: str) -> dict[str, Any]:
@@ -163,6 +166,9 @@ ROWS: list[tuple[str, Seen, tuple[Any, ...]]] = [
      ("MoveAhead", (0, 1), (2,), ())),
     ("with replica groups the group on the node moves alone", going("node-1", gang=3, cluster=4, spec=GROUPS),
      ("MoveAhead", (1,), (0, 2), (0, 2))),
+    ("a spare announced to go is no spare", node_lost(going=("node-2",)), ("FullRestart", "NotPlaceable")),
+    ("a waiting group does not come back onto a node announced to go", waiting(cluster=4, down=("node-1",), going=("node-3",)),
+     ("KeepWaiting",)),
     ("a planned move without a spare: the group waits", going("node-1", gang=3, cluster=3, spec=GROUPS),
      ("ShrinkAndWait", (1,), (1,), (0, 2))),
     ("a planned move without a spare or groups: the whole gang moves", going("node-1", cluster=2),

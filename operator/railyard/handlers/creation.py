@@ -45,7 +45,7 @@ from railyard.logic.placement import (
     job_tolerations,
     plan_placement,
 )
-from railyard.logic.planned import planned_reason
+from railyard.logic.planned import find_going_nodes
 from railyard.logic.rejections import decide_rejection
 from railyard.logic.restarts import restore_hint
 from railyard.logic.schedulers import (
@@ -77,9 +77,8 @@ async def _previous_placement(cycle: Cycle) -> RankTable | None:
 def _avoided(cycle: Cycle, job: TrainingJob, nodes: Mapping[str, Mapping[str, Any]]) -> set[str]:
     """Nodes a new gang is not placed on: the quarantined ones, and those announced to go (a
     maintenance label the placement alone would not see: the gang would move again at once)."""
-    signals, tolerations = cycle.runtime.settings.maintenance_signals, job_tolerations(job)
-    going = {name for name, node in nodes.items() if planned_reason(node, signals=signals, tolerations=tolerations)}
-    return {q.node for q in cycle.status.quarantined_nodes} | going
+    going = find_going_nodes(nodes, signals=cycle.runtime.settings.maintenance_signals, tolerations=job_tolerations(job))
+    return {q.node for q in cycle.status.quarantined_nodes} | set(going)
 
 
 async def place_and_create(cycle: Cycle, job: TrainingJob, nodes: Mapping[str, Mapping[str, Any]]) -> float | None:

@@ -19,6 +19,8 @@ from railyard.handlers.regroup import shrink_groups
 from railyard.logic.failure_report import describe_failure, explain_failure
 from railyard.logic.failures import Failure
 from railyard.logic.gang import pod_name_of
+from railyard.logic.placement import job_tolerations
+from railyard.logic.planned import find_going_nodes
 from railyard.logic.quarantine import QUARANTINE_KEY
 from railyard.logic.recovery import (
     Fail,
@@ -83,6 +85,7 @@ async def handle_failure(
             said=said,
             refused=cycle.refused_nodes(),
             topology_cache=runtime.topology_cache,
+            going=find_going_nodes(nodes, signals=runtime.settings.maintenance_signals, tolerations=job_tolerations(job)),
         )
     )
     if isinstance(plan, RestartInPlace):

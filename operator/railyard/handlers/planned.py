@@ -21,7 +21,7 @@ from railyard.handlers.inplace import begin_in_place, capable_pods
 from railyard.handlers.regroup import shrink_groups
 from railyard.logic.gang import pod_index_of
 from railyard.logic.placement import job_tolerations
-from railyard.logic.planned import find_planned_moves
+from railyard.logic.planned import find_going_nodes, find_planned_moves
 from railyard.logic.recovery import (
     Fail,
     FullRestart,
@@ -61,6 +61,7 @@ async def move_ahead(
         cluster_pods=runtime.all_bound_pods() if table is not None else (), table=table,
         capable=capable_pods(cycle, gang), reported=members, said=cause.failure.message,
         refused=cycle.refused_nodes(), topology_cache=runtime.topology_cache,
+        going=find_going_nodes(nodes, signals=runtime.settings.maintenance_signals, tolerations=job_tolerations(job)),
     ))
     runtime.metrics.placement.observe(time.perf_counter() - t0)
     moved = sorted(pod_index_of(p) for p in gang if _node(p) in going)

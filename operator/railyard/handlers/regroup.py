@@ -33,6 +33,8 @@ from railyard.logic.gang import pod_index_of, pod_name_of
 from railyard.logic.health.window import GroupLayout
 from railyard.logic.lifecycle import FallBackToFull
 from railyard.logic.manifests import with_addresses
+from railyard.logic.placement import job_tolerations
+from railyard.logic.planned import find_going_nodes
 from railyard.logic.recovery import (
     GrowBack,
     KeepWaiting,
@@ -153,6 +155,8 @@ async def grow_back(cycle: Cycle, job: TrainingJob, members: Sequence[Obj], node
             table=table,
             refused=cycle.refused_nodes(),
             topology_cache=cycle.runtime.topology_cache,
+            going=find_going_nodes(nodes, signals=cycle.runtime.settings.maintenance_signals,
+                                   tolerations=job_tolerations(job)),
         )
     )
     match plan:

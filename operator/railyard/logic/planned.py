@@ -61,6 +61,12 @@ def planned_reason(node: Obj, *, signals: Sequence[str] = MAINTENANCE_SIGNALS,
     return ""
 
 
+def find_going_nodes(nodes: Mapping[str, Obj], *, signals: Sequence[str] = MAINTENANCE_SIGNALS,
+                     tolerations: Sequence[Toleration] = ()) -> dict[str, str]:
+    """Every node of the cluster announced to go (node -> why): where no new pod is placed."""
+    return find_planned_moves(nodes, nodes, signals=signals, tolerations=tolerations)
+
+
 def find_planned_moves(nodes: Mapping[str, Obj], gang_nodes: Iterable[str], *,
                        signals: Sequence[str] = MAINTENANCE_SIGNALS,
                        tolerations: Sequence[Toleration] = ()) -> dict[str, str]:

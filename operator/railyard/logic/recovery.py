@@ -32,7 +32,7 @@ parses a message or decodes a union of return types.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from railyard.api.trainingjob import TrainingJob, TrainingJobStatus
@@ -132,6 +132,9 @@ class Observed:
     #: The operator's memo of what it derived from the Node objects (the answer is the same
     #: without; :class:`railyard.logic.topology.TopologyCache`).
     topology_cache: TopologyCache | None = None
+    #: Nodes of the cluster announced to go (node -> why; logic/planned.py): no pod is placed
+    #: there, or it would have to move again at once.
+    going: Mapping[str, str] = field(default_factory=dict)
 
 
 # --------------------------------------------------------------------------- the plans
@@ -308,7 +311,7 @@ def _place(seen: Observed, table: RankTable, avoid: set[str], attempt: int) -> P
             attempt=attempt,
             previous_nodes=[p.node for p in sorted(table.pods, key=lambda p: p.pod_index)],
             previous_spares=status.placement.spares if status.placement else (),
-            failed=avoid,
+            failed=avoid | set(seen.going),
             cache=seen.topology_cache,
             refused=seen.refused,
         )
