@@ -79,3 +79,35 @@ async def test_the_gang_is_created_with_its_budget_owned_by_the_job() -> None:
         await h.cycle(30.0)
     assert h.status.attempt >= 1 and h.cluster.pods_of(h.status.attempt)
     assert [w for v, w in h.cluster.calls if v == "create" and w.startswith("PodDisruptionBudget/")] == ["PodDisruptionBudget/j"]
+
+
+def _ready(pod: dict[str, Any]) -> dict[str, Any]:
+    pod["status"] = {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}
+    return pod
+
+
+async def test_a_drain_waits_for_the_operator_as_the_real_servers_rules_say() -> None:
+    """The gang's budget under the disruption rules of the embedded API server (those of a real
+    v1.36 control plane, replayed against its recorded exchanges): a training pod's eviction is
+    refused 429 with the DisruptionBudget cause; a placeholder goes at once; once the operator
+    deleted the pod on the going node, the drain's eviction of it passes."""
+    from railyard_local.apiserver.disruption import compute_pdb_status, decide_eviction
+    from railyard_local.apiserver.errors import APIError
+
+    h = Harness([make_node(f"node-{i}", gpus=2) for i in range(3)], make_job(gang={"hotSpares": 1}))
+    await h.cycle()
+    budget = h.cluster.objects[("PodDisruptionBudget", "j")]
+    training = [_ready(p) for p in h.cluster.pods_of(0)]
+    spares = [_ready(p) for p in h.cluster.pods_of(spare=True)]
+    assert training and spares
+    covered = [p for p in training + spares if selects(budget, p["metadata"]["labels"])]
+    computed = compute_pdb_status(budget, covered, lambda pod: None, now=0.0)  # a TrainingJob has no /scale
+    assert not computed.unmanaged and computed.status["expectedPods"] == 2 and computed.status["disruptionsAllowed"] == 0
+    budget = {**budget, "metadata": {**budget["metadata"], "generation": 1}, "status": computed.status}
+    with pytest.raises(APIError) as refused:
+        decide_eviction(training[1], [budget], now=0.0, dry_run=False)
+    assert refused.value.code == 429
+    assert refused.value.details["causes"][0]["reason"] == "DisruptionBudget"
+    assert decide_eviction(spares[0], [budget], now=0.0, dry_run=False).budget is None, "a placeholder may go"
+    training[1]["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"  # the operator moved it
+    assert decide_eviction(training[1], [budget], now=0.0, dry_run=False).budget is None, "the drain completes"
