@@ -1,0 +1,124 @@
+"""`kubectl drain` of a node under a running job, end to end: the REAL trainer under the operator
+on the local cluster (issue 47). What a drain does, done through the API as kubectl does it: the
+node is cordoned, then each pod on it is evicted (the eviction API), retried while refused.
+
+| step | expected |
+|---|---|
+| evict the training pod before anything else | 429 with the DisruptionBudget cause: the job's PodDisruptionBudget covers its training pods |
+| cordon the node | the operator moves the pod ahead of time: a planned move (MoveAhead), pod 0 kept, pod 1 on the spare |
+| evict again, as the drain retries | passes once the operator's own deletion has moved the pod: the drain completes |
+| the job | Succeeds; no restart budget spent (every budget is 0 here), ``restarts.planned`` 1 |
+
+Steps trained twice are printed (``-s``), not asserted: the just-in-time save before the move is
+not built yet, so the move resumes from the newest memory checkpoint (docs/disruptions.md).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import pytest
+from tests.system.conftest import (
+    SYSTEM_NS,
+    Api,
+    OperatorProcess,
+    base_spec,
+    cluster_nodes,
+    pod_events,
+    unique,
+    wait_status,
+)
+from tests.waiting import wait_until
+
+pytestmark = [pytest.mark.slow, pytest.mark.cluster, pytest.mark.timeout(480)]
+
+POOL = "e2e.railyard.dev/pool"
+NO_BUDGET = {"limit": 0, "backoffSeconds": 0}
+
+
+def _gang_pods(api: Api, job: str) -> dict[str, str]:
+    """Gang pod name -> node, for the pods not being deleted (placeholders apart)."""
+    pods = api.core.list_namespaced_pod(SYSTEM_NS, label_selector=f"railyard.dev/job={job}").items
+    return {p.metadata.name: p.spec.node_name for p in pods
+            if (p.metadata.labels or {}).get("railyard.dev/spare") != "true" and not p.metadata.deletion_timestamp}
+
+
+def _evict(api: Api, pod: str) -> tuple[int, str]:
+    """One eviction, as ``kubectl drain`` asks it: (HTTP status, the refusal's cause)."""
+    from kubernetes.client.rest import ApiException
+
+    body = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": pod, "namespace": SYSTEM_NS}}
+    try:
+        api.core.create_namespaced_pod_eviction(pod, SYSTEM_NS, body)
+    except ApiException as exc:
+        causes = ((json.loads(exc.body or "{}").get("details") or {}).get("causes") or [{}]) if exc.body else [{}]
+        return exc.status, str(causes[0].get("reason", ""))
+    return 201, ""
+
+
+def test_a_drain_waits_for_the_operator_then_completes_and_spends_no_budget(
+    local_cluster: Any, api: Api, operator: OperatorProcess,
+) -> None:
+    nodes = cluster_nodes(local_cluster)[:3]
+    for n in nodes:
+        api.core.patch_node(n, {"metadata": {"labels": {POOL: "drain"}}})
+    name = unique("drain")
+    spec = base_spec(nodeSelector={POOL: "drain"}, trainer={"steps": 60}, gang={"scheduleTimeoutSeconds": 180, "hotSpares": 1},
+                     restartPolicy={"application": NO_BUDGET, "infrastructure": NO_BUDGET, "sdc": NO_BUDGET,
+                                    "straggler": NO_BUDGET})
+    api.create_job(SYSTEM_NS, name, spec)
+    victim = ""
+    try:
+        s = wait_status(api, name, "step 10 with a memory checkpoint",
+                        lambda s: s if s.get("phase") in ("Succeeded", "Failed") or (
+                            s.get("phase") == "Running" and s.get("step", 0) >= 10
+                            and any(c["tier"] == "memory" for c in s.get("checkpoints") or [])) else None, 300, operator)
+        assert s["phase"] == "Running", s.get("message")
+        victim = s["placement"]["nodes"][1]
+        before = _gang_pods(api, name)
+        on_victim = next(p for p, n in before.items() if n == victim)
+        # the budget's status is computed by the disruption controller: wait for it to count the gang
+        wait_until(lambda: (api.custom.get_namespaced_custom_object("policy", "v1", SYSTEM_NS, "poddisruptionbudgets", name)
+                            .get("status") or {}).get("currentHealthy") == 2,
+                   timeout=30, interval=0.2, message="the budget to count 2 healthy pods", retry_on=(Exception,))
+        assert _evict(api, on_victim) == (429, "DisruptionBudget"), "the job's budget refuses the eviction"
+        assert on_victim in _gang_pods(api, name), "refused: the pod is still there"
+        # kubectl drain: cordon, then evict every 5 s until nothing the budget protects is left
+        step_at_cordon = int(api.status(SYSTEM_NS, name).get("step", 0))
+        t_cordon = time.time()
+        api.core.patch_node(victim, {"spec": {"unschedulable": True}})
+        drained: list[tuple[int, str]] = []
+
+        def drain_done() -> bool:
+            got = _evict(api, on_victim)
+            drained.append(got)
+            return got[0] in (201, 404)
+
+        wait_until(drain_done, timeout=120, interval=1.0, message="the drain to complete")
+        t_drained = time.time()
+        s = wait_status(api, name, "the job to finish", lambda s: s if s.get("phase") in ("Succeeded", "Failed") else None, 300,
+                        operator)
+        after = _gang_pods(api, name)
+        last = s.get("lastRestart") or {}
+        kept = [p for p in before if p in after or p.endswith("-0")]
+        events = pod_events(local_cluster, SYSTEM_NS, kept[0]) if kept else []
+        steps = [int(e["step"]) for e in events if e.get("event") == "step"]
+        twice = len(steps) - len(set(steps))
+        print("\n[drain] " + json.dumps({
+            "victim": victim, "step_at_cordon": step_at_cordon, "drain_s": round(t_drained - t_cordon, 2),
+            "evictions": drained, "restore": s.get("restore"), "restarts": s.get("restarts"), "last_restart": last,
+            "steps_trained_twice_by_pod_0": twice,
+        }))
+        assert s["phase"] == "Succeeded", f"{s.get('message')}\n{operator.log_tail(40)}"
+        restarts = s.get("restarts") or {}
+        assert restarts.get("planned") == 1 and restarts.get("total", 0) == 0, restarts
+        assert (last.get("mode"), last.get("reason"), last.get("replaced")) == ("InPlace", "PlannedMove", [1]), last
+        assert victim not in s["placement"]["nodes"], s["placement"]
+        assert drained[0][0] in (429, 201, 404) and drained[-1][0] in (201, 404), drained
+    finally:
+        if victim:
+            api.core.patch_node(victim, {"spec": {"unschedulable": False}})
+        for n in nodes:
+            api.core.patch_node(n, {"metadata": {"labels": {POOL: None}}})
