@@ -9,6 +9,10 @@ node is cordoned, then each pod on it is evicted (the eviction API), retried whi
 | evict again, as the drain retries | passes once the operator's own deletion has moved the pod: the drain completes |
 | the job | Succeeds; no restart budget spent (every budget is 0 here), ``restarts.planned`` 1 |
 
+With faultTolerance ReplicaGroups (two groups of one pod, a hot spare) the same drain moves only
+group 1 onto the spare; group 0's pod and worker processes carry on, and both groups end with the
+same parameters.
+
 Steps trained twice are printed (``-s``), not asserted: the just-in-time save before the move is
 not built yet, so the move resumes from the newest memory checkpoint (docs/disruptions.md).
 """
@@ -17,6 +21,7 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -29,6 +34,12 @@ from tests.system.conftest import (
     pod_events,
     unique,
     wait_status,
+)
+from tests.system.test_replica_groups_under_the_operator import (
+    STEPS,
+    events_of,
+    release_when_joined,
+    two_groups,
 )
 from tests.waiting import wait_until
 
@@ -122,3 +133,62 @@ def test_a_drain_waits_for_the_operator_then_completes_and_spends_no_budget(
             api.core.patch_node(victim, {"spec": {"unschedulable": False}})
         for n in nodes:
             api.core.patch_node(n, {"metadata": {"labels": {POOL: None}}})
+
+
+def _wait_budget_counts(api: Api, name: str, healthy: int) -> None:
+    wait_until(lambda: (api.custom.get_namespaced_custom_object("policy", "v1", SYSTEM_NS, "poddisruptionbudgets", name)
+                        .get("status") or {}).get("currentHealthy") == healthy,
+               timeout=30, interval=0.2, message=f"the budget to count {healthy} healthy pods", retry_on=(Exception,))
+
+
+def test_with_replica_groups_a_drain_moves_only_the_group_on_the_node(
+    local_cluster: Any, api: Api, operator: OperatorProcess, tmp_path: Path,
+) -> None:
+    name = unique("drain-rg")
+    hold = tmp_path / "release"
+    spec = two_groups(local_cluster, hold=hold, restartPolicy={"application": NO_BUDGET, "infrastructure": NO_BUDGET,
+                                                               "sdc": NO_BUDGET, "straggler": NO_BUDGET})
+    api.create_job(SYSTEM_NS, name, spec)
+    victim = ""
+    try:
+        s = wait_status(api, name, "both groups training", lambda s: s if s.get("phase") in ("Succeeded", "Failed") or (
+            s.get("phase") == "Running" and s.get("step", 0) >= 10) else None, 400, operator)
+        assert s["phase"] == "Running", s.get("message")
+        keep, lose = f"{name}-a0-0", f"{name}-a0-1"
+        uid = api.core.read_namespaced_pod(keep, SYSTEM_NS).metadata.uid
+        pids = [e["pids"] for e in events_of(local_cluster, keep) if e.get("event") == "workers_started"]
+        victim = s["placement"]["nodes"][1]
+        _wait_budget_counts(api, name, 2)
+        assert _evict(api, lose) == (429, "DisruptionBudget")
+        api.core.patch_node(victim, {"spec": {"unschedulable": True}})
+        drained: list[tuple[int, str]] = []
+
+        def drain_done() -> bool:
+            got = _evict(api, lose)
+            drained.append(got)
+            return got[0] in (201, 404)
+
+        wait_until(drain_done, timeout=120, interval=1.0, message="the drain to complete")
+        s = wait_status(api, name, "the planned move", lambda s: s if (s.get("lastRestart") or {}).get("attempt") == 1 else None,
+                        120, operator)
+        lr = s["lastRestart"]
+        assert (lr["mode"], lr["reason"], lr["carriedOn"], lr["replaced"]) == ("InPlace", "ReplicaGroupReplaced", [0], [1]), lr
+        assert lr["message"].startswith(f"moving ahead of {victim} (cordoned)"), lr
+        release_when_joined(local_cluster, f"{name}-a1-1", hold)
+        s = wait_status(api, name, "the job to finish", lambda s: s if s.get("phase") in ("Succeeded", "Failed") else None, 500,
+                        operator)
+        print("\n[drain-rg] " + json.dumps({"victim": victim, "evictions": drained, "restarts": s.get("restarts"),
+                                             "last_restart": s.get("lastRestart")}))
+        assert s["phase"] == "Succeeded", json.dumps(s)[:3000]
+        restarts = s.get("restarts") or {}
+        assert restarts.get("planned") == 1 and restarts.get("total", 0) == 0, restarts
+        assert api.core.read_namespaced_pod(keep, SYSTEM_NS).metadata.uid == uid, "group 0's pod is the same object"
+        kept = events_of(local_cluster, keep)
+        assert [e["pids"] for e in kept if e.get("event") == "workers_started"] == pids, "and the same worker processes"
+        replaced = events_of(local_cluster, f"{name}-a1-1")
+        done = [e for p in (kept, replaced) for e in p if e.get("event") == "done"]
+        assert len(done) == 2 and {d["step"] for d in done} == {STEPS}, done
+        assert len({d["params_crc32"] for d in done}) == 1, f"the groups' parameters differ: {done}"
+    finally:
+        if victim:
+            api.core.patch_node(victim, {"spec": {"unschedulable": False}})
