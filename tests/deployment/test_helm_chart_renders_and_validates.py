@@ -34,6 +34,7 @@ VALUE_SETS: dict[str, Any] = {
         "image": {"digest": "sha256:" + "a" * 64},
         "logLevel": "debug",
         "trainingPodAnnotations": {"sidecar.istio.io/inject": "false"},
+        "maintenanceSignals": ["example.com/retire"],
     },
 }
 
@@ -100,6 +101,7 @@ def test_deployment_args_match_the_operator_cli() -> None:
         assert parsed.operator_command == "run"
         assert parsed.peering == "railyard" and not parsed.standalone
         assert parsed.pod_annotation == [f"{k}={v}" for k, v in values.get("trainingPodAnnotations", {}).items()]
+        assert parsed.maintenance_signal == values.get("maintenanceSignals", [])
 
 
 def test_heartbeat_url_points_at_the_service() -> None:
