@@ -12,12 +12,12 @@ Run: ``python bench/goodput.py [--seeds N]``. Writes bench/results/goodput.json.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
 from pathlib import Path
 
+from provenance import write_results
 from railyard.sim.model import (
     DEFAULT_REPLICA_GROUPS,
     LLAMA3_DAYS,
@@ -25,6 +25,12 @@ from railyard.sim.model import (
     Scenario,
 )
 from railyard.sim.report import GOODPUT_TARGET, GROUPS_GOODPUT_TARGET, Comparison, compare
+
+#: The code this bench measures (bench/provenance.py: a result is stale once it changed for a round).
+MEASURES = (
+    "operator/railyard/sim",
+)
+
 
 RESULTS = Path(__file__).parent / "results" / "goodput.json"
 
@@ -107,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
         target = "" if r["target"] is None else f"{r['target']:g}"
         print(f"{r['metric']:<34} {r['value']:>10.4f} {target:>8}  {r['meets']}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"bench": "goodput", "days": args.days, "results": results}, indent=1) + "\n")
+    write_results(args.out, {"bench": "goodput", "days": args.days, "results": results}, MEASURES, indent=1)
     print(f"wrote {args.out}")
     return 0
 
