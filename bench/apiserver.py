@@ -29,7 +29,14 @@ from typing import Any
 
 import aiohttp
 
+from provenance import write_results
 from railyard_local.apiserver.process import ServerProcess, start_server_process
+
+#: The code this bench measures (bench/provenance.py: a result is stale once it changed for a round).
+MEASURES = (
+    "local_cluster/railyard_local/apiserver",
+)
+
 
 RESULTS = Path(__file__).parent / "results" / "apiserver.json"
 
@@ -219,7 +226,7 @@ def main() -> int:
     out = args.out or (RESULTS if scale == 1 else None)
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps({"bench": "apiserver", "scale": scale, "results": results}, indent=2) + "\n")
+        write_results(out, {"bench": "apiserver", "scale": scale, "results": results}, MEASURES, indent=2)
         print(f"wrote {out}")
     return 0
 

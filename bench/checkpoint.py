@@ -66,6 +66,15 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any, TypeVar
 
+from provenance import write_results
+
+#: The code this bench measures (bench/provenance.py: a result is stale once it changed for a round).
+MEASURES = (
+    "trainer_image/railyard_trainer/checkpoint",
+    "trainer_image/railyard_trainer/dcp_checkpointer.py",
+)
+
+
 RESULTS = Path(__file__).resolve().parent / "results" / "checkpoint.json"
 TARGET_STALL = 0.02
 TARGET_OVERHEAD = 0.03
@@ -699,7 +708,7 @@ def main(argv: list[str] | None = None) -> int:
            # Every save as the writer saw it (SaveRecord), to see where a median came from.
            "saves": [{k: h.get(k) for k in ("phase", "tier", "step", "ok", "blocked_s", "stall_s", "duration_s",
                                               "worker_cpu_s", "planned", "phases")} for h in raw["history"]]}
-    args.out.write_text(json.dumps(doc, indent=1) + "\n")
+    write_results(args.out, doc, MEASURES, indent=1)
     return 0
 
 

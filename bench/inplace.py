@@ -38,12 +38,23 @@ from typing import Any
 
 import aiohttp
 
+from provenance import write_results
 from railyard.k8s.client import Kube
 from railyard.logic.conditions import parse_time
 from railyard.protocol.control import Action, LauncherReport, LauncherState, parse_order
 from railyard_local.agent import SIMULATE_ANNOTATION
 from railyard_local.cluster import LocalCluster
 from railyard_local.nodes import FAIL_ANNOTATION
+
+#: The code this bench measures (bench/provenance.py: a result is stale once it changed for a round).
+MEASURES = (
+    "operator/railyard/handlers",
+    "operator/railyard/k8s",
+    "operator/railyard/logic",
+    "operator/railyard/observe/control.py",
+    "local_cluster/railyard_local",
+)
+
 
 ROOT = Path(__file__).resolve().parents[1]
 NS = "bench-inplace"
@@ -459,7 +470,7 @@ def main() -> int:
         t = "" if target is None else f"{target:g}"
         print(f"{metric:<58}{shown:>10}  {unit:<6}{t:>8}  {'' if meets is None else ('yes' if meets else 'NO')}")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({"bench": "inplace", "pods": n, "nodes": nodes, "apiServer": cluster.mode, "results": results, "raw": m}, indent=2) + "\n")
+    write_results(Path(args.out), {"bench": "inplace", "pods": n, "nodes": nodes, "apiServer": cluster.mode, "results": results, "raw": m}, MEASURES, indent=2)
     print(f"wrote {args.out}")
     return 0
 

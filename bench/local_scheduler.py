@@ -16,19 +16,27 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+from provenance import write_results
 from railyard.api.corev1 import compute_pod_requests
 from railyard_local.agent import SIMULATE_ANNOTATION
 from railyard_local.cluster import LocalCluster
 from railyard_local.kube import KubeClient
 from railyard_local.scheduling import DecisionCache, build_node_info, decide_node
 from railyard_local.topology import ClusterShape, build_nodes, parse_topology_spec
+
+#: The code this bench measures (bench/provenance.py: a result is stale once it changed for a round).
+MEASURES = (
+    "local_cluster/railyard_local/scheduler.py",
+    "local_cluster/railyard_local/scheduling.py",
+    "local_cluster/railyard_local/topology.py",
+)
+
 
 TARGET_PODS_PER_S = 300.0
 
@@ -164,8 +172,8 @@ def main() -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     load = os.getloadavg()[0]
     print(f"(1-minute load average during the run: {load:.1f} on {os.cpu_count()} CPUs)")
-    out.write_text(json.dumps({"bench": "local_scheduler", "pods": args.pods, "nodes": args.nodes,
-                               "load_average_1m": round(load, 1), "cpus": os.cpu_count(), "results": results}, indent=2))
+    write_results(out, {"bench": "local_scheduler", "pods": args.pods, "nodes": args.nodes,
+                               "load_average_1m": round(load, 1), "cpus": os.cpu_count(), "results": results}, MEASURES, indent=2)
     return 0
 
 

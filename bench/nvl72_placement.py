@@ -27,7 +27,6 @@ bench/results/nvl72_placement.json.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import statistics
@@ -37,10 +36,20 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from provenance import write_results
 from railyard.logic.cost import NETWORK, NVLINK, CostInputs, CostReport, compute_cost
 from railyard.logic.placement import GangRequest, Placement, PlacementInput, plan_placement
 from railyard.logic.topology import NVLINK_LABEL, Topology, build_synthetic_nodes, build_topology
 from railyard.protocol.ranktable import RankTable
+
+#: The code this bench measures (bench/provenance.py: a result is stale once it changed for a round).
+MEASURES = (
+    "operator/railyard/logic/placement.py",
+    "operator/railyard/logic/placement",
+    "operator/railyard/logic/topology.py",
+    "operator/railyard/logic/cost.py",
+)
+
 
 SPINE = "railyard.dev/spine"
 LEAF = "railyard.dev/leaf"
@@ -184,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
         meets = "" if r["meets"] is None else ("yes" if r["meets"] else "NO")
         print(f"{r['metric']:<{width}}  {shown:>12}  {r['unit']:<7} {r['target']:<10} {meets}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"bench": "nvl72_placement", "results": rows}, indent=2) + "\n")
+    write_results(args.out, {"bench": "nvl72_placement", "results": rows}, MEASURES, indent=2)
     print(f"wrote {args.out}")
     return 0 if all(r["meets"] is not False for r in rows) else 1
 

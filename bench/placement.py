@@ -21,7 +21,6 @@ Run: ``python bench/placement.py`` (about a minute). Writes bench/results/placem
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import statistics
@@ -30,6 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from provenance import write_results
 from railyard.logic.cost import CostInputs, compute_cost
 from railyard.logic.layout import compute_rails_per_dp_group
 from railyard.logic.placement import (
@@ -42,6 +42,16 @@ from railyard.logic.placement import (
 from railyard.logic.quarantine import apply_merge_patch, build_quarantine_patch
 from railyard.logic.topology import Topology, TopologyCache, build_synthetic_nodes, build_topology
 from railyard.protocol.ranktable import PodEntry, RankEntry, RankTable
+
+#: The code this bench measures (bench/provenance.py: a result is stale once it changed for a round).
+MEASURES = (
+    "operator/railyard/logic/placement.py",
+    "operator/railyard/logic/placement",
+    "operator/railyard/logic/topology.py",
+    "operator/railyard/logic/cost.py",
+    "operator/railyard/logic/layout.py",
+)
+
 
 SPINE = "railyard.dev/spine"
 LEAF = "railyard.dev/leaf"
@@ -406,7 +416,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{r['metric']:<{width}}  {shown:>14}  {r['unit']:<7} {r['target']:<12} {meets}")
     out = args.out
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"bench": "placement", "results": rows}, indent=2) + "\n")
+    write_results(out, {"bench": "placement", "results": rows}, MEASURES, indent=2)
     print(f"wrote {out}")
     return 0 if all(r["meets"] is not False for r in rows) else 1
 

@@ -56,10 +56,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import itertools
 
 from inplace import _prepare, start_operator, stop_operator
+from provenance import write_results
 from railyard.k8s.client import Kube
 from railyard_local import podlogs
 from railyard_local.cluster import LocalCluster
 from railyard_local.nodes import FAIL_ANNOTATION
+
+#: The code this bench measures (bench/provenance.py: a result is stale once it changed for a round).
+MEASURES = (
+    "operator/railyard",
+    "trainer_image/railyard_trainer",
+    "local_cluster/railyard_local",
+)
+
 
 ROOT = Path(__file__).resolve().parents[1]
 NS = "bench-replica-groups"
@@ -379,7 +388,7 @@ def main(argv: list[str] | None = None) -> int:
         "raw": {"reference": ref, **measured},
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(doc, indent=1) + "\n")
+    write_results(args.out, doc, MEASURES, indent=1)
     print(f"wrote {args.out}")
     failed = [r for r in results if r["meets"] is False]
     return 1 if failed else 0

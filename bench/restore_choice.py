@@ -26,13 +26,13 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import os
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+from provenance import write_results
 from railyard.protocol.manifest import Manifest, ShardInfo
 from railyard.protocol.restore import (
     SHARED_LOCATION,
@@ -43,6 +43,13 @@ from railyard.protocol.restore import (
     merge_verified,
     pod_location,
 )
+
+#: The code this bench measures (bench/provenance.py: a result is stale once it changed for a round).
+MEASURES = (
+    "operator/railyard/protocol/restore.py",
+    "operator/railyard/protocol/manifest.py",
+)
+
 
 RANKS_PER_POD = 8
 REPLICA_SHIFT = 32
@@ -170,7 +177,7 @@ def main() -> int:
         print(f"{r['metric']:<{width}}  {r['value']!s:>12}  {r['unit']:<9} {r['target']:<8} {meets}")
     out: Path = args.out
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"bench": "restore_choice", "results": rows}, indent=2) + "\n")
+    write_results(out, {"bench": "restore_choice", "results": rows}, MEASURES, indent=2)
     print(f"wrote {out}")
     return 0 if all(r["meets"] is not False for r in rows) else 1
 

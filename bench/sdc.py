@@ -31,6 +31,7 @@ from typing import Any
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
 
+from provenance import write_results
 from railyard_trainer.health.harness import run as run_single
 from railyard_trainer.health.layouts import (
     EXPONENT_BITS,
@@ -41,6 +42,13 @@ from railyard_trainer.health.layouts import (
     plan_trials,
     run_layout,
 )
+
+#: The code this bench measures (bench/provenance.py: a result is stale once it changed for a round).
+MEASURES = (
+    "trainer_image/railyard_trainer/health",
+    "trainer_image/railyard_trainer/grads.py",
+)
+
 
 RESULTS = Path(__file__).parent / "results" / "sdc.json"
 Row = tuple[str, Any, str, Any, Any]
@@ -152,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     by_check = {layout: dict(sorted(v.items())) for layout, v in table.by.items()}
     print("caught by:", json.dumps(by_check))
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({
+    write_results(args.out, {
         "bench": "sdc",
         "results": [{"metric": n, "value": v, "unit": u, "target": t, "meets": m} for n, v, u, t, m in rows],
         "table_markdown": md,
@@ -160,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
         "layout_wall_s": walls,
         "settings": {"bits": list(args.bits), "targets": list(targets), "trials_per_cell": args.trials, "checkpoint_interval": args.interval},
         "missed": misses,
-    }, indent=2) + "\n")
+    }, MEASURES)
     failed = [r for r in rows if r[4] is False]
     return 1 if failed else 0
 

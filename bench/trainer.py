@@ -30,6 +30,14 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from provenance import write_results
+
+#: The code this bench measures (bench/provenance.py: a result is stale once it changed for a round).
+MEASURES = (
+    "trainer_image/railyard_trainer",
+)
+
+
 RESULTS = Path(__file__).parent / "results" / "trainer.json"
 
 LAYOUTS: dict[str, list[str]] = {
@@ -139,7 +147,7 @@ def main() -> None:
     spread = max(m["final_loss"] for m in measured.values()) - min(m["final_loss"] for m in measured.values())
     results.append({"metric": "final_loss_spread_across_layouts", "value": round(spread, 6), "unit": "nats", "target": "< 1e-3", "meets": spread < 1e-3})
     a.out.parent.mkdir(parents=True, exist_ok=True)
-    a.out.write_text(json.dumps({"bench": "trainer", "config": {**vars(a), "out": str(a.out)}, "results": results}, indent=1))
+    write_results(a.out, {"bench": "trainer", "config": {**vars(a), "out": str(a.out)}, "results": results}, MEASURES, indent=1)
     print(f"wrote {a.out}")
 
 

@@ -48,6 +48,8 @@ SMOKE: dict[str, tuple[list[str], str]] = {
 NEEDS_GPU = {"gpu/mfu.py"}
 #: The prepared GPU run: its dry mode on the CPU is tests/bench/test_gpu_run_dry.py.
 DRY_ELSEWHERE = {"gpu/run.py", "gpu/titan.py"}
+#: Not a benchmark: what every benchmark writes beside its results (commit, date, machine).
+HELPERS = {"provenance.py"}
 
 
 def run_bench(script: str, args: list[str], out: Path | None) -> subprocess.CompletedProcess[str]:
@@ -70,7 +72,7 @@ def check_shape(doc: Any, name: str) -> None:
 
 def test_every_benchmark_has_a_smoke_run() -> None:
     scripts = {p.relative_to(BENCH).as_posix() for p in BENCH.rglob("*.py")}
-    missing = scripts - set(SMOKE) - NEEDS_GPU - DRY_ELSEWHERE
+    missing = scripts - set(SMOKE) - NEEDS_GPU - DRY_ELSEWHERE - HELPERS
     assert not missing, f"add a smoke run for {sorted(missing)} to SMOKE"
 
 
@@ -85,7 +87,10 @@ def test_the_benchmark_runs_at_a_small_size(script: str, tmp_path: Path) -> None
     # exit 1 is a target missed at this size (placement's, for one); a crash prints a traceback
     assert done.returncode in (0, 1) and "Traceback" not in done.stderr, tail
     assert out.exists(), f"{script} wrote no {out.name}{tail}"
-    check_shape(json.loads(out.read_text()), name)
+    doc = json.loads(out.read_text())
+    check_shape(doc, name)
+    assert doc.get("date") and doc.get("machine", {}).get("cpus") and "commit" in doc and doc.get("measures"), (
+        f"{script}: no provenance (write the results with bench/provenance.py's write_results)")
     assert done.stdout.strip(), f"{script} printed no table{tail}"
 
 

@@ -116,6 +116,24 @@ def railyard_nodes(name: str, body: Any, **_: Any) -> dict[str, dict[str, Any]]:
     return {name: compact_node(body)}
 
 
+class NoDiffBase(kopf.DiffBaseStorage):
+    """No "diff base": kopf builds one for every event of every watched object (a deep copy of
+    the body, minus system fields) for change-detecting handlers (``on.create``/``update``/
+    ``field``) to diff against. This operator registers none, only ``on.event`` handlers and
+    indexes, so the copy was never read, yet it cost ~0.5 ms of CPU per pod event (a stored pod
+    with its managedFields), the largest single cost of the operator's loop while a gang starts
+    (py-spy, issue 46). tests/operator/test_kopf_keeps_no_diff_base.py fails if a change handler appears."""
+
+    def build(self, *, body: kopf.Body, extra_fields: Any = None) -> kopf.BodyEssence:
+        return kopf.BodyEssence()
+
+    def fetch(self, *, body: kopf.Body) -> kopf.BodyEssence | None:
+        return None
+
+    def store(self, *, body: kopf.Body, patch: kopf.Patch, essence: kopf.BodyEssence) -> None:
+        return None
+
+
 # lifecycle ------------------------------------------------------------------------------------
 
 #: No watch waits forever. The server ends each watch after WATCH_SERVER_TIMEOUT_S; the client
@@ -162,6 +180,7 @@ async def on_login_operator(memo: kopf.Memo, **_: Any) -> kopf.ConnectionInfo:
 async def on_startup_operator(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     runtime = runtime_of(memo)
     settings.posting.enabled = False  # we write our own Events, one per transition
+    settings.persistence.diffbase_storage = NoDiffBase()
     apply_watch_settings(settings)
     settings.networking.error_backoffs = [0.5, 1, 2, 5]
     runtime.api()

@@ -11,6 +11,7 @@ at most 80 lines / 2 KiB). Pure: pods in, a report out.
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -72,10 +73,43 @@ def tail_of(message: str, max_chars: int = MAX_MESSAGE_CHARS) -> str:
     return cut[nl + 1:] if 0 <= nl < len(cut) - 1 else cut
 
 
+#: A Python warning as the warnings module prints it ("path.py:12: UserWarning: text"); the
+#: module prints the warning's source line under it, indented (``  warnings.warn(``).
+_WARNING = re.compile(r"^\S.*:\d+: [A-Z]\w*Warning: ")
+#: A line that names an error: an exception as a traceback ends ("torch.distributed.DistBackendError:
+#: ..."), or a log line at level ERROR.
+_ERROR = re.compile(r"^(?:[\w.]+\.)?[A-Z]\w*(?:Error|Exception|Interrupt)\b|\bERROR\b")
+
+
+def pick_lines_that_say_something(message: str) -> list[str]:
+    """The non-empty lines of ``message`` worth quoting, stripped: the library warnings a log
+    tail is often full of (a torch UserWarning and its source line) are left out, and when a
+    line names an error the lines end with the last such line (what a traceback or the
+    trainer's events before and after it say). All lines when nothing else is left."""
+    lines = message.strip().splitlines()
+    said: list[str] = []
+    after_warning = False
+    for line in lines:
+        if _WARNING.match(line):
+            after_warning = True
+            continue
+        if after_warning and line[:1].isspace():  # the warning's source line
+            after_warning = False
+            continue
+        after_warning = False
+        if line.strip():
+            said.append(line.strip())
+    if not said:
+        return [ln.strip() for ln in lines if ln.strip()]
+    errors = [i for i, line in enumerate(said) if _ERROR.search(line)]
+    return said[: errors[-1] + 1] if errors else said
+
+
 def quote_last_words(message: str, *, max_lines: int = MAX_QUOTE_LINES, max_chars: int = MAX_QUOTE_CHARS) -> str:
-    """The last non-empty lines of ``message`` on one line (`` | `` between them), at most
-    ``max_chars``: what a condition message or an Event can show."""
-    lines = [ln.strip() for ln in message.strip().splitlines() if ln.strip()]
+    """The last lines that say something (:func:`pick_lines_that_say_something`) of
+    ``message`` on one line (`` | `` between them), at most ``max_chars``: what a condition
+    message or an Event can show."""
+    lines = pick_lines_that_say_something(message)
     picked: list[str] = []
     used = 0
     for line in reversed(lines[-max_lines:]):

@@ -19,11 +19,10 @@ from railyard.sim.model import (
 )
 from railyard.sim.trace import Event, expected_interruptions, generate_trace
 
-#: TARGETS.md: goodput >= 99% simulated at 16,384 GPUs with Llama 3 failure rates, restart
-#: costs from our measured in-place restart.
-GOODPUT_TARGET = 0.99
-#: Issue 37: with replica groups, >= 99.5% (beyond ByteRobust's 97% at 9,600 GPUs and Llama 3's
-#: >90%), with the costs bench/replica_groups.py measures.
+#: The goodput goal, simulated at 16,384 GPUs with Llama 3 failure rates: with replica groups,
+#: >= 99.5% (issue 37; beyond ByteRobust's 97% at 9,600 GPUs and Llama 3's >90%), with the
+#: costs bench/replica_groups.py measures. The in-place mode's figure is printed beside it with
+#: no target of its own: its 99% goal was superseded by this one (issue 46).
 GROUPS_GOODPUT_TARGET = 0.995
 
 
@@ -141,19 +140,29 @@ def format_table(c: Comparison) -> str:
         row(f"  {k}", f"{lo.get(k, 0.0):,.0f}", f"{lb.get(k, 0.0):,.0f}")
     row("  total", f"{sum(lo.values()):,.0f}", f"{sum(lb.values()):,.0f}")
     lines.append("")
-    meets = "meets" if o.goodput >= GOODPUT_TARGET else "MISSES"
-    lines.append(f"target: railyard goodput >= {GOODPUT_TARGET:.0%}: {o.goodput:.2%} ({meets})")
-    if c.groups is not None:
-        meets = "meets" if c.groups.goodput >= GROUPS_GOODPUT_TARGET else "MISSES"
-        lines.append(f"target: with replica groups >= {GROUPS_GOODPUT_TARGET:.1%}: {c.groups.goodput:.2%} ({meets}; "
-                     f"group costs: survivors' stall {s.group_survivor_stall_s:g} s, heal {s.group_heal_fixed_s:g} s + bytes, "
-                     f"rate with R-1 groups x{s.group_degraded_efficiency:g} of ideal)")
+    lines += describe_targets(c)
     lines.append(
         f"calibration: baseline on the Llama 3 trace alone: {c.calibration.goodput:.2%} vs reported "
         f">{LLAMA3_REPORTED_GOODPUT:.0%}: gap {c.calibration_gap * 100:+.2f} pp"
     )
     lines.append(f"simulated in {c.elapsed_s:.1f} s")
     return "\n".join(lines)
+
+
+def describe_targets(c: Comparison) -> list[str]:
+    """The printout's target lines: the goal is goodput with replica groups; the in-place
+    mode's figure stands beside it without a target (its old 99% goal moved)."""
+    s, in_place = c.scenario, f"{c.ours.goodput:.2%}"
+    if c.groups is None:
+        return [f"goodput in place: {in_place} (no target of its own; the target, >= {GROUPS_GOODPUT_TARGET:.1%}, "
+                f"is for replica groups: --replica-groups R)"]
+    meets = "meets" if c.groups.goodput >= GROUPS_GOODPUT_TARGET else "MISSES"
+    return [
+        f"target: with replica groups >= {GROUPS_GOODPUT_TARGET:.1%}: {c.groups.goodput:.2%} ({meets}; "
+        f"group costs: survivors' stall {s.group_survivor_stall_s:g} s, heal {s.group_heal_fixed_s:g} s + bytes, "
+        f"rate with R-1 groups x{s.group_degraded_efficiency:g} of ideal)",
+        f"  beside it, in place (no replica groups): {in_place} (no target of its own)",
+    ]
 
 
 def _by_component(r: RunResult) -> dict[str, float]:
@@ -217,8 +226,8 @@ def to_json(c: Comparison, policies: Mapping[str, PolicyConfig] | None = None) -
             "metric": "goodput_railyard",
             "value": o.goodput,
             "unit": "fraction",
-            "target": GOODPUT_TARGET,
-            "meets": o.goodput >= GOODPUT_TARGET,
+            "target": None,
+            "meets": None,
         },
         *([{
             "metric": "goodput_railyard_full_restarts",
@@ -334,10 +343,11 @@ def write_plot(c: Comparison, path: str) -> None:
     for bar, v in zip(bars, vals, strict=True):
         ax0.text(bar.get_x() + bar.get_width() / 2, v + 0.2, f"{v:.1f}%", ha="center", fontsize=9)
     ax0.axhline(LLAMA3_REPORTED_GOODPUT * 100, color="k", ls="--", lw=1)
-    ax0.axhline(GOODPUT_TARGET * 100, color="#2a7", ls=":", lw=1)
+    ax0.axhline(GROUPS_GOODPUT_TARGET * 100, color="#185", ls=":", lw=1)
     ax0.set_ylim(min(vals) - 5, 100.5)
     ax0.set_ylabel("goodput (%)")
-    ax0.set_title(f"goodput\n(dashed: Llama 3 reported >90%,\ndotted: target {GOODPUT_TARGET:.0%})", fontsize=9)
+    ax0.set_title(f"goodput\n(dashed: Llama 3 reported >90%,\ndotted: target with replica groups {GROUPS_GOODPUT_TARGET:.1%})",
+                  fontsize=9)
     ax0.tick_params(axis="x", labelsize=8)
 
     causes = _causes(c)[::-1]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable, Iterable, Mapping
+from operator import attrgetter
 
 from railyard.logic.health.groups import decide_group_sdc
 from railyard.logic.health.liveness import (
@@ -62,8 +63,11 @@ def decide_health(
     flagged, new_stragglers, current = decide_stragglers(scores, state.stragglers, policy, now)
     new += new_stragglers
 
-    nodes_by_rank = {r.rank: (r.node, r.pod_index) for r in ranks}
-    sdc, seen = decide_sdc(job.health_events(), state.sdc_seen_seq, nodes_by_rank, policy, now)
+    events = job.health_events()
+    # the map that locates a suspect is built only when there is a new report to locate
+    fresh = any(ev.seq > state.sdc_seen_seq for ev in events)
+    nodes_by_rank = {r.rank: (r.node, r.pod_index) for r in ranks} if fresh else {}
+    sdc, seen = decide_sdc(events, state.sdc_seen_seq, nodes_by_rank, policy, now)
     new += sdc
     groups = state.groups
     if fingerprints is not None:
@@ -71,7 +75,7 @@ def decide_health(
         new += diverged
 
     ages = [now - r.last_seen_at for r in ranks if (p := pods.get(r.pod_index)) and p.phase == RUNNING]
-    slowest = heapq.nsmallest(policy.slowest_ranks_reported, (s.score for s in scores), key=lambda s: s.score)
+    slowest = [s.straggler_score() for s in heapq.nsmallest(policy.slowest_ranks_reported, scores, key=_score_of)]
     return HealthDecision(
         verdicts=tuple(new),
         active=tuple(liveness),
@@ -86,5 +90,7 @@ def decide_health(
         max_heartbeat_age_s=max(ages) if ages else None,
     )
 
+
+_score_of = attrgetter("score")
 
 __all__ = ["FaultKind", "decide_health"]

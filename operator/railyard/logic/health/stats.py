@@ -23,11 +23,13 @@ def median_excluding(sorted_vals: Sequence[float], i: int) -> float | None:
     c = len(sorted_vals) - 1
     if c <= 0:
         return None
-
-    def at(k: int) -> float:
-        return sorted_vals[k] if k < i else sorted_vals[k + 1]
-
-    return at(c // 2) if c % 2 else (at(c // 2 - 1) + at(c // 2)) / 2.0
+    # index k of the list without element i is sorted_vals[k] below i, sorted_vals[k + 1] from i
+    hi = c // 2
+    upper = sorted_vals[hi] if hi < i else sorted_vals[hi + 1]
+    if c % 2:
+        return upper
+    lo = hi - 1
+    return ((sorted_vals[lo] if lo < i else sorted_vals[lo + 1]) + upper) / 2.0
 
 
 def quantile(v: Sequence[float], q: float) -> float:
