@@ -20,10 +20,10 @@ from typing import Any
 
 import aiohttp
 
-from railyard.kubeclient import MERGE, ApiError, BaseClient, Obj, load_connection
+from railyard.kubeclient import MERGE, STRATEGIC, ApiError, BaseClient, Obj, load_connection
 from railyard.kubecreds import Credential, Credentials
 
-__all__ = ["MERGE", "TRANSIENT", "ApiError", "Kube", "Obj", "core_path", "custom_path"]
+__all__ = ["MERGE", "STRATEGIC", "TRANSIENT", "ApiError", "Kube", "Obj", "core_path", "custom_path"]
 
 log = logging.getLogger(__name__)
 TRANSIENT = frozenset({429, 500, 502, 503, 504})
