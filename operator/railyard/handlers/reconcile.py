@@ -35,6 +35,7 @@ from railyard.handlers.inplace import (
     observe_relaunch,
     republish,
 )
+from railyard.handlers.kueue import await_admission, delete_workload, finish_workload, queue_of
 from railyard.handlers.lighthouse import reconcile_lighthouse
 from railyard.handlers.regroup import grow_back
 from railyard.handlers.runtime import JobWorker, Runtime
@@ -88,6 +89,7 @@ async def reconcile_job(runtime: Runtime, worker: JobWorker, *, now: float | Non
     if cycle.meta.get("deletionTimestamp"):
         if not ours:
             await cycle.io.delete_owned(cycle.ns, cycle.name)
+            await delete_workload(cycle.io, cycle.body, cycle.ns, cycle.name)
             return None
         return await cleanup_checkpoints(cycle, finalizers)
     wants = bool(((cycle.body.get("spec") or {}).get("checkpoint") or {}).get("cleanupOnDelete"))
@@ -140,6 +142,11 @@ async def _step(cycle: Cycle, job: TrainingJob) -> float | None:
         else:
             cycle.update(attempt=cycle.status.attempt + 1)
             cycle.phase("Placing", "Resumed", "spec.suspend is false: placing the gang again")
+    queue = queue_of(cycle, spec)
+    if queue is not None and not pods:
+        queued = await await_admission(cycle, job, queue)  # no pod before Kueue admitted the job
+        if queued is not None:
+            return queued
     if not cycle.old_wire.get("attempt") and pods:
         # an unreadable or missing status: the pods' attempt labels say where we were
         cycle.update(attempt=max(cycle.status.attempt, *(attempt_of(p) for p in pods)))
@@ -350,6 +357,8 @@ async def _release_finished(cycle: Cycle, job: TrainingJob, nodes: Mapping[str, 
     look again (a settle time or the TTL)."""
     if cycle.status.stragglers:
         cycle.update(stragglers=[])
+    if queue_of(cycle, job.spec) is not None:
+        await finish_workload(cycle)
     _update_degraded(cycle, job)  # a finished job is not Degraded (no Event: it finished)
     done = decide_finished_pods(
         _own_pods(cycle), job_phase=cycle.status.phase, attempt=cycle.status.attempt, cleanup=job.spec.cleanup,

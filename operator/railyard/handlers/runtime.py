@@ -86,6 +86,10 @@ class JobWorker:
     #: node -> until when the job's placements leave it out: the scheduler refused a pod of the
     #: job there for lack of GPUs (logic/pending.py). Lost with the operator: a bounded hint.
     refused_nodes: dict[str, float] = field(default_factory=dict)
+    #: Kueue admitted the job's Workload (read once; restarts stay inside the admission).
+    kueue_admitted: bool = False
+    #: The job's end is written on its Workload (Finished).
+    kueue_finished: bool = False
 
 
 #: One reconcile cycle of a job's worker (handlers.reconcile.reconcile_job); returns when to look again.

@@ -305,8 +305,6 @@ def build_pod(
     meta = object_meta(pod_name(job, attempt, pod_index), namespace, labels, owner)
     meta["annotations"] = {**dict(annotations or {}), NODE_ANNOTATION: node}
     add_pod_claims(spec, job, pod_spec, meta)
-    if spec.gang.queue_name:
-        meta["labels"]["kueue.x-k8s.io/queue-name"] = spec.gang.queue_name
     return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": pod_spec}
 
 

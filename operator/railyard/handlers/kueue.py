@@ -1,0 +1,120 @@
+"""Kueue admits the TrainingJob (logic/kueue.py decides, logic/manifests/kueue.py builds): before
+a job without pods gets a gang, its Workload must be admitted; the job's end is written on the
+Workload; deleting the job deletes it. Thin: read, decide, execute."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from pydantic import ValidationError
+
+from railyard.api.trainingjob import TrainingJob, TrainingJobSpec
+from railyard.handlers.cycle import Cycle, GangIO
+from railyard.k8s.client import ApiError
+from railyard.logic.conditions import set_condition
+from railyard.logic.kueue import (
+    QUEUED_RECHECK_S,
+    Admitted,
+    CreateWorkload,
+    StayQueued,
+    decide_admission,
+    describe_end,
+    is_true,
+    kueue_queue,
+)
+from railyard.logic.manifests import owner_reference
+from railyard.logic.manifests.kueue import (
+    KUBE_PRIORITY_SOURCE,
+    KUEUE_API_VERSION,
+    KUEUE_PRIORITY_SOURCE,
+    PRIORITY_CLASS_LABEL,
+    build_finished_apply,
+    build_kueue_workload,
+    workload_name,
+)
+
+log = logging.getLogger(__name__)
+
+
+def queue_of(cycle: Cycle, spec: TrainingJobSpec) -> str | None:
+    return kueue_queue(spec, cycle.meta.get("labels") or {})
+
+
+async def await_admission(cycle: Cycle, job: TrainingJob, queue: str) -> float | None:
+    """None when Kueue admitted the job's Workload (go on: place and create the gang); else
+    the job is Queued and this says when to look again."""
+    if cycle.worker.kueue_admitted:
+        return None
+    name = workload_name(cycle.name)
+    try:
+        workload = await cycle.io.read_kueue_workload(cycle.ns, name)
+        decision = decide_admission(workload, job=cycle.name, queue=queue)
+        if isinstance(decision, CreateWorkload):
+            await cycle.io.create_kueue_workload(await _build(cycle, job, queue))
+    except ApiError as exc:
+        if exc.status not in (403, 404):
+            raise
+        why = "the API server does not serve them (install Kueue v0.13+)" if exc.status == 404 else \
+            "the operator's ClusterRole does not grant them (helm/railyard/rbac-rules.yaml)"
+        _queued(cycle, "KueueUnavailable", f"spec.gang.queueName {queue}: cannot use {KUEUE_API_VERSION} Workloads: {why}")
+        return QUEUED_RECHECK_S * 5
+    if isinstance(decision, Admitted):
+        cycle.worker.kueue_admitted = True
+        cycle.update(conditions=set_condition(cycle.status.conditions, "Admitted", "True", reason="Admitted",
+                                              message=decision.message, now=cycle.iso,
+                                              generation=cycle.status.observed_generation or None))
+        cycle.event("Normal", "Admitted", decision.message)
+        return None
+    assert isinstance(decision, CreateWorkload | StayQueued)
+    _queued(cycle, decision.reason, decision.message)
+    return QUEUED_RECHECK_S
+
+
+def _queued(cycle: Cycle, reason: str, message: str) -> None:
+    if (cycle.status.phase, cycle.status.message) != ("Queued", message):
+        cycle.phase("Queued", reason, message)
+
+
+async def _build(cycle: Cycle, job: TrainingJob, queue: str) -> dict[str, Any]:
+    """The Workload, with the priority Kueue reads (``spec.priority``) resolved from the job's
+    WorkloadPriorityClass label, else its ``spec.gang.priorityClassName``."""
+    labels: Mapping[str, str] = cycle.meta.get("labels") or {}
+    kueue_class = labels.get(PRIORITY_CLASS_LABEL)
+    kube_class = job.spec.gang.priority_class_name
+    value: int | None = None
+    if kueue_class:
+        value = await cycle.io.read_priority_value(kueue_class, workload_class=True)
+    elif kube_class:
+        value = await cycle.io.read_priority_value(kube_class, workload_class=False)
+    if (kueue_class or kube_class) and value is None:
+        log.warning("%s/%s: priority class %s not found: the Workload has priority 0", cycle.ns, cycle.name, kueue_class or kube_class)
+    return build_kueue_workload(
+        job.spec, job=cycle.name, namespace=cycle.ns, owner=owner_reference(cycle.body), queue=queue,
+        priority=value, priority_class=kueue_class or kube_class,
+        priority_source=KUEUE_PRIORITY_SOURCE if kueue_class else KUBE_PRIORITY_SOURCE,
+    )
+
+
+async def finish_workload(cycle: Cycle) -> None:
+    """Write the job's end on its Workload once (Kueue stops counting its quota, record 031-033)."""
+    if cycle.worker.kueue_finished:
+        return
+    workload = await cycle.io.read_kueue_workload(cycle.ns, workload_name(cycle.name))
+    if workload is not None and not is_true(workload, "Finished"):
+        succeeded, message = describe_end(cycle.status.phase, cycle.status.message, cycle.name)
+        await cycle.io.finish_kueue_workload(build_finished_apply(cycle.name, cycle.ns, succeeded=succeeded, message=message,
+                                                                  time=cycle.iso))
+    cycle.worker.kueue_finished = True
+
+
+async def delete_workload(io: GangIO, body: Mapping[str, Any], namespace: str, name: str) -> None:
+    """A deleted job's Workload goes at once (its quota with it), where no garbage collector
+    runs too; nothing for a job Kueue does not admit."""
+    try:
+        spec = TrainingJobSpec.model_validate(body.get("spec") or {})
+    except ValidationError:
+        return
+    if kueue_queue(spec, (body.get("metadata") or {}).get("labels") or {}) is not None:
+        await io.delete_kueue_workload(namespace, workload_name(name))
