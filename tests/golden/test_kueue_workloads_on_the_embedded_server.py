@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.operator.fake_kueue import kueue_workload_crd
 from tests.waiting import wait_until
 
 from railyard_local.apiserver.process import start_server_process
@@ -22,21 +23,8 @@ from .replay import WAIT_S, Client, normalise
 
 HERE = Path(__file__).parent
 CORPUS = HERE / "kueue-v0.13-workload"
-SCHEMA = HERE.parent / "deployment" / "schemas" / "kueue.x-k8s.io_v1beta1_Workload.json"
 NS = "kq-wl"
 WORKLOADS = f"/apis/kueue.x-k8s.io/v1beta1/namespaces/{NS}/workloads"
-
-
-def kueue_workload_crd() -> dict[str, Any]:
-    """The vendored schema as a CustomResourceDefinition (names, printer columns, status subresource)."""
-    vendored = json.loads(SCHEMA.read_text())
-    return {
-        "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
-        "metadata": {"name": "workloads.kueue.x-k8s.io"},
-        "spec": {"group": "kueue.x-k8s.io", "scope": "Namespaced", "names": vendored["names"], "versions": [{
-            "name": "v1beta1", "served": True, "storage": True, "schema": {"openAPIV3Schema": vendored["openAPIV3Schema"]},
-            "subresources": vendored["subresources"], "additionalPrinterColumns": vendored["additionalPrinterColumns"]}]},
-    }
 
 
 def _case(name: str) -> dict[str, Any]:

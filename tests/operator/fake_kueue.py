@@ -8,11 +8,27 @@ counts (031-033). Shared by the FakeClusters of several jobs (two jobs, one quot
 from __future__ import annotations
 
 import copy
+import json
+from pathlib import Path
 from typing import Any
 
 from railyard.api.quantity import format_quantity, parse_quantity
 
 GPU = "nvidia.com/gpu"
+#: Kueue v0.13.1's Workload schema, vendored with its source and commit.
+SCHEMA = Path(__file__).resolve().parents[1] / "deployment" / "schemas" / "kueue.x-k8s.io_v1beta1_Workload.json"
+
+
+def kueue_workload_crd() -> dict[str, Any]:
+    """The vendored schema as a CustomResourceDefinition (names, printer columns, status subresource)."""
+    vendored = json.loads(SCHEMA.read_text())
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+        "metadata": {"name": "workloads.kueue.x-k8s.io"},
+        "spec": {"group": "kueue.x-k8s.io", "scope": "Namespaced", "names": vendored["names"], "versions": [{
+            "name": "v1beta1", "served": True, "storage": True, "schema": {"openAPIV3Schema": vendored["openAPIV3Schema"]},
+            "subresources": vendored["subresources"], "additionalPrinterColumns": vendored["additionalPrinterColumns"]}]},
+    }
 
 
 def _condition(ctype: str, status: str, reason: str, message: str) -> dict[str, Any]:
