@@ -13,7 +13,14 @@ from typing import Any
 
 import pytest
 from tests.operator.conftest import MAIN_NS as NS
-from tests.operator.conftest import Api, OperatorProcess, Workload, _apply_crd, base_spec, on_exit_dump
+from tests.operator.conftest import (
+    Api,
+    OperatorProcess,
+    Workload,
+    _apply_crd,
+    base_spec,
+    on_exit_dump,
+)
 from tests.operator.fake_kueue import FakeKueue, kueue_workload_crd
 from tests.waiting import wait_until
 
