@@ -257,6 +257,10 @@ class FakeCluster:
     async def read_priority_value(self, name: str, *, workload_class: bool) -> int | None:
         return self.priority_classes.get((workload_class, name))
 
+    async def read_resource_flavor(self, name: str) -> dict[str, Any] | None:
+        got = self.kueue.flavors.get(name)
+        return copy.deepcopy(got) if got is not None else None
+
     def pods_of(self, attempt: int | None = None, *, cleanup: bool = False, spare: bool = False) -> list[dict[str, Any]]:
         out = [p for p in self.pods.values() if (p["metadata"]["labels"].get(CLEANUP_LABEL) == "true") == cleanup
                and (p["metadata"]["labels"].get(SPARE_LABEL) == "true") == spare]

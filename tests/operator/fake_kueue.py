@@ -49,6 +49,8 @@ class FakeKueue:
     def __init__(self, *, gpus: int = 4, local_queue: str = "team-a", cluster_queue: str = "railyard-cq",
                  flavor: str = "gpu-a100") -> None:
         self.gpus, self.local_queue, self.cluster_queue, self.flavor = gpus, local_queue, cluster_queue, flavor
+        #: name -> ResourceFlavor (record 000/012 has nodeLabels and a toleration; tests add them)
+        self.flavors: dict[str, dict[str, Any]] = {flavor: {"metadata": {"name": flavor}, "spec": {}}}
         #: (namespace, name) -> Workload, as stored (creation order kept)
         self.workloads: dict[tuple[str, str], dict[str, Any]] = {}
 

@@ -16,7 +16,15 @@ from tests.operator.fake_kueue import FakeKueue
 
 from railyard.api.trainingjob import TrainingJobSpec
 from railyard.logic.conditions import find_condition
-from railyard.logic.kueue import Admitted, CreateWorkload, StayQueued, decide_admission, kueue_queue
+from railyard.logic.kueue import (
+    Admitted,
+    CreateWorkload,
+    StayQueued,
+    apply_flavor,
+    decide_admission,
+    kueue_queue,
+    merge_flavors,
+)
 from railyard.logic.manifests.kueue import (
     KUEUE_PRIORITY_SOURCE,
     build_finished_apply,
@@ -229,3 +237,29 @@ async def test_a_gang_of_64_pods_is_admitted_whole() -> None:
     kueue.schedule()
     await h.cycle(1.0)
     assert len(h.cluster.pods_of(0)) == 64 and kueue.used_gpus() == 128
+
+
+async def test_the_gang_is_placed_on_nodes_of_the_admitted_flavor() -> None:
+    """Kueue's admission names a flavor, not nodes (008); the flavor's nodeLabels and tolerations
+    (the recorded ResourceFlavor, 012) select the nodes our placement chooses from and go on the pods."""
+    kueue = FakeKueue(gpus=8)
+    kueue.flavors["gpu-a100"] = _record("012-a06-resourceflavor.json")["response"]["body"]
+    nodes = _nodes(4)
+    for node in nodes[2:]:
+        node["metadata"]["labels"]["railyard.dev/pool"] = "a100"
+    h = Harness(nodes, _job("a", hotSpares=0), kueue=kueue)
+    await h.cycle()
+    kueue.schedule()
+    await h.cycle(1.0)
+    assert sorted(h.pod_nodes(0)) == ["node-2", "node-3"]
+    for pod in h.cluster.pods_of(0):
+        assert pod["spec"]["nodeSelector"] == {"railyard.dev/pool": "a100"}
+        assert {"effect": "NoSchedule", "key": "nvidia.com/gpu", "operator": "Exists"} in pod["spec"]["tolerations"]
+
+
+def test_a_flavor_applied_twice_is_applied_once() -> None:
+    flavor = merge_flavors([_record("012-a06-resourceflavor.json")["response"]["body"]])
+    spec = TrainingJobSpec.model_validate({"nodeSelector": {"railyard.dev/pool": "mine", "zone": "a"}})
+    once = apply_flavor(spec, flavor)
+    assert once.node_selector == {"railyard.dev/pool": "mine", "zone": "a"}, "the job's own choice wins"
+    assert apply_flavor(once, flavor) == once and len(once.tolerations) == 1

@@ -80,6 +80,7 @@ class GangIO(Protocol):
     async def finish_kueue_workload(self, apply: Obj) -> bool: ...
     async def delete_kueue_workload(self, namespace: str, name: str) -> bool: ...
     async def read_priority_value(self, name: str, *, workload_class: bool) -> int | None: ...
+    async def read_resource_flavor(self, name: str) -> dict[str, Any] | None: ...
 
 
 class KubeGangIO:
@@ -162,6 +163,9 @@ class KubeGangIO:
 
     async def read_priority_value(self, name: str, *, workload_class: bool) -> int | None:
         return await kueue_ops.read_priority_value(self.kube, name, workload_class=workload_class)
+
+    async def read_resource_flavor(self, name: str) -> dict[str, Any] | None:
+        return await kueue_ops.read_resource_flavor(self.kube, name)
 
 
 class Cycle:

@@ -13,16 +13,19 @@ from pydantic import ValidationError
 from railyard.api.trainingjob import TrainingJob, TrainingJobSpec
 from railyard.handlers.cycle import Cycle, GangIO
 from railyard.k8s.client import ApiError
-from railyard.logic.conditions import set_condition
+from railyard.logic.conditions import find_condition, set_condition
 from railyard.logic.kueue import (
     QUEUED_RECHECK_S,
     Admitted,
     CreateWorkload,
     StayQueued,
+    admitted_flavors,
+    apply_flavor,
     decide_admission,
     describe_end,
     is_true,
     kueue_queue,
+    merge_flavors,
 )
 from railyard.logic.manifests import owner_reference
 from railyard.logic.manifests.kueue import (
@@ -42,34 +45,50 @@ def queue_of(cycle: Cycle, spec: TrainingJobSpec) -> str | None:
     return kueue_queue(spec, cycle.meta.get("labels") or {})
 
 
-async def await_admission(cycle: Cycle, job: TrainingJob, queue: str) -> float | None:
-    """None when Kueue admitted the job's Workload (go on: place and create the gang); else
-    the job is Queued and this says when to look again."""
-    if cycle.worker.kueue_admitted:
+async def await_admission(cycle: Cycle, job: TrainingJob, queue: str, *, has_pods: bool) -> float | None:
+    """None when the job may go on: Kueue admitted its Workload (the flavor is then known, see
+    :func:`flavored`), or its gang exists already (created under an admission an earlier operator
+    read); else the job is Queued and this says when to look again."""
+    if cycle.worker.kueue_flavor is not None:
         return None
     name = workload_name(cycle.name)
     try:
         workload = await cycle.io.read_kueue_workload(cycle.ns, name)
         decision = decide_admission(workload, job=cycle.name, queue=queue)
-        if isinstance(decision, CreateWorkload):
+        if isinstance(decision, CreateWorkload) and not has_pods:
             await cycle.io.create_kueue_workload(await _build(cycle, job, queue))
+        if isinstance(decision, Admitted) and workload is not None:
+            flavors = [await cycle.io.read_resource_flavor(f) for f in admitted_flavors(workload)]
+            cycle.worker.kueue_flavor = merge_flavors([f for f in flavors if f is not None])
     except ApiError as exc:
         if exc.status not in (403, 404):
             raise
         why = "the API server does not serve them (install Kueue v0.13+)" if exc.status == 404 else \
             "the operator's ClusterRole does not grant them (helm/railyard/rbac-rules.yaml)"
-        _queued(cycle, "KueueUnavailable", f"spec.gang.queueName {queue}: cannot use {KUEUE_API_VERSION} Workloads: {why}")
-        return QUEUED_RECHECK_S * 5
+        if not has_pods:
+            _queued(cycle, "KueueUnavailable", f"spec.gang.queueName {queue}: cannot use {KUEUE_API_VERSION} Workloads: {why}")
+        return None if has_pods else QUEUED_RECHECK_S * 5
     if isinstance(decision, Admitted):
-        cycle.worker.kueue_admitted = True
-        cycle.update(conditions=set_condition(cycle.status.conditions, "Admitted", "True", reason="Admitted",
-                                              message=decision.message, now=cycle.iso,
-                                              generation=cycle.status.observed_generation or None))
-        cycle.event("Normal", "Admitted", decision.message)
+        said = find_condition(cycle.status.conditions, "Admitted")
+        if said is None or said.status != "True":
+            cycle.update(conditions=set_condition(cycle.status.conditions, "Admitted", "True", reason="Admitted",
+                                                  message=decision.message, now=cycle.iso,
+                                                  generation=cycle.status.observed_generation or None))
+            cycle.event("Normal", "Admitted", decision.message)
         return None
+    if has_pods:
+        return None  # eviction is not handled yet: a running gang goes on (docs/deploy.md)
     assert isinstance(decision, CreateWorkload | StayQueued)
     _queued(cycle, decision.reason, decision.message)
     return QUEUED_RECHECK_S
+
+
+def flavored(cycle: Cycle, job: TrainingJob) -> TrainingJob:
+    """The job as its placement and pods see it on the admitted flavor (logic/kueue.apply_flavor)."""
+    flavor = cycle.worker.kueue_flavor
+    if flavor is None:
+        return job
+    return job.model_copy(update={"spec": apply_flavor(job.spec, flavor)})
 
 
 def _queued(cycle: Cycle, reason: str, message: str) -> None:

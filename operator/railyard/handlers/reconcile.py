@@ -35,7 +35,13 @@ from railyard.handlers.inplace import (
     observe_relaunch,
     republish,
 )
-from railyard.handlers.kueue import await_admission, delete_workload, finish_workload, queue_of
+from railyard.handlers.kueue import (
+    await_admission,
+    delete_workload,
+    finish_workload,
+    flavored,
+    queue_of,
+)
 from railyard.handlers.lighthouse import reconcile_lighthouse
 from railyard.handlers.regroup import grow_back
 from railyard.handlers.runtime import JobWorker, Runtime
@@ -110,6 +116,7 @@ async def reconcile_job(runtime: Runtime, worker: JobWorker, *, now: float | Non
         await cycle.commit()
         return None
     delay = await _step(cycle, job)
+    job = flavored(cycle, job)  # spares and the Lighthouse on the admitted Kueue flavor's nodes too
     settle_blind(cycle)
     for again_in in (await reconcile_spares(cycle, job), await reconcile_lighthouse(cycle, job)):
         if again_in is not None:
@@ -143,10 +150,12 @@ async def _step(cycle: Cycle, job: TrainingJob) -> float | None:
             cycle.update(attempt=cycle.status.attempt + 1)
             cycle.phase("Placing", "Resumed", "spec.suspend is false: placing the gang again")
     queue = queue_of(cycle, spec)
-    if queue is not None and not pods:
-        queued = await await_admission(cycle, job, queue)  # no pod before Kueue admitted the job
+    if queue is not None:
+        queued = await await_admission(cycle, job, queue, has_pods=bool(pods))  # no pod before Kueue admitted the job
         if queued is not None:
             return queued
+        job = flavored(cycle, job)
+        spec = job.spec
     if not cycle.old_wire.get("attempt") and pods:
         # an unreadable or missing status: the pods' attempt labels say where we were
         cycle.update(attempt=max(cycle.status.attempt, *(attempt_of(p) for p in pods)))

@@ -21,6 +21,7 @@ from railyard.k8s.client import Kube
 from railyard.kubecreds import Connection, Credential, load_connection
 from railyard.logic.health import HealthState
 from railyard.logic.health.window import HeartbeatStore
+from railyard.logic.kueue import FlavorPlacement
 from railyard.logic.manifests import CLEANUP_LABEL, LIGHTHOUSE_LABEL, SPARE_LABEL
 from railyard.logic.topology import TopologyCache
 from railyard.observe.checkpoint_metrics import CheckpointMetrics
@@ -86,8 +87,9 @@ class JobWorker:
     #: node -> until when the job's placements leave it out: the scheduler refused a pod of the
     #: job there for lack of GPUs (logic/pending.py). Lost with the operator: a bounded hint.
     refused_nodes: dict[str, float] = field(default_factory=dict)
-    #: Kueue admitted the job's Workload (read once; restarts stay inside the admission).
-    kueue_admitted: bool = False
+    #: Kueue admitted the job's Workload: what its flavors ask of the nodes (read once a worker;
+    #: restarts stay inside the admission).
+    kueue_flavor: FlavorPlacement | None = None
     #: The job's end is written on its Workload (Finished).
     kueue_finished: bool = False
 

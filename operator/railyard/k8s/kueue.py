@@ -11,6 +11,7 @@ from typing import Any
 from railyard.k8s.client import ApiError, Kube, custom_path
 from railyard.logic.manifests.kueue import (
     FIELD_MANAGER,
+    KUEUE_FLAVOR_PLURAL,
     KUEUE_GROUP,
     KUEUE_PRIORITY_CLASS_PLURAL,
     KUEUE_VERSION,
@@ -71,3 +72,9 @@ async def read_priority_value(kube: Kube, name: str, *, workload_class: bool) ->
         return None
     value = got.get("value")
     return int(value) if isinstance(value, int) else None
+
+
+async def read_resource_flavor(kube: Kube, name: str) -> dict[str, Any] | None:
+    """ResourceFlavor ``name`` (its ``spec.nodeLabels`` and ``tolerations``); None when it is gone."""
+    got = await kube.get(custom_path(KUEUE_GROUP, KUEUE_VERSION, KUEUE_FLAVOR_PLURAL, None, name))
+    return dict(got) if got is not None else None

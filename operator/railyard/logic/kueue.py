@@ -13,12 +13,12 @@ admission: one Workload per job, not per attempt.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from railyard.api.trainingjob import TrainingJobSpec
-from railyard.logic.manifests.kueue import QUEUE_LABEL, workload_name
+from railyard.api.trainingjob import Toleration, TrainingJobSpec
+from railyard.logic.manifests.kueue import QUEUE_LABEL, WORKERS_POD_SET, workload_name
 from railyard.logic.schedulers import Integration, decide_integration
 
 #: How often a queued job reads its Workload again (Kueue decides in 0.04-0.7 s, record README).
@@ -92,3 +92,43 @@ def decide_admission(workload: Mapping[str, Any] | None, *, job: str, queue: str
 def describe_end(phase: str, message: str, job: str) -> tuple[bool, str]:
     """(succeeded, message) of the Finished condition the job's end writes on its Workload."""
     return phase == "Succeeded", f"TrainingJob {job} {phase.lower()}: {message}" if message else f"TrainingJob {job} {phase.lower()}"
+
+
+def admitted_flavors(workload: Mapping[str, Any], pod_set: str = WORKERS_POD_SET) -> list[str]:
+    """The ResourceFlavors Kueue assigned to ``pod_set`` (record 008: one per resource), each once."""
+    for assignment in ((workload.get("status") or {}).get("admission") or {}).get("podSetAssignments") or ():
+        if assignment.get("name") == pod_set:
+            return sorted(set((assignment.get("flavors") or {}).values()))
+    return []
+
+
+@dataclass(frozen=True, slots=True)
+class FlavorPlacement:
+    """What the admitted flavors ask of the job's nodes: Kueue writes no nodeSelector into the
+    admission (record 008), the flavor's ``nodeLabels`` and ``tolerations`` are the owner's to
+    apply (012)."""
+
+    node_labels: Mapping[str, str]
+    tolerations: tuple[Mapping[str, Any], ...] = ()
+
+
+def merge_flavors(flavors: Sequence[Mapping[str, Any]]) -> FlavorPlacement:
+    """The union of the ResourceFlavors' ``spec.nodeLabels`` and ``spec.tolerations``."""
+    labels: dict[str, str] = {}
+    tolerations: list[Mapping[str, Any]] = []
+    for flavor in flavors:
+        spec = flavor.get("spec") or {}
+        labels.update({str(k): str(v) for k, v in (spec.get("nodeLabels") or {}).items()})
+        tolerations.extend(t for t in spec.get("tolerations") or () if t not in tolerations)
+    return FlavorPlacement(labels, tuple(tolerations))
+
+
+def apply_flavor(spec: TrainingJobSpec, flavor: FlavorPlacement) -> TrainingJobSpec:
+    """The job's spec as its placement and pods must see it on the admitted flavor: the flavor's
+    node labels joined to ``spec.nodeSelector`` (the job's own win on a shared key: an explicit
+    choice), its tolerations added (once: applying it again changes nothing)."""
+    if not flavor.node_labels and not flavor.tolerations:
+        return spec
+    tolerations = list(spec.tolerations)
+    tolerations += [t for t in (Toleration.model_validate(t) for t in flavor.tolerations) if t not in tolerations]
+    return spec.model_copy(update={"node_selector": {**flavor.node_labels, **spec.node_selector}, "tolerations": tolerations})

@@ -21,6 +21,7 @@ KUEUE_VERSION = "v1beta1"
 KUEUE_API_VERSION = f"{KUEUE_GROUP}/{KUEUE_VERSION}"
 KUEUE_WORKLOAD_PLURAL = "workloads"
 KUEUE_PRIORITY_CLASS_PLURAL = "workloadpriorityclasses"
+KUEUE_FLAVOR_PLURAL = "resourceflavors"
 #: The label Kueue's own integrations read the LocalQueue from (accepted on a TrainingJob too).
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 #: The label Kueue's own integrations read a WorkloadPriorityClass from.
