@@ -79,7 +79,9 @@ class FakeKueue:
         return int(parse_quantity(self.usage(workload).get(GPU, "0")))
 
     def _holds_quota(self, workload: dict[str, Any]) -> bool:
-        return is_true(workload, "QuotaReserved") and not is_true(workload, "Finished")
+        """Admitted and not Finished; a deactivated Workload leaves Kueue's cache at once (052),
+        an evicted one holds its quota until its owner acknowledges (041)."""
+        return is_true(workload, "QuotaReserved") and not is_true(workload, "Finished") and workload["spec"].get("active", True)
 
     def schedule(self) -> None:
         used = sum(self._gpus(w) for w in self.workloads.values() if self._holds_quota(w))
@@ -99,6 +101,11 @@ class FakeKueue:
                 _set(wl, _condition("QuotaReserved", "False", "Pending",
                                     f"couldn't assign flavors to pod set {pod_set}: insufficient quota for {GPU} in flavor "
                                     f"{self.flavor}, request > maximum capacity ({need} > {self.gpus})"))
+            elif used + need > self.gpus and self._preempt_for(wl, need - (self.gpus - used)):
+                _set(wl, _condition("QuotaReserved", "False", "Pending",
+                                    f"couldn't assign flavors to pod set {pod_set}: insufficient unused quota for {GPU} in "
+                                    f"flavor {self.flavor}, {used + need - self.gpus} more needed. Pending the preemption "
+                                    f"of {self._evicting()} workload(s)"))
             elif used + need > self.gpus:
                 _set(wl, _condition("QuotaReserved", "False", "Pending",
                                     f"couldn't assign flavors to pod set {pod_set}: insufficient unused quota for {GPU} in "
@@ -107,8 +114,56 @@ class FakeKueue:
                 self.admit(wl)
                 used += need
 
+    def _evicting(self) -> int:
+        return sum(1 for w in self.workloads.values() if is_true(w, "Evicted") and is_true(w, "QuotaReserved"))
+
+    def _preempt_for(self, preemptor: dict[str, Any], short: int) -> bool:
+        """``preemption.withinClusterQueue: LowerPriority`` (record 001): evict admitted Workloads
+        of lower priority, lowest first, until ``short`` GPUs would be free; True when that is
+        possible (the evicted ones keep their quota until acknowledged, 038-041)."""
+        mine = int(preemptor["spec"].get("priority") or 0)
+        victims = sorted((w for w in self.workloads.values() if self._holds_quota(w)
+                          and int(w["spec"].get("priority") or 0) < mine), key=lambda w: int(w["spec"].get("priority") or 0))
+        freed, chosen = 0, []
+        for victim in victims:
+            if freed >= short:
+                break
+            chosen.append(victim)
+            freed += self._gpus(victim)
+        if freed < short:
+            return False
+        for victim in chosen:
+            if not is_true(victim, "Evicted"):
+                said = (f"Preempted to accommodate a workload (UID: uid-{preemptor['metadata']['name']}, JobUID: "
+                        f"{preemptor['metadata'].get('labels', {}).get('kueue.x-k8s.io/job-uid', 'UNKNOWN')}) "
+                        "due to prioritization in the ClusterQueue")
+                _set(victim, _condition("Evicted", "True", "Preempted", said))
+                _set(victim, _condition("Preempted", "True", "InClusterQueue", said))
+        return True
+
+    def deactivate(self, namespace: str, name: str) -> None:
+        """A person sets ``spec.active: false`` (050): Evicted=True reason Deactivated (051)."""
+        workload = self.workloads[(namespace, name)]
+        workload["spec"]["active"] = False
+        _set(workload, _condition("Evicted", "True", "Deactivated", "The workload is deactivated"))
+
+    def acknowledge(self, namespace: str, name: str, apply: dict[str, Any]) -> bool:
+        """The owner's apply with field manager kueue-admission (042): its conditions merge by type,
+        ``status.admission`` (owned by that manager, absent from the apply) goes."""
+        workload = self.workloads.get((namespace, name))
+        if workload is None:
+            return False
+        for cond in apply["status"]["conditions"]:
+            _set(workload, copy.deepcopy(cond))
+        workload["status"].pop("admission", None)
+        return True
+
     def admit(self, workload: dict[str, Any]) -> None:
-        """What Kueue writes on admission (record 008)."""
+        """What Kueue writes on admission (record 008); an earlier eviction's Evicted and
+        Preempted flip to False (046)."""
+        for ctype in ("Evicted", "Preempted"):
+            if is_true(workload, ctype):
+                _set(workload, _condition(ctype, "False", "QuotaReserved", "Previously: evicted"))
         status = workload.setdefault("status", {})
         status.pop("resourceRequests", None)
         status["admission"] = {"clusterQueue": self.cluster_queue, "podSetAssignments": [

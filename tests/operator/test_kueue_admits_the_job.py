@@ -19,6 +19,7 @@ from railyard.logic.conditions import find_condition
 from railyard.logic.kueue import (
     Admitted,
     CreateWorkload,
+    Evict,
     StayQueued,
     apply_flavor,
     decide_admission,
@@ -27,6 +28,7 @@ from railyard.logic.kueue import (
 )
 from railyard.logic.manifests.kueue import (
     KUEUE_PRIORITY_SOURCE,
+    build_eviction_ack,
     build_finished_apply,
     build_kueue_workload,
 )
@@ -263,3 +265,90 @@ def test_a_flavor_applied_twice_is_applied_once() -> None:
     once = apply_flavor(spec, flavor)
     assert once.node_selector == {"railyard.dev/pool": "mine", "zone": "a"}, "the job's own choice wins"
     assert apply_flavor(once, flavor) == once and len(once.tolerations) == 1
+
+
+# eviction: preemption and deactivation ---------------------------------------------------------
+
+
+def test_the_eviction_is_acknowledged_as_kueues_jobframework_does() -> None:
+    """The acknowledgement built from the Workload as Kueue left it after preempting it (038) is the
+    recorded one (042), byte for byte."""
+    recorded = _record("042-c06-ack-preemption-ssa.json")["request"]
+    sent = recorded["body"]
+    evicted, preempted = sent["status"]["conditions"][:2]
+    workload = {
+        "metadata": {**sent["metadata"], "generation": 1},
+        "status": {
+            "admission": _record("038-c02-preempted-workload.json")["response"]["body"]["status"]["admission"],
+            "conditions": [
+                {"type": "QuotaReserved", "status": "True", "reason": "QuotaReserved", "message": "Quota reserved in ClusterQueue railyard-cq",
+                 "lastTransitionTime": "2026-12-07T02:51:40Z", "observedGeneration": 1},
+                evicted,
+                {"type": "Admitted", "status": "True", "reason": "Admitted", "message": "The workload is admitted",
+                 "lastTransitionTime": "2026-12-07T02:51:40Z", "observedGeneration": 1},
+                preempted,
+            ],
+            "schedulingStats": sent["status"]["schedulingStats"],
+        },
+    }
+    assert build_eviction_ack(workload, time="2026-12-07T02:51:49Z") == sent
+    assert recorded["query"] == {"fieldManager": "kueue-admission", "force": "true"}
+    assert isinstance(decide_admission(workload, job="tj-b", queue="team-a"), Evict)
+
+
+def _with_priority(name: str, cls: str) -> dict[str, Any]:
+    return _job(name, priorityClassName=cls)
+
+
+async def test_a_higher_priority_job_evicts_a_running_one_which_stops_requeues_and_resumes() -> None:
+    kueue = FakeKueue(gpus=4)
+    low = Harness(_nodes(), _with_priority("low", "low"), kueue=kueue)
+    high = Harness(_nodes(), _with_priority("high", "high"), kueue=kueue)
+    for h in (low, high):
+        h.cluster.priority_classes = {(False, "low"): 100, (False, "high"): 1000}
+    await _admitted_and_running(low)
+    await high.cycle()
+    kueue.schedule()
+    said = [c["message"] for c in kueue.workloads[("ns", "high")]["status"]["conditions"] if c["type"] == "QuotaReserved"]
+    assert said and said[0].endswith("Pending the preemption of 1 workload(s)")  # record 039
+    await low.cycle(2.0)
+    st = low.status
+    assert st.phase == "Queued" and find_condition(st.conditions, "Admitted").reason == "Preempted"  # type: ignore[union-attr]
+    assert "Preempted to accommodate a workload" in st.message
+    assert kueue.used_gpus() == 4, "Kueue holds the quota until the owner acknowledges (041)"
+    low.cluster.finish_deletions()
+    await low.cycle(2.0)
+    assert low.cluster.pods_of() == [] and ("acknowledge", "Workload/low") in low.cluster.calls
+    assert "admission" not in kueue.workloads[("ns", "low")]["status"] and kueue.used_gpus() == 0
+    kueue.schedule()
+    await high.cycle(2.0)
+    assert len(high.cluster.pods_of(0)) == 2, "the preemptor starts once the quota is released"
+    await low.cycle(2.0)
+    assert low.status.phase == "Queued" and "insufficient unused quota" in low.status.message and low.cluster.pods_of() == []
+    high.run_pods()
+    for i in range(2):
+        high.exit_pod(i, 0)
+    await high.cycle(1.0)
+    await high.cycle(1.0)
+    assert high.status.phase == "Succeeded"
+    kueue.schedule()
+    await low.cycle(2.0)
+    assert low.status.attempt == 1 and len(low.cluster.pods_of(1)) == 2, "the next attempt, inside the new admission"
+    assert [c for c in low.cluster.calls if c[1] == "Workload/low" and c[0] == "create"] == [("create", "Workload/low")]
+
+
+async def test_a_deactivated_job_stops_at_once_and_waits() -> None:
+    kueue = FakeKueue(gpus=4)
+    h = Harness(_nodes(), _job("a"), kueue=kueue)
+    await _admitted_and_running(h)
+    kueue.deactivate("ns", "a")
+    assert kueue.used_gpus() == 0, "a deactivated Workload frees its quota at once (052)"
+    await h.cycle(2.0)
+    assert h.status.phase == "Queued" and find_condition(h.status.conditions, "Admitted").reason == "Deactivated"  # type: ignore[union-attr]
+    assert all(name in h.worker.deleting for name in (p["metadata"]["name"] for p in h.cluster.pods_of(0)))
+    h.cluster.finish_deletions()
+    await h.cycle(2.0)
+    requeued = [c for c in kueue.workloads[("ns", "a")]["status"]["conditions"] if c["type"] == "Requeued"]
+    assert requeued and requeued[0]["status"] == "False" and requeued[0]["reason"] == "Deactivated"
+    await h.cycle(2.0)
+    assert h.status.phase == "Queued" and h.cluster.pods_of() == []

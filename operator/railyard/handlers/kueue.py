@@ -5,7 +5,7 @@ Workload; deleting the job deletes it. Thin: read, decide, execute."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pydantic import ValidationError
@@ -18,6 +18,7 @@ from railyard.logic.kueue import (
     QUEUED_RECHECK_S,
     Admitted,
     CreateWorkload,
+    Evict,
     StayQueued,
     admitted_flavors,
     apply_flavor,
@@ -33,6 +34,7 @@ from railyard.logic.manifests.kueue import (
     KUEUE_API_VERSION,
     KUEUE_PRIORITY_SOURCE,
     PRIORITY_CLASS_LABEL,
+    build_eviction_ack,
     build_finished_apply,
     build_kueue_workload,
     workload_name,
@@ -40,24 +42,31 @@ from railyard.logic.manifests.kueue import (
 
 log = logging.getLogger(__name__)
 
+#: How often an admitted job reads its Workload again (is it evicted?).
+KUEUE_WATCH_S = 2.0
+
 
 def queue_of(cycle: Cycle, spec: TrainingJobSpec) -> str | None:
     return kueue_queue(spec, cycle.meta.get("labels") or {})
 
 
-async def await_admission(cycle: Cycle, job: TrainingJob, queue: str, *, has_pods: bool) -> float | None:
+async def await_admission(cycle: Cycle, job: TrainingJob, queue: str, *, pods: Sequence[Mapping[str, Any]],
+                          nodes: Mapping[str, Mapping[str, Any]]) -> float | None:
     """None when the job may go on: Kueue admitted its Workload (the flavor is then known, see
-    :func:`flavored`), or its gang exists already (created under an admission an earlier operator
-    read); else the job is Queued and this says when to look again."""
-    if cycle.worker.kueue_flavor is not None:
+    :func:`flavored`), or its gang exists already under an admission an earlier operator read;
+    else the job is Queued (waiting, or stopping because Kueue evicted it) and this says when to
+    look again. While admitted the Workload is read again every :data:`KUEUE_WATCH_S` at most."""
+    has_pods = bool(pods)
+    if cycle.worker.kueue_flavor is not None and cycle.now - cycle.worker.kueue_read_at < KUEUE_WATCH_S:
         return None
+    cycle.worker.kueue_read_at = cycle.now
     name = workload_name(cycle.name)
     try:
         workload = await cycle.io.read_kueue_workload(cycle.ns, name)
         decision = decide_admission(workload, job=cycle.name, queue=queue)
         if isinstance(decision, CreateWorkload) and not has_pods:
             await cycle.io.create_kueue_workload(await _build(cycle, job, queue))
-        if isinstance(decision, Admitted) and workload is not None:
+        if isinstance(decision, Admitted) and workload is not None and cycle.worker.kueue_flavor is None:
             flavors = [await cycle.io.read_resource_flavor(f) for f in admitted_flavors(workload)]
             cycle.worker.kueue_flavor = merge_flavors([f for f in flavors if f is not None])
     except ApiError as exc:
@@ -68,18 +77,50 @@ async def await_admission(cycle: Cycle, job: TrainingJob, queue: str, *, has_pod
         if not has_pods:
             _queued(cycle, "KueueUnavailable", f"spec.gang.queueName {queue}: cannot use {KUEUE_API_VERSION} Workloads: {why}")
         return None if has_pods else QUEUED_RECHECK_S * 5
+    if isinstance(decision, Evict) and workload is not None:
+        return await _evicted(cycle, decision, workload, pods, nodes)
     if isinstance(decision, Admitted):
-        said = find_condition(cycle.status.conditions, "Admitted")
-        if said is None or said.status != "True":
-            cycle.update(conditions=set_condition(cycle.status.conditions, "Admitted", "True", reason="Admitted",
-                                                  message=decision.message, now=cycle.iso,
-                                                  generation=cycle.status.observed_generation or None))
-            cycle.event("Normal", "Admitted", decision.message)
+        _admitted(cycle, decision)
         return None
     if has_pods:
-        return None  # eviction is not handled yet: a running gang goes on (docs/deploy.md)
+        return None  # a gang created under an admission this process did not read: it goes on
     assert isinstance(decision, CreateWorkload | StayQueued)
     _queued(cycle, decision.reason, decision.message)
+    return QUEUED_RECHECK_S
+
+
+def _admitted(cycle: Cycle, decision: Admitted) -> None:
+    said = find_condition(cycle.status.conditions, "Admitted")
+    if said is not None and said.status == "True":
+        return
+    cycle.update(conditions=set_condition(cycle.status.conditions, "Admitted", "True", reason="Admitted",
+                                          message=decision.message, now=cycle.iso,
+                                          generation=cycle.status.observed_generation or None))
+    cycle.event("Normal", "Admitted", decision.message)
+    if cycle.status.phase == "Queued" and cycle.status.placement is not None:
+        # admitted again after an eviction: the next attempt, placed again (as a resumed job)
+        cycle.update(attempt=cycle.status.attempt + 1, placement=None, gang_created_time=None, next_attempt_time=None)
+        cycle.phase("Placing", "Readmitted", f"{decision.message}: placing the gang again")
+
+
+async def _evicted(cycle: Cycle, decision: Evict, workload: Mapping[str, Any], pods: Sequence[Mapping[str, Any]],
+                   nodes: Mapping[str, Mapping[str, Any]]) -> float:
+    """Kueue evicted the job: its pods go as a suspended job's do (checkpoints kept); once they
+    are gone the eviction is acknowledged (Kueue holds the quota until then, record 041), and the
+    job waits Queued to be admitted again."""
+    cycle.worker.kueue_flavor = None
+    said = f"evicted by Kueue ({decision.reason}): {decision.message}"
+    if pods:
+        await cycle.delete_pods(pods, nodes)
+        if cycle.status.phase != "Queued":
+            cycle.update(gang_created_time=None, next_attempt_time=None,
+                         conditions=set_condition(cycle.status.conditions, "Admitted", "False", reason=decision.reason,
+                                                  message=said, now=cycle.iso,
+                                                  generation=cycle.status.observed_generation or None))
+            cycle.phase("Queued", decision.reason, f"{said}; the gang's pods are deleted, checkpoints kept")
+        return 1.0
+    await cycle.io.acknowledge_eviction(build_eviction_ack(workload, time=cycle.iso))
+    _queued(cycle, decision.reason, f"{said}; the gang stopped, waiting to be admitted again")
     return QUEUED_RECHECK_S
 
 

@@ -36,6 +36,7 @@ from railyard.handlers.inplace import (
     republish,
 )
 from railyard.handlers.kueue import (
+    KUEUE_WATCH_S,
     await_admission,
     delete_workload,
     finish_workload,
@@ -151,7 +152,7 @@ async def _step(cycle: Cycle, job: TrainingJob) -> float | None:
             cycle.phase("Placing", "Resumed", "spec.suspend is false: placing the gang again")
     queue = queue_of(cycle, spec)
     if queue is not None:
-        queued = await await_admission(cycle, job, queue, has_pods=bool(pods))  # no pod before Kueue admitted the job
+        queued = await await_admission(cycle, job, queue, pods=pods, nodes=nodes)  # no pod before Kueue admitted the job
         if queued is not None:
             return queued
         job = flavored(cycle, job)
@@ -191,6 +192,8 @@ async def _step(cycle: Cycle, job: TrainingJob) -> float | None:
     _update_degraded(cycle, job)
     if gang.recheck_after > 0:
         delay = gang.recheck_after if delay is None else min(delay, gang.recheck_after)
+    if queue is not None:  # look for Kueue's eviction even when nothing else happens
+        delay = KUEUE_WATCH_S if delay is None else min(delay, KUEUE_WATCH_S)
     return delay
 
 

@@ -90,6 +90,8 @@ class JobWorker:
     #: Kueue admitted the job's Workload: what its flavors ask of the nodes (read once a worker;
     #: restarts stay inside the admission).
     kueue_flavor: FlavorPlacement | None = None
+    #: When the job's Workload was read last (an admitted job looks for an eviction now and then).
+    kueue_read_at: float = float("-inf")
     #: The job's end is written on its Workload (Finished).
     kueue_finished: bool = False
 

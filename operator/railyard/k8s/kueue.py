@@ -10,6 +10,7 @@ from typing import Any
 
 from railyard.k8s.client import ApiError, Kube, custom_path
 from railyard.logic.manifests.kueue import (
+    ADMISSION_FIELD_MANAGER,
     FIELD_MANAGER,
     KUEUE_FLAVOR_PLURAL,
     KUEUE_GROUP,
@@ -78,3 +79,18 @@ async def read_resource_flavor(kube: Kube, name: str) -> dict[str, Any] | None:
     """ResourceFlavor ``name`` (its ``spec.nodeLabels`` and ``tolerations``); None when it is gone."""
     got = await kube.get(custom_path(KUEUE_GROUP, KUEUE_VERSION, KUEUE_FLAVOR_PLURAL, None, name))
     return dict(got) if got is not None else None
+
+
+async def acknowledge_eviction(kube: Kube, apply: Mapping[str, Any]) -> bool:
+    """Server-side apply of the eviction's acknowledgement (record 042; field manager
+    ``kueue-admission``, forced, so ``status.admission`` goes); False when the Workload is gone."""
+    meta = apply["metadata"]
+    path = custom_path(KUEUE_GROUP, KUEUE_VERSION, KUEUE_WORKLOAD_PLURAL, meta["namespace"], meta["name"], "status")
+    try:
+        await kube.request("PATCH", path, body=dict(apply), params={"fieldManager": ADMISSION_FIELD_MANAGER, "force": "true"},
+                           content_type=APPLY)
+    except ApiError as exc:
+        if exc.status == 404:
+            return False
+        raise
+    return True

@@ -70,7 +70,16 @@ class Admitted:
     message: str
 
 
-Admission = CreateWorkload | StayQueued | Admitted
+@dataclass(frozen=True, slots=True)
+class Evict:
+    """Kueue evicted the admitted Workload (``Evicted=True`` while it still reserves quota: record
+    038 preemption, 051 ``spec.active: false``): stop the gang, then acknowledge."""
+
+    reason: str
+    message: str
+
+
+Admission = CreateWorkload | StayQueued | Admitted | Evict
 
 
 def decide_admission(workload: Mapping[str, Any] | None, *, job: str, queue: str) -> Admission:
@@ -79,6 +88,9 @@ def decide_admission(workload: Mapping[str, Any] | None, *, job: str, queue: str
     where = f"Workload {name} in LocalQueue {queue}"
     if workload is None:
         return CreateWorkload(WAITING_REASON, f"waiting for Kueue to admit {where} (created)")
+    evicted = _condition(workload, "Evicted")
+    if evicted is not None and evicted.get("status") == "True" and is_true(workload, "QuotaReserved"):
+        return Evict(str(evicted.get("reason") or "Evicted"), str(evicted.get("message") or ""))
     if is_true(workload, "Admitted"):
         cluster_queue = str(((workload.get("status") or {}).get("admission") or {}).get("clusterQueue") or "")
         return Admitted(cluster_queue, f"Kueue admitted {where} in ClusterQueue {cluster_queue}")
