@@ -257,9 +257,9 @@ class FakeCluster:
     async def read_priority_value(self, name: str, *, workload_class: bool) -> int | None:
         return self.priority_classes.get((workload_class, name))
 
-    async def acknowledge_eviction(self, apply: Obj) -> bool:
-        self.calls.append(("acknowledge", f"Workload/{apply['metadata']['name']}"))
-        return self.kueue.acknowledge(apply["metadata"]["namespace"], apply["metadata"]["name"], dict(apply))
+    async def acknowledge_eviction(self, namespace: str, name: str, patch: Obj) -> bool:
+        self.calls.append(("acknowledge", f"Workload/{name}"))
+        return self.kueue.acknowledge(namespace, name, dict(patch))
 
     async def read_resource_flavor(self, name: str) -> dict[str, Any] | None:
         got = self.kueue.flavors.get(name)

@@ -147,14 +147,16 @@ class FakeKueue:
         workload["spec"]["active"] = False
         _set(workload, _condition("Evicted", "True", "Deactivated", "The workload is deactivated"))
 
-    def acknowledge(self, namespace: str, name: str, apply: dict[str, Any]) -> bool:
-        """The owner's apply with field manager kueue-admission (042): its conditions merge by type,
-        ``status.admission`` (owned by that manager, absent from the apply) goes."""
+    def acknowledge(self, namespace: str, name: str, patch: dict[str, Any]) -> bool:
+        """The owner's merge patch on /status (054): conditions replaced, ``status.admission``
+        gone; refused (409, False) when the Workload changed since the owner read it."""
         workload = self.workloads.get((namespace, name))
         if workload is None:
             return False
-        for cond in apply["status"]["conditions"]:
-            _set(workload, copy.deepcopy(cond))
+        version = patch.get("metadata", {}).get("resourceVersion")
+        if version is not None and version != workload["metadata"].get("resourceVersion"):
+            return False
+        workload["status"]["conditions"] = copy.deepcopy(patch["status"]["conditions"])
         workload["status"].pop("admission", None)
         return True
 

@@ -270,30 +270,21 @@ def test_a_flavor_applied_twice_is_applied_once() -> None:
 # eviction: preemption and deactivation ---------------------------------------------------------
 
 
-def test_the_eviction_is_acknowledged_as_kueues_jobframework_does() -> None:
-    """The acknowledgement built from the Workload as Kueue left it after preempting it (038) is the
-    recorded one (042), byte for byte."""
-    recorded = _record("042-c06-ack-preemption-ssa.json")["request"]
-    sent = recorded["body"]
-    evicted, preempted = sent["status"]["conditions"][:2]
-    workload = {
-        "metadata": {**sent["metadata"], "generation": 1},
-        "status": {
-            "admission": _record("038-c02-preempted-workload.json")["response"]["body"]["status"]["admission"],
-            "conditions": [
-                {"type": "QuotaReserved", "status": "True", "reason": "QuotaReserved", "message": "Quota reserved in ClusterQueue railyard-cq",
-                 "lastTransitionTime": "2026-12-07T02:51:40Z", "observedGeneration": 1},
-                evicted,
-                {"type": "Admitted", "status": "True", "reason": "Admitted", "message": "The workload is admitted",
-                 "lastTransitionTime": "2026-12-07T02:51:40Z", "observedGeneration": 1},
-                preempted,
-            ],
-            "schedulingStats": sent["status"]["schedulingStats"],
-        },
-    }
-    assert build_eviction_ack(workload, time="2026-12-07T02:51:49Z") == sent
-    assert recorded["query"] == {"fieldManager": "kueue-admission", "force": "true"}
+def test_the_eviction_is_acknowledged_as_recorded() -> None:
+    """From the deactivated Workload as Kueue left it (051) to the recorded acknowledgement (054):
+    every condition of that type, status and reason, ``status.admission`` removed, conditional on
+    the resourceVersion."""
+    got_there = _record("051-d03-deactivated-workload.json")["response"]["body"]
+    workload = {"metadata": {"resourceVersion": "624", "generation": 2}, "status": got_there["status"]}
     assert isinstance(decide_admission(workload, job="tj-b", queue="team-a"), Evict)
+    sent = _record("054-d06-ack-deactivation-merge.json")["request"]
+    built = build_eviction_ack(workload, time="2026-12-07T02:51:50Z")
+    assert sent["contentType"] == "application/merge-patch+json" and sent["path"].endswith("/status")
+    assert built["metadata"] == sent["body"]["metadata"] and built["status"]["admission"] is None
+    as_set = sorted((c["type"], c["status"], c["reason"]) for c in built["status"]["conditions"])
+    assert as_set == sorted((c["type"], c["status"], c["reason"]) for c in sent["body"]["status"]["conditions"])
+    requeued = next(c for c in built["status"]["conditions"] if c["type"] == "Requeued")
+    assert requeued == next(c for c in sent["body"]["status"]["conditions"] if c["type"] == "Requeued")
 
 
 def _with_priority(name: str, cls: str) -> dict[str, Any]:

@@ -41,7 +41,11 @@ def play_kueue(api: Api, kueue: FakeKueue, names: list[str]) -> None:
     kueue.schedule()
     for key, wl in kueue.workloads.items():
         if wl.get("status") != before[key]:
-            api.custom.patch_namespaced_custom_object_status(GROUP, VERSION, NS, PLURAL, key[1], {"status": wl["status"]})
+            # as Kueue writes: server-side apply with its field manager (record 008), which the
+            # owner's acknowledgement of an eviction (same manager, forced) can then take back
+            body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "Workload", "metadata": {"name": key[1]}, "status": wl["status"]}
+            api.custom.patch_namespaced_custom_object_status(GROUP, VERSION, NS, PLURAL, key[1], body, field_manager="kueue-admission",
+                                                             force=True, _content_type="application/apply-patch+yaml")
 
 
 def _admitted(api: Api, job: str) -> dict[str, Any] | None:
@@ -101,3 +105,66 @@ def test_two_jobs_one_quota_the_second_queued_until_the_first_finished(
     finally:
         api.delete_job(NS, first)
         api.delete_job(NS, second)
+
+
+def _ensure_priority_class(api: Api, name: str, value: int) -> None:
+    from kubernetes import client
+    from kubernetes.client.rest import ApiException
+
+    try:
+        client.SchedulingV1Api(api.client).create_priority_class({"metadata": {"name": name}, "value": value})
+    except ApiException as exc:
+        if exc.status != 409:
+            raise
+
+
+@pytest.mark.cluster
+def test_a_higher_priority_job_preempts_a_running_one_which_requeues_and_resumes(
+    api: Api, operator: OperatorProcess, workload: Workload, tmp_path: Path, job_name: str,
+) -> None:
+    asyncio.run(_apply_crd(api.kubeconfig, kueue_workload_crd()))
+    wait_until(lambda: _workloads(api) is not None, timeout=30, message="Workloads served", retry_on=(Exception,))
+    _ensure_priority_class(api, "railyard-test-low", 100)
+    _ensure_priority_class(api, "railyard-test-high", 1000)
+    low, high = f"{job_name}-lo", f"{job_name}-hi"
+    other = Workload(tmp_path / "control-hi")
+    kueue = FakeKueue(gpus=2)
+    gang = {"scheduleTimeoutSeconds": 60, "queueName": "team-a"}
+    api.create_job(NS, low, base_spec(workload, gang={**gang, "priorityClassName": "railyard-test-low"}))
+    try:
+        wait_until(lambda: low in _workloads(api), timeout=60, message="the low Workload", retry_on=(Exception,))
+        assert _workloads(api)[low]["spec"]["priority"] == 100, "Kueue reads only spec.priority: the class's value"
+        play_kueue(api, kueue, [low])
+        wait_until(lambda: api.status(NS, low).get("phase") == "Running", timeout=90, message="the low job Running",
+                   retry_on=(Exception,))
+        api.create_job(NS, high, base_spec(other, gang={**gang, "priorityClassName": "railyard-test-high"}))
+        wait_until(lambda: high in _workloads(api), timeout=60, message="the high Workload", retry_on=(Exception,))
+        play_kueue(api, kueue, [low, high])  # evicts low (038): it keeps its quota until acknowledged
+        wait_until(lambda: api.status(NS, low).get("phase") == "Queued" and api.pods(NS, low) == [], timeout=90,
+                   message="the low job stopped and Queued", retry_on=(Exception,))
+        assert _admitted(api, low)["reason"] == "Preempted"  # type: ignore[index]
+
+        def acknowledged() -> bool:
+            status = _workloads(api)[low].get("status") or {}
+            reserved = [c for c in status.get("conditions") or [] if c["type"] == "QuotaReserved"]
+            return "admission" not in status and bool(reserved) and reserved[0]["status"] == "False"
+
+        wait_until(acknowledged, timeout=60, message="the eviction acknowledged (042)", retry_on=(Exception,))
+        play_kueue(api, kueue, [low, high])
+        wait_until(lambda: api.status(NS, high).get("phase") == "Running", timeout=90, message="the high job Running",
+                   retry_on=(Exception,))
+        other.exit(0)
+        wait_until(lambda: api.status(NS, high).get("phase") == "Succeeded", timeout=90, message="the high job done",
+                   retry_on=(Exception,))
+        wait_until(lambda: any(c["type"] == "Finished" for c in _workloads(api)[high]["status"]["conditions"]), timeout=30,
+                   message="the high Workload Finished", retry_on=(Exception,))
+        play_kueue(api, kueue, [low, high])
+        wait_until(lambda: api.status(NS, low).get("phase") == "Running" and api.status(NS, low).get("attempt") == 1,
+                   timeout=90, message="the low job readmitted and Running its next attempt", retry_on=(Exception,))
+    except BaseException:
+        print(on_exit_dump(api, NS, low, operator))
+        print(on_exit_dump(api, NS, high, operator))
+        raise
+    finally:
+        api.delete_job(NS, low)
+        api.delete_job(NS, high)

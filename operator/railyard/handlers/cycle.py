@@ -81,7 +81,7 @@ class GangIO(Protocol):
     async def delete_kueue_workload(self, namespace: str, name: str) -> bool: ...
     async def read_priority_value(self, name: str, *, workload_class: bool) -> int | None: ...
     async def read_resource_flavor(self, name: str) -> dict[str, Any] | None: ...
-    async def acknowledge_eviction(self, apply: Obj) -> bool: ...
+    async def acknowledge_eviction(self, namespace: str, name: str, patch: Obj) -> bool: ...
 
 
 class KubeGangIO:
@@ -168,8 +168,8 @@ class KubeGangIO:
     async def read_resource_flavor(self, name: str) -> dict[str, Any] | None:
         return await kueue_ops.read_resource_flavor(self.kube, name)
 
-    async def acknowledge_eviction(self, apply: Obj) -> bool:
-        return await kueue_ops.acknowledge_eviction(self.kube, apply)
+    async def acknowledge_eviction(self, namespace: str, name: str, patch: Obj) -> bool:
+        return await kueue_ops.acknowledge_eviction(self.kube, namespace, name, patch)
 
 
 class Cycle:

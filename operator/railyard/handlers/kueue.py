@@ -119,7 +119,8 @@ async def _evicted(cycle: Cycle, decision: Evict, workload: Mapping[str, Any], p
                                                   generation=cycle.status.observed_generation or None))
             cycle.phase("Queued", decision.reason, f"{said}; the gang's pods are deleted, checkpoints kept")
         return 1.0
-    await cycle.io.acknowledge_eviction(build_eviction_ack(workload, time=cycle.iso))
+    if not await cycle.io.acknowledge_eviction(cycle.ns, workload_name(cycle.name), build_eviction_ack(workload, time=cycle.iso)):
+        cycle.worker.kueue_read_at = float("-inf")  # changed since read: read it again next cycle
     _queued(cycle, decision.reason, f"{said}; the gang stopped, waiting to be admitted again")
     return QUEUED_RECHECK_S
 

@@ -10,7 +10,6 @@ from typing import Any
 
 from railyard.k8s.client import ApiError, Kube, custom_path
 from railyard.logic.manifests.kueue import (
-    ADMISSION_FIELD_MANAGER,
     FIELD_MANAGER,
     KUEUE_FLAVOR_PLURAL,
     KUEUE_GROUP,
@@ -81,16 +80,14 @@ async def read_resource_flavor(kube: Kube, name: str) -> dict[str, Any] | None:
     return dict(got) if got is not None else None
 
 
-async def acknowledge_eviction(kube: Kube, apply: Mapping[str, Any]) -> bool:
-    """Server-side apply of the eviction's acknowledgement (record 042; field manager
-    ``kueue-admission``, forced, so ``status.admission`` goes); False when the Workload is gone."""
-    meta = apply["metadata"]
-    path = custom_path(KUEUE_GROUP, KUEUE_VERSION, KUEUE_WORKLOAD_PLURAL, meta["namespace"], meta["name"], "status")
+async def acknowledge_eviction(kube: Kube, namespace: str, name: str, patch: Mapping[str, Any]) -> bool:
+    """The eviction's acknowledgement, a merge patch on ``/status`` conditional on the
+    resourceVersion it carries (record 054); False when the Workload is gone or changed since
+    it was read (the next cycle reads it again)."""
+    path = custom_path(KUEUE_GROUP, KUEUE_VERSION, KUEUE_WORKLOAD_PLURAL, namespace, name, "status")
     try:
-        await kube.request("PATCH", path, body=dict(apply), params={"fieldManager": ADMISSION_FIELD_MANAGER, "force": "true"},
-                           content_type=APPLY)
+        return await kube.patch(path, dict(patch)) is not None
     except ApiError as exc:
-        if exc.status == 404:
+        if exc.status == 409:
             return False
         raise
-    return True

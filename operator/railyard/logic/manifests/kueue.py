@@ -107,36 +107,31 @@ def build_finished_apply(job: str, namespace: str, *, succeeded: bool, message: 
     }
 
 
-#: The field manager Kueue's own job controllers acknowledge an eviction with: the acknowledgement
-#: must own ``status.admission`` (written by ``kueue-admission``) to remove it (record 042).
-ADMISSION_FIELD_MANAGER = "kueue-admission"
-
-
 def build_eviction_ack(workload: Mapping[str, Any], *, time: str) -> dict[str, Any]:
-    """The owner's acknowledgement of an eviction once its pods are gone, exactly as Kueue's
-    jobframework writes it (record 042: server-side apply on ``/status`` with field manager
-    ``kueue-admission``, forced, with uid and resourceVersion): Evicted and Preempted as they
-    are, ``QuotaReserved=False`` (Pending, the eviction's message), ``Admitted=False``
-    (NoReservation), ``Requeued`` True (False for a deactivated Workload, 054), and no
-    ``status.admission``: the quota is released and the Workload queued again."""
+    """The owner's acknowledgement of an eviction once its pods are gone, as a JSON merge patch
+    on ``/status`` (record 054; Kueue's jobframework writes the same by server-side apply, 042):
+    ``status.admission`` removed, and the whole conditions list with ``QuotaReserved=False``
+    (Pending, the eviction's message), ``Admitted=False`` (NoReservation) and ``Requeued`` True
+    (False for a deactivated Workload), the others as Kueue wrote them; the resourceVersion makes
+    it conditional (409 when Kueue wrote since: read again, decide again). The quota is released
+    and the Workload queued again."""
     meta = workload.get("metadata") or {}
     status = workload.get("status") or {}
-    conditions = {c.get("type"): dict(c) for c in status.get("conditions") or ()}
-    evicted = conditions.get("Evicted") or {}
+    conditions = [dict(c) for c in status.get("conditions") or ()]
+    evicted = next((c for c in conditions if c.get("type") == "Evicted"), {})
     reason, message = str(evicted.get("reason") or ""), str(evicted.get("message") or "")
     generation = meta.get("generation") or 1
-    kept = [conditions[t] for t in ("Evicted", "Preempted") if t in conditions]
-    deactivated = reason == "Deactivated"
-    new = [
-        {"type": "QuotaReserved", "status": "False", "reason": "Pending", "message": message,
-         "lastTransitionTime": time, "observedGeneration": generation},
-        {"type": "Admitted", "status": "False", "reason": "NoReservation", "message": "The workload has no reservation",
-         "lastTransitionTime": time, "observedGeneration": generation},
-        {"type": "Requeued", "status": "False" if deactivated else "True", "reason": reason, "message": message,
-         "lastTransitionTime": time, "observedGeneration": generation},
-    ]
-    out_status: dict[str, Any] = {"conditions": kept + new}
-    if status.get("schedulingStats"):
-        out_status["schedulingStats"] = status["schedulingStats"]
-    out_meta = {k: meta[k] for k in ("labels", "name", "namespace", "resourceVersion", "uid") if k in meta}
-    return {"apiVersion": KUEUE_API_VERSION, "kind": "Workload", "metadata": out_meta, "status": out_status}
+    new: dict[str, dict[str, Any]] = {
+        "QuotaReserved": {"type": "QuotaReserved", "status": "False", "reason": "Pending", "message": message},
+        "Admitted": {"type": "Admitted", "status": "False", "reason": "NoReservation", "message": "The workload has no reservation"},
+        "Requeued": {"type": "Requeued", "status": "False" if reason == "Deactivated" else "True", "reason": reason,
+                     "message": message},
+    }
+    for cond in new.values():
+        cond.update(lastTransitionTime=time, observedGeneration=generation)
+    out = [new.pop(str(c.get("type")), c) for c in conditions]
+    out += list(new.values())
+    patch: dict[str, Any] = {"status": {"admission": None, "conditions": out}}
+    if meta.get("resourceVersion"):
+        patch["metadata"] = {"resourceVersion": meta["resourceVersion"]}
+    return patch
