@@ -174,6 +174,7 @@ class Agent:
             return
         if meta.get("deletionTimestamp"):
             if worker is not None:
+                worker.pod = pod  # its finalizers decide whether the terminal phase is written first
                 if not worker.stopping:
                     grace = meta.get("deletionGracePeriodSeconds")
                     if grace is None:
@@ -208,6 +209,10 @@ class Agent:
         meta = pod.get("metadata") or {}
         ns, name, uid = meta.get("namespace", "default"), meta.get("name", ""), meta.get("uid", "")
         try:
+            phase = (pod.get("status") or {}).get("phase")
+            node = str((pod.get("spec") or {}).get("nodeName"))
+            if meta.get("finalizers") and phase not in ("Succeeded", "Failed") and not self.control(node).failed:
+                await self._report_lost(pod, reason="Deleted", message="the pod was deleted before its node ran it")
             await retry(
                 lambda: self.client.delete(
                     f"/api/v1/namespaces/{ns}/pods/{name}",
@@ -220,7 +225,8 @@ class Agent:
         finally:
             self._finishing.discard(str(uid))
 
-    async def _report_lost(self, pod: Obj) -> None:
+    async def _report_lost(self, pod: Obj, *, reason: str = "NodeRestart",
+                           message: str = "the local cluster's node agent stopped while this pod ran; its processes are gone") -> None:
         meta = pod.get("metadata") or {}
         ns, name = meta.get("namespace", "default"), meta.get("name", "")
         statuses = []
@@ -228,13 +234,13 @@ class Agent:
             state = cs.get("state") or {}
             if "terminated" not in state:
                 started = (state.get("running") or {}).get("startedAt", now_iso())
-                state = {"terminated": {"exitCode": 137, "reason": "NodeRestart", "signal": 9, "startedAt": started, "finishedAt": now_iso()}}
+                state = {"terminated": {"exitCode": 137, "reason": reason, "signal": 9, "startedAt": started, "finishedAt": now_iso()}}
             statuses.append({**cs, "state": state, "ready": False})
         body = {
             "status": {
                 "phase": "Failed",
-                "reason": "NodeRestart",
-                "message": "the local cluster's node agent stopped while this pod ran; its processes are gone",
+                "reason": reason,
+                "message": message,
                 "containerStatuses": statuses,
             }
         }

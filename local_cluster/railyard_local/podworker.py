@@ -128,6 +128,8 @@ class PodWorker:
             self.task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self.task
+        if (self.pod.get("metadata") or {}).get("finalizers"):
+            await self._report_terminal()  # before forget(): the agent ends forgotten pods its own way
         self.agent.forget(self)
         self._cleanup()
         await retry(
@@ -137,6 +139,27 @@ class PodWorker:
             ),
             what=f"delete {self.ns}/{self.name}",
         )
+
+    async def _report_terminal(self) -> None:
+        """Write the terminal phase a kubelet writes before its final delete: with another
+        finalizer holding the pod that delete only marks it, and the pod would stay Pending or
+        Running while Terminating (a controller waiting for Failed/Succeeded, Kueue's pod
+        integration among them, would wait forever)."""
+        for c in self.init + self.containers:
+            if c.terminated:
+                continue
+            if c.proc is not None and c.proc.returncode is not None:
+                rc = c.proc.returncode
+                code = 128 - rc if rc < 0 else rc
+                c.state = {"terminated": self._terminated(code, "Completed" if code == 0 else "Error", c.started_at)}
+            elif "running" in c.state:  # simulated: its process would have ended on SIGTERM
+                c.state = {"terminated": self._terminated(143, "Error", c.started_at)}
+            else:  # never started: what a kubelet says of a container it cannot find
+                c.state = {"terminated": self._terminated(137, "ContainerStatusUnknown", c.started_at,
+                                                          "The container could not be located when the pod was terminated")}
+            c.ready = False
+        self._update_phase()
+        await self._patch_status()
 
     async def kill(self, *, reason: str, message: str, report: bool) -> None:
         """Immediate SIGKILL (node failure, agent stop); optionally report the pod Failed."""

@@ -3,6 +3,7 @@ strategic merge patch on the built-in kinds."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -48,6 +49,36 @@ def test_scheduling_gates_block_binding_and_may_only_be_removed(core: client.Cor
     assert not p.spec.scheduling_gates
     _bind(core, ns, "g", ABSENT_NODE)
     assert core.read_namespaced_pod("g", ns).spec.node_name == ABSENT_NODE
+
+
+def test_lifting_our_gate_keeps_a_gate_a_webhook_added(cluster: Cluster, core: client.CoreV1Api, ns: str) -> None:
+    """The operator lifts its gate from the pod as it built it (our gate only) while the server
+    holds what a mutating webhook made of it (Kueue's pod webhook adds its admission gate): only
+    ours goes, the webhook's stays and still keeps the pod from being bound (issue 48)."""
+    from railyard.k8s.client import Kube
+    from railyard.k8s.gang import lift_gates
+    from railyard.logic.manifests import GANG_GATE
+
+    foreign = "kueue.x-k8s.io/admission"
+    as_built = pod("kg", schedulingGates=[{"name": GANG_GATE}])
+    as_built["metadata"]["namespace"] = ns
+    core.create_namespaced_pod(ns, pod("kg", schedulingGates=[{"name": GANG_GATE}, {"name": foreign}]))
+
+    async def lift() -> int:
+        kube = Kube.from_config(str(cluster.kubeconfig))
+        try:
+            return await lift_gates(kube, [as_built])
+        finally:
+            await kube.close()
+
+    assert asyncio.run(lift()) == 1
+    assert [g.name for g in core.read_namespaced_pod("kg", ns).spec.scheduling_gates] == [foreign]
+    asyncio.run(lift())  # again, from the same stale copy (a handler that runs twice): nothing else goes
+    assert [g.name for g in core.read_namespaced_pod("kg", ns).spec.scheduling_gates] == [foreign]
+    with pytest.raises(ApiException) as err:
+        _bind(core, ns, "kg", "node-a")
+    assert err.value.status >= 400, "the webhook's gate still holds the pod"
+    assert core.read_namespaced_pod("kg", ns).spec.node_name is None
 
 
 def test_pod_spec_is_immutable_apart_from_the_allowed_fields(core: client.CoreV1Api, ns: str) -> None:

@@ -11,7 +11,7 @@ import pytest
 HERE = Path(__file__).parent
 SHARED = HERE.parents[1].parent / "shared" / "kube-golden"
 COPIES = {"v1.36": "kube-v1.36", "v1.36-workload": "kube-v1.36-workload", "v1.36-dra": "kube-v1.36-dra",
-          "v1.36-disruption": "kube-v1.36-disruption"}
+          "v1.36-disruption": "kube-v1.36-disruption", "kueue-v0.13-workload": "kueue-v0.13-workload"}
 
 
 @pytest.mark.parametrize("recorded", sorted(COPIES))

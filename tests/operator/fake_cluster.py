@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from prometheus_client import CollectorRegistry
+from tests.operator.fake_kueue import FakeKueue
 
 from railyard.api.trainingjob import TrainingJobStatus
 from railyard.handlers.reconcile import reconcile_job
@@ -50,7 +51,7 @@ def _pinned_node(pod: Obj) -> str:
 class FakeCluster:
     """GangIO on dicts. ``calls`` records every write, in order, as (verb, what)."""
 
-    def __init__(self, nodes: Iterable[dict[str, Any]], *, clock: Any = None) -> None:
+    def __init__(self, nodes: Iterable[dict[str, Any]], *, clock: Any = None, kueue: FakeKueue | None = None) -> None:
         self.nodes: dict[str, dict[str, Any]] = {n["metadata"]["name"]: copy.deepcopy(n) for n in nodes}
         self.pods: dict[str, dict[str, Any]] = {}
         self.objects: dict[tuple[str, str], dict[str, Any]] = {}
@@ -69,6 +70,10 @@ class FakeCluster:
         self.scheduler_binds = True
         #: What discovery says of scheduling.k8s.io/v1alpha2 Workloads and PodGroups
         self.workload_api = False
+        #: Kueue (tests/operator/fake_kueue.py; shared between clusters for jobs sharing a quota)
+        self.kueue = kueue if kueue is not None else FakeKueue()
+        #: (workload class?, name) -> value: PriorityClasses and Kueue's WorkloadPriorityClasses
+        self.priority_classes: dict[tuple[bool, str], int] = {}
 
     # -- what the runtime's kopf indexes would hold
     def bind(self, rt: Runtime) -> None:
@@ -240,6 +245,35 @@ class FakeCluster:
         self.events.append((type_, reason, message))
 
     # -- what kubelets and nodes do
+    async def read_kueue_workload(self, namespace: str, name: str) -> dict[str, Any] | None:
+        got = self.kueue.workloads.get((namespace, name))
+        return copy.deepcopy(got) if got is not None else None
+
+    async def create_kueue_workload(self, workload: Obj) -> bool:
+        created = self.kueue.add(copy.deepcopy(dict(workload)))
+        if created:
+            self.calls.append(("create", f"Workload/{workload['metadata']['name']}"))
+        return created
+
+    async def finish_kueue_workload(self, apply: Obj) -> bool:
+        self.calls.append(("finish", f"Workload/{apply['metadata']['name']}"))
+        return self.kueue.finish(apply["metadata"]["namespace"], apply["metadata"]["name"], apply["status"]["conditions"])
+
+    async def delete_kueue_workload(self, namespace: str, name: str) -> bool:
+        self.calls.append(("delete", f"Workload/{name}"))
+        return self.kueue.workloads.pop((namespace, name), None) is not None
+
+    async def read_priority_value(self, name: str, *, workload_class: bool) -> int | None:
+        return self.priority_classes.get((workload_class, name))
+
+    async def acknowledge_eviction(self, namespace: str, name: str, patch: Obj) -> bool:
+        self.calls.append(("acknowledge", f"Workload/{name}"))
+        return self.kueue.acknowledge(namespace, name, dict(patch))
+
+    async def read_resource_flavor(self, name: str) -> dict[str, Any] | None:
+        got = self.kueue.flavors.get(name)
+        return copy.deepcopy(got) if got is not None else None
+
     def pods_of(self, attempt: int | None = None, *, cleanup: bool = False, spare: bool = False) -> list[dict[str, Any]]:
         out = [p for p in self.pods.values() if (p["metadata"]["labels"].get(CLEANUP_LABEL) == "true") == cleanup
                and (p["metadata"]["labels"].get(SPARE_LABEL) == "true") == spare]
@@ -259,9 +293,10 @@ def make_job(name: str = "j", namespace: str = "ns", *, generation: int = 1, **s
 class Harness:
     """One job, one fake cluster, one operator runtime; ``cycle()`` is one reconcile at ``now``."""
 
-    def __init__(self, nodes: Iterable[dict[str, Any]], job: dict[str, Any], *, now: float = 1_767_225_600.0, **settings: Any) -> None:
+    def __init__(self, nodes: Iterable[dict[str, Any]], job: dict[str, Any], *, now: float = 1_767_225_600.0,
+                 kueue: FakeKueue | None = None, **settings: Any) -> None:
         self.now = now
-        self.cluster = FakeCluster(nodes, clock=lambda: self.now)
+        self.cluster = FakeCluster(nodes, clock=lambda: self.now, kueue=kueue)
         self.runtime = Runtime(OperatorSettings(metrics_port=0, registry=CollectorRegistry(), coalesce_s=0, **settings), reconcile_job)
         meta = job["metadata"]
         self.worker = JobWorker(meta["namespace"], meta["name"], body=copy.deepcopy(job))

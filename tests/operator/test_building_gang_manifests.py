@@ -124,8 +124,9 @@ def test_service_is_headless_and_publishes_not_ready() -> None:
 
 def test_gate_removal_keeps_foreign_gates() -> None:
     pod = {"spec": {"schedulingGates": [{"name": GANG_GATE}, {"name": "kueue.x-k8s.io/admission"}]}}
-    assert build_gate_removal(pod) == {"spec": {"schedulingGates": [{"name": "kueue.x-k8s.io/admission"}]}}
-    assert build_gate_removal({"spec": {"schedulingGates": [{"name": GANG_GATE}]}}) == {"spec": {"schedulingGates": None}}
+    ours_only = {"spec": {"schedulingGates": [{"$patch": "delete", "name": GANG_GATE}]}}
+    assert build_gate_removal(pod) == ours_only, "a delete by name: the server's list decides what else stays"
+    assert build_gate_removal({"spec": {"schedulingGates": [{"name": GANG_GATE}]}}) == ours_only
     assert build_gate_removal({"spec": {}}) is None
 
 

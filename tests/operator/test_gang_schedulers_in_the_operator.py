@@ -119,13 +119,12 @@ async def test_a_missing_podgroup_crd_is_an_error_but_deleting_old_groups_is_not
     assert await ops.delete_podgroups(RecordingKube(fail=404), "ml", s.VOLCANO_API_VERSION, ["tiny-a1"]) == 0  # type: ignore[arg-type]
 
 
-def test_kueue_gets_labels_only_and_no_scheduler_leaves_pods_as_built() -> None:
+def test_kueue_leaves_the_pods_unlabelled_and_no_scheduler_leaves_pods_as_built() -> None:
     plan, pods = _gang(queueName="team-a")
     assert plan.objects == []
     for pod in pods:
-        assert pod["metadata"]["labels"][s.KUEUE_QUEUE_LABEL] == "team-a"
-        assert pod["metadata"]["labels"][s.KUEUE_GROUP_LABEL] == "tiny-a2"
-        assert pod["metadata"]["annotations"][s.KUEUE_TOTAL_ANNOTATION] == "3"
+        assert not set(s.KUEUE_POD_LABELS) & set(pod["metadata"]["labels"]), "Kueue's pod webhook must leave them alone"
+        assert not any(k.startswith("kueue.x-k8s.io/") for k in pod["metadata"].get("annotations") or {})
         assert "schedulerName" not in pod["spec"]
     plan, pods = _gang()
     assert plan.objects == [] and plan.pod_labels == {} and plan.pod_annotations == {}

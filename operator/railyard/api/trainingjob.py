@@ -508,7 +508,7 @@ class TrainingJobSpec(_Model):
 
 
 class Condition(_Model):
-    type: Annotated[str, Field(description="Placed, GangReady, Running, Restarting, Degraded, Blind (Running pods the operator has heard nothing from: no heartbeat, no launcher report), Succeeded, Failed or Suspended.")]
+    type: Annotated[str, Field(description="Admitted (Kueue admitted the job's Workload; False with Kueue's reason while Queued), Placed, GangReady, Running, Restarting, Degraded, Blind (Running pods the operator has heard nothing from: no heartbeat, no launcher report), Succeeded, Failed or Suspended.")]
     status: Annotated[Literal["True", "False", "Unknown"], Field(description="True, False or Unknown.")]
     reason: Annotated[str, Field(description="CamelCase reason.")] = ""
     message: Annotated[str, Field(description="Human-readable detail.")] = ""
@@ -598,8 +598,8 @@ class TrainingJobStatus(_Model):
     model_config = ConfigDict(extra="ignore")
 
     phase: Annotated[
-        Literal["Pending", "Placing", "Starting", "Running", "Restarting", "Suspended", "Succeeded", "Failed"],
-        Field(description="Pending, Placing, Starting, Running, Restarting, Suspended, Succeeded or Failed."),
+        Literal["Pending", "Queued", "Placing", "Starting", "Running", "Restarting", "Suspended", "Succeeded", "Failed"],
+        Field(description="Pending, Queued (waiting for Kueue to admit its Workload: no pod exists), Placing, Starting, Running, Restarting, Suspended, Succeeded or Failed."),
     ] = "Pending"
     conditions: Annotated[list[Condition], Field(description="Kubernetes-style conditions.")] = []
     observed_generation: Annotated[int, Field(description="The spec generation this status reflects.")] = 0

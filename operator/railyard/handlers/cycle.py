@@ -23,6 +23,7 @@ from pydantic import ValidationError
 from railyard.api.trainingjob import TrainingJobSpec, TrainingJobStatus
 from railyard.handlers.runtime import JobWorker, Runtime
 from railyard.k8s import gang as ops
+from railyard.k8s import kueue as kueue_ops
 from railyard.k8s.client import Kube
 from railyard.logic.conditions import format_time
 from railyard.logic.gang import plan_pod_deletions
@@ -74,6 +75,14 @@ class GangIO(Protocol):
     async def patch_job_status(self, namespace: str, name: str, status_patch: Obj) -> dict[str, Any] | None: ...
     async def patch_job_finalizers(self, namespace: str, name: str, finalizers: Sequence[str], resource_version: str | None) -> bool: ...
     async def create_event(self, involved: Obj, *, type_: str, reason: str, message: str, now: float) -> None: ...
+    # the job's Kueue Workload (handlers/kueue.py)
+    async def read_kueue_workload(self, namespace: str, name: str) -> dict[str, Any] | None: ...
+    async def create_kueue_workload(self, workload: Obj) -> bool: ...
+    async def finish_kueue_workload(self, apply: Obj) -> bool: ...
+    async def delete_kueue_workload(self, namespace: str, name: str) -> bool: ...
+    async def read_priority_value(self, name: str, *, workload_class: bool) -> int | None: ...
+    async def read_resource_flavor(self, name: str) -> dict[str, Any] | None: ...
+    async def acknowledge_eviction(self, namespace: str, name: str, patch: Obj) -> bool: ...
 
 
 class KubeGangIO:
@@ -144,6 +153,27 @@ class KubeGangIO:
 
     async def create_event(self, involved: Obj, *, type_: str, reason: str, message: str, now: float) -> None:
         await ops.create_event(self.kube, involved, type_=type_, reason=reason, message=message, now=now)
+
+    async def read_kueue_workload(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return await kueue_ops.read_kueue_workload(self.kube, namespace, name)
+
+    async def create_kueue_workload(self, workload: Obj) -> bool:
+        return await kueue_ops.create_kueue_workload(self.kube, workload)
+
+    async def finish_kueue_workload(self, apply: Obj) -> bool:
+        return await kueue_ops.finish_kueue_workload(self.kube, apply)
+
+    async def delete_kueue_workload(self, namespace: str, name: str) -> bool:
+        return await kueue_ops.delete_kueue_workload(self.kube, namespace, name)
+
+    async def read_priority_value(self, name: str, *, workload_class: bool) -> int | None:
+        return await kueue_ops.read_priority_value(self.kube, name, workload_class=workload_class)
+
+    async def read_resource_flavor(self, name: str) -> dict[str, Any] | None:
+        return await kueue_ops.read_resource_flavor(self.kube, name)
+
+    async def acknowledge_eviction(self, namespace: str, name: str, patch: Obj) -> bool:
+        return await kueue_ops.acknowledge_eviction(self.kube, namespace, name, patch)
 
 
 class Cycle:

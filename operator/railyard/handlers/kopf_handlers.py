@@ -18,6 +18,7 @@ import kopf
 from railyard import GROUP, VERSION
 from railyard.api.trainingjob import PLURAL
 from railyard.handlers.cycle import KubeGangIO
+from railyard.handlers.kueue import delete_workload
 from railyard.handlers.nodes import on_node_change
 from railyard.handlers.reconcile import reconcile_job
 from railyard.handlers.runtime import OperatorSettings, Runtime
@@ -222,6 +223,7 @@ async def on_event_trainingjob(event: Any, body: Any, name: str, namespace: str 
         await runtime.remove_job(namespace, name)
         # ownerReferences garbage-collect the rest; this covers API servers without a collector
         await KubeGangIO(runtime.api()).delete_owned(namespace, name)
+        await delete_workload(KubeGangIO(runtime.api()), _plain(body), namespace, name)
         return
     runtime.upsert_job(namespace, name, _plain(body))
 

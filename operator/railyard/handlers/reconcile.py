@@ -35,6 +35,14 @@ from railyard.handlers.inplace import (
     observe_relaunch,
     republish,
 )
+from railyard.handlers.kueue import (
+    KUEUE_WATCH_S,
+    await_admission,
+    delete_workload,
+    finish_workload,
+    flavored,
+    queue_of,
+)
 from railyard.handlers.lighthouse import reconcile_lighthouse
 from railyard.handlers.planned import announced_moves, move_ahead
 from railyard.handlers.regroup import grow_back
@@ -90,6 +98,7 @@ async def reconcile_job(runtime: Runtime, worker: JobWorker, *, now: float | Non
     if cycle.meta.get("deletionTimestamp"):
         if not ours:
             await cycle.io.delete_owned(cycle.ns, cycle.name)
+            await delete_workload(cycle.io, cycle.body, cycle.ns, cycle.name)
             return None
         return await cleanup_checkpoints(cycle, finalizers)
     wants = bool(((cycle.body.get("spec") or {}).get("checkpoint") or {}).get("cleanupOnDelete"))
@@ -110,6 +119,7 @@ async def reconcile_job(runtime: Runtime, worker: JobWorker, *, now: float | Non
         await cycle.commit()
         return None
     delay = await _step(cycle, job)
+    job = flavored(cycle, job)  # spares and the Lighthouse on the admitted Kueue flavor's nodes too
     settle_blind(cycle)
     for again_in in (await reconcile_spares(cycle, job), await reconcile_lighthouse(cycle, job)):
         if again_in is not None:
@@ -142,6 +152,13 @@ async def _step(cycle: Cycle, job: TrainingJob) -> float | None:
         else:
             cycle.update(attempt=cycle.status.attempt + 1)
             cycle.phase("Placing", "Resumed", "spec.suspend is false: placing the gang again")
+    queue = queue_of(cycle, spec)
+    if queue is not None:
+        queued = await await_admission(cycle, job, queue, pods=pods, nodes=nodes)  # no pod before Kueue admitted the job
+        if queued is not None:
+            return queued
+        job = flavored(cycle, job)
+        spec = job.spec
     if not cycle.old_wire.get("attempt") and pods:
         # an unreadable or missing status: the pods' attempt labels say where we were
         cycle.update(attempt=max(cycle.status.attempt, *(attempt_of(p) for p in pods)))
@@ -181,6 +198,8 @@ async def _step(cycle: Cycle, job: TrainingJob) -> float | None:
     _update_degraded(cycle, job)
     if gang.recheck_after > 0:
         delay = gang.recheck_after if delay is None else min(delay, gang.recheck_after)
+    if queue is not None:  # look for Kueue's eviction even when nothing else happens
+        delay = KUEUE_WATCH_S if delay is None else min(delay, KUEUE_WATCH_S)
     return delay
 
 
@@ -370,6 +389,8 @@ async def _release_finished(cycle: Cycle, job: TrainingJob, nodes: Mapping[str, 
     look again (a settle time or the TTL)."""
     if cycle.status.stragglers:
         cycle.update(stragglers=[])
+    if queue_of(cycle, job.spec) is not None:
+        await finish_workload(cycle)
     _update_degraded(cycle, job)  # a finished job is not Degraded (no Event: it finished)
     done = decide_finished_pods(
         _own_pods(cycle), job_phase=cycle.status.phase, attempt=cycle.status.attempt, cleanup=job.spec.cleanup,

@@ -21,6 +21,7 @@ from railyard.k8s.client import Kube
 from railyard.kubecreds import Connection, Credential, load_connection
 from railyard.logic.health import HealthState
 from railyard.logic.health.window import HeartbeatStore
+from railyard.logic.kueue import FlavorPlacement
 from railyard.logic.manifests import CLEANUP_LABEL, LIGHTHOUSE_LABEL, SPARE_LABEL
 from railyard.logic.planned import MAINTENANCE_SIGNALS
 from railyard.logic.topology import TopologyCache
@@ -90,6 +91,13 @@ class JobWorker:
     #: node -> until when the job's placements leave it out: the scheduler refused a pod of the
     #: job there for lack of GPUs (logic/pending.py). Lost with the operator: a bounded hint.
     refused_nodes: dict[str, float] = field(default_factory=dict)
+    #: Kueue admitted the job's Workload: what its flavors ask of the nodes (read once a worker;
+    #: restarts stay inside the admission).
+    kueue_flavor: FlavorPlacement | None = None
+    #: When the job's Workload was read last (an admitted job looks for an eviction now and then).
+    kueue_read_at: float = float("-inf")
+    #: The job's end is written on its Workload (Finished).
+    kueue_finished: bool = False
 
 
 #: One reconcile cycle of a job's worker (handlers.reconcile.reconcile_job); returns when to look again.

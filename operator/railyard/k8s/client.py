@@ -20,10 +20,10 @@ from typing import Any
 
 import aiohttp
 
-from railyard.kubeclient import MERGE, ApiError, BaseClient, Obj, load_connection
+from railyard.kubeclient import MERGE, STRATEGIC, ApiError, BaseClient, Obj, load_connection
 from railyard.kubecreds import Credential, Credentials
 
-__all__ = ["MERGE", "TRANSIENT", "ApiError", "Kube", "Obj", "core_path", "custom_path"]
+__all__ = ["MERGE", "STRATEGIC", "TRANSIENT", "ApiError", "Kube", "Obj", "core_path", "custom_path"]
 
 log = logging.getLogger(__name__)
 TRANSIENT = frozenset({429, 500, 502, 503, 504})
@@ -143,8 +143,9 @@ def core_path(plural: str, namespace: str | None = None, name: str | None = None
     return p
 
 
-def custom_path(group: str, version: str, plural: str, namespace: str, name: str | None = None, sub: str | None = None) -> str:
-    p = f"/apis/{group}/{version}/namespaces/{namespace}/{plural}"
+def custom_path(group: str, version: str, plural: str, namespace: str | None, name: str | None = None, sub: str | None = None) -> str:
+    """A resource path of an API group; ``namespace`` None: a cluster-scoped resource."""
+    p = f"/apis/{group}/{version}/namespaces/{namespace}/{plural}" if namespace is not None else f"/apis/{group}/{version}/{plural}"
     if name is not None:
         p += f"/{name}"
     if sub:

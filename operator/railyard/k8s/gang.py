@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 
 from railyard import GROUP, VERSION
 from railyard.api.trainingjob import API_VERSION, KIND, PLURAL
-from railyard.k8s.client import ApiError, Kube, core_path, custom_path
+from railyard.k8s.client import STRATEGIC, ApiError, Kube, core_path, custom_path
 from railyard.logic.conditions import format_time
 from railyard.logic.manifests import (
     COMPUTE_DOMAIN_API_VERSION,
@@ -234,13 +234,15 @@ async def _settled(call: Awaitable[T]) -> T | Exception:
 
 
 async def lift_gates(kube: Kube, pods: Sequence[Mapping[str, Any]]) -> int:
-    """Remove our scheduling gate from every pod that still has it (all at once)."""
+    """Remove our scheduling gate, and only ours, from every pod that still has it (all at once):
+    a strategic-merge delete by the gate's name, applied by the server to the pod as it is now."""
     calls = []
     for p in pods:
         patch = build_gate_removal(p)
         if patch is not None:
             meta = p["metadata"]
-            calls.append(kube.patch(core_path("pods", meta["namespace"], meta["name"]), patch))
+            path = core_path("pods", meta["namespace"], meta["name"])
+            calls.append(kube.patch(path, patch, content_type=STRATEGIC))
     await _bounded(calls)
     return len(calls)
 

@@ -4,9 +4,9 @@ When a TrainingJob names a queue or a scheduler (``spec.gang.queueName`` /
 ``spec.gang.schedulerName``), the operator keeps deciding placement (ranks, rails, node
 affinity) but lets that scheduler admit and bind the gang all-or-nothing:
 
-* **Kueue** (plain-pod groups): every pod carries ``kueue.x-k8s.io/queue-name`` and
-  ``kueue.x-k8s.io/pod-group-name`` labels and a ``kueue.x-k8s.io/pod-group-total-count``
-  annotation; Kueue gates the pods until the whole group is admitted by the LocalQueue.
+* **Kueue**: nothing on the pods. Kueue admits the TrainingJob through one Workload the operator
+  creates before any pod (logic/kueue.py, logic/manifests/kueue.py); its plain-pod groups do not
+  fit a job whose controller replaces pods and pins them (issue 48).
 * **Volcano**: a ``scheduling.volcano.sh/v1beta1`` PodGroup with ``minMember`` = gang size (and
   the queue), pods annotated ``scheduling.k8s.io/group-name`` and ``schedulerName: volcano``.
 * **scheduler-plugins coscheduling**: a ``scheduling.x-k8s.io/v1alpha1`` PodGroup with
@@ -41,9 +41,8 @@ from railyard.api.trainingjob import COSCHEDULING_SCHEDULERS as _COSCHEDULING
 from railyard.api.trainingjob import VOLCANO_SCHEDULER, TrainingJobSpec
 from railyard.logic.topology import resolve_level_keys
 
-KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
-KUEUE_GROUP_LABEL = "kueue.x-k8s.io/pod-group-name"
-KUEUE_TOTAL_ANNOTATION = "kueue.x-k8s.io/pod-group-total-count"
+#: Kueue's plain-pod labels: Railyard's pods must not carry them (its pod webhook would gate them).
+KUEUE_POD_LABELS = ("kueue.x-k8s.io/queue-name", "kueue.x-k8s.io/pod-group-name")
 VOLCANO_GROUP_ANNOTATION = "scheduling.k8s.io/group-name"
 VOLCANO_GROUP = "scheduling.volcano.sh"
 VOLCANO_API_VERSION = f"{VOLCANO_GROUP}/v1beta1"
@@ -188,13 +187,9 @@ def plan_gang_scheduling(
         "ownerReferences": [dict(owner)],
     }
     if kind is Integration.KUEUE:
-        assert spec.gang.queue_name is not None
-        return GangSchedulingPlan(
-            kind, name,
-            pod_labels={KUEUE_QUEUE_LABEL: spec.gang.queue_name, KUEUE_GROUP_LABEL: name},
-            pod_annotations={KUEUE_TOTAL_ANNOTATION: str(gang_size)},
-            scheduler_name=spec.gang.scheduler_name,
-        )
+        # Kueue admits the job through its Workload before any pod exists (logic/kueue.py): the
+        # pods carry no Kueue label, so Kueue's pod webhook leaves them alone (record 013)
+        return GangSchedulingPlan(kind, name, scheduler_name=spec.gang.scheduler_name)
     if kind is Integration.VOLCANO:
         pg_spec: dict[str, Any] = {"minMember": gang_size, "minResources": gang_min_resources(spec, gang_size)}
         if spec.gang.queue_name:

@@ -22,6 +22,7 @@ from railyard.logic.shrink import count_training_groups, describe_groups, waitin
 #: carries the phase's reason and message; the rest carry them as context.
 PHASE_CONDITIONS: Mapping[str, Mapping[str, str]] = {
     "Pending": {"Placed": "False"},
+    "Queued": {"Admitted": "False", "Placed": "False", "GangReady": "False", "Running": "False"},
     "Placing": {"Placed": "False", "GangReady": "False", "Running": "False"},
     "Starting": {"Placed": "True", "GangReady": "False", "Running": "False", "Suspended": "False"},
     "Running": {"Running": "True", "Placed": "True", "GangReady": "True", "Restarting": "False", "Suspended": "False"},

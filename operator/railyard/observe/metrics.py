@@ -29,7 +29,7 @@ from railyard.protocol.exitcodes import FailureClass
 
 log = logging.getLogger(__name__)
 
-PHASES = ("Pending", "Placing", "Starting", "Running", "Restarting", "Suspended", "Succeeded", "Failed")
+PHASES = ("Pending", "Queued", "Placing", "Starting", "Running", "Restarting", "Suspended", "Succeeded", "Failed")
 _START_BUCKETS = (0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1800)
 _RESTART_BUCKETS = (0.5, 1, 2, 5, 10, 15, 20, 30, 45, 60, 120, 300, 600)
 _PLACEMENT_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5)

@@ -305,8 +305,6 @@ def build_pod(
     meta = object_meta(pod_name(job, attempt, pod_index), namespace, labels, owner)
     meta["annotations"] = {**dict(annotations or {}), NODE_ANNOTATION: node}
     add_pod_claims(spec, job, pod_spec, meta)
-    if spec.gang.queue_name:
-        meta["labels"]["kueue.x-k8s.io/queue-name"] = spec.gang.queue_name
     return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": pod_spec}
 
 
@@ -329,9 +327,12 @@ def build_gang_pods(
 
 
 def build_gate_removal(pod: Mapping[str, Any]) -> dict[str, Any] | None:
-    """Merge patch lifting our gate (keeping foreign gates), or None when ours is not there."""
-    gates = list((pod.get("spec") or {}).get("schedulingGates") or ())
+    """Strategic-merge patch lifting our gate and no other, or None when ours is not there.
+
+    The server applies it to its current list (``schedulingGates`` merges by ``name``), so a
+    gate a webhook added after we built the pod (Kueue's ``kueue.x-k8s.io/admission``) stays:
+    a list computed from the pod as we built or cached it would delete that gate too."""
+    gates = (pod.get("spec") or {}).get("schedulingGates") or ()
     if not any(g.get("name") == GANG_GATE for g in gates):
         return None
-    rest = [g for g in gates if g.get("name") != GANG_GATE]
-    return {"spec": {"schedulingGates": rest or None}}
+    return {"spec": {"schedulingGates": [{"$patch": "delete", "name": GANG_GATE}]}}
