@@ -178,18 +178,21 @@ class NodeManager:
         lease_interval: float = LEASE_RENEW_INTERVAL_S,
         status_report_interval: float = STATUS_REPORT_INTERVAL_S,
         status_update_interval: float = STATUS_UPDATE_INTERVAL_S,
+        spread_slice_s: float = SPREAD_SLICE_S,
         on_control: Callable[[str, NodeControl, NodeControl], None] | None = None,
         kubelet_port: int = 0,
     ) -> None:
-        if lease_interval <= 0 or status_report_interval <= 0 or status_update_interval <= 0:
+        if min(lease_interval, status_report_interval, status_update_interval, spread_slice_s) <= 0:
             raise ValueError(f"node heartbeats: intervals must be positive seconds (lease {lease_interval}, status "
-                             f"report {status_report_interval}, status update {status_update_interval})")
+                             f"report {status_report_interval}, status update {status_update_interval}, "
+                             f"slice {spread_slice_s})")
         self.client = client
         self.kubelet_port = kubelet_port
         self.specs = {s.name: s for s in specs}
         self.lease_interval = lease_interval
         self.status_report_interval = status_report_interval
         self.status_update_interval = status_update_interval
+        self.spread_slice_s = spread_slice_s
         self.controls: dict[str, NodeControl] = {s.name: NodeControl() for s in specs}
         self.stats = HeartbeatStats()
         self._since: dict[str, str] = {}
@@ -342,10 +345,14 @@ class NodeManager:
         """Heartbeats: every Lease every lease_interval; statuses as described in the class."""
         await asyncio.gather(self._run_leases(), self._run_statuses())
 
+    def lease_slices(self) -> int:
+        """How many slices one round of renewals is cut in (each a ``spread_slice_s`` apart)."""
+        return max(1, min(len(self.specs), math.ceil(self.lease_interval / self.spread_slice_s)))
+
     async def _run_leases(self) -> None:
         loop = asyncio.get_running_loop()
         names = list(self.specs)
-        slices = max(1, min(len(names), math.ceil(self.lease_interval / SPREAD_SLICE_S)))
+        slices = self.lease_slices()
         step = self.lease_interval / slices
         start = round_start = loop.time()
         tick = 0
@@ -372,7 +379,7 @@ class NodeManager:
 
     async def _run_statuses(self) -> None:
         loop = asyncio.get_running_loop()
-        period = min(self.status_update_interval, SPREAD_SLICE_S * 2)
+        period = min(self.status_update_interval, self.spread_slice_s * 2)
         while True:
             await asyncio.sleep(period)
             now = loop.time()
