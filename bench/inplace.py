@@ -410,7 +410,8 @@ async def one_failure(kube: Kube, w: PodWatch, name: str, pods: int, metrics_por
         st = await wait_status(kube, name, lambda s: s.get("phase") == "Running" and s.get("sparesHeld") == 1, 120,
                                fail=moved)
     except (BenchError, TimeoutError) as exc:
-        raise BenchError(f"{exc}; job {name}: {await _conditions(kube, name)}") from None
+        lost = f"; nodes not Ready: {_some(nodes.others())}" if nodes.others() else ""
+        raise BenchError(f"{exc}; job {name}: {await _conditions(kube, name)}{lost}") from None
     secret = await kube.get(f"/api/v1/namespaces/{NS}/secrets/{name}-heartbeat")
     token = base64.b64decode((secret or {})["data"]["token"]).decode()
     fleet = Fleet(f"http://127.0.0.1:{metrics_port}/v1/control/{NS}/{name}", token, name)
@@ -543,6 +544,17 @@ class Made:
 MADE = Made()
 
 
+def _keep_logs(tmp: Path) -> Path:
+    """The operator's, the API server's and the node agent's logs, out of the folder that goes."""
+    import shutil
+
+    kept = Path(tempfile.mkdtemp(prefix="railyard-bench-inplace-logs-"))
+    for log in (tmp / "operator.log", *sorted((tmp / "cluster" / "logs").glob("*.log"))):
+        if log.is_file():
+            shutil.copy2(log, kept / log.name)
+    return kept
+
+
 def _clean_up(cluster: LocalCluster, op: subprocess.Popen[bytes] | None) -> None:
     """Every step runs even when one before it fails; a second Ctrl-C or SIGTERM waits for it."""
     previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)}
@@ -593,7 +605,7 @@ def main() -> int:
             print("operator ready", flush=True)
             m = asyncio.run(run_bench(kubeconfig, args.pods, port, args.skip_full, op.pid, selector))
         except BenchError as exc:
-            print(f"bench/inplace.py: {exc}", file=sys.stderr, flush=True)
+            print(f"bench/inplace.py: {exc}\nlogs kept in {_keep_logs(Path(tmp))}", file=sys.stderr, flush=True)
             return 1
         except KeyboardInterrupt as exc:
             print(f"bench/inplace.py: {exc or 'interrupted'}; cleaning up", file=sys.stderr, flush=True)

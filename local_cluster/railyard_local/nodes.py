@@ -179,6 +179,7 @@ class NodeManager:
         status_report_interval: float = STATUS_REPORT_INTERVAL_S,
         status_update_interval: float = STATUS_UPDATE_INTERVAL_S,
         spread_slice_s: float = SPREAD_SLICE_S,
+        heartbeat_client: KubeClient | None = None,
         on_control: Callable[[str, NodeControl, NodeControl], None] | None = None,
         kubelet_port: int = 0,
     ) -> None:
@@ -187,6 +188,10 @@ class NodeManager:
                              f"report {status_report_interval}, status update {status_update_interval}, "
                              f"slice {spread_slice_s})")
         self.client = client
+        self.heartbeats = heartbeat_client or client
+        """Leases and statuses go through their own session where given: behind the scheduler's
+        and the pods' requests in one connection pool, a busy minute (2,048 pods bound and
+        started) held renewals back past the grace period."""
         self.kubelet_port = kubelet_port
         self.specs = {s.name: s for s in specs}
         self.lease_interval = lease_interval
@@ -281,14 +286,15 @@ class NodeManager:
         status = build_node_status(spec, ready=ready, since=self._since.get(name, now_iso()), kubelet_port=self.kubelet_port)
         self._last_post[name] = asyncio.get_running_loop().time()
         self.stats.status_posts += 1
-        await retry(lambda: self.client.patch(f"/api/v1/nodes/{name}/status", {"status": status}), what=f"node {name} status")
+        await retry(lambda: self.heartbeats.patch(f"/api/v1/nodes/{name}/status", {"status": status}),
+                    what=f"node {name} status")
 
     async def _renew_lease(self, spec: NodeSpec, node_uid: str = "") -> None:
         path = f"/apis/coordination.k8s.io/v1/namespaces/{LEASE_NS}/leases/{spec.name}"
         body = {"spec": {"holderIdentity": spec.name, "leaseDurationSeconds": LEASE_SECONDS, "renewTime": now_micro()}}
         self.stats.lease_renewals += 1
         try:
-            await self.client.patch(path, body)
+            await self.heartbeats.patch(path, body)
         except ApiError as exc:
             if exc.status != 404:
                 raise
@@ -303,7 +309,7 @@ class NodeManager:
                     {"apiVersion": "v1", "kind": "Node", "name": spec.name, "uid": node_uid}
                 ]
             try:
-                await self.client.create(f"/apis/coordination.k8s.io/v1/namespaces/{LEASE_NS}/leases", lease)
+                await self.heartbeats.create(f"/apis/coordination.k8s.io/v1/namespaces/{LEASE_NS}/leases", lease)
             except ApiError as exc2:
                 if exc2.status != 409:
                     raise

@@ -57,6 +57,9 @@ async def run_runtime(
     """Run until SIGTERM/SIGINT (returns None) or until a loop of the runtime keeps dying
     (returns why: the process must then exit non-zero rather than sit there looking alive)."""
     client = KubeClient.from_kubeconfig(kubeconfig)
+    # the nodes' heartbeats on a session of their own, as every kubelet has its connection: never
+    # queued behind the scheduler's bindings and the pods' status writes
+    heartbeats = KubeClient.from_kubeconfig(kubeconfig)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -78,7 +81,8 @@ async def run_runtime(
                 endpoint = None
         else:
             log.info("no kubelet client CA: container logs are not served to the API server (kubectl logs)")
-        manager = NodeManager(client, specs, lease_interval=lease_interval, on_control=agent.on_control, kubelet_port=kubelet_port)
+        manager = NodeManager(client, specs, lease_interval=lease_interval, on_control=agent.on_control,
+                              kubelet_port=kubelet_port, heartbeat_client=heartbeats)
         await manager.register()
         agent.apply_controls(manager.controls)
 
@@ -138,6 +142,7 @@ async def run_runtime(
         await agent.stop()
         await supervisor.cancel_all()
         await client.close()
+        await heartbeats.close()
 
 
 async def _until(event: asyncio.Event, supervisor: Supervisor, stop: asyncio.Event) -> bool:
