@@ -42,8 +42,11 @@ STATUS_UPDATE_INTERVAL_S = 10.0
 #: Each interval is cut in slices this long and every slice renews its share of the nodes, so
 #: that 2,048 nodes cost an even ~205 small requests a second rather than a burst every 10 s.
 SPREAD_SLICE_S = 0.5
-#: Requests in flight at once, on the one shared session (its connection pool).
+#: Requests in flight at once, on the one shared session (its connection pool): registration.
 CONCURRENT_REQUESTS = 32
+#: Heartbeats in flight at once, on their own session (runtime.py gives it as many connections):
+#: when the API server is busy, its share of them is what keeps the nodes' Leases fresh.
+HEARTBEAT_REQUESTS = 128
 #: Every node of one local cluster carries its cluster's id, so that a restart with fewer nodes
 #: removes the ones it no longer runs (and never touches another cluster's nodes).
 CLUSTER_LABEL = f"{LOCAL_GROUP}/cluster"
@@ -161,6 +164,40 @@ class HeartbeatStats:
     round_seconds: list[float] = field(default_factory=list)
 
 
+class LeaseSchedule:
+    """Which nodes renew their Lease at each tick, and when a round (every node once) was answered.
+
+    A round is cut in ``slices``; tick ``t`` renews every ``slices``-th node from ``t % slices``.
+    A node whose last renewal is not answered yet skips its turn, as a kubelet renews one at a
+    time: the requests waiting never outnumber the nodes."""
+
+    def __init__(self, names: list[str], slices: int) -> None:
+        self.names = names
+        self.slices = slices
+        self.renewing: set[str] = set()
+        self._unanswered: dict[int, int] = {}
+        self._started: dict[int, float] = {}
+
+    def start_slice(self, tick: int, now: float, alive: Callable[[str], bool]) -> tuple[int, list[str]]:
+        """(round, the nodes to renew now)."""
+        round_no, index = divmod(tick, self.slices)
+        if index == 0:
+            self._unanswered[round_no] = self.slices
+            self._started[round_no] = now
+        share = [n for n in self.names[index::self.slices] if alive(n) and n not in self.renewing]
+        self.renewing.update(share)
+        return round_no, share
+
+    def answered(self, round_no: int, share: list[str], now: float) -> float | None:
+        """The round's duration once this was its last slice answered, else None."""
+        self.renewing.difference_update(share)
+        self._unanswered[round_no] -= 1
+        if self._unanswered[round_no]:
+            return None
+        del self._unanswered[round_no]
+        return now - self._started.pop(round_no)
+
+
 class NodeManager:
     """Owns the simulated Node objects and their Leases, and keeps every node Ready as a kubelet
     does: each Lease renewed every ``lease_interval`` whatever the number of nodes, the renewals
@@ -206,6 +243,7 @@ class NodeManager:
         self._stale: set[str] = set()
         self._on_control = on_control
         self._sem = asyncio.Semaphore(CONCURRENT_REQUESTS)
+        self._heartbeat_sem = asyncio.Semaphore(HEARTBEAT_REQUESTS)
         self._tasks = TaskSet("node manager")
         self._dra = False
 
@@ -356,32 +394,50 @@ class NodeManager:
         return max(1, min(len(self.specs), math.ceil(self.lease_interval / self.spread_slice_s)))
 
     async def _run_leases(self) -> None:
+        """Every slice on the clock, whether the ones before it are answered or not (as each
+        kubelet renews on its own timer): a slow API server holds back only the renewals it has
+        not answered yet, never the schedule."""
         loop = asyncio.get_running_loop()
-        names = list(self.specs)
-        slices = self.lease_slices()
-        step = self.lease_interval / slices
-        start = round_start = loop.time()
+        schedule = LeaseSchedule(list(self.specs), self.lease_slices())
+        step = self.lease_interval / schedule.slices
+        start = loop.time()
         tick = 0
-        while True:
-            share = [self.specs[n] for n in names[tick % slices::slices] if self._alive(n)]
-            await asyncio.gather(*(self._bounded(self._safe(self._renew_lease(s))) for s in share))
-            tick += 1
-            now = loop.time()
-            if tick % slices == 0:
-                took = now - round_start
-                round_start = now
-                self.stats.rounds += 1
-                self.stats.slowest_round_s = max(self.stats.slowest_round_s, took)
-                self.stats.round_seconds = [*self.stats.round_seconds[-99:], took]
-                if took > 2 * self.lease_interval:
-                    log.warning("renewing %d node leases took %.1fs, more than twice the interval (%.1fs): the API "
-                                "server is not keeping up and nodes may go NotReady", len(names), took,
-                                self.lease_interval)
-            delay = start + tick * step - now
-            if delay > 0:
-                await asyncio.sleep(delay)
-            elif delay < -self.lease_interval:
-                start = now - tick * step  # far behind: go on from here rather than burst to catch up
+        tasks = TaskSet("lease renewals")
+
+        async def renew(round_no: int, share: list[str]) -> None:
+            try:
+                await asyncio.gather(*(self._heartbeat(self._renew_lease(self.specs[n])) for n in share))
+            finally:
+                took = schedule.answered(round_no, share, loop.time())
+                if took is not None:
+                    self._round_done(took, len(self.specs))
+
+        try:
+            while True:
+                round_no, share = schedule.start_slice(tick, loop.time(), self._alive)
+                tasks.spawn(renew(round_no, share), f"lease renewals {round_no}.{tick % schedule.slices}")
+                tick += 1
+                delay = start + tick * step - loop.time()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                else:
+                    await asyncio.sleep(0)  # behind (a starved event loop): the answers still get their turn
+                    if delay < -self.lease_interval:
+                        start = loop.time() - tick * step  # far behind: go on from here rather than burst
+        finally:
+            await tasks.cancel_all()
+
+    async def _heartbeat(self, coro: Any) -> None:
+        async with self._heartbeat_sem:
+            await self._safe(coro)
+
+    def _round_done(self, took: float, count: int) -> None:
+        self.stats.rounds += 1
+        self.stats.slowest_round_s = max(self.stats.slowest_round_s, took)
+        self.stats.round_seconds = [*self.stats.round_seconds[-99:], took]
+        if took > 2 * self.lease_interval:
+            log.warning("renewing %d node leases took %.1fs, more than twice the interval (%.1fs): the API "
+                        "server is not keeping up and nodes may go NotReady", count, took, self.lease_interval)
 
     async def _run_statuses(self) -> None:
         loop = asyncio.get_running_loop()
@@ -395,7 +451,7 @@ class NodeManager:
             for name in due:
                 self._next_report[name] = now + self.status_report_interval
                 self._stale.discard(name)
-            await asyncio.gather(*(self._bounded(self._safe(self.patch_status(n))) for n in due))
+            await asyncio.gather(*(self._heartbeat(self.patch_status(n)) for n in due))
 
 
 def _ready_of(node: Mapping[str, Any]) -> str | None:

@@ -19,11 +19,12 @@ import signal
 import sys
 from pathlib import Path
 
+from railyard.kubeclient import load_connection
 from railyard_local.agent import DEFAULT_SHARED_HOST_PATHS, Agent
 from railyard_local.devices import RESOURCE_API
 from railyard_local.kube import DEFAULT_WATCH_INACTIVITY_S, Informer, KubeClient
 from railyard_local.kubelet import KubeletEndpoint, server_context
-from railyard_local.nodes import NodeManager
+from railyard_local.nodes import HEARTBEAT_REQUESTS, NodeManager
 from railyard_local.scheduler import PODGROUPS, Scheduler, serves_dra, serves_podgroups
 from railyard_local.tasks import Supervisor
 from railyard_local.topology import NodeSpec
@@ -59,7 +60,7 @@ async def run_runtime(
     client = KubeClient.from_kubeconfig(kubeconfig)
     # the nodes' heartbeats on a session of their own, as every kubelet has its connection: never
     # queued behind the scheduler's bindings and the pods' status writes
-    heartbeats = KubeClient.from_kubeconfig(kubeconfig)
+    heartbeats = KubeClient.for_connection(load_connection(kubeconfig), limit=HEARTBEAT_REQUESTS)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

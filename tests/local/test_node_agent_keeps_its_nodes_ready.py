@@ -26,6 +26,7 @@ from railyard_local.kube import Informer, KubeClient
 from railyard_local.nodes import (
     LEASE_RENEW_INTERVAL_S,
     STATUS_REPORT_INTERVAL_S,
+    LeaseSchedule,
     NodeManager,
 )
 from railyard_local.topology import NodeSpec
@@ -125,3 +126,16 @@ async def test_every_lease_is_renewed_once_per_interval_whatever_the_node_count(
     # a round is sliced: the first slice renews every slices-th node, and nothing else
     first_slice = client.renewed[: math.ceil(count / slices)]
     assert first_slice == [s.name for s in specs[::slices]]
+
+
+def test_a_slow_answer_holds_back_only_its_own_nodes() -> None:
+    schedule = LeaseSchedule([f"n{i}" for i in range(6)], slices=3)
+    assert schedule.start_slice(0, 0.0, lambda n: True) == (0, ["n0", "n3"])
+    assert schedule.start_slice(1, 1.0, lambda n: n != "n4") == (0, ["n1"]), "a failed node renews nothing"
+    assert schedule.start_slice(2, 2.0, lambda n: True) == (0, ["n2", "n5"])
+    assert schedule.answered(0, ["n1"], 2.5) is None
+    assert schedule.answered(0, ["n2", "n5"], 2.6) is None
+    # the next round starts on the clock; n0 and n3 are still waiting for their answer: they skip it
+    assert schedule.start_slice(3, 3.0, lambda n: True) == (1, [])
+    assert schedule.answered(0, ["n0", "n3"], 3.5) == 3.5, "round 0 answered 3.5 s after it began"
+    assert schedule.start_slice(4, 4.0, lambda n: True) == (1, ["n1", "n4"])
