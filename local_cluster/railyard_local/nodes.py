@@ -152,7 +152,8 @@ def build_node_status(spec: NodeSpec, *, ready: bool, since: str, kubelet_port: 
 
 @dataclass
 class HeartbeatStats:
-    """What keeping the nodes alive costs and whether it keeps up (read by bench/nodes.py)."""
+    """What keeping the nodes alive costs and whether it keeps up (the tests read it; the
+    runtime logs a round that took more than twice the interval)."""
 
     lease_renewals: int = 0
     status_posts: int = 0
@@ -202,7 +203,7 @@ class NodeManager:
     """Owns the simulated Node objects and their Leases, and keeps every node Ready as a kubelet
     does: each Lease renewed every ``lease_interval`` whatever the number of nodes, the renewals
     spread evenly over the interval in slices (:data:`SPREAD_SLICE_S`) of concurrent requests on
-    the client's one session; each status posted every ``status_report_interval`` (spread the same
+    one session (``heartbeat_client``); each status posted every ``status_report_interval`` (spread the same
     way) and within ``status_update_interval`` of a change, such as the control plane having
     marked the node Unknown. A failed node (``railyard local node fail``) posts Ready=False once
     and then nothing, as a dead node: the control plane's node lifecycle takes it from there."""
@@ -226,9 +227,9 @@ class NodeManager:
                              f"slice {spread_slice_s})")
         self.client = client
         self.heartbeats = heartbeat_client or client
-        """Leases and statuses go through their own session where given: behind the scheduler's
-        and the pods' requests in one connection pool, a busy minute (2,048 pods bound and
-        started) held renewals back past the grace period."""
+        """Leases and statuses go through their own session where given, as every kubelet has its
+        connection: in one connection pool they would wait behind the scheduler's bindings and
+        the pods' status writes of a gang starting."""
         self.kubelet_port = kubelet_port
         self.specs = {s.name: s for s in specs}
         self.lease_interval = lease_interval
