@@ -18,6 +18,14 @@ and the launchers' own clocks:
 The same gang with ``restartPolicy.inPlace: false`` (a full restart, as before) runs next on
 the same cluster, for pods touched and time to all Running again.
 
+The bench stops at once, with the reason, when the gang moves (a pod of the first attempt
+deleted, or one of a later attempt created) before the failure is injected: it measures the
+repair of one failure of a settled gang, and nodes going NotReady on their own (a node agent that
+cannot keep up) or a gang timeout would otherwise leave it waiting. Ctrl-C, SIGTERM and any error
+stop it the same way: the jobs and the namespace are deleted while the operator still runs (it
+removes its finalizers), then the operator, the node agent and, with ``--kubeconfig``, the
+simulated nodes are removed from that API server.
+
     python bench/inplace.py [--pods 2048] [--nodes 2100] [--skip-full] [--kubeconfig K]
 """
 
@@ -26,12 +34,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import functools
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -61,6 +72,15 @@ NS = "bench-inplace"
 TARGET_REPAIR_S = 5.0
 #: What a launcher takes to start its workers again before it reports the new attempt.
 SPAWN_S = 0.1
+
+
+class BenchError(RuntimeError):
+    """The bench cannot measure what it is for; the message says why and what to look at."""
+
+
+def _interrupt(signum: int, _frame: Any) -> None:
+    """SIGINT and SIGTERM: a KeyboardInterrupt, so that every ``finally`` below cleans up."""
+    raise KeyboardInterrupt(f"stopped by signal {signal.Signals(signum).name}")
 
 
 def _free_port() -> int:
@@ -95,8 +115,14 @@ async def _prepare(kubeconfig: Path, namespace: str = NS) -> None:
 
     kube = Kube.from_config(str(kubeconfig))
     try:
+        if await kube.get(f"/api/v1/namespaces/{namespace}") is not None:
+            raise BenchError(f"namespace {namespace} already exists (left by an earlier run?): delete it first "
+                             f"(kubectl delete namespace {namespace})")
         await kube.create("/api/v1/namespaces", {"metadata": {"name": namespace}})
-        await kube.create("/apis/apiextensions.k8s.io/v1/customresourcedefinitions", yaml.safe_load((ROOT / "crds" / "trainingjob.yaml").read_text()))
+        MADE.namespace = True
+        crd = yaml.safe_load((ROOT / "crds" / "trainingjob.yaml").read_text())
+        if await kube.get(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{crd['metadata']['name']}") is None:
+            await kube.create("/apis/apiextensions.k8s.io/v1/customresourcedefinitions", crd)
         for _ in range(200):
             try:
                 await kube.request("GET", "/apis/railyard.dev/v1alpha1/namespaces/default/trainingjobs")
@@ -206,6 +232,51 @@ class PodWatch:
             self.task.cancel()
 
 
+class NodeWatch:
+    """The bench's nodes that were ever not Ready, besides the ones it failed on purpose."""
+
+    def __init__(self, kube: Kube, selector: dict[str, str]) -> None:
+        self.kube = kube
+        self.selector = ",".join(f"{k}={v}" for k, v in selector.items())
+        self.not_ready: dict[str, str] = {}
+        self.failed_on_purpose: set[str] = set()
+        self.task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        listing = await self.kube.request("GET", "/api/v1/nodes", params={"labelSelector": self.selector})
+        for node in listing.get("items") or []:
+            self._seen(node)
+        self.task = asyncio.create_task(self._run(listing["metadata"]["resourceVersion"]))
+
+    def _seen(self, node: dict[str, Any]) -> None:
+        name = node["metadata"]["name"]
+        ready = next((c for c in (node.get("status") or {}).get("conditions") or [] if c.get("type") == "Ready"), {})
+        if ready.get("status") != "True" and name not in self.not_ready:
+            self.not_ready[name] = f"Ready={ready.get('status')} {ready.get('reason')}: {ready.get('message')}"
+
+    def others(self) -> dict[str, str]:
+        return {n: why for n, why in self.not_ready.items() if n not in self.failed_on_purpose}
+
+    async def _run(self, rv: str) -> None:
+        sess = self.kube._sess()
+        while True:
+            params = {"watch": "true", "resourceVersion": rv, "timeoutSeconds": "300", "allowWatchBookmarks": "true",
+                      "labelSelector": self.selector}
+            async with sess.get(f"{self.kube.server}/api/v1/nodes", params=params, timeout=None) as resp:
+                async for line in resp.content:
+                    if not line.strip():
+                        continue
+                    ev = json.loads(line)
+                    obj = ev.get("object") or {}
+                    rv = (obj.get("metadata") or {}).get("resourceVersion", rv)
+                    if ev.get("type") in ("ADDED", "MODIFIED"):
+                        self._seen(obj)
+
+    def stop(self) -> None:
+        if self.task:
+            self.task.cancel()
+
+
 @dataclass
 class Launcher:
     index: int
@@ -274,13 +345,40 @@ class Fleet:
             await self.session.close()
 
 
-async def until(what: str, pred: Any, timeout: float, step: float = 0.02) -> float:
+async def until(what: str, pred: Any, timeout: float, step: float = 0.02,
+                fail: Callable[[], str | None] | None = None) -> float:
+    """Wait for ``pred``; ``fail`` says why it can no longer come (then BenchError at once)."""
     deadline = time.perf_counter() + timeout
     while time.perf_counter() < deadline:
         if pred():
             return time.perf_counter()
+        why = fail() if fail is not None else None
+        if why:
+            raise BenchError(f"{what}: {why}")
         await asyncio.sleep(step)
     raise TimeoutError(f"{what} not reached within {timeout}s")
+
+
+def gang_moved(w: PodWatch, name: str, first: list[str]) -> str | None:
+    """Why the first attempt's gang is no longer the one to fail, or None while it still is."""
+    gone = sorted(n for n in first if n in w.deleted)
+    later = sorted(n for n in w.added if n.startswith(f"{name}-a") and not n.startswith(f"{name}-a0-"))
+    if not gone and not later:
+        return None
+    return (f"the gang moved before the failure was injected ({len(gone)} pods of the first attempt deleted, "
+            f"e.g. {gone[:3]}; {len(later)} pods of a later attempt created, e.g. {later[:3]}): the bench measures "
+            "the repair of one failure of a settled gang. See the job's conditions and the nodes' Ready "
+            "condition: nodes that went NotReady on their own (no Lease renewal within the node-monitor grace "
+            "period) or a gang timeout move it")
+
+
+async def _conditions(kube: Kube, name: str) -> str:
+    try:
+        st = await status(kube, name)
+    except Exception as exc:  # the message is for a person; the bench is failing anyway
+        return f"(status unreadable: {exc})"
+    return "; ".join(f"{c.get('type')}={c.get('status')} {c.get('reason', '')}: {c.get('message', '')}"
+                     for c in st.get("conditions") or []) or json.dumps(st)[:400]
 
 
 async def status(kube: Kube, name: str) -> dict[str, Any]:
@@ -288,13 +386,17 @@ async def status(kube: Kube, name: str) -> dict[str, Any]:
     return dict((obj or {}).get("status") or {})
 
 
-async def wait_status(kube: Kube, name: str, pred: Any, timeout: float) -> dict[str, Any]:
+async def wait_status(kube: Kube, name: str, pred: Any, timeout: float,
+                      fail: Callable[[], str | None] | None = None) -> dict[str, Any]:
     deadline = time.perf_counter() + timeout
     st: dict[str, Any] = {}
     while time.perf_counter() < deadline:
         st = await status(kube, name)
         if pred(st):
             return st
+        why = fail() if fail is not None else None
+        if why:
+            raise BenchError(f"status of {name}: {why}")
         await asyncio.sleep(0.1)
     raise TimeoutError(f"status of {name}: {json.dumps(st)[:600]}")
 
@@ -306,15 +408,21 @@ def _cpu_of(pid: int) -> float:
 
 
 async def one_failure(kube: Kube, w: PodWatch, name: str, pods: int, metrics_port: int, *, in_place: bool, op_pid: int,
-                      selector: dict[str, str]) -> dict[str, float]:
+                      selector: dict[str, str], nodes: NodeWatch) -> dict[str, float]:
     """Start the gang, fail one node, measure the repair."""
     out: dict[str, float] = {}
     t0 = time.perf_counter()
     await kube.create(f"/apis/railyard.dev/v1alpha1/namespaces/{NS}/trainingjobs", job(name, pods, in_place=in_place, selector=selector))
     names0 = [f"{name}-a0-{i}" for i in range(pods)]
-    await until(f"{name}: all pods Running", lambda: all(n in w.running for n in names0), 900, 0.1)
-    out["start_to_running_s"] = time.perf_counter() - t0
-    st = await wait_status(kube, name, lambda s: s.get("phase") == "Running" and s.get("sparesHeld") == 1, 120)
+    moved = functools.partial(gang_moved, w, name, names0)
+    try:
+        await until(f"{name}: all pods Running", lambda: all(n in w.running for n in names0), 900, 0.1, fail=moved)
+        out["start_to_running_s"] = time.perf_counter() - t0
+        st = await wait_status(kube, name, lambda s: s.get("phase") == "Running" and s.get("sparesHeld") == 1, 120,
+                               fail=moved)
+    except (BenchError, TimeoutError) as exc:
+        lost = f"; nodes not Ready: {_some(nodes.others())}" if nodes.others() else ""
+        raise BenchError(f"{exc}; job {name}: {await _conditions(kube, name)}{lost}") from None
     secret = await kube.get(f"/api/v1/namespaces/{NS}/secrets/{name}-heartbeat")
     token = base64.b64decode((secret or {})["data"]["token"]).decode()
     fleet = Fleet(f"http://127.0.0.1:{metrics_port}/v1/control/{NS}/{name}", token, name)
@@ -327,6 +435,9 @@ async def one_failure(kube: Kube, w: PodWatch, name: str, pods: int, metrics_por
             await asyncio.sleep(3.0)  # the first polls are answered at once; then they are held
         victim_pod = names0[pods // 2]
         victim = ((await kube.get(f"/api/v1/namespaces/{NS}/pods/{victim_pod}")) or {})["spec"]["nodeName"]
+        nodes.failed_on_purpose.add(victim)
+        if nodes.others():
+            raise BenchError(f"nodes went NotReady before the failure was injected: {_some(nodes.others())}")
         mark = time.perf_counter()
         deleted_before, added_before = set(w.deleted), set(w.added)
         spare_del_before, spare_add_before = set(w.spare_deleted), set(w.spare_added)
@@ -386,21 +497,95 @@ async def one_failure(kube: Kube, w: PodWatch, name: str, pods: int, metrics_por
     return out
 
 
+def _some(nodes: dict[str, str]) -> str:
+    return f"{len(nodes)} nodes, e.g. " + "; ".join(f"{n}: {why}" for n, why in sorted(nodes.items())[:3])
+
+
 async def run_bench(kubeconfig: Path, pods: int, metrics_port: int, skip_full: bool, op_pid: int,
                     selector: dict[str, str]) -> dict[str, dict[str, float]]:
     kube = Kube.from_config(str(kubeconfig))
+    w = PodWatch(kube)
+    nodes = NodeWatch(kube, selector)
     try:
-        w = PodWatch(kube)
         await w.start()
-        res = {"in_place": await one_failure(kube, w, "gang", pods, metrics_port, in_place=True, op_pid=op_pid, selector=selector)}
+        await nodes.start()
+        res = {"in_place": await one_failure(kube, w, "gang", pods, metrics_port, in_place=True, op_pid=op_pid,
+                                             selector=selector, nodes=nodes)}
+        res["in_place"]["other_nodes_not_ready"] = float(len(nodes.others()))
         print(f"in place: {json.dumps(res['in_place'])}", flush=True)
         if not skip_full:
-            res["full"] = await one_failure(kube, w, "full", pods, metrics_port, in_place=False, op_pid=op_pid, selector=selector)
+            res["full"] = await one_failure(kube, w, "full", pods, metrics_port, in_place=False, op_pid=op_pid,
+                                            selector=selector, nodes=nodes)
             print(f"full: {json.dumps(res['full'])}", flush=True)
-        w.stop()
+        if nodes.others():
+            print(f"nodes not Ready besides the failed ones: {_some(nodes.others())}", flush=True)
     finally:
+        w.stop()
+        nodes.stop()
         await kube.close()
     return res
+
+
+async def _delete_objects(kubeconfig: Path, timeout_s: float = 120.0) -> None:
+    """The bench's jobs (while the operator runs: it removes its finalizers), then its namespace."""
+    kube = Kube.from_config(str(kubeconfig))
+    try:
+        jobs = f"/apis/railyard.dev/v1alpha1/namespaces/{NS}/trainingjobs"
+        for item in await kube.list(jobs):
+            await kube.delete(f"{jobs}/{item['metadata']['name']}")
+        deadline = time.perf_counter() + timeout_s
+        while await kube.list(jobs) and time.perf_counter() < deadline:
+            await asyncio.sleep(0.5)
+        await kube.delete(f"/api/v1/namespaces/{NS}")
+        while await kube.get(f"/api/v1/namespaces/{NS}") is not None and time.perf_counter() < deadline:
+            await asyncio.sleep(0.5)
+        if await kube.get(f"/api/v1/namespaces/{NS}") is not None:
+            print(f"namespace {NS} still terminating after {timeout_s:.0f}s; check it with kubectl", file=sys.stderr)
+    finally:
+        await kube.close()
+
+
+@dataclass
+class Made:
+    """What this run made on the API server, so that cleanup removes exactly that."""
+
+    namespace: bool = False
+
+
+MADE = Made()
+
+
+def _keep_logs(tmp: Path) -> Path:
+    """The operator's, the API server's and the node agent's logs, out of the folder that goes."""
+    import shutil
+
+    kept = Path(tempfile.mkdtemp(prefix="railyard-bench-inplace-logs-"))
+    for log in (tmp / "operator.log", *sorted((tmp / "cluster" / "logs").glob("*.log"))):
+        if log.is_file():
+            shutil.copy2(log, kept / log.name)
+    return kept
+
+
+def _clean_up(cluster: LocalCluster, op: subprocess.Popen[bytes] | None) -> None:
+    """Every step runs even when one before it fails; a second Ctrl-C or SIGTERM waits for it."""
+    previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)}
+    steps: list[tuple[str, Callable[[], None]]] = []
+    if cluster.mode == "existing" and MADE.namespace:
+        steps.append((f"delete namespace {NS}", lambda: asyncio.run(_delete_objects(cluster.kubeconfig))))
+    if op is not None:
+        steps.append(("stop the operator", lambda: stop_operator(op)))
+    steps.append(("stop the local cluster", cluster.stop))
+    if cluster.mode == "existing":
+        steps.append(("remove the simulated nodes", cluster.remove_nodes))
+    try:
+        for what, step in steps:
+            try:
+                step()
+            except Exception as exc:  # report it and go on: the other steps still clean up
+                print(f"cleanup: {what} failed: {exc!r}", file=sys.stderr)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def main() -> int:
@@ -412,30 +597,36 @@ def main() -> int:
     parser.add_argument("--kubeconfig", help="measure on this API server: the simulated nodes and the local node agent join it "
                         "(existing mode; its scheduler binds the pods; the nodes are removed at the end)")
     args = parser.parse_args()
+    # both, explicitly: a shell starts a background job with SIGINT ignored, and Python keeps it so
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, _interrupt)
     nodes = args.nodes or args.pods + 40
     with tempfile.TemporaryDirectory() as tmp:
         cluster = LocalCluster(Path(tmp) / "cluster", kubeconfig=args.kubeconfig, nodes=nodes, gpus_per_node=1,
                                topology="spine=4,leaf=16", lease_interval=10.0, node_prefix="bench-")
         selector = cluster.node_selector
-        t0 = time.perf_counter()
-        kubeconfig = cluster.start(timeout=900)
-        print(f"local cluster ({cluster.mode}) with {nodes} nodes up in {time.perf_counter() - t0:.1f}s", flush=True)
         op = None
         try:
+            t0 = time.perf_counter()
+            kubeconfig = cluster.start(timeout=900)
+            print(f"local cluster ({cluster.mode}) with {nodes} nodes up in {time.perf_counter() - t0:.1f}s", flush=True)
             asyncio.run(_prepare(kubeconfig))
             op, port = start_operator(kubeconfig, Path(tmp) / "operator.log", NS,
                                       extra=("--pod-annotation", f"{SIMULATE_ANNOTATION}=true"))
             print("operator ready", flush=True)
             m = asyncio.run(run_bench(kubeconfig, args.pods, port, args.skip_full, op.pid, selector))
+        except BenchError as exc:
+            print(f"bench/inplace.py: {exc}\nlogs kept in {_keep_logs(Path(tmp))}", file=sys.stderr, flush=True)
+            return 1
+        except KeyboardInterrupt as exc:
+            print(f"bench/inplace.py: {exc or 'interrupted'}; cleaning up", file=sys.stderr, flush=True)
+            return 130
         finally:
-            if op is not None:
-                stop_operator(op)
-            cluster.stop()
-            if cluster.mode == "existing":
-                cluster.remove_nodes()
+            _clean_up(cluster, op)
     ip, full = m["in_place"], m.get("full", {})
     n = args.pods
     rows: list[tuple[str, float, str, float | None, bool]] = [
+        ("in place: nodes not Ready besides the failed one", ip["other_nodes_not_ready"], "nodes", 0.0, False),
         ("in place: gang pods deleted", ip["gang_pods_deleted"], "pods", 1.0, False),
         ("in place: gang pods created", ip["gang_pods_created"], "pods", 1.0, False),
         ("in place: placeholder pods deleted / created", ip["placeholders_deleted"] + ip["placeholders_created"] / 1000, "pods", None, False),

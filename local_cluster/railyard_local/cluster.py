@@ -110,12 +110,16 @@ class LocalCluster:
         node_ip_offset: int | None = None,
         shared_host_paths: list[str] | None = None,
         lease_interval: float = 10.0,
+        node_monitor_grace_period: float | None = 50.0,
         with_operator: bool = False,
         python: str = sys.executable,
     ) -> None:
         self.state_dir = Path(state_dir).absolute() if state_dir else default_state_dir()
         self.python = python
         self.lease_interval = lease_interval
+        self.node_monitor_grace_period = node_monitor_grace_period
+        """embedded mode: kube-controller-manager's node lifecycle rule in the API server, a node
+        NotReady after this many seconds without a Lease renewal or status (None: off)."""
         self.with_operator = with_operator
         self._procs: dict[str, subprocess.Popen[bytes]] = {}
         self._envtest: Any = None
@@ -324,6 +328,8 @@ class LocalCluster:
                 "--port", str(port),
                 "--token-file", str(self._write_token()),
                 "--ready-file", str(ready),
+                *(["--no-node-lifecycle"] if self.node_monitor_grace_period is None
+                  else ["--node-monitor-grace-period", str(self.node_monitor_grace_period)]),
             ],
         )
         info = self._wait_file("apiserver", ready, timeout)

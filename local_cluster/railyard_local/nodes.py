@@ -12,8 +12,9 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -21,12 +22,31 @@ from railyard_local.devices import RESOURCE_API, build_device_classes, build_sli
 from railyard_local.kube import ApiError, KubeClient, Obj, retry
 from railyard_local.tasks import TaskSet
 from railyard_local.topology import LOCAL_GROUP, SIMULATED_LABEL, NodeSpec
+from railyard_local.version import KUBERNETES_VERSION, LOCAL_BUILD
 
 log = logging.getLogger(__name__)
 FAIL_ANNOTATION = f"{LOCAL_GROUP}/fail"
 SLOW_ANNOTATION = f"{LOCAL_GROUP}/slow-factor"
 LEASE_NS = "kube-node-lease"
 LEASE_SECONDS = 40
+#: The version the nodes' kubelets report: the one the local cluster serves (railyard_local.version).
+KUBELET_VERSION = f"{KUBERNETES_VERSION}+{LOCAL_BUILD}"
+#: The kubelet's defaults (KubeletConfiguration): the Lease is renewed every quarter of its
+#: duration (nodeLeaseDurationSeconds 40 -> every 10 s); the status is posted every
+#: nodeStatusReportFrequency (5 min) when nothing changed, and within nodeStatusUpdateFrequency
+#: (10 s) of a change. kube-controller-manager marks a node NotReady after its
+#: node-monitor-grace-period (50 s) without either, whatever the number of nodes.
+LEASE_RENEW_INTERVAL_S = LEASE_SECONDS / 4
+STATUS_REPORT_INTERVAL_S = 300.0
+STATUS_UPDATE_INTERVAL_S = 10.0
+#: Each interval is cut in slices this long and every slice renews its share of the nodes, so
+#: that 2,048 nodes cost an even ~205 small requests a second rather than a burst every 10 s.
+SPREAD_SLICE_S = 0.5
+#: Requests in flight at once, on the one shared session (its connection pool): registration.
+CONCURRENT_REQUESTS = 32
+#: Heartbeats in flight at once, on their own session (runtime.py gives it as many connections):
+#: when the API server is busy, its share of them is what keeps the nodes' Leases fresh.
+HEARTBEAT_REQUESTS = 128
 #: Every node of one local cluster carries its cluster's id, so that a restart with fewer nodes
 #: removes the ones it no longer runs (and never touches another cluster's nodes).
 CLUSTER_LABEL = f"{LOCAL_GROUP}/cluster"
@@ -118,8 +138,8 @@ def build_node_status(spec: NodeSpec, *, ready: bool, since: str, kubelet_port: 
         "nodeInfo": {
             "architecture": "amd64",
             "operatingSystem": "linux",
-            "kubeletVersion": "v1.31.0-railyard-local",
-            "kubeProxyVersion": "v1.31.0-railyard-local",
+            "kubeletVersion": KUBELET_VERSION,
+            "kubeProxyVersion": "",  # deprecated; kubelets of 1.33+ leave it empty
             "containerRuntimeVersion": "railyard-process://0.1",
             "kernelVersion": "",
             "osImage": "railyard local process node",
@@ -130,29 +150,101 @@ def build_node_status(spec: NodeSpec, *, ready: bool, since: str, kubelet_port: 
     }
 
 
+@dataclass
+class HeartbeatStats:
+    """What keeping the nodes alive costs and whether it keeps up (the tests read it; the
+    runtime logs a round that took more than twice the interval)."""
+
+    lease_renewals: int = 0
+    status_posts: int = 0
+    failures: int = 0
+    rounds: int = 0
+    """Full rounds of lease renewals (every live node once)."""
+    slowest_round_s: float = 0.0
+    """The longest a round took; above the lease interval the server is not keeping up."""
+    round_seconds: list[float] = field(default_factory=list)
+
+
+class LeaseSchedule:
+    """Which nodes renew their Lease at each tick, and when a round (every node once) was answered.
+
+    A round is cut in ``slices``; tick ``t`` renews every ``slices``-th node from ``t % slices``.
+    A node whose last renewal is not answered yet skips its turn, as a kubelet renews one at a
+    time: the requests waiting never outnumber the nodes."""
+
+    def __init__(self, names: list[str], slices: int) -> None:
+        self.names = names
+        self.slices = slices
+        self.renewing: set[str] = set()
+        self._unanswered: dict[int, int] = {}
+        self._started: dict[int, float] = {}
+
+    def start_slice(self, tick: int, now: float, alive: Callable[[str], bool]) -> tuple[int, list[str]]:
+        """(round, the nodes to renew now)."""
+        round_no, index = divmod(tick, self.slices)
+        if index == 0:
+            self._unanswered[round_no] = self.slices
+            self._started[round_no] = now
+        share = [n for n in self.names[index::self.slices] if alive(n) and n not in self.renewing]
+        self.renewing.update(share)
+        return round_no, share
+
+    def answered(self, round_no: int, share: list[str], now: float) -> float | None:
+        """The round's duration once this was its last slice answered, else None."""
+        self.renewing.difference_update(share)
+        self._unanswered[round_no] -= 1
+        if self._unanswered[round_no]:
+            return None
+        del self._unanswered[round_no]
+        return now - self._started.pop(round_no)
+
+
 class NodeManager:
-    """Owns the simulated Node objects and their Leases."""
+    """Owns the simulated Node objects and their Leases, and keeps every node Ready as a kubelet
+    does: each Lease renewed every ``lease_interval`` whatever the number of nodes, the renewals
+    spread evenly over the interval in slices (:data:`SPREAD_SLICE_S`) of concurrent requests on
+    one session (``heartbeat_client``); each status posted every ``status_report_interval`` (spread the same
+    way) and within ``status_update_interval`` of a change, such as the control plane having
+    marked the node Unknown. A failed node (``railyard local node fail``) posts Ready=False once
+    and then nothing, as a dead node: the control plane's node lifecycle takes it from there."""
 
     def __init__(
         self,
         client: KubeClient,
         specs: list[NodeSpec],
         *,
-        lease_interval: float = 10.0,
-        status_interval: float = 30.0,
+        lease_interval: float = LEASE_RENEW_INTERVAL_S,
+        status_report_interval: float = STATUS_REPORT_INTERVAL_S,
+        status_update_interval: float = STATUS_UPDATE_INTERVAL_S,
+        spread_slice_s: float = SPREAD_SLICE_S,
+        heartbeat_client: KubeClient | None = None,
         on_control: Callable[[str, NodeControl, NodeControl], None] | None = None,
         kubelet_port: int = 0,
     ) -> None:
+        if min(lease_interval, status_report_interval, status_update_interval, spread_slice_s) <= 0:
+            raise ValueError(f"node heartbeats: intervals must be positive seconds (lease {lease_interval}, status "
+                             f"report {status_report_interval}, status update {status_update_interval}, "
+                             f"slice {spread_slice_s})")
         self.client = client
+        self.heartbeats = heartbeat_client or client
+        """Leases and statuses go through their own session where given, as every kubelet has its
+        connection: in one connection pool they would wait behind the scheduler's bindings and
+        the pods' status writes of a gang starting."""
         self.kubelet_port = kubelet_port
         self.specs = {s.name: s for s in specs}
-        scale = max(1.0, len(specs) / 200)
-        self.lease_interval = lease_interval * scale
-        self.status_interval = status_interval * scale
+        self.lease_interval = lease_interval
+        self.status_report_interval = status_report_interval
+        self.status_update_interval = status_update_interval
+        self.spread_slice_s = spread_slice_s
         self.controls: dict[str, NodeControl] = {s.name: NodeControl() for s in specs}
+        self.stats = HeartbeatStats()
         self._since: dict[str, str] = {}
+        self._next_report: dict[str, float] = {}
+        self._last_post: dict[str, float] = {}
+        self._stale: set[str] = set()
         self._on_control = on_control
-        self._sem = asyncio.Semaphore(32)
+        self._sem = asyncio.Semaphore(CONCURRENT_REQUESTS)
+        self._heartbeat_sem = asyncio.Semaphore(HEARTBEAT_REQUESTS)
         self._tasks = TaskSet("node manager")
         self._dra = False
 
@@ -170,6 +262,11 @@ class NodeManager:
         self._dra = any(s.gpus for s in self.specs.values()) and await self._publish_device_classes()
         await asyncio.gather(*(self._bounded(self._register_one(s)) for s in self.specs.values()))
         await self._remove_stale()
+        # the next full status reports spread over one report interval from now
+        now = asyncio.get_running_loop().time()
+        count = len(self.specs)
+        for index, name in enumerate(self.specs):
+            self._next_report[name] = now + self.status_report_interval * (index + 1) / count
 
     async def _publish_device_classes(self) -> bool:
         """The DeviceClasses of the simulated GPUs (railyard_local.devices); False where the API
@@ -226,13 +323,17 @@ class NodeManager:
         spec = self.specs[name]
         ready = not self.controls[name].failed
         status = build_node_status(spec, ready=ready, since=self._since.get(name, now_iso()), kubelet_port=self.kubelet_port)
-        await retry(lambda: self.client.patch(f"/api/v1/nodes/{name}/status", {"status": status}), what=f"node {name} status")
+        self._last_post[name] = asyncio.get_running_loop().time()
+        self.stats.status_posts += 1
+        await retry(lambda: self.heartbeats.patch(f"/api/v1/nodes/{name}/status", {"status": status}),
+                    what=f"node {name} status")
 
     async def _renew_lease(self, spec: NodeSpec, node_uid: str = "") -> None:
         path = f"/apis/coordination.k8s.io/v1/namespaces/{LEASE_NS}/leases/{spec.name}"
         body = {"spec": {"holderIdentity": spec.name, "leaseDurationSeconds": LEASE_SECONDS, "renewTime": now_micro()}}
+        self.stats.lease_renewals += 1
         try:
-            await self.client.patch(path, body)
+            await self.heartbeats.patch(path, body)
         except ApiError as exc:
             if exc.status != 404:
                 raise
@@ -247,7 +348,7 @@ class NodeManager:
                     {"apiVersion": "v1", "kind": "Node", "name": spec.name, "uid": node_uid}
                 ]
             try:
-                await self.client.create(f"/apis/coordination.k8s.io/v1/namespaces/{LEASE_NS}/leases", lease)
+                await self.heartbeats.create(f"/apis/coordination.k8s.io/v1/namespaces/{LEASE_NS}/leases", lease)
             except ApiError as exc2:
                 if exc2.status != 409:
                     raise
@@ -258,29 +359,104 @@ class NodeManager:
             return
         control = read_control(node)
         before = self.controls.get(name, NodeControl())
-        if control == before:
-            return
-        self.controls[name] = control
-        if control.failed != before.failed:
+        if control != before:
+            self.controls[name] = control
+            if control.failed != before.failed:
+                self._since[name] = now_iso()
+                self._stale.discard(name)
+                self._tasks.spawn(self._safe(self.patch_status(name)), f"status of node {name}")
+                if not control.failed:  # back: the control plane hears of it at once
+                    self._tasks.spawn(self._safe(self._renew_lease(self.specs[name])), f"lease of node {name}")
+            if self._on_control is not None:
+                self._on_control(name, before, control)
+        elif not control.failed and name not in self._stale and _ready_of(node) not in ("True", None):
+            # someone else says the node is not Ready (the control plane's node lifecycle, after
+            # heartbeats that came too late): a kubelet posts its status again within
+            # nodeStatusUpdateFrequency
             self._since[name] = now_iso()
-            self._tasks.spawn(self._safe(self.patch_status(name)), f"status of node {name}")
-        if self._on_control is not None:
-            self._on_control(name, before, control)
+            self._stale.add(name)
 
     async def _safe(self, coro: Any) -> None:
         try:
             await coro
         except Exception as exc:
+            self.stats.failures += 1
             log.warning("node update failed: %s", exc)
 
+    def _alive(self, name: str) -> bool:
+        return not self.controls[name].failed
+
     async def run(self) -> None:
-        """Heartbeats: Leases every lease_interval, node status every status_interval."""
+        """Heartbeats: every Lease every lease_interval; statuses as described in the class."""
+        await asyncio.gather(self._run_leases(), self._run_statuses())
+
+    def lease_slices(self) -> int:
+        """How many slices one round of renewals is cut in (each a ``spread_slice_s`` apart)."""
+        return max(1, min(len(self.specs), math.ceil(self.lease_interval / self.spread_slice_s)))
+
+    async def _run_leases(self) -> None:
+        """Every slice on the clock, whether the ones before it are answered or not (as each
+        kubelet renews on its own timer): a slow API server holds back only the renewals it has
+        not answered yet, never the schedule."""
         loop = asyncio.get_running_loop()
-        next_status = loop.time() + self.status_interval
+        schedule = LeaseSchedule(list(self.specs), self.lease_slices())
+        step = self.lease_interval / schedule.slices
+        start = loop.time()
+        tick = 0
+        tasks = TaskSet("lease renewals")
+
+        async def renew(round_no: int, share: list[str]) -> None:
+            try:
+                await asyncio.gather(*(self._heartbeat(self._renew_lease(self.specs[n])) for n in share))
+            finally:
+                took = schedule.answered(round_no, share, loop.time())
+                if took is not None:
+                    self._round_done(took, len(self.specs))
+
+        try:
+            while True:
+                round_no, share = schedule.start_slice(tick, loop.time(), self._alive)
+                tasks.spawn(renew(round_no, share), f"lease renewals {round_no}.{tick % schedule.slices}")
+                tick += 1
+                delay = start + tick * step - loop.time()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                else:
+                    await asyncio.sleep(0)  # behind (a starved event loop): the answers still get their turn
+                    if delay < -self.lease_interval:
+                        start = loop.time() - tick * step  # far behind: go on from here rather than burst
+        finally:
+            await tasks.cancel_all()
+
+    async def _heartbeat(self, coro: Any) -> None:
+        async with self._heartbeat_sem:
+            await self._safe(coro)
+
+    def _round_done(self, took: float, count: int) -> None:
+        self.stats.rounds += 1
+        self.stats.slowest_round_s = max(self.stats.slowest_round_s, took)
+        self.stats.round_seconds = [*self.stats.round_seconds[-99:], took]
+        if took > 2 * self.lease_interval:
+            log.warning("renewing %d node leases took %.1fs, more than twice the interval (%.1fs): the API "
+                        "server is not keeping up and nodes may go NotReady", count, took, self.lease_interval)
+
+    async def _run_statuses(self) -> None:
+        loop = asyncio.get_running_loop()
+        period = min(self.status_update_interval, self.spread_slice_s * 2)
         while True:
-            await asyncio.sleep(self.lease_interval)
-            alive = [s for s in self.specs.values() if not self.controls[s.name].failed]
-            await asyncio.gather(*(self._bounded(self._safe(self._renew_lease(s))) for s in alive))
-            if loop.time() >= next_status:
-                next_status = loop.time() + self.status_interval
-                await asyncio.gather(*(self._bounded(self._safe(self.patch_status(s.name))) for s in self.specs.values()))
+            await asyncio.sleep(period)
+            now = loop.time()
+            due = [n for n, at in self._next_report.items() if at <= now and self._alive(n)]
+            due += [n for n in self._stale if n not in due and self._alive(n)
+                    and now - self._last_post.get(n, 0.0) >= self.status_update_interval]
+            for name in due:
+                self._next_report[name] = now + self.status_report_interval
+                self._stale.discard(name)
+            await asyncio.gather(*(self._heartbeat(self.patch_status(n)) for n in due))
+
+
+def _ready_of(node: Mapping[str, Any]) -> str | None:
+    for cond in (node.get("status") or {}).get("conditions") or []:
+        if cond.get("type") == "Ready":
+            return str(cond.get("status"))
+    return None

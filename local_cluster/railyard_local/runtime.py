@@ -19,11 +19,12 @@ import signal
 import sys
 from pathlib import Path
 
+from railyard.kubeclient import load_connection
 from railyard_local.agent import DEFAULT_SHARED_HOST_PATHS, Agent
 from railyard_local.devices import RESOURCE_API
 from railyard_local.kube import DEFAULT_WATCH_INACTIVITY_S, Informer, KubeClient
 from railyard_local.kubelet import KubeletEndpoint, server_context
-from railyard_local.nodes import NodeManager
+from railyard_local.nodes import HEARTBEAT_REQUESTS, NodeManager
 from railyard_local.scheduler import PODGROUPS, Scheduler, serves_dra, serves_podgroups
 from railyard_local.tasks import Supervisor
 from railyard_local.topology import NodeSpec
@@ -57,6 +58,9 @@ async def run_runtime(
     """Run until SIGTERM/SIGINT (returns None) or until a loop of the runtime keeps dying
     (returns why: the process must then exit non-zero rather than sit there looking alive)."""
     client = KubeClient.from_kubeconfig(kubeconfig)
+    # the nodes' heartbeats on a session of their own, as every kubelet has its connection: never
+    # queued behind the scheduler's bindings and the pods' status writes
+    heartbeats = KubeClient.for_connection(load_connection(kubeconfig), limit=HEARTBEAT_REQUESTS)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -78,7 +82,8 @@ async def run_runtime(
                 endpoint = None
         else:
             log.info("no kubelet client CA: container logs are not served to the API server (kubectl logs)")
-        manager = NodeManager(client, specs, lease_interval=lease_interval, on_control=agent.on_control, kubelet_port=kubelet_port)
+        manager = NodeManager(client, specs, lease_interval=lease_interval, on_control=agent.on_control,
+                              kubelet_port=kubelet_port, heartbeat_client=heartbeats)
         await manager.register()
         agent.apply_controls(manager.controls)
 
@@ -138,6 +143,7 @@ async def run_runtime(
         await agent.stop()
         await supervisor.cancel_all()
         await client.close()
+        await heartbeats.close()
 
 
 async def _until(event: asyncio.Event, supervisor: Supervisor, stop: asyncio.Event) -> bool:

@@ -9,6 +9,7 @@ import signal
 import sys
 from pathlib import Path
 
+from .nodelifecycle import NodeLifecycleSettings
 from .server import serve
 
 
@@ -26,6 +27,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-workload-api", action="store_true",
                         help="do not serve scheduling.k8s.io/v1alpha2 workloads and podgroups (served by default, "
                              "as kube-apiserver v1.36 with the GenericWorkload and GangScheduling feature gates)")
+    parser.add_argument("--node-monitor-grace-period", type=float, default=NodeLifecycleSettings.grace_period_s,
+                        metavar="SECONDS",
+                        help="a node whose Lease and status go unrenewed this long turns Ready=Unknown with the "
+                             "node.kubernetes.io/unreachable taints, as kube-controller-manager's flag (default 50)")
+    parser.add_argument("--node-monitor-period", type=float, default=NodeLifecycleSettings.monitor_period_s,
+                        metavar="SECONDS", help="how often nodes are checked (default 5)")
+    parser.add_argument("--no-node-lifecycle", action="store_true",
+                        help="never mark nodes NotReady (the rule above is on by default, as on a real control plane)")
     parser.add_argument("--ready-file", type=Path, help='written as {"url": ..., "pid": ...} once serving')
     parser.add_argument("--insecure-http", action="store_true",
                         help="serve plain HTTP (kubectl then sends no token, so only for Python clients)")
@@ -35,6 +44,11 @@ def main(argv: list[str] | None = None) -> int:
     token = args.token if args.token else args.token_file.read_text().strip()
     if not token:
         parser.error("the token is empty; give --token or a non-empty --token-file")
+    try:
+        lifecycle = None if args.no_node_lifecycle else NodeLifecycleSettings(args.node_monitor_grace_period,
+                                                                               args.node_monitor_period)
+    except ValueError as exc:
+        parser.error(str(exc))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
 
     async def run() -> None:
@@ -44,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
             loop.add_signal_handler(sig, stop.set)
         await serve(args.state_dir, token=token, event_window=args.event_window, host=args.host, port=args.port,
                     ready_file=args.ready_file, stop=stop, tls=not args.insecure_http,
-                    workload_api=not args.no_workload_api)
+                    workload_api=not args.no_workload_api, node_lifecycle=lifecycle)
 
     try:
         asyncio.run(run())

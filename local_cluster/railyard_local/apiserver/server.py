@@ -17,6 +17,7 @@ from multidict import CIMultiDict
 
 from railyard_local import podlogs
 from railyard_local.podlogs import LogOptionError, parse_log_options
+from railyard_local.version import KUBERNETES_VERSION, LOCAL_BUILD, version_parts
 
 from . import discovery, fieldmanager, openapi, protobuf, table
 from .controllers import Controllers, namespace_children
@@ -24,6 +25,7 @@ from .crd import register_crd_hook, restore_crds, scale_of
 from .disruption import evict
 from .engine import Ctx, DeleteOptions, Engine
 from .errors import APIError, Cause, bad_request, forbidden, invalid, not_supported, status_object
+from .nodelifecycle import DEFAULT_SETTINGS, NodeLifecycle, NodeLifecycleSettings
 from .pki import ensure_certs
 from .registry import Registry, ResourceType
 from .selectors import Matcher
@@ -33,7 +35,8 @@ JSON = dict[str, Any]
 LogProvider = Callable[[JSON, str, bool], Path | None]
 """(pod, container name, previous) -> path of the log file to serve, or None."""
 
-SERVER_VERSION = {"major": "1", "minor": "34", "gitVersion": "v1.34.0+railyard", "gitCommit": "railyard",
+SERVER_VERSION = {"major": version_parts()[0], "minor": version_parts()[1],
+                  "gitVersion": f"{KUBERNETES_VERSION}+{LOCAL_BUILD}", "gitCommit": "railyard",
                   "gitTreeState": "clean", "buildDate": "2026-01-01T00:00:00Z", "goVersion": "python",
                   "compiler": "cpython", "platform": "linux/amd64"}
 
@@ -128,7 +131,8 @@ class APIServer:
 
     def __init__(self, state_dir: Path | str, *, token: str, host: str = "127.0.0.1", port: int = 0,
                  log_provider: LogProvider | None = None, event_window: int = 20_000, tls: bool = True,
-                 accept_token_file: Path | str | None = None, workload_api: bool = True) -> None:
+                 accept_token_file: Path | str | None = None, workload_api: bool = True,
+                 node_lifecycle: NodeLifecycleSettings | None = DEFAULT_SETTINGS) -> None:
         self.state_dir = Path(state_dir)
         self.accept_token_file = Path(accept_token_file) if accept_token_file else None
         """More bearer tokens, re-read on every request that does not carry ``token``: one per line,
@@ -147,6 +151,8 @@ class APIServer:
         self.engine.after_namespace_created.append(
             lambda ns: namespace_children(ns, self.controllers.ca_bundle))
         self.log_provider: LogProvider = log_provider or default_log_provider(self.state_dir)
+        self.node_lifecycle = NodeLifecycle(self.engine, node_lifecycle) if node_lifecycle is not None else None
+        """kube-controller-manager's NotReady rule for nodes whose heartbeats stop (None: off)."""
         self._runner: web.AppRunner | None = None
         self._site: web.TCPSite | None = None
         self._stopping = asyncio.Event()
@@ -159,6 +165,10 @@ class APIServer:
         self.engine.on_write.append(self.controllers.on_write)
         await self.controllers.bootstrap()
         self.controllers.start()
+        if self.node_lifecycle is not None:
+            self.node_lifecycle.bootstrap()
+            self.engine.on_write.append(self.node_lifecycle.on_write)
+            self.node_lifecycle.start()
         app = web.Application(middlewares=[self._middleware], client_max_size=64 * 1024 * 1024)
         app.router.add_route("*", "/{tail:.*}", self._dispatch)
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=1.0)
@@ -185,6 +195,8 @@ class APIServer:
             await self._runner.cleanup()
             self._runner = None
         await self.controllers.stop()
+        if self.node_lifecycle is not None:
+            await self.node_lifecycle.stop()
         await self.store.close()
 
     # ---- middleware ------------------------------------------------------------------------
@@ -674,7 +686,7 @@ class APIServer:
 async def serve(state_dir: Path | str, *, token: str, host: str = "127.0.0.1", port: int = 0,
                 ready_file: Path | str | None = None, stop: asyncio.Event | None = None,
                 log_provider: LogProvider | None = None, tls: bool = True, event_window: int = 20_000,
-                workload_api: bool = True) -> None:
+                workload_api: bool = True, node_lifecycle: NodeLifecycleSettings | None = DEFAULT_SETTINGS) -> None:
     """Run the server until ``stop`` is set.
 
     Once serving, writes ``{"url", "pid", "ca"}`` to ``ready_file`` (``ca``: the CA certificate
@@ -683,7 +695,7 @@ async def serve(state_dir: Path | str, *, token: str, host: str = "127.0.0.1", p
     import os
 
     server = APIServer(state_dir, token=token, host=host, port=port, log_provider=log_provider, tls=tls,
-                       event_window=event_window, workload_api=workload_api)
+                       event_window=event_window, workload_api=workload_api, node_lifecycle=node_lifecycle)
     url = await server.start()
     if ready_file is not None:
         rf = Path(ready_file)

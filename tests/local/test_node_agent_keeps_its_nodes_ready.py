@@ -1,0 +1,141 @@
+"""The node agent (railyard_local.nodes.NodeManager) keeps its nodes Ready on a server that
+applies kube-controller-manager's node lifecycle rule, and the rule sees a node whose agent
+stopped: with a short grace period, the node served by a running agent stays Ready while the
+one whose agent stopped turns Unknown and tainted, then Ready again once its agent runs.
+
+And the agent's pace does not depend on the number of nodes (issue 46: it used to stretch the
+renewals with it, past the grace period): every Lease is renewed once per interval, in even
+slices of concurrent requests."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+from collections import Counter
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tests.waiting import wait_until_async
+
+from railyard_local.apiserver.nodelifecycle import UNREACHABLE_TAINT, NodeLifecycleSettings
+from railyard_local.apiserver.server import APIServer
+from railyard_local.kube import Informer, KubeClient
+from railyard_local.nodes import (
+    LEASE_RENEW_INTERVAL_S,
+    STATUS_REPORT_INTERVAL_S,
+    LeaseSchedule,
+    NodeManager,
+)
+from railyard_local.topology import NodeSpec
+
+GRACE_S = 4.0
+
+
+def spec(name: str, index: int) -> NodeSpec:
+    return NodeSpec(name=name, ip=f"127.0.1.{index + 1}", labels={"kubernetes.io/hostname": name})
+
+
+@contextlib.asynccontextmanager
+async def running(manager: NodeManager) -> AsyncIterator[None]:
+    task = asyncio.get_running_loop().create_task(manager.run())
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+@contextlib.asynccontextmanager
+async def watching(informer: Informer) -> AsyncIterator[None]:
+    task = asyncio.get_running_loop().create_task(informer.run())
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+def ready_and_taints(srv: APIServer, name: str) -> tuple[str, list[str]]:
+    node = srv.store.get("nodes", "", name)
+    assert node is not None
+    ready = next(c["status"] for c in node.obj["status"]["conditions"] if c["type"] == "Ready")
+    return ready, [f"{t['key']}:{t['effect']}" for t in node.obj.get("spec", {}).get("taints") or []]
+
+
+async def test_a_running_agent_keeps_its_node_ready_and_a_stopped_one_loses_it(tmp_path: Path) -> None:
+    srv = APIServer(tmp_path / "state", token="t", tls=False,
+                    node_lifecycle=NodeLifecycleSettings(grace_period_s=GRACE_S, monitor_period_s=0.25))
+    url = await srv.start()
+    client = KubeClient(url, token="t")
+    # heartbeats 16 times within the grace period: a starved event loop still renews in time
+    alive = NodeManager(client, [spec("alive", 0)], lease_interval=GRACE_S / 16, status_update_interval=0.5)
+    stopped = NodeManager(client, [spec("stopped", 1)], lease_interval=GRACE_S / 16, status_update_interval=0.5)
+    try:
+        await alive.register()
+        await stopped.register()
+        # the agent learns what the control plane did to its nodes from the runtime's node watch
+        nodes = Informer(client, "/api/v1/nodes", "nodes")
+        nodes.add_handler(alive.on_node_event)
+        nodes.add_handler(stopped.on_node_event)
+        async with running(alive), watching(nodes):
+            unreachable = [f"{UNREACHABLE_TAINT}:NoSchedule", f"{UNREACHABLE_TAINT}:NoExecute"]
+            await wait_until_async(lambda: ready_and_taints(srv, "stopped") == ("Unknown", unreachable),
+                                   timeout=60, message="the stopped agent's node Unknown and unreachable")
+            assert ready_and_taints(srv, "alive") == ("True", []), "renewed every quarter second: Ready"
+            assert alive.stats.lease_renewals > 16
+            async with running(stopped):
+                # its Lease renewed, the agent sees the node Unknown and posts Ready again; the taints go
+                await wait_until_async(lambda: ready_and_taints(srv, "stopped") == ("True", []), timeout=60,
+                                       message="the node back: Ready, untainted")
+            assert ready_and_taints(srv, "alive") == ("True", [])
+    finally:
+        await client.close()
+        await srv.stop()
+
+
+class RecordingClient:
+    """Answers every request at once and records the Lease renewals (node name per request)."""
+
+    def __init__(self) -> None:
+        self.renewed: list[str] = []
+
+    async def patch(self, path: str, body: Any, content_type: str = "") -> dict[str, Any]:
+        if "/leases/" in path:
+            self.renewed.append(path.rsplit("/", 1)[1])
+        return {}
+
+
+@pytest.mark.parametrize("count", [3, 2048])
+async def test_every_lease_is_renewed_once_per_interval_whatever_the_node_count(count: int) -> None:
+    assert LEASE_RENEW_INTERVAL_S == 10 and STATUS_REPORT_INTERVAL_S == 300, "the kubelet's defaults"
+    client = RecordingClient()
+    # 10 s in slices of 0.5 s, scaled down to a test's time: 20 slices
+    specs = [spec(f"n{i}", i) for i in range(count)]
+    manager = NodeManager(client, specs, lease_interval=1.0, spread_slice_s=0.05)  # type: ignore[arg-type]
+    slices = manager.lease_slices()
+    assert slices == min(count, 20)
+    async with running(manager):
+        await wait_until_async(lambda: manager.stats.rounds >= 2, timeout=60, message="two rounds of renewals")
+    renewals = Counter(client.renewed[: 2 * count])
+    assert set(renewals.values()) == {2} and len(renewals) == count, "each node once per round"
+    # a round is sliced: the first slice renews every slices-th node, and nothing else
+    first_slice = client.renewed[: math.ceil(count / slices)]
+    assert first_slice == [s.name for s in specs[::slices]]
+
+
+def test_a_slow_answer_holds_back_only_its_own_nodes() -> None:
+    schedule = LeaseSchedule([f"n{i}" for i in range(6)], slices=3)
+    assert schedule.start_slice(0, 0.0, lambda n: True) == (0, ["n0", "n3"])
+    assert schedule.start_slice(1, 1.0, lambda n: n != "n4") == (0, ["n1"]), "a failed node renews nothing"
+    assert schedule.start_slice(2, 2.0, lambda n: True) == (0, ["n2", "n5"])
+    assert schedule.answered(0, ["n1"], 2.5) is None
+    assert schedule.answered(0, ["n2", "n5"], 2.6) is None
+    # the next round starts on the clock; n0 and n3 are still waiting for their answer: they skip it
+    assert schedule.start_slice(3, 3.0, lambda n: True) == (1, [])
+    assert schedule.answered(0, ["n0", "n3"], 3.5) == 3.5, "round 0 answered 3.5 s after it began"
+    assert schedule.start_slice(4, 4.0, lambda n: True) == (1, ["n1", "n4"])
