@@ -51,6 +51,7 @@ from railyard.protocol.trainerconfig import (
     LIGHTHOUSE_HEARTBEAT_INTERVAL_MS,
     lighthouse_heartbeat_timeout_ms,
     lighthouse_join_timeout_ms,
+    lighthouse_quorum_retries,
 )
 from railyard_trainer.config import ConfigError
 from railyard_trainer.events import log_event
@@ -239,6 +240,10 @@ class ReplicaGroup:
             # every group builds its model from the same seed: nothing to sync at step 0, and a
             # whole-job restart restores from the tiers instead (docs/fault-tolerance.md)
             init_sync=False,
+            # a Lighthouse that does not answer (its node failed) is asked again about once a
+            # second for the whole quorum timeout while the operator recreates it: its loss
+            # restarts no group (lighthouse_quorum_retries; TORCHFT_QUORUM_RETRIES still overrides)
+            quorum_retries=lighthouse_quorum_retries(timeout_s),
         )
         self.heals = 0
         self.failed_steps = 0
