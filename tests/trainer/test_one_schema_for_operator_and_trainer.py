@@ -22,9 +22,10 @@ def test_the_api_holds_the_contracts_sections() -> None:
     classes; where the API checks more (Kubernetes names and quantities, list items) a subclass
     narrows the types and keeps every default, bound and description."""
     spec = api.TrainingJobSpec()
-    for section, contract in [(spec.parallelism, proto.Parallelism), (spec.fault_tolerance, proto.FaultTolerance), (spec.health, proto.Health)]:
+    for section, contract in [(spec.parallelism, proto.Parallelism), (spec.health, proto.Health)]:
         assert type(section) is contract
-    for section, contract in [(spec.trainer, proto.TrainerSettings), (spec.checkpoint, proto.Checkpoint), (spec.checkpoint.memory, proto.MemoryTier), (spec.checkpoint.shared, proto.SharedTier)]:
+    for section, contract in [(spec.trainer, proto.TrainerSettings), (spec.checkpoint, proto.Checkpoint), (spec.checkpoint.memory, proto.MemoryTier), (spec.checkpoint.shared, proto.SharedTier),
+                              (spec.fault_tolerance, proto.FaultTolerance), (spec.fault_tolerance.lighthouse, proto.LighthousePlacement)]:
         assert isinstance(section, contract)
         assert proto.to_wire(section, keep_none=True) == proto.to_wire(contract(), keep_none=True)
         assert [(f.name, f.metadata) for f in dataclasses.fields(section)] == [(f.name, f.metadata) for f in dataclasses.fields(contract)]

@@ -18,6 +18,10 @@ committed update is the global batch's mean gradient whatever the membership. A 
 not commit (a peer died mid-step) is retried with the same global batch and the new membership:
 its samples were never applied, so none is skipped or trained twice.
 
+Also ours: surviving the Lighthouse's loss. torchft gives the quorum retries (set from
+``lighthouse_quorum_retries``); the quorum ids it counts from 1 again in a new Lighthouse are
+made unique across Lighthouses here (:class:`QuorumEpochs`).
+
 The Lighthouse: ``railyard-train lighthouse`` (:func:`lighthouse_main`).
 """
 
@@ -51,6 +55,7 @@ from railyard.protocol.trainerconfig import (
     LIGHTHOUSE_HEARTBEAT_INTERVAL_MS,
     lighthouse_heartbeat_timeout_ms,
     lighthouse_join_timeout_ms,
+    lighthouse_quorum_retries,
 )
 from railyard_trainer.config import ConfigError
 from railyard_trainer.events import log_event
@@ -207,6 +212,62 @@ def checkpoint_transport(host: str, timeout: timedelta) -> Any:
     return Advertised(timeout=timeout, num_chunks=0)
 
 
+#: How many quorum ids one Lighthouse may count through before :func:`quorum_epoch_id` would mix
+#: them up with the next step's (torchft bumps the id on every change of membership).
+QUORUM_IDS_PER_STEP = 1 << 16
+
+
+@dataclass
+class QuorumEpochs:
+    """The quorum ids this group gives torchft's Manager instead of the Lighthouse's own.
+
+    A Lighthouse counts its quorums from 1, so the one the operator creates after a loss hands
+    out ids the groups already used with the old one. torchft's Manager keys its cross-group
+    process group on the id: an id equal to the last one means "same members, keep the process
+    group" (a wrong group: the new Lighthouse's first quorum may hold fewer groups), and a
+    repeated id reuses the store keys of an old rendezvous (``/torchft/<id>/``: stale addresses).
+    Each quorum id is therefore replaced by ``first step * QUORUM_IDS_PER_STEP + id``, where
+    ``first step`` is the quorum's ``max_step`` when this group first saw that quorum: every
+    member agrees on it (any change of members makes the Lighthouse bump the id, so all members
+    of a quorum meet it at the same quorum), and it only grows across Lighthouses. A quorum with
+    the last id but other members is a new Lighthouse's, so a new one too."""
+
+    last_id: int | None = None
+    last_members: tuple[str, ...] = ()
+    epoch_id: int = -1
+
+    def of(self, quorum_id: int, max_step: int, members: Sequence[str]) -> int:
+        key = tuple(sorted(members))
+        if quorum_id != self.last_id or key != self.last_members:
+            self.last_id, self.last_members = quorum_id, key
+            self.epoch_id = max_step * QUORUM_IDS_PER_STEP + quorum_id
+        return self.epoch_id
+
+
+class _EpochQuorum:
+    """A torchft ``QuorumResult`` with :class:`QuorumEpochs`' id (everything else as it is)."""
+
+    def __init__(self, result: Any, quorum_id: int) -> None:
+        self._result, self.quorum_id = result, quorum_id
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._result, name)
+
+
+class _EpochClient:
+    """torchft's ``ManagerClient`` whose quorum results carry :class:`QuorumEpochs`' ids."""
+
+    def __init__(self, client: Any) -> None:
+        self._client, self._epochs = client, QuorumEpochs()
+
+    def _quorum(self, *args: Any, **kwargs: Any) -> Any:
+        result = self._client._quorum(*args, **kwargs)
+        return _EpochQuorum(result, self._epochs.of(result.quorum_id, result.max_step, result.replica_ids))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._client, name)
+
+
 class ReplicaGroup:
     """This group's torchft Manager: quorum, weighted cross-group gradient sum, commit, heal.
 
@@ -239,7 +300,14 @@ class ReplicaGroup:
             # every group builds its model from the same seed: nothing to sync at step 0, and a
             # whole-job restart restores from the tiers instead (docs/fault-tolerance.md)
             init_sync=False,
+            # a Lighthouse that does not answer (its node failed) is asked again about once a
+            # second for the whole quorum timeout while the operator recreates it: its loss
+            # restarts no group (lighthouse_quorum_retries; TORCHFT_QUORUM_RETRIES still overrides)
+            quorum_retries=lighthouse_quorum_retries(timeout_s),
         )
+        # quorum ids that stay unique when the operator replaces the Lighthouse (QuorumEpochs);
+        # torchft 0.2.0's Manager asks its ManagerClient ``_client`` for every quorum
+        self.manager._client = _EpochClient(self.manager._client)
         self.heals = 0
         self.failed_steps = 0
         #: this step's process group was aborted after an error (one abort per step)

@@ -24,7 +24,6 @@ from railyard.protocol import trainerconfig as contract
 from railyard.protocol.mesh import derive_data_parallel
 from railyard.protocol.trainerconfig import Dataset as Dataset
 from railyard.protocol.trainerconfig import FaultSpec as FaultSpec
-from railyard.protocol.trainerconfig import FaultTolerance as FaultTolerance
 from railyard.protocol.trainerconfig import Health as Health
 from railyard.protocol.trainerconfig import LocalTier as LocalTier
 from railyard.protocol.trainerconfig import Parallelism as Parallelism
@@ -227,6 +226,17 @@ class SharedTier(contract.SharedTier):
 class Checkpoint(contract.Checkpoint):
     memory: MemoryTier
     shared: SharedTier
+
+
+@_narrowed
+class LighthousePlacement(contract.LighthousePlacement):
+    node_selector: dict[LabelKeyOfMap, LabelValue] | None
+    tolerations: tuple[Toleration, ...] | None  # type: ignore[assignment]
+
+
+@_narrowed
+class FaultTolerance(contract.FaultTolerance):
+    lighthouse: LighthousePlacement
 
 
 # --------------------------------------------------------------------------- topology and gang

@@ -4,9 +4,11 @@ One Lighthouse per job, for as long as the gang holds its nodes (the phases of
 :data:`railyard.logic.spares.HOLDING`: between attempts too, so the groups of the next attempt
 find it). A Lighthouse whose pod ended (Failed or Succeeded: its process exited for good) or
 whose node is gone or not Ready is a loss the operator repairs: it deletes that pod and creates
-it again under the same name, so the groups' ``TORCHFT_LIGHTHOUSE`` stays valid. What the groups
-do meanwhile is torchft's limit (docs/fault-tolerance.md): no quorum forms, so every group stops
-at its next step and the trainer's watchdog ends them; the operator's ordinary restart follows.
+it again under the same name, so the groups' ``TORCHFT_LIGHTHOUSE`` stays valid. Meanwhile no
+quorum forms: every group stands at its next step, its Manager retrying the quorum
+(``lighthouse_quorum_retries`` in protocol/trainerconfig.py) until the new Lighthouse answers;
+then the groups go on from that step, none restarted (docs/fault-tolerance.md). A Lighthouse that
+does not come back within the trainer's watchdog ends in the ordinary restart.
 handlers/lighthouse.py acts on the decision.
 """
 

@@ -223,6 +223,37 @@ def cross_group_timeout_seconds(*, collective_timeout_seconds: float, watchdog_s
 
 
 
+#: How often a replica group's torchft Manager asks a Lighthouse that does not answer again
+#: (:func:`lighthouse_quorum_retries`): the longest a group stands once the Lighthouse is back.
+LIGHTHOUSE_QUORUM_RETRY_INTERVAL_S = 1.0
+
+
+def lighthouse_quorum_retries(quorum_timeout_seconds: float) -> int:
+    """torchft's ``quorum_retries`` (``TORCHFT_QUORUM_RETRIES``, default 0) for a Manager whose
+    quorum timeout is ``quorum_timeout_seconds`` (the group's collective timeout).
+
+    With none, a quorum call that finds the Lighthouse gone (its node failed) fails the group at
+    once, so every group stops and the whole gang restarts, for the loss of a pod that needs no
+    GPU. torchft 0.2.0 retries a failed call after ``quorum_timeout / (retries + 1)`` (at least
+    100 ms) and reconnects first (backing off up to its connect timeout, the same length): the
+    retries together span the quorum timeout, which the Python side waits for the call anyway.
+    So the retries cover the operator recreating the Lighthouse under the same address (its node
+    seen NotReady, the pod created and started: seconds) as long as that takes less than the
+    quorum timeout, and a group resumes at most :data:`LIGHTHOUSE_QUORUM_RETRY_INTERVAL_S` after
+    the new Lighthouse answers. Longer than the quorum timeout is the trainer's watchdog's
+    case, as before (docs/fault-tolerance.md, "The Lighthouse")."""
+    slices = math.ceil(quorum_timeout_seconds / LIGHTHOUSE_QUORUM_RETRY_INTERVAL_S)
+    return max(slices - 1, 1)
+
+
+@section
+class LighthousePlacement:
+    """Where the job's Lighthouse pod runs (the operator's concern; the trainer ignores it)."""
+
+    node_selector: dict[str, str] | None = setting(default=None, description="Node labels the Lighthouse's node must carry, instead of the job's nodeSelector (unset: the job's). It needs no GPU: point it at a CPU pool to keep it off the GPU nodes. Whatever the selector, the operator prefers nodes without GPUs and nodes none of the job's training pods use (a preference: it still schedules on a cluster of GPU nodes only).")
+    tolerations: tuple[dict[str, Any], ...] | None = setting(default=None, description="Tolerations of the Lighthouse's pod, instead of the job's (unset: the job's, so it may run where the job may).", max_length=32)
+
+
 @section
 class FaultTolerance:
     """ReplicaGroups: each HSDP replica group is its own world and the cross-replica gradient
@@ -230,6 +261,7 @@ class FaultTolerance:
 
     mode: Literal["None", "ReplicaGroups"] = setting(default="None", description="None: a lost rank stops the whole gang, which restarts (in place or from a checkpoint tier). ReplicaGroups (needs parallelism.dataReplicas > 1): each HSDP replica group is its own torch.distributed world and the cross-replica gradient all-reduce is fault tolerant (torchft): a lost group stops only itself, the others keep training, and the group that replaces it heals from a live peer. See docs/fault-tolerance.md.")
     min_replicas: int = setting(default=1, description="ReplicaGroups: the fewest replica groups that may commit a step (1 to parallelism.dataReplicas). With fewer live groups the survivors wait (no step commits) until enough groups rejoin; losing more than dataReplicas - minReplicas groups at once is the checkpoint tiers' case.", ge=1, le=4096)
+    lighthouse: LighthousePlacement = setting(default=LighthousePlacement(), description="ReplicaGroups: where the job's Lighthouse (torchft's quorum server, one small CPU pod) runs. Its loss restarts no group: the groups retry the quorum while the operator recreates it under the same address (docs/fault-tolerance.md).")
 
 
 def world_parallelism(p: Parallelism, ft: FaultTolerance) -> Parallelism:
@@ -593,6 +625,7 @@ __all__ = [
     "FaultSpec",
     "FaultTolerance",
     "Health",
+    "LighthousePlacement",
     "LocalTier",
     "LocalTierConfig",
     "MemoryTier",

@@ -8,9 +8,10 @@ from __future__ import annotations
 import base64
 import json
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
-from railyard.api.trainingjob import TrainingJobSpec
+from railyard.api.trainingjob import LighthousePlacement, TrainingJobSpec
 from railyard.logic.layout import build_replica_group_table
 from railyard.logic.manifests.names import (
     ATTEMPT_LABEL,
@@ -79,7 +80,9 @@ def build_trainer_config(
         "parallelism": {**to_wire(spec.parallelism, keep_none=True), "data": spec.data_parallel or None},
         "checkpoint": to_wire(spec.checkpoint),
         "health": to_wire(spec.health),
-        "faultTolerance": to_wire(spec.fault_tolerance),
+        # where the Lighthouse runs is the operator's alone (its pod, logic/manifests/lighthouse.py)
+        "faultTolerance": {k: v for k, v in to_wire(replace(spec.fault_tolerance, lighthouse=LighthousePlacement())).items()
+                           if k != "lighthouse"},
     }
 
 

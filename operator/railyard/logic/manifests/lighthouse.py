@@ -43,8 +43,9 @@ def build_lighthouse_pod(
     (:func:`railyard.protocol.trainerconfig.lighthouse_join_timeout_ms`) and a heartbeat timeout
     of ten missed beats (:func:`~railyard.protocol.trainerconfig.lighthouse_heartbeat_timeout_ms`),
     reachable at :func:`lighthouse_address` (hostname and subdomain under the job's headless
-    Service, which selects the job label). Not gated and not pinned: it needs no GPU, only to
-    run while the groups train; ``restartPolicy: Always`` restarts a crashed Lighthouse in place,
+    Service, which selects the job label). Not gated and not pinned: it needs no GPU (small CPU
+    and memory requests), only to run while the groups train, placed away from the job's
+    training nodes (:func:`build_lighthouse_placement`); ``restartPolicy: Always`` restarts a crashed Lighthouse in place,
     and the operator recreates a lost one (handlers/lighthouse.py). Owned by the job, so it goes
     with it."""
     pod_sc, container_sc = security_contexts(spec)
@@ -70,16 +71,55 @@ def build_lighthouse_pod(
             "securityContext": container_sc,
         }],
     }
-    if spec.node_selector:
-        pod_spec["nodeSelector"] = dict(spec.node_selector)
-    if spec.tolerations:
-        pod_spec["tolerations"] = [t.model_dump(by_alias=True, exclude_none=True) for t in spec.tolerations]
+    pod_spec.update(build_lighthouse_placement(spec, job=job))
     if spec.gang.priority_class_name:
         pod_spec["priorityClassName"] = spec.gang.priority_class_name
     meta = object_meta(lighthouse_name(job), namespace, {**job_labels(job), LIGHTHOUSE_LABEL: "true"}, owner)
     if annotations:
         meta["annotations"] = dict(annotations)
     return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": pod_spec}
+
+
+#: A node label that says the node has GPUs (NVIDIA's GPU feature discovery; the local cluster's
+#: GPU nodes carry it too): the Lighthouse prefers nodes without it.
+GPU_NODE_LABEL = "nvidia.com/gpu.present"
+#: The weights of the Lighthouse's preferences: away from the nodes the job trains on first (a
+#: node failure there would take a group and the Lighthouse at once), then away from GPU nodes.
+AWAY_FROM_TRAINING_WEIGHT = 100
+AWAY_FROM_GPUS_WEIGHT = 50
+
+
+def build_lighthouse_placement(spec: TrainingJobSpec, *, job: str) -> dict[str, Any]:
+    """The Lighthouse pod's nodeSelector, tolerations and affinity.
+
+    ``faultTolerance.lighthouse.nodeSelector`` / ``tolerations`` replace the job's when given
+    (unset: the job's, so it may run where the job may). Whatever they select, the Lighthouse
+    *prefers* a node that runs none of the job's training pods and a node without GPUs: it needs
+    no GPU, and on a training node it would share that node's failures with a group, which would
+    then lose its pod and the quorum server together. Only preferences: a cluster of GPU nodes
+    only (and the local cluster) must still schedule it, where a required rule would leave it
+    Pending and the groups without a quorum."""
+    placement = spec.fault_tolerance.lighthouse
+    selector = spec.node_selector if placement.node_selector is None else placement.node_selector
+    tolerations = spec.tolerations if placement.tolerations is None else placement.tolerations
+    out: dict[str, Any] = {}
+    if selector:
+        out["nodeSelector"] = dict(selector)
+    if tolerations:
+        out["tolerations"] = [t.model_dump(by_alias=True, exclude_none=True) for t in tolerations]
+    training_pods = {"matchExpressions": [{"key": JOB_LABEL, "operator": "In", "values": [job]},
+                                          {"key": LIGHTHOUSE_LABEL, "operator": "DoesNotExist"}]}
+    out["affinity"] = {
+        "podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{
+            "weight": AWAY_FROM_TRAINING_WEIGHT,
+            "podAffinityTerm": {"labelSelector": training_pods, "topologyKey": "kubernetes.io/hostname"},
+        }]},
+        "nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{
+            "weight": AWAY_FROM_GPUS_WEIGHT,
+            "preference": {"matchExpressions": [{"key": GPU_NODE_LABEL, "operator": "DoesNotExist"}]},
+        }]},
+    }
+    return out
 
 
 def network_policy_name(job: str) -> str:
