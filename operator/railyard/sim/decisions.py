@@ -237,7 +237,8 @@ class Cluster:
             job, nodes=list(self._healthy.values()), pods=self.pods, cache=self._topology_cache))
         if isinstance(placed, Unplaceable):
             raise ValueError(f"placement: the gang does not fit the simulated cluster: {placed.message}")
-        self.placement: Placement = placed
+        #: the first placement (fresh, on every node); later ones are in nodes, spares
+        self.initial: Placement = placed
         self._gang: list[str] = list(placed.nodes)
         self._spares: tuple[str, ...] = placed.spares
         self._peers: tuple[int, ...] = placed.replica_peers
@@ -263,6 +264,10 @@ class Cluster:
     @property
     def nodes(self) -> tuple[str, ...]:
         return tuple(self._gang)
+
+    @property
+    def spares(self) -> tuple[str, ...]:
+        return self._spares
 
     def node_of(self, pod: int) -> str:
         return self._gang[pod]
@@ -314,7 +319,6 @@ class Cluster:
             ))
             if isinstance(placed, Unplaceable):
                 return False
-            self.placement = placed
             lost = [p for p, (a, b) in enumerate(zip(self._gang, placed.nodes, strict=True)) if a != b]
             new_nodes = [placed.nodes[p] for p in lost]
             spares, self._peers, moved = placed.spares, placed.replica_peers, len(placed.moved)
@@ -422,8 +426,16 @@ def choose_restore(
     """
     shards = (ShardInfo(_REST, 1, "r", owner=0), ShardInfo(_FAILED, 1, "f", owner=1))
     both = frozenset({_REST, _FAILED})
-    found: list[FoundCheckpoint] = []
+    # decide_restore takes the newest acceptable checkpoint, the fastest tier on a tie. Here
+    # whether one is acceptable depends on its tier (which copies survive) and on its step
+    # (SDC-clean up to clean_up_to) only, so each tier's newest clean one is all it needs to
+    # see: the same answer without a manifest per save (which cost O(saves) per failure).
+    newest: dict[str, Saved] = {}
     for s in saved:
+        if s.step <= clean_up_to and (s.tier not in newest or s.step > newest[s.tier].step):
+            newest[s.tier] = s
+    found: list[FoundCheckpoint] = []
+    for s in newest.values():
         m = Manifest(
             job="sim",
             step=s.step,
