@@ -11,6 +11,7 @@ state into their inputs.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import math
 from collections.abc import Mapping, Sequence
@@ -35,7 +36,7 @@ from railyard.logic.restarts import (
     decide_streak_reset,
     record_restart,
 )
-from railyard.logic.topology import HOST_KEYS, TopologyCache, build_synthetic_nodes
+from railyard.logic.topology import HOST_KEYS, TopologyCache, build_synthetic_nodes, natural_key
 from railyard.protocol.exitcodes import FailureClass
 from railyard.protocol.manifest import Manifest, ShardInfo
 from railyard.protocol.restore import FoundCheckpoint, Layout, decide_restore, pod_location
@@ -258,8 +259,11 @@ class Cluster:
             self._gang_in: dict[tuple[Any, ...], set[str]] = {}
             for n in self._gang:
                 self._gang_in.setdefault(self._path[n], set()).add(n)
-            #: every node the gang does not use (spares and free nodes, quarantined or not)
-            self._off_gang: set[str] = set(self._healthy) - set(self._gang)
+            #: deepest domain path -> the nodes the gang does not use there (spares, free nodes,
+            #: quarantined or not), in tree order (build_topology's order inside a domain)
+            self._off_in: dict[tuple[Any, ...], list[tuple[tuple[str | int, ...], str]]] = {}
+            for n in sorted(set(self._healthy) - set(self._gang), key=natural_key):
+                self._off_in.setdefault(self._path[n], []).append((natural_key(n), n))
 
     @property
     def nodes(self) -> tuple[str, ...]:
@@ -337,8 +341,8 @@ class Cluster:
             self._pod_of[new] = pod
             self._gang_in[self._path[old]].discard(old)
             self._gang_in.setdefault(self._path[new], set()).add(new)
-            self._off_gang.add(old)
-            self._off_gang.discard(new)
+            bisect.insort(self._off_in.setdefault(self._path[old], []), (natural_key(old), old))
+            self._off_in[self._path[new]].remove((natural_key(new), new))
 
     def _representatives(self, lost: set[int]) -> dict[tuple[Any, ...], str]:
         """One kept gang node per deepest domain the kept gang spans (empty when nothing is kept)."""
@@ -367,7 +371,24 @@ class Cluster:
         full decision at 98,304 GPUs is O(cluster) per failure, O(cluster^2) per run).
         tests/sim checks that both decisions agree failure by failure."""
         gang = [*reps.values(), *(self._gang[p] for p in lost)]
-        names = [*gang, *(n for n in self._off_gang if n not in self.quarantined)]
+        # Of the free nodes, each deepest domain's first k in tree order: the rules pick free
+        # nodes (a lost pod's nearest, the spares' top-up) by domain, then free GPUs (all the
+        # same here), then tree order, k at most, so no later one of a domain is ever picked
+        # while an earlier one is left; the pool is short of the lost pods exactly when the
+        # whole one is. The spares are all there (a lost pod takes the nearest of them).
+        spares = set(self._spares)
+        usable = sum(1 for n in spares if n not in self.quarantined)
+        k = len(lost) + self.job.spec.gang.hot_spares - max(0, usable - len(lost))
+        free: list[str] = []
+        for members in self._off_in.values():
+            took = 0
+            for _, n in members:
+                if took >= k:
+                    break
+                if n not in spares and n not in self.quarantined:
+                    free.append(n)
+                    took += 1
+        names = [*gang, *(n for n in self._spares if n not in self.quarantined), *free]
         spec = self.job.spec
         sub = TrainingJob.model_validate({  # build_sim_job's job, the gang cut to ``gang``
             "metadata": {"name": self.job.metadata.name, "namespace": self.job.metadata.namespace},
