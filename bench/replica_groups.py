@@ -4,8 +4,8 @@ The REAL trainer (``railyard-train``, tiny preset on the CPU) under the operator
 operator run`` in its own process, started as bench/inplace.py starts it) on the local cluster:
 R groups of one pod x 2 ranks (``parallelism.dataReplicas: R``, 2R ranks) and a hot spare, for
 R = 2, 3 and 4 in one run (``--groups``). For each R the same job runs four times, one after the
-other, on one cluster: with no failure (the reference), then three times with the node of pod 2
-failed (``local.railyard.dev/fail``) once the job has reached ``--fail-at`` steps:
+other, on one cluster: with no failure (the reference), then three times with the node of the
+last pod (R - 1) failed (``local.railyard.dev/fail``) once the job has reached ``--fail-at`` steps:
 
 - ``replica_groups``: ``faultTolerance.mode: ReplicaGroups`` (only the lost group restarts);
 - ``in_place``: ``restartPolicy.inPlace: true`` (the default; kept pods restart their workers);
@@ -71,7 +71,10 @@ GROUPS = (2, 3, 4)
 #: The R whose costs the simulator takes (rows "sim: ..."; railyard.sim.model GROUP_*).
 SIM_GROUPS = 3
 RANKS_PER_POD = 2
-VICTIM = 2  # pod index whose node fails: never pod 0, whose rank 0 logs the job's steps
+def victim(groups: int) -> int:
+    """The pod index whose node fails: the last group's (2 at R = 3, as before R varied); never
+    pod 0, whose rank 0 logs the job's steps."""
+    return groups - 1
 MODES = ("replica_groups", "in_place", "full")
 #: Upper bounds that only catch a hang.
 START_S, RUN_S = 300.0, 420.0
@@ -137,7 +140,7 @@ async def _wait(kube: Kube, name: str, what: str, pred: Any, timeout: float) -> 
 
 
 async def run_job(kubeconfig: Path, name: str, spec: dict[str, Any], fail_at: int | None) -> dict[str, Any]:
-    """Create the job; fail the node of pod ``VICTIM`` once it has ``fail_at`` steps; wait
+    """Create the job; fail the node of pod :func:`victim` once it has ``fail_at`` steps; wait
     until it ends. Returns what the API showed before the failure and at the end."""
     kube = Kube.from_config(str(kubeconfig))
     victim_node = ""
@@ -148,7 +151,7 @@ async def run_job(kubeconfig: Path, name: str, spec: dict[str, Any], fail_at: in
         if fail_at is not None:
             s = await _wait(kube, name, f"step {fail_at}", lambda s: s.get("phase") == "Running" and s.get("step", 0) >= fail_at, START_S)
             raw["before"] = await _gang(kube, name)
-            victim_node = s["placement"]["nodes"][VICTIM]
+            victim_node = s["placement"]["nodes"][victim(spec["parallelism"]["dataReplicas"])]
             raw["victim_node"] = victim_node
             raw["failed_at"] = time.time()  # the one time this script takes: when it injected the fault
             await kube.patch(f"/api/v1/nodes/{victim_node}", {"metadata": {"annotations": {FAIL_ANNOTATION: "true"}}})
@@ -196,6 +199,7 @@ def measure(raw: dict[str, Any], events: dict[tuple[int, int], list[dict[str, An
             groups: int) -> dict[str, Any]:
     """The metrics of one failed run, from its events and the pods before and after."""
     ranks = groups * RANKS_PER_POD
+    lost_pod = victim(groups)
     steps = _of(events, 0, "step")  # pod 0's rank 0: the job's step (group 0's under ReplicaGroups)
     if not steps:
         raise RuntimeError(f"{raw['job']}: pod 0 logged no step")
@@ -235,15 +239,15 @@ def measure(raw: dict[str, Any], events: dict[tuple[int, int], list[dict[str, An
         old = set(then[-1]["pids"].values())
         new = set(started[-1]["pids"].values())
         pids_replaced += len(old - new)
-        if i != VICTIM and old != new:
+        if i != lost_pod and old != new:
             survivors_pids_same = False
-    survivors_pods_same = all(p["uid"] in uids_after for p in before.values() if p["index"] != VICTIM)
-    healed = [e for e in _of(events, VICTIM, "replica_healed") if float(e["time"]) > t0]
-    reads = [e for e in _of(events, VICTIM, "restored") if float(e["time"]) > t0]
+    survivors_pods_same = all(p["uid"] in uids_after for p in before.values() if p["index"] != lost_pod)
+    healed = [e for e in _of(events, lost_pod, "replica_healed") if float(e["time"]) > t0]
+    reads = [e for e in _of(events, lost_pod, "restored") if float(e["time"]) > t0]
     # the healing group: its launcher's quorum join -> healed from a live peer (torchft), and the
     # job's step rate meanwhile (the survivors' steps from their first after the pause until the
     # heal) over the rate before the failure
-    joins = [e for e in _of(events, VICTIM, "replica_joining") if float(e["time"]) > t0]
+    joins = [e for e in _of(events, lost_pod, "replica_joining") if float(e["time"]) > t0]
     heal_s = float(healed[0]["time"]) - float(joins[0]["time"]) if healed and joins else None
     degraded_rate = None
     excess = 0.0
@@ -259,7 +263,7 @@ def measure(raw: dict[str, Any], events: dict[tuple[int, int], list[dict[str, An
                 # they gained there would count in this mode's favour
                 excess = span / step_s * max(0.0, degraded_rate - (groups - 1) / groups)
     at_ideal_rate = lost_at_ideal_rate(ranks, t1 - t0, s1 - s0, step_s, excess)
-    survivors_restored = [e for i in range(groups) if i != VICTIM for e in _of(events, i, "restored") if float(e["time"]) > t0]
+    survivors_restored = [e for i in range(groups) if i != lost_pod for e in _of(events, i, "restored") if float(e["time"]) > t0]
     loss = float(last["loss"])
     return {
         "phase": raw["status"]["phase"],

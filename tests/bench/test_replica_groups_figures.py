@@ -89,3 +89,9 @@ def test_groups_flag_refuses_what_the_cluster_cannot_run(bench: ModuleType, text
 
 def test_the_default_is_r_2_3_and_4(bench: ModuleType) -> None:
     assert bench.GROUPS == (2, 3, 4)
+
+
+@pytest.mark.parametrize(("groups", "pod"), [(2, 1), (3, 2), (4, 3)])
+def test_the_lost_node_is_the_last_groups_never_pod_0s(bench: ModuleType, groups: int, pod: int) -> None:
+    """Pod 0's rank 0 logs the job's steps; R = 2 has no pod 2."""
+    assert bench.victim(groups) == pod
