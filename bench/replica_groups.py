@@ -263,7 +263,8 @@ def measure(raw: dict[str, Any], events: dict[tuple[int, int], list[dict[str, An
                 # they gained there would count in this mode's favour
                 excess = span / step_s * max(0.0, degraded_rate - (groups - 1) / groups)
     at_ideal_rate = lost_at_ideal_rate(ranks, t1 - t0, s1 - s0, step_s, excess)
-    survivors_restored = [e for i in range(groups) if i != lost_pod for e in _of(events, i, "restored") if float(e["time"]) > t0]
+    survivors_restored = [e for i in range(groups) if i != lost_pod
+                          for e in _of(events, i, "restored") if float(e["time"]) > t0]
     loss = float(last["loss"])
     return {
         "phase": raw["status"]["phase"],
@@ -303,15 +304,18 @@ def rows(m: dict[str, dict[str, Any]], ref: dict[str, Any], groups: int, *, sim:
     out: list[dict[str, Any]] = []
     tag = f"R={groups} "
 
-    def row(metric: str, value: Any, unit: str, target: Any = None, meets: bool | None = None, *, bare: bool = False) -> None:
-        out.append({"metric": metric if bare else tag + metric, "value": value, "unit": unit, "target": target, "meets": meets})
+    def row(metric: str, value: Any, unit: str, target: Any = None, meets: bool | None = None, *,
+            bare: bool = False) -> None:
+        out.append({"metric": metric if bare else tag + metric, "value": value, "unit": unit, "target": target,
+                    "meets": meets})
 
     rg, ip = m["replica_groups"], m["in_place"]
     ranks = groups * RANKS_PER_POD
     one_step = ranks * rg["step_s"]
     for mode, r in m.items():
         row(f"{mode}: rank-seconds lost at the ideal rate", round(r["rank_seconds_lost"], 2), "rank-s")
-        row(f"{mode}: rank-seconds lost, raw (no rate correction; can be < 0)", round(r["rank_seconds_lost_raw"], 2), "rank-s")
+        row(f"{mode}: rank-seconds lost, raw (no rate correction; can be < 0)", round(r["rank_seconds_lost_raw"], 2),
+            "rank-s")
         row(f"{mode}: survivors' longest pause", round(r["survivors_longest_pause_s"], 2), "s")
         row(f"{mode}: pods replaced", r["pods_replaced"], "pods")
         row(f"{mode}: worker processes replaced", r["worker_processes_replaced"], "processes")
@@ -333,13 +337,14 @@ def rows(m: dict[str, dict[str, Any]], ref: dict[str, Any], groups: int, *, sim:
     row("step time before the failure (median, replica_groups run)", round(rg["step_s"], 4), "s")
     row("replica_groups: healing group, quorum join -> healed from a peer", _round(rg["heal_s"], 3), "s")
     row("replica_groups: last step before the failure -> group healed", _round(rg["failure_to_healed_s"], 3), "s")
-    row(f"replica_groups: step rate with R-1 groups / rate with R (ideal {(groups - 1) / groups:.3f})", _round(rg["degraded_step_rate"], 3), "x")
+    row(f"replica_groups: step rate with R-1 groups / rate with R (ideal {(groups - 1) / groups:.3f})",
+        _round(rg["degraded_step_rate"], 3), "x")
     if sim:
         # the simulator's inputs (railyard.sim.model GROUP_*; docs/simulate.md), under the names
         # tests/sim reads
         row("replica_groups: healing group, quorum join -> healed from a peer", _round(rg["heal_s"], 3), "s", bare=True)
-        row("sim: survivors' stall beyond the step redone", round(max(rg["survivors_longest_pause_s"] - rg["step_s"], 0.0), 2), "s",
-            bare=True)
+        stall = max(rg["survivors_longest_pause_s"] - rg["step_s"], 0.0)
+        row("sim: survivors' stall beyond the step redone", round(stall, 2), "s", bare=True)
     return out
 
 
@@ -349,7 +354,8 @@ def parse_groups(text: str) -> tuple[int, ...]:
     try:
         got = tuple(int(x) for x in text.split(",") if x.strip())
     except ValueError:
-        raise argparse.ArgumentTypeError(f"--groups: {text!r} is not a comma-separated list of integers, e.g. 2,3,4") from None
+        raise argparse.ArgumentTypeError(
+            f"--groups: {text!r} is not a comma-separated list of integers, e.g. 2,3,4") from None
     if not got or any(not 2 <= g <= 4 for g in got) or len(set(got)) != len(got):
         raise argparse.ArgumentTypeError(f"--groups: each of {text!r} must be 2, 3 or 4, once; e.g. 2,3,4")
     return got
@@ -362,7 +368,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--smoke", action="store_true", help="the test suite's size: failure at step 8 of 80 (a margin on a loaded machine: the survivors must not finish before the lost group heals, docs/fault-tolerance.md, Still missing)")
     ap.add_argument("--modes", default=",".join(MODES), help=f"comma-separated subset of {','.join(MODES)} (the acceptance rows need all)")
     ap.add_argument("--groups", type=parse_groups, default=GROUPS,
-                    help=f"comma-separated numbers of replica groups R to measure, each 2..4 (default {','.join(map(str, GROUPS))})")
+                    help="comma-separated numbers of replica groups R to measure, each 2..4 "
+                         f"(default {','.join(map(str, GROUPS))})")
     ap.add_argument("--no-reference", action="store_true", help="skip the no-failure run (no final-loss comparison; the test suite's smoke run)")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "replica_groups.json")
     args = ap.parse_args(argv)
@@ -388,16 +395,17 @@ def main(argv: list[str] | None = None) -> int:
                 ref: dict[str, Any] = {"final_loss": None, "phase": None}
                 if not args.no_reference:
                     name = f"rgb-r{groups}-ref"
-                    ref_raw = asyncio.run(run_job(kubeconfig, name, job_spec("in_place", steps=args.steps, selector=selector,
-                                                                              groups=groups), None))
-                    ref = {"final_loss": final_loss(pod_events(cluster.log_dir, name)), "phase": ref_raw["status"]["phase"]}
+                    spec = job_spec("in_place", steps=args.steps, selector=selector, groups=groups)
+                    ref_raw = asyncio.run(run_job(kubeconfig, name, spec, None))
+                    ref = {"final_loss": final_loss(pod_events(cluster.log_dir, name)),
+                           "phase": ref_raw["status"]["phase"]}
                     print(f"R={groups} reference: {ref}", flush=True)
                 refs[groups] = ref
                 measured[groups] = {}
                 for mode in modes:
                     name = f"rgb-r{groups}-{mode.replace('_', '')}"
-                    raw = asyncio.run(run_job(kubeconfig, name, job_spec(mode, steps=args.steps, selector=selector, groups=groups),
-                                              args.fail_at))
+                    spec = job_spec(mode, steps=args.steps, selector=selector, groups=groups)
+                    raw = asyncio.run(run_job(kubeconfig, name, spec, args.fail_at))
                     measured[groups][mode] = measure(raw, pod_events(cluster.log_dir, name), ref["final_loss"], groups)
                     print(f"R={groups} {mode}: {json.dumps(measured[groups][mode])}", flush=True)
         except BaseException:
@@ -415,11 +423,13 @@ def main(argv: list[str] | None = None) -> int:
             results += rows(m, refs[groups], groups, sim=groups == sim_groups)
         else:
             results += [{"metric": f"R={groups} {mode}: {k}", "value": v, "unit": "", "target": None, "meets": None}
-                        for mode, r in m.items() for k, v in r.items() if isinstance(v, (int, float)) and not isinstance(v, bool)]
+                        for mode, r in m.items() for k, v in r.items()
+                        if isinstance(v, (int, float)) and not isinstance(v, bool)]
     print(f"\n{'metric':<80}{'value':>12}  {'unit':<10}{'target':>10}  meets")
     for r in results:
         t = "" if r["target"] is None else str(r["target"])
-        print(f"{r['metric']:<80}{r['value']!s:>12}  {r['unit']:<10}{t:>10}  {'' if r['meets'] is None else ('yes' if r['meets'] else 'NO')}")
+        meets = "" if r["meets"] is None else ("yes" if r["meets"] else "NO")
+        print(f"{r['metric']:<80}{r['value']!s:>12}  {r['unit']:<10}{t:>10}  {meets}")
     doc = {
         "bench": "replica_groups",
         "conditions": {

@@ -39,7 +39,8 @@ SMOKE: dict[str, tuple[list[str], str]] = {
     "nvl72_placement.py": (["--small"], "nvl72_placement"),
     # the real trainer under the operator: one node lost under replica groups (the in-place and
     # full modes, and the no-failure reference, only in the full run), at R = 2 and 3; 2-6 minutes
-    "replica_groups.py": (["--smoke", "--modes", "replica_groups", "--no-reference", "--groups", "2,3"], "replica_groups"),
+    "replica_groups.py": (
+        ["--smoke", "--modes", "replica_groups", "--no-reference", "--groups", "2,3"], "replica_groups"),
     "restore_choice.py": (["--pods", "64", "--repeats", "1"], "restore_choice"),
     "sdc.py": (["--smoke", "--layouts", "fsdp"], "sdc"),
     "trainer.py": (["--layouts", "single", "--steps", "4", "--batch-size", "4", "--seq-len", "16"], "trainer"),

@@ -70,7 +70,8 @@ def test_each_r_reports_the_headline_the_raw_figure_and_a_ratio_of_non_negative_
     tag = f"R={groups} "
     assert rows[tag + "replica_groups: rank-seconds lost at the ideal rate"]["value"] == rg_lost
     assert rows[tag + "replica_groups: rank-seconds lost, raw (no rate correction; can be < 0)"]["value"] == -2.69
-    assert rows[tag + "replica_groups: rank-seconds lost at the ideal rate, in_place / replica_groups"]["value"] == round(ratio, 2)
+    ratio_row = rows[tag + "replica_groups: rank-seconds lost at the ideal rate, in_place / replica_groups"]
+    assert ratio_row["value"] == round(ratio, 2)
     bound = rows[tag + "replica_groups: rank-seconds lost <= in_place / R + one step"]
     assert bound["target"] == round(ip_lost / groups + 2 * groups * 0.5, 2)
     assert ("sim: survivors' stall beyond the step redone" in rows) == sim

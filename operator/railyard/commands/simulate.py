@@ -146,7 +146,8 @@ def _group_counts(text: str) -> list[int]:
     try:
         return [int(x) for x in text.split(",")]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of groups or a comma-separated list, e.g. 8 or 2,4,8,16") from None
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a number of groups or a comma-separated list, e.g. 8 or 2,4,8,16") from None
 
 
 def build_scenario(args: argparse.Namespace) -> Scenario:
@@ -181,8 +182,8 @@ def run(args: argparse.Namespace) -> int:
     sweep, args.replica_groups = (args.replica_groups if len(args.replica_groups) > 1 else []), args.replica_groups[0]
     for r in sweep or [args.replica_groups]:
         if r < 0 or (r == 1 and not sweep) or (r == 0 and sweep) or (r and not problems and scn.dp % r):
-            problems.append(f"--replica-groups: must be 0 (off) or a divisor > 1 of the data-parallel degree ({scn.dp if not problems else '?'}) "
-                            f"(in a list, 1: no groups), got {r}")
+            problems.append(f"--replica-groups: must be 0 (off) or a divisor > 1 of the data-parallel degree "
+                            f"({scn.dp if not problems else '?'}) (in a list, 1: no groups), got {r}")
     if args.baseline_interval < 1:
         problems.append(f"--baseline-interval: must be >= 1 step, got {args.baseline_interval}")
     if problems:

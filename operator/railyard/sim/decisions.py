@@ -285,7 +285,9 @@ class Cluster:
         if name in self.quarantined:
             marked = self._marked.get(name)
             if marked is None:
-                marked = self._marked[name] = apply_merge_patch(node, build_quarantine_patch(node, reason="simulated failure", job=f"sim/{self.job.metadata.name}", time=""))
+                patch = build_quarantine_patch(
+                    node, reason="simulated failure", job=f"sim/{self.job.metadata.name}", time="")
+                marked = self._marked[name] = apply_merge_patch(node, patch)
             return marked
         return node
 
@@ -354,7 +356,9 @@ class Cluster:
                     break
         return out
 
-    def _replace_reduced(self, lost: list[int], reps: Mapping[tuple[Any, ...], str]) -> tuple[list[str], tuple[str, ...]] | None:
+    def _replace_reduced(
+        self, lost: list[int], reps: Mapping[tuple[Any, ...], str]
+    ) -> tuple[list[str], tuple[str, ...]] | None:
         """The operator's sticky re-placement of the ``lost`` pods, decided on a reduced cluster
         that provably gives the same answer (the new nodes of ``lost``, the new spares), or None
         when unplaceable.

@@ -92,11 +92,13 @@ def format_sweep(c: Comparison) -> str:
     """Goodput against the number of replica groups (``--replica-groups 2,4,8,16``): a lost node
     restarts 1/R of the job, and the others train on at (R-1)/R of the rate meanwhile."""
     s = c.scenario
-    head = f"{'replica groups':>14}{'GPUs per group':>16}{'goodput':>10}{'lost GPU-hours':>16}{'healed from a peer':>20}"
+    head = (f"{'replica groups':>14}{'GPUs per group':>16}{'goodput':>10}{'lost GPU-hours':>16}"
+            f"{'healed from a peer':>20}")
     lines = [f"goodput against the number of replica groups (dp {s.dp}, same trace)", head, "-" * len(head)]
     for r, res in c.sweep:
         lost = sum(res.lost_gpu_hours().values())
-        lines.append(f"{r:>14}{s.gpus // r:>16,}{res.goodput:>10.2%}{lost:>16,.0f}{res.restore_tiers.get('live peer', 0):>20}")
+        healed = res.restore_tiers.get("live peer", 0)
+        lines.append(f"{r:>14}{s.gpus // r:>16,}{res.goodput:>10.2%}{lost:>16,.0f}{healed:>20}")
     lines.append("  (cross-group traffic is not modelled: the step time is the same at every R)")
     return "\n".join(lines)
 
