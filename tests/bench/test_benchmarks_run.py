@@ -38,8 +38,9 @@ SMOKE: dict[str, tuple[list[str], str]] = {
     "placement.py": (["--small"], "placement"),
     "nvl72_placement.py": (["--small"], "nvl72_placement"),
     # the real trainer under the operator: one node lost under replica groups (the in-place and
-    # full modes, and the no-failure reference, only in the full run); 1-3 minutes
-    "replica_groups.py": (["--smoke", "--modes", "replica_groups", "--no-reference"], "replica_groups"),
+    # full modes, and the no-failure reference, only in the full run), at R = 2 and 3; 2-6 minutes
+    "replica_groups.py": (
+        ["--smoke", "--modes", "replica_groups", "--no-reference", "--groups", "2,3"], "replica_groups"),
     "restore_choice.py": (["--pods", "64", "--repeats", "1"], "restore_choice"),
     "sdc.py": (["--smoke", "--layouts", "fsdp"], "sdc"),
     "trainer.py": (["--layouts", "single", "--steps", "4", "--batch-size", "4", "--seq-len", "16"], "trainer"),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from railyard.api.trainingjob import Checkpoint, Health, MemoryTier
@@ -102,7 +104,7 @@ def test_quarantine_moves_only_the_failed_pod_to_a_spare_and_repairs_bring_nodes
     s = tiny()
     c = Cluster(s, hot_spares=2)
     before = c.nodes
-    spares = c.placement.spares
+    spares = c.spares
     assert len(spares) == 2
     bad = before[3]
     assert c.quarantine_and_replace([bad], now=0.0, repair_s=100.0)
@@ -135,7 +137,7 @@ def test_the_sims_replacement_is_the_operators_decision(failed: tuple[int, ...])
 
     s = tiny(gpus=512, pp=4)  # 64 nodes, dp 16
     c = Cluster(s, hot_spares=4)
-    first = c.placement
+    first = c.initial
     victims = [c.nodes[p] for p in failed]
     assert c.quarantine_and_replace(victims, now=0.0, repair_s=3600.0)
     direct = plan_placement(build_placement_input(
@@ -143,16 +145,47 @@ def test_the_sims_replacement_is_the_operators_decision(failed: tuple[int, ...])
         previous_spares=first.spares, failed=victims,
     ))
     assert isinstance(direct, Placement)
-    assert (c.placement.nodes, c.placement.spares, c.placement.moved) == (direct.nodes, direct.spares, direct.moved)
-    assert c.placement.moved == tuple(sorted(failed))
-    assert not set(victims) & set(c.placement.nodes)
+    moved = tuple(p for p, (a, b) in enumerate(zip(first.nodes, c.nodes, strict=True)) if a != b)
+    assert (c.nodes, c.spares, moved) == (direct.nodes, direct.spares, direct.moved)
+    assert moved == tuple(sorted(failed)) and c.replacements == len(failed)
+    assert not set(victims) & set(c.nodes)
+
+
+@pytest.mark.parametrize(
+    ("gpus", "spares", "nvlink", "sizes"),
+    [
+        (1024, 4, 0, (1, 1, 2, 5)),  # 128 of 160 nodes: spares run out, waits for repairs
+        (2048, 32, 0, (1, 1, 1, 3)),
+        (2048, 4, 4, (1, 2)),  # NVLink-domain labels on the nodes, tp inside a node
+    ],
+)
+def test_the_reduced_replacement_decides_as_the_whole_cluster_failure_by_failure(
+    gpus: int, spares: int, nvlink: int, sizes: tuple[int, ...]
+) -> None:
+    """The simulator decides a sticky re-placement on a reduced cluster (Cluster._replace_reduced);
+    driven through the same failures as a twin that decides on every node, the nodes, spares,
+    replacements and refusals agree at every step."""
+    s = tiny(gpus=gpus, pp=4, nodes_per_leaf=20, nvlink_domain_nodes=nvlink)
+    fast, full = Cluster(s, hot_spares=spares), Cluster(s, hot_spares=spares)
+    assert fast._reduced
+    full._reduced = False
+    rng = random.Random(gpus + spares)
+    now, refused = 0.0, 0
+    for _ in range(60):
+        now += rng.uniform(0.0, 4 * 3600.0)
+        victims = [fast.node_of(p) for p in rng.sample(range(s.nodes), rng.choice(sizes))]
+        ok = fast.quarantine_and_replace(victims, now, 72 * 3600.0)
+        assert full.quarantine_and_replace(victims, now, 72 * 3600.0) == ok
+        refused += not ok
+        assert (fast.nodes, fast.spares, fast.replacements) == (full.nodes, full.spares, full.replacements)
+    assert fast.replacements > 0 and (refused > 0 or gpus != 1024)  # the refusal path was taken
 
 
 def _tp_domains(cluster: Cluster, nvlink_key: str) -> list[set[str]]:
     """The NVLink domain labels of each tensor-parallel group's nodes (pods in rank order)."""
     labels = {str(n["metadata"]["name"]): n["metadata"]["labels"] for n in cluster.node_objects()}
     k = cluster.job.spec.parallelism.tensor // cluster.job.spec.procs_per_node
-    nodes = list(cluster.placement.nodes)
+    nodes = list(cluster.nodes)
     return [{labels[n].get(nvlink_key, "") for n in nodes[i:i + k]} for i in range(0, len(nodes), k)]
 
 
@@ -166,9 +199,9 @@ def test_rack_scale_nvlink_tensor_groups_stay_in_one_domain_through_a_replacemen
     cluster = Cluster(s, hot_spares=4)
     before = _tp_domains(cluster, NVLINK_LABEL)
     assert len(before) == 8 and all(len(d) == 1 and "" not in d for d in before)
-    lost = cluster.placement.nodes[5]
+    lost = cluster.nodes[5]
     assert cluster.quarantine_and_replace([lost], now=0.0, repair_s=3600.0)
-    assert lost not in cluster.placement.nodes and cluster.placement.moved
+    assert lost not in cluster.nodes and cluster.replacements
     after = _tp_domains(cluster, NVLINK_LABEL)
     assert all(len(d) == 1 and "" not in d for d in after)
 

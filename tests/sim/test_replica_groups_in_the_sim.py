@@ -4,11 +4,13 @@ nothing is rolled back. A silent corruption still restores the whole job."""
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from railyard.sim.engine import COMPONENTS, simulate
 from railyard.sim.model import our_policy
-from railyard.sim.report import compare, format_table, to_json
+from railyard.sim.report import compare, format_sweep, format_table, to_json
 
 from .sim_builders import cause, one_fault, tiny
 
@@ -101,3 +103,26 @@ def test_the_default_group_costs_are_the_ones_the_benchmark_measured() -> None:
     rows = {r["metric"]: r["value"] for r in doc["results"]}
     assert round(rows["sim: survivors' stall beyond the step redone"], 1) == GROUP_SURVIVOR_STALL_S, "update sim.model"
     assert round(rows["replica_groups: healing group, quorum join -> healed from a peer"], 1) == GROUP_HEAL_FIXED_S
+
+
+@pytest.mark.parametrize("sweep", [(2, 4, 8), (1, 2, 4, 8), (8, 4)])
+def test_the_sweep_reports_goodput_against_the_number_of_groups(sweep: tuple[int, ...]) -> None:
+    """``--replica-groups 2,4,8``: ours with each R on the same trace; a lost node restarts 1/R of
+    the job, so with the same costs per failure more groups lose less (1: no groups, in place)."""
+    s = tiny(gpus=512, pp=1, days=4.0, failure_scale=8.0)  # dp 64
+    c = compare(s, our_policy(hot_spares=2), replica_groups=sweep[0], group_sweep=sweep)
+    got = dict(c.sweep)
+    assert [r for r, _ in c.sweep] == list(sweep)
+    for r, res in c.sweep:
+        expect = c.ours if r == 1 else simulate(s, our_policy(hot_spares=2, replica_groups=r), c.trace)
+        assert res.goodput == expect.goodput and res.restore_tiers == expect.restore_tiers
+        assert res.interruptions > 0
+    ordered = sorted(got)
+    assert all(got[a].goodput < got[b].goodput for a, b in itertools.pairwise(ordered))
+    if sweep[0] > 1:
+        assert c.groups is got[sweep[0]]  # the table's run is not simulated twice
+    table = format_sweep(c)
+    for r in sweep:
+        assert f"{got[r].goodput:.2%}" in table
+    doc = to_json(c)["replica_group_sweep"]
+    assert [(d["replica_groups"], d["goodput"]) for d in doc] == [(r, got[r].goodput) for r in sweep]

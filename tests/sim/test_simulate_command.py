@@ -75,3 +75,26 @@ def test_bad_parameters_are_all_reported_with_their_field(
     err = capsys.readouterr().err
     assert "gpus: 100" in err and "days: must be > 0" in err and "--hot-spares" in err
     assert not (tmp_path / "x.json").exists()
+
+
+@pytest.mark.parametrize(
+    ("groups", "rc", "wanted"),
+    [
+        ("2,4", 0, "goodput against the number of replica groups"),
+        ("1,8", 0, "goodput against the number of replica groups"),
+        ("2,3", 2, "--replica-groups: must be 0 (off) or a divisor > 1 of the data-parallel degree (64)"),
+        ("0,2", 2, "got 0"),
+    ],
+)
+def test_a_list_of_replica_groups_prints_goodput_against_r(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], groups: str, rc: int, wanted: str
+) -> None:
+    out = tmp_path / "sim.json"
+    argv = ["simulate", "--gpus", "512", "--days", "1", "--pp", "1", "--hot-spares", "2", "--replica-groups", groups,
+            "--out", str(out), "--no-plot"]
+    assert main(argv) == rc
+    captured = capsys.readouterr()
+    assert wanted in (captured.out if rc == 0 else captured.err)
+    if rc == 0:
+        sweep = json.loads(out.read_text())["replica_group_sweep"]
+        assert [d["replica_groups"] for d in sweep] == [int(x) for x in groups.split(",")]

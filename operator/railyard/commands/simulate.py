@@ -19,7 +19,7 @@ from railyard.sim.model import (
     baseline_policy,
     our_policy,
 )
-from railyard.sim.report import compare, format_table, write_json, write_plot
+from railyard.sim.report import compare, format_sweep, format_table, write_json, write_plot
 
 DEFAULT_OUT = os.path.join("bench", "results", "simulate.json")
 _D = Scenario()
@@ -130,15 +130,24 @@ def add_parser(sub: Any) -> None:
         help=f"communicator set-up and warm-up after every restart, both policies (default {_D.init_s:g})",
     )
     p.add_argument(
-        "--replica-groups", type=int, default=DEFAULT_REPLICA_GROUPS,
+        "--replica-groups", type=_group_counts, default=[DEFAULT_REPLICA_GROUPS],
         help=f"also simulate faultTolerance ReplicaGroups with this many groups; must divide the "
-             f"data-parallel degree; 0: skip (default {DEFAULT_REPLICA_GROUPS})",
+             f"data-parallel degree; 0: skip (default {DEFAULT_REPLICA_GROUPS}); several, e.g. 2,4,8,16: "
+             f"also print goodput against the number of groups (the table shows the first)",
     )
     p.add_argument("--out", default=DEFAULT_OUT, help=f"JSON output (default {DEFAULT_OUT})")
     p.add_argument(
         "--plot", default=None, metavar="PATH", help="PNG plot (default: next to --out, .png)"
     )
     p.add_argument("--no-plot", action="store_true", help="do not write the plot")
+
+
+def _group_counts(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a number of groups or a comma-separated list, e.g. 8 or 2,4,8,16") from None
 
 
 def build_scenario(args: argparse.Namespace) -> Scenario:
@@ -170,8 +179,11 @@ def run(args: argparse.Namespace) -> int:
     problems = scn.problems()
     if args.hot_spares < 0:
         problems.append(f"--hot-spares: must be >= 0, got {args.hot_spares}")
-    if args.replica_groups < 0 or args.replica_groups == 1 or (args.replica_groups and not problems and scn.dp % args.replica_groups):
-        problems.append(f"--replica-groups: must be 0 (off) or a divisor > 1 of the data-parallel degree ({scn.dp if not problems else '?'}), got {args.replica_groups}")
+    sweep, args.replica_groups = (args.replica_groups if len(args.replica_groups) > 1 else []), args.replica_groups[0]
+    for r in sweep or [args.replica_groups]:
+        if r < 0 or (r == 1 and not sweep) or (r == 0 and sweep) or (r and not problems and scn.dp % r):
+            problems.append(f"--replica-groups: must be 0 (off) or a divisor > 1 of the data-parallel degree "
+                            f"({scn.dp if not problems else '?'}) (in a list, 1: no groups), got {r}")
     if args.baseline_interval < 1:
         problems.append(f"--baseline-interval: must be >= 1 step, got {args.baseline_interval}")
     if problems:
@@ -183,11 +195,13 @@ def run(args: argparse.Namespace) -> int:
         interval_steps=args.baseline_interval, collective_timeout_s=args.collective_timeout
     )
     try:
-        result = compare(scn, ours, base, replica_groups=args.replica_groups)
+        result = compare(scn, ours, base, replica_groups=args.replica_groups, group_sweep=sweep)
     except ValueError as exc:
         print(f"railyard simulate: {exc}", file=sys.stderr)
         return 2
     print(format_table(result))
+    if sweep:
+        print(format_sweep(result))
     out_dir = os.path.dirname(args.out)
     if out_dir:
         os.makedirs(out_dir, exist_ok=True)

@@ -11,6 +11,7 @@ state into their inputs.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import math
 from collections.abc import Mapping, Sequence
@@ -27,6 +28,7 @@ from railyard.logic.health.liveness import (
 from railyard.logic.health.model import HealthPolicy, PodStatus
 from railyard.logic.health.straggler import compute_straggler_scores, decide_stragglers
 from railyard.logic.placement import Placement, Unplaceable, build_placement_input, plan_placement
+from railyard.logic.placement.job import build_gang_request
 from railyard.logic.quarantine import apply_merge_patch, build_quarantine_patch
 from railyard.logic.restarts import (
     RestartDecision,
@@ -34,7 +36,7 @@ from railyard.logic.restarts import (
     decide_streak_reset,
     record_restart,
 )
-from railyard.logic.topology import TopologyCache, build_synthetic_nodes
+from railyard.logic.topology import HOST_KEYS, TopologyCache, build_synthetic_nodes, natural_key
 from railyard.protocol.exitcodes import FailureClass
 from railyard.protocol.manifest import Manifest, ShardInfo
 from railyard.protocol.restore import FoundCheckpoint, Layout, decide_restore, pod_location
@@ -210,7 +212,7 @@ class Cluster:
         spines = max(1, math.ceil(total / per_spine))
         leaves = min(scn.leaves_per_spine, math.ceil(total / scn.nodes_per_leaf))
         nodes = build_synthetic_nodes(spines, leaves, scn.nodes_per_leaf, scn.gpus_per_node, nvlink_domain=scn.nvlink_domain_nodes)
-        self._start(build_sim_job(scn, hot_spares), nodes)
+        self._start(build_sim_job(scn, hot_spares), nodes, reduced=True)
 
     @classmethod
     def from_job(cls, job: TrainingJob, nodes: Sequence[Mapping[str, Any]], pods: Sequence[Mapping[str, Any]] = ()) -> Cluster:
@@ -220,7 +222,8 @@ class Cluster:
         c._start(job, nodes, pods)
         return c
 
-    def _start(self, job: TrainingJob, nodes: Sequence[Mapping[str, Any]], pods: Sequence[Mapping[str, Any]] = ()) -> None:
+    def _start(self, job: TrainingJob, nodes: Sequence[Mapping[str, Any]], pods: Sequence[Mapping[str, Any]] = (),
+               *, reduced: bool = False) -> None:
         self.job = job
         self.pods = list(pods)
         self._healthy: dict[str, Mapping[str, Any]] = {str(n["metadata"]["name"]): n for n in nodes}
@@ -235,29 +238,62 @@ class Cluster:
             job, nodes=list(self._healthy.values()), pods=self.pods, cache=self._topology_cache))
         if isinstance(placed, Unplaceable):
             raise ValueError(f"placement: the gang does not fit the simulated cluster: {placed.message}")
-        self.placement: Placement = placed
+        #: the first placement (fresh, on every node); later ones are in nodes, spares
+        self.initial: Placement = placed
+        self._gang: list[str] = list(placed.nodes)
+        self._spares: tuple[str, ...] = placed.spares
+        self._peers: tuple[int, ...] = placed.replica_peers
+        # One pod per tensor-parallel group on ready, untainted nodes with no other pods (the
+        # simulator's own cluster): re-placement can be decided on the reduced cluster of
+        # _replace_reduced. Anything else (Cluster.from_job) re-places on every node.
+        spec = job.spec
+        self._reduced = reduced and not self.pods and spec.parallelism.tensor <= spec.procs_per_node
+        if self._reduced:
+            keys = tuple(k for k in build_gang_request(job, nodes=nodes).levels if k not in HOST_KEYS)
+            #: node name -> its domain path (the label values of the levels), as build_topology keys it
+            self._path: dict[str, tuple[Any, ...]] = {
+                name: tuple(((n.get("metadata") or {}).get("labels") or {}).get(k) for k in keys)
+                for name, n in self._healthy.items()}
+            self._pod_of: dict[str, int] = {n: p for p, n in enumerate(self._gang)}
+            #: deepest domain path -> the gang's nodes in it
+            self._gang_in: dict[tuple[Any, ...], set[str]] = {}
+            for n in self._gang:
+                self._gang_in.setdefault(self._path[n], set()).add(n)
+            #: deepest domain path -> the nodes the gang does not use there (spares, free nodes,
+            #: quarantined or not), in tree order (build_topology's order inside a domain)
+            self._off_in: dict[tuple[Any, ...], list[tuple[tuple[str | int, ...], str]]] = {}
+            for n in sorted(set(self._healthy) - set(self._gang), key=natural_key):
+                self._off_in.setdefault(self._path[n], []).append((natural_key(n), n))
 
     @property
     def nodes(self) -> tuple[str, ...]:
-        return self.placement.nodes
+        return tuple(self._gang)
+
+    @property
+    def spares(self) -> tuple[str, ...]:
+        return self._spares
 
     def node_of(self, pod: int) -> str:
-        return self.placement.nodes[pod]
+        return self._gang[pod]
 
     def replica_peer(self, pod: int) -> int:
-        return self.placement.replica_peers[pod]
+        return self._peers[pod]
+
+    def _node_object(self, name: str) -> Mapping[str, Any]:
+        """The Node object now: a quarantined one carries our marks (one patched copy per quarantine)."""
+        node = self._healthy[name]
+        if name in self.quarantined:
+            marked = self._marked.get(name)
+            if marked is None:
+                patch = build_quarantine_patch(
+                    node, reason="simulated failure", job=f"sim/{self.job.metadata.name}", time="")
+                marked = self._marked[name] = apply_merge_patch(node, patch)
+            return marked
+        return node
 
     def node_objects(self) -> list[Mapping[str, Any]]:
         """The cluster's Node objects now: quarantined ones carry our marks."""
-        out: list[Mapping[str, Any]] = []
-        for name, node in self._healthy.items():
-            if name in self.quarantined:
-                marked = self._marked.get(name)
-                if marked is None:
-                    marked = self._marked[name] = apply_merge_patch(node, build_quarantine_patch(node, reason="simulated failure", job=f"sim/{self.job.metadata.name}", time=""))
-                node = marked
-            out.append(node)
-        return out
+        return [self._node_object(name) for name in self._healthy]
 
     def release_repaired(self, now: float) -> None:
         for n in [n for n, t in self.quarantined.items() if t <= now]:
@@ -273,18 +309,112 @@ class Cluster:
         for n in nodes:
             self.quarantined[n] = now + repair_s
         self.release_repaired(now)
-        inp = build_placement_input(
-            self.job, nodes=self.node_objects(), pods=self.pods, attempt=self.attempt + 1,
-            previous_nodes=self.placement.nodes, previous_spares=self.placement.spares,
-            failed=set(self.quarantined), cache=self._topology_cache,
-        )
-        placed = plan_placement(inp)
-        if isinstance(placed, Unplaceable):
-            return False
+        lost = sorted(self._pod_of[n] for n in self.quarantined if n in self._pod_of) if self._reduced else []
+        reps = self._representatives(set(lost)) if lost else {}
+        if reps:
+            got = self._replace_reduced(lost, reps)
+            if got is None:
+                return False
+            new_nodes, spares = got
+            moved = len(lost)
+        else:
+            placed = plan_placement(build_placement_input(
+                self.job, nodes=self.node_objects(), pods=self.pods, attempt=self.attempt + 1,
+                previous_nodes=self._gang, previous_spares=self._spares,
+                failed=set(self.quarantined), cache=self._topology_cache,
+            ))
+            if isinstance(placed, Unplaceable):
+                return False
+            lost = [p for p, (a, b) in enumerate(zip(self._gang, placed.nodes, strict=True)) if a != b]
+            new_nodes = [placed.nodes[p] for p in lost]
+            spares, self._peers, moved = placed.spares, placed.replica_peers, len(placed.moved)
         self.attempt += 1
-        self.replacements += len(placed.moved)
-        self.placement = placed
+        self.replacements += moved
+        for p, new in zip(lost, new_nodes, strict=True):
+            self._move(p, new)
+        self._spares = spares
         return True
+
+    def _move(self, pod: int, new: str) -> None:
+        old = self._gang[pod]
+        self._gang[pod] = new
+        if self._reduced and old != new:
+            del self._pod_of[old]
+            self._pod_of[new] = pod
+            self._gang_in[self._path[old]].discard(old)
+            self._gang_in.setdefault(self._path[new], set()).add(new)
+            bisect.insort(self._off_in.setdefault(self._path[old], []), (natural_key(old), old))
+            self._off_in[self._path[new]].remove((natural_key(new), new))
+
+    def _representatives(self, lost: set[int]) -> dict[tuple[Any, ...], str]:
+        """One kept gang node per deepest domain the kept gang spans (empty when nothing is kept)."""
+        out: dict[tuple[Any, ...], str] = {}
+        for path, members in self._gang_in.items():
+            for n in members:
+                if self._pod_of[n] not in lost:
+                    out[path] = n
+                    break
+        return out
+
+    def _replace_reduced(
+        self, lost: list[int], reps: Mapping[tuple[Any, ...], str]
+    ) -> tuple[list[str], tuple[str, ...]] | None:
+        """The operator's sticky re-placement of the ``lost`` pods, decided on a reduced cluster
+        that provably gives the same answer (the new nodes of ``lost``, the new spares), or None
+        when unplaceable.
+
+        With one pod per tensor-parallel group, :func:`plan_sticky` reads the kept gang only as
+        the nodes it may not take and as the set of domains it spans (the spares' top-up ranks
+        free nodes by their affinity to those domains); every other choice is among the lost
+        pods' old nodes, the spares and the free nodes, by domain, free GPUs and tree order. So
+        the decision is made for a gang of one kept node per deepest domain the kept gang spans
+        (the same domains at every level) plus the lost pods, in their order, on a cluster of
+        those nodes and every node off the gang: the nodes, domains and the relative tree order
+        it compares are the full cluster's. The kept pods' other nodes, which it never reads,
+        are left out: a re-placement costs the nodes off the gang, not the whole cluster (the
+        full decision at 98,304 GPUs is O(cluster) per failure, O(cluster^2) per run).
+        tests/sim checks that both decisions agree failure by failure."""
+        gang = [*reps.values(), *(self._gang[p] for p in lost)]
+        # Of the free nodes, each deepest domain's first k in tree order: the rules pick free
+        # nodes (a lost pod's nearest, the spares' top-up) by domain, then free GPUs (all the
+        # same here), then tree order, k at most, so no later one of a domain is ever picked
+        # while an earlier one is left; the pool is short of the lost pods exactly when the
+        # whole one is. The spares are all there (a lost pod takes the nearest of them).
+        spares = set(self._spares)
+        usable = sum(1 for n in spares if n not in self.quarantined)
+        k = len(lost) + self.job.spec.gang.hot_spares - max(0, usable - len(lost))
+        free: list[str] = []
+        for members in self._off_in.values():
+            took = 0
+            for _, n in members:
+                if took >= k:
+                    break
+                if n not in spares and n not in self.quarantined:
+                    free.append(n)
+                    took += 1
+        names = [*gang, *(n for n in self._spares if n not in self.quarantined), *free]
+        spec = self.job.spec
+        sub = TrainingJob.model_validate({  # build_sim_job's job, the gang cut to ``gang``
+            "metadata": {"name": self.job.metadata.name, "namespace": self.job.metadata.namespace},
+            "spec": {
+                "nodes": len(gang),
+                "procsPerNode": spec.procs_per_node,
+                "parallelism": {"tensor": spec.parallelism.tensor, "pipeline": 1,
+                                "data": len(gang) * spec.procs_per_node // spec.parallelism.tensor},
+                "gang": {"hotSpares": spec.gang.hot_spares},
+            },
+        })
+        placed = plan_placement(build_placement_input(
+            sub, nodes=[self._node_object(n) for n in names], attempt=self.attempt + 1,
+            previous_nodes=gang, previous_spares=self._spares, failed=set(self.quarantined),
+            cache=self._topology_cache,
+        ))
+        if isinstance(placed, Unplaceable):
+            return None
+        k = len(reps)
+        if placed.nodes[:k] != tuple(reps.values()) or placed.moved != tuple(range(k, len(gang))):
+            raise AssertionError("reduced re-placement moved a kept pod; the reduction does not hold")
+        return list(placed.nodes[k:]), placed.spares
 
 
 # --------------------------------------------------------------------------- restore
@@ -321,8 +451,16 @@ def choose_restore(
     """
     shards = (ShardInfo(_REST, 1, "r", owner=0), ShardInfo(_FAILED, 1, "f", owner=1))
     both = frozenset({_REST, _FAILED})
-    found: list[FoundCheckpoint] = []
+    # decide_restore takes the newest acceptable checkpoint, the fastest tier on a tie. Here
+    # whether one is acceptable depends on its tier (which copies survive) and on its step
+    # (SDC-clean up to clean_up_to) only, so each tier's newest clean one is all it needs to
+    # see: the same answer without a manifest per save (which cost O(saves) per failure).
+    newest: dict[str, Saved] = {}
     for s in saved:
+        if s.step <= clean_up_to and (s.tier not in newest or s.step > newest[s.tier].step):
+            newest[s.tier] = s
+    found: list[FoundCheckpoint] = []
+    for s in newest.values():
         m = Manifest(
             job="sim",
             step=s.step,

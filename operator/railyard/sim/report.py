@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
@@ -39,6 +39,8 @@ class Comparison:
     full: RunResult | None = None
     #: Our policy with faultTolerance ReplicaGroups (``compare(replica_groups=R)``).
     groups: RunResult | None = None
+    #: Our policy with each number of replica groups of ``compare(group_sweep=...)``, in order.
+    sweep: tuple[tuple[int, RunResult], ...] = ()
 
     @property
     def calibration_gap(self) -> float:
@@ -60,22 +62,44 @@ def compare(
     baseline: PolicyConfig | None = None,
     *,
     replica_groups: int = 0,
+    group_sweep: Sequence[int] = (),
 ) -> Comparison:
     """Both policies through the same seeded trace; the baseline again on the paper's trace;
-    with ``replica_groups`` R > 1 also ours with faultTolerance ReplicaGroups of R groups."""
+    with ``replica_groups`` R > 1 also ours with faultTolerance ReplicaGroups of R groups; with
+    ``group_sweep`` ours with each of those numbers of groups (1: none), on the same trace, so
+    goodput can be read against R."""
     started = time.perf_counter()
     ours = ours or our_policy()
     baseline = baseline or baseline_policy()
     trace = generate_trace(scn)
     r_ours = simulate(scn, ours, trace)
     r_full = simulate(scn, replace(ours, in_place=False, name=f"{ours.name}, full restarts"), trace) if ours.in_place else None
-    r_groups = (simulate(scn, replace(ours, replica_groups=replica_groups, name=f"{ours.name}, {replica_groups} replica groups"), trace)
-                if replica_groups > 1 else None)
+    def with_groups(r: int) -> RunResult:
+        return simulate(scn, replace(ours, replica_groups=r, name=f"{ours.name}, {r} replica groups"), trace)
+
+    r_groups = with_groups(replica_groups) if replica_groups > 1 else None
+    runs = {replica_groups: r_groups} if r_groups is not None else {}
+    sweep = tuple((r, runs.get(r) or (with_groups(r) if r > 1 else r_ours)) for r in group_sweep)
     r_base = simulate(scn, baseline, trace)
     paper = scn.with_(stragglers_per_day=0.0)
     r_cal = simulate(paper, baseline, generate_trace(paper))
     r_cal.policy = "baseline (Llama 3 trace only)"
-    return Comparison(scn, r_ours, r_base, r_cal, trace, time.perf_counter() - started, r_full, r_groups)
+    return Comparison(scn, r_ours, r_base, r_cal, trace, time.perf_counter() - started, r_full, r_groups, sweep)
+
+
+def format_sweep(c: Comparison) -> str:
+    """Goodput against the number of replica groups (``--replica-groups 2,4,8,16``): a lost node
+    restarts 1/R of the job, and the others train on at (R-1)/R of the rate meanwhile."""
+    s = c.scenario
+    head = (f"{'replica groups':>14}{'GPUs per group':>16}{'goodput':>10}{'lost GPU-hours':>16}"
+            f"{'healed from a peer':>20}")
+    lines = [f"goodput against the number of replica groups (dp {s.dp}, same trace)", head, "-" * len(head)]
+    for r, res in c.sweep:
+        lost = sum(res.lost_gpu_hours().values())
+        healed = res.restore_tiers.get("live peer", 0)
+        lines.append(f"{r:>14}{s.gpus // r:>16,}{res.goodput:>10.2%}{lost:>16,.0f}{healed:>20}")
+    lines.append("  (cross-group traffic is not modelled: the step time is the same at every R)")
+    return "\n".join(lines)
 
 
 def _causes(c: Comparison) -> list[str]:
@@ -285,6 +309,13 @@ def to_json(c: Comparison, policies: Mapping[str, PolicyConfig] | None = None) -
             "calibration": _result_dict(c.calibration),
         },
     }
+    if c.sweep:
+        out["replica_group_sweep"] = [
+            {"replica_groups": r, "gpus_per_group": c.scenario.gpus // r, "goodput": res.goodput,
+             "lost_gpu_hours": round(sum(res.lost_gpu_hours().values()), 3),
+             "healed_from_peer": res.restore_tiers.get("live peer", 0)}
+            for r, res in c.sweep
+        ]
     if policies:
         out["policies"] = {k: _policy_dict(p) for k, p in policies.items()}
     return out
