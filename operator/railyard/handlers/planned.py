@@ -5,6 +5,10 @@ shrink it falls back to, all of class Planned: no restart budget); the executors
 failure path's (handlers/inplace.py, handlers/regroup.py, handlers/failures.py). Nothing is
 quarantined: the node is not to blame. The job's PodDisruptionBudget keeps ``kubectl drain``
 waiting (429) until the operator's own deletion has moved the pod; then the drain completes.
+
+Without ReplicaGroups the move first waits for a just-in-time save to the memory tier
+(logic/jitsave.py decides: request, wait, move; the order goes out on the control channel), so
+the in-place restart resumes from the step the gang had reached.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from railyard.handlers.failures import restart_whole_gang
 from railyard.handlers.inplace import begin_in_place, capable_pods
 from railyard.handlers.regroup import shrink_groups
 from railyard.logic.gang import pod_index_of
+from railyard.logic.jitsave import AwaitSave, MoveNow, RequestSave, decide_jit_save
 from railyard.logic.placement import job_tolerations
 from railyard.logic.planned import find_going_nodes, find_planned_moves
 from railyard.logic.recovery import (
@@ -51,6 +56,23 @@ async def move_ahead(
 ) -> float | None:
     """Execute the planned move off ``going`` (node -> why); returns when to look again."""
     runtime = cycle.runtime
+    spec = job.spec
+    saved = [r.step for r in cycle.status.checkpoints if r.tier == "memory"]
+    jit = decide_jit_save(
+        pending=runtime.control.save_order(cycle.ns, cycle.name), attempt=cycle.status.attempt, going=going,
+        reported_step=cycle.status.step, memory_saved_step=max(saved, default=-1), now=cycle.now,
+        replica_groups=spec.replica_groups, in_place=spec.restart_policy.in_place,
+        memory_tier=spec.checkpoint.memory.enabled,
+    )
+    match jit:
+        case RequestSave():
+            runtime.control.order_save(cycle.ns, cycle.name, jit.order)
+            cycle.event("Normal", "PlannedMoveSaving", jit.message)
+            return jit.recheck_s
+        case AwaitSave():
+            return jit.recheck_s
+        case MoveNow():
+            pass
     real = {str((p.get("metadata") or {}).get("name")): p for p in runtime.pods_of(cycle.ns, cycle.name)}
     gang = [real.get(str((p.get("metadata") or {}).get("name")), p) for p in members]
     table = await running_table(cycle) if job.spec.restart_policy.in_place else None
@@ -69,7 +91,7 @@ async def move_ahead(
     quarantined = list(cycle.status.quarantined_nodes)
     match plan:
         case RestartInPlace():  # MoveAhead, with ReplicaGroups a group repair
-            cycle.event("Normal", "PlannedMove", plan.message)
+            cycle.event("Normal", "PlannedMove", f"{plan.message}; {jit.note}")
             return await begin_in_place(cycle, job, plan, gang, real, nodes, quarantined)
         case ShrinkAndWait():
             assert table is not None, "a shrink goes on from the running table"
