@@ -24,7 +24,7 @@ from railyard.handlers.failures import restart_whole_gang
 from railyard.handlers.inplace import begin_in_place, capable_pods
 from railyard.handlers.regroup import shrink_groups
 from railyard.logic.gang import pod_index_of
-from railyard.logic.jitsave import AwaitSave, MoveNow, RequestSave, decide_jit_save
+from railyard.logic.jitsave import AwaitSave, JitSavePlan, MoveNow, RequestSave, decide_jit_save
 from railyard.logic.placement import job_tolerations
 from railyard.logic.planned import find_going_nodes, find_planned_moves
 from railyard.logic.recovery import (
@@ -51,28 +51,34 @@ def announced_moves(cycle: Cycle, job: TrainingJob, members: Sequence[Obj], node
                               tolerations=job_tolerations(job))
 
 
-async def move_ahead(
-    cycle: Cycle, job: TrainingJob, going: Mapping[str, str], members: Sequence[Obj], nodes: Mapping[str, Obj],
-) -> float | None:
-    """Execute the planned move off ``going`` (node -> why); returns when to look again."""
-    runtime = cycle.runtime
+def save_first(cycle: Cycle, job: TrainingJob, going: Mapping[str, str]) -> JitSavePlan:
+    """Whether the move off ``going`` waits for a just-in-time save (logic/jitsave.py decides
+    from the status: the newest step reported, the memory tier's newest committed save)."""
     spec = job.spec
     saved = [r.step for r in cycle.status.checkpoints if r.tier == "memory"]
-    jit = decide_jit_save(
-        pending=runtime.control.save_order(cycle.ns, cycle.name), attempt=cycle.status.attempt, going=going,
+    return decide_jit_save(
+        pending=cycle.runtime.control.save_order(cycle.ns, cycle.name), attempt=cycle.status.attempt, going=going,
         reported_step=cycle.status.step, memory_saved_step=max(saved, default=-1), now=cycle.now,
         replica_groups=spec.replica_groups, in_place=spec.restart_policy.in_place,
         memory_tier=spec.checkpoint.memory.enabled,
     )
-    match jit:
-        case RequestSave():
-            runtime.control.order_save(cycle.ns, cycle.name, jit.order)
-            cycle.event("Normal", "PlannedMoveSaving", jit.message)
-            return jit.recheck_s
-        case AwaitSave():
-            return jit.recheck_s
-        case MoveNow():
-            pass
+
+
+def request_save(cycle: Cycle, plan: RequestSave | AwaitSave) -> float:
+    """Publish the save order (once: its Event says what is saved and why); when to look again."""
+    if isinstance(plan, RequestSave):
+        cycle.runtime.control.order_save(cycle.ns, cycle.name, plan.order)
+        cycle.event("Normal", "PlannedMoveSaving", plan.message)
+    return plan.recheck_s
+
+
+async def move_ahead(
+    cycle: Cycle, job: TrainingJob, going: Mapping[str, str], members: Sequence[Obj], nodes: Mapping[str, Obj],
+    saved: MoveNow,
+) -> float | None:
+    """Execute the planned move off ``going`` (node -> why); ``saved``: what it resumes from
+    (:func:`save_first`'s answer). Returns when to look again."""
+    runtime = cycle.runtime
     real = {str((p.get("metadata") or {}).get("name")): p for p in runtime.pods_of(cycle.ns, cycle.name)}
     gang = [real.get(str((p.get("metadata") or {}).get("name")), p) for p in members]
     table = await running_table(cycle) if job.spec.restart_policy.in_place else None
@@ -91,14 +97,14 @@ async def move_ahead(
     quarantined = list(cycle.status.quarantined_nodes)
     match plan:
         case RestartInPlace():  # MoveAhead, with ReplicaGroups a group repair
-            cycle.event("Normal", "PlannedMove", f"{plan.message}; {jit.note}")
+            cycle.event("Normal", "PlannedMove", f"{plan.message}; {saved.note}")
             return await begin_in_place(cycle, job, plan, gang, real, nodes, quarantined)
         case ShrinkAndWait():
             assert table is not None, "a shrink goes on from the running table"
-            cycle.event("Normal", "PlannedMove", f"{cause.failure.message}: pods {moved} move; {plan.message}")
+            cycle.event("Normal", "PlannedMove", f"{cause.failure.message}: pods {moved} move; {plan.message}; {saved.note}")
             return await shrink_groups(cycle, job, plan, table, gang, real, nodes, quarantined)
         case FullRestart():
-            cycle.event("Normal", "PlannedMove", f"{cause.failure.message}: the whole gang moves; {plan.message}")
+            cycle.event("Normal", "PlannedMove", f"{cause.failure.message}: the whole gang moves; {plan.message}; {saved.note}")
             return await restart_whole_gang(cycle, plan, cause.failure.message, gang, nodes, quarantined)
         case Fail():  # a planned move spends no budget: never, but say so if it were
             cycle.event("Warning", "PlannedMoveRefused", plan.message)

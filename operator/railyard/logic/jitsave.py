@@ -5,7 +5,7 @@ parameter) and executed by handlers/planned.py.
 A planned move (logic/planned.py) restarts the gang in place. Resumed from the newest periodic
 memory checkpoint, the steps since it are trained again. So first the operator orders the
 launchers to have their workers save to the memory tier at a step boundary no earlier than
-``S = the newest step reported + LEAD_STEPS`` (the control channel's ``save`` order); the workers
+``S = the newest step reported (or saved) + LEAD_STEPS`` (the control channel's ``save`` order); the workers
 agree among themselves on the one step every rank saves (the first boundary where all of them
 have heard, and not before S) and then hold still. When the memory tier reports a committed save
 at S or later (``status.checkpoints``, from the heartbeats), the move goes ahead and its restore
@@ -106,7 +106,9 @@ def decide_jit_save(
     if not memory_tier:
         return MoveNow(-1, "no just-in-time save: the memory tier is off; resumed from the newest checkpoint")
     if pending is None or pending.attempt != attempt:
-        return RequestSave(SaveOrder(attempt=attempt, step=max(reported_step, 0) + LEAD_STEPS, requested_at=now,
+        # (past the newest save known too: only a save made after the order lets the move go)
+        step = max(reported_step, memory_saved_step, 0) + LEAD_STEPS
+        return RequestSave(SaveOrder(attempt=attempt, step=step, requested_at=now,
                                      nodes=tuple(sorted(going))))
     if memory_saved_step >= pending.step:
         return MoveNow(memory_saved_step, "")
