@@ -181,3 +181,25 @@ async def test_a_failure_wins_over_an_announcement_in_the_same_cycle() -> None:
     st = h.status
     assert st.restarts.application == 1 and st.restarts.planned == 0, (st.phase, st.message)
     assert h.status.last_restart is not None and h.status.last_restart.reason != "PlannedMove"
+
+
+async def test_an_announcement_taken_back_before_the_save_withdraws_the_order() -> None:
+    h = Harness(cluster(), make_job(gang={"hotSpares": 1}, restartPolicy=NO_BUDGET))
+    await running(h)
+    beat(h, 7, saved=5)
+    await h.cycle(1.0)
+    going = h.pod_nodes()[1]
+    cordon(h, going)
+    await h.cycle(1.0)
+    assert [o.action for o in h.all_report()] == [Action.SAVE] * 2
+    h.cluster.nodes[going]["spec"]["unschedulable"] = False  # kubectl uncordon
+    beat(h, 8)
+    await h.cycle(1.0)
+    assert [o.action for o in h.all_report()] == [Action.CONTINUE] * 2, "no launcher is asked to save any more"
+    # announced again later: a save of its own, past what was reported since
+    cordon(h, going)
+    beat(h, 20)
+    await h.cycle(1.0)
+    await h.cycle(1.0)
+    assert [(o.action, o.save_step) for o in h.all_report()] == [(Action.SAVE, 20 + LEAD_STEPS)] * 2
+    assert h.status.phase == "Running" and h.status.restarts.planned == 0

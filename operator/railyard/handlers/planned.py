@@ -36,6 +36,7 @@ from railyard.logic.recovery import (
     ShrinkAndWait,
     decide_recovery,
 )
+from railyard.protocol.restore import latest_verified_per_tier
 
 Obj = Mapping[str, Any]
 
@@ -56,9 +57,15 @@ def save_first(cycle: Cycle, job: TrainingJob, going: Mapping[str, str]) -> JitS
     from the status: the newest step reported, the memory tier's newest committed save)."""
     spec = job.spec
     saved = [r.step for r in cycle.status.checkpoints if r.tier == "memory"]
+    step = cycle.status.step
+    window = cycle.runtime.store.job(cycle.ns, cycle.name)
+    if window is not None and window.attempt == cycle.status.attempt:
+        # the heartbeats as they arrived set the save step (the status shows them from the end of
+        # this cycle on); whether the save is there is read from the status, as the restore hint is
+        step = max(step, int(window.max_step), latest_verified_per_tier(window.last_checkpoints().values()).get("memory", -1))
     return decide_jit_save(
         pending=cycle.runtime.control.save_order(cycle.ns, cycle.name), attempt=cycle.status.attempt, going=going,
-        reported_step=cycle.status.step, memory_saved_step=max(saved, default=-1), now=cycle.now,
+        reported_step=step, memory_saved_step=max(saved, default=-1), now=cycle.now,
         replica_groups=spec.replica_groups, in_place=spec.restart_policy.in_place,
         memory_tier=spec.checkpoint.memory.enabled,
     )

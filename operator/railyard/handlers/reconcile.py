@@ -174,6 +174,9 @@ async def _step(cycle: Cycle, job: TrainingJob) -> float | None:
     decision = lc.decide_lifecycle(_observe(cycle, job, gang, members, nodes, pending))
     going = _announced(cycle, job, decision, gang, members, nodes)
     saved = save_first(cycle, job, going) if going else None
+    if not going and runtime.control.save_order(cycle.ns, cycle.name) is not None:
+        # the announcement was taken back before the move: a later one asks for a save of its own
+        runtime.control.withdraw_save(cycle.ns, cycle.name)
     if going and isinstance(saved, MoveNow):
         delay = await move_ahead(cycle, job, going, members, nodes, saved)
     else:

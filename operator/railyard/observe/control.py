@@ -127,6 +127,12 @@ class ControlBoard:
             j.save = order
             self._changed(j)
 
+    def withdraw_save(self, namespace: str, job: str) -> None:
+        """No move is coming any more (the node was uncordoned): ask no launcher for the save."""
+        j = self.jobs.get((namespace, job))
+        if j is not None:
+            j.save = None
+
     def save_order(self, namespace: str, job: str) -> SaveOrder | None:
         j = self.jobs.get((namespace, job))
         return None if j is None else j.save
