@@ -53,6 +53,26 @@ def test_the_save_step_is_decided_from_the_sums_every_rank_shares(
     assert decide_save_now(step, heard=heard, step_sum=step_sum, world=world, done=done) is expected
 
 
+def test_a_later_order_in_the_same_attempt_is_a_save_of_its_own(tmp_path: Path) -> None:
+    from railyard_trainer.inplace import write_save_order
+    from railyard_trainer.jitsave import Heard, SaveOrderWatch
+
+    order = tmp_path / "save-a2.json"
+    watch = SaveOrderWatch(str(order), attempt=2)
+    assert watch.heard() == Heard(0.0, 0.0), "no order yet"
+    write_save_order(order, attempt=1, step=5)
+    assert watch.heard() == Heard(0.0, 0.0), "another attempt's order is not this one's"
+    write_save_order(order, attempt=2, step=5)
+    assert watch.heard() == Heard(1.0, 5.0)
+    assert not watch.save_now(4, heard=1.0, step_sum=5.0, world=1)
+    assert watch.save_now(5, heard=1.0, step_sum=5.0, world=1) and watch.saved == 5
+    assert watch.heard() == Heard(0.0, 0.0), "saved: nothing pending"
+    assert not watch.save_now(6, heard=0.0, step_sum=0.0, world=1)
+    write_save_order(order, attempt=2, step=30)
+    assert watch.heard() == Heard(1.0, 30.0)
+    assert watch.save_now(31, heard=1.0, step_sum=30.0, world=1) and watch.saved == 31
+
+
 def test_an_order_to_save_at_s_gives_a_committed_memory_checkpoint_at_s_on_every_rank(tmp_path: Path) -> None:
     harness.run(jit_harness.jit_scenario, 2, str(tmp_path), 3, "0,1")
     for r in _results(tmp_path, 2):

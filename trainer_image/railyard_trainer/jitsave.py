@@ -14,7 +14,8 @@ operator's move goes ahead after its timeout from the newest save.
 
 After the save the workers wait for it to commit (so the heartbeat reports it) and hold still,
 paused for the hang rules, until the restart stops them, at most ``HOLD_S``: a move that does
-not come (the node was uncordoned) lets training go on.
+not come (the node was uncordoned) lets training go on, and a later order (another step) is a
+save of its own.
 
 Torch-free: the train loop does the all-reduce (railyard_trainer.train).
 """
@@ -53,28 +54,36 @@ def decide_save_now(step: int, *, heard: float, step_sum: float, world: int, don
 
 
 class SaveOrderWatch:
-    """Reads the launcher's save order for this attempt (one stat per step until it is there)."""
+    """Reads the launcher's save order for this attempt: one small read per step (a missing file
+    until the first order; after a save, a later order of another step is a save of its own)."""
 
     def __init__(self, path: str | None, attempt: int) -> None:
         self.path = Path(path) if path else None
         self.attempt = attempt
+        #: the step of the order read last (-1: none)
         self.step = -1
-        #: the step saved at (-1: none yet): one just-in-time save per attempt
+        #: the step saved at last (-1: none), and the order it was for
         self.saved = -1
+        self.saved_for = -1
 
     @classmethod
     def from_env(cls, env: Mapping[str, str], attempt: int) -> SaveOrderWatch:
         return cls(podenv.SAVE_ORDER_FILE.get(env) or None, attempt)
 
+    @property
+    def pending(self) -> bool:
+        return self.step >= 0 and self.step != self.saved_for
+
     def heard(self) -> Heard:
-        """This rank's contribution to the step's sums."""
-        if self.step < 0 and self.path is not None and self.saved < 0:
+        """This rank's contribution to the step's sums: an order read and not saved for yet."""
+        if self.path is not None and not self.pending:
             self.step = _read_order(self.path, self.attempt)
-        return Heard(1.0, float(self.step)) if self.step >= 0 else Heard(0.0, 0.0)
+        return Heard(1.0, float(self.step)) if self.pending else Heard(0.0, 0.0)
 
     def save_now(self, step: int, *, heard: float, step_sum: float, world: int) -> bool:
-        if decide_save_now(step, heard=heard, step_sum=step_sum, world=world, done=self.saved >= 0):
-            self.saved = step
+        """From the step's sums: whether every rank saves now (all of them have this order pending)."""
+        if decide_save_now(step, heard=heard, step_sum=step_sum, world=world, done=not self.pending):
+            self.saved, self.saved_for = step, self.step
             return True
         return False
 
