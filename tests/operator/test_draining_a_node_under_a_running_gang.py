@@ -4,7 +4,10 @@ as an in-place restart of class Planned: the pod on the node is replaced on the 
 others are the same pod objects, no restart budget is spent (the application budget here is 0:
 a failure would fail the job), the move is counted apart (status.restarts.planned, the
 railyard_planned_moves metric), and the Event and status say which node, why and what moved.
-With ReplicaGroups only the group on the node restarts; the others carry on untouched."""
+Without ReplicaGroups the move first waits for a just-in-time save to the memory tier (the
+launchers told on the control channel, the save seen in the heartbeats) and restarts from it;
+after the save's timeout it goes ahead from the newest checkpoint. With ReplicaGroups only the
+group on the node restarts (no save); the others carry on untouched."""
 
 from __future__ import annotations
 
@@ -14,8 +17,10 @@ import pytest
 from tests.operator.builders import make_node
 from tests.operator.fake_cluster import Harness, make_job
 
+from railyard.logic.jitsave import DEFAULT_TIMEOUT_S, LEAD_STEPS
 from railyard.logic.planned import RAILYARD_MAINTENANCE
 from railyard.protocol.control import Action
+from railyard.protocol.heartbeat import CheckpointEvent, HeartbeatBatch, RankBeat
 
 
 def cluster(n: int = 3) -> list[dict[str, Any]]:
@@ -40,6 +45,36 @@ def cordon(h: Harness, node: str) -> None:
     h.cluster.nodes[node]["spec"]["unschedulable"] = True
 
 
+def beat(h: Harness, step: int, *, saved: int = -1) -> None:
+    """Both pods' ranks (2 per pod) report ``step``; pod 0's rank 0 a committed memory save at ``saved``."""
+    for pod, ranks in ((0, (0, 1)), (1, (2, 3))):
+        done = (CheckpointEvent(step=saved, tier="memory", ok=True),) if saved >= 0 and pod == 0 else ()
+        batch = HeartbeatBatch(job="j", attempt=h.status.attempt, pod_index=pod, node=h.pod_nodes()[pod], sent_at=h.now,
+                               ranks=tuple(RankBeat(rank=r, step=step, step_time_s=1.0, compute_s=0.9, loss=2.5,
+                                                    tokens_per_s=100.0) for r in ranks), checkpoints=done)
+        h.runtime.store.ingest("ns", "j", batch, h.now)
+
+
+async def saved_ahead(h: Harness, going: str, *, step: int = 7) -> int:
+    """The gang at ``step`` when ``going`` is announced: the operator asks its launchers for a save
+    and waits for it (the gang runs on); the memory tier reports it; returns the step saved."""
+    assert h.status.step == step
+    await h.cycle(1.0)
+    st = h.status
+    target = step + LEAD_STEPS
+    assert st.phase == "Running" and st.restarts.planned == 0, (st.phase, st.message)
+    assert any(r == "PlannedMoveSaving" and f"step {target}" in m and going in m for _, r, m in h.cluster.events), h.cluster.events
+    orders = h.all_report()
+    assert [(o.action, o.save_step, o.attempt) for o in orders] == [(Action.SAVE, target, 0)] * 2
+    beat(h, target - 1)
+    await h.cycle(1.0)
+    assert h.status.phase == "Running" and h.status.restarts.planned == 0, "no move before the save is committed"
+    beat(h, target, saved=target)
+    await h.cycle(1.0)  # the heartbeat's save reaches the status
+    await h.cycle(1.0)  # the move
+    return target
+
+
 def announce(h: Harness, node: str) -> None:
     h.cluster.nodes[node]["metadata"]["annotations"][RAILYARD_MAINTENANCE] = "kernel 6.12"
 
@@ -51,8 +86,10 @@ async def test_a_cordoned_node_moves_its_pod_ahead_without_spending_budget(mark:
     await running(h)
     kept_uid = h.cluster.pods["j-a0-0"]["metadata"].get("uid")
     going = h.pod_nodes()[1]
-    mark(h, going)
+    beat(h, 7, saved=5)  # the gang trains at step 7; the newest periodic memory save is at 5
     await h.cycle(1.0)
+    mark(h, going)
+    target = await saved_ahead(h, going)
     st = h.status
     assert st.phase == "Starting", (st.phase, st.message)
     assert st.restarts.planned == 1 and st.restarts.total == 0 and st.restarts.application == 0
@@ -67,7 +104,8 @@ async def test_a_cordoned_node_moves_its_pod_ahead_without_spending_budget(mark:
     replacement = h.cluster.pods["j-a1-1"]
     assert replacement["metadata"]["annotations"]["railyard.dev/node"] != going
     # the Event says which node, why and what moved; the metric counts the move, not a restart
-    assert any(t == "Normal" and r == "PlannedMove" and going in m and why in m for t, r, m in h.cluster.events), h.cluster.events
+    assert any(t == "Normal" and r == "PlannedMove" and going in m and why in m
+               and f"resumed from the just-in-time save at step {target}" in m for t, r, m in h.cluster.events), h.cluster.events
     reg = h.runtime.metrics.registry
     assert reg.get_sample_value("railyard_planned_moves_total") == 1
     assert reg.get_sample_value("railyard_restarts_total", {"class": "Planned"}) is None
@@ -75,7 +113,9 @@ async def test_a_cordoned_node_moves_its_pod_ahead_without_spending_budget(mark:
     h.cluster.finish_deletions()
     await h.cycle(0.5)
     h.run_pods()
-    assert h.report(0, "running", attempt=0).action is Action.RESTART
+    order = h.report(0, "running", attempt=0)
+    assert order.action is Action.RESTART
+    assert order.restore is not None and (order.restore["tier"], order.restore["step"]) == ("memory", target), order.restore
     h.report(0, "running", attempt=1)
     h.report(1, "running", attempt=1)
     await h.cycle(0.5)
@@ -88,8 +128,20 @@ async def test_a_cordoned_node_moves_its_pod_ahead_without_spending_budget(mark:
 async def test_without_a_spare_the_whole_gang_moves_and_still_spends_nothing() -> None:
     h = Harness(cluster(2), make_job(restartPolicy=NO_BUDGET))
     await running(h)
+    beat(h, 7, saved=5)
+    await h.cycle(1.0)
     cordon(h, "node-1")
     await h.cycle(1.0)
+    assert h.status.phase == "Running" and "PlannedMoveSaving" in h.reasons()
+    # no save arrives (the ranks never all heard): after the timeout the move goes ahead anyway,
+    # from the newest save there is, and says so
+    step, asked = 8, h.now
+    while h.status.phase == "Running" and h.now < 1_767_225_600.0 + 3 * DEFAULT_TIMEOUT_S:
+        beat(h, step)
+        step += 1
+        await h.cycle(5.0)
+    assert any(r == "PlannedMove" and "was not committed within" in m for _, r, m in h.cluster.events), h.cluster.events
+    assert DEFAULT_TIMEOUT_S <= h.now - asked <= DEFAULT_TIMEOUT_S + 10.0, h.now - asked
     st = h.status
     assert st.phase == "Restarting" and st.restarts.planned == 1 and st.restarts.total == 0, (st.phase, st.message)
     assert st.last_restart is not None and (st.last_restart.mode, st.last_restart.reason) == ("Full", "NotPlaceable")
@@ -129,3 +181,25 @@ async def test_a_failure_wins_over_an_announcement_in_the_same_cycle() -> None:
     st = h.status
     assert st.restarts.application == 1 and st.restarts.planned == 0, (st.phase, st.message)
     assert h.status.last_restart is not None and h.status.last_restart.reason != "PlannedMove"
+
+
+async def test_an_announcement_taken_back_before_the_save_withdraws_the_order() -> None:
+    h = Harness(cluster(), make_job(gang={"hotSpares": 1}, restartPolicy=NO_BUDGET))
+    await running(h)
+    beat(h, 7, saved=5)
+    await h.cycle(1.0)
+    going = h.pod_nodes()[1]
+    cordon(h, going)
+    await h.cycle(1.0)
+    assert [o.action for o in h.all_report()] == [Action.SAVE] * 2
+    h.cluster.nodes[going]["spec"]["unschedulable"] = False  # kubectl uncordon
+    beat(h, 8)
+    await h.cycle(1.0)
+    assert [o.action for o in h.all_report()] == [Action.CONTINUE] * 2, "no launcher is asked to save any more"
+    # announced again later: a save of its own, past what was reported since
+    cordon(h, going)
+    beat(h, 20)
+    await h.cycle(1.0)
+    await h.cycle(1.0)
+    assert [(o.action, o.save_step) for o in h.all_report()] == [(Action.SAVE, 20 + LEAD_STEPS)] * 2
+    assert h.status.phase == "Running" and h.status.restarts.planned == 0

@@ -10,7 +10,10 @@ operator reads them as it reads a pod's exit code), done. Orders come back on th
   then SIGKILL) and start them again for the order's attempt, with the rank table the order
   names (checked against the operator's digest), the new rendezvous port and the restore hint;
 - ``stop``: this pod is not a member of the job's current attempt (it was replaced) or the job
-  is over: stop the workers and exit.
+  is over: stop the workers and exit;
+- ``save`` (for the running attempt): a planned move is coming; the launcher writes the order to
+  the file its workers know (``RAILYARD_SAVE_ORDER_FILE``), they agree on one step and save to the
+  memory tier there (railyard_trainer.jitsave), and the launcher reports the order's step back.
 
 A restart to an attempt that is not newer than the running one is never acted on, so late or
 replayed answers are harmless. When the workers have failed and the operator says nothing for
@@ -117,10 +120,17 @@ class ControlChannel:
         self._stop.set()
 
     def set_state(self, attempt: int, state: LauncherState, *, code: int = 0, workers: Mapping[int, int] | None = None,
-                  message: str = "") -> None:
-        """A new state: kept for the polls, and posted at once from a short-lived thread."""
+                  message: str = "", save_step: int | None = None) -> None:
+        """A new state: kept for the polls, and posted at once from a short-lived thread.
+        ``save_step``: the save order passed on to the workers (None: as reported before, for
+        the same attempt), so the operator does not send it again."""
+        with self._lock:
+            before = self._report
+        if save_step is None:
+            save_step = before.save_step if before is not None and before.attempt == attempt else -1
         report = LauncherReport(self.job, attempt, self.pod_index, self.pod, state, code,
-                                tuple(sorted((workers or {}).items())), time.time(), message=message[-MAX_MESSAGE_CHARS:])
+                                tuple(sorted((workers or {}).items())), time.time(), message=message[-MAX_MESSAGE_CHARS:],
+                                save_step=save_step)
         with self._lock:
             if self._report is not None and report == replace(self._report, sent_at=report.sent_at):
                 return
@@ -211,6 +221,8 @@ class _Generation:
     run_dir: Path
     failed_at: float | None = None
     term_at: float | None = None
+    #: where a just-in-time save order reaches the workers (``RAILYARD_SAVE_ORDER_FILE``)
+    save_file: Path | None = None
 
     def codes(self) -> dict[int, int]:
         return {r: (128 - rc if rc < 0 else rc) for r, p in self.procs.items() for rc in [p.poll()] if rc is not None}
@@ -239,6 +251,7 @@ def _spawn(plan: LaunchPlan, run_dir: Path, spawner: Spawner) -> _Generation:
         podenv.MASTER_ADDR.name: plan.master_addr, podenv.MASTER_PORT.name: podenv.MASTER_PORT.render(plan.master_port),
         "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), "PYTHONUNBUFFERED": "1",
         podenv.ATTEMPT.name: podenv.ATTEMPT.render(attempt), podenv.RANK_TABLE.name: str(table_path),
+        podenv.SAVE_ORDER_FILE.name: str(run_dir / f"save-a{attempt}.json"),
     })
     base.update(resolved_lighthouse(os.environ, time.monotonic() + RENDEZVOUS_WAIT_S))
     if plan.master_addr.startswith("127.") and len(plan.table.pods) == 1:
@@ -254,7 +267,8 @@ def _spawn(plan: LaunchPlan, run_dir: Path, spawner: Spawner) -> _Generation:
                  **replace(w, config_path=str(config_path)).to_env(), WORKER_ERROR_FILE_ENV: str(worker_error_file(errors_dir, w.rank))}
         for w in plan.workers
     }
-    return _Generation(plan, start_workers(spawner, worker_command(plan.config), envs, attempt=attempt), errors_dir)
+    return _Generation(plan, start_workers(spawner, worker_command(plan.config), envs, attempt=attempt), errors_dir,
+                       save_file=run_dir / f"save-a{attempt}.json")
 
 
 def _stop(gen: _Generation, grace_s: float) -> None:
@@ -360,7 +374,12 @@ def _watch(
                 _stop(gen, restart_kill_grace_s)
                 bad = [c for c in gen.codes().values() if c != 0]
                 return "stopped", most_specific(bad) if bad else 128 + int(signal.SIGTERM)
-            if step is Action.RESTART and ignore_orders:
+            if step is Action.SAVE and gen.save_file is not None and gen.failed_at is None:
+                # (workers that failed save nothing: the failure's restart follows)
+                write_save_order(gen.save_file, attempt=attempt, step=order.save_step)
+                log_event("save_ordered", attempt=attempt, step=order.save_step, reason=order.reason)
+                channel.set_state(attempt, LauncherState.RUNNING, save_step=order.save_step)
+            elif step is Action.RESTART and ignore_orders:
                 log_event("restart_ignored", attempt=attempt, ordered=order.attempt)
             elif step is Action.RESTART:
                 try:
@@ -412,6 +431,13 @@ def _watch(
             channel.wait_order(0.1)
             continue
         time.sleep(0.05)
+
+
+def write_save_order(path: Path, *, attempt: int, step: int) -> None:
+    """Hand a save order to the workers: written whole (a rename), read at each step boundary."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps({"attempt": attempt, "step": step}))
+    os.replace(tmp, path)
 
 
 def is_ignoring_orders(env: Mapping[str, str]) -> bool:

@@ -39,6 +39,7 @@ from railyard_trainer.events import log_event
 from railyard_trainer.faults import FaultInjector
 from railyard_trainer.ft import FTManager, StepExchange, build_ft_manager, ft_problems
 from railyard_trainer.grads import clip_grad_norm_
+from railyard_trainer.jitsave import SaveOrderWatch, hold
 from railyard_trainer.model import Transformer, cross_entropy_loss
 from railyard_trainer.model_args import PRESETS
 from railyard_trainer.parallel_dims import ParallelDims
@@ -167,6 +168,9 @@ class Trainer:
         self.watchdog: Watchdog = self.session.watchdog
         self.log_all_ranks = podenv.LOG_ALL_RANKS.get(os.environ)
         self.dump_grads_dir = podenv.DUMP_GRADS.get(os.environ)
+        # A just-in-time save before a planned move (jitsave.py): agreed on in the loss's all-reduce.
+        self.jit = SaveOrderWatch.from_env(os.environ, cfg.attempt)
+        self._heard_sums = (0.0, 0.0)
 
     def train(self) -> None:
         self.ctx.extra["restore"] = self.ft.restore(lambda: self.checkpointer.restore(self.ctx))
@@ -190,7 +194,27 @@ class Trainer:
         if self.checkpointer.due(self.ctx.step):
             self.health.verify(self.ctx)
         self.checkpointer.maybe_save(self.ctx, checks_passed=self.health.checks_passed())
+        heard, step_sum = self._heard_sums
+        if self.jit.save_now(self.ctx.step, heard=heard, step_sum=step_sum, world=self.env.world_size):
+            self._save_before_move()
         return metrics
+
+    def _save_before_move(self) -> None:
+        """Every rank at this same step: save to the memory tier (the manager's own path), wait
+        for the commit, hold still until the planned move restarts the workers."""
+        step = self.ctx.step
+        tiers = [t for t in getattr(self.checkpointer, "tiers", ()) if t.name == "memory" and t.active]
+        save = getattr(self.checkpointer, "save", None)
+        if not tiers or save is None:
+            log_event("jit_save_skipped", rank=self.env.rank, step=step, why="no memory tier in this checkpointer")
+            return
+        if not tiers[0].due(step):  # (a due one was saved by maybe_save just now)
+            self.health.verify(self.ctx)
+            save(self.ctx, tiers=tiers, checks_passed=self.health.checks_passed())
+        log_event("jit_save", rank=self.env.rank, step=step, attempt=self.cfg.attempt)
+        with self.session.paused():
+            self.checkpointer.wait(self.checkpointer.settings.timeout_s)
+            hold(until_gone=self.jit.path, tick=lambda: self.checkpointer.forward_events(self.ctx))
 
     def replay_step(self) -> tuple[float, float]:
         """Forward+backward of this step's batch again (all ranks together): (loss, grad norm),
@@ -261,9 +285,13 @@ class Trainer:
 
     def _global_loss(self, loss: torch.Tensor) -> float:
         """Mean loss of the global batch: only last-stage ranks contribute, tp ranks repeat it."""
-        buf = loss.detach().float().reshape(()).clone()
+        # two numbers ride along (jitsave.py): whether this rank heard a save order, its step
+        heard = self.jit.heard()
+        buf = torch.tensor([0.0, heard.heard, heard.step], dtype=torch.float64, device=loss.device)
+        buf[0] = loss.detach().double().reshape(())
         dist.all_reduce(buf)
-        return float(buf) / (self.dims.dp * self.dims.tp)
+        self._heard_sums = (float(buf[1]), float(buf[2]))
+        return float(buf[0]) / (self.dims.dp * self.dims.tp)
 
     def _sync(self) -> None:
         if self.device.type == "cuda":

@@ -5,6 +5,10 @@ shrink it falls back to, all of class Planned: no restart budget); the executors
 failure path's (handlers/inplace.py, handlers/regroup.py, handlers/failures.py). Nothing is
 quarantined: the node is not to blame. The job's PodDisruptionBudget keeps ``kubectl drain``
 waiting (429) until the operator's own deletion has moved the pod; then the drain completes.
+
+Without ReplicaGroups the move first waits for a just-in-time save to the memory tier
+(logic/jitsave.py decides: request, wait, move; the order goes out on the control channel), so
+the in-place restart resumes from the step the gang had reached.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from railyard.handlers.failures import restart_whole_gang
 from railyard.handlers.inplace import begin_in_place, capable_pods
 from railyard.handlers.regroup import shrink_groups
 from railyard.logic.gang import pod_index_of
+from railyard.logic.jitsave import AwaitSave, JitSavePlan, MoveNow, RequestSave, decide_jit_save
 from railyard.logic.placement import job_tolerations
 from railyard.logic.planned import find_going_nodes, find_planned_moves
 from railyard.logic.recovery import (
@@ -31,6 +36,7 @@ from railyard.logic.recovery import (
     ShrinkAndWait,
     decide_recovery,
 )
+from railyard.protocol.restore import latest_verified_per_tier
 
 Obj = Mapping[str, Any]
 
@@ -46,10 +52,39 @@ def announced_moves(cycle: Cycle, job: TrainingJob, members: Sequence[Obj], node
                               tolerations=job_tolerations(job))
 
 
+def save_first(cycle: Cycle, job: TrainingJob, going: Mapping[str, str]) -> JitSavePlan:
+    """Whether the move off ``going`` waits for a just-in-time save (logic/jitsave.py decides
+    from the status: the newest step reported, the memory tier's newest committed save)."""
+    spec = job.spec
+    saved = [r.step for r in cycle.status.checkpoints if r.tier == "memory"]
+    step = cycle.status.step
+    window = cycle.runtime.store.job(cycle.ns, cycle.name)
+    if window is not None and window.attempt == cycle.status.attempt:
+        # the heartbeats as they arrived set the save step (the status shows them from the end of
+        # this cycle on); whether the save is there is read from the status, as the restore hint is
+        step = max(step, int(window.max_step), latest_verified_per_tier(window.last_checkpoints().values()).get("memory", -1))
+    return decide_jit_save(
+        pending=cycle.runtime.control.save_order(cycle.ns, cycle.name), attempt=cycle.status.attempt, going=going,
+        reported_step=step, memory_saved_step=max(saved, default=-1), now=cycle.now,
+        replica_groups=spec.replica_groups, in_place=spec.restart_policy.in_place,
+        memory_tier=spec.checkpoint.memory.enabled,
+    )
+
+
+def request_save(cycle: Cycle, plan: RequestSave | AwaitSave) -> float:
+    """Publish the save order (once: its Event says what is saved and why); when to look again."""
+    if isinstance(plan, RequestSave):
+        cycle.runtime.control.order_save(cycle.ns, cycle.name, plan.order)
+        cycle.event("Normal", "PlannedMoveSaving", plan.message)
+    return plan.recheck_s
+
+
 async def move_ahead(
     cycle: Cycle, job: TrainingJob, going: Mapping[str, str], members: Sequence[Obj], nodes: Mapping[str, Obj],
+    saved: MoveNow,
 ) -> float | None:
-    """Execute the planned move off ``going`` (node -> why); returns when to look again."""
+    """Execute the planned move off ``going`` (node -> why); ``saved``: what it resumes from
+    (:func:`save_first`'s answer). Returns when to look again."""
     runtime = cycle.runtime
     real = {str((p.get("metadata") or {}).get("name")): p for p in runtime.pods_of(cycle.ns, cycle.name)}
     gang = [real.get(str((p.get("metadata") or {}).get("name")), p) for p in members]
@@ -69,14 +104,14 @@ async def move_ahead(
     quarantined = list(cycle.status.quarantined_nodes)
     match plan:
         case RestartInPlace():  # MoveAhead, with ReplicaGroups a group repair
-            cycle.event("Normal", "PlannedMove", plan.message)
+            cycle.event("Normal", "PlannedMove", f"{plan.message}; {saved.note}")
             return await begin_in_place(cycle, job, plan, gang, real, nodes, quarantined)
         case ShrinkAndWait():
             assert table is not None, "a shrink goes on from the running table"
-            cycle.event("Normal", "PlannedMove", f"{cause.failure.message}: pods {moved} move; {plan.message}")
+            cycle.event("Normal", "PlannedMove", f"{cause.failure.message}: pods {moved} move; {plan.message}; {saved.note}")
             return await shrink_groups(cycle, job, plan, table, gang, real, nodes, quarantined)
         case FullRestart():
-            cycle.event("Normal", "PlannedMove", f"{cause.failure.message}: the whole gang moves; {plan.message}")
+            cycle.event("Normal", "PlannedMove", f"{cause.failure.message}: the whole gang moves; {plan.message}; {saved.note}")
             return await restart_whole_gang(cycle, plan, cause.failure.message, gang, nodes, quarantined)
         case Fail():  # a planned move spends no budget: never, but say so if it were
             cycle.event("Warning", "PlannedMoveRefused", plan.message)

@@ -44,7 +44,7 @@ from railyard.handlers.kueue import (
     queue_of,
 )
 from railyard.handlers.lighthouse import reconcile_lighthouse
-from railyard.handlers.planned import announced_moves, move_ahead
+from railyard.handlers.planned import announced_moves, move_ahead, request_save, save_first
 from railyard.handlers.regroup import grow_back
 from railyard.handlers.runtime import JobWorker, Runtime
 from railyard.handlers.spares import reconcile_spares
@@ -63,6 +63,7 @@ from railyard.logic.gang import (
     pod_name_of,
 )
 from railyard.logic.inplace import apply_launcher_reports
+from railyard.logic.jitsave import MoveNow
 from railyard.logic.manifests import CLEANUP_FINALIZER, check_names, is_owned_by
 from railyard.logic.pending import (
     PendingReason,
@@ -189,10 +190,19 @@ async def _step(cycle: Cycle, job: TrainingJob) -> float | None:
     pending = await _pending_reason(cycle, members) if gang.state == "Starting" else None
     decision = lc.decide_lifecycle(_observe(cycle, job, gang, members, nodes, pending))
     going = _announced(cycle, job, decision, gang, members, nodes)
-    if going:
-        delay = await move_ahead(cycle, job, going, members, nodes)
+    saved = save_first(cycle, job, going) if going else None
+    if not going and runtime.control.save_order(cycle.ns, cycle.name) is not None:
+        # the announcement was taken back before the move: a later one asks for a save of its own
+        runtime.control.withdraw_save(cycle.ns, cycle.name)
+    if going and isinstance(saved, MoveNow):
+        delay = await move_ahead(cycle, job, going, members, nodes, saved)
     else:
         delay = await _execute(cycle, job, decision, gang, members, nodes)
+        if saved is not None and not isinstance(saved, MoveNow) and cycle.status.phase == "Running" \
+                and in_place_restart(cycle) is None:
+            # the gang trains on (its heartbeats bring the save) until the save or the timeout
+            wait = request_save(cycle, saved)
+            delay = wait if delay is None else min(delay, wait)
     if cycle.status.phase in TERMINAL_PHASES:
         return await _release_finished(cycle, job, nodes)
     _update_degraded(cycle, job)

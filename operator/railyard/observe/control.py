@@ -24,6 +24,7 @@ from typing import Any
 from aiohttp import web
 
 from railyard.logic.inplace import GangControl, decide_control_answer
+from railyard.logic.jitsave import SaveOrder, answer_save
 from railyard.logic.layout import build_replica_group_table
 from railyard.logic.manifests import rendezvous_port
 from railyard.protocol.control import (
@@ -59,6 +60,8 @@ class _Job:
     #: faultTolerance ReplicaGroups: the launchers run their group's table, so their restart
     #: orders carry a delta between group tables
     replicas: int = 1
+    #: a just-in-time save asked of the current attempt's launchers (logic/jitsave.py)
+    save: SaveOrder | None = None
     #: resolved (and replaced) when the job's control state changes; every held poll waits on it
     changed: asyncio.Future[None] | None = None
 
@@ -110,9 +113,29 @@ class ControlBoard:
             j.restore = None if restore is None else dict(restore)
         if j.gang is None or j.gang.attempt != attempt or j.gang.open != open_:
             j.orders.clear()
+        if j.save is not None and j.save.attempt != attempt:
+            j.save = None  # a save order is for the attempt it names only
         if new != j.gang:
             j.gang = new
             self._changed(j)
+
+    def order_save(self, namespace: str, job: str, order: SaveOrder) -> None:
+        """Ask the launchers of ``order.attempt`` for a just-in-time save (answered once to each,
+        until a new attempt is published)."""
+        j = self.jobs.setdefault((namespace, job), _Job())
+        if j.save != order:
+            j.save = order
+            self._changed(j)
+
+    def withdraw_save(self, namespace: str, job: str) -> None:
+        """No move is coming any more (the node was uncordoned): ask no launcher for the save."""
+        j = self.jobs.get((namespace, job))
+        if j is not None:
+            j.save = None
+
+    def save_order(self, namespace: str, job: str) -> SaveOrder | None:
+        j = self.jobs.get((namespace, job))
+        return None if j is None else j.save
 
     def finish(self, namespace: str, job: str, reason: str) -> None:
         j = self.jobs.get((namespace, job))
@@ -157,6 +180,10 @@ class ControlBoard:
         if j is None or j.gang is None:
             return ControlOrder(job, report.attempt, Action.CONTINUE, "the operator has not published this job yet"), Action.CONTINUE
         action, reason = decide_control_answer(j.gang, report)
+        if action is Action.CONTINUE and j.save is not None and j.gang.attempt == j.save.attempt and answer_save(j.save, report):
+            save = j.save
+            return ControlOrder(job, save.attempt, Action.SAVE, f"save before the planned move off {', '.join(save.nodes)}",
+                                save_step=save.step), Action.SAVE
         if action is not Action.RESTART:
             return ControlOrder(job, j.gang.attempt, action, reason), action
         new = j.tables.get(j.gang.attempt)

@@ -16,7 +16,11 @@ when the job's control state changes or ``wait`` runs out:
   attempt (a :class:`RankTableDelta` against the table you run, or the whole table) and the
   restore hint;
 - ``stop``: you are not a member of the job's current attempt (you were replaced, e.g. after a
-  partition) or the job is over: stop your workers and exit.
+  partition) or the job is over: stop your workers and exit;
+- ``save``: a planned move is coming (docs/disruptions.md): have your workers of ``attempt`` save
+  to the memory tier at a step boundary no earlier than ``save_step`` (every rank the same step,
+  agreed among the workers) and then hold still until the restart. The launcher acknowledges it by
+  reporting ``save_step`` back, so the order is answered once, not to every poll.
 
 Fencing (attempt numbers only grow): a launcher acts on a ``restart`` only for an attempt newer
 than its own (:func:`decide_launcher_step`), checks that the rank table it builds is exactly the
@@ -69,6 +73,7 @@ class Action(StrEnum):
     CONTINUE = "continue"
     RESTART = "restart"
     STOP = "stop"
+    SAVE = "save"
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +96,8 @@ class LauncherReport:
     #: The failed workers' last words (state Failed): what the launcher would write to the pod's
     #: termination message, which it does not write while it keeps the pod to restart in place.
     message: str = ""
+    #: The ``save_step`` of the save order this launcher passed on to its workers (-1: none).
+    save_step: int = -1
 
     def to_json(self) -> str:
         return json.dumps(
@@ -99,6 +106,7 @@ class LauncherReport:
                 "pod": self.pod, "state": self.state.value, "code": self.code,
                 "workers": [[r, c] for r, c in self.workers], "sent_at": self.sent_at,
                 **({"message": self.message} if self.message else {}),
+                **({"save_step": self.save_step} if self.save_step >= 0 else {}),
             },
             separators=(",", ":"),
         )
@@ -144,9 +152,13 @@ class ControlOrder:
     #: With ``restart``: the restore hint for config.json (``{"tier", "step", "lastStep"}``).
     restore: dict[str, Any] | None = None
     version: int = SCHEMA_VERSION
+    #: With ``save``: the earliest step the workers save at (-1: no save ordered).
+    save_step: int = -1
 
     def to_json(self) -> str:
         out: dict[str, Any] = {"version": self.version, "job": self.job, "attempt": self.attempt, "action": self.action.value, "reason": self.reason}
+        if self.save_step >= 0:
+            out["save_step"] = self.save_step
         if self.delta is not None:
             out["delta"] = self.delta.to_dict()
         if self.rank_table is not None:
@@ -221,6 +233,8 @@ def decide_launcher_step(local_attempt: int, order: ControlOrder) -> Action:
         return Action.STOP
     if order.action is Action.RESTART and order.attempt > local_attempt:
         return Action.RESTART
+    if order.action is Action.SAVE and order.attempt == local_attempt and order.save_step >= 0:
+        return Action.SAVE  # a save is for the workers that run now, never another attempt's
     return Action.CONTINUE
 
 
@@ -267,6 +281,7 @@ def parse_report(body: bytes | str) -> LauncherReport:
         job=_str(raw, "job"), attempt=_int(raw, "attempt", 0), pod_index=_int(raw, "pod_index", 0), pod=_str(raw, "pod"),
         state=state, code=_int(raw, "code", 0, default=0), workers=tuple(workers), sent_at=float(sent_at),
         version=_int(raw, "version", 1, default=SCHEMA_VERSION), message=message,
+        save_step=_int(raw, "save_step", -1, default=-1),
     )
 
 
@@ -300,6 +315,7 @@ def parse_order(body: bytes | str) -> ControlOrder:
     return ControlOrder(
         job=_str(raw, "job"), attempt=_int(raw, "attempt", 0), action=action, reason=str(raw.get("reason") or ""),
         delta=delta, rank_table=table, restore=restore, version=_int(raw, "version", 1, default=SCHEMA_VERSION),
+        save_step=_int(raw, "save_step", -1, default=-1),
     )
 
 

@@ -174,6 +174,7 @@ POD_IP = Text(
 MESH_SHAPE = Triple("RAILYARD_MESH_SHAPE", "the mesh's (pp, dp, tp) sizes, from the rank table")
 MESH_COORDS = Triple("RAILYARD_MESH_COORDS", "this rank's (pp, dp, tp) coordinates, from the rank table")
 WORKER_ERROR_FILE = Text("RAILYARD_WORKER_ERROR_FILE", "where a worker records its error (as torchrun's TORCHELASTIC_ERROR_FILE)")
+SAVE_ORDER_FILE = Text("RAILYARD_SAVE_ORDER_FILE", "where the launcher writes a just-in-time save order for its workers (a planned move)")
 
 # -- knobs the launcher and trainer read (unset in a pod: the defaults hold) ----------------------
 
