@@ -96,7 +96,7 @@ def job_spec(mode: str, *, steps: int, selector: dict[str, str], groups: int) ->
         "nodeSelector": selector,
         "parallelism": {"dataReplicas": groups},
         "trainer": {
-            "preset": "tiny", "steps": steps, "batchSize": 12, "seqLen": 32, "logEverySteps": 1,
+            "preset": "tiny", "steps": steps, "batchSize": 2 * groups * RANKS_PER_POD, "seqLen": 32, "logEverySteps": 1,
             "seed": 0,  # collectiveTimeoutSeconds and watchdogSeconds: the API defaults (120 s, 60 s)
         },
         "checkpoint": {"memory": {"intervalSteps": 5, "keep": 2}, "local": {"enabled": False},
@@ -443,7 +443,7 @@ def main(argv: list[str] | None = None) -> int:
         "bench": "replica_groups",
         "conditions": {
             "groups": list(args.groups), "ranks_per_pod": RANKS_PER_POD, "steps": args.steps, "fail_at": args.fail_at,
-            "trainer": "tiny preset, CPU (gloo), batch 12, seq 32", "cluster": "local cluster, embedded API server, 10 nodes x 2",
+            "trainer": "tiny preset, CPU (gloo), batch 2 sequences per rank (12 at R = 3), seq 32", "cluster": "local cluster, embedded API server, 10 nodes x 2",
             "seconds": round(time.time() - started, 1),
             "load_average_1m_at_end": round(os.getloadavg()[0], 1), "cpus": os.cpu_count(),
         },
