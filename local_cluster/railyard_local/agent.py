@@ -216,7 +216,12 @@ class Agent:
             await retry(
                 lambda: self.client.delete(
                     f"/api/v1/namespaces/{ns}/pods/{name}",
-                    {"kind": "DeleteOptions", "apiVersion": "v1", "gracePeriodSeconds": 0, "preconditions": {"uid": uid}},
+                    {
+                        "kind": "DeleteOptions",
+                        "apiVersion": "v1",
+                        "gracePeriodSeconds": 0,
+                        "preconditions": {"uid": uid},
+                    },
                 )
             )
         except ApiError as exc:
@@ -225,8 +230,13 @@ class Agent:
         finally:
             self._finishing.discard(str(uid))
 
-    async def _report_lost(self, pod: Obj, *, reason: str = "NodeRestart",
-                           message: str = "the local cluster's node agent stopped while this pod ran; its processes are gone") -> None:
+    async def _report_lost(
+        self,
+        pod: Obj,
+        *,
+        reason: str = "NodeRestart",
+        message: str = "the local cluster's node agent stopped while this pod ran; its processes are gone",
+    ) -> None:
         meta = pod.get("metadata") or {}
         ns, name = meta.get("namespace", "default"), meta.get("name", "")
         statuses = []
@@ -234,7 +244,15 @@ class Agent:
             state = cs.get("state") or {}
             if "terminated" not in state:
                 started = (state.get("running") or {}).get("startedAt", now_iso())
-                state = {"terminated": {"exitCode": 137, "reason": reason, "signal": 9, "startedAt": started, "finishedAt": now_iso()}}
+                state = {
+                    "terminated": {
+                        "exitCode": 137,
+                        "reason": reason,
+                        "signal": 9,
+                        "startedAt": started,
+                        "finishedAt": now_iso(),
+                    }
+                }
             statuses.append({**cs, "state": state, "ready": False})
         body = {
             "status": {
@@ -256,7 +274,9 @@ class Agent:
         self.controls[node] = after
         if after.failed and not before.failed:
             for w in [w for w in self.workers.values() if w.node.name == node]:
-                self._bg(w.kill(reason="NodeFailed", message=f"node {node} failed (railyard local node fail)", report=True))
+                self._bg(
+                    w.kill(reason="NodeFailed", message=f"node {node} failed (railyard local node fail)", report=True)
+                )
         if before.failed and not after.failed and self.pods is not None:
             for pod in list(self.pods.cache.values()):
                 if (pod.get("spec") or {}).get("nodeName") == node:
@@ -348,7 +368,9 @@ class Agent:
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await w.task
         # Like a kubelet's graceful node shutdown: pods that will not be restarted are Failed.
-        reports = [w.report_shutdown() for w in workers if w.restart_policy != "Always" and w.phase in ("Pending", "Running")]
+        reports = [
+            w.report_shutdown() for w in workers if w.restart_policy != "Always" and w.phase in ("Pending", "Running")
+        ]
         if reports:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(asyncio.gather(*reports, return_exceptions=True), 3.0)

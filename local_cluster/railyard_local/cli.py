@@ -130,11 +130,26 @@ def _up(args: argparse.Namespace, state_dir: Path) -> int:
 
 
 def _up_detached(args: argparse.Namespace, state_dir: Path) -> int:
-    argv = [sys.executable, "-m", "railyard.cli", "local", "--state-dir", str(state_dir), "up", "--timeout", str(args.timeout)]
+    argv = [
+        sys.executable,
+        "-m",
+        "railyard.cli",
+        "local",
+        "--state-dir",
+        str(state_dir),
+        "up",
+        "--timeout",
+        str(args.timeout),
+    ]
     for flag, value in (
-        ("--nodes", args.nodes), ("--gpus-per-node", args.gpus_per_node), ("--topology", args.topology),
-        ("--topology-file", args.topology_file and args.topology_file.absolute()), ("--cpu", args.cpu),
-        ("--memory", args.memory), ("--mode", args.mode), ("--kubeconfig", args.kubeconfig and args.kubeconfig.absolute()),
+        ("--nodes", args.nodes),
+        ("--gpus-per-node", args.gpus_per_node),
+        ("--topology", args.topology),
+        ("--topology-file", args.topology_file and args.topology_file.absolute()),
+        ("--cpu", args.cpu),
+        ("--memory", args.memory),
+        ("--mode", args.mode),
+        ("--kubeconfig", args.kubeconfig and args.kubeconfig.absolute()),
         ("--kubelet-client-ca", args.kubelet_client_ca and args.kubelet_client_ca.absolute()),
     ):
         if value is not None:
@@ -151,7 +166,9 @@ def _up_detached(args: argparse.Namespace, state_dir: Path) -> int:
     ready.unlink(missing_ok=True)
     log_path = state_dir / "logs" / "up.log"
     with open(log_path, "ab") as out:
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
     deadline = time.monotonic() + args.timeout + 10
     while time.monotonic() < deadline:
         if ready.exists():
@@ -162,7 +179,10 @@ def _up_detached(args: argparse.Namespace, state_dir: Path) -> int:
             return 0
         if proc.poll() is not None:
             tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-20:])
-            print(f"railyard local: background start failed (exit {proc.returncode}); {log_path}:\n{tail}", file=sys.stderr)
+            print(
+                f"railyard local: background start failed (exit {proc.returncode}); {log_path}:\n{tail}",
+                file=sys.stderr,
+            )
             return 1
         time.sleep(0.1)
     proc.terminate()
@@ -194,7 +214,9 @@ def _kubeconfig(args: argparse.Namespace, state_dir: Path) -> Path:
     try:
         config = json.loads((state_dir / "cluster.json").read_text())
     except FileNotFoundError as exc:
-        raise LocalClusterError(f"no local cluster in {state_dir}; start one with `railyard local up` or pass --kubeconfig") from exc
+        raise LocalClusterError(
+            f"no local cluster in {state_dir}; start one with `railyard local up` or pass --kubeconfig"
+        ) from exc
     if config.get("mode") == "existing":
         return Path(config["externalKubeconfig"])
     return state_dir / "kubeconfig"
@@ -213,7 +235,13 @@ def _own_nodes(state_dir: Path) -> str:
 async def _status(args: argparse.Namespace, state_dir: Path) -> int:
     kubeconfig = _kubeconfig(args, state_dir)
     pid = _running_pid(state_dir)
-    out: dict[str, Any] = {"stateDir": str(state_dir), "kubeconfig": str(kubeconfig), "running": pid is not None, "pid": pid, "nodes": []}
+    out: dict[str, Any] = {
+        "stateDir": str(state_dir),
+        "kubeconfig": str(kubeconfig),
+        "running": pid is not None,
+        "pid": pid,
+        "nodes": [],
+    }
     if pid is not None or getattr(args, "kubeconfig", None):
         async with KubeClient.from_kubeconfig(str(kubeconfig)) as client:
             try:
@@ -230,19 +258,34 @@ async def _status(args: argparse.Namespace, state_dir: Path) -> int:
         for n in nodes:
             meta = n.get("metadata") or {}
             ann = meta.get("annotations") or {}
-            out["nodes"].append({
-                "name": meta.get("name"),
-                "ready": node_is_ready(n),
-                "failed": ann.get(FAIL_ANNOTATION) == "true",
-                "slowFactor": float(ann.get(SLOW_ANNOTATION, 1) or 1),
-                "taints": [f"{t.get('key')}{'=' + t['value'] if t.get('value') else ''}:{t.get('effect')}" for t in (n.get("spec") or {}).get("taints") or []],
-                "ip": next((a["address"] for a in (n.get("status") or {}).get("addresses") or [] if a.get("type") == "InternalIP"), ""),
-                "pods": per_node.get(str(meta.get("name")), 0),
-            })
+            out["nodes"].append(
+                {
+                    "name": meta.get("name"),
+                    "ready": node_is_ready(n),
+                    "failed": ann.get(FAIL_ANNOTATION) == "true",
+                    "slowFactor": float(ann.get(SLOW_ANNOTATION, 1) or 1),
+                    "taints": [
+                        f"{t.get('key')}{'=' + t['value'] if t.get('value') else ''}:{t.get('effect')}"
+                        for t in (n.get("spec") or {}).get("taints") or []
+                    ],
+                    "ip": next(
+                        (
+                            a["address"]
+                            for a in (n.get("status") or {}).get("addresses") or []
+                            if a.get("type") == "InternalIP"
+                        ),
+                        "",
+                    ),
+                    "pods": per_node.get(str(meta.get("name")), 0),
+                }
+            )
     if args.output == "json":
         print(json.dumps(out, indent=2))
         return 0
-    print(f"state dir:  {out['stateDir']}\nkubeconfig: {out['kubeconfig']}\nrunning:    {f'yes (pid {pid})' if pid else 'no'}")
+    print(
+        f"state dir:  {out['stateDir']}\nkubeconfig: {out['kubeconfig']}\nrunning:    "
+        f"{f'yes (pid {pid})' if pid else 'no'}"
+    )
     if out["nodes"]:
         print(f"{'NODE':<16}{'STATUS':<10}{'IP':<16}{'PODS':>5}  NOTES")
         for n in out["nodes"]:
@@ -252,7 +295,10 @@ async def _status(args: argparse.Namespace, state_dir: Path) -> int:
             if n["slowFactor"] > 1:
                 notes.append(f"slow x{n['slowFactor']:g}")
             notes += n["taints"]
-            print(f"{n['name']:<16}{'Ready' if n['ready'] else 'NotReady':<10}{n['ip']:<16}{n['pods']:>5}  {', '.join(notes)}")
+            print(
+                f"{n['name']:<16}{'Ready' if n['ready'] else 'NotReady':<10}{n['ip']:<16}{n['pods']:>5}  "
+                f"{', '.join(notes)}"
+            )
     return 0
 
 
@@ -308,9 +354,13 @@ async def _node(args: argparse.Namespace, state_dir: Path) -> int:
         for _ in range(10):
             taints = list((node.get("spec") or {}).get("taints") or [])
             if cmd == "taint":
-                taints = [t for t in taints if (t.get("key"), t.get("effect")) != (taint["key"], taint["effect"])] + [taint]
+                taints = [t for t in taints if (t.get("key"), t.get("effect")) != (taint["key"], taint["effect"])] + [
+                    taint
+                ]
             else:
-                taints = [t for t in taints if not (t.get("key") == taint["key"] and taint["effect"] in ("", t.get("effect")))]
+                taints = [
+                    t for t in taints if not (t.get("key") == taint["key"] and taint["effect"] in ("", t.get("effect")))
+                ]
             rv = (node.get("metadata") or {}).get("resourceVersion")
             try:
                 await client.patch(path, {"metadata": {"resourceVersion": rv}, "spec": {"taints": taints}}, MERGE)

@@ -143,7 +143,16 @@ class LocalCluster:
         self.config.setdefault("token", secrets.token_hex(24))
         if shared_host_paths is not None:
             self.config["sharedHostPaths"] = list(shared_host_paths)
-        shape_args = (nodes, gpus_per_node, topology, topology_file, cpu_per_node, memory_per_node, node_prefix, node_ip_offset)
+        shape_args = (
+            nodes,
+            gpus_per_node,
+            topology,
+            topology_file,
+            cpu_per_node,
+            memory_per_node,
+            node_prefix,
+            node_ip_offset,
+        )
         if "nodeSpecs" not in self.config or any(a is not None for a in shape_args):
             shape = self._shape(nodes, gpus_per_node, topology, topology_file, cpu_per_node, memory_per_node)
             if node_prefix is not None:
@@ -305,12 +314,14 @@ class LocalCluster:
                 except ValueError:
                     pass
             if proc.poll() is not None:
+                log_file = self.state_dir / "logs" / f"{name}.log"
                 raise LocalClusterError(
-                    f"{name} exited with code {proc.returncode} while starting; "
-                    f"log {self.state_dir / 'logs' / (name + '.log')}:\n{_tail(self.state_dir / 'logs' / (name + '.log'))}"
+                    f"{name} exited with code {proc.returncode} while starting; log {log_file}:\n{_tail(log_file)}"
                 )
             time.sleep(0.05)
-        raise LocalClusterError(f"{name} not ready after {timeout:.0f}s; see {self.state_dir / 'logs' / (name + '.log')}")
+        raise LocalClusterError(
+            f"{name} not ready after {timeout:.0f}s; see {self.state_dir / 'logs' / (name + '.log')}"
+        )
 
     def _start_embedded(self, timeout: float) -> None:
         port = int(self.config.get("port") or 0)

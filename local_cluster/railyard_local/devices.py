@@ -49,7 +49,9 @@ def build_slices(node: str, node_uid: str, gpus: int) -> list[dict[str, Any]]:
     """The node's ResourceSlices (none without GPUs)."""
     if gpus <= 0:
         return []
-    owner = [{"apiVersion": "v1", "kind": "Node", "name": node, "uid": node_uid, "controller": True}] if node_uid else []
+    owner = (
+        [{"apiVersion": "v1", "kind": "Node", "name": node, "uid": node_uid, "controller": True}] if node_uid else []
+    )
     return [
         {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
          "metadata": {"name": slice_name(node, driver), "ownerReferences": owner},
@@ -130,5 +132,7 @@ def build_allocation(claim: Obj, node: str, classes: Mapping[str, Obj], devices:
             results.append({"request": str(r.get("name")), "driver": driver, "pool": node, "device": d})
     return {
         "devices": {"results": results},
-        "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}]},
+        "nodeSelector": {
+            "nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}]
+        },
     }

@@ -99,7 +99,9 @@ class KubeClient(BaseClient):
             "timeoutSeconds": str(timeout_seconds),
         }
         async with self._sess().get(
-            self.server + path, params=params, timeout=aiohttp.ClientTimeout(total=timeout_seconds + 30, sock_read=timeout_seconds + 30)
+            self.server + path,
+            params=params,
+            timeout=aiohttp.ClientTimeout(total=timeout_seconds + 30, sock_read=timeout_seconds + 30),
         ) as resp:
             if resp.status >= 400:
                 text = await resp.text()

@@ -82,7 +82,9 @@ class KubeletEndpoint:
     """``/containerLogs`` for the pods of ``nodes``; ``pod("ns/name")`` looks a pod up in the
     agent's cache, ``log_path`` is where the agent writes its logs."""
 
-    def __init__(self, nodes: list[NodeSpec], pod: Callable[[str], Obj | None], log_path: LogPath, *, ssl_context: ssl.SSLContext) -> None:
+    def __init__(
+        self, nodes: list[NodeSpec], pod: Callable[[str], Obj | None], log_path: LogPath, *, ssl_context: ssl.SSLContext
+    ) -> None:
         self.by_ip = {n.ip: n.name for n in nodes}
         self.pod = pod
         self.log_path = log_path

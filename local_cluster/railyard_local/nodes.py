@@ -322,7 +322,9 @@ class NodeManager:
     async def patch_status(self, name: str) -> None:
         spec = self.specs[name]
         ready = not self.controls[name].failed
-        status = build_node_status(spec, ready=ready, since=self._since.get(name, now_iso()), kubelet_port=self.kubelet_port)
+        status = build_node_status(
+            spec, ready=ready, since=self._since.get(name, now_iso()), kubelet_port=self.kubelet_port
+        )
         self._last_post[name] = asyncio.get_running_loop().time()
         self.stats.status_posts += 1
         await retry(lambda: self.heartbeats.patch(f"/api/v1/nodes/{name}/status", {"status": status}),

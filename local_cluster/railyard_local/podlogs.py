@@ -85,8 +85,15 @@ def select(data: bytes, opts: LogOptions) -> bytes:
     return data
 
 
-async def respond(request: web.Request, path: Path | None, opts: LogOptions, *,
-                  current: Callable[[], Path | None], done: Callable[[], bool], stopping: asyncio.Event) -> web.StreamResponse:
+async def respond(
+    request: web.Request,
+    path: Path | None,
+    opts: LogOptions,
+    *,
+    current: Callable[[], Path | None],
+    done: Callable[[], bool],
+    stopping: asyncio.Event,
+) -> web.StreamResponse:
     """Answer with the log at ``path``; with ``follow``, keep sending what is appended to the
     current log (``current()``) until ``done()`` (the container ended or the pod is gone) or
     ``stopping``."""

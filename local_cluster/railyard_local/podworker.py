@@ -116,7 +116,9 @@ class PodWorker:
         return self.phase in ("Pending", "Running") and not self.stopping
 
     def pgids(self) -> list[int]:
-        return [c.pgid for c in self.init + self.containers if c.pgid and c.proc is not None and c.proc.returncode is None]
+        return [
+            c.pgid for c in self.init + self.containers if c.pgid and c.proc is not None and c.proc.returncode is None
+        ]
 
     async def delete(self, grace: int) -> None:
         """Graceful deletion: SIGTERM, wait up to ``grace`` s, SIGKILL, then remove the pod."""
@@ -135,7 +137,12 @@ class PodWorker:
         await retry(
             lambda: self.agent.client.delete(
                 f"/api/v1/namespaces/{self.ns}/pods/{self.name}",
-                {"kind": "DeleteOptions", "apiVersion": "v1", "gracePeriodSeconds": 0, "preconditions": {"uid": self.uid}},
+                {
+                    "kind": "DeleteOptions",
+                    "apiVersion": "v1",
+                    "gracePeriodSeconds": 0,
+                    "preconditions": {"uid": self.uid},
+                },
             ),
             what=f"delete {self.ns}/{self.name}",
         )
@@ -155,8 +162,14 @@ class PodWorker:
             elif "running" in c.state:  # simulated: its process would have ended on SIGTERM
                 c.state = {"terminated": self._terminated(143, "Error", c.started_at)}
             else:  # never started: what a kubelet says of a container it cannot find
-                c.state = {"terminated": self._terminated(137, "ContainerStatusUnknown", c.started_at,
-                                                          "The container could not be located when the pod was terminated")}
+                c.state = {
+                    "terminated": self._terminated(
+                        137,
+                        "ContainerStatusUnknown",
+                        c.started_at,
+                        "The container could not be located when the pod was terminated",
+                    )
+                }
             c.ready = False
         self._update_phase()
         await self._patch_status()
@@ -299,7 +312,11 @@ class PodWorker:
                 )
             except (FileNotFoundError, PermissionError, NotADirectoryError) as exc:
                 out.write(f"railyard local: cannot start {argv[0]!r}: {exc}\n".encode())
-                c.state = {"terminated": self._terminated(127 if isinstance(exc, FileNotFoundError) else 126, "StartError", c.started_at, str(exc))}
+                c.state = {
+                    "terminated": self._terminated(
+                        127 if isinstance(exc, FileNotFoundError) else 126, "StartError", c.started_at, str(exc)
+                    )
+                }
                 return 127 if isinstance(exc, FileNotFoundError) else 126
         c.pgid = c.proc.pid
         c.state = {"running": {"startedAt": c.started_at}}
@@ -324,7 +341,11 @@ class PodWorker:
             await asyncio.get_running_loop().create_future()
             code = 0
         c.ready = False
-        c.state = {"terminated": self._terminated(code, "Completed" if code == 0 else "Error", c.started_at, self._termination_message(c, code))}
+        c.state = {
+            "terminated": self._terminated(
+                code, "Completed" if code == 0 else "Error", c.started_at, self._termination_message(c, code)
+            )
+        }
         return code
 
     async def _run_to_completion(self, c: Container) -> bool:
@@ -345,7 +366,12 @@ class PodWorker:
                 await self._patch_status()
                 return False
             c.last_state, c.restarts = c.state, c.restarts + 1
-            c.state = {"waiting": {"reason": "CrashLoopBackOff", "message": f"back-off {delay:.0f}s restarting failed container"}}
+            c.state = {
+                "waiting": {
+                    "reason": "CrashLoopBackOff",
+                    "message": f"back-off {delay:.0f}s restarting failed container",
+                }
+            }
             await self._patch_status()
             await asyncio.sleep(delay)
             delay = min(delay * 2, RESTART_BACKOFF_MAX)
@@ -358,7 +384,9 @@ class PodWorker:
                 code = await self._spawn(c)
                 if code is None:
                     if c.spec.get("readinessProbe"):
-                        probe = self.agent.tasks.spawn(self._probe(c), f"readiness probe {self.ns}/{self.name}/{c.name}")
+                        probe = self.agent.tasks.spawn(
+                            self._probe(c), f"readiness probe {self.ns}/{self.name}/{c.name}"
+                        )
                     else:
                         c.ready = True
                     self._update_phase()
@@ -375,7 +403,12 @@ class PodWorker:
                     await self._patch_status()
                     return
                 c.last_state, c.restarts = c.state, c.restarts + 1
-                c.state = {"waiting": {"reason": "CrashLoopBackOff", "message": f"back-off {delay:.0f}s restarting failed container={c.name}"}}
+                c.state = {
+                    "waiting": {
+                        "reason": "CrashLoopBackOff",
+                        "message": f"back-off {delay:.0f}s restarting failed container={c.name}",
+                    }
+                }
                 self._update_phase()
                 await self._patch_status()
                 await asyncio.sleep(delay)

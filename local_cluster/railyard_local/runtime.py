@@ -101,7 +101,10 @@ async def run_runtime(
             if await serves_podgroups(client):
                 podgroups = informer(f"{PODGROUPS}/podgroups", "podgroups")
             if await serves_dra(client):
-                dra = [informer(f"{RESOURCE_API}/{plural}", plural) for plural in ("resourceslices", "deviceclasses", "resourceclaims")]
+                dra = [
+                    informer(f"{RESOURCE_API}/{plural}", plural)
+                    for plural in ("resourceslices", "deviceclasses", "resourceclaims")
+                ]
             sched = Scheduler(client, pods.cache, podgroups=podgroups.cache if podgroups else None,
                               slices=dra[0].cache if dra else None, device_classes=dra[1].cache if dra else None,
                               claims=dra[2].cache if dra else None)

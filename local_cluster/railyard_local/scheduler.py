@@ -481,7 +481,9 @@ class Scheduler:
                 for claims in allocations.values():
                     for claim, _ in claims:
                         self.allocating.pop(key_of(claim), None)
-                decision = GangDecision(group_message="cannot allocate all claims", pod_message="cannot allocate all claims")
+                decision = GangDecision(
+                    group_message="cannot allocate all claims", pod_message="cannot allocate all claims"
+                )
                 break
             allocations[k] = got
         if not decision.nodes:

@@ -127,7 +127,8 @@ def check_view(view: PodView, node: NodeInfo) -> str | None:
     """:func:`check_node` on a prepared :class:`PodView` (the scheduler's hot loop)."""
     labels = node.labels
     if not labels_match(view.node_selector, labels) or (
-        view.terms is not None and not any(match_node_selector_term(t, name=node.name, labels=labels) for t in view.terms)
+        view.terms is not None
+        and not any(match_node_selector_term(t, name=node.name, labels=labels) for t in view.terms)
     ):
         return "node(s) didn't match Pod's node affinity/selector"
     if node.unschedulable and untolerated_taint(view.tolerations, [UNSCHEDULABLE_TAINT]) is not None:

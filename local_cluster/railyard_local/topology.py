@@ -229,4 +229,10 @@ def build_nodes(shape: ClusterShape) -> list[NodeSpec]:
 
 
 def _is_label_name(name: str) -> bool:
-    return bool(name) and len(name) <= 63 and all(c.isdigit() or c.islower() or c == "-" for c in name) and name[0].isalnum() and name[-1].isalnum()
+    return (
+        bool(name)
+        and len(name) <= 63
+        and all(c.isdigit() or c.islower() or c == "-" for c in name)
+        and name[0].isalnum()
+        and name[-1].isalnum()
+    )

@@ -94,7 +94,13 @@ class VolumeLayout:
                     for kind, secret in (("configMap", False), ("secret", True)):
                         if s.get(kind):
                             self._write_keys(
-                                real, ctx, str(s[kind].get("name")), s[kind], secret=secret, field=f"volumes[{name}]", write=create
+                                real,
+                                ctx,
+                                str(s[kind].get("name")),
+                                s[kind],
+                                secret=secret,
+                                field=f"volumes[{name}]",
+                                write=create,
                             )
                     if s.get("downwardAPI"):
                         self._write_field_refs(real, ctx, s["downwardAPI"], write=create)
@@ -123,7 +129,11 @@ class VolumeLayout:
             raise ContainerConfigError(f"{field}: {kind} {obj_name!r} not found")
         data = podenv.object_bytes(obj, secret=secret)
         items = src.get("items")
-        pairs = [(str(i.get("key")), str(i.get("path")), i.get("mode")) for i in items] if items else [(k, k, None) for k in data]
+        pairs = (
+            [(str(i.get("key")), str(i.get("path")), i.get("mode")) for i in items]
+            if items
+            else [(k, k, None) for k in data]
+        )
         mode_default = int(src.get("defaultMode", 0o644))
         for key, rel, mode in pairs:
             if key not in data:

@@ -238,7 +238,9 @@ class ExecPlugin(Credentials):
             with contextlib.suppress(ProcessLookupError):
                 proc.kill()
             await proc.wait()
-            raise KubeAuthError(f"exec credential plugin {self.argv[0]!r} did not answer in {EXEC_TIMEOUT_S:.0f} s") from None
+            raise KubeAuthError(
+                f"exec credential plugin {self.argv[0]!r} did not answer in {EXEC_TIMEOUT_S:.0f} s"
+            ) from None
         if proc.returncode != 0:
             tail = err.decode(errors="replace").strip()[-500:]
             raise KubeAuthError(f"exec credential plugin {self.argv[0]!r} exited {proc.returncode}: {tail}")
@@ -251,9 +253,13 @@ class ExecPlugin(Credentials):
         except ValueError as exc:
             raise KubeAuthError(f"{what} printed no ExecCredential JSON: {exc}") from exc
         if not isinstance(doc, dict) or doc.get("kind") != "ExecCredential":
-            raise KubeAuthError(f"{what} printed no ExecCredential (kind {doc.get('kind') if isinstance(doc, dict) else None!r})")
+            raise KubeAuthError(
+                f"{what} printed no ExecCredential (kind {doc.get('kind') if isinstance(doc, dict) else None!r})"
+            )
         if doc.get("apiVersion") != self.api_version:
-            raise KubeAuthError(f"{what} answered apiVersion {doc.get('apiVersion')!r}, the kubeconfig asks for {self.api_version!r}")
+            raise KubeAuthError(
+                f"{what} answered apiVersion {doc.get('apiVersion')!r}, the kubeconfig asks for {self.api_version!r}"
+            )
         status = doc.get("status") or {}
         expires = None
         if status.get("expirationTimestamp"):
@@ -399,7 +405,9 @@ def _from_kubeconfig(paths: Sequence[Path], context: str | None) -> Connection:
     ctx, _ = merged.entries["contexts"][name]
     cluster_name, user_name = ctx.get("cluster"), ctx.get("user")
     if cluster_name not in merged.entries["clusters"]:
-        raise KubeConfigError(f"kubeconfig {where}: context {name!r} names cluster {cluster_name!r}, which is not defined")
+        raise KubeConfigError(
+            f"kubeconfig {where}: context {name!r} names cluster {cluster_name!r}, which is not defined"
+        )
     cluster, cbase = merged.entries["clusters"][str(cluster_name)]
     user, ubase = merged.entries["users"].get(str(user_name), ({}, cbase))
     server = str(cluster.get("server") or "").rstrip("/")

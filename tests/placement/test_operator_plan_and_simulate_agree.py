@@ -111,7 +111,8 @@ def _operator_lighthouse(h: Harness, job: TrainingJob) -> tuple[Any, ...] | None
         return None
     gang = h.cluster.pods_of(0)
     address = {e["name"]: e.get("value") for e in gang[0]["spec"]["containers"][0]["env"]}.get("TORCHFT_LIGHTHOUSE") if gang else None
-    pinned = bool(pod["spec"].get("nodeName") or pod["spec"].get("affinity"))
+    required = ((pod["spec"].get("affinity") or {}).get("nodeAffinity") or {}).get("requiredDuringSchedulingIgnoredDuringExecution")
+    pinned = bool(pod["spec"].get("nodeName") or required)  # a preferred affinity pins nothing
     return (pod["metadata"]["name"], address, tuple(pod["spec"]["containers"][0]["command"]), pinned)
 
 

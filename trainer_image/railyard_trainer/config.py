@@ -117,7 +117,9 @@ def load_config(path: str | Path) -> TrainerConfig:
     try:
         text = p.read_text()
     except OSError as exc:
-        raise ConfigError([f"{podenv.CONFIG.name}: cannot read {p} ({exc.strerror}); mount the job ConfigMap at /etc/railyard"]) from exc
+        raise ConfigError(
+            [f"{podenv.CONFIG.name}: cannot read {p} ({exc.strerror}); mount the job ConfigMap at /etc/railyard"]
+        ) from exc
     try:
         raw = json.loads(text)
     except ValueError as exc:

@@ -51,7 +51,9 @@ class SyntheticLanguage:
         self.vocab_size = vocab_size
         self.seed = seed
         rng = np.random.default_rng([seed, 0x5EED])
-        self.successors = np.stack([rng.choice(vocab_size, size=len(self.PROBS), replace=False) for _ in range(vocab_size)])
+        self.successors = np.stack(
+            [rng.choice(vocab_size, size=len(self.PROBS), replace=False) for _ in range(vocab_size)]
+        )
         self.cdf = np.cumsum(self.PROBS)
         self.cdf[-1] = 1.0
 
@@ -83,7 +85,9 @@ class ByteFiles:
         root = Path(path)
         files = [root] if root.is_file() else sorted(p for p in root.rglob("*") if p.is_file())
         if not files:
-            raise ConfigError([f"trainer.dataset.path: no files at {path!r}; point it at a text file or a directory of them"])
+            raise ConfigError(
+                [f"trainer.dataset.path: no files at {path!r}; point it at a text file or a directory of them"]
+            )
         self.data = np.concatenate([np.fromfile(p, dtype=np.uint8) for p in files])
         digest = hashlib.sha256(b"".join(str(p).encode() for p in files)).hexdigest()[:12]
         self.name = f"files({path},{len(files)} files,{self.data.size} bytes,{digest})"
@@ -93,7 +97,12 @@ class ByteFiles:
     def sample(self, index: int, length: int) -> np.ndarray:
         span = self.data.size - length
         if span <= 0:
-            raise ConfigError([f"trainer.dataset.path: {self.data.size} bytes is shorter than one sample ({length}); add text or lower trainer.seqLen"])
+            raise ConfigError(
+                [
+                    f"trainer.dataset.path: {self.data.size} bytes is shorter than one sample ({length}); add text or "
+                    "lower trainer.seqLen"
+                ]
+            )
         start = (index * self.stride) % span
         return self.data[start : start + length].astype(np.int64)
 
@@ -110,7 +119,12 @@ class TokenWindows:
         try:
             self.sampler = WindowSampler(self.shards.tokens, seq_len, seed=seed, shuffle=shuffle)
         except ValueError as exc:
-            raise ConfigError([f"trainer.seqLen: the shards at {path} hold {self.shards.tokens} tokens; {exc}. Lower trainer.seqLen or add data"]) from exc
+            raise ConfigError(
+                [
+                    f"trainer.seqLen: the shards at {path} hold {self.shards.tokens} tokens; {exc}. Lower "
+                    "trainer.seqLen or add data"
+                ]
+            ) from exc
         self.vocab_size = index.vocab_size
         self.name = f"tokens({index.digest()},shuffle={shuffle},seed={seed})"
 
@@ -153,11 +167,23 @@ def _check_vocab_fits(cfg: DatasetConfig, data: int | None, vocab: int, *, fixed
         return
     what = "the shards' tokenizer has" if cfg.type == "tokens" else f"dataset type {cfg.type!r} (bytes) needs"
     if fixed:
-        raise ConfigError([f"trainer.vocabSize: {vocab} but {what} {data} tokens; raise trainer.vocabSize to at least {data}, or leave it unset to follow the data"])
-    raise ConfigError([f"trainer.dataset: {what} {data} tokens but the model's vocabulary is {vocab}; set trainer.vocabSize to at least {data}"])
+        raise ConfigError(
+            [
+                f"trainer.vocabSize: {vocab} but {what} {data} tokens; raise trainer.vocabSize to at least {data}, or "
+                "leave it unset to follow the data"
+            ]
+        )
+    raise ConfigError(
+        [
+            f"trainer.dataset: {what} {data} tokens but the model's vocabulary is {vocab}; set trainer.vocabSize to "
+            f"at least {data}"
+        ]
+    )
 
 
-def build_source(cfg: DatasetConfig, *, vocab_size: int, seed: int, seq_len: int, vocab_fixed: bool = False) -> TokenSource:
+def build_source(
+    cfg: DatasetConfig, *, vocab_size: int, seed: int, seq_len: int, vocab_fixed: bool = False
+) -> TokenSource:
     """The dataset of ``trainer.dataset``; its vocabulary must fit the model's (``vocab_size``,
     from :func:`model_vocab_size`; ``vocab_fixed``: the user set it)."""
     src: TokenSource
@@ -174,7 +200,9 @@ def build_source(cfg: DatasetConfig, *, vocab_size: int, seed: int, seq_len: int
 class ShardedBatches:
     """Hands this data-parallel rank its slice of each global batch; stateful for checkpoints."""
 
-    def __init__(self, source: TokenSource, *, batch_size: int, seq_len: int, dp_rank: int, dp_size: int, device: torch.device) -> None:
+    def __init__(
+        self, source: TokenSource, *, batch_size: int, seq_len: int, dp_rank: int, dp_size: int, device: torch.device
+    ) -> None:
         if batch_size % dp_size:
             raise ConfigError([f"trainer.batchSize: {batch_size} is not divisible by the data-parallel size {dp_size}"])
         self.source = source
@@ -222,9 +250,15 @@ class ShardedBatches:
         consumed = int(state["consumed_samples"])
         problems = []
         if state.get("source", self.source.name) != self.source.name:
-            problems.append(f"trainer.dataset: the checkpoint was written reading {state['source']}, this run reads {self.source.name}; resume with the dataset (and seed) the run started with")
+            problems.append(
+                f"trainer.dataset: the checkpoint was written reading {state['source']}, this run reads "
+                f"{self.source.name}; resume with the dataset (and seed) the run started with"
+            )
         if int(state.get("seq_len", self.seq_len)) != self.seq_len:
-            problems.append(f"trainer.seqLen: the checkpoint was written with seqLen {state['seq_len']}, this run has {self.seq_len}")
+            problems.append(
+                f"trainer.seqLen: the checkpoint was written with seqLen {state['seq_len']}, this run has "
+                f"{self.seq_len}"
+            )
         if problems:
             raise ConfigError(problems)
         self.consumed = consumed

@@ -90,4 +90,9 @@ def build_dcp_checkpointer(cfg: TrainerConfig) -> DCPCheckpointer:
     restore_step = None
     if cfg.restore and isinstance(cfg.restore.get("step"), int):
         restore_step = int(cfg.restore["step"])
-    return DCPCheckpointer(root, interval=int(cfg.checkpoint.get("intervalSteps", 0)), last_step=cfg.trainer.steps, restore_step=restore_step)
+    return DCPCheckpointer(
+        root,
+        interval=int(cfg.checkpoint.get("intervalSteps", 0)),
+        last_step=cfg.trainer.steps,
+        restore_step=restore_step,
+    )

@@ -66,7 +66,11 @@ _BLOCK = {
     "attention_norm.weight": "input_layernorm.weight",
     "ffn_norm.weight": "post_attention_layernorm.weight",
 }
-_TOP = {"tok_embeddings.weight": "model.embed_tokens.weight", "norm.weight": "model.norm.weight", "output.weight": "lm_head.weight"}
+_TOP = {
+    "tok_embeddings.weight": "model.embed_tokens.weight",
+    "norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
 
 
 def to_hf(state: Mapping[str, torch.Tensor], args: ModelArgs) -> dict[str, torch.Tensor]:
@@ -141,12 +145,16 @@ def infer_preset(shapes: Mapping[str, Sequence[int]]) -> str:
         ffn = shapes["layers.0.feed_forward.w1.weight"][0]
         kv = shapes["layers.0.attention.wk.weight"][0]
     except KeyError as exc:
-        raise ExportError(f"the checkpoint has no {exc.args[0]}: not a checkpoint of the bundled trainer's model") from exc
+        raise ExportError(
+            f"the checkpoint has no {exc.args[0]}: not a checkpoint of the bundled trainer's model"
+        ) from exc
     layers = len({k.split(".")[1] for k in shapes if k.startswith("layers.")})
     for name, a in PRESETS.items():
         if (a.dim, a.ffn_dim, a.n_kv_heads * a.head_dim, a.n_layers) == (dim, ffn, kv, layers):
             return name
-    raise ExportError(f"no preset has these shapes (vocab {vocab}, dim {dim}, {layers} layers, ffn {ffn}); name it with --preset")
+    raise ExportError(
+        f"no preset has these shapes (vocab {vocab}, dim {dim}, {layers} layers, ffn {ffn}); name it with --preset"
+    )
 
 
 def model_args(shapes: Mapping[str, Sequence[int]], preset: str) -> ModelArgs:
@@ -158,7 +166,9 @@ def _embedding_shape(shapes: Mapping[str, Sequence[int]]) -> tuple[int, int]:
     try:
         vocab, dim = shapes["tok_embeddings.weight"]
     except KeyError as exc:
-        raise ExportError(f"the checkpoint has no {exc.args[0]}: not a checkpoint of the bundled trainer's model") from exc
+        raise ExportError(
+            f"the checkpoint has no {exc.args[0]}: not a checkpoint of the bundled trainer's model"
+        ) from exc
     return int(vocab), int(dim)
 
 
@@ -189,7 +199,9 @@ def resolve_step_dir(path: Path, step: int | None) -> Path:
     if (path / ".metadata").exists() or any(path.glob("rank-*/.metadata")):
         return path
     if not path.is_dir():
-        raise ExportError(f"{path}: no such folder; give a job's checkpoint folder (holding step-* folders) or one step folder")
+        raise ExportError(
+            f"{path}: no such folder; give a job's checkpoint folder (holding step-* folders) or one step folder"
+        )
     if not any(path.glob("step-*")):
         path = _job_dir_below(path, step)
     steps = _committed_steps(path)
@@ -198,7 +210,9 @@ def resolve_step_dir(path: Path, step: int | None) -> Path:
             raise ExportError(f"{path}: no committed, SDC-clean step {step} (have {steps or 'none'})")
         return path / f"step-{step:08d}"
     if not steps:
-        raise ExportError(f"{path}: no committed, SDC-clean checkpoint (a step-* folder with manifest.json or COMPLETE)")
+        raise ExportError(
+            f"{path}: no committed, SDC-clean checkpoint (a step-* folder with manifest.json or COMPLETE)"
+        )
     return path / f"step-{steps[-1]:08d}"
 
 
@@ -212,11 +226,15 @@ def _job_dir_below(root: Path, step: int | None) -> Path:
         found = {d: s for d, s in found.items() if step in s}
     if not found:
         want = f"committed, SDC-clean step {step}" if step is not None else "committed, SDC-clean checkpoint"
-        raise ExportError(f"{root}: no {want} here or in its subfolders (a step-* folder with manifest.json or COMPLETE)")
+        raise ExportError(
+            f"{root}: no {want} here or in its subfolders (a step-* folder with manifest.json or COMPLETE)"
+        )
     jobs = {d.name for d in found}
     if len(jobs) > 1:
         listed = ", ".join(f"{d} (newest step {s[-1]})" for d, s in found.items())
-        raise ExportError(f"{root}: holds checkpoints of several jobs: {listed}; give one of these folders as --checkpoint")
+        raise ExportError(
+            f"{root}: holds checkpoints of several jobs: {listed}; give one of these folders as --checkpoint"
+        )
     return max(found, key=lambda d: found[d][-1])
 
 
@@ -275,7 +293,10 @@ def export(checkpoint: Path, output: Path, *, step: int | None = None, preset: s
     if tokenizer is not None:
         shutil.copyfile(tokenizer, output / "tokenizer.json")
         eos = _eos_id(tokenizer)
-        (output / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": args.max_seq_len}, indent=1) + "\n")
+        (output / "tokenizer_config.json").write_text(
+            json.dumps({"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": args.max_seq_len}, indent=1)
+            + "\n"
+        )
     (output / "config.json").write_text(json.dumps(hf_config(args, dtype=dtype, eos_token_id=eos), indent=1) + "\n")
     return {"event": "exported", "output": str(output), "checkpoint": str(step_dir), "preset": name, "tensors": len(hf),
             "parameters": sum(v.numel() for v in hf.values()), "dtype": str(dtype).removeprefix("torch.")}
@@ -288,8 +309,17 @@ def _eos_id(tokenizer: Path) -> int | None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="railyard-train export", description="Write a checkpoint as safetensors + config.json that Hugging Face transformers loads (LlamaForCausalLM).")
-    ap.add_argument("--checkpoint", required=True, type=Path, help="a job's checkpoint folder (newest clean step), the folder given as --checkpoint-dir, or one step folder")
+    ap = argparse.ArgumentParser(
+        prog="railyard-train export",
+        description="Write a checkpoint as safetensors + config.json that Hugging Face transformers loads "
+                    "(LlamaForCausalLM).",
+    )
+    ap.add_argument(
+        "--checkpoint",
+        required=True,
+        type=Path,
+        help="a job's checkpoint folder (newest clean step), the folder given as --checkpoint-dir, or one step folder",
+    )
     ap.add_argument("--output", required=True, type=Path, help="folder to write model.safetensors and config.json into")
     ap.add_argument("--step", type=int, help="which step (default: the newest committed, SDC-clean one)")
     ap.add_argument("--preset", choices=sorted(PRESETS), help="the model preset (default: found from the shapes)")
@@ -297,7 +327,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--tokenizer", type=Path, help="a tokenizer.json to copy alongside")
     args = ap.parse_args(argv)
     try:
-        info = export(args.checkpoint, args.output, step=args.step, preset=args.preset, dtype=getattr(torch, args.dtype), tokenizer=args.tokenizer)
+        info = export(
+            args.checkpoint,
+            args.output,
+            step=args.step,
+            preset=args.preset,
+            dtype=getattr(torch, args.dtype),
+            tokenizer=args.tokenizer,
+        )
     except (ExportError, OSError) as exc:
         print(f"railyard-train export: {exc}", file=sys.stderr)
         return 2

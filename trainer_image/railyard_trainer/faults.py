@@ -1,7 +1,8 @@
 """Fault injection for tests and demos: crash, hang, slow down, flip a bit, exit with a code.
 
 Off by default; configured in ``trainer.faults`` (each fault names its rank, step and attempt,
-so a restarted gang does not re-inject; with replica groups it may name its group). Every injection logs a ``{"event": "fault"}`` line
+so a restarted gang does not re-inject; with replica groups it may name its group). Every injection logs a ``{"event":
+"fault"}`` line
 first, so a test can tell an injected failure from a real one.
 
 - ``crash``: raises at the start of step S -> the worker exits APPLICATION (1).
@@ -30,7 +31,11 @@ from torch.distributed.tensor import DTensor
 from railyard_trainer.config import FaultSpec
 from railyard_trainer.parallelize import clean_fqn
 
-_HIGH_BIT = {torch.float32: (torch.int32, 1 << 30), torch.bfloat16: (torch.int16, 1 << 14), torch.float16: (torch.int16, 1 << 14)}
+_HIGH_BIT = {
+    torch.float32: (torch.int32, 1 << 30),
+    torch.bfloat16: (torch.int16, 1 << 14),
+    torch.float16: (torch.int16, 1 << 14),
+}
 
 
 class InjectedCrash(RuntimeError):
@@ -44,7 +49,9 @@ class InjectedExit(SystemExit):
 
 
 class FaultInjector:
-    def __init__(self, faults: tuple[FaultSpec, ...], *, rank: int, log: Callable[..., None], group: int | None = None) -> None:
+    def __init__(
+        self, faults: tuple[FaultSpec, ...], *, rank: int, log: Callable[..., None], group: int | None = None
+    ) -> None:
         # ``group``: this replica group's index (faultTolerance ReplicaGroups); a fault that names
         # a group applies only there
         self.faults = [f for f in faults if f.rank == rank and (f.group is None or f.group == group)]
@@ -95,7 +102,17 @@ class FaultInjector:
         assert f is not None
         name, tensor = _victim(parts, grad=target == "grad")
         index, before, after = flip_bit(tensor, f.bit)
-        self.log("fault", rank=self.rank, kind="bitflip", step=step, target=target, tensor=name, index=index, before=before, after=after)
+        self.log(
+            "fault",
+            rank=self.rank,
+            kind="bitflip",
+            step=step,
+            target=target,
+            tensor=name,
+            index=index,
+            before=before,
+            after=after,
+        )
 
 
 def _victim(parts: Sequence[nn.Module], *, grad: bool) -> tuple[str, torch.Tensor]:

@@ -14,7 +14,9 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 
-def clip_grad_norm_(parts: Sequence[torch.nn.Module], max_norm: float, *, pp_group: dist.ProcessGroup | None) -> torch.Tensor:
+def clip_grad_norm_(
+    parts: Sequence[torch.nn.Module], max_norm: float, *, pp_group: dist.ProcessGroup | None
+) -> torch.Tensor:
     """Total L2 norm of all gradients of the model (all stages), then clip to ``max_norm``.
 
     Gradients are grouped by their DTensor mesh (FSDP-only, FSDP+TP, plain) because one foreach

@@ -128,9 +128,18 @@ class ControlChannel:
             before = self._report
         if save_step is None:
             save_step = before.save_step if before is not None and before.attempt == attempt else -1
-        report = LauncherReport(self.job, attempt, self.pod_index, self.pod, state, code,
-                                tuple(sorted((workers or {}).items())), time.time(), message=message[-MAX_MESSAGE_CHARS:],
-                                save_step=save_step)
+        report = LauncherReport(
+            self.job,
+            attempt,
+            self.pod_index,
+            self.pod,
+            state,
+            code,
+            tuple(sorted((workers or {}).items())),
+            time.time(),
+            message=message[-MAX_MESSAGE_CHARS:],
+            save_step=save_step,
+        )
         with self._lock:
             if self._report is not None and report == replace(self._report, sent_at=report.sent_at):
                 return
@@ -205,10 +214,22 @@ def replan(plan: LaunchPlan, order: ControlOrder, *, env: Mapping[str, str], res
     old = [(e.rank, e.local_rank, e.pp, e.dp, e.tp) for e in plan.table.ranks_of_pod(plan.pod_index)]
     new = [(e.rank, e.local_rank, e.pp, e.dp, e.tp) for e in table.ranks_of_pod(plan.pod_index)]
     if old != new:
-        raise ControlError(f"rank_table: pod {plan.pod_index}'s ranks differ in attempt {table.attempt}; an in-place restart keeps them")
-    cfg = replace(plan.config, attempt=order.attempt, restore=dict(order.restore) if order.restore is not None else None)
+        raise ControlError(
+            f"rank_table: pod {plan.pod_index}'s ranks differ in attempt {table.attempt}; an in-place restart keeps "
+            "them"
+        )
+    cfg = replace(
+        plan.config, attempt=order.attempt, restore=dict(order.restore) if order.restore is not None else None
+    )
     host = table.master_addr or podenv.MASTER_ADDR.get(env) or "127.0.0.1"
-    return LaunchPlan(cfg, table, plan.pod_index, resolve_until(host, table.master_port, resolve_deadline), table.master_port, workers=list(plan.workers))
+    return LaunchPlan(
+        cfg,
+        table,
+        plan.pod_index,
+        resolve_until(host, table.master_port, resolve_deadline),
+        table.master_port,
+        workers=list(plan.workers),
+    )
 
 
 @dataclass
@@ -258,13 +279,24 @@ def _spawn(plan: LaunchPlan, run_dir: Path, spawner: Spawner) -> _Generation:
         base.setdefault("GLOO_SOCKET_IFNAME", "lo")
     errors_dir = run_dir / f"errors-a{attempt}"
     errors_dir.mkdir(exist_ok=True)
-    log_event("launch", pod_index=plan.pod_index, ranks=[w.rank for w in plan.workers], world_size=plan.table.world_size,
-              mesh=[plan.table.pp, plan.table.dp, plan.table.tp], master=f"{plan.master_addr}:{plan.master_port}", attempt=attempt)
+    log_event(
+        "launch",
+        pod_index=plan.pod_index,
+        ranks=[w.rank for w in plan.workers],
+        world_size=plan.table.world_size,
+        mesh=[plan.table.pp, plan.table.dp, plan.table.tp],
+        master=f"{plan.master_addr}:{plan.master_port}",
+        attempt=attempt,
+    )
     # the same worker as a fresh pod's launcher starts (the bundled trainer or the job's own
     # program, with torchrun's variables for this attempt): workers.supervise's rule
     envs = {
-        w.rank: {**base, **torchrun_env(pods=len(plan.table.pods), attempt=attempt, run_id=plan.config.job),
-                 **replace(w, config_path=str(config_path)).to_env(), WORKER_ERROR_FILE_ENV: str(worker_error_file(errors_dir, w.rank))}
+        w.rank: {
+            **base,
+            **torchrun_env(pods=len(plan.table.pods), attempt=attempt, run_id=plan.config.job),
+            **replace(w, config_path=str(config_path)).to_env(),
+            WORKER_ERROR_FILE_ENV: str(worker_error_file(errors_dir, w.rank)),
+        }
         for w in plan.workers
     }
     return _Generation(plan, start_workers(spawner, worker_command(plan.config), envs, attempt=attempt), errors_dir,
@@ -320,8 +352,17 @@ def supervise_in_place(
             gen = _spawn(plan, run_dir, spawner)
             attempt = plan.config.attempt
             channel.set_state(attempt, LauncherState.RUNNING)
-            outcome, value = _watch(gen, channel, fail_grace_s=fail_grace_s, kill_grace_s=kill_grace_s, restart_wait_s=restart_wait_s,
-                                    restart_kill_grace_s=restart_kill_grace_s, received=received, ignore_orders=ignore_orders, env=env)
+            outcome, value = _watch(
+                gen,
+                channel,
+                fail_grace_s=fail_grace_s,
+                kill_grace_s=kill_grace_s,
+                restart_wait_s=restart_wait_s,
+                restart_kill_grace_s=restart_kill_grace_s,
+                received=received,
+                ignore_orders=ignore_orders,
+                env=env,
+            )
             if isinstance(value, LaunchPlan):
                 log_event("restart_in_place", from_attempt=attempt, attempt=value.config.attempt, workers=gen.codes(),
                           restore=value.config.restore, master=f"{value.master_addr}:{value.master_port}")
@@ -331,8 +372,14 @@ def supervise_in_place(
             state = LauncherState.SUCCEEDED if code == 0 else LauncherState.STOPPED
             words = gen.last_words(gen.codes()) if code != 0 else ""
             channel.set_state(attempt, state, code=code, workers=gen.codes(), message=words)
-            log_event("launcher_exit", code=code, failure_class=str(classify_exit_code(code)) if code else "", reason=outcome,
-                      workers={str(r): c for r, c in sorted(gen.codes().items())}, attempt=attempt)
+            log_event(
+                "launcher_exit",
+                code=code,
+                failure_class=str(classify_exit_code(code)) if code else "",
+                reason=outcome,
+                workers={str(r): c for r, c in sorted(gen.codes().items())},
+                attempt=attempt,
+            )
             if code != 0:
                 write_termination_message(words or f"exited with code {code} ({classify_exit_code(code)}): {outcome}")
             return code

@@ -94,9 +94,26 @@ def _dataset_from_flag(path: str) -> DatasetConfig:
 
 def single_node_table(cfg: TrainerConfig, nproc: int, *, node: str, master_port: int) -> RankTable:
     p = world_parallelism(cfg.parallelism, cfg.fault_tolerance)
-    dims = ParallelDims(pp=p.pipeline, dp=p.data or -1, tp=p.tensor, world_size=nproc, procs_per_node=nproc, dp_replicas=p.data_replicas)
-    ranks = tuple(RankEntry(rank=r, node=node, pod_index=0, local_rank=r, rail=r, pp=c[0], dp=c[1], tp=c[2]) for r in range(nproc) for c in [dims.coordinates(r)])
-    table = RankTable(job=cfg.job, attempt=cfg.attempt, pp=dims.pp, dp=dims.dp, tp=dims.tp, procs_per_node=nproc, pods=(PodEntry(0, node, "127.0.0.1"),), ranks=ranks, master_addr="127.0.0.1", master_port=master_port)
+    dims = ParallelDims(
+        pp=p.pipeline, dp=p.data or -1, tp=p.tensor, world_size=nproc, procs_per_node=nproc, dp_replicas=p.data_replicas
+    )
+    ranks = tuple(
+        RankEntry(rank=r, node=node, pod_index=0, local_rank=r, rail=r, pp=c[0], dp=c[1], tp=c[2])
+        for r in range(nproc)
+        for c in [dims.coordinates(r)]
+    )
+    table = RankTable(
+        job=cfg.job,
+        attempt=cfg.attempt,
+        pp=dims.pp,
+        dp=dims.dp,
+        tp=dims.tp,
+        procs_per_node=nproc,
+        pods=(PodEntry(0, node, "127.0.0.1"),),
+        ranks=ranks,
+        master_addr="127.0.0.1",
+        master_port=master_port,
+    )
     table.validate()
     return table
 
@@ -113,7 +130,9 @@ def resolve(host: str, port: int) -> str:
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except socket.gaierror as exc:
-        raise ConfigError([f"MASTER_ADDR: cannot resolve {host!r} ({exc}); the rendezvous pod must exist and have a DNS name"]) from exc
+        raise ConfigError(
+            [f"MASTER_ADDR: cannot resolve {host!r} ({exc}); the rendezvous pod must exist and have a DNS name"]
+        ) from exc
     infos.sort(key=lambda i: i[0] != socket.AF_INET)  # prefer IPv4
     return str(infos[0][4][0])
 
@@ -131,7 +150,9 @@ def resolve_until(host: str, port: int, deadline: float) -> str:
             if time.monotonic() >= deadline:
                 if not waited:
                     raise
-                raise ConfigError([f"{exc.problems[0]} (waited {time.monotonic() - start:.0f} s, RAILYARD_RENDEZVOUS_WAIT_S)"]) from exc
+                raise ConfigError(
+                    [f"{exc.problems[0]} (waited {time.monotonic() - start:.0f} s, RAILYARD_RENDEZVOUS_WAIT_S)"]
+                ) from exc
             if not waited:
                 log_event("waiting_for_rendezvous", host=host, wait_s=round(deadline - start, 1))
                 waited = True
@@ -198,17 +219,26 @@ def plan_launch(args: argparse.Namespace, env: Mapping[str, str]) -> LaunchPlan:
         p = world_parallelism(cfg.parallelism, cfg.fault_tolerance)
         problems = [
             f"parallelism.{name}: config says {want} but the rank table has {have}"
-            for name, want, have, default in (("tensor", p.tensor, table.tp, 1), ("pipeline", p.pipeline, table.pp, 1), ("data", p.data or -1, table.dp, -1))
+            for name, want, have, default in (
+                ("tensor", p.tensor, table.tp, 1),
+                ("pipeline", p.pipeline, table.pp, 1),
+                ("data", p.data or -1, table.dp, -1),
+            )
             if want > 0 and want != default and want != have
         ]
         if table.dp % p.data_replicas:
-            problems.append(f"parallelism.dataReplicas: {p.data_replicas} does not divide the rank table's data-parallel size {table.dp}")
+            problems.append(
+                f"parallelism.dataReplicas: {p.data_replicas} does not divide the rank table's data-parallel size "
+                f"{table.dp}"
+            )
         if problems:
             raise ConfigError(problems)
     else:
         pod_index = 0
         port = args.master_port or (env_port if env_port is not None else _free_port())
-        table = single_node_table(cfg, args.nproc_per_node or 1, node=podenv.NODE_NAME.get(env) or socket.gethostname(), master_port=port)
+        table = single_node_table(
+            cfg, args.nproc_per_node or 1, node=podenv.NODE_NAME.get(env) or socket.gethostname(), master_port=port
+        )
     if cfg.trainer.program is not None:
         cfg = replace(cfg, trainer=replace(cfg.trainer, program=expand_program(cfg.trainer.program, env)))
     problems = check_program(cfg.trainer.program, cwd=os.getcwd())
@@ -223,9 +253,23 @@ def plan_launch(args: argparse.Namespace, env: Mapping[str, str]) -> LaunchPlan:
     wait_s = env_float(env, podenv.RENDEZVOUS_WAIT_S)
     plan = LaunchPlan(cfg, table, pod_index, resolve_until(master, port, time.monotonic() + wait_s), port)
     # TP groups stay inside a node, so a pod's own rank count is the per-node process count.
-    dims = ParallelDims(pp=table.pp, dp=table.dp, tp=table.tp, world_size=table.world_size, procs_per_node=table.procs_per_node)
+    dims = ParallelDims(
+        pp=table.pp, dp=table.dp, tp=table.tp, world_size=table.world_size, procs_per_node=table.procs_per_node
+    )
     for e in mine:
-        plan.workers.append(WorkerEnv(rank=e.rank, local_rank=e.local_rank, world_size=dims.world_size, procs_per_node=table.procs_per_node, mesh_shape=(dims.pp, dims.dp, dims.tp), coords=(e.pp, e.dp, e.tp), config_path="", node=node, pod_index=pod_index))
+        plan.workers.append(
+            WorkerEnv(
+                rank=e.rank,
+                local_rank=e.local_rank,
+                world_size=dims.world_size,
+                procs_per_node=table.procs_per_node,
+                mesh_shape=(dims.pp, dims.dp, dims.tp),
+                coords=(e.pp, e.dp, e.tp),
+                config_path="",
+                node=node,
+                pod_index=pod_index,
+            )
+        )
     return plan
 
 

@@ -54,7 +54,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tp", type=int, help="tensor-parallel size")
     p.add_argument("--pp", type=int, help="pipeline-parallel size")
     p.add_argument("--dp", type=int, help="data-parallel size (default: derived)")
-    p.add_argument("--dp-replicas", type=int, help="HSDP: data-parallel replica groups, each sharding over dp / dp-replicas ranks (default 1)")
+    p.add_argument(
+        "--dp-replicas",
+        type=int,
+        help="HSDP: data-parallel replica groups, each sharding over dp / dp-replicas ranks (default 1)",
+    )
     p.add_argument("--schedule", choices=["GPipe", "1F1B", "Interleaved1F1B"], help="pipeline schedule")
     p.add_argument("--microbatches", type=int)
     p.add_argument("--preset", choices=["tiny", "small", "1b", "8b"])
@@ -63,18 +67,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seq-len", type=int)
     p.add_argument("--lr", type=float)
     p.add_argument("--seed", type=int)
-    p.add_argument("--dataset-path", help="train on these shards (a folder with index.json, from `railyard-train prepare`) or on the bytes of these text files, instead of the synthetic language")
+    p.add_argument(
+        "--dataset-path",
+        help="train on these shards (a folder with index.json, from `railyard-train prepare`) or on the bytes of "
+             "these text files, instead of the synthetic language",
+    )
     p.add_argument("--activation-checkpointing", action="store_true")
     p.add_argument("--checkpoint-dir", help="plain DCP checkpoint directory")
     p.add_argument("--checkpoint-interval", type=int, help="save every N steps (plain DCP checkpointer)")
     p.add_argument("--job", help="job name (default: $RAILYARD_JOB or the config's)")
     p.add_argument("--attempt", type=int, help="attempt number (default: $RAILYARD_ATTEMPT or the config's)")
     p.add_argument("--master-addr", help="rendezvous host (default: $MASTER_ADDR, the rank table's, or 127.0.0.1)")
-    p.add_argument("--master-port", type=int, help="rendezvous port (default: $MASTER_PORT, the rank table's, or a free port)")
+    p.add_argument(
+        "--master-port", type=int, help="rendezvous port (default: $MASTER_PORT, the rank table's, or a free port)"
+    )
     g = p.add_argument_group("your own program (instead of the bundled trainer), as torchrun takes it")
     g.add_argument("-m", "--module", action="store_true", help="the program is a Python module: python -m MODULE ARGS")
     g.add_argument("--no-python", action="store_true", help="the program is an executable, run as is")
-    g.add_argument("program", nargs="?", help="a Python script (default), a module with -m, or an executable with --no-python")
+    g.add_argument(
+        "program", nargs="?", help="a Python script (default), a module with -m, or an executable with --no-python"
+    )
     g.add_argument("program_args", nargs=argparse.REMAINDER, help="arguments of the program")
     return p
 

@@ -140,7 +140,9 @@ class Transformer(nn.Module):
     def init_weights(self, buffer_device: torch.device | None = None) -> None:
         """(Re)initialise every weight; also after ``to_empty`` when built on the meta device."""
         with torch.no_grad():
-            rope = rope_tables(self.args.head_dim, self.args.max_seq_len, self.args.rope_theta, buffer_device or self.rope.device)
+            rope = rope_tables(
+                self.args.head_dim, self.args.max_seq_len, self.args.rope_theta, buffer_device or self.rope.device
+            )
             if self.rope.device.type == "meta":
                 self.rope = rope
             else:

@@ -46,9 +46,15 @@ class ModelArgs:
         if self.n_heads % self.n_kv_heads:
             out.append(f"model: n_heads {self.n_heads} is not divisible by n_kv_heads {self.n_kv_heads}")
         if self.n_kv_heads % tp or self.n_heads % tp or self.ffn_dim % tp:
-            out.append(f"parallelism.tensor: {tp} must divide n_heads ({self.n_heads}), n_kv_heads ({self.n_kv_heads}) and ffn_dim ({self.ffn_dim}) of this preset")
+            out.append(
+                f"parallelism.tensor: {tp} must divide n_heads ({self.n_heads}), n_kv_heads ({self.n_kv_heads}) and "
+                f"ffn_dim ({self.ffn_dim}) of this preset"
+            )
         if stages > self.n_layers:
-            out.append(f"parallelism.pipeline: {stages} stages but the preset has only {self.n_layers} layers; use fewer stages or a bigger preset")
+            out.append(
+                f"parallelism.pipeline: {stages} stages but the preset has only {self.n_layers} layers; use fewer "
+                "stages or a bigger preset"
+            )
         return out
 
 

@@ -50,12 +50,25 @@ class ParallelDims:
         if self.dp in (-1, 0) and self.pp >= 1 and self.tp >= 1:
             dp = derive_data_parallel(self.world_size, self.pp, self.tp)
             if not dp:
-                raise ConfigError([f"parallelism: world size {self.world_size} is not divisible by pipeline x tensor = {self.pp * self.tp}; choose sizes whose product divides the number of processes"])
+                raise ConfigError(
+                    [
+                        f"parallelism: world size {self.world_size} is not divisible by pipeline x tensor = "
+                        f"{self.pp * self.tp}; choose sizes whose product divides the number of processes"
+                    ]
+                )
             # Frozen dataclass: deriving dp is the one mutation, done before anyone sees the object.
             object.__setattr__(self, "dp", dp)
-        problems = check_mesh(world_size=self.world_size, procs_per_node=self.procs_per_node, pp=self.pp, dp=max(self.dp, 1) if self.dp in (-1, 0) else self.dp, tp=self.tp)
+        problems = check_mesh(
+            world_size=self.world_size,
+            procs_per_node=self.procs_per_node,
+            pp=self.pp,
+            dp=max(self.dp, 1) if self.dp in (-1, 0) else self.dp,
+            tp=self.tp,
+        )
         if self.dp_replicas < 1 or self.dp % self.dp_replicas:
-            problems.append(f"parallelism.dataReplicas: {self.dp_replicas} does not divide the data-parallel size {self.dp}")
+            problems.append(
+                f"parallelism.dataReplicas: {self.dp_replicas} does not divide the data-parallel size {self.dp}"
+            )
         if problems:
             raise ConfigError(problems)
 
@@ -94,7 +107,9 @@ class ParallelDims:
 
         if not self.hsdp_enabled:
             return init_device_mesh(device_type, (self.pp, self.dp, self.tp), mesh_dim_names=MESH_DIM_NAMES)
-        mesh = init_device_mesh(device_type, (self.pp, self.dp_replicas, self.dp_shard, self.tp), mesh_dim_names=HSDP_MESH_DIM_NAMES)
+        mesh = init_device_mesh(
+            device_type, (self.pp, self.dp_replicas, self.dp_shard, self.tp), mesh_dim_names=HSDP_MESH_DIM_NAMES
+        )
         mesh["dp_replicate", "dp_shard"]._flatten("dp")
         return mesh
 

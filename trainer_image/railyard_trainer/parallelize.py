@@ -110,7 +110,9 @@ def compile_backend_from_env(value: str | None) -> str:
     return "inductor" if value == "1" else value
 
 
-def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, *, param_dtype: torch.dtype, cpu_offload: bool, reshard_after_forward: bool) -> None:
+def apply_fsdp(
+    model: nn.Module, dp_mesh: DeviceMesh, *, param_dtype: torch.dtype, cpu_offload: bool, reshard_after_forward: bool
+) -> None:
     mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
     offload = CPUOffloadPolicy() if cpu_offload else OffloadPolicy()
     layers = model.layers
@@ -119,7 +121,13 @@ def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, *, param_dtype: torch.dtyp
     for i, block in enumerate(blocks):
         # The last block's backward starts right after forward: resharding it would only re-gather.
         last = i == len(blocks) - 1
-        fully_shard(block, mesh=dp_mesh, mp_policy=mp, offload_policy=offload, reshard_after_forward=reshard_after_forward and not last)
+        fully_shard(
+            block,
+            mesh=dp_mesh,
+            mp_policy=mp,
+            offload_policy=offload,
+            reshard_after_forward=reshard_after_forward and not last,
+        )
     fully_shard(model, mesh=dp_mesh, mp_policy=mp, offload_policy=offload, reshard_after_forward=reshard_after_forward)
 
 

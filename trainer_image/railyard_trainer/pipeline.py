@@ -44,11 +44,16 @@ def check_microbatches(schedule: str, pp: int, microbatches: int, local_batch: i
     m = microbatches or n_stages
     problems = []
     if local_batch % m:
-        problems.append(f"parallelism.microbatches: {m} does not divide the per-data-parallel-rank batch {local_batch}; choose trainer.batchSize = data x microbatches x k")
+        problems.append(
+            f"parallelism.microbatches: {m} does not divide the per-data-parallel-rank batch {local_batch}; choose "
+            "trainer.batchSize = data x microbatches x k"
+        )
     if m < pp:
         problems.append(f"parallelism.microbatches: {m} is fewer than the {pp} pipeline ranks; every stage would idle")
     if schedule == "Interleaved1F1B" and m % pp:
-        problems.append(f"parallelism.microbatches: Interleaved1F1B needs a multiple of the pipeline size {pp}, got {m}")
+        problems.append(
+            f"parallelism.microbatches: Interleaved1F1B needs a multiple of the pipeline size {pp}, got {m}"
+        )
     if problems:
         raise ConfigError(problems)
     return m

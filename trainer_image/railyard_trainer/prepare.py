@@ -63,7 +63,9 @@ def iter_documents(files: Sequence[Path], *, text_field: str, line_documents: bo
                         raise PrepareError(f"{f}:{n}: not JSON ({exc})") from exc
                     text = obj.get(text_field) if isinstance(obj, dict) else None
                     if not isinstance(text, str):
-                        raise PrepareError(f"{f}:{n}: no string field {text_field!r}; name the text field with --text-field")
+                        raise PrepareError(
+                            f"{f}:{n}: no string field {text_field!r}; name the text field with --text-field"
+                        )
                     yield text
         else:
             text = f.read_text(encoding="utf-8")
@@ -84,7 +86,9 @@ def iter_hf_documents(path: str, *, text_field: str, split: str) -> Iterator[str
             raise PrepareError(f"{path}: no split {split!r} (has {', '.join(ds)}); choose one with --split")
         ds = ds[split]
     if text_field not in ds.column_names:
-        raise PrepareError(f"{path}: no column {text_field!r} (has {', '.join(ds.column_names)}); name it with --text-field")
+        raise PrepareError(
+            f"{path}: no column {text_field!r} (has {', '.join(ds.column_names)}); name it with --text-field"
+        )
     for row in ds:
         yield row[text_field]
 
@@ -97,7 +101,10 @@ def load_tokenizer(path: str) -> Any:
     try:
         return Tokenizer.from_file(path)
     except Exception as exc:
-        raise PrepareError(f"--tokenizer {path}: cannot load it with the tokenizers library ({exc}); give a Hugging Face tokenizer.json") from exc
+        raise PrepareError(
+            f"--tokenizer {path}: cannot load it with the tokenizers library ({exc}); give a Hugging Face "
+            "tokenizer.json"
+        ) from exc
 
 
 def find_eos(tokenizer: Any, name: str | None) -> int | None:
@@ -159,7 +166,14 @@ def prepare(
     if writer.documents == 0:
         raise PrepareError("no documents in the input")
     shutil.copyfile(tokenizer_path, out / "tokenizer.json")
-    return writer.close(tokenizer={"file": "tokenizer.json", "sha256": sha256_file(out / "tokenizer.json"), "source": str(tokenizer_path)}, sources=sources)
+    return writer.close(
+        tokenizer={
+            "file": "tokenizer.json",
+            "sha256": sha256_file(out / "tokenizer.json"),
+            "source": str(tokenizer_path),
+        },
+        sources=sources,
+    )
 
 
 def train_tokenizer(inputs: Sequence[str], *, vocab_size: int, output: str, text_field: str = "text") -> int:
@@ -170,20 +184,29 @@ def train_tokenizer(inputs: Sequence[str], *, vocab_size: int, output: str, text
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<unk>", "<|endoftext|>"], show_progress=False)
-    tok.train_from_iterator(iter_documents(_files(inputs), text_field=text_field, line_documents=False), trainer=trainer)
+    tok.train_from_iterator(
+        iter_documents(_files(inputs), text_field=text_field, line_documents=False), trainer=trainer
+    )
     tok.save(output)
     return int(tok.get_vocab_size(with_added_tokens=True))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="railyard-train prepare", description="Tokenize text or JSONL into the shards the trainer reads (trainer.dataset.type: tokens).")
+    ap = argparse.ArgumentParser(
+        prog="railyard-train prepare",
+        description="Tokenize text or JSONL into the shards the trainer reads (trainer.dataset.type: tokens).",
+    )
     ap.add_argument("inputs", nargs="*", help=".txt / .jsonl files or folders of them")
     ap.add_argument("--tokenizer", required=True, help="a Hugging Face tokenizer.json")
     ap.add_argument("--output", required=True, help="folder to write (index.json + token files)")
-    ap.add_argument("--text-field", default="text", help="the text field of JSONL objects / dataset rows (default: text)")
+    ap.add_argument(
+        "--text-field", default="text", help="the text field of JSONL objects / dataset rows (default: text)"
+    )
     ap.add_argument("--line-documents", action="store_true", help="each non-empty line of a .txt file is a document")
     ap.add_argument("--shard-tokens", type=int, default=100_000_000, help="tokens per shard file (default 1e8)")
-    ap.add_argument("--eos-token", help="end-of-text token put after every document (default: the tokenizer's, if it has one)")
+    ap.add_argument(
+        "--eos-token", help="end-of-text token put after every document (default: the tokenizer's, if it has one)"
+    )
     ap.add_argument("--hf-dataset", help="a Hugging Face datasets folder (save_to_disk) instead of files")
     ap.add_argument("--split", default="train", help="with --hf-dataset: the split to read (default: train)")
     ap.add_argument("--overwrite", action="store_true", help="replace a non-empty output folder")
@@ -199,14 +222,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (PrepareError, OSError, ValueError) as exc:
         print(f"railyard-train prepare: {exc}", file=sys.stderr)
         return 2
-    print(json.dumps({"event": "prepared", "output": args.output, "tokens": index.tokens, "documents": index.documents,
-                      "shards": len(index.shards), "vocab_size": index.vocab_size, "dtype": index.dtype, "eos_id": index.eos_id,
-                      "index": str(Path(args.output) / INDEX_NAME)}))
+    print(
+        json.dumps(
+            {
+                "event": "prepared",
+                "output": args.output,
+                "tokens": index.tokens,
+                "documents": index.documents,
+                "shards": len(index.shards),
+                "vocab_size": index.vocab_size,
+                "dtype": index.dtype,
+                "eos_id": index.eos_id,
+                "index": str(Path(args.output) / INDEX_NAME),
+            }
+        )
+    )
     return 0
 
 
 def tokenizer_main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="railyard-train tokenizer", description="Train a small byte-level BPE tokenizer.json on text files.")
+    ap = argparse.ArgumentParser(
+        prog="railyard-train tokenizer", description="Train a small byte-level BPE tokenizer.json on text files."
+    )
     ap.add_argument("inputs", nargs="+", help=".txt / .jsonl files or folders of them")
     ap.add_argument("--vocab-size", type=int, default=512)
     ap.add_argument("--output", required=True, help="the tokenizer.json to write")

@@ -62,7 +62,13 @@ def run(argv: Sequence[str]) -> int:
         return exc.code
     except BaseException as exc:
         code = exit_code_for(exc)
-        log_event("worker_failed", rank=int(rank) if rank.isdigit() else rank, code=code, failure_class=str(classify_exit_code(code)), error=repr(exc)[:2000])
+        log_event(
+            "worker_failed",
+            rank=int(rank) if rank.isdigit() else rank,
+            code=code,
+            failure_class=str(classify_exit_code(code)),
+            error=repr(exc)[:2000],
+        )
         traceback.print_exc(file=sys.stderr)
         record_worker_error(exc, code)
         _exit(code)

@@ -81,7 +81,9 @@ def plan_share(*, consumed: int, batch_size: int, unit: int, rank: int, particip
     longer. The runs tile the batch: together the participants read each sample once.
     """
     if batch_size % unit:
-        raise ConfigError([f"trainer.batchSize: {batch_size} is not a multiple of a replica group's data-parallel size {unit}"])
+        raise ConfigError(
+            [f"trainer.batchSize: {batch_size} is not a multiple of a replica group's data-parallel size {unit}"]
+        )
     if not 0 <= rank < participants:
         raise ValueError(f"participant rank {rank} outside [0, {participants})")
     units = batch_size // unit
@@ -96,9 +98,15 @@ def replica_problems(*, batch_size: int, group_dp: int, data_replicas: int) -> l
     contract's rules, minReplicas among them, were checked when config.json was read)."""
     out = []
     if data_replicas < 2:
-        out.append("faultTolerance.mode: ReplicaGroups needs parallelism.dataReplicas > 1; set dataReplicas or use mode None")
+        out.append(
+            "faultTolerance.mode: ReplicaGroups needs parallelism.dataReplicas > 1; set dataReplicas or use mode None"
+        )
     if batch_size % group_dp == 0 and batch_size // group_dp < data_replicas:
-        out.append(f"trainer.batchSize: {batch_size} gives {batch_size // group_dp} rows per data-parallel rank of a group, fewer than the {data_replicas} replica groups that split it; raise batchSize to at least {group_dp * data_replicas}")
+        out.append(
+            f"trainer.batchSize: {batch_size} gives {batch_size // group_dp} rows per data-parallel rank of a group, "
+            f"fewer than the {data_replicas} replica groups that split it; raise batchSize to at least "
+            f"{group_dp * data_replicas}"
+        )
     return out
 
 
@@ -149,7 +157,14 @@ def _like(received: Any, template: Any) -> Any:
     """``received`` (from :func:`_local`) in the form of this process's ``template``."""
     if isinstance(template, DTensor) and isinstance(received, torch.Tensor):
         local = received.to(template.to_local().device, template.dtype)
-        return DTensor.from_local(local, template.device_mesh, template.placements, run_check=False, shape=template.shape, stride=template.stride())
+        return DTensor.from_local(
+            local,
+            template.device_mesh,
+            template.placements,
+            run_check=False,
+            shape=template.shape,
+            stride=template.stride(),
+        )
     if isinstance(template, torch.Tensor) and isinstance(received, torch.Tensor):
         return received.to(template.device, template.dtype)
     if isinstance(template, dict) and isinstance(received, dict):
@@ -195,7 +210,9 @@ def advertised_host(env: Mapping[str, str] | None = None) -> str:
     try:
         addr = ipaddress.ip_address(ip)
     except ValueError as exc:
-        raise ConfigError([f"{podenv.POD_IP.name}: {ip!r} is not an IP address; the operator sets it from status.podIP"]) from exc
+        raise ConfigError(
+            [f"{podenv.POD_IP.name}: {ip!r} is not an IP address; the operator sets it from status.podIP"]
+        ) from exc
     return f"[{addr}]" if addr.version == 6 else str(addr)
 
 
@@ -287,14 +304,27 @@ class ReplicaGroup:
         # the cross-group collectives give up sooner than the group's own (cross_group_timeout_seconds
         # in protocol/trainerconfig.py); the quorum, the commit vote and a heal keep the group's timeout
         pg_timeout = timedelta(seconds=cross_group_timeout_s)
-        self.pg = ProcessGroupNCCL(timeout=pg_timeout) if device.type == "cuda" else ProcessGroupGloo(timeout=pg_timeout)
+        self.pg = (
+            ProcessGroupNCCL(timeout=pg_timeout) if device.type == "cuda" else ProcessGroupGloo(timeout=pg_timeout)
+        )
         host = advertised_host()
         self.manager = Manager(
-            hostname=host, checkpoint_transport=checkpoint_transport(host, timeout),
-            pg=self.pg, load_state_dict=state.load_state_dict, state_dict=state.state_dict, min_replica_size=min_replicas,
-            use_async_quorum=False, timeout=timeout, quorum_timeout=timeout, connect_timeout=timeout,
-            rank=group_rank, world_size=group_world, store_addr=store_addr, store_port=store_port,
-            lighthouse_addr=lighthouse, replica_id=f"{job}-group-{group}",
+            hostname=host,
+            checkpoint_transport=checkpoint_transport(host, timeout),
+            pg=self.pg,
+            load_state_dict=state.load_state_dict,
+            state_dict=state.state_dict,
+            min_replica_size=min_replicas,
+            use_async_quorum=False,
+            timeout=timeout,
+            quorum_timeout=timeout,
+            connect_timeout=timeout,
+            rank=group_rank,
+            world_size=group_world,
+            store_addr=store_addr,
+            store_port=store_port,
+            lighthouse_addr=lighthouse,
+            replica_id=f"{job}-group-{group}",
             # the Lighthouse drops a group after lighthouse_heartbeat_timeout_ms of these missed
             heartbeat_interval=timedelta(milliseconds=LIGHTHOUSE_HEARTBEAT_INTERVAL_MS),
             # every group builds its model from the same seed: nothing to sync at step 0, and a
@@ -316,7 +346,9 @@ class ReplicaGroup:
         #: commit): a rank that waits here for a stuck peer group is not stuck itself (heartbeat
         #: ``waiting_for_groups``).
         self.waiting = False
-        log_event("replica_joining", group=group, rank=group_rank, lighthouse=lighthouse, min_replicas=min_replicas, host=host)
+        log_event(
+            "replica_joining", group=group, rank=group_rank, lighthouse=lighthouse, min_replicas=min_replicas, host=host
+        )
 
     def start_step(self, *, consumed_of: Callable[[], int], batch_size: int, unit: int) -> Share:
         """Join this step's quorum (healing from a live peer first if we are behind) and return
@@ -330,10 +362,21 @@ class ReplicaGroup:
         participants = self.manager.num_participants()
         if after != before:
             self.heals += 1
-            log_event("replica_healed", group=self.group, from_step=before, to_step=after, source="live peer", participants=participants)
+            log_event(
+                "replica_healed",
+                group=self.group,
+                from_step=before,
+                to_step=after,
+                source="live peer",
+                participants=participants,
+            )
         if rank is None:
-            raise RuntimeError("torchft quorum: this replica group is not participating; spare groups are not supported")
-        return plan_share(consumed=consumed_of(), batch_size=batch_size, unit=unit, rank=rank, participants=participants)
+            raise RuntimeError(
+                "torchft quorum: this replica group is not participating; spare groups are not supported"
+            )
+        return plan_share(
+            consumed=consumed_of(), batch_size=batch_size, unit=unit, rank=rank, participants=participants
+        )
 
     def reduce_gradients(self, params: Iterable[torch.nn.Parameter], weight: float) -> None:
         """Gradients := sum over participating groups of (share of the batch x group mean).
@@ -378,7 +421,9 @@ class ReplicaGroup:
         if err is None or self._aborted:
             return
         self._aborted = True
-        log_event("replica_collective_failed", group=self.group, rank=self.group_rank, error=str(err.original_exception)[:300])
+        log_event(
+            "replica_collective_failed", group=self.group, rank=self.group_rank, error=str(err.original_exception)[:300]
+        )
         self.pg.abort()
 
     def commit(self) -> bool:
@@ -412,9 +457,15 @@ def group_from_env(env: Mapping[str, str] | None = None) -> tuple[int, str]:
     group = podenv.REPLICA_GROUP.raw(e)
     lighthouse = podenv.LIGHTHOUSE.get(e)
     if not group.isdigit():
-        problems.append(f"{podenv.REPLICA_GROUP.name}: {group!r} is not this replica group's index (a whole number); the operator sets it for faultTolerance.mode ReplicaGroups")
+        problems.append(
+            f"{podenv.REPLICA_GROUP.name}: {group!r} is not this replica group's index (a whole number); the operator "
+            "sets it for faultTolerance.mode ReplicaGroups"
+        )
     if not lighthouse:
-        problems.append(f"{podenv.LIGHTHOUSE.name}: empty; give the Lighthouse's address (http://HOST:PORT of `railyard-train lighthouse`)")
+        problems.append(
+            f"{podenv.LIGHTHOUSE.name}: empty; give the Lighthouse's address (http://HOST:PORT of `railyard-train "
+            "lighthouse`)"
+        )
     if problems:
         raise ConfigError(problems)
     return int(group), lighthouse
@@ -426,13 +477,29 @@ def group_from_env(env: Mapping[str, str] | None = None) -> tuple[int, str]:
 def lighthouse_main(argv: Sequence[str] | None = None) -> int:
     """``railyard-train lighthouse``: torchft's Lighthouse (the quorum server) in the trainer
     image, printing its address as an event and stopping on SIGTERM/SIGINT."""
-    p = argparse.ArgumentParser(prog="railyard-train lighthouse", description="torchft Lighthouse for faultTolerance.mode ReplicaGroups")
-    p.add_argument("--min-replicas", type=int, required=True, help="fewest replica groups that form a quorum (faultTolerance.minReplicas)")
+    p = argparse.ArgumentParser(
+        prog="railyard-train lighthouse", description="torchft Lighthouse for faultTolerance.mode ReplicaGroups"
+    )
+    p.add_argument(
+        "--min-replicas",
+        type=int,
+        required=True,
+        help="fewest replica groups that form a quorum (faultTolerance.minReplicas)",
+    )
     p.add_argument("--bind", default="[::]:29510", help="address to listen on (port 0: any free port)")
-    p.add_argument("--join-timeout-ms", type=int, default=lighthouse_join_timeout_ms(DEFAULT_WATCHDOG_SECONDS),
-                   help="how long a quorum waits for the previous members to join again (default: the operator's rule for "
-                        "the default trainer.watchdogSeconds, protocol/trainerconfig.py lighthouse_join_timeout_ms)")
-    p.add_argument("--heartbeat-timeout-ms", type=int, default=lighthouse_heartbeat_timeout_ms(), help="a group with no heartbeat for this long is dead")
+    p.add_argument(
+        "--join-timeout-ms",
+        type=int,
+        default=lighthouse_join_timeout_ms(DEFAULT_WATCHDOG_SECONDS),
+        help="how long a quorum waits for the previous members to join again (default: the operator's rule for "
+        "the default trainer.watchdogSeconds, protocol/trainerconfig.py lighthouse_join_timeout_ms)",
+    )
+    p.add_argument(
+        "--heartbeat-timeout-ms",
+        type=int,
+        default=lighthouse_heartbeat_timeout_ms(),
+        help="a group with no heartbeat for this long is dead",
+    )
     p.add_argument("--quorum-tick-ms", type=int, default=100)
     args = p.parse_args(argv)
     from torchft.coordination import LighthouseServer

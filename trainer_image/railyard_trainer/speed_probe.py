@@ -119,7 +119,9 @@ class SpeedProbe:
                 t0 = clock()
                 x = torch.mm(x, self.b)
                 t = clock() - t0
-                if len(device) >= work or (len(nominal) < self.iters and len(nominal) * work <= len(device) * self.iters):
+                if len(device) >= work or (
+                    len(nominal) < self.iters and len(nominal) * work <= len(device) * self.iters
+                ):
                     nominal.append(t)
                 else:
                     device.append(t)

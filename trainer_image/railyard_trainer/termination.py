@@ -58,7 +58,9 @@ def read_worker_errors(run_dir: Path, ranks: list[int]) -> dict[int, dict[str, o
     return out
 
 
-def build_termination_message(codes: Mapping[int, int], errors: Mapping[int, Mapping[str, object]], *, code: int) -> str:
+def build_termination_message(
+    codes: Mapping[int, int], errors: Mapping[int, Mapping[str, object]], *, code: int
+) -> str:
     """The pod's termination message for exit ``code``: the rank that explains it (the first
     to fail among those that exited with it) and that rank's traceback tail, at most the
     kubelet's 4096 bytes (the start of the traceback goes first)."""

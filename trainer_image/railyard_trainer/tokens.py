@@ -104,7 +104,12 @@ def read_index(folder: str | os.PathLike[str]) -> TokenIndex:
     try:
         raw = json.loads(path.read_text())
     except FileNotFoundError:
-        raise TokenFormatError([f"{path}: missing; make the shards with `railyard-train prepare --tokenizer tokenizer.json --output {root} <text files>`"]) from None
+        raise TokenFormatError(
+            [
+                f"{path}: missing; make the shards with `railyard-train prepare --tokenizer tokenizer.json --output "
+                f"{root} <text files>`"
+            ]
+        ) from None
     except (OSError, ValueError) as exc:
         raise TokenFormatError([f"{path}: unreadable ({exc})"]) from exc
     problems: list[str] = []
@@ -158,7 +163,11 @@ class TokenShards:
         self.root = Path(folder)
         self.index = read_index(self.root)
         dt = DTYPES[self.index.dtype]
-        self._maps = [np.memmap(self.root / s.file, dtype=dt, mode="r", shape=(s.tokens,)) for s in self.index.shards if s.tokens > 0]
+        self._maps = [
+            np.memmap(self.root / s.file, dtype=dt, mode="r", shape=(s.tokens,))
+            for s in self.index.shards
+            if s.tokens > 0
+        ]
         self._starts = np.cumsum([0] + [len(m) for m in self._maps])
         self.tokens = int(self._starts[-1])
 
@@ -181,7 +190,9 @@ class TokenShards:
 class ShardWriter:
     """Appends documents' ids to numbered shard files; :meth:`close` writes index.json last."""
 
-    def __init__(self, folder: str | os.PathLike[str], *, vocab_size: int, eos_id: int | None, shard_tokens: int) -> None:
+    def __init__(
+        self, folder: str | os.PathLike[str], *, vocab_size: int, eos_id: int | None, shard_tokens: int
+    ) -> None:
         self.root = Path(folder)
         self.root.mkdir(parents=True, exist_ok=True)
         self.vocab_size = vocab_size

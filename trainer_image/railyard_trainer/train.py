@@ -70,7 +70,9 @@ def init_distributed(env: WorkerEnv, timeout_s: float) -> torch.device:
 
     # a store fenced by the attempt (railyard_trainer/rendezvous.py), or env://
     store = build_attempt_store(timeout_s)
-    fenced: dict[str, object] = {} if store is None else {"store": store, "rank": env.rank, "world_size": env.world_size}
+    fenced: dict[str, object] = (
+        {} if store is None else {"store": store, "rank": env.rank, "world_size": env.world_size}
+    )
     if torch.cuda.is_available():
         device = torch.device("cuda", env.local_rank)
         torch.cuda.set_device(device)
@@ -87,24 +89,57 @@ class Trainer:
         t = cfg.trainer
         # with faultTolerance ReplicaGroups this world is one replica group (replicas.py)
         world = world_parallelism(cfg.parallelism, cfg.fault_tolerance)
-        self.dims = ParallelDims(pp=env.mesh_shape[0], dp=env.mesh_shape[1], tp=env.mesh_shape[2], world_size=env.world_size, procs_per_node=env.procs_per_node, dp_replicas=world.data_replicas)
+        self.dims = ParallelDims(
+            pp=env.mesh_shape[0],
+            dp=env.mesh_shape[1],
+            tp=env.mesh_shape[2],
+            world_size=env.world_size,
+            procs_per_node=env.procs_per_node,
+            dp_replicas=world.data_replicas,
+        )
         preset = PRESETS[t.preset]
-        args = replace(preset, vocab_size=model_vocab_size(t.dataset, preset_vocab=preset.vocab_size, fixed=t.vocab_size))
+        args = replace(
+            preset, vocab_size=model_vocab_size(t.dataset, preset_vocab=preset.vocab_size, fixed=t.vocab_size)
+        )
         stages = self.dims.pp * STAGES_PER_RANK[cfg.parallelism.pipeline_schedule] if self.dims.pp_enabled else 1
         problems = args.problems(tp=self.dims.tp, stages=stages)
         if t.batch_size % self.dims.dp:
-            problems.append(f"trainer.batchSize: {t.batch_size} is not divisible by the data-parallel size {self.dims.dp}")
+            problems.append(
+                f"trainer.batchSize: {t.batch_size} is not divisible by the data-parallel size {self.dims.dp}"
+            )
         problems.extend(ft_problems(cfg, group_dp=self.dims.dp))
         if problems:
             raise ConfigError(problems)
-        self.microbatches = check_microbatches(cfg.parallelism.pipeline_schedule, self.dims.pp, cfg.parallelism.microbatches or 0, t.batch_size // self.dims.dp) if self.dims.pp_enabled else 1
+        self.microbatches = (
+            check_microbatches(
+                cfg.parallelism.pipeline_schedule,
+                self.dims.pp,
+                cfg.parallelism.microbatches or 0,
+                t.batch_size // self.dims.dp,
+            )
+            if self.dims.pp_enabled
+            else 1
+        )
 
         self.device = init_distributed(env, t.collective_timeout_seconds)
         self.mesh = self.dims.build_mesh(self.device.type)
         coords = self.dims.mesh_coordinates(self.mesh)
-        log_event("start", rank=env.rank, local_rank=env.local_rank, node=env.node, coords=list(env.coords), mesh_coords=list(coords), device=str(self.device))
+        log_event(
+            "start",
+            rank=env.rank,
+            local_rank=env.local_rank,
+            node=env.node,
+            coords=list(env.coords),
+            mesh_coords=list(coords),
+            device=str(self.device),
+        )
         if coords != env.coords:
-            raise ConfigError([f"rank table: rank {env.rank} has coordinates {env.coords} but the mesh puts it at {coords}; the rank table is inconsistent"])
+            raise ConfigError(
+                [
+                    f"rank table: rank {env.rank} has coordinates {env.coords} but the mesh puts it at {coords}; the "
+                    "rank table is inconsistent"
+                ]
+            )
         self.pp_rank, self.dp_rank, self.tp_rank = coords
 
         torch.manual_seed(t.seed)
@@ -117,12 +152,33 @@ class Trainer:
         compile_backend = compile_backend_from_env(podenv.COMPILE.get(os.environ))
 
         def parallelize(m: Transformer) -> Transformer:
-            return parallelize_llama(m, mesh=self.mesh, dims=self.dims, param_dtype=param_dtype, activation_checkpointing=t.activation_checkpointing, cpu_offload=offload, compile_backend=compile_backend)
+            return parallelize_llama(
+                m,
+                mesh=self.mesh,
+                dims=self.dims,
+                param_dtype=param_dtype,
+                activation_checkpointing=t.activation_checkpointing,
+                cpu_offload=offload,
+                compile_backend=compile_backend,
+            )
 
         self.schedule = None
         if self.dims.pp_enabled:
-            pipe = build_pipeline(model, pp_mesh=self.mesh["pp"], device=self.device, schedule=cfg.parallelism.pipeline_schedule, microbatches=self.microbatches, loss_fn=cross_entropy_loss, parallelize=parallelize)
-            self.schedule, self.parts, self.has_first, self.has_last = pipe.schedule, pipe.parts, pipe.has_first, pipe.has_last
+            pipe = build_pipeline(
+                model,
+                pp_mesh=self.mesh["pp"],
+                device=self.device,
+                schedule=cfg.parallelism.pipeline_schedule,
+                microbatches=self.microbatches,
+                loss_fn=cross_entropy_loss,
+                parallelize=parallelize,
+            )
+            self.schedule, self.parts, self.has_first, self.has_last = (
+                pipe.schedule,
+                pipe.parts,
+                pipe.has_first,
+                pipe.has_last,
+            )
         else:
             self.parts, self.has_first, self.has_last = [parallelize(model)], True, True
         del model
@@ -132,10 +188,26 @@ class Trainer:
                 part.init_weights(buffer_device=self.device)
         # From here on each rank draws from its own stream (saved and restored with checkpoints).
         seed_rank_rng(t.seed, env.rank)
-        self.optimizer = Optimizers(self.parts, lr=t.learning_rate, weight_decay=t.weight_decay, fused=self.device.type == "cuda" and not offload)  # type: ignore[arg-type]
-        self.lr_scheduler = WarmupCosine(self.optimizer, peak_lr=t.learning_rate, warmup_steps=t.warmup_steps, total_steps=t.steps)
-        source = build_source(t.dataset, vocab_size=args.vocab_size, seed=t.seed, seq_len=t.seq_len, vocab_fixed=t.vocab_size is not None)
-        self.data = ShardedBatches(source, batch_size=t.batch_size, seq_len=t.seq_len, dp_rank=self.dp_rank, dp_size=self.dims.dp, device=self.device)
+        self.optimizer = Optimizers(
+            self.parts,
+            lr=t.learning_rate,
+            weight_decay=t.weight_decay,
+            fused=self.device.type == "cuda" and not offload,
+        )  # type: ignore[arg-type]
+        self.lr_scheduler = WarmupCosine(
+            self.optimizer, peak_lr=t.learning_rate, warmup_steps=t.warmup_steps, total_steps=t.steps
+        )
+        source = build_source(
+            t.dataset, vocab_size=args.vocab_size, seed=t.seed, seq_len=t.seq_len, vocab_fixed=t.vocab_size is not None
+        )
+        self.data = ShardedBatches(
+            source,
+            batch_size=t.batch_size,
+            seq_len=t.seq_len,
+            dp_rank=self.dp_rank,
+            dp_size=self.dims.dp,
+            device=self.device,
+        )
         self.flops_per_token = args.flops_per_token(t.seq_len)
         self.peak_flops = _peak_flops(self.device)
         self.ctx = hooks.TrainContext(
@@ -156,7 +228,12 @@ class Trainer:
         self.health = _build_health(cfg, self.ctx)
         # The fault tolerance (ft.py): replica groups, or none; the loop below never asks which.
         heal_state = HealState(
-            parts={"model": ModelState(self.parts), "optimizer": self.optimizer, "lr_scheduler": self.lr_scheduler, "data": self.data},
+            parts={
+                "model": ModelState(self.parts),
+                "optimizer": self.optimizer,
+                "lr_scheduler": self.lr_scheduler,
+                "data": self.data,
+            },
             get_position=lambda: {"step": self.ctx.step},
             set_position=lambda pos: setattr(self.ctx, "step", int(pos["step"])),
         )
@@ -245,7 +322,11 @@ class Trainer:
             self._dump_grads(Path(self.dump_grads_dir))
         self.faults.maybe_flip(step, "grad", self.parts)
         exchange.reduce_gradients(p for part in self.parts for p in part.parameters())
-        grad_norm = clip_grad_norm_(self.parts, self.cfg.trainer.grad_clip, pp_group=self.mesh["pp"].get_group() if self.dims.pp_enabled else None)
+        grad_norm = clip_grad_norm_(
+            self.parts,
+            self.cfg.trainer.grad_clip,
+            pp_group=self.mesh["pp"].get_group() if self.dims.pp_enabled else None,
+        )
         lr = self.lr_scheduler.get_last_lr()[0]
         global_loss = exchange.reduce_loss(self._global_loss(loss))
         if not exchange.commit(step):
@@ -258,13 +339,37 @@ class Trainer:
         self.faults.maybe_flip(step, "param", self.parts)
         step_time = time.perf_counter() - start
         tokens_per_s = self.cfg.trainer.batch_size * self.cfg.trainer.seq_len / step_time
-        metrics = hooks.StepMetrics(step=step, loss=global_loss, grad_norm=float(grad_norm), step_time_s=step_time, compute_s=compute_s, tokens_per_s=tokens_per_s, lr=lr, memory_bytes=self._memory_bytes())
-        if (self.env.rank == 0 or self.log_all_ranks) and (step % self.cfg.trainer.log_every_steps == 0 or step == self.cfg.trainer.steps):
+        metrics = hooks.StepMetrics(
+            step=step,
+            loss=global_loss,
+            grad_norm=float(grad_norm),
+            step_time_s=step_time,
+            compute_s=compute_s,
+            tokens_per_s=tokens_per_s,
+            lr=lr,
+            memory_bytes=self._memory_bytes(),
+        )
+        if (self.env.rank == 0 or self.log_all_ranks) and (
+            step % self.cfg.trainer.log_every_steps == 0 or step == self.cfg.trainer.steps
+        ):
             extra: dict[str, Any] = {}
             if self.peak_flops:
                 extra["mfu"] = round(tokens_per_s / self.env.world_size * self.flops_per_token / self.peak_flops, 4)
             extra.update(exchange.log_fields())
-            log_event("step", rank=self.env.rank, step=step, loss=global_loss, grad_norm=metrics.grad_norm, lr=lr, step_time_s=round(step_time, 5), fwd_bwd_s=round(fwd_bwd_s, 5), compute_s=round(compute_s, 5), tokens_per_s=round(tokens_per_s, 1), memory_bytes=metrics.memory_bytes, **extra)
+            log_event(
+                "step",
+                rank=self.env.rank,
+                step=step,
+                loss=global_loss,
+                grad_norm=metrics.grad_norm,
+                lr=lr,
+                step_time_s=round(step_time, 5),
+                fwd_bwd_s=round(fwd_bwd_s, 5),
+                compute_s=round(compute_s, 5),
+                tokens_per_s=round(tokens_per_s, 1),
+                memory_bytes=metrics.memory_bytes,
+                **extra,
+            )
         return metrics
 
     def forward_backward(self, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

@@ -37,7 +37,13 @@ class Optimizers(torch.optim.Optimizer):
     """
 
     def __init__(
-        self, parts: list[nn.Module], *, lr: float, weight_decay: float, betas: tuple[float, float] = (0.9, 0.95), fused: bool = False,
+        self,
+        parts: list[nn.Module],
+        *,
+        lr: float,
+        weight_decay: float,
+        betas: tuple[float, float] = (0.9, 0.95),
+        fused: bool = False,
     ) -> None:
         self.parts = parts
         # fused (parameters on a GPU): one kernel, and no temporaries the size of the state
@@ -98,7 +104,15 @@ class WarmupCosine:
     Its state is one integer (the number of steps taken), so it is layout-independent.
     """
 
-    def __init__(self, optimizer: torch.optim.Optimizer, *, peak_lr: float, warmup_steps: int, total_steps: int, min_ratio: float = 0.1) -> None:
+    def __init__(
+        self,
+        optimizer: torch.optim.Optimizer,
+        *,
+        peak_lr: float,
+        warmup_steps: int,
+        total_steps: int,
+        min_ratio: float = 0.1,
+    ) -> None:
         self.optimizer = optimizer
         self.peak_lr = peak_lr
         self.warmup = warmup_steps

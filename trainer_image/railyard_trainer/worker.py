@@ -29,7 +29,18 @@ from railyard_trainer.events import log_event
 from railyard_trainer.hooks import HangDetected, SDCDetected
 from railyard_trainer.termination import record_worker_error
 
-_INFRA_PATTERNS = ("gloo", "nccl", "connection closed", "connection reset", "broken pipe", "timed out", "timeout", "c10d", "processgroup", "socket")
+_INFRA_PATTERNS = (
+    "gloo",
+    "nccl",
+    "connection closed",
+    "connection reset",
+    "broken pipe",
+    "timed out",
+    "timeout",
+    "c10d",
+    "processgroup",
+    "socket",
+)
 
 
 def exit_code_for(exc: BaseException) -> int:
@@ -90,7 +101,13 @@ def run() -> int:
         return 0
     except BaseException as exc:
         code = exit_code_for(exc)
-        log_event("worker_failed", rank=int(rank) if rank.isdigit() else rank, code=code, failure_class=str(classify_exit_code(code)) if code else "", error=repr(exc)[:2000])
+        log_event(
+            "worker_failed",
+            rank=int(rank) if rank.isdigit() else rank,
+            code=code,
+            failure_class=str(classify_exit_code(code)) if code else "",
+            error=repr(exc)[:2000],
+        )
         traceback.print_exc(file=sys.stderr)
         record_worker_error(exc, code)  # the launcher's termination message quotes it
         if trainer is not None:

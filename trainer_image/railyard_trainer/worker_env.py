@@ -51,7 +51,9 @@ class WorkerEnv:
                 pod_index=podenv.POD_INDEX.get(e) or 0,
             )
         except (KeyError, ValueError) as exc:
-            raise ConfigError([f"worker environment: {exc!r}; start workers with railyard-train, not directly"]) from exc
+            raise ConfigError(
+                [f"worker environment: {exc!r}; start workers with railyard-train, not directly"]
+            ) from exc
 
     def to_env(self) -> dict[str, str]:
         return {

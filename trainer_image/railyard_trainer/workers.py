@@ -43,7 +43,12 @@ from railyard_trainer.zygote import Spawner, WorkerProcess
 
 #: Most specific first: the root cause beats its consequences (a crash makes peers see a
 #: broken connection; the launcher's own SIGTERM makes them exit 143).
-_SPECIFICITY = [ExitCode.SDC_DETECTED, ExitCode.HANG_OR_STRAGGLER, ExitCode.NO_VERIFIED_CHECKPOINT, ExitCode.CONFIG_PERMANENT]
+_SPECIFICITY = [
+    ExitCode.SDC_DETECTED,
+    ExitCode.HANG_OR_STRAGGLER,
+    ExitCode.NO_VERIFIED_CHECKPOINT,
+    ExitCode.CONFIG_PERMANENT,
+]
 
 
 def most_specific(codes: Sequence[int]) -> int:
@@ -80,7 +85,9 @@ def worker_command(cfg: TrainerConfig, *, cwd: str | None = None) -> list[str]:
     return [*prog.command, *prog.args]
 
 
-def worker_environment(plan: LaunchPlan, w: WorkerEnv, *, base: Mapping[str, str], config_path: Path, run_dir: Path) -> dict[str, str]:
+def worker_environment(
+    plan: LaunchPlan, w: WorkerEnv, *, base: Mapping[str, str], config_path: Path, run_dir: Path
+) -> dict[str, str]:
     """One worker's environment: the pod's (``base``), torchrun's variables for its rank and
     this attempt, its place in the rank table, config.json and where it leaves its last words."""
     cfg = plan.config
@@ -92,13 +99,19 @@ def worker_environment(plan: LaunchPlan, w: WorkerEnv, *, base: Mapping[str, str
     }
 
 
-def start_workers(spawner: Spawner, command: Sequence[str], envs: Mapping[int, Mapping[str, str]], *, attempt: int) -> dict[int, WorkerProcess]:
+def start_workers(
+    spawner: Spawner, command: Sequence[str], envs: Mapping[int, Mapping[str, str]], *, attempt: int
+) -> dict[int, WorkerProcess]:
     """Start one worker per rank (``envs``: rank -> its environment), forked from the pod's
     zygote where the command allows (railyard_trainer.zygote); logs ``workers_started`` with
     each rank's pid (what ``kill -STOP`` or ``py-spy dump`` wants)."""
     procs = {rank: spawner.spawn(command, env) for rank, env in envs.items()}
-    log_event("workers_started", attempt=attempt, pids={str(r): p.pid for r, p in procs.items()},
-              zygote=spawner.zygote_pid is not None and any(not isinstance(p, subprocess.Popen) for p in procs.values()))
+    log_event(
+        "workers_started",
+        attempt=attempt,
+        pids={str(r): p.pid for r, p in procs.items()},
+        zygote=spawner.zygote_pid is not None and any(not isinstance(p, subprocess.Popen) for p in procs.values()),
+    )
     return procs
 
 
@@ -107,7 +120,14 @@ def supervise(plan: LaunchPlan, *, fail_grace_s: float, kill_grace_s: float) -> 
     config_path = run_dir / "config.json"
     config_path.write_text(json.dumps(plan.config.to_dict()))
     base = dict(os.environ)
-    base.update({podenv.MASTER_ADDR.name: plan.master_addr, podenv.MASTER_PORT.name: podenv.MASTER_PORT.render(plan.master_port), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), "PYTHONUNBUFFERED": "1"})
+    base.update(
+        {
+            podenv.MASTER_ADDR.name: plan.master_addr,
+            podenv.MASTER_PORT.name: podenv.MASTER_PORT.render(plan.master_port),
+            "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
     base.update(resolved_lighthouse(base, time.monotonic() + env_float(base, podenv.RENDEZVOUS_WAIT_S)))
     if plan.master_addr.startswith("127.") and len(plan.table.pods) == 1:
         base.setdefault("GLOO_SOCKET_IFNAME", "lo")
@@ -123,9 +143,20 @@ def supervise(plan: LaunchPlan, *, fail_grace_s: float, kill_grace_s: float) -> 
                     p.send_signal(signum)
 
     old = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
-    log_event("launch", pod_index=plan.pod_index, ranks=[w.rank for w in plan.workers], world_size=plan.table.world_size, mesh=[plan.table.pp, plan.table.dp, plan.table.tp], master=f"{plan.master_addr}:{plan.master_port}", attempt=plan.config.attempt)
+    log_event(
+        "launch",
+        pod_index=plan.pod_index,
+        ranks=[w.rank for w in plan.workers],
+        world_size=plan.table.world_size,
+        mesh=[plan.table.pp, plan.table.dp, plan.table.tp],
+        master=f"{plan.master_addr}:{plan.master_port}",
+        attempt=plan.config.attempt,
+    )
     try:
-        envs = {w.rank: worker_environment(plan, w, base=base, config_path=config_path, run_dir=run_dir) for w in plan.workers}
+        envs = {
+            w.rank: worker_environment(plan, w, base=base, config_path=config_path, run_dir=run_dir)
+            for w in plan.workers
+        }
         procs.update(start_workers(spawner, worker_command(plan.config), envs, attempt=plan.config.attempt))
         failed_at: float | None = None
         term_at: float | None = None
@@ -163,7 +194,12 @@ def supervise(plan: LaunchPlan, *, fail_grace_s: float, kill_grace_s: float) -> 
     code = most_specific(list(codes.values()))
     if code == 0 and received:
         code = 128 + received[0]
-    log_event("launcher_exit", code=code, failure_class=str(classify_exit_code(code)) if code else "", workers={str(r): c for r, c in sorted(codes.items())})
+    log_event(
+        "launcher_exit",
+        code=code,
+        failure_class=str(classify_exit_code(code)) if code else "",
+        workers={str(r): c for r, c in sorted(codes.items())},
+    )
     if code != 0:
         write_termination_message(build_termination_message(codes, errors, code=code))
     return code

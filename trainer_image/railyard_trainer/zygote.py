@@ -50,7 +50,13 @@ ZYGOTE_ENV = podenv.WORKER_ZYGOTE.name
 #: torch.distributed, DTensor and FSDP2).
 TRAINER_PRELOAD = ("railyard_trainer.train",)
 #: What a job's own program most likely imports (its script decides the rest).
-PROGRAM_PRELOAD = ("torch", "torch.distributed", "torch.distributed.tensor", "torch.distributed.fsdp", "railyard_trainer.sdk")
+PROGRAM_PRELOAD = (
+    "torch",
+    "torch.distributed",
+    "torch.distributed.tensor",
+    "torch.distributed.fsdp",
+    "railyard_trainer.sdk",
+)
 #: Bounds that only catch a broken zygote (its preload takes seconds).
 SPAWN_TIMEOUT_S = 300.0
 
@@ -106,7 +112,13 @@ def preload_for(argv: Sequence[str]) -> tuple[str, ...]:
     return TRAINER_PRELOAD if cmd[0] == "railyard_trainer.worker" else PROGRAM_PRELOAD
 
 
-def spawn_ranks(fn: Callable[..., None], args: tuple[Any, ...], nprocs: int, *, preload: Sequence[str] = ("torch", "torch.distributed")) -> None:
+def spawn_ranks(
+    fn: Callable[..., None],
+    args: tuple[Any, ...],
+    nprocs: int,
+    *,
+    preload: Sequence[str] = ("torch", "torch.distributed"),
+) -> None:
     """``torch.multiprocessing.spawn(fn, args, nprocs)`` with the same idea for in-process
     multi-rank runs (the tests' and benchmarks'): the ranks are forked from a forkserver that
     imported ``preload`` and ``fn``'s module once for this process, instead of each importing
@@ -213,12 +225,12 @@ class Spawner:
             pending.error = f"no answer from the zygote within {SPAWN_TIMEOUT_S:.0f}s"
         with self._lock:
             self._pending.pop(ident, None)
-            if pending.error:
-                worker = None
-            else:
-                worker = self._workers.setdefault(pending.pid, ForkedWorker(pending.pid))
+            worker = None if pending.error else self._workers.setdefault(pending.pid, ForkedWorker(pending.pid))
         if worker is None:  # the zygote failed: this worker starts the plain way
-            print(f"railyard: worker zygote failed ({pending.error}); starting the worker as a subprocess", file=sys.stderr)
+            print(
+                f"railyard: worker zygote failed ({pending.error}); starting the worker as a subprocess",
+                file=sys.stderr,
+            )
             self._stop_zygote()
             return subprocess.Popen(list(argv), env=dict(env), start_new_session=True, preexec_fn=die_with_parent)
         return worker
@@ -364,7 +376,9 @@ def serve(sock: socket.socket) -> _Child | None:
                 ident, argv = int(req["spawn"]), list(req["argv"])
                 cmd = python_module_command(argv)
                 if cmd is None:
-                    sock.sendall(json.dumps({"spawned": ident, "error": f"not a python -m command: {argv[:3]}"}).encode() + b"\n")
+                    sock.sendall(
+                        json.dumps({"spawned": ident, "error": f"not a python -m command: {argv[:3]}"}).encode() + b"\n"
+                    )
                     continue
                 pid = os.fork()
                 if pid == 0:

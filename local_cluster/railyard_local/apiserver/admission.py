@@ -103,7 +103,9 @@ def _priority(engine: Engine, rt: ResourceType, pod: JSON, spec: JSON) -> None:
         else:
             pc = engine.store.get("priorityclasses.scheduling.k8s.io", "", class_name)
             if pc is None:
-                raise forbidden(rt, pod["metadata"].get("name", ""), f"no PriorityClass with name {class_name} was found")
+                raise forbidden(
+                    rt, pod["metadata"].get("name", ""), f"no PriorityClass with name {class_name} was found"
+                )
             value = int(pc.obj.get("value", 0))
             policy = pc.obj.get("preemptionPolicy") or policy
     else:

@@ -456,7 +456,9 @@ def _validate_event(rt: ResourceType, ev: JSON, old: JSON | None) -> list[Cause]
                 causes.append(invalid_value(f"{regarding}.namespace", inv.get("namespace", ""),
                                             "does not match event.namespace"))
         elif ns != inv.get("namespace"):
-            causes.append(invalid_value(f"{regarding}.namespace", inv.get("namespace"), "does not match event.namespace"))
+            causes.append(
+                invalid_value(f"{regarding}.namespace", inv.get("namespace"), "does not match event.namespace")
+            )
     else:
         if not inv.get("namespace") and ns not in ("default", "kube-system"):
             causes.append(invalid_value(f"{regarding}.namespace", inv.get("namespace", ""),

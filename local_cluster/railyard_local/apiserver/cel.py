@@ -528,8 +528,9 @@ class _Checker:
             size = saturate(args[0].size + args[1].size)
             if args[0].type.kind == "list":
                 return _Typed(args[0].type, Cost(1, 1) + arg_sum, size)
-            return _Typed(CelType(args[0].type.kind, max_size=size), Cost(0, _factor(size, _STRING_TRAVERSAL)) + arg_sum,
-                          size)
+            return _Typed(
+                CelType(args[0].type.kind, max_size=size), Cost(0, _factor(size, _STRING_TRAVERSAL)) + arg_sum, size
+            )
         if target is not None and fn in ("startsWith", "endsWith") and len(args) == 1:
             return _Typed(BOOL, Cost(0, _factor(args[0].size, _STRING_TRAVERSAL)) + arg_sum, 1)
         if target is not None and fn == "contains" and len(args) == 1:

@@ -302,7 +302,11 @@ class Controllers:
         uid = pod["metadata"].get("uid", "")
         if _terminal(pod):
             self._claiming_pods.discard(key)
-            done = [c.obj["metadata"]["name"] for c in self.store.items(dra.CLAIMS_KEY, ns) if dra.is_generated_for(c.obj, uid)]
+            done = [
+                c.obj["metadata"]["name"]
+                for c in self.store.items(dra.CLAIMS_KEY, ns)
+                if dra.is_generated_for(c.obj, uid)
+            ]
             await asyncio.gather(*(self._delete((dra.CLAIMS_KEY, ns, n)) for n in done))
             return
         statuses = list((pod.get("status") or {}).get("resourceClaimStatuses") or [])

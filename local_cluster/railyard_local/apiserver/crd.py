@@ -69,7 +69,9 @@ def _validate_crd(obj: JSON, old: JSON | None) -> list[Cause]:
     if not versions:
         causes.append(required("spec.versions", "must have exactly one version marked as storage version"))
     elif sum(1 for v in versions if v.get("storage")) != 1:
-        causes.append(invalid_value("spec.versions", "array", "must have exactly one version marked as storage version"))
+        causes.append(
+            invalid_value("spec.versions", "array", "must have exactly one version marked as storage version")
+        )
     for i, v in enumerate(versions):
         if not v.get("name"):
             causes.append(required(f"spec.versions[{i}].name"))
@@ -242,7 +244,9 @@ def _structural(s: Any, path: str, level: str, root_meta: bool = False) -> list[
                         out.append(required(f"{path}.items.properties[{k}]",
                                             "all map keys must be required or have a default value"))
     if embedded and addl is not None:
-        out.append(forbidden(f"{path}.additionalProperties", "must not be used if x-kubernetes-embedded-resource is set"))
+        out.append(
+            forbidden(f"{path}.additionalProperties", "must not be used if x-kubernetes-embedded-resource is set")
+        )
     if embedded and not s.get("x-kubernetes-preserve-unknown-fields") and not props:
         out.append(required(f"{path}.properties", "must not be empty if x-kubernetes-embedded-resource is true "
                             "without x-kubernetes-preserve-unknown-fields"))

@@ -166,7 +166,11 @@ def _validate_devices(devices: Any, path: str) -> list[Cause]:
             causes.append(required(where, "exactly one of `exactly` or `firstAvailable` is required"))
             continue
         if len(chosen) > 1:
-            causes.append(invalid_value(where, None, "exactly one of `exactly` or `firstAvailable` is required, but multiple fields are set"))
+            causes.append(
+                invalid_value(
+                    where, None, "exactly one of `exactly` or `firstAvailable` is required, but multiple fields are set"
+                )
+            )
             continue
         exactly = r.get("exactly")
         if not isinstance(exactly, dict):
@@ -180,7 +184,9 @@ def _validate_devices(devices: Any, path: str) -> list[Cause]:
         if mode == "ExactCount" and (not isinstance(count, int) or isinstance(count, bool) or count < 0):
             causes.append(invalid_value(f"{where}.exactly.count", count, "must be greater than zero"))
         elif mode == "All" and count not in (None, 0):
-            causes.append(invalid_value(f"{where}.exactly.count", count, "must not be specified when allocationMode is 'All'"))
+            causes.append(
+                invalid_value(f"{where}.exactly.count", count, "must not be specified when allocationMode is 'All'")
+            )
     return causes
 
 
@@ -267,8 +273,14 @@ def validate_pod_claims(spec: JSON) -> list[Cause]:
                 name = claim.get("name") if isinstance(claim, dict) else None
                 if name not in names:  # upstream: a NotFound with an explanation
                     known = ": " + ", ".join(sorted(names)) if names else " which is empty"
-                    causes.append(Cause(f"spec.{kind}[{i}].resources.claims[{j}]", "FieldValueNotFound",
-                                        f"Not found: {json.dumps(name)}: must be one of the names in pod.spec.resourceClaims{known}"))
+                    causes.append(
+                        Cause(
+                            f"spec.{kind}[{i}].resources.claims[{j}]",
+                            "FieldValueNotFound",
+                            f"Not found: {json.dumps(name)}: must be one of the names in "
+                            f"pod.spec.resourceClaims{known}",
+                        )
+                    )
     return causes
 
 
@@ -358,10 +370,24 @@ def channel_template_for(domain: JSON) -> JSON | None:
     return {
         "apiVersion": API_VERSION,
         "kind": "ResourceClaimTemplate",
-        "metadata": {"name": name, "namespace": meta.get("namespace", "default"),
-                     "ownerReferences": [{"apiVersion": str(domain.get("apiVersion")), "kind": "ComputeDomain",
-                                          "name": meta.get("name"), "uid": meta.get("uid"), "controller": True}]},
-        "spec": {"spec": {"devices": {"requests": [{"name": "channel", "exactly": {"deviceClassName": CHANNEL_DEVICE_CLASS}}]}}},
+        "metadata": {
+            "name": name,
+            "namespace": meta.get("namespace", "default"),
+            "ownerReferences": [
+                {
+                    "apiVersion": str(domain.get("apiVersion")),
+                    "kind": "ComputeDomain",
+                    "name": meta.get("name"),
+                    "uid": meta.get("uid"),
+                    "controller": True,
+                }
+            ],
+        },
+        "spec": {
+            "spec": {
+                "devices": {"requests": [{"name": "channel", "exactly": {"deviceClassName": CHANNEL_DEVICE_CLASS}}]}
+            }
+        },
     }
 
 
@@ -375,15 +401,43 @@ def compute_domain_crd() -> JSON:
         "spec": {
             "group": "resource.nvidia.com",
             "scope": "Namespaced",
-            "names": {"plural": "computedomains", "singular": "computedomain", "kind": "ComputeDomain", "listKind": "ComputeDomainList"},
-            "versions": [{
-                "name": "v1beta1", "served": True, "storage": True, "subresources": {"status": {}},
-                "schema": {"openAPIV3Schema": {"type": "object", "properties": {
-                    "spec": {"type": "object", "x-kubernetes-preserve-unknown-fields": True, "properties": {
-                        "numNodes": {"type": "integer"},
-                        "channel": {"type": "object", "properties": {"resourceClaimTemplate": {
-                            "type": "object", "properties": {"name": {"type": "string"}}}}}}},
-                    "status": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}}}},
-            }],
+            "names": {
+                "plural": "computedomains",
+                "singular": "computedomain",
+                "kind": "ComputeDomain",
+                "listKind": "ComputeDomainList",
+            },
+            "versions": [
+                {
+                    "name": "v1beta1",
+                    "served": True,
+                    "storage": True,
+                    "subresources": {"status": {}},
+                    "schema": {
+                        "openAPIV3Schema": {
+                            "type": "object",
+                            "properties": {
+                                "spec": {
+                                    "type": "object",
+                                    "x-kubernetes-preserve-unknown-fields": True,
+                                    "properties": {
+                                        "numNodes": {"type": "integer"},
+                                        "channel": {
+                                            "type": "object",
+                                            "properties": {
+                                                "resourceClaimTemplate": {
+                                                    "type": "object",
+                                                    "properties": {"name": {"type": "string"}},
+                                                }
+                                            },
+                                        },
+                                    },
+                                },
+                                "status": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
+                            },
+                        }
+                    },
+                }
+            ],
         },
     }

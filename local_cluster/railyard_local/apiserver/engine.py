@@ -153,10 +153,7 @@ class Engine:
     def list(self, rt: ResourceType, ns: str | None, matchers: list[Matcher]) -> tuple[list[Entry], int]:
         rv = self.store.rv
         entries = self.store.items(rt.key, ns if rt.namespaced else None)
-        if matchers:
-            result = [e for e in entries if all(m(e.obj) for m in matchers)]
-        else:
-            result = list(entries)
+        result = [e for e in entries if all(m(e.obj) for m in matchers)] if matchers else list(entries)
         result.sort(key=lambda e: (e.obj["metadata"].get("namespace", ""), e.obj["metadata"]["name"]))
         return result, rv
 
@@ -378,8 +375,12 @@ class Engine:
             raise bad_request(f"the name of the object ({meta['name']}) does not match the name on the URL ({name})")
         rv = meta.get("resourceVersion")
         if rv and rv != old["metadata"]["resourceVersion"]:
-            raise conflict(rt.group, rt.plural, name,
-                           "the object has been modified; please apply your changes to the latest version and try again")
+            raise conflict(
+                rt.group,
+                rt.plural,
+                name,
+                "the object has been modified; please apply your changes to the latest version and try again",
+            )
         if meta.get("uid") and meta["uid"] != old["metadata"]["uid"]:
             raise conflict(rt.group, rt.plural, name, "Precondition failed: UID in precondition does not match")
         request_meta = dict(meta)
@@ -538,7 +539,9 @@ class Engine:
             if schema is not None:
                 pruned = schema.prune(config)
                 if pruned and ctx.field_validation == "Strict":
-                    raise bad_request("error strict decoding YAML: " + ", ".join(f'unknown field "{p}"' for p in pruned))
+                    raise bad_request(
+                        "error strict decoding YAML: " + ", ".join(f'unknown field "{p}"' for p in pruned)
+                    )
                 if pruned and ctx.field_validation == "Warn":
                     ctx.warnings.extend(f'unknown field "{p}"' for p in pruned)
         live_entry = self.store.get(rt.key, ns if rt.namespaced else "", name)

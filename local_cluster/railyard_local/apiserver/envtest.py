@@ -77,7 +77,11 @@ def apiserver_args(*, etcd_url: str, port: int, cert_dir: Path, certs: ServingCe
     no namespace gets its ``default`` ServiceAccount, and every pod would be refused.
     ``kubelet_client`` (certificate, key): what it shows the node agent's kubelet endpoint when
     it reads container logs (local/kubelet.py requires a certificate of our CA)."""
-    kubelet = [f"--kubelet-client-certificate={kubelet_client[0]}", f"--kubelet-client-key={kubelet_client[1]}"] if kubelet_client else []
+    kubelet = (
+        [f"--kubelet-client-certificate={kubelet_client[0]}", f"--kubelet-client-key={kubelet_client[1]}"]
+        if kubelet_client
+        else []
+    )
     return [*kubelet,
         f"--etcd-servers={etcd_url}", "--advertise-address=127.0.0.1", "--bind-address=127.0.0.1",
         f"--secure-port={port}", f"--cert-dir={cert_dir}",
@@ -113,7 +117,9 @@ def start_envtest(assets: Path, work_dir: Path, *, timeout_s: float = 90.0) -> E
     )
     procs.append(etcd)
     sa_keys = ensure_service_account_keys(work_dir / "pki")
-    kubelet_client = issue_cert(work_dir / "pki", "apiserver-kubelet-client", common_name="kube-apiserver-kubelet-client", client=True)
+    kubelet_client = issue_cert(
+        work_dir / "pki", "apiserver-kubelet-client", common_name="kube-apiserver-kubelet-client", client=True
+    )
     apiserver = subprocess.Popen(
         [str(assets / "kube-apiserver"), *apiserver_args(
             etcd_url=f"http://127.0.0.1:{etcd_port}", port=api_port, cert_dir=work_dir / "certs", certs=certs,

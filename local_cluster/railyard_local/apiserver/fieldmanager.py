@@ -628,7 +628,9 @@ def conflict_error(conflicts: list[tuple[Manager, tuple[str, ...]]]) -> APIError
                        "field": "".join(element_string(pe) for pe in p)})
     if len(conflicts) == 1:
         m, p = conflicts[0]
-        message = f"Apply failed with 1 conflict: conflict with {m.describe()}: {''.join(element_string(pe) for pe in p)}"
+        message = (
+            f"Apply failed with 1 conflict: conflict with {m.describe()}: {''.join(element_string(pe) for pe in p)}"
+        )
     else:
         by: dict[str, list[str]] = {}
         for m, p in conflicts:

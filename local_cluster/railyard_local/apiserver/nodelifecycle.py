@@ -333,6 +333,13 @@ class NodeLifecycle:
 
 
 __all__ = [
-    "DEFAULT_SETTINGS", "NOT_READY_TAINT", "UNREACHABLE_TAINT", "NodeLifecycle", "NodeLifecycleSettings", "decide_conditions_unknown",
-    "decide_pod_not_ready", "decide_taints", "overdue",
+    "DEFAULT_SETTINGS",
+    "NOT_READY_TAINT",
+    "UNREACHABLE_TAINT",
+    "NodeLifecycle",
+    "NodeLifecycleSettings",
+    "decide_conditions_unknown",
+    "decide_pod_not_ready",
+    "decide_taints",
+    "overdue",
 ]

@@ -119,9 +119,13 @@ def _list_schema(rt: ResourceType, version: str, v3: bool) -> JSON:
 def _operations(rt: ResourceType, version: str, prefix: str, v3: bool) -> dict[str, JSON]:
     ref = ("#/components/schemas/" if v3 else "#/definitions/") + schema_name(rt, version)
     gvk = {"group": rt.group, "kind": rt.kind, "version": version}
-    fv: JSON = {"name": "fieldValidation", "in": "query", "description": "fieldValidation instructs the server on how to "
-          "handle objects in the request containing unknown or duplicate fields.", "schema": {"type": "string",
-                                                                                               "uniqueItems": True}}
+    fv: JSON = {
+        "name": "fieldValidation",
+        "in": "query",
+        "description": "fieldValidation instructs the server on how to "
+        "handle objects in the request containing unknown or duplicate fields.",
+        "schema": {"type": "string", "uniqueItems": True},
+    }
     dry: JSON = {"name": "dryRun", "in": "query", "schema": {"type": "string", "uniqueItems": True}}
     if not v3:
         fv = {"name": "fieldValidation", "in": "query", "type": "string", "uniqueItems": True}

@@ -104,8 +104,13 @@ def ensure_service_account_keys(pki_dir: Path) -> ServiceAccountKeys:
     if keys.private_key.exists() and keys.public_key.exists():
         return keys
     key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-    _write(keys.private_key, key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.TraditionalOpenSSL,
-                                               serialization.NoEncryption()), private=True)
+    _write(
+        keys.private_key,
+        key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.TraditionalOpenSSL, serialization.NoEncryption()
+        ),
+        private=True,
+    )
     _write(keys.public_key, key.public_key().public_bytes(serialization.Encoding.PEM,
                                                           serialization.PublicFormat.SubjectPublicKeyInfo))
     return keys

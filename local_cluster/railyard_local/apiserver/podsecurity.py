@@ -78,7 +78,9 @@ def _pod_sc(pod: JSON) -> JSON:
 
 
 def _containers_phrase(names: list[str], singular: str, plural: str) -> str:
-    return f'{"container" if len(names) == 1 else "containers"} {_quoted(names)} {singular if len(names) == 1 else plural}'
+    return (
+        f"{'container' if len(names) == 1 else 'containers'} {_quoted(names)} {singular if len(names) == 1 else plural}"
+    )
 
 
 # ---- the checks, by ID --------------------------------------------------------------------------
@@ -133,7 +135,9 @@ def _capabilities_restricted(pod: JSON) -> list[Violation]:
                         "securityContext.capabilities.add")
     details = []
     if no_drop:
-        details.append(_containers_phrase(no_drop, "must set", "must set") + ' securityContext.capabilities.drop=["ALL"]')
+        details.append(
+            _containers_phrase(no_drop, "must set", "must set") + ' securityContext.capabilities.drop=["ALL"]'
+        )
     details.extend(adds)
     return [("unrestricted capabilities", "; ".join(details))] if details else []
 
@@ -168,7 +172,9 @@ def _host_ports(pod: JSON) -> list[Violation]:
 
 def _host_process(pod: JSON) -> list[Violation]:
     pod_hp = (_pod_sc(pod).get("windowsOptions") or {}).get("hostProcess") is True
-    names = [c.get("name", "") for c in _containers(pod) if (_sc(c).get("windowsOptions") or {}).get("hostProcess") is True]
+    names = [
+        c.get("name", "") for c in _containers(pod) if (_sc(c).get("windowsOptions") or {}).get("hostProcess") is True
+    ]
     if not pod_hp and not names:
         return []
     who = "pod" if pod_hp and not names else ("pod and " if pod_hp else "") + _containers_phrase(names, "", "").strip()
@@ -179,7 +185,9 @@ def _privileged(pod: JSON) -> list[Violation]:
     names = [c.get("name", "") for c in _containers(pod) if _sc(c).get("privileged") is True]
     if not names:
         return []
-    return [("privileged", _containers_phrase(names, "must not set", "must not set") + " securityContext.privileged=true")]
+    return [
+        ("privileged", _containers_phrase(names, "must not set", "must not set") + " securityContext.privileged=true")
+    ]
 
 
 def _proc_mount(pod: JSON) -> list[Violation]:
@@ -253,7 +261,9 @@ def _seccomp_baseline(pod: JSON) -> list[Violation]:
     details = []
     if (_pod_sc(pod).get("seccompProfile") or {}).get("type") == "Unconfined":
         details.append('pod must not set securityContext.seccompProfile.type to "Unconfined"')
-    names = [c.get("name", "") for c in _containers(pod) if (_sc(c).get("seccompProfile") or {}).get("type") == "Unconfined"]
+    names = [
+        c.get("name", "") for c in _containers(pod) if (_sc(c).get("seccompProfile") or {}).get("type") == "Unconfined"
+    ]
     if names:
         details.append(_containers_phrase(names, "must not set", "must not set")
                        + ' securityContext.seccompProfile.type to "Unconfined"')

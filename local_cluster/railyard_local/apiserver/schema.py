@@ -116,8 +116,12 @@ class _Compiler:
         addl = s.get("additionalProperties")
         if isinstance(addl, dict):
             size = cel.decl_type(s).max_size
-            n.addl = self.node(addl, f"{path}.additionalProperties", root=bool(addl.get("x-kubernetes-embedded-resource")),
-                               cardinality=cel.saturate(cardinality * max(size, 1)))
+            n.addl = self.node(
+                addl,
+                f"{path}.additionalProperties",
+                root=bool(addl.get("x-kubernetes-embedded-resource")),
+                cardinality=cel.saturate(cardinality * max(size, 1)),
+            )
         elif addl is True:
             n.addl_allowed = True
         for comb in ("allOf", "anyOf", "oneOf"):
@@ -379,7 +383,9 @@ class _Validator:
                 if r not in v:
                     out.append(required(self._field(_child(name, r))))
             if "minProperties" in s and len(v) < s["minProperties"]:
-                out.append(invalid_value(where, v, f"{name} in body should have at least {s['minProperties']} properties"))
+                out.append(
+                    invalid_value(where, v, f"{name} in body should have at least {s['minProperties']} properties")
+                )
             if "maxProperties" in s and len(v) > s["maxProperties"]:
                 out.append(too_many(where, len(v), s["maxProperties"]))
             for k, child in v.items():
@@ -412,7 +418,9 @@ class _Validator:
         s = node.s
         where = self._field(name)
         if "minItems" in s and len(v) < s["minItems"]:
-            self.schema_causes.append(invalid_value(where, v, f"{name} in body should have at least {s['minItems']} items"))
+            self.schema_causes.append(
+                invalid_value(where, v, f"{name} in body should have at least {s['minItems']} items")
+            )
         if "maxItems" in s and len(v) > s["maxItems"]:
             self.schema_causes.append(too_many(where, len(v), s["maxItems"]))
         list_type = s.get("x-kubernetes-list-type")

@@ -119,7 +119,9 @@ class _Parser:
                     "'(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?')")
         if op in ("gt", "lt"):
             if len(values) != 1:
-                raise _SelectorError("values: Invalid value: []: for 'Gt', 'Lt' operators, exactly one value is required")
+                raise _SelectorError(
+                    "values: Invalid value: []: for 'Gt', 'Lt' operators, exactly one value is required"
+                )
             (v,) = values
             if not re.fullmatch(r"[+-]?\d+", v):
                 raise _SelectorError(f"values[0]: Invalid value: \"{v}\": for 'Gt', 'Lt' operators, the value must be "

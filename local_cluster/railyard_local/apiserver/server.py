@@ -87,7 +87,9 @@ def default_log_provider(state_dir: Path) -> LogProvider:
 
     def provider(pod: JSON, container: str, previous: bool) -> Path | None:
         meta = pod["metadata"]
-        return podlogs.log_file(state_dir / "pods", str(meta.get("namespace", "")), str(meta["name"]), container, previous)
+        return podlogs.log_file(
+            state_dir / "pods", str(meta.get("namespace", "")), str(meta["name"]), container, previous
+        )
 
     return provider
 
@@ -104,8 +106,12 @@ def validate_list_options(q: Any, *, watch: bool) -> None:
                                     "sendInitialEvents requires setting resourceVersionMatch to NotOlderThan"))
         if match:
             if send_initial is None:
-                causes.append(forbidden("resourceVersionMatch",
-                                        "resourceVersionMatch is forbidden for watch unless sendInitialEvents is provided"))
+                causes.append(
+                    forbidden(
+                        "resourceVersionMatch",
+                        "resourceVersionMatch is forbidden for watch unless sendInitialEvents is provided",
+                    )
+                )
             if match != "NotOlderThan":
                 causes.append(not_supported("resourceVersionMatch", match, ["NotOlderThan"]))
     else:
@@ -114,7 +120,9 @@ def validate_list_options(q: Any, *, watch: bool) -> None:
                 causes.append(forbidden("resourceVersionMatch",
                                         "resourceVersionMatch is forbidden unless resourceVersion is provided"))
             if q.get("continue"):
-                causes.append(forbidden("resourceVersionMatch", "resourceVersionMatch is forbidden when continue is provided"))
+                causes.append(
+                    forbidden("resourceVersionMatch", "resourceVersionMatch is forbidden when continue is provided")
+                )
             if match not in ("Exact", "NotOlderThan"):
                 causes.append(not_supported("resourceVersionMatch", match, ["Exact", "NotOlderThan", ""]))
             if match == "Exact" and q.get("resourceVersion") == "0":

@@ -59,7 +59,11 @@ def age(ts: str | None, now: float | None = None) -> str:
 
 # ---- JSONPath (the subset printer columns use) ----------------------------------------------------
 
-_STEP = re.compile(r"\.([A-Za-z0-9_\-/$]+)|\[(\d+|\*)\]|\[\?\(@\.([A-Za-z0-9_.\-]+)\s*(==|!=)\s*['\"]?([^'\"\)]*)['\"]?\)\]|\['([^']+)'\]")
+_STEP = re.compile(
+    r"\.([A-Za-z0-9_\-/$]+)|\[(\d+|\*)\]"
+    r"|\[\?\(@\.([A-Za-z0-9_.\-]+)\s*(==|!=)\s*['\"]?([^'\"\)]*)['\"]?\)\]"
+    r"|\['([^']+)'\]"
+)
 
 
 def jsonpath(obj: Any, path: str) -> list[Any]:
@@ -121,8 +125,21 @@ def _col(name: str, ctype: str = "string", fmt: str = "", desc: str = "", priori
     return {"name": name, "type": ctype, "format": fmt, "description": desc or name, "priority": priority}
 
 
-_NAME_DESCRIPTION = ('Name must be unique within a namespace. Is required when creating resources, although some resources may allow a client to request the generation of an appropriate name automatically. Name is primarily intended for creation idempotence and configuration definition. Cannot be updated. More info: https://kubernetes.io/docs/concepts/overview/working-with-objects/names#names')
-_AGE_DESCRIPTION = ('CreationTimestamp is a timestamp representing the server time when this object was created. It is not guaranteed to be set in happens-before order across separate operations. Clients may not set this value. It is represented in RFC3339 form and is in UTC.\n\nPopulated by the system. Read-only. Null for lists. More info: https://git.k8s.io/community/contributors/devel/sig-architecture/api-conventions.md#metadata')
+_NAME_DESCRIPTION = (
+                        "Name must be unique within a namespace. Is required when creating resources, although some "
+                        "resources may allow a client to request the generation of an appropriate name automatically. "
+                        "Name is primarily intended for creation idempotence and configuration definition. Cannot be "
+                        "updated. More info: "
+                        "https://kubernetes.io/docs/concepts/overview/working-with-objects/names#names"
+                    )
+_AGE_DESCRIPTION = (
+                       "CreationTimestamp is a timestamp representing the server time when this object was created. "
+                       "It is "
+                       "not guaranteed to be set in happens-before order across separate operations. Clients may not "
+                       "set this value. It is represented in RFC3339 form and is in UTC.\n\nPopulated by the system. "
+                       "Read-only. Null for lists. More info: "
+                       "https://git.k8s.io/community/contributors/devel/sig-architecture/api-conventions.md#metadata"
+                   )
 _NAME = _col("Name", "string", "name", _NAME_DESCRIPTION)
 _AGE = _col("Age", "string", "", _AGE_DESCRIPTION)
 
@@ -176,38 +193,132 @@ def _svc_row(o: JSON) -> list[Any]:
 def _event_row(o: JSON) -> list[Any]:
     inv = o.get("involvedObject") or o.get("regarding") or {}
     last = o.get("lastTimestamp") or o.get("eventTime") or o["metadata"].get("creationTimestamp")
-    return [age(last), o.get("type", ""), o.get("reason", ""), f"{str(inv.get('kind', '')).lower()}/{inv.get('name', '')}",
-            o.get("message") or o.get("note") or ""]
+    return [
+        age(last),
+        o.get("type", ""),
+        o.get("reason", ""),
+        f"{str(inv.get('kind', '')).lower()}/{inv.get('name', '')}",
+        o.get("message") or o.get("note") or "",
+    ]
 
 
 _BUILTIN: dict[str, tuple[list[JSON], Any]] = {
-    "pods": ([_NAME, _col("Ready", desc='The aggregate readiness state of this pod for accepting traffic.'),
-              _col("Status", desc='The aggregate status of the containers in this pod.'),
-              _col("Restarts", "string", desc='The number of times the containers in this pod have been restarted and when the last container in this pod has restarted.'), _AGE,
-              _col("IP", priority=1, desc='podIP address allocated to the pod. Routable at least within the cluster. Empty if not yet allocated.'),
-              _col("Node", priority=1, desc='NodeName indicates in which node this pod is scheduled. If empty, this pod is a candidate for scheduling by the scheduler defined in schedulerName. Once this field is set, the kubelet for this node becomes responsible for the lifecycle of this pod. This field should not be used to express a desire for the pod to be scheduled on a specific node. https://kubernetes.io/docs/concepts/scheduling-eviction/assign-pod-node/#nodename'),
-              _col("Nominated Node", priority=1, desc='nominatedNodeName is set only when this pod preempts other pods on the node, but it cannot be scheduled right away as preemption victims receive their graceful termination periods. This field does not guarantee that the pod will be scheduled on this node. Scheduler may decide to place the pod elsewhere if other nodes become available sooner. Scheduler may also decide to give the resources on this node to a higher priority pod that is created after preemption. As a result, this field may be different than PodSpec.nodeName when the pod is scheduled.'),
-              _col("Readiness Gates", priority=1, desc='If specified, all readiness gates will be evaluated for pod readiness. A pod is ready when all its containers are ready AND all conditions specified in the readiness gates have status equal to "True" More info: https://git.k8s.io/enhancements/keps/sig-network/580-pod-readiness-gates')],
-             _pod_row),
-    "nodes": ([_NAME, _col("Status"), _col("Roles"), _AGE, _col("Version"), _col("Internal-IP", priority=1),
-               _col("External-IP", priority=1), _col("OS-Image", priority=1), _col("Kernel-Version", priority=1),
-               _col("Container-Runtime", priority=1)], _node_row),
-    "namespaces": ([_NAME, _col("Status"), _AGE], lambda o: [
-        o["metadata"]["name"], (o.get("status") or {}).get("phase", "Active"), age(o["metadata"].get("creationTimestamp"))]),
-    "configmaps": ([_NAME, _col("Data", "integer"), _AGE], lambda o: [
-        o["metadata"]["name"], len(o.get("data") or {}) + len(o.get("binaryData") or {}),
-        age(o["metadata"].get("creationTimestamp"))]),
-    "secrets": ([_NAME, _col("Type"), _col("Data", "integer"), _AGE], lambda o: [
-        o["metadata"]["name"], o.get("type", "Opaque"), len(o.get("data") or {}), age(o["metadata"].get("creationTimestamp"))]),
-    "services": ([_NAME, _col("Type"), _col("Cluster-IP"), _col("External-IP"), _col("Port(s)"), _AGE,
-                  _col("Selector", priority=1)], _svc_row),
-    "serviceaccounts": ([_NAME, _col("Secrets", "integer"), _AGE], lambda o: [
-        o["metadata"]["name"], len(o.get("secrets") or []), age(o["metadata"].get("creationTimestamp"))]),
+    "pods": (
+        [
+            _NAME,
+            _col("Ready", desc="The aggregate readiness state of this pod for accepting traffic."),
+            _col("Status", desc="The aggregate status of the containers in this pod."),
+            _col(
+                "Restarts",
+                "string",
+                desc="The number of times the containers in this pod have been restarted and when the last container "
+                     "in this pod has restarted.",
+            ),
+            _AGE,
+            _col(
+                "IP",
+                priority=1,
+                desc="podIP address allocated to the pod. Routable at least within the cluster. Empty if not yet "
+                     "allocated.",
+            ),
+            _col(
+                "Node",
+                priority=1,
+                desc="NodeName indicates in which node this pod is scheduled. If empty, this pod is a candidate for "
+                     "scheduling by the scheduler defined in schedulerName. Once this field is set, the kubelet for "
+                     "this node becomes responsible for the lifecycle of this pod. This field should not be used to "
+                     "express a desire for the pod to be scheduled on a specific node. "
+                     "https://kubernetes.io/docs/concepts/scheduling-eviction/assign-pod-node/#nodename",
+            ),
+            _col(
+                "Nominated Node",
+                priority=1,
+                desc="nominatedNodeName is set only when this pod preempts other pods on the node, but it cannot be "
+                     "scheduled right away as preemption victims receive their graceful termination periods. This "
+                     "field does not guarantee that the pod will be scheduled on this node. Scheduler may decide to "
+                     "place the pod elsewhere if other nodes become available sooner. Scheduler may also decide to "
+                     "give the resources on this node to a higher priority pod that is created after preemption. As a "
+                     "result, this field may be different than PodSpec.nodeName when the pod is scheduled.",
+            ),
+            _col(
+                "Readiness Gates",
+                priority=1,
+                desc='If specified, all readiness gates will be evaluated for pod readiness. A pod is ready when all '
+                     'its containers are ready AND all conditions specified in the readiness gates have status equal '
+                     'to "True" More info: https://git.k8s.io/enhancements/keps/sig-network/580-pod-readiness-gates',
+            ),
+        ],
+        _pod_row,
+    ),
+    "nodes": (
+        [
+            _NAME,
+            _col("Status"),
+            _col("Roles"),
+            _AGE,
+            _col("Version"),
+            _col("Internal-IP", priority=1),
+            _col("External-IP", priority=1),
+            _col("OS-Image", priority=1),
+            _col("Kernel-Version", priority=1),
+            _col("Container-Runtime", priority=1),
+        ],
+        _node_row,
+    ),
+    "namespaces": (
+        [_NAME, _col("Status"), _AGE],
+        lambda o: [
+            o["metadata"]["name"],
+            (o.get("status") or {}).get("phase", "Active"),
+            age(o["metadata"].get("creationTimestamp")),
+        ],
+    ),
+    "configmaps": (
+        [_NAME, _col("Data", "integer"), _AGE],
+        lambda o: [
+            o["metadata"]["name"],
+            len(o.get("data") or {}) + len(o.get("binaryData") or {}),
+            age(o["metadata"].get("creationTimestamp")),
+        ],
+    ),
+    "secrets": (
+        [_NAME, _col("Type"), _col("Data", "integer"), _AGE],
+        lambda o: [
+            o["metadata"]["name"],
+            o.get("type", "Opaque"),
+            len(o.get("data") or {}),
+            age(o["metadata"].get("creationTimestamp")),
+        ],
+    ),
+    "services": (
+        [
+            _NAME,
+            _col("Type"),
+            _col("Cluster-IP"),
+            _col("External-IP"),
+            _col("Port(s)"),
+            _AGE,
+            _col("Selector", priority=1),
+        ],
+        _svc_row,
+    ),
+    "serviceaccounts": (
+        [_NAME, _col("Secrets", "integer"), _AGE],
+        lambda o: [o["metadata"]["name"], len(o.get("secrets") or []), age(o["metadata"].get("creationTimestamp"))],
+    ),
     "events": ([_col("Last Seen"), _col("Type"), _col("Reason"), _col("Object"), _col("Message")], _event_row),
-    "leases.coordination.k8s.io": ([_NAME, _col("Holder"), _AGE], lambda o: [
-        o["metadata"]["name"], (o.get("spec") or {}).get("holderIdentity", ""), age(o["metadata"].get("creationTimestamp"))]),
-    "customresourcedefinitions.apiextensions.k8s.io": ([_NAME, _col("Created At", "date")], lambda o: [
-        o["metadata"]["name"], o["metadata"].get("creationTimestamp")]),
+    "leases.coordination.k8s.io": (
+        [_NAME, _col("Holder"), _AGE],
+        lambda o: [
+            o["metadata"]["name"],
+            (o.get("spec") or {}).get("holderIdentity", ""),
+            age(o["metadata"].get("creationTimestamp")),
+        ],
+    ),
+    "customresourcedefinitions.apiextensions.k8s.io": (
+        [_NAME, _col("Created At", "date")],
+        lambda o: [o["metadata"]["name"], o["metadata"].get("creationTimestamp")],
+    ),
 }
 
 

@@ -107,11 +107,19 @@ def from_schema(s: Any, root: bool = False) -> TypeNode:
 
 
 def _container() -> TypeNode:
-    return struct({
-        "ports": keyed("containerPort", "protocol"), "env": keyed("name"), "volumeMounts": keyed("mountPath"),
-        "volumeDevices": keyed("devicePath"), "command": _ATOMIC, "args": _ATOMIC, "envFrom": _ATOMIC,
-        "resizePolicy": _ATOMIC, "resources": struct({"limits": mapping(), "requests": mapping(), "claims": keyed("name")}),
-    })
+    return struct(
+        {
+            "ports": keyed("containerPort", "protocol"),
+            "env": keyed("name"),
+            "volumeMounts": keyed("mountPath"),
+            "volumeDevices": keyed("devicePath"),
+            "command": _ATOMIC,
+            "args": _ATOMIC,
+            "envFrom": _ATOMIC,
+            "resizePolicy": _ATOMIC,
+            "resources": struct({"limits": mapping(), "requests": mapping(), "claims": keyed("name")}),
+        }
+    )
 
 
 def _pod_spec() -> TypeNode:
@@ -201,48 +209,107 @@ def _zero_objects() -> dict[str, JSON]:
     meta = {"creationTimestamp": None}
     return {
         "pods": {"metadata": meta, "spec": {"containers": None}, "status": {}},
-        "nodes": {"metadata": meta, "spec": {}, "status": {"daemonEndpoints": {"kubeletEndpoint": {"Port": 0}},
-                                                           "nodeInfo": {}}},
+        "nodes": {
+            "metadata": meta,
+            "spec": {},
+            "status": {"daemonEndpoints": {"kubeletEndpoint": {"Port": 0}}, "nodeInfo": {}},
+        },
         "namespaces": {"metadata": meta, "spec": {}, "status": {}},
         "services": {"metadata": meta, "spec": {}, "status": {"loadBalancer": {}}},
         "configmaps": {"metadata": meta},
         "secrets": {"metadata": meta},
         "serviceaccounts": {"metadata": meta},
-        "events": {"metadata": meta, "involvedObject": {}, "reason": "", "message": "", "source": {},
-                   "firstTimestamp": None, "lastTimestamp": None, "eventTime": None, "reportingComponent": "",
-                   "reportingInstance": ""},
-        "events.k8s.io": {"metadata": meta, "eventTime": None, "regarding": {}, "deprecatedSource": {},
-                          "deprecatedFirstTimestamp": None, "deprecatedLastTimestamp": None},
+        "events": {
+            "metadata": meta,
+            "involvedObject": {},
+            "reason": "",
+            "message": "",
+            "source": {},
+            "firstTimestamp": None,
+            "lastTimestamp": None,
+            "eventTime": None,
+            "reportingComponent": "",
+            "reportingInstance": "",
+        },
+        "events.k8s.io": {
+            "metadata": meta,
+            "eventTime": None,
+            "regarding": {},
+            "deprecatedSource": {},
+            "deprecatedFirstTimestamp": None,
+            "deprecatedLastTimestamp": None,
+        },
         "leases.coordination.k8s.io": {"metadata": meta, "spec": {}},
         "customresourcedefinitions.apiextensions.k8s.io": {
-            "metadata": meta, "spec": {"group": "", "names": {"plural": "", "kind": ""}, "scope": "", "versions": None},
-            "status": {"conditions": None, "acceptedNames": {"plural": "", "kind": ""}, "storedVersions": None}},
-        "deployments.apps": {"metadata": meta, "spec": {"selector": None, "template": {"metadata": meta, "spec": {
-            "containers": None}}, "strategy": {}}, "status": {}},
-        "statefulsets.apps": {"metadata": meta, "spec": {"selector": None, "template": {"metadata": meta, "spec": {
-            "containers": None}}, "serviceName": "", "updateStrategy": {}}, "status": {"replicas": 0,
-                                                                                      "availableReplicas": 0}},
-        "daemonsets.apps": {"metadata": meta, "spec": {"selector": None, "template": {"metadata": meta, "spec": {
-            "containers": None}}, "updateStrategy": {}}, "status": {"currentNumberScheduled": 0, "numberMisscheduled": 0,
-                                                                    "desiredNumberScheduled": 0, "numberReady": 0}},
-        "jobs.batch": {"metadata": meta, "spec": {"template": {"metadata": meta, "spec": {"containers": None}}},
-                       "status": {}},
-        "poddisruptionbudgets.policy": {"metadata": meta, "spec": {}, "status": {
-            "disruptionsAllowed": 0, "currentHealthy": 0, "desiredHealthy": 0, "expectedPods": 0}},
+            "metadata": meta,
+            "spec": {"group": "", "names": {"plural": "", "kind": ""}, "scope": "", "versions": None},
+            "status": {"conditions": None, "acceptedNames": {"plural": "", "kind": ""}, "storedVersions": None},
+        },
+        "deployments.apps": {
+            "metadata": meta,
+            "spec": {"selector": None, "template": {"metadata": meta, "spec": {"containers": None}}, "strategy": {}},
+            "status": {},
+        },
+        "statefulsets.apps": {
+            "metadata": meta,
+            "spec": {
+                "selector": None,
+                "template": {"metadata": meta, "spec": {"containers": None}},
+                "serviceName": "",
+                "updateStrategy": {},
+            },
+            "status": {"replicas": 0, "availableReplicas": 0},
+        },
+        "daemonsets.apps": {
+            "metadata": meta,
+            "spec": {
+                "selector": None,
+                "template": {"metadata": meta, "spec": {"containers": None}},
+                "updateStrategy": {},
+            },
+            "status": {
+                "currentNumberScheduled": 0,
+                "numberMisscheduled": 0,
+                "desiredNumberScheduled": 0,
+                "numberReady": 0,
+            },
+        },
+        "jobs.batch": {
+            "metadata": meta,
+            "spec": {"template": {"metadata": meta, "spec": {"containers": None}}},
+            "status": {},
+        },
+        "poddisruptionbudgets.policy": {
+            "metadata": meta,
+            "spec": {},
+            "status": {"disruptionsAllowed": 0, "currentHealthy": 0, "desiredHealthy": 0, "expectedPods": 0},
+        },
         "workloads.scheduling.k8s.io": {"metadata": meta, "spec": {"podGroupTemplates": None}},
-        "podgroups.scheduling.k8s.io": {"metadata": meta, "spec": {"schedulingPolicy": {}, "podGroupTemplateRef": None,
-                                                                   "disruptionMode": ""}, "status": {}},
+        "podgroups.scheduling.k8s.io": {
+            "metadata": meta,
+            "spec": {"schedulingPolicy": {}, "podGroupTemplateRef": None, "disruptionMode": ""},
+            "status": {},
+        },
         "deviceclasses.resource.k8s.io": {"metadata": meta, "spec": {}},
-        "resourceslices.resource.k8s.io": {"metadata": meta, "spec": {"driver": "", "pool": {
-            "name": "", "generation": 0, "resourceSliceCount": 0}}},
-        "resourceclaimtemplates.resource.k8s.io": {"metadata": meta, "spec": {"metadata": meta, "spec": {
-            "devices": {}}}},
+        "resourceslices.resource.k8s.io": {
+            "metadata": meta,
+            "spec": {"driver": "", "pool": {"name": "", "generation": 0, "resourceSliceCount": 0}},
+        },
+        "resourceclaimtemplates.resource.k8s.io": {
+            "metadata": meta,
+            "spec": {"metadata": meta, "spec": {"devices": {}}},
+        },
         "resourceclaims.resource.k8s.io": {"metadata": meta, "spec": {"devices": {}}, "status": {}},
         "roles.rbac.authorization.k8s.io": {"metadata": meta, "rules": None},
         "clusterroles.rbac.authorization.k8s.io": {"metadata": meta, "rules": None},
-        "rolebindings.rbac.authorization.k8s.io": {"metadata": meta, "roleRef": {"apiGroup": "", "kind": "", "name": ""}},
-        "clusterrolebindings.rbac.authorization.k8s.io": {"metadata": meta,
-                                                          "roleRef": {"apiGroup": "", "kind": "", "name": ""}},
+        "rolebindings.rbac.authorization.k8s.io": {
+            "metadata": meta,
+            "roleRef": {"apiGroup": "", "kind": "", "name": ""},
+        },
+        "clusterrolebindings.rbac.authorization.k8s.io": {
+            "metadata": meta,
+            "roleRef": {"apiGroup": "", "kind": "", "name": ""},
+        },
     }
 
 

@@ -53,7 +53,9 @@ def check_dns_subdomain(value: str) -> str | None:
     if len(value) > 253:
         return f"{value[:40]!r}...: must be no more than 253 characters"
     if not _DNS_SUBDOMAIN_RE.match(value):
-        return f"{value!r}: must be lowercase alphanumerics, '-' or '.', starting and ending alphanumeric (e.g. 'my-name')"
+        return (
+            f"{value!r}: must be lowercase alphanumerics, '-' or '.', starting and ending alphanumeric (e.g. 'my-name')"
+        )
     return None
 
 
@@ -69,7 +71,10 @@ def check_qualified_name(value: str) -> str | None:
     if len(name) > 63:
         return f"{value!r}: the name part must be no more than 63 characters"
     if not _QUALIFIED_NAME_RE.match(name):
-        return f"{value!r}: must be alphanumerics, '-', '_' or '.', starting and ending alphanumeric, with an optional DNS prefix (e.g. 'example.com/my-key')"
+        return (
+                   f"{value!r}: must be alphanumerics, '-', '_' or '.', starting and ending alphanumeric, with an "
+                   "optional DNS prefix (e.g. 'example.com/my-key')"
+               )
     return None
 
 
@@ -78,14 +83,19 @@ def check_label_value(value: str) -> str | None:
     if len(value) > 63:
         return f"{value[:40]!r}...: a label value must be no more than 63 characters"
     if not _LABEL_VALUE_RE.match(value):
-        return f"{value!r}: a label value must be empty or alphanumerics, '-', '_' or '.', starting and ending alphanumeric"
+        return (
+                   f"{value!r}: a label value must be empty or alphanumerics, '-', '_' or '.', starting and ending "
+                   "alphanumeric"
+               )
     return None
 
 
 def check_env_var_name(value: str) -> str | None:
     """None when ``value`` is an environment variable name the pods' API accepts."""
     if not _ENV_VAR_NAME_RE.match(value):
-        return f"{value!r}: an environment variable name must be printable ASCII characters other than '=' (e.g. 'MY_VAR')"
+        return (
+            f"{value!r}: an environment variable name must be printable ASCII characters other than '=' (e.g. 'MY_VAR')"
+        )
     return None
 
 
@@ -111,7 +121,11 @@ def check_resource_name(name: str) -> str | None:
         return problem
     if name in STANDARD_CONTAINER_RESOURCES or name.startswith("hugepages-") or is_extended_resource(name):
         return None
-    return f"{name!r}: must be cpu, memory, ephemeral-storage, hugepages-<size> or an extended resource with a domain (e.g. nvidia.com/gpu)"
+    return (
+               f"{name!r}: must be cpu, memory, ephemeral-storage, hugepages-<size> or an extended resource with a "
+               "domain "
+               "(e.g. nvidia.com/gpu)"
+           )
 
 
 def check_resource_requirements(requests: Mapping[str, str], limits: Mapping[str, str]) -> list[tuple[str, str]]:
@@ -143,9 +157,17 @@ def check_resource_requirements(requests: Mapping[str, str], limits: Mapping[str
         if cap is None:
             continue
         if is_extended_resource(name) and want != cap:
-            problems.append((f"requests.{name}", f"{requests[name]!r}: must equal the limit {limits[name]!r} (extended resources cannot be overcommitted)"))
+            problems.append(
+                (
+                    f"requests.{name}",
+                    f"{requests[name]!r}: must equal the limit {limits[name]!r} (extended resources cannot be "
+                    "overcommitted)",
+                )
+            )
         elif want > cap:
-            problems.append((f"requests.{name}", f"{requests[name]!r}: must be less than or equal to the limit {limits[name]!r}"))
+            problems.append(
+                (f"requests.{name}", f"{requests[name]!r}: must be less than or equal to the limit {limits[name]!r}")
+            )
     return problems
 
 
@@ -285,7 +307,9 @@ def build_tolerations(raw: Iterable[Mapping[str, Any]]) -> tuple[Toleration, ...
     return tuple(Toleration.from_dict(t) for t in raw)
 
 
-def untolerated_taint(tolerations: Sequence[Toleration], taints: Iterable[Mapping[str, Any]]) -> Mapping[str, Any] | None:
+def untolerated_taint(
+    tolerations: Sequence[Toleration], taints: Iterable[Mapping[str, Any]]
+) -> Mapping[str, Any] | None:
     """The first NoSchedule/NoExecute taint no toleration covers, or None."""
     for taint in taints:
         if taint.get("effect") not in BLOCKING_EFFECTS:
@@ -295,7 +319,9 @@ def untolerated_taint(tolerations: Sequence[Toleration], taints: Iterable[Mappin
     return None
 
 
-def check_toleration(key: str, operator: str, value: str, effect: str, toleration_seconds: int | None) -> list[tuple[str, str]]:
+def check_toleration(
+    key: str, operator: str, value: str, effect: str, toleration_seconds: int | None
+) -> list[tuple[str, str]]:
     """What the pods' API refuses in one toleration, as (field, message) pairs."""
     out: list[tuple[str, str]] = []
     if key:

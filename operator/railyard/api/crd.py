@@ -39,10 +39,32 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
     {"name": "Phase", "type": "string", "jsonPath": ".status.phase", "description": "Lifecycle phase."},
     {"name": "Nodes", "type": "integer", "jsonPath": ".spec.nodes", "description": "Nodes in the gang."},
     {"name": "Step", "type": "integer", "jsonPath": ".status.step", "description": "Newest training step."},
-    {"name": "Restarts", "type": "integer", "jsonPath": ".status.restarts.total", "description": "Restarts, all classes."},
-    {"name": "Spares", "type": "integer", "jsonPath": ".status.sparesHeld", "description": "Hot spare nodes held (placeholder pods)."},
-    {"name": "Checkpoint", "type": "string", "jsonPath": ".status.lastCheckpoint.tier", "priority": 1, "description": "Tier of the newest verified checkpoint."},
-    {"name": "Message", "type": "string", "jsonPath": ".status.message", "priority": 1, "description": "What is happening now."},
+    {
+        "name": "Restarts",
+        "type": "integer",
+        "jsonPath": ".status.restarts.total",
+        "description": "Restarts, all classes.",
+    },
+    {
+        "name": "Spares",
+        "type": "integer",
+        "jsonPath": ".status.sparesHeld",
+        "description": "Hot spare nodes held (placeholder pods).",
+    },
+    {
+        "name": "Checkpoint",
+        "type": "string",
+        "jsonPath": ".status.lastCheckpoint.tier",
+        "priority": 1,
+        "description": "Tier of the newest verified checkpoint.",
+    },
+    {
+        "name": "Message",
+        "type": "string",
+        "jsonPath": ".status.message",
+        "priority": 1,
+        "description": "What is happening now.",
+    },
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]
 
@@ -142,7 +164,9 @@ def openapi_schema(model: type[TrainingJobSpec] | type[TrainingJobStatus]) -> di
 
 def build_crd() -> dict[str, Any]:
     spec_schema = openapi_schema(TrainingJobSpec)
-    spec_schema["description"] = "What to train and how: the gang's shape, parallelism, topology, checkpoints, health and restart policy."
+    spec_schema["description"] = (
+        "What to train and how: the gang's shape, parallelism, topology, checkpoints, health and restart policy."
+    )
     # A TrainingJob without a spec runs the default job. The API server checks a default as it
     # is written, against its own schema and rules, without defaulting it first: so the default is
     # what `spec: {}` defaults to, spelled out (a bare {} fails every rule that reads a field).
@@ -151,7 +175,8 @@ def build_crd() -> dict[str, Any]:
     status_schema["description"] = "Observed state, written by the operator once per reconcile."
     schema = {
         "type": "object",
-        "description": "A distributed PyTorch training job, placed as one rail-aware gang and kept running through failures.",
+        "description": "A distributed PyTorch training job, placed as one rail-aware gang and kept running through "
+                       "failures.",
         "properties": {
             "apiVersion": {"type": "string", "description": "railyard.dev/v1alpha1"},
             "kind": {"type": "string", "description": "TrainingJob"},

@@ -180,7 +180,12 @@ def validate_manifest(obj: Any) -> list[Problem]:
     if not isinstance(obj, dict):
         return [Problem("(document)", "expected a YAML/JSON object with apiVersion, kind, metadata and spec")]
     if obj.get("kind") != KIND or obj.get("apiVersion") != API_VERSION:
-        return [Problem("kind", f"expected apiVersion {API_VERSION} and kind {KIND}, got {obj.get('apiVersion')} {obj.get('kind')}")]
+        return [
+            Problem(
+                "kind",
+                f"expected apiVersion {API_VERSION} and kind {KIND}, got {obj.get('apiVersion')} {obj.get('kind')}",
+            )
+        ]
     problems: list[Problem] = []
     name = (obj.get("metadata") or {}).get("name")
     if not name and not (obj.get("metadata") or {}).get("generateName"):

@@ -14,8 +14,13 @@ def add_parser(sub: Any) -> None:
     p: argparse.ArgumentParser = sub.add_parser(
         "demo", help="run a tiny FSDP + TP job on a local cluster through scripted faults, then summarise"
     )
-    p.add_argument("--out", default="railyard-demo", help="folder for pictures, summary.json and logs (default: ./railyard-demo)")
-    p.add_argument("--scenario", help="YAML scenario file (steps, nodeFailure, straggler, bitflip, replicaGroups); see docs/demo.md")
+    p.add_argument(
+        "--out", default="railyard-demo", help="folder for pictures, summary.json and logs (default: ./railyard-demo)"
+    )
+    p.add_argument(
+        "--scenario",
+        help="YAML scenario file (steps, nodeFailure, straggler, bitflip, replicaGroups); see docs/demo.md",
+    )
     p.add_argument("--replica-groups", type=int, nargs="?", const=2, metavar="R",
                    help="the replica-groups scenario: R (default 2, at most 4) HSDP groups of 1 pod x 2 ranks under "
                         "faultTolerance ReplicaGroups (minReplicas 1), the last group's node lost mid-run; "
@@ -29,8 +34,12 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--straggler-factor", type=float, help="how much slower (default 2.5)")
     p.add_argument("--bitflip-step", type=int, help="step at which a gradient bit flips")
     p.add_argument("--timeout", type=float, default=600.0, help="give up after this many seconds")
-    p.add_argument("--prometheus", action="store_true",
-                   help="also run a real Prometheus (the `prometheus` binary, e.g. Debian's package) on 127.0.0.1 that scrapes the operator and loads the alerting rules; prints its URL and example queries")
+    p.add_argument(
+        "--prometheus",
+        action="store_true",
+        help="also run a real Prometheus (the `prometheus` binary, e.g. Debian's package) on 127.0.0.1 that scrapes "
+             "the operator and loads the alerting rules; prints its URL and example queries",
+    )
     p.add_argument("--prometheus-port", type=int, default=0, help="port for --prometheus (default: a free one)")
 
 
@@ -49,9 +58,13 @@ def build_scenario(args: argparse.Namespace) -> Any:
     scn = Scenario()
     if args.replica_groups is not None:
         if args.scenario:
-            raise ScenarioError("--replica-groups: not with --scenario (put replicaGroups: {groups: R} in the scenario file instead)")
+            raise ScenarioError(
+                "--replica-groups: not with --scenario (put replicaGroups: {groups: R} in the scenario file instead)"
+            )
         if not 2 <= args.replica_groups <= 4:
-            raise ScenarioError(f"--replica-groups: {args.replica_groups} must be in [2, 4] (one pod per group on this machine)")
+            raise ScenarioError(
+                f"--replica-groups: {args.replica_groups} must be in [2, 4] (one pod per group on this machine)"
+            )
         scn = replica_groups_scenario(args.replica_groups)
     if args.scenario:
         with open(args.scenario, encoding="utf-8") as fh:
@@ -65,7 +78,11 @@ def build_scenario(args: argparse.Namespace) -> Any:
     if args.node_failure_step and scn.node_failure:
         changes["node_failure"] = dataclasses.replace(scn.node_failure, step=args.node_failure_step)
     if scn.straggler and (args.straggler_step or args.straggler_factor):
-        changes["straggler"] = dataclasses.replace(scn.straggler, step=args.straggler_step or scn.straggler.step, factor=args.straggler_factor or scn.straggler.factor)
+        changes["straggler"] = dataclasses.replace(
+            scn.straggler,
+            step=args.straggler_step or scn.straggler.step,
+            factor=args.straggler_factor or scn.straggler.factor,
+        )
     if args.bitflip_step and scn.bitflip:
         changes["bitflip"] = dataclasses.replace(scn.bitflip, step=args.bitflip_step)
     scn = dataclasses.replace(scn, **changes)
@@ -92,8 +109,11 @@ def run(args: argparse.Namespace) -> int:
         from railyard.demo.prometheus import find_prometheus
 
         if find_prometheus() is None:
-            print("railyard demo: --prometheus needs the `prometheus` binary on PATH "
-                  "(Debian: apt-get install --no-install-recommends prometheus); or leave out --prometheus", file=sys.stderr)
+            print(
+                "railyard demo: --prometheus needs the `prometheus` binary on PATH "
+                "(Debian: apt-get install --no-install-recommends prometheus); or leave out --prometheus",
+                file=sys.stderr,
+            )
             return 2
     def _terminate(signum: int, frame: object) -> None:
         raise KeyboardInterrupt  # run the same clean-up as Ctrl-C

@@ -21,8 +21,12 @@ from railyard.commands import missing_local_cluster
 
 
 def add_parser(sub: Any) -> None:
-    p: argparse.ArgumentParser = sub.add_parser("local", help="the embedded single-machine cluster: up, down, status, node ...")
-    p.add_argument("--state-dir", type=Path, default=None, help="cluster state (default $RAILYARD_STATE_DIR or ./.railyard/local)")
+    p: argparse.ArgumentParser = sub.add_parser(
+        "local", help="the embedded single-machine cluster: up, down, status, node ..."
+    )
+    p.add_argument(
+        "--state-dir", type=Path, default=None, help="cluster state (default $RAILYARD_STATE_DIR or ./.railyard/local)"
+    )
     lsub = p.add_subparsers(dest="local_command", metavar="ACTION", required=True)
 
     up = lsub.add_parser("up", help="start the local cluster (foreground; --detach for background)")
@@ -33,8 +37,13 @@ def add_parser(sub: Any) -> None:
     group.add_argument("--topology-file", type=Path, help="YAML: nodes, gpusPerNode, levels, cpu, memory")
     up.add_argument("--cpu", help="cpu capacity per node (default 16)")
     up.add_argument("--memory", help="memory capacity per node (default 64Gi)")
-    up.add_argument("--shared-host-path", action="append", default=None, metavar="PATH",
-                    help="hostPaths under PATH are one folder for all nodes, like a network filesystem (default /mnt; repeatable)")
+    up.add_argument(
+        "--shared-host-path",
+        action="append",
+        default=None,
+        metavar="PATH",
+        help="hostPaths under PATH are one folder for all nodes, like a network filesystem (default /mnt; repeatable)",
+    )
     up.add_argument("--mode", help="embedded (default), envtest ($KUBEBUILDER_ASSETS) or existing")
     up.add_argument("--kubeconfig", type=Path, help="existing mode: add nodes and the agent to this cluster")
     up.add_argument("--kubelet-client-ca", type=Path,
@@ -52,7 +61,10 @@ def add_parser(sub: Any) -> None:
 
     node = lsub.add_parser("node", help="fail, recover, slow, taint or untaint a simulated node")
     nsub = node.add_subparsers(dest="node_command", metavar="ACTION", required=True)
-    for name, text in (("fail", "make the node NotReady and kill its pods' processes"), ("recover", "make a failed node Ready again")):
+    for name, text in (
+        ("fail", "make the node NotReady and kill its pods' processes"),
+        ("recover", "make a failed node Ready again"),
+    ):
         q = nsub.add_parser(name, help=text)
         q.add_argument("name")
     slow = nsub.add_parser("slow", help="slow the node's processes by a factor (1 = normal speed)")

@@ -102,7 +102,12 @@ def choose_attempt(pods: Sequence[Mapping[str, Any]], wanted: int | None) -> int
 
 
 def build_sources(
-    pods: Sequence[Mapping[str, Any]], attempt: int, table: RankTable | None, *, rank: int | None = None, pod: str | None = None
+    pods: Sequence[Mapping[str, Any]],
+    attempt: int,
+    table: RankTable | None,
+    *,
+    rank: int | None = None,
+    pod: str | None = None,
 ) -> list[Source]:
     """The pods of ``attempt`` to read, by pod index, with their ranks; narrowed to the pod of
     ``rank`` or to ``pod`` (a name or an index). Raises ValueError naming what is missing."""
@@ -163,10 +168,23 @@ def describe_no_pods(status: Mapping[str, Any], job: str, *, attempt: int | None
     phase = str(status.get("phase") or "Pending")
     if phase in ("Succeeded", "Failed"):
         which = f"of attempt {attempt} " if attempt is not None else ""
-        return f"no pods {which}of {job} are left (a finished job keeps its pods for spec.cleanup.ttlSecondsAfterFinished)\n"
+        return (
+                   f"no pods {which}of {job} are left (a finished job keeps its pods for "
+                   "spec.cleanup.ttlSecondsAfterFinished)\n"
+               )
     if attempt is not None and attempt != int(status.get("attempt") or 0):
-        return f"no pods of attempt {attempt} of {job} are left (the job is {phase}, at attempt {int(status.get('attempt') or 0)})\n"
-    reason = next((str(c.get("reason") or "") for c in status.get("conditions") or () if c.get("type") == _PHASE_CONDITION.get(phase)), "")
+        return (
+                   f"no pods of attempt {attempt} of {job} are left (the job is {phase}, at attempt "
+                   f"{int(status.get('attempt') or 0)})\n"
+               )
+    reason = next(
+        (
+            str(c.get("reason") or "")
+            for c in status.get("conditions") or ()
+            if c.get("type") == _PHASE_CONDITION.get(phase)
+        ),
+        "",
+    )
     message = str(status.get("message") or "")
     why = f" ({reason}: {message})" if reason and message else f" ({reason or message})" if reason or message else ""
     when = "once it is resumed and its pods start" if phase == "Suspended" else "once its pods start"
@@ -236,7 +254,9 @@ def _log_params(args: argparse.Namespace) -> dict[str, Any]:
     return params
 
 
-def _print_all(core: Any, namespace: str, sources: Sequence[Source], args: argparse.Namespace, out: Callable[[str], None]) -> int:
+def _print_all(
+    core: Any, namespace: str, sources: Sequence[Source], args: argparse.Namespace, out: Callable[[str], None]
+) -> int:
     k8s: Any = importlib.import_module("kubernetes")
     failed = 0
     for s in sources:
@@ -250,14 +270,18 @@ def _print_all(core: Any, namespace: str, sources: Sequence[Source], args: argpa
     return 1 if failed else 0
 
 
-def _follow_all(core: Any, namespace: str, sources: Sequence[Source], args: argparse.Namespace, out: Callable[[str], None]) -> int:
+def _follow_all(
+    core: Any, namespace: str, sources: Sequence[Source], args: argparse.Namespace, out: Callable[[str], None]
+) -> int:
     k8s: Any = importlib.import_module("kubernetes")
     lock = threading.Lock()
     failed: list[str] = []
 
     def follow(s: Source) -> None:
         try:
-            resp = core.read_namespaced_pod_log(s.pod, namespace, follow=True, _preload_content=False, **_log_params(args))
+            resp = core.read_namespaced_pod_log(
+                s.pod, namespace, follow=True, _preload_content=False, **_log_params(args)
+            )
         except k8s.client.exceptions.ApiException as exc:
             with lock:
                 print(f"railyard logs: {s.pod}: {_error_text(exc)}", file=sys.stderr)
@@ -307,7 +331,9 @@ def run(args: argparse.Namespace) -> int:
     sources: list[Source] = []
     if attempt is not None:
         try:
-            sources = build_sources(pods, attempt, _read_table(core, namespace, args.job, attempt), rank=args.rank, pod=args.pod)
+            sources = build_sources(
+                pods, attempt, _read_table(core, namespace, args.job, attempt), rank=args.rank, pod=args.pod
+            )
         except ValueError as exc:
             print(f"railyard logs: {exc}", file=sys.stderr)
             return 1

@@ -25,24 +25,51 @@ def add_parser(sub: Any) -> None:
     scope = r.add_mutually_exclusive_group()
     scope.add_argument("-n", "--namespace", action="append", default=[], help="watch this namespace (repeatable)")
     scope.add_argument("-A", "--all-namespaces", action="store_true", help="watch all namespaces (default)")
-    r.add_argument("--kubeconfig", default=None, help="kubeconfig file (default: $KUBECONFIG, ~/.kube/config, in-cluster)")
+    r.add_argument(
+        "--kubeconfig", default=None, help="kubeconfig file (default: $KUBECONFIG, ~/.kube/config, in-cluster)"
+    )
     r.add_argument("--context", default=None, help="kubeconfig context")
     # None: not given (the local cluster's published address may fill them in: choose_address)
-    r.add_argument("--metrics-host", default=None, help=f"address of the /metrics, /healthz and heartbeat server (default {DEFAULT_HOST})")
-    r.add_argument("--metrics-port", type=int, default=None, help=f"port of that server (0: none; default {DEFAULT_PORT})")
     r.add_argument(
-        "--heartbeat-advertise-url", default=None,
-        help="base URL pods post heartbeats to (default: against a local cluster's kubeconfig, the address its pods use; "
-             "else the base their running pods already use; else http://railyard-operator.railyard-system.svc:<metrics-port>)",
+        "--metrics-host",
+        default=None,
+        help=f"address of the /metrics, /healthz and heartbeat server (default {DEFAULT_HOST})",
+    )
+    r.add_argument(
+        "--metrics-port", type=int, default=None, help=f"port of that server (0: none; default {DEFAULT_PORT})"
+    )
+    r.add_argument(
+        "--heartbeat-advertise-url",
+        default=None,
+        help="base URL pods post heartbeats to (default: against a local cluster's kubeconfig, the address its pods "
+             "use; "
+        "else the base their running pods already use; else "
+        "http://railyard-operator.railyard-system.svc:<metrics-port>)",
     )
     peer = r.add_mutually_exclusive_group()
     peer.add_argument("--standalone", action="store_true", help="no peering with other operator instances")
     peer.add_argument("--peering", default=None, metavar="NAME", help="kopf peering object name (leader election)")
-    r.add_argument("--not-ready-grace", type=float, default=2.0, help="seconds a node may be NotReady before its pods count as failed")
-    r.add_argument("--pod-annotation", action="append", default=[], metavar="KEY=VALUE", help="extra annotation on every gang pod (repeatable)")
-    r.add_argument("--maintenance-signal", action="append", default=[], metavar="KEY",
-                   help="a node label or annotation that announces the node's maintenance: the gangs on it move ahead of time "
-                        "(repeatable; added to cloud.google.com/scheduled-maintenance-time and railyard.dev/maintenance)")
+    r.add_argument(
+        "--not-ready-grace",
+        type=float,
+        default=2.0,
+        help="seconds a node may be NotReady before its pods count as failed",
+    )
+    r.add_argument(
+        "--pod-annotation",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="extra annotation on every gang pod (repeatable)",
+    )
+    r.add_argument(
+        "--maintenance-signal",
+        action="append",
+        default=[],
+        metavar="KEY",
+        help="a node label or annotation that announces the node's maintenance: the gangs on it move ahead of time "
+        "(repeatable; added to cloud.google.com/scheduled-maintenance-time and railyard.dev/maintenance)",
+    )
     r.add_argument("--stuck-reconcile-seconds", type=float, default=DEFAULT_STUCK_AFTER_S,
                    help="a job's reconcile cycle running longer than this fails /healthz (liveness)")
     r.add_argument("-v", "--verbose", action="store_true", help="debug logging")
@@ -66,17 +93,23 @@ class ServeAddress:
     note: str = ""
 
 
-def choose_address(*, host: str | None, port: int | None, advertise: str | None, local: LocalOperatorAddress | None) -> ServeAddress:
+def choose_address(
+    *, host: str | None, port: int | None, advertise: str | None, local: LocalOperatorAddress | None
+) -> ServeAddress:
     """Flags as given win. Without ``--heartbeat-advertise-url``, against a local cluster's
     kubeconfig (``local``: its published address), serve where its pods look: its port unless
     ``--metrics-port`` says otherwise, and advertise this machine's loopback at that port."""
     if advertise is not None or local is None or port == 0:
-        return ServeAddress(DEFAULT_HOST if host is None else host, DEFAULT_PORT if port is None else port, advertise or "")
+        return ServeAddress(
+            DEFAULT_HOST if host is None else host, DEFAULT_PORT if port is None else port, advertise or ""
+        )
     port = local.port if port is None else port
     host = local.host if host is None else host
     reach = local.host if host in _WILDCARDS else host
     url = f"http://{reach}:{port}"
-    return ServeAddress(host, port, url, note=f"the local cluster of {local.where} (its {FILE}): its pods reach this operator at {url}")
+    return ServeAddress(
+        host, port, url, note=f"the local cluster of {local.where} (its {FILE}): its pods reach this operator at {url}"
+    )
 
 
 def _port_in_use(host: str, port: int) -> bool:
@@ -108,7 +141,10 @@ def peering_identity(env: Mapping[str, str] | None = None) -> str:
 
 def run(args: argparse.Namespace) -> int:
     if getattr(args, "operator_command", None) != "run":
-        print("usage: railyard operator run [--namespace NS | --all-namespaces] [--metrics-port 8080] ...", file=sys.stderr)
+        print(
+            "usage: railyard operator run [--namespace NS | --all-namespaces] [--metrics-port 8080] ...",
+            file=sys.stderr,
+        )
         return 2
     if args.kubeconfig:
         # before kopf (and with it the kubernetes package) is imported: both read it at import
@@ -121,12 +157,17 @@ def run(args: argparse.Namespace) -> int:
         print(f"railyard operator run: {exc}", file=sys.stderr)
         return 2
     local = find_operator_address(args.kubeconfig) if args.heartbeat_advertise_url is None else None
-    address = choose_address(host=args.metrics_host, port=args.metrics_port, advertise=args.heartbeat_advertise_url, local=local)
+    address = choose_address(
+        host=args.metrics_host, port=args.metrics_port, advertise=args.heartbeat_advertise_url, local=local
+    )
     if local is not None and args.metrics_port is None and _port_in_use(address.host, address.port):
         print(
-            f"railyard operator run: {address.host}:{address.port}, where the pods of the local cluster of {local.where} "
-            f"reach the operator ({FILE}), is in use: is another operator (`railyard local up --with-operator`) running? "
-            "Stop it first, or pass --metrics-port and --heartbeat-advertise-url to run a second one (the pods will not reach it)",
+            f"railyard operator run: {address.host}:{address.port}, where the pods of the local cluster of "
+            f"{local.where} "
+            f"reach the operator ({FILE}), is in use: is another operator (`railyard local up --with-operator`) "
+            "running? "
+            "Stop it first, or pass --metrics-port and --heartbeat-advertise-url to run a second one (the pods will "
+            "not reach it)",
             file=sys.stderr,
         )
         return 2
@@ -150,7 +191,9 @@ def run(args: argparse.Namespace) -> int:
             return 2
         annotations[key] = value
     if address.note:
-        logging.getLogger("railyard.operator").info("heartbeats and control on %s:%d: %s", address.host, address.port, address.note)
+        logging.getLogger("railyard.operator").info(
+            "heartbeats and control on %s:%d: %s", address.host, address.port, address.note
+        )
     memo = kopf_handlers.build_memo(
         OperatorSettings(
             heartbeat_url=address.advertise,

@@ -147,14 +147,24 @@ def plan_lighthouse(job: TrainingJob) -> LighthousePlan | None:
     all_phases = get_args(TrainingJobStatus.model_fields["phase"].annotation)
     phases = [ph for ph in all_phases if decide_lighthouse(replica_groups=spec.replica_groups, phase=ph, deleting=False,
                                                                   have=[], nodes={}).create]
-    pinned = pod["spec"].get("nodeName") or pod["spec"].get("affinity")
+    node_affinity = (pod["spec"].get("affinity") or {}).get("nodeAffinity") or {}
+    pinned = pod["spec"].get("nodeName") or node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution")
     selector = pod["spec"].get("nodeSelector")
-    where = [f"nodeSelector {selector}" if selector else "any node"] + (["the job's tolerations"] if pod["spec"].get("tolerations") else [])
-    node = ("pinned by the operator" if pinned else
-            f"not chosen by the operator: kube-scheduler places it (no GPU; {', '.join(where)}); it may share a node with the gang")
+    where = [f"nodeSelector {selector}" if selector else "any node"] + (
+        ["the job's tolerations"] if pod["spec"].get("tolerations") else []
+    )
+    node = (
+        "pinned by the operator"
+        if pinned
+        else f"not chosen by the operator: kube-scheduler places it (no GPU; {', '.join(where)}), preferring a node "
+        "without the gang's pods and without GPUs; it may share a node with the gang where there is no other"
+    )
     return LighthousePlan(
-        pod=str(pod["metadata"]["name"]), address=lighthouse_address(name, ns), command=tuple(pod["spec"]["containers"][0]["command"]),
-        created="while the gang holds its nodes (" + ", ".join(phases) + "); recreated when lost", node=node,
+        pod=str(pod["metadata"]["name"]),
+        address=lighthouse_address(name, ns),
+        command=tuple(pod["spec"]["containers"][0]["command"]),
+        created="while the gang holds its nodes (" + ", ".join(phases) + "); recreated when lost",
+        node=node,
     )
 
 
@@ -169,7 +179,9 @@ def _groups_summary(pl: Placement, req: GangRequest, lighthouse: LighthousePlan 
         f"    {'group':>5}  {'pods':<12} {'nodes':<40} leaf domains",
     ]
     for g in groups:
-        pods = ",".join(str(i) for i in g.pods) + (" (moved " + ",".join(str(i) for i in g.moved) + ")" if g.moved else "")
+        pods = ",".join(str(i) for i in g.pods) + (
+            " (moved " + ",".join(str(i) for i in g.moved) + ")" if g.moved else ""
+        )
         nodes = ", ".join(g.nodes[:4]) + (", ..." if len(g.nodes) > 4 else "")
         leaves = ", ".join("/".join(path) or "-" for path in g.leaves)
         lines.append(f"    {g.group:>5}  {pods:<12} {nodes:<40} {leaves}")
@@ -184,7 +196,8 @@ def _summary(pl: Placement, req: GangRequest, show: int, lighthouse: LighthouseP
     lines = [
         f"placed {req.job}: {len(pl.nodes)} pods on {len(pl.nodes)} nodes + {len(pl.spares)} hot spares",
         f"  mesh: pp {t.pp} x dp {t.dp} x tp {t.tp} = world {t.world_size}, {t.procs_per_node} procs per node",
-        f"  rails per data-parallel group: {pl.rails_per_dp_group} ({'rail-aligned' if pl.rail_aligned else 'NOT rail-aligned'})",
+        f"  rails per data-parallel group: {pl.rails_per_dp_group} "
+        f"({'rail-aligned' if pl.rail_aligned else 'NOT rail-aligned'})",
         f"  leaf domains per data-parallel group: {pl.dp_leaf_spans} (least possible: {pl.dp_leaf_minimum})",
     ]
     for level, names in pl.domains.items():
@@ -263,11 +276,35 @@ def _as_json(pl: Placement | Unplaceable, lighthouse: LighthousePlan | None = No
         "moved": list(pl.moved),
         "nvlinkDomains": {k: list(v) for k, v in pl.tp_groups_by_domain.items()},
         "notes": list(pl.notes),
-        **({"replicaGroups": [{"group": g.group, "pods": list(g.pods), "nodes": list(g.nodes),
-                               "leaves": ["/".join(path) for path in g.leaves], "moved": list(g.moved)} for g in pl.replica_groups]}
-           if pl.replica_groups else {}),
-        **({"lighthouse": {"pod": lighthouse.pod, "address": lighthouse.address, "command": list(lighthouse.command),
-                           "created": lighthouse.created, "node": lighthouse.node}} if lighthouse is not None else {}),
+        **(
+            {
+                "replicaGroups": [
+                    {
+                        "group": g.group,
+                        "pods": list(g.pods),
+                        "nodes": list(g.nodes),
+                        "leaves": ["/".join(path) for path in g.leaves],
+                        "moved": list(g.moved),
+                    }
+                    for g in pl.replica_groups
+                ]
+            }
+            if pl.replica_groups
+            else {}
+        ),
+        **(
+            {
+                "lighthouse": {
+                    "pod": lighthouse.pod,
+                    "address": lighthouse.address,
+                    "command": list(lighthouse.command),
+                    "created": lighthouse.created,
+                    "node": lighthouse.node,
+                }
+            }
+            if lighthouse is not None
+            else {}
+        ),
     }
 
 

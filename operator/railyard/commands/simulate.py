@@ -49,15 +49,24 @@ def add_parser(sub: Any) -> None:
         "--seed", type=int, default=_D.seed, help="seed of the failure trace (default 0)"
     )
     p.add_argument("--pp", type=int, default=_D.pp, help="pipeline-parallel degree (default 16)")
-    p.add_argument("--tp", type=int, default=_D.tp, help="tensor-parallel degree (default 8; more than --gpus-per-node needs --nvlink-domain-nodes)")
+    p.add_argument(
+        "--tp",
+        type=int,
+        default=_D.tp,
+        help="tensor-parallel degree (default 8; more than --gpus-per-node needs --nvlink-domain-nodes)",
+    )
     p.add_argument(
         "--nvlink-domain-nodes",
         type=int,
         default=_D.nvlink_domain_nodes,
-        help="nodes per NVLink domain (rack-scale NVLink; an NVL72 rack: 18 trays of 4 GPUs); 0: NVLink only inside a node",
+        help="nodes per NVLink domain (rack-scale NVLink; an NVL72 rack: 18 trays of 4 GPUs); 0: NVLink only inside a "
+             "node",
     )
     p.add_argument(
-        "--nodes-per-leaf", type=int, default=_D.nodes_per_leaf, help=f"nodes under one leaf switch (default {_D.nodes_per_leaf})"
+        "--nodes-per-leaf",
+        type=int,
+        default=_D.nodes_per_leaf,
+        help=f"nodes under one leaf switch (default {_D.nodes_per_leaf})",
     )
     p.add_argument(
         "--params", type=float, default=_D.model_params, help="model parameters (default 405e9)"

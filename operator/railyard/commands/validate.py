@@ -36,7 +36,11 @@ def run(args: argparse.Namespace) -> int:
             if isinstance(doc, dict) and doc.get("kind") not in (None, KIND):
                 continue  # other kinds in the same file (Namespace, PVC, ...) are not ours to check
             checked += 1
-            name = (doc.get("metadata") or {}).get("name", f"document {index}") if isinstance(doc, dict) else f"document {index}"
+            name = (
+                (doc.get("metadata") or {}).get("name", f"document {index}")
+                if isinstance(doc, dict)
+                else f"document {index}"
+            )
             problems = validate_manifest(doc)
             if problems:
                 failed = True

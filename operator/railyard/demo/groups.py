@@ -122,9 +122,20 @@ def build_group_report(job: Mapping[str, Any], record: GroupRecord, status: Mapp
     stories = []
     for g in range(groups):
         pods = sorted(by_group.get(g, []), key=lambda p: (p.attempt, p.index))
-        before = [record.pods[n] for n in record.at_failure if n in record.pods and replica_group_of(spec, record.pods[n].index) == g]
-        after = [record.pods[n] for n in record.at_end if n in record.pods and replica_group_of(spec, record.pods[n].index) == g]
-        events = sorted((e for p in pods for e in record.events.get(p.name, ()) if _time(e) is not None), key=lambda e: float(e["time"]))
+        before = [
+            record.pods[n]
+            for n in record.at_failure
+            if n in record.pods and replica_group_of(spec, record.pods[n].index) == g
+        ]
+        after = [
+            record.pods[n]
+            for n in record.at_end
+            if n in record.pods and replica_group_of(spec, record.pods[n].index) == g
+        ]
+        events = sorted(
+            (e for p in pods for e in record.events.get(p.name, ()) if _time(e) is not None),
+            key=lambda e: float(e["time"]),
+        )
         stories.append(_story(g, pods, before, after, events, record, t0))
     return GroupReport(
         groups=groups,
@@ -190,7 +201,9 @@ def _story(g: int, pods: Sequence[PodSeen], before: Sequence[PodSeen], after: Se
     )
 
 
-def _pids_same(before: Sequence[PodSeen], after: Sequence[PodSeen], record: GroupRecord, t0: float | None) -> bool | None:
+def _pids_same(
+    before: Sequence[PodSeen], after: Sequence[PodSeen], record: GroupRecord, t0: float | None
+) -> bool | None:
     """Whether the worker pids of the group's pods at the end are those before the loss: each
     pod's last ``workers_started`` before the injection against the end's pods' last one."""
     def pids(pod_names: Sequence[str], until: float | None) -> set[int] | None:
@@ -215,8 +228,11 @@ def format_group_report(r: GroupReport, started_at: float) -> str:
     lines = [f"  replica groups  {r.groups} (faultTolerance ReplicaGroups, minReplicas {r.min_replicas}); "
              + ("one node lost" if r.lost_node else "no node lost")]
     if lost is not None and r.injected_at is not None:
-        lines.append(f"  node lost       {r.lost_node} (group {lost.group}) at {r.injected_at - started_at:.0f} s, after step {lost.step_at_loss}"
-                     " (its rank 0's last step before the injection)")
+        lines.append(
+            f"  node lost       {r.lost_node} (group {lost.group}) at {r.injected_at - started_at:.0f} s, after step "
+            f"{lost.step_at_loss}"
+            " (its rank 0's last step before the injection)"
+        )
     by_class = ", ".join(f"{k} {v}" for k, v in r.restarts.items() if k != "total" and v) or "none"
     lines.append(f"  operator        restarts {by_class}" + "".join(
         f"; attempt {x['attempt']}: {x.get('mode')} ({x.get('reason')}), pods carried on {x.get('carriedOn') or []}, "
@@ -225,8 +241,10 @@ def format_group_report(r: GroupReport, started_at: float) -> str:
         lines.append(f"  group {s.group:<9} {_story_line(s)}")
     verdict = "yes" if r.survivors_never_went_back else "NO"
     untouched = [s.group for s in r.stories if s.carried_on]
-    lines.append(f"  survivors       never a step back: {verdict}; carried on untouched (same pods and worker pids): "
-                 + (f"group{'s' if len(untouched) > 1 else ''} {', '.join(map(str, untouched))}" if untouched else "none"))
+    lines.append(
+        f"  survivors       never a step back: {verdict}; carried on untouched (same pods and worker pids): "
+        + (f"group{'s' if len(untouched) > 1 else ''} {', '.join(map(str, untouched))}" if untouched else "none")
+    )
     return "\n".join(lines)
 
 

@@ -56,10 +56,20 @@ def draw_loss(record: Record, path: Path, groups: GroupReport | None = None) -> 
     for t, attempt in _restarts(record):
         for ax in (ax_loss, ax_step):
             ax.axvline(t, color="#de2d26", linestyle="--", linewidth=1)
-        ax_loss.annotate(f"restart -> attempt {attempt}", (t, ax_loss.get_ylim()[1]), rotation=90, va="top", ha="right", fontsize=8, color="#de2d26")
+        ax_loss.annotate(
+            f"restart -> attempt {attempt}",
+            (t, ax_loss.get_ylim()[1]),
+            rotation=90,
+            va="top",
+            ha="right",
+            fontsize=8,
+            color="#de2d26",
+        )
     for t, what in record.actions:
         ax_step.axvline(t - record.started_at, color="#756bb1", linestyle=":", linewidth=1)
-        ax_step.annotate(what, (t - record.started_at, 0), rotation=90, va="bottom", ha="right", fontsize=8, color="#756bb1")
+        ax_step.annotate(
+            what, (t - record.started_at, 0), rotation=90, va="bottom", ha="right", fontsize=8, color="#756bb1"
+        )
     ax_loss.set_ylabel("loss")
     ax_loss.set_title("Training loss; dashed: restarts, dotted: injected faults")
     ax_loss.legend(fontsize=8)
@@ -83,14 +93,34 @@ def _draw_group_steps(ax: object, groups: GroupReport, started_at: float) -> Non
         pts = [(t - started_at, step) for t, step in story.steps]
         if pts:
             # groups step together: hollow and open markers keep every group visible
-            (line,) = a.plot([p[0] for p in pts], [p[1] for p in pts], markers[story.group % len(markers)], markersize=5,
-                             markerfacecolor="none", linestyle="none",
-                             label=f"group {story.group}" + (" (node lost, healed)" if story.heals else ""))
+            (line,) = a.plot(
+                [p[0] for p in pts],
+                [p[1] for p in pts],
+                markers[story.group % len(markers)],
+                markersize=5,
+                markerfacecolor="none",
+                linestyle="none",
+                label=f"group {story.group}" + (" (node lost, healed)" if story.heals else ""),
+            )
             colors[story.group] = line.get_color()
     for m in group_marks(groups, started_at):
         color = "#de2d26" if m.kind == "node lost" else colors.get(m.group, "#31a354")
-        a.plot([m.t], [m.step], "X" if m.kind == "node lost" else "*", markersize=12, color=color, markeredgecolor="#333333")
-        a.annotate(m.label, (m.t, m.step), xytext=(6, -12 if m.kind == "healed" else 6), textcoords="offset points", fontsize=8, color=color)
+        a.plot(
+            [m.t],
+            [m.step],
+            "X" if m.kind == "node lost" else "*",
+            markersize=12,
+            color=color,
+            markeredgecolor="#333333",
+        )
+        a.annotate(
+            m.label,
+            (m.t, m.step),
+            xytext=(6, -12 if m.kind == "healed" else 6),
+            textcoords="offset points",
+            fontsize=8,
+            color=color,
+        )
     a.legend(fontsize=8, loc="lower right")
 
 
@@ -116,13 +146,21 @@ def draw_timeline(record: Record, path: Path) -> Path:
     attempts = sorted({a for a, *_ in spans}) or [0]
     fig, ax = plt.subplots(figsize=(9, 1.2 + 0.6 * len(attempts)))
     for attempt, phase, start, end in spans:
-        ax.broken_barh([(start, max(end - start, 0.05))], (attempt - 0.35, 0.7), color=PHASE_COLORS.get(phase, "#cccccc"))
+        ax.broken_barh(
+            [(start, max(end - start, 0.05))], (attempt - 0.35, 0.7), color=PHASE_COLORS.get(phase, "#cccccc")
+        )
     ax.set_yticks(attempts, [f"attempt {a}" for a in attempts])
     ax.invert_yaxis()
     ax.set_xlabel("seconds since kubectl apply")
     ax.set_title("Phases per attempt")
     used = sorted({p for _, p, *_ in spans}, key=list(PHASE_COLORS).index)
-    ax.legend(handles=[Patch(color=PHASE_COLORS[p], label=p) for p in used], fontsize=8, ncol=len(used), loc="upper center", bbox_to_anchor=(0.5, -0.35))
+    ax.legend(
+        handles=[Patch(color=PHASE_COLORS[p], label=p) for p in used],
+        fontsize=8,
+        ncol=len(used),
+        loc="upper center",
+        bbox_to_anchor=(0.5, -0.35),
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -164,12 +202,18 @@ def placement_figure(record: Record, groups: GroupReport | None = None) -> Figur
                 x += 0.3  # room between two NVLink domains' outlines
             label = c.node
             if c.role == "pod":
-                label = f"{c.node}\npod {c.pod_index}" + (f" group {group_of[c.pod_index]}" if c.pod_index in group_of else "") + (" (moved)" if c.moved else "")
+                label = (
+                    f"{c.node}\npod {c.pod_index}"
+                    + (f" group {group_of[c.pod_index]}" if c.pod_index in group_of else "")
+                    + (" (moved)" if c.moved else "")
+                )
                 if c.tp_groups:
                     label += "\nTP " + ", ".join(str(g) for g in c.tp_groups)
             elif c.role != "free":
                 label = f"{c.node}\n{c.role}"
-            ax.add_patch(FancyBboxPatch((x, 0), 1.8, 1, boxstyle="round,pad=0.05", facecolor=colors[c.role], edgecolor="#333333"))
+            ax.add_patch(
+                FancyBboxPatch((x, 0), 1.8, 1, boxstyle="round,pad=0.05", facecolor=colors[c.role], edgecolor="#333333")
+            )
             ax.text(x + 0.9, 0.5, label, ha="center", va="center", fontsize=8)
             starts.append(x)
             x += 2.0
@@ -195,7 +239,9 @@ def _pods_of(picture: PlacementPicture, tp_group: int) -> list[str]:
     return [c.node for cells in picture.leaves.values() for c in cells if tp_group in c.tp_groups]
 
 
-def _draw_nvlink_domains(ax: object, cells: list[Cell], starts: list[float], domains: dict[str, tuple[int, ...]]) -> None:
+def _draw_nvlink_domains(
+    ax: object, cells: list[Cell], starts: list[float], domains: dict[str, tuple[int, ...]]
+) -> None:
     """One leaf's NVLink domains: a dashed outline around each run of its nodes in one domain
     (placement_picture keeps them together), named below with the TP groups inside it; a TP
     group on several of those nodes is joined by a bar across them."""
@@ -214,10 +260,23 @@ def _draw_nvlink_domains(ax: object, cells: list[Cell], starts: list[float], dom
             a.add_patch(FancyBboxPatch((x0, -0.12), x1 - x0, 1.24, boxstyle="round,pad=0.02", fill=False,
                                        edgecolor=NVLINK_COLOR, linestyle="--", linewidth=1.5))
             tp = domains.get(domain, ())
-            a.text((x0 + x1) / 2, -0.25, f"NVLink {domain}" + (f"\nTP groups {', '.join(str(g) for g in tp)}" if tp else ""),
-                   ha="center", va="top", fontsize=8, color=NVLINK_COLOR)
+            a.text(
+                (x0 + x1) / 2,
+                -0.25,
+                f"NVLink {domain}" + (f"\nTP groups {', '.join(str(g) for g in tp)}" if tp else ""),
+                ha="center",
+                va="top",
+                fontsize=8,
+                color=NVLINK_COLOR,
+            )
             for g in tp:
                 on = [starts[j] for j in range(run_start, i) if g in cells[j].tp_groups]
                 if len(on) > 1:
-                    a.plot([on[0] + 0.2, on[-1] + 1.6], [0.12, 0.12], color=NVLINK_COLOR, linewidth=3, solid_capstyle="round")
+                    a.plot(
+                        [on[0] + 0.2, on[-1] + 1.6],
+                        [0.12, 0.12],
+                        color=NVLINK_COLOR,
+                        linewidth=3,
+                        solid_capstyle="round",
+                    )
         run_start = i

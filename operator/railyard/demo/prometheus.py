@@ -43,7 +43,9 @@ def find_prometheus() -> str | None:
     return shutil.which("prometheus")
 
 
-def build_config(targets: Sequence[str], *, scrape_interval_s: float, rule_files: Sequence[Path] = ()) -> dict[str, Any]:
+def build_config(
+    targets: Sequence[str], *, scrape_interval_s: float, rule_files: Sequence[Path] = ()
+) -> dict[str, Any]:
     """prometheus.yml: one scrape job over ``targets`` (host:port of operators' /metrics)."""
     interval = _duration(scrape_interval_s)
     return {
@@ -111,7 +113,11 @@ class Prometheus:
     def query(self, expr: str, at: float | None = None) -> list[dict[str, Any]]:
         """An instant query's result vector (``[{"metric": {...}, "value": [t, "v"]}]``)."""
         data = self.api("query", query=expr, time=at)
-        return list(data["result"]) if data["resultType"] in ("vector", "matrix") else [{"metric": {}, "value": data["result"]}]
+        return (
+            list(data["result"])
+            if data["resultType"] in ("vector", "matrix")
+            else [{"metric": {}, "value": data["result"]}]
+        )
 
     def query_range(self, expr: str, start: float, end: float, step: float) -> list[dict[str, Any]]:
         """A range query's matrix (``[{"metric": {...}, "values": [[t, "v"], ...]}]``)."""
@@ -147,7 +153,9 @@ class Prometheus:
 
     def wait_for_targets(self, timeout: float = 60.0) -> None:
         """Until every target has been scraped successfully once (``up == 1``)."""
-        expected = len(yaml.safe_load(self.config_file.read_text())["scrape_configs"][0]["static_configs"][0]["targets"])
+        expected = len(
+            yaml.safe_load(self.config_file.read_text())["scrape_configs"][0]["static_configs"][0]["targets"]
+        )
         self.wait_until(
             f"{expected} target(s) scraped",
             lambda: len([r for r in self.query(f'up{{job="{SCRAPE_JOB}"}} == 1')]) >= expected,
@@ -199,7 +207,11 @@ def start_prometheus(
         raise PrometheusError("no prometheus binary on PATH (Debian: apt-get install prometheus)")
     workdir.mkdir(parents=True, exist_ok=True)
     config_file = workdir / "prometheus.yml"
-    config_file.write_text(yaml.safe_dump(build_config(targets, scrape_interval_s=scrape_interval_s, rule_files=rule_files), sort_keys=False))
+    config_file.write_text(
+        yaml.safe_dump(
+            build_config(targets, scrape_interval_s=scrape_interval_s, rule_files=rule_files), sort_keys=False
+        )
+    )
     data_dir = workdir / "data"
     log_file = workdir / "prometheus.log"
     last_error = ""

@@ -149,7 +149,10 @@ def members_of(status: dict[str, Any], pods: list[tuple[int, int, str]]) -> list
     from railyard.logic.manifests import ATTEMPT_LABEL, POD_INDEX_LABEL
 
     st = TrainingJobStatus.model_validate(status)
-    objs = [{"metadata": {"labels": {ATTEMPT_LABEL: str(a), POD_INDEX_LABEL: str(i)}}, "spec": {"nodeName": n}} for a, i, n in pods]
+    objs = [
+        {"metadata": {"labels": {ATTEMPT_LABEL: str(a), POD_INDEX_LABEL: str(i)}}, "spec": {"nodeName": n}}
+        for a, i, n in pods
+    ]
     members, _ = gang_members(objs, attempt=st.attempt, since=members_since(st))
     return [(st.attempt, pod_index_of(p), str(p["spec"]["nodeName"])) for p in members]
 
@@ -241,7 +244,9 @@ def restores_from_status(history: list[dict[str, Any]]) -> list[Restore]:
         restore = status.get("restore") or {}
         attempt = int(status.get("attempt", 0))
         if attempt > 0 and restore.get("tier"):
-            seen[attempt] = Restore(attempt, str(restore["tier"]), int(restore.get("step", -1)), int(restore.get("stepsLost", 0)))
+            seen[attempt] = Restore(
+                attempt, str(restore["tier"]), int(restore.get("step", -1)), int(restore.get("stepsLost", 0))
+            )
     return [seen[a] for a in sorted(seen)]
 
 
@@ -250,7 +255,11 @@ def summarise(record: Record, restores: list[Restore]) -> Summary:
     steps the final model kept: kept steps x the clean median step time / wall time. Restarts,
     detection, restore and recomputed steps all count as lost."""
     status = record.final_status
-    end = record.finished_at if record.finished_at is not None else (record.samples[-1].t if record.samples else record.started_at)
+    end = (
+        record.finished_at
+        if record.finished_at is not None
+        else (record.samples[-1].t if record.samples else record.started_at)
+    )
     wall = max(end - record.started_at, 1e-9)
     steps = int(status.get("step", record.samples[-1].step if record.samples else 0))
     step_times = _clean_step_times(record.samples)
@@ -285,9 +294,15 @@ def format_summary(s: Summary) -> str:
     lines = [
         f"  result          {s.phase} after {s.wall_s:.0f} s, {s.steps} steps",
         f"  goodput         {s.goodput * 100:.0f}% of wall time produced kept steps",
-        "  restarts        " + (", ".join(f"{k} {v}" for k, v in s.restarts.items() if k not in ("total",) and v) or "none") + f" (total {s.restarts.get('total', 0)})",
+        "  restarts        "
+        + (", ".join(f"{k} {v}" for k, v in s.restarts.items() if k not in ("total",) and v) or "none")
+        + f" (total {s.restarts.get('total', 0)})",
         f"  steps lost      {s.steps_lost}",
-        "  restores        " + ("; ".join(f"attempt {r.attempt}: {r.tier} tier at step {r.step} ({r.steps_lost} lost)" for r in s.restores) or "none"),
+        "  restores        "
+        + (
+            "; ".join(f"attempt {r.attempt}: {r.tier} tier at step {r.step} ({r.steps_lost} lost)" for r in s.restores)
+            or "none"
+        ),
         "  quarantined     " + (", ".join(s.quarantined) or "none"),
         "  stragglers      " + (", ".join(s.stragglers) or "none flagged at the end"),
     ]

@@ -94,7 +94,12 @@ class Operator:
         ]
         env = dict(os.environ, KUBECONFIG=str(kubeconfig), PYTHONUNBUFFERED="1")
         self.proc = subprocess.Popen(
-            argv, stdout=log.open("ab"), stderr=subprocess.STDOUT, env=env, start_new_session=True, preexec_fn=_die_with_parent
+            argv,
+            stdout=log.open("ab"),
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+            preexec_fn=_die_with_parent,
         )
 
     def get(self, path: str) -> str:
@@ -174,7 +179,10 @@ class Demo:
             shutil.rmtree(state)
         self.out.mkdir(parents=True, exist_ok=True)
         n = self.scenario.cluster_nodes
-        self.echo(f"railyard demo: starting a local cluster of {n} simulated nodes x {self.scenario.procs_per_node} GPUs (1 spine, 2 leaves) in {state}")
+        self.echo(
+            f"railyard demo: starting a local cluster of {n} simulated nodes x {self.scenario.procs_per_node} GPUs (1 "
+            f"spine, 2 leaves) in {state}"
+        )
         cluster = LocalCluster(state, nodes=n, gpus_per_node=self.scenario.procs_per_node, topology="spine=1,leaf=2")
         operator: Operator | None = None
         prom: Prometheus | None = None
@@ -220,7 +228,10 @@ class Demo:
                                     port=self.prometheus_port)
         except PrometheusError as exc:
             raise DemoError(f"--prometheus: {exc}") from None
-        self.echo(f"  prometheus: {prom.url}  (scrapes the operator every 2 s; {'alerting rules ' + str(RULES_FILE) if rules else 'no rules file found'})")
+        self.echo(
+            f"  prometheus: {prom.url}  (scrapes the operator every 2 s; "
+            f"{'alerting rules ' + str(RULES_FILE) if rules else 'no rules file found'})"
+        )
         self.echo(f"    alerts {prom.url}/alerts   targets {prom.url}/targets   try:")
         for expr in EXAMPLE_QUERIES:
             self.echo(f"    {expr:<45} {graph_url(prom.url, expr)}")
@@ -231,8 +242,11 @@ class Demo:
         metric = {k.lower(): v for k, v in self.metrics_restarts.items() if v}
         end = time.time()
         try:
-            report = prom.wait_until("Prometheus to scrape the last restarts",
-                                     lambda: (r := build_report(prom, self.record.started_at, time.time())).restarts == metric and r, 15)
+            report = prom.wait_until(
+                "Prometheus to scrape the last restarts",
+                lambda: (r := build_report(prom, self.record.started_at, time.time())).restarts == metric and r,
+                15,
+            )
         except PrometheusError:
             try:
                 report = build_report(prom, self.record.started_at, end)
@@ -244,7 +258,8 @@ class Demo:
             "restarts": report.restarts,
             "restartsAgree": report.restarts == metric,
             "alertsFired": report.alerts_fired,
-            "reopen": f"prometheus --config.file={prom.config_file} --storage.tsdb.path={prom.data_dir} --web.listen-address=127.0.0.1:9090",
+            "reopen": f"prometheus --config.file={prom.config_file} --storage.tsdb.path={prom.data_dir} "
+                      "--web.listen-address=127.0.0.1:9090",
         }
 
     def _clients(self, kubeconfig: Path) -> None:
@@ -276,26 +291,38 @@ class Demo:
             return False
 
     def _read_topology(self) -> None:
-        nodes = [{"metadata": {"name": n.metadata.name, "labels": n.metadata.labels or {}}} for n in self.core.list_node().items]
+        nodes = [
+            {"metadata": {"name": n.metadata.name, "labels": n.metadata.labels or {}}}
+            for n in self.core.list_node().items
+        ]
         note_nodes(self.record, self.job, nodes)
 
     def _describe_job(self) -> str:
         s = self.scenario
         if s.replica_groups is not None:
-            return (f"{s.replica_groups.groups} replica groups of {s.nodes // s.replica_groups.groups} pod x {s.procs_per_node} ranks "
-                    f"(FSDP inside each, HSDP across them; faultTolerance ReplicaGroups, minReplicas {s.replica_groups.min_replicas}), "
-                    f"a Lighthouse pod")
+            return (
+                f"{s.replica_groups.groups} replica groups of {s.nodes // s.replica_groups.groups} pod x "
+                f"{s.procs_per_node} ranks "
+                "(FSDP inside each, HSDP across them; faultTolerance ReplicaGroups, minReplicas "
+                f"{s.replica_groups.min_replicas}), "
+                f"a Lighthouse pod"
+            )
         return f"{s.nodes} nodes x {s.procs_per_node} ranks, tensor={s.tensor}, FSDP across nodes"
 
     def _describe_scenario(self) -> None:
         s = self.scenario
         parts = []
         if s.straggler:
-            parts.append(f"slow pod {s.straggler.pod_index}'s node x{s.straggler.factor:g} from step {s.straggler.step}")
+            parts.append(
+                f"slow pod {s.straggler.pod_index}'s node x{s.straggler.factor:g} from step {s.straggler.step}"
+            )
         if s.node_failure:
             parts.append(f"fail pod {s.node_failure.pod_index}'s node at step {s.node_failure.step}")
         if s.bitflip:
-            parts.append(f"flip a bit in rank {s.bitflip.rank}'s {s.bitflip.target} at step {s.bitflip.step} (attempt {s.bitflip_attempt()})")
+            parts.append(
+                f"flip a bit in rank {s.bitflip.rank}'s {s.bitflip.target} at step {s.bitflip.step} (attempt "
+                f"{s.bitflip_attempt()})"
+            )
         self.echo("  scenario: " + ("; ".join(parts) or "no faults"))
 
     # ------------------------------------------------------------------ watching
@@ -306,7 +333,9 @@ class Demo:
         while True:
             now = time.time()
             if now > deadline:
-                raise DemoError(f"the job did not finish within {self.timeout:.0f} s; see {operator.log} and {cluster.log_dir}")
+                raise DemoError(
+                    f"the job did not finish within {self.timeout:.0f} s; see {operator.log} and {cluster.log_dir}"
+                )
             if operator.proc.poll() is not None:
                 raise DemoError(f"the operator exited with {operator.proc.returncode}; see {operator.log}")
             broken = cluster.exited()
@@ -315,9 +344,18 @@ class Demo:
             obj = self.custom.get_namespaced_custom_object(GROUP, VERSION, self.ns, PLURAL, self.name)
             status: dict[str, Any] = obj.get("status") or {}
             self.status_history.append(status)
-            sample = Sample(now, str(status.get("phase", "Pending")), int(status.get("attempt", 0)), int(status.get("step", 0)),
-                            status.get("loss"), float(status.get("tokensPerSecond", 0.0)))
-            changed_phase = not self.record.samples or (self.record.samples[-1].phase, self.record.samples[-1].attempt) != (sample.phase, sample.attempt)
+            sample = Sample(
+                now,
+                str(status.get("phase", "Pending")),
+                int(status.get("attempt", 0)),
+                int(status.get("step", 0)),
+                status.get("loss"),
+                float(status.get("tokensPerSecond", 0.0)),
+            )
+            changed_phase = not self.record.samples or (
+                self.record.samples[-1].phase,
+                self.record.samples[-1].attempt,
+            ) != (sample.phase, sample.attempt)
             if self.record.add_sample(sample) and (changed_phase or now - last_line >= 2.0 or sample.phase in DONE):
                 self.echo(self._progress_line(sample, status))
                 last_line = now
@@ -340,7 +378,10 @@ class Demo:
         ckpt = status.get("lastCheckpoint") or {}
         ck = f"ckpt {ckpt.get('tier')}@{ckpt.get('step')}" if ckpt else ""
         t = s.t - self.record.started_at
-        return f"  [{t:6.1f}s] {s.phase:<10} attempt {s.attempt}  step {s.step:>4}/{self.scenario.steps}  {loss}  {s.tokens_per_s:8,.0f} tok/s  restarts {restarts}  {ck}"
+        return (
+                   f"  [{t:6.1f}s] {s.phase:<10} attempt {s.attempt}  step {s.step:>4}/{self.scenario.steps}  {loss}  "
+                   f"{s.tokens_per_s:8,.0f} tok/s  restarts {restarts}  {ck}"
+               )
 
     def _note_placement(self, status: dict[str, Any]) -> None:
         attempt = note_placement(self.record, status)
@@ -362,12 +403,19 @@ class Demo:
         gang: list[str] = []
         for p in pods:
             labels = p.metadata.labels or {}
-            if labels.get("railyard.dev/cleanup") == "true" or labels.get("railyard.dev/spare") == "true" or not p.spec.node_name:
+            if (
+                labels.get("railyard.dev/cleanup") == "true"
+                or labels.get("railyard.dev/spare") == "true"
+                or not p.spec.node_name
+            ):
                 continue
             if p.metadata.deletion_timestamp:
                 continue
             try:
-                attempt, index = int(labels.get("railyard.dev/attempt", -1)), int(labels.get("railyard.dev/pod-index", -1))
+                attempt, index = (
+                    int(labels.get("railyard.dev/attempt", -1)),
+                    int(labels.get("railyard.dev/pod-index", -1)),
+                )
             except ValueError:
                 continue
             seen.append((attempt, index, str(p.spec.node_name)))
@@ -386,13 +434,19 @@ class Demo:
 
     def _print_events(self) -> None:
         events = self.core.list_namespaced_event(self.ns, field_selector=f"involvedObject.name={self.name}").items
-        for ev in sorted(events, key=lambda e: (e.last_timestamp or e.event_time or e.metadata.creation_timestamp or 0).__str__()):
+        for ev in sorted(
+            events, key=lambda e: (e.last_timestamp or e.event_time or e.metadata.creation_timestamp or 0).__str__()
+        ):
             key = f"{ev.metadata.name}/{ev.count or 1}"
             if key in self.seen_events:
                 continue
             self.seen_events.add(key)
             self.record.decisions.append(Decision(time.time(), ev.reason or "", ev.message or "", ev.type or "Normal"))
-            if self.scenario.bitflip and "bitflip" not in self.done_actions and "silent data corruption" in (ev.message or "").lower():
+            if (
+                self.scenario.bitflip
+                and "bitflip" not in self.done_actions
+                and "silent data corruption" in (ev.message or "").lower()
+            ):
                 # the flip and its detection are a step apart: status may never show the step
                 self.done_actions.add("bitflip")
                 self.record.actions.append((time.time(), f"bit flip (step {self.scenario.bitflip.step})"))
@@ -415,7 +469,12 @@ class Demo:
             self.done_actions.add("straggler")
             self.record.actions.append((time.time(), f"slow {node}"))
             self.echo(f"  >>> fault: {node} now runs x{scn.straggler.factor:g} slower (a throttling GPU)")
-        if scn.node_failure and "node_failure" not in self.done_actions and s.attempt == 0 and s.step >= scn.node_failure.step:
+        if (
+            scn.node_failure
+            and "node_failure" not in self.done_actions
+            and s.attempt == 0
+            and s.step >= scn.node_failure.step
+        ):
             node = nodes[scn.node_failure.pod_index]
             self.groups.at_failure = list(self.groups.at_end)
             self._annotate_node(node, {FAIL_ANNOTATION: "true"})
@@ -424,10 +483,18 @@ class Demo:
             self.done_actions.add("node_failure")
             self.record.actions.append((self.groups.injected_at, f"fail {node}"))
             self.echo(f"  >>> fault: node {node} fails (NotReady, its processes and its RAM checkpoints are gone)")
-        if scn.bitflip and "bitflip" not in self.done_actions and s.attempt == scn.bitflip_attempt() and s.step >= scn.bitflip.step:
+        if (
+            scn.bitflip
+            and "bitflip" not in self.done_actions
+            and s.attempt == scn.bitflip_attempt()
+            and s.step >= scn.bitflip.step
+        ):
             self.done_actions.add("bitflip")
             self.record.actions.append((time.time(), "bit flip"))
-            self.echo(f"  >>> fault: the trainer flips a high-order bit in rank {scn.bitflip.rank}'s {scn.bitflip.target} at step {scn.bitflip.step}")
+            self.echo(
+                f"  >>> fault: the trainer flips a high-order bit in rank {scn.bitflip.rank}'s {scn.bitflip.target} "
+                f"at step {scn.bitflip.step}"
+            )
 
     def _annotate_node(self, node: str, annotations: dict[str, str]) -> None:
         self.core.patch_node(node, {"metadata": {"annotations": annotations}})
@@ -440,7 +507,9 @@ class Demo:
         if self.stragglers_seen:
             summary = Summary(**{**asdict(summary), "restores": restores, "stragglers": sorted(self.stragglers_seen)})
         if self.scenario.replica_groups is not None:
-            self.group_report = build_group_report(self.job, self.groups, self.record.final_status, self.record.restarts)
+            self.group_report = build_group_report(
+                self.job, self.groups, self.record.final_status, self.record.restarts
+            )
         pictures = draw_all(self.record, self.out, self.group_report)
         self.echo("")
         self.echo("Summary")
@@ -450,11 +519,17 @@ class Demo:
         status_restarts = {k: v for k, v in summary.restarts.items() if k != "total" and v}
         metric_restarts = {k.lower(): v for k, v in self.metrics_restarts.items() if v}
         agree = {k.lower(): v for k, v in status_restarts.items()} == metric_restarts
-        self.echo(f"  metrics         railyard_restarts_total {metric_restarts or '{}'} {'agrees' if agree else 'DISAGREES'} with status.restarts")
+        self.echo(
+            f"  metrics         railyard_restarts_total {metric_restarts or '{}'} "
+            f"{'agrees' if agree else 'DISAGREES'} with status.restarts"
+        )
         if self.prometheus_report is not None:
             p = self.prometheus_report
             agrees = "agrees with the operator" if p["restartsAgree"] else "DISAGREES with the operator"
-            self.echo(f"  prometheus      railyard_restarts_total {p['restarts'] or '{}'} {agrees}; alerts fired: {', '.join(p['alertsFired']) or 'none'}")
+            self.echo(
+                f"  prometheus      railyard_restarts_total {p['restarts'] or '{}'} {agrees}; alerts fired: "
+                f"{', '.join(p['alertsFired']) or 'none'}"
+            )
             self.echo(f"                  to look again: {p['reopen']}")
         self.echo("  pictures        " + ", ".join(str(p) for p in pictures))
         data = {

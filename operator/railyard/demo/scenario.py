@@ -78,7 +78,11 @@ class Scenario:
         problems = []
         if self.steps < 10:
             problems.append("steps: at least 10")
-        for name, fault in (("nodeFailure", self.node_failure), ("straggler", self.straggler), ("bitflip", self.bitflip)):
+        for name, fault in (
+            ("nodeFailure", self.node_failure),
+            ("straggler", self.straggler),
+            ("bitflip", self.bitflip),
+        ):
             if fault is not None and not 1 <= fault.step < self.steps:
                 problems.append(f"{name}.step: {fault.step} must be in [1, steps={self.steps})")
         if self.node_failure and not 0 <= self.node_failure.pod_index < self.nodes:
@@ -92,16 +96,23 @@ class Scenario:
         rg = self.replica_groups
         if rg is not None:
             if not 2 <= rg.groups <= 4:
-                problems.append(f"replicaGroups.groups: {rg.groups} must be in [2, 4] (one pod per group on this machine)")
+                problems.append(
+                    f"replicaGroups.groups: {rg.groups} must be in [2, 4] (one pod per group on this machine)"
+                )
             if not 1 <= rg.min_replicas < rg.groups:
-                problems.append(f"replicaGroups.minReplicas: {rg.min_replicas} must be in [1, groups={rg.groups}) so the survivors of a lost group still commit steps")
+                problems.append(
+                    f"replicaGroups.minReplicas: {rg.min_replicas} must be in [1, groups={rg.groups}) so the "
+                    "survivors of a lost group still commit steps"
+                )
             if self.nodes != rg.groups:
                 problems.append(f"nodes: {self.nodes} must equal replicaGroups.groups={rg.groups} (one pod per group)")
             if self.tensor != 1:
                 problems.append("tensor: 1 with replicaGroups (FSDP inside each group, HSDP across groups)")
             if self.straggler or self.bitflip:
-                problems.append("straggler, bitflip: null with replicaGroups (the demo of replica groups shows a node loss; "
-                                "the SDC vote has no replica to compare inside a group, docs/fault-tolerance.md)")
+                problems.append(
+                    "straggler, bitflip: null with replicaGroups (the demo of replica groups shows a node loss; "
+                    "the SDC vote has no replica to compare inside a group, docs/fault-tolerance.md)"
+                )
         if self.node_failure and self.spares < 1:
             problems.append("spares: a node failure needs at least one hot spare to show sticky re-placement")
         if problems:
@@ -231,9 +242,24 @@ def scenario_from_dict(raw: dict[str, Any]) -> Scenario:
     base = Scenario()
     scn = Scenario(
         steps=int(raw.get("steps", base.steps)),
-        node_failure=_fault(raw.get("nodeFailure", {"step": base.node_failure.step} if base.node_failure else None), NodeFailure, "nodeFailure", {"step": "step", "podIndex": "pod_index"}),
-        straggler=_fault(raw.get("straggler", {"step": base.straggler.step} if base.straggler else None), Straggler, "straggler", {"step": "step", "factor": "factor", "podIndex": "pod_index"}),
-        bitflip=_fault(raw.get("bitflip", {"step": base.bitflip.step} if base.bitflip else None), BitFlip, "bitflip", {"step": "step", "rank": "rank", "target": "target"}),
+        node_failure=_fault(
+            raw.get("nodeFailure", {"step": base.node_failure.step} if base.node_failure else None),
+            NodeFailure,
+            "nodeFailure",
+            {"step": "step", "podIndex": "pod_index"},
+        ),
+        straggler=_fault(
+            raw.get("straggler", {"step": base.straggler.step} if base.straggler else None),
+            Straggler,
+            "straggler",
+            {"step": "step", "factor": "factor", "podIndex": "pod_index"},
+        ),
+        bitflip=_fault(
+            raw.get("bitflip", {"step": base.bitflip.step} if base.bitflip else None),
+            BitFlip,
+            "bitflip",
+            {"step": "step", "rank": "rank", "target": "target"},
+        ),
     )
     scn.validate()
     return scn
@@ -243,14 +269,20 @@ def _replica_groups_from_dict(raw: dict[str, Any]) -> Scenario:
     """A scenario file with ``replicaGroups``: :func:`replica_groups_scenario`, its steps and
     node failure moved by the file."""
     rg = _fault(raw["replicaGroups"], dict, "replicaGroups", {"groups": "groups", "minReplicas": "min_replicas"})
-    base = replica_groups_scenario(int(rg.get("groups", 2)), int(rg.get("min_replicas", 1)), steps=int(raw.get("steps", REPLICA_GROUP_STEPS)))
+    base = replica_groups_scenario(
+        int(rg.get("groups", 2)), int(rg.get("min_replicas", 1)), steps=int(raw.get("steps", REPLICA_GROUP_STEPS))
+    )
     failure = _fault(raw.get("nodeFailure", {"step": base.node_failure.step if base.node_failure else 10}), NodeFailure,
                      "nodeFailure", {"step": "step", "podIndex": "pod_index"})
     if failure is not None and "podIndex" not in (raw.get("nodeFailure") or {}):
         failure = NodeFailure(failure.step, base.node_failure.pod_index if base.node_failure else 0)
     scn = dataclasses.replace(
-        base, node_failure=failure,
-        straggler=_fault(raw.get("straggler"), Straggler, "straggler", {"step": "step", "factor": "factor", "podIndex": "pod_index"}),
-        bitflip=_fault(raw.get("bitflip"), BitFlip, "bitflip", {"step": "step", "rank": "rank", "target": "target"}))
+        base,
+        node_failure=failure,
+        straggler=_fault(
+            raw.get("straggler"), Straggler, "straggler", {"step": "step", "factor": "factor", "podIndex": "pod_index"}
+        ),
+        bitflip=_fault(raw.get("bitflip"), BitFlip, "bitflip", {"step": "step", "rank": "rank", "target": "target"}),
+    )
     scn.validate()
     return scn

@@ -40,7 +40,9 @@ async def cleanup_checkpoints(cycle: Cycle, finalizers: Sequence[str]) -> float 
     if gang:
         await cycle.delete_pods(gang, nodes)
     try:
-        job: TrainingJob | None = TrainingJob.model_validate({"metadata": {"name": cycle.name, "namespace": cycle.ns}, "spec": cycle.spec})
+        job: TrainingJob | None = TrainingJob.model_validate(
+            {"metadata": {"name": cycle.name, "namespace": cycle.ns}, "spec": cycle.spec}
+        )
     except ValueError:
         job = None
     since = parse_time(str(cycle.meta.get("deletionTimestamp") or "")) or cycle.now
@@ -67,9 +69,17 @@ async def cleanup_checkpoints(cycle: Cycle, finalizers: Sequence[str]) -> float 
         done = len(finished) == len(pods)
         if not done:
             return 1.0
-        cycle.event("Normal", "CheckpointsDeleted", f"checkpoints deleted on {len(pods)} nodes (spec.checkpoint.cleanupOnDelete)")
+        cycle.event(
+            "Normal",
+            "CheckpointsDeleted",
+            f"checkpoints deleted on {len(pods)} nodes (spec.checkpoint.cleanupOnDelete)",
+        )
     elif timed_out:
-        cycle.event("Warning", "CheckpointCleanupTimedOut", f"checkpoint cleanup did not finish within {CLEANUP_TIMEOUT_S:g}s; some files may remain")
+        cycle.event(
+            "Warning",
+            "CheckpointCleanupTimedOut",
+            f"checkpoint cleanup did not finish within {CLEANUP_TIMEOUT_S:g}s; some files may remain",
+        )
     await cycle.flush_events()
     if cleaners:
         await cycle.io.delete_pods(cycle.ns, list(cleaners), grace_seconds=0)

@@ -77,7 +77,9 @@ async def _previous_placement(cycle: Cycle) -> RankTable | None:
 def _avoided(cycle: Cycle, job: TrainingJob, nodes: Mapping[str, Mapping[str, Any]]) -> set[str]:
     """Nodes a new gang is not placed on: the quarantined ones, and those announced to go (a
     maintenance label the placement alone would not see: the gang would move again at once)."""
-    going = find_going_nodes(nodes, signals=cycle.runtime.settings.maintenance_signals, tolerations=job_tolerations(job))
+    going = find_going_nodes(
+        nodes, signals=cycle.runtime.settings.maintenance_signals, tolerations=job_tolerations(job)
+    )
     return {q.node for q in cycle.status.quarantined_nodes} | set(going)
 
 
@@ -121,12 +123,22 @@ async def place_and_create(cycle: Cycle, job: TrainingJob, nodes: Mapping[str, M
     runtime.metrics.set_cross_bytes(cycle.ns, cycle.name, dict(result.cross_bytes_per_step), spine)
     cycle.status = cycle.status.model_copy(
         update={
-            "placement": placement, "gang_created_time": format_micro_time(cycle.now), "time_to_all_ready_seconds": None,
-            "observed_generation": cycle.generation, "pending_spec_changes": "", "next_attempt_time": None,
+            "placement": placement,
+            "gang_created_time": format_micro_time(cycle.now),
+            "time_to_all_ready_seconds": None,
+            "observed_generation": cycle.generation,
+            "pending_spec_changes": "",
+            "next_attempt_time": None,
         }
     )
-    cycle.phase("Starting", "GangCreated", f"attempt {attempt}: {len(pods)} pods created and released together on {placement.summary}")
-    await cycle.io.delete_configmaps(cycle.ns, [configmap_name(cycle.name, earlier) for earlier in earlier_attempts(attempt)])
+    cycle.phase(
+        "Starting",
+        "GangCreated",
+        f"attempt {attempt}: {len(pods)} pods created and released together on {placement.summary}",
+    )
+    await cycle.io.delete_configmaps(
+        cycle.ns, [configmap_name(cycle.name, earlier) for earlier in earlier_attempts(attempt)]
+    )
     if plan.objects:
         # one PodGroup per attempt: the earlier attempts' groups go with their pods
         earlier = [group_name(cycle.name, older) for older in earlier_attempts(attempt)]
@@ -134,7 +146,9 @@ async def place_and_create(cycle: Cycle, job: TrainingJob, nodes: Mapping[str, M
     return float(spec.gang.schedule_timeout_seconds)
 
 
-async def create_gang(cycle: Cycle, job: TrainingJob, placed: Placement) -> tuple[list[dict[str, Any]], GangSchedulingPlan] | None:
+async def create_gang(
+    cycle: Cycle, job: TrainingJob, placed: Placement
+) -> tuple[list[dict[str, Any]], GangSchedulingPlan] | None:
     """Create the gang of ``cycle.status.attempt`` on ``placed``: the scheduler's PodGroup, the job's
     Secret and Service, the attempt's ConfigMap, every pod gated, then every gate lifted at once.
     None when the PodGroup kind is unavailable (the job stays Placing).
@@ -145,7 +159,16 @@ async def create_gang(cycle: Cycle, job: TrainingJob, placed: Placement) -> tupl
     runtime, spec, attempt = cycle.runtime, job.spec, cycle.status.attempt
     owner = owner_reference(cycle.body)
     plan = await cycle.plan_gang(spec, attempt=attempt, gang_nodes=placed.nodes)
-    pods = build_gang_pods(spec, job=cycle.name, namespace=cycle.ns, owner=owner, attempt=attempt, nodes=placed.nodes, heartbeat_url=heartbeat_url_for(runtime, cycle.ns, cycle.name), annotations=runtime.settings.pod_annotations)
+    pods = build_gang_pods(
+        spec,
+        job=cycle.name,
+        namespace=cycle.ns,
+        owner=owner,
+        attempt=attempt,
+        nodes=placed.nodes,
+        heartbeat_url=heartbeat_url_for(runtime, cycle.ns, cycle.name),
+        annotations=runtime.settings.pod_annotations,
+    )
     pods = apply_to_pods(pods, plan)  # schedulerName, queue/group labels; our gate and node affinity stay
     names = [pod_name_of(p) for p in pods]
     cm = configmap_name(cycle.name, attempt)
@@ -158,16 +181,34 @@ async def create_gang(cycle: Cycle, job: TrainingJob, placed: Placement) -> tupl
     restore = restore_hint(cycle.status, spec, pods_kept=False)
     config = build_trainer_config(spec, job=cycle.name, namespace=cycle.ns, attempt=attempt, restore=restore)
     async with _refusals(f"ConfigMap {cm}"):
-        await cycle.io.create_object(build_configmap(cycle.name, cycle.ns, owner, attempt=attempt, rank_table=table, config=config,
-                                                   replica_groups=spec.replica_groups))
+        await cycle.io.create_object(
+            build_configmap(
+                cycle.name,
+                cycle.ns,
+                owner,
+                attempt=attempt,
+                rank_table=table,
+                config=config,
+                replica_groups=spec.replica_groups,
+            )
+        )
     # the attempt's ConfigMap goes with a refused gang too: a retry may place it elsewhere
     async with _refusals("the gang's pods", pods=names, configmap=cm):
         runtime.metrics.pods_created.inc(await cycle.io.create_pods(pods))
         await cycle.io.lift_gates(pods)
     runtime.store.begin_attempt(cycle.ns, cycle.name, attempt, layout=GroupLayout.of(table, spec.replica_groups))
     members = {i: pod_name(cycle.name, attempt, i) for i in range(len(pods))}
-    cycle.after_commit.append(lambda: runtime.control.publish(cycle.ns, cycle.name, attempt=attempt, members=members, table=table, restore=restore,
-                                                                  replica_groups=spec.replica_groups))
+    cycle.after_commit.append(
+        lambda: runtime.control.publish(
+            cycle.ns,
+            cycle.name,
+            attempt=attempt,
+            members=members,
+            table=table,
+            restore=restore,
+            replica_groups=spec.replica_groups,
+        )
+    )
     return pods, plan
 
 
@@ -209,7 +250,9 @@ async def gang_refused(cycle: Cycle, refused: GangRefused) -> float | None:
     if decision.permanent:
         cycle.phase("Failed", decision.reason, decision.message)
         return None
-    cycle.status = cycle.status.model_copy(update={"next_attempt_time": format_micro_time(cycle.now + decision.retry_after_s)})
+    cycle.status = cycle.status.model_copy(
+        update={"next_attempt_time": format_micro_time(cycle.now + decision.retry_after_s)}
+    )
     cycle.phase("Placing", decision.reason, decision.message)
     return decision.retry_after_s
 
@@ -230,7 +273,9 @@ async def _ensure_podgroups(cycle: Cycle, plan: GangSchedulingPlan) -> bool:
     return True
 
 
-async def finish_creation(cycle: Cycle, job: TrainingJob, current: Sequence[Mapping[str, Any]], assessment: GangAssessment) -> float | None:
+async def finish_creation(
+    cycle: Cycle, job: TrainingJob, current: Sequence[Mapping[str, Any]], assessment: GangAssessment
+) -> float | None:
     """Resume a gang whose creation was interrupted: same names, same nodes (from the
     attempt's ConfigMap), then lift every gate."""
     runtime = cycle.runtime
@@ -242,7 +287,16 @@ async def finish_creation(cycle: Cycle, job: TrainingJob, current: Sequence[Mapp
         return 0.5
     nodes = [p.node for p in sorted(table.pods, key=lambda p: p.pod_index)]
     owner = owner_reference(cycle.body)
-    pods = build_gang_pods(job.spec, job=cycle.name, namespace=cycle.ns, owner=owner, attempt=cycle.status.attempt, nodes=nodes, heartbeat_url=heartbeat_url_for(runtime, cycle.ns, cycle.name), annotations=runtime.settings.pod_annotations)
+    pods = build_gang_pods(
+        job.spec,
+        job=cycle.name,
+        namespace=cycle.ns,
+        owner=owner,
+        attempt=cycle.status.attempt,
+        nodes=nodes,
+        heartbeat_url=heartbeat_url_for(runtime, cycle.ns, cycle.name),
+        annotations=runtime.settings.pod_annotations,
+    )
     plan = await cycle.plan_gang(job.spec, attempt=cycle.status.attempt, gang_nodes=nodes, begun=current)
     names = [pod_name_of(p) for p in pods]
     try:
@@ -265,12 +319,20 @@ async def finish_creation(cycle: Cycle, job: TrainingJob, current: Sequence[Mapp
     update: dict[str, Any] = {}
     if cycle.status.gang_created_time is None:
         update["gang_created_time"] = format_micro_time(cycle.now)
-    if cycle.status.placement is None or cycle.status.placement.attempt != cycle.status.attempt or cycle.status.placement.node_count != len(nodes):
+    if (
+        cycle.status.placement is None
+        or cycle.status.placement.attempt != cycle.status.attempt
+        or cycle.status.placement.node_count != len(nodes)
+    ):
         update["placement"] = build_placement_status(nodes, attempt=cycle.status.attempt)
     if update:
         cycle.status = cycle.status.model_copy(update=update)
     if cycle.status.phase != "Starting":
-        cycle.phase("Starting", "GangResumed", f"attempt {cycle.status.attempt}: finished creating {len(missing)} missing pods and released the gang")
+        cycle.phase(
+            "Starting",
+            "GangResumed",
+            f"attempt {cycle.status.attempt}: finished creating {len(missing)} missing pods and released the gang",
+        )
     return 1.0
 
 

@@ -73,7 +73,9 @@ class GangIO(Protocol):
     async def quarantine_node(self, node: str, *, reason: str, job: str, now: float) -> bool: ...
     async def release_node(self, node: str) -> bool: ...
     async def patch_job_status(self, namespace: str, name: str, status_patch: Obj) -> dict[str, Any] | None: ...
-    async def patch_job_finalizers(self, namespace: str, name: str, finalizers: Sequence[str], resource_version: str | None) -> bool: ...
+    async def patch_job_finalizers(
+        self, namespace: str, name: str, finalizers: Sequence[str], resource_version: str | None
+    ) -> bool: ...
     async def create_event(self, involved: Obj, *, type_: str, reason: str, message: str, now: float) -> None: ...
     # the job's Kueue Workload (handlers/kueue.py)
     async def read_kueue_workload(self, namespace: str, name: str) -> dict[str, Any] | None: ...
@@ -148,7 +150,9 @@ class KubeGangIO:
     async def patch_job_status(self, namespace: str, name: str, status_patch: Obj) -> dict[str, Any] | None:
         return await ops.patch_job_status(self.kube, namespace, name, status_patch)
 
-    async def patch_job_finalizers(self, namespace: str, name: str, finalizers: Sequence[str], resource_version: str | None) -> bool:
+    async def patch_job_finalizers(
+        self, namespace: str, name: str, finalizers: Sequence[str], resource_version: str | None
+    ) -> bool:
         return await ops.patch_job_finalizers(self.kube, namespace, name, finalizers, resource_version)
 
     async def create_event(self, involved: Obj, *, type_: str, reason: str, message: str, now: float) -> None:
@@ -215,7 +219,14 @@ class Cycle:
         return [node for node, until in self.worker.refused_nodes.items() if until > self.now]
 
     def phase(self, phase: str, reason: str, message: str) -> None:
-        self.status = apply_phase(self.status, phase, reason=reason, message=message, now=self.iso, generation=self.status.observed_generation or None)
+        self.status = apply_phase(
+            self.status,
+            phase,
+            reason=reason,
+            message=message,
+            now=self.iso,
+            generation=self.status.observed_generation or None,
+        )
         self.runtime.set_phase(self.ns, self.name, phase)
 
     def update(self, **fields: Any) -> None:
@@ -247,7 +258,9 @@ class Cycle:
             await self.io.create_event(self.body, type_=type_, reason=reason, message=message, now=self.now)
         await self.flush_events()
 
-    async def plan_gang(self, spec: TrainingJobSpec, *, attempt: int, gang_nodes: Sequence[str], begun: Sequence[Obj] = ()) -> GangSchedulingPlan:
+    async def plan_gang(
+        self, spec: TrainingJobSpec, *, attempt: int, gang_nodes: Sequence[str], begun: Sequence[Obj] = ()
+    ) -> GangSchedulingPlan:
         """What the gang scheduler expects for the pods of ``attempt`` on ``gang_nodes`` (a whole
         gang, or the pods an in-place restart replaces): :mod:`railyard.logic.schedulers`, with
         the topology level those nodes share and, for ``spec.gang.scheduler: auto``, whether the
@@ -259,13 +272,24 @@ class Cycle:
         elif needs_workload_api(spec):
             if self.runtime.workload_api is None:
                 self.runtime.workload_api = await self.io.serves_workload_api()
-                log.info("scheduling.k8s.io/v1alpha2 Workloads and PodGroups %s", "served: gang.scheduler auto uses them" if self.runtime.workload_api else "not served")
+                log.info(
+                    "scheduling.k8s.io/v1alpha2 Workloads and PodGroups %s",
+                    "served: gang.scheduler auto uses them" if self.runtime.workload_api else "not served",
+                )
             served = self.runtime.workload_api
         key = None
         if decide_integration(spec, workload_api=served) is Integration.KUBERNETES:
             key = topology_key_for(spec, gang_nodes, self.runtime.node_map())
-        return plan_gang_scheduling(spec, job=self.name, namespace=self.ns, attempt=attempt, owner=owner_reference(self.body),
-                                    gang_size=len(gang_nodes), workload_api=served, topology_key=key)
+        return plan_gang_scheduling(
+            spec,
+            job=self.name,
+            namespace=self.ns,
+            attempt=attempt,
+            owner=owner_reference(self.body),
+            gang_size=len(gang_nodes),
+            workload_api=served,
+            topology_key=key,
+        )
 
     def drop_detected(self, plan: GangSchedulingPlan, status: int) -> bool:
         """``spec.gang.scheduler: auto`` found Kubernetes' gang scheduling, but creating its
@@ -276,16 +300,22 @@ class Cycle:
             return True
         return False
 
-    async def delete_pods(self, pods: Sequence[Obj], nodes: Mapping[str, Obj], *, grace_seconds: int | None = None) -> int:
+    async def delete_pods(
+        self, pods: Sequence[Obj], nodes: Mapping[str, Obj], *, grace_seconds: int | None = None
+    ) -> int:
         """Delete pods, once each: with ``grace_seconds`` (default: the operator's
         ``delete_grace_s``), forced on dead nodes and when stuck Terminating. Returns how many
         were asked for."""
         s = self.runtime.settings
-        normal, force = plan_pod_deletions(pods, nodes, now=self.now, asked=self.worker.deleting, stuck_terminating_s=s.stuck_terminating_s)
+        normal, force = plan_pod_deletions(
+            pods, nodes, now=self.now, asked=self.worker.deleting, stuck_terminating_s=s.stuck_terminating_s
+        )
         for n in normal + force:
             self.worker.deleting[n] = self.now
         if normal:
-            await self.io.delete_pods(self.ns, normal, grace_seconds=s.delete_grace_s if grace_seconds is None else grace_seconds)
+            await self.io.delete_pods(
+                self.ns, normal, grace_seconds=s.delete_grace_s if grace_seconds is None else grace_seconds
+            )
         if force:
             await self.io.delete_pods(self.ns, force, grace_seconds=0)
         return len(pods)

@@ -85,7 +85,9 @@ async def handle_failure(
             said=said,
             refused=cycle.refused_nodes(),
             topology_cache=runtime.topology_cache,
-            going=find_going_nodes(nodes, signals=runtime.settings.maintenance_signals, tolerations=job_tolerations(job)),
+            going=find_going_nodes(
+                nodes, signals=runtime.settings.maintenance_signals, tolerations=job_tolerations(job)
+            ),
         )
     )
     if isinstance(plan, RestartInPlace):

@@ -62,7 +62,9 @@ def _running_since(pod: Mapping[str, Any], floor: float | None = None) -> float 
     return since
 
 
-def evaluate_health(cycle: Cycle, job: TrainingJob, pods: Sequence[Mapping[str, Any]], *, report: bool = True) -> Failure | None:
+def evaluate_health(
+    cycle: Cycle, job: TrainingJob, pods: Sequence[Mapping[str, Any]], *, report: bool = True
+) -> Failure | None:
     """Update ``cycle.status`` from the job's heartbeats; return a failure when a verdict asks for a
     restart. ``c`` is the reconcile Cycle. ``report=False`` (the gang has finished): progress
     only, no verdict Events and no failure."""
@@ -74,7 +76,12 @@ def evaluate_health(cycle: Cycle, job: TrainingJob, pods: Sequence[Mapping[str, 
     current = {pod_index_of(p): p for p in pods}
     floor = parse_time(cycle.status.gang_created_time)
     pod_status = {
-        i: PodStatus(i, str((p.get("status") or {}).get("phase") or "Pending"), str((p.get("spec") or {}).get("nodeName") or ""), _running_since(p, floor))
+        i: PodStatus(
+            i,
+            str((p.get("status") or {}).get("phase") or "Pending"),
+            str((p.get("spec") or {}).get("nodeName") or ""),
+            _running_since(p, floor),
+        )
         for i, p in current.items()
     }
     try:
@@ -91,7 +98,11 @@ def evaluate_health(cycle: Cycle, job: TrainingJob, pods: Sequence[Mapping[str, 
     cycle.worker.health_state = decision.state
     runtime.health_metrics.observe_decision(cycle.ns, cycle.name, decision)
     _copy_progress(cycle, window, decision)
-    runtime.checkpoint_metrics.set_goodput(cycle.ns, cycle.name, compute_goodput(cycle.status.step, decision.p50_step_time_s, parse_time(cycle.status.start_time), cycle.now))
+    runtime.checkpoint_metrics.set_goodput(
+        cycle.ns,
+        cycle.name,
+        compute_goodput(cycle.status.step, decision.p50_step_time_s, parse_time(cycle.status.start_time), cycle.now),
+    )
     if not report:
         return None
     if cycle.status.phase == "Running":
@@ -103,12 +114,21 @@ def evaluate_health(cycle: Cycle, job: TrainingJob, pods: Sequence[Mapping[str, 
     restarting = [v for v in decision.verdicts if v.action.value == "Restart"]
     first = restarting[0] if restarting else decision.verdicts[0]
     # the pods the verdicts name: with replica groups only their groups restart
-    return build_verdict_failure(first.kind.value, first.message, decision.quarantine_nodes,
-                                 pod_indices=[v.pod_index for v in restarting], restore_not_after=first.restore_not_after)
+    return build_verdict_failure(
+        first.kind.value,
+        first.message,
+        decision.quarantine_nodes,
+        pod_indices=[v.pod_index for v in restarting],
+        restore_not_after=first.restore_not_after,
+    )
 
 
 def _judge_silence(
-    cycle: Cycle, window: JobWindow, current: Mapping[int, Mapping[str, Any]], pod_status: Mapping[int, PodStatus], policy: HealthPolicy,
+    cycle: Cycle,
+    window: JobWindow,
+    current: Mapping[int, Mapping[str, Any]],
+    pod_status: Mapping[int, PodStatus],
+    policy: HealthPolicy,
 ) -> None:
     """The Blind condition: heard are pods with a rank in the heartbeat window of this attempt,
     and pods whose launcher (this very pod, by name) reported on the control channel."""
@@ -117,15 +137,24 @@ def _judge_silence(
         cycle.worker.watching_since = cycle.now
     heard = {r.pod_index for r in window.rank_signals()}
     names = {i: pod_name_of(p) for i, p in current.items()}
-    heard |= {i for i, (report, _) in runtime.control.reports(cycle.ns, cycle.name).items() if report.pod and report.pod == names.get(i)}
+    heard |= {
+        i
+        for i, (report, _) in runtime.control.reports(cycle.ns, cycle.name).items()
+        if report.pod and report.pod == names.get(i)
+    }
     table = runtime.control.table(cycle.ns, cycle.name, cycle.status.attempt)
     ranks_of: dict[int, list[int]] = {}
     for r in table.ranks if table is not None else ():
         ranks_of.setdefault(r.pod_index, []).append(r.rank)
     silent = [i for i in sorted(pod_status) if i not in heard]
     silence = decide_silence(
-        pod_status, heard, bound_s=compute_silence_bound(policy), watching_since=cycle.worker.watching_since, now=cycle.now,
-        ranks_of=ranks_of, pods_url=heartbeat_url_of(current[silent[0]]) if silent else "",
+        pod_status,
+        heard,
+        bound_s=compute_silence_bound(policy),
+        watching_since=cycle.worker.watching_since,
+        now=cycle.now,
+        ranks_of=ranks_of,
+        pods_url=heartbeat_url_of(current[silent[0]]) if silent else "",
         operator_url=heartbeat_url_for(runtime, cycle.ns, cycle.name),
     )
     runtime.health_metrics.set_silent_pods(cycle.ns, cycle.name, len(silence.silent))
@@ -156,7 +185,9 @@ def heartbeat_url_for(runtime: Runtime, namespace: str, job: str) -> str:
             carried = carried_heartbeat_base(runtime.pods_of(namespace, job), namespace, job)
             if worker is not None:
                 worker.heartbeat_base = carried
-    base = decide_heartbeat_base(advertised=runtime.settings.heartbeat_url, carried=carried, metrics_port=runtime.settings.metrics_port)
+    base = decide_heartbeat_base(
+        advertised=runtime.settings.heartbeat_url, carried=carried, metrics_port=runtime.settings.metrics_port
+    )
     return build_heartbeat_url(base, namespace, job)
 
 
@@ -192,7 +223,9 @@ def _copy_progress(cycle: Cycle, window: JobWindow, decision: HealthDecision) ->
             refs = sorted(per_tier.values(), key=lambda r: r.tier)
             update["checkpoints"] = refs
             update["last_checkpoint"] = best_checkpoint(refs)
-    if window.restored_tier and (st.restore is None or st.restore.tier != window.restored_tier or st.restore.step != window.restored_step):
+    if window.restored_tier and (
+        st.restore is None or st.restore.tier != window.restored_tier or st.restore.step != window.restored_step
+    ):
         # the previous attempt's newest step (kept by the store across the attempt change);
         # st.step may already show the new attempt's progress
         last = window.previous_max_step if window.previous_max_step >= 0 else st.step

@@ -97,7 +97,9 @@ def capable_pods(cycle: Cycle, members: Sequence[Obj]) -> frozenset[int]:
         got = reports.get(i)
         if got is None or got[0].pod != pod_name_of(p):
             continue
-        if got[0].attempt == cycle.status.attempt or (i in carried and carried[i] <= got[0].attempt < cycle.status.attempt):
+        if got[0].attempt == cycle.status.attempt or (
+            i in carried and carried[i] <= got[0].attempt < cycle.status.attempt
+        ):
             out.add(i)
     return frozenset(out)
 
@@ -141,7 +143,11 @@ async def begin_in_place(
     runtime.metrics.pods_replaced.inc(len(plan.replace))
     wait = f", workers restart in {backoff:g}s" if backoff > 0 else ""
     planned = failure.cls is FailureClass.PLANNED  # a planned move: not a failure, its own words
-    said = failure.message if planned or cycle.status.last_failure is None else describe_failure(failure, cycle.status.last_failure)
+    said = (
+        failure.message
+        if planned or cycle.status.last_failure is None
+        else describe_failure(failure, cycle.status.last_failure)
+    )
     cycle.phase("Restarting", failure.kind, f"{said}; {budget.reason}; {plan.message}{wait}")
     if backoff > 0:
         return backoff
@@ -160,20 +166,38 @@ async def continue_in_place(cycle: Cycle, job: TrainingJob, nodes: Mapping[str, 
         next_attempt = parse_time(cycle.status.next_attempt_time)
         if next_attempt is not None and cycle.now < next_attempt:
             return next_attempt - cycle.now
-    table = runtime.control.table(cycle.ns, cycle.name, attempt) or await cycle.io.read_rank_table(cycle.ns, cycle.name, attempt)
+    table = runtime.control.table(cycle.ns, cycle.name, attempt) or await cycle.io.read_rank_table(
+        cycle.ns, cycle.name, attempt
+    )
     if table is None:
-        return await fall_back_to_full(cycle, job, "NotPlaceable", f"the rank table of attempt {attempt} is gone", nodes)
+        return await fall_back_to_full(
+            cycle, job, "NotPlaceable", f"the rank table of attempt {attempt} is gone", nodes
+        )
     # pods this operator asked to delete are gone as far as the plan goes (the watch may not
     # have caught up with the deletion yet)
-    pods = [p for p in runtime.pods_of(cycle.ns, cycle.name) if pod_name_of(p) not in cycle.worker.deleting and not (p.get("metadata") or {}).get("deletionTimestamp")]
+    pods = [
+        p
+        for p in runtime.pods_of(cycle.ns, cycle.name)
+        if pod_name_of(p) not in cycle.worker.deleting and not (p.get("metadata") or {}).get("deletionTimestamp")
+    ]
     members, _ = gang_members(pods, attempt=attempt, since=cycle.status.pods_since_attempt)
     present = {pod_index_of(p): p for p in members}
     owner = owner_reference(cycle.body)
     url = heartbeat_url_for(runtime, cycle.ns, cycle.name)
     missing = [
-        build_pod(job.spec, job=cycle.name, namespace=cycle.ns, owner=owner, attempt=attempt, pod_index=e.pod_index, node=e.node,
-                  heartbeat_url=url, annotations=runtime.settings.pod_annotations)
-        for e in table.pods if e.pod_index not in present
+        build_pod(
+            job.spec,
+            job=cycle.name,
+            namespace=cycle.ns,
+            owner=owner,
+            attempt=attempt,
+            pod_index=e.pod_index,
+            node=e.node,
+            heartbeat_url=url,
+            annotations=runtime.settings.pod_annotations,
+        )
+        for e in table.pods
+        if e.pod_index not in present
     ]
     if missing:
         # the replacements are the new attempt's group on their own (logic/schedulers.py): the
@@ -209,13 +233,23 @@ async def continue_in_place(cycle: Cycle, job: TrainingJob, nodes: Mapping[str, 
             "gang_created_time": started, "time_to_all_ready_seconds": None, "next_attempt_time": None,
             "observed_generation": cycle.generation, "pending_spec_changes": "",
         })
-        names = {i: pod_name_of(present[i]) if i in present else pod_name(cycle.name, attempt, i) for i in range(len(table.pods))}
+        names = {
+            i: pod_name_of(present[i]) if i in present else pod_name(cycle.name, attempt, i)
+            for i in range(len(table.pods))
+        }
         carry_on = carried_on(lr, attempt)
 
         def open_orders() -> None:
-            runtime.control.publish(cycle.ns, cycle.name, attempt=attempt, members=names, table=table, open_=True, carry_on=carry_on)
-            runtime.store.begin_attempt(cycle.ns, cycle.name, attempt, layout=GroupLayout.of(table, job.spec.replica_groups),
-                                   carry_on=carried_attempts(lr, attempt, members))
+            runtime.control.publish(
+                cycle.ns, cycle.name, attempt=attempt, members=names, table=table, open_=True, carry_on=carry_on
+            )
+            runtime.store.begin_attempt(
+                cycle.ns,
+                cycle.name,
+                attempt,
+                layout=GroupLayout.of(table, job.spec.replica_groups),
+                carry_on=carried_attempts(lr, attempt, members),
+            )
 
         cycle.after_commit.append(open_orders)
         cycle.phase("Starting", "RestartedInPlace", f"attempt {attempt}: {lr.message}")
@@ -228,7 +262,11 @@ async def _drop_old_configmaps(cycle: Cycle, members: Sequence[Obj]) -> None:
     mount their own attempt's), keeping those of the earlier attempts a new gang keeps."""
     used = {attempt_of(p) for p in members}
     kept_from = earlier_attempts(cycle.status.attempt).start
-    old = [configmap_name(cycle.name, earlier) for earlier in range(max(kept_from - KEPT_ATTEMPTS, 0), kept_from) if earlier not in used]
+    old = [
+        configmap_name(cycle.name, earlier)
+        for earlier in range(max(kept_from - KEPT_ATTEMPTS, 0), kept_from)
+        if earlier not in used
+    ]
     if old:
         await cycle.io.delete_configmaps(cycle.ns, old)
 
@@ -264,7 +302,12 @@ async def finish_in_place(cycle: Cycle, members: Sequence[Obj]) -> None:
 
 def await_relaunch(cycle: Cycle, waiting: int) -> None:
     if cycle.status.phase == "Starting":
-        cycle.status = cycle.status.model_copy(update={"message": f"attempt {cycle.status.attempt}: waiting for {waiting} kept pods' launchers to restart their workers"})
+        cycle.status = cycle.status.model_copy(
+            update={
+                "message": f"attempt {cycle.status.attempt}: waiting for {waiting} kept pods' launchers to restart "
+                           "their workers"
+            }
+        )
 
 
 def _said(got: Any, attempt: int) -> str:
@@ -276,17 +319,30 @@ def _said(got: Any, attempt: int) -> str:
     return ""
 
 
-async def fall_back_to_full(cycle: Cycle, job: TrainingJob, reason: str, message: str, nodes: Mapping[str, Obj]) -> float:
+async def fall_back_to_full(
+    cycle: Cycle, job: TrainingJob, reason: str, message: str, nodes: Mapping[str, Obj]
+) -> float:
     """Turn the current in-place restart into a full one: every pod of the gang goes, the next
     attempt is created whole (the budget was spent when the failure was handled)."""
     runtime = cycle.runtime
     pods = runtime.pods_of(cycle.ns, cycle.name)
     await cycle.delete_pods(pods, nodes)
     attempt = cycle.status.attempt + 1
-    cycle.status = cycle.status.model_copy(update={
-        "attempt": attempt, "pods_since_attempt": None, "gang_created_time": None, "next_attempt_time": None,
-        "last_restart": LastRestart(attempt=attempt, mode="Full", state="Pending", reason=reason, message=f"full restart ({reason}): {message}"),
-    })
+    cycle.status = cycle.status.model_copy(
+        update={
+            "attempt": attempt,
+            "pods_since_attempt": None,
+            "gang_created_time": None,
+            "next_attempt_time": None,
+            "last_restart": LastRestart(
+                attempt=attempt,
+                mode="Full",
+                state="Pending",
+                reason=reason,
+                message=f"full restart ({reason}): {message}",
+            ),
+        }
+    )
     runtime.control.publish(cycle.ns, cycle.name, attempt=attempt, members={}, open_=False, waiting="full restart")
     runtime.metrics.restart_modes.labels(mode="Full", reason=reason).inc()
     cycle.phase("Restarting", reason, f"in-place restart abandoned: {message}; restarting the whole gang")
@@ -304,9 +360,17 @@ async def republish(cycle: Cycle, members: Sequence[Obj], *, replica_groups: int
     present = {pod_index_of(p): pod_name_of(p) for p in members}
     names = {i: present.get(i, pod_name(cycle.name, attempt, i)) for i in range(len(table.pods))}
     lr = in_place_restart(cycle)
-    cycle.runtime.control.publish(cycle.ns, cycle.name, attempt=attempt, members=names, table=table, restore=(config or {}).get("restore"),
-                         open_=not (lr is not None and lr.state in ("Pending", WAITING)), carry_on=carried_on(cycle.status.last_restart, attempt),
-                         replica_groups=replica_groups)
+    cycle.runtime.control.publish(
+        cycle.ns,
+        cycle.name,
+        attempt=attempt,
+        members=names,
+        table=table,
+        restore=(config or {}).get("restore"),
+        open_=not (lr is not None and lr.state in ("Pending", WAITING)),
+        carry_on=carried_on(cycle.status.last_restart, attempt),
+        replica_groups=replica_groups,
+    )
     cycle.runtime.store.begin_attempt(cycle.ns, cycle.name, attempt, layout=GroupLayout.of(table, replica_groups),
                              carry_on=carried_attempts(cycle.status.last_restart, attempt, members))
     for earlier in sorted({attempt_of(p) for p in members if attempt_of(p) < attempt}):

@@ -2,7 +2,8 @@
 
 Nothing here decides anything, and nothing here is module state: the operator's
 :class:`~railyard.handlers.runtime.Runtime` lives in kopf's memo (``memo.runtime``, given to
-``kopf.operator(memo=...)`` by :func:`build_memo`; kopf hands every handler the same one). TrainingJob events start (or feed) the job's worker; pod and node
+``kopf.operator(memo=...)`` by :func:`build_memo`; kopf hands every handler the same one). TrainingJob events start (or
+feed) the job's worker; pod and node
 events wake the workers they concern so a failure is acted on within the coalescing delay, not
 after a timer. Event handlers (unlike kopf's change handlers and daemons) write no annotations
 and add no finalizers, so the TrainingJob carries only what it asks for.
@@ -56,7 +57,10 @@ def compact_pod(body: Any) -> dict[str, Any]:
     meta = body.get("metadata") or {}
     spec = body.get("spec") or {}
     status = body.get("status") or {}
-    containers = [{"name": container.get("name"), "resources": container.get("resources") or {}, **_heartbeat_env(container)} for container in spec.get("containers") or ()]
+    containers = [
+        {"name": container.get("name"), "resources": container.get("resources") or {}, **_heartbeat_env(container)}
+        for container in spec.get("containers") or ()
+    ]
     owners = [_pick(o, "uid", "controller") for o in meta.get("ownerReferences") or ()]
     # of the annotations only the node the placement chose (logic.gang.find_stale_placement) and
     # the GPUs a DRA claim holds (logic.topology.pod_gpus: the placement counts them on the node)
@@ -67,12 +71,21 @@ def compact_pod(body: Any) -> dict[str, Any]:
               if c.get("resourceClaimTemplateName")]
     made = [_pick(c, "name", "resourceClaimName") for c in status.get("resourceClaimStatuses") or ()]
     return {
-        "metadata": {**_pick(meta, "name", "namespace", "uid", "deletionTimestamp", "creationTimestamp"), "labels": dict(meta.get("labels") or {}),
-                     **({"ownerReferences": owners} if owners else {}), **({"annotations": planned} if planned else {})},
-        "spec": {**_pick(spec, "nodeName", "schedulingGates", "schedulingGroup"), "containers": containers,
-                 **({"resourceClaims": claims} if claims else {})},
-        "status": {**_pick(status, "phase", "reason", "message", "conditions", "containerStatuses", "startTime"),
-                   **({"resourceClaimStatuses": made} if made else {})},
+        "metadata": {
+            **_pick(meta, "name", "namespace", "uid", "deletionTimestamp", "creationTimestamp"),
+            "labels": dict(meta.get("labels") or {}),
+            **({"ownerReferences": owners} if owners else {}),
+            **({"annotations": planned} if planned else {}),
+        },
+        "spec": {
+            **_pick(spec, "nodeName", "schedulingGates", "schedulingGroup"),
+            "containers": containers,
+            **({"resourceClaims": claims} if claims else {}),
+        },
+        "status": {
+            **_pick(status, "phase", "reason", "message", "conditions", "containerStatuses", "startTime"),
+            **({"resourceClaimStatuses": made} if made else {}),
+        },
     }
 
 
@@ -86,7 +99,11 @@ def _heartbeat_env(container: Any) -> dict[str, Any]:
 def compact_node(body: Any) -> dict[str, Any]:
     meta = body.get("metadata") or {}
     return {
-        "metadata": {**_pick(meta, "name", "uid", "resourceVersion"), "labels": dict(meta.get("labels") or {}), "annotations": dict(meta.get("annotations") or {})},
+        "metadata": {
+            **_pick(meta, "name", "uid", "resourceVersion"),
+            "labels": dict(meta.get("labels") or {}),
+            "annotations": dict(meta.get("annotations") or {}),
+        },
         "spec": _pick(body.get("spec") or {}, "taints", "unschedulable"),
         "status": _pick(body.get("status") or {}, "conditions", "allocatable", "capacity"),
     }
@@ -191,7 +208,13 @@ async def on_startup_operator(settings: kopf.OperatorSettings, memo: kopf.Memo, 
         from railyard.observe.metrics import build_http_app, start_http_server
 
         def routes(a: Any) -> None:
-            add_heartbeat_routes(a, runtime.store, runtime.tokens, metrics=runtime.health_metrics, on_batch=runtime.checkpoint_metrics.observe_batch)
+            add_heartbeat_routes(
+                a,
+                runtime.store,
+                runtime.tokens,
+                metrics=runtime.health_metrics,
+                on_batch=runtime.checkpoint_metrics.observe_batch,
+            )
             add_control_routes(a, runtime.control, runtime.tokens)
 
         app = build_http_app(
@@ -215,7 +238,9 @@ async def on_cleanup_operator(memo: kopf.Memo, **_: Any) -> None:
 
 
 @kopf.on.event(GROUP, VERSION, PLURAL)
-async def on_event_trainingjob(event: Any, body: Any, name: str, namespace: str | None, memo: kopf.Memo, **kwargs: Any) -> None:
+async def on_event_trainingjob(
+    event: Any, body: Any, name: str, namespace: str | None, memo: kopf.Memo, **kwargs: Any
+) -> None:
     runtime = runtime_of(memo)
     namespace = namespace or "default"
     runtime.bind_indexes(kwargs)
@@ -239,7 +264,9 @@ def on_event_pod(namespace: str | None, labels: Any, memo: kopf.Memo, **kwargs: 
 async def on_event_node(event: Any, name: str, body: Any, memo: kopf.Memo, **kwargs: Any) -> None:
     runtime = runtime_of(memo)
     runtime.bind_indexes(kwargs)
-    await on_node_change(runtime, KubeGangIO(runtime.api()), deleted=event.get("type") == "DELETED", name=name, body=body)
+    await on_node_change(
+        runtime, KubeGangIO(runtime.api()), deleted=event.get("type") == "DELETED", name=name, body=body
+    )
 
 
 def _plain(body: Any) -> dict[str, Any]:

@@ -75,7 +75,11 @@ async def await_admission(cycle: Cycle, job: TrainingJob, queue: str, *, pods: S
         why = "the API server does not serve them (install Kueue v0.13+)" if exc.status == 404 else \
             "the operator's ClusterRole does not grant them (helm/railyard/rbac-rules.yaml)"
         if not has_pods:
-            _queued(cycle, "KueueUnavailable", f"spec.gang.queueName {queue}: cannot use {KUEUE_API_VERSION} Workloads: {why}")
+            _queued(
+                cycle,
+                "KueueUnavailable",
+                f"spec.gang.queueName {queue}: cannot use {KUEUE_API_VERSION} Workloads: {why}",
+            )
         return None if has_pods else QUEUED_RECHECK_S * 5
     if isinstance(decision, Evict) and workload is not None:
         return await _evicted(cycle, decision, workload, pods, nodes)
@@ -119,7 +123,9 @@ async def _evicted(cycle: Cycle, decision: Evict, workload: Mapping[str, Any], p
                                                   generation=cycle.status.observed_generation or None))
             cycle.phase("Queued", decision.reason, f"{said}; the gang's pods are deleted, checkpoints kept")
         return 1.0
-    if not await cycle.io.acknowledge_eviction(cycle.ns, workload_name(cycle.name), build_eviction_ack(workload, time=cycle.iso)):
+    if not await cycle.io.acknowledge_eviction(
+        cycle.ns, workload_name(cycle.name), build_eviction_ack(workload, time=cycle.iso)
+    ):
         cycle.worker.kueue_read_at = float("-inf")  # changed since read: read it again next cycle
     _queued(cycle, decision.reason, f"{said}; the gang stopped, waiting to be admitted again")
     return QUEUED_RECHECK_S
@@ -150,7 +156,12 @@ async def _build(cycle: Cycle, job: TrainingJob, queue: str) -> dict[str, Any]:
     elif kube_class:
         value = await cycle.io.read_priority_value(kube_class, workload_class=False)
     if (kueue_class or kube_class) and value is None:
-        log.warning("%s/%s: priority class %s not found: the Workload has priority 0", cycle.ns, cycle.name, kueue_class or kube_class)
+        log.warning(
+            "%s/%s: priority class %s not found: the Workload has priority 0",
+            cycle.ns,
+            cycle.name,
+            kueue_class or kube_class,
+        )
     return build_kueue_workload(
         job.spec, job=cycle.name, namespace=cycle.ns, owner=owner_reference(cycle.body), queue=queue,
         priority=value, priority_class=kueue_class or kube_class,
@@ -165,8 +176,9 @@ async def finish_workload(cycle: Cycle) -> None:
     workload = await cycle.io.read_kueue_workload(cycle.ns, workload_name(cycle.name))
     if workload is not None and not is_true(workload, "Finished"):
         succeeded, message = describe_end(cycle.status.phase, cycle.status.message, cycle.name)
-        await cycle.io.finish_kueue_workload(build_finished_apply(cycle.name, cycle.ns, succeeded=succeeded, message=message,
-                                                                  time=cycle.iso))
+        await cycle.io.finish_kueue_workload(
+            build_finished_apply(cycle.name, cycle.ns, succeeded=succeeded, message=message, time=cycle.iso)
+        )
     cycle.worker.kueue_finished = True
 
 

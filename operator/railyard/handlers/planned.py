@@ -62,7 +62,9 @@ def save_first(cycle: Cycle, job: TrainingJob, going: Mapping[str, str]) -> JitS
     if window is not None and window.attempt == cycle.status.attempt:
         # the heartbeats as they arrived set the save step (the status shows them from the end of
         # this cycle on); whether the save is there is read from the status, as the restore hint is
-        step = max(step, int(window.max_step), latest_verified_per_tier(window.last_checkpoints().values()).get("memory", -1))
+        step = max(
+            step, int(window.max_step), latest_verified_per_tier(window.last_checkpoints().values()).get("memory", -1)
+        )
     return decide_jit_save(
         pending=cycle.runtime.control.save_order(cycle.ns, cycle.name), attempt=cycle.status.attempt, going=going,
         reported_step=step, memory_saved_step=max(saved, default=-1), now=cycle.now,
@@ -108,10 +110,14 @@ async def move_ahead(
             return await begin_in_place(cycle, job, plan, gang, real, nodes, quarantined)
         case ShrinkAndWait():
             assert table is not None, "a shrink goes on from the running table"
-            cycle.event("Normal", "PlannedMove", f"{cause.failure.message}: pods {moved} move; {plan.message}; {saved.note}")
+            cycle.event(
+                "Normal", "PlannedMove", f"{cause.failure.message}: pods {moved} move; {plan.message}; {saved.note}"
+            )
             return await shrink_groups(cycle, job, plan, table, gang, real, nodes, quarantined)
         case FullRestart():
-            cycle.event("Normal", "PlannedMove", f"{cause.failure.message}: the whole gang moves; {plan.message}; {saved.note}")
+            cycle.event(
+                "Normal", "PlannedMove", f"{cause.failure.message}: the whole gang moves; {plan.message}; {saved.note}"
+            )
             return await restart_whole_gang(cycle, plan, cause.failure.message, gang, nodes, quarantined)
         case Fail():  # a planned move spends no budget: never, but say so if it were
             cycle.event("Warning", "PlannedMoveRefused", plan.message)

@@ -89,11 +89,15 @@ def _format_validation(exc: ValidationError) -> str:
     return "; ".join(parts)
 
 
-async def reconcile_job(runtime: Runtime, worker: JobWorker, *, now: float | None = None, io: GangIO | None = None) -> float | None:
+async def reconcile_job(
+    runtime: Runtime, worker: JobWorker, *, now: float | None = None, io: GangIO | None = None
+) -> float | None:
     """Run one cycle; returns seconds until the next check is due (None: only on events).
 
     ``now`` and ``io`` default to the clock and the real API; tests pass their own."""
-    cycle = Cycle(runtime, worker, time.time() if now is None else now, io if io is not None else KubeGangIO(runtime.api()))
+    cycle = Cycle(
+        runtime, worker, time.time() if now is None else now, io if io is not None else KubeGangIO(runtime.api())
+    )
     finalizers = list(cycle.meta.get("finalizers") or [])
     ours = CLEANUP_FINALIZER in finalizers
     if cycle.meta.get("deletionTimestamp"):
@@ -108,7 +112,9 @@ async def reconcile_job(runtime: Runtime, worker: JobWorker, *, now: float | Non
         new = [*finalizers, CLEANUP_FINALIZER] if wants else [name for name in finalizers if name != CLEANUP_FINALIZER]
         await cycle.io.patch_job_finalizers(cycle.ns, cycle.name, new, cycle.meta.get("resourceVersion"))
     try:
-        job = TrainingJob.model_validate({"metadata": {"name": cycle.name, "namespace": cycle.ns}, "spec": cycle.body.get("spec") or {}})
+        job = TrainingJob.model_validate(
+            {"metadata": {"name": cycle.name, "namespace": cycle.ns}, "spec": cycle.body.get("spec") or {}}
+        )
         problems = check_names(cycle.name, job.spec.nodes, lighthouse=job.spec.replica_groups > 1)
     except ValidationError as exc:
         job, problems = None, [_format_validation(exc)]
@@ -116,7 +122,9 @@ async def reconcile_job(runtime: Runtime, worker: JobWorker, *, now: float | Non
         await cycle.delete_pods(runtime.pods_of(cycle.ns, cycle.name), runtime.node_map())
         if cycle.status.phase != "Failed" or cycle.status.message != "; ".join(problems):
             cycle.update(observed_generation=cycle.generation)
-            cycle.phase("Failed", "InvalidSpec", "; ".join(problems) + " (fix the spec; the job stays Failed until then)")
+            cycle.phase(
+                "Failed", "InvalidSpec", "; ".join(problems) + " (fix the spec; the job stays Failed until then)"
+            )
         await cycle.commit()
         return None
     delay = await _step(cycle, job)
@@ -140,8 +148,13 @@ async def _step(cycle: Cycle, job: TrainingJob) -> float | None:
     _refresh_quarantine(cycle, nodes)
     for _ in range(3):  # a StartOver or a Resume is followed by the decision on the new status
         failed = find_condition(cycle.status.conditions, "Failed")
-        standing = lc.decide_standing(cycle.status, generation=cycle.generation, suspend=spec.suspend, has_pods=bool(pods),
-                                      failed_reason=failed.reason if failed is not None else None)
+        standing = lc.decide_standing(
+            cycle.status,
+            generation=cycle.generation,
+            suspend=spec.suspend,
+            has_pods=bool(pods),
+            failed_reason=failed.reason if failed is not None else None,
+        )
         if standing is None:
             break
         if isinstance(standing, lc.Release):
@@ -149,13 +162,17 @@ async def _step(cycle: Cycle, job: TrainingJob) -> float | None:
         if isinstance(standing, lc.Suspend):
             return await _suspend(cycle, standing, pods, nodes)
         if isinstance(standing, lc.StartOver):
-            cycle.status = TrainingJobStatus(attempt=cycle.status.attempt + 1, restarts=cycle.status.restarts, last_failure=cycle.status.last_failure)
+            cycle.status = TrainingJobStatus(
+                attempt=cycle.status.attempt + 1, restarts=cycle.status.restarts, last_failure=cycle.status.last_failure
+            )
         else:
             cycle.update(attempt=cycle.status.attempt + 1)
             cycle.phase("Placing", "Resumed", "spec.suspend is false: placing the gang again")
     queue = queue_of(cycle, spec)
     if queue is not None:
-        queued = await await_admission(cycle, job, queue, pods=pods, nodes=nodes)  # no pod before Kueue admitted the job
+        queued = await await_admission(
+            cycle, job, queue, pods=pods, nodes=nodes
+        )  # no pod before Kueue admitted the job
         if queued is not None:
             return queued
         job = flavored(cycle, job)
@@ -169,22 +186,40 @@ async def _step(cycle: Cycle, job: TrainingJob) -> float | None:
         if token:
             runtime.tokens.set(cycle.ns, cycle.name, token)
             runtime.store.begin_attempt(cycle.ns, cycle.name, cycle.status.attempt)
-    expected = cycle.status.placement.node_count if (cycle.status.placement and cycle.status.gang_created_time) else spec.nodes
+    expected = (
+        cycle.status.placement.node_count if (cycle.status.placement and cycle.status.gang_created_time) else spec.nodes
+    )
     # what the launchers report (their workers' exits, while the pod runs on) is pod evidence too
     since = members_since(cycle)
     # a replica group that carries on reports the attempt its pods were created in
-    carried = carried_attempts(cycle.status.last_restart, cycle.status.attempt, gang_members(pods, attempt=cycle.status.attempt, since=since)[0])
-    view = apply_launcher_reports(pods, runtime.control.reports(cycle.ns, cycle.name), attempt=cycle.status.attempt, carried=carried)
-    gang = assess_gang(view, nodes, attempt=cycle.status.attempt, expected=expected, now=cycle.now,
-                       not_ready_grace_s=runtime.settings.not_ready_grace_s, echo_settle_s=DEFAULT_ECHO_SETTLE_S, since=since,
-                       waiting=waiting_pods(cycle.status, spec.replica_groups))
+    carried = carried_attempts(
+        cycle.status.last_restart,
+        cycle.status.attempt,
+        gang_members(pods, attempt=cycle.status.attempt, since=since)[0],
+    )
+    view = apply_launcher_reports(
+        pods, runtime.control.reports(cycle.ns, cycle.name), attempt=cycle.status.attempt, carried=carried
+    )
+    gang = assess_gang(
+        view,
+        nodes,
+        attempt=cycle.status.attempt,
+        expected=expected,
+        now=cycle.now,
+        not_ready_grace_s=runtime.settings.not_ready_grace_s,
+        echo_settle_s=DEFAULT_ECHO_SETTLE_S,
+        since=since,
+        waiting=waiting_pods(cycle.status, spec.replica_groups),
+    )
     old = set(gang.stale)
     stale = [p for p in pods if pod_name_of(p) in old]
     if stale:
         await cycle.delete_pods(stale, nodes)
     members, _ = gang_members(view, attempt=cycle.status.attempt, since=since)
     if pods and runtime.control.get(cycle.ns, cycle.name) is None:
-        await republish(cycle, members, replica_groups=job.spec.replica_groups)  # an operator restarted under a running gang
+        await republish(
+            cycle, members, replica_groups=job.spec.replica_groups
+        )  # an operator restarted under a running gang
     if gang.state == "Starting" or cycle.worker.refused_nodes:
         _refresh_refused_nodes(cycle, members, nodes)
     pending = await _pending_reason(cycle, members) if gang.state == "Starting" else None
@@ -252,7 +287,11 @@ async def _pending_reason(cycle: Cycle, members: Sequence[Mapping[str, Any]]) ->
 
 
 def _observe(
-    cycle: Cycle, job: TrainingJob, gang: GangAssessment, members: Sequence[Mapping[str, Any]], nodes: Mapping[str, Mapping[str, Any]],
+    cycle: Cycle,
+    job: TrainingJob,
+    gang: GangAssessment,
+    members: Sequence[Mapping[str, Any]],
+    nodes: Mapping[str, Mapping[str, Any]],
     pending: PendingReason | None = None,
 ) -> lc.Observed:
     """The inputs of :func:`railyard.logic.lifecycle.decide_lifecycle` (what only some states
@@ -260,8 +299,12 @@ def _observe(
     spec = job.spec
     lr = in_place_restart(cycle)
     return lc.Observed(
-        status=cycle.status, generation=cycle.generation, now=cycle.now, gang=gang,
-        schedule_timeout_s=spec.gang.schedule_timeout_seconds, heartbeat_interval_s=spec.health.heartbeat_interval_seconds,
+        status=cycle.status,
+        generation=cycle.generation,
+        now=cycle.now,
+        gang=gang,
+        schedule_timeout_s=spec.gang.schedule_timeout_seconds,
+        heartbeat_interval_s=spec.health.heartbeat_interval_seconds,
         restart_policy=spec.restart_policy,
         stale_placement=tuple(find_stale_placement(job, members, nodes)) if gang.state == "Starting" else (),
         rolled_back=bool(members) and all(pod_name_of(p) in cycle.worker.deleting for p in members),
@@ -269,8 +312,13 @@ def _observe(
         relaunch=observe_relaunch(cycle, job, members) if lr is not None else None,
         heartbeats=cycle.runtime.store.job(cycle.ns, cycle.name) is not None,
         first_exit=first_exit_time(members) if gang.state == "Failed" else None,
-        groups_finished=decide_groups_finished(members, replicas=spec.replica_groups, expected=gang.expected, now=cycle.now,
-                                               waiting=waiting_pods(cycle.status, spec.replica_groups)),
+        groups_finished=decide_groups_finished(
+            members,
+            replicas=spec.replica_groups,
+            expected=gang.expected,
+            now=cycle.now,
+            waiting=waiting_pods(cycle.status, spec.replica_groups),
+        ),
         pending=pending,
     )
 
@@ -313,7 +361,9 @@ async def _run(
             return seconds
         case lc.WaitForOldPods(count, enter):
             if enter:
-                cycle.phase("Restarting", "WaitingForOldPods", f"waiting for {count} pods of earlier attempts to terminate")
+                cycle.phase(
+                    "Restarting", "WaitingForOldPods", f"waiting for {count} pods of earlier attempts to terminate"
+                )
             return 1.0
         case lc.Place():
             return await place_and_create(cycle, job, nodes)
@@ -359,7 +409,9 @@ async def _run(
     raise AssertionError(f"unknown lifecycle step {step!r}")
 
 
-async def _suspend(cycle: Cycle, step: lc.Suspend, pods: Sequence[Mapping[str, Any]], nodes: Mapping[str, Mapping[str, Any]]) -> float | None:
+async def _suspend(
+    cycle: Cycle, step: lc.Suspend, pods: Sequence[Mapping[str, Any]], nodes: Mapping[str, Mapping[str, Any]]
+) -> float | None:
     if step.pods:
         await cycle.delete_pods(pods, nodes)
     if step.enter:
@@ -429,8 +481,12 @@ def _refresh_quarantine(cycle: Cycle, nodes: Mapping[str, Mapping[str, Any]]) ->
 
 def _update_degraded(cycle: Cycle, job: TrainingJob) -> None:
     groups = job.spec.replica_groups
-    cycle.status = decide_degraded(cycle.status, hot_spares=job.spec.gang.hot_spares, now=cycle.iso, replica_groups=groups)
-    cycle.runtime.metrics.set_replica_groups(cycle.ns, cycle.name, wanted=groups, training=count_training_groups(cycle.status, groups))
+    cycle.status = decide_degraded(
+        cycle.status, hot_spares=job.spec.gang.hot_spares, now=cycle.iso, replica_groups=groups
+    )
+    cycle.runtime.metrics.set_replica_groups(
+        cycle.ns, cycle.name, wanted=groups, training=count_training_groups(cycle.status, groups)
+    )
 
 
 def _watched(cycle: Cycle, job: TrainingJob, members: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:

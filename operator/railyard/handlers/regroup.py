@@ -73,7 +73,9 @@ async def shrink_groups(
         cycle, job, attempt, renumbered, restore_hint(cycle.status, spec, pods_kept=True)
     )
     delete = set(shrink.delete)
-    await cycle.delete_pods([real[pod_name_of(p)] for p in members if pod_index_of(p) in delete and pod_name_of(p) in real], nodes)
+    await cycle.delete_pods(
+        [real[pod_name_of(p)] for p in members if pod_index_of(p) in delete and pod_name_of(p) in real], nodes
+    )
     names = member_names(cycle, members, attempt, len(table.pods), delete)
     backoff = budget.backoff_seconds
     lr = LastRestart(

@@ -158,7 +158,9 @@ class Runtime:
         self.nodes = kwargs.get("railyard_nodes", self.nodes)
         self.bound_pods = kwargs.get("railyard_bound_pods", self.bound_pods)
 
-    def pods_of(self, namespace: str, job: str, *, cleanup: bool = False, spare: bool = False, lighthouse: bool = False) -> list[dict[str, Any]]:
+    def pods_of(
+        self, namespace: str, job: str, *, cleanup: bool = False, spare: bool = False, lighthouse: bool = False
+    ) -> list[dict[str, Any]]:
         """The job's gang pods (``cleanup=True``: its checkpoint-cleanup pods instead;
         ``spare=True``: its hot-spare placeholders instead; ``lighthouse=True``: its
         Lighthouse instead)."""
@@ -215,11 +217,22 @@ class Runtime:
     def _on_worker_done(self, worker: JobWorker, task: asyncio.Task[None]) -> None:
         """A job's worker runs until its job is gone; one that ended otherwise is logged and
         restarted at once, so the job is not left unreconciled until its next event."""
-        if worker.gone or task.cancelled() or worker.task is not task or self.workers.get((worker.namespace, worker.name)) is not worker:
+        if (
+            worker.gone
+            or task.cancelled()
+            or worker.task is not task
+            or self.workers.get((worker.namespace, worker.name)) is not worker
+        ):
             return
         exc = task.exception()
-        log.error("the worker of %s/%s ended unexpectedly (%r); restarting it in %.0fs", worker.namespace, worker.name, exc,
-                  WORKER_RESTART_DELAY_S, exc_info=exc)
+        log.error(
+            "the worker of %s/%s ended unexpectedly (%r); restarting it in %.0fs",
+            worker.namespace,
+            worker.name,
+            exc,
+            WORKER_RESTART_DELAY_S,
+            exc_info=exc,
+        )
         self.metrics.reconcile_errors.labels(kind="WorkerDied").inc()
         asyncio.get_running_loop().call_later(WORKER_RESTART_DELAY_S, self._restart_worker, worker, task)
 

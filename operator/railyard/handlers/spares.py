@@ -27,8 +27,14 @@ async def reconcile_spares(cycle: Cycle, job: TrainingJob) -> float | None:
     deleting = cycle.meta.get("deletionTimestamp") or job.spec.suspend
     spares = list(cycle.status.placement.spares) if cycle.status.placement is not None else []
     nodes = runtime.node_map()
-    create, delete, held = decide_spares(job=cycle.name, phase="" if deleting else cycle.status.phase, wanted=job.spec.gang.hot_spares,
-                                         spares=spares, nodes=nodes, have=have)
+    create, delete, held = decide_spares(
+        job=cycle.name,
+        phase="" if deleting else cycle.status.phase,
+        wanted=job.spec.gang.hot_spares,
+        spares=spares,
+        nodes=nodes,
+        have=have,
+    )
     if delete:
         await cycle.delete_pods(delete, nodes, grace_seconds=PLACEHOLDER_GRACE_S)
     lr = cycle.status.last_restart
@@ -41,5 +47,7 @@ async def reconcile_spares(cycle: Cycle, job: TrainingJob) -> float | None:
                                                 annotations=runtime.settings.pod_annotations) for n in create])
     if held != cycle.status.spares_held:
         cycle.update(spares_held=held)
-    runtime.metrics.set_spares(cycle.ns, cycle.name, wanted=job.spec.gang.hot_spares if cycle.status.phase in HOLDING else 0, held=held)
+    runtime.metrics.set_spares(
+        cycle.ns, cycle.name, wanted=job.spec.gang.hot_spares if cycle.status.phase in HOLDING else 0, held=held
+    )
     return 1.0 if create else None

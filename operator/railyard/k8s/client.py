@@ -143,9 +143,15 @@ def core_path(plural: str, namespace: str | None = None, name: str | None = None
     return p
 
 
-def custom_path(group: str, version: str, plural: str, namespace: str | None, name: str | None = None, sub: str | None = None) -> str:
+def custom_path(
+    group: str, version: str, plural: str, namespace: str | None, name: str | None = None, sub: str | None = None
+) -> str:
     """A resource path of an API group; ``namespace`` None: a cluster-scoped resource."""
-    p = f"/apis/{group}/{version}/namespaces/{namespace}/{plural}" if namespace is not None else f"/apis/{group}/{version}/{plural}"
+    p = (
+        f"/apis/{group}/{version}/namespaces/{namespace}/{plural}"
+        if namespace is not None
+        else f"/apis/{group}/{version}/{plural}"
+    )
     if name is not None:
         p += f"/{name}"
     if sub:

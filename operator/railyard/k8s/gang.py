@@ -91,7 +91,9 @@ async def create_object(kube: Kube, obj: Mapping[str, Any]) -> bool:
     elif kind == "ComputeDomain":
         path = custom_path(_COMPUTE_DOMAIN_GROUP, _COMPUTE_DOMAIN_VERSION, COMPUTE_DOMAIN_PLURAL, namespace)
     else:
-        path = core_path({"Pod": "pods", "Service": "services", "ConfigMap": "configmaps", "Secret": "secrets"}[kind], namespace)
+        path = core_path(
+            {"Pod": "pods", "Service": "services", "ConfigMap": "configmaps", "Secret": "secrets"}[kind], namespace
+        )
     return await kube.create(path, dict(obj)) is not None
 
 
@@ -297,7 +299,9 @@ async def delete_owned(kube: Kube, namespace: str, job: str) -> None:
             log.warning("listing %s of %s/%s: %s", plural, namespace, job, exc)
             continue
         await _bounded(
-            kube.delete(core_path(plural, namespace, i["metadata"]["name"]), grace_seconds=0 if plural == "pods" else None)
+            kube.delete(
+                core_path(plural, namespace, i["metadata"]["name"]), grace_seconds=0 if plural == "pods" else None
+            )
             for i in items
         )
     for kind in _GROUPED_KINDS:
@@ -333,7 +337,9 @@ async def _delete_grouped(kube: Kube, kind: str, namespace: str, name: str) -> b
 # the job --------------------------------------------------------------------------------------
 
 
-async def patch_job_status(kube: Kube, namespace: str, name: str, status_patch: Mapping[str, Any]) -> dict[str, Any] | None:
+async def patch_job_status(
+    kube: Kube, namespace: str, name: str, status_patch: Mapping[str, Any]
+) -> dict[str, Any] | None:
     """One merge patch of ``status``; returns the object (None when the job is gone)."""
     path = custom_path(GROUP, VERSION, PLURAL, namespace, name, "status")
     return await kube.patch(path, {"status": dict(status_patch)})
@@ -433,7 +439,9 @@ async def _patch_node(kube: Kube, node: str, build: Callable[[dict[str, Any]], d
     return False
 
 
-async def patch_job_finalizers(kube: Kube, namespace: str, name: str, finalizers: Sequence[str], resource_version: str | None) -> bool:
+async def patch_job_finalizers(
+    kube: Kube, namespace: str, name: str, finalizers: Sequence[str], resource_version: str | None
+) -> bool:
     """Set the job's finalizers (optimistic concurrency: False on a 409, retry next cycle)."""
     path = custom_path(GROUP, VERSION, PLURAL, namespace, name)
     meta: dict[str, Any] = {"finalizers": list(finalizers) or None}

@@ -33,7 +33,10 @@ async def create_kueue_workload(kube: Kube, workload: Mapping[str, Any]) -> bool
     """Create the job's Workload; False when it existed already. A 404 (Kueue's CRD is not
     installed) raises for the caller to report."""
     namespace = workload["metadata"]["namespace"]
-    return await kube.create(custom_path(KUEUE_GROUP, KUEUE_VERSION, KUEUE_WORKLOAD_PLURAL, namespace), dict(workload)) is not None
+    return (
+        await kube.create(custom_path(KUEUE_GROUP, KUEUE_VERSION, KUEUE_WORKLOAD_PLURAL, namespace), dict(workload))
+        is not None
+    )
 
 
 async def finish_kueue_workload(kube: Kube, apply: Mapping[str, Any]) -> bool:

@@ -175,7 +175,9 @@ def _decorator_kind(dec: ast.expr) -> tuple[str, ast.Call] | None:
     return None
 
 
-def scan_source(source: str, module_globals: dict[str, Any] | None = None, *, where: str = "<source>") -> set[Permission]:
+def scan_source(
+    source: str, module_globals: dict[str, Any] | None = None, *, where: str = "<source>"
+) -> set[Permission]:
     """Every API permission the code in ``source`` needs (raises ValueError on what it cannot resolve)."""
     tree = ast.parse(source)
     g = module_globals or {}
@@ -260,7 +262,11 @@ def _owner_reference_permissions(tree: ast.AST, g: dict[str, Any]) -> set[Permis
             kind = _const_or_global(keys.get("kind"), g)
             plural = _kind_plurals().get(kind or "")
             if api_version and plural:
-                out.add(Permission(api_version.split("/")[0] if "/" in api_version else "", f"{plural}/finalizers", "update"))
+                out.add(
+                    Permission(
+                        api_version.split("/")[0] if "/" in api_version else "", f"{plural}/finalizers", "update"
+                    )
+                )
     return out
 
 
@@ -287,7 +293,9 @@ def _modules(packages: Iterable[str]) -> Iterator[ModuleType]:
             yield importlib.import_module(info.name)
 
 
-def scan_operator(packages: Iterable[str] = OPERATOR_PACKAGES, manifests: Iterable[str] = MANIFEST_MODULES) -> set[Permission]:
+def scan_operator(
+    packages: Iterable[str] = OPERATOR_PACKAGES, manifests: Iterable[str] = MANIFEST_MODULES
+) -> set[Permission]:
     """The permissions the operator's own code needs (without :data:`FRAMEWORK`)."""
     perms: set[Permission] = set()
     for mod in [*_modules(packages), *_modules(manifests)]:
@@ -353,7 +361,9 @@ def default_rules_path() -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m railyard.k8s.rbac", description=__doc__.splitlines()[0] if __doc__ else None)
+    ap = argparse.ArgumentParser(
+        prog="python -m railyard.k8s.rbac", description=__doc__.splitlines()[0] if __doc__ else None
+    )
     ap.add_argument("--output", type=Path, default=default_rules_path(), help="rules file (default: the chart's)")
     ap.add_argument("--check", action="store_true", help="exit 1 if the file differs instead of writing it")
     args = ap.parse_args(argv)

@@ -12,7 +12,18 @@ from datetime import UTC, datetime
 from railyard.api.trainingjob import Condition
 
 #: Every condition type the operator maintains, in display order.
-CONDITION_TYPES = ("Admitted", "Placed", "GangReady", "Running", "Restarting", "Degraded", "Blind", "Succeeded", "Failed", "Suspended")
+CONDITION_TYPES = (
+    "Admitted",
+    "Placed",
+    "GangReady",
+    "Running",
+    "Restarting",
+    "Degraded",
+    "Blind",
+    "Succeeded",
+    "Failed",
+    "Suspended",
+)
 
 
 def format_time(now: float) -> str:

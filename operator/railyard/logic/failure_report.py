@@ -134,7 +134,9 @@ def explain_failure(
     ``status.lastFailure`` for it, among the pods of ``attempt``."""
     picked = pick_first_failing_pod(failure, pods, nodes)
     if picked is None:
-        return failure, LastFailure(attempt=attempt, reason=failure.kind, node=failure.nodes[0] if failure.nodes else "", time=time)
+        return failure, LastFailure(
+            attempt=attempt, reason=failure.kind, node=failure.nodes[0] if failure.nodes else "", time=time
+        )
     pod, own = picked
     term = _terminated(pod) or {}
     code = term.get("exitCode")

@@ -62,7 +62,9 @@ RULES: Mapping[str, Rule] = {
     # pod's failure, so every other cause explains the gang better (lowest priority). It blames
     # no node: the first rank to notice a broken collective is not the one that broke it
     # (docs/operator.md, "Collective errors").
-    "InfrastructureExitCode": Rule(FailureClass.INFRASTRUCTURE, False, 10, "collective or rendezvous failure: {detail}"),
+    "InfrastructureExitCode": Rule(
+        FailureClass.INFRASTRUCTURE, False, 10, "collective or rendezvous failure: {detail}"
+    ),
 }
 
 #: Exit-code class -> evidence kind.
@@ -184,7 +186,9 @@ def classify_pod(
                 kind, detail = _exit_evidence(code)
                 return build_failure(kind, f"{detail} in {name}", node=node, pod=name)
         if phase == "Failed":
-            return build_failure("ApplicationExitCode", f"unknown in {name} ({reason or 'no reason given'})", node=node, pod=name)
+            return build_failure(
+                "ApplicationExitCode", f"unknown in {name} ({reason or 'no reason given'})", node=node, pod=name
+            )
     if meta.get("deletionTimestamp") and phase not in ("Succeeded", "Failed"):
         return build_failure("PodDeleted", name, node=node, pod=name)
     return None

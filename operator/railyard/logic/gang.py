@@ -132,7 +132,9 @@ def assess_gang(
     missing = tuple(i for i in range(expected) if i not in by_index and i not in waiting)
     wanted = expected - sum(1 for i in waiting if 0 <= i < expected)
     gated = tuple(sorted(pod_name_of(p) for p in current if is_gated(p)))
-    running = sum(1 for p in current if _phase(p) == "Running" and not (p.get("metadata") or {}).get("deletionTimestamp"))
+    running = sum(
+        1 for p in current if _phase(p) == "Running" and not (p.get("metadata") or {}).get("deletionTimestamp")
+    )
     succeeded = sum(1 for p in current if _phase(p) == "Succeeded")
     base = {"expected": expected, "present": len(current), "missing": missing, "gated": gated,
             "running": running, "succeeded": succeeded, "stale": stale}
@@ -254,7 +256,10 @@ def _echo_settle_left(current: Sequence[Mapping[str, Any]], now: float, settle_s
     still_running = False
     first_exit: float | None = None
     for p in current:
-        terms = [((cs.get("state") or {}).get("terminated") or {}) for cs in (p.get("status") or {}).get("containerStatuses") or ()]
+        terms = [
+            ((cs.get("state") or {}).get("terminated") or {})
+            for cs in (p.get("status") or {}).get("containerStatuses") or ()
+        ]
         terms = [t for t in terms if t]
         if _phase(p) == "Running" and not terms:
             still_running = True

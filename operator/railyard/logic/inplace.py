@@ -36,7 +36,8 @@ Mode = Literal["InPlace", "Full"]
 FALLBACKS: Mapping[str, str] = {
     "InPlaceDisabled": "spec.restartPolicy.inPlace is false",
     "SpecChanged": "the spec changed since the gang was built; a full restart applies it",
-    "NoControlChannel": "a pod that would stay has not spoken the restart protocol in this attempt (an image without railyard-train's launcher, or no route to the operator)",
+    "NoControlChannel": "a pod that would stay has not spoken the restart protocol in this attempt (an image without "
+                        "railyard-train's launcher, or no route to the operator)",
     "NothingToKeep": "no pod can stay where it is",
     "NotPlaceable": "the pods that must move cannot be re-placed sticky",
     "RestartNotAnswered": "a kept pod's launcher did not restart its workers in time",
@@ -56,7 +57,9 @@ def _terminated(pod: Obj) -> bool:
     """The pod's trainer container has exited (restartPolicy Never: its process cannot come back)."""
     if str((pod.get("status") or {}).get("phase") or "") in ("Succeeded", "Failed"):
         return True
-    return any(((cs.get("state") or {}).get("terminated")) for cs in (pod.get("status") or {}).get("containerStatuses") or ())
+    return any(
+        ((cs.get("state") or {}).get("terminated")) for cs in (pod.get("status") or {}).get("containerStatuses") or ()
+    )
 
 
 # --------------------------------------------------------------------------- launcher reports as evidence
@@ -89,7 +92,9 @@ def apply_launcher_reports(
             out.append(dict(p))
             continue
         report, at = got
-        current = report.attempt == attempt or (carried is not None and carried.get(pod_index_of(p), attempt) <= report.attempt < attempt)
+        current = report.attempt == attempt or (
+            carried is not None and carried.get(pod_index_of(p), attempt) <= report.attempt < attempt
+        )
         if not current or report.pod != pod_name_of(p) or report.state is not LauncherState.FAILED or report.code == 0:
             out.append(dict(p))
             continue
@@ -99,11 +104,23 @@ def apply_launcher_reports(
         started = ""
         for cs in status.get("containerStatuses") or ():
             started = ((cs.get("state") or {}).get("running") or {}).get("startedAt") or started
-        status["containerStatuses"] = [{
-            "name": "trainer",
-            "state": {"terminated": {"exitCode": report.code, "reason": WORKERS_EXITED, "startedAt": started, "finishedAt": format_micro_time(at),
-                                     "message": report.message or f"workers of attempt {attempt} exited ({', '.join(f'rank {r}: {c}' for r, c in report.workers)}); the launcher waits to restart them"}},
-        }]
+        status["containerStatuses"] = [
+            {
+                "name": "trainer",
+                "state": {
+                    "terminated": {
+                        "exitCode": report.code,
+                        "reason": WORKERS_EXITED,
+                        "startedAt": started,
+                        "finishedAt": format_micro_time(at),
+                        "message": report.message
+                        or f"workers of attempt {attempt} exited "
+                           f"({', '.join(f'rank {r}: {c}' for r, c in report.workers)}); the launcher waits to "
+                           "restart them",
+                    }
+                },
+            }
+        ]
         out.append(view)
     return out
 
@@ -229,7 +246,11 @@ def decide_restart_mode(
 def failed_pod_indices(pods: Sequence[Obj]) -> set[int]:
     """Pod indices of the gang members that failed (as the failure rules see them: a pod whose
     launcher reported its workers' failure counts, :func:`apply_launcher_reports`)."""
-    return {pod_index_of(p) for p in pods if _terminated(p) and str((p.get("status") or {}).get("phase") or "") != "Succeeded"}
+    return {
+        pod_index_of(p)
+        for p in pods
+        if _terminated(p) and str((p.get("status") or {}).get("phase") or "") != "Succeeded"
+    }
 
 
 def decide_group_repair(plan: RestartPlan, *, expected: int, replicas: int, min_replicas: int,
@@ -257,8 +278,17 @@ def decide_group_repair(plan: RestartPlan, *, expected: int, replicas: int, min_
     why = {i: w for i, w in plan.why.items() if i in set(replace)}
     message = (describe_group_repair(sorted(lost), replicas - len(lost), replicas) + "; "
                + describe_moves(replace, why, len(keep) - len(carry_on)))
-    return RestartPlan("InPlace", reason=GROUP_REPAIR, message=message, replace=replace, why=why, keep=keep,
-                       optional=tuple(i for i in plan.optional if i in set(replace)), group_size=size, carry_on=carry_on)
+    return RestartPlan(
+        "InPlace",
+        reason=GROUP_REPAIR,
+        message=message,
+        replace=replace,
+        why=why,
+        keep=keep,
+        optional=tuple(i for i in plan.optional if i in set(replace)),
+        group_size=size,
+        carry_on=carry_on,
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -440,12 +470,19 @@ def decide_control_answer(gang: GangControl, report: LauncherReport) -> tuple[Ac
         return Action.STOP, gang.finished
     member = gang.members.get(report.pod_index)
     if member is not None and member != report.pod:
-        return Action.STOP, f"pod index {report.pod_index} of attempt {gang.attempt} is {member}; {report.pod} was replaced"
+        return (
+            Action.STOP,
+            f"pod index {report.pod_index} of attempt {gang.attempt} is {member}; {report.pod} was replaced",
+        )
     if member is None:
         return Action.STOP, f"pod index {report.pod_index} is not part of attempt {gang.attempt}"
     if report.attempt < gang.attempt:
         if report.pod_index in gang.carry_on:
-            return Action.CONTINUE, f"replica group carries on with attempt {report.attempt} (attempt {gang.attempt} replaced another group)"
+            return (
+                Action.CONTINUE,
+                f"replica group carries on with attempt {report.attempt} (attempt {gang.attempt} replaced another "
+                "group)",
+            )
         if gang.open:
             return Action.RESTART, f"restart in place for attempt {gang.attempt}"
         return Action.CONTINUE, gang.waiting or f"attempt {gang.attempt} is being prepared"

@@ -103,7 +103,10 @@ def decide_admission(workload: Mapping[str, Any] | None, *, job: str, queue: str
 
 def describe_end(phase: str, message: str, job: str) -> tuple[bool, str]:
     """(succeeded, message) of the Finished condition the job's end writes on its Workload."""
-    return phase == "Succeeded", f"TrainingJob {job} {phase.lower()}: {message}" if message else f"TrainingJob {job} {phase.lower()}"
+    return (
+        phase == "Succeeded",
+        f"TrainingJob {job} {phase.lower()}: {message}" if message else f"TrainingJob {job} {phase.lower()}",
+    )
 
 
 def admitted_flavors(workload: Mapping[str, Any], pod_set: str = WORKERS_POD_SET) -> list[str]:
@@ -143,4 +146,6 @@ def apply_flavor(spec: TrainingJobSpec, flavor: FlavorPlacement) -> TrainingJobS
         return spec
     tolerations = list(spec.tolerations)
     tolerations += [t for t in (Toleration.model_validate(t) for t in flavor.tolerations) if t not in tolerations]
-    return spec.model_copy(update={"node_selector": {**flavor.node_labels, **spec.node_selector}, "tolerations": tolerations})
+    return spec.model_copy(
+        update={"node_selector": {**flavor.node_labels, **spec.node_selector}, "tolerations": tolerations}
+    )

@@ -2,7 +2,8 @@
 
 The arithmetic (:class:`railyard.protocol.mesh.MeshShape`) is shared with the trainer; this
 module builds the rank table from it. The mesh order is fixed by the trainer
-(``rank == (pp * dp_size + dp) * tp_size + tp``, tp innermost); what we choose is where each rank runs. With ``S = procs_per_node / tp`` tensor-
+(``rank == (pp * dp_size + dp) * tp_size + tp``, tp innermost); what we choose is where each rank runs. With ``S =
+procs_per_node / tp`` tensor-
 parallel groups per pod, TP group ``g = p * dp_size + d`` goes to pod ``g % nodes`` in slot
 ``g // nodes`` (local ranks ``slot * tp .. slot * tp + tp - 1``). Hence:
 
@@ -108,22 +109,48 @@ def build_replica_group_table(table: RankTable, *, group: int, replicas: int, ma
     a checkpoint replica peer outside the group is dropped (-1: the launcher of one world knows
     only its own pods). The rendezvous is the group's first pod on ``master_port``."""
     if replicas < 1 or len(table.pods) % replicas or table.dp % replicas or not 0 <= group < replicas:
-        raise ValueError(f"replica group {group} of {replicas}: does not split {len(table.pods)} pods and data-parallel size {table.dp}")
+        raise ValueError(
+            f"replica group {group} of {replicas}: does not split {len(table.pods)} pods and data-parallel size "
+            f"{table.dp}"
+        )
     per, share = len(table.pods) // replicas, table.dp // replicas
     pods = sorted(table.pods, key=lambda p: p.pod_index)[group * per:(group + 1) * per]
     mine = {p.pod_index for p in pods}
     ranks = sorted(
-        (RankEntry(mesh_rank(e.pp, e.dp - group * share, e.tp, share, table.tp), e.node, e.pod_index, e.local_rank, e.rail,
-                   e.pp, e.dp - group * share, e.tp)
-         for e in table.ranks if e.dp // share == group),
+        (
+            RankEntry(
+                mesh_rank(e.pp, e.dp - group * share, e.tp, share, table.tp),
+                e.node,
+                e.pod_index,
+                e.local_rank,
+                e.rail,
+                e.pp,
+                e.dp - group * share,
+                e.tp,
+            )
+            for e in table.ranks
+            if e.dp // share == group
+        ),
         key=lambda e: e.rank,
     )
     if {e.pod_index for e in ranks} != mine:
-        raise ValueError(f"replica group {group}: the table's ranks of this group are not on its pods {sorted(mine)}; lay it out with MeshShape(replicas={replicas})")
+        raise ValueError(
+            f"replica group {group}: the table's ranks of this group are not on its pods {sorted(mine)}; lay it out "
+            f"with MeshShape(replicas={replicas})"
+        )
     return RankTable(
-        job=table.job, attempt=table.attempt, pp=table.pp, dp=share, tp=table.tp, procs_per_node=table.procs_per_node,
-        pods=tuple(PodEntry(p.pod_index, p.node, p.address, p.replica_peer if p.replica_peer in mine else -1) for p in pods),
-        ranks=tuple(ranks), master_addr=pods[0].address, master_port=master_port,
+        job=table.job,
+        attempt=table.attempt,
+        pp=table.pp,
+        dp=share,
+        tp=table.tp,
+        procs_per_node=table.procs_per_node,
+        pods=tuple(
+            PodEntry(p.pod_index, p.node, p.address, p.replica_peer if p.replica_peer in mine else -1) for p in pods
+        ),
+        ranks=tuple(ranks),
+        master_addr=pods[0].address,
+        master_port=master_port,
     )
 
 
@@ -139,7 +166,11 @@ def compute_dp_groups(table: RankTable) -> list[list[int]]:
     """Ranks of every data-parallel group ``(p, t)``, each in ring (dp) order."""
     tp, dp = table.tp, table.dp
     step = mesh_rank(0, 1, 0, dp, tp)
-    return [list(range(mesh_rank(p, 0, t, dp, tp), mesh_rank(p, dp, t, dp, tp), step)) for p in range(table.pp) for t in range(tp)]
+    return [
+        list(range(mesh_rank(p, 0, t, dp, tp), mesh_rank(p, dp, t, dp, tp), step))
+        for p in range(table.pp)
+        for t in range(tp)
+    ]
 
 
 def compute_rails_per_dp_group(table: RankTable) -> int:

@@ -412,8 +412,12 @@ def _running(seen: Observed) -> list[Step]:
             f"spec generation {seen.generation} differs from the running gang's ({status.observed_generation}); "
             "it takes effect at the next restart (suspend and resume to apply it now)"
         )
-    steps: list[Step] = [MarkRunning(f"all {seen.gang.expected} pods Running (attempt {status.attempt})", status.phase != "Running", pending),
-                         CheckHealth()]
+    steps: list[Step] = [
+        MarkRunning(
+            f"all {seen.gang.expected} pods Running (attempt {status.attempt})", status.phase != "Running", pending
+        ),
+        CheckHealth(),
+    ]
     reset_in = _streak_timer(seen, steps)
     due = seen.heartbeat_interval_s if seen.heartbeats else None
     wait = reset_in if due is None else (due if reset_in is None else min(due, reset_in))
@@ -439,7 +443,11 @@ def _streak_timer(seen: Observed, steps: list[Step]) -> float | None:
         steps.append(ResetStreak(reset))
         return None
     streak = status.restarts.streak
-    if policy.reset_after_seconds <= 0 or (streak is not None and not any(streak.values())) or status.restarts.total == 0:
+    if (
+        policy.reset_after_seconds <= 0
+        or (streak is not None and not any(streak.values()))
+        or status.restarts.total == 0
+    ):
         return None
     return max(running_since + policy.reset_after_seconds - seen.now, 0.5)
 

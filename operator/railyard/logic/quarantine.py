@@ -34,7 +34,12 @@ def build_quarantine_patch(node: Mapping[str, Any], *, reason: str, job: str, ti
     return {
         "metadata": {
             "labels": {QUARANTINE_KEY: "true"},
-            "annotations": {REASON_ANNOTATION: reason[:1024], TIME_ANNOTATION: time, JOB_ANNOTATION: job, RELEASE_ANNOTATION: None},
+            "annotations": {
+                REASON_ANNOTATION: reason[:1024],
+                TIME_ANNOTATION: time,
+                JOB_ANNOTATION: job,
+                RELEASE_ANNOTATION: None,
+            },
         },
         "spec": {"taints": taints},
     }

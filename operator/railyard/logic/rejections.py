@@ -35,42 +35,92 @@ class Rule:
     hint: str
 
 
-def _rule(statuses: set[int] | frozenset[int], words: tuple[str, ...], reason: str, permanent: bool, retry_s: float, hint: str) -> Rule:
+def _rule(
+    statuses: set[int] | frozenset[int], words: tuple[str, ...], reason: str, permanent: bool, retry_s: float, hint: str
+) -> Rule:
     return Rule(frozenset(statuses), words, reason, permanent, retry_s, hint)
 
 
 _FIX = "fix the TrainingJob and apply it again (a new spec generation starts the job again)"
 
 RULES: tuple[Rule, ...] = (
-    _rule({403}, ("exceeded quota",), "QuotaExceeded", False, 30.0,
-          "the namespace's ResourceQuota has no room for the gang: free or raise the quota, or use fewer or smaller pods"),
-    _rule({403}, ("violates podsecurity",), "PodSecurityViolation", True, 0.0,
-          "the namespace's Pod Security level forbids the gang's pods: change the namespace's "
-          "pod-security.kubernetes.io/enforce label or the spec, then " + _FIX),
-    _rule({403}, ("being terminated",), "NamespaceTerminating", False, 10.0,
-          "the namespace is being deleted"),
+    _rule(
+        {403},
+        ("exceeded quota",),
+        "QuotaExceeded",
+        False,
+        30.0,
+        "the namespace's ResourceQuota has no room for the gang: free or raise the quota, or use fewer or smaller pods",
+    ),
+    _rule(
+        {403},
+        ("violates podsecurity",),
+        "PodSecurityViolation",
+        True,
+        0.0,
+        "the namespace's Pod Security level forbids the gang's pods: change the namespace's "
+        "pod-security.kubernetes.io/enforce label or the spec, then " + _FIX,
+    ),
+    _rule({403}, ("being terminated",), "NamespaceTerminating", False, 10.0, "the namespace is being deleted"),
     # admission looks up objects the pods name; they may be created after the job (one apply)
-    _rule({403}, ("error looking up service account",), "ServiceAccountNotFound", False, 10.0,
-          "create the ServiceAccount that spec.serviceAccountName names, or remove the field"),
-    _rule({403}, ("no priorityclass with name",), "PriorityClassNotFound", False, 10.0,
-          "create the PriorityClass that spec.gang.priorityClassName names, or remove the field"),
-    _rule({403}, (" cannot ", " resource "), "OperatorNotPermitted", False, 30.0,
-          "the operator's ServiceAccount lacks this permission: grant it (the Helm chart's RBAC rules, "
-          "helm/railyard/rbac-rules.yaml)"),
-    _rule({400, 403, 422}, ("admission webhook",), "AdmissionDenied", True, 0.0,
-          "an admission webhook of the cluster refused it: change the spec to satisfy it, then " + _FIX),
-    _rule({403}, (), "AdmissionDenied", True, 0.0,
-          "an admission policy of the cluster forbids it: change the spec to satisfy the rule named above, then " + _FIX),
-    _rule({400, 422}, (), "ObjectInvalid", True, 0.0,
-          "the object built from the TrainingJob is invalid (the message names the field): " + _FIX),
-    _rule({413}, (), "ObjectTooLarge", True, 0.0,
-          "the object is larger than the API server accepts: " + _FIX),
+    _rule(
+        {403},
+        ("error looking up service account",),
+        "ServiceAccountNotFound",
+        False,
+        10.0,
+        "create the ServiceAccount that spec.serviceAccountName names, or remove the field",
+    ),
+    _rule(
+        {403},
+        ("no priorityclass with name",),
+        "PriorityClassNotFound",
+        False,
+        10.0,
+        "create the PriorityClass that spec.gang.priorityClassName names, or remove the field",
+    ),
+    _rule(
+        {403},
+        (" cannot ", " resource "),
+        "OperatorNotPermitted",
+        False,
+        30.0,
+        "the operator's ServiceAccount lacks this permission: grant it (the Helm chart's RBAC rules, "
+        "helm/railyard/rbac-rules.yaml)",
+    ),
+    _rule(
+        {400, 403, 422},
+        ("admission webhook",),
+        "AdmissionDenied",
+        True,
+        0.0,
+        "an admission webhook of the cluster refused it: change the spec to satisfy it, then " + _FIX,
+    ),
+    _rule(
+        {403},
+        (),
+        "AdmissionDenied",
+        True,
+        0.0,
+        "an admission policy of the cluster forbids it: change the spec to satisfy the rule named above, then " + _FIX,
+    ),
+    _rule(
+        {400, 422},
+        (),
+        "ObjectInvalid",
+        True,
+        0.0,
+        "the object built from the TrainingJob is invalid (the message names the field): " + _FIX,
+    ),
+    _rule({413}, (), "ObjectTooLarge", True, 0.0, "the object is larger than the API server accepts: " + _FIX),
     _rule({409}, (), "Conflict", False, 2.0, "a concurrent change; trying again"),
-    _rule({404}, (), "NotFound", False, 10.0,
-          "the namespace, or the kind of object, does not exist on this API server"),
+    _rule(
+        {404}, (), "NotFound", False, 10.0, "the namespace, or the kind of object, does not exist on this API server"
+    ),
     _rule({429}, (), "TooManyRequests", False, 10.0, "the API server is throttling requests"),
-    _rule({401}, (), "Unauthorized", False, 10.0,
-          "the API server refused the operator's credentials (an expired token?)"),
+    _rule(
+        {401}, (), "Unauthorized", False, 10.0, "the API server refused the operator's credentials (an expired token?)"
+    ),
     _rule(SERVER_ERRORS, (), "ApiServerUnavailable", False, 10.0, "the API server failed to answer"),
 )
 #: Anything else the server refuses (an unexpected 4xx): the object will not pass as it is.

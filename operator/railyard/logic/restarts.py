@@ -72,13 +72,19 @@ def restarts_of(restarts: Restarts, cls: FailureClass) -> int:
     return int(getattr(restarts, name))
 
 
-def decide_streak_reset(restarts: Restarts, policy: RestartPolicy, running_since: float | None, now: float) -> Restarts | None:
+def decide_streak_reset(
+    restarts: Restarts, policy: RestartPolicy, running_since: float | None, now: float
+) -> Restarts | None:
     """The restarts with the streak cleared when the current gang has been all Running for
     ``resetAfterSeconds`` and a streak is open; None when nothing changes. Cleared classes are
     set to 0 (not removed), so a merge patch carries the change."""
     if running_since is None or policy.reset_after_seconds <= 0 or now - running_since < policy.reset_after_seconds:
         return None
-    current = restarts.streak if restarts.streak is not None else {n: int(getattr(restarts, n)) for n in _CLASS_FIELDS.values()}
+    current = (
+        restarts.streak
+        if restarts.streak is not None
+        else {n: int(getattr(restarts, n)) for n in _CLASS_FIELDS.values()}
+    )
     if not any(current.values()):
         return None
     return restarts.model_copy(update={"streak": dict.fromkeys(current, 0)})
@@ -100,8 +106,12 @@ def decide_restart(policy: RestartPolicy, restarts: Restarts, cls: FailureClass)
     used = restarts_of(restarts, cls)
     if used >= budget.limit:
         return RestartDecision(
-            False, 0.0, used, budget.limit,
-            f"{cls.value} restart budget spent ({used}/{budget.limit}); raise spec.restartPolicy.{_CLASS_FIELDS[cls]}.limit to allow more",
+            False,
+            0.0,
+            used,
+            budget.limit,
+            f"{cls.value} restart budget spent ({used}/{budget.limit}); raise "
+            f"spec.restartPolicy.{_CLASS_FIELDS[cls]}.limit to allow more",
         )
     return RestartDecision(
         True, compute_backoff(budget, used, policy.max_backoff_seconds), used, budget.limit,
@@ -113,9 +123,15 @@ def record_restart(restarts: Restarts, cls: FailureClass, reason: str, now_iso: 
     """A copy of ``restarts`` with one more restart of ``cls``. A planned move (class Planned)
     is counted apart: not in ``total``, not in the streak, no budget spent."""
     if cls is FailureClass.PLANNED:
-        return restarts.model_copy(update={"planned": restarts.planned + 1, "last_reason": reason, "last_time": now_iso})
+        return restarts.model_copy(
+            update={"planned": restarts.planned + 1, "last_reason": reason, "last_time": now_iso}
+        )
     name = _CLASS_FIELDS[cls]
-    streak = dict(restarts.streak) if restarts.streak is not None else {n: int(getattr(restarts, n)) for n in _CLASS_FIELDS.values()}
+    streak = (
+        dict(restarts.streak)
+        if restarts.streak is not None
+        else {n: int(getattr(restarts, n)) for n in _CLASS_FIELDS.values()}
+    )
     streak[name] = streak.get(name, 0) + 1
     return restarts.model_copy(
         update={
@@ -149,7 +165,9 @@ def restart_update(
         refs = [r for r in status.checkpoints if r.step <= fence.step]
         update.update(checkpoint_fence=fence, checkpoints=refs, last_checkpoint=best_checkpoint(refs) if refs else None)
     if in_place:
-        update["pods_since_attempt"] = status.pods_since_attempt if status.pods_since_attempt is not None else status.attempt
+        update["pods_since_attempt"] = (
+            status.pods_since_attempt if status.pods_since_attempt is not None else status.attempt
+        )
     return update
 
 

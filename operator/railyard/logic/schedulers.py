@@ -100,7 +100,9 @@ def decide_integration(spec: TrainingJobSpec, *, workload_api: bool = False) -> 
         return Integration.COSCHEDULING
     if spec.gang.queue_name:
         return Integration.KUEUE
-    if spec.gang.scheduler == "kubernetes" or (spec.gang.scheduler == "auto" and workload_api and scheduler in KUBE_SCHEDULERS):
+    if spec.gang.scheduler == "kubernetes" or (
+        spec.gang.scheduler == "auto" and workload_api and scheduler in KUBE_SCHEDULERS
+    ):
         return Integration.KUBERNETES
     return Integration.DEFAULT
 
@@ -136,7 +138,9 @@ def decide_topology_key(levels: Sequence[str], nodes: Sequence[Mapping[str, Any]
     return None
 
 
-def topology_key_for(spec: TrainingJobSpec, gang_nodes: Sequence[str], nodes: Mapping[str, Mapping[str, Any]]) -> str | None:
+def topology_key_for(
+    spec: TrainingJobSpec, gang_nodes: Sequence[str], nodes: Mapping[str, Mapping[str, Any]]
+) -> str | None:
     """:func:`decide_topology_key` for the job's level keys (``spec.topology``) and the nodes of a
     placement (names; ``nodes`` the cluster's Node objects by name)."""
     levels = resolve_level_keys(spec.topology.preset, spec.topology.levels, list(nodes.values()))
@@ -225,7 +229,9 @@ def plan_gang_scheduling(
     return GangSchedulingPlan(kind, name, scheduler_name=spec.gang.scheduler_name)
 
 
-def build_workload_objects(name: str, meta: Mapping[str, Any], *, gang_size: int, topology_key: str | None) -> list[dict[str, Any]]:
+def build_workload_objects(
+    name: str, meta: Mapping[str, Any], *, gang_size: int, topology_key: str | None
+) -> list[dict[str, Any]]:
     """The Workload ``name`` (one gang template) and the PodGroup ``name`` made from it, as the
     recorded v1.36 server takes them (tests/golden: the PodGroup repeats the template's policy
     and constraints next to its ``podGroupTemplateRef``)."""
@@ -237,8 +243,13 @@ def build_workload_objects(name: str, meta: Mapping[str, Any], *, gang_size: int
         "spec": {"podGroupTemplates": [{"name": GANG_TEMPLATE, **copy.deepcopy(group)}]},
     }
     podgroup = {
-        "apiVersion": SCHEDULING_API_VERSION, "kind": "PodGroup", "metadata": copy.deepcopy(dict(meta)),
-        "spec": {"podGroupTemplateRef": {"workload": {"workloadName": name, "podGroupTemplateName": GANG_TEMPLATE}}, **group},
+        "apiVersion": SCHEDULING_API_VERSION,
+        "kind": "PodGroup",
+        "metadata": copy.deepcopy(dict(meta)),
+        "spec": {
+            "podGroupTemplateRef": {"workload": {"workloadName": name, "podGroupTemplateName": GANG_TEMPLATE}},
+            **group,
+        },
     }
     return [workload, podgroup]
 
@@ -249,17 +260,30 @@ def describe_unavailable(plan: GangSchedulingPlan, status: int, *, retry_s: floa
     api = plan.objects[0]["apiVersion"]
     kinds = " and ".join(sorted({str(o["kind"]) for o in plan.objects}, reverse=True))
     if plan.integration is Integration.KUBERNETES:
-        why = (f"the API server does not serve {api} (kube-apiserver v1.36 with --feature-gates=GenericWorkload=true,"
-               f"GangScheduling=true and --runtime-config={api}=true)") if status == 404 else (
-               f"{api} workloads and podgroups are not granted to the operator (RBAC: create and delete; the chart grants them)")
+        why = (
+            (
+                f"the API server does not serve {api} (kube-apiserver v1.36 with --feature-gates=GenericWorkload=true,"
+                f"GangScheduling=true and --runtime-config={api}=true)"
+            )
+            if status == 404
+            else (
+                f"{api} workloads and podgroups are not granted to the operator (RBAC: create and delete; the chart "
+                "grants them)"
+            )
+        )
         if plan.detected:
             fix = f"this operator no longer uses it: the gang is created without it in {retry_s:g}s"
         else:
             fix = f"enable it, or set spec.gang.scheduler to auto or none (retrying every {retry_s:g}s)"
-        return f"spec.gang.scheduler={'auto' if plan.detected else 'kubernetes'}: creating {kinds} {api} {plan.group_name} failed ({status}): {why}; {fix}"
+        return (
+                   f"spec.gang.scheduler={'auto' if plan.detected else 'kubernetes'}: creating {kinds} {api} "
+                   f"{plan.group_name} failed ({status}): {why}; {fix}"
+               )
     why = "is not installed (no PodGroup CRD)" if status == 404 else "is not granted to the operator (RBAC)"
-    return (f"spec.gang.schedulerName={plan.scheduler_name}: creating PodGroup {api} {plan.group_name} failed ({status}): "
-            f"{api} {why}; install that scheduler's CRDs or remove spec.gang.schedulerName (retrying every {retry_s:g}s)")
+    return (
+        f"spec.gang.schedulerName={plan.scheduler_name}: creating PodGroup {api} {plan.group_name} failed ({status}): "
+        f"{api} {why}; install that scheduler's CRDs or remove spec.gang.schedulerName (retrying every {retry_s:g}s)"
+    )
 
 
 def apply_to_pods(pods: Sequence[Mapping[str, Any]], plan: GangSchedulingPlan) -> list[dict[str, Any]]:

@@ -125,7 +125,11 @@ def waiting_pods(status: TrainingJobStatus, replicas: int) -> frozenset[int]:
         return frozenset()
     lr = status.last_restart
     assert lr is not None
-    pods = status.placement.node_count if status.placement is not None and status.placement.node_count else lr.kept + len(lr.replaced)
+    pods = (
+        status.placement.node_count
+        if status.placement is not None and status.placement.node_count
+        else lr.kept + len(lr.replaced)
+    )
     return frozenset(i for g in groups for i in pods_of_group(g, pods_per_group(pods, replicas)))
 
 
@@ -216,7 +220,11 @@ def count_training_groups(status: TrainingJobStatus, replicas: int) -> int:
     if status.phase == "Running":
         return replicas
     if current and lr is not None and lr.reason == GROUP_REPAIR and status.phase in ("Restarting", "Starting"):
-        pods = status.placement.node_count if status.placement is not None and status.placement.node_count else lr.kept + len(lr.replaced)
+        pods = (
+            status.placement.node_count
+            if status.placement is not None and status.placement.node_count
+            else lr.kept + len(lr.replaced)
+        )
         return len({group_of_pod_index(i, pods_per_group(pods, replicas)) for i in lr.carried_on})
     return 0
 

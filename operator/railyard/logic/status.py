@@ -116,7 +116,9 @@ def placement_status(pl: Placement, *, attempt: int) -> PlacementStatus:
     )
 
 
-def decide_degraded(status: TrainingJobStatus, *, hot_spares: int, now: str, replica_groups: int = 1) -> TrainingJobStatus:
+def decide_degraded(
+    status: TrainingJobStatus, *, hot_spares: int, now: str, replica_groups: int = 1
+) -> TrainingJobStatus:
     """``Degraded`` is True while ranks straggle, a running gang holds fewer hot spares than
     ``spec.gang.hotSpares`` (a sticky re-placement may have spent them), or (faultTolerance
     ReplicaGroups, ``replica_groups`` > 1) replica groups restart alone while the others train
@@ -185,7 +187,13 @@ def build_transition_events(old: TrainingJobStatus, new: TrainingJobStatus) -> l
         events.append(("Warning" if warn else "Normal", reason, new.message or f"phase {new.phase}"))
     for t in compute_transitions(old.conditions, new.conditions):
         if t.type == "Degraded" and new.phase not in TERMINAL_PHASES:
-            events.append(("Warning" if t.status == "True" else "Normal", t.reason or "Degraded", t.message or f"Degraded is {t.status}"))
+            events.append(
+                (
+                    "Warning" if t.status == "True" else "Normal",
+                    t.reason or "Degraded",
+                    t.message or f"Degraded is {t.status}",
+                )
+            )
     return events
 
 

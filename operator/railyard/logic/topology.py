@@ -181,7 +181,11 @@ def placement_signature(node: Mapping[str, Any]) -> tuple[Any, ...]:
     return (
         node_is_ready(node),
         bool(spec.get("unschedulable")),
-        tuple(sorted((str(t.get("key")), str(t.get("value") or ""), str(t.get("effect"))) for t in spec.get("taints") or ())),
+        tuple(
+            sorted(
+                (str(t.get("key")), str(t.get("value") or ""), str(t.get("effect"))) for t in spec.get("taints") or ()
+            )
+        ),
         is_quarantined(node),
         node_gpus(node),
     )

@@ -60,8 +60,10 @@ job's heartbeats arrive, from the operator's heartbeat window (`railyard.logic.g
         )
         self.saves = Counter(
             "railyard_checkpoint_saves",
-            "Checkpoint saves reported, by tier and result (ok, failed, skipped: due while the previous save was still being written).",
-            ["tier", "result"], registry=reg,
+            "Checkpoint saves reported, by tier and result (ok, failed, skipped: due while the previous save was "
+            "still being written).",
+            ["tier", "result"],
+            registry=reg,
         )
         self.restores = Counter(
             "railyard_checkpoint_restores",
@@ -75,13 +77,17 @@ job's heartbeats arrive, from the operator's heartbeat window (`railyard.logic.g
         )
         self.steps_lost = Histogram(
             "railyard_restart_steps_lost",
-            "Steps trained before a failure that the restarted gang had to redo (newest reported step minus the restored step).",
-            buckets=_STEPS_LOST_BUCKETS, registry=reg,
+            "Steps trained before a failure that the restarted gang had to redo (newest reported step minus the "
+            "restored step).",
+            buckets=_STEPS_LOST_BUCKETS,
+            registry=reg,
         )
         self.goodput = Gauge(
             "railyard_job_goodput_ratio",
-            "Fraction of the wall time since the job's first gang started that went into kept training steps (docs/metrics.md).",
-            ["namespace", "job"], registry=reg,
+            "Fraction of the wall time since the job's first gang started that went into kept training steps "
+            "(docs/metrics.md).",
+            ["namespace", "job"],
+            registry=reg,
         )
         # Every tier's series exist from the start at 0. A labelled series that appears with its
         # first event already counted is invisible to rate() and increase() (they need a

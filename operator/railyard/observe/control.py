@@ -69,7 +69,9 @@ class _Job:
 class ControlBoard:
     """Per job: what the operator has published and what the launchers reported."""
 
-    def __init__(self, *, on_report: Callable[[str, str], None] | None = None, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self, *, on_report: Callable[[str, str], None] | None = None, clock: Callable[[], float] = time.time
+    ) -> None:
         self.jobs: dict[Key, _Job] = {}
         self.on_report = on_report
         self.clock = clock
@@ -104,7 +106,9 @@ class ControlBoard:
         j = self.jobs.setdefault((namespace, job), _Job())
         if replica_groups is not None:
             j.replicas = replica_groups
-        new = GangControl(attempt=attempt, members=dict(members), open=open_, waiting=waiting, carry_on=frozenset(carry_on))
+        new = GangControl(
+            attempt=attempt, members=dict(members), open=open_, waiting=waiting, carry_on=frozenset(carry_on)
+        )
         if table is not None:
             j.tables[attempt] = table
             for old in sorted(j.tables)[:-TABLES_KEPT]:
@@ -170,7 +174,12 @@ class ControlBoard:
         j = self.jobs.setdefault((namespace, job), _Job())
         old = j.reports.get(report.pod_index)
         j.reports[report.pod_index] = (report, self.clock())
-        news = old is None or (old[0].pod, old[0].attempt, old[0].state, old[0].code) != (report.pod, report.attempt, report.state, report.code)
+        news = old is None or (old[0].pod, old[0].attempt, old[0].state, old[0].code) != (
+            report.pod,
+            report.attempt,
+            report.state,
+            report.code,
+        )
         if news and report.state is not LauncherState.RUNNING and self.on_report is not None:
             self.on_report(namespace, job)
 
@@ -178,12 +187,24 @@ class ControlBoard:
         """The order for ``report`` (restart orders as cached JSON bytes)."""
         j = self.jobs.get((namespace, job))
         if j is None or j.gang is None:
-            return ControlOrder(job, report.attempt, Action.CONTINUE, "the operator has not published this job yet"), Action.CONTINUE
+            return ControlOrder(
+                job, report.attempt, Action.CONTINUE, "the operator has not published this job yet"
+            ), Action.CONTINUE
         action, reason = decide_control_answer(j.gang, report)
-        if action is Action.CONTINUE and j.save is not None and j.gang.attempt == j.save.attempt and answer_save(j.save, report):
+        if (
+            action is Action.CONTINUE
+            and j.save is not None
+            and j.gang.attempt == j.save.attempt
+            and answer_save(j.save, report)
+        ):
             save = j.save
-            return ControlOrder(job, save.attempt, Action.SAVE, f"save before the planned move off {', '.join(save.nodes)}",
-                                save_step=save.step), Action.SAVE
+            return ControlOrder(
+                job,
+                save.attempt,
+                Action.SAVE,
+                f"save before the planned move off {', '.join(save.nodes)}",
+                save_step=save.step,
+            ), Action.SAVE
         if action is not Action.RESTART:
             return ControlOrder(job, j.gang.attempt, action, reason), action
         new = j.tables.get(j.gang.attempt)
@@ -205,7 +226,9 @@ class ControlBoard:
             if delta is None and new is None:
                 # nothing to restart with yet (an operator that has not re-read the attempt's
                 # ConfigMap): wait
-                return ControlOrder(job, j.gang.attempt, Action.CONTINUE, "the new attempt's rank table is not loaded yet"), Action.CONTINUE
+                return ControlOrder(
+                    job, j.gang.attempt, Action.CONTINUE, "the new attempt's rank table is not loaded yet"
+                ), Action.CONTINUE
             cached = order.to_json().encode()
             j.orders[(report.attempt, group)] = cached
         return cached, action
@@ -232,7 +255,9 @@ def _refuse(status: int, message: str) -> web.Response:
     return web.json_response({"error": message}, status=status, headers=headers)
 
 
-def build_control_handler(board: ControlBoard, token_for: TokenLookup, *, clock: Callable[[], float] = time.monotonic) -> Callable[[web.Request], Any]:
+def build_control_handler(
+    board: ControlBoard, token_for: TokenLookup, *, clock: Callable[[], float] = time.monotonic
+) -> Callable[[web.Request], Any]:
     """The long-poll handler (same authentication as the heartbeat ingest)."""
 
     async def handle(request: web.Request) -> web.StreamResponse:

@@ -52,7 +52,9 @@ class HealthService:
         if jw is None or jw.attempt < attempt:
             jw = self.store.begin_attempt(namespace, job, attempt)
         key = (namespace, job)
-        decision = decide_health(jw, pods, self._state.get(key, HealthState()), HealthPolicy.from_spec(health_spec), now)
+        decision = decide_health(
+            jw, pods, self._state.get(key, HealthState()), HealthPolicy.from_spec(health_spec), now
+        )
         self._state[key] = decision.state
         if self.metrics is not None:
             self.metrics.observe_decision(namespace, job, decision)

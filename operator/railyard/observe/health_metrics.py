@@ -30,19 +30,31 @@ class HealthMetrics:
             "railyard_heartbeat_rank_beats", "Rank heartbeats accepted (a batch carries several).", registry=reg
         )
         self.heartbeat_age = Gauge(
-            "railyard_heartbeat_age_seconds", "Age of the stalest heartbeat among the job's running ranks.", _JOB, registry=reg
+            "railyard_heartbeat_age_seconds",
+            "Age of the stalest heartbeat among the job's running ranks.",
+            _JOB,
+            registry=reg,
         )
         self.step_time = Gauge(
-            "railyard_step_time_seconds", "Job step time over recent steps, by percentile (50, 99).", [*_JOB, "percentile"], registry=reg
+            "railyard_step_time_seconds",
+            "Job step time over recent steps, by percentile (50, 99).",
+            [*_JOB, "percentile"],
+            registry=reg,
         )
         self.hang_timeout = Gauge(
             "railyard_hang_timeout_seconds", "Current hang timeout: max(k x p99 step time, floor).", _JOB, registry=reg
         )
         self.slowest_compute = Gauge(
-            "railyard_slowest_rank_compute_seconds", "Median compute time of the job's slowest ranks only.", [*_JOB, "rank"], registry=reg
+            "railyard_slowest_rank_compute_seconds",
+            "Median compute time of the job's slowest ranks only.",
+            [*_JOB, "rank"],
+            registry=reg,
         )
         self.straggler_score = Gauge(
-            "railyard_straggler_score", "Straggler score (peers' median / own; 1 = typical) of the slowest ranks only.", [*_JOB, "rank"], registry=reg
+            "railyard_straggler_score",
+            "Straggler score (peers' median / own; 1 = typical) of the slowest ranks only.",
+            [*_JOB, "rank"],
+            registry=reg,
         )
         self.stragglers_current = Gauge(
             "railyard_stragglers_flagged_current", "Ranks currently flagged as stragglers.", _JOB, registry=reg
@@ -52,13 +64,20 @@ class HealthMetrics:
         )
         self.silent_pods = Gauge(
             "railyard_silent_pods",
-            "Running pods of the job the operator has heard nothing from (no heartbeat, no launcher report) past the silence bound: the job is Blind.",
-            _JOB, registry=reg,
+            "Running pods of the job the operator has heard nothing from (no heartbeat, no launcher report) past the "
+            "silence bound: the job is Blind.",
+            _JOB,
+            registry=reg,
         )
         self.hangs = Counter("railyard_hangs_detected", "Hangs detected (one per pod).", _JOB, registry=reg)
-        self.dead = Counter("railyard_dead_ranks_detected", "Heartbeat timeouts detected (one per pod).", _JOB, registry=reg)
+        self.dead = Counter(
+            "railyard_dead_ranks_detected", "Heartbeat timeouts detected (one per pod).", _JOB, registry=reg
+        )
         self.sdc_checks = Counter(
-            "railyard_sdc_checks", "SDC checks reported by ranks (failed ones included).", [*_JOB, "check"], registry=reg
+            "railyard_sdc_checks",
+            "SDC checks reported by ranks (failed ones included).",
+            [*_JOB, "check"],
+            registry=reg,
         )
         self.sdc_checks_failed = Counter(
             "railyard_sdc_checks_failed", "SDC checks that failed.", [*_JOB, "check"], registry=reg

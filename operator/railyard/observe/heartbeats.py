@@ -73,12 +73,16 @@ def build_heartbeat_handler(
         namespace = request.match_info["namespace"]
         job = request.match_info["job"]
         if request.content_length is not None and request.content_length > max_body_bytes:
-            return done(413, _refuse(413, f"body: {request.content_length} bytes is over the {max_body_bytes} byte limit"))
+            return done(
+                413, _refuse(413, f"body: {request.content_length} bytes is over the {max_body_bytes} byte limit")
+            )
         auth = request.headers.get("Authorization", "")
         scheme, _, token = auth.partition(" ")
         token = token.strip()
         if scheme.lower() != "bearer" or not token:
-            return done(401, _refuse(401, "Authorization: expected 'Bearer <job token>' (the token from the job's Secret)"))
+            return done(
+                401, _refuse(401, "Authorization: expected 'Bearer <job token>' (the token from the job's Secret)")
+            )
         expected = token_for(namespace, job)
         if inspect.isawaitable(expected):
             expected = await expected
@@ -106,7 +110,9 @@ def build_heartbeat_handler(
         if result is IngestResult.STALE_ATTEMPT:
             jw = store.job(namespace, job)
             current = jw.attempt if jw else -1
-            return done(409, _refuse(409, f"attempt: {batch.attempt} is older than the job's current attempt {current}"))
+            return done(
+                409, _refuse(409, f"attempt: {batch.attempt} is older than the job's current attempt {current}")
+            )
         if metrics is not None:
             metrics.count_beats(namespace, job, batch)
         if on_batch is not None:
@@ -125,7 +131,9 @@ def add_heartbeat_routes(
     clock: Callable[[], float] = time.time,
     on_batch: BatchHook | None = None,
 ) -> None:
-    app.router.add_post(ROUTE, build_heartbeat_handler(store, token_for, metrics=metrics, clock=clock, on_batch=on_batch))
+    app.router.add_post(
+        ROUTE, build_heartbeat_handler(store, token_for, metrics=metrics, clock=clock, on_batch=on_batch)
+    )
 
 
 def build_heartbeat_app(

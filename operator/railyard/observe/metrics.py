@@ -50,13 +50,21 @@ class OperatorMetrics:
             "Time from a TrainingJob's creation to its first gang all Running.",
             buckets=_START_BUCKETS, registry=reg,
         )
-        self.restarts = Counter("railyard_restarts", "Gang restarts by failure class (planned moves apart: railyard_planned_moves).", ["class"], registry=reg)
-        self.planned_moves = Counter(
-            "railyard_planned_moves",
-            "Planned moves: the gang's pods moved ahead of nodes announced to go (cordoned, tainted by someone else, maintenance announced); one per move, however many nodes it covers. No restart budget spent.",
+        self.restarts = Counter(
+            "railyard_restarts",
+            "Gang restarts by failure class (planned moves apart: railyard_planned_moves).",
+            ["class"],
             registry=reg,
         )
-        self.failures = Counter("railyard_failures", "Gang failures detected, by class and kind.", ["class", "kind"], registry=reg)
+        self.planned_moves = Counter(
+            "railyard_planned_moves",
+            "Planned moves: the gang's pods moved ahead of nodes announced to go (cordoned, tainted by someone else, "
+            "maintenance announced); one per move, however many nodes it covers. No restart budget spent.",
+            registry=reg,
+        )
+        self.failures = Counter(
+            "railyard_failures", "Gang failures detected, by class and kind.", ["class", "kind"], registry=reg
+        )
         self.restart_duration = Histogram(
             "railyard_failure_to_restarted_seconds",
             "Time from detecting a gang failure to the replacement gang all Running.",
@@ -77,23 +85,39 @@ class OperatorMetrics:
             ["namespace", "job"], registry=reg,
         )
         self.quarantined = Gauge("railyard_quarantined_nodes", "Nodes quarantined by railyard.", registry=reg)
-        self.reconcile_errors = Counter("railyard_reconcile_errors", "Reconcile cycles that failed, by kind.", ["kind"], registry=reg)
+        self.reconcile_errors = Counter(
+            "railyard_reconcile_errors", "Reconcile cycles that failed, by kind.", ["kind"], registry=reg
+        )
         self.reconciles = Counter("railyard_reconciles", "Reconcile cycles run.", registry=reg)
         self.pods_created = Counter("railyard_pods_created", "Pods created for gangs.", registry=reg)
         self.hot_spares = Gauge(
-            "railyard_hot_spares", "Hot spare nodes per job: wanted (spec.gang.hotSpares while the job runs) and held by a placeholder pod.",
-            ["namespace", "job", "state"], registry=reg,
+            "railyard_hot_spares",
+            "Hot spare nodes per job: wanted (spec.gang.hotSpares while the job runs) and held by a placeholder pod.",
+            ["namespace", "job", "state"],
+            registry=reg,
         )
         self.restart_modes = Counter(
-            "railyard_restart_modes", "Gang restarts by how they were done: InPlace, or Full with the reason an in-place restart was not possible (None: no in-place restart was tried).",
-            ["mode", "reason"], registry=reg,
+            "railyard_restart_modes",
+            "Gang restarts by how they were done: InPlace, or Full with the reason an in-place restart was not "
+            "possible (None: no in-place restart was tried).",
+            ["mode", "reason"],
+            registry=reg,
         )
-        self.pods_replaced = Counter("railyard_pods_replaced", "Pods replaced by in-place restarts (the rest of each gang stayed).", registry=reg)
-        self.replica_group_restarts = Counter("railyard_replica_group_restarts", "Replica groups restarted alone while the job's other groups carried on (faultTolerance ReplicaGroups).", registry=reg)
+        self.pods_replaced = Counter(
+            "railyard_pods_replaced", "Pods replaced by in-place restarts (the rest of each gang stayed).", registry=reg
+        )
+        self.replica_group_restarts = Counter(
+            "railyard_replica_group_restarts",
+            "Replica groups restarted alone while the job's other groups carried on (faultTolerance ReplicaGroups).",
+            registry=reg,
+        )
         self.replica_groups = Gauge(
             "railyard_replica_groups",
-            "Replica groups per job: wanted (parallelism.dataReplicas with faultTolerance ReplicaGroups; 1 otherwise, the whole gang being one world) and training (taking steps now: fewer while groups restart or wait for a node; 0 while the whole gang restarts).",
-            ["namespace", "job", "state"], registry=reg,
+            "Replica groups per job: wanted (parallelism.dataReplicas with faultTolerance ReplicaGroups; 1 otherwise, "
+            "the whole gang being one world) and training (taking steps now: fewer while groups restart or wait for a "
+            "node; 0 while the whole gang restarts).",
+            ["namespace", "job", "state"],
+            registry=reg,
         )
         self.in_place_restart = Histogram(
             "railyard_in_place_restart_seconds",

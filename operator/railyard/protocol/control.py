@@ -130,8 +130,14 @@ class RankTableDelta:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "base": self.base, "attempt": self.attempt, "master_addr": self.master_addr, "master_port": self.master_port,
-            "pods": [{"pod_index": p.pod_index, "node": p.node, "address": p.address, "replica_peer": p.replica_peer} for p in self.pods],
+            "base": self.base,
+            "attempt": self.attempt,
+            "master_addr": self.master_addr,
+            "master_port": self.master_port,
+            "pods": [
+                {"pod_index": p.pod_index, "node": p.node, "address": p.address, "replica_peer": p.replica_peer}
+                for p in self.pods
+            ],
             "digest": self.digest,
         }
 
@@ -156,7 +162,13 @@ class ControlOrder:
     save_step: int = -1
 
     def to_json(self) -> str:
-        out: dict[str, Any] = {"version": self.version, "job": self.job, "attempt": self.attempt, "action": self.action.value, "reason": self.reason}
+        out: dict[str, Any] = {
+            "version": self.version,
+            "job": self.job,
+            "attempt": self.attempt,
+            "action": self.action.value,
+            "reason": self.reason,
+        }
         if self.save_step >= 0:
             out["save_step"] = self.save_step
         if self.delta is not None:
@@ -177,12 +189,21 @@ def rank_table_digest(table: RankTable) -> str:
 
 
 def _same_layout(a: RankTable, b: RankTable) -> bool:
-    if (a.job, a.pp, a.dp, a.tp, a.procs_per_node, len(a.pods), len(a.ranks)) != (b.job, b.pp, b.dp, b.tp, b.procs_per_node, len(b.pods), len(b.ranks)):
+    if (a.job, a.pp, a.dp, a.tp, a.procs_per_node, len(a.pods), len(a.ranks)) != (
+        b.job,
+        b.pp,
+        b.dp,
+        b.tp,
+        b.procs_per_node,
+        len(b.pods),
+        len(b.ranks),
+    ):
         return False
     if [p.pod_index for p in a.pods] != [p.pod_index for p in b.pods]:
         return False
     return all(
-        (x.rank, x.pod_index, x.local_rank, x.rail, x.pp, x.dp, x.tp) == (y.rank, y.pod_index, y.local_rank, y.rail, y.pp, y.dp, y.tp)
+        (x.rank, x.pod_index, x.local_rank, x.rail, x.pp, x.dp, x.tp)
+        == (y.rank, y.pod_index, y.local_rank, y.rail, y.pp, y.dp, y.tp)
         for x, y in zip(a.ranks, b.ranks, strict=True)
     )
 
@@ -206,13 +227,17 @@ def apply_rank_table_delta(table: RankTable, delta: RankTableDelta) -> RankTable
     or the result is not the table the operator built (the digest differs)."""
     out = _apply(table, delta)
     if rank_table_digest(out) != delta.digest:
-        raise ControlError(f"delta.digest: the rank table rebuilt for attempt {delta.attempt} differs from the operator's")
+        raise ControlError(
+            f"delta.digest: the rank table rebuilt for attempt {delta.attempt} differs from the operator's"
+        )
     return out
 
 
 def _apply(table: RankTable, delta: RankTableDelta) -> RankTable:
     if table.attempt != delta.base:
-        raise ControlError(f"delta.base: the delta applies to attempt {delta.base}, this rank table is attempt {table.attempt}")
+        raise ControlError(
+            f"delta.base: the delta applies to attempt {delta.base}, this rank table is attempt {table.attempt}"
+        )
     by_index = {p.pod_index: p for p in delta.pods}
     unknown = sorted(set(by_index) - {p.pod_index for p in table.pods})
     if unknown:
@@ -220,7 +245,14 @@ def _apply(table: RankTable, delta: RankTableDelta) -> RankTable:
     pods = tuple(by_index.get(p.pod_index, p) for p in table.pods)
     node_of = {p.pod_index: p.node for p in pods}
     ranks = tuple(replace(r, node=node_of[r.pod_index]) if r.node != node_of[r.pod_index] else r for r in table.ranks)
-    return replace(table, attempt=delta.attempt, pods=pods, ranks=ranks, master_addr=delta.master_addr, master_port=delta.master_port)
+    return replace(
+        table,
+        attempt=delta.attempt,
+        pods=pods,
+        ranks=ranks,
+        master_addr=delta.master_addr,
+        master_port=delta.master_port,
+    )
 
 
 # --------------------------------------------------------------------------- the launcher's fence
@@ -250,7 +282,9 @@ def rank_table_for(order: ControlOrder, current: RankTable) -> RankTable:
     if table.attempt != order.attempt:
         raise ControlError(f"rank_table.attempt: {table.attempt}, the order is for attempt {order.attempt}")
     if table.attempt <= current.attempt:
-        raise ControlError(f"rank_table.attempt: {table.attempt} is not newer than the running attempt {current.attempt}")
+        raise ControlError(
+            f"rank_table.attempt: {table.attempt} is not newer than the running attempt {current.attempt}"
+        )
     return table
 
 
@@ -278,9 +312,16 @@ def parse_report(body: bytes | str) -> LauncherReport:
     if not isinstance(message, str) or len(message) > MAX_MESSAGE_CHARS:
         raise ControlError(f"message: expected a string of at most {MAX_MESSAGE_CHARS} characters")
     return LauncherReport(
-        job=_str(raw, "job"), attempt=_int(raw, "attempt", 0), pod_index=_int(raw, "pod_index", 0), pod=_str(raw, "pod"),
-        state=state, code=_int(raw, "code", 0, default=0), workers=tuple(workers), sent_at=float(sent_at),
-        version=_int(raw, "version", 1, default=SCHEMA_VERSION), message=message,
+        job=_str(raw, "job"),
+        attempt=_int(raw, "attempt", 0),
+        pod_index=_int(raw, "pod_index", 0),
+        pod=_str(raw, "pod"),
+        state=state,
+        code=_int(raw, "code", 0, default=0),
+        workers=tuple(workers),
+        sent_at=float(sent_at),
+        version=_int(raw, "version", 1, default=SCHEMA_VERSION),
+        message=message,
         save_step=_int(raw, "save_step", -1, default=-1),
     )
 
@@ -297,10 +338,20 @@ def parse_order(body: bytes | str) -> ControlOrder:
         if not isinstance(d, dict) or not isinstance(d.get("pods"), list):
             raise ControlError("delta: expected an object with a pods list")
         try:
-            pods = tuple(PodEntry(int(p["pod_index"]), str(p["node"]), str(p.get("address", "")), int(p.get("replica_peer", -1))) for p in d["pods"])
+            pods = tuple(
+                PodEntry(int(p["pod_index"]), str(p["node"]), str(p.get("address", "")), int(p.get("replica_peer", -1)))
+                for p in d["pods"]
+            )
         except (KeyError, TypeError, ValueError) as exc:
             raise ControlError(f"delta.pods: {exc!r}") from exc
-        delta = RankTableDelta(_int(d, "base", 0), _int(d, "attempt", 0), _str(d, "master_addr", allow_empty=True), _int(d, "master_port", 1), pods, _str(d, "digest"))
+        delta = RankTableDelta(
+            _int(d, "base", 0),
+            _int(d, "attempt", 0),
+            _str(d, "master_addr", allow_empty=True),
+            _int(d, "master_port", 1),
+            pods,
+            _str(d, "digest"),
+        )
     table = None
     if raw.get("rank_table") is not None:
         if not isinstance(raw["rank_table"], dict):

@@ -325,7 +325,9 @@ def _rank_checked(r: Any, where: str) -> RankBeat:
 def _fingerprint(r: dict[str, Any], where: str) -> str:
     v = _str(r, "fingerprint", default="", where=where)
     if len(v) > MAX_FINGERPRINT_CHARS:
-        raise HeartbeatError(f"{where}.fingerprint: {len(v)} characters, at most {MAX_FINGERPRINT_CHARS} (a hex digest)")
+        raise HeartbeatError(
+            f"{where}.fingerprint: {len(v)} characters, at most {MAX_FINGERPRINT_CHARS} (a hex digest)"
+        )
     return v
 
 
@@ -370,7 +372,9 @@ def _int(d: dict[str, Any], key: str, default: Any = _MISSING, where: str = "", 
     return v
 
 
-def _float(d: dict[str, Any], key: str, default: Any = _MISSING, where: str = "", minimum: float | None = None) -> float:
+def _float(
+    d: dict[str, Any], key: str, default: Any = _MISSING, where: str = "", minimum: float | None = None
+) -> float:
     v = _get(d, key, default, where)
     if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
         raise HeartbeatError(f"{_path(where, key)}: expected a finite number")

@@ -124,7 +124,9 @@ def compute_shards_digest(shards: Iterable[ShardInfo]) -> str:
     manifest's order (a row ends with ``algorithm`` when that is not "sha256", so digests of
     lists written before the field existed are unchanged): equal digests mean equal shard lists."""
     rows = [
-        (s.path, s.bytes, s.sha256, s.owner) if s.algorithm == "sha256" else (s.path, s.bytes, s.sha256, s.owner, s.algorithm)
+        (s.path, s.bytes, s.sha256, s.owner)
+        if s.algorithm == "sha256"
+        else (s.path, s.bytes, s.sha256, s.owner, s.algorithm)
         for s in shards
     ]
     return hashlib.sha256(json.dumps(rows, separators=(",", ":")).encode()).hexdigest()

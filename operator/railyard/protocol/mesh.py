@@ -30,7 +30,13 @@ def check_mesh(*, world_size: int, procs_per_node: int, pp: int, dp: int, tp: in
 
     ``dp`` must already be derived (see :func:`derive_data_parallel`)."""
     out: list[str] = []
-    for name, value in (("pp", pp), ("dp", dp), ("tp", tp), ("world_size", world_size), ("procs_per_node", procs_per_node)):
+    for name, value in (
+        ("pp", pp),
+        ("dp", dp),
+        ("tp", tp),
+        ("world_size", world_size),
+        ("procs_per_node", procs_per_node),
+    ):
         if value < 1:
             out.append(f"{name}: must be >= 1, got {value}")
     if out:
@@ -139,7 +145,9 @@ class MeshShape:
         """Every inconsistency at once, each naming its field and the fix."""
         if self.nodes < 1:
             return [f"nodes: must be >= 1, got {self.nodes}"]
-        out = check_mesh(world_size=self.world_size, procs_per_node=self.procs_per_node, pp=self.pp, dp=self.dp, tp=self.tp)
+        out = check_mesh(
+            world_size=self.world_size, procs_per_node=self.procs_per_node, pp=self.pp, dp=self.dp, tp=self.tp
+        )
         r = self.replicas
         if r < 1:
             out.append(f"parallelism.dataReplicas: must be >= 1, got {r}")
@@ -147,7 +155,8 @@ class MeshShape:
             if self.nodes % r:
                 out.append(
                     f"nodes: {self.nodes} is not a multiple of parallelism.dataReplicas {r}; with faultTolerance.mode "
-                    "ReplicaGroups every replica group is nodes / dataReplicas whole pods: set nodes to a multiple of dataReplicas"
+                    "ReplicaGroups every replica group is nodes / dataReplicas whole pods: set nodes to a multiple of "
+                    "dataReplicas"
                 )
             if self.dp % r:
                 out.append(f"parallelism.dataReplicas: {r} does not divide the data-parallel degree {self.dp}")

@@ -145,10 +145,16 @@ MASTER_ADDR = Text("MASTER_ADDR", "torch's rendezvous host: the first pod of thi
 MASTER_PORT = Whole("MASTER_PORT", "torch's rendezvous port")
 HEARTBEAT_URL = Text("RAILYARD_HEARTBEAT_URL", "where the pod posts heartbeats (empty: none are sent)")
 HEARTBEAT_TOKEN = Text("RAILYARD_HEARTBEAT_TOKEN", "the job's bearer token for heartbeats and control (a Secret)")
-CONTROL_URL = Text("RAILYARD_CONTROL_URL", "the operator's in-place restart control endpoint (empty: no in-place restarts)")
-CHECKPOINT_MEMORY_DIR = Text("RAILYARD_CHECKPOINT_MEMORY_DIR", "the memory checkpoint tier's folder (empty: no such tier)")
+CONTROL_URL = Text(
+    "RAILYARD_CONTROL_URL", "the operator's in-place restart control endpoint (empty: no in-place restarts)"
+)
+CHECKPOINT_MEMORY_DIR = Text(
+    "RAILYARD_CHECKPOINT_MEMORY_DIR", "the memory checkpoint tier's folder (empty: no such tier)"
+)
 CHECKPOINT_LOCAL_DIR = Text("RAILYARD_CHECKPOINT_LOCAL_DIR", "the local checkpoint tier's folder (empty: no such tier)")
-CHECKPOINT_SHARED_DIR = Text("RAILYARD_CHECKPOINT_SHARED_DIR", "the shared checkpoint tier's folder (empty: no such tier)")
+CHECKPOINT_SHARED_DIR = Text(
+    "RAILYARD_CHECKPOINT_SHARED_DIR", "the shared checkpoint tier's folder (empty: no such tier)"
+)
 #: The checkpoint tiers' folders, by tier name (railyard.protocol.manifest.TIERS).
 CHECKPOINT_DIRS: Mapping[str, Text] = {
     "memory": CHECKPOINT_MEMORY_DIR,
@@ -173,15 +179,25 @@ POD_IP = Text(
 
 MESH_SHAPE = Triple("RAILYARD_MESH_SHAPE", "the mesh's (pp, dp, tp) sizes, from the rank table")
 MESH_COORDS = Triple("RAILYARD_MESH_COORDS", "this rank's (pp, dp, tp) coordinates, from the rank table")
-WORKER_ERROR_FILE = Text("RAILYARD_WORKER_ERROR_FILE", "where a worker records its error (as torchrun's TORCHELASTIC_ERROR_FILE)")
-SAVE_ORDER_FILE = Text("RAILYARD_SAVE_ORDER_FILE", "where the launcher writes a just-in-time save order for its workers (a planned move)")
+WORKER_ERROR_FILE = Text(
+    "RAILYARD_WORKER_ERROR_FILE", "where a worker records its error (as torchrun's TORCHELASTIC_ERROR_FILE)"
+)
+SAVE_ORDER_FILE = Text(
+    "RAILYARD_SAVE_ORDER_FILE", "where the launcher writes a just-in-time save order for its workers (a planned move)"
+)
 
 # -- knobs the launcher and trainer read (unset in a pod: the defaults hold) ----------------------
 
-FAIL_GRACE_S = Seconds("RAILYARD_FAIL_GRACE_S", "after one worker fails, how long the others get to report their own failure", 5.0)
+FAIL_GRACE_S = Seconds(
+    "RAILYARD_FAIL_GRACE_S", "after one worker fails, how long the others get to report their own failure", 5.0
+)
 KILL_GRACE_S = Seconds("RAILYARD_KILL_GRACE_S", "how long a stopped worker gets between SIGTERM and SIGKILL", 10.0)
-RESTART_KILL_GRACE_S = Seconds("RAILYARD_RESTART_KILL_GRACE_S", "on an in-place restart, SIGTERM to SIGKILL for workers that still run", 2.0)
-RENDEZVOUS_WAIT_S = Seconds("RAILYARD_RENDEZVOUS_WAIT_S", "how long workers wait for the rendezvous (and the Lighthouse)", 600.0)
+RESTART_KILL_GRACE_S = Seconds(
+    "RAILYARD_RESTART_KILL_GRACE_S", "on an in-place restart, SIGTERM to SIGKILL for workers that still run", 2.0
+)
+RENDEZVOUS_WAIT_S = Seconds(
+    "RAILYARD_RENDEZVOUS_WAIT_S", "how long workers wait for the rendezvous (and the Lighthouse)", 600.0
+)
 WORKER_ZYGOTE = Flag("RAILYARD_WORKER_ZYGOTE", "start workers from a pre-imported zygote (0: plain processes)", True)
 CONTROL_IGNORE_ORDERS = Flag("RAILYARD_CONTROL_IGNORE_ORDERS", "test knob: the launcher ignores the operator's orders")
 DISABLE_HEALTH = Flag("RAILYARD_DISABLE_HEALTH", "the bundled trainer sends no heartbeats")
@@ -194,7 +210,9 @@ CHECKPOINT_CPU = Text(
 SPEED_PROBE = Flag("RAILYARD_SPEED_PROBE", "the SDK measures each rank's step speed (0: off)", True)
 # -- the bundled trainer's tuning and test knobs (railyard_trainer.train) -------------------------
 
-COMPILE = Text("RAILYARD_COMPILE", "torch.compile the blocks: unset, empty or 0 = eager; 1 = inductor; else a backend's name")
+COMPILE = Text(
+    "RAILYARD_COMPILE", "torch.compile the blocks: unset, empty or 0 = eager; 1 = inductor; else a backend's name"
+)
 META_INIT_PARAMS = Text(
     "RAILYARD_META_INIT_PARAMS",
     "above this many parameters the model is built on the meta device and initialised after sharding",
@@ -204,4 +222,6 @@ PEAK_FLOPS = Text("RAILYARD_PEAK_FLOPS", "the accelerator's dense bf16 peak FLOP
 LOG_ALL_RANKS = Flag("RAILYARD_LOG_ALL_RANKS", "every rank logs its steps, not only rank 0")
 DUMP_GRADS = Text("RAILYARD_DUMP_GRADS", "debug: a folder each step's gradients are written to")
 TEST_HOLD = Text("RAILYARD_TEST_HOLD", "test hook: STEP:PATH[,STEP:PATH...], before step STEP wait until PATH exists")
-SIMULATED_DEVICE_FILE = Text("RAILYARD_SIMULATED_DEVICE_FILE", "test knob: a file whose device faults the speed probe simulates")
+SIMULATED_DEVICE_FILE = Text(
+    "RAILYARD_SIMULATED_DEVICE_FILE", "test knob: a file whose device faults the speed probe simulates"
+)

@@ -100,12 +100,32 @@ class RankTable:
         """The table as plain JSON types (what ``dataclasses.asdict`` gives, several times faster:
         a 16,384-rank table is written for every attempt and digested for every restart)."""
         return {
-            "job": self.job, "attempt": self.attempt, "pp": self.pp, "dp": self.dp, "tp": self.tp,
-            "procs_per_node": self.procs_per_node, "master_addr": self.master_addr, "master_port": self.master_port,
+            "job": self.job,
+            "attempt": self.attempt,
+            "pp": self.pp,
+            "dp": self.dp,
+            "tp": self.tp,
+            "procs_per_node": self.procs_per_node,
+            "master_addr": self.master_addr,
+            "master_port": self.master_port,
             "version": self.version,
-            "pods": [{"pod_index": p.pod_index, "node": p.node, "address": p.address, "replica_peer": p.replica_peer} for p in self.pods],
-            "ranks": [{"rank": r.rank, "node": r.node, "pod_index": r.pod_index, "local_rank": r.local_rank, "rail": r.rail,
-                       "pp": r.pp, "dp": r.dp, "tp": r.tp} for r in self.ranks],
+            "pods": [
+                {"pod_index": p.pod_index, "node": p.node, "address": p.address, "replica_peer": p.replica_peer}
+                for p in self.pods
+            ],
+            "ranks": [
+                {
+                    "rank": r.rank,
+                    "node": r.node,
+                    "pod_index": r.pod_index,
+                    "local_rank": r.local_rank,
+                    "rail": r.rail,
+                    "pp": r.pp,
+                    "dp": r.dp,
+                    "tp": r.tp,
+                }
+                for r in self.ranks
+            ],
         }
 
     @classmethod
@@ -117,7 +137,9 @@ class RankTable:
         try:
             version = int(d.get("version", SCHEMA_VERSION))
             if version > SCHEMA_VERSION:
-                raise RankTableError(f"version: {version} is newer than this reader ({SCHEMA_VERSION}); upgrade the trainer image")
+                raise RankTableError(
+                    f"version: {version} is newer than this reader ({SCHEMA_VERSION}); upgrade the trainer image"
+                )
             table = cls(
                 job=str(d["job"]),
                 attempt=int(d["attempt"]),

@@ -1,6 +1,7 @@
 """Which checkpoint to restore, and which to delete: pure decisions over manifests.
 
-Both sides call this module (it lives in protocol/ so the trainer may import it). The trainer, at start, lists the committed manifests it can see in
+Both sides call this module (it lives in protocol/ so the trainer may import it). The trainer, at start, lists the
+committed manifests it can see in
 every tier (its node's memory and local tiers, the replicas its node holds for a neighbour, the
 shared tier), gathers those listings from all pods, and asks :func:`decide_restore` for the best
 source; it verifies the shards the decision names, feeds the results back, and asks again until
@@ -176,7 +177,9 @@ def decide_restore(
         copies = sorted(groups[key], key=lambda f: f.location)
         name = f"{tier} step {step} (attempt {attempt})"
         if hint is not None and hint.shuts_out(step, attempt):
-            rejected.append(f"{name}: newer than step {hint.not_after}, after which the replica groups' states differed")
+            rejected.append(
+                f"{name}: newer than step {hint.not_after}, after which the replica groups' states differed"
+            )
             continue
         listings = _group_by_listing(copies)
         # the shard list most copies agree on (ties: the first location's)
@@ -323,7 +326,13 @@ class UnrestoredGroupDecision:
 
 
 def decide_replica_group_unrestored(
-    *, hint_step: int | None, quorum_step: int, participants: int, groups: int, full_quorums_before: int, timed_out: bool
+    *,
+    hint_step: int | None,
+    quorum_step: int,
+    participants: int,
+    groups: int,
+    full_quorums_before: int,
+    timed_out: bool,
 ) -> UnrestoredGroupDecision:
     """faultTolerance ReplicaGroups, after a whole-job restart: each group reads only its own
     tier folders, and the group whose node was replaced holds nothing while the others restore
@@ -346,7 +355,9 @@ def decide_replica_group_unrestored(
         return UnrestoredGroupDecision("ask_again")
     what = f"the hinted step {hint_step}" if hint_step is not None and hint_step >= 0 else "a trained state"
     why = "" if final else f", and {groups - participants} of {groups} groups did not join before the wait ended"
-    return UnrestoredGroupDecision("exit", f"no live replica group reached {what} either (the quorum's highest step is {quorum_step}{why})")
+    return UnrestoredGroupDecision(
+        "exit", f"no live replica group reached {what} either (the quorum's highest step is {quorum_step}{why})"
+    )
 
 
 def compute_steps_lost(last_step: int, restored_step: int) -> int:

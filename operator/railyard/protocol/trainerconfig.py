@@ -56,7 +56,9 @@ def setting(
     description, shown by ``kubectl explain``) and its bounds, by ``pydantic.Field``'s names:
     numbers ``ge``/``gt``/``le``; lengths of strings and lists ``min_length``/``max_length``."""
     bounds = {"ge": ge, "gt": gt, "le": le, "min_length": min_length, "max_length": max_length}
-    return field(default=default, metadata={"description": description, **{k: v for k, v in bounds.items() if v is not None}})
+    return field(
+        default=default, metadata={"description": description, **{k: v for k, v in bounds.items() if v is not None}}
+    )
 
 
 @dataclass_transform(frozen_default=True, kw_only_default=True, field_specifiers=(setting,))
@@ -78,15 +80,31 @@ DEFAULT_WATCHDOG_SECONDS = 60.0
 class FaultSpec:
     """One injected fault (tests and demos); applies only in attempt ``attempt``."""
 
-    kind: Literal["crash", "hang", "slow", "bitflip", "exit"] = setting(description="What to inject: crash (exception), hang, slow (by factor), bitflip (one high-order bit), exit (with code).")
+    kind: Literal["crash", "hang", "slow", "bitflip", "exit"] = setting(
+        description="What to inject: crash (exception), hang, slow (by factor), bitflip (one high-order bit), exit "
+                    "(with code)."
+    )
     rank: int = setting(default=0, description="Global rank to inject into.", ge=0)
     step: int = setting(default=1, description="Training step at which to inject.", ge=0)
     factor: float = setting(default=1.5, description="Slow-down factor for kind=slow.", ge=1.0, le=100.0)
-    target: Literal["param", "grad"] = setting(default="param", description="For kind=bitflip: flip a bit in a parameter or a gradient.")
-    bit: int = setting(default=30, description="For kind=bitflip: which bit of the float32 layout to flip (30: the top exponent bit, 23-29 the others, 0-22 the mantissa; bf16 flips the same bit of its top 16).", ge=0, le=30)
+    target: Literal["param", "grad"] = setting(
+        default="param", description="For kind=bitflip: flip a bit in a parameter or a gradient."
+    )
+    bit: int = setting(
+        default=30,
+        description="For kind=bitflip: which bit of the float32 layout to flip (30: the top exponent bit, 23-29 the "
+                    "others, 0-22 the mantissa; bf16 flips the same bit of its top 16).",
+        ge=0,
+        le=30,
+    )
     code: int = setting(default=1, description="Exit code for kind=exit.", ge=0, le=255)
     attempt: int = setting(default=0, description="Only inject in this attempt (restarts do not re-inject).", ge=0)
-    group: int | None = setting(default=None, description="faultTolerance ReplicaGroups: only inject in this replica group (rank is then the rank inside the group's own world); unset: every group.", ge=0)
+    group: int | None = setting(
+        default=None,
+        description="faultTolerance ReplicaGroups: only inject in this replica group (rank is then the rank inside "
+                    "the group's own world); unset: every group.",
+        ge=0,
+    )
 
 
 #: The largest vocabulary the trainer takes (token shards hold uint32 ids; a bound keeps a typo
@@ -99,9 +117,22 @@ class Dataset:
     """Training data. ``tokens``: a folder of pre-tokenized shards written by
     ``railyard-train prepare`` (``index.json`` + token files, see docs/trainer.md)."""
 
-    type: Literal["synthetic", "files", "tokens"] = setting(default="synthetic", description="synthetic: a deterministic learnable language; files: byte-level text from path (vocabulary 256); tokens: pre-tokenized shards written by `railyard-train prepare` (a folder with index.json and uint16/uint32 token files, memory-mapped).")
-    path: str | None = setting(default=None, description="Inside the pod: the folder of shards for type=tokens, the folder or file of text for type=files.", max_length=4096)
-    shuffle: bool = setting(default=True, description="type=tokens: visit each epoch's sequences in a seeded random order (resumable exactly); false: in file order.")
+    type: Literal["synthetic", "files", "tokens"] = setting(
+        default="synthetic",
+        description="synthetic: a deterministic learnable language; files: byte-level text from path (vocabulary "
+                    "256); tokens: pre-tokenized shards written by `railyard-train prepare` (a folder with index.json "
+                    "and uint16/uint32 token files, memory-mapped).",
+    )
+    path: str | None = setting(
+        default=None,
+        description="Inside the pod: the folder of shards for type=tokens, the folder or file of text for type=files.",
+        max_length=4096,
+    )
+    shuffle: bool = setting(
+        default=True,
+        description="type=tokens: visit each epoch's sequences in a seeded random order (resumable exactly); false: "
+                    "in file order.",
+    )
 
 
 @section
@@ -110,10 +141,29 @@ class Program:
     environment (docs/trainer.md, "Your own program"). Exactly one of ``script``, ``module``
     and ``command``, as torchrun takes a script, ``-m module`` or ``--no-python command``."""
 
-    script: str | None = setting(default=None, description="A Python file in the image, run as `python SCRIPT ARGS` once per rank (torchrun's positional script). A relative path is taken from the container's working directory.", min_length=1, max_length=4096)
-    module: str | None = setting(default=None, description="A Python module, run as `python -m MODULE ARGS` once per rank (torchrun's -m).", min_length=1, max_length=512)
-    command: tuple[str, ...] | None = setting(default=None, description="An executable and its first arguments, run as is once per rank (torchrun's --no-python), e.g. a wrapper script.", min_length=1, max_length=64)
-    args: tuple[str, ...] = setting(default=(), description="Arguments after the script, module or command.", max_length=256)
+    script: str | None = setting(
+        default=None,
+        description="A Python file in the image, run as `python SCRIPT ARGS` once per rank (torchrun's positional "
+                    "script). A relative path is taken from the container's working directory.",
+        min_length=1,
+        max_length=4096,
+    )
+    module: str | None = setting(
+        default=None,
+        description="A Python module, run as `python -m MODULE ARGS` once per rank (torchrun's -m).",
+        min_length=1,
+        max_length=512,
+    )
+    command: tuple[str, ...] | None = setting(
+        default=None,
+        description="An executable and its first arguments, run as is once per rank (torchrun's --no-python), e.g. a "
+                    "wrapper script.",
+        min_length=1,
+        max_length=64,
+    )
+    args: tuple[str, ...] = setting(
+        default=(), description="Arguments after the script, module or command.", max_length=256
+    )
 
     @property
     def kinds(self) -> tuple[str, ...]:
@@ -123,10 +173,26 @@ class Program:
 
 @section
 class TrainerSettings:
-    preset: Literal["tiny", "small", "1b", "8b"] = setting(default="tiny", description="Model size preset of the bundled LLaMA-style trainer. tiny runs on CPU.")
-    vocab_size: int | None = setting(default=None, description="The model's vocabulary (rows of its embedding and output). Unset: the tokenizer's of the prepared shards for dataset type tokens (from their index.json), else the preset's. Set it to fix the size, e.g. to resume a checkpoint made with another; it must hold every id of the shards' tokenizer.", ge=1, le=MAX_VOCAB)
+    preset: Literal["tiny", "small", "1b", "8b"] = setting(
+        default="tiny", description="Model size preset of the bundled LLaMA-style trainer. tiny runs on CPU."
+    )
+    vocab_size: int | None = setting(
+        default=None,
+        description="The model's vocabulary (rows of its embedding and output). Unset: the tokenizer's of the "
+                    "prepared shards for dataset type tokens (from their index.json), else the preset's. Set it to "
+                    "fix the size, e.g. to resume a checkpoint made with another; it must hold every id of the "
+                    "shards' tokenizer.",
+        ge=1,
+        le=MAX_VOCAB,
+    )
     steps: int = setting(default=100, description="Number of optimizer steps to train.", ge=1, le=100_000_000)
-    batch_size: int = setting(default=8, description="Global batch size in sequences per step; must divide evenly over data-parallel ranks and microbatches.", ge=1, le=1_000_000)
+    batch_size: int = setting(
+        default=8,
+        description="Global batch size in sequences per step; must divide evenly over data-parallel ranks and "
+                    "microbatches.",
+        ge=1,
+        le=1_000_000,
+    )
     seq_len: int = setting(default=128, description="Sequence length in tokens.", ge=8, le=1_048_576)
     learning_rate: float = setting(default=3e-4, description="Peak AdamW learning rate.", gt=0.0, le=1.0)
     warmup_steps: int = setting(default=10, description="Linear warmup steps before cosine decay.", ge=0)
@@ -134,24 +200,79 @@ class TrainerSettings:
     grad_clip: float = setting(default=1.0, description="Gradient clipping max norm (0 disables).", ge=0.0)
     seed: int = setting(default=0, description="Seed for initialisation and data.", ge=0)
     dataset: Dataset = setting(default=Dataset(), description="Training data.")
-    activation_checkpointing: bool = setting(default=False, description="Recompute activations in backward to save memory.")
-    mixed_precision: Literal["auto", "bf16", "fp32"] = setting(default="auto", description="auto: bf16 on GPU, fp32 on CPU.")
-    cpu_offload: bool = setting(default=False, description="Offload parameters, gradients and optimizer state to CPU (FSDP2 offload policy).")
+    activation_checkpointing: bool = setting(
+        default=False, description="Recompute activations in backward to save memory."
+    )
+    mixed_precision: Literal["auto", "bf16", "fp32"] = setting(
+        default="auto", description="auto: bf16 on GPU, fp32 on CPU."
+    )
+    cpu_offload: bool = setting(
+        default=False, description="Offload parameters, gradients and optimizer state to CPU (FSDP2 offload policy)."
+    )
     log_every_steps: int = setting(default=1, description="Log metrics every N steps.", ge=1)
-    collective_timeout_seconds: float = setting(default=120.0, description="A collective that takes longer fails the attempt as an infrastructure failure (instead of NCCL's 30-minute default).", gt=0.0, le=3600)
-    watchdog_seconds: float = setting(default=DEFAULT_WATCHDOG_SECONDS, description="A rank whose step makes no progress this long reports itself hung; must be below collectiveTimeoutSeconds.", gt=0.0, le=3600)
-    faults: tuple[FaultSpec, ...] = setting(default=(), description="Fault injection for tests and demos; empty in production.", max_length=32)
-    program: Program | None = setting(default=None, description='Run your own training program instead of the bundled trainer: railyard-train starts it once per local rank with the environment torchrun gives (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, ...) and the rank table, and classifies its exit as it does the bundled trainer\'s. The bundled trainer\'s settings (preset, steps, batchSize, dataset, ...) are then not used; watchdogSeconds applies once the program reports steps through the SDK (railyard_trainer.sdk). See docs/trainer.md, "Your own program".')
+    collective_timeout_seconds: float = setting(
+        default=120.0,
+        description="A collective that takes longer fails the attempt as an infrastructure failure (instead of NCCL's "
+                    "30-minute default).",
+        gt=0.0,
+        le=3600,
+    )
+    watchdog_seconds: float = setting(
+        default=DEFAULT_WATCHDOG_SECONDS,
+        description="A rank whose step makes no progress this long reports itself hung; must be below "
+                    "collectiveTimeoutSeconds.",
+        gt=0.0,
+        le=3600,
+    )
+    faults: tuple[FaultSpec, ...] = setting(
+        default=(), description="Fault injection for tests and demos; empty in production.", max_length=32
+    )
+    program: Program | None = setting(
+        default=None,
+        description="Run your own training program instead of the bundled trainer: railyard-train starts it once per "
+                    "local rank with the environment torchrun gives (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, ...) "
+                    "and the rank table, and classifies its exit as it does the bundled trainer's. The bundled "
+                    "trainer's settings (preset, steps, batchSize, dataset, ...) are then not used; watchdogSeconds "
+                    "applies once the program reports steps through the SDK (railyard_trainer.sdk). See "
+                    "docs/trainer.md, \"Your own program\".",
+    )
 
 
 @section
 class Parallelism:
-    tensor: int = setting(default=1, description="Tensor-parallel degree. A divisor of procsPerNode (a TP group inside one node), or a multiple of it: a TP group then spans tensor / procsPerNode nodes of one NVLink domain (rack-scale NVLink such as GB200 NVL72; the nodes must carry topology.nvlinkLevel, else the job waits unplaced, reason TopologyMismatch).", ge=1, le=1024)
+    tensor: int = setting(
+        default=1,
+        description="Tensor-parallel degree. A divisor of procsPerNode (a TP group inside one node), or a multiple of "
+                    "it: a TP group then spans tensor / procsPerNode nodes of one NVLink domain (rack-scale NVLink "
+                    "such as GB200 NVL72; the nodes must carry topology.nvlinkLevel, else the job waits unplaced, "
+                    "reason TopologyMismatch).",
+        ge=1,
+        le=1024,
+    )
     pipeline: int = setting(default=1, description="Pipeline-parallel degree (number of stages).", ge=1, le=1024)
-    data: int | None = setting(default=None, description="Data-parallel (FSDP) degree. Leave empty to derive it: nodes x procsPerNode / (tensor x pipeline).", ge=1)
-    data_replicas: int = setting(default=1, description="HSDP (hybrid sharded data parallel): the data-parallel ranks form this many replica groups, each sharding the model over data / dataReplicas ranks; the SDC cross-replica vote compares the replicas. 1: plain FSDP over all data-parallel ranks.", ge=1, le=4096)
-    pipeline_schedule: Literal["GPipe", "1F1B", "Interleaved1F1B"] = setting(default="1F1B", description="Pipeline schedule used when pipeline > 1.")
-    microbatches: int | None = setting(default=None, description="Pipeline microbatches per step. Empty: equal to pipeline (at least 1).", ge=1, le=4096)
+    data: int | None = setting(
+        default=None,
+        description="Data-parallel (FSDP) degree. Leave empty to derive it: nodes x procsPerNode / (tensor x "
+                    "pipeline).",
+        ge=1,
+    )
+    data_replicas: int = setting(
+        default=1,
+        description="HSDP (hybrid sharded data parallel): the data-parallel ranks form this many replica groups, each "
+                    "sharding the model over data / dataReplicas ranks; the SDC cross-replica vote compares the "
+                    "replicas. 1: plain FSDP over all data-parallel ranks.",
+        ge=1,
+        le=4096,
+    )
+    pipeline_schedule: Literal["GPipe", "1F1B", "Interleaved1F1B"] = setting(
+        default="1F1B", description="Pipeline schedule used when pipeline > 1."
+    )
+    microbatches: int | None = setting(
+        default=None,
+        description="Pipeline microbatches per step. Empty: equal to pipeline (at least 1).",
+        ge=1,
+        le=4096,
+    )
 
 
 # --------------------------------------------------------------------------- restarts
@@ -206,7 +327,10 @@ def lighthouse_join_timeout_ms(watchdog_seconds: float) -> int:
     quarter of the watchdog, at least 5 s (well above :func:`lighthouse_heartbeat_timeout_ms`: a
     live member that is slow to ask is not dropped sooner than a dead one), at most half the
     watchdog (a very short watchdog wins)."""
-    s = min(max(watchdog_seconds * JOIN_TIMEOUT_SHARE, JOIN_TIMEOUT_FLOOR_SECONDS), watchdog_seconds * JOIN_TIMEOUT_MAX_SHARE)
+    s = min(
+        max(watchdog_seconds * JOIN_TIMEOUT_SHARE, JOIN_TIMEOUT_FLOOR_SECONDS),
+        watchdog_seconds * JOIN_TIMEOUT_MAX_SHARE,
+    )
     return max(int(s * 1000), 1)
 
 
@@ -250,8 +374,19 @@ def lighthouse_quorum_retries(quorum_timeout_seconds: float) -> int:
 class LighthousePlacement:
     """Where the job's Lighthouse pod runs (the operator's concern; the trainer ignores it)."""
 
-    node_selector: dict[str, str] | None = setting(default=None, description="Node labels the Lighthouse's node must carry, instead of the job's nodeSelector (unset: the job's). It needs no GPU: point it at a CPU pool to keep it off the GPU nodes. Whatever the selector, the operator prefers nodes without GPUs and nodes none of the job's training pods use (a preference: it still schedules on a cluster of GPU nodes only).")
-    tolerations: tuple[dict[str, Any], ...] | None = setting(default=None, description="Tolerations of the Lighthouse's pod, instead of the job's (unset: the job's, so it may run where the job may).", max_length=32)
+    node_selector: dict[str, str] | None = setting(
+        default=None,
+        description="Node labels the Lighthouse's node must carry, instead of the job's nodeSelector (unset: the "
+                    "job's). It needs no GPU: point it at a CPU pool to keep it off the GPU nodes. Whatever the "
+                    "selector, the operator prefers nodes without GPUs and nodes none of the job's training pods use "
+                    "(a preference: it still schedules on a cluster of GPU nodes only).",
+    )
+    tolerations: tuple[dict[str, Any], ...] | None = setting(
+        default=None,
+        description="Tolerations of the Lighthouse's pod, instead of the job's (unset: the job's, so it may run where "
+                    "the job may).",
+        max_length=32,
+    )
 
 
 @section
@@ -259,9 +394,28 @@ class FaultTolerance:
     """ReplicaGroups: each HSDP replica group is its own world and the cross-replica gradient
     all-reduce goes through torchft (railyard_trainer/replicas.py, docs/fault-tolerance.md)."""
 
-    mode: Literal["None", "ReplicaGroups"] = setting(default="None", description="None: a lost rank stops the whole gang, which restarts (in place or from a checkpoint tier). ReplicaGroups (needs parallelism.dataReplicas > 1): each HSDP replica group is its own torch.distributed world and the cross-replica gradient all-reduce is fault tolerant (torchft): a lost group stops only itself, the others keep training, and the group that replaces it heals from a live peer. See docs/fault-tolerance.md.")
-    min_replicas: int = setting(default=1, description="ReplicaGroups: the fewest replica groups that may commit a step (1 to parallelism.dataReplicas). With fewer live groups the survivors wait (no step commits) until enough groups rejoin; losing more than dataReplicas - minReplicas groups at once is the checkpoint tiers' case.", ge=1, le=4096)
-    lighthouse: LighthousePlacement = setting(default=LighthousePlacement(), description="ReplicaGroups: where the job's Lighthouse (torchft's quorum server, one small CPU pod) runs. Its loss restarts no group: the groups retry the quorum while the operator recreates it under the same address (docs/fault-tolerance.md).")
+    mode: Literal["None", "ReplicaGroups"] = setting(
+        default="None",
+        description="None: a lost rank stops the whole gang, which restarts (in place or from a checkpoint tier). "
+                    "ReplicaGroups (needs parallelism.dataReplicas > 1): each HSDP replica group is its own "
+                    "torch.distributed world and the cross-replica gradient all-reduce is fault tolerant (torchft): a "
+                    "lost group stops only itself, the others keep training, and the group that replaces it heals "
+                    "from a live peer. See docs/fault-tolerance.md.",
+    )
+    min_replicas: int = setting(
+        default=1,
+        description="ReplicaGroups: the fewest replica groups that may commit a step (1 to parallelism.dataReplicas). "
+                    "With fewer live groups the survivors wait (no step commits) until enough groups rejoin; losing "
+                    "more than dataReplicas - minReplicas groups at once is the checkpoint tiers' case.",
+        ge=1,
+        le=4096,
+    )
+    lighthouse: LighthousePlacement = setting(
+        default=LighthousePlacement(),
+        description="ReplicaGroups: where the job's Lighthouse (torchft's quorum server, one small CPU pod) runs. Its "
+                    "loss restarts no group: the groups retry the quorum while the operator recreates it under the "
+                    "same address (docs/fault-tolerance.md).",
+    )
 
 
 def world_parallelism(p: Parallelism, ft: FaultTolerance) -> Parallelism:
@@ -278,24 +432,54 @@ def world_parallelism(p: Parallelism, ft: FaultTolerance) -> Parallelism:
 
 @section
 class StragglerPolicy:
-    threshold: float = setting(default=0.9, description="Flag a rank whose speed score (peers' median compute time / its own) stays below this. 0.9 flags ranks >= ~10% slower.", gt=0.0, le=1.0)
+    threshold: float = setting(
+        default=0.9,
+        description="Flag a rank whose speed score (peers' median compute time / its own) stays below this. 0.9 flags "
+                    "ranks >= ~10% slower.",
+        gt=0.0,
+        le=1.0,
+    )
     window_steps: int = setting(default=20, description="Steps in the scoring window.", ge=3, le=10000)
-    action: Literal["Report", "Restart"] = setting(default="Report", description="Report (status, event, metric) or Restart (quarantine the node, restart sticky on a spare).")
+    action: Literal["Report", "Restart"] = setting(
+        default="Report",
+        description="Report (status, event, metric) or Restart (quarantine the node, restart sticky on a spare).",
+    )
 
 
 @section
 class SdcPolicy:
-    interval_steps: int = setting(default=50, description="Run the SDC checks every N steps (and before the first step).", ge=1)
-    action: Literal["Report", "Restart"] = setting(default="Restart", description="Report, or Restart: quarantine the node and resume from the newest checkpoint that passed its checks.")
-    replay_on_spike: bool = setting(default=True, description="Replay a step whose loss or gradient norm spikes to confirm corruption before acting.")
+    interval_steps: int = setting(
+        default=50, description="Run the SDC checks every N steps (and before the first step).", ge=1
+    )
+    action: Literal["Report", "Restart"] = setting(
+        default="Restart",
+        description="Report, or Restart: quarantine the node and resume from the newest checkpoint that passed its "
+                    "checks.",
+    )
+    replay_on_spike: bool = setting(
+        default=True,
+        description="Replay a step whose loss or gradient norm spikes to confirm corruption before acting.",
+    )
 
 
 @section
 class Health:
-    heartbeat_interval_seconds: float = setting(default=2.0, description="How often each pod posts its ranks' heartbeats.", ge=0.1, le=300)
-    heartbeat_timeout_seconds: float = setting(default=10.0, description="A rank with no heartbeat for this long while its pod runs is dead.", ge=1, le=3600)
-    hang_timeout_seconds: float = setting(default=10.0, description="Floor of the hang timeout: a rank whose step does not advance within max(hangP99Multiplier x p99 step time, this) is hung.", ge=1, le=86400)
-    hang_p99_multiplier: float = setting(default=3.0, description="Multiplier of the p99 step time for hang detection.", ge=1, le=100)
+    heartbeat_interval_seconds: float = setting(
+        default=2.0, description="How often each pod posts its ranks' heartbeats.", ge=0.1, le=300
+    )
+    heartbeat_timeout_seconds: float = setting(
+        default=10.0, description="A rank with no heartbeat for this long while its pod runs is dead.", ge=1, le=3600
+    )
+    hang_timeout_seconds: float = setting(
+        default=10.0,
+        description="Floor of the hang timeout: a rank whose step does not advance within max(hangP99Multiplier x p99 "
+                    "step time, this) is hung.",
+        ge=1,
+        le=86400,
+    )
+    hang_p99_multiplier: float = setting(
+        default=3.0, description="Multiplier of the p99 step time for hang detection.", ge=1, le=100
+    )
     straggler: StragglerPolicy = setting(default=StragglerPolicy(), description="Straggler detection.")
     sdc: SdcPolicy = setting(default=SdcPolicy(), description="Silent-data-corruption checks.")
 
@@ -305,13 +489,38 @@ class Health:
 
 @section
 class MemoryTier:
-    enabled: bool = setting(default=True, description="Save to node RAM (a hostPath on tmpfs that outlives the pod, or the pod's own memory volume).")
+    enabled: bool = setting(
+        default=True,
+        description="Save to node RAM (a hostPath on tmpfs that outlives the pod, or the pod's own memory volume).",
+    )
     interval_steps: int = setting(default=10, description="Save every N steps.", ge=1)
     keep: int = setting(default=2, description="Keep the newest K checkpoints of this tier.", ge=1, le=100)
-    replicate: bool = setting(default=True, description="Also keep a replica of each pod's shard in a neighbour node's memory tier (survives the loss of one node).")
-    medium: Literal["HostPath", "Pod"] = setting(default="HostPath", description="HostPath: a tmpfs folder on the node (hostPath), which outlives the pod. Pod: an emptyDir of medium Memory in the pod, which lives as long as the pod: an in-place restart keeps it, a replaced pod gets its shard back from its neighbour's replica, a full restart loses the tier (local/shared tiers remain); no hostPath, so the pods pass the baseline Pod Security Standard (with local disabled and shared on a claim).")
-    size_limit: str | None = setting(default=None, min_length=1, max_length=64, description="With medium Pod: the emptyDir's sizeLimit (counts against the pod's memory; e.g. 64Gi). Empty: no limit.")
-    host_path: str = setting(default="/dev/shm/railyard", description="With medium HostPath: the folder on the node (tmpfs).", min_length=1, max_length=4096)
+    replicate: bool = setting(
+        default=True,
+        description="Also keep a replica of each pod's shard in a neighbour node's memory tier (survives the loss of "
+                    "one node).",
+    )
+    medium: Literal["HostPath", "Pod"] = setting(
+        default="HostPath",
+        description="HostPath: a tmpfs folder on the node (hostPath), which outlives the pod. Pod: an emptyDir of "
+                    "medium Memory in the pod, which lives as long as the pod: an in-place restart keeps it, a "
+                    "replaced pod gets its shard back from its neighbour's replica, a full restart loses the tier "
+                    "(local/shared tiers remain); no hostPath, so the pods pass the baseline Pod Security Standard "
+                    "(with local disabled and shared on a claim).",
+    )
+    size_limit: str | None = setting(
+        default=None,
+        min_length=1,
+        max_length=64,
+        description="With medium Pod: the emptyDir's sizeLimit (counts against the pod's memory; e.g. 64Gi). Empty: "
+                    "no limit.",
+    )
+    host_path: str = setting(
+        default="/dev/shm/railyard",
+        description="With medium HostPath: the folder on the node (tmpfs).",
+        min_length=1,
+        max_length=4096,
+    )
 
 
 @section
@@ -319,17 +528,31 @@ class LocalTier:
     enabled: bool = setting(default=True, description="Save to node-local disk.")
     interval_steps: int = setting(default=50, description="Save every N steps.", ge=1)
     keep: int = setting(default=2, description="Keep the newest K checkpoints of this tier.", ge=1, le=100)
-    host_path: str = setting(default="/var/lib/railyard/checkpoints", description="Folder on the node's local disk.", min_length=1, max_length=4096)
+    host_path: str = setting(
+        default="/var/lib/railyard/checkpoints",
+        description="Folder on the node's local disk.",
+        min_length=1,
+        max_length=4096,
+    )
 
 
 @section
 class SharedTier:
-    enabled: bool = setting(default=True, description="Save to shared storage (durable; supports resuming on a different world size).")
+    enabled: bool = setting(
+        default=True, description="Save to shared storage (durable; supports resuming on a different world size)."
+    )
     interval_steps: int = setting(default=100, description="Save every N steps.", ge=1)
     keep: int = setting(default=3, description="Keep the newest K checkpoints of this tier.", ge=1, le=100)
     #: The operator checks it is a DNS subdomain; the trainer never reads it.
-    claim_name: str | None = setting(default=None, max_length=253, description="PersistentVolumeClaim (ReadWriteMany) for the shared tier.")
-    host_path: str = setting(default="/mnt/railyard-shared", description="Without claimName: a folder mounted on every node (e.g. NFS).", min_length=1, max_length=4096)
+    claim_name: str | None = setting(
+        default=None, max_length=253, description="PersistentVolumeClaim (ReadWriteMany) for the shared tier."
+    )
+    host_path: str = setting(
+        default="/mnt/railyard-shared",
+        description="Without claimName: a folder mounted on every node (e.g. NFS).",
+        min_length=1,
+        max_length=4096,
+    )
 
 
 @section
@@ -337,7 +560,9 @@ class Checkpoint:
     memory: MemoryTier = setting(default=MemoryTier(), description="Tier 1: node RAM with a peer replica.")
     local: LocalTier = setting(default=LocalTier(), description="Tier 2: node-local disk.")
     shared: SharedTier = setting(default=SharedTier(), description="Tier 3: shared storage.")
-    cleanup_on_delete: bool = setting(default=False, description="Delete this job's checkpoints when the TrainingJob is deleted.")
+    cleanup_on_delete: bool = setting(
+        default=False, description="Delete this job's checkpoints when the TrainingJob is deleted."
+    )
 
 
 # --------------------------------------------------------------------------- config.json
@@ -410,9 +635,15 @@ def trainer_rule_problems(t: TrainerSettings) -> list[str]:
     out = []
     if t.program is not None and len(t.program.kinds) != 1:
         given = ", ".join(t.program.kinds) or "none"
-        out.append(f"trainer.program: name exactly one of script (a Python file), module (python -m) or command (an executable); got {given}")
+        out.append(
+            "trainer.program: name exactly one of script (a Python file), module (python -m) or command (an "
+            f"executable); got {given}"
+        )
     if t.dataset.type != "synthetic" and t.dataset.path is None:
-        out.append(f"trainer.dataset.path: required when trainer.dataset.type is {t.dataset.type}; name the folder (or file) of the data")
+        out.append(
+            f"trainer.dataset.path: required when trainer.dataset.type is {t.dataset.type}; name the folder (or file) "
+            "of the data"
+        )
     if not t.watchdog_seconds < t.collective_timeout_seconds:
         out.append(
             f"trainer.watchdogSeconds: {t.watchdog_seconds} must be below trainer.collectiveTimeoutSeconds "

@@ -172,7 +172,9 @@ class Budgets:
     def healthy(self, running_since: float, now: float) -> None:
         """The gang has run since ``running_since``: clear the restart streak as the operator
         does after ``restartPolicy.resetAfterSeconds`` (logic.restarts.decide_streak_reset)."""
-        self.restarts = decide_streak_reset(self.restarts, self.policy.restart_policy, running_since, now) or self.restarts
+        self.restarts = (
+            decide_streak_reset(self.restarts, self.policy.restart_policy, running_since, now) or self.restarts
+        )
 
     def reset(self) -> None:
         """A person resubmitted the job after it failed: a new TrainingJob, fresh budgets."""
@@ -211,11 +213,15 @@ class Cluster:
         per_spine = scn.nodes_per_leaf * scn.leaves_per_spine
         spines = max(1, math.ceil(total / per_spine))
         leaves = min(scn.leaves_per_spine, math.ceil(total / scn.nodes_per_leaf))
-        nodes = build_synthetic_nodes(spines, leaves, scn.nodes_per_leaf, scn.gpus_per_node, nvlink_domain=scn.nvlink_domain_nodes)
+        nodes = build_synthetic_nodes(
+            spines, leaves, scn.nodes_per_leaf, scn.gpus_per_node, nvlink_domain=scn.nvlink_domain_nodes
+        )
         self._start(build_sim_job(scn, hot_spares), nodes, reduced=True)
 
     @classmethod
-    def from_job(cls, job: TrainingJob, nodes: Sequence[Mapping[str, Any]], pods: Sequence[Mapping[str, Any]] = ()) -> Cluster:
+    def from_job(
+        cls, job: TrainingJob, nodes: Sequence[Mapping[str, Any]], pods: Sequence[Mapping[str, Any]] = ()
+    ) -> Cluster:
         """A cluster of the given Node objects (and other jobs' Pods) running ``job``; tests
         feed the operator, ``plan`` and the simulator the same cluster."""
         c = cls.__new__(cls)

@@ -215,7 +215,9 @@ class Scenario:
                 f"tp: {self.tp} spans {self.tp // self.gpus_per_node} nodes, which must lie in one NVLink domain; "
                 f"set nvlink_domain_nodes (--nvlink-domain-nodes) to at least {self.tp // self.gpus_per_node}"
             )
-        if self.nvlink_domain_nodes < 0 or (self.nvlink_domain_nodes and self.nodes_per_leaf % self.nvlink_domain_nodes):
+        if self.nvlink_domain_nodes < 0 or (
+            self.nvlink_domain_nodes and self.nodes_per_leaf % self.nvlink_domain_nodes
+        ):
             out.append(
                 f"nvlink_domain_nodes: must be 0 (none) or divide nodes_per_leaf ({self.nodes_per_leaf}), "
                 f"got {self.nvlink_domain_nodes}"

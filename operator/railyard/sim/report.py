@@ -73,7 +73,12 @@ def compare(
     baseline = baseline or baseline_policy()
     trace = generate_trace(scn)
     r_ours = simulate(scn, ours, trace)
-    r_full = simulate(scn, replace(ours, in_place=False, name=f"{ours.name}, full restarts"), trace) if ours.in_place else None
+    r_full = (
+        simulate(scn, replace(ours, in_place=False, name=f"{ours.name}, full restarts"), trace)
+        if ours.in_place
+        else None
+    )
+
     def with_groups(r: int) -> RunResult:
         return simulate(scn, replace(ours, replica_groups=r, name=f"{ours.name}, {r} replica groups"), trace)
 
@@ -139,7 +144,11 @@ def format_table(c: Comparison) -> str:
         row("  railyard without in-place restart", f"{f.goodput:.2%}", "")
         per = {k: v for k, v in _by_component(o).items()}
         per_full = _by_component(f)
-        row("  restart GPU-hours, in place / full", f"{per.get('restart', 0.0):,.0f}", f"{per_full.get('restart', 0.0):,.0f}")
+        row(
+            "  restart GPU-hours, in place / full",
+            f"{per.get('restart', 0.0):,.0f}",
+            f"{per_full.get('restart', 0.0):,.0f}",
+        )
     if c.groups is not None:
         g = c.groups
         r = g.policy.rsplit(", ", 1)[-1]
@@ -377,8 +386,10 @@ def write_plot(c: Comparison, path: str) -> None:
     ax0.axhline(GROUPS_GOODPUT_TARGET * 100, color="#185", ls=":", lw=1)
     ax0.set_ylim(min(vals) - 5, 100.5)
     ax0.set_ylabel("goodput (%)")
-    ax0.set_title(f"goodput\n(dashed: Llama 3 reported >90%,\ndotted: target with replica groups {GROUPS_GOODPUT_TARGET:.1%})",
-                  fontsize=9)
+    ax0.set_title(
+        f"goodput\n(dashed: Llama 3 reported >90%,\ndotted: target with replica groups {GROUPS_GOODPUT_TARGET:.1%})",
+        fontsize=9,
+    )
     ax0.tick_params(axis="x", labelsize=8)
 
     causes = _causes(c)[::-1]

@@ -114,7 +114,8 @@ def build_checkpointer(config: Any, ctx: TrainContext, **overrides: Any) -> Chec
         return build_dcp_checkpointer(config)  # type: ignore[return-value]
     settings = parse_checkpoint_settings(raw, restore=_section(config, "restore"))
     storages = {
-        t.name: DirectoryStorage(t.name, t.root, ctx.job, recycle=t.name in PER_NODE_TIERS) for t in settings.active_tiers
+        t.name: DirectoryStorage(t.name, t.root, ctx.job, recycle=t.name in PER_NODE_TIERS)
+        for t in settings.active_tiers
     }
     table = None
     try:

@@ -595,7 +595,9 @@ class CheckpointManager:
         self.history.append(record)
         if skipped:
             self.skipped_saves[tier.name] = self.skipped_saves.get(tier.name, 0) + 1
-            log.warning("checkpoint %s step %d %s (saves do not queue; the next interval saves)", tier.name, job.step, detail)
+            log.warning(
+                "checkpoint %s step %d %s (saves do not queue; the next interval saves)", tier.name, job.step, detail
+            )
         else:
             log.warning("checkpoint %s step %d failed: %s", tier.name, job.step, detail)
         self._emit(
@@ -666,7 +668,9 @@ class CheckpointManager:
             if state is None:
                 raise OSError(f"{name}: written but unreadable")
             owner = -1 if name == ".metadata" else self.rank
-            shards.append(ShardInfo(path=name, bytes=state[0], sha256=state[1], owner=owner, algorithm=DEFAULT_ALGORITHM))
+            shards.append(
+                ShardInfo(path=name, bytes=state[0], sha256=state[1], owner=owner, algorithm=DEFAULT_ALGORITHM)
+            )
         return shards
 
     # ------------------------------------------------------------------ memory replica

@@ -207,7 +207,9 @@ class Restorer:
         lost = compute_steps_lost(int(last), src.step) if isinstance(last, int) else -1
         m = src.manifest
         detail = f"step {src.step} from {src.tier}" + (
-            f" (resharded from pp={m.pp} dp={m.dp} tp={m.tp}; each rank keeps its own RNG stream)" if src.reshard else ""
+            f" (resharded from pp={m.pp} dp={m.dp} tp={m.tp}; each rank keeps its own RNG stream)"
+            if src.reshard
+            else ""
         )
         remote = sorted({loc for loc in src.sources.values()} - {SHARED_LOCATION})
         if len(remote) > 1:
@@ -330,7 +332,9 @@ class Restorer:
         all_errors = [e for e in self._gather(error) if e]
         return (sum(self._gather(nbytes)), all_errors)
 
-    def _load_resharded(self, storage: TierStorage, src: RestoreSource, template: dict[str, Any], error: str) -> tuple[int, str]:
+    def _load_resharded(
+        self, storage: TierStorage, src: RestoreSource, template: dict[str, Any], error: str
+    ) -> tuple[int, str]:
         """Load a node-tier checkpoint written with another layout. Collective.
 
         1. Every old rank's ``.metadata`` is read once (by a rank that holds a verified copy) and

@@ -103,7 +103,9 @@ class ShardWriter(FileSystemWriter):
             data = planner.resolve_data(item)
             if item.type == WriteItemType.BYTE_IO:
                 blob = cast(io.BytesIO, data).getvalue()
-                seg = torch.frombuffer(bytearray(blob), dtype=torch.uint8) if blob else torch.empty(0, dtype=torch.uint8)
+                seg = (
+                    torch.frombuffer(bytearray(blob), dtype=torch.uint8) if blob else torch.empty(0, dtype=torch.uint8)
+                )
                 descriptors = None
             else:
                 seg = tensor_bytes(cast(torch.Tensor, data))

@@ -133,7 +133,9 @@ def max_abs_per_tensor(tensors: Sequence[torch.Tensor]) -> list[float]:
     return out
 
 
-def magnitude_jumps(before: Sequence[float], after: Sequence[float], *, factor: float = 64.0, margin: float = 1.0) -> list[int]:
+def magnitude_jumps(
+    before: Sequence[float], after: Sequence[float], *, factor: float = 64.0, margin: float = 1.0
+) -> list[int]:
     """Indices where max |p| became non-finite or grew beyond ``factor x before + margin``.
 
     An optimizer step changes each element by roughly the learning rate (Adam's update is

@@ -184,7 +184,11 @@ class PodAggregator(threading.Thread):
                 continue
             self.accept(data)
         if self.waiting_for():
-            log.info("heartbeat aggregator: no final beat from ranks %s within %.1fs; posting without it", self.waiting_for(), self.final_wait_s)
+            log.info(
+                "heartbeat aggregator: no final beat from ranks %s within %.1fs; posting without it",
+                self.waiting_for(),
+                self.final_wait_s,
+            )
 
     def _receive_until(self, deadline: float) -> None:
         while not self._halt.is_set() and not self._urgent.is_set() and self.clock() < deadline:
@@ -276,7 +280,13 @@ class PodAggregator(threading.Thread):
         now = self.clock()
         if now - self._last_error_log > 60:
             self._last_error_log = now
-            log.warning("heartbeat POST to %s failed (%s); %d failures so far, retrying every %.1fs", self.url, err, self.failures, self.interval_s)
+            log.warning(
+                "heartbeat POST to %s failed (%s); %d failures so far, retrying every %.1fs",
+                self.url,
+                err,
+                self.failures,
+                self.interval_s,
+            )
         return False
 
     def stop(self, timeout_s: float = 5.0) -> None:

@@ -47,7 +47,9 @@ def build_model(seed: int) -> torch.nn.Module:
     from railyard_trainer.model_args import ModelArgs
 
     torch.manual_seed(seed)
-    return Transformer(ModelArgs(dim=32, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=128, ffn_dim=64, max_seq_len=64))
+    return Transformer(
+        ModelArgs(dim=32, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=128, ffn_dim=64, max_seq_len=64)
+    )
 
 
 def make_batch(step: int, *, vocab: int = 128, batch: int = 4, seq: int = 16) -> tuple[torch.Tensor, torch.Tensor]:
@@ -70,7 +72,9 @@ def flip_bit(t: torch.Tensor, index: int, bit: int) -> tuple[float, float]:
 
 
 class Harness:
-    def __init__(self, *, seed: int = 0, sdc_interval: int = 10, tier2_interval: int = 20, bits: tuple[int, ...] = (30,)) -> None:
+    def __init__(
+        self, *, seed: int = 0, sdc_interval: int = 10, tier2_interval: int = 20, bits: tuple[int, ...] = (30,)
+    ) -> None:
         self.rng = random.Random(seed)
         self.model = build_model(seed)
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=3e-3, weight_decay=0.01)
@@ -103,7 +107,9 @@ class Harness:
         self.opt.step()
         if inject == "param_after_update":
             self._flip(self.params)
-        self.monitor.after_step(ctx, StepMetrics(ctx.step, float(loss.detach()), float(gn), compute, compute, 0.0, 3e-3))
+        self.monitor.after_step(
+            ctx, StepMetrics(ctx.step, float(loss.detach()), float(gn), compute, compute, 0.0, 3e-3)
+        )
         ok = self.monitor.checks_passed()
         if inject == "param_at_rest":
             self._flip(self.params)
@@ -125,7 +131,16 @@ class Harness:
         self.monitor.preflight(self.ctx)
 
 
-def run(*, flips: int, clean_steps: int, seed: int = 0, tier2_interval: int = 20, sdc_interval: int = 10, bits: tuple[int, ...] = (30,), warmup: int = 40) -> HarnessResult:
+def run(
+    *,
+    flips: int,
+    clean_steps: int,
+    seed: int = 0,
+    tier2_interval: int = 20,
+    sdc_interval: int = 10,
+    bits: tuple[int, ...] = (30,),
+    warmup: int = 40,
+) -> HarnessResult:
     t0 = time.perf_counter()
     torch.set_num_threads(1)
     h = Harness(seed=seed, sdc_interval=sdc_interval, tier2_interval=tier2_interval, bits=bits)

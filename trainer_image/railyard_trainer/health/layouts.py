@@ -77,13 +77,32 @@ class TrialResult:
     absorbed: bool = False
 
 
-def plan_trials(*, targets: tuple[str, ...], bits: tuple[int, ...], trials: int, world: int, interval: int, seed: int, only: str = "") -> list[Trial]:
+def plan_trials(
+    *,
+    targets: tuple[str, ...],
+    bits: tuple[int, ...],
+    trials: int,
+    world: int,
+    interval: int,
+    seed: int,
+    only: str = "",
+) -> list[Trial]:
     rng = random.Random(seed)
     out = []
     for target in targets:
         for bit in bits:
             for _ in range(trials):
-                out.append(Trial(target, bit, rng.randrange(1, interval + 1), rng.randrange(world), rng.random(), rng.random(), only))
+                out.append(
+                    Trial(
+                        target,
+                        bit,
+                        rng.randrange(1, interval + 1),
+                        rng.randrange(world),
+                        rng.random(),
+                        rng.random(),
+                        only,
+                    )
+                )
     return out
 
 
@@ -158,8 +177,14 @@ class _Injector:
 
 
 def _local_state(trainer: Any) -> dict[str, Any]:
-    params = [(p.to_local() if isinstance(p, DTensor) else p).detach().clone() for part in trainer.parts for p in part.parameters()]
-    optim = copy.deepcopy([{id_: _clone_state(st) for id_, st in enumerate(o.state.values())} for o in trainer.optimizer.inner])
+    params = [
+        (p.to_local() if isinstance(p, DTensor) else p).detach().clone()
+        for part in trainer.parts
+        for p in part.parameters()
+    ]
+    optim = copy.deepcopy(
+        [{id_: _clone_state(st) for id_, st in enumerate(o.state.values())} for o in trainer.optimizer.inner]
+    )
     monitor = trainer.health
     return {
         "params": params, "optim": optim, "step": trainer.ctx.step, "consumed": trainer.data.consumed,
@@ -169,7 +194,10 @@ def _local_state(trainer: Any) -> dict[str, Any]:
 
 
 def _clone_state(st: dict[str, Any]) -> dict[str, Any]:
-    return {k: ((v.to_local() if isinstance(v, DTensor) else v).detach().clone() if isinstance(v, torch.Tensor) else v) for k, v in st.items()}
+    return {
+        k: ((v.to_local() if isinstance(v, DTensor) else v).detach().clone() if isinstance(v, torch.Tensor) else v)
+        for k, v in st.items()
+    }
 
 
 @torch.no_grad()
@@ -197,7 +225,9 @@ def _kind(text: str) -> str:
     return text.split(":")[0].strip()
 
 
-def layout_worker(rank: int, world: int, port: int, layout: str, plan: list[dict[str, Any]], opts: dict[str, Any], out: str) -> None:
+def layout_worker(
+    rank: int, world: int, port: int, layout: str, plan: list[dict[str, Any]], opts: dict[str, Any], out: str
+) -> None:
     """One rank of one layout: warm up, then run every trial of ``plan``; rank 0 writes results."""
     os.environ.update(
         MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
@@ -215,16 +245,37 @@ def layout_worker(rank: int, world: int, port: int, layout: str, plan: list[dict
 
     _, pp, tp, replicas = LAYOUTS[layout]
     interval = int(opts["interval"])
-    cfg = TrainerConfig.from_dict({
-        "job": f"sdc-{layout}",
-        "trainer": {"preset": "tiny", "steps": 100_000, "batchSize": 8, "seqLen": 32, "learningRate": 3e-3, "warmupSteps": 2,
-                    "seed": int(opts["seed"]), "logEverySteps": 100_000, "collectiveTimeoutSeconds": 120, "watchdogSeconds": 100},
-        "parallelism": {"tensor": tp, "pipeline": pp, "dataReplicas": replicas},
-        "health": {"sdc": {"intervalSteps": int(opts.get("sdc_interval", 10_000))}},
-    })
+    cfg = TrainerConfig.from_dict(
+        {
+            "job": f"sdc-{layout}",
+            "trainer": {
+                "preset": "tiny",
+                "steps": 100_000,
+                "batchSize": 8,
+                "seqLen": 32,
+                "learningRate": 3e-3,
+                "warmupSteps": 2,
+                "seed": int(opts["seed"]),
+                "logEverySteps": 100_000,
+                "collectiveTimeoutSeconds": 120,
+                "watchdogSeconds": 100,
+            },
+            "parallelism": {"tensor": tp, "pipeline": pp, "dataReplicas": replicas},
+            "health": {"sdc": {"intervalSteps": int(opts.get("sdc_interval", 10_000))}},
+        }
+    )
     dims = ParallelDims(pp=pp, dp=-1, tp=tp, world_size=world, procs_per_node=world, dp_replicas=replicas)
-    env = WorkerEnv(rank=rank, local_rank=rank, world_size=world, procs_per_node=world, mesh_shape=(dims.pp, dims.dp, dims.tp),
-                    coords=dims.coordinates(rank), config_path="", node=f"node-{rank}", pod_index=0)
+    env = WorkerEnv(
+        rank=rank,
+        local_rank=rank,
+        world_size=world,
+        procs_per_node=world,
+        mesh_shape=(dims.pp, dims.dp, dims.tp),
+        coords=dims.coordinates(rank),
+        config_path="",
+        node=f"node-{rank}",
+        pod_index=0,
+    )
     trainer = Trainer(cfg, env)
     boundary = _Boundary(interval)
     trainer.checkpointer = boundary  # type: ignore[assignment]
@@ -277,7 +328,11 @@ def layout_worker(rank: int, world: int, port: int, layout: str, plan: list[dict
                 ok = boundary.passed.get(trainer.ctx.step, True)
                 if not ok:
                     taint = trainer.health._taint or ""
-                    res.caught, res.by, res.latency_steps = True, "not clean: " + _kind(taint.split(":", 1)[-1]), interval - trial.at
+                    res.caught, res.by, res.latency_steps = (
+                        True,
+                        "not clean: " + _kind(taint.split(":", 1)[-1]),
+                        interval - trial.at,
+                    )
             hit = _gather_hit(injector.hit, trial.rank)
             if hit is not None:
                 res.tensor, res.before, res.after = hit
@@ -287,10 +342,18 @@ def layout_worker(rank: int, world: int, port: int, layout: str, plan: list[dict
     finally:
         wall = time.perf_counter() - t0
         if rank == 0:
-            Path(out).write_text(json.dumps({
-                "layout": layout, "wall_s": wall, "results": [asdict(r) for r in results],
-                "clean_steps": clean_steps, "clean_false_verdicts": false_verdicts, "clean_unclean_checkpoints": unclean,
-            }))
+            Path(out).write_text(
+                json.dumps(
+                    {
+                        "layout": layout,
+                        "wall_s": wall,
+                        "results": [asdict(r) for r in results],
+                        "clean_steps": clean_steps,
+                        "clean_false_verdicts": false_verdicts,
+                        "clean_unclean_checkpoints": unclean,
+                    }
+                )
+            )
         trainer.close()
 
 
@@ -330,7 +393,13 @@ def run_layout(layout: str, trials: list[Trial], out: Path, *, interval: int = 2
     from railyard_trainer.zygote import spawn_ranks
 
     nproc = LAYOUTS[layout][0]
-    opts = {"interval": interval, "warmup": warmup, "seed": seed, "sdc_interval": sdc_interval, "clean_steps": clean_steps}
+    opts = {
+        "interval": interval,
+        "warmup": warmup,
+        "seed": seed,
+        "sdc_interval": sdc_interval,
+        "clean_steps": clean_steps,
+    }
     spawn_ranks(layout_worker, (nproc, free_port(), layout, [asdict(t) for t in trials], opts, str(out)), nproc)
     data: dict[str, Any] = json.loads(out.read_text())
     return data

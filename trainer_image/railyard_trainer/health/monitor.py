@@ -158,7 +158,13 @@ class RailyardHealthMonitor:
                 changed = [i for i, (a, b) in enumerate(zip(prev, sums, strict=True)) if a != b]
                 self._record("state_guard", step, not changed)
                 if changed:
-                    self._confirmed(ctx, "state_guard", step, f"parameter {_name(ctx, changed[0])} changed at rest between steps (its bits no longer match)", ctx.rank)
+                    self._confirmed(
+                        ctx,
+                        "state_guard",
+                        step,
+                        f"parameter {_name(ctx, changed[0])} changed at rest between steps (its bits no longer match)",
+                        ctx.rank,
+                    )
             # Unchanged since after_step: its maxima are the ones before this optimizer step.
             self._before_step_max = self._after_step_max
         gn = float(grad_norm)
@@ -194,7 +200,14 @@ class RailyardHealthMonitor:
                 self._record("magnitude_guard", step, not jumps)
                 if jumps:
                     i = jumps[0]
-                    self._confirmed(ctx, "magnitude_guard", step, f"optimizer step moved {_name(ctx, i)} max |p| {before[i]:.3g} -> {now_max[i]:.3g}, beyond any update", ctx.rank)
+                    self._confirmed(
+                        ctx,
+                        "magnitude_guard",
+                        step,
+                        f"optimizer step moved {_name(ctx, i)} max |p| {before[i]:.3g} -> {now_max[i]:.3g}, beyond "
+                        "any update",
+                        ctx.rank,
+                    )
             self._after_step_max = now_max
             self._after_step_sums = bit_sums(_params(ctx))
         if step % self.s.sdc_interval_steps == 0:
@@ -276,10 +289,23 @@ class RailyardHealthMonitor:
             return
         if majority and bad:
             suspect = bad[0]
-            self._confirmed(ctx, "kat", step, f"known-answer checksum of rank {suspect} differs from the majority of {len(values)} ranks", suspect)
+            self._confirmed(
+                ctx,
+                "kat",
+                step,
+                f"known-answer checksum of rank {suspect} differs from the majority of {len(values)} ranks",
+                suspect,
+            )
         if own_changed:
-            self._confirmed(ctx, "kat", step, "known-answer checksum differs from this rank's own earlier result", ctx.rank)
-        self._fail("kat", step, f"known-answer checksums disagree with no majority ({len(set(values))} distinct values in {len(values)} ranks)")
+            self._confirmed(
+                ctx, "kat", step, "known-answer checksum differs from this rank's own earlier result", ctx.rank
+            )
+        self._fail(
+            "kat",
+            step,
+            f"known-answer checksums disagree with no majority ({len(set(values))} distinct values in {len(values)} "
+            "ranks)",
+        )
 
     def _replicas(self, ctx: TrainContext) -> None:
         """Per mesh dimension, the parameters replicated along it must be bit-identical across
@@ -299,9 +325,23 @@ class RailyardHealthMonitor:
             ranks = dist.get_process_group_ranks(group) if group is not None else list(range(len(values)))
             if majority:
                 suspect = ranks[bad[0]]
-                self._confirmed(ctx, kind, ctx.step, f"parameters replicated over {dim_name!r} differ on rank {suspect} from the majority of {len(ranks)}", suspect)
+                self._confirmed(
+                    ctx,
+                    kind,
+                    ctx.step,
+                    f"parameters replicated over {dim_name!r} differ on rank {suspect} from the majority of "
+                    f"{len(ranks)}",
+                    suspect,
+                )
             else:
-                self._confirmed(ctx, kind, ctx.step, f"parameters replicated over {dim_name!r} differ between ranks {ranks}; no majority names the bad one", -1)
+                self._confirmed(
+                    ctx,
+                    kind,
+                    ctx.step,
+                    f"parameters replicated over {dim_name!r} differ between ranks {ranks}; no majority names the bad "
+                    "one",
+                    -1,
+                )
             return
 
     def _fingerprint(self, ctx: TrainContext) -> None:
@@ -354,14 +394,18 @@ class RailyardHealthMonitor:
         if ok and kind in ("kat", "replica_checksum", "replay"):
             self.reporter.add_result(HealthResult(kind, True, step))
 
-    def _fail(self, kind: str, step: int, detail: str, *, suspect: int = -1, confirmed: bool = False, persistent: bool = True) -> None:
+    def _fail(
+        self, kind: str, step: int, detail: str, *, suspect: int = -1, confirmed: bool = False, persistent: bool = True
+    ) -> None:
         self.failures[kind] += 1
         log.warning("health check %s failed at step %d: %s", kind, step, detail)
         with self._lock:
             if persistent and self._taint is None:
                 self._taint = f"step {step}: {kind}: {detail}"
             self._step_failed = True
-        self.reporter.add_result(HealthResult(kind, False, step, detail[:500], suspect_rank=suspect, confirmed=confirmed))
+        self.reporter.add_result(
+            HealthResult(kind, False, step, detail[:500], suspect_rank=suspect, confirmed=confirmed)
+        )
 
     def _confirmed(self, ctx: TrainContext, kind: str, step: int, detail: str, suspect: int) -> None:
         """Corruption for certain: report it at once; it is raised at the next agreement
@@ -393,7 +437,9 @@ class RailyardHealthMonitor:
             else:
                 kind = _VERDICT_KINDS[vec[0] - 1]
                 suspect = world - vec[1] if vec[1] else -1
-                verdict = SDCDetected(f"{kind}: confirmed by a peer rank (suspect rank {suspect})", rank=suspect, step=ctx.step)
+                verdict = SDCDetected(
+                    f"{kind}: confirmed by a peer rank (suspect rank {suspect})", rank=suspect, step=ctx.step
+                )
         return verdict, tuple(bool(x) for x in vec[2:])
 
     def _agree(self, ctx: TrainContext, flag: bool) -> tuple[SDCDetected | None, bool]:
@@ -542,7 +588,11 @@ def _replicated_sets(ctx: TrainContext) -> list[tuple[str, Any, list[torch.Tenso
     if not dims:
         return []
     # A flattened "dp" stands for the HSDP pair it was made from.
-    covers = {"dp": {"dp", "dp_replicate", "dp_shard"}, "dp_replicate": {"dp_replicate", "dp"}, "dp_shard": {"dp_shard", "dp"}}
+    covers = {
+        "dp": {"dp", "dp_replicate", "dp_shard"},
+        "dp_replicate": {"dp_replicate", "dp"},
+        "dp_shard": {"dp_shard", "dp"},
+    }
     sets: dict[str, list[torch.Tensor]] = {d: [] for d in dims}
     # A parameter's optimizer moments are replicated exactly as it is: a corrupted gradient that
     # reached exp_avg / exp_avg_sq but moved the parameter by less than an ulp shows there.
@@ -573,7 +623,11 @@ def _optimizer_moments(ctx: TrainContext) -> dict[int, list[torch.Tensor]]:
     out: dict[int, list[torch.Tensor]] = {}
     for o in getattr(opt, "inner", None) or [opt]:
         for param, st in o.state.items():
-            out[id(param)] = [st[k] for k in sorted(st) if isinstance(st[k], torch.Tensor) and st[k].is_floating_point() and st[k].numel() > 1]
+            out[id(param)] = [
+                st[k]
+                for k in sorted(st)
+                if isinstance(st[k], torch.Tensor) and st[k].is_floating_point() and st[k].numel() > 1
+            ]
     return out
 
 
@@ -592,5 +646,11 @@ def _nonfinite_optimizer_state(ctx: TrainContext) -> str | None:
                     tensors.append((f"{names.get(id(param), '?')}.{key}", local_tensor(v).detach()))
     if not tensors:
         return None
-    finite = torch.stack([t.isfinite().all() if t.numel() else torch.ones((), dtype=torch.bool, device=t.device) for _, t in tensors]).cpu().tolist()
+    finite = (
+        torch.stack(
+            [t.isfinite().all() if t.numel() else torch.ones((), dtype=torch.bool, device=t.device) for _, t in tensors]
+        )
+        .cpu()
+        .tolist()
+    )
     return next((name for (name, _), ok in zip(tensors, finite, strict=True) if not ok), None)

@@ -200,12 +200,19 @@ class Reporter:
             saving = self._paused > 0 or _any(self._saving)
             b = self._beat
             beat = replace(
-                b, loss=_finite_or_none(b.loss), grad_norm=_finite_or_none(b.grad_norm), saving=saving,
-                fingerprint_step=self._fingerprint[0], fingerprint=self._fingerprint[1], waiting_for_groups=_any(self._waiting),
+                b,
+                loss=_finite_or_none(b.loss),
+                grad_norm=_finite_or_none(b.grad_norm),
+                saving=saving,
+                fingerprint_step=self._fingerprint[0],
+                fingerprint=self._fingerprint[1],
+                waiting_for_groups=_any(self._waiting),
                 health=tuple(self._results[-MAX_PENDING_RESULTS:]),
                 recent_compute_s=tuple(x for x in self._recent if x >= 0 and math.isfinite(x)),
             )
-            msg = beat_message(beat, checkpoints=list(self._checkpoints), restored=self._restored, urgent=urgent, final=final)
+            msg = beat_message(
+                beat, checkpoints=list(self._checkpoints), restored=self._restored, urgent=urgent, final=final
+            )
             if self.sender.send(msg):
                 self._results.clear()
                 self._recent.clear()

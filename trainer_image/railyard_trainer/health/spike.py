@@ -22,7 +22,9 @@ class Spike:
 
 
 class SpikeDetector:
-    def __init__(self, *, window: int = 128, z_threshold: float = 8.0, min_samples: int = 16, early_ratio: float = 1e3) -> None:
+    def __init__(
+        self, *, window: int = 128, z_threshold: float = 8.0, min_samples: int = 16, early_ratio: float = 1e3
+    ) -> None:
         self.z_threshold = z_threshold
         self.min_samples = min_samples
         #: With too little history for a MAD, flag only jumps of this factor over the median.
@@ -44,7 +46,9 @@ class SpikeDetector:
         mad = _median(sorted(abs(v - med) for v in h))
         z = (x - med) / (1.4826 * mad + 1e-3)
         if z > self.z_threshold:
-            return Spike(True, z, f"{name} {value:.3g} is {math.exp(x - med):.3g}x the recent median (robust z {z:.1f})")
+            return Spike(
+                True, z, f"{name} {value:.3g} is {math.exp(x - med):.3g}x the recent median (robust z {z:.1f})"
+            )
         return Spike(False, z)
 
     def accept(self, value: float) -> None:

@@ -126,7 +126,9 @@ def report_step(
     long pauses in :func:`paused`. ``compute_s``: the straggler signal, the rank's own device
     time for a fixed amount of work; default, the speed probe is run (a few ms on a GPU).
     """
-    session().report_step(step, loss=loss, tokens=tokens, step_time_s=step_time_s, compute_s=compute_s, grad_norm=grad_norm)
+    session().report_step(
+        step, loss=loss, tokens=tokens, step_time_s=step_time_s, compute_s=compute_s, grad_norm=grad_norm
+    )
 
 
 @contextlib.contextmanager

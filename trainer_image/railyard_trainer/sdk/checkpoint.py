@@ -47,7 +47,9 @@ class Checkpointer:
 
         self.session = session()
         parts: Sequence[Any] = model if isinstance(model, list | tuple) else [model]
-        self.ctx = self.session.train_context(model_parts=list(parts), optimizer=optimizer, lr_scheduler=lr_scheduler, data=data)
+        self.ctx = self.session.train_context(
+            model_parts=list(parts), optimizer=optimizer, lr_scheduler=lr_scheduler, data=data
+        )
         self.tiers = self.session.checkpoints(self.ctx, final_step=total_steps)
 
     @property

@@ -53,7 +53,8 @@ class DcpTiers:
         if not isinstance(manager, CheckpointManager):
             raise RuntimeError(
                 "railyard_trainer.sdk.storage_writer/storage_reader need the tiered checkpointer; "
-                "spec.checkpoint selects the plain one (a flat {path, intervalSteps}) or RAILYARD_PLAIN_CHECKPOINT=1 is set"
+                "spec.checkpoint selects the plain one (a flat {path, intervalSteps}) or RAILYARD_PLAIN_CHECKPOINT=1 "
+                "is set"
             )
         self.manager: CheckpointManager = manager
 

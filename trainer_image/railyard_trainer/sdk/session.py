@@ -176,7 +176,9 @@ class Session:
         if self._device is None:
             import torch
 
-            self._device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+            self._device = (
+                torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+            )
         return self._device
 
     def collective_device(self) -> Any:
@@ -217,8 +219,12 @@ class Session:
         if compute_s is None:
             compute_s = self._probe_once() if self.speed_probe else 0.0
         self.reporter.report_step(
-            step, step_time_s=float(step_time_s), compute_s=float(compute_s), loss=None if loss is None else float(loss),
-            grad_norm=None if grad_norm is None else float(grad_norm), tokens_per_s=float(tokens_per_s),
+            step,
+            step_time_s=float(step_time_s),
+            compute_s=float(compute_s),
+            loss=None if loss is None else float(loss),
+            grad_norm=None if grad_norm is None else float(grad_norm),
+            tokens_per_s=float(tokens_per_s),
         )
         self.expect_progress()
         self.watchdog.beat()
@@ -298,7 +304,14 @@ class Session:
         self._restore = point
         self.reporter.note_restore(result.tier, step)
         self.reporter.set_step(step)
-        log_event("restored", rank=self.rank, step=step, tier=result.tier, duration_s=round(result.duration_s, 3), detail=result.detail)
+        log_event(
+            "restored",
+            rank=self.rank,
+            step=step,
+            tier=result.tier,
+            duration_s=round(result.duration_s, 3),
+            detail=result.detail,
+        )
         return point
 
     def restore_point(self) -> RestorePoint | None:
@@ -319,7 +332,9 @@ class Session:
         return self._dcp
 
     # ------------------------------------------------------------------ health checks
-    def health_check(self, *, step: int | None = None, model: Any = None, optimizer: Any = None, mesh: Any = None) -> bool:
+    def health_check(
+        self, *, step: int | None = None, model: Any = None, optimizer: Any = None, mesh: Any = None
+    ) -> bool:
         """The known-answer test on every rank's device, majority-voted, plus (with ``model``
         and ``mesh``) the cross-replica checksums and (with ``optimizer``) the finiteness of
         its state. Collective over the default process group: every rank, same step. Raises

@@ -88,8 +88,10 @@ def _diverged(r: RankSignals, step: int, count: int, total: int, policy: HealthP
         node=r.node,
         pod_index=r.pod_index,
         reason=DIVERGED,
-        message=(f"replica group {r.group} diverged at step {step}: the state of its rank {r.group_rank} (job rank {r.rank}"
-                 f"{', node ' + r.node if r.node else ''}) differs from the one {count} of {total} groups hold"),
+        message=(
+            f"replica group {r.group} diverged at step {step}: the state of its rank {r.group_rank} (job rank {r.rank}"
+            f"{', node ' + r.node if r.node else ''}) differs from the one {count} of {total} groups hold"
+        ),
         detected_at=now,
         fault_at=now,
         action=policy.sdc_action,
@@ -97,17 +99,25 @@ def _diverged(r: RankSignals, step: int, count: int, total: int, policy: HealthP
     )
 
 
-def _no_majority(slot: int, step: int, votes: Mapping[int, str], agreed: int, policy: HealthPolicy, now: float) -> Verdict:
+def _no_majority(
+    slot: int, step: int, votes: Mapping[int, str], agreed: int, policy: HealthPolicy, now: float
+) -> Verdict:
     groups = ", ".join(str(g) for g in sorted(votes))
-    back = f"no checkpoint newer than step {agreed}, the last step they agreed on" if agreed >= 0 else "from the start (they were never seen to agree)"
+    back = (
+        f"no checkpoint newer than step {agreed}, the last step they agreed on"
+        if agreed >= 0
+        else "from the start (they were never seen to agree)"
+    )
     return Verdict(
         kind=FaultKind.SDC,
         rank=-1,
         node="",
         pod_index=-1,
         reason=NO_MAJORITY,
-        message=(f"replica groups {groups} hold different states at step {step} (rank {slot} of each) and no majority names "
-                 f"the bad one: every group restarts from the checkpoint tiers, {back}; no node is quarantined"),
+        message=(
+            f"replica groups {groups} hold different states at step {step} (rank {slot} of each) and no majority names "
+            f"the bad one: every group restarts from the checkpoint tiers, {back}; no node is quarantined"
+        ),
         detected_at=now,
         fault_at=now,
         action=policy.sdc_action,

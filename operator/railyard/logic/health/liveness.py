@@ -116,7 +116,9 @@ def decide_hung_ranks(
         return waited.get(group(r.pod_index), -math.inf)
 
     worst: dict[int, tuple[RankSignals, int]] = {}
-    for r in excuse_waiting_groups(stalled_ranks(ranks, pods, hang_timeout_s, policy, now, waited_at=waited_at), ranks, group):
+    for r in excuse_waiting_groups(
+        stalled_ranks(ranks, pods, hang_timeout_s, policy, now, waited_at=waited_at), ranks, group
+    ):
         _tally(worst, r)
     out = []
     for pod_index, (r, count) in sorted(worst.items()):

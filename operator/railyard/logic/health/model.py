@@ -73,7 +73,9 @@ class HealthPolicy:
         return bound
 
     @classmethod
-    def from_spec(cls, health: Mapping[str, Any] | None, *, heartbeats_expected: bool = True, final_step: int | None = None) -> HealthPolicy:
+    def from_spec(
+        cls, health: Mapping[str, Any] | None, *, heartbeats_expected: bool = True, final_step: int | None = None
+    ) -> HealthPolicy:
         """Build from ``spec.health`` as a dict (camelCase, as stored in the object).
 
         ``heartbeats_expected=False``: the job runs the user's own program (``spec.trainer.program``),

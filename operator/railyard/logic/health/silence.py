@@ -135,7 +135,9 @@ def build_silence_message(
     return msg
 
 
-def apply_silence(status: TrainingJobStatus, silence: Silence | None, *, now: str) -> tuple[TrainingJobStatus, tuple[str, str, str] | None]:
+def apply_silence(
+    status: TrainingJobStatus, silence: Silence | None, *, now: str
+) -> tuple[TrainingJobStatus, tuple[str, str, str] | None]:
     """The status with the ``Blind`` condition set from ``silence``, and the Event to write
     (type, reason, message) when it flips. ``silence`` None (no judgement this cycle): a Blind
     condition of a job without a gang (Pending, Placing, Suspended, finished) turns False, with

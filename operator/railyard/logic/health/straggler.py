@@ -94,7 +94,9 @@ def compute_straggler_scores(
     return out
 
 
-def _earlier_positions(xs: Sequence[float], score: float, ref: float, w: int, m: int, min_samples: int) -> tuple[float, ...]:
+def _earlier_positions(
+    xs: Sequence[float], score: float, ref: float, w: int, m: int, min_samples: int
+) -> tuple[float, ...]:
     positions = [score]
     n = len(xs)
     for j in range(1, m):

@@ -81,8 +81,11 @@ def build_trainer_config(
         "checkpoint": to_wire(spec.checkpoint),
         "health": to_wire(spec.health),
         # where the Lighthouse runs is the operator's alone (its pod, logic/manifests/lighthouse.py)
-        "faultTolerance": {k: v for k, v in to_wire(replace(spec.fault_tolerance, lighthouse=LighthousePlacement())).items()
-                           if k != "lighthouse"},
+        "faultTolerance": {
+            k: v
+            for k, v in to_wire(replace(spec.fault_tolerance, lighthouse=LighthousePlacement())).items()
+            if k != "lighthouse"
+        },
     }
 
 

@@ -123,9 +123,18 @@ def build_eviction_ack(workload: Mapping[str, Any], *, time: str) -> dict[str, A
     generation = meta.get("generation") or 1
     new: dict[str, dict[str, Any]] = {
         "QuotaReserved": {"type": "QuotaReserved", "status": "False", "reason": "Pending", "message": message},
-        "Admitted": {"type": "Admitted", "status": "False", "reason": "NoReservation", "message": "The workload has no reservation"},
-        "Requeued": {"type": "Requeued", "status": "False" if reason == "Deactivated" else "True", "reason": reason,
-                     "message": message},
+        "Admitted": {
+            "type": "Admitted",
+            "status": "False",
+            "reason": "NoReservation",
+            "message": "The workload has no reservation",
+        },
+        "Requeued": {
+            "type": "Requeued",
+            "status": "False" if reason == "Deactivated" else "True",
+            "reason": reason,
+            "message": message,
+        },
     }
     for cond in new.values():
         cond.update(lastTransitionTime=time, observedGeneration=generation)

@@ -45,7 +45,8 @@ def build_lighthouse_pod(
     reachable at :func:`lighthouse_address` (hostname and subdomain under the job's headless
     Service, which selects the job label). Not gated and not pinned: it needs no GPU (small CPU
     and memory requests), only to run while the groups train, placed away from the job's
-    training nodes (:func:`build_lighthouse_placement`); ``restartPolicy: Always`` restarts a crashed Lighthouse in place,
+    training nodes (:func:`build_lighthouse_placement`); ``restartPolicy: Always`` restarts a crashed Lighthouse in
+    place,
     and the operator recreates a lost one (handlers/lighthouse.py). Owned by the job, so it goes
     with it."""
     pod_sc, container_sc = security_contexts(spec)
