@@ -28,11 +28,19 @@ import time
 from pathlib import Path
 from typing import Any
 
+from provenance import write_results
 from railyard.k8s.client import Kube
 from railyard_local.cluster import LocalCluster
 from railyard_local.nodes import LEASE_NS
 
 ROOT = Path(__file__).resolve().parents[1]
+#: The code this bench measures (bench/provenance.py: a result is stale once it changed for a round).
+MEASURES = (
+    "local_cluster/railyard_local/nodes.py",
+    "local_cluster/railyard_local/runtime.py",
+    "local_cluster/railyard_local/apiserver/nodelifecycle.py",
+    "local_cluster/railyard_local/apiserver/server.py",
+)
 GRACE_S = 50.0
 
 
@@ -196,8 +204,8 @@ def main() -> int:
         shown = "" if target is None else f"{target:g}"
         print(f"{metric:<52}{value:>10.3f}  {unit:<6}{shown:>8}  {'' if meets is None else ('yes' if meets else 'NO')}")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({"bench": "node_heartbeats", "nodes": args.nodes, "apiServer": cluster.mode,
-                                          "results": results, "raw": m}, indent=2) + "\n")
+    write_results(Path(args.out), {"bench": "node_heartbeats", "nodes": args.nodes, "apiServer": cluster.mode,
+                                   "results": results, "raw": m}, MEASURES, indent=2)
     print(f"wrote {args.out}")
     return 0 if all(r["meets"] is not False for r in results) else 1
 

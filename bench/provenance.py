@@ -43,7 +43,8 @@ def _cpu_model() -> str:
 
 def provenance(measures: Sequence[str]) -> dict[str, Any]:
     """The fields :func:`write_results` adds (``commit`` is None outside a git checkout)."""
-    status = _git("status", "--porcelain", "--untracked-files=no")
+    # results written by earlier runs in the same checkout are not code: they do not make it dirty
+    status = _git("status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)bench/results")
     return {
         "commit": _git("rev-parse", "HEAD"),
         "dirty": bool(status) if status is not None else None,
