@@ -446,7 +446,7 @@ def main(argv: list[str] | None = None) -> int:
         "bench": "replica_groups",
         "conditions": {
             "groups": list(args.groups), "ranks_per_pod": RANKS_PER_POD, "steps": args.steps, "fail_at": args.fail_at,
-            "trainer": "tiny preset, CPU (gloo), batch 2 sequences per rank (12 at R = 3), seq 32", "cluster": "local cluster, embedded API server, 10 nodes x 2",
+            "trainer": "tiny preset, CPU (gloo), batch 2 sequences per rank (12 at R = 3), seq 32", "cluster": f"local cluster, embedded API server, {nodes} nodes x 2",
             "seconds": round(time.time() - started, 1),
             "load_average_1m_at_end": round(os.getloadavg()[0], 1), "cpus": os.cpu_count(),
         },
