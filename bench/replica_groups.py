@@ -391,7 +391,10 @@ def main(argv: list[str] | None = None) -> int:
     measured: dict[int, dict[str, dict[str, Any]]] = {}
     refs: dict[int, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        cluster = LocalCluster(Path(tmp) / "cluster", nodes=10, gpus_per_node=RANKS_PER_POD, topology="spine=1,leaf=2",
+        # every failure run quarantines one node for good (the bench releases none): one node per
+        # failure run, the largest gang, its hot spare and one to spare
+        nodes = len(modes) * len(args.groups) + max(args.groups) + 2
+        cluster = LocalCluster(Path(tmp) / "cluster", nodes=nodes, gpus_per_node=RANKS_PER_POD, topology="spine=1,leaf=2",
                                lease_interval=1.0, node_prefix="rgb-")
         kubeconfig = cluster.start(timeout=120)
         op = None
@@ -443,7 +446,7 @@ def main(argv: list[str] | None = None) -> int:
         "bench": "replica_groups",
         "conditions": {
             "groups": list(args.groups), "ranks_per_pod": RANKS_PER_POD, "steps": args.steps, "fail_at": args.fail_at,
-            "trainer": "tiny preset, CPU (gloo), batch 2 sequences per rank (12 at R = 3), seq 32", "cluster": "local cluster, embedded API server, 10 nodes x 2",
+            "trainer": "tiny preset, CPU (gloo), batch 2 sequences per rank (12 at R = 3), seq 32", "cluster": f"local cluster, embedded API server, {nodes} nodes x 2",
             "seconds": round(time.time() - started, 1),
             "load_average_1m_at_end": round(os.getloadavg()[0], 1), "cpus": os.cpu_count(),
         },
