@@ -83,10 +83,10 @@ LLAMA3_REPORTED_GOODPUT = 0.90
 #: Measured: the survivors' stall beyond the step they redo, bench/results/replica_groups.json
 #: (row "sim: survivors' stall beyond the step redone"; tests/sim/test_replica_groups_in_the_sim.py
 #: keeps the two equal).
-GROUP_SURVIVOR_STALL_S = 1.2
+GROUP_SURVIVOR_STALL_S = 1.8
 #: Measured there too: the healing group's quorum join -> healed from a live peer (row "replica_groups:
 #: healing group, quorum join -> healed from a peer"), a tiny model's, so almost no bytes.
-GROUP_HEAL_FIXED_S = 0.4
+GROUP_HEAL_FIXED_S = 0.8
 #: Not taken from the bench (ideal): on the shared CPU cores the survivors' steps were no slower
 #: with a group missing (fewer processes competing), which says nothing about GPUs.
 GROUP_DEGRADED_EFFICIENCY = 1.0
