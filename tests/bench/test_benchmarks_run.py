@@ -37,6 +37,8 @@ SMOKE: dict[str, tuple[list[str], str]] = {
     "operator.py": (["--pods", "8", "--restart-pods", "4", "--nodes", "12"], "operator"),
     "placement.py": (["--small"], "placement"),
     "nvl72_placement.py": (["--small"], "nvl72_placement"),
+    # a few nodes of the local agent on the embedded server with the node lifecycle rule, briefly
+    "node_heartbeats.py": (["--nodes", "8", "--hold", "3"], "node_heartbeats"),
     # the real trainer under the operator: one node lost under replica groups (the in-place and
     # full modes, and the no-failure reference, only in the full run), at R = 2 and 3; 2-6 minutes
     "replica_groups.py": (

