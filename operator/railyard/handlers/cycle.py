@@ -20,14 +20,16 @@ from typing import Any, Protocol
 
 from pydantic import ValidationError
 
-from railyard.api.trainingjob import TrainingJobSpec, TrainingJobStatus
+from railyard.api.trainingjob import QuarantinedNode, TrainingJobSpec, TrainingJobStatus
 from railyard.handlers.runtime import JobWorker, Runtime
 from railyard.k8s import gang as ops
 from railyard.k8s import kueue as kueue_ops
 from railyard.k8s.client import Kube
 from railyard.logic.conditions import format_time
+from railyard.logic.failures import Failure
 from railyard.logic.gang import plan_pod_deletions
 from railyard.logic.manifests import owner_reference
+from railyard.logic.restarts import restart_update
 from railyard.logic.schedulers import (
     GangSchedulingPlan,
     Integration,
@@ -212,6 +214,16 @@ class Cycle:
     @property
     def spec(self) -> Mapping[str, Any]:
         return self.body.get("spec") or {}
+
+    def record_restart(
+        self, failure: Failure, *, attempt: int, backoff_s: float, quarantined: list[QuarantinedNode], in_place: bool,
+        **fields: Any,
+    ) -> None:
+        """The status of a restart: what every restart writes (:func:`railyard.logic.restarts.restart_update`)
+        and the executor's own ``fields`` (snake_case names of :class:`TrainingJobStatus`)."""
+        update = restart_update(self.status, failure, attempt=attempt, now=self.now, now_iso=self.iso,
+                                backoff_s=backoff_s, quarantined=quarantined, in_place=in_place)
+        self.status = self.status.model_copy(update={**update, **fields})
 
     def refused_nodes(self) -> list[str]:
         """Nodes the job's placements leave out now: the scheduler refused a pod of the job there

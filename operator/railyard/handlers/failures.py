@@ -30,7 +30,6 @@ from railyard.logic.recovery import (
     ShrinkAndWait,
     decide_recovery,
 )
-from railyard.logic.restarts import restart_update
 
 
 async def place_again(
@@ -138,24 +137,12 @@ async def restart_whole_gang(
     await cycle.delete_pods(gang, nodes)
     backoff = budget.backoff_seconds
     attempt = cycle.status.attempt + 1
-    cycle.status = cycle.status.model_copy(
-        update={
-            **restart_update(
-                cycle.status,
-                failure,
-                attempt=attempt,
-                now=cycle.now,
-                now_iso=cycle.iso,
-                backoff_s=backoff,
-                quarantined=quarantined,
-                in_place=False,
-            ),
-            "gang_created_time": None,
-            "pods_since_attempt": None,
-            "last_restart": LastRestart(
-                attempt=attempt, mode="Full", state="Pending", reason=plan.reason, message=plan.message
-            ),
-        }
+    cycle.record_restart(
+        failure, attempt=attempt, backoff_s=backoff, quarantined=quarantined, in_place=False,
+        gang_created_time=None, pods_since_attempt=None,
+        last_restart=LastRestart(
+            attempt=attempt, mode="Full", state="Pending", reason=plan.reason, message=plan.message
+        ),
     )
     runtime.metrics.count_restart(failure.cls)
     runtime.control.publish(cycle.ns, cycle.name, attempt=attempt, members={}, open_=False, waiting="full restart")

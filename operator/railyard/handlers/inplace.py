@@ -47,7 +47,7 @@ from railyard.logic.manifests import (
     with_addresses,
 )
 from railyard.logic.recovery import RestartInPlace
-from railyard.logic.restarts import new_fence, restart_update, restore_hint
+from railyard.logic.restarts import new_fence, restore_hint
 from railyard.logic.schedulers import apply_to_pods
 from railyard.logic.shrink import WAITING
 from railyard.logic.status import placement_status
@@ -125,14 +125,13 @@ async def begin_in_place(
 
     backoff = budget.backoff_seconds
     names = member_names(cycle, members, attempt, len(table.pods), plan.replace)
-    cycle.status = cycle.status.model_copy(update={
-        **restart_update(cycle.status, failure, attempt=attempt, now=cycle.now, now_iso=cycle.iso, backoff_s=backoff,
-                         quarantined=quarantined, in_place=True),
-        "placement": placement_status(plan.placement, attempt=attempt),
-        "last_restart": LastRestart(attempt=attempt, mode="InPlace", state="Pending", message=plan.message,
-                                    kept=len(plan.keep), replaced=sorted(plan.replace)[:64], reason=plan.reason,
-                                    carried_on=list(plan.carry_on)),
-    })
+    cycle.record_restart(
+        failure, attempt=attempt, backoff_s=backoff, quarantined=quarantined, in_place=True,
+        placement=placement_status(plan.placement, attempt=attempt),
+        last_restart=LastRestart(attempt=attempt, mode="InPlace", state="Pending", message=plan.message,
+                                 kept=len(plan.keep), replaced=sorted(plan.replace)[:64], reason=plan.reason,
+                                 carried_on=list(plan.carry_on)),
+    )
     waiting = f"restart to attempt {attempt} in {backoff:g}s" if backoff > 0 else f"preparing attempt {attempt}"
     runtime.control.publish(cycle.ns, cycle.name, attempt=attempt, members=names, table=table, restore=restore,
                             open_=False, carry_on=plan.carry_on, waiting=waiting)

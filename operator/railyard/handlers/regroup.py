@@ -43,7 +43,7 @@ from railyard.logic.recovery import (
     WaitingGroups,
     decide_recovery,
 )
-from railyard.logic.restarts import restart_update, restore_hint
+from railyard.logic.restarts import restore_hint
 from railyard.logic.shrink import WAITING
 from railyard.logic.status import placement_status
 from railyard.protocol.ranktable import RankTable
@@ -89,21 +89,8 @@ async def shrink_groups(
         carried_on=list(shrink.carry_on),
         waiting_groups=list(shrink.waiting),
     )
-    cycle.status = cycle.status.model_copy(
-        update={
-            **restart_update(
-                cycle.status,
-                failure,
-                attempt=attempt,
-                now=cycle.now,
-                now_iso=cycle.iso,
-                backoff_s=backoff,
-                quarantined=quarantined,
-                in_place=True,
-            ),
-            "last_restart": lr,
-        }
-    )
+    cycle.record_restart(failure, attempt=attempt, backoff_s=backoff, quarantined=quarantined, in_place=True,
+                         last_restart=lr)
     runtime.control.publish(
         cycle.ns,
         cycle.name,
