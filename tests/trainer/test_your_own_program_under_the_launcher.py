@@ -167,6 +167,11 @@ def test_the_sdk_example_reports_steps_survives_a_wedged_rank_and_resumes_exactl
 
         _until(f"heartbeats of both ranks past step {STOP_AFTER}", lambda: both_ranks_past(STOP_AFTER), first)
         _until("a committed memory checkpoint", lambda: _committed_memory_steps(tmp_path / "memory", "byo"), first)
+        # and the operator heard of one (a rank's checkpoint report rides its next beats): wait for it
+        # before wedging rank 1, whose missing beat could otherwise hold the pod's report back
+        _until("the operator told of a committed memory checkpoint",
+               lambda: ingest.read(lambda s: s.job("ns", "byo") is not None
+                                   and "memory" in s.job("ns", "byo").last_checkpoints()), first)
         beats = ingest.read(lambda s: {r.rank: (r.progress, r.step, r.pod_index, r.last_beat) for r in s.job("ns", "byo").ranks.values()})
         for rank, (progress, step, pod, last) in beats.items():
             assert progress and step >= STOP_AFTER and pod == 0, (rank, beats)
