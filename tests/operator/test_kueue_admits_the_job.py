@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from tests.operator.builders import make_node
 from tests.operator.fake_cluster import Harness, make_job
-from tests.operator.fake_kueue import FakeKueue
+from tests.operator.fake_kueue import FakeKueue, is_true
 
 from railyard.api.trainingjob import TrainingJobSpec
 from railyard.logic.conditions import find_condition
@@ -33,6 +33,7 @@ from railyard.logic.manifests.kueue import (
     build_kueue_workload,
 )
 from railyard.logic.schedulers import KUEUE_POD_LABELS
+from railyard.protocol.control import Action
 
 ROOT = Path(__file__).resolve().parents[2]
 #: The copy of kube-golden/kueue-v0.13-workload (tests/golden/test_corpora_are_the_record.py keeps it the record)
@@ -209,6 +210,60 @@ async def test_a_queued_job_deleted_leaves_no_workload() -> None:
     h.worker.body["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:10Z"
     await h.cycle(1.0)
     assert h.cluster.kueue.workloads == {} and h.cluster.pods == {}
+
+
+async def test_a_running_job_deleted_leaves_no_workload_and_no_pod() -> None:
+    kueue = FakeKueue(gpus=4)
+    h = Harness(_nodes(), _job("a"), kueue=kueue)
+    await _admitted_and_running(h)
+    assert h.status.phase == "Running" and len(h.cluster.pods_of(0)) == 2 and kueue.used_gpus() == 4
+    h.worker.body["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:10Z"
+    await h.cycle(1.0)
+    h.cluster.finish_deletions()
+    await h.cycle(1.0)
+    assert kueue.workloads == {} and h.cluster.pods == {} and kueue.used_gpus() == 0
+
+
+async def test_a_lost_node_restarts_the_admitted_gang_in_place_and_the_job_finishes() -> None:
+    """The acceptance of issue 48: a node failure under a Kueue-admitted gang is restarted in
+    place (the lost pod moves to the spare, the others stay) inside the same admission: no second
+    Workload, the quota held once, never Queued; the job then finishes and its Workload with it."""
+    kueue = FakeKueue(gpus=6)  # 2 pods x 2 GPUs and 1 hot spare of 2: the Workload's two pod sets
+    h = Harness(_nodes(), _job("a", hotSpares=1), kueue=kueue)
+    await h.cycle()
+    kueue.schedule()
+    await h.cycle(1.0)
+    h.run_pods()
+    for _ in range(2):
+        for spare in h.cluster.pods_of(spare=True):
+            spare["status"] = {"phase": "Running"}
+        await h.cycle(1.0)
+    assert all(order.action is Action.CONTINUE for order in h.all_report())
+    await h.cycle(1.0)
+    assert h.status.phase == "Running", h.reasons()
+    h.node_down(h.pod_nodes()[1])
+    await h.cycle(5.0)
+    st = h.status
+    assert st.last_restart is not None and st.last_restart.mode == "InPlace" and st.attempt == 1, st.last_restart
+    h.cluster.finish_deletions()
+    await h.cycle(0.5)
+    h.run_pods()
+    await h.cycle(0.5)
+    assert h.report(0, "failed", attempt=0, code=70).action is Action.RESTART
+    h.report(0, "running", attempt=1)
+    h.report(1, "running", attempt=1)
+    await h.cycle(0.5)
+    assert h.status.phase == "Running" and h.status.last_restart.state == "Done", h.reasons()  # type: ignore[union-attr]
+    assert [c for c in h.cluster.calls if c[1].startswith("Workload/")] == [("create", "Workload/a")]
+    assert len(kueue.workloads) == 1 and kueue.used_gpus() == 6, "one Workload, its quota held once"
+    for member in h.members():
+        member_pod = h.cluster.pods[member["metadata"]["name"]]
+        member_pod["status"] = {"phase": "Succeeded", "containerStatuses": [
+            {"name": "trainer", "state": {"terminated": {"exitCode": 0, "reason": "Completed"}}}]}
+    await h.cycle(1.0)
+    await h.cycle(1.0)
+    assert h.status.phase == "Succeeded", h.reasons()
+    assert is_true(kueue.workloads[("ns", "a")], "Finished") and kueue.used_gpus() == 0
 
 
 @pytest.mark.parametrize(("labels", "gang", "classes", "expected"), [
