@@ -117,6 +117,16 @@ def test_what_the_job_does_about_what_kueue_wrote(record: str | None, expected: 
         assert got.cluster_queue == "railyard-cq"
 
 
+def test_a_topology_assignment_is_named_as_not_honoured() -> None:
+    """Kueue's Topology-Aware Scheduling assigns pods per node (107); the job says it does not
+    place inside that assignment, in its Admitted condition and Event (docs/deploy.md)."""
+    got = decide_admission(_status_of("107-t12-workload-tas-admitted.json"), job="tj-t1", queue="tas-q")
+    assert isinstance(got, Admitted) and got.cluster_queue == "tas-cq"
+    assert "(kubernetes.io/hostname: kq-tas-0 x2, kq-tas-1 x2) is not honoured" in got.message
+    plain = decide_admission(_status_of("008-a02-workload-admitted.json"), job="tj-a", queue="team-a")
+    assert isinstance(plain, Admitted) and "Topology" not in plain.message
+
+
 # the operator, in-process ----------------------------------------------------------------------
 
 

@@ -369,7 +369,7 @@ def _validate_pod_update(new: JSON, old: JSON) -> list[Cause]:
     # mutations: Kueue's topology ungater writes the node of each rank, kueue-v0.13-workload 154)
     old_selector: JSON = os_.get("nodeSelector") or {}
     new_selector: JSON = ns.get("nodeSelector") or {}
-    mutable = _POD_MUTABLE
+    mutable: tuple[str, ...] = _POD_MUTABLE
     if old_gates and all(new_selector.get(k) == v for k, v in old_selector.items()):
         mutable = (*_POD_MUTABLE, "nodeSelector")
 

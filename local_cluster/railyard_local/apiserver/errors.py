@@ -140,7 +140,8 @@ def duplicate(field: str, value: Any) -> Cause:
     (kueue-v0.13-workload 016: ``Duplicate value: {"name":"workers"}``)."""
     import json
 
-    return Cause(field, "FieldValueDuplicate", f"Duplicate value: {json.dumps(value, separators=(',', ':'), sort_keys=True)}")
+    shown = json.dumps(value, separators=(",", ":"), sort_keys=True)
+    return Cause(field, "FieldValueDuplicate", f"Duplicate value: {shown}")
 
 
 def invalid(kind: str, group: str, name: str, causes: list[Cause]) -> APIError:
