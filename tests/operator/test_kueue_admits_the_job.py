@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+
+import yaml
 from typing import Any
 
 import pytest
 from tests.operator.builders import make_node
 from tests.operator.fake_cluster import Harness, make_job
-from tests.operator.fake_kueue import FakeKueue, is_true
+from tests.operator.fake_kueue import KUEUE_KINDS, SCHEMAS, FakeKueue, is_true
 
 from railyard.api.trainingjob import TrainingJobSpec
 from railyard.logic.conditions import find_condition
@@ -39,6 +41,9 @@ ROOT = Path(__file__).resolve().parents[2]
 #: The copy of kube-golden/kueue-v0.13-workload (tests/golden/test_corpora_are_the_record.py keeps it the record)
 RECORD = ROOT / "tests" / "golden" / "kueue-v0.13-workload"
 SCHEMA = ROOT / "tests" / "deployment" / "schemas" / "kueue.x-k8s.io_v1beta1_Workload.json"
+#: The docs' example: a queue, a quota and two jobs, one waiting (docs/deploy.md, "Kueue").
+EXAMPLE = ROOT / "examples" / "kueue-two-jobs.yaml"
+DEPLOY_DOC = ROOT / "docs" / "deploy.md"
 
 
 def _record(name: str) -> dict[str, Any]:
@@ -408,3 +413,56 @@ async def test_a_deactivated_job_stops_at_once_and_waits() -> None:
     assert requeued and requeued[0]["status"] == "False" and requeued[0]["reason"] == "Deactivated"
     await h.cycle(2.0)
     assert h.status.phase == "Queued" and h.cluster.pods_of() == []
+
+
+# the docs' example: a queue, a quota and two jobs, one waiting -----------------------------------
+
+
+def _example() -> dict[str, dict[str, Any]]:
+    return {doc["metadata"]["name"]: doc for doc in yaml.safe_load_all(EXAMPLE.read_text())}
+
+
+def test_the_examples_kueue_objects_are_the_recorded_ones() -> None:
+    """What a real Kueue v0.13.1 ran with (000-002), in a namespace of the reader's choosing, and
+    valid against Kueue's published schemas."""
+    import jsonschema
+
+    example = _example()
+    for name, record in (("gpu-a100", "000-s00-resourceflavor-create.json"), ("railyard-cq", "001-s01-clusterqueue-create.json"),
+                         ("team-a", "002-s02-localqueue-create.json")):
+        recorded = _record(record)["request"]["body"]
+        recorded["metadata"].pop("namespace", None)
+        assert example[name] == recorded
+        kind = example[name]["kind"]
+        vendored = json.loads((SCHEMAS / f"kueue.x-k8s.io_{KUEUE_KINDS[kind]}_{kind}.json").read_text())
+        jsonschema.validate(example[name], vendored["openAPIV3Schema"])
+
+
+async def test_the_examples_second_job_waits_queued_until_the_first_finished() -> None:
+    example = _example()
+    [gpus] = [r["nominalQuota"] for r in example["railyard-cq"]["spec"]["resourceGroups"][0]["flavors"][0]["resources"]
+              if r["name"] == "nvidia.com/gpu"]
+    kueue = FakeKueue(gpus=int(gpus))
+    kueue.flavors["gpu-a100"] = example["gpu-a100"]
+    nodes = _nodes(4)
+    for node in nodes:
+        node["metadata"]["labels"]["railyard.dev/pool"] = "a100"
+    first = Harness(nodes, {**make_job("first"), "spec": example["first"]["spec"]}, kueue=kueue)
+    second = Harness(nodes, {**make_job("second"), "spec": example["second"]["spec"]}, kueue=kueue)
+    await _admitted_and_running(first)
+    await second.cycle()
+    kueue.schedule()
+    await second.cycle(2.0)
+    assert first.status.phase == "Running" and second.status.phase == "Queued" and second.cluster.pods == {}
+    waiting = find_condition(second.status.conditions, "Admitted")
+    assert waiting is not None and (waiting.status, waiting.reason) == ("False", "Pending")
+    # what docs/deploy.md shows the reader, word for word
+    assert second.status.message == waiting.message
+    assert f"message: {waiting.message}" in " ".join(DEPLOY_DOC.read_text().split())
+    for i in range(2):
+        first.exit_pod(i, 0)
+    await first.cycle(1.0)
+    assert first.status.phase == "Succeeded"
+    kueue.schedule()
+    await second.cycle(2.0)
+    assert second.status.phase in ("Placing", "Starting") and len(second.cluster.pods_of(0)) == 2
