@@ -7,11 +7,10 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-
-import yaml
 from typing import Any
 
 import pytest
+import yaml
 from tests.operator.builders import make_node
 from tests.operator.fake_cluster import Harness, make_job
 from tests.operator.fake_kueue import KUEUE_KINDS, SCHEMAS, FakeKueue, is_true
