@@ -371,6 +371,15 @@ def test_every_allowlist_entry_names_a_case_and_a_reason() -> None:
     assert allowlist_problems(load_allowlist(ALLOWLIST), CASES) == []
 
 
+@pytest.mark.parametrize("number", sorted(KUEUE_WEBHOOK_REFUSALS))
+def test_what_is_not_sent_is_a_kueue_webhooks_answer_in_the_record(number: str) -> None:
+    """The exchanges the replay leaves to Kueue were answered by Kueue's admission webhook, not by
+    the API server's own validation (the record's message names the webhook)."""
+    [case] = [c for c in CASES if c.number == number]
+    assert case.expected["status"] == 403
+    assert case.expected["body"]["message"].startswith('admission webhook "vworkload.kb.io" denied the request')
+
+
 def _case(name: str) -> object:
     number = name.split("-", 1)[0]
     if number in KUEUE_WEBHOOK_REFUSALS:
