@@ -289,8 +289,8 @@ class Kueue:
                 out[number] = self.state_before(number)
             if body.get("kind") == "EventList":
                 out[number] = self.events(number)
-        chain = {"025": self.examples_gone, "060": self.collected("tj-d"), "063": self.collected("tj-b"), "100": self.new_phase,
-                 "115": self.pod_running, "154": self.ungater}
+        chain = {"025": self.examples_gone, "060": self.collected("tj-d"), "063": self.collected("tj-b"),
+                 "100": self.new_phase, "115": self.pod_running, "154": self.ungater}
         for number, hook in chain.items():
             first = out.get(number)
             out[number] = hook if first is None else _both(hook, first)

@@ -267,7 +267,8 @@ async def test_a_lost_node_restarts_the_admitted_gang_in_place_and_the_job_finis
     h.report(0, "running", attempt=1)
     h.report(1, "running", attempt=1)
     await h.cycle(0.5)
-    assert h.status.phase == "Running" and h.status.last_restart.state == "Done", h.reasons()  # type: ignore[union-attr]
+    restart = h.status.last_restart
+    assert h.status.phase == "Running" and restart is not None and restart.state == "Done", h.reasons()
     assert [c for c in h.cluster.calls if c[1].startswith("Workload/")] == [("create", "Workload/a")]
     assert len(kueue.workloads) == 1 and kueue.used_gpus() == 6, "one Workload, its quota held once"
     for member in h.members():
