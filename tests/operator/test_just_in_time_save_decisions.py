@@ -147,8 +147,9 @@ def test_the_save_before_a_stop_on_purpose(case: str, got: StopPlan, expected: S
     (stop(pending=None, in_place=False), "in-place restarts are off"),
     (stop(pending=None, memory=False), "the memory tier is off"),
     (stop(pending=None, on_host=False), "checkpoint.memory.medium: Pod"),
+    (stop(pending=None, timeout_s=0), "waits 0 s for one (--save-before-stop-seconds)"),
 ], ids=["timed out", "not running whole", "quota released (deactivated)", "replica groups", "no in-place restarts",
-        "no memory tier", "memory tier in the pods"])
+        "no memory tier", "memory tier in the pods", "no wait allowed"])
 def test_without_a_save_the_stop_deletes_the_pods_now_and_says_why(got: StopPlan, why: str) -> None:
     assert isinstance(got, StopNow) and got.saved == -1 and why in got.note
 

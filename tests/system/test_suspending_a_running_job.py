@@ -74,6 +74,7 @@ def _resumed_at_the_next_step(local_cluster: Any, api: Api, operator: OperatorPr
     restore = s.get("restore") or {}
     assert (restore.get("tier"), restore.get("step"), restore.get("stepsLost")) == ("memory", saved, 0), restore
     assert (s.get("restarts") or {}).get("total", 0) == 0, s.get("restarts")
+    assert s["placement"]["nodes"] == nodes, "resumed on the nodes whose memory tier holds the save"
 
 
 def test_a_suspended_job_resumes_at_the_step_after_its_save(

@@ -212,6 +212,9 @@ def decide_stop_save(
     if not memory_on_host:
         return StopNow(-1, "no just-in-time save: the memory tier lives in the pods (checkpoint.memory.medium: Pod) "
                            "and goes with them; the next attempt resumes from the newest local or shared checkpoint")
+    if timeout_s <= 0:
+        return StopNow(-1, "no just-in-time save: the operator waits 0 s for one (--save-before-stop-seconds); the "
+                           "next attempt resumes from the newest checkpoint")
     got = _save_then(pending, attempt=attempt, reported_step=reported_step, memory_saved_step=memory_saved_step,
                      now=now, timeout_s=timeout_s, nodes=(), purpose=purpose)
     if not isinstance(got, _Go):
