@@ -146,12 +146,22 @@ class FakeKueue:
             return False
         for victim in chosen:
             if not is_true(victim, "Evicted"):
-                said = (f"Preempted to accommodate a workload (UID: uid-{preemptor['metadata']['name']}, JobUID: "
-                        f"{preemptor['metadata'].get('labels', {}).get('kueue.x-k8s.io/job-uid', 'UNKNOWN')}) "
-                        "due to prioritization in the ClusterQueue")
-                _set(victim, _condition("Evicted", "True", "Preempted", said))
-                _set(victim, _condition("Preempted", "True", "InClusterQueue", said))
+                self._preempt(victim, preemptor)
         return True
+
+    @staticmethod
+    def _preempt(victim: dict[str, Any], preemptor: dict[str, Any]) -> None:
+        """What Kueue writes on a preempted Workload (038): it keeps its quota until acknowledged."""
+        said = (f"Preempted to accommodate a workload (UID: uid-{preemptor['metadata']['name']}, JobUID: "
+                f"{preemptor['metadata'].get('labels', {}).get('kueue.x-k8s.io/job-uid', 'UNKNOWN')}) "
+                "due to prioritization in the ClusterQueue")
+        _set(victim, _condition("Evicted", "True", "Preempted", said))
+        _set(victim, _condition("Preempted", "True", "InClusterQueue", said))
+
+    def preempt(self, namespace: str, name: str, *, by: str) -> None:
+        """Workload ``name`` preempted for a higher-priority one named ``by`` (as :meth:`schedule`
+        does when that one arrives), without running the preemptor."""
+        self._preempt(self.workloads[(namespace, name)], {"metadata": {"name": by}})
 
     def deactivate(self, namespace: str, name: str) -> None:
         """A person sets ``spec.active: false`` (050): Evicted=True reason Deactivated (051)."""

@@ -17,6 +17,7 @@ from tests.operator.fake_kueue import KUEUE_KINDS, SCHEMAS, FakeKueue, is_true
 
 from railyard.api.trainingjob import TrainingJobSpec
 from railyard.logic.conditions import find_condition
+from railyard.logic.jitsave import LEAD_STEPS
 from railyard.logic.kueue import (
     Admitted,
     CreateWorkload,
@@ -27,6 +28,7 @@ from railyard.logic.kueue import (
     kueue_queue,
     merge_flavors,
 )
+from railyard.logic.manifests import configmap_name
 from railyard.logic.manifests.kueue import (
     KUEUE_PRIORITY_SOURCE,
     build_eviction_ack,
@@ -35,6 +37,7 @@ from railyard.logic.manifests.kueue import (
 )
 from railyard.logic.schedulers import KUEUE_POD_LABELS
 from railyard.protocol.control import Action
+from railyard.protocol.heartbeat import CheckpointEvent, HeartbeatBatch, RankBeat
 
 ROOT = Path(__file__).resolve().parents[2]
 #: The copy of kube-golden/kueue-v0.13-workload (tests/golden/test_corpora_are_the_record.py keeps it the record)
@@ -357,6 +360,17 @@ def test_the_eviction_is_acknowledged_as_recorded() -> None:
     assert requeued == next(c for c in sent["body"]["status"]["conditions"] if c["type"] == "Requeued")
 
 
+def beat(h: Harness, step: int, *, saved: int = -1) -> None:
+    """Every rank of the gang (2 pods of 2 ranks) reports ``step``; a committed memory save at ``saved``."""
+    for pod, node in enumerate(h.pod_nodes()):
+        done = (CheckpointEvent(step=saved, tier="memory", ok=True),) if saved >= 0 else ()
+        batch = HeartbeatBatch(job=h.worker.name, attempt=h.status.attempt, pod_index=pod, node=node, sent_at=h.now,
+                               ranks=tuple(RankBeat(rank=r, step=step, step_time_s=1.0, compute_s=0.9, loss=2.5,
+                                                    tokens_per_s=100.0) for r in (2 * pod, 2 * pod + 1)),
+                               checkpoints=done)
+        h.runtime.store.ingest("ns", h.worker.name, batch, h.now)
+
+
 def _with_priority(name: str, cls: str) -> dict[str, Any]:
     return _job(name, priorityClassName=cls)
 
@@ -372,10 +386,21 @@ async def test_a_higher_priority_job_evicts_a_running_one_which_stops_requeues_a
     kueue.schedule()
     said = [c["message"] for c in kueue.workloads[("ns", "high")]["status"]["conditions"] if c["type"] == "QuotaReserved"]
     assert said and said[0].endswith("Pending the preemption of 1 workload(s)")  # record 039
+    # Kueue holds the quota until acknowledged: the gang first saves at a step boundary (issue 47)
+    beat(low, 7, saved=5)
     await low.cycle(2.0)
+    target = 7 + LEAD_STEPS
+    assert low.status.phase == "Running" and not any(p["metadata"].get("deletionTimestamp") for p in low.cluster.pods_of(0))
+    assert [(o.action, o.save_step) for o in low.all_report()] == [(Action.SAVE, target)] * 2
+    assert any(r == "SavingBeforeStop" and "Kueue's eviction (Preempted)" in m for _, r, m in low.cluster.events)
+    beat(low, target, saved=target)
+    await low.cycle(1.0)
     st = low.status
     assert st.phase == "Queued" and find_condition(st.conditions, "Admitted").reason == "Preempted"  # type: ignore[union-attr]
     assert "Preempted to accommodate a workload" in st.message
+    assert f"resumes from the just-in-time save at step {target}" in st.message
+    assert all(p["metadata"]["name"] in low.worker.deleting for p in low.cluster.pods_of(0)), "then the pods go"
+    placed = low.pod_nodes(0)
     assert kueue.used_gpus() == 4, "Kueue holds the quota until the owner acknowledges (041)"
     low.cluster.finish_deletions()
     await low.cycle(2.0)
@@ -395,6 +420,10 @@ async def test_a_higher_priority_job_evicts_a_running_one_which_stops_requeues_a
     kueue.schedule()
     await low.cycle(2.0)
     assert low.status.attempt == 1 and len(low.cluster.pods_of(1)) == 2, "the next attempt, inside the new admission"
+    # readmitted, it restores the save, on the nodes whose memory holds it: its first step is the saved one + 1
+    config = json.loads(low.cluster.objects[("ConfigMap", configmap_name("low", 1))]["data"]["config.json"])
+    assert (config["restore"]["tier"], config["restore"]["step"]) == ("memory", target), config["restore"]
+    assert low.pod_nodes(1) == placed
     assert [c for c in low.cluster.calls if c[1] == "Workload/low" and c[0] == "create"] == [("create", "Workload/low")]
 
 

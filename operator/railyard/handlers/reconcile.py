@@ -48,6 +48,7 @@ from railyard.handlers.planned import announced_moves, move_ahead, request_save,
 from railyard.handlers.regroup import grow_back
 from railyard.handlers.runtime import JobWorker, Runtime
 from railyard.handlers.spares import reconcile_spares
+from railyard.handlers.stopping import save_before_stop
 from railyard.logic import lifecycle as lc
 from railyard.logic.conditions import find_condition, parse_time
 from railyard.logic.finished import decide_finished_pods
@@ -63,7 +64,7 @@ from railyard.logic.gang import (
     pod_name_of,
 )
 from railyard.logic.inplace import apply_launcher_reports
-from railyard.logic.jitsave import MoveNow
+from railyard.logic.jitsave import MoveNow, StopNow
 from railyard.logic.manifests import CLEANUP_FINALIZER, check_names, is_owned_by
 from railyard.logic.pending import (
     PendingReason,
@@ -160,7 +161,7 @@ async def _step(cycle: Cycle, job: TrainingJob) -> float | None:
         if isinstance(standing, lc.Release):
             return await _release_finished(cycle, job, nodes)
         if isinstance(standing, lc.Suspend):
-            return await _suspend(cycle, standing, pods, nodes)
+            return await _suspend(cycle, job, standing, pods, nodes)
         if isinstance(standing, lc.StartOver):
             cycle.status = TrainingJobStatus(
                 attempt=cycle.status.attempt + 1, restarts=cycle.status.restarts, last_failure=cycle.status.last_failure
@@ -410,13 +411,21 @@ async def _run(
 
 
 async def _suspend(
-    cycle: Cycle, step: lc.Suspend, pods: Sequence[Mapping[str, Any]], nodes: Mapping[str, Mapping[str, Any]]
+    cycle: Cycle, job: TrainingJob, step: lc.Suspend, pods: Sequence[Mapping[str, Any]],
+    nodes: Mapping[str, Mapping[str, Any]],
 ) -> float | None:
+    """A running gang first saves at a step boundary (handlers/stopping.py), then its pods go;
+    the status keeps the checkpoints, and the resumed attempt restores the save."""
+    said = "spec.suspend is true: the gang's pods are deleted, checkpoints kept"
     if step.pods:
+        stop = save_before_stop(cycle, job, pods, purpose="spec.suspend")
+        if not isinstance(stop, StopNow):
+            return stop  # the gang trains on until its save is committed (or the wait timed out)
+        said = f"{said}; {stop.note}"
         await cycle.delete_pods(pods, nodes)
     if step.enter:
         cycle.update(observed_generation=cycle.generation, gang_created_time=None, next_attempt_time=None)
-        cycle.phase("Suspended", "Suspended", "spec.suspend is true: the gang's pods are deleted, checkpoints kept")
+        cycle.phase("Suspended", "Suspended", said)
     return 2.0 if step.pods else None
 
 

@@ -25,6 +25,9 @@ from railyard.logic.schedulers import Integration, decide_integration
 QUEUED_RECHECK_S = 2.0
 #: The job's reason while Kueue has not written a word on a new Workload yet.
 WAITING_REASON = "WaitingForKueue"
+#: The eviction reason of a Workload set ``spec.active: false`` (record 051): Kueue frees its
+#: quota at once (052), so the job's pods stop at once (no save first).
+DEACTIVATED = "Deactivated"
 
 
 def kueue_queue(spec: TrainingJobSpec, labels: Mapping[str, str]) -> str | None:

@@ -202,7 +202,7 @@ class ControlBoard:
                 job,
                 save.attempt,
                 Action.SAVE,
-                f"save before the planned move off {', '.join(save.nodes)}",
+                f"save before {save.before}",
                 save_step=save.step,
             ), Action.SAVE
         if action is not Action.RESTART:
