@@ -35,12 +35,14 @@ RECHECK_S = 1.0
 
 @dataclass(frozen=True, slots=True)
 class SaveOrder:
-    """A save asked of the gang's launchers: attempt, the earliest step, since when, off which nodes."""
+    """A save asked of the gang's launchers: attempt, the earliest step, since when, off which nodes;
+    ``pods``: the pod indices it is for (empty: every pod; logic/groupleave.py names the moved groups')."""
 
     attempt: int
     step: int
     requested_at: float
     nodes: tuple[str, ...]
+    pods: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,5 +123,7 @@ def decide_jit_save(
 
 def answer_save(order: SaveOrder | None, report: LauncherReport) -> bool:
     """Whether the control channel answers ``report`` with the save ``order``: a launcher of the
-    order's attempt that has not passed this save on yet (it reports ``save_step`` back)."""
-    return order is not None and report.attempt == order.attempt and report.save_step != order.step
+    order's attempt (and of its ``pods``, when it names some) that has not passed this save on yet
+    (it reports ``save_step`` back)."""
+    return (order is not None and report.attempt == order.attempt and report.save_step != order.step
+            and (not order.pods or report.pod_index in order.pods))
