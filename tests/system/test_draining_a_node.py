@@ -205,8 +205,8 @@ def test_with_replica_groups_a_drain_moves_only_the_group_on_the_node(
         # a step, trained none twice, and went on alone from the very next step (one quorum change)
         assert len(left) == 1 and max(e["step"] for e in gone if e.get("event") == "step") == left[0], left
         assert not failed, failed
-        numbers = [e["step"] for e in steps]
-        assert numbers == list(range(1, STEPS + 1)), "every step once, none failed or trained twice"
+        numbers = [e["step"] for e in steps]  # (from 1, or from where group 0 healed at the start)
+        assert numbers and numbers == list(range(numbers[0], STEPS + 1)), "every step once, none tried again"
         assert alone is not None and alone["step"] == left[0] + 1, (left, [(e["step"], e.get("participants")) for e in steps])
         replaced = events_of(local_cluster, f"{name}-a1-1")
         done = [e for p in (kept, replaced) for e in p if e.get("event") == "done"]
