@@ -92,6 +92,11 @@ class FTManager(Protocol):
         """What the ``done`` event says about the fault tolerance."""
         ...
 
+    def leave(self, step: int) -> bool:
+        """Before a planned move, after committing ``step``: leave the other replica groups for
+        good (they go on without this one). False: there are none to leave."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -135,6 +140,9 @@ class NoFT:
     def done_fields(self, parts: Sequence[torch.nn.Module]) -> dict[str, Any]:
         return {}
 
+    def leave(self, step: int) -> bool:
+        return False
+
     def close(self) -> None:
         return None
 
@@ -168,7 +176,8 @@ class ReplicaExchange:
 
     def log_fields(self) -> dict[str, Any]:
         s = self.share
-        return {"group": self.group.group, "samples": [s.first, s.first + s.count], "participants": s.participants}
+        return {"group": self.group.group, "samples": [s.first, s.first + s.count], "participants": s.participants,
+                "quorum_s": round(self.group.quorum_s, 4)}
 
 
 class ReplicaGroupsFT:
@@ -251,6 +260,10 @@ class ReplicaGroupsFT:
         # replica groups must end on identical weights (tests compare them)
         return {"group": self.replicas.group, "heals": self.replicas.heals, "params_sha256": params_sha256(parts),
                 "params_crc32": params_crc32(parts)}
+
+    def leave(self, step: int) -> bool:
+        self.replicas.leave(step)
+        return True
 
     def close(self) -> None:
         self.replicas.close()

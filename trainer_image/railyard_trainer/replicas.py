@@ -37,6 +37,7 @@ import signal
 import socket
 import sys
 import threading
+import time
 import zlib
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -340,6 +341,11 @@ class ReplicaGroup:
         self.manager._client = _EpochClient(self.manager._client)
         self.heals = 0
         self.failed_steps = 0
+        #: How long this group waited for its last quorum (the step event's ``quorum_s``: a
+        #: change of membership shows as one long wait)
+        self.quorum_s = 0.0
+        #: This group left the quorum for good (:meth:`leave`)
+        self.left = False
         #: this step's process group was aborted after an error (one abort per step)
         self._aborted = False
         #: Inside the exchange with the other groups (the quorum; from the gradient sum to the
@@ -355,8 +361,10 @@ class ReplicaGroup:
         our share of the step's global batch; ``consumed_of`` is read after a heal."""
         before = self.manager.current_step()
         self._aborted = False
+        t0 = time.monotonic()
         with self._exchange():
             self.manager.start_quorum()
+        self.quorum_s = time.monotonic() - t0
         after = self.manager.current_step()
         rank = self.manager.participating_rank()
         participants = self.manager.num_participants()
@@ -442,12 +450,23 @@ class ReplicaGroup:
         finally:
             self.waiting = False
 
+    def leave(self, step: int) -> None:
+        """Leave the quorum for good after committing ``step`` (a planned move; the operator
+        replaces this group): the Manager stops, so its heartbeats to the Lighthouse end and the
+        other groups' next quorum leaves this group out once the Lighthouse's heartbeat timeout
+        has passed (torchft has no leave request). Between steps nothing of this group is in
+        flight with the others, so none of their steps fails for it."""
+        log_event("replica_left", group=self.group, rank=self.group_rank, step=step)
+        self.left = True
+        self.manager.shutdown(wait=False)
+
     def set_step(self, step: int) -> None:
         """After a restore from a checkpoint tier: the quorum's step is the restored one."""
         self.manager.load_state_dict({"step": step, "batches_committed": self.manager.batches_committed()})
 
     def close(self) -> None:
-        self.manager.shutdown(wait=False)
+        if not self.left:
+            self.manager.shutdown(wait=False)
 
 
 def group_from_env(env: Mapping[str, str] | None = None) -> tuple[int, str]:

@@ -41,13 +41,15 @@ RECHECK_S = 1.0
 @dataclass(frozen=True, slots=True)
 class SaveOrder:
     """A save asked of the gang's launchers: attempt, the earliest step, since when, off which nodes
-    (a planned move), or ``purpose``: the stop it is for (``spec.suspend``, Kueue's eviction)."""
+    (a planned move), or ``purpose``: the stop it is for (``spec.suspend``, Kueue's eviction);
+    ``pods``: the pod indices it is for (empty: every pod; logic/groupleave.py names the moved groups')."""
 
     attempt: int
     step: int
     requested_at: float
     nodes: tuple[str, ...]
     purpose: str = ""
+    pods: tuple[int, ...] = ()
 
     @property
     def before(self) -> str:
@@ -226,5 +228,7 @@ def decide_stop_save(
 
 def answer_save(order: SaveOrder | None, report: LauncherReport) -> bool:
     """Whether the control channel answers ``report`` with the save ``order``: a launcher of the
-    order's attempt that has not passed this save on yet (it reports ``save_step`` back)."""
-    return order is not None and report.attempt == order.attempt and report.save_step != order.step
+    order's attempt (and of its ``pods``, when it names some) that has not passed this save on yet
+    (it reports ``save_step`` back)."""
+    return (order is not None and report.attempt == order.attempt and report.save_step != order.step
+            and (not order.pods or report.pod_index in order.pods))
