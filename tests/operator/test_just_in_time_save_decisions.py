@@ -121,11 +121,11 @@ def stop(*, pending: SaveOrder | None = STOP_ORDER, attempt: int = 3, running: b
 
 STOP_ROWS: list[tuple[str, StopPlan, StopPlan]] = [
     ("a running gang: ask for the step reported + LEAD, before the suspend",
-     stop(pending=None, now=T0), RequestSave(SaveOrder(3, 40 + LEAD_STEPS, T0, (), SUSPEND))),
+     stop(pending=None, now=T0), RequestSave(SaveOrder(3, 40 + LEAD_STEPS, T0, (), purpose=SUSPEND))),
     ("a newer save known: ask past it", stop(pending=None, saved=41, now=T0),
-     RequestSave(SaveOrder(3, 41 + LEAD_STEPS, T0, (), SUSPEND))),
-    ("an order of an older attempt is not this one's", stop(pending=SaveOrder(2, 10, T0 - 500, (), SUSPEND), now=T0),
-     RequestSave(SaveOrder(3, 40 + LEAD_STEPS, T0, (), SUSPEND))),
+     RequestSave(SaveOrder(3, 41 + LEAD_STEPS, T0, (), purpose=SUSPEND))),
+    ("an order of an older attempt is not this one's", stop(pending=SaveOrder(2, 10, T0 - 500, (), purpose=SUSPEND), now=T0),
+     RequestSave(SaveOrder(3, 40 + LEAD_STEPS, T0, (), purpose=SUSPEND))),
     ("asked, not committed: wait, the pods stay", stop(), AwaitSave(STOP_ORDER, RECHECK_S)),
     ("a planned move's order of this attempt serves the stop too", stop(pending=ORDER), AwaitSave(ORDER, RECHECK_S)),
     ("committed at S: delete the pods, the next attempt resumes from S", stop(saved=42), StopNow(42, "")),

@@ -35,12 +35,12 @@ def plan(*, pending: SaveOrder | None = ORDER, attempt: int = 2, pods: tuple[int
 
 ROWS: list[tuple[str, JitSavePlan, JitSavePlan]] = [
     ("nothing asked yet: the moved pods leave at the step reported + LEAD",
-     plan(pending=None, now=T0), RequestSave(SaveOrder(2, 40 + LEAD_STEPS, T0, ("node-3",), (2, 3)))),
+     plan(pending=None, now=T0), RequestSave(SaveOrder(2, 40 + LEAD_STEPS, T0, ("node-3",), pods=(2, 3)))),
     ("an order of an older attempt is not this one's: ask again",
-     plan(pending=SaveOrder(1, 10, T0 - 500, ("node-3",), (2, 3)), now=T0),
-     RequestSave(SaveOrder(2, 40 + LEAD_STEPS, T0, ("node-3",), (2, 3)))),
+     plan(pending=SaveOrder(1, 10, T0 - 500, ("node-3",), pods=(2, 3)), now=T0),
+     RequestSave(SaveOrder(2, 40 + LEAD_STEPS, T0, ("node-3",), pods=(2, 3)))),
     ("another group is going too (a rolling drain): ask its pods as well",
-     plan(pods=(0, 1, 2, 3), now=T0), RequestSave(SaveOrder(2, 40 + LEAD_STEPS, T0, ("node-3",), (0, 1, 2, 3)))),
+     plan(pods=(0, 1, 2, 3), now=T0), RequestSave(SaveOrder(2, 40 + LEAD_STEPS, T0, ("node-3",), pods=(0, 1, 2, 3)))),
     ("asked, nobody left yet: wait", plan(), AwaitSave(ORDER, RECHECK_S)),
     ("one pod of the group left, the other not yet: wait", plan(left={2: 42, 3: -1}), AwaitSave(ORDER, RECHECK_S)),
     ("a pod of another group says nothing about this one", plan(left={0: 42, 2: 42}), AwaitSave(ORDER, RECHECK_S)),

@@ -25,7 +25,7 @@ attempt, placed sticky on the same nodes, restores it: its first step is the sav
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass
 
 from railyard.protocol.control import LauncherReport
 
@@ -48,8 +48,9 @@ class SaveOrder:
     step: int
     requested_at: float
     nodes: tuple[str, ...]
-    purpose: str = ""
+    _: KW_ONLY
     pods: tuple[int, ...] = ()
+    purpose: str = ""
 
     @property
     def before(self) -> str:
