@@ -99,7 +99,8 @@ def test_losing_the_lighthouses_node_restarts_no_group(api: Api, operator: Opera
         # Lighthouse's quorum without the other (protocol/quorum.py) until they meet; report both
         told = ("replica_healed", "quorum_refused", "quorum_rejoined")
         events = {n: [e for e in pod_events(local_cluster, SYSTEM_NS, n) if e.get("event") in told] for n in groups}
-        print(f"\nheals and rejoins during the run (the Lighthouse's node failed at step {s_at_loss}): {json.dumps(events)}")
+        print(f"\nheals and rejoins during the run (the Lighthouse's node failed at step {s_at_loss}): "
+              f"{json.dumps(events)}")
         pauses = {}
         for n in groups:
             steps = _steps(local_cluster, n)

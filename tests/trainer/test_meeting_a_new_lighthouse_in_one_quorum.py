@@ -36,7 +36,8 @@ def _lighthouse(port: int) -> subprocess.Popen[str]:
     as losing its node does (an in-process server's shutdown keeps serving them)."""
     proc = subprocess.Popen(
         [sys.executable, "-c", "import sys; from railyard_trainer.replicas import lighthouse_main; "
-         f"sys.exit(lighthouse_main(['--min-replicas', '1', '--bind', '127.0.0.1:{port}', '--join-timeout-ms', '10000']))"],
+         f"sys.exit(lighthouse_main(['--min-replicas', '1', '--bind', '127.0.0.1:{port}', "
+         "'--join-timeout-ms', '10000']))"],
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     assert proc.stdout is not None
     line = proc.stdout.readline()  # the ``lighthouse`` event, once it listens
@@ -59,8 +60,9 @@ class Group:
                                     hostname="127.0.0.1", bind="[::]:0", store_addr=f"127.0.0.1:{2000 + index}",
                                     world_size=1, heartbeat_interval=heartbeat, connect_timeout=TIMEOUT,
                                     quorum_retries=40)
+        # asks again for long enough that only a hang would make it give up
         self.client = RejoiningClient(ManagerClient(self.server.address(), connect_timeout=TIMEOUT), group=index,
-                                      rank=0, rejoin_rounds=50)
+                                      rank=0, rejoin_rounds=600)
         self.answers: list[Any] = []
 
     def ask(self, step: int) -> threading.Thread:
@@ -81,9 +83,10 @@ def test_the_first_group_to_reach_a_new_lighthouse_waits_for_the_other_instead_o
     port = _free_port()
     address = f"http://127.0.0.1:{port}"
     old = _lighthouse(port)
-    # group 1 beats rarely, so the new Lighthouse does not know it is alive before it asks:
+    # group 1 beats once an hour, so the new Lighthouse does not know it is alive before it asks:
     # what happens when its Manager is still backing off from reconnecting (torchft)
-    groups = [Group(0, address, heartbeat=timedelta(milliseconds=100)), Group(1, address, heartbeat=timedelta(seconds=60))]
+    groups = [Group(0, address, heartbeat=timedelta(milliseconds=100)),
+              Group(1, address, heartbeat=timedelta(hours=1))]
     try:
         def together() -> bool:
             for t in [g.ask(13) for g in groups]:

@@ -63,7 +63,8 @@ ROWS = [
                  id="the group is back with restarted workers: the same group"),
     pytest.param([seen(3, 0, ABC), seen(1, 30, A), seen(2, 30, AB), seen(3, 30, ABC)], [True, False, False, True],
                  id="three groups: waits for the last one too"),
-    pytest.param([seen(2, 0, AB)] + [seen(1, 30, A)] * (ROUNDS + 1) + [seen(1, 31, A)], [True] + [False] * ROUNDS + [True, True],
+    pytest.param([seen(2, 0, AB)] + [seen(1, 30, A)] * (ROUNDS + 1) + [seen(1, 31, A)],
+                 [True] + [False] * ROUNDS + [True, True],
                  id="a group that does not come back is waited for ROUNDS asks, then left out"),
 ]
 
@@ -76,8 +77,10 @@ def test_a_group_takes_no_part_in_a_new_lighthouses_quorum_without_the_groups_of
 
 # one group's accepted quorums in order -> does the Manager get a new id?
 ID_ROWS = [
-    pytest.param([seen(1, 0, AB), seen(1, 1, AB), seen(1, 7, AB)], [True, False, False], id="one quorum over many steps: one id"),
-    pytest.param([seen(1, 0, AB), seen(2, 9, A), seen(3, 12, AB)], [True, True, True], id="a group lost and back: new ids"),
+    pytest.param([seen(1, 0, AB), seen(1, 1, AB), seen(1, 7, AB)], [True, False, False],
+                 id="one quorum over many steps: one id"),
+    pytest.param([seen(1, 0, AB), seen(2, 9, A), seen(3, 12, AB)], [True, True, True],
+                 id="a group lost and back: new ids"),
     pytest.param([seen(2, 0, AB), seen(1, 30, AB), seen(1, 31, AB)], [True, True, False],
                  id="a new Lighthouse, same members, other id: a new id once"),
     pytest.param([seen(2, 0, AB), seen(2, 30, AB), seen(2, 31, AB)], [True, False, False],
