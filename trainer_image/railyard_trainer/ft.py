@@ -26,6 +26,7 @@ from typing import Any, Protocol
 import torch
 
 from railyard.protocol import podenv
+from railyard.protocol.quorum import rejoin_rounds
 from railyard.protocol.restore import decide_replica_group_unrestored
 from railyard.protocol.trainerconfig import cross_group_timeout_seconds
 from railyard_trainer import hooks
@@ -294,6 +295,7 @@ def build_ft_manager(cfg: TrainerConfig, *, ctx: hooks.TrainContext, data: Shard
         cross_group_timeout_s=cross_group_timeout_seconds(collective_timeout_seconds=t.collective_timeout_seconds,
                                                           watchdog_seconds=t.watchdog_seconds),
         store_addr=os.environ["MASTER_ADDR"], store_port=int(os.environ["MASTER_PORT"]),
+        rejoin_rounds=rejoin_rounds(t.watchdog_seconds),
     )
     # waiting for the other groups is not a hang of this one (the operator's hang rule)
     add_waiting_probe(lambda: replicas.waiting)
