@@ -96,5 +96,8 @@ def test_a_list_of_replica_groups_prints_goodput_against_r(
     captured = capsys.readouterr()
     assert wanted in (captured.out if rc == 0 else captured.err)
     if rc == 0:
-        sweep = json.loads(out.read_text())["replica_group_sweep"]
-        assert [d["replica_groups"] for d in sweep] == [int(x) for x in groups.split(",")]
+        doc = json.loads(out.read_text())
+        chosen = doc["replica_groups_chosen"]["groups"]
+        assert chosen > 1 and "<- the operator's choice" in captured.out, "the choice is shown beside the counts asked"
+        asked = {int(x) for x in groups.split(",")}
+        assert [d["replica_groups"] for d in doc["replica_group_sweep"]] == sorted(asked | {chosen})

@@ -4,7 +4,7 @@ the input, and the answer (a :class:`Placement`, or :class:`Unplaceable` naming 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Literal
@@ -187,6 +187,17 @@ class GroupPlacement:
     leaves: tuple[tuple[str, ...], ...]
     #: Its pods that moved in a re-placement.
     moved: tuple[int, ...] = ()
+
+
+def compute_shared_domains(groups: Sequence[GroupPlacement]) -> dict[tuple[str, ...], tuple[int, ...]]:
+    """The deepest domains (leaves, or NVLink domains when a level below the leaf is placed on)
+    holding nodes of more than one replica group -> those groups. Empty: a switch, rack or NVLink
+    domain's failure takes at most one group."""
+    holders: dict[tuple[str, ...], list[int]] = {}
+    for g in groups:
+        for path in dict.fromkeys(g.leaves):
+            holders.setdefault(path, []).append(g.group)
+    return {path: tuple(gs) for path, gs in holders.items() if len(gs) > 1}
 
 
 #: Placement constraint -> the reason the operator writes into the Placed condition.
