@@ -196,7 +196,7 @@ def _groups_summary(pl: Placement, req: GangRequest, lighthouse: LighthousePlan 
         nodes = ", ".join(g.nodes[:2]) + (f", ... ({len(g.nodes)})" if len(g.nodes) > 2 else "")
         leaves = ", ".join("/".join(path[1:] if len(path) > 1 else path) or "-" for path in g.leaves)
         lines.append(f"    {g.group:>5}  {pods:<12} {nodes:<40} {leaves}")
-    shared = compute_shared_domains(groups)
+    shared = compute_shared_domains(groups, leaf_depth=len(req.levels) - (req.nvlink_level in req.levels))
     lines.append(
         "  failure domains: no leaf or NVLink domain holds two replica groups (a switch, rack or power failure "
         "there takes at most one)" if not shared else

@@ -189,13 +189,18 @@ class GroupPlacement:
     moved: tuple[int, ...] = ()
 
 
-def compute_shared_domains(groups: Sequence[GroupPlacement]) -> dict[tuple[str, ...], tuple[int, ...]]:
-    """The deepest domains (leaves, or NVLink domains when a level below the leaf is placed on)
-    holding nodes of more than one replica group -> those groups. Empty: a switch, rack or NVLink
-    domain's failure takes at most one group."""
+def compute_shared_domains(
+    groups: Sequence[GroupPlacement], *, leaf_depth: int | None = None
+) -> dict[tuple[str, ...], tuple[int, ...]]:
+    """The failure domains holding nodes of more than one replica group -> those groups: the
+    leaf domains (paths of ``leaf_depth`` levels; default the whole path) and every domain below
+    them (an NVLink domain). Empty: a switch, rack or NVLink domain's failure takes at most one
+    group."""
     holders: dict[tuple[str, ...], list[int]] = {}
     for g in groups:
-        for path in dict.fromkeys(g.leaves):
+        paths = dict.fromkeys(path[:depth] for path in g.leaves
+                              for depth in range(leaf_depth or len(path), len(path) + 1))
+        for path in paths:
             holders.setdefault(path, []).append(g.group)
     return {path: tuple(gs) for path, gs in holders.items() if len(gs) > 1}
 
