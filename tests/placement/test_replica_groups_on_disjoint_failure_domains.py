@@ -4,6 +4,9 @@ takes at most one group; ``railyard plan`` prints each group's domains and any s
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 from railyard.commands.plan import _groups_summary, plan
@@ -57,3 +60,27 @@ def test_a_shared_domain_names_the_groups_in_it() -> None:
     b = GroupPlacement(1, (2, 3), ("n2", "n3"), (("s0", "l1"), ("s0", "l2")))
     assert compute_shared_domains([a, b]) == {("s0", "l1"): (0, 1)}
     assert compute_shared_domains([a, b], leaf_depth=1) == {("s0",): (0, 1), ("s0", "l1"): (0, 1)}
+
+
+def test_plan_prints_the_chosen_count_why_and_each_groups_domains(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """``railyard plan`` on a 16,384-GPU job that leaves the count open: the operator's choice,
+    its reason and the other counts' expected losses, then every group's failure domains."""
+    import yaml
+
+    from railyard.cli import main
+
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump({"apiVersion": "railyard.dev/v1alpha1", "kind": "TrainingJob",
+                                   **_doc(2048, 8, 0, pp=16, spares=32)}))
+    assert main(["plan", str(job), "--nodes", "spine=9,leaf=8,nodes=32,gpus=8", "--show-pods", "0"]) == 0
+    out = capsys.readouterr().out
+    chosen = next(line for line in out.splitlines() if line.startswith("replica groups chosen"))
+    groups = int(chosen.split("0): ", 1)[1].split()[0])  # "... (parallelism.dataReplicas: 0): N groups of ..."
+    assert groups > 1 and 2048 // groups % 32 == 0, chosen
+    assert "expected loss by number of groups: 2: " in out
+    rows = [line for line in out.splitlines() if line.startswith("    ") and "leaf-" in line and "node-" in line]
+    assert len(rows) == groups, "one line per group with its domains"
+    assert "no leaf or NVLink domain holds two replica groups" in out
+    assert main(["plan", str(job), "--nodes", "spine=9,leaf=8,nodes=32,gpus=8", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["replicaGroupsChosen"]["groups"] == groups and len(doc["placement"]["replicaGroups"]) == groups
