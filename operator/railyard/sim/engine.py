@@ -411,10 +411,8 @@ class _Run:
         assert self.cluster is not None
         scn = self.scn
         drained = self.cluster.leaf_of(min(int(ev.u1 * scn.nodes), scn.nodes - 1))
-        pods = self.cluster.pods_on(drained)
+        pods = self.cluster.pods_on(drained)  # the drained leaf holds the drawn pod, so never none
         name = PLANNED_CAUSE.name
-        if not pods:
-            return  # nothing of the gang there: the drain goes through
         # the step in flight finishes (nothing is redone); the move starts at its boundary
         boundary = self.t + (math.ceil(self.step - 1e-9) - self.step) * self.step_s * (1.0 + self.cross)
         self.advance(boundary)
