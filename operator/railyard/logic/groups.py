@@ -202,7 +202,8 @@ def decide_replica_groups(shape: GroupShape, costs: GroupCosts = GroupCosts()) -
         "the topology's leaf size is unknown: no domain preference")
     reason = (
         f"{best.groups} groups of {best.group_nodes} nodes: the fewest GPU-hours lost of the "
-        f"{len(pool)} counts {'with ' if disjoint else ''}{'disjoint domains' if disjoint else 'allowed'} "
+        f"{len(pool)} count{'s' if len(pool) != 1 else ''} {'with ' if disjoint else ''}"
+        f"{'disjoint domains' if disjoint else 'allowed'} "
         f"(expected {best.loss:.3%} of the run: {rate:.1f} failures a day each costing its group "
         f"{costs.outage_s:.0f} s + heal and every group {costs.survivor_stall_s:g} s, cross-group all-reduce "
         f"{cross:.3%} of each step); {where}")
