@@ -63,6 +63,7 @@ from railyard.logic.gang import (
     pod_index_of,
     pod_name_of,
 )
+from railyard.logic.groups import resolve_replica_groups
 from railyard.logic.inplace import apply_launcher_reports
 from railyard.logic.jitsave import MoveNow, StopNow
 from railyard.logic.manifests import CLEANUP_FINALIZER, check_names, is_owned_by
@@ -116,7 +117,8 @@ async def reconcile_job(
         job = TrainingJob.model_validate(
             {"metadata": {"name": cycle.name, "namespace": cycle.ns}, "spec": cycle.body.get("spec") or {}}
         )
-        problems = check_names(cycle.name, job.spec.nodes, lighthouse=job.spec.replica_groups > 1)
+        job, problems = _resolve_groups(cycle, job)
+        problems += check_names(cycle.name, job.spec.nodes, lighthouse=job.spec.replica_groups > 1)
     except ValidationError as exc:
         job, problems = None, [_format_validation(exc)]
     if job is None or problems:
@@ -136,6 +138,21 @@ async def reconcile_job(
             delay = again_in if delay is None else min(delay, again_in)
     await cycle.commit()
     return delay
+
+
+def _resolve_groups(cycle: Cycle, job: TrainingJob) -> tuple[TrainingJob, list[str]]:
+    """``parallelism.dataReplicas: 0``: the number of replica groups chosen once (logic/groups.py)
+    from the cluster's nodes and kept in ``status.replicaGroups`` for the job's life."""
+    nodes = list(cycle.runtime.node_map().values())
+    job, choice = resolve_replica_groups(job, nodes, recorded=cycle.status.replica_groups)
+    if choice is None:
+        return job, []
+    if not choice.groups:
+        return job, [f"parallelism.dataReplicas: 0 (the operator's choice): {choice.reason}"]
+    if nodes:  # chosen from the topology only once the nodes are known
+        cycle.update(replica_groups=choice.groups)
+        cycle.event("Normal", "ReplicaGroupsChosen", choice.reason)
+    return job, []
 
 
 async def _step(cycle: Cycle, job: TrainingJob) -> float | None:
