@@ -97,7 +97,7 @@ async def place_and_create(cycle: Cycle, job: TrainingJob, nodes: Mapping[str, M
         previous_nodes=[p.node for p in sorted(prev.pods, key=lambda p: p.pod_index)] if prev is not None else None,
         previous_spares=cycle.status.placement.spares if cycle.status.placement else (),
         failed=_avoided(cycle, job, nodes), cache=runtime.topology_cache,
-        refused=cycle.refused_nodes(),
+        refused=cycle.refused_nodes(), admitted=cycle.worker.kueue_topology,
     ))
     runtime.metrics.placement.observe(time.perf_counter() - t0)
 
