@@ -30,6 +30,15 @@ from railyard.logic.topology import HOSTNAME_KEY
 
 #: Why a node is left out of a placement inside the assignment (the placement's exclusion reason).
 OUTSIDE = "OutsideTopologyAssignment"
+#: Kueue's TAS counts a pod without this label as a non-TAS pod on top of the Workload's assignment
+#: (record 111-114: the next TAS Workload did not fit); with it, the pod is the assignment's (115-116).
+#: Kueue's pod webhook leaves the pod alone all the same (it has no queue-name label).
+TAS_LABEL = "kueue.x-k8s.io/tas"
+
+
+def tas_pod_labels(assignment: TopologyAssignment | None) -> dict[str, str]:
+    """The labels the gang's pods and spare placeholders carry under a TAS admission."""
+    return {TAS_LABEL: "true"} if assignment is not None else {}
 
 
 @dataclass(frozen=True, slots=True)
