@@ -332,8 +332,10 @@ async def test_the_gang_lands_on_the_nodes_of_kueues_topology_assignment() -> No
     await h.cycle(1.0)
     assert sorted(h.pod_nodes(0)) == ["node-1", "node-2"], h.reasons()
     admitted = find_condition(h.status.conditions, "Admitted")
-    said = "placed inside the topology assignment: 2 domains at level kubernetes.io/hostname (node-1 x1, node-2 x1)"
-    assert admitted is not None and admitted.status == "True" and said in admitted.message
+    said = ("Kueue admitted Workload a in LocalQueue team-a in ClusterQueue railyard-cq; placed inside the topology "
+            "assignment: 2 domains at level kubernetes.io/hostname (node-1 x1, node-2 x1)")  # docs/deploy.md
+    assert admitted is not None and admitted.status == "True" and admitted.message == said
+    assert said in " ".join(DEPLOY_DOC.read_text().split())
     assert any(reason == "Admitted" and said in message for _, reason, message in h.cluster.events)
     for pod in h.cluster.pods_of(0):  # Kueue counts them as the assignment's, not on top of it (111-116)
         assert pod["metadata"]["labels"]["kueue.x-k8s.io/tas"] == "true"
@@ -369,8 +371,9 @@ async def test_a_lost_node_under_a_topology_assignment_waits_inside_it_until_kue
     used = {node for attempt in range(h.status.attempt + 1) for node in h.pod_nodes(attempt)}
     assert used <= {"node-1", "node-2"}, "no pod outside the assignment"
     said = h.status.message
-    assert h.status.phase == "Placing" and "1 NotReady, 2 OutsideTopologyAssignment" in said, said
-    assert "placed inside the topology assignment: 2 domains at level kubernetes.io/hostname, waiting" in said, said
+    assert h.status.phase == "Placing" and ("(excluded: 1 NotReady, 2 OutsideTopologyAssignment); placed inside the "
+                                            "topology assignment: 2 domains at level kubernetes.io/hostname, waiting "
+                                            "for one of its nodes") in said, said
     assert [c for c in h.cluster.calls if c[1].startswith("Workload/")] == [("create", "Workload/a")]
     workload = kueue.workloads[("ns", "a")]
     workload["status"]["admission"]["podSetAssignments"][0]["topologyAssignment"] = _hosts(("node-1", 1), ("node-3", 1))
