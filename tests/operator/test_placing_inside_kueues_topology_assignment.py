@@ -169,3 +169,12 @@ def test_a_replacement_goes_to_an_unused_allowed_node_else_the_job_waits() -> No
     assert isinstance(waits, Unplaceable) and waits.constraint == "capacity", waits
     assert waits.excluded == {OUTSIDE: 4}, "node-4 is failed, every other node but node-1 outside"
     assert f"4 {OUTSIDE}" in waits.message and "1 short" in waits.message
+
+
+def test_two_pods_on_one_node_cannot_be_honoured_and_the_job_waits() -> None:
+    """Railyard places one pod per node: Kueue's two pods on node-1 leave the gang a node short
+    (docs/deploy.md, Kueue limits), and the assignment says why."""
+    assignment = _assign(HOST, ("node-1", 2))
+    got = _place(_job(), assignment)
+    assert isinstance(got, Unplaceable) and got.constraint == "capacity" and got.short == 1, got
+    assert assignment.problems() and "Kueue assigned 2 pods to node node-1" in assignment.problems()[0]
