@@ -65,6 +65,9 @@ class FakeKueue:
         self.flavors: dict[str, dict[str, Any]] = {flavor: {"metadata": {"name": flavor}, "spec": {}}}
         #: (namespace, name) -> Workload, as stored (creation order kept)
         self.workloads: dict[tuple[str, str], dict[str, Any]] = {}
+        #: pod set name -> the ``topologyAssignment`` a TAS flavor's admission gives it (record 107);
+        #: none by default (Topology-Aware Scheduling off, as in the record's main phase)
+        self.topology: dict[str, dict[str, Any]] = {}
 
     def add(self, workload: dict[str, Any]) -> bool:
         key = (workload["metadata"]["namespace"], workload["metadata"]["name"])
@@ -193,7 +196,8 @@ class FakeKueue:
         status["admission"] = {"clusterQueue": self.cluster_queue, "podSetAssignments": [
             {"name": ps["name"], "count": ps["count"],
              "flavors": {res: self.flavor for res in self.usage({"spec": {"podSets": [ps]}})},
-             "resourceUsage": self.usage({"spec": {"podSets": [ps]}})}
+             "resourceUsage": self.usage({"spec": {"podSets": [ps]}}),
+             **({"topologyAssignment": copy.deepcopy(self.topology[ps["name"]])} if ps["name"] in self.topology else {})}
             for ps in workload["spec"]["podSets"]]}
         _set(workload, _condition("QuotaReserved", "True", "QuotaReserved", f"Quota reserved in ClusterQueue {self.cluster_queue}"))
         _set(workload, _condition("Admitted", "True", "Admitted", "The workload is admitted"))

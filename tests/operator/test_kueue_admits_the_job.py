@@ -124,14 +124,15 @@ def test_what_the_job_does_about_what_kueue_wrote(record: str | None, expected: 
         assert got.cluster_queue == "railyard-cq"
 
 
-def test_a_topology_assignment_is_named_as_not_honoured() -> None:
-    """Kueue's Topology-Aware Scheduling assigns pods per node (107); the job says it does not
-    place inside that assignment, in its Admitted condition and Event (docs/deploy.md)."""
+def test_a_topology_assignment_is_named_with_what_cannot_be_honoured() -> None:
+    """Kueue's Topology-Aware Scheduling assigns pods per node (107): the job says it places inside
+    that assignment, and that two pods on one node is more than Railyard's one pod per node."""
     got = decide_admission(_status_of("107-t12-workload-tas-admitted.json"), job="tj-t1", queue="tas-q")
     assert isinstance(got, Admitted) and got.cluster_queue == "tas-cq"
-    assert "(kubernetes.io/hostname: kq-tas-0 x2, kq-tas-1 x2) is not honoured" in got.message
+    assert ("placed inside the topology assignment: 2 domains at level kubernetes.io/hostname "
+            "(kq-tas-0 x2, kq-tas-1 x2); cannot be honoured: Kueue assigned 2 pods to node kq-tas-0") in got.message
     plain = decide_admission(_status_of("008-a02-workload-admitted.json"), job="tj-a", queue="team-a")
-    assert isinstance(plain, Admitted) and "Topology" not in plain.message
+    assert isinstance(plain, Admitted) and "topology" not in plain.message
 
 
 # the operator, in-process ----------------------------------------------------------------------
@@ -171,6 +172,7 @@ async def test_no_pod_before_admission_and_the_job_queued_meanwhile() -> None:
     assert h.status.phase in ("Placing", "Starting") and len(h.cluster.pods_of(0)) == 2
     for pod in h.cluster.pods_of(0):
         assert not set(KUEUE_POD_LABELS) & set(pod["metadata"]["labels"])
+        assert "kueue.x-k8s.io/tas" not in pod["metadata"]["labels"], "no TAS assignment, no TAS label"
 
 
 async def test_two_jobs_quota_for_one_the_second_waits_in_kueues_words_and_starts_after_the_first() -> None:
@@ -312,6 +314,74 @@ async def test_a_gang_of_64_pods_is_admitted_whole() -> None:
     kueue.schedule()
     await h.cycle(1.0)
     assert len(h.cluster.pods_of(0)) == 64 and kueue.used_gpus() == 128
+
+
+def _hosts(*domains: tuple[str, int]) -> dict[str, Any]:
+    """A topologyAssignment at the node level, as recorded (107)."""
+    return {"levels": ["kubernetes.io/hostname"], "domains": [{"values": [n], "count": c} for n, c in domains]}
+
+
+async def test_the_gang_lands_on_the_nodes_of_kueues_topology_assignment() -> None:
+    """With a TAS flavor Kueue's admission names the nodes (107): the operator's placement, which
+    alone would take one leaf (node-0, node-1), places the gang on the assigned nodes and says so."""
+    kueue = FakeKueue(gpus=4)
+    kueue.topology["workers"] = _hosts(("node-1", 1), ("node-2", 1))
+    h = Harness(_nodes(), _job("a"), kueue=kueue)
+    await h.cycle()
+    kueue.schedule()
+    await h.cycle(1.0)
+    assert sorted(h.pod_nodes(0)) == ["node-1", "node-2"], h.reasons()
+    admitted = find_condition(h.status.conditions, "Admitted")
+    said = ("Kueue admitted Workload a in LocalQueue team-a in ClusterQueue railyard-cq; placed inside the topology "
+            "assignment: 2 domains at level kubernetes.io/hostname (node-1 x1, node-2 x1)")  # docs/deploy.md
+    assert admitted is not None and admitted.status == "True" and admitted.message == said
+    assert said in " ".join(DEPLOY_DOC.read_text().split())
+    assert any(reason == "Admitted" and said in message for _, reason, message in h.cluster.events)
+    for pod in h.cluster.pods_of(0):  # Kueue counts them as the assignment's, not on top of it (111-116)
+        assert pod["metadata"]["labels"]["kueue.x-k8s.io/tas"] == "true"
+        assert not set(KUEUE_POD_LABELS) & set(pod["metadata"]["labels"])
+
+
+async def test_the_spares_pod_set_is_placed_inside_the_assignment_too() -> None:
+    kueue = FakeKueue(gpus=6)
+    kueue.topology["workers"] = _hosts(("node-0", 1), ("node-2", 1))
+    kueue.topology["spares"] = _hosts(("node-3", 1))
+    h = Harness(_nodes(), _job("a", hotSpares=1), kueue=kueue)
+    await h.cycle()
+    kueue.schedule()
+    await h.cycle(1.0)
+    await h.cycle(1.0)
+    spares = h.cluster.pods_of(spare=True)
+    assert sorted([*h.pod_nodes(0), *(p["spec"]["nodeName"] for p in spares)]) == ["node-0", "node-2", "node-3"], h.reasons()
+    assert [p["metadata"]["labels"]["kueue.x-k8s.io/tas"] for p in spares] == ["true"]
+
+
+async def test_a_lost_node_under_a_topology_assignment_waits_inside_it_until_kueue_reassigns() -> None:
+    """Restarts stay inside the admission: with no assigned node left for the lost pod, the job
+    waits and says why (no pod on a node outside the assignment); when Kueue assigns another node
+    (as its failed-node replacement does) the gang goes there."""
+    kueue = FakeKueue(gpus=4)
+    kueue.topology["workers"] = _hosts(("node-1", 1), ("node-2", 1))
+    h = Harness(_nodes(), _job("a"), kueue=kueue)
+    await _admitted_and_running(h)
+    h.node_down("node-2")
+    for _ in range(4):
+        await h.cycle(2.0)
+        h.cluster.finish_deletions()
+    used = {node for attempt in range(h.status.attempt + 1) for node in h.pod_nodes(attempt)}
+    assert used <= {"node-1", "node-2"}, "no pod outside the assignment"
+    said = h.status.message
+    assert h.status.phase == "Placing" and ("(excluded: 1 NotReady, 2 OutsideTopologyAssignment); placed inside the "
+                                            "topology assignment: 2 domains at level kubernetes.io/hostname, waiting "
+                                            "for one of its nodes") in said, said
+    assert [c for c in h.cluster.calls if c[1].startswith("Workload/")] == [("create", "Workload/a")]
+    workload = kueue.workloads[("ns", "a")]
+    workload["status"]["admission"]["podSetAssignments"][0]["topologyAssignment"] = _hosts(("node-1", 1), ("node-3", 1))
+    for _ in range(3):
+        await h.cycle(2.0)
+        h.cluster.finish_deletions()
+    assert sorted(h.pod_nodes()) == ["node-1", "node-3"], h.reasons()
+    assert len(kueue.workloads) == 1 and kueue.used_gpus() == 4, "one Workload, its quota held once"
 
 
 async def test_the_gang_is_placed_on_nodes_of_the_admitted_flavor() -> None:

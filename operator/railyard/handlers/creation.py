@@ -97,7 +97,7 @@ async def place_and_create(cycle: Cycle, job: TrainingJob, nodes: Mapping[str, M
         previous_nodes=[p.node for p in sorted(prev.pods, key=lambda p: p.pod_index)] if prev is not None else None,
         previous_spares=cycle.status.placement.spares if cycle.status.placement else (),
         failed=_avoided(cycle, job, nodes), cache=runtime.topology_cache,
-        refused=cycle.refused_nodes(),
+        refused=cycle.refused_nodes(), admitted=cycle.worker.kueue_topology,
     ))
     runtime.metrics.placement.observe(time.perf_counter() - t0)
 
@@ -107,7 +107,10 @@ async def place_and_create(cycle: Cycle, job: TrainingJob, nodes: Mapping[str, M
             cycle.phase("Failed", result.condition_reason, result.message)
             return None
         retry = placement_retry_s(cycle.worker.placement_failures)
-        cycle.phase("Placing", result.condition_reason, f"{result.message}; retrying (and on every node change)")
+        inside = cycle.worker.kueue_topology
+        # restarts stay inside the admission: the job waits for an assigned node (or a new assignment)
+        where = f"; {inside.describe()}, waiting for one of its nodes" if inside is not None else ""
+        cycle.phase("Placing", result.condition_reason, f"{result.message}{where}; retrying (and on every node change)")
         return retry
     cycle.worker.placement_failures = 0
     try:

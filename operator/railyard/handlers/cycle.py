@@ -14,6 +14,7 @@ place a gang's objects are created).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol
@@ -46,6 +47,7 @@ from railyard.logic.status import (
     build_transition_events,
     status_to_wire,
 )
+from railyard.logic.tas import tas_pod_labels
 from railyard.protocol.ranktable import RankTable
 
 log = logging.getLogger(__name__)
@@ -292,7 +294,7 @@ class Cycle:
         key = None
         if decide_integration(spec, workload_api=served) is Integration.KUBERNETES:
             key = topology_key_for(spec, gang_nodes, self.runtime.node_map())
-        return plan_gang_scheduling(
+        plan = plan_gang_scheduling(
             spec,
             job=self.name,
             namespace=self.ns,
@@ -302,6 +304,8 @@ class Cycle:
             workload_api=served,
             topology_key=key,
         )
+        tas = tas_pod_labels(self.worker.kueue_topology)  # Kueue counts the pods once (logic/tas.py)
+        return dataclasses.replace(plan, pod_labels={**plan.pod_labels, **tas}) if tas else plan
 
     def drop_detected(self, plan: GangSchedulingPlan, status: int) -> bool:
         """``spec.gang.scheduler: auto`` found Kubernetes' gang scheduling, but creating its

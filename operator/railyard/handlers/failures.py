@@ -83,6 +83,7 @@ async def handle_failure(
             reported=current,
             said=said,
             refused=cycle.refused_nodes(),
+            admitted=cycle.worker.kueue_topology,
             topology_cache=runtime.topology_cache,
             going=find_going_nodes(
                 nodes, signals=runtime.settings.maintenance_signals, tolerations=job_tolerations(job)

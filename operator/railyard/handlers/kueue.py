@@ -42,6 +42,7 @@ from railyard.logic.manifests.kueue import (
     build_kueue_workload,
     workload_name,
 )
+from railyard.logic.tas import read_topology_assignment
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +73,8 @@ async def await_admission(cycle: Cycle, job: TrainingJob, queue: str, *, pods: S
         if isinstance(decision, Admitted) and workload is not None and cycle.worker.kueue_flavor is None:
             flavors = [await cycle.io.read_resource_flavor(f) for f in admitted_flavors(workload)]
             cycle.worker.kueue_flavor = merge_flavors([f for f in flavors if f is not None])
+        if isinstance(decision, Admitted) and workload is not None:
+            cycle.worker.kueue_topology = read_topology_assignment(workload)
     except ApiError as exc:
         if exc.status not in (403, 404):
             raise
@@ -126,7 +129,7 @@ async def _evicted(cycle: Cycle, job: TrainingJob, decision: Evict, workload: Ma
             # Workload is read again at every look (a readmission, a deactivation meanwhile)
             cycle.worker.kueue_read_at = float("-inf")
             return stop
-        cycle.worker.kueue_flavor = None
+        cycle.worker.kueue_flavor = cycle.worker.kueue_topology = None
         await cycle.delete_pods(pods, nodes)
         if cycle.status.phase != "Queued":
             cycle.update(gang_created_time=None, next_attempt_time=None,
@@ -136,7 +139,7 @@ async def _evicted(cycle: Cycle, job: TrainingJob, decision: Evict, workload: Ma
             cycle.phase("Queued", decision.reason,
                         f"{said}; the gang's pods are deleted, checkpoints kept; {stop.note}")
         return 1.0
-    cycle.worker.kueue_flavor = None
+    cycle.worker.kueue_flavor = cycle.worker.kueue_topology = None
     if not await cycle.io.acknowledge_eviction(
         cycle.ns, workload_name(cycle.name), build_eviction_ack(workload, time=cycle.iso)
     ):

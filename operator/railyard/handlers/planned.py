@@ -126,7 +126,7 @@ async def move_ahead(
         cause=cause, job=job, status=cycle.status, generation=cycle.generation, members=gang, nodes=nodes,
         cluster_pods=runtime.all_bound_pods() if table is not None else (), table=table,
         capable=capable_pods(cycle, gang), reported=members, said=cause.failure.message,
-        refused=cycle.refused_nodes(), topology_cache=runtime.topology_cache,
+        refused=cycle.refused_nodes(), topology_cache=runtime.topology_cache, admitted=cycle.worker.kueue_topology,
         going=find_going_nodes(nodes, signals=runtime.settings.maintenance_signals, tolerations=job_tolerations(job)),
     ))
     runtime.metrics.placement.observe(time.perf_counter() - t0)

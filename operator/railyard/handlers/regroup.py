@@ -143,6 +143,7 @@ async def grow_back(cycle: Cycle, job: TrainingJob, members: Sequence[Obj], node
             cluster_pods=cycle.runtime.all_bound_pods(),
             table=table,
             refused=cycle.refused_nodes(),
+            admitted=cycle.worker.kueue_topology,
             topology_cache=cycle.runtime.topology_cache,
             going=find_going_nodes(nodes, signals=cycle.runtime.settings.maintenance_signals,
                                    tolerations=job_tolerations(job)),

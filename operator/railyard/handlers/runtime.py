@@ -25,6 +25,7 @@ from railyard.logic.jitsave import DEFAULT_TIMEOUT_S
 from railyard.logic.kueue import FlavorPlacement
 from railyard.logic.manifests import CLEANUP_LABEL, LIGHTHOUSE_LABEL, SPARE_LABEL
 from railyard.logic.planned import MAINTENANCE_SIGNALS
+from railyard.logic.tas import TopologyAssignment
 from railyard.logic.topology import TopologyCache
 from railyard.observe.checkpoint_metrics import CheckpointMetrics
 from railyard.observe.control import ControlBoard
@@ -98,6 +99,9 @@ class JobWorker:
     #: Kueue admitted the job's Workload: what its flavors ask of the nodes (read once a worker;
     #: restarts stay inside the admission).
     kueue_flavor: FlavorPlacement | None = None
+    #: The admission's Topology-Aware Scheduling assignment, read at every read of the Workload
+    #: (Kueue may rewrite it): the gang's placements stay inside it (logic/tas.py).
+    kueue_topology: TopologyAssignment | None = None
     #: When the job's Workload was read last (an admitted job looks for an eviction now and then).
     kueue_read_at: float = float("-inf")
     #: The job's end is written on its Workload (Finished).

@@ -15,6 +15,7 @@ from railyard.api.trainingjob import TrainingJob
 from railyard.handlers.cycle import Cycle
 from railyard.logic.manifests import build_spare_pod, owner_reference
 from railyard.logic.spares import HOLDING, decide_spares
+from railyard.logic.tas import tas_pod_labels
 
 #: A placeholder's deletion grace (its sleep has nothing to save; the replacement waits for it).
 PLACEHOLDER_GRACE_S = 1
@@ -43,8 +44,11 @@ async def reconcile_spares(cycle: Cycle, job: TrainingJob) -> float | None:
         create = []
     if create:
         owner = owner_reference(cycle.body)
-        await cycle.io.create_pods([build_spare_pod(job.spec, job=cycle.name, namespace=cycle.ns, owner=owner, node=n,
-                                                annotations=runtime.settings.pod_annotations) for n in create])
+        placeholders = [build_spare_pod(job.spec, job=cycle.name, namespace=cycle.ns, owner=owner, node=n,
+                                        annotations=runtime.settings.pod_annotations) for n in create]
+        for placeholder in placeholders:  # held GPUs Kueue's TAS counts once, as the gang's (logic/tas.py)
+            placeholder["metadata"]["labels"].update(tas_pod_labels(cycle.worker.kueue_topology))
+        await cycle.io.create_pods(placeholders)
     if held != cycle.status.spares_held:
         cycle.update(spares_held=held)
     runtime.metrics.set_spares(

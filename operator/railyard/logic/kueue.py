@@ -20,6 +20,7 @@ from typing import Any
 from railyard.api.trainingjob import Toleration, TrainingJobSpec
 from railyard.logic.manifests.kueue import QUEUE_LABEL, WORKERS_POD_SET, workload_name
 from railyard.logic.schedulers import Integration, decide_integration
+from railyard.logic.tas import read_topology_assignment
 
 #: How often a queued job reads its Workload again (Kueue decides in 0.04-0.7 s, record README).
 QUEUED_RECHECK_S = 2.0
@@ -106,22 +107,17 @@ def decide_admission(workload: Mapping[str, Any] | None, *, job: str, queue: str
     return StayQueued(WAITING_REASON, f"waiting for Kueue to admit {where}")
 
 
-def describe_topology_assignment(workload: Mapping[str, Any], pod_set: str = WORKERS_POD_SET) -> str | None:
+def describe_topology_assignment(workload: Mapping[str, Any]) -> str | None:
     """What the job says of an admission with Topology-Aware Scheduling (record 107:
-    ``podSetAssignments[].topologyAssignment``, the pods per domain of the lowest level), which it
-    does not honour: Railyard's placement puts one pod on each node it chooses, rail-aware, on the
-    flavor's nodes, while TAS may assign several pods to one node; and Kueue then counts the
-    unlabelled pods on top of its assignment (record 111-114). None without an assignment."""
-    for assignment in ((workload.get("status") or {}).get("admission") or {}).get("podSetAssignments") or ():
-        topology = assignment.get("topologyAssignment") if assignment.get("name") == pod_set else None
-        if not topology:
-            continue
-        domains = ", ".join(f"{'/'.join(str(v) for v in d.get('values') or ())} x{d.get('count')}"
-                            for d in topology.get("domains") or ())
-        levels = " > ".join(str(level) for level in topology.get("levels") or ())
-        return (f"its Topology-Aware Scheduling assignment ({levels}: {domains}) is not honoured: the gang is "
-                "placed by Railyard's placement on the flavor's nodes (docs/deploy.md, Kueue limits)")
-    return None
+    ``podSetAssignments[].topologyAssignment``): the gang is placed inside it (logic/tas.py), and
+    what of it cannot be honoured. None without an assignment."""
+    topology = read_topology_assignment(workload)
+    if topology is None:
+        return None
+    domains = ", ".join(f"{d.name} x{d.count}" for d in topology.domains)
+    problems = topology.problems()
+    said = f"{topology.describe()} ({domains})"
+    return f"{said}; cannot be honoured: {'; '.join(problems)}" if problems else said
 
 
 def describe_end(phase: str, message: str, job: str) -> tuple[bool, str]:

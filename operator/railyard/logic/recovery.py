@@ -53,6 +53,7 @@ from railyard.logic.lifecycle import FailJob, FallBackToFull, decide_failure
 from railyard.logic.placement import Placement, Unplaceable, build_placement_input, plan_placement
 from railyard.logic.restarts import RestartDecision
 from railyard.logic.shrink import GrowBack, KeepWaiting, Shrink, decide_grow_back, decide_shrink
+from railyard.logic.tas import TopologyAssignment
 from railyard.logic.topology import TopologyCache
 from railyard.protocol.exitcodes import FailureClass
 from railyard.protocol.mesh import pods_per_group
@@ -135,6 +136,8 @@ class Observed:
     #: Nodes of the cluster announced to go (node -> why; logic/planned.py): no pod is placed
     #: there, or it would have to move again at once.
     going: Mapping[str, str] = field(default_factory=dict)
+    #: Kueue's topology assignment of the job's admission: replacements stay inside it (logic/tas.py).
+    admitted: TopologyAssignment | None = None
 
 
 # --------------------------------------------------------------------------- the plans
@@ -314,6 +317,7 @@ def _place(seen: Observed, table: RankTable, avoid: set[str], attempt: int) -> P
             failed=avoid | set(seen.going),
             cache=seen.topology_cache,
             refused=seen.refused,
+            admitted=seen.admitted,
         )
     )
 

@@ -13,6 +13,7 @@ from railyard.api.corev1 import Toleration, labels_match
 from railyard.api.trainingjob import TrainingJob
 from railyard.logic.cost import CostInputs
 from railyard.logic.placement.types import GangRequest, PlacementInput, PreviousPlacement
+from railyard.logic.tas import TopologyAssignment, compute_allowed_nodes, decide_outside_assignment
 from railyard.logic.topology import (
     REFUSED,
     TopologyCache,
@@ -78,6 +79,7 @@ def build_placement_input(
     cost_inputs: CostInputs | None = None,
     cache: TopologyCache | None = None,
     refused: Iterable[str] = (),
+    admitted: TopologyAssignment | None = None,
 ) -> PlacementInput:
     """The one place a placement decision's input is made, from the job and the cluster.
 
@@ -91,7 +93,9 @@ def build_placement_input(
     for callers that decide again and again on one cluster; the answer is the same without.
     ``refused``: nodes the scheduler refused this job's pods for lack of GPUs
     (:func:`railyard.logic.pending.decide_refused_nodes`): GPUs held by pods not in ``pods``
-    (another namespace's, which a namespaced operator does not see) are left out this way."""
+    (another namespace's, which a namespaced operator does not see) are left out this way.
+    ``admitted``: Kueue's topology assignment of the job's admission: only its nodes, as many per
+    domain as Kueue counted there (:func:`railyard.logic.tas.decide_outside_assignment`)."""
     selector = job.spec.node_selector
     selected = [n for n in nodes if matches_node_selector(n, selector)] if selector else list(nodes)
     req = build_gang_request(job, nodes=selected, attempt=attempt)
@@ -103,7 +107,14 @@ def build_placement_input(
     if refused:
         topo = dataclasses.replace(topo, excluded=tuple(
             why or (REFUSED if name in refused else "") for name, why in zip(topo.names, topo.excluded, strict=True)))
+    failed = frozenset(failed)
+    if admitted is not None:
+        keep = set(previous_nodes or ()) | set(previous_spares)
+        usable = [not why and free >= req.gpus_needed for why, free in zip(topo.excluded, topo.free_gpus, strict=True)]
+        topo = dataclasses.replace(topo, excluded=decide_outside_assignment(
+            compute_allowed_nodes(admitted, selected), names=topo.names, excluded=topo.excluded, usable=usable,
+            keep=keep - failed))
     previous = None
     if previous_nodes:
-        previous = PreviousPlacement(tuple(previous_nodes), tuple(previous_spares), frozenset(failed))
+        previous = PreviousPlacement(tuple(previous_nodes), tuple(previous_spares), failed)
     return PlacementInput(topo, req, previous, cost_inputs)
