@@ -34,6 +34,7 @@ from railyard_trainer.checkpoint.restore import NoVerifiedCheckpoint
 from railyard_trainer.config import TrainerConfig
 from railyard_trainer.data import ShardedBatches
 from railyard_trainer.events import log_event
+from railyard_trainer.heal_address import heal_host
 from railyard_trainer.replicas import (
     HealState,
     ReplicaGroup,
@@ -296,6 +297,8 @@ def build_ft_manager(cfg: TrainerConfig, *, ctx: hooks.TrainContext, data: Shard
                                                           watchdog_seconds=t.watchdog_seconds),
         store_addr=os.environ["MASTER_ADDR"], store_port=int(os.environ["MASTER_PORT"]),
         rejoin_rounds=rejoin_rounds(t.watchdog_seconds),
+        # resolved once, at the start: a pod without the named interface stops here, naming the field
+        heal_host=heal_host(cfg.fault_tolerance.heal_network),
     )
     # waiting for the other groups is not a hang of this one (the operator's hang rule)
     add_waiting_probe(lambda: replicas.waiting)
