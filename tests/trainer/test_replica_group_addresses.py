@@ -79,7 +79,7 @@ def test_the_interfaces_first_address_is_advertised_ready_for_a_url(addresses: l
     [(None, "this pod has no interface 'ib0' (it has eth0, lo); name one of them"), ([], "has no IP address")],
 )
 def test_an_interface_missing_or_without_address_names_the_field(addresses: list[str] | None, fix: str) -> None:
-    with pytest.raises(ConfigError, match="faultTolerance.healNetwork.interface") as err:
+    with pytest.raises(ConfigError, match=r"faultTolerance\.healNetwork\.interface") as err:
         choose_heal_host("ib0", addresses, ["eth0", "lo"])
     assert fix in str(err.value)
 
@@ -102,7 +102,7 @@ def test_the_heal_network_chooses_the_advertised_host(heal_network: HealNetwork,
 
 @pytest.mark.parametrize(("interface", "fix"), [("nosuchif0", "has no interface 'nosuchif0'"), ("ib 0", "ip -brief")])
 def test_a_heal_interface_the_pod_lacks_stops_the_start_naming_the_field(interface: str, fix: str) -> None:
-    with pytest.raises(ConfigError, match="faultTolerance.healNetwork.interface") as err:
+    with pytest.raises(ConfigError, match=r"faultTolerance\.healNetwork\.interface") as err:
         heal_host(HealNetwork(interface=interface), {})
     assert fix in str(err.value)
 

@@ -257,7 +257,8 @@ def checkpoint_transport(host: str, timeout: timedelta) -> Any:
 
         def recv_checkpoint(self, src_rank: int, metadata: str, step: int, timeout: timedelta) -> dict[str, Any]:
             t0 = time.monotonic()
-            state = super().recv_checkpoint(src_rank=src_rank, metadata=metadata, step=step, timeout=timeout)
+            state: dict[str, Any] = super().recv_checkpoint(src_rank=src_rank, metadata=metadata, step=step,
+                                                            timeout=timeout)
             self.received = HealReceipt(source=metadata, bytes=tensor_bytes(state), seconds=time.monotonic() - t0)
             return state
 
@@ -384,8 +385,8 @@ class ReplicaGroup:
         #: ``waiting_for_groups``).
         self.waiting = False
         log_event(
-            "replica_joining", group=group, rank=group_rank, lighthouse=lighthouse, min_replicas=min_replicas, host=host,
-            heal_address=self.transport.address(),
+            "replica_joining", group=group, rank=group_rank, lighthouse=lighthouse, min_replicas=min_replicas,
+            host=host, heal_address=self.transport.address(),
         )
 
     def start_step(self, *, consumed_of: Callable[[], int], batch_size: int, unit: int) -> Share:
