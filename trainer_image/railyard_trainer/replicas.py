@@ -372,6 +372,8 @@ class ReplicaGroup:
         self.manager._client = RejoiningClient(self.manager._client, group=group, rank=group_rank,
                                                rejoin_rounds=rejoin_rounds)
         self.heals = 0
+        #: The last heal: the step it brought this group to, and its fetch (None: none yet)
+        self.last_heal: tuple[int, HealReceipt | None] | None = None
         self.failed_steps = 0
         #: How long this group waited for its last quorum (the step event's ``quorum_s``: a
         #: change of membership shows as one long wait)
@@ -405,6 +407,7 @@ class ReplicaGroup:
             self.heals += 1
             # bytes and seconds of the fetch (docs/fault-tolerance.md, "Heals"; the simulator's heal cost)
             receipt = self.transport.received
+            self.last_heal = (after, receipt)
             log_event(
                 "replica_healed",
                 group=self.group,

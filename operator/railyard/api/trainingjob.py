@@ -975,7 +975,11 @@ class QuarantinedNode(_Model):
 
 
 class RestoreStatus(_Model):
-    tier: Annotated[str, Field(description="Tier the attempt restored from (empty: fresh start).")] = ""
+    tier: Annotated[
+        str,
+        Field(description="Tier the attempt restored from (empty: fresh start; peer: faultTolerance ReplicaGroups, a "
+                          "restarted group healed from a live one)."),
+    ] = ""
     step: Annotated[int, Field(description="Step restored.")] = -1
     steps_lost: Annotated[int, Field(description="Steps trained before the failure that were lost.")] = 0
 

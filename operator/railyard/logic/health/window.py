@@ -285,7 +285,9 @@ class JobWindow:
             if q is None:
                 q = self.checkpoints[cp.tier] = deque(maxlen=CHECKPOINT_EVENTS_PER_TIER)
             q.append((now, cp))
-        if batch.restored_tier:
+        # how this attempt restored: its own pods say; a carried-on pod's restore was its older
+        # attempt's (a replica group's survivors while the restarted group heals from them)
+        if batch.restored_tier and batch.attempt == self.attempt:
             self.restored_tier = batch.restored_tier
             self.restored_step = batch.restored_step
 
