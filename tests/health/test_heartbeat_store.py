@@ -70,3 +70,15 @@ def test_an_attempt_restored_as_its_own_pods_say_not_as_the_carried_on_ones_did(
         store.ingest("ns", "j", batch, 10.0)
     jw = store.job("ns", "j")
     assert jw is not None and (jw.restored_tier, jw.restored_step) == ("peer", 9)
+
+
+def test_a_tier_restore_wins_over_a_heal_in_the_same_attempt() -> None:
+    """A whole-job restart: group 0 restored the hinted memory checkpoint, group 1 had none and
+    healed from group 0; the attempt restored from the memory tier, whichever beat comes last."""
+    store = HeartbeatStore()
+    restored = HeartbeatBatch("j", 1, 0, "n0", 0.0, (_beat(6),), (), "memory", 6)
+    healed = HeartbeatBatch("j", 1, 1, "n1", 0.0, (_beat(6),), (), "peer", 6)
+    for batch in (healed, restored, healed):
+        store.ingest("ns", "j", batch, 10.0)
+    jw = store.job("ns", "j")
+    assert jw is not None and (jw.restored_tier, jw.restored_step) == ("memory", 6)
