@@ -36,9 +36,9 @@ from railyard.logic.topology import HOST_KEYS, resolve_level_keys, resolve_nvlin
 __all__ = [
     "CROSS_GROUP_EXPOSED",
     "GROUP_HEAL_FIXED_S",
-    "HEAL_NETWORK_BYTES_PER_S",
     "GROUP_OUTAGE_S",
     "GROUP_SURVIVOR_STALL_S",
+    "HEAL_NETWORK_BYTES_PER_S",
     "LLAMA3_FAILURES_PER_GPU_DAY",
     "GroupChoice",
     "GroupCosts",
