@@ -90,6 +90,8 @@ def test_data_parallel_is_derived_from_the_world_size() -> None:
         ({"gang": {"scheduler": "kubernetes", "schedulerName": "volcano"}}, "spec.gang.scheduler"),
         ({"gpusPerPod": 0, "gpuClaim": {}}, "spec.gpuClaim"),
         ({"gpuClaim": {"deviceClassName": "gpu.nvidia.com"}, "resources": {"limits": {"nvidia.com/gpu": "1"}}}, "spec.gpuClaim"),
+        ({"faultTolerance": {"healNetwork": {"interface": "ib0"}}}, "spec.faultTolerance.healNetwork"),
+        ({"faultTolerance": {"healNetwork": {"attachment": "ib-heal"}}}, "spec.faultTolerance.healNetwork"),
     ],
 )
 def test_each_cross_field_rule_names_its_field(spec: dict[str, Any], field: str) -> None:
@@ -99,7 +101,7 @@ def test_each_cross_field_rule_names_its_field(spec: dict[str, Any], field: str)
 
 def test_every_rule_is_exercised_above() -> None:
     # Keeps the table above honest when a rule is added.
-    assert len(SPEC_RULES) == 20
+    assert len(SPEC_RULES) == 21
 
 
 def test_a_gpu_claim_names_a_device_class() -> None:
@@ -142,6 +144,8 @@ def test_a_trainer_setting_problem_is_worded_as_the_user_wrote_it(trainer: dict[
         {"nodes": 4, "trainer": {"batchSize": 4}, "parallelism": {"dataReplicas": 0}, "faultTolerance": {"mode": "ReplicaGroups", "minReplicas": 2}},
         {"nodes": 2, "procsPerNode": 4, "trainer": {"batchSize": 8}, "gpuClaim": {"deviceClassName": "gpu.nvidia.com", "computeDomain": True}},
         {"gpuClaim": {}, "resources": {"limits": {"cpu": "2"}}},
+        {"nodes": 2, "trainer": {"batchSize": 2}, "parallelism": {"dataReplicas": 2}, "faultTolerance": {"mode": "ReplicaGroups", "healNetwork": {"interface": "ib0"}}},
+        {"nodes": 2, "trainer": {"batchSize": 2}, "parallelism": {"dataReplicas": 2}, "faultTolerance": {"mode": "ReplicaGroups", "healNetwork": {"attachment": "networks/ib-heal", "interface": "net1"}}},
     ],
 )
 def test_valid_shapes_pass(spec: dict[str, Any]) -> None:
@@ -231,3 +235,21 @@ def test_fault_tolerance_defaults_to_none_and_min_replicas_is_bounded() -> None:
     problems = validate_manifest(make_job(faultTolerance={"mode": "Replicas", "minReplicas": 0}))
     assert {p.path for p in problems} == {"spec.faultTolerance.minReplicas", "spec.faultTolerance.mode"}, problems
 
+
+
+@pytest.mark.parametrize(
+    ("heal_network", "field", "fix"),
+    [
+        ({"interface": "ib 0"}, "spec.faultTolerance.healNetwork.interface", "ip -brief address"),
+        ({"interface": "a-very-long-interface"}, "spec.faultTolerance.healNetwork.interface", "1-15"),
+        ({"interface": "eth/0"}, "spec.faultTolerance.healNetwork.interface", "e.g. ib0"),
+        ({"attachment": "IB_Net"}, "spec.faultTolerance.healNetwork.attachment", "NetworkAttachmentDefinition's name"),
+        ({"attachment": "net.works/ib"}, "spec.faultTolerance.healNetwork.attachment", "namespace"),
+        ({"interfaces": "ib0"}, "spec.faultTolerance.healNetwork.interfaces", "did you mean"),
+    ],
+)
+def test_a_heal_network_that_cannot_be_named_says_how_to_name_it(heal_network: dict[str, Any], field: str, fix: str) -> None:
+    ft = {"mode": "ReplicaGroups", "healNetwork": heal_network}
+    problems = validate_manifest(make_job(nodes=2, trainer={"batchSize": 2}, parallelism={"dataReplicas": 2}, faultTolerance=ft))
+    assert [p.path for p in problems] == [field], problems
+    assert fix in problems[0].message, problems

@@ -55,3 +55,30 @@ def test_the_store_keeps_failed_checks_checkpoints_and_the_restore_source() -> N
     assert (jw.restored_tier, jw.restored_step, jw.attempt) == ("tier2", 2, 1)
     assert list(jw.recent_step_times(10)) == [1.0]
     assert math.isinf(-jw.ranks[0].last_saving_at)
+
+
+def test_an_attempt_restored_as_its_own_pods_say_not_as_the_carried_on_ones_did() -> None:
+    """A replica-group repair: the survivors (pod 0, still attempt 0, which restored from the
+    memory tier) keep sending how they started; the restarted group (pod 1, attempt 1) healed
+    from a live peer, and that is how attempt 1 restored."""
+    store = HeartbeatStore()
+    store.begin_attempt("ns", "j", 0)
+    store.begin_attempt("ns", "j", 1, carry_on={0: 0})
+    healed = HeartbeatBatch("j", 1, 1, "n1", 0.0, (_beat(9),), (CheckpointEvent(step=9, tier="peer", ok=True, kind="restore", bytes=10),), "peer", 9)
+    survivor = HeartbeatBatch("j", 0, 0, "n0", 0.0, (_beat(10),), (), "memory", 3)
+    for batch in (healed, survivor, survivor):
+        store.ingest("ns", "j", batch, 10.0)
+    jw = store.job("ns", "j")
+    assert jw is not None and (jw.restored_tier, jw.restored_step) == ("peer", 9)
+
+
+def test_a_tier_restore_wins_over_a_heal_in_the_same_attempt() -> None:
+    """A whole-job restart: group 0 restored the hinted memory checkpoint, group 1 had none and
+    healed from group 0; the attempt restored from the memory tier, whichever beat comes last."""
+    store = HeartbeatStore()
+    restored = HeartbeatBatch("j", 1, 0, "n0", 0.0, (_beat(6),), (), "memory", 6)
+    healed = HeartbeatBatch("j", 1, 1, "n1", 0.0, (_beat(6),), (), "peer", 6)
+    for batch in (healed, restored, healed):
+        store.ingest("ns", "j", batch, 10.0)
+    jw = store.job("ns", "j")
+    assert jw is not None and (jw.restored_tier, jw.restored_step) == ("memory", 6)

@@ -17,7 +17,7 @@ from railyard.observe.checkpoint_metrics import CheckpointMetrics
 from railyard.observe.health_metrics import HealthMetrics
 from railyard.observe.metrics import OperatorMetrics
 from railyard.protocol.exitcodes import FailureClass
-from railyard.protocol.heartbeat import HeartbeatBatch
+from railyard.protocol.heartbeat import HEAL_SOURCE, CheckpointEvent, HeartbeatBatch
 from railyard.protocol.manifest import TIERS
 
 
@@ -58,3 +58,14 @@ def test_checkpoint_series_of_every_tier_start_at_zero() -> None:
     m.observe_batch(NS, JOB, HeartbeatBatch(job=JOB, attempt=0, pod_index=0, node="n", sent_at=0.0, ranks=(), checkpoints=()))
     for tier in TIERS:
         assert reg.get_sample_value("railyard_checkpoint_written_bytes_total", {"namespace": NS, "job": JOB, "tier": tier}) == 0.0
+
+
+def test_heals_from_a_live_peer_are_restores_from_tier_peer_counted_from_zero() -> None:
+    reg = CollectorRegistry()
+    m = CheckpointMetrics(reg)
+    assert reg.get_sample_value("railyard_checkpoint_restores_total", {"tier": HEAL_SOURCE}) == 0.0
+    heal = CheckpointEvent(step=9, tier=HEAL_SOURCE, ok=True, kind="restore", duration_s=0.25, bytes=2_000_000)
+    m.observe_batch(NS, JOB, HeartbeatBatch(job=JOB, attempt=1, pod_index=2, node="n", sent_at=0.0, ranks=(), checkpoints=(heal,)))
+    assert reg.get_sample_value("railyard_checkpoint_restores_total", {"tier": HEAL_SOURCE}) == 1.0
+    assert reg.get_sample_value("railyard_checkpoint_restore_seconds_sum", {"tier": HEAL_SOURCE}) == 0.25
+    assert reg.get_sample_value("railyard_checkpoint_saves_total", {"tier": HEAL_SOURCE, "result": "ok"}) is None

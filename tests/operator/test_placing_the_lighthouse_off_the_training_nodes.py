@@ -89,7 +89,7 @@ def test_the_lighthouse_placement_stays_out_of_the_trainers_config() -> None:
                                                                   "tolerations": [{"key": "a", "operator": "Exists"}]}},
     })
     config = json.loads(json.dumps(build_trainer_config(spec, job="llm", namespace="ml", attempt=0)))
-    assert config["faultTolerance"] == {"mode": "ReplicaGroups", "minReplicas": 1}
+    assert config["faultTolerance"] == {"mode": "ReplicaGroups", "minReplicas": 1, "healNetwork": {}}
 
 
 @pytest.mark.parametrize(("quorum_timeout_s", "retries"), [(120.0, 119), (30.0, 29), (2.5, 2), (1.0, 1), (0.2, 1)])

@@ -28,6 +28,7 @@ from railyard.logic.manifests import (
     rendezvous_port,
     with_addresses,
 )
+from railyard.logic.manifests.pod import MULTUS_NETWORKS_ANNOTATION, build_pod
 from railyard.logic.placement import Placement, build_placement_input, plan_placement
 from railyard.protocol.podenv import LIGHTHOUSE, POD_IP, REPLICA_GROUP
 from railyard.protocol.ranktable import RankTable
@@ -87,7 +88,7 @@ def test_each_group_gets_its_own_world_its_index_and_the_lighthouse() -> None:
         assert t.master_port == rendezvous_port("llm", "ml", 0, g)
     full = RankTable.from_json(cm["data"]["ranktable.json"])
     assert full.world_size == 12, "the job's own table stays"
-    assert json.loads(cm["data"]["config.json"])["faultTolerance"] == {"mode": "ReplicaGroups", "minReplicas": 2}
+    assert json.loads(cm["data"]["config.json"])["faultTolerance"] == {"mode": "ReplicaGroups", "minReplicas": 2, "healNetwork": {}}
 
 
 def test_without_replica_groups_nothing_changes() -> None:
@@ -228,3 +229,27 @@ def test_cross_group_collectives_give_up_before_the_lighthouse_drops_a_waiting_g
     # no longer than the Lighthouse waits for a live group to join, nor than the group's own
     # collectives (the API keeps watchdogSeconds below collectiveTimeoutSeconds)
     assert got <= lighthouse_join_timeout_ms(watchdog_s) / 1000 and got <= collective_s
+
+
+@pytest.mark.parametrize(
+    ("heal_network", "existing", "networks"),
+    [
+        ({}, None, None),  # the pod network, as before: nothing attached
+        ({"interface": "ib0"}, None, None),  # an interface the pods already have: nothing attached
+        ({"attachment": "ib-heal"}, None, '[{"name":"ib-heal","interface":"heal0"}]'),
+        ({"attachment": "net/ib-heal", "interface": "ib1"}, None, '[{"name":"ib-heal","interface":"ib1","namespace":"net"}]'),
+        ({"attachment": "ib-heal"}, '[{"name":"rdma"}]', '[{"name":"rdma"},{"name":"ib-heal","interface":"heal0"}]'),
+        ({"attachment": "net/ib-heal"}, "rdma@net1", "rdma@net1,net/ib-heal@heal0"),
+    ],
+)
+def test_a_heal_network_attachment_is_asked_of_multus_as_the_interface_the_trainer_reads(
+    heal_network: dict[str, Any], existing: str | None, networks: str | None
+) -> None:
+    spec = _spec(**{**RG, "faultTolerance": {**RG["faultTolerance"], "healNetwork": heal_network}})
+    settings = {} if existing is None else {MULTUS_NETWORKS_ANNOTATION: existing}
+    pod = build_pod(spec, job="llm", namespace="ml", owner=OWNER, attempt=0, pod_index=0, node="n-0",
+                    heartbeat_url="http://op/v1/heartbeats/ml/llm", annotations=settings)
+    assert pod["metadata"]["annotations"].get(MULTUS_NETWORKS_ANNOTATION) == networks
+    # the trainer finds the same interface name in its config.json
+    config = build_trainer_config(spec, job="llm", namespace="ml", attempt=0)
+    assert config["faultTolerance"]["healNetwork"] == heal_network

@@ -33,13 +33,23 @@ def test_one_fault_costs_the_stall_the_step_in_flight_and_the_missing_groups_sha
     assert groups.restore_tiers == {"live peer": 1}, "the group heals from a peer, reads no tier"
     assert 0.0 < lost.get("recompute", 0.0) < s.step_s, "only the step in flight is redone"
     share = 1.0 / R  # the missing group, at the ideal rate of R-1 groups
-    # a group's nodes hold a whole replica: R x the job's share per node, fetched from a peer node
-    heal = s.group_heal_fixed_s + R * s.bytes_per_node / s.peer_bw_per_node
+    # a group's nodes hold a whole replica: R x the job's share per node, over the heal network
+    heal = s.group_heal_fixed_s + R * s.bytes_per_node / s.heal_bw_per_node
     assert lost["restore"] == pytest.approx(share * heal)
     assert lost["detection"] >= s.group_survivor_stall_s
     assert lost_to(groups, fault) < lost_to(in_place, fault)
     # every second of every GPU accounted for
     assert groups.useful_s + groups.lost_total_s() == pytest.approx(s.wall_s, rel=1e-9)
+
+
+@pytest.mark.parametrize("heal_gbps", [25.0, 400.0, 3200.0])
+def test_a_heal_costs_its_fixed_part_and_a_replicas_bytes_at_the_heal_networks_rate(heal_gbps: float) -> None:
+    s = tiny(heal_bw_per_node=heal_gbps * 1e9 / 8, model_params=8e9)  # the pod network, one NDR rail, eight
+    trace = one_fault(3600.0 + 0.4 * s.step_s, "Faulty GPU")
+    lost = simulate(s, our_policy(hot_spares=1, replica_groups=R), trace).lost["Faulty GPU"]
+    heal_bytes = 8e9 * s.bytes_per_param / (s.nodes / R)  # each node of the group: its share of a whole replica
+    assert lost["restore"] == pytest.approx((s.group_heal_fixed_s + heal_bytes / (heal_gbps * 1e9 / 8)) / R)
+    assert tiny(heal_bw_per_node=0.0).problems() == ["heal_bw_per_node: must be > 0 (bytes/s; --heal-gbps), got 0.0"]
 
 
 def test_a_slower_rate_with_one_group_missing_costs_more() -> None:

@@ -122,6 +122,8 @@ def test_a_lost_node_restarts_only_its_replica_group(api: Api, operator: Operato
         replaced = events_of(local_cluster, new)
         if alone:
             assert any(e.get("event") == "replica_healed" for e in replaced), replaced[-20:]
+            # the heal reached the operator as this attempt's restore (the survivor's beats do not count)
+            assert (s.get("restore") or {}).get("tier") == "peer", s.get("restore")
         done = [e for p in (kept, replaced) for e in p if e.get("event") == "done"]
         assert len(done) == 2 and {d["step"] for d in done} == {STEPS}, done
         assert len({d["params_crc32"] for d in done}) == 1, f"the groups' parameters differ: {done}"

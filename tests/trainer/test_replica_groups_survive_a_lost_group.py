@@ -285,6 +285,7 @@ def test_a_lost_replica_group_stops_only_itself_and_heals_from_a_live_peer(tmp_p
         healed = g2b.of("replica_healed")
         assert len(healed) == shape.procs and len({(e["from_step"], e["to_step"]) for e in healed}) == 1, g2b.explain()  # each rank of it
         assert healed[0]["from_step"] == 0 and healed[0]["to_step"] > killed_at, g2b.explain()
+        assert all(e["bytes"] > 0 and e["seconds"] > 0 for e in healed), healed  # each heal measured
         assert not any(e.get("event", "").startswith("restore") and e.get("step") for e in g2b.events), g2b.explain()
         assert (tmp_path / f"group-{lost}" / "ckpt").exists()  # there was something it could have read
         assert g2b.of("step")[0]["step"] == healed[0]["to_step"] + 1
@@ -333,7 +334,8 @@ def _tiered_group(tmp: Path, g: int, lighthouse: str, *, steps: int, attempt: in
         "job": "ft", "attempt": attempt,
         "trainer": {**BASE_TRAINER, "steps": steps, "batchSize": 4, "collectiveTimeoutSeconds": 300, "watchdogSeconds": 240},
         "parallelism": {"dataReplicas": 2},
-        "faultTolerance": {"mode": "ReplicaGroups", "minReplicas": 2},
+        # the heal's bytes over a named interface (the loopback standing in for ib0)
+        "faultTolerance": {"mode": "ReplicaGroups", "minReplicas": 2, "healNetwork": {"interface": "lo"}},
         "checkpoint": {"memory": {"enabled": True, "intervalSteps": 3, "keep": 2, "replicate": False}},
         "restore": restore,
     }
@@ -373,6 +375,11 @@ def test_after_a_whole_job_restart_a_group_without_its_checkpoint_heals_from_a_p
         assert [(e["tier"], e["step"]) for e in g0.of("restored")] == [("memory", 6)], g0.explain()
         assert g1.of("restore_from_peer") and not g1.of("restored"), g1.explain()
         assert [(e["from_step"], e["to_step"]) for e in g1.of("replica_healed")] == [(0, 6)], g1.explain()
+        # every group advertised the interface's address, the heal fetched from it and was measured
+        assert all(e["heal_address"].startswith("http://127.0.0.1:") for p in second for e in p.of("replica_joining"))
+        heal = g1.of("replica_healed")[0]
+        assert heal["source_address"] in {e["heal_address"] for e in g0.of("replica_joining")}, heal
+        assert heal["bytes"] > 0 and heal["seconds"] > 0, heal
         done = [e for p in second for e in p.of("done")]
         assert {d["step"] for d in done} == {9} and len({d["params_sha256"] for d in done}) == 1, done
     finally:

@@ -26,6 +26,7 @@ from typing import Any, Protocol
 import torch
 
 from railyard.protocol import podenv
+from railyard.protocol.heartbeat import HEAL_SOURCE, CheckpointEvent
 from railyard.protocol.quorum import rejoin_rounds
 from railyard.protocol.restore import decide_replica_group_unrestored
 from railyard.protocol.trainerconfig import cross_group_timeout_seconds
@@ -34,6 +35,7 @@ from railyard_trainer.checkpoint.restore import NoVerifiedCheckpoint
 from railyard_trainer.config import TrainerConfig
 from railyard_trainer.data import ShardedBatches
 from railyard_trainer.events import log_event
+from railyard_trainer.heal_address import heal_host
 from railyard_trainer.replicas import (
     HealState,
     ReplicaGroup,
@@ -195,8 +197,26 @@ class ReplicaGroupsFT:
         self.joined: Share | None = None
 
     def _start_step(self) -> Share:
-        return self.replicas.start_step(consumed_of=lambda: self.data.consumed, batch_size=self.cfg.trainer.batch_size,
-                                        unit=self.unit)
+        heals = self.replicas.heals
+        share = self.replicas.start_step(consumed_of=lambda: self.data.consumed,
+                                         batch_size=self.cfg.trainer.batch_size, unit=self.unit)
+        if self.replicas.heals != heals:
+            self._report_heal()
+        return share
+
+    def _report_heal(self) -> None:
+        """Tell the operator (the health monitor's next heartbeat) that this group healed: a
+        restore from a live peer, with rank 0's bytes and seconds (``status.restore``, the
+        restore metrics; docs/fault-tolerance.md, "Heals")."""
+        monitor = self.ctx.extra.get("health_monitor")
+        if self.rank != 0 or monitor is None or self.replicas.last_heal is None:
+            return
+        step, receipt = self.replicas.last_heal
+        monitor.note_checkpoint(CheckpointEvent(
+            step=step, tier=HEAL_SOURCE, ok=True, kind="restore", steps_lost=0,
+            duration_s=receipt.seconds if receipt else 0.0, bytes=receipt.bytes if receipt else 0,
+            detail=f"healed from a live peer at {receipt.source}" if receipt else "healed from a live peer"))
+        monitor.note_restore(HEAL_SOURCE, step)
 
     def restore(self, from_tiers: Callable[[], hooks.RestoreResult | None]) -> hooks.RestoreResult | None:
         """Join the quorum first: a group that starts while live peers are ahead heals from them
@@ -296,6 +316,8 @@ def build_ft_manager(cfg: TrainerConfig, *, ctx: hooks.TrainContext, data: Shard
                                                           watchdog_seconds=t.watchdog_seconds),
         store_addr=os.environ["MASTER_ADDR"], store_port=int(os.environ["MASTER_PORT"]),
         rejoin_rounds=rejoin_rounds(t.watchdog_seconds),
+        # resolved once, at the start: a pod without the named interface stops here, naming the field
+        heal_host=heal_host(cfg.fault_tolerance.heal_network),
     )
     # waiting for the other groups is not a hang of this one (the operator's hang rule)
     add_waiting_probe(lambda: replicas.waiting)

@@ -219,15 +219,48 @@ def advertised_host(env: Mapping[str, str] | None = None) -> str:
     return f"[{addr}]" if addr.version == 6 else str(addr)
 
 
+@dataclass(frozen=True)
+class HealReceipt:
+    """One heal as the healing rank received it: the peer's address it fetched from, the bytes
+    of the tensors received (the wire carries these plus a few bytes of pickle per tensor) and
+    the seconds the fetch took (the transfer and its unpickling, not the quorum before it)."""
+
+    source: str
+    bytes: int
+    seconds: float
+
+    @property
+    def rate(self) -> float:
+        """Bytes per second of the fetch."""
+        return self.bytes / self.seconds if self.seconds > 0 else 0.0
+
+
+def tensor_bytes(state: Any) -> int:
+    """The bytes of every tensor in ``state`` (a nested state dict), as they travel."""
+    from torch.utils._pytree import tree_leaves
+
+    return sum(t.numel() * t.element_size() for t in tree_leaves(state) if isinstance(t, torch.Tensor))
+
+
 def checkpoint_transport(host: str, timeout: timedelta) -> Any:
     """torchft's HTTP checkpoint transport (how a healing group fetches a live peer's state),
-    advertising ``host`` instead of ``socket.gethostname()``."""
+    advertising ``host`` instead of ``socket.gethostname()``, and measuring each fetch
+    (``received``: the last :class:`HealReceipt`, None before the first)."""
     from torchft.checkpointing.http_transport import HTTPTransport
 
     class Advertised(HTTPTransport[dict[str, Any]]):
+        received: HealReceipt | None = None
+
         def address(self) -> str:
             port = self._server.socket.getsockname()[1]
             return f"http://{host}:{port}/checkpoint/"
+
+        def recv_checkpoint(self, src_rank: int, metadata: str, step: int, timeout: timedelta) -> dict[str, Any]:
+            t0 = time.monotonic()
+            state: dict[str, Any] = super().recv_checkpoint(src_rank=src_rank, metadata=metadata, step=step,
+                                                            timeout=timeout)
+            self.received = HealReceipt(source=metadata, bytes=tensor_bytes(state), seconds=time.monotonic() - t0)
+            return state
 
     return Advertised(timeout=timeout, num_chunks=0)
 
@@ -289,7 +322,8 @@ class ReplicaGroup:
 
     def __init__(self, *, group: int, data_replicas: int, min_replicas: int, group_rank: int, group_world: int,
                  lighthouse: str, job: str, timeout_s: float, cross_group_timeout_s: float, state: HealState,
-                 device: torch.device, store_addr: str, store_port: int, rejoin_rounds: int) -> None:
+                 device: torch.device, store_addr: str, store_port: int, rejoin_rounds: int,
+                 heal_host: str | None = None) -> None:
         from torchft import Manager, ProcessGroupGloo, ProcessGroupNCCL
 
         self.group, self.group_rank, self.data_replicas, self.state = group, group_rank, data_replicas, state
@@ -301,9 +335,13 @@ class ReplicaGroup:
             ProcessGroupNCCL(timeout=pg_timeout) if device.type == "cuda" else ProcessGroupGloo(timeout=pg_timeout)
         )
         host = advertised_host()
+        # the Manager's own address (the quorum, the heal's handshake) stays the pod's; the state's
+        # bytes go where the checkpoint transport says: faultTolerance.healNetwork (heal_address.py)
+        self.heal_host = heal_host or host
+        self.transport = checkpoint_transport(self.heal_host, timeout)
         self.manager = Manager(
             hostname=host,
-            checkpoint_transport=checkpoint_transport(host, timeout),
+            checkpoint_transport=self.transport,
             pg=self.pg,
             load_state_dict=state.load_state_dict,
             state_dict=state.state_dict,
@@ -334,6 +372,8 @@ class ReplicaGroup:
         self.manager._client = RejoiningClient(self.manager._client, group=group, rank=group_rank,
                                                rejoin_rounds=rejoin_rounds)
         self.heals = 0
+        #: The last heal: the step it brought this group to, and its fetch (None: none yet)
+        self.last_heal: tuple[int, HealReceipt | None] | None = None
         self.failed_steps = 0
         #: How long this group waited for its last quorum (the step event's ``quorum_s``: a
         #: change of membership shows as one long wait)
@@ -347,7 +387,8 @@ class ReplicaGroup:
         #: ``waiting_for_groups``).
         self.waiting = False
         log_event(
-            "replica_joining", group=group, rank=group_rank, lighthouse=lighthouse, min_replicas=min_replicas, host=host
+            "replica_joining", group=group, rank=group_rank, lighthouse=lighthouse, min_replicas=min_replicas,
+            host=host, heal_address=self.transport.address(),
         )
 
     def start_step(self, *, consumed_of: Callable[[], int], batch_size: int, unit: int) -> Share:
@@ -364,13 +405,22 @@ class ReplicaGroup:
         participants = self.manager.num_participants()
         if after != before:
             self.heals += 1
+            # bytes and seconds of the fetch (docs/fault-tolerance.md, "Heals"; the simulator's heal cost)
+            receipt = self.transport.received
+            self.last_heal = (after, receipt)
             log_event(
                 "replica_healed",
                 group=self.group,
+                rank=self.group_rank,
                 from_step=before,
                 to_step=after,
                 source="live peer",
                 participants=participants,
+                source_address=receipt.source if receipt else None,
+                bytes=receipt.bytes if receipt else 0,
+                seconds=round(receipt.seconds, 4) if receipt else 0.0,
+                bytes_per_s=round(receipt.rate) if receipt else 0,
+                quorum_s=round(self.quorum_s, 4),
             )
         if rank is None:
             raise RuntimeError(

@@ -298,9 +298,39 @@ class LighthousePlacement(contract.LighthousePlacement):
     tolerations: tuple[Toleration, ...] | None  # type: ignore[assignment]
 
 
+def _check_network_attachment(value: str) -> str | None:
+    """None when ``value`` names a NetworkAttachmentDefinition as Multus takes it
+    (``[namespace/]name``), else the problem."""
+    namespace, slash, name = value.rpartition("/")
+    if slash and (len(namespace) > 63 or corev1.check_dns_subdomain(namespace) is not None or "." in namespace):
+        return (f"{value!r}: the namespace before '/' must be a namespace name (lowercase alphanumerics and '-', e.g. "
+                "'networks'); or leave it out for the job's namespace")
+    if (problem := corev1.check_dns_subdomain(name)) is not None:
+        return f"{value!r}: the NetworkAttachmentDefinition's name {problem.partition(': ')[2]}"
+    return None
+
+
+_NAMESPACE_PATTERN = r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?"
+
+
+@_narrowed
+class HealNetwork(contract.HealNetwork):
+    interface: Annotated[
+        str,
+        _rule(contract.interface_name_problem),
+        Field(json_schema_extra={"pattern": contract.INTERFACE_NAME_PATTERN}),
+    ] | None
+    attachment: Annotated[
+        str,
+        _rule(_check_network_attachment),
+        Field(json_schema_extra={"pattern": rf"^({_NAMESPACE_PATTERN}/)?{corev1.DNS_SUBDOMAIN_PATTERN[1:]}"}),
+    ] | None
+
+
 @_narrowed
 class FaultTolerance(contract.FaultTolerance):
     lighthouse: LighthousePlacement
+    heal_network: HealNetwork
 
 
 # --------------------------------------------------------------------------- topology and gang
@@ -647,6 +677,14 @@ SPEC_RULES: list[dict[str, str]] = [
         "reason": "FieldValueInvalid",
     },
     {
+        "rule": "self.faultTolerance.mode == 'ReplicaGroups' || !has(self.faultTolerance.healNetwork) || "
+                "(!has(self.faultTolerance.healNetwork.interface) && !has(self.faultTolerance.healNetwork.attachment))",
+        "message": "faultTolerance.healNetwork names the network a restarted replica group heals over: it needs "
+                   "faultTolerance.mode ReplicaGroups. Set the mode, or remove healNetwork.",
+        "fieldPath": ".faultTolerance.healNetwork",
+        "reason": "FieldValueInvalid",
+    },
+    {
         "rule": "self.trainer.dataset.type == 'synthetic' || has(self.trainer.dataset.path)",
         "message": "trainer.dataset.path is required when trainer.dataset.type is files or tokens.",
         "fieldPath": ".trainer.dataset.path",
@@ -937,7 +975,11 @@ class QuarantinedNode(_Model):
 
 
 class RestoreStatus(_Model):
-    tier: Annotated[str, Field(description="Tier the attempt restored from (empty: fresh start).")] = ""
+    tier: Annotated[
+        str,
+        Field(description="Tier the attempt restored from (empty: fresh start; peer: faultTolerance ReplicaGroups, a "
+                          "restarted group healed from a live one)."),
+    ] = ""
     step: Annotated[int, Field(description="Step restored.")] = -1
     steps_lost: Annotated[int, Field(description="Steps trained before the failure that were lost.")] = 0
 

@@ -126,6 +126,13 @@ def add_parser(sub: Any) -> None:
         help="shared storage aggregate bandwidth, TB/s (default 2)",
     )
     p.add_argument(
+        "--heal-gbps",
+        type=float,
+        default=_D.heal_bw_per_node * 8 / 1e9,
+        help="a replica group's heal rate per node, Gb/s: the network faultTolerance.healNetwork names (default "
+             f"{_D.heal_bw_per_node * 8 / 1e9:g}: one NDR InfiniBand rail; the pod network's rate without it)",
+    )
+    p.add_argument(
         "--hot-spares", type=int, default=32, help="hot spare nodes held by our policy (default 32)"
     )
     p.add_argument(
@@ -207,6 +214,7 @@ def build_scenario(args: argparse.Namespace) -> Scenario:
         shared_write_bw=args.shared_bw * 1e12,
         shared_read_bw=args.shared_bw * 1e12,
         init_s=args.init_seconds,
+        heal_bw_per_node=args.heal_gbps * 1e9 / 8,
     )
 
 

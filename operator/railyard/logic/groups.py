@@ -38,6 +38,7 @@ __all__ = [
     "GROUP_HEAL_FIXED_S",
     "GROUP_OUTAGE_S",
     "GROUP_SURVIVOR_STALL_S",
+    "HEAL_NETWORK_BYTES_PER_S",
     "LLAMA3_FAILURES_PER_GPU_DAY",
     "GroupChoice",
     "GroupCosts",
@@ -59,8 +60,16 @@ LLAMA3_FAILURES_PER_GPU_DAY = 419 / (54.0 * 16_384)
 #: keeps the two equal).
 GROUP_SURVIVOR_STALL_S = 1.8
 #: Measured there too: the healing group's quorum join -> healed from a live peer (row "replica_groups:
-#: healing group, quorum join -> healed from a peer"), a tiny model's, so almost no bytes.
+#: healing group, quorum join -> healed from a peer"), a tiny model's, so almost no bytes: the fixed
+#: part of a heal; its bytes are added at the model's size over ``heal_bw_per_node``
+#: (:func:`compute_group_heal_s`).
 GROUP_HEAL_FIXED_S = 0.8
+#: A heal's rate per node, bytes/s. torchft's checkpoint transport is HTTP over TCP on the one
+#: interface a group advertises (``faultTolerance.healNetwork``), so one rail of the data network:
+#: 400 Gb/s per rail for NDR InfiniBand (ConnectX-7, IPoIB) = 50 GB/s, an upper bound (the trainer
+#: measures each heal: ``replica_healed``'s ``bytes_per_s``). Over the pod network, its rate instead
+#: (``railyard simulate --heal-gbps``; docs/fault-tolerance.md, "Heals").
+HEAL_NETWORK_BYTES_PER_S = 400e9 / 8
 #: A lost group's outage before it heals, when the caller knows no better: detection (a pod exit,
 #: 2 s) and an in-place restart onto a held spare with the communicators set up again (the
 #: simulator's figure at 16,384 GPUs: ~112 s, 90 of them NCCL set-up).
@@ -110,7 +119,7 @@ class GroupCosts:
     #: not counted).
     state_bytes: float = 0.0
     #: Node to node bandwidth of a heal (a group's nodes fetch their shares at once).
-    heal_bw_per_node: float = 50e9
+    heal_bw_per_node: float = HEAL_NETWORK_BYTES_PER_S
     #: For the cross-group all-reduce: achieved FLOP/s per GPU, tokens per step, scale-out
     #: bandwidth per GPU (400 Gb/s), bytes per gradient element (bf16).
     flops_per_gpu: float = 400e12

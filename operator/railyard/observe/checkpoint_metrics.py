@@ -15,7 +15,7 @@ import contextlib
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
 
-from railyard.protocol.heartbeat import HeartbeatBatch
+from railyard.protocol.heartbeat import HEAL_SOURCE, HeartbeatBatch
 from railyard.protocol.manifest import TIERS
 
 _SAVE_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600)
@@ -26,7 +26,8 @@ _STEPS_LOST_BUCKETS = (0, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 5000)
 class CheckpointMetrics:
     DOC_NOTES = """
 Checkpoint series come from the `CheckpointEvent`s that the trainer's rank 0 puts into its
-heartbeats (one `save` event per tier per save, one `restore` event per attempt). Steps lost
+heartbeats (one `save` event per tier per save, one `restore` event per attempt; with replica
+groups, one `restore` from tier `peer` per heal from a live group). Steps lost
 are counted by the operator: the newest step the failed attempt reported minus the step the
 new attempt restored (also in `status.restore.stepsLost`).
 
@@ -67,12 +68,14 @@ job's heartbeats arrive, from the operator's heartbeat window (`railyard.logic.g
         )
         self.restores = Counter(
             "railyard_checkpoint_restores",
-            "Attempts that restored a checkpoint, by the tier it came from.",
+            "Attempts that restored a checkpoint, by the tier it came from (peer: a replica group healed from a live "
+            "one).",
             ["tier"], registry=reg,
         )
         self.restore_seconds = Histogram(
             "railyard_checkpoint_restore_seconds",
-            "Time to find, verify and load the checkpoint an attempt restored, by tier.",
+            "Time to find, verify and load the checkpoint an attempt restored, by tier (peer: a heal's fetch from a "
+            "live replica group).",
             ["tier"], buckets=_SAVE_BUCKETS, registry=reg,
         )
         self.steps_lost = Histogram(
@@ -98,6 +101,8 @@ job's heartbeats arrive, from the operator's heartbeat window (`railyard.logic.g
                 self.saves.labels(tier, result)
             for child in (self.restores, self.save_seconds, self.blocked_seconds, self.restore_seconds):
                 child.labels(tier)
+        for restore in (self.restores, self.restore_seconds):
+            restore.labels(HEAL_SOURCE)
 
     def observe_batch(self, namespace: str, job: str, batch: HeartbeatBatch) -> None:
         """Count the checkpoint events of one accepted heartbeat batch."""

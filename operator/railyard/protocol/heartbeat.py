@@ -87,6 +87,11 @@ class RankBeat:
     waiting_for_groups: bool = False
 
 
+#: The "tier" of a restore that was a heal: faultTolerance ReplicaGroups, a group that fetched a
+#: live peer group's state instead of reading a checkpoint tier (``status.restore.tier``).
+HEAL_SOURCE = "peer"
+
+
 @dataclass(frozen=True, slots=True)
 class CheckpointEvent:
     """A checkpoint committed (or failed) on some tier, reported by pod 0 / rank 0."""
@@ -101,7 +106,8 @@ class CheckpointEvent:
     detail: str = ""
     #: "save" (a tier's save committed or failed), "skip" (a save due at ``step`` was not
     #: written because a rank's previous save was still running; ``ok`` False) or "restore"
-    #: (this attempt loaded ``step`` from ``tier`` in ``duration_s``; ``bytes`` read). Added
+    #: (this attempt loaded ``step`` from ``tier`` in ``duration_s``; ``bytes`` read; tier
+    #: :data:`HEAL_SOURCE`: a replica group healed from a live peer, its rank 0's fetch). Added
     #: field: readers default to "save".
     kind: str = "save"
     #: restore only: steps trained before the failure that are redone (-1: unknown).

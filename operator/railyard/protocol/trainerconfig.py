@@ -25,6 +25,7 @@ Standard library only.
 from __future__ import annotations
 
 import math
+import re
 import types
 from collections.abc import Mapping
 from dataclasses import MISSING, dataclass, field, fields, is_dataclass, replace
@@ -392,6 +393,56 @@ class LighthousePlacement:
     )
 
 
+#: A Linux network interface name as ``faultTolerance.healNetwork.interface`` takes it (IFNAMSIZ:
+#: at most 15 characters; no slash or whitespace): the CRD's pattern and the trainer's check.
+INTERFACE_NAME_PATTERN = r"^[A-Za-z0-9_.:-]{1,15}$"
+#: The interface a pod gets for ``faultTolerance.healNetwork.attachment`` when no ``interface`` is
+#: named (the operator asks Multus for it under this name; the trainer reads its address).
+ATTACHMENT_INTERFACE = "heal0"
+
+
+def interface_name_problem(name: str) -> str | None:
+    """None when ``name`` can name a Linux network interface (:data:`INTERFACE_NAME_PATTERN`), else
+    the problem and its fix (the API and the trainer put the field's path before it)."""
+    if re.match(INTERFACE_NAME_PATTERN, name) and name not in (".", ".."):
+        return None
+    return (f"{name!r} is not a network interface name; give the pod's interface as `ip -brief address` lists it "
+            "inside the pod (1-15 letters, digits, '_', '.', ':' or '-', e.g. ib0)")
+
+
+@section
+class HealNetwork:
+    """Which network a replica group advertises for healing: the address a restarted group
+    fetches a live peer's model and optimizer state from (torchft's checkpoint transport, plain
+    HTTP over TCP). Unset: the pod IP (the pod network). See docs/fault-tolerance.md, "Heals"."""
+
+    interface: str | None = setting(
+        default=None,
+        description="The pod's network interface whose address the group advertises for healing, e.g. ib0 (IPoIB on "
+                    "an InfiniBand data network) or net1 (a Multus attachment the pods already have). The interface "
+                    "must exist in every training pod: the trainer reads its address at start and stops with an "
+                    "error naming this field if it is missing. Unset: the pod IP (or, with attachment, heal0).",
+        min_length=1,
+        max_length=15,
+    )
+    attachment: str | None = setting(
+        default=None,
+        description="A Multus NetworkAttachmentDefinition ([namespace/]name) the operator attaches to every "
+                    "training pod (annotation k8s.v1.cni.cncf.io/networks) as the interface named by interface "
+                    "(default heal0); the group advertises that interface's address for healing. Unset: no "
+                    "attachment is added.",
+        min_length=1,
+        max_length=317,
+    )
+
+    @property
+    def interface_name(self) -> str | None:
+        """The interface whose address is advertised; None: the pod IP."""
+        if self.interface is not None:
+            return self.interface
+        return ATTACHMENT_INTERFACE if self.attachment is not None else None
+
+
 @section
 class FaultTolerance:
     """ReplicaGroups: each HSDP replica group is its own world and the cross-replica gradient
@@ -418,6 +469,13 @@ class FaultTolerance:
         description="ReplicaGroups: where the job's Lighthouse (torchft's quorum server, one small CPU pod) runs. Its "
                     "loss restarts no group: the groups retry the quorum while the operator recreates it under the "
                     "same address (docs/fault-tolerance.md).",
+    )
+    heal_network: HealNetwork = setting(
+        default=HealNetwork(),
+        description="ReplicaGroups: the network a restarted group heals over (fetches a live peer's parameters and "
+                    "optimizer state). Unset: the pod network (the pod IP). On a cluster with a separate data "
+                    "network name its interface or a network attachment: a heal of a large model is then seconds "
+                    "instead of minutes (docs/fault-tolerance.md, \"Heals\").",
     )
 
 
@@ -859,6 +917,7 @@ __all__ = [
     "Dataset",
     "FaultSpec",
     "FaultTolerance",
+    "HealNetwork",
     "Health",
     "LighthousePlacement",
     "LocalTier",
@@ -873,6 +932,7 @@ __all__ = [
     "SharedTierConfig",
     "StragglerPolicy",
     "TrainerSettings",
+    "interface_name_problem",
     "min_replicas_problems",
     "parse",
     "restart_wait_seconds",

@@ -31,6 +31,7 @@ from railyard.logic.groups import (
     CROSS_GROUP_EXPOSED,
     GROUP_HEAL_FIXED_S,
     GROUP_SURVIVOR_STALL_S,
+    HEAL_NETWORK_BYTES_PER_S,
     GroupChoice,
     GroupCosts,
     GroupShape,
@@ -193,9 +194,11 @@ class Scenario:
     #: Measured on the local cluster; torchft's timeouts, so taken as is at any scale.
     group_survivor_stall_s: float = GROUP_SURVIVOR_STALL_S
     #: The healing group's fixed cost to fetch a live peer's state (quorum join, the recovery
-    #: transport's handshake), measured with a tiny model; the bytes (a node's share of the
-    #: state, from its peer node at ``peer_bw_per_node``) are added per scenario.
+    #: transport's handshake), measured with a tiny model; the bytes (each node's share of a
+    #: whole replica, at ``heal_bw_per_node``) are added per scenario (compute_group_heal_s).
     group_heal_fixed_s: float = GROUP_HEAL_FIXED_S
+    #: The heal's rate per node: the network ``faultTolerance.healNetwork`` names (one NDR rail).
+    heal_bw_per_node: float = HEAL_NETWORK_BYTES_PER_S
     #: Step rate with R-1 groups over the ideal (R-1)/R of the rate with R (the global batch is
     #: split over the survivors); 1.0 = the survivors lose nothing beyond the missing group.
     group_degraded_efficiency: float = GROUP_DEGRADED_EFFICIENCY
@@ -266,6 +269,8 @@ class Scenario:
                        f"{self.switch_fraction}")
         if self.maintenance_h < 0:
             out.append(f"maintenance_h: must be >= 0, got {self.maintenance_h}")
+        if not self.heal_bw_per_node > 0:
+            out.append(f"heal_bw_per_node: must be > 0 (bytes/s; --heal-gbps), got {self.heal_bw_per_node}")
         if not 0 < self.group_degraded_efficiency <= 1:
             out.append(f"group_degraded_efficiency: must be in (0, 1], got {self.group_degraded_efficiency}")
         if self.step_time_s is not None and self.step_time_s <= 0:
@@ -331,7 +336,7 @@ class Scenario:
             survivor_stall_s=self.group_survivor_stall_s,
             heal_fixed_s=self.group_heal_fixed_s,
             state_bytes=self.checkpoint_bytes,
-            heal_bw_per_node=self.peer_bw_per_node,
+            heal_bw_per_node=self.heal_bw_per_node,
             flops_per_gpu=6.0 * self.model_params * self.tokens_per_step / (self.gpus * self.step_s),
             tokens_per_step=self.tokens_per_step,
             cross_bw_per_gpu=self.cross_bw_per_gpu,

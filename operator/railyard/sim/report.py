@@ -253,8 +253,9 @@ def describe_targets(c: Comparison) -> list[str]:
     ]
     return [
         *out,
-        f"  group costs: survivors' stall {s.group_survivor_stall_s:g} s, heal {s.group_heal_fixed_s:g} s + bytes, "
-        f"rate with R-1 groups x{s.group_degraded_efficiency:g} of ideal; planned maintenance as planned moves",
+        f"  group costs: survivors' stall {s.group_survivor_stall_s:g} s, heal {s.group_heal_fixed_s:g} s + bytes at "
+        f"{s.heal_bw_per_node * 8 / 1e9:g} Gb/s, rate with R-1 groups x{s.group_degraded_efficiency:g} of ideal; "
+        "planned maintenance as planned moves",
         f"  beside it, in place (no replica groups): {in_place} (no target of its own)",
     ]
 

@@ -29,7 +29,7 @@ from dataclasses import dataclass, replace
 from itertools import islice
 
 from railyard.logic.health.model import HealthEvent
-from railyard.protocol.heartbeat import CheckpointEvent, HeartbeatBatch, HeartbeatError, RankBeat
+from railyard.protocol.heartbeat import HEAL_SOURCE, CheckpointEvent, HeartbeatBatch, HeartbeatError, RankBeat
 from railyard.protocol.mesh import group_of_pod_index, job_rank_of_group_rank, pods_per_group
 from railyard.protocol.ranktable import RankTable
 
@@ -285,7 +285,13 @@ class JobWindow:
             if q is None:
                 q = self.checkpoints[cp.tier] = deque(maxlen=CHECKPOINT_EVENTS_PER_TIER)
             q.append((now, cp))
-        if batch.restored_tier:
+        # how this attempt restored: its own pods say; a carried-on pod's restore was its older
+        # attempt's (a replica group's survivors while the restarted group heals from them). A
+        # tier wins over a heal: after a whole-job restart a group without its tier heals from
+        # the groups that restored (one answer per attempt, not one per group's last beat)
+        if batch.restored_tier and batch.attempt == self.attempt and (
+            batch.restored_tier != HEAL_SOURCE or self.restored_tier in ("", HEAL_SOURCE)
+        ):
             self.restored_tier = batch.restored_tier
             self.restored_step = batch.restored_step
 

@@ -8,6 +8,7 @@ here, so every pod of a job asks for and runs as the same.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -230,6 +231,32 @@ def control_url_for(heartbeat_url: str, namespace: str, job: str) -> str:
     return f"{base}/v1/control/{namespace}/{job}"
 
 
+#: Multus's pod annotation: the networks a pod gets besides the pod network.
+MULTUS_NETWORKS_ANNOTATION = "k8s.v1.cni.cncf.io/networks"
+
+
+def with_heal_network(spec: TrainingJobSpec, annotations: Mapping[str, str]) -> dict[str, str]:
+    """``annotations`` with ``faultTolerance.healNetwork.attachment`` asked of Multus as the
+    interface the trainer advertises for heals (``interface_name``), after any networks the
+    operator's settings already attach (Multus takes a JSON list or ``ns/name@if,...``)."""
+    out = dict(annotations)
+    heal = spec.fault_tolerance.heal_network
+    if spec.replica_groups < 2 or heal.attachment is None or heal.interface_name is None:
+        return out
+    namespace, _, name = heal.attachment.rpartition("/")
+    existing = out.get(MULTUS_NETWORKS_ANNOTATION, "").strip()
+    try:
+        networks = json.loads(existing) if existing.startswith("[") else None
+    except ValueError:  # not ours to fix here: Multus reports it on the pod
+        networks = None
+    if existing and not isinstance(networks, list):
+        out[MULTUS_NETWORKS_ANNOTATION] = f"{existing},{heal.attachment}@{heal.interface_name}"
+        return out
+    entry = {"name": name, "interface": heal.interface_name, **({"namespace": namespace} if namespace else {})}
+    out[MULTUS_NETWORKS_ANNOTATION] = json.dumps([*(networks or []), entry], separators=(",", ":"))
+    return out
+
+
 def build_pod(
     spec: TrainingJobSpec,
     *,
@@ -303,7 +330,7 @@ def build_pod(
     if spec.gang.priority_class_name:
         pod_spec["priorityClassName"] = spec.gang.priority_class_name
     meta = object_meta(pod_name(job, attempt, pod_index), namespace, labels, owner)
-    meta["annotations"] = {**dict(annotations or {}), NODE_ANNOTATION: node}
+    meta["annotations"] = {**with_heal_network(spec, annotations or {}), NODE_ANNOTATION: node}
     add_pod_claims(spec, job, pod_spec, meta)
     return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": pod_spec}
 
