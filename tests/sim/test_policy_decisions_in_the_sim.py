@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
@@ -11,7 +12,7 @@ from railyard.protocol.exitcodes import FailureClass
 from railyard.sim.decisions import Cluster, Detector, Saved, choose_restore, classify
 from railyard.sim.model import STRAGGLER_CAUSE, baseline_policy, our_policy
 
-from .sim_builders import cause, tiny
+from .sim_builders import cause, ours_every, tiny
 
 
 @pytest.mark.parametrize("u1", [0.0, 0.3, 0.99])
@@ -217,3 +218,25 @@ def test_rack_scale_nvlink_tensor_groups_stay_in_one_domain_through_a_replacemen
 )
 def test_a_tensor_group_the_simulated_nodes_cannot_hold_is_refused_with_the_fix(changes: dict[str, int], wanted: str) -> None:
     assert any(wanted in p for p in tiny(**changes).problems()), tiny(**changes).problems()
+
+
+def test_our_intervals_are_the_operators_rule_and_replica_groups_lengthen_them() -> None:
+    """Our policy leaves the intervals open: the rule of railyard.logic.intervals chooses them from
+    the scenario (1 s steps, the Llama 3 rates at 64 GPUs); the engine saves at them, and with
+    replica groups the memory tier (only needed when every group is down) saves far less often."""
+    from railyard.sim.engine import STALL, simulate
+
+    s = tiny(failure_scale=1.0, sdc_per_day=None)
+    alone = simulate(s, our_policy(hot_spares=1), ())
+    groups = simulate(s, our_policy(hot_spares=1, replica_groups=2), ())
+    assert set(alone.checkpoint_intervals) == {"memory", "local", "shared"}
+    assert all("Young/Daly" in why for why in alone.interval_reasons)
+    assert groups.checkpoint_intervals["memory"] > alone.checkpoint_intervals["memory"]
+    assert groups.lost[STALL]["stall"] < alone.lost[STALL]["stall"]
+    # no failure in the trace: the stall is one snapshot per save of the most frequent tier
+    every = min(alone.checkpoint_intervals.values())
+    snapshot = s.bytes_per_node / (s.gpus_per_node * s.host_copy_bw_per_gpu) + s.save_fixed_stall_s
+    assert alone.lost[STALL]["stall"] == pytest.approx(
+        math.floor(s.wall_s / (every * s.step_s + snapshot)) * snapshot, abs=snapshot)
+    # the spec's interval wins
+    assert simulate(s, ours_every(hot_spares=1), ()).checkpoint_intervals == {"memory": 10, "local": 50, "shared": 100}
