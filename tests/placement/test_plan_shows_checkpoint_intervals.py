@@ -49,3 +49,13 @@ def test_the_jobs_own_figures_change_the_answer_and_the_text_shows_it(capsys: An
     memory_line = next(line for line in out.splitlines() if line.strip().startswith("memory every"))
     assert "save stall 2 s" in memory_line
     assert memory_line.split()[2] != str(default["memory"])
+
+
+def test_figures_that_cannot_be_are_refused_with_their_option(capsys: Any, tmp_path: Path) -> None:
+    path, _ = _job(tmp_path)
+    nodes = ["--nodes", "spine=1,leaf=2,nodes=4,gpus=2"]
+    assert main(["plan", str(path), *nodes, "--step-time", "0"]) == 1
+    assert "step time: must be > 0 s, got 0.0 (--step-time)" in capsys.readouterr().err
+    assert main(["plan", str(path), *nodes, "--save-stall", "-1"]) == 1
+    err = capsys.readouterr().err
+    assert "memory save: stall must be >= 0 s, got -1.0 (--save-stall)" in err and "shared save" in err

@@ -275,6 +275,12 @@ def decide_intervals(inputs: IntervalInputs) -> tuple[IntervalChoice, ...]:
     step = inputs.step_s.value
     if not step > 0:
         raise ValueError(f"step time: must be > 0 s, got {step} ({inputs.step_s.source})")
+    bad = [f"{tier} save: {name} must be >= 0 s, got {figure.value} ({figure.source})"
+           for tier, cost in inputs.costs.items()
+           for name, figure in (("stall", cost.stall_s), ("background write", cost.duration_s))
+           if not figure.value >= 0]
+    if bad:
+        raise ValueError("; ".join(bad))
     cap = max(1, math.floor(inputs.max_interval_s / step))
     protected = compute_protected_rates(inputs)
     #: tier -> (Daly's optimum in s, the rule's steps before alignment, the background save floor)
