@@ -81,6 +81,7 @@ def test_data_parallel_is_derived_from_the_world_size() -> None:
         ({"nodes": 2, "procsPerNode": 2, "parallelism": {"dataReplicas": 3}}, "spec.parallelism.dataReplicas"),
         ({"procsPerNode": 4, "gpusPerPod": 2}, "spec.gpusPerPod"),
         ({"nodes": 2, "faultTolerance": {"mode": "ReplicaGroups"}}, "spec.faultTolerance.mode"),
+        ({"nodes": 2, "parallelism": {"dataReplicas": 0}}, "spec.parallelism.dataReplicas"),
         ({"nodes": 2, "trainer": {"batchSize": 2}, "parallelism": {"dataReplicas": 2}, "faultTolerance": {"mode": "ReplicaGroups", "minReplicas": 3}}, "spec.faultTolerance.minReplicas"),
         ({"nodes": 3, "procsPerNode": 2, "trainer": {"batchSize": 6}, "parallelism": {"dataReplicas": 2}, "faultTolerance": {"mode": "ReplicaGroups"}}, "spec.nodes"),
         ({"trainer": {"program": {"script": "t.py", "module": "pkg.t"}}}, "spec.trainer.program"),
@@ -98,7 +99,7 @@ def test_each_cross_field_rule_names_its_field(spec: dict[str, Any], field: str)
 
 def test_every_rule_is_exercised_above() -> None:
     # Keeps the table above honest when a rule is added.
-    assert len(SPEC_RULES) == 19
+    assert len(SPEC_RULES) == 20
 
 
 def test_a_gpu_claim_names_a_device_class() -> None:
@@ -137,6 +138,8 @@ def test_a_trainer_setting_problem_is_worded_as_the_user_wrote_it(trainer: dict[
         {"trainer": {"dataset": {"type": "files", "path": "/data"}}},
         {"nodes": 4, "trainer": {"batchSize": 4}, "parallelism": {"dataReplicas": 4}, "faultTolerance": {"mode": "ReplicaGroups", "minReplicas": 2}},
         {"nodes": 4, "trainer": {"batchSize": 4}, "parallelism": {"dataReplicas": 4}, "faultTolerance": {"mode": "ReplicaGroups"}},
+        # the operator chooses the number of groups (logic/groups.py); minReplicas is checked against its choice
+        {"nodes": 4, "trainer": {"batchSize": 4}, "parallelism": {"dataReplicas": 0}, "faultTolerance": {"mode": "ReplicaGroups", "minReplicas": 2}},
         {"nodes": 2, "procsPerNode": 4, "trainer": {"batchSize": 8}, "gpuClaim": {"deviceClassName": "gpu.nvidia.com", "computeDomain": True}},
         {"gpuClaim": {}, "resources": {"limits": {"cpu": "2"}}},
     ],

@@ -27,6 +27,9 @@ HANG_S = 420
 SMOKE: dict[str, tuple[list[str], str]] = {
     "apiserver.py": (["--scale", "64"], "apiserver"),
     "checkpoint.py": (["--preset", "tiny", "--rounds", "1", "--memory-interval", "2"], "checkpoint"),
+    # the real trainer under the operator: kubectl drain of a node under a ReplicaGroups job (the
+    # in-place mode only in the full run); about 1.5 minutes
+    "drain.py": (["--smoke"], "drain"),
     "goodput.py": (["--seeds", "1", "--days", "2"], "goodput"),
     # one node lost from a gang with a held spare, restarted in place then in full
     "inplace.py": (["--pods", "8", "--nodes", "12"], "inplace"),

@@ -89,3 +89,18 @@ def test_a_rank_that_hears_after_s_saves_with_the_others_at_one_step(tmp_path: P
     for r in rs:
         assert 7 in r["committed"] and 3 not in r["committed"], r["committed"]
         assert 7 in r["shards"], r["shards"]
+
+
+def test_a_group_that_left_the_quorum_says_after_which_step(tmp_path: Path) -> None:
+    """ReplicaGroups: the workers' word to their launcher (beside the order file) that they left the
+    quorum, read back as the step; nothing (or garbage) reads as not left."""
+    from railyard_trainer.jitsave import left_marker, read_left, write_left
+
+    order = tmp_path / "save-a0.json"
+    assert read_left(order) == -1
+    write_left(order, 17)
+    assert read_left(order) == 17 and left_marker(order).parent == tmp_path
+    left_marker(order).write_text("not json")
+    assert read_left(order) == -1
+    left_marker(order).write_text(json.dumps({"step": True}))
+    assert read_left(order) == -1

@@ -35,6 +35,7 @@ VALUE_SETS: dict[str, Any] = {
         "logLevel": "debug",
         "trainingPodAnnotations": {"sidecar.istio.io/inject": "false"},
         "maintenanceSignals": ["example.com/retire"],
+        "saveBeforeStopSeconds": 15,
     },
 }
 
@@ -102,6 +103,7 @@ def test_deployment_args_match_the_operator_cli() -> None:
         assert parsed.peering == "railyard" and not parsed.standalone
         assert parsed.pod_annotation == [f"{k}={v}" for k, v in values.get("trainingPodAnnotations", {}).items()]
         assert parsed.maintenance_signal == values.get("maintenanceSignals", [])
+        assert parsed.save_before_stop_seconds == values.get("saveBeforeStopSeconds", 60)
 
 
 def test_heartbeat_url_points_at_the_service() -> None:

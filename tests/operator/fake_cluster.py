@@ -361,7 +361,8 @@ class Harness:
         gang, _ = gang_members(self.cluster.pods_of(), attempt=st.attempt, since=members_since(st))
         return [dict(p) for p in gang]
 
-    def report(self, index: int, state: str = "running", *, attempt: int | None = None, code: int = 0, pod: str | None = None) -> Any:
+    def report(self, index: int, state: str = "running", *, attempt: int | None = None, code: int = 0, pod: str | None = None,
+               save_step: int = -1, left_step: int = -1) -> Any:
         """The launcher of pod ``index`` reports; returns the operator's answer (ControlOrder)."""
         from railyard.protocol.control import LauncherReport, LauncherState, parse_order
 
@@ -369,7 +370,8 @@ class Harness:
         name = pod or (member["metadata"]["name"] if member else f"j-a0-{index}")
         a = self.status.attempt if attempt is None else attempt
         r = LauncherReport(job=self.worker.name, attempt=a, pod_index=index, pod=name, state=LauncherState(state), code=code,
-                           workers=((index, code),) if code else (), sent_at=self.now)
+                           workers=((index, code),) if code else (), sent_at=self.now, save_step=save_step,
+                           left_step=left_step)
         self.runtime.control.clock = lambda: self.now
         self.runtime.control.record(self.worker.namespace, self.worker.name, r)
         order, _ = self.runtime.control.answer(self.worker.namespace, self.worker.name, r)

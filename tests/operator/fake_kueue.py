@@ -15,20 +15,32 @@ from typing import Any
 from railyard.api.quantity import format_quantity, parse_quantity
 
 GPU = "nvidia.com/gpu"
-#: Kueue v0.13.1's Workload schema, vendored with its source and commit.
-SCHEMA = Path(__file__).resolve().parents[1] / "deployment" / "schemas" / "kueue.x-k8s.io_v1beta1_Workload.json"
+#: Kueue v0.13.1's CRD schemas, vendored with their source and commit.
+SCHEMAS = Path(__file__).resolve().parents[1] / "deployment" / "schemas"
+SCHEMA = SCHEMAS / "kueue.x-k8s.io_v1beta1_Workload.json"
+#: The kinds the record's cluster served, by their version there (kueue-v0.13-workload/README.md).
+KUEUE_KINDS = {"Workload": "v1beta1", "ResourceFlavor": "v1beta1", "ClusterQueue": "v1beta1", "LocalQueue": "v1beta1",
+               "WorkloadPriorityClass": "v1beta1", "Topology": "v1alpha1"}
+
+
+def kueue_crd(kind: str) -> dict[str, Any]:
+    """A vendored schema as a CustomResourceDefinition (names, scope, printer columns, subresources)."""
+    version = KUEUE_KINDS[kind]
+    vendored = json.loads((SCHEMAS / f"kueue.x-k8s.io_{version}_{kind}.json").read_text())
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{vendored['names']['plural']}.kueue.x-k8s.io"},
+        "spec": {"group": "kueue.x-k8s.io", "scope": vendored.get("scope", "Namespaced"), "names": vendored["names"],
+                 "versions": [{
+                     "name": version, "served": True, "storage": True,
+                     "schema": {"openAPIV3Schema": vendored["openAPIV3Schema"]},
+                     "subresources": vendored["subresources"],
+                     "additionalPrinterColumns": vendored["additionalPrinterColumns"]}]},
+    }
 
 
 def kueue_workload_crd() -> dict[str, Any]:
-    """The vendored schema as a CustomResourceDefinition (names, printer columns, status subresource)."""
-    vendored = json.loads(SCHEMA.read_text())
-    return {
-        "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
-        "metadata": {"name": "workloads.kueue.x-k8s.io"},
-        "spec": {"group": "kueue.x-k8s.io", "scope": "Namespaced", "names": vendored["names"], "versions": [{
-            "name": "v1beta1", "served": True, "storage": True, "schema": {"openAPIV3Schema": vendored["openAPIV3Schema"]},
-            "subresources": vendored["subresources"], "additionalPrinterColumns": vendored["additionalPrinterColumns"]}]},
-    }
+    return kueue_crd("Workload")
 
 
 def _condition(ctype: str, status: str, reason: str, message: str) -> dict[str, Any]:
@@ -134,12 +146,22 @@ class FakeKueue:
             return False
         for victim in chosen:
             if not is_true(victim, "Evicted"):
-                said = (f"Preempted to accommodate a workload (UID: uid-{preemptor['metadata']['name']}, JobUID: "
-                        f"{preemptor['metadata'].get('labels', {}).get('kueue.x-k8s.io/job-uid', 'UNKNOWN')}) "
-                        "due to prioritization in the ClusterQueue")
-                _set(victim, _condition("Evicted", "True", "Preempted", said))
-                _set(victim, _condition("Preempted", "True", "InClusterQueue", said))
+                self._preempt(victim, preemptor)
         return True
+
+    @staticmethod
+    def _preempt(victim: dict[str, Any], preemptor: dict[str, Any]) -> None:
+        """What Kueue writes on a preempted Workload (038): it keeps its quota until acknowledged."""
+        said = (f"Preempted to accommodate a workload (UID: uid-{preemptor['metadata']['name']}, JobUID: "
+                f"{preemptor['metadata'].get('labels', {}).get('kueue.x-k8s.io/job-uid', 'UNKNOWN')}) "
+                "due to prioritization in the ClusterQueue")
+        _set(victim, _condition("Evicted", "True", "Preempted", said))
+        _set(victim, _condition("Preempted", "True", "InClusterQueue", said))
+
+    def preempt(self, namespace: str, name: str, *, by: str) -> None:
+        """Workload ``name`` preempted for a higher-priority one named ``by`` (as :meth:`schedule`
+        does when that one arrives), without running the preemptor."""
+        self._preempt(self.workloads[(namespace, name)], {"metadata": {"name": by}})
 
     def deactivate(self, namespace: str, name: str) -> None:
         """A person sets ``spec.active: false`` (050): Evicted=True reason Deactivated (051)."""

@@ -81,6 +81,20 @@ ROWS = [
                          groups=ReplicaGroups(8, 8, Sourced(100.0, T))),
                  {"memory": (100, "rule")},
                  id="min-replicas-all-groups-every-loss-is-the-tiers-case"),
+    # SDC checks every 50 steps: the corruption's tiers save on check steps (270 -> 250), the
+    # memory tier at a multiple of the most frequent interval (100)
+    pytest.param(_inputs(tiers=("memory", "local", "shared"), rates={"node": PER_10K_S, "corruption": PER_72900_S},
+                         sdc_interval_steps=50),
+                 {"memory": (100, "rule"), "local": (250, "rule"), "shared": (250, "rule")},
+                 id="corruption-tiers-save-on-the-sdc-checks-steps"),
+    # with replica groups the memory tier (cap 3,600) aligns to the corruption tiers' 250
+    pytest.param(_inputs(tiers=("memory", "local"), rates={"node": PER_10K_S, "corruption": PER_72900_S},
+                         groups=ReplicaGroups(8, 1, Sourced(100.0, T)), sdc_interval_steps=50),
+                 {"memory": (3500, "rule"), "local": (250, "rule")},
+                 id="groups-memory-aligned-to-the-check-steps"),
+    # an optimum far below the checks' interval is not stretched to it (20 < 300 / 2)
+    pytest.param(_inputs(tiers=("local",), rates={"corruption": 0.36 * 25}, sdc_interval_steps=300),
+                 {"local": (20, "rule")}, id="checks-far-apart-no-stretch"),
 ]
 
 

@@ -7,7 +7,9 @@ railyard_planned_moves metric), and the Event and status say which node, why and
 Without ReplicaGroups the move first waits for a just-in-time save to the memory tier (the
 launchers told on the control channel, the save seen in the heartbeats) and restarts from it;
 after the save's timeout it goes ahead from the newest checkpoint. With ReplicaGroups only the
-group on the node restarts (no save); the others carry on untouched."""
+group on the node restarts; its launcher alone is first told to leave the quorum at a step
+boundary (the same order), and the move waits until it reports its workers left (or the
+timeout); the others carry on untouched."""
 
 from __future__ import annotations
 
@@ -160,9 +162,21 @@ async def test_with_replica_groups_only_the_group_on_the_node_moves() -> None:
     carried = h.cluster.pods["j-a0-0"]["metadata"].get("uid")
     cordon(h, going)
     await h.cycle(1.0)
+    target = h.status.step + LEAD_STEPS
+    assert any(r == "PlannedMoveLeaving" and m.startswith(f"pods [1] leave the replica groups' quorum at step {target}")
+               for _, r, m in h.cluster.events), h.cluster.events
+    # only the moved group's launcher is told; it passes the order on, its workers have not left yet
+    assert (h.report(0).action, h.report(1).action, h.report(1).save_step) == (Action.CONTINUE, Action.SAVE, target)
+    assert h.report(1, save_step=target).action is Action.CONTINUE, "answered once"
+    await h.cycle(1.0)
+    assert h.status.restarts.planned == 0, "no move before the group left the quorum"
+    h.report(1, save_step=target, left_step=target)
+    await h.cycle(1.0)
     st = h.status
     assert st.restarts.planned == 1 and st.restarts.total == 0
     assert st.last_restart is not None and st.last_restart.reason == "ReplicaGroupReplaced" and st.last_restart.carried_on == [0]
+    assert any(r == "PlannedMove" and f"pods [1] left the replica groups' quorum after step {target}" in m
+               for _, r, m in h.cluster.events), h.cluster.events
     assert st.last_restart.message.startswith(f"moving ahead of {going} (cordoned): replica groups 1 restart")
     assert h.cluster.pods["j-a0-0"]["metadata"].get("uid") == carried
     assert not h.cluster.pods["j-a0-0"]["metadata"].get("deletionTimestamp")

@@ -10,12 +10,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from tests.operator.builders import make_node
 from tests.operator.fake_cluster import Harness, make_job
-from tests.operator.fake_kueue import FakeKueue
+from tests.operator.fake_kueue import KUEUE_KINDS, SCHEMAS, FakeKueue, is_true
 
 from railyard.api.trainingjob import TrainingJobSpec
 from railyard.logic.conditions import find_condition
+from railyard.logic.jitsave import LEAD_STEPS
 from railyard.logic.kueue import (
     Admitted,
     CreateWorkload,
@@ -26,6 +28,7 @@ from railyard.logic.kueue import (
     kueue_queue,
     merge_flavors,
 )
+from railyard.logic.manifests import configmap_name
 from railyard.logic.manifests.kueue import (
     KUEUE_PRIORITY_SOURCE,
     build_eviction_ack,
@@ -33,11 +36,16 @@ from railyard.logic.manifests.kueue import (
     build_kueue_workload,
 )
 from railyard.logic.schedulers import KUEUE_POD_LABELS
+from railyard.protocol.control import Action
+from railyard.protocol.heartbeat import CheckpointEvent, HeartbeatBatch, RankBeat
 
 ROOT = Path(__file__).resolve().parents[2]
 #: The copy of kube-golden/kueue-v0.13-workload (tests/golden/test_corpora_are_the_record.py keeps it the record)
 RECORD = ROOT / "tests" / "golden" / "kueue-v0.13-workload"
 SCHEMA = ROOT / "tests" / "deployment" / "schemas" / "kueue.x-k8s.io_v1beta1_Workload.json"
+#: The docs' example: a queue, a quota and two jobs, one waiting (docs/deploy.md, "Kueue").
+EXAMPLE = ROOT / "examples" / "kueue-two-jobs.yaml"
+DEPLOY_DOC = ROOT / "docs" / "deploy.md"
 
 
 def _record(name: str) -> dict[str, Any]:
@@ -114,6 +122,16 @@ def test_what_the_job_does_about_what_kueue_wrote(record: str | None, expected: 
         assert said[0] in got.message and "Workload tj" in got.message and "team-a" in got.message
     if isinstance(got, Admitted):
         assert got.cluster_queue == "railyard-cq"
+
+
+def test_a_topology_assignment_is_named_as_not_honoured() -> None:
+    """Kueue's Topology-Aware Scheduling assigns pods per node (107); the job says it does not
+    place inside that assignment, in its Admitted condition and Event (docs/deploy.md)."""
+    got = decide_admission(_status_of("107-t12-workload-tas-admitted.json"), job="tj-t1", queue="tas-q")
+    assert isinstance(got, Admitted) and got.cluster_queue == "tas-cq"
+    assert "(kubernetes.io/hostname: kq-tas-0 x2, kq-tas-1 x2) is not honoured" in got.message
+    plain = decide_admission(_status_of("008-a02-workload-admitted.json"), job="tj-a", queue="team-a")
+    assert isinstance(plain, Admitted) and "Topology" not in plain.message
 
 
 # the operator, in-process ----------------------------------------------------------------------
@@ -211,6 +229,61 @@ async def test_a_queued_job_deleted_leaves_no_workload() -> None:
     assert h.cluster.kueue.workloads == {} and h.cluster.pods == {}
 
 
+async def test_a_running_job_deleted_leaves_no_workload_and_no_pod() -> None:
+    kueue = FakeKueue(gpus=4)
+    h = Harness(_nodes(), _job("a"), kueue=kueue)
+    await _admitted_and_running(h)
+    assert h.status.phase == "Running" and len(h.cluster.pods_of(0)) == 2 and kueue.used_gpus() == 4
+    h.worker.body["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:10Z"
+    await h.cycle(1.0)
+    h.cluster.finish_deletions()
+    await h.cycle(1.0)
+    assert kueue.workloads == {} and h.cluster.pods == {} and kueue.used_gpus() == 0
+
+
+async def test_a_lost_node_restarts_the_admitted_gang_in_place_and_the_job_finishes() -> None:
+    """The acceptance of issue 48: a node failure under a Kueue-admitted gang is restarted in
+    place (the lost pod moves to the spare, the others stay) inside the same admission: no second
+    Workload, the quota held once, never Queued; the job then finishes and its Workload with it."""
+    kueue = FakeKueue(gpus=6)  # 2 pods x 2 GPUs and 1 hot spare of 2: the Workload's two pod sets
+    h = Harness(_nodes(), _job("a", hotSpares=1), kueue=kueue)
+    await h.cycle()
+    kueue.schedule()
+    await h.cycle(1.0)
+    h.run_pods()
+    for _ in range(2):
+        for spare in h.cluster.pods_of(spare=True):
+            spare["status"] = {"phase": "Running"}
+        await h.cycle(1.0)
+    assert all(order.action is Action.CONTINUE for order in h.all_report())
+    await h.cycle(1.0)
+    assert h.status.phase == "Running", h.reasons()
+    h.node_down(h.pod_nodes()[1])
+    await h.cycle(5.0)
+    st = h.status
+    assert st.last_restart is not None and st.last_restart.mode == "InPlace" and st.attempt == 1, st.last_restart
+    h.cluster.finish_deletions()
+    await h.cycle(0.5)
+    h.run_pods()
+    await h.cycle(0.5)
+    assert h.report(0, "failed", attempt=0, code=70).action is Action.RESTART
+    h.report(0, "running", attempt=1)
+    h.report(1, "running", attempt=1)
+    await h.cycle(0.5)
+    restart = h.status.last_restart
+    assert h.status.phase == "Running" and restart is not None and restart.state == "Done", h.reasons()
+    assert [c for c in h.cluster.calls if c[1].startswith("Workload/")] == [("create", "Workload/a")]
+    assert len(kueue.workloads) == 1 and kueue.used_gpus() == 6, "one Workload, its quota held once"
+    for member in h.members():
+        member_pod = h.cluster.pods[member["metadata"]["name"]]
+        member_pod["status"] = {"phase": "Succeeded", "containerStatuses": [
+            {"name": "trainer", "state": {"terminated": {"exitCode": 0, "reason": "Completed"}}}]}
+    await h.cycle(1.0)
+    await h.cycle(1.0)
+    assert h.status.phase == "Succeeded", h.reasons()
+    assert is_true(kueue.workloads[("ns", "a")], "Finished") and kueue.used_gpus() == 0
+
+
 @pytest.mark.parametrize(("labels", "gang", "classes", "expected"), [
     ({}, {"priorityClassName": "high"}, {(False, "high"): 1000},
      {"priority": 1000, "priorityClassName": "high", "priorityClassSource": "scheduling.k8s.io/priorityclass"}),
@@ -287,6 +360,17 @@ def test_the_eviction_is_acknowledged_as_recorded() -> None:
     assert requeued == next(c for c in sent["body"]["status"]["conditions"] if c["type"] == "Requeued")
 
 
+def beat(h: Harness, step: int, *, saved: int = -1) -> None:
+    """Every rank of the gang (2 pods of 2 ranks) reports ``step``; a committed memory save at ``saved``."""
+    for pod, node in enumerate(h.pod_nodes()):
+        done = (CheckpointEvent(step=saved, tier="memory", ok=True),) if saved >= 0 else ()
+        batch = HeartbeatBatch(job=h.worker.name, attempt=h.status.attempt, pod_index=pod, node=node, sent_at=h.now,
+                               ranks=tuple(RankBeat(rank=r, step=step, step_time_s=1.0, compute_s=0.9, loss=2.5,
+                                                    tokens_per_s=100.0) for r in (2 * pod, 2 * pod + 1)),
+                               checkpoints=done)
+        h.runtime.store.ingest("ns", h.worker.name, batch, h.now)
+
+
 def _with_priority(name: str, cls: str) -> dict[str, Any]:
     return _job(name, priorityClassName=cls)
 
@@ -302,10 +386,21 @@ async def test_a_higher_priority_job_evicts_a_running_one_which_stops_requeues_a
     kueue.schedule()
     said = [c["message"] for c in kueue.workloads[("ns", "high")]["status"]["conditions"] if c["type"] == "QuotaReserved"]
     assert said and said[0].endswith("Pending the preemption of 1 workload(s)")  # record 039
+    # Kueue holds the quota until acknowledged: the gang first saves at a step boundary (issue 47)
+    beat(low, 7, saved=5)
     await low.cycle(2.0)
+    target = 7 + LEAD_STEPS
+    assert low.status.phase == "Running" and not any(p["metadata"].get("deletionTimestamp") for p in low.cluster.pods_of(0))
+    assert [(o.action, o.save_step) for o in low.all_report()] == [(Action.SAVE, target)] * 2
+    assert any(r == "SavingBeforeStop" and "Kueue's eviction (Preempted)" in m for _, r, m in low.cluster.events)
+    beat(low, target, saved=target)
+    await low.cycle(1.0)
     st = low.status
     assert st.phase == "Queued" and find_condition(st.conditions, "Admitted").reason == "Preempted"  # type: ignore[union-attr]
     assert "Preempted to accommodate a workload" in st.message
+    assert f"resumes from the just-in-time save at step {target}" in st.message
+    assert all(p["metadata"]["name"] in low.worker.deleting for p in low.cluster.pods_of(0)), "then the pods go"
+    placed = low.pod_nodes(0)
     assert kueue.used_gpus() == 4, "Kueue holds the quota until the owner acknowledges (041)"
     low.cluster.finish_deletions()
     await low.cycle(2.0)
@@ -325,6 +420,10 @@ async def test_a_higher_priority_job_evicts_a_running_one_which_stops_requeues_a
     kueue.schedule()
     await low.cycle(2.0)
     assert low.status.attempt == 1 and len(low.cluster.pods_of(1)) == 2, "the next attempt, inside the new admission"
+    # readmitted, it restores the save, on the nodes whose memory holds it: its first step is the saved one + 1
+    config = json.loads(low.cluster.objects[("ConfigMap", configmap_name("low", 1))]["data"]["config.json"])
+    assert (config["restore"]["tier"], config["restore"]["step"]) == ("memory", target), config["restore"]
+    assert low.pod_nodes(1) == placed
     assert [c for c in low.cluster.calls if c[1] == "Workload/low" and c[0] == "create"] == [("create", "Workload/low")]
 
 
@@ -343,3 +442,56 @@ async def test_a_deactivated_job_stops_at_once_and_waits() -> None:
     assert requeued and requeued[0]["status"] == "False" and requeued[0]["reason"] == "Deactivated"
     await h.cycle(2.0)
     assert h.status.phase == "Queued" and h.cluster.pods_of() == []
+
+
+# the docs' example: a queue, a quota and two jobs, one waiting -----------------------------------
+
+
+def _example() -> dict[str, dict[str, Any]]:
+    return {doc["metadata"]["name"]: doc for doc in yaml.safe_load_all(EXAMPLE.read_text())}
+
+
+def test_the_examples_kueue_objects_are_the_recorded_ones() -> None:
+    """What a real Kueue v0.13.1 ran with (000-002), in a namespace of the reader's choosing, and
+    valid against Kueue's published schemas."""
+    import jsonschema
+
+    example = _example()
+    for name, record in (("gpu-a100", "000-s00-resourceflavor-create.json"), ("railyard-cq", "001-s01-clusterqueue-create.json"),
+                         ("team-a", "002-s02-localqueue-create.json")):
+        recorded = _record(record)["request"]["body"]
+        recorded["metadata"].pop("namespace", None)
+        assert example[name] == recorded
+        kind = example[name]["kind"]
+        vendored = json.loads((SCHEMAS / f"kueue.x-k8s.io_{KUEUE_KINDS[kind]}_{kind}.json").read_text())
+        jsonschema.validate(example[name], vendored["openAPIV3Schema"])
+
+
+async def test_the_examples_second_job_waits_queued_until_the_first_finished() -> None:
+    example = _example()
+    [gpus] = [r["nominalQuota"] for r in example["railyard-cq"]["spec"]["resourceGroups"][0]["flavors"][0]["resources"]
+              if r["name"] == "nvidia.com/gpu"]
+    kueue = FakeKueue(gpus=int(gpus))
+    kueue.flavors["gpu-a100"] = example["gpu-a100"]
+    nodes = _nodes(4)
+    for node in nodes:
+        node["metadata"]["labels"]["railyard.dev/pool"] = "a100"
+    first = Harness(nodes, {**make_job("first"), "spec": example["first"]["spec"]}, kueue=kueue)
+    second = Harness(nodes, {**make_job("second"), "spec": example["second"]["spec"]}, kueue=kueue)
+    await _admitted_and_running(first)
+    await second.cycle()
+    kueue.schedule()
+    await second.cycle(2.0)
+    assert first.status.phase == "Running" and second.status.phase == "Queued" and second.cluster.pods == {}
+    waiting = find_condition(second.status.conditions, "Admitted")
+    assert waiting is not None and (waiting.status, waiting.reason) == ("False", "Pending")
+    # what docs/deploy.md shows the reader, word for word
+    assert second.status.message == waiting.message
+    assert f"message: {waiting.message}" in " ".join(DEPLOY_DOC.read_text().split())
+    for i in range(2):
+        first.exit_pod(i, 0)
+    await first.cycle(1.0)
+    assert first.status.phase == "Succeeded"
+    kueue.schedule()
+    await second.cycle(2.0)
+    assert second.status.phase in ("Placing", "Starting") and len(second.cluster.pods_of(0)) == 2

@@ -2,7 +2,8 @@
 server serving Kueue's Workload CRD (vendored), and the test playing Kueue's part as the record
 shows it (tests/operator/fake_kueue.py: a ClusterQueue with a quota of 2 GPUs, LocalQueue
 team-a). Two jobs of 2 GPUs each: the second stays Queued, without a pod, with Kueue's reason in
-its condition, and starts when the first finished; deleting a job deletes its Workload."""
+its condition, and starts when the first finished; deleting a running job leaves no Workload and
+no pod."""
 
 from __future__ import annotations
 
@@ -96,8 +97,8 @@ def test_two_jobs_one_quota_the_second_queued_until_the_first_finished(
         wait_until(lambda: api.status(NS, second).get("phase") == "Running", timeout=90, message="the second job Running",
                    retry_on=(Exception,))
         api.delete_job(NS, second)
-        wait_until(lambda: second not in _workloads(api), timeout=60, message="the deleted job's Workload gone",
-                   retry_on=(Exception,))
+        wait_until(lambda: second not in _workloads(api) and api.pods(NS, second) == [], timeout=60,
+                   message="the deleted running job's Workload and pods gone", retry_on=(Exception,))
     except BaseException:
         print(on_exit_dump(api, NS, second, operator))
         print(on_exit_dump(api, NS, first, operator))

@@ -155,3 +155,20 @@ async def test_a_second_repair_restarts_only_its_group_while_the_other_still_run
     assert h.status.attempt == 2 and uids(h) == before
     assert h.report(0, "failed", attempt=0, code=1).action is Action.RESTART
     assert h.report(1, "running", attempt=1).action is Action.CONTINUE, "group 1 carries on with attempt 1"
+
+
+async def test_an_open_count_of_groups_is_chosen_once_and_kept_in_the_status() -> None:
+    """``parallelism.dataReplicas: 0``: the operator chooses the groups (logic/groups.py) from the
+    nodes it sees, says so in an Event, keeps the number in ``status.replicaGroups`` and runs the
+    job as if the spec had named it (the Lighthouse, one group per pod)."""
+    h = Harness(cluster(), make_job(parallelism={"dataReplicas": 0}, faultTolerance={"mode": "ReplicaGroups"},
+                                    gang={"hotSpares": 1}))
+    await running(h)
+    assert h.status.replica_groups == 2, h.status
+    assert "ReplicaGroupsChosen" in h.reasons()
+    assert "j-lighthouse" in h.cluster.pods, "a replica-group job: its Lighthouse comes with the gang"
+    envs = [{e["name"]: e.get("value") for e in p["spec"]["containers"][0].get("env", [])} for p in h.members()]
+    assert sorted(env.get("RAILYARD_REPLICA_GROUP") for env in envs) == ["0", "1"], envs
+    chosen = h.reasons().count("ReplicaGroupsChosen")
+    await h.cycle(1.0)
+    assert h.status.replica_groups == 2 and h.reasons().count("ReplicaGroupsChosen") == chosen, "chosen once"

@@ -33,7 +33,9 @@ def test_one_fault_costs_the_stall_the_step_in_flight_and_the_missing_groups_sha
     assert groups.restore_tiers == {"live peer": 1}, "the group heals from a peer, reads no tier"
     assert 0.0 < lost.get("recompute", 0.0) < s.step_s, "only the step in flight is redone"
     share = 1.0 / R  # the missing group, at the ideal rate of R-1 groups
-    assert lost["restore"] == pytest.approx(share * (s.group_heal_fixed_s + s.bytes_per_node / s.peer_bw_per_node))
+    # a group's nodes hold a whole replica: R x the job's share per node, fetched from a peer node
+    heal = s.group_heal_fixed_s + R * s.bytes_per_node / s.peer_bw_per_node
+    assert lost["restore"] == pytest.approx(share * heal)
     assert lost["detection"] >= s.group_survivor_stall_s
     assert lost_to(groups, fault) < lost_to(in_place, fault)
     # every second of every GPU accounted for
@@ -83,13 +85,14 @@ def test_groups_that_do_not_divide_the_data_degree_are_refused_naming_the_flag()
 
 
 def test_the_comparison_reports_the_mode_beside_the_others() -> None:
-    s = tiny(failure_scale=1.0, days=2.0)
+    # the faults alone: no cross-group traffic (a tiny job's step makes it look dear)
+    s = tiny(failure_scale=1.0, days=2.0, cross_group_exposed=0.0)
     c = compare(s, our_policy(hot_spares=2), replica_groups=R)
     assert c.groups is not None
     assert c.groups.goodput >= c.ours.goodput, "same trace: no fault costs more by group than in place"
     assert "replica groups" in format_table(c)
     metrics = {r["metric"]: r for r in to_json(c)["results"]}
-    assert metrics["goodput_railyard_replica_groups"]["target"] == 0.995
+    assert metrics["goodput_railyard_replica_groups"]["target"] == 0.998, "at most 16,384 GPUs: issue 49's goal"
     assert metrics["goodput_railyard_replica_groups"]["value"] == c.groups.goodput
 
 

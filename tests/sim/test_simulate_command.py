@@ -55,7 +55,7 @@ def test_simulate_prints_the_comparison_and_writes_json_and_a_plot(
     assert set(data["runs"]["railyard"]["checkpoint_intervals"]) == {"memory", "local", "shared"}
     assert all("Young/Daly" in why or "longest" in why for why in data["runs"]["railyard"]["checkpoint_interval_reasons"])
     assert data["runs"]["baseline"]["checkpoint_intervals"] == {"shared": 200}
-    assert "save every (memory/local/shared)" in text
+    assert "save every (mem/local/shared)" in text
     png = out.with_suffix(".png")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -101,5 +101,22 @@ def test_a_list_of_replica_groups_prints_goodput_against_r(
     captured = capsys.readouterr()
     assert wanted in (captured.out if rc == 0 else captured.err)
     if rc == 0:
-        sweep = json.loads(out.read_text())["replica_group_sweep"]
-        assert [d["replica_groups"] for d in sweep] == [int(x) for x in groups.split(",")]
+        doc = json.loads(out.read_text())
+        chosen = doc["replica_groups_chosen"]["groups"]
+        assert chosen > 1 and "<- the operator's choice" in captured.out, "the choice is shown beside the counts asked"
+        asked = {int(x) for x in groups.split(",")}
+        assert [d["replica_groups"] for d in doc["replica_group_sweep"]] == sorted(asked | {chosen})
+
+
+def test_seeds_print_goodput_per_seed_and_the_minimum_against_the_targets(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["simulate", "--gpus", "512", "--days", "1", "--pp", "1", "--hot-spares", "2", "--seeds", "0-2", "--no-plot"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    rows = [line.split() for line in out.splitlines() if line.split() and line.split()[0] in ("0", "1", "2")]
+    assert [r[0] for r in rows] == ["0", "1", "2"]
+    groups = [float(r[1].rstrip("%")) for r in rows]
+    low = next(line for line in out.splitlines() if line.strip().startswith("min"))
+    assert low.split()[1] == f"{min(groups):.2f}%", "the minimum over seeds, not the mean"
+    targets = [line for line in out.splitlines() if line.startswith("target:")]
+    assert [t.split(">= ")[1].split()[0] for t in targets] == ["99.7%", "99.8%"] and all("at every seed" in t for t in targets)
+    assert "beside it, in place (no replica groups): min " in out

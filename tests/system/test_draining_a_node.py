@@ -10,8 +10,10 @@ node is cordoned, then each pod on it is evicted (the eviction API), retried whi
 | the job | Succeeds; no restart budget spent (every budget is 0 here), ``restarts.planned`` 1 |
 
 With faultTolerance ReplicaGroups (two groups of one pod, a hot spare) the same drain moves only
-group 1 onto the spare; group 0's pod and worker processes carry on, and both groups end with the
-same parameters.
+group 1 onto the spare: it first leaves the quorum at a step boundary (the operator's order to its
+launcher alone), then is moved; group 0's pod and worker processes carry on and never fail a step
+(one quorum change without group 1, right after the step group 1 left after), and both groups end
+with the same parameters.
 
 No step is trained twice (from the kept pod's step events): the move resumes from the save made
 for it (docs/disruptions.md). The figures are printed (``-s``).
@@ -175,17 +177,37 @@ def test_with_replica_groups_a_drain_moves_only_the_group_on_the_node(
         lr = s["lastRestart"]
         assert (lr["mode"], lr["reason"], lr["carriedOn"], lr["replaced"]) == ("InPlace", "ReplicaGroupReplaced", [0], [1]), lr
         assert lr["message"].startswith(f"moving ahead of {victim} (cordoned)"), lr
+        said = [(e.reason, e.message) for e in api.events(SYSTEM_NS, name)]
+        assert any(r == "PlannedMoveLeaving" and m.startswith("pods [1] leave the replica groups' quorum") for r, m in said), said
+        assert any(r == "PlannedMove" and "pods [1] left the replica groups' quorum after step" in m for r, m in said), said
         release_when_joined(local_cluster, f"{name}-a1-1", hold)
         s = wait_status(api, name, "the job to finish", lambda s: s if s.get("phase") in ("Succeeded", "Failed") else None, 500,
                         operator)
-        print("\n[drain-rg] " + json.dumps({"victim": victim, "evictions": drained, "restarts": s.get("restarts"),
-                                             "last_restart": s.get("lastRestart")}))
+        kept = events_of(local_cluster, keep)
+        gone = events_of(local_cluster, lose)
+        left = [e["step"] for e in gone if e.get("event") == "replica_left"]
+        steps = [e for e in kept if e.get("event") == "step"]
+        failed = [e for e in kept if e.get("event") in ("step_not_committed", "replica_collective_failed")]
+        alone = next((e for e in steps if e.get("participants") == 1 and left and e["step"] > left[0]), None)
+        before = next((e for e in reversed(steps) if left and e["step"] == left[0]), None)
+        print("\n[drain-rg] " + json.dumps({
+            "victim": victim, "evictions": drained, "restarts": s.get("restarts"), "last_restart": s.get("lastRestart"),
+            "left_after_step": left, "survivor_failed_steps": len(failed),
+            "survivor_pause_s": round(alone["time"] - before["time"], 3) if alone and before else None,
+            "survivor_quorum_change_s": alone.get("quorum_s") if alone else None,
+        }))
         assert s["phase"] == "Succeeded", json.dumps(s)[:3000]
         restarts = s.get("restarts") or {}
         assert restarts.get("planned") == 1 and restarts.get("total", 0) == 0, restarts
         assert api.core.read_namespaced_pod(keep, SYSTEM_NS).metadata.uid == uid, "group 0's pod is the same object"
-        kept = events_of(local_cluster, keep)
         assert [e["pids"] for e in kept if e.get("event") == "workers_started"] == pids, "and the same worker processes"
+        # group 1 left the quorum at a step boundary and trained nothing after; group 0 never failed
+        # a step, trained none twice, and went on alone from the very next step (one quorum change)
+        assert len(left) == 1 and max(e["step"] for e in gone if e.get("event") == "step") == left[0], left
+        assert not failed, failed
+        numbers = [e["step"] for e in steps]  # (from 1, or from where group 0 healed at the start)
+        assert numbers and numbers == list(range(numbers[0], STEPS + 1)), "every step once, none tried again"
+        assert alone is not None and alone["step"] == left[0] + 1, (left, [(e["step"], e.get("participants")) for e in steps])
         replaced = events_of(local_cluster, f"{name}-a1-1")
         done = [e for p in (kept, replaced) for e in p if e.get("event") == "done"]
         assert len(done) == 2 and {d["step"] for d in done} == {STEPS}, done

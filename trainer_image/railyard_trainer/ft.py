@@ -26,6 +26,7 @@ from typing import Any, Protocol
 import torch
 
 from railyard.protocol import podenv
+from railyard.protocol.quorum import rejoin_rounds
 from railyard.protocol.restore import decide_replica_group_unrestored
 from railyard.protocol.trainerconfig import cross_group_timeout_seconds
 from railyard_trainer import hooks
@@ -92,6 +93,11 @@ class FTManager(Protocol):
         """What the ``done`` event says about the fault tolerance."""
         ...
 
+    def leave(self, step: int) -> bool:
+        """Before a planned move, after committing ``step``: leave the other replica groups for
+        good (they go on without this one). False: there are none to leave."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -135,6 +141,9 @@ class NoFT:
     def done_fields(self, parts: Sequence[torch.nn.Module]) -> dict[str, Any]:
         return {}
 
+    def leave(self, step: int) -> bool:
+        return False
+
     def close(self) -> None:
         return None
 
@@ -168,7 +177,8 @@ class ReplicaExchange:
 
     def log_fields(self) -> dict[str, Any]:
         s = self.share
-        return {"group": self.group.group, "samples": [s.first, s.first + s.count], "participants": s.participants}
+        return {"group": self.group.group, "samples": [s.first, s.first + s.count], "participants": s.participants,
+                "quorum_s": round(self.group.quorum_s, 4)}
 
 
 class ReplicaGroupsFT:
@@ -252,6 +262,10 @@ class ReplicaGroupsFT:
         return {"group": self.replicas.group, "heals": self.replicas.heals, "params_sha256": params_sha256(parts),
                 "params_crc32": params_crc32(parts)}
 
+    def leave(self, step: int) -> bool:
+        self.replicas.leave(step)
+        return True
+
     def close(self) -> None:
         self.replicas.close()
 
@@ -281,6 +295,7 @@ def build_ft_manager(cfg: TrainerConfig, *, ctx: hooks.TrainContext, data: Shard
         cross_group_timeout_s=cross_group_timeout_seconds(collective_timeout_seconds=t.collective_timeout_seconds,
                                                           watchdog_seconds=t.watchdog_seconds),
         store_addr=os.environ["MASTER_ADDR"], store_port=int(os.environ["MASTER_PORT"]),
+        rejoin_rounds=rejoin_rounds(t.watchdog_seconds),
     )
     # waiting for the other groups is not a hang of this one (the operator's hang rule)
     add_waiting_probe(lambda: replicas.waiting)

@@ -14,6 +14,8 @@ operator reads them as it reads a pod's exit code), done. Orders come back on th
 - ``save`` (for the running attempt): a planned move is coming; the launcher writes the order to
   the file its workers know (``RAILYARD_SAVE_ORDER_FILE``), they agree on one step and save to the
   memory tier there (railyard_trainer.jitsave), and the launcher reports the order's step back.
+  Workers of a replica group first leave the groups' quorum at that step; the launcher reports
+  the step they left after (``left_step``).
 
 A restart to an attempt that is not newer than the running one is never acted on, so late or
 replayed answers are harmless. When the workers have failed and the operator says nothing for
@@ -55,6 +57,7 @@ from railyard.protocol.control import (
 from railyard.protocol.exitcodes import classify_exit_code
 from railyard_trainer.config import ConfigError
 from railyard_trainer.events import log_event
+from railyard_trainer.jitsave import read_left
 from railyard_trainer.launch_plan import (
     RENDEZVOUS_WAIT_S,
     LaunchPlan,
@@ -120,14 +123,18 @@ class ControlChannel:
         self._stop.set()
 
     def set_state(self, attempt: int, state: LauncherState, *, code: int = 0, workers: Mapping[int, int] | None = None,
-                  message: str = "", save_step: int | None = None) -> None:
+                  message: str = "", save_step: int | None = None, left_step: int | None = None) -> None:
         """A new state: kept for the polls, and posted at once from a short-lived thread.
         ``save_step``: the save order passed on to the workers (None: as reported before, for
-        the same attempt), so the operator does not send it again."""
+        the same attempt), so the operator does not send it again; ``left_step``: the step the
+        workers left the replica groups' quorum after (None: as reported before)."""
         with self._lock:
             before = self._report
+        same = before is not None and before.attempt == attempt
         if save_step is None:
-            save_step = before.save_step if before is not None and before.attempt == attempt else -1
+            save_step = before.save_step if before is not None and same else -1
+        if left_step is None:
+            left_step = before.left_step if before is not None and same else -1
         report = LauncherReport(
             self.job,
             attempt,
@@ -139,6 +146,7 @@ class ControlChannel:
             time.time(),
             message=message[-MAX_MESSAGE_CHARS:],
             save_step=save_step,
+            left_step=left_step,
         )
         with self._lock:
             if self._report is not None and report == replace(self._report, sent_at=report.sent_at):
@@ -411,8 +419,16 @@ def _watch(
     attempt = gen.plan.config.attempt
     reported: dict[int, int] = {}
     waiting_since: float | None = None
+    #: a save order passed on (ReplicaGroups: the workers may leave the quorum); -1: none
+    save_passed = -1
     while True:
         now = time.monotonic()
+        if save_passed >= 0 and gen.save_file is not None:
+            left = read_left(gen.save_file)
+            if left >= 0:
+                log_event("left_quorum", attempt=attempt, step=left)
+                channel.set_state(attempt, LauncherState.RUNNING, left_step=left)
+                save_passed = -1
         order = channel.take_order()
         if order is not None:
             step = decide_launcher_step(attempt, order)
@@ -426,6 +442,7 @@ def _watch(
                 write_save_order(gen.save_file, attempt=attempt, step=order.save_step)
                 log_event("save_ordered", attempt=attempt, step=order.save_step, reason=order.reason)
                 channel.set_state(attempt, LauncherState.RUNNING, save_step=order.save_step)
+                save_passed = order.save_step
             elif step is Action.RESTART and ignore_orders:
                 log_event("restart_ignored", attempt=attempt, ordered=order.attempt)
             elif step is Action.RESTART:

@@ -12,6 +12,11 @@ all of them have heard: never mismatched. Orders naming different steps (which t
 never sends for one attempt) give sums no rank can take for one step: nothing is saved, and the
 operator's move goes ahead after its timeout from the newest save.
 
+With faultTolerance ReplicaGroups the order reaches only the replica groups a planned move
+replaces (railyard.logic.groupleave): at the agreed step, after its commit, their ranks first
+leave the quorum (the other groups go on without them, no step of theirs fails) and say so in the
+file :func:`left_marker` names, which their launcher reports to the operator (``left_step``).
+
 After the save the workers wait for it to commit (so the heartbeat reports it) and hold still,
 paused for the hang rules, until the restart stops them, at most ``HOLD_S``: a move that does
 not come (the node was uncordoned) lets training go on, and a later order (another step) is a
@@ -23,6 +28,7 @@ Torch-free: the train loop does the all-reduce (railyard_trainer.train).
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -96,6 +102,29 @@ def _read_order(path: Path, attempt: int) -> int:
     if not isinstance(raw, dict) or raw.get("attempt") != attempt:
         return -1
     step = raw.get("step")
+    return step if isinstance(step, int) and not isinstance(step, bool) and step >= 0 else -1
+
+
+def left_marker(order_file: Path) -> Path:
+    """Where the workers say they left the quorum (beside the order file their launcher wrote)."""
+    return order_file.with_name(order_file.name + ".left")
+
+
+def write_left(order_file: Path, step: int) -> None:
+    """The workers' word that they left the quorum after ``step`` (written whole, by a rename)."""
+    marker = left_marker(order_file)
+    tmp = marker.with_name(f"{marker.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps({"step": step}))
+    os.replace(tmp, marker)
+
+
+def read_left(order_file: Path) -> int:
+    """The step the workers left the quorum after (-1: they have not)."""
+    try:
+        raw = json.loads(left_marker(order_file).read_text())
+    except (OSError, ValueError):
+        return -1
+    step = raw.get("step") if isinstance(raw, dict) else None
     return step if isinstance(step, int) and not isinstance(step, bool) and step >= 0 else -1
 
 

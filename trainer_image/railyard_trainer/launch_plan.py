@@ -226,7 +226,12 @@ def plan_launch(args: argparse.Namespace, env: Mapping[str, str]) -> LaunchPlan:
             )
             if want > 0 and want != default and want != have
         ]
-        if table.dp % p.data_replicas:
+        if p.data_replicas == 0:
+            problems.append(
+                "parallelism.dataReplicas: 0 asks the operator to choose the number of replica groups; a config.json "
+                "names it (the operator writes the chosen one)"
+            )
+        elif table.dp % p.data_replicas:
             problems.append(
                 f"parallelism.dataReplicas: {p.data_replicas} does not divide the rank table's data-parallel size "
                 f"{table.dp}"

@@ -19,8 +19,9 @@ not commit (a peer died mid-step) is retried with the same global batch and the 
 its samples were never applied, so none is skipped or trained twice.
 
 Also ours: surviving the Lighthouse's loss. torchft gives the quorum retries (set from
-``lighthouse_quorum_retries``); the quorum ids it counts from 1 again in a new Lighthouse are
-made unique across Lighthouses here (:class:`QuorumEpochs`).
+``lighthouse_quorum_retries``); that the groups meet a recreated Lighthouse in one quorum (not
+each in its own) and that its quorum ids, counted from 1 again, stay unique across Lighthouses
+is ours (:class:`RejoiningClient`, deciding by railyard/protocol/quorum.py).
 
 The Lighthouse: ``railyard-train lighthouse`` (:func:`lighthouse_main`).
 """
@@ -37,6 +38,7 @@ import signal
 import socket
 import sys
 import threading
+import time
 import zlib
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -50,6 +52,7 @@ from torch.distributed.tensor import DTensor
 # among the replica groups, and the pod IP torchft advertises: the operator sets them, spelled once
 # in protocol/
 from railyard.protocol import podenv
+from railyard.protocol.quorum import REJOIN_ASK_INTERVAL_SECONDS, QuorumMemory, QuorumSeen, decide_quorum
 from railyard.protocol.trainerconfig import (
     DEFAULT_WATCHDOG_SECONDS,
     LIGHTHOUSE_HEARTBEAT_INTERVAL_MS,
@@ -229,40 +232,9 @@ def checkpoint_transport(host: str, timeout: timedelta) -> Any:
     return Advertised(timeout=timeout, num_chunks=0)
 
 
-#: How many quorum ids one Lighthouse may count through before :func:`quorum_epoch_id` would mix
-#: them up with the next step's (torchft bumps the id on every change of membership).
-QUORUM_IDS_PER_STEP = 1 << 16
-
-
-@dataclass
-class QuorumEpochs:
-    """The quorum ids this group gives torchft's Manager instead of the Lighthouse's own.
-
-    A Lighthouse counts its quorums from 1, so the one the operator creates after a loss hands
-    out ids the groups already used with the old one. torchft's Manager keys its cross-group
-    process group on the id: an id equal to the last one means "same members, keep the process
-    group" (a wrong group: the new Lighthouse's first quorum may hold fewer groups), and a
-    repeated id reuses the store keys of an old rendezvous (``/torchft/<id>/``: stale addresses).
-    Each quorum id is therefore replaced by ``first step * QUORUM_IDS_PER_STEP + id``, where
-    ``first step`` is the quorum's ``max_step`` when this group first saw that quorum: every
-    member agrees on it (any change of members makes the Lighthouse bump the id, so all members
-    of a quorum meet it at the same quorum), and it only grows across Lighthouses. A quorum with
-    the last id but other members is a new Lighthouse's, so a new one too."""
-
-    last_id: int | None = None
-    last_members: tuple[str, ...] = ()
-    epoch_id: int = -1
-
-    def of(self, quorum_id: int, max_step: int, members: Sequence[str]) -> int:
-        key = tuple(sorted(members))
-        if quorum_id != self.last_id or key != self.last_members:
-            self.last_id, self.last_members = quorum_id, key
-            self.epoch_id = max_step * QUORUM_IDS_PER_STEP + quorum_id
-        return self.epoch_id
-
-
 class _EpochQuorum:
-    """A torchft ``QuorumResult`` with :class:`QuorumEpochs`' id (everything else as it is)."""
+    """A torchft ``QuorumResult`` with :func:`~railyard.protocol.quorum.decide_quorum`'s id
+    (everything else as it is)."""
 
     def __init__(self, result: Any, quorum_id: int) -> None:
         self._result, self.quorum_id = result, quorum_id
@@ -271,15 +243,36 @@ class _EpochQuorum:
         return getattr(self._result, name)
 
 
-class _EpochClient:
-    """torchft's ``ManagerClient`` whose quorum results carry :class:`QuorumEpochs`' ids."""
+class RejoiningClient:
+    """torchft's ``ManagerClient`` whose quorum answers pass
+    :func:`~railyard.protocol.quorum.decide_quorum` first: one a group refuses (a new
+    Lighthouse's quorum without a group of the last one) is asked for again with the same
+    request after :data:`~railyard.protocol.quorum.REJOIN_ASK_INTERVAL_SECONDS`; one it takes
+    reaches the Manager with an id unique across Lighthouses."""
 
-    def __init__(self, client: Any) -> None:
-        self._client, self._epochs = client, QuorumEpochs()
+    def __init__(self, client: Any, *, group: int, rank: int, rejoin_rounds: int,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
+        self._client, self.group, self.rank, self.rejoin_rounds, self._sleep = client, group, rank, rejoin_rounds, sleep
+        self.memory = QuorumMemory()
 
     def _quorum(self, *args: Any, **kwargs: Any) -> Any:
-        result = self._client._quorum(*args, **kwargs)
-        return _EpochQuorum(result, self._epochs.of(result.quorum_id, result.max_step, result.replica_ids))
+        while True:
+            result = self._client._quorum(*args, **kwargs)
+            seen = QuorumSeen(
+                quorum_id=result.quorum_id, max_step=result.max_step, members=tuple(result.replica_ids),
+                healing=result.max_world_size < result.replica_world_size)
+            decision = decide_quorum(self.memory, seen, rejoin_rounds=self.rejoin_rounds)
+            asked_before = self.memory.asked_again
+            self.memory = decision.memory
+            if decision.accept:
+                if asked_before:
+                    log_event("quorum_rejoined", group=self.group, rank=self.rank, quorum_id=seen.quorum_id,
+                              members=sorted(seen.members), step=seen.max_step, reason=decision.reason)
+                return _EpochQuorum(result, decision.epoch)
+            if asked_before == 0:
+                log_event("quorum_refused", group=self.group, rank=self.rank, quorum_id=seen.quorum_id,
+                          members=sorted(seen.members), step=seen.max_step, reason=decision.reason)
+            self._sleep(REJOIN_ASK_INTERVAL_SECONDS)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._client, name)
@@ -296,7 +289,7 @@ class ReplicaGroup:
 
     def __init__(self, *, group: int, data_replicas: int, min_replicas: int, group_rank: int, group_world: int,
                  lighthouse: str, job: str, timeout_s: float, cross_group_timeout_s: float, state: HealState,
-                 device: torch.device, store_addr: str, store_port: int) -> None:
+                 device: torch.device, store_addr: str, store_port: int, rejoin_rounds: int) -> None:
         from torchft import Manager, ProcessGroupGloo, ProcessGroupNCCL
 
         self.group, self.group_rank, self.data_replicas, self.state = group, group_rank, data_replicas, state
@@ -335,11 +328,18 @@ class ReplicaGroup:
             # restarts no group (lighthouse_quorum_retries; TORCHFT_QUORUM_RETRIES still overrides)
             quorum_retries=lighthouse_quorum_retries(timeout_s),
         )
-        # quorum ids that stay unique when the operator replaces the Lighthouse (QuorumEpochs);
-        # torchft 0.2.0's Manager asks its ManagerClient ``_client`` for every quorum
-        self.manager._client = _EpochClient(self.manager._client)
+        # the groups meet in one quorum on a Lighthouse the operator replaced, under ids unique
+        # across Lighthouses (protocol/quorum.py); torchft 0.2.0's Manager asks its
+        # ManagerClient ``_client`` for every quorum
+        self.manager._client = RejoiningClient(self.manager._client, group=group, rank=group_rank,
+                                               rejoin_rounds=rejoin_rounds)
         self.heals = 0
         self.failed_steps = 0
+        #: How long this group waited for its last quorum (the step event's ``quorum_s``: a
+        #: change of membership shows as one long wait)
+        self.quorum_s = 0.0
+        #: This group left the quorum for good (:meth:`leave`)
+        self.left = False
         #: this step's process group was aborted after an error (one abort per step)
         self._aborted = False
         #: Inside the exchange with the other groups (the quorum; from the gradient sum to the
@@ -355,8 +355,10 @@ class ReplicaGroup:
         our share of the step's global batch; ``consumed_of`` is read after a heal."""
         before = self.manager.current_step()
         self._aborted = False
+        t0 = time.monotonic()
         with self._exchange():
             self.manager.start_quorum()
+        self.quorum_s = time.monotonic() - t0
         after = self.manager.current_step()
         rank = self.manager.participating_rank()
         participants = self.manager.num_participants()
@@ -442,12 +444,23 @@ class ReplicaGroup:
         finally:
             self.waiting = False
 
+    def leave(self, step: int) -> None:
+        """Leave the quorum for good after committing ``step`` (a planned move; the operator
+        replaces this group): the Manager stops, so its heartbeats to the Lighthouse end and the
+        other groups' next quorum leaves this group out once the Lighthouse's heartbeat timeout
+        has passed (torchft has no leave request). Between steps nothing of this group is in
+        flight with the others, so none of their steps fails for it."""
+        log_event("replica_left", group=self.group, rank=self.group_rank, step=step)
+        self.left = True
+        self.manager.shutdown(wait=False)
+
     def set_step(self, step: int) -> None:
         """After a restore from a checkpoint tier: the quorum's step is the restored one."""
         self.manager.load_state_dict({"step": step, "batches_committed": self.manager.batches_committed()})
 
     def close(self) -> None:
-        self.manager.shutdown(wait=False)
+        if not self.left:
+            self.manager.shutdown(wait=False)
 
 
 def group_from_env(env: Mapping[str, str] | None = None) -> tuple[int, str]:

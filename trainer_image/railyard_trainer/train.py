@@ -39,7 +39,7 @@ from railyard_trainer.events import log_event
 from railyard_trainer.faults import FaultInjector
 from railyard_trainer.ft import FTManager, StepExchange, build_ft_manager, ft_problems
 from railyard_trainer.grads import clip_grad_norm_
-from railyard_trainer.jitsave import SaveOrderWatch, hold
+from railyard_trainer.jitsave import SaveOrderWatch, hold, write_left
 from railyard_trainer.model import Transformer, cross_entropy_loss
 from railyard_trainer.model_args import PRESETS
 from railyard_trainer.parallel_dims import ParallelDims
@@ -278,19 +278,27 @@ class Trainer:
 
     def _save_before_move(self) -> None:
         """Every rank at this same step: save to the memory tier (the manager's own path), wait
-        for the commit, hold still until the planned move restarts the workers."""
+        for the commit, hold still until the planned move restarts the workers. A replica group
+        leaves the quorum first (the others go on without it) and says so to its launcher."""
         step = self.ctx.step
+        left = self.ft.leave(step)
+        if left and self.jit.path is not None:
+            write_left(self.jit.path, step)
         tiers = [t for t in getattr(self.checkpointer, "tiers", ()) if t.name == "memory" and t.active]
         save = getattr(self.checkpointer, "save", None)
         if not tiers or save is None:
             log_event("jit_save_skipped", rank=self.env.rank, step=step, why="no memory tier in this checkpointer")
-            return
-        if not tiers[0].due(step):  # (a due one was saved by maybe_save just now)
+            if not left:
+                return  # (a group that left cannot train on: it holds still all the same)
+        elif not tiers[0].due(step):  # (a due one was saved by maybe_save just now)
             self.health.verify(self.ctx)
             save(self.ctx, tiers=tiers, checks_passed=self.health.checks_passed())
-        log_event("jit_save", rank=self.env.rank, step=step, attempt=self.cfg.attempt)
+        saved = bool(tiers) and save is not None
+        if saved:
+            log_event("jit_save", rank=self.env.rank, step=step, attempt=self.cfg.attempt)
         with self.session.paused():
-            self.checkpointer.wait(self.checkpointer.settings.timeout_s)
+            if saved:
+                self.checkpointer.wait(self.checkpointer.settings.timeout_s)
             hold(until_gone=self.jit.path, tick=lambda: self.checkpointer.forward_events(self.ctx))
 
     def replay_step(self) -> tuple[float, float]:

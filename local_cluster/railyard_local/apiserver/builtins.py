@@ -365,8 +365,16 @@ def _validate_pod_update(new: JSON, old: JSON) -> list[Cause]:
             causes.append(forbidden(f"spec.schedulingGates[{i}].name",
                                     f"only deletion is allowed, but found new scheduling gate '{g.get('name')}'"))
 
+    # a pod still gated may be given more node selector terms (upstream's scheduling readiness
+    # mutations: Kueue's topology ungater writes the node of each rank, kueue-v0.13-workload 154)
+    old_selector: JSON = os_.get("nodeSelector") or {}
+    new_selector: JSON = ns.get("nodeSelector") or {}
+    mutable: tuple[str, ...] = _POD_MUTABLE
+    if old_gates and all(new_selector.get(k) == v for k, v in old_selector.items()):
+        mutable = (*_POD_MUTABLE, "nodeSelector")
+
     def mask(spec: JSON) -> JSON:
-        out = {k: v for k, v in spec.items() if k not in _POD_MUTABLE}
+        out = {k: v for k, v in spec.items() if k not in mutable}
         for ck in ("containers", "initContainers"):
             if isinstance(out.get(ck), list):
                 out[ck] = [{k: v for k, v in c.items() if k != "image"} if isinstance(c, dict) else c

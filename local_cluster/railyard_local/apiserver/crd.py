@@ -404,6 +404,9 @@ def resource_type(crd: JSON) -> ResourceType:
         categories=list(names.get("categories") or []), subresources=frozenset(subresources),
         field_selectors=frozenset({"metadata.name", "metadata.namespace"} | selectable), crd=crd,
         schemas=schemas, printer_columns=columns,
+        # upstream's custom resource store does not return the deleted object: a delete that
+        # removes it at once answers with a Status (kueue-v0.13-workload 059, 065)
+        return_deleted_object=False,
     )
 
 

@@ -637,6 +637,10 @@ class Engine:
             return await self._write(rt, obj, ctx)
         meta["deletionTimestamp"] = rfc3339(self.clock() + (grace or 0))
         meta["deletionGracePeriodSeconds"] = grace or 0
+        if rt.key != "pods" and int(meta.get("generation") or 0) > 0:
+            # upstream's store bumps the generation of an object whose deletion starts (a change
+            # its controllers must see: kueue-v0.13-workload 062, a foreground delete)
+            meta["generation"] = int(meta["generation"]) + 1
         if finalizers:
             meta["finalizers"] = finalizers
         return await self._write(rt, obj, ctx)

@@ -136,7 +136,12 @@ def too_many(field: str, actual: int, limit: int) -> Cause:
 
 
 def duplicate(field: str, value: Any) -> Cause:
-    return Cause(field, "FieldValueDuplicate", f"Duplicate value: {_fmt(value)}")
+    """Go's field.Duplicate prints its value as JSON, a list-map item's key fields included
+    (kueue-v0.13-workload 016: ``Duplicate value: {"name":"workers"}``)."""
+    import json
+
+    shown = json.dumps(value, separators=(",", ":"), sort_keys=True)
+    return Cause(field, "FieldValueDuplicate", f"Duplicate value: {shown}")
 
 
 def invalid(kind: str, group: str, name: str, causes: list[Cause]) -> APIError:

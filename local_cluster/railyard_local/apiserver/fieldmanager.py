@@ -437,7 +437,10 @@ def _merge_list(lhs: list[Any], rhs: list[Any], t: TypeNode) -> list[Any]:
 
 def remove_fields(value: Any, drop: Trie, keep: Trie, t: TypeNode) -> Any:
     """``value`` without the members of ``drop`` (a member with children goes whole unless
-    something under it is in ``keep``)."""
+    something under it is in ``keep``). A map or list that the removal empties goes too, as
+    structured-merge-diff's removal leaves no empty parent (kueue-v0.13-workload 042, 033: the
+    Workload's ``status.admission`` and ``status.resourceRequests`` vanish when the applier that
+    owned their fields stops applying them)."""
     if isinstance(value, dict):
         out = {}
         for k, v in value.items():
@@ -449,7 +452,10 @@ def remove_fields(value: Any, drop: Trie, keep: Trie, t: TypeNode) -> Any:
             sub = drop[pe]
             if _member(sub) and not _kids(keep.get(pe) or {}):
                 continue
-            out[k] = remove_fields(v, sub, keep.get(pe) or {}, ct)
+            kept = remove_fields(v, sub, keep.get(pe) or {}, ct)
+            if isinstance(kept, dict | list) and not kept and v:
+                continue
+            out[k] = kept
         return out
     if isinstance(value, list) and t.kind == "list" and t.list_type != "atomic":
         elem = t.elem or deduced()

@@ -614,7 +614,7 @@ SPEC_RULES: list[dict[str, str]] = [
         "reason": "FieldValueInvalid",
     },
     {
-        "rule": "self.parallelism.dataReplicas == 1 || (self.nodes * self.procsPerNode) % (self.parallelism.tensor * "
+        "rule": "self.parallelism.dataReplicas <= 1 || (self.nodes * self.procsPerNode) % (self.parallelism.tensor * "
                 "self.parallelism.pipeline) != 0 || ((self.nodes * self.procsPerNode) / (self.parallelism.tensor * "
                 "self.parallelism.pipeline)) % self.parallelism.dataReplicas == 0",
         "message": "parallelism.dataReplicas must divide the data-parallel degree (nodes x procsPerNode / (tensor x "
@@ -623,20 +623,29 @@ SPEC_RULES: list[dict[str, str]] = [
         "reason": "FieldValueInvalid",
     },
     {
-        "rule": "self.faultTolerance.mode == 'None' || self.parallelism.dataReplicas > 1",
+        "rule": "self.faultTolerance.mode == 'None' || self.parallelism.dataReplicas != 1",
         "message": "faultTolerance.mode ReplicaGroups needs parallelism.dataReplicas > 1: the replica groups are the "
-                   "units that fail alone. Set dataReplicas (HSDP) or use mode None.",
+                   "units that fail alone. Set dataReplicas (HSDP), 0 to let the operator choose, or use mode None.",
         "fieldPath": ".faultTolerance.mode",
         "reason": "FieldValueInvalid",
     },
     {
-        "rule": "self.faultTolerance.mode == 'None' || self.nodes % self.parallelism.dataReplicas == 0",
+        "rule": "self.faultTolerance.mode == 'None' || self.parallelism.dataReplicas == 0 || "
+                "self.nodes % self.parallelism.dataReplicas == 0",
         "message": "faultTolerance.mode ReplicaGroups needs nodes to be a multiple of parallelism.dataReplicas: every "
                    "replica group is nodes / dataReplicas whole pods (a pod never holds ranks of two groups).",
         "fieldPath": ".nodes",
         "reason": "FieldValueInvalid",
     },
     dict(contract.MIN_REPLICAS_RULE),  # the trainer checks the same rule (protocol/trainerconfig.py)
+    {
+        "rule": "self.parallelism.dataReplicas != 0 || self.faultTolerance.mode == 'ReplicaGroups'",
+        "message": "parallelism.dataReplicas 0 (the operator chooses the number of replica groups) needs "
+                   "faultTolerance.mode ReplicaGroups; set dataReplicas to 1 (plain FSDP) or a number of HSDP "
+                   "replicas.",
+        "fieldPath": ".parallelism.dataReplicas",
+        "reason": "FieldValueInvalid",
+    },
     {
         "rule": "self.trainer.dataset.type == 'synthetic' || has(self.trainer.dataset.path)",
         "message": "trainer.dataset.path is required when trainer.dataset.type is files or tokens.",
@@ -1022,6 +1031,9 @@ class TrainingJobStatus(_Model):
     conditions: Annotated[list[Condition], Field(description="Kubernetes-style conditions.")] = []
     observed_generation: Annotated[int, Field(description="The spec generation this status reflects.")] = 0
     attempt: Annotated[int, Field(description="Current attempt (0 for the first gang, +1 per restart).")] = 0
+    replica_groups: Annotated[int, Field(
+        description="faultTolerance ReplicaGroups with parallelism.dataReplicas 0: the number of replica groups the "
+                    "operator chose for the job (kept for its life; 0: not chosen).")] = 0
     message: Annotated[str, Field(description="What is happening now, for a person.")] = ""
     placement: Annotated[PlacementStatus | None, Field(description="Where the gang runs.")] = None
     step: Annotated[int, Field(description="Newest training step reported by the gang.")] = 0

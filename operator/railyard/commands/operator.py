@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, cast
 
+from railyard.logic.jitsave import DEFAULT_TIMEOUT_S as SAVE_BEFORE_STOP_S
 from railyard.observe.probes import DEFAULT_STUCK_AFTER_S
 from railyard.operator_address import FILE, LocalOperatorAddress, find_operator_address
 
@@ -70,6 +71,9 @@ def add_parser(sub: Any) -> None:
         help="a node label or annotation that announces the node's maintenance: the gangs on it move ahead of time "
         "(repeatable; added to cloud.google.com/scheduled-maintenance-time and railyard.dev/maintenance)",
     )
+    r.add_argument("--save-before-stop-seconds", type=float, default=SAVE_BEFORE_STOP_S, metavar="S",
+                   help="how long spec.suspend or a Kueue eviction waits for the gang's just-in-time save before it "
+                   "deletes the pods anyway (0: never wait; the job's Event says which)")
     r.add_argument("--stuck-reconcile-seconds", type=float, default=DEFAULT_STUCK_AFTER_S,
                    help="a job's reconcile cycle running longer than this fails /healthz (liveness)")
     r.add_argument("-v", "--verbose", action="store_true", help="debug logging")
@@ -205,6 +209,7 @@ def run(args: argparse.Namespace) -> int:
             pod_annotations=annotations,
             stuck_reconcile_s=args.stuck_reconcile_seconds,
             maintenance_signals=(*MAINTENANCE_SIGNALS, *args.maintenance_signal),
+            save_before_stop_s=args.save_before_stop_seconds,
         )
     )
     namespaces = list(args.namespace)

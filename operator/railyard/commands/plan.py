@@ -25,6 +25,7 @@ import yaml
 
 from railyard.api.trainingjob import TrainingJob
 from railyard.logic.cost import CostInputs
+from railyard.logic.groups import GroupChoice, resolve_replica_groups
 from railyard.logic.intervals import (
     KIND_WORDS,
     TIERS,
@@ -38,6 +39,7 @@ from railyard.logic.placement import (
     Placement,
     Unplaceable,
     build_placement_input,
+    compute_shared_domains,
     plan_placement,
 )
 from railyard.logic.topology import parse_synthetic_spec, resolve_nvlink_key, synthetic_levels
@@ -211,11 +213,22 @@ def plan_intervals(
 
 
 def _interval_lines(choices: list[IntervalChoice], inputs: list[str]) -> list[str]:
-    lines = ["  checkpoint intervals (the spec's where it sets one, else Young/Daly; docs/checkpoints.md):"]
-    lines += [f"    {c.reason}" for c in choices]
-    lines.append("    inputs:")
-    lines += [f"      {line}" for line in inputs]
+    lines = ["checkpoint intervals (the spec's where it sets one, else Young/Daly; docs/checkpoints.md):"]
+    lines += [f"  {c.reason}" for c in choices]
+    lines.append("  inputs:")
+    lines += [f"    {line}" for line in inputs]
     return lines
+
+
+def _pods_text(pods: Sequence[int]) -> str:
+    """Pod indices, consecutive runs as ranges (a group of 1,536 pods is one range)."""
+    runs: list[list[int]] = []
+    for i in pods:
+        if runs and i == runs[-1][1] + 1:
+            runs[-1][1] = i
+        else:
+            runs.append([i, i])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
 
 
 def _groups_summary(pl: Placement, req: GangRequest, lighthouse: LighthousePlan | None) -> list[str]:
@@ -226,15 +239,21 @@ def _groups_summary(pl: Placement, req: GangRequest, lighthouse: LighthousePlan 
     lines = [
         f"  replica groups: {len(groups)} of {per} pods each (faultTolerance ReplicaGroups), each its own world "
         f"pp {req.pp} x dp {req.dp // req.replicas} x tp {req.tp}:",
-        f"    {'group':>5}  {'pods':<12} {'nodes':<40} leaf domains",
+        f"    {'group':>5}  {'pods':<12} {'nodes':<40} failure domains (leaf, or NVLink domain, of its nodes)",
     ]
     for g in groups:
-        pods = ",".join(str(i) for i in g.pods) + (
-            " (moved " + ",".join(str(i) for i in g.moved) + ")" if g.moved else ""
-        )
-        nodes = ", ".join(g.nodes[:4]) + (", ..." if len(g.nodes) > 4 else "")
-        leaves = ", ".join("/".join(path) or "-" for path in g.leaves)
+        pods = _pods_text(g.pods) + (" (moved " + _pods_text(g.moved) + ")" if g.moved else "")
+        nodes = ", ".join(g.nodes[:2]) + (f", ... ({len(g.nodes)})" if len(g.nodes) > 2 else "")
+        leaves = ", ".join("/".join(path[1:] if len(path) > 1 else path) or "-" for path in g.leaves)
         lines.append(f"    {g.group:>5}  {pods:<12} {nodes:<40} {leaves}")
+    shared = compute_shared_domains(groups, leaf_depth=len(req.levels) - (req.nvlink_level in req.levels))
+    lines.append(
+        "  failure domains: no leaf or NVLink domain holds two replica groups (a switch, rack or power failure "
+        "there takes at most one)" if not shared else
+        f"  failure domains: {len(shared)} domains hold several replica groups (the topology or the free nodes "
+        "allow no better): " + "; ".join(
+            f"{'/'.join(path)}: groups {', '.join(map(str, gs))}" for path, gs in list(shared.items())[:8])
+        + ("; ..." if len(shared) > 8 else ""))
     if lighthouse is not None:
         lines.append(f"  lighthouse: pod {lighthouse.pod} at {lighthouse.address}: {' '.join(lighthouse.command)}")
         lines.append(f"    created {lighthouse.created}; node: {lighthouse.node}")
@@ -358,6 +377,18 @@ def _as_json(pl: Placement | Unplaceable, lighthouse: LighthousePlan | None = No
     }
 
 
+def _choice_lines(choice: GroupChoice | None) -> list[str]:
+    """The operator's number of replica groups (``parallelism.dataReplicas: 0``) and why."""
+    if choice is None:
+        return []
+    if not choice.groups:
+        return [f"replica groups: none fits: {choice.reason}"]
+    others = ", ".join(f"{o.groups}: {o.loss:.3%}{'' if o.disjoint else ' (groups share leaves)'}"
+                       for o in choice.options)
+    return [f"replica groups chosen (parallelism.dataReplicas: 0): {choice.reason}",
+            f"  expected loss by number of groups: {others}"]
+
+
 def plan(
     job_doc: Mapping[str, Any],
     nodes: Sequence[Mapping[str, Any]],
@@ -372,7 +403,7 @@ def plan(
     :func:`plan_placement`): attempt 0, then attempt 1 sticky on it with ``fail`` moved off."""
     from railyard.api.trainingjob import TrainingJob
 
-    job = TrainingJob.model_validate(job_doc)
+    job, _ = resolve_replica_groups(TrainingJob.model_validate(job_doc), nodes)
     inp = build_placement_input(job, nodes=nodes, pods=pods, cost_inputs=cost_inputs)
     first = plan_placement(inp)
     second: Placement | Unplaceable | None = None
@@ -409,14 +440,16 @@ def run(args: argparse.Namespace) -> int:
             param_bytes=args.param_bytes, activation_bytes=args.activation_bytes, tp_bytes_per_step=args.tp_bytes
         )
         req, first, second = plan(job_doc, nodes, pods, fail=args.fail, cost_inputs=inputs)
-        lighthouse = plan_lighthouse(TrainingJob.model_validate(job_doc))
-        intervals, interval_inputs = plan_intervals(
-            TrainingJob.model_validate(job_doc), step_s=args.step_time, save_stall_s=args.save_stall)
+        job, choice = resolve_replica_groups(TrainingJob.model_validate(job_doc), nodes)
+        lighthouse = plan_lighthouse(job)
+        intervals, interval_inputs = plan_intervals(job, step_s=args.step_time, save_stall_s=args.save_stall)
     except (OSError, yaml.YAMLError, ValueError, ValidationError) as exc:
         print(f"railyard plan: {exc}", file=sys.stderr)
         return 1
     if args.json:
         out: dict[str, Any] = {"job": req.job, "placement": _as_json(first, lighthouse)}
+        if choice is not None:
+            out["replicaGroupsChosen"] = {"groups": choice.groups, "reason": choice.reason}
         if second is not None:
             out["replacement"] = _as_json(second, lighthouse)
         out["checkpointIntervals"] = {
@@ -426,6 +459,7 @@ def run(args: argparse.Namespace) -> int:
         }
         print(json.dumps(out, indent=2))
     else:
+        print("\n".join([*_choice_lines(choice), *_interval_lines(intervals, interval_inputs)]))
         for label, result in (
             ("", first),
             ("after failure of " + ", ".join(args.fail) + ": ", second),
@@ -436,6 +470,5 @@ def run(args: argparse.Namespace) -> int:
                 print(f"{label}unplaceable ({result.constraint}): {result.reason}")
             else:
                 print(label + "\n".join(_summary(result, req, args.show_pods, lighthouse)))
-        print("\n".join(_interval_lines(intervals, interval_inputs)))
     final = second if second is not None else first
     return EXIT_UNPLACEABLE if isinstance(final, Unplaceable) else 0

@@ -13,13 +13,19 @@ import sys
 from typing import Any
 
 from railyard.sim.model import (
-    DEFAULT_REPLICA_GROUPS,
     MAX_FAILURE_SCALE,
     Scenario,
     baseline_policy,
     our_policy,
 )
-from railyard.sim.report import compare, format_sweep, format_table, write_json, write_plot
+from railyard.sim.report import (
+    compare,
+    format_seeds,
+    format_sweep,
+    format_table,
+    write_json,
+    write_plot,
+)
 
 DEFAULT_OUT = os.path.join("bench", "results", "simulate.json")
 _D = Scenario()
@@ -139,10 +145,16 @@ def add_parser(sub: Any) -> None:
         help=f"communicator set-up and warm-up after every restart, both policies (default {_D.init_s:g})",
     )
     p.add_argument(
-        "--replica-groups", type=_group_counts, default=[DEFAULT_REPLICA_GROUPS],
-        help=f"also simulate faultTolerance ReplicaGroups with this many groups; must divide the "
-             f"data-parallel degree; 0: skip (default {DEFAULT_REPLICA_GROUPS}); several, e.g. 2,4,8,16: "
-             f"also print goodput against the number of groups (the table shows the first)",
+        "--replica-groups", type=_group_counts, default=[AUTO],
+        help="also simulate faultTolerance ReplicaGroups with this many groups; must divide the "
+             "data-parallel degree; auto: the operator's choice for this job and cluster, as for "
+             "parallelism.dataReplicas: 0 (default); 0: skip; several, e.g. 2,4,8,16: also print goodput "
+             "against the number of groups, the operator's choice among them (the table shows the first)",
+    )
+    p.add_argument(
+        "--seeds", type=_seed_range, default=None, metavar="A-B",
+        help="run every seed of A..B (e.g. 0-4) and print goodput per seed and the minimum against the targets "
+             "(instead of one seed's table)",
     )
     p.add_argument("--out", default=DEFAULT_OUT, help=f"JSON output (default {DEFAULT_OUT})")
     p.add_argument(
@@ -151,12 +163,27 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--no-plot", action="store_true", help="do not write the plot")
 
 
+#: ``--replica-groups auto``: the operator's choice (railyard.logic.groups).
+AUTO = -1
+
+
 def _group_counts(text: str) -> list[int]:
     try:
-        return [int(x) for x in text.split(",")]
+        return [AUTO if x.strip() == "auto" else int(x) for x in text.split(",")]
     except ValueError:
         raise argparse.ArgumentTypeError(
-            f"{text!r} is not a number of groups or a comma-separated list, e.g. 8 or 2,4,8,16") from None
+            f"{text!r} is not a number of groups, auto or a comma-separated list, e.g. 8 or 2,4,8,16") from None
+
+
+def _seed_range(text: str) -> list[int]:
+    first, _, last = text.partition("-")
+    try:
+        seeds = list(range(int(first), int(last or first) + 1))
+    except ValueError:
+        seeds = []
+    if not seeds:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a range of seeds, e.g. 0-4")
+    return seeds
 
 
 def build_scenario(args: argparse.Namespace) -> Scenario:
@@ -188,7 +215,15 @@ def run(args: argparse.Namespace) -> int:
     problems = scn.problems()
     if args.hot_spares < 0:
         problems.append(f"--hot-spares: must be >= 0, got {args.hot_spares}")
-    sweep, args.replica_groups = (args.replica_groups if len(args.replica_groups) > 1 else []), args.replica_groups[0]
+    chosen = scn.choose_replica_groups().groups if not problems else 0
+    if AUTO in args.replica_groups and not chosen and not problems:
+        problems.append(f"--replica-groups auto: {scn.choose_replica_groups().reason}")
+    counts = [chosen if r == AUTO else r for r in args.replica_groups]
+    if len(counts) > 1 and chosen and chosen not in counts:
+        counts.append(chosen)  # the operator's choice beside the counts asked for
+    # with a sweep the table shows the operator's choice (else the first count asked for)
+    sweep = sorted(set(counts)) if len(counts) > 1 else []
+    args.replica_groups = chosen if sweep and chosen else counts[0]
     for r in sweep or [args.replica_groups]:
         if r < 0 or (r == 1 and not sweep) or (r == 0 and sweep) or (r and not problems and scn.dp % r):
             problems.append(f"--replica-groups: must be 0 (off) or a divisor > 1 of the data-parallel degree "
@@ -203,6 +238,14 @@ def run(args: argparse.Namespace) -> int:
     base = baseline_policy(
         interval_steps=args.baseline_interval, collective_timeout_s=args.collective_timeout
     )
+    if args.seeds:
+        try:
+            print(format_seeds([compare(scn.with_(seed=seed), ours, base, replica_groups=args.replica_groups,
+                                        extras=False) for seed in args.seeds]))
+        except ValueError as exc:
+            print(f"railyard simulate: {exc}", file=sys.stderr)
+            return 2
+        return 0
     try:
         result = compare(scn, ours, base, replica_groups=args.replica_groups, group_sweep=sweep)
     except ValueError as exc:

@@ -12,9 +12,12 @@ from pydantic import ValidationError
 
 from railyard.api.trainingjob import TrainingJob, TrainingJobSpec
 from railyard.handlers.cycle import Cycle, GangIO
+from railyard.handlers.stopping import save_before_stop
 from railyard.k8s.client import ApiError
 from railyard.logic.conditions import find_condition, set_condition
+from railyard.logic.jitsave import StopNow
 from railyard.logic.kueue import (
+    DEACTIVATED,
     QUEUED_RECHECK_S,
     Admitted,
     CreateWorkload,
@@ -82,7 +85,7 @@ async def await_admission(cycle: Cycle, job: TrainingJob, queue: str, *, pods: S
             )
         return None if has_pods else QUEUED_RECHECK_S * 5
     if isinstance(decision, Evict) and workload is not None:
-        return await _evicted(cycle, decision, workload, pods, nodes)
+        return await _evicted(cycle, job, decision, workload, pods, nodes)
     if isinstance(decision, Admitted):
         _admitted(cycle, decision)
         return None
@@ -107,22 +110,33 @@ def _admitted(cycle: Cycle, decision: Admitted) -> None:
         cycle.phase("Placing", "Readmitted", f"{decision.message}: placing the gang again")
 
 
-async def _evicted(cycle: Cycle, decision: Evict, workload: Mapping[str, Any], pods: Sequence[Mapping[str, Any]],
-                   nodes: Mapping[str, Mapping[str, Any]]) -> float:
-    """Kueue evicted the job: its pods go as a suspended job's do (checkpoints kept); once they
-    are gone the eviction is acknowledged (Kueue holds the quota until then, record 041), and the
-    job waits Queued to be admitted again."""
-    cycle.worker.kueue_flavor = None
+async def _evicted(cycle: Cycle, job: TrainingJob, decision: Evict, workload: Mapping[str, Any],
+                   pods: Sequence[Mapping[str, Any]], nodes: Mapping[str, Mapping[str, Any]]) -> float:
+    """Kueue evicted the job: it stops as a suspended job does (handlers/stopping.py: a running
+    gang saves at a step boundary first, while Kueue still holds the quota; not after a
+    deactivation, which released the quota at once, record 052), its pods go, checkpoints kept;
+    once they are gone the eviction is acknowledged (Kueue holds the quota until then, record
+    041), and the job waits Queued to be admitted again."""
     said = f"evicted by Kueue ({decision.reason}): {decision.message}"
     if pods:
+        stop = save_before_stop(cycle, job, pods, purpose=f"Kueue's eviction ({decision.reason})",
+                                quota_released=decision.reason == DEACTIVATED)
+        if not isinstance(stop, StopNow):
+            # the gang trains on until its save is committed (or the wait timed out); the
+            # Workload is read again at every look (a readmission, a deactivation meanwhile)
+            cycle.worker.kueue_read_at = float("-inf")
+            return stop
+        cycle.worker.kueue_flavor = None
         await cycle.delete_pods(pods, nodes)
         if cycle.status.phase != "Queued":
             cycle.update(gang_created_time=None, next_attempt_time=None,
                          conditions=set_condition(cycle.status.conditions, "Admitted", "False", reason=decision.reason,
                                                   message=said, now=cycle.iso,
                                                   generation=cycle.status.observed_generation or None))
-            cycle.phase("Queued", decision.reason, f"{said}; the gang's pods are deleted, checkpoints kept")
+            cycle.phase("Queued", decision.reason,
+                        f"{said}; the gang's pods are deleted, checkpoints kept; {stop.note}")
         return 1.0
+    cycle.worker.kueue_flavor = None
     if not await cycle.io.acknowledge_eviction(
         cycle.ns, workload_name(cycle.name), build_eviction_ack(workload, time=cycle.iso)
     ):

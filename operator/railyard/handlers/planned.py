@@ -8,7 +8,9 @@ waiting (429) until the operator's own deletion has moved the pod; then the drai
 
 Without ReplicaGroups the move first waits for a just-in-time save to the memory tier
 (logic/jitsave.py decides: request, wait, move; the order goes out on the control channel), so
-the in-place restart resumes from the step the gang had reached.
+the in-place restart resumes from the step the gang had reached. With ReplicaGroups it first waits
+for the moved groups to leave the quorum at a step boundary (logic/groupleave.py: the same order,
+to their launchers only), so the other groups never fail a step for the move.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from railyard.handlers.failures import restart_whole_gang
 from railyard.handlers.inplace import begin_in_place, capable_pods
 from railyard.handlers.regroup import shrink_groups
 from railyard.logic.gang import pod_index_of
+from railyard.logic.groupleave import decide_group_leave, leave_message, leaving_pods
 from railyard.logic.jitsave import AwaitSave, JitSavePlan, MoveNow, RequestSave, decide_jit_save
 from railyard.logic.placement import job_tolerations
 from railyard.logic.planned import find_going_nodes, find_planned_moves
@@ -54,7 +57,8 @@ def announced_moves(cycle: Cycle, job: TrainingJob, members: Sequence[Obj], node
 
 def save_first(cycle: Cycle, job: TrainingJob, going: Mapping[str, str]) -> JitSavePlan:
     """Whether the move off ``going`` waits for a just-in-time save (logic/jitsave.py decides
-    from the status: the newest step reported, the memory tier's newest committed save)."""
+    from the status: the newest step reported, the memory tier's newest committed save), or with
+    ReplicaGroups for the moved groups to leave the quorum (logic/groupleave.py)."""
     spec = job.spec
     saved = [r.step for r in cycle.status.checkpoints if r.tier == "memory"]
     step = cycle.status.step
@@ -65,6 +69,8 @@ def save_first(cycle: Cycle, job: TrainingJob, going: Mapping[str, str]) -> JitS
         step = max(
             step, int(window.max_step), latest_verified_per_tier(window.last_checkpoints().values()).get("memory", -1)
         )
+    if spec.replica_groups > 1:
+        return _leave_first(cycle, job, going, step)
     return decide_jit_save(
         pending=cycle.runtime.control.save_order(cycle.ns, cycle.name), attempt=cycle.status.attempt, going=going,
         reported_step=step, memory_saved_step=max(saved, default=-1), now=cycle.now,
@@ -73,11 +79,34 @@ def save_first(cycle: Cycle, job: TrainingJob, going: Mapping[str, str]) -> JitS
     )
 
 
+def _leave_first(cycle: Cycle, job: TrainingJob, going: Mapping[str, str], step: int) -> JitSavePlan:
+    """ReplicaGroups: the moved groups' pods (every pod of a group with a pod on a going node) and
+    the steps their launchers reported leaving the quorum after, for logic/groupleave.py."""
+    on_going = [  # (spares and the Lighthouse have no pod index: -1)
+        pod_index_of(p) for p in cycle.runtime.pods_of(cycle.ns, cycle.name)
+        if _node(p) in going and not (p.get("metadata") or {}).get("deletionTimestamp") and pod_index_of(p) >= 0
+    ]
+    pending = cycle.runtime.control.save_order(cycle.ns, cycle.name)
+    left = {
+        i: r.left_step for i, (r, _) in cycle.runtime.control.reports(cycle.ns, cycle.name).items()
+        if pending is not None and r.attempt == pending.attempt
+    }
+    return decide_group_leave(
+        pending=pending, attempt=cycle.status.attempt, going=going,
+        pods=leaving_pods(on_going, pods=job.spec.nodes, replicas=job.spec.replica_groups), left=left,
+        reported_step=step, now=cycle.now, in_place=job.spec.restart_policy.in_place,
+    )
+
+
 def request_save(cycle: Cycle, plan: RequestSave | AwaitSave) -> float:
-    """Publish the save order (once: its Event says what is saved and why); when to look again."""
+    """Publish the save order (once: its Event says what is saved, or which pods leave the
+    quorum, and why); when to look again."""
     if isinstance(plan, RequestSave):
         cycle.runtime.control.order_save(cycle.ns, cycle.name, plan.order)
-        cycle.event("Normal", "PlannedMoveSaving", plan.message)
+        if plan.order.pods:
+            cycle.event("Normal", "PlannedMoveLeaving", leave_message(plan.order))
+        else:
+            cycle.event("Normal", "PlannedMoveSaving", plan.message)
     return plan.recheck_s
 
 

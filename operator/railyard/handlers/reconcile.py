@@ -48,6 +48,7 @@ from railyard.handlers.planned import announced_moves, move_ahead, request_save,
 from railyard.handlers.regroup import grow_back
 from railyard.handlers.runtime import JobWorker, Runtime
 from railyard.handlers.spares import reconcile_spares
+from railyard.handlers.stopping import save_before_stop
 from railyard.logic import lifecycle as lc
 from railyard.logic.conditions import find_condition, parse_time
 from railyard.logic.finished import decide_finished_pods
@@ -62,8 +63,9 @@ from railyard.logic.gang import (
     pod_index_of,
     pod_name_of,
 )
+from railyard.logic.groups import resolve_replica_groups
 from railyard.logic.inplace import apply_launcher_reports
-from railyard.logic.jitsave import MoveNow
+from railyard.logic.jitsave import MoveNow, StopNow
 from railyard.logic.manifests import CLEANUP_FINALIZER, check_names, is_owned_by
 from railyard.logic.pending import (
     PendingReason,
@@ -115,7 +117,8 @@ async def reconcile_job(
         job = TrainingJob.model_validate(
             {"metadata": {"name": cycle.name, "namespace": cycle.ns}, "spec": cycle.body.get("spec") or {}}
         )
-        problems = check_names(cycle.name, job.spec.nodes, lighthouse=job.spec.replica_groups > 1)
+        job, problems = _resolve_groups(cycle, job)
+        problems += check_names(cycle.name, job.spec.nodes, lighthouse=job.spec.replica_groups > 1)
     except ValidationError as exc:
         job, problems = None, [_format_validation(exc)]
     if job is None or problems:
@@ -135,6 +138,21 @@ async def reconcile_job(
             delay = again_in if delay is None else min(delay, again_in)
     await cycle.commit()
     return delay
+
+
+def _resolve_groups(cycle: Cycle, job: TrainingJob) -> tuple[TrainingJob, list[str]]:
+    """``parallelism.dataReplicas: 0``: the number of replica groups chosen once (logic/groups.py)
+    from the cluster's nodes and kept in ``status.replicaGroups`` for the job's life."""
+    nodes = list(cycle.runtime.node_map().values())
+    job, choice = resolve_replica_groups(job, nodes, recorded=cycle.status.replica_groups)
+    if choice is None:
+        return job, []
+    if not choice.groups:
+        return job, [f"parallelism.dataReplicas: 0 (the operator's choice): {choice.reason}"]
+    if nodes:  # chosen from the topology only once the nodes are known
+        cycle.update(replica_groups=choice.groups)
+        cycle.event("Normal", "ReplicaGroupsChosen", choice.reason)
+    return job, []
 
 
 async def _step(cycle: Cycle, job: TrainingJob) -> float | None:
@@ -160,7 +178,7 @@ async def _step(cycle: Cycle, job: TrainingJob) -> float | None:
         if isinstance(standing, lc.Release):
             return await _release_finished(cycle, job, nodes)
         if isinstance(standing, lc.Suspend):
-            return await _suspend(cycle, standing, pods, nodes)
+            return await _suspend(cycle, job, standing, pods, nodes)
         if isinstance(standing, lc.StartOver):
             cycle.status = TrainingJobStatus(
                 attempt=cycle.status.attempt + 1, restarts=cycle.status.restarts, last_failure=cycle.status.last_failure
@@ -410,13 +428,21 @@ async def _run(
 
 
 async def _suspend(
-    cycle: Cycle, step: lc.Suspend, pods: Sequence[Mapping[str, Any]], nodes: Mapping[str, Mapping[str, Any]]
+    cycle: Cycle, job: TrainingJob, step: lc.Suspend, pods: Sequence[Mapping[str, Any]],
+    nodes: Mapping[str, Mapping[str, Any]],
 ) -> float | None:
+    """A running gang first saves at a step boundary (handlers/stopping.py), then its pods go;
+    the status keeps the checkpoints, and the resumed attempt restores the save."""
+    said = "spec.suspend is true: the gang's pods are deleted, checkpoints kept"
     if step.pods:
+        stop = save_before_stop(cycle, job, pods, purpose="spec.suspend")
+        if not isinstance(stop, StopNow):
+            return stop  # the gang trains on until its save is committed (or the wait timed out)
+        said = f"{said}; {stop.note}"
         await cycle.delete_pods(pods, nodes)
     if step.enter:
         cycle.update(observed_generation=cycle.generation, gang_created_time=None, next_attempt_time=None)
-        cycle.phase("Suspended", "Suspended", "spec.suspend is true: the gang's pods are deleted, checkpoints kept")
+        cycle.phase("Suspended", "Suspended", said)
     return 2.0 if step.pods else None
 
 

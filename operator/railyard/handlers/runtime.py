@@ -21,6 +21,7 @@ from railyard.k8s.client import Kube
 from railyard.kubecreds import Connection, Credential, load_connection
 from railyard.logic.health import HealthState
 from railyard.logic.health.window import HeartbeatStore
+from railyard.logic.jitsave import DEFAULT_TIMEOUT_S
 from railyard.logic.kueue import FlavorPlacement
 from railyard.logic.manifests import CLEANUP_LABEL, LIGHTHOUSE_LABEL, SPARE_LABEL
 from railyard.logic.planned import MAINTENANCE_SIGNALS
@@ -65,6 +66,9 @@ class OperatorSettings:
     #: Node labels/annotations that announce a node's maintenance: a planned move of the gangs
     #: on it (logic/planned.py; ``--maintenance-signal`` adds to the defaults).
     maintenance_signals: tuple[str, ...] = MAINTENANCE_SIGNALS
+    #: How long a stop on purpose (``spec.suspend``, Kueue's eviction) waits for the gang's
+    #: just-in-time save before it deletes the pods anyway (logic/jitsave.py; ``--save-before-stop-seconds``).
+    save_before_stop_s: float = DEFAULT_TIMEOUT_S
 
 
 @dataclass

@@ -24,8 +24,11 @@ the whole job as before. Their rate is much lower, so the intervals get longer.
 
 The interval in steps is ``T`` over the step time, rounded; at least the tier's background save
 (a save that falls due while the previous one is still written is skipped), at most
-:data:`MAX_INTERVAL_S`; and a multiple of the most frequent tier's interval, so that every save
-falls on a step whose snapshot is taken anyway (one snapshot serves every tier due at a step).
+:data:`MAX_INTERVAL_S`. A tier restored after a corruption saves on the SDC checks' steps (a
+multiple of ``health.sdc.intervalSteps``), so that the checkpoint a corruption is restored from is
+the one at the last check that passed; the others save at a multiple of the most frequent tier's
+interval, so that their saves fall on a step whose snapshot is taken anyway (one snapshot serves
+every tier due at a step).
 A value the spec sets wins. Inputs with no measurement get defaults with their source (below);
 ``railyard plan`` prints each interval with its inputs, the operator writes them into config.json
 (:func:`resolve_checkpoint`), and the simulator (railyard.sim) calls :func:`decide_intervals` with
@@ -149,6 +152,8 @@ class IntervalInputs:
     memory_survives_restart: bool = True
     #: The intervals the spec sets: they win.
     spec_steps: Mapping[Tier, int] = field(default_factory=dict)
+    #: ``health.sdc.intervalSteps``: the steps the SDC checks run at (None: no checks).
+    sdc_interval_steps: int | None = None
     max_interval_s: float = MAX_INTERVAL_S
 
 
@@ -249,7 +254,7 @@ def _hours(seconds: float) -> str:
     if math.isinf(seconds):
         return "never"
     if seconds >= 3.6e9:
-        return f"{seconds / 3600.0:.2g} h"
+        return "more than a million hours"
     if seconds >= 36_000:
         return f"{seconds / 3600.0:,.0f} h"
     return f"{seconds / 3600.0:.3g} h" if seconds >= 360 else f"{seconds / 60.0:.3g} min"
@@ -292,8 +297,19 @@ def decide_intervals(inputs: IntervalInputs) -> tuple[IntervalChoice, ...]:
         target = cap if math.isinf(optimum) else min(cap, max(1, round(optimum / step)))
         raw[tier] = (optimum, max(target, floor), floor)
     given = {t: inputs.spec_steps[t] for t in raw if t in inputs.spec_steps}
+    # a tier restored after a corruption saves on the SDC checks' steps (where its optimum is not
+    # far below their interval): the checkpoint it is restored from is then the one at the last
+    # check that passed, not one up to an interval before it
+    sdc = inputs.sdc_interval_steps
+    corruption = inputs.failures_per_hour.get("corruption")
+    on_checks = {
+        t: _align(raw[t][1], sdc, cap, raw[t][2]) for t in SERVED_BY["corruption"][1]
+        if sdc and corruption is not None and corruption.value > 0 and t in raw and t not in given
+        and 2 * raw[t][1] >= sdc
+    }
     # one snapshot serves every tier due at a step: align to the most frequent tier's interval
-    base = min([*given.values(), *(s for t, (_, s, _) in raw.items() if t not in given)], default=1)
+    base = min([*given.values(), *on_checks.values(),
+                *(s for t, (_, s, _) in raw.items() if t not in given and t not in on_checks)], default=1)
     out: list[IntervalChoice] = []
     for tier, (optimum, steps, floor) in raw.items():
         rate, words = protected[tier]
@@ -305,16 +321,18 @@ def decide_intervals(inputs: IntervalInputs) -> tuple[IntervalChoice, ...]:
             out.append(IntervalChoice(tier, given[tier], "spec", rate, protects, optimum, stall,
                                       f"{tier} every {given[tier]} steps: set in the spec (the rule: {steps}; {said})"))
             continue
-        chosen = _align(steps, base, cap, floor)
+        chosen = on_checks[tier] if tier in on_checks else _align(steps, base, cap, floor)
         if math.isinf(optimum):
             why = f"the longest interval ({_hours(inputs.max_interval_s)})"
         else:
             notes = [f"optimum {optimum:.3g} s = {optimum / step:.3g} steps of {step:.3g} s"]
             if optimum / step > cap:
-                notes.append(f"capped at {_hours(inputs.max_interval_s)}")
+                notes = [f"the optimum is beyond the cap of {_hours(inputs.max_interval_s)}"]
             if floor > round(optimum / step):
                 notes.append(f"at least one background save ({inputs.costs[tier].duration_s.value:.3g} s)")
-            if chosen != steps:
+            if tier in on_checks and chosen != steps:
+                notes.append(f"a multiple of the SDC checks' {sdc} steps (restored from the last passed check)")
+            elif chosen != steps:
                 notes.append(f"a multiple of {base} (one snapshot serves every tier due)")
             why = f"Young/Daly ({', '.join(notes)})"
         out.append(IntervalChoice(tier, chosen, "rule", rate, protects, optimum, stall,
@@ -353,6 +371,7 @@ def build_interval_inputs(
         memory_replicates=ck.memory.replicate,
         memory_survives_restart=ck.memory.medium == "HostPath" or spec.restart_policy.in_place,
         spec_steps={t: v for t, v in given.items() if v is not None and t in tiers},
+        sdc_interval_steps=spec.health.sdc.interval_steps,
     )
 
 

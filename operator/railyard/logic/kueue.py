@@ -25,6 +25,9 @@ from railyard.logic.schedulers import Integration, decide_integration
 QUEUED_RECHECK_S = 2.0
 #: The job's reason while Kueue has not written a word on a new Workload yet.
 WAITING_REASON = "WaitingForKueue"
+#: The eviction reason of a Workload set ``spec.active: false`` (record 051): Kueue frees its
+#: quota at once (052), so the job's pods stop at once (no save first).
+DEACTIVATED = "Deactivated"
 
 
 def kueue_queue(spec: TrainingJobSpec, labels: Mapping[str, str]) -> str | None:
@@ -93,12 +96,32 @@ def decide_admission(workload: Mapping[str, Any] | None, *, job: str, queue: str
         return Evict(str(evicted.get("reason") or "Evicted"), str(evicted.get("message") or ""))
     if is_true(workload, "Admitted"):
         cluster_queue = str(((workload.get("status") or {}).get("admission") or {}).get("clusterQueue") or "")
-        return Admitted(cluster_queue, f"Kueue admitted {where} in ClusterQueue {cluster_queue}")
+        note = describe_topology_assignment(workload)
+        said = f"Kueue admitted {where} in ClusterQueue {cluster_queue}"
+        return Admitted(cluster_queue, f"{said}; {note}" if note else said)
     reserved = _condition(workload, "QuotaReserved")
     if reserved is not None and reserved.get("status") == "False":
         said = str(reserved.get("message") or "")
         return StayQueued(str(reserved.get("reason") or WAITING_REASON), f"waiting for Kueue to admit {where}: {said}")
     return StayQueued(WAITING_REASON, f"waiting for Kueue to admit {where}")
+
+
+def describe_topology_assignment(workload: Mapping[str, Any], pod_set: str = WORKERS_POD_SET) -> str | None:
+    """What the job says of an admission with Topology-Aware Scheduling (record 107:
+    ``podSetAssignments[].topologyAssignment``, the pods per domain of the lowest level), which it
+    does not honour: Railyard's placement puts one pod on each node it chooses, rail-aware, on the
+    flavor's nodes, while TAS may assign several pods to one node; and Kueue then counts the
+    unlabelled pods on top of its assignment (record 111-114). None without an assignment."""
+    for assignment in ((workload.get("status") or {}).get("admission") or {}).get("podSetAssignments") or ():
+        topology = assignment.get("topologyAssignment") if assignment.get("name") == pod_set else None
+        if not topology:
+            continue
+        domains = ", ".join(f"{'/'.join(str(v) for v in d.get('values') or ())} x{d.get('count')}"
+                            for d in topology.get("domains") or ())
+        levels = " > ".join(str(level) for level in topology.get("levels") or ())
+        return (f"its Topology-Aware Scheduling assignment ({levels}: {domains}) is not honoured: the gang is "
+                "placed by Railyard's placement on the flavor's nodes (docs/deploy.md, Kueue limits)")
+    return None
 
 
 def describe_end(phase: str, message: str, job: str) -> tuple[bool, str]:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from railyard.protocol.mesh import MeshShape, mesh_rank
+from railyard.protocol.mesh import MeshShape, mesh_rank, pods_of_group, pods_per_group
 from railyard.protocol.ranktable import PodEntry, RankEntry, RankTable
 
 __all__ = [
@@ -113,8 +113,9 @@ def build_replica_group_table(table: RankTable, *, group: int, replicas: int, ma
             f"replica group {group} of {replicas}: does not split {len(table.pods)} pods and data-parallel size "
             f"{table.dp}"
         )
-    per, share = len(table.pods) // replicas, table.dp // replicas
-    pods = sorted(table.pods, key=lambda p: p.pod_index)[group * per:(group + 1) * per]
+    share = table.dp // replicas
+    group_pods = pods_of_group(group, pods_per_group(len(table.pods), replicas))
+    pods = sorted(table.pods, key=lambda p: p.pod_index)[group_pods.start:group_pods.stop]
     mine = {p.pod_index for p in pods}
     ranks = sorted(
         (

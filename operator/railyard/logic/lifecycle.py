@@ -83,8 +83,8 @@ class StartOver:
 
 @dataclass(frozen=True, slots=True)
 class Suspend:
-    """``spec.suspend``: delete the gang's pods (``pods``: some are left); ``enter``: the phase
-    becomes Suspended."""
+    """``spec.suspend``: delete the gang's pods (``pods``: some are left; a running gang saves
+    first, :func:`railyard.logic.jitsave.decide_stop_save`); ``enter``: the phase becomes Suspended."""
 
     pods: bool
     enter: bool

@@ -39,6 +39,7 @@ from railyard.protocol.control import (
     build_rank_table_delta,
     parse_report,
 )
+from railyard.protocol.mesh import group_of_pod_index, pods_per_group
 from railyard.protocol.ranktable import RankTable
 
 log = logging.getLogger(__name__)
@@ -202,7 +203,7 @@ class ControlBoard:
                 job,
                 save.attempt,
                 Action.SAVE,
-                f"save before the planned move off {', '.join(save.nodes)}",
+                f"save before {save.before}",
                 save_step=save.step,
             ), Action.SAVE
         if action is not Action.RESTART:
@@ -212,7 +213,7 @@ class ControlBoard:
         group = 0
         if j.replicas > 1 and new is not None and len(new.pods) % j.replicas == 0:
             # the launcher runs its replica group's world: the delta is between group tables
-            group = report.pod_index // (len(new.pods) // j.replicas)
+            group = group_of_pod_index(report.pod_index, pods_per_group(len(new.pods), j.replicas))
             new = build_replica_group_table(new, group=group, replicas=j.replicas,
                                             master_port=rendezvous_port(job, namespace, j.gang.attempt, group))
             if base is not None:

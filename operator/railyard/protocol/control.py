@@ -20,7 +20,10 @@ when the job's control state changes or ``wait`` runs out:
 - ``save``: a planned move is coming (docs/disruptions.md): have your workers of ``attempt`` save
   to the memory tier at a step boundary no earlier than ``save_step`` (every rank the same step,
   agreed among the workers) and then hold still until the restart. The launcher acknowledges it by
-  reporting ``save_step`` back, so the order is answered once, not to every poll.
+  reporting ``save_step`` back, so the order is answered once, not to every poll. With
+  faultTolerance ReplicaGroups the order goes only to the moved groups' launchers: their workers
+  first leave the groups' quorum at that step boundary (the other groups never fail a step for
+  them), and the launcher reports the step they left after as ``left_step``; the move waits for it.
 
 Fencing (attempt numbers only grow): a launcher acts on a ``restart`` only for an attempt newer
 than its own (:func:`decide_launcher_step`), checks that the rank table it builds is exactly the
@@ -98,6 +101,9 @@ class LauncherReport:
     message: str = ""
     #: The ``save_step`` of the save order this launcher passed on to its workers (-1: none).
     save_step: int = -1
+    #: ReplicaGroups: the step after which this launcher's workers left the quorum for the
+    #: planned move (-1: they did not).
+    left_step: int = -1
 
     def to_json(self) -> str:
         return json.dumps(
@@ -107,6 +113,7 @@ class LauncherReport:
                 "workers": [[r, c] for r, c in self.workers], "sent_at": self.sent_at,
                 **({"message": self.message} if self.message else {}),
                 **({"save_step": self.save_step} if self.save_step >= 0 else {}),
+                **({"left_step": self.left_step} if self.left_step >= 0 else {}),
             },
             separators=(",", ":"),
         )
@@ -323,6 +330,7 @@ def parse_report(body: bytes | str) -> LauncherReport:
         version=_int(raw, "version", 1, default=SCHEMA_VERSION),
         message=message,
         save_step=_int(raw, "save_step", -1, default=-1),
+        left_step=_int(raw, "left_step", -1, default=-1),
     )
 
 

@@ -260,8 +260,11 @@ class Parallelism:
         default=1,
         description="HSDP (hybrid sharded data parallel): the data-parallel ranks form this many replica groups, each "
                     "sharding the model over data / dataReplicas ranks; the SDC cross-replica vote compares the "
-                    "replicas. 1: plain FSDP over all data-parallel ranks.",
-        ge=1,
+                    "replicas. 1: plain FSDP over all data-parallel ranks. 0 (with faultTolerance.mode "
+                    "ReplicaGroups only): the operator chooses the number of groups from the data-parallel degree, "
+                    "the topology's leaf domains and the measured heal and cross-group costs, and records it in "
+                    "status.replicaGroups; `railyard plan` shows the choice and why.",
+        ge=0,
         le=4096,
     )
     pipeline_schedule: Literal["GPipe", "1F1B", "Interleaved1F1B"] = setting(
@@ -424,7 +427,8 @@ def world_parallelism(p: Parallelism, ft: FaultTolerance) -> Parallelism:
     inside; the groups meet through torchft)."""
     if ft.mode != "ReplicaGroups":
         return p
-    return replace(p, data=None if p.data is None else p.data // p.data_replicas, data_replicas=1)
+    # dataReplicas 0 (the operator's choice) is resolved before a config.json is written
+    return replace(p, data=None if p.data is None else p.data // max(p.data_replicas, 1), data_replicas=1)
 
 
 # --------------------------------------------------------------------------- health
@@ -668,7 +672,7 @@ def trainer_rule_problems(t: TrainerSettings) -> list[str]:
 #: evaluates), the trainer checks a config.json with :func:`min_replicas_problems`; a test
 #: evaluates both on one table.
 MIN_REPLICAS_RULE: Mapping[str, str] = {
-    "rule": "self.faultTolerance.minReplicas <= self.parallelism.dataReplicas",
+    "rule": "self.parallelism.dataReplicas == 0 || self.faultTolerance.minReplicas <= self.parallelism.dataReplicas",
     "message": "faultTolerance.minReplicas must be at most parallelism.dataReplicas (the number of replica groups).",
     "fieldPath": ".faultTolerance.minReplicas",
     "reason": "FieldValueInvalid",
@@ -677,7 +681,7 @@ MIN_REPLICAS_RULE: Mapping[str, str] = {
 
 def min_replicas_problems(fault_tolerance: FaultTolerance, parallelism: Parallelism) -> list[str]:
     """:data:`MIN_REPLICAS_RULE` for a config that never passed an API server."""
-    if fault_tolerance.min_replicas <= parallelism.data_replicas:
+    if parallelism.data_replicas == 0 or fault_tolerance.min_replicas <= parallelism.data_replicas:
         return []
     return [f"faultTolerance.minReplicas: {fault_tolerance.min_replicas} is more than parallelism.dataReplicas "
             f"({parallelism.data_replicas}); set it between 1 and the number of replica groups"]

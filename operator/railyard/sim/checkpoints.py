@@ -72,4 +72,5 @@ def decide_sim_intervals(
         memory_replicates=ck.memory.replicate,
         memory_survives_restart=ck.memory.medium == "HostPath" or policy.in_place,
         spec_steps={t: v for t, v in given.items() if v is not None},
+        sdc_interval_steps=policy.health.sdc.interval_steps if policy.sdc_checks else None,
     ))

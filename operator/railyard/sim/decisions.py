@@ -36,7 +36,13 @@ from railyard.logic.restarts import (
     decide_streak_reset,
     record_restart,
 )
-from railyard.logic.topology import HOST_KEYS, TopologyCache, build_synthetic_nodes, natural_key
+from railyard.logic.topology import (
+    HOST_KEYS,
+    LEVEL_PRESETS,
+    TopologyCache,
+    build_synthetic_nodes,
+    natural_key,
+)
 from railyard.protocol.exitcodes import FailureClass
 from railyard.protocol.manifest import Manifest, ShardInfo
 from railyard.protocol.restore import FoundCheckpoint, Layout, decide_restore, pod_location
@@ -184,15 +190,20 @@ class Budgets:
 # --------------------------------------------------------------------------- placement
 
 
-def build_sim_job(scn: Scenario, hot_spares: int, *, name: str = "sim") -> TrainingJob:
-    """The TrainingJob the simulated gang is: the scenario's shape and our hot spares."""
+def build_sim_job(scn: Scenario, hot_spares: int, *, name: str = "sim", replica_groups: int = 0) -> TrainingJob:
+    """The TrainingJob the simulated gang is: the scenario's shape and our hot spares; with
+    ``replica_groups`` R > 1 faultTolerance ReplicaGroups of R groups (placed as the operator
+    places them: each group a block of whole leaves where the cluster allows)."""
+    groups = replica_groups > 1
     return TrainingJob.model_validate({
         "metadata": {"name": name, "namespace": "sim"},
         "spec": {
             "nodes": scn.nodes,
             "procsPerNode": scn.gpus_per_node,
-            "parallelism": {"tensor": scn.tp, "pipeline": scn.pp, "data": scn.dp},
+            "parallelism": {"tensor": scn.tp, "pipeline": scn.pp, "data": scn.dp,
+                            **({"dataReplicas": replica_groups} if groups else {})},
             "gang": {"hotSpares": hot_spares},
+            **({"faultTolerance": {"mode": "ReplicaGroups"}} if groups else {}),
         },
     })
 
@@ -208,7 +219,7 @@ class Cluster:
     quarantined node is a patched copy, made once per quarantine).
     """
 
-    def __init__(self, scn: Scenario, hot_spares: int) -> None:
+    def __init__(self, scn: Scenario, hot_spares: int, replica_groups: int = 0) -> None:
         total = scn.cluster_nodes + hot_spares
         per_spine = scn.nodes_per_leaf * scn.leaves_per_spine
         spines = max(1, math.ceil(total / per_spine))
@@ -216,7 +227,16 @@ class Cluster:
         nodes = build_synthetic_nodes(
             spines, leaves, scn.nodes_per_leaf, scn.gpus_per_node, nvlink_domain=scn.nvlink_domain_nodes
         )
-        self._start(build_sim_job(scn, hot_spares), nodes, reduced=True)
+        self._start(build_sim_job(scn, hot_spares, replica_groups=replica_groups), nodes, reduced=True)
+        leaf_key = LEVEL_PRESETS["railyard"][0][1]
+        #: leaf domain -> its nodes (what a leaf switch's failure or a rack's drain takes)
+        self._leaf_members: dict[str, list[str]] = {}
+        #: node -> its leaf domain
+        self._leaf: dict[str, str] = {}
+        for n in nodes:
+            name, leaf = str(n["metadata"]["name"]), str(n["metadata"]["labels"][leaf_key])
+            self._leaf[name] = leaf
+            self._leaf_members.setdefault(leaf, []).append(name)
 
     @classmethod
     def from_job(
@@ -281,6 +301,15 @@ class Cluster:
 
     def node_of(self, pod: int) -> str:
         return self._gang[pod]
+
+    def leaf_of(self, pod: int) -> list[str]:
+        """Every node under the leaf switch of ``pod``'s node (the simulator's own cluster)."""
+        return list(self._leaf_members[self._leaf[self._gang[pod]]])
+
+    def pods_on(self, nodes: Sequence[str]) -> list[int]:
+        """The gang's pods on ``nodes``, by pod index."""
+        names = set(nodes)
+        return [p for p, n in enumerate(self._gang) if n in names]
 
     def replica_peer(self, pod: int) -> int:
         return self._peers[pod]

@@ -21,6 +21,9 @@ import math
 from collections import Counter, deque
 from dataclasses import dataclass, field
 
+from railyard.logic.groups import compute_cross_group_fraction, compute_group_heal_s
+from railyard.protocol.mesh import group_of_pod_index
+from railyard.protocol.trainerconfig import LIGHTHOUSE_HEARTBEAT_INTERVAL_MS, LIGHTHOUSE_MISSED_HEARTBEATS
 from railyard.sim.checkpoints import decide_sim_intervals
 from railyard.sim.decisions import Budgets, Cluster, Detector, Saved, choose_restore, classify
 from railyard.sim.model import PLANNED_CAUSE, Cause, PolicyConfig, Scenario, Tier
@@ -30,6 +33,8 @@ from railyard.sim.trace import Event, exp_from_uniform
 COMPONENTS = ("detection", "backoff", "restart", "restore", "recompute")
 STALL = "Checkpoint stalls"
 SLOW = "Straggler slowdown"
+#: The step time the cross-group all-reduce adds with replica groups (railyard.logic.groups).
+CROSS = "Cross-group all-reduce"
 
 
 @dataclass(slots=True)
@@ -108,7 +113,13 @@ class _Run:
         self.step_s = scn.step_s
         self.detector = Detector(scn, policy)
         self.budgets = Budgets(policy)
-        self.cluster = Cluster(scn, policy.hot_spares) if policy.sticky else None
+        self.cluster = Cluster(scn, policy.hot_spares, policy.replica_groups) if policy.sticky else None
+        groups = policy.replica_groups if policy.replica_groups > 1 else 1
+        #: pods per replica group (the whole gang without groups)
+        self.group_pods = scn.nodes // groups
+        #: the step time the cross-group all-reduce adds, as a fraction of a step
+        self.costs = scn.group_costs()
+        self.cross = compute_cross_group_fraction(groups, self.costs)
         self.res = RunResult(policy.name, scn.wall_s, scn.gpus, self.step_s, 0.0)
         snapshot = (
             scn.bytes_per_node / (scn.gpus_per_node * scn.host_copy_bw_per_gpu)
@@ -181,8 +192,8 @@ class _Run:
         if self.t < self.down_until:
             self.t = min(self.down_until, until)
         slow = self.slowdown()
-        sps = self.step_s * slow
-        waste = 1.0 - 1.0 / slow
+        sps = self.step_s * slow * (1.0 + self.cross)
+        waste = (1.0 - 1.0 / slow) / (1.0 + self.cross)
         tiers = [
             (tier, ts.interval, ts.stall, ts.commit_delay, ts.saved)
             for tier, ts in self.tiers.items()
@@ -223,6 +234,7 @@ class _Run:
         self.t, self.step, self.busy_until = t, step, busy
         self.lose(STALL, "stall", stalled)
         self.lose(SLOW, "slowdown", ran * waste)
+        self.lose(CROSS, "slowdown", ran * self.cross / (1.0 + self.cross))
 
     def committed(self, at: float) -> list[Saved]:
         return [s for ts in self.tiers.values() for s in ts.saved if s.committed_at <= at]
@@ -378,6 +390,13 @@ class _Run:
     # ------------------------------------------------------------------ planned maintenance
 
     def planned(self, ev: Event) -> None:
+        """A planned interruption: a rolling drain of one leaf domain's nodes, announced together.
+        Our policy moves ahead of it as the operator does (logic/recovery.py's MoveAhead); the
+        baseline and the full-restart policy save to a tier that survives the reboot and restart
+        the gang."""
+        if self.cluster is not None and (self.pol.in_place or self.pol.replica_groups > 1):
+            self.planned_move(ev)
+            return
         # hosts reboot: the memory tier does not survive, node-local disks do
         tier: Tier = (
             "local"
@@ -394,6 +413,49 @@ class _Run:
         self.res.interruptions += 1
         self.down(PLANNED_CAUSE.name, {"restart": restart, "restore": restore}, 0.0)
 
+    def planned_move(self, ev: Event) -> None:
+        """The operator's planned move: the drained nodes' pods move to spares at a step
+        boundary, no step is trained twice and no restart budget is spent. With replica groups
+        the groups on those nodes leave the quorum cleanly and restart alone (healing from a live
+        peer); without, a just-in-time save to the memory tier and an in-place restart resumed
+        from it. The drained nodes are back after ``maintenance_h``."""
+        assert self.cluster is not None
+        scn = self.scn
+        drained = self.cluster.leaf_of(min(int(ev.u1 * scn.nodes), scn.nodes - 1))
+        pods = self.cluster.pods_on(drained)  # the drained leaf holds the drawn pod, so never none
+        name = PLANNED_CAUSE.name
+        # the step in flight finishes (nothing is redone); the move starts at its boundary
+        boundary = self.t + (math.ceil(self.step - 1e-9) - self.step) * self.step_s * (1.0 + self.cross)
+        self.advance(boundary)
+        self.step = float(round(self.step))
+        wait = self.place_away(drained, self.t, scn.maintenance_h * 3600.0)
+        self.res.restarts[name] += 1
+        self.res.interruptions += 1
+        groups = {group_of_pod_index(p, self.group_pods) for p in pods}
+        parts = {"backoff": wait, "restart": scn.in_place_restart_s(node_lost=True)}
+        if self.pol.replica_groups > 1 and len(groups) < self.pol.replica_groups:
+            self.group_down(PLANNED_CAUSE, parts, lost_groups=len(groups), clean=True)
+            return
+        tier: Tier = "memory" if "memory" in self.tiers else next(iter(self.tiers))
+        self.save_on_demand(tier, name)
+        parts["restore"] = self.restore_s(tier, node_lost=True)
+        self.res.restore_tiers[tier] += 1
+        self.down(name, parts, 0.0)
+
+    def place_away(self, nodes: list[str], now: float, away_s: float) -> float:
+        """Take ``nodes`` out for ``away_s`` and re-place the gang's pods on them sticky; the
+        seconds spent waiting for a node to come back when no usable one is left."""
+        assert self.cluster is not None
+        when, waited = now, 0.0
+        while not self.cluster.quarantine_and_replace(nodes, when, away_s):
+            self.res.waits_for_repair += 1
+            nxt = self.cluster.next_repair()
+            if math.isinf(nxt):
+                raise RuntimeError("no node can ever replace the failed one; enlarge the cluster")
+            waited += max(0.0, nxt - when)
+            when = max(when, nxt)
+        return waited
+
     # ------------------------------------------------------------------ failures
 
     def gang_restart_s(self) -> float:
@@ -401,11 +463,7 @@ class _Run:
         return s.teardown_s + s.nodes / s.schedule_pods_per_s + s.pod_start_s + s.init_s
 
     def in_place_restart_s(self, *, node_lost: bool) -> float:
-        """Kept pods restart their workers in place while the lost node's pod comes up on a held
-        spare (its image already there); then the communicators are set up again."""
-        s = self.scn
-        replacement = s.replacement_s + s.spare_container_start_s if node_lost else 0.0
-        return s.placement_s + s.control_signal_s + max(replacement, s.process_restart_s) + s.init_s
+        return self.scn.in_place_restart_s(node_lost=node_lost)
 
     def restore_s(self, tier: str, *, node_lost: bool) -> float:
         s = self.scn
@@ -426,14 +484,13 @@ class _Run:
 
     def group_heal_s(self) -> float:
         """The restarted group fetches a live peer's state: a fixed cost (measured) plus its
-        nodes' share of the state, node to node, all nodes of the group at once."""
-        s = self.scn
-        return s.group_heal_fixed_s + s.bytes_per_node / s.peer_bw_per_node
+        nodes' shares of one replica, node to node, all nodes of the group at once."""
+        return compute_group_heal_s(self.pol.replica_groups, self.scn.nodes, self.costs)
 
-    def group_rate(self) -> float:
-        """Step rate with one group missing, over the rate with all R."""
+    def group_rate(self, lost_groups: int = 1) -> float:
+        """Step rate with ``lost_groups`` groups missing, over the rate with all R."""
         r = self.pol.replica_groups
-        return self.scn.group_degraded_efficiency * (r - 1) / r
+        return self.scn.group_degraded_efficiency * (r - lost_groups) / r
 
     def fail(self, ev: Event, cause: Cause, detect_s: float) -> None:
         scn, pol = self.scn, self.pol
@@ -456,31 +513,25 @@ class _Run:
 
         node_lost = False
         restart = self.gang_restart_s()
-        if pol.quarantine and failure.nodes and self.cluster is not None:
+        # a leaf switch takes every node under it: each of the gang's pods there, whatever group
+        leaf = self.cluster.leaf_of(ev.pod) if ev.scope == "leaf" and self.cluster is not None else []
+        hit = set(self.cluster.pods_on(leaf)) if self.cluster is not None and leaf else {ev.pod}
+        lost_groups = len({group_of_pod_index(p, self.group_pods) for p in hit})
+        gone = list(dict.fromkeys([*failure.nodes, *leaf]))
+        if pol.quarantine and gone and self.cluster is not None:
             node_lost = True
             self.removed.add(ev.id)
-            self.res.quarantined += len(failure.nodes)
-            when = failed_at + detect_s
-            while not self.cluster.quarantine_and_replace(
-                failure.nodes, when, scn.repair_h * 3600.0
-            ):
-                self.res.waits_for_repair += 1
-                nxt = self.cluster.next_repair()
-                if math.isinf(nxt):
-                    raise RuntimeError(
-                        "no node can ever replace the failed one; enlarge the cluster"
-                    )
-                parts["backoff"] += max(0.0, nxt - when)
-                when = max(when, nxt)
-            # the pod moved: a straggler on it is gone with its node
-            for sid in [k for k, s in self.stragglers.items() if s.pod == ev.pod]:
+            self.res.quarantined += len(gone)
+            parts["backoff"] += self.place_away(gone, failed_at + detect_s, scn.repair_h * 3600.0)
+            # the pods moved: a straggler on one is gone with its node
+            for sid in [k for k, s in self.stragglers.items() if s.pod in hit]:
                 self.removed.add(sid)
                 del self.stragglers[sid]
         if pol.in_place or self.by_group(cause):
             restart = self.in_place_restart_s(node_lost=node_lost)
         parts["restart"] = restart
-        if self.by_group(cause) and decision.allowed:
-            self.group_down(cause, parts)
+        if self.by_group(cause) and decision.allowed and lost_groups < pol.replica_groups:
+            self.group_down(cause, parts, lost_groups=lost_groups)
             return
 
         c = self.corruption
@@ -511,21 +562,25 @@ class _Run:
             self.corruption = None
         self.down(cause.name, parts, recompute)
 
-    def group_down(self, cause: Cause, parts: dict[str, float]) -> None:
-        """One replica group restarts while the others train on: nothing is rolled back.
+    def group_down(self, cause: Cause, parts: dict[str, float], *, lost_groups: int = 1, clean: bool = False) -> None:
+        """``lost_groups`` replica groups restart while the others train on: nothing is rolled back.
 
         The survivors pause (``group_survivor_stall_s``) and redo the step in flight; then they
-        train at ``group_rate`` of the full rate while the lost group is detected, backs off,
-        restarts and heals. That reduced rate is booked as its equivalent full stop: the same
-        steps lost, so useful + lost = wall time still holds.
+        train at ``group_rate`` of the full rate while the lost groups are detected, back off,
+        restart and heal. That reduced rate is booked as its equivalent full stop: the same
+        steps lost, so useful + lost = wall time still holds. ``clean``: a planned move, the
+        groups leave the quorum at a step boundary, so nothing is redone and the survivors do
+        not wait out the Lighthouse's heartbeat timeout (only the quorum change is left).
         """
-        missing = 1.0 - self.group_rate()
+        missing = 1.0 - self.group_rate(lost_groups)
         whole = math.floor(self.step + 1e-9)
         recompute = (self.step - whole) * self.step_s
         self.step = float(whole)
         heal = self.group_heal_s()
-        self.res.restore_tiers["live peer"] += 1
+        self.res.restore_tiers["live peer"] += lost_groups
         stall = self.scn.group_survivor_stall_s
+        if clean:
+            stall = max(0.0, stall - LIGHTHOUSE_HEARTBEAT_INTERVAL_MS * LIGHTHOUSE_MISSED_HEARTBEATS / 1000.0)
         # the group's outage, clipped at the end of the run before it is scaled (a group that
         # waits past the end for a repaired node costs its share of the time left, not of the wait)
         room = max(0.0, self.horizon - self.t - stall)

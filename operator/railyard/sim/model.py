@@ -27,6 +27,15 @@ from railyard.api.trainingjob import (
     SharedTier,
     StragglerPolicy,
 )
+from railyard.logic.groups import (
+    CROSS_GROUP_EXPOSED,
+    GROUP_HEAL_FIXED_S,
+    GROUP_SURVIVOR_STALL_S,
+    GroupChoice,
+    GroupCosts,
+    GroupShape,
+    decide_replica_groups,
+)
 from railyard.protocol.mesh import tensor_layout_problem
 
 #: How a fault shows to the control plane: the process exits (a GPU error kills the rank; pod
@@ -79,19 +88,14 @@ LLAMA3_PLANNED = 47
 #: "higher than 90% effective training time" (Llama 3, §3.3.4).
 LLAMA3_REPORTED_GOODPUT = 0.90
 
-#: Replica-group costs used when no scenario overrides them (see Scenario.group_*).
-#: Measured: the survivors' stall beyond the step they redo, bench/results/replica_groups.json
-#: (row "sim: survivors' stall beyond the step redone"; tests/sim/test_replica_groups_in_the_sim.py
-#: keeps the two equal).
-GROUP_SURVIVOR_STALL_S = 1.8
-#: Measured there too: the healing group's quorum join -> healed from a live peer (row "replica_groups:
-#: healing group, quorum join -> healed from a peer"), a tiny model's, so almost no bytes.
-GROUP_HEAL_FIXED_S = 0.8
+#: Replica-group costs used when no scenario overrides them (see Scenario.group_*), measured by
+#: bench/replica_groups.py; declared once in railyard.logic.groups, where the operator's choice of
+#: the number of groups reads them too.
 #: Not taken from the bench (ideal): on the shared CPU cores the survivors' steps were no slower
 #: with a group missing (fewer processes competing), which says nothing about GPUs.
 GROUP_DEGRADED_EFFICIENCY = 1.0
-#: The default number of replica groups at 16,384 GPUs: the 128 data replicas of Llama 3's
-#: layout in 8 groups of 16 (FSDP inside a group, torchft across groups).
+#: What ``railyard simulate`` compared before the operator chose the number (Llama 3's 128 data
+#: replicas in 8 groups of 16); ``--replica-groups`` now defaults to the choice (Scenario.choose_replica_groups).
 DEFAULT_REPLICA_GROUPS = 8
 
 #: A slow node that eventually fails hard (the baseline waits for that); not in Table 5.
@@ -195,6 +199,18 @@ class Scenario:
     #: Step rate with R-1 groups over the ideal (R-1)/R of the rate with R (the global batch is
     #: split over the survivors); 1.0 = the survivors lose nothing beyond the missing group.
     group_degraded_efficiency: float = GROUP_DEGRADED_EFFICIENCY
+    #: The part of the cross-group all-reduce a step waits for (railyard.logic.groups), and the
+    #: scale-out bandwidth per GPU it runs on (400 Gb/s).
+    cross_group_exposed: float = CROSS_GROUP_EXPOSED
+    cross_bw_per_gpu: float = 50e9
+    #: Correlated failures: the share of Table 5's "Network switch/cable" interruptions that are
+    #: a leaf switch, taking every node under it (the rest: one node's cable or port). Table 5
+    #: does not split the two; assumed.
+    switch_fraction: float = 0.25
+    #: Planned maintenance: each of Llama 3's planned interruptions is a rolling drain of one leaf
+    #: domain's nodes (announced together: one planned move, as logic/planned.py merges them);
+    #: the drained nodes are back after this long.
+    maintenance_h: float = 2.0
     #: When a restart budget is spent the job fails; a person resubmits after this long.
     manual_restart_h: float = 1.0
 
@@ -245,6 +261,11 @@ class Scenario:
             out.append(f"sdc_per_day: must be >= 0, got {self.sdc_per_day}")
         if self.group_survivor_stall_s < 0 or self.group_heal_fixed_s < 0:
             out.append("group_survivor_stall_s, group_heal_fixed_s: must be >= 0")
+        if not 0 <= self.cross_group_exposed <= 1 or not 0 <= self.switch_fraction <= 1:
+            out.append(f"cross_group_exposed, switch_fraction: must be in [0, 1], got {self.cross_group_exposed}, "
+                       f"{self.switch_fraction}")
+        if self.maintenance_h < 0:
+            out.append(f"maintenance_h: must be >= 0, got {self.maintenance_h}")
         if not 0 < self.group_degraded_efficiency <= 1:
             out.append(f"group_degraded_efficiency: must be in (0, 1], got {self.group_degraded_efficiency}")
         if self.step_time_s is not None and self.step_time_s <= 0:
@@ -286,6 +307,40 @@ class Scenario:
     def cluster_nodes(self) -> int:
         """The job's nodes plus free room; a policy's hot spares come on top."""
         return self.nodes + max(1, math.ceil(self.nodes * self.extra_nodes_fraction))
+
+    def in_place_restart_s(self, *, node_lost: bool) -> float:
+        """Kept pods restart their workers in place while the lost node's pod comes up on a held
+        spare (its image already there); then the communicators are set up again."""
+        replacement = self.replacement_s + self.spare_container_start_s if node_lost else 0.0
+        return self.placement_s + self.control_signal_s + max(replacement, self.process_restart_s) + self.init_s
+
+    def group_shape(self) -> GroupShape:
+        """The job and the topology as the operator's choice of replica groups reads them."""
+        return GroupShape(self.nodes, self.gpus_per_node, self.pp, self.dp, self.tp,
+                          leaf_nodes=self.nodes_per_leaf, nvlink_domain_nodes=self.nvlink_domain_nodes)
+
+    def group_costs(self) -> GroupCosts:
+        """The scenario's own figures for the choice: its failure rate (the node faults a group
+        restart handles: every Table 5 cause but SDC), a group's outage (detection and an in-place
+        restart onto a spare), its state, its step's FLOPs and bandwidths."""
+        per_gpu_day = sum(c.count for c in self.causes if c.detect != "sdc") / (
+            self.reference_days * self.reference_gpus) * self.failure_scale
+        return GroupCosts(
+            failures_per_gpu_day=per_gpu_day,
+            outage_s=self.pod_exit_detect_s + self.in_place_restart_s(node_lost=True),
+            survivor_stall_s=self.group_survivor_stall_s,
+            heal_fixed_s=self.group_heal_fixed_s,
+            state_bytes=self.checkpoint_bytes,
+            heal_bw_per_node=self.peer_bw_per_node,
+            flops_per_gpu=6.0 * self.model_params * self.tokens_per_step / (self.gpus * self.step_s),
+            tokens_per_step=self.tokens_per_step,
+            cross_bw_per_gpu=self.cross_bw_per_gpu,
+            exposed=self.cross_group_exposed,
+        )
+
+    def choose_replica_groups(self) -> GroupChoice:
+        """The operator's number of replica groups for this job on this cluster."""
+        return decide_replica_groups(self.group_shape(), self.group_costs())
 
     def with_(self, **changes: object) -> Scenario:
         return replace(self, **changes)  # type: ignore[arg-type]

@@ -8,8 +8,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
+from railyard.logic.groups import GroupChoice
 from railyard.protocol.trainerconfig import to_wire
-from railyard.sim.engine import SLOW, STALL, RunResult, simulate
+from railyard.sim.engine import CROSS, SLOW, STALL, RunResult, simulate
 from railyard.sim.model import (
     LLAMA3_REPORTED_GOODPUT,
     PolicyConfig,
@@ -19,11 +20,20 @@ from railyard.sim.model import (
 )
 from railyard.sim.trace import Event, expected_interruptions, generate_trace
 
-#: The goodput goal, simulated at 16,384 GPUs with Llama 3 failure rates: with replica groups,
-#: >= 99.5% (issue 37; beyond ByteRobust's 97% at 9,600 GPUs and Llama 3's >90%), with the
-#: costs bench/replica_groups.py measures. The in-place mode's figure is printed beside it with
-#: no target of its own: its 99% goal was superseded by this one (issue 46).
+#: The goodput goals with replica groups, Llama 3 failure rates, at every seed (the minimum, not
+#: the mean), with the costs bench/replica_groups.py measures. Up to 16,384 GPUs: >= 99.7% with
+#: planned maintenance handled as planned moves (issue 47) and >= 99.8% (issue 49); above, at
+#: 100,000 GPUs: >= 99.5% (issue 49). The in-place mode's figure is printed beside them with no
+#: target of its own: its 99% goal was superseded (issue 46).
 GROUPS_GOODPUT_TARGET = 0.995
+GROUPS_GOODPUT_TARGETS_16K: tuple[tuple[float, str], ...] = (
+    (0.997, "issue 47, planned moves"), (0.998, "issue 49"))
+GROUPS_GOODPUT_TARGETS_100K: tuple[tuple[float, str], ...] = ((GROUPS_GOODPUT_TARGET, "issue 49"),)
+
+
+def goodput_targets(gpus: int) -> tuple[tuple[float, str], ...]:
+    """The goodput goals with replica groups at this size (each: the goal, where it comes from)."""
+    return GROUPS_GOODPUT_TARGETS_16K if gpus <= 16_384 else GROUPS_GOODPUT_TARGETS_100K
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +51,8 @@ class Comparison:
     groups: RunResult | None = None
     #: Our policy with each number of replica groups of ``compare(group_sweep=...)``, in order.
     sweep: tuple[tuple[int, RunResult], ...] = ()
+    #: The operator's number of replica groups for this job on this cluster (``dataReplicas: 0``).
+    choice: GroupChoice | None = None
 
     @property
     def calibration_gap(self) -> float:
@@ -63,11 +75,13 @@ def compare(
     *,
     replica_groups: int = 0,
     group_sweep: Sequence[int] = (),
+    extras: bool = True,
 ) -> Comparison:
     """Both policies through the same seeded trace; the baseline again on the paper's trace;
     with ``replica_groups`` R > 1 also ours with faultTolerance ReplicaGroups of R groups; with
     ``group_sweep`` ours with each of those numbers of groups (1: none), on the same trace, so
-    goodput can be read against R."""
+    goodput can be read against R. ``extras=False``: without the full-restart and calibration
+    runs (a sweep over seeds reads only ours, with groups, and the baseline)."""
     started = time.perf_counter()
     ours = ours or our_policy()
     baseline = baseline or baseline_policy()
@@ -75,7 +89,7 @@ def compare(
     r_ours = simulate(scn, ours, trace)
     r_full = (
         simulate(scn, replace(ours, in_place=False, name=f"{ours.name}, full restarts"), trace)
-        if ours.in_place
+        if ours.in_place and extras
         else None
     )
 
@@ -87,9 +101,10 @@ def compare(
     sweep = tuple((r, runs.get(r) or (with_groups(r) if r > 1 else r_ours)) for r in group_sweep)
     r_base = simulate(scn, baseline, trace)
     paper = scn.with_(stragglers_per_day=0.0)
-    r_cal = simulate(paper, baseline, generate_trace(paper))
+    r_cal = simulate(paper, baseline, generate_trace(paper)) if extras else r_base
     r_cal.policy = "baseline (Llama 3 trace only)"
-    return Comparison(scn, r_ours, r_base, r_cal, trace, time.perf_counter() - started, r_full, r_groups, sweep)
+    return Comparison(scn, r_ours, r_base, r_cal, trace, time.perf_counter() - started, r_full, r_groups, sweep,
+                      scn.choose_replica_groups())
 
 
 def format_sweep(c: Comparison) -> str:
@@ -99,11 +114,40 @@ def format_sweep(c: Comparison) -> str:
     head = (f"{'replica groups':>14}{'GPUs per group':>16}{'goodput':>10}{'lost GPU-hours':>16}"
             f"{'healed from a peer':>20}")
     lines = [f"goodput against the number of replica groups (dp {s.dp}, same trace)", head, "-" * len(head)]
+    chosen = c.choice.groups if c.choice is not None else 0
     for r, res in c.sweep:
         lost = sum(res.lost_gpu_hours().values())
         healed = res.restore_tiers.get("live peer", 0)
-        lines.append(f"{r:>14}{s.gpus // r:>16,}{res.goodput:>10.2%}{lost:>16,.0f}{healed:>20}")
-    lines.append("  (cross-group traffic is not modelled: the step time is the same at every R)")
+        mark = "  <- the operator's choice" if r == chosen else ""
+        lines.append(f"{r:>14}{s.gpus // r:>16,}{res.goodput:>10.2%}{lost:>16,.0f}{healed:>20}{mark}")
+    lines.append(f"  (more groups: a failure restarts less of the job, every step pays more cross-group all-reduce: "
+                 f"{s.cross_group_exposed:.0%} of it exposed)")
+    if c.choice is not None:
+        lines.append(f"  the operator's choice (parallelism.dataReplicas: 0): {c.choice.reason}")
+    return "\n".join(lines)
+
+
+def format_seeds(runs: Sequence[Comparison]) -> str:
+    """Goodput per seed (``--seeds 0-4``) and the minimum over them against the targets."""
+    s = runs[0].scenario
+    head = f"{'seed':>6}{'replica groups':>16}{'in place':>10}{'baseline':>10}"
+    lines = [f"railyard simulate: {s.gpus:,} GPUs, {s.days:g} days, seeds {runs[0].scenario.seed}-"
+             f"{runs[-1].scenario.seed}", head, "-" * len(head)]
+    for c in runs:
+        g = f"{c.groups.goodput:.2%}" if c.groups is not None else "-"
+        lines.append(f"{c.scenario.seed:>6}{g:>16}{c.ours.goodput:>10.2%}{c.baseline.goodput:>10.2%}")
+    groups = [c.groups.goodput for c in runs if c.groups is not None]
+    if groups:
+        r = runs[0].groups.policy.rsplit(", ", 1)[-1] if runs[0].groups is not None else ""
+        low = min(groups)
+        lines.append(f"{'min':>6}{low:>16.2%}{min(c.ours.goodput for c in runs):>10.2%}")
+        lines += [f"target: with replica groups ({r}) >= {t:.1%} at every seed ({why}): min {low:.2%} "
+                  f"({'meets' if low >= t else 'MISSES'})" for t, why in goodput_targets(s.gpus)]
+        lines.append(f"  beside it, in place (no replica groups): min {min(c.ours.goodput for c in runs):.2%} "
+                     f"(no target of its own)")
+    if runs[0].choice is not None:
+        lines.append(f"the operator's choice of replica groups: {runs[0].choice.reason}")
+    lines.append(f"simulated in {sum(c.elapsed_s for c in runs):.1f} s")
     return "\n".join(lines)
 
 
@@ -112,7 +156,7 @@ def _causes(c: Comparison) -> list[str]:
     for r in (c.ours, c.baseline):
         for k, v in r.lost_gpu_hours().items():
             seen[k] = max(seen.get(k, 0.0), v)
-    special = [STALL, SLOW]
+    special = [STALL, SLOW, CROSS]
     order = sorted((k for k in seen if k not in special), key=lambda k: -seen[k])
     return order + [k for k in special if k in seen]
 
@@ -154,8 +198,8 @@ def format_table(c: Comparison) -> str:
         r = g.policy.rsplit(", ", 1)[-1]
         row(f"  railyard with {r}", f"{g.goodput:.2%}", "")
         row("    restarts healed from a live peer", str(g.restore_tiers.get("live peer", 0)), "")
-        row("    save every (memory/local/shared)", _intervals(g), "")
-    row("save every (memory/local/shared)", _intervals(o), _intervals(b))
+        row("    save every (mem/local/shared)", _intervals(g), "")
+    row("save every (mem/local/shared)", _intervals(o), _intervals(b))
     row("interruptions handled", str(o.interruptions), str(b.interruptions))
     row("  prevented by quarantine", str(o.prevented), str(b.prevented))
     classes = sorted(set(o.restarts) | set(b.restarts))
@@ -171,9 +215,15 @@ def format_table(c: Comparison) -> str:
     )
     lines.append("lost GPU-hours by cause")
     lo, lb = o.lost_gpu_hours(), b.lost_gpu_hours()
+    lg = c.groups.lost_gpu_hours() if c.groups is not None else {}
     for k in _causes(c):
         row(f"  {k}", f"{lo.get(k, 0.0):,.0f}", f"{lb.get(k, 0.0):,.0f}")
     row("  total", f"{sum(lo.values()):,.0f}", f"{sum(lb.values()):,.0f}")
+    if c.groups is not None:
+        top = sorted(lg.items(), key=lambda kv: -kv[1])[:6]
+        total = sum(lg.values()) or 1.0
+        lines.append("  with replica groups, lost GPU-hours " + f"{sum(lg.values()):,.0f}: " + ", ".join(
+            f"{k} {v / total:.0%}" for k, v in top))
     lines.append("")
     lines += describe_targets(c)
     lines.append(
@@ -193,14 +243,20 @@ def describe_targets(c: Comparison) -> list[str]:
     """The printout's target lines: the goal is goodput with replica groups; the in-place
     mode's figure stands beside it without a target (its old 99% goal moved)."""
     s, in_place = c.scenario, f"{c.ours.goodput:.2%}"
+    goals = goodput_targets(s.gpus)
     if c.groups is None:
-        return [f"goodput in place: {in_place} (no target of its own; the target, >= {GROUPS_GOODPUT_TARGET:.1%}, "
-                f"is for replica groups: --replica-groups R)"]
-    meets = "meets" if c.groups.goodput >= GROUPS_GOODPUT_TARGET else "MISSES"
+        return [f"goodput in place: {in_place} (no target of its own; the targets, "
+                f"{', '.join(f'>= {t:.1%} ({why})' for t, why in goals)} at every seed, are for replica groups: "
+                f"--replica-groups)"]
+    out = [
+        f"target: with replica groups >= {t:.1%} at every seed ({why}): {c.groups.goodput:.2%} at seed {s.seed} "
+        f"({'meets' if c.groups.goodput >= t else 'MISSES'})"
+        for t, why in goals
+    ]
     return [
-        f"target: with replica groups >= {GROUPS_GOODPUT_TARGET:.1%}: {c.groups.goodput:.2%} ({meets}; "
-        f"group costs: survivors' stall {s.group_survivor_stall_s:g} s, heal {s.group_heal_fixed_s:g} s + bytes, "
-        f"rate with R-1 groups x{s.group_degraded_efficiency:g} of ideal)",
+        *out,
+        f"  group costs: survivors' stall {s.group_survivor_stall_s:g} s, heal {s.group_heal_fixed_s:g} s + bytes, "
+        f"rate with R-1 groups x{s.group_degraded_efficiency:g} of ideal; planned maintenance as planned moves",
         f"  beside it, in place (no replica groups): {in_place} (no target of its own)",
     ]
 
@@ -282,9 +338,16 @@ def to_json(c: Comparison, policies: Mapping[str, PolicyConfig] | None = None) -
             "metric": "goodput_railyard_replica_groups",
             "value": c.groups.goodput,
             "unit": "fraction",
-            "target": GROUPS_GOODPUT_TARGET,
-            "meets": c.groups.goodput >= GROUPS_GOODPUT_TARGET,
+            "target": max(t for t, _ in goodput_targets(c.scenario.gpus)),
+            "meets": c.groups.goodput >= max(t for t, _ in goodput_targets(c.scenario.gpus)),
         }] if c.groups is not None else []),
+        *([{
+            "metric": "replica_groups_chosen",
+            "value": c.choice.groups,
+            "unit": "groups",
+            "target": None,
+            "meets": None,
+        }] if c.choice is not None else []),
         {
             "metric": "goodput_baseline",
             "value": c.baseline.goodput,
@@ -327,6 +390,8 @@ def to_json(c: Comparison, policies: Mapping[str, PolicyConfig] | None = None) -
             "calibration": _result_dict(c.calibration),
         },
     }
+    if c.choice is not None:
+        out["replica_groups_chosen"] = {"groups": c.choice.groups, "reason": c.choice.reason}
     if c.sweep:
         out["replica_group_sweep"] = [
             {"replica_groups": r, "gpus_per_group": c.scenario.gpus // r, "goodput": res.goodput,

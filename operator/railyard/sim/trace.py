@@ -18,6 +18,9 @@ from typing import Literal
 from railyard.sim.model import MAX_FAILURE_SCALE, PLANNED_CAUSE, STRAGGLER_CAUSE, Cause, Scenario
 
 EventKind = Literal["fault", "sdc", "straggler", "planned"]
+Scope = Literal["node", "leaf"]
+#: The Table 5 cause of which ``Scenario.switch_fraction`` takes a whole leaf.
+SWITCH_CAUSE = "Network switch/cable"
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,6 +39,9 @@ class Event:
     #: Uniform draws in [0, 1) for the policies' phases and latencies.
     u1: float = 0.5
     u2: float = 0.5
+    #: What the fault takes: the node, or every node under its leaf switch (a correlated failure,
+    #: ``Scenario.switch_fraction`` of the network switch/cable faults).
+    scope: Scope = "node"
 
 
 def _poisson_times(rng: random.Random, rate_per_s: float, horizon_s: float) -> list[float]:
@@ -66,9 +72,13 @@ def generate_trace(scn: Scenario) -> tuple[Event, ...]:
     """All events of the run, sorted by time. Deterministic for a scenario (seed included)."""
     horizon = scn.wall_s
     raw: list[tuple[float, str, EventKind, Cause, int, bool, float, float, int]] = []
+    leaf_faults: set[tuple[float, str]] = set()
     keep_p = scn.failure_scale / MAX_FAILURE_SCALE
     for cause in scn.causes:
         rng = _stream(scn, cause.name)
+        # a stream of its own, one draw per dense event: the other draws (and the traces at a
+        # lower failure scale, subsets of this one) are the same with or without leaf faults
+        scope_rng = _stream(scn, f"{cause.name}:scope")
         dense = (
             cause_rate_per_s(scn, cause) / scn.failure_scale * MAX_FAILURE_SCALE
             if scn.failure_scale > 0
@@ -79,9 +89,12 @@ def generate_trace(scn: Scenario) -> tuple[Event, ...]:
             pod = rng.randrange(scn.nodes)
             repeat = rng.random() < scn.repeat_fraction
             u1, u2 = rng.random(), rng.random()
+            leaf = cause.name == SWITCH_CAUSE and scope_rng.random() < scn.switch_fraction
             if kept:
                 kind: EventKind = "sdc" if cause.detect == "sdc" else "fault"
-                raw.append((t, cause.name, kind, cause, pod, repeat and cause.hardware, u1, u2, -1))
+                raw.append((t, cause.name, kind, cause, pod, repeat and cause.hardware and not leaf, u1, u2, -1))
+                if leaf:
+                    leaf_faults.add((t, cause.name))
     rng = _stream(scn, "planned")
     for t in _poisson_times(rng, scn.planned / (scn.reference_days * 86400.0), horizon):
         raw.append(
@@ -138,9 +151,10 @@ def generate_trace(scn: Scenario) -> tuple[Event, ...]:
             straggler_ids[tag] = i
         elif tag <= -2:
             straggler_of = straggler_ids.get(-2 - tag, -1)
-        ev = Event(i, t, kind, cause, pod, repeat_of, straggler_of, u1, u2)
+        scope: Scope = "leaf" if (t, _name) in leaf_faults else "node"
+        ev = Event(i, t, kind, cause, pod, repeat_of, straggler_of, u1, u2, scope)
         events.append(ev)
-        if cause.hardware and kind in ("fault", "sdc"):
+        if cause.hardware and kind in ("fault", "sdc") and scope == "node":
             last_hw_on[pod] = i
             last_hw = i
     return tuple(events)

@@ -50,6 +50,7 @@ from railyard.logic.placement.types import (
     PlacementInput,
     PreviousPlacement,
     Unplaceable,
+    compute_shared_domains,
 )
 
 __all__ = [
@@ -63,6 +64,7 @@ __all__ = [
     "Unplaceable",
     "build_gang_request",
     "build_placement_input",
+    "compute_shared_domains",
     "job_tolerations",
     "matches_node_selector",
     "plan_placement",

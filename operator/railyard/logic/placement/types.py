@@ -4,7 +4,7 @@ the input, and the answer (a :class:`Placement`, or :class:`Unplaceable` naming 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Literal
@@ -187,6 +187,22 @@ class GroupPlacement:
     leaves: tuple[tuple[str, ...], ...]
     #: Its pods that moved in a re-placement.
     moved: tuple[int, ...] = ()
+
+
+def compute_shared_domains(
+    groups: Sequence[GroupPlacement], *, leaf_depth: int | None = None
+) -> dict[tuple[str, ...], tuple[int, ...]]:
+    """The failure domains holding nodes of more than one replica group -> those groups: the
+    leaf domains (paths of ``leaf_depth`` levels; default the whole path) and every domain below
+    them (an NVLink domain). Empty: a switch, rack or NVLink domain's failure takes at most one
+    group."""
+    holders: dict[tuple[str, ...], list[int]] = {}
+    for g in groups:
+        paths = dict.fromkeys(path[:depth] for path in g.leaves
+                              for depth in range(leaf_depth or len(path), len(path) + 1))
+        for path in paths:
+            holders.setdefault(path, []).append(g.group)
+    return {path: tuple(gs) for path, gs in holders.items() if len(gs) > 1}
 
 
 #: Placement constraint -> the reason the operator writes into the Placed condition.
