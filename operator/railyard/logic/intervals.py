@@ -254,7 +254,7 @@ def _hours(seconds: float) -> str:
     if math.isinf(seconds):
         return "never"
     if seconds >= 3.6e9:
-        return "more than a million hours"
+        return "over a million hours"
     if seconds >= 36_000:
         return f"{seconds / 3600.0:,.0f} h"
     return f"{seconds / 3600.0:.3g} h" if seconds >= 360 else f"{seconds / 60.0:.3g} min"
@@ -315,8 +315,10 @@ def decide_intervals(inputs: IntervalInputs) -> tuple[IntervalChoice, ...]:
         rate, words = protected[tier]
         protects = _and(words) or "no listed failure"
         stall = inputs.costs[tier].stall_s.value
-        every = _hours(3600.0 / rate if rate else math.inf)
-        said = f"save stall {stall:.3g} s, protects against {protects} every {every}"
+        mtbf = 3600.0 / rate if rate else math.inf
+        every = (" (none expected)" if not rate else f" every {_hours(mtbf)}" if mtbf < 3.6e9
+                 else " (less than once in a million hours)")
+        said = f"save stall {stall:.3g} s, protects against {protects}{every}"
         if tier in given:
             out.append(IntervalChoice(tier, given[tier], "spec", rate, protects, optimum, stall,
                                       f"{tier} every {given[tier]} steps: set in the spec (the rule: {steps}; {said})"))
