@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
-from railyard.sim.model import LLAMA3_CAUSES, Cause, Scenario
+from railyard.sim.model import LLAMA3_CAUSES, Cause, PolicyConfig, Scenario, our_policy
 from railyard.sim.trace import Event
 
 
@@ -35,3 +36,14 @@ def one_fault(
     at: float, name: str, *, pod: int = 3, u1: float = 0.5, u2: float = 0.5
 ) -> tuple[Event, ...]:
     return (Event(0, at, "fault", cause(name), pod, u1=u1, u2=u2),)
+
+
+def ours_every(memory: int = 10, local: int = 50, shared: int = 100, **kw: Any) -> PolicyConfig:
+    """Our policy with its tiers' intervals set in the spec (a spec value wins over the rule of
+    railyard.logic.intervals): for tests of the engine's accounting, whose answers are written
+    for these intervals."""
+    pol = our_policy(**kw)
+    ck = pol.checkpoint
+    return replace(pol, checkpoint=replace(
+        ck, memory=replace(ck.memory, interval_steps=memory), local=replace(ck.local, interval_steps=local),
+        shared=replace(ck.shared, interval_steps=shared)))

@@ -10,7 +10,7 @@ from railyard.sim.engine import STALL, simulate
 from railyard.sim.model import Scenario, baseline_policy, our_policy
 from railyard.sim.trace import Event, generate_trace
 
-from .sim_builders import cause, one_fault, tiny
+from .sim_builders import cause, one_fault, ours_every, tiny
 
 
 def snapshot_s(s: Scenario) -> float:
@@ -30,7 +30,7 @@ def steps_in(x: float, interval: int, stall: float, step_s: float) -> float:
 
 def test_no_failures_ours_goodput_is_the_checkpoint_overhead_bound() -> None:
     s = tiny()
-    res = simulate(s, our_policy(hot_spares=1), ())
+    res = simulate(s, ours_every(hot_spares=1), ())
     # async tiers: every save (memory every 10 steps; local and shared on multiples of it) blocks
     # only for one GPU-to-host snapshot
     expected = steps_in(s.wall_s, 10, snapshot_s(s), s.step_s) * s.step_s / s.wall_s
@@ -55,7 +55,7 @@ def test_one_software_failure_costs_detection_backoff_restart_restore_and_recomp
     stall = snapshot_s(s)
     cycle = 10 * s.step_s + stall
     at = 100 * cycle + 5.0  # 5 steps after the memory save at step 1000 committed
-    res = simulate(s, our_policy(hot_spares=1), one_fault(at, "Software bug"))
+    res = simulate(s, ours_every(hot_spares=1), one_fault(at, "Software bug"))
     restart = s.placement_s + s.control_signal_s + s.process_restart_s + s.init_s  # pods kept, processes restart in place
     restore = s.bytes_per_node / (s.gpus_per_node * s.host_copy_bw_per_gpu)  # node RAM, same node
     expected = {
@@ -78,7 +78,7 @@ def test_one_gpu_failure_quarantines_and_restores_the_lost_node_from_its_peer_re
     s = tiny()
     cycle = 10 * s.step_s + snapshot_s(s)
     at = 100 * cycle + 5.0
-    res = simulate(s, our_policy(hot_spares=1), one_fault(at, "Faulty GPU"))
+    res = simulate(s, ours_every(hot_spares=1), one_fault(at, "Faulty GPU"))
     h2d = s.bytes_per_node / (s.gpus_per_node * s.host_copy_bw_per_gpu)
     expected = {
         "detection": s.pod_exit_detect_s,
@@ -152,8 +152,8 @@ def test_without_in_place_restart_every_restart_recreates_the_gang() -> None:
     s = tiny()
     cycle = 10 * s.step_s + snapshot_s(s)
     at = 100 * cycle + 5.0
-    full = simulate(s, our_policy(hot_spares=1, in_place=False), one_fault(at, "Faulty GPU"))
-    ours = simulate(s, our_policy(hot_spares=1), one_fault(at, "Faulty GPU"))
+    full = simulate(s, ours_every(hot_spares=1, in_place=False), one_fault(at, "Faulty GPU"))
+    ours = simulate(s, ours_every(hot_spares=1), one_fault(at, "Faulty GPU"))
     whole = s.teardown_s + s.nodes / s.schedule_pods_per_s + s.pod_start_s + s.init_s
     assert full.lost["Faulty GPU"]["restart"] == pytest.approx(whole, rel=1e-9)
     assert ours.lost["Faulty GPU"]["restart"] < whole

@@ -11,7 +11,7 @@ from railyard.protocol.exitcodes import FailureClass
 from railyard.sim.decisions import Cluster, Detector, Saved, choose_restore, classify
 from railyard.sim.model import STRAGGLER_CAUSE, baseline_policy, our_policy
 
-from .sim_builders import cause, tiny
+from .sim_builders import cause, ours_every, tiny
 
 
 @pytest.mark.parametrize("u1", [0.0, 0.3, 0.99])
@@ -122,7 +122,8 @@ def test_the_policies_are_the_api_defaults_plus_what_a_long_run_sets() -> None:
     assert ours.checkpoint == Checkpoint()
     assert ours.health.heartbeat_timeout_seconds == Health().heartbeat_timeout_seconds
     assert ours.health.straggler.action == "Restart"
-    assert ours.intervals() == {"memory": 10, "local": 50, "shared": 100}
+    # the spec leaves every interval open: the operator's rule chooses them (tests/sim: the sim's are its)
+    assert ours.intervals() == {"memory": None, "local": None, "shared": None}
     base = baseline_policy(interval_steps=300)
     assert base.intervals() == {"shared": 300}
     assert not (base.quarantine or base.sticky or base.straggler_restart or base.sdc_checks)
@@ -216,3 +217,25 @@ def test_rack_scale_nvlink_tensor_groups_stay_in_one_domain_through_a_replacemen
 )
 def test_a_tensor_group_the_simulated_nodes_cannot_hold_is_refused_with_the_fix(changes: dict[str, int], wanted: str) -> None:
     assert any(wanted in p for p in tiny(**changes).problems()), tiny(**changes).problems()
+
+
+def test_our_intervals_are_the_operators_rule_and_replica_groups_lengthen_them() -> None:
+    """Our policy leaves the intervals open: the rule of railyard.logic.intervals chooses them from
+    the scenario (1 s steps, the Llama 3 rates at 64 GPUs); the engine saves at them, and with
+    replica groups the memory tier (only needed when every group is down) saves far less often."""
+    from railyard.sim.engine import STALL, simulate
+
+    s = tiny(failure_scale=1.0, sdc_per_day=None)
+    alone = simulate(s, our_policy(hot_spares=1), ())
+    groups = simulate(s, our_policy(hot_spares=1, replica_groups=2), ())
+    assert set(alone.checkpoint_intervals) == {"memory", "local", "shared"}
+    assert all("Young/Daly" in why for why in alone.interval_reasons)
+    assert groups.checkpoint_intervals["memory"] > alone.checkpoint_intervals["memory"]
+    assert groups.lost[STALL]["stall"] < alone.lost[STALL]["stall"]
+    # no failure in the trace: the stall is one snapshot per step on which any tier saves
+    every = alone.checkpoint_intervals.values()
+    saves = sum(1 for k in range(1, int(s.wall_s / s.step_s) + 1) if any(k % iv == 0 for iv in every))
+    snapshot = s.bytes_per_node / (s.gpus_per_node * s.host_copy_bw_per_gpu) + s.save_fixed_stall_s
+    assert alone.lost[STALL]["stall"] == pytest.approx(saves * snapshot, abs=2 * snapshot)
+    # the spec's interval wins
+    assert simulate(s, ours_every(hot_spares=1), ()).checkpoint_intervals == {"memory": 10, "local": 50, "shared": 100}

@@ -50,7 +50,12 @@ def test_simulate_prints_the_comparison_and_writes_json_and_a_plot(
         metrics["goodput_calibration"]["value"] - 0.90
     )
     assert data["runs"]["railyard"]["goodput"] == metrics["goodput_railyard"]["value"]
-    assert data["policies"]["railyard"]["checkpoint"]["memory"]["intervalSteps"] == 10
+    # our spec leaves the intervals open (the rule chooses, and says why); the baseline sets its own
+    assert data["policies"]["railyard"]["checkpoint"]["memory"]["intervalSteps"] is None
+    assert set(data["runs"]["railyard"]["checkpoint_intervals"]) == {"memory", "local", "shared"}
+    assert all("Young/Daly" in why or "longest" in why for why in data["runs"]["railyard"]["checkpoint_interval_reasons"])
+    assert data["runs"]["baseline"]["checkpoint_intervals"] == {"shared": 200}
+    assert "save every (mem/local/shared)" in text
     png = out.with_suffix(".png")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 

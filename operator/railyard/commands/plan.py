@@ -7,7 +7,9 @@ operator creates for the job. ``NODES`` is a YAML/JSON file holding a list of
 Node objects (or a ``kind: List`` / ``NodeList`` with ``items``, as ``kubectl get nodes -o yaml``
 writes), or a compact generator spec such as ``spine=2,leaf=4,nodes=32,gpus=8``;
 ``--kubeconfig`` reads nodes and pods from a live cluster instead. ``--fail NODE`` then shows the
-sticky re-placement after those nodes fail.
+sticky re-placement after those nodes fail. Last, the checkpoint tiers' intervals the operator
+writes into config.json and why (railyard.logic.intervals; ``--step-time``/``--save-stall`` give
+the job's own figures).
 """
 
 from __future__ import annotations
@@ -24,6 +26,14 @@ import yaml
 from railyard.api.trainingjob import TrainingJob
 from railyard.logic.cost import CostInputs
 from railyard.logic.groups import GroupChoice, resolve_replica_groups
+from railyard.logic.intervals import (
+    KIND_WORDS,
+    TIERS,
+    IntervalChoice,
+    Sourced,
+    build_interval_inputs,
+    decide_intervals,
+)
 from railyard.logic.placement import (
     GangRequest,
     Placement,
@@ -75,6 +85,14 @@ def add_parser(sub: Any) -> None:
         type=float,
         default=_DEFAULTS.tp_bytes_per_step,
         help="bytes all-reduced per tensor-parallel group per step (default 0: TP traffic not counted)",
+    )
+    p.add_argument(
+        "--step-time", type=float, default=None, metavar="SECONDS",
+        help="the job's step time, for the checkpoint intervals the spec leaves open (default: the bench's)",
+    )
+    p.add_argument(
+        "--save-stall", type=float, default=None, metavar="SECONDS",
+        help="training's stall per checkpoint save, every tier (default: the bench's, per tier)",
     )
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.add_argument(
@@ -168,6 +186,38 @@ def plan_lighthouse(job: TrainingJob) -> LighthousePlan | None:
         created="while the gang holds its nodes (" + ", ".join(phases) + "); recreated when lost",
         node=node,
     )
+
+
+def plan_intervals(
+    job: TrainingJob, *, step_s: float | None = None, save_stall_s: float | None = None
+) -> tuple[list[IntervalChoice], list[str]]:
+    """The operator's checkpoint intervals for this job (logic/intervals.py) and the lines naming
+    the inputs with their sources; ``step_s``/``save_stall_s`` replace the defaults (measured by
+    the user)."""
+    kw: dict[str, Any] = {}
+    if step_s is not None:
+        kw["step_s"] = Sourced(step_s, "--step-time")
+    if save_stall_s is not None:
+        kw["save_stall_s"] = {t: Sourced(save_stall_s, "--save-stall") for t in TIERS}
+    inputs = build_interval_inputs(job.spec, **kw)
+    choices = list(decide_intervals(inputs))
+    said = [f"step time {inputs.step_s.value:.3g} s ({inputs.step_s.source})"]
+    said += [f"{t} save: stall {c.stall_s.value:.3g} s ({c.stall_s.source}), background write "
+             f"{c.duration_s.value:.3g} s ({c.duration_s.source})" for t, c in inputs.costs.items()]
+    said += [f"{KIND_WORDS[k]}: {r.value:.3g} per hour ({r.source})" for k, r in inputs.failures_per_hour.items()]
+    if inputs.groups is not None:
+        g = inputs.groups
+        said.append(f"replica groups: {g.replicas}, minReplicas {g.min_replicas}, a lost group out "
+                    f"{g.outage_s.value:.3g} s ({g.outage_s.source})")
+    return choices, said
+
+
+def _interval_lines(choices: list[IntervalChoice], inputs: list[str]) -> list[str]:
+    lines = ["checkpoint intervals (the spec's where it sets one, else Young/Daly; docs/checkpoints.md):"]
+    lines += [f"  {c.reason}" for c in choices]
+    lines.append("  inputs:")
+    lines += [f"    {line}" for line in inputs]
+    return lines
 
 
 def _pods_text(pods: Sequence[int]) -> str:
@@ -339,11 +389,6 @@ def _choice_lines(choice: GroupChoice | None) -> list[str]:
             f"  expected loss by number of groups: {others}"]
 
 
-def _interval_lines(job: TrainingJob) -> list[str]:
-    """The checkpoint intervals and their reasons (issue 49 item 6: the rule lands beside this one)."""
-    return []
-
-
 def plan(
     job_doc: Mapping[str, Any],
     nodes: Sequence[Mapping[str, Any]],
@@ -397,6 +442,7 @@ def run(args: argparse.Namespace) -> int:
         req, first, second = plan(job_doc, nodes, pods, fail=args.fail, cost_inputs=inputs)
         job, choice = resolve_replica_groups(TrainingJob.model_validate(job_doc), nodes)
         lighthouse = plan_lighthouse(job)
+        intervals, interval_inputs = plan_intervals(job, step_s=args.step_time, save_stall_s=args.save_stall)
     except (OSError, yaml.YAMLError, ValueError, ValidationError) as exc:
         print(f"railyard plan: {exc}", file=sys.stderr)
         return 1
@@ -406,9 +452,14 @@ def run(args: argparse.Namespace) -> int:
             out["replicaGroupsChosen"] = {"groups": choice.groups, "reason": choice.reason}
         if second is not None:
             out["replacement"] = _as_json(second, lighthouse)
+        out["checkpointIntervals"] = {
+            "tiers": [{"tier": c.tier, "steps": c.steps, "chosenBy": c.chosen_by, "reason": c.reason}
+                      for c in intervals],
+            "inputs": interval_inputs,
+        }
         print(json.dumps(out, indent=2))
     else:
-        print("\n".join([*_choice_lines(choice), *_interval_lines(job)]))
+        print("\n".join([*_choice_lines(choice), *_interval_lines(intervals, interval_inputs)]))
         for label, result in (
             ("", first),
             ("after failure of " + ", ".join(args.fail) + ": ", second),

@@ -548,6 +548,12 @@ class Health:
 
 # --------------------------------------------------------------------------- checkpoint tiers
 
+#: Unset in the spec: the operator chooses it (railyard.logic.intervals); config.json always has one.
+_INTERVAL_DESCRIPTION = (
+    "Save every N steps. Unset: chosen by the operator from the save's stall and the rate of the failures this tier "
+    "is restored after (Young/Daly; railyard plan prints it and why; docs/checkpoints.md)."
+)
+
 
 @section
 class MemoryTier:
@@ -555,7 +561,7 @@ class MemoryTier:
         default=True,
         description="Save to node RAM (a hostPath on tmpfs that outlives the pod, or the pod's own memory volume).",
     )
-    interval_steps: int = setting(default=10, description="Save every N steps.", ge=1)
+    interval_steps: int | None = setting(default=None, description=_INTERVAL_DESCRIPTION, ge=1)
     keep: int = setting(default=2, description="Keep the newest K checkpoints of this tier.", ge=1, le=100)
     replicate: bool = setting(
         default=True,
@@ -588,7 +594,7 @@ class MemoryTier:
 @section
 class LocalTier:
     enabled: bool = setting(default=True, description="Save to node-local disk.")
-    interval_steps: int = setting(default=50, description="Save every N steps.", ge=1)
+    interval_steps: int | None = setting(default=None, description=_INTERVAL_DESCRIPTION, ge=1)
     keep: int = setting(default=2, description="Keep the newest K checkpoints of this tier.", ge=1, le=100)
     host_path: str = setting(
         default="/var/lib/railyard/checkpoints",
@@ -603,7 +609,7 @@ class SharedTier:
     enabled: bool = setting(
         default=True, description="Save to shared storage (durable; supports resuming on a different world size)."
     )
-    interval_steps: int = setting(default=100, description="Save every N steps.", ge=1)
+    interval_steps: int | None = setting(default=None, description=_INTERVAL_DESCRIPTION, ge=1)
     keep: int = setting(default=3, description="Keep the newest K checkpoints of this tier.", ge=1, le=100)
     #: The operator checks it is a DNS subdomain; the trainer never reads it.
     claim_name: str | None = setting(
@@ -634,18 +640,23 @@ class Checkpoint:
 _DIR_DESCRIPTION = "Trainer only: the tier's folder, instead of the pod's RAILYARD_CHECKPOINT_<TIER>_DIR."
 
 
+# The interval as the trainer reads it: the operator always writes the one it chose; a run by
+# hand without one saves at these (the CRD's defaults before the rule; same description and bounds).
 @section
 class MemoryTierConfig(MemoryTier):
+    interval_steps: int = setting(default=10, description=_INTERVAL_DESCRIPTION, ge=1)
     dir: str | None = setting(default=None, description=_DIR_DESCRIPTION, max_length=4096)
 
 
 @section
 class LocalTierConfig(LocalTier):
+    interval_steps: int = setting(default=50, description=_INTERVAL_DESCRIPTION, ge=1)
     dir: str | None = setting(default=None, description=_DIR_DESCRIPTION, max_length=4096)
 
 
 @section
 class SharedTierConfig(SharedTier):
+    interval_steps: int = setting(default=100, description=_INTERVAL_DESCRIPTION, ge=1)
     dir: str | None = setting(default=None, description=_DIR_DESCRIPTION, max_length=4096)
 
 

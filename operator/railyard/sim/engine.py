@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from railyard.logic.groups import compute_cross_group_fraction, compute_group_heal_s
 from railyard.protocol.mesh import group_of_pod_index
 from railyard.protocol.trainerconfig import LIGHTHOUSE_HEARTBEAT_INTERVAL_MS, LIGHTHOUSE_MISSED_HEARTBEATS
+from railyard.sim.checkpoints import decide_sim_intervals
 from railyard.sim.decisions import Budgets, Cluster, Detector, Saved, choose_restore, classify
 from railyard.sim.model import PLANNED_CAUSE, Cause, PolicyConfig, Scenario, Tier
 from railyard.sim.trace import Event, exp_from_uniform
@@ -57,6 +58,9 @@ class RunResult:
     waits_for_repair: int = 0
     #: Every interruption: (time, cause, lost seconds including recomputation).
     timeline: list[tuple[float, str, float]] = field(default_factory=list)
+    #: Each enabled tier's save interval in steps and why (railyard.logic.intervals).
+    checkpoint_intervals: dict[str, int] = field(default_factory=dict)
+    interval_reasons: tuple[str, ...] = ()
 
     @property
     def goodput(self) -> float:
@@ -137,11 +141,18 @@ class _Run:
             "local": policy.checkpoint.local.keep,
             "shared": policy.checkpoint.shared.keep,
         }
+        stalls: dict[Tier, float] = {t: snapshot if policy.async_save else snapshot + w for t, w in writes.items()}
+        # the intervals the spec leaves open by the operator's rule, from this scenario's figures
+        choices = decide_sim_intervals(
+            scn, policy, stall_s=stalls, duration_s=writes,
+            group_outage_s=scn.pod_exit_detect_s + self.in_place_restart_s(node_lost=True) + self.group_heal_s())
+        self.res.checkpoint_intervals = {c.tier: c.steps for c in choices}
+        self.res.interval_reasons = tuple(c.reason for c in choices)
         self.tiers: dict[Tier, _TierState] = {}
-        for tier, interval in policy.intervals().items():
-            stall = snapshot if policy.async_save else snapshot + writes[tier]
-            delay = writes[tier] if policy.async_save else 0.0
-            self.tiers[tier] = _TierState(interval, delay, stall, deque(maxlen=keeps[tier]))
+        for choice in choices:
+            delay = writes[choice.tier] if policy.async_save else 0.0
+            self.tiers[choice.tier] = _TierState(choice.steps, delay, stalls[choice.tier],
+                                                 deque(maxlen=keeps[choice.tier]))
         # state
         self.t = 0.0
         self.step = 0.0

@@ -385,9 +385,10 @@ class PolicyConfig:
     #: 0: off. A fault on one node restarts only its group; the others train on (Scenario.group_*).
     replica_groups: int = 0
 
-    def intervals(self) -> dict[Tier, int]:
-        """Enabled tiers -> save interval in steps."""
-        out: dict[Tier, int] = {}
+    def intervals(self) -> dict[Tier, int | None]:
+        """Enabled tiers -> the save interval the spec sets, in steps (None: chosen by the
+        operator's rule, railyard.sim.checkpoints)."""
+        out: dict[Tier, int | None] = {}
         c = self.checkpoint
         if c.memory.enabled:
             out["memory"] = c.memory.interval_steps
@@ -400,8 +401,8 @@ class PolicyConfig:
 
 def our_policy(*, hot_spares: int = 32, restart_limit: int = 10_000, in_place: bool = True,
                replica_groups: int = 0) -> PolicyConfig:
-    """The TrainingJob defaults (tiers every 10/50/100 steps, heartbeats, SDC checks every 50
-    steps, restarts in place), with straggler action Restart, hot spares, and budgets sized for
+    """The TrainingJob defaults (tier intervals by the operator's rule, heartbeats, SDC checks
+    every 50 steps, restarts in place), with straggler action Restart, hot spares, and budgets sized for
     a 54-day run. ``in_place=False``: the same, with every restart recreating the whole gang.
     ``replica_groups`` R > 1: faultTolerance ReplicaGroups with R groups."""
     name = "railyard" if in_place else "railyard, full restarts"

@@ -202,6 +202,8 @@ def format_table(c: Comparison) -> str:
         r = g.policy.rsplit(", ", 1)[-1]
         row(f"  railyard with {r}", f"{g.goodput:.2%}", "")
         row("    restarts healed from a live peer", str(g.restore_tiers.get("live peer", 0)), "")
+        row("    save every (mem/local/shared)", _intervals(g), "")
+    row("save every (mem/local/shared)", _intervals(o), _intervals(b))
     row("interruptions handled", str(o.interruptions), str(b.interruptions))
     row("  prevented by quarantine", str(o.prevented), str(b.prevented))
     classes = sorted(set(o.restarts) | set(b.restarts))
@@ -235,6 +237,11 @@ def format_table(c: Comparison) -> str:
     )
     lines.append(f"simulated in {c.elapsed_s:.1f} s")
     return "\n".join(lines)
+
+
+def _intervals(r: RunResult) -> str:
+    """Each tier's save interval in steps (railyard.logic.intervals; the JSON says why)."""
+    return "/".join(str(r.checkpoint_intervals.get(t, "-")) for t in ("memory", "local", "shared"))
 
 
 def describe_targets(c: Comparison) -> list[str]:
@@ -283,6 +290,8 @@ def _result_dict(r: RunResult) -> dict[str, Any]:
         "pods_moved": r.replacements,
         "job_failures": r.job_failures,
         "waits_for_repair": r.waits_for_repair,
+        "checkpoint_intervals": dict(r.checkpoint_intervals),
+        "checkpoint_interval_reasons": list(r.interval_reasons),
         "lost_gpu_hours": {k: round(v, 3) for k, v in sorted(r.lost_gpu_hours().items())},
         "lost_gpu_hours_by_component": {
             cause: {comp: round(sec * r.gpus / 3600.0, 3) for comp, sec in sorted(parts.items())}

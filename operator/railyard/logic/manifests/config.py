@@ -12,6 +12,7 @@ from dataclasses import replace
 from typing import Any
 
 from railyard.api.trainingjob import LighthousePlacement, TrainingJobSpec
+from railyard.logic.intervals import resolve_checkpoint
 from railyard.logic.layout import build_replica_group_table
 from railyard.logic.manifests.names import (
     ATTEMPT_LABEL,
@@ -68,7 +69,8 @@ def build_trainer_config(
     restore: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """``config.json`` as the trainer reads it (railyard_trainer.config): the attempt's envelope
-    (protocol's ``AttemptEnvelope``) around the spec's sections."""
+    (protocol's ``AttemptEnvelope``) around the spec's sections, the checkpoint intervals the spec
+    leaves open filled in."""
     envelope = AttemptEnvelope(
         job=job, namespace=namespace, attempt=attempt, restore=None if restore is None else dict(restore),
         restart_wait_seconds=restart_wait_seconds(spec.restart_policy.in_place_timeout_seconds),
@@ -78,7 +80,8 @@ def build_trainer_config(
         "trainer": to_wire(spec.trainer),
         # with the data degree resolved
         "parallelism": {**to_wire(spec.parallelism, keep_none=True), "data": spec.data_parallel or None},
-        "checkpoint": to_wire(spec.checkpoint),
+        # every interval the spec leaves open chosen by rule (logic/intervals.py)
+        "checkpoint": to_wire(resolve_checkpoint(spec)),
         "health": to_wire(spec.health),
         # where the Lighthouse runs is the operator's alone (its pod, logic/manifests/lighthouse.py)
         "faultTolerance": {
