@@ -15,12 +15,34 @@ import inspect
 from dataclasses import field, fields, is_dataclass
 from typing import Annotated, Any, Literal, TypeVar, get_type_hints
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
-from pydantic.alias_generators import to_camel
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from railyard import GROUP, VERSION
 from railyard.api import corev1
-from railyard.api.quantity import NON_NEGATIVE_QUANTITY_PATTERN, parse_quantity
+from railyard.api.base import ApiModel, field_rule
+from railyard.api.base import DnsSubdomain as DnsSubdomain
+from railyard.api.base import EnvVarName as EnvVarName
+from railyard.api.base import EnvVarNameOfMap as EnvVarNameOfMap
+from railyard.api.base import LabelKey as LabelKey
+from railyard.api.base import LabelKeyOfMap as LabelKeyOfMap
+from railyard.api.base import LabelValue as LabelValue
+from railyard.api.base import ResourceName as ResourceName
+from railyard.api.base import ResourceQuantity as ResourceQuantity
+from railyard.api.rules import COSCHEDULING_SCHEDULERS as COSCHEDULING_SCHEDULERS
+from railyard.api.rules import GROUP_SCHEDULERS as GROUP_SCHEDULERS
+from railyard.api.rules import SPEC_RULES as SPEC_RULES
+from railyard.api.rules import VOLCANO_SCHEDULER as VOLCANO_SCHEDULER
+from railyard.api.status import CheckpointFence as CheckpointFence
+from railyard.api.status import CheckpointRef as CheckpointRef
+from railyard.api.status import Condition as Condition
+from railyard.api.status import LastFailure as LastFailure
+from railyard.api.status import LastRestart as LastRestart
+from railyard.api.status import PlacementStatus as PlacementStatus
+from railyard.api.status import QuarantinedNode as QuarantinedNode
+from railyard.api.status import Restarts as Restarts
+from railyard.api.status import RestoreStatus as RestoreStatus
+from railyard.api.status import StragglerStatus as StragglerStatus
+from railyard.api.status import TrainingJobStatus as TrainingJobStatus
 from railyard.protocol import trainerconfig as contract
 from railyard.protocol.mesh import derive_data_parallel
 from railyard.protocol.trainerconfig import Dataset as Dataset
@@ -40,11 +62,6 @@ SINGULAR = "trainingjob"
 SHORT_NAMES = ["tj"]
 API_VERSION = f"{GROUP}/{VERSION}"
 
-#: ``spec.gang.schedulerName`` values of the gang schedulers that bring their own PodGroup
-#: (Volcano, then the names scheduler-plugins installs under); railyard.logic.schedulers.
-VOLCANO_SCHEDULER = "volcano"
-COSCHEDULING_SCHEDULERS = ("scheduler-plugins-scheduler", "scheduler-plugins", "coscheduling")
-GROUP_SCHEDULERS = (VOLCANO_SCHEDULER, *COSCHEDULING_SCHEDULERS)
 
 DEFAULT_IMAGE = "ghcr.io/railyard-dev/railyard-trainer:0.1.0"
 #: The numeric user and group of the Railyard trainer image (trainer_image/Dockerfile ``ARG UID``),
@@ -52,83 +69,15 @@ DEFAULT_IMAGE = "ghcr.io/railyard-dev/railyard-trainer:0.1.0"
 TRAINER_UID = 10001
 
 
-class _Model(BaseModel):
-    """camelCase on the wire (Kubernetes convention), snake_case in Python; unknown fields are
-    errors, as with ``kubectl apply --validate=strict``."""
-
-    model_config = ConfigDict(
-        alias_generator=to_camel,
-        populate_by_name=True,
-        extra="forbid",
-        validate_default=True,
-    )
-
-
-def _desc(text: str) -> Any:
-    return Field(description=text)
-
-
-# --------------------------------------------------------------------------- Kubernetes field rules
-# Fields passed through to the pods are checked as the pods' API checks them (railyard.api.corev1),
-# and the CRD carries the same rule as a schema pattern, so the API server refuses at apply time
-# what a pod create would refuse later.
-
-
-def _rule(check: Any) -> Any:
-    def run(value: str) -> str:
-        problem = check(value)
-        if problem is not None:
-            raise ValueError(problem)
-        return value
-
-    return AfterValidator(run)
-
-
-def _quantity(value: str) -> str:
-    if parse_quantity(value) < 0:  # QuantityError is a ValueError naming the value and the fix
-        raise ValueError(f"{value!r}: must be greater than or equal to 0")
-    return value
-
-
-ResourceQuantity = Annotated[
-    str,
-    AfterValidator(_quantity),
-    Field(min_length=1, max_length=64, json_schema_extra={"pattern": NON_NEGATIVE_QUANTITY_PATTERN}),
-]
-DnsSubdomain = Annotated[
-    str,
-    _rule(corev1.check_dns_subdomain),
-    Field(max_length=253, json_schema_extra={"pattern": corev1.DNS_SUBDOMAIN_PATTERN}),
-]
-LabelKey = Annotated[
-    str, _rule(corev1.check_qualified_name), Field(json_schema_extra={"pattern": corev1.QUALIFIED_NAME_PATTERN})
-]
-# Map keys: the same rules without a schema pattern (pydantic would turn a keyed pattern into
-# patternProperties, which a structural schema does not allow; the CRD cannot check map keys).
-LabelKeyOfMap = Annotated[str, _rule(corev1.check_qualified_name)]
-EnvVarNameOfMap = Annotated[str, _rule(corev1.check_env_var_name)]
-ResourceName = Annotated[str, _rule(corev1.check_resource_name)]
-LabelValue = Annotated[
-    str,
-    _rule(corev1.check_label_value),
-    Field(max_length=63, json_schema_extra={"pattern": corev1.LABEL_VALUE_PATTERN}),
-]
-EnvVarName = Annotated[
-    str,
-    _rule(corev1.check_env_var_name),
-    Field(min_length=1, max_length=256, json_schema_extra={"pattern": corev1.ENV_VAR_NAME_PATTERN}),
-]
-
-
 # --------------------------------------------------------------------------- workload
 
 
-class EnvVar(_Model):
+class EnvVar(ApiModel):
     name: Annotated[EnvVarName, Field(description="Environment variable name (printable ASCII, no '=').")]
     value: Annotated[str, Field(default="", max_length=32768, description="Literal value.")] = ""
 
 
-class ResourceRequirements(_Model):
+class ResourceRequirements(ApiModel):
     requests: Annotated[
         dict[ResourceName, ResourceQuantity],
         Field(
@@ -152,7 +101,7 @@ class ResourceRequirements(_Model):
         return self
 
 
-class Toleration(_Model):
+class Toleration(ApiModel):
     key: Annotated[
         LabelKey | None,
         Field(
@@ -205,7 +154,7 @@ class Toleration(_Model):
         return self
 
 
-class GpuClaim(_Model):
+class GpuClaim(ApiModel):
     """GPUs by Dynamic Resource Allocation (``resource.k8s.io/v1``) instead of the extended
     resource ``nvidia.com/gpu``: the operator creates one ResourceClaimTemplate per job and every
     pod gets its own claim from it."""
@@ -317,12 +266,12 @@ _NAMESPACE_PATTERN = r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?"
 class HealNetwork(contract.HealNetwork):
     interface: Annotated[
         str,
-        _rule(contract.interface_name_problem),
+        field_rule(contract.interface_name_problem),
         Field(json_schema_extra={"pattern": contract.INTERFACE_NAME_PATTERN}),
     ] | None
     attachment: Annotated[
         str,
-        _rule(_check_network_attachment),
+        field_rule(_check_network_attachment),
         Field(json_schema_extra={"pattern": rf"^({_NAMESPACE_PATTERN}/)?{corev1.DNS_SUBDOMAIN_PATTERN[1:]}"}),
     ] | None
 
@@ -336,7 +285,7 @@ class FaultTolerance(contract.FaultTolerance):
 # --------------------------------------------------------------------------- topology and gang
 
 
-class Topology(_Model):
+class Topology(ApiModel):
     preset: Annotated[
         Literal["railyard", "topograph", "gke", "eks"],
         Field(
@@ -385,7 +334,7 @@ class Topology(_Model):
     ] = None
 
 
-class Gang(_Model):
+class Gang(ApiModel):
     schedule_timeout_seconds: Annotated[
         int,
         Field(
@@ -433,7 +382,7 @@ class Gang(_Model):
 # --------------------------------------------------------------------------- restarts
 
 
-class RestartBudget(_Model):
+class RestartBudget(ApiModel):
     limit: Annotated[
         int, Field(ge=0, le=10000, description="Restarts allowed for this failure class before the job fails.")
     ]
@@ -447,7 +396,7 @@ class RestartBudget(_Model):
     ] = 0.0
 
 
-class RestartPolicy(_Model):
+class RestartPolicy(ApiModel):
     infrastructure: Annotated[
         RestartBudget, Field(description="Node lost or NotReady, eviction, preemption, collective timeouts.")
     ] = RestartBudget(limit=20, backoff_seconds=0.0)
@@ -495,7 +444,7 @@ class RestartPolicy(_Model):
 # --------------------------------------------------------------------------- who the trainer runs as
 
 
-class SecurityContext(_Model):
+class SecurityContext(ApiModel):
     run_as_user: Annotated[
         int,
         Field(
@@ -538,7 +487,7 @@ class SecurityContext(_Model):
 # --------------------------------------------------------------------------- finished jobs
 
 
-class Cleanup(_Model):
+class Cleanup(ApiModel):
     pods: Annotated[
         Literal["Keep", "KeepFailed", "Delete"],
         Field(
@@ -565,170 +514,7 @@ class Cleanup(_Model):
 # --------------------------------------------------------------------------- spec
 
 
-#: Cross-field rules, written once as CEL (enforced by the API server through the CRD) and
-#: mirrored in Python by :func:`railyard.api.validation.check_rules`. ``fieldPath`` is relative
-#: to the spec.
-SPEC_RULES: list[dict[str, str]] = [
-    {
-        "rule": "self.procsPerNode % self.parallelism.tensor == 0 || self.parallelism.tensor % self.procsPerNode == 0",
-        "message": "parallelism.tensor must divide procsPerNode (a tensor-parallel group inside one node) or be a "
-                   "multiple of it (a group spanning tensor / procsPerNode nodes of one NVLink domain, "
-                   "topology.nvlinkLevel). Set tensor to a divisor or a multiple of procsPerNode.",
-        "fieldPath": ".parallelism.tensor",
-        "reason": "FieldValueInvalid",
-    },
-    {
-        "rule": "(self.procsPerNode % self.parallelism.tensor != 0 && self.parallelism.tensor % self.procsPerNode != "
-                "0) || (self.nodes * self.procsPerNode) % (self.parallelism.tensor * self.parallelism.pipeline) == 0",
-        "message": "parallelism.tensor x parallelism.pipeline must divide the world size (nodes x procsPerNode).",
-        "fieldPath": ".parallelism.pipeline",
-        "reason": "FieldValueInvalid",
-    },
-    {
-        "rule": "!has(self.parallelism.data) || (self.nodes * self.procsPerNode) % (self.parallelism.tensor * "
-                "self.parallelism.pipeline) != 0 || self.parallelism.tensor * self.parallelism.pipeline * "
-                "self.parallelism.data == self.nodes * self.procsPerNode",
-        "message": "parallelism.tensor x pipeline x data must equal nodes x procsPerNode. Leave data empty to derive "
-                   "it.",
-        "fieldPath": ".parallelism.data",
-        "reason": "FieldValueInvalid",
-    },
-    {
-        "rule": "has(self.trainer.program) || (self.nodes * self.procsPerNode) % (self.parallelism.tensor * "
-                "self.parallelism.pipeline) != 0 || self.trainer.batchSize % ((self.nodes * self.procsPerNode) / "
-                "(self.parallelism.tensor * self.parallelism.pipeline)) == 0",
-        "message": "trainer.batchSize must be a multiple of the data-parallel degree (nodes x procsPerNode / (tensor "
-                   "x pipeline)).",
-        "fieldPath": ".trainer.batchSize",
-        "reason": "FieldValueInvalid",
-    },
-    {
-        "rule": "self.parallelism.pipeline == 1 || !has(self.parallelism.microbatches) || "
-                "self.parallelism.microbatches >= self.parallelism.pipeline",
-        "message": "parallelism.microbatches must be at least parallelism.pipeline so every stage has work.",
-        "fieldPath": ".parallelism.microbatches",
-        "reason": "FieldValueInvalid",
-    },
-    {
-        "rule": "self.parallelism.pipelineSchedule != 'Interleaved1F1B' || self.parallelism.pipeline > 1",
-        "message": "parallelism.pipelineSchedule Interleaved1F1B needs pipeline > 1.",
-        "fieldPath": ".parallelism.pipelineSchedule",
-        "reason": "FieldValueInvalid",
-    },
-    {
-        "rule": "double(self.trainer.watchdogSeconds) < double(self.trainer.collectiveTimeoutSeconds)",
-        "message": "trainer.watchdogSeconds must be below trainer.collectiveTimeoutSeconds, so a hung rank reports "
-                   "itself before its peers time out.",
-        "fieldPath": ".trainer.watchdogSeconds",
-        "reason": "FieldValueInvalid",
-    },
-    {
-        "rule": "!has(self.trainer.program) || (has(self.trainer.program.script) ? 1 : 0) + "
-                "(has(self.trainer.program.module) ? 1 : 0) + (has(self.trainer.program.command) ? 1 : 0) == 1",
-        "message": "trainer.program must name exactly one of script (a Python file), module (python -m) or command "
-                   "(an executable).",
-        "fieldPath": ".trainer.program",
-        "reason": "FieldValueInvalid",
-    },
-    {
-        "rule": "self.topology.mode != 'Required' || has(self.topology.requiredLevel)",
-        "message": "topology.requiredLevel must be set when topology.mode is Required (e.g. railyard.dev/spine).",
-        "fieldPath": ".topology.requiredLevel",
-        "reason": "FieldValueRequired",
-    },
-    {
-        "rule": "!has(self.topology.levels) || !has(self.topology.requiredLevel) || self.topology.requiredLevel in "
-                "self.topology.levels",
-        "message": "topology.requiredLevel must be one of topology.levels.",
-        "fieldPath": ".topology.requiredLevel",
-        "reason": "FieldValueInvalid",
-    },
-    {
-        "rule": "self.parallelism.dataReplicas <= 1 || (self.nodes * self.procsPerNode) % (self.parallelism.tensor * "
-                "self.parallelism.pipeline) != 0 || ((self.nodes * self.procsPerNode) / (self.parallelism.tensor * "
-                "self.parallelism.pipeline)) % self.parallelism.dataReplicas == 0",
-        "message": "parallelism.dataReplicas must divide the data-parallel degree (nodes x procsPerNode / (tensor x "
-                   "pipeline)).",
-        "fieldPath": ".parallelism.dataReplicas",
-        "reason": "FieldValueInvalid",
-    },
-    {
-        "rule": "self.faultTolerance.mode == 'None' || self.parallelism.dataReplicas != 1",
-        "message": "faultTolerance.mode ReplicaGroups needs parallelism.dataReplicas > 1: the replica groups are the "
-                   "units that fail alone. Set dataReplicas (HSDP), 0 to let the operator choose, or use mode None.",
-        "fieldPath": ".faultTolerance.mode",
-        "reason": "FieldValueInvalid",
-    },
-    {
-        "rule": "self.faultTolerance.mode == 'None' || self.parallelism.dataReplicas == 0 || "
-                "self.nodes % self.parallelism.dataReplicas == 0",
-        "message": "faultTolerance.mode ReplicaGroups needs nodes to be a multiple of parallelism.dataReplicas: every "
-                   "replica group is nodes / dataReplicas whole pods (a pod never holds ranks of two groups).",
-        "fieldPath": ".nodes",
-        "reason": "FieldValueInvalid",
-    },
-    dict(contract.MIN_REPLICAS_RULE),  # the trainer checks the same rule (protocol/trainerconfig.py)
-    {
-        "rule": "self.parallelism.dataReplicas != 0 || self.faultTolerance.mode == 'ReplicaGroups'",
-        "message": "parallelism.dataReplicas 0 (the operator chooses the number of replica groups) needs "
-                   "faultTolerance.mode ReplicaGroups; set dataReplicas to 1 (plain FSDP) or a number of HSDP "
-                   "replicas.",
-        "fieldPath": ".parallelism.dataReplicas",
-        "reason": "FieldValueInvalid",
-    },
-    {
-        "rule": "self.faultTolerance.mode == 'ReplicaGroups' || !has(self.faultTolerance.healNetwork) || "
-                "(!has(self.faultTolerance.healNetwork.interface) && !has(self.faultTolerance.healNetwork.attachment))",
-        "message": "faultTolerance.healNetwork names the network a restarted replica group heals over: it needs "
-                   "faultTolerance.mode ReplicaGroups. Set the mode, or remove healNetwork.",
-        "fieldPath": ".faultTolerance.healNetwork",
-        "reason": "FieldValueInvalid",
-    },
-    {
-        "rule": "self.trainer.dataset.type == 'synthetic' || has(self.trainer.dataset.path)",
-        "message": "trainer.dataset.path is required when trainer.dataset.type is files or tokens.",
-        "fieldPath": ".trainer.dataset.path",
-        "reason": "FieldValueRequired",
-    },
-    {
-        "rule": "self.gang.scheduler != 'kubernetes' || (!has(self.gang.queueName) && (!has(self.gang.schedulerName) "
-                "|| !(self.gang.schedulerName in "
-        + "["
-        + ", ".join(f"'{n}'" for n in GROUP_SCHEDULERS)
-        + "])))",
-        "message": "gang.scheduler kubernetes cannot be combined with gang.queueName or a Volcano or "
-                   "scheduler-plugins gang.schedulerName: each of them schedules the gang. Set gang.scheduler to auto "
-                   "or none, or remove the other.",
-        "fieldPath": ".gang.scheduler",
-        "reason": "FieldValueInvalid",
-    },
-    {
-        "rule": "!has(self.gpuClaim) || !has(self.gpusPerPod) || self.gpusPerPod > 0",
-        "message": "gpuClaim needs GPUs: gpusPerPod 0 claims none. Set gpusPerPod to at least procsPerNode (or leave "
-                   "it empty), or remove gpuClaim for a CPU-only job.",
-        "fieldPath": ".gpuClaim",
-        "reason": "FieldValueInvalid",
-    },
-    {
-        "rule": "!has(self.gpuClaim) || !has(self.resources) || ((!has(self.resources.limits) || !('nvidia.com/gpu' "
-                "in self.resources.limits)) && (!has(self.resources.requests) || !('nvidia.com/gpu' in "
-                "self.resources.requests)))",
-        "message": "gpuClaim asks for the GPUs by Dynamic Resource Allocation: remove nvidia.com/gpu from "
-                   "resources.limits and resources.requests (the count is gpusPerPod), or remove gpuClaim to use the "
-                   "extended resource.",
-        "fieldPath": ".gpuClaim",
-        "reason": "FieldValueInvalid",
-    },
-    {
-        "rule": "!has(self.gpusPerPod) || self.gpusPerPod == 0 || self.gpusPerPod >= self.procsPerNode",
-        "message": "gpusPerPod must be 0 (CPU) or at least procsPerNode (one GPU per process).",
-        "fieldPath": ".gpusPerPod",
-        "reason": "FieldValueInvalid",
-    },
-]
-
-
-class TrainingJobSpec(_Model):
+class TrainingJobSpec(ApiModel):
     suspend: Annotated[
         bool, Field(description="true deletes the gang's pods and keeps checkpoints; false re-places it and resumes.")
     ] = False
@@ -873,276 +659,13 @@ class TrainingJobSpec(_Model):
         return self.parallelism.microbatches or max(self.parallelism.pipeline, 1)
 
 
-# --------------------------------------------------------------------------- status
-
-
-class Condition(_Model):
-    type: Annotated[
-        str,
-        Field(
-            description="Admitted (Kueue admitted the job's Workload; False with Kueue's reason while Queued), "
-                        "Placed, GangReady, Running, Restarting, Degraded, Blind (Running pods the operator has heard "
-                        "nothing from: no heartbeat, no launcher report), Succeeded, Failed or Suspended."
-        ),
-    ]
-    status: Annotated[Literal["True", "False", "Unknown"], Field(description="True, False or Unknown.")]
-    reason: Annotated[str, Field(description="CamelCase reason.")] = ""
-    message: Annotated[str, Field(description="Human-readable detail.")] = ""
-    last_transition_time: Annotated[str | None, Field(description="RFC 3339 time of the last status change.")] = None
-    observed_generation: Annotated[int | None, Field(description="Generation the condition was set for.")] = None
-
-
-class PlacementStatus(_Model):
-    attempt: Annotated[
-        int,
-        Field(
-            description="The attempt this placement was made for (status.attempt moves on at a restart before the "
-                        "next gang is placed)."
-        ),
-    ] = 0
-    moved: Annotated[
-        list[int],
-        Field(description="Pod indices whose node changed from the previous attempt (sticky re-placement), first 64."),
-    ] = []
-    nodes: Annotated[
-        list[str], Field(description="Nodes of the gang by pod index (first 64 shown for large gangs).")
-    ] = []
-    node_count: Annotated[int, Field(description="Number of nodes in the gang.")] = 0
-    spares: Annotated[list[str], Field(description="Hot spare nodes held for the gang.")] = []
-    domains: Annotated[dict[str, int], Field(description="Domains spanned per topology level.")] = {}
-    cross_bytes_per_step: Annotated[
-        dict[str, float], Field(description="Bytes per training step crossing each topology level.")
-    ] = {}
-    rail_aligned: Annotated[bool, Field(description="Every data-parallel group is on a single rail.")] = False
-    summary: Annotated[str, Field(description="One-line summary.")] = ""
-
-
-class CheckpointRef(_Model):
-    step: Annotated[int, Field(description="Training step of the checkpoint.")]
-    tier: Annotated[str, Field(description="memory, local or shared.")]
-    time: Annotated[str | None, Field(description="RFC 3339 time it was committed.")] = None
-
-
-class CheckpointFence(_Model):
-    step: Annotated[int, Field(description="No checkpoint newer than this step written before `attempt` is restored.")]
-    attempt: Annotated[
-        int,
-        Field(
-            description="The attempt that restarted from at most `step`; its checkpoints and later attempts' are on "
-                        "the run's timeline again."
-        ),
-    ]
-
-
-class Restarts(_Model):
-    total: Annotated[
-        int, Field(description="All restarts after failures (planned moves are counted apart, in planned).")
-    ] = 0
-    infrastructure: Annotated[int, Field(description="Restarts after infrastructure failures.")] = 0
-    application: Annotated[int, Field(description="Restarts after application failures.")] = 0
-    sdc: Annotated[int, Field(description="Restarts after silent data corruption.")] = 0
-    straggler: Annotated[int, Field(description="Restarts after hangs or stragglers.")] = 0
-    planned: Annotated[
-        int,
-        Field(
-            description="Planned moves: the gang's pods moved off nodes announced to go (cordoned, tainted by someone "
-                        "else, maintenance announced), ahead of time. Not a failure: no restart budget is spent, the "
-                        "streak is not extended."
-        ),
-    ] = 0
-    last_reason: Annotated[str, Field(description="Why the last restart happened.")] = ""
-    last_time: Annotated[str | None, Field(description="When the last restart happened.")] = None
-    streak: Annotated[
-        dict[str, int] | None,
-        Field(
-            description="Restarts per class since the gang last ran healthy for restartPolicy.resetAfterSeconds; "
-                        "budgets and backoff count these (absent: the totals above)."
-        ),
-    ] = None
-
-
-class StragglerStatus(_Model):
-    rank: Annotated[int, Field(description="Global rank.")]
-    node: Annotated[str, Field(description="Node of the rank.")]
-    score: Annotated[float, Field(description="Peers' median compute time over this rank's (1.0 = typical).")]
-    since: Annotated[str | None, Field(description="When it was first flagged.")] = None
-
-
-class QuarantinedNode(_Model):
-    node: Annotated[str, Field(description="Node name.")]
-    reason: Annotated[str, Field(description="Why it was quarantined.")]
-    time: Annotated[str | None, Field(description="When.")] = None
-
-
-class RestoreStatus(_Model):
-    tier: Annotated[
-        str,
-        Field(description="Tier the attempt restored from (empty: fresh start; peer: faultTolerance ReplicaGroups, a "
-                          "restarted group healed from a live one)."),
-    ] = ""
-    step: Annotated[int, Field(description="Step restored.")] = -1
-    steps_lost: Annotated[int, Field(description="Steps trained before the failure that were lost.")] = 0
-
-
-class LastRestart(_Model):
-    attempt: Annotated[int, Field(description="The attempt this restart started.")] = 0
-    mode: Annotated[
-        Literal["InPlace", "Full"],
-        Field(
-            description="InPlace: pods on healthy nodes kept, only the others replaced; Full: the whole gang recreated."
-        ),
-    ] = "Full"
-    state: Annotated[
-        Literal["Pending", "Started", "Done", "Waiting"],
-        Field(
-            description="Pending: waiting for backoff and the replacements' placement; Started: replacements created, "
-                        "launchers told; Done: every pod runs the attempt. Waiting (faultTolerance ReplicaGroups): "
-                        "the replica groups in waitingGroups found no node; the others train on, and the waiting ones "
-                        "are placed and started (a new attempt) once a node is usable."
-        ),
-    ] = "Pending"
-    reason: Annotated[
-        str,
-        Field(
-            description="For a Full restart after an in-place one was wanted: why (InPlaceDisabled, SpecChanged, "
-                        "NoControlChannel, NothingToKeep, NotPlaceable, RestartNotAnswered). For an in-place one: "
-                        "ReplicaGroupReplaced when only the replica groups the failure touched restarted "
-                        "(faultTolerance ReplicaGroups)."
-        ),
-    ] = ""
-    message: Annotated[str, Field(description="Which pods stayed, which moved where, and why.")] = ""
-    kept: Annotated[int, Field(description="Pods kept on their nodes.")] = 0
-    replaced: Annotated[list[int], Field(description="Pod indices replaced (first 64).")] = []
-    carried_on: Annotated[
-        list[int],
-        Field(
-            description="faultTolerance ReplicaGroups (reason ReplicaGroupReplaced): pod indices of the replica "
-                        "groups the failure did not touch, whose workers carried on untouched (never told to restart)."
-        ),
-    ] = []
-    waiting_groups: Annotated[
-        list[int],
-        Field(
-            description="faultTolerance ReplicaGroups, state Waiting: the replica groups that wait for a node while "
-                        "the others train."
-        ),
-    ] = []
-    started_time: Annotated[str | None, Field(description="When the kept launchers were told to restart.")] = None
-
-
-class LastFailure(_Model):
-    attempt: Annotated[int, Field(description="The attempt that failed.")] = 0
-    reason: Annotated[
-        str,
-        Field(
-            description="The failure's kind (the Restarting or Failed condition's reason), e.g. ApplicationExitCode, "
-                        "NodeNotReady, HangVerdict."
-        ),
-    ] = ""
-    pod: Annotated[
-        str, Field(description="The first failing pod (empty when no pod is to blame, e.g. a hang verdict).")
-    ] = ""
-    pod_index: Annotated[int | None, Field(description="That pod's index in the gang.")] = None
-    node: Annotated[str, Field(description="The node it ran on.")] = ""
-    exit_code: Annotated[
-        int | None, Field(description="Exit code of its trainer container (empty when it had not exited).")
-    ] = None
-    message: Annotated[
-        str,
-        Field(
-            description="The tail of its termination message: what the trainer wrote to /dev/termination-log, else "
-                        "the last lines of its log (terminationMessagePolicy FallbackToLogsOnError). Kept across "
-                        "restarts, when the pod itself is gone."
-        ),
-    ] = ""
-    time: Annotated[str | None, Field(description="When the operator saw the failure.")] = None
-
-
-class TrainingJobStatus(_Model):
-    model_config = ConfigDict(extra="ignore")
-
-    phase: Annotated[
-        Literal[
-            "Pending", "Queued", "Placing", "Starting", "Running", "Restarting", "Suspended", "Succeeded", "Failed"
-        ],
-        Field(
-            description="Pending, Queued (waiting for Kueue to admit its Workload: no pod exists), Placing, Starting, "
-                        "Running, Restarting, Suspended, Succeeded or Failed."
-        ),
-    ] = "Pending"
-    conditions: Annotated[list[Condition], Field(description="Kubernetes-style conditions.")] = []
-    observed_generation: Annotated[int, Field(description="The spec generation this status reflects.")] = 0
-    attempt: Annotated[int, Field(description="Current attempt (0 for the first gang, +1 per restart).")] = 0
-    replica_groups: Annotated[int, Field(
-        description="faultTolerance ReplicaGroups with parallelism.dataReplicas 0: the number of replica groups the "
-                    "operator chose for the job (kept for its life; 0: not chosen).")] = 0
-    message: Annotated[str, Field(description="What is happening now, for a person.")] = ""
-    placement: Annotated[PlacementStatus | None, Field(description="Where the gang runs.")] = None
-    step: Annotated[int, Field(description="Newest training step reported by the gang.")] = 0
-    loss: Annotated[float | None, Field(description="Newest loss.")] = None
-    tokens_per_second: Annotated[float, Field(description="Training throughput of the whole gang.")] = 0.0
-    last_checkpoint: Annotated[
-        CheckpointRef | None, Field(description="Newest verified checkpoint over all tiers.")
-    ] = None
-    checkpoints: Annotated[list[CheckpointRef], Field(description="Newest verified checkpoint per tier.")] = []
-    checkpoint_fence: Annotated[
-        CheckpointFence | None,
-        Field(
-            description="faultTolerance ReplicaGroups: the replica groups' states differed after `step` and no "
-                        "majority named the bad one, so the run went back to at most that step; the checkpoints the "
-                        "earlier attempts wrote after it are never restored (every restart's hint says so)."
-        ),
-    ] = None
-    restore: Annotated[RestoreStatus | None, Field(description="What the current attempt resumed from.")] = None
-    restarts: Annotated[Restarts, Field(description="Restarts by failure class.")] = Restarts()
-    stragglers: Annotated[list[StragglerStatus], Field(description="Ranks currently flagged as stragglers.")] = []
-    quarantined_nodes: Annotated[list[QuarantinedNode], Field(description="Nodes this job quarantined.")] = []
-    pending_spec_changes: Annotated[str, Field(description="Spec changes that take effect at the next restart.")] = ""
-    start_time: Annotated[str | None, Field(description="When the first gang started running.")] = None
-    completion_time: Annotated[str | None, Field(description="When the job succeeded or failed.")] = None
-    time_to_all_ready_seconds: Annotated[
-        float | None, Field(description="Seconds from gang creation to all pods Running in the current attempt.")
-    ] = None
-    gang_created_time: Annotated[
-        str | None,
-        Field(description="When the current attempt's pods were created (the gang schedule timeout counts from here)."),
-    ] = None
-    failure_time: Annotated[
-        str | None, Field(description="When the failure that ended the previous attempt was detected.")
-    ] = None
-    next_attempt_time: Annotated[
-        str | None, Field(description="Restart backoff: the next gang is not placed before this time.")
-    ] = None
-    pods_since_attempt: Annotated[
-        int | None,
-        Field(
-            description="The attempt of the last full gang creation: the current attempt's pods are, per pod index, "
-                        "the newest pod created since then (in-place restarts keep pods of earlier attempts). Empty: "
-                        "the current attempt."
-        ),
-    ] = None
-    last_restart: Annotated[
-        LastRestart | None, Field(description="How the current attempt was started from the previous one.")
-    ] = None
-    spares_held: Annotated[
-        int, Field(description="Hot spare nodes held by a placeholder pod (gang.hotSpares wanted).")
-    ] = 0
-    last_failure: Annotated[
-        LastFailure | None,
-        Field(
-            description="The failure that ended the last failed attempt: its first failing pod, node, exit code and "
-                        "last words."
-        ),
-    ] = None
-
-
 class ObjectMeta(BaseModel):
     model_config = ConfigDict(extra="allow")
     name: str | None = None
     namespace: str | None = None
 
 
-class TrainingJob(_Model):
+class TrainingJob(ApiModel):
     api_version: Annotated[Literal["railyard.dev/v1alpha1"], Field(description="railyard.dev/v1alpha1")] = (
         "railyard.dev/v1alpha1"
     )
