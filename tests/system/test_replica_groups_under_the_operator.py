@@ -90,7 +90,8 @@ def test_a_lost_node_restarts_only_its_replica_group(api: Api, operator: Operato
     alone = min_replicas == 1  # group 0 can commit steps alone: only group 1 restarts
     name = unique("rg")
     hold = tmp_path / "release"
-    spec = two_groups(local_cluster, min_replicas=min_replicas, hold=hold if alone else None, steps=SHORT_STEPS, hold_at=SHORT_HOLD_AT)
+    spec = two_groups(local_cluster, min_replicas=min_replicas, hold=hold if alone else None,
+                      steps=SHORT_STEPS, hold_at=SHORT_HOLD_AT)
     api.create_job(SYSTEM_NS, name, spec)
     victim = ""
     try:
