@@ -93,7 +93,9 @@ def jobs(local_cluster: Any, api: Api, operator: OperatorProcess) -> Iterator[di
             {"kind": "bitflip", "target": "grad", "rank": 1, "step": 12, "attempt": 0},
             {"kind": "bitflip", "target": "param", "rank": 0, "step": PARAM_FLIP, "attempt": 1},
         ]}),
-        "nodefail": make("nodefail", "e", trainer={"steps": 150}, gang={"scheduleTimeoutSeconds": 180, "hotSpares": 1}),
+        # 60 steps: the node fails once the status says step 13, as in test_in_place_restart.py's
+        # node failure; the 47 steps after it are the margin for the status's lag (150 before)
+        "nodefail": make("nodefail", "e", trainer={"steps": 60}, gang={"scheduleTimeoutSeconds": 180, "hotSpares": 1}),
     }
     for job in out.values():
         api.create_job(SYSTEM_NS, job.name, job.spec)

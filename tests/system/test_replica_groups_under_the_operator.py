@@ -37,6 +37,12 @@ pytestmark = [pytest.mark.slow, pytest.mark.cluster, pytest.mark.torch, pytest.m
 FAIL = "local.railyard.dev/fail"
 STEPS = 80
 HOLD_AT = 60  #: a survivor waits before this step until the replacement group joined
+#: The lost-node and fence jobs: their faults come by step 15 (a node failed once the status says
+#: step 10; a flip at FLIP_AT, seen at the next fingerprint step), and what they assert holds at
+#: any later end, so they stop sooner. The straggler's job keeps STEPS and HOLD_AT: its flag comes
+#: a window of slow steps after SLOW_FROM, and a group held before it would never be flagged.
+SHORT_STEPS = 40
+SHORT_HOLD_AT = 30
 
 
 def events_of(local_cluster: Any, pod: str) -> list[dict[str, Any]]:
@@ -52,16 +58,17 @@ def refused_heartbeats(local_cluster: Any, pod: str) -> list[str]:
 
 
 def two_groups(local_cluster: Any, *, min_replicas: int = 1, faults: tuple[dict[str, Any], ...] = (), hold: Path | None = None,
-               **overrides: Any) -> dict[str, Any]:
-    """Two replica groups of one pod x one rank, a hot spare, ``faults`` injected; ``hold``: every
-    group waits before step :data:`HOLD_AT` until that file exists (:func:`release_when_joined`)."""
+               steps: int = STEPS, hold_at: int = HOLD_AT, **overrides: Any) -> dict[str, Any]:
+    """Two replica groups of one pod x one rank, ``steps`` steps, a hot spare, ``faults`` injected;
+    ``hold``: every group waits before step ``hold_at`` until that file exists
+    (:func:`release_when_joined`)."""
     return base_spec(
         parallelism={"dataReplicas": 2},
         faultTolerance={"mode": "ReplicaGroups", "minReplicas": min_replicas},
         gang={"hotSpares": 1, "scheduleTimeoutSeconds": 240},
-        trainer={"steps": STEPS, "batchSize": 8, **({"faults": list(faults)} if faults else {})},
+        trainer={"steps": steps, "batchSize": 8, **({"faults": list(faults)} if faults else {})},
         nodeSelector=local_cluster.node_selector,  # on a given API server, not another's nodes
-        **({"env": [{"name": "RAILYARD_TEST_HOLD", "value": f"{HOLD_AT}:{hold}"}]} if hold is not None else {}),
+        **({"env": [{"name": "RAILYARD_TEST_HOLD", "value": f"{hold_at}:{hold}"}]} if hold is not None else {}),
         **overrides,
     )
 
@@ -83,7 +90,8 @@ def test_a_lost_node_restarts_only_its_replica_group(api: Api, operator: Operato
     alone = min_replicas == 1  # group 0 can commit steps alone: only group 1 restarts
     name = unique("rg")
     hold = tmp_path / "release"
-    spec = two_groups(local_cluster, min_replicas=min_replicas, hold=hold if alone else None)
+    spec = two_groups(local_cluster, min_replicas=min_replicas, hold=hold if alone else None,
+                      steps=SHORT_STEPS, hold_at=SHORT_HOLD_AT)
     api.create_job(SYSTEM_NS, name, spec)
     victim = ""
     try:
@@ -125,7 +133,7 @@ def test_a_lost_node_restarts_only_its_replica_group(api: Api, operator: Operato
             # the heal reached the operator as this attempt's restore (the survivor's beats do not count)
             assert (s.get("restore") or {}).get("tier") == "peer", s.get("restore")
         done = [e for p in (kept, replaced) for e in p if e.get("event") == "done"]
-        assert len(done) == 2 and {d["step"] for d in done} == {STEPS}, done
+        assert len(done) == 2 and {d["step"] for d in done} == {SHORT_STEPS}, done
         assert len({d["params_crc32"] for d in done}) == 1, f"the groups' parameters differ: {done}"
         assert lose not in after or after[lose].metadata.deletion_timestamp or after[lose].status.phase != "Running"
         assert refused_heartbeats(local_cluster, keep) == [], "the carried-on group's beats are accepted after the repair"
@@ -147,7 +155,7 @@ def test_two_groups_that_disagree_go_back_behind_a_fence(api: Api, operator: Ope
     at the last step and the same parameters, nobody quarantined (nobody was named)."""
     name = unique("rgf")
     spec = two_groups(local_cluster, faults=({"kind": "bitflip", "target": "param", "bit": 16, "group": 1, "rank": 0, "step": FLIP_AT, "attempt": 0},),
-                      health={"sdc": {"intervalSteps": 5}})
+                      health={"sdc": {"intervalSteps": 5}}, steps=SHORT_STEPS)
     api.create_job(SYSTEM_NS, name, spec)
     try:
         s = wait_status(api, name, "the job to finish", lambda s: s if s.get("phase") in ("Succeeded", "Failed") else None, 500, operator)
@@ -161,7 +169,7 @@ def test_two_groups_that_disagree_go_back_behind_a_fence(api: Api, operator: Ope
         assert not s.get("quarantinedNodes"), "no majority named a node"
         assert all(c["step"] <= fence["step"] or c["step"] > FLIP_AT for c in s.get("checkpoints") or []), s.get("checkpoints")
         done = [e for i in range(2) for e in events_of(local_cluster, f"{name}-a0-{i}") if e.get("event") == "done"]
-        assert len(done) == 2 and {d["step"] for d in done} == {STEPS}, done
+        assert len(done) == 2 and {d["step"] for d in done} == {SHORT_STEPS}, done
         assert len({d["params_crc32"] for d in done}) == 1, f"the groups' parameters differ: {done}"
     finally:
         api.delete_job(SYSTEM_NS, name)

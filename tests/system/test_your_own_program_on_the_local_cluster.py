@@ -34,15 +34,18 @@ ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "fsdp2_train_railyard.py"
 PLAIN = ROOT / "examples" / "fsdp2_train.py"
 POOL = "byo.railyard.dev/pool"
-#: the unmodified script: long enough that the node fails mid-run, checkpoints of its own
-PLAIN_STEPS, PLAIN_EVERY = 150, 25
+#: the unmodified script: long enough that the node fails mid-run (it fails once the first of its
+#: own checkpoints is seen, step 25: 75 steps before the end are the margin for seeing it)
+PLAIN_STEPS, PLAIN_EVERY = 100, 25
 FAIL = "local.railyard.dev/fail"
 SLOW = "local.railyard.dev/slow-factor"
 MEMORY_INTERVAL = 4
 FAIL_AFTER = 9
 SLOW_FACTOR = 1.5
 PROCS = 2
-STEPS = 120
+#: The node fails past step 9, the new gang is slowed 5 steps after its restore (from step 8 or
+#: 12) and is flagged within a window of 10 slow steps: about step 40, the rest is margin
+STEPS = 80
 
 
 @pytest.fixture(scope="module")
