@@ -204,7 +204,8 @@ def _group(tmp: Path, shape: Shape, g: int, lighthouse: str, incarnation: int, *
         "parallelism": {"dataReplicas": shape.groups},
         "faultTolerance": {"mode": "ReplicaGroups", "minReplicas": 1},
         # each group keeps its own plain checkpoints: the replacement must not read them
-        "checkpoint": {"path": str(work / "ckpt"), "intervalSteps": 3},
+        # (one before the loss at KILL_AT, so that there is one it could read)
+        "checkpoint": {"path": str(work / "ckpt"), "intervalSteps": 5},
     }
     (work / "config.json").write_text(json.dumps(cfg))
     extra = {"RAILYARD_REPLICA_GROUP": str(g), "TORCHFT_LIGHTHOUSE": lighthouse}
