@@ -14,11 +14,13 @@ from .launch import Run
 
 pytestmark = pytest.mark.torch
 
+#: Every parallelism and every pipeline schedule. 1F1B is run once, in pp x dp: the same schedule
+#: on the same two stages, and pipeline stages without a data-parallel dimension are GPipe's and
+#: Interleaved1F1B's (each multi-process run costs the suite seconds of CPU).
 LAYOUTS = {
     "fsdp": ["--nproc-per-node", "2"],
     "tp": ["--nproc-per-node", "2", "--tp", "2"],
     "pp-gpipe": ["--nproc-per-node", "2", "--pp", "2", "--schedule", "GPipe"],
-    "pp-1f1b": ["--nproc-per-node", "2", "--pp", "2", "--schedule", "1F1B"],
     "pp-interleaved": ["--nproc-per-node", "2", "--pp", "2", "--schedule", "Interleaved1F1B"],
     # With activation checkpointing: recomputation must not change the numbers.
     "dp-x-tp+ac": ["--nproc-per-node", "4", "--tp", "2", "--activation-checkpointing"],
