@@ -37,6 +37,7 @@ from railyard.logic.groups import (
     GroupShape,
     decide_replica_groups,
 )
+from railyard.logic.intervals import SAVE_STALL_S
 from railyard.protocol.mesh import tensor_layout_problem
 
 #: How a fault shows to the control plane: the process exits (a GPU error kills the rank; pod
@@ -161,7 +162,10 @@ class Scenario:
     #: Aggregate shared storage bandwidth (Llama 3's Tectonic: 2 TB/s sustained, 7 TB/s peak).
     shared_write_bw: float = 2e12
     shared_read_bw: float = 2e12
-    save_fixed_stall_s: float = 0.05
+    #: What training waits for at a save beyond copying the state to the host: the snapshot of
+    #: what a forward may change and the barrier, measured by bench/checkpoint.py (the median
+    #: of its memory-tier saves, the figure the operator's interval rule uses: logic/intervals.py).
+    save_fixed_stall_s: float = SAVE_STALL_S["memory"].value
 
     # restart costs, seconds
     eval_period_s: float = 1.0
