@@ -329,10 +329,12 @@ class Scenario:
                           leaf_nodes=self.nodes_per_leaf, nvlink_domain_nodes=self.nvlink_domain_nodes)
 
     def group_costs(self) -> GroupCosts:
-        """The scenario's own figures for the choice: its failure rate (the node faults a group
-        restart handles: every Table 5 cause but SDC), a group's outage (detection and an in-place
-        restart onto a spare), its state, its step's FLOPs and bandwidths."""
-        per_gpu_day = sum(c.count for c in self.causes if c.detect != "sdc") / (
+        """The scenario's own figures for the choice: its failure rate (every Table 5 cause, as
+        the operator's default ``LLAMA3_FAILURES_PER_GPU_DAY`` counts them: a fault of one node
+        or process restarts one group, and so does a corruption the other groups outvote), a
+        group's outage (detection and an in-place restart onto a spare), its state, its step's
+        FLOPs and bandwidths."""
+        per_gpu_day = sum(c.count for c in self.causes) / (
             self.reference_days * self.reference_gpus) * self.failure_scale
         return GroupCosts(
             failures_per_gpu_day=per_gpu_day,
