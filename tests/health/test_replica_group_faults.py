@@ -25,7 +25,7 @@ from railyard.logic.health import (
     PodStatus,
     decide_health,
 )
-from railyard.logic.health.groups import DIVERGED, NO_MAJORITY, decide_group_sdc
+from railyard.logic.health.groups import DIVERGED, NO_MAJORITY, decide_group_sdc, is_strict_majority
 from railyard.logic.health.liveness import decide_hung_ranks
 from railyard.logic.health.model import GroupVoteState
 from railyard.logic.health.window import GroupLayout, HeartbeatStore
@@ -91,6 +91,17 @@ def test_the_group_that_differs_from_the_majority_is_named(fps: tuple[dict[int, 
     # judged once: the same fingerprints again give nothing new
     again, _ = decide_group_sdc(_groups(*fps), state, POLICY, now=6.0)
     assert again == []
+
+
+@pytest.mark.parametrize(("count", "total", "names"), [
+    (1, 2, False),  # two groups that differ: the fence
+    (2, 3, True),   # three groups, one corrupt: the smallest R whose vote names it (the simulator's rule too)
+    (2, 4, False),  # a two-two split
+    (3, 4, True),
+    (63, 64, True),
+])
+def test_a_strict_majority_is_more_than_half_of_the_groups(count: int, total: int, names: bool) -> None:
+    assert is_strict_majority(count, total) is names
 
 
 def test_a_step_is_judged_once_every_group_reached_it_and_a_group_is_named_once() -> None:

@@ -1,6 +1,7 @@
 """faultTolerance ReplicaGroups in the simulator: a fault of one node costs the survivors' stall,
 the step in flight, and the missing group's share while it is detected, restarted and healed;
-nothing is rolled back. A silent corruption still restores the whole job."""
+nothing is rolled back. So does a silent corruption the other groups outvote (three groups or
+more); with two groups it restores the whole job from a checkpoint."""
 
 from __future__ import annotations
 
@@ -80,12 +81,34 @@ def test_with_no_spare_the_lost_group_waits_for_a_node_while_the_others_train() 
     assert groups.useful_s + groups.lost_total_s() == pytest.approx(s.wall_s, rel=1e-9)
 
 
-def test_a_silent_corruption_still_restores_the_whole_job_from_a_checkpoint() -> None:
+def test_a_silent_corruption_outvoted_by_the_other_groups_repairs_its_group_alone() -> None:
+    """Three groups or more: the cross-group vote names the corrupt group (logic/health/groups.py),
+    its node is quarantined and the group heals from a good group while the others train on."""
     from railyard.sim.trace import Event
 
+    s = tiny()
     trace = (Event(0, 3600.0, "sdc", cause("Silent data corruption"), 2, u1=0.5, u2=0.5),)
-    res = simulate(tiny(), our_policy(hot_spares=1, replica_groups=R), trace)
-    assert "live peer" not in res.restore_tiers and sum(res.restore_tiers.values()) >= 1
+    groups = simulate(s, our_policy(hot_spares=1, replica_groups=R), trace)
+    in_place = simulate(s, our_policy(hot_spares=1), trace)
+    assert groups.restore_tiers == {"live peer": 1}, "no checkpoint is read"
+    assert (groups.restarts, groups.quarantined) == ({"SDC": 1}, 1)
+    lost = groups.lost["Silent data corruption"]
+    assert lost.get("recompute", 0.0) < s.step_s, "nothing is rolled back: only the step in flight is redone"
+    assert lost["restore"] == pytest.approx((s.group_heal_fixed_s + R * s.bytes_per_node / s.heal_bw_per_node) / R)
+    assert lost_to(groups, "Silent data corruption") < lost_to(in_place, "Silent data corruption")
+    assert groups.useful_s + groups.lost_total_s() == pytest.approx(s.wall_s, rel=1e-9)
+
+
+def test_a_silent_corruption_with_two_groups_restores_the_whole_job_behind_the_fence() -> None:
+    """Two groups that differ: no majority names the corrupt one, so every group goes back to a
+    checkpoint no newer than the last check that passed (the operator's ReplicaGroupsDisagree)."""
+    from railyard.sim.trace import Event
+
+    s = tiny()
+    trace = (Event(0, 3600.0, "sdc", cause("Silent data corruption"), 2, u1=0.5, u2=0.5),)
+    res = simulate(s, our_policy(hot_spares=1, replica_groups=2), trace)
+    assert "live peer" not in res.restore_tiers and sum(res.restore_tiers.values()) == 1
+    assert res.lost["Silent data corruption"]["recompute"] > s.step_s, "the steps since the check are trained again"
 
 
 def test_groups_that_do_not_divide_the_data_degree_are_refused_naming_the_flag() -> None:

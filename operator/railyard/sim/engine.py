@@ -22,6 +22,7 @@ from collections import Counter, deque
 from dataclasses import dataclass, field
 
 from railyard.logic.groups import compute_cross_group_fraction, compute_group_heal_s
+from railyard.logic.health.groups import is_strict_majority
 from railyard.protocol.mesh import group_of_pod_index
 from railyard.protocol.trainerconfig import LIGHTHOUSE_HEARTBEAT_INTERVAL_MS, LIGHTHOUSE_MISSED_HEARTBEATS
 from railyard.sim.checkpoints import decide_sim_intervals
@@ -478,9 +479,15 @@ class _Run:
 
     def by_group(self, cause: Cause) -> bool:
         """Replica groups handle this fault by restarting one group: any fault of one node or
-        process. Not a silent corruption: the bad gradients reached every group through the
-        cross-group reduction, so the whole job restores a verified checkpoint."""
-        return self.pol.replica_groups > 1 and cause.detect != "sdc"
+        process, and a silent corruption when the other groups outvote the corrupt one (three
+        groups or more): the operator's cross-group vote (``decide_group_sdc``) names that
+        group, its node is quarantined and the group repair heals it from a good group while
+        the others train on, as for a lost node (the corrupt gradient share summed into every
+        group before the vote is not rolled back: the operator does not either). With two
+        groups no majority names it: the whole job restores a checkpoint no newer than the
+        last check that passed (the fence)."""
+        r = self.pol.replica_groups
+        return r > 1 and (cause.detect != "sdc" or is_strict_majority(r - 1, r))
 
     def group_heal_s(self) -> float:
         """The restarted group fetches a live peer's state: a fixed cost (measured) plus its
@@ -531,6 +538,8 @@ class _Run:
             restart = self.in_place_restart_s(node_lost=node_lost)
         parts["restart"] = restart
         if self.by_group(cause) and decision.allowed and lost_groups < pol.replica_groups:
+            if cause.detect == "sdc":
+                self.corruption = None  # the outvoted group takes a good group's state
             self.group_down(cause, parts, lost_groups=lost_groups)
             return
 

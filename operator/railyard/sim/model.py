@@ -37,6 +37,7 @@ from railyard.logic.groups import (
     GroupShape,
     decide_replica_groups,
 )
+from railyard.logic.intervals import SAVE_STALL_S
 from railyard.protocol.mesh import tensor_layout_problem
 
 #: How a fault shows to the control plane: the process exits (a GPU error kills the rank; pod
@@ -161,7 +162,10 @@ class Scenario:
     #: Aggregate shared storage bandwidth (Llama 3's Tectonic: 2 TB/s sustained, 7 TB/s peak).
     shared_write_bw: float = 2e12
     shared_read_bw: float = 2e12
-    save_fixed_stall_s: float = 0.05
+    #: What training waits for at a save beyond copying the state to the host: the snapshot of
+    #: what a forward may change and the barrier, measured by bench/checkpoint.py (the median
+    #: of its memory-tier saves, the figure the operator's interval rule uses: logic/intervals.py).
+    save_fixed_stall_s: float = SAVE_STALL_S["memory"].value
 
     # restart costs, seconds
     eval_period_s: float = 1.0
@@ -325,10 +329,12 @@ class Scenario:
                           leaf_nodes=self.nodes_per_leaf, nvlink_domain_nodes=self.nvlink_domain_nodes)
 
     def group_costs(self) -> GroupCosts:
-        """The scenario's own figures for the choice: its failure rate (the node faults a group
-        restart handles: every Table 5 cause but SDC), a group's outage (detection and an in-place
-        restart onto a spare), its state, its step's FLOPs and bandwidths."""
-        per_gpu_day = sum(c.count for c in self.causes if c.detect != "sdc") / (
+        """The scenario's own figures for the choice: its failure rate (every Table 5 cause, as
+        the operator's default ``LLAMA3_FAILURES_PER_GPU_DAY`` counts them: a fault of one node
+        or process restarts one group, and so does a corruption the other groups outvote), a
+        group's outage (detection and an in-place restart onto a spare), its state, its step's
+        FLOPs and bandwidths."""
+        per_gpu_day = sum(c.count for c in self.causes) / (
             self.reference_days * self.reference_gpus) * self.failure_scale
         return GroupCosts(
             failures_per_gpu_day=per_gpu_day,

@@ -69,7 +69,7 @@ def decide_group_sdc(
             if count == len(votes):
                 agreed[slot] = step
                 continue
-            if count * 2 > len(votes):
+            if is_strict_majority(count, len(votes)):
                 for g in sorted(g for g, v in votes.items() if v != value and g not in named):
                     named.add(g)
                     out.append(_diverged(groups[g], step, count, len(votes), policy, now))
@@ -78,6 +78,13 @@ def decide_group_sdc(
                 tied = True
                 out.append(_no_majority(slot, step, votes, min(agreed.values(), default=-1), policy, now))
     return out, GroupVoteState(judged=judged, agreed=agreed, named=frozenset(named), tied=tied)
+
+
+def is_strict_majority(count: int, total: int) -> bool:
+    """Whether ``count`` of ``total`` groups holding one state outvote the rest: then the groups
+    that differ are named and repaired alone (with one corrupt group: three groups or more);
+    otherwise nobody can be named and every group goes back behind the fence."""
+    return count * 2 > total
 
 
 def _diverged(r: RankSignals, step: int, count: int, total: int, policy: HealthPolicy, now: float) -> Verdict:
