@@ -188,6 +188,7 @@ _NUM = (float, int)
 _RANK_FIELDS = tuple(f.name for f in fields(RankBeat))
 _RANK_DEFAULTS = {f.name: f.default for f in fields(RankBeat) if f.default is not MISSING}
 _pick_sent = operator.itemgetter(*(name for name in _RANK_FIELDS if name not in _SENT_ONLY_WHEN_SET))
+_N_SENT = len(_RANK_FIELDS) - len(_SENT_ONLY_WHEN_SET)
 
 
 def _rank_fast(r: Any) -> RankBeat | None:
@@ -200,14 +201,26 @@ def _rank_fast(r: Any) -> RankBeat | None:
         return None
     try:
         values = _pick_sent(r)
+        # exactly the fields every beat carries: the ReplicaGroups fields are absent, at their defaults
+        bare = len(r) == _N_SENT
     except KeyError:
         try:
             values = _pick_sent({**_RANK_DEFAULTS, **r})
         except KeyError:  # a required field is missing: the checked path names it
             return None
+        bare = False
     rank, step, st, cs, bs, loss, gn, saving, tps, health, recent, progress = values
-    g = r.get
-    fstep, fp, waiting = g("fingerprint_step", -1), g("fingerprint", ""), g("waiting_for_groups", False)
+    if bare:
+        fstep, fp, waiting = -1, "", False
+    else:
+        g = r.get
+        fstep, fp, waiting = g("fingerprint_step", -1), g("fingerprint", ""), g("waiting_for_groups", False)
+        if (
+            type(fstep) is not int or fstep < -1
+            or type(fp) is not str or len(fp) > MAX_FINGERPRINT_CHARS
+            or type(waiting) is not bool
+        ):
+            return None
     if (
         type(rank) is not int or rank < 0 or type(step) is not int or step < 0
         or type(st) not in _NUM or not 0.0 <= st < _INF
@@ -218,9 +231,6 @@ def _rank_fast(r: Any) -> RankBeat | None:
         or (gn is not None and type(gn) not in _NUM)
         or type(saving) is not bool
         or type(progress) is not bool
-        or type(fstep) is not int or fstep < -1
-        or type(fp) is not str or len(fp) > MAX_FINGERPRINT_CHARS
-        or type(waiting) is not bool
         or health  # health results take the checked path
         or (type(health) not in (list, tuple))
         or type(recent) not in (list, tuple) or len(recent) > MAX_RECENT_STEPS
