@@ -84,7 +84,7 @@ def build_heartbeat_handler(
                 401, _refuse(401, "Authorization: expected 'Bearer <job token>' (the token from the job's Secret)")
             )
         expected = token_for(namespace, job)
-        if inspect.isawaitable(expected):
+        if expected is not None and type(expected) is not str and inspect.isawaitable(expected):
             expected = await expected
         if expected is None:
             return done(404, _refuse(404, f"job {namespace}/{job} is not known to this operator"))

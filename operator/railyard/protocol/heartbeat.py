@@ -194,6 +194,7 @@ _NUM = (float, int)
 _RANK_FIELDS = tuple(f.name for f in fields(RankBeat))
 _RANK_DEFAULTS = {f.name: f.default for f in fields(RankBeat) if f.default is not MISSING}
 _pick_sent = operator.itemgetter(*(name for name in _RANK_FIELDS if name not in _SENT_ONLY_WHEN_SET))
+_N_SENT = len(_RANK_FIELDS) - len(_SENT_ONLY_WHEN_SET)
 
 
 def _rank_fast(r: Any) -> RankBeat | None:
@@ -206,14 +207,26 @@ def _rank_fast(r: Any) -> RankBeat | None:
         return None
     try:
         values = _pick_sent(r)
+        # exactly the fields every beat carries: the ReplicaGroups fields are absent, at their defaults
+        bare = len(r) == _N_SENT
     except KeyError:
         try:
             values = _pick_sent({**_RANK_DEFAULTS, **r})
         except KeyError:  # a required field is missing: the checked path names it
             return None
+        bare = False
     rank, step, st, cs, bs, loss, gn, saving, tps, health, recent, progress = values
-    g = r.get
-    fstep, fp, waiting = g("fingerprint_step", -1), g("fingerprint", ""), g("waiting_for_groups", False)
+    if bare:
+        fstep, fp, waiting = -1, "", False
+    else:
+        g = r.get
+        fstep, fp, waiting = g("fingerprint_step", -1), g("fingerprint", ""), g("waiting_for_groups", False)
+        if (
+            type(fstep) is not int or fstep < -1
+            or type(fp) is not str or len(fp) > MAX_FINGERPRINT_CHARS
+            or type(waiting) is not bool
+        ):
+            return None
     if (
         type(rank) is not int or rank < 0 or type(step) is not int or step < 0
         or type(st) not in _NUM or not 0.0 <= st < _INF
@@ -224,9 +237,6 @@ def _rank_fast(r: Any) -> RankBeat | None:
         or (gn is not None and type(gn) not in _NUM)
         or type(saving) is not bool
         or type(progress) is not bool
-        or type(fstep) is not int or fstep < -1
-        or type(fp) is not str or len(fp) > MAX_FINGERPRINT_CHARS
-        or type(waiting) is not bool
         or health  # health results take the checked path
         or (type(health) not in (list, tuple))
         or type(recent) not in (list, tuple) or len(recent) > MAX_RECENT_STEPS
@@ -235,45 +245,54 @@ def _rank_fast(r: Any) -> RankBeat | None:
     for v in recent:
         if type(v) not in _NUM or not 0.0 <= v < _INF:
             return None
-    beat = _new(RankBeat)
-    _set_rank(beat, rank)
-    _set_step(beat, step)
-    _set_step_time_s(beat, float(st))
-    _set_compute_s(beat, float(cs))
-    _set_bench_s(beat, float(bs))
-    _set_loss(beat, None if loss is None else float(loss))
-    _set_grad_norm(beat, None if gn is None else float(gn))
-    _set_saving(beat, saving)
-    _set_tokens_per_s(beat, float(tps))
-    _set_health(beat, ())
-    _set_recent_compute_s(beat, tuple(map(float, recent)))
-    _set_progress(beat, progress)
-    _set_fingerprint_step(beat, fstep)
-    _set_fingerprint(beat, fp)
-    _set_waiting_for_groups(beat, waiting)
-    return beat
+    beat = _RankBeatSlots()
+    beat.rank = rank
+    beat.step = step
+    beat.step_time_s = float(st)
+    beat.compute_s = float(cs)
+    beat.bench_s = float(bs)
+    beat.loss = None if loss is None else float(loss)
+    beat.grad_norm = None if gn is None else float(gn)
+    beat.saving = saving
+    beat.tokens_per_s = float(tps)
+    beat.health = ()
+    beat.recent_compute_s = tuple(map(float, recent))
+    beat.progress = progress
+    beat.fingerprint_step = fstep
+    beat.fingerprint = fp
+    beat.waiting_for_groups = waiting
+    beat.__class__ = RankBeat  # type: ignore[assignment]  # same slots: the object becomes the frozen beat
+    return beat  # type: ignore[return-value]
 
 
-# The fast path fills a RankBeat's slots directly: the frozen dataclass's __init__ sets each
-# field through object.__setattr__, half the cost of parsing a beat. A field added to RankBeat
-# must get its line above (the import-time check below and tests/health say so).
-_new = object.__new__
-_slot = vars(RankBeat)
-_set_rank = _slot["rank"].__set__
-_set_step = _slot["step"].__set__
-_set_step_time_s = _slot["step_time_s"].__set__
-_set_compute_s = _slot["compute_s"].__set__
-_set_bench_s = _slot["bench_s"].__set__
-_set_loss = _slot["loss"].__set__
-_set_grad_norm = _slot["grad_norm"].__set__
-_set_saving = _slot["saving"].__set__
-_set_tokens_per_s = _slot["tokens_per_s"].__set__
-_set_health = _slot["health"].__set__
-_set_recent_compute_s = _slot["recent_compute_s"].__set__
-_set_progress = _slot["progress"].__set__
-_set_fingerprint_step = _slot["fingerprint_step"].__set__
-_set_fingerprint = _slot["fingerprint"].__set__
-_set_waiting_for_groups = _slot["waiting_for_groups"].__set__
+class _RankBeatSlots:
+    """A RankBeat's slots without the frozen dataclass's guard, for the fast path only.
+
+    The frozen dataclass's ``__init__`` sets each field through ``object.__setattr__`` and a slot's
+    own setter is a C call too: 1.7 us of the 6 a beat costs to parse. Here each field is a plain
+    slot store; the finished object then takes RankBeat's class (the same slots in the same order,
+    so the same layout: Python allows the assignment and the object is a RankBeat like any other).
+    A field added to RankBeat must get its line in :func:`_rank_fast` (the check below says so).
+    """
+
+    __slots__ = RankBeat.__slots__
+    rank: int
+    step: int
+    step_time_s: float
+    compute_s: float
+    bench_s: float
+    loss: float | None
+    grad_norm: float | None
+    saving: bool
+    tokens_per_s: float
+    health: tuple[HealthResult, ...]
+    recent_compute_s: tuple[float, ...]
+    progress: bool
+    fingerprint_step: int
+    fingerprint: str
+    waiting_for_groups: bool
+
+
 if len(_RANK_FIELDS) != 15:
     raise AssertionError(f"RankBeat has {len(_RANK_FIELDS)} fields: give _rank_fast a setter for each new one")
 

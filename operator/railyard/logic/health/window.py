@@ -136,9 +136,14 @@ class RankWindow:
         advanced = b.step - self.step if self.step >= 0 else len(recent) or 1
         self.step = b.step
         self.step_advanced_at = now
-        c, cap = self._c, len(self._c)
+        c = self._c
+        cap = len(c)
         i = self._ci
-        if recent:
+        if len(recent) == 1:  # one step since the last beat, the common case
+            c[i] = recent[0]
+            i = i + 1 if i + 1 < cap else 0
+            self._cn += 1
+        elif recent:
             for x in recent[-min(advanced, len(recent), cap) :]:
                 c[i] = x
                 i = i + 1 if i + 1 < cap else 0
@@ -150,7 +155,8 @@ class RankWindow:
         self._ci = i
         if self._cn > cap:
             self._cn = cap
-        j = self._si * _SAMPLE_FIELDS
+        si = self._si
+        j = si * _SAMPLE_FIELDS
         sv = self._s
         sv[j] = now
         sv[j + 1] = b.step
@@ -158,8 +164,9 @@ class RankWindow:
         sv[j + 3] = b.compute_s
         sv[j + 4] = _NAN if b.loss is None else b.loss
         sv[j + 5] = _NAN if b.grad_norm is None else b.grad_norm
-        self._si = self._si + 1 if (self._si + 1) * _SAMPLE_FIELDS < len(sv) else 0
-        if self._sn * _SAMPLE_FIELDS < len(sv):
+        n = len(sv)
+        self._si = si + 1 if (si + 1) * _SAMPLE_FIELDS < n else 0
+        if self._sn * _SAMPLE_FIELDS < n:
             self._sn += 1
         return True
 
@@ -255,23 +262,29 @@ class JobWindow:
 
     def ingest(self, batch: HeartbeatBatch, now: float) -> None:
         layout = self.layout
-        group = layout.group_of(batch.pod_index) if layout is not None else 0
-        ranks = [b.rank if layout is None else layout.job_rank(group, b.rank) for b in batch.ranks]
-        if layout is not None:  # every rank named is checked before anything is stored
-            for b in batch.ranks:
+        group = 0
+        if layout is None:
+            ranks: Iterable[int] = [b.rank for b in batch.ranks]
+        else:
+            group = layout.group_of(batch.pod_index)
+            ranks = [layout.job_rank(group, b.rank) for b in batch.ranks]
+            for b in batch.ranks:  # every rank named is checked before anything is stored
                 for res in b.health:
                     if res.suspect_rank >= 0:
                         layout.job_rank(group, res.suspect_rank)
         self.batches += 1
+        windows, pod_index, node = self.ranks, batch.pod_index, batch.node
         for rank, b in zip(ranks, batch.ranks, strict=True):
-            rw = self.ranks.get(rank)
+            rw = windows.get(rank)
             if rw is None:
-                rw = self.ranks[rank] = RankWindow(rank, self.window)
+                rw = windows[rank] = RankWindow(rank, self.window)
                 rw.group, rw.group_rank = group, b.rank
-            if rw.update(b, batch.pod_index, batch.node, now) and b.step > self.max_step:
+            if rw.update(b, pod_index, node, now) and b.step > self.max_step:
                 self.max_step = b.step
                 if b.step_time_s > 0.0:
                     self.step_times.append(b.step_time_s)
+            if not b.health:
+                continue
             for res in b.health:
                 if not res.ok:
                     if layout is not None and res.suspect_rank >= 0:
