@@ -57,6 +57,7 @@ def add_parser(sub: Any) -> None:
     src.add_argument(
         "--nodes",
         help="file with Node objects (list, List or NodeList), or a spec like spine=2,leaf=4,nodes=32,gpus=8 "
+        "(leaves per spine, nodes per leaf: 256 nodes) "
         "(add nvl=18 for NVLink domains of 18 nodes, as GB200 NVL72 racks)",
     )
     src.add_argument("--kubeconfig", help="read nodes and pods from this cluster")

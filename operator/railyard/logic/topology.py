@@ -585,6 +585,10 @@ def synthetic_levels(preset: str | None) -> tuple[str, str]:
     return keys[-2], keys[-1]
 
 
+#: The most nodes a compact spec may describe (twice a 100,000-GPU cluster of 8-GPU nodes).
+MAX_SYNTHETIC_NODES = 250_000
+
+
 def parse_synthetic_spec(
     spec: str, *, levels: Sequence[str] = LEVEL_PRESETS["railyard"][0], nvlink_key: str = NVLINK_LABEL
 ) -> list[dict[str, Any]]:
@@ -607,6 +611,14 @@ def parse_synthetic_spec(
     if missing:
         raise ValueError(
             f"--nodes: {spec!r} lacks {missing}; expected spine=N,leaf=N,nodes=N[,gpus=N][,nvl=N]"
+        )
+    total = fields["spine"] * fields["leaf"] * fields["nodes"]
+    if total > MAX_SYNTHETIC_NODES:
+        # nodes= counts the nodes of one leaf, not of the cluster: a misread spec would build
+        # millions of node objects and run the machine out of memory before saying anything
+        raise ValueError(
+            f"--nodes: {spec!r} is {total:,} nodes (spine x leaf x nodes: leaf counts leaves per spine, nodes "
+            f"counts nodes per leaf); at most {MAX_SYNTHETIC_NODES:,}. For 12,288 nodes: spine=8,leaf=16,nodes=96"
         )
     return build_synthetic_nodes(
         fields["spine"], fields["leaf"], fields["nodes"], fields.get("gpus", 8), levels=levels,
