@@ -23,7 +23,7 @@ from typing import Any, Literal
 from railyard.api.corev1 import node_is_ready
 from railyard.api.trainingjob import TrainingJobStatus
 from railyard.logic.conditions import format_micro_time
-from railyard.logic.gang import pod_index_of, pod_name_of
+from railyard.logic.gang import planned_node_of, pod_index_of, pod_name_of
 from railyard.logic.placement import Placement, Unplaceable
 from railyard.protocol.control import Action, LauncherReport, LauncherState
 from railyard.protocol.mesh import group_of_pod_index, pods_per_group
@@ -209,7 +209,9 @@ def decide_restart_mode(
         if (p.get("metadata") or {}).get("deletionTimestamp"):
             reason = "pod being deleted"
         elif not node:
-            reason = "pod not bound"
+            # a replacement not yet bound: blamed where the placement pinned it (issue 46)
+            planned = planned_node_of(p)
+            reason = f"node {planned} {move_off[planned]}" if planned in move_off else "pod not bound"
         elif node in move_off:
             reason = f"node {node} {move_off[node]}"
         elif node not in nodes or not node_is_ready(nodes.get(node)):
