@@ -15,6 +15,7 @@ from railyard.logic.gang import assess_gang, gang_members
 from railyard.logic.inplace import (
     GangControl,
     apply_launcher_reports,
+    decide_capable,
     decide_control_answer,
     decide_nodes_to_leave,
     decide_restart_mode,
@@ -231,6 +232,24 @@ def test_which_pods_move_and_when_it_is_a_full_restart(name: str, members: list[
         assert all(plan.why[i] for i in plan.replace)
     else:
         assert reason in plan.message
+
+
+# kept pod 0 of attempt 0, now in attempt 2; its launcher's latest report: (attempt, pod name)
+@pytest.mark.parametrize(("name", "said", "kw", "capable"), [
+    ("it reported this attempt", (2, "j-a0-0"), {}, True),
+    ("it never reported", None, {}, False),
+    ("only an older attempt, no restart under way", (1, "j-a0-0"), {}, False),
+    # issue 46: the replacement's node went down before this launcher reported the new attempt
+    ("the attempt an in-place restart under way came from", (1, "j-a0-0"), {"restarting_from": 1}, True),
+    ("older than that", (0, "j-a0-0"), {"restarting_from": 1}, False),
+    ("a replaced pod's launcher of that index", (2, "j-a1-0"), {}, False),
+    ("a carried-on group's pod, from the attempt it runs", (0, "j-a0-0"), {"carried": {0: 0}}, True),
+])
+def test_which_launchers_speak_the_restart_protocol(name: str, said: tuple[int, str] | None, kw: dict[str, Any],
+                                                     capable: bool) -> None:
+    reports = {} if said is None else {0: (LauncherReport("j", said[0], 0, said[1], LauncherState.FAILED), 0.0)}
+    got = decide_capable([make_pod(index=0, attempt=0).obj()], reports, attempt=2, **kw)
+    assert got == (frozenset({0}) if capable else frozenset())
 
 
 def test_stragglers_are_left_only_where_the_gang_keeps_a_pod() -> None:

@@ -329,3 +329,35 @@ async def test_a_replacement_whose_node_goes_down_after_the_restart_moves_elsewh
     assert "j-a0-0" in h.cluster.pods, "the kept pod stayed through both restarts"
     assert any(r == "NodeNotReady" and "(node node-1 blamed: NodeNotReady)" in m for _, r, m in h.cluster.events), \
         h.cluster.events
+
+
+async def test_a_kept_launcher_still_told_to_restart_keeps_the_second_restart_in_place() -> None:
+    """Issue 46, the same order, faster: the node goes NotReady before the kept launcher has
+    reported the new attempt (it was told to wait, then to restart). It spoke the restart
+    protocol for the attempt the restart came from: the second restart stays in place."""
+    h = Harness(cluster(4), make_job(gang={"hotSpares": 1},
+                                     restartPolicy={"infrastructure": {"limit": 5, "backoffSeconds": 0}}))
+    await running(h)
+    node = h.pod_nodes()[1]
+    h.cluster.scheduler_binds = False
+    container_exit(1, code=137)(h)
+    await h.cycle(1.0)
+    assert h.status.attempt == 1 and h.status.placement.nodes[1] == node  # type: ignore[union-attr]
+    h.node_down(node)
+    for _ in range(10):
+        await h.cycle(1.0)
+        if h.status.attempt == 2:
+            break
+    st = h.status
+    assert st.attempt == 2 and st.last_restart is not None, (st.phase, st.message)
+    assert (st.last_restart.mode, st.last_restart.replaced) == ("InPlace", [1]), st.last_restart
+    order = h.report(0, "failed", attempt=0, code=70)
+    assert (order.action, order.attempt) == (Action.RESTART, 2), "told to restart, now for attempt 2"
+    h.cluster.scheduler_binds = True
+    h.cluster.finish_deletions()
+    await h.cycle(0.5)
+    h.run_pods()
+    h.report(0, "running", attempt=2)
+    h.report(1, "running", attempt=2)
+    await h.cycle(0.5)
+    assert h.status.phase == "Running" and "j-a0-0" in h.cluster.pods, (h.status.phase, h.status.message)

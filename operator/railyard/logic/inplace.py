@@ -125,6 +125,36 @@ def apply_launcher_reports(
     return out
 
 
+def decide_capable(
+    members: Sequence[Obj],
+    reports: Mapping[int, tuple[LauncherReport, float]],
+    *,
+    attempt: int,
+    restarting_from: int | None = None,
+    carried: Mapping[int, int] | None = None,
+) -> frozenset[int]:
+    """Pod indices whose launcher speaks the control protocol (an in-place restart keeps only
+    such pods: nothing else could tell them to restart). Its latest report is this very pod's
+    (not a replaced pod's of that index) and of ``attempt``; or of ``restarting_from`` (the
+    attempt an in-place restart of ``attempt`` still under way came from): a kept launcher told
+    to wait or to restart that has not reported the new attempt yet still listens (a second
+    failure during the restart, issue 46: the replacement's node went down, must not turn the
+    next restart into a full one); or, for a pod that carries on after a replica-group repair
+    (``carried``: pod index -> the attempt it runs from), of an attempt since then."""
+    out = set()
+    for p in members:
+        i = pod_index_of(p)
+        got = reports.get(i)
+        if got is None or got[0].pod != pod_name_of(p):
+            continue
+        said = got[0].attempt
+        if said == attempt or (restarting_from is not None and said == restarting_from) or (
+            carried is not None and i in carried and carried[i] <= said < attempt
+        ):
+            out.add(i)
+    return frozenset(out)
+
+
 def members_since(status: TrainingJobStatus) -> int | None:
     """The ``since`` of :func:`railyard.logic.gang.gang_members` for the status's attempt: the
     attempt of the last full creation while that attempt was started in place, else None."""
