@@ -27,6 +27,13 @@ class PodBuilder:
         self._obj["status"]["phase"] = "Pending"
         return self
 
+    def unbound(self) -> PodBuilder:
+        """Created and released, not yet bound: Pending, pinned to its node by the placement."""
+        node = self._obj["spec"].pop("nodeName", "")
+        self._obj["metadata"]["annotations"] = {"railyard.dev/node": node}
+        self._obj["status"]["phase"] = "Pending"
+        return self
+
     def exited(self, code: int, reason: str = "Error") -> PodBuilder:
         self._obj["status"]["phase"] = "Succeeded" if code == 0 else "Failed"
         self._obj["status"]["containerStatuses"] = [{"name": "trainer", "state": {"terminated": {"exitCode": code, "reason": reason}}}]

@@ -15,6 +15,7 @@ from railyard.logic.gang import assess_gang, gang_members
 from railyard.logic.inplace import (
     GangControl,
     apply_launcher_reports,
+    decide_capable,
     decide_control_answer,
     decide_nodes_to_leave,
     decide_restart_mode,
@@ -143,6 +144,52 @@ def test_kept_pods_of_older_attempts_make_a_running_gang() -> None:
     assert assess_gang(pods, nodes, attempt=2, expected=2, now=0.0).state != "Running", "without since: pod 0 is stale"
 
 
+def _pending(node: str = "node-1", *, ready: bool = True, since: str = "2026-01-01T00:00:00Z",
+             taints: tuple[str, ...] = (), gone: bool = False) -> dict[str, Any]:
+    """Node ``node`` as it is now (absent when ``gone``), next to a Ready node-0."""
+    nodes = {"node-0": make_node("node-0")}
+    if not gone:
+        nodes[node] = make_node(node, ready=ready, since=since,
+                                taints=[{"key": k, "effect": "NoSchedule"} for k in taints])
+    return nodes
+
+
+# issue 46: kept pod 0 (attempt 0) waits on replacement 1 (attempt 1), created and released but not
+# bound, pinned by the placement to node-1; now = 10 s after 2026-01-01T00:00:00Z, NotReady grace 2 s
+_KEPT = make_pod(index=0, attempt=0, node="node-0").obj()
+_REPLACEMENT = make_pod(index=1, attempt=1, node="node-1").unbound().obj()
+_EPOCH = 1_767_225_600.0
+
+
+@pytest.mark.parametrize(("name", "pods", "nodes", "since", "state", "kind", "blamed"), [
+    ("its node is Ready: it waits for the scheduler", [_KEPT, _REPLACEMENT], _pending(), 0, "Starting", "", ()),
+    ("its node went NotReady: lost, the node blamed", [_KEPT, _REPLACEMENT], _pending(ready=False), 0,
+     "Failed", "NodeNotReady", ("node-1",)),
+    ("its node went NotReady within the grace: not yet", [_KEPT, _REPLACEMENT],
+     _pending(ready=False, since="2026-01-01T00:00:09Z"), 0, "Starting", "", ()),
+    ("its node is gone", [_KEPT, _REPLACEMENT], _pending(gone=True), 0, "Failed", "NodeGone", ("node-1",)),
+    ("its node is tainted unreachable before its Ready condition says so", [_KEPT, _REPLACEMENT],
+     _pending(taints=("node.kubernetes.io/unreachable",)), 0, "Failed", "NodeNotReady", ("node-1",)),
+    ("tainted not-ready", [_KEPT, _REPLACEMENT], _pending(taints=("node.kubernetes.io/not-ready",)), 0,
+     "Failed", "NodeNotReady", ("node-1",)),
+    ("another taint is the stale placement's business", [_KEPT, _REPLACEMENT], _pending(taints=("maintenance",)), 0,
+     "Starting", "", ()),
+    ("still gated: the placeholder goes first", [_KEPT, make_pod(index=1, attempt=1, node="node-1").gated().obj()],
+     _pending(ready=False), 0, "Gated", "", ()),
+    ("a gang created whole waits for its timeout (nothing runs yet)",
+     [make_pod(index=0, attempt=1, node="node-0").obj(), _REPLACEMENT], _pending(ready=False), None,
+     "Starting", "", ()),
+])
+def test_a_replacement_its_node_can_never_run_is_lost(
+        name: str, pods: list[Any], nodes: dict[str, Any], since: int | None, state: str, kind: str,
+        blamed: tuple[str, ...]) -> None:
+    got = assess_gang(pods, nodes, attempt=1, expected=2, now=_EPOCH + 10, not_ready_grace_s=2.0, since=since)
+    assert got.state == state, got
+    assert (got.failure.kind if got.failure else "", got.failure.nodes if got.failure else ()) == (kind, blamed)
+    if kind:
+        assert got.failure is not None and got.failure.pod == "j-a1-1" and got.failure.cls.value == "Infrastructure"
+
+
 # --------------------------------------------------------------------------- which pods move
 
 
@@ -165,6 +212,10 @@ def _gang(*extra: Any) -> list[dict[str, Any]]:
     # issue 45: moving the straggler's pod would leave nothing to keep, so it stays
     ("the only pod that can stay is on a straggler node", _gang()[:2], _nodes(), {"node-1": "NotReady"}, {0, 1},
      {"leave": {"node-0": "straggler"}}, "InPlace", "", (1, 2)),
+    # issue 46: the replacement of an in-place restart, not yet bound, on the node the new failure blames
+    ("an unbound replacement on a blamed node",
+     [*_gang()[:2], make_pod(index=2, attempt=1, node="node-2").unbound().obj()],
+     _nodes("node-2"), {"node-2": "blamed: NodeNotReady"}, {0, 1}, {}, "InPlace", "", (2,)),
     ("a kept launcher never spoke", _gang(), _nodes("node-1"), {}, {0}, {}, "Full", "NoControlChannel", ()),
     ("nothing can stay", _gang(), _nodes("node-0", "node-1", "node-2"), {}, set(), {}, "Full", "NothingToKeep", ()),
     ("disabled", _gang(), _nodes(), {}, {0, 1, 2}, {"enabled": False}, "Full", "InPlaceDisabled", ()),
@@ -181,6 +232,24 @@ def test_which_pods_move_and_when_it_is_a_full_restart(name: str, members: list[
         assert all(plan.why[i] for i in plan.replace)
     else:
         assert reason in plan.message
+
+
+# kept pod 0 of attempt 0, now in attempt 2; its launcher's latest report: (attempt, pod name)
+@pytest.mark.parametrize(("name", "said", "kw", "capable"), [
+    ("it reported this attempt", (2, "j-a0-0"), {}, True),
+    ("it never reported", None, {}, False),
+    ("only an older attempt, no restart under way", (1, "j-a0-0"), {}, False),
+    # issue 46: the replacement's node went down before this launcher reported the new attempt
+    ("the attempt an in-place restart under way came from", (1, "j-a0-0"), {"restarting_from": 1}, True),
+    ("older than that", (0, "j-a0-0"), {"restarting_from": 1}, False),
+    ("a replaced pod's launcher of that index", (2, "j-a1-0"), {}, False),
+    ("a carried-on group's pod, from the attempt it runs", (0, "j-a0-0"), {"carried": {0: 0}}, True),
+])
+def test_which_launchers_speak_the_restart_protocol(name: str, said: tuple[int, str] | None, kw: dict[str, Any],
+                                                     capable: bool) -> None:
+    reports = {} if said is None else {0: (LauncherReport("j", said[0], 0, said[1], LauncherState.FAILED), 0.0)}
+    got = decide_capable([make_pod(index=0, attempt=0).obj()], reports, attempt=2, **kw)
+    assert got == (frozenset({0}) if capable else frozenset())
 
 
 def test_stragglers_are_left_only_where_the_gang_keeps_a_pod() -> None:

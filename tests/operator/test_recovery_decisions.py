@@ -62,9 +62,15 @@ class Seen:
     capable: tuple[int, ...] | None = None
     #: Pod indices without a pod (a waiting group's deleted pods).
     absent: tuple[int, ...] = ()
+    #: Pod indices created and released but not bound yet (pinned to their node by the placement).
+    unbound: tuple[int, ...] = ()
     table_gone: bool = False
     #: Nodes of the cluster announced to go (no pod is placed there).
     going: tuple[str, ...] = ()
+
+    def pod(self, index: int, node: str) -> dict[str, Any]:
+        placed = make_pod(index=index, node=node)
+        return (placed.unbound() if index in self.unbound else placed).obj()
 
     def observed(self) -> Observed:
         job = TrainingJob.model_validate({"metadata": {"name": "j", "namespace": "ns", "generation": 1},
@@ -75,7 +81,7 @@ class Seen:
         nodes = {n["metadata"]["name"]: n for n in cluster}
         for name in self.down:
             nodes[name] = make_node(name, ready=False)
-        members = [make_pod(index=i, node=first.nodes[i]).obj() for i in range(self.gang) if i not in self.absent]
+        members = [self.pod(i, first.nodes[i]) for i in range(self.gang) if i not in self.absent]
         table: RankTable | None = None if self.table_gone else first.rank_table
         status = TrainingJobStatus(**{"phase": "Running", "observed_generation": 1, **self.status})
         capable = frozenset(range(self.gang) if self.capable is None else self.capable)
@@ -147,6 +153,9 @@ ROWS: list[tuple[str, Seen, tuple[Any, ...]]] = [
      ("RestartInPlace", (0, 1), (2,))),
     ("without room the straggler stays", node_lost(gang=3, cluster=4, status=flagged("node-0")),
      ("RestartInPlace", (1,), (0, 2))),
+    # issue 46: a replacement the restart kept on its node, its node NotReady before it was bound
+    ("a replacement stranded unbound on a node gone NotReady moves", node_lost(unbound=(1,)),
+     ("RestartInPlace", (1,), (0,))),
     ("a quarantined node is left too", Seen(status=QUARANTINED), ("RestartInPlace", (0,), (1,))),
     # FullRestart: each fallback
     ("in place is off", Seen(spec={"restartPolicy": {"inPlace": False}}), ("FullRestart", "InPlaceDisabled")),

@@ -275,3 +275,89 @@ async def test_an_operator_restarted_mid_restart_tells_the_launchers_the_same_th
     after = h.report(0, "failed", attempt=0, code=70)
     assert after.action is Action.RESTART and after.attempt == before.attempt == 1
     assert after.delta is not None and before.delta is not None and after.delta.digest == before.delta.digest
+
+
+@pytest.mark.parametrize("bound", [False, True], ids=["not yet bound", "bound"])
+async def test_a_replacement_whose_node_goes_down_after_the_restart_moves_elsewhere(bound: bool) -> None:
+    """Issue 46: a failed node's container is killed first (exit 137, as a node agent kills
+    it) and its node goes NotReady only later. The restart decided in between keeps the
+    replacement on that node (nothing blamed it yet); once the node is NotReady the replacement
+    can never run there: it moves (a new Infrastructure recovery blaming and quarantining the
+    node), and the gang runs again, instead of waiting out spec.gang.scheduleTimeoutSeconds."""
+    h = Harness(cluster(4), make_job(gang={"hotSpares": 1, "scheduleTimeoutSeconds": 900},
+                                     restartPolicy={"infrastructure": {"limit": 5, "backoffSeconds": 0}}))
+    await running(h)
+    node = h.pod_nodes()[1]
+    spare = h.status.placement.spares[0]  # type: ignore[union-attr]
+    # the container exits first; the scheduler has not got to the replacement when the node goes
+    h.cluster.scheduler_binds = bound
+    container_exit(1, code=137)(h)
+    await h.cycle(1.0)
+    st = h.status
+    assert st.last_restart is not None and (st.last_restart.mode, st.last_restart.replaced) == ("InPlace", [1])
+    assert st.attempt == 1 and st.placement is not None
+    assert st.placement.nodes[1] == node, "nothing blamed the node: the replacement stays on it"
+    assert h.report(0, "failed", attempt=0, code=70).action is Action.RESTART
+    h.report(0, "running", attempt=1)
+    assert bool(h.cluster.pods["j-a1-1"]["spec"].get("nodeName")) == bound
+    # the node goes NotReady (its lease ran out): the replacement stays Pending there
+    h.node_down(node)
+    h.cluster.scheduler_binds = True
+    for _ in range(10):
+        await h.cycle(1.0)
+        if h.status.attempt == 2:
+            break
+    st = h.status
+    assert st.attempt == 2, (st.phase, st.message, h.cluster.events)
+    assert st.last_restart is not None and (st.last_restart.mode, st.last_restart.replaced) == ("InPlace", [1])
+    assert st.last_failure is not None and st.last_failure.reason == "NodeNotReady"  # type: ignore[union-attr]
+    assert st.restarts.infrastructure == 2 and st.restarts.total == 2, st.restarts
+    assert [q.node for q in st.quarantined_nodes] == [node] and ("quarantine", node) in h.cluster.calls
+    assert st.placement.nodes[1] == spare and st.placement.nodes[0] == h.pod_nodes(0)[0]  # type: ignore[union-attr]
+    assert "j-a1-1" not in h.cluster.pods, "the stranded replacement is deleted"
+    # the placeholder on the spare goes, the new replacement is bound there and runs
+    h.cluster.finish_deletions()
+    await h.cycle(0.5)
+    assert h.cluster.pods["j-a2-1"]["spec"]["nodeName"] == spare
+    h.run_pods()
+    assert h.report(0, "running", attempt=1).action is Action.RESTART, "the kept launcher restarts again"
+    h.report(0, "running", attempt=2)
+    h.report(1, "running", attempt=2)
+    await h.cycle(0.5)
+    st = h.status
+    assert st.phase == "Running" and st.last_restart.state == "Done", (st.phase, st.message)  # type: ignore[union-attr]
+    assert "j-a0-0" in h.cluster.pods, "the kept pod stayed through both restarts"
+    assert any(r == "NodeNotReady" and "(node node-1 blamed: NodeNotReady)" in m for _, r, m in h.cluster.events), \
+        h.cluster.events
+
+
+async def test_a_kept_launcher_still_told_to_restart_keeps_the_second_restart_in_place() -> None:
+    """Issue 46, the same order, faster: the node goes NotReady before the kept launcher has
+    reported the new attempt (it was told to wait, then to restart). It spoke the restart
+    protocol for the attempt the restart came from: the second restart stays in place."""
+    h = Harness(cluster(4), make_job(gang={"hotSpares": 1},
+                                     restartPolicy={"infrastructure": {"limit": 5, "backoffSeconds": 0}}))
+    await running(h)
+    node = h.pod_nodes()[1]
+    h.cluster.scheduler_binds = False
+    container_exit(1, code=137)(h)
+    await h.cycle(1.0)
+    assert h.status.attempt == 1 and h.status.placement.nodes[1] == node  # type: ignore[union-attr]
+    h.node_down(node)
+    for _ in range(10):
+        await h.cycle(1.0)
+        if h.status.attempt == 2:
+            break
+    st = h.status
+    assert st.attempt == 2 and st.last_restart is not None, (st.phase, st.message)
+    assert (st.last_restart.mode, st.last_restart.replaced) == ("InPlace", [1]), st.last_restart
+    order = h.report(0, "failed", attempt=0, code=70)
+    assert (order.action, order.attempt) == (Action.RESTART, 2), "told to restart, now for attempt 2"
+    h.cluster.scheduler_binds = True
+    h.cluster.finish_deletions()
+    await h.cycle(0.5)
+    h.run_pods()
+    h.report(0, "running", attempt=2)
+    h.report(1, "running", attempt=2)
+    await h.cycle(0.5)
+    assert h.status.phase == "Running" and "j-a0-0" in h.cluster.pods, (h.status.phase, h.status.message)

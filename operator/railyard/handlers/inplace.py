@@ -35,7 +35,7 @@ from railyard.logic.conditions import format_micro_time, parse_time
 from railyard.logic.failure_report import describe_failure
 from railyard.logic.gang import attempt_of, gang_members, is_gated, pod_index_of, pod_name_of
 from railyard.logic.health.window import GroupLayout
-from railyard.logic.inplace import GROUP_REPAIR, decide_unacknowledged
+from railyard.logic.inplace import GROUP_REPAIR, decide_capable, decide_unacknowledged
 from railyard.logic.inplace import members_since as logic_members_since
 from railyard.logic.lifecycle import KEPT_ATTEMPTS, Relaunch, earlier_attempts
 from railyard.logic.manifests import (
@@ -88,20 +88,17 @@ def members_since(cycle: Cycle) -> int | None:
 
 def capable_pods(cycle: Cycle, members: Sequence[Obj]) -> frozenset[int]:
     """Pod indices whose launcher spoke the control protocol in the current attempt (or, for a
-    pod that carries on after a replica-group repair, in the older attempt it still runs)."""
-    reports = cycle.runtime.control.reports(cycle.ns, cycle.name)
-    carried = carried_attempts(cycle.status.last_restart, cycle.status.attempt, members)
-    out = set()
-    for p in members:
-        i = pod_index_of(p)
-        got = reports.get(i)
-        if got is None or got[0].pod != pod_name_of(p):
-            continue
-        if got[0].attempt == cycle.status.attempt or (
-            i in carried and carried[i] <= got[0].attempt < cycle.status.attempt
-        ):
-            out.add(i)
-    return frozenset(out)
+    pod that carries on after a replica-group repair, in the older attempt it still runs; or,
+    while the current attempt's in-place restart is under way, in the attempt it came from):
+    railyard.logic.inplace's decide_capable."""
+    attempt = cycle.status.attempt
+    return decide_capable(
+        members,
+        cycle.runtime.control.reports(cycle.ns, cycle.name),
+        attempt=attempt,
+        restarting_from=attempt - 1 if in_place_restart(cycle) is not None else None,
+        carried=carried_attempts(cycle.status.last_restart, attempt, members),
+    )
 
 
 async def begin_in_place(

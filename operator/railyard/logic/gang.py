@@ -119,6 +119,13 @@ def assess_gang(
     ``waiting``: pod indices of replica groups that wait for a node (logic/shrink.py): absent
     or idle by plan, neither a failure nor needed for the gang to run.
 
+    An attempt started in place (``since`` given: pods of earlier attempts are kept and wait
+    for its replacements) also fails on a replacement its planned node can never run
+    (:func:`classify_stranded`), within the same NotReady grace as a bound pod: the restart
+    decided before that node was known to be down (issue 46) is repaired by moving it, not
+    waited on for ``spec.gang.scheduleTimeoutSeconds``. A gang created whole waits for the
+    timeout, as :func:`find_stale_placement` says (nothing runs yet; the node may come back).
+
     ``echo_settle_s``: when the only failures are echoes (:data:`ECHO_KINDS`: exit 70, "a peer
     or a collective failed") while other pods of the gang still run, wait up to this long after
     the first echo exited for the cause to show (the crashed rank's own exit code arrives a
@@ -144,6 +151,9 @@ def assess_gang(
     deferred_node = False
     for p in current:
         f = classify_pod(p, nodes)
+        if f is None and since is not None:
+            # kept pods wait on this attempt's replacements: one its node can never run is lost
+            f = classify_stranded(p, nodes)
         if f is None:
             continue
         if f.kind == "NodeNotReady" and not_ready_grace_s > 0:
@@ -184,6 +194,38 @@ def assess_gang(
     return GangAssessment(state, recheck_after=recheck, **base)  # type: ignore[arg-type]
 
 
+#: Taints kube-controller-manager's node lifecycle controller puts on a node whose kubelet it
+#: stopped hearing from (it sets Ready Unknown too, and may do so a moment later): the scheduler
+#: binds no new pod there.
+NODE_DOWN_TAINTS = frozenset({"node.kubernetes.io/unreachable", "node.kubernetes.io/not-ready"})
+
+
+def planned_node_of(pod: Mapping[str, Any]) -> str:
+    """The node the placement chose for ``pod`` (its ``NODE_ANNOTATION``; "" when none)."""
+    return str((((pod.get("metadata") or {}).get("annotations")) or {}).get(NODE_ANNOTATION) or "")
+
+
+def classify_stranded(pod: Mapping[str, Any], nodes: Mapping[str, Mapping[str, Any]]) -> Failure | None:
+    """The failure of a pod not yet bound whose planned node can never run it: the node is gone
+    (NodeGone), NotReady or Unknown, or tainted as unreachable or not ready (NodeNotReady),
+    blaming that node as a bound pod's failure there would. The placement pins the pod to that
+    node and the scheduler binds nothing there, so the pod would stay Pending for ever. None:
+    bound (:func:`railyard.logic.failures.classify_pod` judges it), gated, being deleted, or
+    its planned node can still take it."""
+    meta = pod.get("metadata") or {}
+    planned = planned_node_of(pod)
+    if not planned or (pod.get("spec") or {}).get("nodeName") or meta.get("deletionTimestamp") or is_gated(pod):
+        return None
+    name = str(meta.get("name", ""))
+    node = nodes.get(planned)
+    if node is None:
+        return build_failure("NodeGone", planned, node=planned, pod=name)
+    taints = {str(t.get("key") or "") for t in (node.get("spec") or {}).get("taints") or ()}
+    if not node_is_ready(node) or taints & NODE_DOWN_TAINTS:
+        return build_failure("NodeNotReady", planned, node=planned, pod=name)
+    return None
+
+
 #: Why a planned node can no longer take its pod, besides topology's exclusion reasons.
 NODE_GONE = "NodeGone"
 NOT_SELECTED = "NotSelected"
@@ -213,7 +255,7 @@ def find_stale_placement(
     out = []
     for p in pods:
         meta = p.get("metadata") or {}
-        planned = str((meta.get("annotations") or {}).get(NODE_ANNOTATION) or "")
+        planned = planned_node_of(p)
         if not planned or (p.get("spec") or {}).get("nodeName") or meta.get("deletionTimestamp"):
             continue
         node = nodes.get(planned)

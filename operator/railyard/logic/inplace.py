@@ -23,7 +23,7 @@ from typing import Any, Literal
 from railyard.api.corev1 import node_is_ready
 from railyard.api.trainingjob import TrainingJobStatus
 from railyard.logic.conditions import format_micro_time
-from railyard.logic.gang import pod_index_of, pod_name_of
+from railyard.logic.gang import planned_node_of, pod_index_of, pod_name_of
 from railyard.logic.placement import Placement, Unplaceable
 from railyard.protocol.control import Action, LauncherReport, LauncherState
 from railyard.protocol.mesh import group_of_pod_index, pods_per_group
@@ -125,6 +125,36 @@ def apply_launcher_reports(
     return out
 
 
+def decide_capable(
+    members: Sequence[Obj],
+    reports: Mapping[int, tuple[LauncherReport, float]],
+    *,
+    attempt: int,
+    restarting_from: int | None = None,
+    carried: Mapping[int, int] | None = None,
+) -> frozenset[int]:
+    """Pod indices whose launcher speaks the control protocol (an in-place restart keeps only
+    such pods: nothing else could tell them to restart). Its latest report is this very pod's
+    (not a replaced pod's of that index) and of ``attempt``; or of ``restarting_from`` (the
+    attempt an in-place restart of ``attempt`` still under way came from): a kept launcher told
+    to wait or to restart that has not reported the new attempt yet still listens (a second
+    failure during the restart, issue 46: the replacement's node went down, must not turn the
+    next restart into a full one); or, for a pod that carries on after a replica-group repair
+    (``carried``: pod index -> the attempt it runs from), of an attempt since then."""
+    out = set()
+    for p in members:
+        i = pod_index_of(p)
+        got = reports.get(i)
+        if got is None or got[0].pod != pod_name_of(p):
+            continue
+        said = got[0].attempt
+        if said == attempt or (restarting_from is not None and said == restarting_from) or (
+            carried is not None and i in carried and carried[i] <= said < attempt
+        ):
+            out.add(i)
+    return frozenset(out)
+
+
 def members_since(status: TrainingJobStatus) -> int | None:
     """The ``since`` of :func:`railyard.logic.gang.gang_members` for the status's attempt: the
     attempt of the last full creation while that attempt was started in place, else None."""
@@ -209,7 +239,9 @@ def decide_restart_mode(
         if (p.get("metadata") or {}).get("deletionTimestamp"):
             reason = "pod being deleted"
         elif not node:
-            reason = "pod not bound"
+            # a replacement not yet bound: blamed where the placement pinned it (issue 46)
+            planned = planned_node_of(p)
+            reason = f"node {planned} {move_off[planned]}" if planned in move_off else "pod not bound"
         elif node in move_off:
             reason = f"node {node} {move_off[node]}"
         elif node not in nodes or not node_is_ready(nodes.get(node)):
