@@ -52,6 +52,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from inplace import _prepare, start_operator, stop_operator
+from jobs import jobs_path, wait_job
 from provenance import write_results
 from railyard.k8s.client import ApiError, Kube
 from railyard_local import podlogs
@@ -97,25 +98,7 @@ def job_spec(mode: str, *, steps: int, selector: dict[str, str]) -> dict[str, An
     return spec
 
 
-def _jobs(name: str = "") -> str:
-    return f"/apis/railyard.dev/v1alpha1/namespaces/{NS}/trainingjobs" + (f"/{name}" if name else "")
 
-
-async def _status(kube: Kube, name: str) -> dict[str, Any]:
-    obj = await kube.get(_jobs(name)) or {}
-    return dict(obj.get("status") or {})
-
-
-async def _wait(kube: Kube, name: str, what: str, pred: Any, timeout: float) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        s = await _status(kube, name)
-        if pred(s):
-            return s
-        if s.get("phase") == "Failed":
-            raise RuntimeError(f"{name}: job failed while waiting for {what}: {json.dumps(s)[:2000]}")
-        await asyncio.sleep(0.2)
-    raise TimeoutError(f"{name}: {what} not within {timeout:.0f} s: {json.dumps(await _status(kube, name))[:2000]}")
 
 
 async def _evict(kube: Kube, pod: str) -> int:
@@ -134,9 +117,9 @@ async def run_job(kubeconfig: Path, name: str, spec: dict[str, Any], drain_at: i
     kube = Kube.from_config(str(kubeconfig))
     victim = ""
     try:
-        await kube.create(_jobs(), {"apiVersion": "railyard.dev/v1alpha1", "kind": "TrainingJob",
+        await kube.create(jobs_path(NS), {"apiVersion": "railyard.dev/v1alpha1", "kind": "TrainingJob",
                                     "metadata": {"name": name, "namespace": NS}, "spec": spec})
-        s = await _wait(kube, name, f"step {drain_at} with a memory checkpoint",
+        s = await wait_job(kube, NS, name, f"step {drain_at} with a memory checkpoint",
                         lambda s: s.get("phase") == "Running" and s.get("step", 0) >= drain_at
                         and any(c.get("tier") == "memory" for c in s.get("checkpoints") or []), START_S)
         victim = s["placement"]["nodes"][1]
@@ -162,13 +145,13 @@ async def run_job(kubeconfig: Path, name: str, spec: dict[str, Any], drain_at: i
             await asyncio.sleep(1.0)
         raw["drained_at"] = time.time()
         raw["evictions"] = answers
-        s = await _wait(kube, name, "the end", lambda s: s.get("phase") in ("Succeeded", "Failed"), START_S + RUN_S)
+        s = await wait_job(kube, NS, name, "the end", lambda s: s.get("phase") in ("Succeeded", "Failed"), START_S + RUN_S)
         raw["status"] = {k: s.get(k) for k in ("phase", "attempt", "restarts", "lastRestart", "restore")}
         return raw
     finally:
         if victim:
             await kube.patch(f"/api/v1/nodes/{victim}", {"spec": {"unschedulable": False}})
-        await kube.delete(_jobs(name))
+        await kube.delete(jobs_path(NS, name))
         await kube.close()
 
 

@@ -60,6 +60,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import itertools
 
 from inplace import _prepare, start_operator, stop_operator
+from jobs import jobs_path, wait_job
 from provenance import write_results
 from railyard.k8s.client import Kube
 from railyard_local import podlogs
@@ -112,13 +113,6 @@ def job_spec(mode: str, *, steps: int, selector: dict[str, str], groups: int) ->
     return spec
 
 
-def _jobs(name: str = "") -> str:
-    return f"/apis/railyard.dev/v1alpha1/namespaces/{NS}/trainingjobs" + (f"/{name}" if name else "")
-
-
-async def _status(kube: Kube, name: str) -> dict[str, Any]:
-    obj = await kube.get(_jobs(name)) or {}
-    return dict(obj.get("status") or {})
 
 
 async def _gang(kube: Kube, name: str) -> dict[str, dict[str, Any]]:
@@ -136,17 +130,6 @@ async def _gang(kube: Kube, name: str) -> dict[str, dict[str, Any]]:
     return out
 
 
-async def _wait(kube: Kube, name: str, what: str, pred: Any, timeout: float) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        s = await _status(kube, name)
-        if pred(s):
-            return s
-        if s.get("phase") == "Failed":
-            raise RuntimeError(f"{name}: job failed while waiting for {what}: {json.dumps(s)[:2000]}")
-        await asyncio.sleep(0.5)
-    raise TimeoutError(f"{name}: {what} not within {timeout:.0f} s: {json.dumps(await _status(kube, name))[:2000]}")
-
 
 async def run_job(kubeconfig: Path, name: str, spec: dict[str, Any], fail_at: int | None) -> dict[str, Any]:
     """Create the job; fail the node of pod :func:`victim` once it has ``fail_at`` steps; wait
@@ -154,24 +137,24 @@ async def run_job(kubeconfig: Path, name: str, spec: dict[str, Any], fail_at: in
     kube = Kube.from_config(str(kubeconfig))
     victim_node = ""
     try:
-        await kube.create(_jobs(), {"apiVersion": "railyard.dev/v1alpha1", "kind": "TrainingJob",
+        await kube.create(jobs_path(NS), {"apiVersion": "railyard.dev/v1alpha1", "kind": "TrainingJob",
                                     "metadata": {"name": name, "namespace": NS}, "spec": spec})
         raw: dict[str, Any] = {"job": name}
         if fail_at is not None:
-            s = await _wait(kube, name, f"step {fail_at}", lambda s: s.get("phase") == "Running" and s.get("step", 0) >= fail_at, START_S)
+            s = await wait_job(kube, NS, name, f"step {fail_at}", lambda s: s.get("phase") == "Running" and s.get("step", 0) >= fail_at, START_S, poll_s=0.5)
             raw["before"] = await _gang(kube, name)
             victim_node = s["placement"]["nodes"][victim(spec["parallelism"]["dataReplicas"])]
             raw["victim_node"] = victim_node
             raw["failed_at"] = time.time()  # the one time this script takes: when it injected the fault
             await kube.patch(f"/api/v1/nodes/{victim_node}", {"metadata": {"annotations": {FAIL_ANNOTATION: "true"}}})
-        s = await _wait(kube, name, "the end", lambda s: s.get("phase") in ("Succeeded", "Failed"), START_S + RUN_S)
+        s = await wait_job(kube, NS, name, "the end", lambda s: s.get("phase") in ("Succeeded", "Failed"), START_S + RUN_S, poll_s=0.5)
         raw["status"] = {k: s.get(k) for k in ("phase", "attempt", "restarts", "lastRestart")}
         raw["after"] = await _gang(kube, name)
         return raw
     finally:
         if victim_node:
             await kube.patch(f"/api/v1/nodes/{victim_node}", {"metadata": {"annotations": {FAIL_ANNOTATION: None}}})
-        await kube.delete(_jobs(name))
+        await kube.delete(jobs_path(NS, name))
         await kube.close()
 
 

@@ -57,7 +57,7 @@ NEEDS_GPU = {"gpu/mfu.py"}
 #: The prepared GPU run: its dry mode on the CPU is tests/bench/test_gpu_run_dry.py.
 DRY_ELSEWHERE = {"gpu/run.py", "gpu/titan.py"}
 #: Not a benchmark: what every benchmark writes beside its results (commit, date, machine).
-HELPERS = {"provenance.py"}
+HELPERS = {"provenance.py", "jobs.py"}
 
 
 def run_bench(script: str, args: list[str], out: Path | None) -> subprocess.CompletedProcess[str]:

@@ -55,7 +55,7 @@ def declared_measures(script: Path) -> tuple[str, ...]:
 
 
 def bench_scripts() -> list[Path]:
-    return sorted(p for p in BENCH.glob("*.py") if p.name != "provenance.py")
+    return sorted(p for p in BENCH.glob("*.py") if p.name not in ("provenance.py", "jobs.py"))  # helpers, not benches
 
 
 def result_names() -> list[str]:
