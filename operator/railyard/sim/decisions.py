@@ -369,7 +369,8 @@ class Cluster:
         self.attempt += 1
         self.replacements += moved
         held = set(self._spares)
-        self.last_cold = sum(1 for p, new in zip(lost, new_nodes, strict=True) if new != self._gang[p] and new not in held)
+        self.last_cold = sum(1 for p, new in zip(lost, new_nodes, strict=True)
+                             if new != self._gang[p] and new not in held)
         for p, new in zip(lost, new_nodes, strict=True):
             self._move(p, new)
         self._spares = spares
