@@ -95,3 +95,5 @@ def test_the_sweep_has_a_row_per_pool_size_in_place_and_with_groups(
 def test_a_negative_pool_is_refused_naming_the_flag(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["simulate", "--gpus", "64", "--pp", "1", "--hot-spares", "0,-1", "--out", "/dev/null"]) == 2
     assert "--hot-spares: must be >= 0" in capsys.readouterr().err
+    assert main(["simulate", "--gpus", "64", "--pp", "1", "--hot-spares", "0,4", "--seeds", "0-1"]) == 2
+    assert "with --seeds give one size" in capsys.readouterr().err

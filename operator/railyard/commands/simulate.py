@@ -239,6 +239,8 @@ def run(args: argparse.Namespace) -> int:
     # with a list the table shows the default pool, the sweep every size asked for and the default
     spare_sweep = sorted({*args.hot_spares, DEFAULT_HOT_SPARES}) if len(args.hot_spares) > 1 else []
     args.hot_spares = DEFAULT_HOT_SPARES if spare_sweep else args.hot_spares[0]
+    if spare_sweep and args.seeds:
+        problems.append("--hot-spares: a list of sizes is a sweep on one seed's trace; with --seeds give one size")
     chosen = scn.choose_replica_groups().groups if not problems else 0
     if AUTO in args.replica_groups and not chosen and not problems:
         problems.append(f"--replica-groups auto: {scn.choose_replica_groups().reason}")
