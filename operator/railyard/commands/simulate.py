@@ -13,6 +13,7 @@ import sys
 from typing import Any
 
 from railyard.sim.model import (
+    DEFAULT_HOT_SPARES,
     MAX_FAILURE_SCALE,
     Scenario,
     baseline_policy,
@@ -21,6 +22,7 @@ from railyard.sim.model import (
 from railyard.sim.report import (
     compare,
     format_seeds,
+    format_spare_sweep,
     format_sweep,
     format_table,
     write_json,
@@ -133,7 +135,10 @@ def add_parser(sub: Any) -> None:
              f"{_D.heal_bw_per_node * 8 / 1e9:g}: one NDR InfiniBand rail; the pod network's rate without it)",
     )
     p.add_argument(
-        "--hot-spares", type=int, default=32, help="hot spare nodes held by our policy (default 32)"
+        "--hot-spares", type=_spare_counts, default=[DEFAULT_HOT_SPARES],
+        help=f"hot spare nodes held by our policy (spec.gang.hotSpares; default {DEFAULT_HOT_SPARES}); several, "
+             "e.g. 0,8,16,64: also print goodput and lost GPU-hours against the pool's size, in place and with "
+             f"replica groups, on the same trace (the table shows {DEFAULT_HOT_SPARES}, marked as the default)",
     )
     p.add_argument(
         "--baseline-interval",
@@ -172,6 +177,14 @@ def add_parser(sub: Any) -> None:
 
 #: ``--replica-groups auto``: the operator's choice (railyard.logic.groups).
 AUTO = -1
+
+
+def _spare_counts(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a number of hot spares or a comma-separated list, e.g. 32 or 0,8,16,64") from None
 
 
 def _group_counts(text: str) -> list[int]:
@@ -221,8 +234,13 @@ def build_scenario(args: argparse.Namespace) -> Scenario:
 def run(args: argparse.Namespace) -> int:
     scn = build_scenario(args)
     problems = scn.problems()
-    if args.hot_spares < 0:
-        problems.append(f"--hot-spares: must be >= 0, got {args.hot_spares}")
+    if any(n < 0 for n in args.hot_spares):
+        problems.append(f"--hot-spares: must be >= 0, got {','.join(map(str, args.hot_spares))}")
+    # with a list the table shows the default pool, the sweep every size asked for and the default
+    spare_sweep = sorted({*args.hot_spares, DEFAULT_HOT_SPARES}) if len(args.hot_spares) > 1 else []
+    args.hot_spares = DEFAULT_HOT_SPARES if spare_sweep else args.hot_spares[0]
+    if spare_sweep and args.seeds:
+        problems.append("--hot-spares: a list of sizes is a sweep on one seed's trace; with --seeds give one size")
     chosen = scn.choose_replica_groups().groups if not problems else 0
     if AUTO in args.replica_groups and not chosen and not problems:
         problems.append(f"--replica-groups auto: {scn.choose_replica_groups().reason}")
@@ -255,13 +273,16 @@ def run(args: argparse.Namespace) -> int:
             return 2
         return 0
     try:
-        result = compare(scn, ours, base, replica_groups=args.replica_groups, group_sweep=sweep)
+        result = compare(scn, ours, base, replica_groups=args.replica_groups, group_sweep=sweep,
+                         spare_sweep=spare_sweep)
     except ValueError as exc:
         print(f"railyard simulate: {exc}", file=sys.stderr)
         return 2
     print(format_table(result))
     if sweep:
         print(format_sweep(result))
+    if spare_sweep:
+        print(format_spare_sweep(result, DEFAULT_HOT_SPARES))
     out_dir = os.path.dirname(args.out)
     if out_dir:
         os.makedirs(out_dir, exist_ok=True)

@@ -260,6 +260,9 @@ class Cluster:
         self._topology_cache = TopologyCache()
         self.attempt = 0
         self.replacements = 0
+        #: Pods the last re-placement put on a node that was not a held spare (their container
+        #: starts cold, as a new pod's: Scenario.pod_start_s, not spare_container_start_s).
+        self.last_cold = 0
         placed = plan_placement(build_placement_input(
             job, nodes=list(self._healthy.values()), pods=self.pods, cache=self._topology_cache))
         if isinstance(placed, Unplaceable):
@@ -365,6 +368,9 @@ class Cluster:
             spares, self._peers, moved = placed.spares, placed.replica_peers, len(placed.moved)
         self.attempt += 1
         self.replacements += moved
+        held = set(self._spares)
+        self.last_cold = sum(1 for p, new in zip(lost, new_nodes, strict=True)
+                             if new != self._gang[p] and new not in held)
         for p, new in zip(lost, new_nodes, strict=True):
             self._move(p, new)
         self._spares = spares

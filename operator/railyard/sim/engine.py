@@ -57,6 +57,8 @@ class RunResult:
     job_failures: int = 0
     #: Unplaceable re-placements that had to wait for a repair.
     waits_for_repair: int = 0
+    #: Re-placements that moved a pod to a node that was not a held spare (the pool was used up).
+    cold_moves: int = 0
     #: Every interruption: (time, cause, lost seconds including recomputation).
     timeline: list[tuple[float, str, float]] = field(default_factory=list)
     #: Each enabled tier's save interval in steps and why (railyard.logic.intervals).
@@ -146,7 +148,7 @@ class _Run:
         # the intervals the spec leaves open by the operator's rule, from this scenario's figures
         choices = decide_sim_intervals(
             scn, policy, stall_s=stalls, duration_s=writes,
-            group_outage_s=scn.pod_exit_detect_s + self.in_place_restart_s(node_lost=True) + self.group_heal_s())
+            group_outage_s=scn.pod_exit_detect_s + scn.in_place_restart_s(node_lost=True) + self.group_heal_s())
         self.res.checkpoint_intervals = {c.tier: c.steps for c in choices}
         self.res.interval_reasons = tuple(c.reason for c in choices)
         self.tiers: dict[Tier, _TierState] = {}
@@ -433,7 +435,7 @@ class _Run:
         self.res.restarts[name] += 1
         self.res.interruptions += 1
         groups = {group_of_pod_index(p, self.group_pods) for p in pods}
-        parts = {"backoff": wait, "restart": scn.in_place_restart_s(node_lost=True)}
+        parts = {"backoff": wait, "restart": self.in_place_restart_s(node_lost=True)}
         if self.pol.replica_groups > 1 and len(groups) < self.pol.replica_groups:
             self.group_down(PLANNED_CAUSE, parts, lost_groups=len(groups), clean=True)
             return
@@ -455,6 +457,7 @@ class _Run:
                 raise RuntimeError("no node can ever replace the failed one; enlarge the cluster")
             waited += max(0.0, nxt - when)
             when = max(when, nxt)
+        self.res.cold_moves += self.cluster.last_cold > 0
         return waited
 
     # ------------------------------------------------------------------ failures
@@ -464,7 +467,10 @@ class _Run:
         return s.teardown_s + s.nodes / s.schedule_pods_per_s + s.pod_start_s + s.init_s
 
     def in_place_restart_s(self, *, node_lost: bool) -> float:
-        return self.scn.in_place_restart_s(node_lost=node_lost)
+        """The in-place restart after the last re-placement: a moved pod that found no held spare
+        (the pool used up) starts cold on a free node, and the restart waits for the slowest."""
+        cold = self.cluster is not None and node_lost and self.cluster.last_cold > 0
+        return self.scn.in_place_restart_s(node_lost=node_lost, on_spare=not cold)
 
     def restore_s(self, tier: str, *, node_lost: bool) -> float:
         s = self.scn

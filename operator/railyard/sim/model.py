@@ -99,6 +99,8 @@ GROUP_DEGRADED_EFFICIENCY = 1.0
 #: What ``railyard simulate`` compared before the operator chose the number (Llama 3's 128 data
 #: replicas in 8 groups of 16); ``--replica-groups`` now defaults to the choice (Scenario.choose_replica_groups).
 DEFAULT_REPLICA_GROUPS = 8
+#: Our policy's hot spares (``spec.gang.hotSpares``) unless ``--hot-spares`` says otherwise.
+DEFAULT_HOT_SPARES = 32
 
 #: A slow node that eventually fails hard (the baseline waits for that); not in Table 5.
 STRAGGLER_CAUSE = Cause("Straggler (slow node)", 0, True, "hang", "StragglerVerdict")
@@ -317,10 +319,12 @@ class Scenario:
         """The job's nodes plus free room; a policy's hot spares come on top."""
         return self.nodes + max(1, math.ceil(self.nodes * self.extra_nodes_fraction))
 
-    def in_place_restart_s(self, *, node_lost: bool) -> float:
+    def in_place_restart_s(self, *, node_lost: bool, on_spare: bool = True) -> float:
         """Kept pods restart their workers in place while the lost node's pod comes up on a held
-        spare (its image already there); then the communicators are set up again."""
-        replacement = self.replacement_s + self.spare_container_start_s if node_lost else 0.0
+        spare (its image already there; ``on_spare=False``: on a free node, started as a new pod
+        is, ``pod_start_s``); then the communicators are set up again."""
+        start = self.spare_container_start_s if on_spare else self.pod_start_s
+        replacement = self.replacement_s + start if node_lost else 0.0
         return self.placement_s + self.control_signal_s + max(replacement, self.process_restart_s) + self.init_s
 
     def group_shape(self) -> GroupShape:
@@ -405,7 +409,7 @@ class PolicyConfig:
         return out
 
 
-def our_policy(*, hot_spares: int = 32, restart_limit: int = 10_000, in_place: bool = True,
+def our_policy(*, hot_spares: int = DEFAULT_HOT_SPARES, restart_limit: int = 10_000, in_place: bool = True,
                replica_groups: int = 0) -> PolicyConfig:
     """The TrainingJob defaults (tier intervals by the operator's rule, heartbeats, SDC checks
     every 50 steps, restarts in place), with straggler action Restart, hot spares, and budgets sized for

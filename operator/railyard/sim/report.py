@@ -55,6 +55,9 @@ class Comparison:
     sweep: tuple[tuple[int, RunResult], ...] = ()
     #: The operator's number of replica groups for this job on this cluster (``dataReplicas: 0``).
     choice: GroupChoice | None = None
+    #: Our policy with each hot-spare pool size of ``compare(spare_sweep=...)``, in order: (spares,
+    #: in place, with the replica groups of ``compare(replica_groups=R)`` or None).
+    spare_sweep: tuple[tuple[int, RunResult, RunResult | None], ...] = ()
 
     @property
     def calibration_gap(self) -> float:
@@ -77,12 +80,14 @@ def compare(
     *,
     replica_groups: int = 0,
     group_sweep: Sequence[int] = (),
+    spare_sweep: Sequence[int] = (),
     extras: bool = True,
 ) -> Comparison:
     """Both policies through the same seeded trace; the baseline again on the paper's trace;
     with ``replica_groups`` R > 1 also ours with faultTolerance ReplicaGroups of R groups; with
     ``group_sweep`` ours with each of those numbers of groups (1: none), on the same trace, so
-    goodput can be read against R. ``extras=False``: without the full-restart and calibration
+    goodput can be read against R; with ``spare_sweep`` ours (in place, and with R groups) with
+    each of those hot-spare pool sizes, on the same trace. ``extras=False``: without the full-restart and calibration
     runs (a sweep over seeds reads only ours, with groups, and the baseline)."""
     started = time.perf_counter()
     ours = ours or our_policy()
@@ -101,6 +106,16 @@ def compare(
     r_groups = with_groups(replica_groups) if replica_groups > 1 else None
     runs = {replica_groups: r_groups} if r_groups is not None else {}
     sweep = tuple((r, runs.get(r) or (with_groups(r) if r > 1 else r_ours)) for r in group_sweep)
+    spares = []
+    for n in spare_sweep:
+        def with_spares(r: int, n: int = n) -> RunResult:
+            return simulate(scn, replace(ours, hot_spares=n, replica_groups=r,
+                                         name=f"{ours.name}, {n} hot spares" + (f", {r} replica groups" if r else "")),
+                            trace)
+
+        mine = n == ours.hot_spares
+        grouped = (r_groups if mine else with_spares(replica_groups)) if r_groups is not None else None
+        spares.append((n, r_ours if mine else with_spares(0), grouped))
     r_base = simulate(scn, baseline, trace)
     # the calibration is against what Llama 3 reported, so it runs Llama 3's cluster and period
     # (16,384 GPUs, 54 days), whatever size is simulated
@@ -108,7 +123,7 @@ def compare(
     r_cal = simulate(paper, baseline, generate_trace(paper)) if extras else r_base
     r_cal.policy = "baseline (Llama 3 trace only)"
     return Comparison(scn, r_ours, r_base, r_cal, trace, time.perf_counter() - started, r_full, r_groups, sweep,
-                      scn.choose_replica_groups())
+                      scn.choose_replica_groups(), tuple(spares))
 
 
 def format_sweep(c: Comparison) -> str:
@@ -128,6 +143,43 @@ def format_sweep(c: Comparison) -> str:
                  f"{s.cross_group_exposed:.0%} of it exposed)")
     if c.choice is not None:
         lines.append(f"  the operator's choice (parallelism.dataReplicas: 0): {c.choice.reason}")
+    return "\n".join(lines)
+
+
+def format_spare_sweep(c: Comparison, default: int) -> str:
+    """Goodput and lost GPU-hours against the hot-spare pool (``--hot-spares 0,8,16,64``), in place
+    and with replica groups, on the same trace. What spares change in the model is what the
+    operator does with them: a moved pod lands on a held spare (placeholder ran the image: its
+    container starts in ``spare_container_start_s``) while one is left, else on a free node (a
+    new pod's ``pod_start_s``); the sticky re-placement tops the pool up from free nodes."""
+    s = c.scenario
+    grouped = any(g is not None for _, _, g in c.spare_sweep)
+    r = next((g.policy.rsplit(", ", 1)[-1] for _, _, g in c.spare_sweep if g is not None), "")
+    head = f"{'hot spares':>10}{'goodput in place':>18}{'lost GPU-h':>12}{'cold moves':>12}"
+    if grouped:
+        head += f"{'with ' + r:>26}{'lost GPU-h':>12}{'cold moves':>12}"
+    lines = [f"goodput against the hot-spare pool (spec.gang.hotSpares; {s.nodes:,} job nodes + "
+             f"{s.cluster_nodes - s.nodes:,} free, same trace)", head, "-" * len(head)]
+    for n, ours, groups in c.spare_sweep:
+        line = (f"{n:>10}{ours.goodput:>18.2%}{sum(ours.lost_gpu_hours().values()):>12,.0f}"
+                f"{ours.cold_moves:>12}")
+        if grouped:
+            line += (f"{groups.goodput:>26.2%}{sum(groups.lost_gpu_hours().values()):>12,.0f}{groups.cold_moves:>12}"
+                     if groups is not None else f"{'-':>26}{'-':>12}{'-':>12}")
+        lines.append(line + ("  <- the default" if n == default else ""))
+    lines += [
+        f"  a pod moved after a fault or a drain starts on a held spare in {s.spare_container_start_s:g} s (its "
+        f"placeholder ran the image), else on a free node in {s.pod_start_s:g} s;",
+        "  cold moves: re-placements that ran out of held spares (a leaf switch or a drained leaf moves up to "
+        f"{s.nodes_per_leaf} pods at once); the in-place",
+        f"  restart waits for the slowest pod when it is slower than the kept pods' worker restart "
+        f"({s.process_restart_s:g} s); each re-placement tops the pool up from free nodes",
+        "  spares also decide where moved pods live, so which pods a later leaf event takes: with correlated "
+        "failures more spares can lose a little more",
+        "  without in-place restart spares change nothing but the waits for a repaired node: every restart "
+        "recreates every pod (none starts on a",
+        "  held spare's image); the baseline holds none",
+    ]
     return "\n".join(lines)
 
 
@@ -404,6 +456,15 @@ def to_json(c: Comparison, policies: Mapping[str, PolicyConfig] | None = None) -
              "lost_gpu_hours": round(sum(res.lost_gpu_hours().values()), 3),
              "healed_from_peer": res.restore_tiers.get("live peer", 0)}
             for r, res in c.sweep
+        ]
+    if c.spare_sweep:
+        out["hot_spare_sweep"] = [
+            {"hot_spares": n, "goodput": ours.goodput, "lost_gpu_hours": round(sum(ours.lost_gpu_hours().values()), 3),
+             "cold_moves": ours.cold_moves, "waits_for_repair": ours.waits_for_repair,
+             **({"goodput_replica_groups": groups.goodput,
+                 "lost_gpu_hours_replica_groups": round(sum(groups.lost_gpu_hours().values()), 3),
+                 "cold_moves_replica_groups": groups.cold_moves} if groups is not None else {})}
+            for n, ours, groups in c.spare_sweep
         ]
     if policies:
         out["policies"] = {k: _policy_dict(p) for k, p in policies.items()}
