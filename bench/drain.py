@@ -219,7 +219,9 @@ def measure(mode: str, raw: dict[str, Any], events: dict[tuple[int, int], list[d
         twice = max(twice, len(numbers) - len(set(numbers)))
     survivor = _of(events, 0, "step")
     median = _median_step_s(survivor, raw["cordoned_at"])
-    lost = sum(_lost_s(_of(events, i, "step"), raw["cordoned_at"], median) for i in sorted({i for _, i in events}))
+    indices = sorted({i for _, i in events})
+    end = max((float(e["time"]) for i in indices for e in _of(events, i, "step")), default=0.0)  # the last step
+    lost = sum(_lost_s(_of(events, i, "step"), raw["cordoned_at"], median, end) for i in indices)
     out: dict[str, Any] = {
         "phase": raw["status"].get("phase"),
         "steps_trained_twice": twice,
@@ -258,9 +260,10 @@ def measure(mode: str, raw: dict[str, Any], events: dict[tuple[int, int], list[d
     return out
 
 
-def _lost_s(steps: list[dict[str, Any]], since: float, median: float) -> float:
+def _lost_s(steps: list[dict[str, Any]], since: float, median: float, end: float) -> float:
     """One rank's seconds lost after ``since``: each wait between two new highest steps longer
-    than twice ``median``, less ``median`` (what that step would have taken)."""
+    than twice ``median``, less ``median`` (what that step would have taken); a wait still open at
+    the job's ``end`` (a group that never came back before the others finished) runs until then."""
     lost, top, t_top = 0.0, -1, None
     for e in steps:
         t, k = float(e["time"]), int(e["step"])
@@ -269,6 +272,8 @@ def _lost_s(steps: list[dict[str, Any]], since: float, median: float) -> float:
         if t >= since and t_top is not None and t - t_top > 2 * median:
             lost += t - t_top - median  # a wait across the event counts whole: that step was lost too
         top, t_top = k, t
+    if t_top is not None and end - t_top > 2 * median:
+        lost += end - t_top - median
     return max(lost, 0.0)
 
 
