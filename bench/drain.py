@@ -24,7 +24,8 @@ sharpens the figure).
 Everything else is read from what the run leaves behind: the pods' step events (``time``,
 ``step``, ``participants``, ``quorum_s``), ``replica_left``, the job's status. Per mode:
 
-- rank-seconds lost: for each pod index (one rank each), the waits between two new highest steps
+- rank-seconds lost: for each pod index whose rank 0 logs steps (one for the gang in place, one a
+  group with ReplicaGroups), times the ranks it stands for, the waits between two new highest steps
   after the event (cordon or failure) longer than twice the median step time before it, less that
   median (a loaded machine's jitter is left out), summed; a moved group's time out counts;
 - steps trained twice (target 0 for a planned move): for each pod index, step numbers its rank 0 logged more than
@@ -91,6 +92,8 @@ LABELS = {"in_place": "in place", "replica_groups": "replica groups", "unplanned
 UNPLANNED = frozenset({"unplanned_in_place"})
 #: The modes that fail the node instead of draining it.
 FAILURE = frozenset({"failure_in_place", "failure_replica_groups"})
+#: The job's ranks: 2 pods x 1 rank.
+RANKS = 2
 NO_BUDGET = {"limit": 0, "backoffSeconds": 0}
 #: The modes that lose a pod spend the budget: 3 restarts of each kind, so the job lives to be measured.
 SOME_BUDGET = {"limit": 3, "backoffSeconds": 0}
@@ -221,7 +224,11 @@ def measure(mode: str, raw: dict[str, Any], events: dict[tuple[int, int], list[d
     median = _median_step_s(survivor, raw["cordoned_at"])
     indices = sorted({i for _, i in events})
     end = max((float(e["time"]) for i in indices for e in _of(events, i, "step")), default=0.0)  # the last step
-    lost = sum(_lost_s(_of(events, i, "step"), raw["cordoned_at"], median, end) for i in indices)
+    # the trainer's rank 0 logs the steps (each group's, with ReplicaGroups): its waits are those of
+    # every rank it stands for (a gang in place waits as one; a group as one)
+    logging = [i for i in indices if _of(events, i, "step")]
+    per_log = RANKS / max(len(logging), 1)
+    lost = per_log * sum(_lost_s(_of(events, i, "step"), raw["cordoned_at"], median, end) for i in logging)
     out: dict[str, Any] = {
         "phase": raw["status"].get("phase"),
         "steps_trained_twice": twice,
