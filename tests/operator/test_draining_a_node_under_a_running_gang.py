@@ -217,3 +217,23 @@ async def test_an_announcement_taken_back_before_the_save_withdraws_the_order() 
     await h.cycle(1.0)
     assert [(o.action, o.save_step) for o in h.all_report()] == [(Action.SAVE, 20 + LEAD_STEPS)] * 2
     assert h.status.phase == "Running" and h.status.restarts.planned == 0
+
+
+async def test_with_planned_moves_off_a_cordon_moves_nothing_and_no_budget_holds_a_drain() -> None:
+    """``--no-planned-moves``: the behaviour before issue 47, kept to measure against
+    (bench/drain.py): no PodDisruptionBudget is made and a cordoned node's pod stays where it is
+    (the drain's eviction then deletes it, a failure)."""
+    h = Harness(cluster(), make_job(gang={"hotSpares": 1}, restartPolicy=NO_BUDGET), planned_moves=False)
+    await running(h)
+    assert ("PodDisruptionBudget", "j") not in h.cluster.objects
+    going = h.pod_nodes()[1]
+    beat(h, 7, saved=5)
+    await h.cycle(1.0)
+    cordon(h, going)
+    for _ in range(3):
+        await h.cycle(1.0)
+    st = h.status
+    assert st.phase == "Running" and st.attempt == 0 and st.restarts.planned == 0, (st.phase, st.message)
+    assert not any(r.startswith("PlannedMove") for _, r, _ in h.cluster.events), h.cluster.events
+    assert all(o.action is Action.CONTINUE for o in h.all_report()), "no save is asked for"
+    assert going in h.pod_nodes()

@@ -71,6 +71,9 @@ def add_parser(sub: Any) -> None:
         help="a node label or annotation that announces the node's maintenance: the gangs on it move ahead of time "
         "(repeatable; added to cloud.google.com/scheduled-maintenance-time and railyard.dev/maintenance)",
     )
+    r.add_argument("--planned-moves", action=argparse.BooleanOptionalAction, default=True,
+                   help="move a gang's pods off a node announced to go ahead of time, and hold drains with a "
+                   "PodDisruptionBudget meanwhile (default on; off: a drain is handled as a failure)")
     r.add_argument("--save-before-stop-seconds", type=float, default=SAVE_BEFORE_STOP_S, metavar="S",
                    help="how long spec.suspend or a Kueue eviction waits for the gang's just-in-time save before it "
                    "deletes the pods anyway (0: never wait; the job's Event says which)")
@@ -210,6 +213,7 @@ def run(args: argparse.Namespace) -> int:
             stuck_reconcile_s=args.stuck_reconcile_seconds,
             maintenance_signals=(*MAINTENANCE_SIGNALS, *args.maintenance_signal),
             save_before_stop_s=args.save_before_stop_seconds,
+            planned_moves=args.planned_moves,
         )
     )
     namespaces = list(args.namespace)

@@ -352,9 +352,10 @@ async def _ensure_job_objects(cycle: Cycle, owner: Mapping[str, Any], spec: Trai
         runtime.tokens.set(cycle.ns, cycle.name, token)
     async with _refusals(f"Service {service_name(cycle.name)}"):
         await cycle.io.create_object(build_service(cycle.name, cycle.ns, owner))
-    async with _refusals(f"PodDisruptionBudget {disruption_budget_name(cycle.name)}"):
-        # before the pods: a drain that starts as the gang does finds them covered
-        await cycle.io.ensure_disruption_budget(build_disruption_budget(cycle.name, cycle.ns, owner, pods=pods))
+    if runtime.settings.planned_moves:  # off: no budget holds a drain (nothing would move the pods)
+        async with _refusals(f"PodDisruptionBudget {disruption_budget_name(cycle.name)}"):
+            # before the pods: a drain that starts as the gang does finds them covered
+            await cycle.io.ensure_disruption_budget(build_disruption_budget(cycle.name, cycle.ns, owner, pods=pods))
     for obj in build_dra_objects(spec, job=cycle.name, namespace=cycle.ns, owner=owner):
         # before the pods that claim from them (a pod whose template is missing stays Pending)
         async with _refusals(f"{obj['kind']} {obj['metadata']['name']}"):

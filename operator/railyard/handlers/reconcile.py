@@ -272,7 +272,9 @@ def _announced(
 ) -> dict[str, str]:
     """The gang's nodes announced to go (handlers/planned.py), asked only of a gang that trains
     whole and has no failure to handle (a failure's restart moves off them as well: the
-    placement leaves cordoned and tainted nodes out) nor a restart under way."""
+    placement leaves cordoned and tainted nodes out) nor a restart under way; none with planned moves off."""
+    if not cycle.runtime.settings.planned_moves:
+        return {}
     if gang.state != "Running" or cycle.status.phase != "Running" or in_place_restart(cycle) is not None:
         return {}
     if any(isinstance(s, lc.HandleFailure | lc.AwaitSdcVerdict) for s in decision.steps):

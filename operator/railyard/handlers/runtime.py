@@ -70,6 +70,11 @@ class OperatorSettings:
     #: How long a stop on purpose (``spec.suspend``, Kueue's eviction) waits for the gang's
     #: just-in-time save before it deletes the pods anyway (logic/jitsave.py; ``--save-before-stop-seconds``).
     save_before_stop_s: float = DEFAULT_TIMEOUT_S
+    #: Planned moves on (the default): a node announced to go moves the gang's pods off it ahead
+    #: of time and a PodDisruptionBudget holds ``kubectl drain`` meanwhile; off (``--no-planned-moves``):
+    #: neither, so a drain evicts the pods at once and the job handles it as a failure (the
+    #: behaviour before issue 47, kept to measure against: bench/drain.py).
+    planned_moves: bool = True
 
 
 @dataclass
