@@ -55,7 +55,6 @@ import argparse
 import json
 import os
 import shutil
-import socket
 import statistics
 import sys
 import tempfile
@@ -67,6 +66,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from provenance import write_results
+from railyard.protocol.ports import free_port as _free_port
 
 #: The code this bench measures (bench/provenance.py: a result is stale once it changed for a round).
 MEASURES = (
@@ -98,12 +98,6 @@ def _host_steal_s() -> float:
         return int(fields[8]) / os.sysconf("SC_CLK_TCK")
     except (OSError, ValueError, IndexError):
         return float("nan")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _die_with_parent() -> None:

@@ -21,7 +21,6 @@ import multiprocessing as mp
 import os
 import random
 import resource
-import socket
 import sys
 import time
 from pathlib import Path
@@ -32,6 +31,7 @@ from railyard.logic.health import FaultKind, HealthPolicy, HealthState, PodStatu
 from railyard.logic.health.window import HeartbeatStore
 from railyard.observe.heartbeats import StaticTokens, build_heartbeat_app
 from railyard.protocol.heartbeat import HealthResult, HeartbeatBatch, RankBeat
+from railyard.protocol.ports import free_port as _free_port
 
 #: The code this bench measures (bench/provenance.py: a result is stale once it changed for a round).
 MEASURES = (
@@ -193,12 +193,6 @@ def raw_client(port: int, pods: list[int], seconds: float, concurrency: int, out
         return {"requests": len(lat), "elapsed": time.perf_counter() - t_start, "lat": lat, "codes": codes}
 
     out.put(asyncio.run(main()))
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def bench_ingest(seconds: float, clients: int, concurrency: int, prefill_steps: int, raw: bool = False) -> dict[str, Any]:

@@ -53,6 +53,7 @@ from provenance import write_results
 from railyard.k8s.client import Kube
 from railyard.logic.conditions import parse_time
 from railyard.protocol.control import Action, LauncherReport, LauncherState, parse_order
+from railyard.protocol.ports import free_port as _free_port
 from railyard_local.agent import SIMULATE_ANNOTATION
 from railyard_local.cluster import LocalCluster
 from railyard_local.nodes import FAIL_ANNOTATION
@@ -81,14 +82,6 @@ class BenchError(RuntimeError):
 def _interrupt(signum: int, _frame: Any) -> None:
     """SIGINT and SIGTERM: a KeyboardInterrupt, so that every ``finally`` below cleans up."""
     raise KeyboardInterrupt(f"stopped by signal {signal.Signals(signum).name}")
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _wait_ready(port: int, op: subprocess.Popen[bytes]) -> None:

@@ -22,7 +22,6 @@ import argparse
 import asyncio
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -36,6 +35,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from provenance import write_results
 from railyard.k8s.client import Kube
+from railyard.protocol.ports import free_port as _free_port
 from railyard_local.agent import SIMULATE_ANNOTATION
 from railyard_local.cluster import LocalCluster
 from railyard_local.nodes import FAIL_ANNOTATION
@@ -56,12 +56,6 @@ TARGET_RECOVERY_S = 30.0
 NS = "bench"
 #: The embedded API server bookmarks every 15 s: a watch quiet for longer than this is dead.
 WATCH_INACTIVITY_S = 30.0
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def job(name: str, pods: int, selector: dict[str, str]) -> dict[str, Any]:

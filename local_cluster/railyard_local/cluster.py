@@ -35,6 +35,7 @@ from railyard.operator_address import (
     publish_operator_address,
     unpublish_operator_address,
 )
+from railyard.protocol.ports import free_port as _free_port
 from railyard_local.kubeconfig import kubeconfig_ca, write_kubeconfig
 from railyard_local.nodes import CLUSTER_LABEL
 from railyard_local.processes import set_parent_death_signal
@@ -64,12 +65,6 @@ def default_state_dir() -> Path:
 def _stop_with_us() -> None:
     """Runs in the API server's and the runtime's process before exec: SIGTERM when we die."""
     set_parent_death_signal(signal.SIGTERM)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _port_free(port: int) -> bool:

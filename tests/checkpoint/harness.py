@@ -12,7 +12,6 @@ import functools
 import json
 import os
 import shutil
-import socket
 import threading
 import time
 from collections.abc import Callable
@@ -28,6 +27,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 
+from railyard.protocol.ports import free_port
 from railyard_trainer.checkpoint import CheckpointManager, NoVerifiedCheckpoint, build_checkpointer
 from railyard_trainer.hooks import TrainContext
 from railyard_trainer.train_state import WarmupCosine
@@ -70,12 +70,6 @@ class FakeMonitor:
 
     def note_restore(self, tier: str, step: int) -> None:
         self.restored.append([tier, step])
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def build_ctx(mesh: DeviceMesh, *, seed: int, job: str, attempt: int = 0) -> TrainContext:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 import urllib.error
@@ -17,6 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.waiting import wait_until
 
 from railyard.observe import metrics_doc
+from railyard.protocol.ports import free_port as _free_port
 
 from . import rawkube
 from .chart import ROOT
@@ -46,12 +46,6 @@ def _integral_floats_as_ints(value: Any) -> Any:
     if isinstance(value, float) and value.is_integer():
         return int(value)
     return value
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 from datetime import timedelta
 from typing import Any
 
@@ -12,15 +11,11 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from railyard.protocol.ports import free_port as _free_port
+
 pytestmark = pytest.mark.torch
 
 WORLD = 3
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _worker(rank: int, port: int, out: Any) -> None:

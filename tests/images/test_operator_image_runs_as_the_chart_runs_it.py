@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import base64
 import json
-import socket
 import sys
 import urllib.error
 import urllib.request
@@ -23,14 +22,10 @@ from tests.deployment import rawkube
 from tests.deployment.chart import CHART, NAMESPACE, find, render_objects
 from tests.waiting import wait_until
 
+from railyard.protocol.ports import free_port
+
 from .conftest import Images
 from .podspec import Given, docker_run_args, probe_url
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def http_status(url: str) -> int:

@@ -6,13 +6,14 @@ agent's resolver (sitecustomize on PYTHONPATH), the way our launcher resolves MA
 
 from __future__ import annotations
 
-import socket
 import sys
 import textwrap
 from typing import Any
 
 import pytest
 from kubernetes import client as k8s
+
+from railyard.protocol.ports import free_port
 
 from .builders import make_pod
 from .conftest import wait_phase
@@ -38,12 +39,6 @@ SCRIPT = textwrap.dedent("""
     # gloo's background threads abort the interpreter at exit if left running: leave promptly
     os._exit(0 if t.item() == 3.0 else 1)
 """)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def test_gloo_all_reduce_between_two_nodes(local_cluster: Any, core: k8s.CoreV1Api, namespace: str) -> None:

@@ -12,7 +12,6 @@ import asyncio
 import contextlib
 import json
 import os
-import socket
 import subprocess
 import sys
 import uuid
@@ -24,6 +23,8 @@ import pytest
 import yaml
 from tests.clusters import given_kubeconfig, own_namespace
 from tests.waiting import wait_until
+
+from railyard.protocol.ports import free_port as _free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 GROUP, VERSION, PLURAL = "railyard.dev", "v1alpha1", "trainingjobs"
@@ -58,12 +59,6 @@ def _die_with_parent() -> None:
 
     with contextlib.suppress(Exception):
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Api:

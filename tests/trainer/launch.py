@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -35,12 +34,6 @@ class Run:
 
     def explain(self) -> str:
         return f"exit {self.code}\n--- events\n" + "\n".join(json.dumps(e) for e in self.events[-30:]) + f"\n--- stderr (tail)\n{self.stderr[-4000:]}"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def launcher_env(**extra: str) -> dict[str, str]:

@@ -7,7 +7,6 @@ other group of its last quorum is back, and both take part in one quorum under o
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 import threading
@@ -17,18 +16,13 @@ from typing import Any
 import pytest
 from tests.waiting import wait_until
 
+from railyard.protocol.ports import free_port as _free_port
 from railyard.protocol.quorum import group_of
 from railyard_trainer.replicas import RejoiningClient
 
 pytestmark = pytest.mark.torch
 
 TIMEOUT = timedelta(seconds=20)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _lighthouse(port: int) -> subprocess.Popen[str]:

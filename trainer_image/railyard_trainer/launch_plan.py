@@ -18,6 +18,7 @@ from pathlib import Path
 
 from railyard.protocol import podenv
 from railyard.protocol.envexpand import expand
+from railyard.protocol.ports import free_port as _free_port
 from railyard.protocol.ranktable import PodEntry, RankEntry, RankTable
 from railyard.protocol.trainerconfig import Program, world_parallelism
 from railyard_trainer.config import ConfigError, DatasetConfig, TrainerConfig, load_config
@@ -191,12 +192,6 @@ def env_float(env: Mapping[str, str], var: podenv.Seconds) -> float:
         return var.get(env)
     except podenv.PodEnvError as exc:
         raise ConfigError([str(exc)]) from exc
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def plan_launch(args: argparse.Namespace, env: Mapping[str, str]) -> LaunchPlan:

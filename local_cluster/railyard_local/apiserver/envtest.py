@@ -13,13 +13,14 @@ import contextlib
 import os
 import secrets
 import signal
-import socket
 import ssl
 import subprocess
 import time
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from railyard.protocol.ports import free_port as _free_port
 
 from .kubeconfig import write_kubeconfig
 from .pki import (
@@ -40,13 +41,6 @@ def assets_dir() -> Path | None:
     if (p / "kube-apiserver").exists() and (p / "etcd").exists():
         return p
     return None
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 @dataclass

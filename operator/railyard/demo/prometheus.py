@@ -14,7 +14,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import time
 import urllib.error
@@ -26,6 +25,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+from railyard.protocol.ports import free_port as _free_port
 
 #: The scrape job's name: what ``job`` holds on the operator's own series (honor_labels keeps
 #: the TrainingJob's name on per-job series).
@@ -65,12 +66,6 @@ def build_config(
 def _duration(seconds: float) -> str:
     ms = max(1, round(seconds * 1000))
     return f"{ms // 1000}s" if ms % 1000 == 0 else f"{ms}ms"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _die_with_parent() -> None:

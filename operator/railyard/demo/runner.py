@@ -11,7 +11,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -58,6 +57,7 @@ from railyard.demo.record import (
     summarise,
 )
 from railyard.demo.scenario import Scenario
+from railyard.protocol.ports import free_port as _free_port
 
 GROUP, VERSION, PLURAL = "railyard.dev", "v1alpha1", "trainingjobs"
 DONE = ("Succeeded", "Failed")
@@ -65,12 +65,6 @@ DONE = ("Succeeded", "Failed")
 
 class DemoError(RuntimeError):
     """The demo could not run; the message says why and where the logs are."""
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _die_with_parent() -> None:

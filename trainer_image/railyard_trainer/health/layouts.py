@@ -21,7 +21,6 @@ import json
 import logging
 import os
 import random
-import socket
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -32,6 +31,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from railyard.protocol import podenv
+from railyard.protocol.ports import free_port
 from railyard_trainer.hooks import SDCDetected, TrainContext
 
 #: name -> (processes, pp, tp, HSDP replica groups); dp is derived.
@@ -378,12 +378,6 @@ def _gather_hit(hit: tuple[str, float, float] | None, victim: int) -> tuple[str,
     objs: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(objs, hit)
     return objs[victim]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def run_layout(layout: str, trials: list[Trial], out: Path, *, interval: int = 2, warmup: int = 20, seed: int = 0,
