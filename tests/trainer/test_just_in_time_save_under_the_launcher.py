@@ -17,9 +17,10 @@ from tests.waiting import wait_until
 
 from railyard.logic.jitsave import SaveOrder
 from railyard.protocol.control import LauncherState
+from railyard.protocol.ports import free_port
 from railyard.protocol.ranktable import RankTable
 
-from .launch import BASE_TRAINER, free_port, launcher_env, start_launcher
+from .launch import BASE_TRAINER, launcher_env, start_launcher
 from .test_restarting_in_place import JOB, NS, TOKEN, Operator, finish, operator, table
 
 pytestmark = pytest.mark.torch

@@ -11,9 +11,10 @@ import json
 
 import pytest
 
+from railyard.protocol.ports import free_port
 from railyard.protocol.ranktable import PodEntry, RankEntry, RankTable
 
-from .launch import BASE_TRAINER, free_port, launcher_env, parse_events, start_launcher
+from .launch import BASE_TRAINER, launcher_env, parse_events, start_launcher
 
 pytestmark = pytest.mark.torch
 

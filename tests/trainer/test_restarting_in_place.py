@@ -27,9 +27,10 @@ from tests.waiting import wait_until
 
 from railyard.observe.control import ControlBoard, add_control_routes
 from railyard.protocol.control import LauncherState
+from railyard.protocol.ports import free_port
 from railyard.protocol.ranktable import PodEntry, RankEntry, RankTable
 
-from .launch import BASE_TRAINER, free_port, launcher_env, parse_events, start_launcher
+from .launch import BASE_TRAINER, launcher_env, parse_events, start_launcher
 
 pytestmark = pytest.mark.torch
 

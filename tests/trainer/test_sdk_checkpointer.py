@@ -13,7 +13,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from .launch import free_port, launcher_env
+from railyard.protocol.ports import free_port
+
+from .launch import launcher_env
 
 pytestmark = [pytest.mark.torch, pytest.mark.timeout(240)]
 
