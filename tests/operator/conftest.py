@@ -156,6 +156,11 @@ class OperatorProcess:
         argv = [sys.executable, "-m", "railyard", "operator", "run", "--standalone",
                 "--metrics-host", "127.0.0.1", "--metrics-port", str(self.port),
                 "--heartbeat-advertise-url", f"http://127.0.0.1:{self.port}", "--not-ready-grace", "0.5",
+                # the just-in-time save or the replica groups' leave before a planned move or a stop
+                # comes a few steps after the order; on a loaded machine steps are slow, and the
+                # default 60 s would make the verdict depend on the load (CI once moved a group
+                # "as it was" after 60 s): here the bound only catches a hang
+                "--save-before-stop-seconds", "240",
                 "--kubeconfig", str(kubeconfig)] + (["-v"] if os.environ.get("RAILYARD_TEST_OPERATOR_VERBOSE") else [])
         for ns in namespaces:
             argv += ["--namespace", ns]

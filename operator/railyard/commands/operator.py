@@ -75,8 +75,9 @@ def add_parser(sub: Any) -> None:
                    help="move a gang's pods off a node announced to go ahead of time, and hold drains with a "
                    "PodDisruptionBudget meanwhile (default on; off: a drain is handled as a failure)")
     r.add_argument("--save-before-stop-seconds", type=float, default=SAVE_BEFORE_STOP_S, metavar="S",
-                   help="how long spec.suspend or a Kueue eviction waits for the gang's just-in-time save before it "
-                   "deletes the pods anyway (0: never wait; the job's Event says which)")
+                   help="how long a planned move, spec.suspend or a Kueue eviction waits for the gang's just-in-time "
+                   "save (with ReplicaGroups before a move: the moved groups' leave) before it deletes the pods anyway "
+                   "(0: never wait; the job's Event says which)")
     r.add_argument("--stuck-reconcile-seconds", type=float, default=DEFAULT_STUCK_AFTER_S,
                    help="a job's reconcile cycle running longer than this fails /healthz (liveness)")
     r.add_argument("-v", "--verbose", action="store_true", help="debug logging")

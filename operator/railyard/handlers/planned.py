@@ -75,7 +75,7 @@ def save_first(cycle: Cycle, job: TrainingJob, going: Mapping[str, str]) -> JitS
         pending=cycle.runtime.control.save_order(cycle.ns, cycle.name), attempt=cycle.status.attempt, going=going,
         reported_step=step, memory_saved_step=max(saved, default=-1), now=cycle.now,
         replica_groups=spec.replica_groups, in_place=spec.restart_policy.in_place,
-        memory_tier=spec.checkpoint.memory.enabled,
+        memory_tier=spec.checkpoint.memory.enabled, timeout_s=cycle.runtime.settings.save_before_stop_s,
     )
 
 
@@ -95,6 +95,7 @@ def _leave_first(cycle: Cycle, job: TrainingJob, going: Mapping[str, str], step:
         pending=pending, attempt=cycle.status.attempt, going=going,
         pods=leaving_pods(on_going, pods=job.spec.nodes, replicas=job.spec.replica_groups), left=left,
         reported_step=step, now=cycle.now, in_place=job.spec.restart_policy.in_place,
+        timeout_s=cycle.runtime.settings.save_before_stop_s,
     )
 
 

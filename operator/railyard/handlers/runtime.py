@@ -67,8 +67,9 @@ class OperatorSettings:
     #: Node labels/annotations that announce a node's maintenance: a planned move of the gangs
     #: on it (logic/planned.py; ``--maintenance-signal`` adds to the defaults).
     maintenance_signals: tuple[str, ...] = MAINTENANCE_SIGNALS
-    #: How long a stop on purpose (``spec.suspend``, Kueue's eviction) waits for the gang's
-    #: just-in-time save before it deletes the pods anyway (logic/jitsave.py; ``--save-before-stop-seconds``).
+    #: How long a planned move or a stop on purpose (``spec.suspend``, Kueue's eviction) waits for
+    #: the gang's just-in-time save (with ReplicaGroups before a move: the moved groups' leave)
+    #: before it deletes the pods anyway (logic/jitsave.py, logic/groupleave.py; ``--save-before-stop-seconds``).
     save_before_stop_s: float = DEFAULT_TIMEOUT_S
     #: Planned moves on (the default): a node announced to go moves the gang's pods off it ahead
     #: of time and a PodDisruptionBudget holds ``kubectl drain`` meanwhile; off (``--no-planned-moves``):
