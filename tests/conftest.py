@@ -32,3 +32,20 @@ def local_cluster(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-
     shape = {"nodes": 3, "gpus_per_node": 2, "topology": "spine=1,leaf=2", "lease_interval": 2.0}
     with running_local_cluster(tmp_path_factory.mktemp("railyard-local"), **shape) as cluster:
         yield cluster
+
+
+# --- the order files run in ------------------------------------------------------------------
+#: Folders whose files run longest (a minute or two each: the demo, the end-to-end system tests,
+#: the benchmarks' smoke runs, the multi-process trainer tests) run first. .ci/run's pytest-xdist
+#: workers take whole files in collection order as they finish the last, so a long file taken
+#: last would leave the other workers idle at the end; the short ones fill the gaps instead.
+LONGEST_FIRST = ("demo", "system", "bench", "trainer", "health", "checkpoint", "observability", "local", "operator")
+
+
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
+    def folder_rank(item: pytest.Item) -> int:
+        parts = item.nodeid.split("/")
+        folder = parts[1] if len(parts) > 2 and parts[0] == "tests" else ""
+        return LONGEST_FIRST.index(folder) if folder in LONGEST_FIRST else len(LONGEST_FIRST)
+
+    items.sort(key=folder_rank)  # stable: each file's tests stay together and in their order

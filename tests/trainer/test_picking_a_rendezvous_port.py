@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from railyard.logic.manifests.names import RENDEZVOUS_PORT_BASE, RENDEZVOUS_PORT_SPAN
 from railyard.protocol import ports
 
 
@@ -24,10 +25,11 @@ def test_the_ephemeral_range_is_read_from_the_kernel_knob(tmp_path: Path, text: 
     assert ports.ephemeral_low(tmp_path / "missing") == ports.DEFAULT_EPHEMERAL_LOW
 
 
-def test_a_picked_port_is_below_the_ephemeral_range_and_can_be_listened_on() -> None:
+def test_a_picked_port_is_below_the_ephemeral_range_and_the_gangs_and_can_be_listened_on() -> None:
     for _ in range(20):
         port = ports.free_port()
         assert ports.LOWEST <= port < ports.ephemeral_low()
+        assert port < RENDEZVOUS_PORT_BASE or port >= RENDEZVOUS_PORT_BASE + RENDEZVOUS_PORT_SPAN
         with socket.socket() as s:
             s.bind(("", port))
             s.listen()

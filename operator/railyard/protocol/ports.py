@@ -5,8 +5,11 @@ takes its source port from. Between picking such a port and binding it for real 
 the rendezvous port, then rank 0's store binds it seconds later, after torch has imported), any
 connection on the machine can take it, and on a busy machine it does (CI saw rank 0 fail with
 EADDRINUSE). A port below the ephemeral range is only ever taken by an explicit bind, so the
-window closes to other programs doing the same, at one chance in thousands. Standard library only:
-the launcher, the operator's demo and the local cluster all use it.
+window closes to other programs doing the same, at one chance in thousands. The ports come from
+below the range the operator hashes jobs' rendezvous and Lighthouse ports into (20000-29999,
+logic/manifests/names.py; pods of the local cluster share this machine's ports), so a port picked
+here never meets a gang's either. Standard library only: the launcher, the operator's demo and the
+local cluster all use it.
 """
 
 from __future__ import annotations
@@ -17,8 +20,10 @@ from pathlib import Path
 
 #: Linux's knob; its default is 32768-60999.
 EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
-#: The lowest port we pick: above the well-known and most registered services' ports.
-LOWEST = 15000
+#: The ports we pick: above the well-known and most registered services' ports, below the
+#: operator's rendezvous range (20000-29999) and the kernel's ephemeral range.
+LOWEST = 10000
+HIGHEST = 19999
 DEFAULT_EPHEMERAL_LOW = 32768
 
 
@@ -42,10 +47,10 @@ def can_listen(port: int, host: str = "") -> bool:
 
 
 def free_port(host: str = "", *, rng: random.Random | None = None, tries: int = 200) -> int:
-    """A port nothing listens on now, below the ephemeral range; the kernel's choice (port 0) only
-    when none of ``tries`` random picks was free."""
+    """A port nothing listens on now, below the operator's rendezvous range and the ephemeral
+    range; the kernel's choice (port 0) only when none of ``tries`` random picks was free."""
     pick = rng or random.SystemRandom()
-    high = ephemeral_low() - 1
+    high = min(HIGHEST, ephemeral_low() - 1)
     for _ in range(tries):
         port = pick.randint(LOWEST, high)
         if can_listen(port, host):
