@@ -195,7 +195,8 @@ def _fail_a_node_mid_run(api: Api, job: Job, op: OperatorProcess) -> None:
             job.notes["error"] = f"the job ended before the node could fail: {s.get('phase')} at step {s.get('step')}"
             return
         job.notes.update(before=s["placement"]["nodes"], spares=s["placement"]["spares"], pods_before=pod_names(api, job),
-                         spares_held=s.get("sparesHeld"))
+                         spares_held=s.get("sparesHeld"),
+                         committed_at_fail=max(c["step"] for c in s["checkpoints"] if c["tier"] == "memory"))
         victim = s["placement"]["nodes"][1]
         job.notes.update(victim=victim, t_fail=time.time())
         api.annotate_node(victim, {FAIL: "true"})
@@ -267,7 +268,9 @@ def test_a_lost_node_replaces_one_pod_and_the_rest_restart_in_place(local_cluste
         "restored": (lambda r: r[-1] if r else None)([round(float(e["time"]) - t0, 2) for e in events if e.get("event") == "restored"]),
         "first_step": resumed_s,
     }
-    _report("nodefail", failed_node=victim, step_at_fail=notes["step_at_fail"], restore=restore, before=before, after=after,
+    committed = notes["committed_at_fail"]
+    _report("nodefail", failed_node=victim, step_at_fail=notes["step_at_fail"], committed_at_fail=committed, restore=restore,
+            before=before, after=after,
             pods_before=notes["pods_before"], pods_after=pods_after, fail_to_resumed_s=resumed_s, timeline_s=timeline, last_restart=last,
             spares_held_before=notes.get("spares_held"), restarts=s["restarts"])
     # (an assert's message is built only when it fails: the pods' logs are read only then)
@@ -279,6 +282,9 @@ def test_a_lost_node_replaces_one_pod_and_the_rest_restart_in_place(local_cluste
     assert notes.get("spares_held") == 1, "the spare was held by a placeholder before the failure"
     assert restore.get("tier") == "memory", f"resumes from the memory tier in the pods (the lost shard from pod 0's replica): {restore}"
     assert 0 <= restore["stepsLost"] <= MEMORY_INTERVAL, restore
+    # Nothing committed before the failure is lost: the restore is that checkpoint or a newer one
+    # (folded in from test_faults_end_to_end.py's node failure, which this test covers)
+    assert restore["step"] >= committed and restore["step"] % MEMORY_INTERVAL == 0, (restore, committed)
     assert resumed is not None, "the kept pod's workers of attempt 1 trained"
     # how long from the failure to training resumed is reported above (``fail_to_resumed_s``),
     # not asserted: a speed target is a benchmark's (bench/inplace.py), and this machine's load

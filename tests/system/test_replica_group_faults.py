@@ -47,14 +47,17 @@ from tests.waiting import wait_until
 pytestmark = [pytest.mark.slow, pytest.mark.cluster, pytest.mark.torch, pytest.mark.timeout(600)]
 
 GROUPS = 3
-STEPS = 60
+#: The holds line the faults up, so the steps between them are no margin: each fault is a few
+#: steps after the last hold (at the same place in the 5-step fingerprint cycle as with the 60
+#: steps this job had), and the job ends 5 steps after the last hold.
+STEPS = 40
 FLIP_AT = 12  #: group 1, rank 1: bit 16 of a parameter (a 0.4% change of one element)
 #: every group waits here (after the fingerprints of step 15) until the SDC-replaced group 1
 #: joined: the old group 1 goes while no collective is in flight
 HOLD_SDC = 16
-HOLD_KILL = 32  #: every group waits here; group 0's worker is killed; released when it rejoined
-HANG_AT = 40  #: group 2, rank 0
-HOLD_END = 55  #: every group waits here until the hung group 2 rejoined
+HOLD_KILL = 22  #: every group waits here; group 0's worker is killed; released when it rejoined
+HANG_AT = 30  #: group 2, rank 0
+HOLD_END = 35  #: every group waits here until the hung group 2 rejoined
 
 
 def events(local_cluster: Any, pod: str, kind: str) -> list[dict[str, Any]]:

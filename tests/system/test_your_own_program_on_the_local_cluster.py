@@ -1,14 +1,19 @@
-"""Bring your own trainer, end to end on the local cluster, each job 2 nodes x 2 ranks and a hot
-spare on a pool of its own, with the real operator:
+"""Bring your own trainer, end to end on the local cluster, each job 2 nodes and a hot spare on a
+pool of its own, with the real operator:
 
 - examples/fsdp2_train_railyard.py (the plain FSDP2 script plus the SDK's lines) as a TrainingJob
   (``spec.trainer.program``). A node fails mid-run: the gang restarts sticky on the spare and
   resumes from the memory tier (the lost node's shards from its neighbour's replica) with at most
   one interval lost; then a node of the new gang is slowed and the SDK's speed probe gets its
-  rank flagged as a straggler, without a restart.
+  rank flagged as a straggler, without a restart. 2 ranks a node: the memory tier must keep each
+  shard's replica on another node, not on the other rank of the same one.
 - examples/fsdp2_train.py unmodified (no Railyard import, as written for torchrun), as
   examples/fsdp2-train.yaml runs it: a node fails after its first checkpoint, the gang restarts on
-  the spare and the script resumes from its own newest DCP checkpoint, as under torchrun.
+  the spare and the script resumes from its own newest DCP checkpoint, as under torchrun. One rank
+  a node: what is checked is the restart across nodes from the script's own checkpoint on the
+  shared path (RANK differs from LOCAL_RANK on pod 1 all the same); torchrun's environment for 2
+  ranks in one pod, and a resume from the script's checkpoint there, are
+  tests/trainer/test_your_own_program_under_the_launcher.py's.
 """
 
 from __future__ import annotations
@@ -43,6 +48,8 @@ MEMORY_INTERVAL = 4
 FAIL_AFTER = 9
 SLOW_FACTOR = 1.5
 PROCS = 2
+#: the unmodified script's ranks per node (see the module's docstring)
+PLAIN_PROCS = 1
 #: The node fails past step 9, the new gang is slowed 5 steps after its restore (from step 8 or
 #: 12) and is flagged within a window of 10 slow steps: about step 40, the rest is margin
 STEPS = 80
@@ -149,7 +156,7 @@ def _plain_spec() -> dict[str, Any]:
     return {
         "nodeSelector": {POOL: "plain"},
         "nodes": 2,
-        "procsPerNode": PROCS,
+        "procsPerNode": PLAIN_PROCS,
         "trainer": {
             "program": {"script": str(PLAIN), "args": [
                 "--steps", str(PLAIN_STEPS), "--checkpoint-every", str(PLAIN_EVERY),
