@@ -373,7 +373,8 @@ class Agent:
         ]
         if reports:
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(asyncio.gather(*reports, return_exceptions=True), 3.0)
+                async with asyncio.timeout(3.0):
+                    await asyncio.gather(*reports, return_exceptions=True)
 
 
 

@@ -109,7 +109,10 @@ class KubeClient(BaseClient):
             buf = b""
             while True:
                 try:
-                    chunk = await asyncio.wait_for(resp.content.readany(), inactivity_timeout)
+                    # asyncio.timeout, not wait_for: Python 3.11's wait_for returns the chunk and drops a
+                    # cancellation that arrives as the chunk does, and this watch would then never stop
+                    async with asyncio.timeout(inactivity_timeout):
+                        chunk = await resp.content.readany()
                 except TimeoutError:
                     raise WatchInactive(path, inactivity_timeout or 0.0) from None
                 if not chunk:

@@ -455,13 +455,15 @@ class PodWorker:
                     start_new_session=True, preexec_fn=die_with_agent,
                 )
                 try:
-                    return await asyncio.wait_for(proc.wait(), timeout) == 0
+                    async with asyncio.timeout(timeout):
+                        return await proc.wait() == 0
                 except TimeoutError:
                     killpg(proc.pid, signal.SIGKILL)
                     return False
             port = self._port((probe.get("tcpSocket") or probe.get("httpGet") or {}).get("port"), c)
             if probe.get("tcpSocket"):
-                _, writer = await asyncio.wait_for(asyncio.open_connection(self.node.ip, port), timeout)
+                async with asyncio.timeout(timeout):
+                    _, writer = await asyncio.open_connection(self.node.ip, port)
                 writer.close()
                 return True
             if probe.get("httpGet"):
@@ -501,7 +503,8 @@ class PodWorker:
         if not procs:
             return True
         try:
-            await asyncio.wait_for(asyncio.gather(*(p.wait() for p in procs)), timeout)
+            async with asyncio.timeout(timeout):
+                await asyncio.gather(*(p.wait() for p in procs))
             return True
         except TimeoutError:
             return False

@@ -233,7 +233,8 @@ class ExecPlugin(Credentials):
             hint = f" ({self.install_hint.strip()})" if self.install_hint.strip() else ""
             raise KubeAuthError(f"exec credential plugin {self.argv[0]!r} cannot run: {exc}{hint}") from exc
         try:
-            out, err = await asyncio.wait_for(proc.communicate(), EXEC_TIMEOUT_S)
+            async with asyncio.timeout(EXEC_TIMEOUT_S):
+                out, err = await proc.communicate()
         except TimeoutError:
             with contextlib.suppress(ProcessLookupError):
                 proc.kill()

@@ -8,11 +8,15 @@ import asyncio
 import contextlib
 import json
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 from aiohttp import web
 
+from railyard_local.apiserver.nodelifecycle import NodeLifecycleSettings
+from railyard_local.apiserver.server import APIServer
 from railyard_local.kube import Informer, KubeClient, WatchInactive
 from railyard_local.tasks import Supervisor, TaskSet
 
@@ -136,6 +140,62 @@ def test_the_client_watch_raises_when_the_stream_goes_quiet() -> None:
             with pytest.raises(WatchInactive, match=r"nothing received for 0\.2s"):
                 async for _ in client.watch("/api/v1/pods", "5", inactivity_timeout=0.2):
                     pass
+
+    run(scenario())
+
+
+async def _ends_when_cancelled(task: asyncio.Task[Any], what: str) -> None:
+    """Wait (bounded: only catches a hang) for a task that was asked to stop; fail naming it if it ran on."""
+    await asyncio.wait({task}, timeout=HANG)
+    if not task.done():
+        task.cancel()  # a second request ends it (the first one was lost), so the test can end too
+        await asyncio.wait({task}, timeout=HANG)
+        raise AssertionError(f"{what}: still running {HANG:g} s after it was cancelled (the cancellation was lost)")
+    assert task.cancelled(), f"{what}: ended by {task.exception()!r}, not by its cancellation"
+
+
+def test_a_watch_cancelled_as_its_next_chunk_arrives_stops(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A runtime stops its informers while their streams deliver: a cancellation that comes in the same loop iteration
+    as a chunk must end the watch. Python 3.11's asyncio.wait_for returned the chunk and dropped the cancellation, and
+    the informer watched on forever (the node agent test hung under load, awaiting its cancelled informer)."""
+
+    async def scenario() -> None:
+        async with serve(["add:p1:6"]) as (_server, client):
+            informer = Informer(client, "/api/v1/pods", "pods")
+            task = asyncio.get_running_loop().create_task(informer.run())
+            readany = aiohttp.StreamReader.readany
+
+            async def readany_then_cancelled(self: aiohttp.StreamReader) -> bytes:
+                chunk = await readany(self)
+                if chunk and informer.synced.is_set():  # a chunk of the watch (the list came before)
+                    task.cancel()
+                return chunk
+
+            monkeypatch.setattr(aiohttp.StreamReader, "readany", readany_then_cancelled)
+            await _ends_when_cancelled(task, "the pods informer")
+
+    run(scenario())
+
+
+def test_the_node_lifecycle_stops_when_stopped_as_it_is_kicked(tmp_path: Path) -> None:
+    """The API server's stop() cancels the node lifecycle loop; a node write that kicks the loop in the same iteration
+    must not keep it running (with 3.11's wait_for it ran on, and stop() never returned)."""
+
+    async def scenario() -> None:
+        srv = APIServer(tmp_path / "state", token="t", tls=False, node_lifecycle=NodeLifecycleSettings())
+        await srv.start()
+        lifecycle = srv.node_lifecycle
+        assert lifecycle is not None
+        try:
+            await asyncio.sleep(0)  # the loop waits for its kick or its period
+            lifecycle._kick.set()  # as a node's Ready condition changes
+            stopping = asyncio.get_running_loop().create_task(lifecycle.stop())
+            await asyncio.wait({stopping}, timeout=HANG)
+            assert stopping.done(), f"the node lifecycle loop still running {HANG:g} s after stop()"
+        finally:
+            if lifecycle._task is not None:
+                lifecycle._task.cancel()
+            await srv.stop()
 
     run(scenario())
 

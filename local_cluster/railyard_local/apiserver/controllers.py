@@ -203,7 +203,8 @@ class Controllers:
             busy = bool(self._pending_owners or self._terminating or self._terminating_pods
                         or self.disruption.next_expiry() is not None or self.taint_manager.next_deadline() is not None)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._kick.wait(), timeout=1.0 if busy else 30.0)
+                async with asyncio.timeout(1.0 if busy else 30.0):
+                    await self._kick.wait()
             self._kick.clear()
             try:
                 await self._process()

@@ -238,8 +238,11 @@ class NodeLifecycle:
 
     async def _run(self) -> None:
         while True:
+            # asyncio.timeout, not wait_for: Python 3.11's wait_for drops a cancellation that arrives as
+            # the kick does, and stop() would wait forever on this loop
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._kick.wait(), timeout=self.settings.monitor_period_s)
+                async with asyncio.timeout(self.settings.monitor_period_s):
+                    await self._kick.wait()
             self._kick.clear()
             try:
                 await self.monitor_pass()

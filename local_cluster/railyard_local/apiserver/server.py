@@ -610,7 +610,8 @@ class APIServer:
                 # wake at least every few seconds to notice clients that went away
                 wait = min(deadline, next_bookmark, now + DISCONNECT_CHECK_S) - now
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(watcher.wake.wait(), timeout=max(0.0, wait))
+                    async with asyncio.timeout(max(0.0, wait)):
+                        await watcher.wake.wait()
                 watcher.wake.clear()
                 if watcher.overflowed or request.transport is None or request.transport.is_closing():
                     break

@@ -329,7 +329,8 @@ class Runtime:
             timeout = self.settings.idle_recheck_s if delay is None else max(delay, 0.0)
             if timeout > 0:
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(worker.wake.wait(), timeout=timeout)
+                    async with asyncio.timeout(timeout):
+                        await worker.wake.wait()
             if self.settings.coalesce_s > 0:
                 await asyncio.sleep(self.settings.coalesce_s)
 
