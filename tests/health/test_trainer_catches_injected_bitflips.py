@@ -24,16 +24,26 @@ HEALTH_ON = {"RAILYARD_DISABLE_HEALTH": "0", "RAILYARD_LOG_ALL_RANKS": "1"}
 
 @pytest.mark.parametrize(("target", "rank", "step"), [("grad", 0, 4), ("param", 1, 5)])
 def test_an_injected_bitflip_ends_the_attempt_with_the_sdc_exit_code(tmp_path, target: str, rank: int, step: int) -> None:  # type: ignore[no-untyped-def]
+    """Also the launcher's side of it (once tests/trainer/test_fault_exit_codes.py's own run per
+    target): the flipped rank's exit code, and the clean save before the flip is let finish."""
     assert run_launcher is not None
+    tiers = tmp_path / "tiers"
+    checkpoint = {"memory": {"intervalSteps": 3, "keep": 2, "dir": str(tiers / "memory")}, "local": {"enabled": False},
+                  "shared": {"intervalSteps": 1000, "keep": 1, "dir": str(tiers / "shared")}}
     run = run_launcher(
-        tmp_path, TWO, trainer={"steps": 8, "faults": [{"kind": "bitflip", "rank": rank, "step": step, "target": target}]},
-        config={"health": {"sdc": {"intervalSteps": 3}}}, **HEALTH_ON,
+        tmp_path / "run", TWO, trainer={"steps": 8, "faults": [{"kind": "bitflip", "rank": rank, "step": step, "target": target}]},
+        config={"checkpoint": checkpoint, "health": {"sdc": {"intervalSteps": 3}}}, RAILYARD_PLAIN_CHECKPOINT="0", **HEALTH_ON,
     )
     assert run.code == ExitCode.SDC_DETECTED, run.explain()
+    assert run.of("fault", kind="bitflip", rank=rank, step=step)
     workers = run.of("launcher_exit")[0]["workers"]
     assert workers[str(rank)] == ExitCode.SDC_DETECTED, workers
     steps = {e["step"] for e in run.of("step")}
     assert step - 1 in steps and step + 1 not in steps, "training went on past the corrupted step"
+    # the clean save taken at step 3, before the flip, was let finish before the attempt ended:
+    # the next attempt restores it (not nothing, or an older one)
+    saved = _manifests(tiers / "memory")
+    assert saved.get(3) is True, (saved, run.explain())
 
 
 def _manifests(root: Path) -> dict[int, bool]:

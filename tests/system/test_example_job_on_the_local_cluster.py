@@ -2,7 +2,7 @@
 ``railyard-train prepare`` from the shipped text, the operator runs the real trainer in 2 pods
 x 2 ranks (tensor parallel inside a pod, FSDP across), the job succeeds and its status shows
 the loss falling. The run is cut to its first ``STEPS`` steps (``trainer.steps``, as a user would
-shorten it): that the example's 80 steps reach the loss its header states is checked with the
+shorten it): that the example's 40 steps reach the loss its header states is checked with the
 same config by tests/trainer/test_example_job_trains_on_prepared_text.py, without a cluster."""
 
 from __future__ import annotations
