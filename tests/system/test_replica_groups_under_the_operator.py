@@ -154,7 +154,11 @@ def test_two_groups_that_disagree_go_back_behind_a_fence(api: Api, operator: Ope
     (``status.checkpointFence``) for every later restart; here the job Succeeds with both groups
     at the last step and the same parameters, nobody quarantined (nobody was named)."""
     name = unique("rgf")
-    spec = two_groups(local_cluster, faults=({"kind": "bitflip", "target": "param", "bit": 16, "group": 1, "rank": 0, "step": FLIP_AT, "attempt": 0},),
+    # minReplicas 2: no step is committed without both groups, so group 1 trains step FLIP_AT
+    # (with 1, a loaded machine once started group 1's pod late: group 0 trained 28 steps alone,
+    # group 1 healed to step 28 and never ran the flip)
+    spec = two_groups(local_cluster, min_replicas=2,
+                      faults=({"kind": "bitflip", "target": "param", "bit": 16, "group": 1, "rank": 0, "step": FLIP_AT, "attempt": 0},),
                       health={"sdc": {"intervalSteps": 5}}, steps=SHORT_STEPS)
     api.create_job(SYSTEM_NS, name, spec)
     try:
