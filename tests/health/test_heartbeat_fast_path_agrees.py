@@ -55,3 +55,41 @@ def test_to_json_sends_the_replica_group_fields_only_when_set() -> None:
     assert {"fingerprint_step", "fingerprint", "waiting_for_groups"}.isdisjoint(sent[0])
     assert (sent[1]["fingerprint_step"], sent[1]["fingerprint"], sent[1]["waiting_for_groups"]) == (1, "ab", True)
     assert heartbeat_from_dict(json.loads(batch.to_json())).ranks == (plain, grouped)
+
+
+BATCH: dict[str, Any] = {
+    "job": "llm", "attempt": 2, "pod_index": 1, "node": "n1", "sent_at": 12.5,
+    "ranks": [{k: v for k, v in FULL.items() if k not in ("fingerprint_step", "fingerprint", "waiting_for_groups")}],
+    "checkpoints": [], "restored_tier": "local", "restored_step": 40, "version": 1,
+}
+
+BATCH_ROWS = [
+    ("what to_json sends", BATCH),
+    ("an older sender: the required fields only",
+     {"job": "llm", "attempt": 0, "pod_index": 0, "sent_at": 1, "ranks": [{"rank": 0, "step": 1, "step_time_s": 0.1}]}),
+    ("a rank the rank fast path declines (health results)",
+     {**BATCH, "ranks": [{**FULL, "health": [{"kind": "kat", "ok": False, "step": 7}]}]}),
+]
+
+
+@pytest.mark.parametrize(("what", "raw"), BATCH_ROWS, ids=[r[0] for r in BATCH_ROWS])
+def test_the_batch_fast_path_builds_what_the_checked_path_builds(what: str, raw: dict[str, Any]) -> None:
+    fast = heartbeat._batch_fast(raw)
+    assert fast is not None, what
+    assert type(fast) is HeartbeatBatch
+    checked = heartbeat._batch_checked(raw)
+    assert fast == checked
+    for f in fields(HeartbeatBatch):
+        assert type(getattr(fast, f.name)) is type(getattr(checked, f.name)), f.name
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [{**BATCH, "version": 2}, {**BATCH, "attempt": -1}, {**BATCH, "sent_at": float("nan")}, {**BATCH, "job": 1},
+     {**BATCH, "pod_index": True}, {**BATCH, "restored_step": -2}, {**BATCH, "ranks": []},
+     {**BATCH, "checkpoints": [{"step": 1, "tier": "local", "ok": True}]}, {**BATCH, "checkpoints": ()},
+     {k: v for k, v in BATCH.items() if k != "sent_at"}],
+)
+def test_the_batch_fast_path_declines_what_it_does_not_vouch_for(raw: dict[str, Any]) -> None:
+    """Each goes to the checked path, which stores it or names the field exactly as before."""
+    assert heartbeat._batch_fast(raw) is None

@@ -35,11 +35,14 @@ def _refuse(status: int, message: str) -> web.Response:
     return web.json_response({"error": message}, status=status, headers=headers)
 
 
-async def _read_limited(request: web.Request, limit: int) -> bytes | None:
-    if request.content_length is not None and request.content_length <= limit:
-        body = await request.content.read(request.content_length + 1)
-        while len(body) < request.content_length:
-            chunk = await request.content.read(request.content_length + 1 - len(body))
+async def _read_limited(request: web.Request, limit: int, length: int | None) -> bytes | None:
+    """The body, or None past ``limit``; ``length``: the request's Content-Length (aiohttp parses
+    the header again at each ``request.content_length``)."""
+    if length is not None and length <= limit:
+        content = request.content
+        body = await content.read(length + 1)
+        while len(body) < length:
+            chunk = await content.read(length + 1 - len(body))
             if not chunk:
                 break
             body += chunk
@@ -60,22 +63,22 @@ def build_heartbeat_handler(
     clock: Callable[[], float] = time.time,
     max_body_bytes: int = MAX_BODY_BYTES,
     on_batch: BatchHook | None = None,
-) -> Callable[[web.Request], Awaitable[web.Response]]:
+) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
     """The request handler alone, for an operator that owns its aiohttp application.
     ``on_batch(namespace, job, batch)`` runs once per stored batch (checkpoint metrics)."""
 
-    def done(code: int, resp: web.Response) -> web.Response:
+    def done(code: int, resp: web.StreamResponse) -> web.StreamResponse:
         if metrics is not None:
             metrics.count_request(code)
         return resp
 
-    async def handle(request: web.Request) -> web.Response:
-        namespace = request.match_info["namespace"]
-        job = request.match_info["job"]
-        if request.content_length is not None and request.content_length > max_body_bytes:
-            return done(
-                413, _refuse(413, f"body: {request.content_length} bytes is over the {max_body_bytes} byte limit")
-            )
+    async def handle(request: web.Request) -> web.StreamResponse:
+        match_info = request.match_info
+        namespace = match_info["namespace"]
+        job = match_info["job"]
+        length = request.content_length
+        if length is not None and length > max_body_bytes:
+            return done(413, _refuse(413, f"body: {length} bytes is over the {max_body_bytes} byte limit"))
         auth = request.headers.get("Authorization", "")
         scheme, _, token = auth.partition(" ")
         token = token.strip()
@@ -91,7 +94,7 @@ def build_heartbeat_handler(
         if not hmac.compare_digest(token.encode(), str(expected).encode()):
             return done(403, _refuse(403, f"Authorization: the token is not {namespace}/{job}'s"))
         try:
-            body = await _read_limited(request, max_body_bytes)
+            body = await _read_limited(request, max_body_bytes, length)
         except ConnectionResetError:
             # the pod went away mid-request (killed, node lost): nothing to store, nothing to say
             return done(400, _refuse(400, "body: the connection closed before the body arrived"))
@@ -117,7 +120,9 @@ def build_heartbeat_handler(
             metrics.count_beats(namespace, job, batch)
         if on_batch is not None:
             on_batch(namespace, job, batch)
-        return done(204, web.Response(status=204))
+        # a StreamResponse: the same bytes on the wire as a bodiless Response, without the body and
+        # compression bookkeeping (18,000 instructions of a 730,000-instruction POST)
+        return done(204, web.StreamResponse(status=204))
 
     return handle
 

@@ -155,6 +155,85 @@ def parse_heartbeat(body: bytes | str) -> HeartbeatBatch:
 
 
 def heartbeat_from_dict(raw: Any) -> HeartbeatBatch:
+    if type(raw) is dict:
+        batch = _batch_fast(raw)
+        if batch is not None:
+            return batch
+    return _batch_checked(raw)
+
+
+_BATCH_FIELDS = tuple(f.name for f in fields(HeartbeatBatch))
+_pick_batch = operator.itemgetter(*(name for name in _BATCH_FIELDS if name != "ranks"))
+_BATCH_DEFAULTS = {f.name: f.default for f in fields(HeartbeatBatch) if f.default is not MISSING}
+# the body's defaults, as the checked path's: checkpoints an empty list (never mutated), node ""
+_BATCH_DEFAULTS.update(checkpoints=[], node="")
+
+
+def _batch_fast(raw: dict[str, Any]) -> HeartbeatBatch | None:
+    """The batch's own fields, validated inline with one C lookup (ingest runs this 5,000 times a
+    second); the ranks as :func:`_batch_checked` parses them.
+
+    Returns None when any batch field is unusual (absent where required, of another type, out of
+    range) or checkpoints are present: :func:`_batch_checked` then validates the whole batch
+    again, in its own order, and names the field. Both accept exactly the same inputs.
+    """
+    try:
+        job, attempt, pod_index, node, sent_at, checkpoints, restored_tier, restored_step, version = _pick_batch(
+            {**_BATCH_DEFAULTS, **raw}
+        )
+    except KeyError:
+        return None
+    ranks_raw = raw.get("ranks")
+    if (
+        type(version) is not int or version != SCHEMA_VERSION
+        or type(ranks_raw) is not list or not ranks_raw or len(ranks_raw) > MAX_RANKS_PER_BATCH
+        or type(checkpoints) is not list or checkpoints  # checkpoint events take the checked path
+        or type(job) is not str
+        or type(attempt) is not int or attempt < 0
+        or type(pod_index) is not int or pod_index < 0
+        or type(node) is not str
+        or type(sent_at) not in _NUM or not -_INF < sent_at < _INF
+        or type(restored_tier) is not str
+        or type(restored_step) is not int or restored_step < -1
+    ):
+        return None
+    ranks = tuple([_rank_fast(r) or _rank_checked(r, f"ranks[{i}]") for i, r in enumerate(ranks_raw)])
+    batch = _HeartbeatBatchSlots()
+    batch.job = job
+    batch.attempt = attempt
+    batch.pod_index = pod_index
+    batch.node = node
+    batch.sent_at = float(sent_at)
+    batch.ranks = ranks
+    batch.checkpoints = ()
+    batch.restored_tier = restored_tier
+    batch.restored_step = restored_step
+    batch.version = version
+    batch.__class__ = HeartbeatBatch  # type: ignore[assignment]  # same slots: see _RankBeatSlots
+    return batch  # type: ignore[return-value]
+
+
+class _HeartbeatBatchSlots:
+    """A HeartbeatBatch's slots without the frozen dataclass's guard (as :class:`_RankBeatSlots`)."""
+
+    __slots__ = HeartbeatBatch.__slots__
+    job: str
+    attempt: int
+    pod_index: int
+    node: str
+    sent_at: float
+    ranks: tuple[RankBeat, ...]
+    checkpoints: tuple[CheckpointEvent, ...]
+    restored_tier: str
+    restored_step: int
+    version: int
+
+
+if len(_BATCH_FIELDS) != 10:
+    raise AssertionError(f"HeartbeatBatch has {len(_BATCH_FIELDS)} fields: give _batch_fast a line for each new one")
+
+
+def _batch_checked(raw: Any) -> HeartbeatBatch:
     if not isinstance(raw, dict):
         raise HeartbeatError("body: expected a JSON object")
     version = _int(raw, "version", default=SCHEMA_VERSION)
@@ -256,7 +335,8 @@ def _rank_fast(r: Any) -> RankBeat | None:
     beat.saving = saving
     beat.tokens_per_s = float(tps)
     beat.health = ()
-    beat.recent_compute_s = tuple(map(float, recent))
+    # one step since the last beat, the common case, without a map object (1,300 instructions a beat)
+    beat.recent_compute_s = (float(recent[0]),) if len(recent) == 1 else tuple(map(float, recent))
     beat.progress = progress
     beat.fingerprint_step = fstep
     beat.fingerprint = fp

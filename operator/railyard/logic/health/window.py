@@ -22,6 +22,7 @@ start times use too).
 from __future__ import annotations
 
 import enum
+import struct
 from array import array
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -38,6 +39,10 @@ DEFAULT_WINDOW = 256
 #: Beats kept per rank (arrival, step, step time, compute, loss, grad norm).
 SAMPLE_WINDOW = 64
 _SAMPLE_FIELDS = 6
+#: One sample written in one C call: six item stores on an ``array('d')`` each parse their value
+#: through ``PyArg_Parse`` (350 instructions apiece, 17,000 per 8-rank batch).
+_pack_sample = struct.Struct(f"{_SAMPLE_FIELDS}d").pack_into
+_SAMPLE_BYTES = 8 * _SAMPLE_FIELDS
 _NAN = float("nan")
 HEALTH_EVENTS_KEPT = 1024
 CHECKPOINT_EVENTS_PER_TIER = 8
@@ -156,14 +161,12 @@ class RankWindow:
         if self._cn > cap:
             self._cn = cap
         si = self._si
-        j = si * _SAMPLE_FIELDS
         sv = self._s
-        sv[j] = now
-        sv[j + 1] = b.step
-        sv[j + 2] = b.step_time_s
-        sv[j + 3] = b.compute_s
-        sv[j + 4] = _NAN if b.loss is None else b.loss
-        sv[j + 5] = _NAN if b.grad_norm is None else b.grad_norm
+        loss, grad_norm = b.loss, b.grad_norm
+        _pack_sample(
+            sv, si * _SAMPLE_BYTES, now, b.step, b.step_time_s, b.compute_s,
+            _NAN if loss is None else loss, _NAN if grad_norm is None else grad_norm,
+        )
         n = len(sv)
         self._si = si + 1 if (si + 1) * _SAMPLE_FIELDS < n else 0
         if self._sn * _SAMPLE_FIELDS < n:
