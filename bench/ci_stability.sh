@@ -10,7 +10,7 @@
 #
 # Without pytest args every run is exactly what CI does: a fresh `git clone` of this repository's
 # HEAD (commit first: only committed work is cloned) runs `bash .ci/run` (packages, venv, static
-# checks, the suite on its workers, the images), and its JUnit XML is collected. With
+# checks, the suite in its two lanes, the images), and the lanes' JUnit XML is collected. With
 # pytest args every run is `python -m pytest ARGS` in this checkout.
 #
 # Writes the JUnit XML and the log of every run (--junit-dir, default .railyard/ci-stability) and

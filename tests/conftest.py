@@ -36,9 +36,9 @@ def local_cluster(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-
 
 # --- the order files run in ------------------------------------------------------------------
 #: Folders whose files run longest (a minute or two each: the demo, the end-to-end system tests,
-#: the benchmarks' smoke runs, the multi-process trainer tests) run first. .ci/run's pytest-xdist
-#: workers take whole files in collection order as they finish the last, so a long file taken
-#: last would leave the other workers idle at the end; the short ones fill the gaps instead.
+#: the benchmarks' smoke runs, the multi-process trainer tests) run first, so that a run stopped
+#: early (``-x``, a timeout) has tried the tests most likely to find a fault, and a parallel runner
+#: (pytest-xdist's ``--dist loadfile --no-loadscope-reorder``) ends on the short ones.
 LONGEST_FIRST = ("demo", "system", "bench", "trainer", "health", "checkpoint", "observability", "local", "operator")
 
 

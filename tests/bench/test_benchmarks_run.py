@@ -4,7 +4,7 @@ next to it. (A benchmark nobody ran for a while rots: bench/operator.py hung for
 pod's init container before this test existed.) Sizes here are for completion, not figures: no
 target is asserted, only that the script finished and reported every row.
 
-The whole set takes about 1.5 minutes on a 2-core machine; the two smoke runs under the operator
+The whole set takes about 1.5 minutes on a 2-core machine; the six heaviest smoke runs
 (UNDER_THE_OPERATOR) only with ``RAILYARD_BENCH_SMOKE=all``.
 """
 
@@ -85,13 +85,15 @@ def test_every_benchmark_has_a_smoke_run() -> None:
     assert not missing, f"add a smoke run for {sorted(missing)} to SMOKE"
 
 
-#: Smoke runs that are minutes of the real trainer under the operator on a local cluster, the same
-#: path as a system test (tests/system/test_draining_a_node.py's replica-group drain;
-#: tests/system/test_replica_groups_under_the_operator.py's lost group): CI skips them (about
-#: 100 s of CPU, a tenth of the suite's), ``RAILYARD_BENCH_SMOKE=all`` runs them, and so does
-#: every rerun of the benchmark itself, whose results tests/bench/test_results_are_current.py
-#: holds to the code.
-UNDER_THE_OPERATOR = {"drain.py", "replica_groups.py"}
+#: Smoke runs of many trainer processes, each on a path a test of its own already runs: the real
+#: trainer under the operator (drain.py: tests/system/test_draining_a_node.py's replica-group
+#: drain; replica_groups.py: tests/system/test_replica_groups_under_the_operator.py's lost group;
+#: inplace.py: tests/system/test_in_place_restart.py), and the trainer's layouts, checkpoint tiers
+#: and SDC checks (trainer.py, checkpoint.py, sdc.py: tests/trainer, tests/checkpoint,
+#: tests/health). CI skips them (about 160 s of CPU, an eighth of the suite's); with
+#: ``RAILYARD_BENCH_SMOKE=all`` they run, and every rerun of a benchmark runs its script, whose
+#: results tests/bench/test_results_are_current.py holds to the code.
+UNDER_THE_OPERATOR = {"drain.py", "replica_groups.py", "inplace.py", "trainer.py", "checkpoint.py", "sdc.py"}
 ALL_SMOKES = os.environ.get("RAILYARD_BENCH_SMOKE") == "all"
 
 
@@ -99,7 +101,7 @@ def smoke_params() -> list[Any]:
     return [
         pytest.param(s, marks=pytest.mark.skipif(
             s in UNDER_THE_OPERATOR and not ALL_SMOKES,
-            reason="the real trainer under the operator, as a system test runs it: RAILYARD_BENCH_SMOKE=all runs it"))
+            reason="many trainer processes on a path a test of its own runs: RAILYARD_BENCH_SMOKE=all runs it"))
         for s in sorted(SMOKE)
     ]
 
