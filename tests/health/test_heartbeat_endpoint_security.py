@@ -88,6 +88,10 @@ async def test_a_good_batch_is_accepted_and_stored(h: Harness) -> None:
         ("/v1/heartbeats/team/llm", _auth("tok-llm"), _body("other"), 400, "job"),
         ("/v1/heartbeats/team/llm", _auth("tok-llm"), b" " * (MAX_BODY_BYTES + 1), 413, "limit"),
         ("/v1/heartbeats/team/llm", _auth("tok-llm"), _body(attempt=0), 409, "attempt"),
+        ("/v1/heartbeats/team/llm", _auth("tok-llm"), _body().replace(b'"step_time_s":1.0', b'"step_time_s":1' + b"0" * 400, 1),
+         400, "ranks[0].step_time_s"),
+        ("/v1/heartbeats/team/llm", _auth("tok-llm"), _body().replace(b'"step":5', b'"step":1' + b"0" * 400, 1), 400, "ranks[0].step"),
+        ("/v1/heartbeats/team/llm", _auth("tok-llm"), b"[" * 100_000, 400, "nested too deeply"),
     ],
     ids=[
         "no-token",
@@ -102,6 +106,9 @@ async def test_a_good_batch_is_accepted_and_stored(h: Harness) -> None:
         "body-names-another-job",
         "oversized",
         "replayed-old-attempt",
+        "an-integer-with-no-float-in-a-float-field",
+        "an-integer-past-64-bits",
+        "nested-past-the-decoders-depth",
     ],
 )
 async def test_refusals_have_the_right_code_and_change_nothing(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from typing import Any
 
 import pytest
@@ -118,7 +119,19 @@ _DELETE = object()
         ("ranks.0.recent_compute_s", [0.1, -1], "ranks[0].recent_compute_s"),
         ("checkpoints", {"step": 1}, "checkpoints"),
         ("checkpoints.0.tier", 2, "checkpoints[0].tier"),
+        # JSON integers have any length: one with no float, or past 64 bits, is refused by name
+        # (float() of it raised OverflowError, and the endpoint answered 500)
+        ("sent_at", -(10**400), "sent_at"),
+        ("ranks.0.step_time_s", 10**400, "ranks[0].step_time_s"),
+        ("ranks.0.loss", 10**400, "ranks[0].loss"),
+        ("ranks.0.grad_norm", -(10**400), "ranks[0].grad_norm"),
+        ("ranks.0.recent_compute_s", [0.1, 10**400], "ranks[0].recent_compute_s"),
+        ("checkpoints.0.duration_s", 10**400, "checkpoints[0].duration_s"),
+        ("ranks.0.step", 10**400, "ranks[0].step"),
+        ("ranks.0.rank", 2**63, "ranks[0].rank"),
+        ("checkpoints.0.bytes", 2**64, "checkpoints[0].bytes"),
     ],
+    ids=lambda v: f"an-integer-of-{len(str(v))}-digits" if type(v) is int and abs(v) > 2**64 else None,
 )
 def test_malformed_input_is_rejected_naming_the_field(path: str, value: Any, named: str) -> None:
     raw = _set(path, value)
@@ -131,6 +144,18 @@ def test_malformed_input_is_rejected_naming_the_field(path: str, value: Any, nam
 def test_bodies_that_are_not_a_json_object_are_rejected(body: bytes) -> None:
     with pytest.raises(HeartbeatError, match=r"^body"):
         parse_heartbeat(body)
+
+
+def test_the_largest_numbers_with_a_float_or_64_bits_are_accepted() -> None:
+    raw = _set("ranks.0.step", 2**63 - 1)
+    raw["ranks"][0]["step_time_s"] = 2**1024 - 2**971  # rounds down to the largest float
+    got = parse_heartbeat(json.dumps(raw)).ranks[0]
+    assert (got.step, got.step_time_s) == (2**63 - 1, sys.float_info.max)
+
+
+def test_a_body_nested_past_the_decoders_depth_is_rejected() -> None:
+    with pytest.raises(HeartbeatError, match=r"^body: not valid JSON \(nested too deeply\)"):
+        parse_heartbeat(b"[" * 100_000)
 
 
 def test_oversized_bodies_are_rejected_before_parsing() -> None:

@@ -12,15 +12,23 @@ import inspect
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
 from railyard.logic.health.window import BatchHook, HeartbeatStore, IngestResult
-from railyard.protocol.heartbeat import MAX_BODY_BYTES, HeartbeatError, parse_heartbeat
+from railyard.protocol.heartbeat import MAX_BODY_BYTES, HeartbeatBatch, HeartbeatError, parse_heartbeat
 
 if TYPE_CHECKING:
     from railyard.observe.health_metrics import HealthMetrics
+
+_orjson_loads: Callable[[bytes | str], Any] | None
+try:
+    import orjson
+except ImportError:  # a development install without the operator's dependencies: json alone
+    _orjson_loads = None
+else:
+    _orjson_loads = orjson.loads
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +61,25 @@ async def _read_limited(request: web.Request, limit: int, length: int | None) ->
         if len(buf) > limit:
             return None
     return bytes(buf)
+
+
+def decode_heartbeat(body: bytes) -> HeartbeatBatch:
+    """:func:`parse_heartbeat` with orjson's decoder where it agrees with json's, json's verdict elsewhere.
+
+    orjson decodes a batch in a fifth of json's instructions (ingest decodes 5,000 a second). It
+    refuses some bodies json accepts (NaN and Infinity, a byte order mark, lone surrogates,
+    UTF-16) and decodes an integer past 64 bits as a float. Any body it refuses, or whose decoded
+    form fails validation (such a float in an integer field), is parsed again with json: what is
+    accepted, and every error's words, are json's. Where both decode a body, they give the same
+    values (both round a decimal to the nearest float; a big integer in a float field becomes the
+    float nearest to it either way): tests/health/test_heartbeat_decoders_agree.py.
+    """
+    if _orjson_loads is not None:
+        try:
+            return parse_heartbeat(body, _orjson_loads)
+        except HeartbeatError:
+            pass
+    return parse_heartbeat(body)
 
 
 def build_heartbeat_handler(
@@ -101,7 +128,7 @@ def build_heartbeat_handler(
         if body is None:
             return done(413, _refuse(413, f"body: over the {max_body_bytes} byte limit"))
         try:
-            batch = parse_heartbeat(body)
+            batch = decode_heartbeat(body)
         except HeartbeatError as exc:
             return done(400, _refuse(400, str(exc)))
         if batch.job != job:

@@ -18,6 +18,8 @@ from __future__ import annotations
 import json
 import math
 import operator
+import sys
+from collections.abc import Callable
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Any
 
@@ -31,6 +33,9 @@ MAX_RECENT_STEPS = 64
 MAX_HEALTH_RESULTS = 32
 #: Longest ``fingerprint`` (a hex digest).
 MAX_FINGERPRINT_CHARS = 64
+#: Integers on the wire are 64-bit (steps, ranks, bytes): a larger one is refused by name rather
+#: than reaching the store, whose samples hold it as a float (past 1.8e308 none does).
+MAX_INT = 2**63 - 1
 
 
 class HeartbeatError(ValueError):
@@ -143,14 +148,21 @@ class HeartbeatBatch:
 _SENT_ONLY_WHEN_SET: dict[str, object] = {"fingerprint_step": -1, "fingerprint": "", "waiting_for_groups": False}
 
 
-def parse_heartbeat(body: bytes | str) -> HeartbeatBatch:
-    """Parse and validate a heartbeat body. Raises :class:`HeartbeatError`."""
+def parse_heartbeat(body: bytes | str, loads: Callable[[bytes | str], Any] = json.loads) -> HeartbeatBatch:
+    """Parse and validate a heartbeat body. Raises :class:`HeartbeatError`.
+
+    ``loads``: the JSON decoder. This module is standard library only (the trainer imports it), so
+    a faster decoder comes from the caller: the operator's ingest passes orjson's, and parses again
+    with the default whatever that one refuses (railyard.observe.heartbeats.decode_heartbeat).
+    """
     if isinstance(body, bytes | bytearray) and len(body) > MAX_BODY_BYTES:
         raise HeartbeatError(f"body: {len(body)} bytes is over the {MAX_BODY_BYTES} byte limit")
     try:
-        raw = json.loads(body)
+        raw = loads(body)
     except (ValueError, UnicodeDecodeError) as exc:
         raise HeartbeatError(f"body: not valid JSON ({exc})") from exc
+    except RecursionError as exc:  # json's decoder recurses once per nested array or object
+        raise HeartbeatError("body: not valid JSON (nested too deeply)") from exc
     return heartbeat_from_dict(raw)
 
 
@@ -189,12 +201,12 @@ def _batch_fast(raw: dict[str, Any]) -> HeartbeatBatch | None:
         or type(ranks_raw) is not list or not ranks_raw or len(ranks_raw) > MAX_RANKS_PER_BATCH
         or type(checkpoints) is not list or checkpoints  # checkpoint events take the checked path
         or type(job) is not str
-        or type(attempt) is not int or attempt < 0
-        or type(pod_index) is not int or pod_index < 0
+        or type(attempt) is not int or not 0 <= attempt <= MAX_INT
+        or type(pod_index) is not int or not 0 <= pod_index <= MAX_INT
         or type(node) is not str
-        or type(sent_at) not in _NUM or not -_INF < sent_at < _INF
+        or type(sent_at) not in _NUM or not -_FLOAT_MAX <= sent_at <= _FLOAT_MAX
         or type(restored_tier) is not str
-        or type(restored_step) is not int or restored_step < -1
+        or type(restored_step) is not int or not -1 <= restored_step <= MAX_INT
     ):
         return None
     ranks = tuple([_rank_fast(r) or _rank_checked(r, f"ranks[{i}]") for i, r in enumerate(ranks_raw)])
@@ -264,7 +276,9 @@ def _batch_checked(raw: Any) -> HeartbeatBatch:
     )
 
 
-_INF = math.inf
+#: The fast paths' range of a float field: an int past it (JSON has integers of any length) has
+#: no float, or one the checked path decides about; NaN fails the comparison too.
+_FLOAT_MAX = sys.float_info.max
 _NUM = (float, int)
 
 
@@ -301,19 +315,22 @@ def _rank_fast(r: Any) -> RankBeat | None:
         g = r.get
         fstep, fp, waiting = g("fingerprint_step", -1), g("fingerprint", ""), g("waiting_for_groups", False)
         if (
-            type(fstep) is not int or fstep < -1
+            type(fstep) is not int or not -1 <= fstep <= MAX_INT
             or type(fp) is not str or len(fp) > MAX_FINGERPRINT_CHARS
             or type(waiting) is not bool
         ):
             return None
     if (
-        type(rank) is not int or rank < 0 or type(step) is not int or step < 0
-        or type(st) not in _NUM or not 0.0 <= st < _INF
-        or type(cs) not in _NUM or not 0.0 <= cs < _INF
-        or type(bs) not in _NUM or not 0.0 <= bs < _INF
-        or type(tps) not in _NUM or not 0.0 <= tps < _INF
-        or (loss is not None and type(loss) not in _NUM)
-        or (gn is not None and type(gn) not in _NUM)
+        type(rank) is not int or not 0 <= rank <= MAX_INT or type(step) is not int or not 0 <= step <= MAX_INT
+        or type(st) not in _NUM or not 0.0 <= st <= _FLOAT_MAX
+        or type(cs) not in _NUM or not 0.0 <= cs <= _FLOAT_MAX
+        or type(bs) not in _NUM or not 0.0 <= bs <= _FLOAT_MAX
+        or type(tps) not in _NUM or not 0.0 <= tps <= _FLOAT_MAX
+        # any float, NaN and infinities too; an int only if it has a float
+        or (loss is not None and type(loss) is not float
+            and (type(loss) is not int or not -_FLOAT_MAX <= loss <= _FLOAT_MAX))
+        or (gn is not None and type(gn) is not float
+            and (type(gn) is not int or not -_FLOAT_MAX <= gn <= _FLOAT_MAX))
         or type(saving) is not bool
         or type(progress) is not bool
         or health  # health results take the checked path
@@ -322,7 +339,7 @@ def _rank_fast(r: Any) -> RankBeat | None:
     ):
         return None
     for v in recent:
-        if type(v) not in _NUM or not 0.0 <= v < _INF:
+        if type(v) not in _NUM or not 0.0 <= v <= _FLOAT_MAX:
             return None
     beat = _RankBeatSlots()
     beat.rank = rank
@@ -390,9 +407,11 @@ def _rank_checked(r: Any, where: str) -> RankBeat:
         raise HeartbeatError(f"{where}.recent_compute_s: expected a list of at most {MAX_RECENT_STEPS} numbers")
     recent: list[float] = []
     for v in recent_raw:
-        if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v < 0:
-            raise HeartbeatError(f"{where}.recent_compute_s: expected finite non-negative numbers, got {v!r}")
-        recent.append(float(v))
+        f = _finite(v)
+        if f is None or f < 0:
+            shown = "an integer beyond a float's range" if f is None and type(v) is int else repr(v)
+            raise HeartbeatError(f"{where}.recent_compute_s: expected finite non-negative numbers, got {shown}")
+        recent.append(f)
     health = []
     for j, h in enumerate(health_raw):
         hw = f"{where}.health[{j}]"
@@ -474,18 +493,34 @@ def _int(d: dict[str, Any], key: str, default: Any = _MISSING, where: str = "", 
         raise HeartbeatError(f"{_path(where, key)}: expected an integer, got {type(v).__name__}")
     if minimum is not None and v < minimum:
         raise HeartbeatError(f"{_path(where, key)}: {v} is below {minimum}")
+    if v > MAX_INT:
+        raise HeartbeatError(f"{_path(where, key)}: above {MAX_INT} (integers on the wire are 64-bit)")
     return v
+
+
+def _finite(v: Any) -> float | None:
+    """``v`` as a finite float, or None: not a number, NaN, infinite, or an integer too large for
+    a float (JSON integers have any length; ``float()`` of one past 1.8e308 raises OverflowError)."""
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        return None
+    try:
+        f = float(v)
+    except OverflowError:
+        return None
+    return f if math.isfinite(f) else None
 
 
 def _float(
     d: dict[str, Any], key: str, default: Any = _MISSING, where: str = "", minimum: float | None = None
 ) -> float:
     v = _get(d, key, default, where)
-    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
-        raise HeartbeatError(f"{_path(where, key)}: expected a finite number")
-    if minimum is not None and v < minimum:
+    f = _finite(v)
+    if f is None:
+        why = " (this integer is beyond a float's range)" if type(v) is int else ""
+        raise HeartbeatError(f"{_path(where, key)}: expected a finite number{why}")
+    if minimum is not None and f < minimum:
         raise HeartbeatError(f"{_path(where, key)}: {v} is below {minimum}")
-    return float(v)
+    return f
 
 
 def _opt_float(d: dict[str, Any], key: str, where: str) -> float | None:
@@ -494,8 +529,14 @@ def _opt_float(d: dict[str, Any], key: str, where: str) -> float | None:
         return None
     if isinstance(v, bool) or not isinstance(v, int | float):
         raise HeartbeatError(f"{_path(where, key)}: expected a number or null")
-    # NaN/inf losses are legitimate symptoms (a spike detector wants to see them).
-    return float(v)
+    # NaN/inf losses are legitimate symptoms (a spike detector wants to see them); an integer
+    # has no infinity, so one past a float's range is a sender's bug.
+    try:
+        return float(v)
+    except OverflowError:
+        raise HeartbeatError(
+            f"{_path(where, key)}: expected a number or null (this integer is beyond a float's range)"
+        ) from None
 
 
 def _str(d: dict[str, Any], key: str, default: Any = _MISSING, where: str = "") -> str:
