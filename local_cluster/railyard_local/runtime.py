@@ -19,6 +19,7 @@ import signal
 import sys
 from pathlib import Path
 
+from railyard.gcpolicy import settle_after_start
 from railyard.kubeclient import load_connection
 from railyard_local.agent import DEFAULT_SHARED_HOST_PATHS, Agent
 from railyard_local.devices import RESOURCE_API
@@ -186,6 +187,7 @@ def main(argv: list[str] | None = None) -> int:
         format="%(asctime)s runtime %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    settle_after_start()
     fatal = asyncio.run(
         run_runtime(
             kubeconfig=args.kubeconfig,

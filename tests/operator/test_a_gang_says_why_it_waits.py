@@ -77,7 +77,7 @@ async def test_a_gpu_held_by_a_pod_of_another_namespace_is_never_chosen() -> Non
     # an operator watching every namespace has the other team's pods in its bound-pods index
     # (kopf_handlers.railyard_bound_pods has no namespace filter; the fake fills it the same way)
     held = foreign_pod("their-trainer", "node-1")
-    assert kopf_handlers.railyard_bound_pods(spec=held["spec"], body=held) == {
+    assert await kopf_handlers.railyard_bound_pods(spec=held["spec"], body=held) == {
         "node-1": kopf_handlers.compact_pod(held)
     }
     h = harness()

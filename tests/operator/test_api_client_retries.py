@@ -76,3 +76,31 @@ async def test_permanent_errors_and_exhausted_retries_raise_with_status() -> Non
     finally:
         await kube.close()
         await server.close()
+
+
+async def test_a_create_that_needs_no_answer_still_reports_refusals() -> None:
+    peers: set[object] = set()
+
+    async def handler(request: web.Request) -> web.Response:
+        peers.add(request.transport.get_extra_info("peername") if request.transport else None)
+        if (await request.json())["metadata"]["name"] == "taken":
+            return web.json_response({"kind": "Status", "reason": "AlreadyExists"}, status=409)
+        if request.path.endswith("/quota/pods"):
+            return web.json_response({"kind": "Status", "reason": "Forbidden", "message": "quota"}, status=403)
+        return web.json_response({"metadata": {"name": "x", "uid": "u"}, "spec": {}}, status=201)
+
+    server = await _server(handler)
+    kube = Kube(str(server.make_url("")), backoff_s=0.001)
+    try:
+        for _ in range(3):
+            assert await kube.create("/api/v1/namespaces/a/pods", {"metadata": {"name": "x"}}, answer=False) == {}
+        assert await kube.create("/api/v1/namespaces/a/pods", {"metadata": {"name": "taken"}}, answer=False) is None
+        with pytest.raises(ApiError) as err:
+            await kube.create("/api/v1/namespaces/quota/pods", {"metadata": {"name": "x"}}, answer=False)
+        assert err.value.status == 403 and err.value.reason == "Forbidden"
+        assert await kube.create("/api/v1/namespaces/a/pods", {"metadata": {"name": "x"}}) == {
+            "metadata": {"name": "x", "uid": "u"}, "spec": {}}
+        assert len(peers) == 1, "the connection is kept for the next request"
+    finally:
+        await kube.close()
+        await server.close()

@@ -166,7 +166,7 @@ def _gpu_free(placed: Any) -> bool:
     return isinstance(placed, Placement)
 
 
-def test_a_finished_pod_in_the_operators_index_leaves_its_gpus_free() -> None:
+async def test_a_finished_pod_in_the_operators_index_leaves_its_gpus_free() -> None:
     # what kopf stores for a pod of another job that finished on node-0 (the index handler as
     # kopf calls it, on the pod's last event): placement must see its node as free
     finished = make_pod(job="other", attempt=0, index=0, node="node-0").exited(0).obj()
@@ -175,13 +175,13 @@ def test_a_finished_pod_in_the_operators_index_leaves_its_gpus_free() -> None:
     job = TrainingJob.model_validate({"metadata": {"name": "j", "namespace": "ns"}, "spec": {"nodes": 1, "procsPerNode": 2}})
     nodes = [make_node("node-0", gpus=2)]
 
-    def place(pod: dict[str, Any]) -> Any:
-        indexed = kopf_handlers.railyard_bound_pods(spec=pod["spec"], body=pod, status=pod["status"])
+    async def place(pod: dict[str, Any]) -> Any:
+        indexed = await kopf_handlers.railyard_bound_pods(spec=pod["spec"], body=pod, status=pod["status"])
         assert indexed is not None, "bound pods are indexed whatever their phase (kopf keeps the last value of a None)"
         return plan_placement(build_placement_input(job, nodes=nodes, pods=list(indexed.values())))
 
-    assert not _gpu_free(place(running)), "a running pod holds its GPUs"
-    assert _gpu_free(place(finished)), "a finished pod holds none"
+    assert not _gpu_free(await place(running)), "a running pod holds its GPUs"
+    assert _gpu_free(await place(finished)), "a finished pod holds none"
 
 
 def _beats(h: Harness, step: int, slow_compute: float) -> None:

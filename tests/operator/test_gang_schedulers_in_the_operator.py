@@ -45,7 +45,7 @@ class RecordingKube:
         self.calls: list[tuple[str, str, Any]] = []
         self.exists, self.fail = set(exists), fail
 
-    async def create(self, path: str, body: dict[str, Any]) -> dict[str, Any] | None:
+    async def create(self, path: str, body: dict[str, Any], **_: Any) -> dict[str, Any] | None:
         self.calls.append(("create", path, body))
         if self.fail:
             raise ApiError(self.fail, {"message": "nope"}, "POST", path)

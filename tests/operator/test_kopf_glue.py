@@ -47,11 +47,11 @@ def test_index_copies_keep_the_pods_dra_claims_and_the_schedulers_verdict() -> N
     assert small["status"] == {"phase": "Pending", "conditions": [scheduled], "resourceClaimStatuses": made}
 
 
-def test_a_pod_event_wakes_only_its_jobs_worker(memo: kopf.Memo) -> None:
+async def test_a_pod_event_wakes_only_its_jobs_worker(memo: kopf.Memo) -> None:
     rt = kopf_handlers.runtime_of(memo)
     mine, other = JobWorker("ns", "j"), JobWorker("ns", "k")
     rt.workers[("ns", "j")], rt.workers[("ns", "k")] = mine, other
-    kopf_handlers.on_event_pod(namespace="ns", labels={"railyard.dev/job": "j"}, memo=memo, railyard_job_pods={})
+    await kopf_handlers.on_event_pod(namespace="ns", labels={"railyard.dev/job": "j"}, memo=memo, railyard_job_pods={})
     assert mine.wake.is_set() and not other.wake.is_set()
     assert rt.reconcile is not None and rt.job_pods == {}
 

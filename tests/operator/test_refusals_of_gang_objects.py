@@ -195,7 +195,7 @@ class _Kube:
     def __init__(self) -> None:
         self.done: list[str] = []
 
-    async def create(self, path: str, body: dict[str, Any]) -> dict[str, Any] | None:
+    async def create(self, path: str, body: dict[str, Any], **_: Any) -> dict[str, Any] | None:
         name = body["metadata"]["name"]
         if name.endswith("-0"):
             raise ApiError(403, status_body(403, "Forbidden", QUOTA), "POST", path)

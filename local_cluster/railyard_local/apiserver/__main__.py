@@ -9,6 +9,8 @@ import signal
 import sys
 from pathlib import Path
 
+from railyard.gcpolicy import settle_after_start
+
 from .nodelifecycle import NodeLifecycleSettings
 from .server import serve
 
@@ -60,6 +62,7 @@ def main(argv: list[str] | None = None) -> int:
                     ready_file=args.ready_file, stop=stop, tls=not args.insecure_http,
                     workload_api=not args.no_workload_api, node_lifecycle=lifecycle)
 
+    settle_after_start()
     try:
         asyncio.run(run())
     except (RuntimeError, OSError) as exc:

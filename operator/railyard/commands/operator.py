@@ -181,6 +181,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     import kopf
 
+    from railyard.gcpolicy import settle_after_start
     from railyard.handlers import kopf_handlers
     from railyard.handlers.runtime import OperatorSettings
     from railyard.logic.planned import MAINTENANCE_SIGNALS
@@ -218,6 +219,7 @@ def run(args: argparse.Namespace) -> int:
         )
     )
     namespaces = list(args.namespace)
+    settle_after_start()
     try:
         asyncio.run(
             kopf.operator(

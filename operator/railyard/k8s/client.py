@@ -63,11 +63,15 @@ class Kube(BaseClient):
         body: Any = None,
         params: Mapping[str, Any] | None = None,
         content_type: str = "application/json",
+        answer: bool = True,
     ) -> Obj:
+        """``answer=False``: ``{}`` instead of the object answered (BaseClient.send)."""
         attempt = 0
         while True:
             try:
-                return await self.send(method, path, body=body, params=params, content_type=content_type)
+                return await self.send(
+                    method, path, body=body, params=params, content_type=content_type, answer=answer
+                )
             except ApiError as exc:
                 if exc.status not in TRANSIENT:
                     raise
@@ -94,19 +98,21 @@ class Kube(BaseClient):
         items: list[Obj] = list((await self.request("GET", path, params=params)).get("items") or [])
         return items
 
-    async def create(self, path: str, body: Obj) -> Obj | None:
-        """Create; None when an object of that name already exists (our names are deterministic)."""
+    async def create(self, path: str, body: Obj, *, answer: bool = True) -> Obj | None:
+        """Create; None when an object of that name already exists (our names are deterministic).
+        ``answer=False``: ``{}`` for a created object, its body not decoded."""
         try:
-            return await self.request("POST", path, body=body)
+            return await self.request("POST", path, body=body, answer=answer)
         except ApiError as exc:
             if exc.status == 409:
                 return None
             raise
 
-    async def patch(self, path: str, body: Any, content_type: str = MERGE) -> Obj | None:
-        """Merge-patch; None when the object is gone."""
+    async def patch(self, path: str, body: Any, content_type: str = MERGE, *, answer: bool = True) -> Obj | None:
+        """Merge-patch; None when the object is gone. ``answer=False``: ``{}`` when patched, the
+        object answered not decoded."""
         try:
-            return await self.request("PATCH", path, body=body, content_type=content_type)
+            return await self.request("PATCH", path, body=body, content_type=content_type, answer=answer)
         except ApiError as exc:
             if exc.status == 404:
                 return None

@@ -94,7 +94,8 @@ async def create_object(kube: Kube, obj: Mapping[str, Any]) -> bool:
         path = core_path(
             {"Pod": "pods", "Service": "services", "ConfigMap": "configmaps", "Secret": "secrets"}[kind], namespace
         )
-    return await kube.create(path, dict(obj)) is not None
+    # only whether it was created matters: the object echoed back is not decoded
+    return await kube.create(path, dict(obj), answer=False) is not None
 
 
 
@@ -135,7 +136,8 @@ async def create_podgroups(kube: Kube, objects: Sequence[Mapping[str, Any]]) -> 
 async def _create_scheduling_object(kube: Kube, obj: Mapping[str, Any]) -> bool:
     plural = {"Workload": WORKLOAD_PLURAL, "PodGroup": PODGROUP_PLURAL}[obj["kind"]]
     path = custom_path(SCHEDULING_GROUP, SCHEDULING_VERSION, plural, obj["metadata"]["namespace"])
-    return await kube.create(path, dict(obj)) is not None
+    # only whether it was created matters: the object echoed back is not decoded
+    return await kube.create(path, dict(obj), answer=False) is not None
 
 
 async def serves_workload_api(kube: Kube) -> bool:
@@ -244,7 +246,7 @@ async def lift_gates(kube: Kube, pods: Sequence[Mapping[str, Any]]) -> int:
         if patch is not None:
             meta = p["metadata"]
             path = core_path("pods", meta["namespace"], meta["name"])
-            calls.append(kube.patch(path, patch, content_type=STRATEGIC))
+            calls.append(kube.patch(path, patch, content_type=STRATEGIC, answer=False))
     await _bounded(calls)
     return len(calls)
 

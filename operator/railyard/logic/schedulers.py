@@ -291,18 +291,25 @@ def apply_to_pods(pods: Sequence[Mapping[str, Any]], plan: GangSchedulingPlan) -
 
     Our own scheduling gate, node affinity and everything else stay as built: the scheduler
     admits and binds the group, our placement still decides which node each rank lands on.
+
+    Only the dicts on the way to what changes are copied (the pod, its metadata and spec; labels
+    and annotations are new dicts): the rest is shared with ``pods``, which neither side
+    mutates. A deep copy of each pod of a 1,000-pod gang was ~5% of the operator's CPU while the
+    gang started (py-spy, issue 46).
     """
     out: list[dict[str, Any]] = []
     for pod in pods:
-        p = copy.deepcopy(dict(pod))
-        meta = p.setdefault("metadata", {})
+        p = dict(pod)
+        meta = p["metadata"] = dict(p.get("metadata") or {})
+        if plan.scheduler_name or plan.pod_group:
+            p["spec"] = dict(p.get("spec") or {})
         if plan.pod_labels:
             meta["labels"] = {**(meta.get("labels") or {}), **plan.pod_labels}
         if plan.pod_annotations:
             meta["annotations"] = {**(meta.get("annotations") or {}), **plan.pod_annotations}
         if plan.scheduler_name:
-            p.setdefault("spec", {})["schedulerName"] = plan.scheduler_name
+            p["spec"]["schedulerName"] = plan.scheduler_name
         if plan.pod_group:
-            p.setdefault("spec", {})["schedulingGroup"] = {"podGroupName": plan.pod_group}
+            p["spec"]["schedulingGroup"] = {"podGroupName": plan.pod_group}
         out.append(p)
     return out
