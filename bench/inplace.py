@@ -275,6 +275,9 @@ class Launcher:
     index: int
     pod: str
     attempt: int
+    answered: float | None = None
+    """When its first report was answered: from then on the operator counts it as one that can be
+    told to restart in place."""
     told: float | None = None
     acked: float | None = None
     stopped: float | None = None
@@ -320,6 +323,8 @@ class Fleet:
                 continue
             order = parse_order(raw)
             now = time.perf_counter()
+            if ln.answered is None:
+                ln.answered = now
             if order.action is Action.STOP:
                 ln.stopped = now
             elif order.action is Action.RESTART and order.attempt > ln.attempt:
@@ -363,6 +368,18 @@ def gang_moved(w: PodWatch, name: str, first: list[str]) -> str | None:
             "the repair of one failure of a settled gang. See the job's conditions and the nodes' Ready "
             "condition: nodes that went NotReady on their own (no Lease renewal within the node-monitor grace "
             "period) or a gang timeout move it")
+
+
+def not_one_restart_in_place(w: PodWatch, name: str, victim: str) -> str | None:
+    """Why the repair of the one failure cannot be measured: a pod of the first attempt other than
+    the failed one deleted (a full restart), or a pod of a second restart created."""
+    gone = sorted(n for n in w.deleted if n.startswith(f"{name}-a0-") and n != victim)
+    later = sorted(n for n in w.added if n.startswith(f"{name}-a") and not n.startswith((f"{name}-a0-", f"{name}-a1-")))
+    if not gone and not later:
+        return None
+    return (f"the one failure was not repaired by one restart in place ({len(gone)} kept pods deleted, e.g. "
+            f"{gone[:3]}; {len(later)} pods of a later attempt created, e.g. {later[:3]}): see the job's Events "
+            f"(kubectl get events -n {NS}) for what each restart did and why")
 
 
 async def _conditions(kube: Kube, name: str) -> str:
@@ -424,8 +441,12 @@ async def one_failure(kube: Kube, w: PodWatch, name: str, pods: int, metrics_por
         if in_place:
             for i, n in enumerate(names0):
                 fleet.add(n, i, 0)
-            await until("every launcher reported", lambda: True, 1)
-            await asyncio.sleep(3.0)  # the first polls are answered at once; then they are held
+            # every launcher's first report answered (a launcher not heard of in this attempt cannot be
+            # told to restart: the operator would restart the whole gang, NoControlChannel; 3 s after
+            # starting them was too short for 2,048 on a loaded machine)
+            listening = list(fleet.launchers.values())
+            await until("every launcher's first report answered", lambda: all(ln.answered for ln in listening), 300)
+            await asyncio.sleep(1.0)  # the polls after the first are held
         victim_pod = names0[pods // 2]
         victim = ((await kube.get(f"/api/v1/namespaces/{NS}/pods/{victim_pod}")) or {})["spec"]["nodeName"]
         nodes.failed_on_purpose.add(victim)
@@ -440,13 +461,16 @@ async def one_failure(kube: Kube, w: PodWatch, name: str, pods: int, metrics_por
         wall_fail = time.time()
         if in_place:
             replacement = f"{name}-a1-{pods // 2}"
-            await until("the replacement Running", lambda: replacement in w.running, 300)
+            await until("the replacement Running", lambda: replacement in w.running, 300,
+                        fail=functools.partial(not_one_restart_in_place, w, name, victim_pod))
             # the replacement's launcher starts polling at the new attempt
             fleet.add(replacement, pods // 2, 1)
             kept = [ln for ln in fleet.launchers.values() if ln.pod != victim_pod and ln.pod != replacement]
-            await until("every kept launcher told", lambda: all(ln.told is not None for ln in kept), 300)
+            await until("every kept launcher told", lambda: all(ln.told is not None for ln in kept), 300,
+                        fail=functools.partial(not_one_restart_in_place, w, name, victim_pod))
             cpu1 = _cpu_of(op_pid)
-            st = await wait_status(kube, name, lambda s: s.get("phase") == "Running" and s.get("attempt") == 1, 300)
+            st = await wait_status(kube, name, lambda s: s.get("phase") == "Running" and s.get("attempt") == 1, 300,
+                                   fail=functools.partial(not_one_restart_in_place, w, name, victim_pod))
             t_all = time.perf_counter()
             out["operator_cpu_s"] = cpu1 - cpu0
             node = await kube.get(f"/api/v1/nodes/{victim}")
@@ -608,7 +632,7 @@ def main() -> int:
                                       extra=("--pod-annotation", f"{SIMULATE_ANNOTATION}=true"))
             print("operator ready", flush=True)
             m = asyncio.run(run_bench(kubeconfig, args.pods, port, args.skip_full, op.pid, selector))
-        except BenchError as exc:
+        except (BenchError, TimeoutError) as exc:
             print(f"bench/inplace.py: {exc}\nlogs kept in {_keep_logs(Path(tmp))}", file=sys.stderr, flush=True)
             return 1
         except KeyboardInterrupt as exc:

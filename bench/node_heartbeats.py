@@ -7,7 +7,10 @@ last Lease renewal or status; the embedded API server applies the same rule
 local cluster registers ``--nodes`` nodes, then for ``--hold`` seconds (longer than grace
 period + monitor period) one watch of the nodes and one of their Leases record:
 
-- nodes that were ever not Ready (target 0) and nodes Ready at the end (target: all);
+- nodes that were ever not Ready (target 0), from the watch and from the ``NodeNotReady`` Events
+  of the node lifecycle controller since the cluster started (registration included: a node
+  marked Unknown while the others were still registering, and Ready again before the watch
+  began, counts), and nodes Ready at the end (target: all);
 - the Lease renewals per second the agent makes (a kubelet's rate: nodes / 10 s) and the
   longest any node went without one (target: well under the grace period);
 - what it costs: CPU seconds per second of the agent (the runtime process) and of the API server.
@@ -118,6 +121,13 @@ class Observer:
         now = time.perf_counter()
         return max([self.longest_gap_s, *(now - t for t in self.last_renewal.values())])
 
+    async def not_ready_events(self) -> dict[str, str]:
+        """The bench's nodes the node lifecycle controller ever marked NotReady (its Events, which
+        outlive the watch: kube-controller-manager's and the embedded rule's alike)."""
+        events = await self.kube.list("/api/v1/namespaces/default/events")
+        return {ev["involvedObject"]["name"]: f"NodeNotReady Event at {ev.get('lastTimestamp')}" for ev in events
+                if ev.get("reason") == "NodeNotReady" and (ev.get("involvedObject") or {}).get("name") in self.names}
+
     async def stop(self) -> None:
         for task in self.tasks:
             task.cancel()
@@ -138,6 +148,8 @@ async def hold(kubeconfig: Path, names: set[str], selector: str, seconds: float,
                   f"{(observer.renewals - renewals0) / (time.perf_counter() - t0):.0f} renewals/s, "
                   f"longest without a renewal {observer.stale_now():.1f}s", flush=True)
         took = time.perf_counter() - t0
+        for name, why in (await observer.not_ready_events()).items():
+            observer.ever_not_ready.setdefault(name, why)
         out = {f"{name}_cpu_per_s": (_cpu_of(pid) - cpu0[name]) / took for name, pid in pids.items()}
         out.update({
             "held_s": took,

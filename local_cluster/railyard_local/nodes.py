@@ -13,7 +13,7 @@ import asyncio
 import functools
 import logging
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -206,7 +206,13 @@ class NodeManager:
     one session (``heartbeat_client``); each status posted every ``status_report_interval`` (spread the same
     way) and within ``status_update_interval`` of a change, such as the control plane having
     marked the node Unknown. A failed node (``railyard local node fail``) posts Ready=False once
-    and then nothing, as a dead node: the control plane's node lifecycle takes it from there."""
+    and then nothing, as a dead node: the control plane's node lifecycle takes it from there.
+
+    :meth:`run` registers the nodes too (unless :meth:`register` already did) and renews each
+    node's Lease from the moment that node is registered, as each kubelet starts renewing when
+    it has registered its own node: registering 2,048 nodes on a loaded machine takes longer than
+    the grace period (73.8 s beside a CPU hog), and renewals that waited for the last node left
+    the first ones to go Unknown (issue 46). :attr:`registered` is set once every node is."""
 
     def __init__(
         self,
@@ -247,6 +253,10 @@ class NodeManager:
         self._heartbeat_sem = asyncio.Semaphore(HEARTBEAT_REQUESTS)
         self._tasks = TaskSet("node manager")
         self._dra = False
+        self._renewing: set[str] = set()
+        """The nodes registered (their Node and Lease written): the ones the lease schedule renews."""
+        self.registered = asyncio.Event()
+        """Set once every node is registered (:meth:`register` returned)."""
 
     async def _bounded(self, coro: Any) -> Any:
         async with self._sem:
@@ -267,6 +277,7 @@ class NodeManager:
         count = len(self.specs)
         for index, name in enumerate(self.specs):
             self._next_report[name] = now + self.status_report_interval * (index + 1) / count
+        self.registered.set()
 
     async def _publish_device_classes(self) -> bool:
         """The DeviceClasses of the simulated GPUs (railyard_local.devices); False where the API
@@ -316,6 +327,7 @@ class NodeManager:
         self._since[spec.name] = now_iso()
         await self.patch_status(spec.name)
         await self._renew_lease(spec, current.get("metadata", {}).get("uid", ""))
+        self._renewing.add(spec.name)  # the lease schedule renews it from its next turn on
         if self._dra:
             await self._publish_slices(spec, current.get("metadata", {}).get("uid", ""))
 
@@ -366,9 +378,12 @@ class NodeManager:
             if control.failed != before.failed:
                 self._since[name] = now_iso()
                 self._stale.discard(name)
+                if control.failed:
+                    self._tasks.spawn(self._fail(name, before, control), f"failure of node {name}")
+                    return
                 self._tasks.spawn(self._safe(self.patch_status(name)), f"status of node {name}")
-                if not control.failed:  # back: the control plane hears of it at once
-                    self._tasks.spawn(self._safe(self._renew_lease(self.specs[name])), f"lease of node {name}")
+                # back: the control plane hears of it at once
+                self._tasks.spawn(self._safe(self._renew_lease(self.specs[name])), f"lease of node {name}")
             if self._on_control is not None:
                 self._on_control(name, before, control)
         elif not control.failed and name not in self._stale and _ready_of(node) not in ("True", None):
@@ -378,6 +393,18 @@ class NodeManager:
             self._since[name] = now_iso()
             self._stale.add(name)
 
+    async def _fail(self, name: str, before: NodeControl, control: NodeControl) -> None:
+        """The node NotReady first, then its pods killed (``on_control``: the agent reports them
+        Failed): the control plane learns that the node failed before it learns of its pods'
+        ends. In the other order, an operator can take the pods' ends for a crash and restart
+        in place on the same node, then restart again once it sees the node NotReady (issue 46:
+        2 pods deleted and 2 created at 2,048 pods, where 1 and 1 is the target)."""
+        try:
+            await self._safe(self.patch_status(name))
+        finally:
+            if self._on_control is not None:
+                self._on_control(name, before, control)
+
     async def _safe(self, coro: Any) -> None:
         try:
             await coro
@@ -386,11 +413,17 @@ class NodeManager:
             log.warning("node update failed: %s", exc)
 
     def _alive(self, name: str) -> bool:
-        return not self.controls[name].failed
+        return name in self._renewing and not self.controls[name].failed
 
     async def run(self) -> None:
-        """Heartbeats: every Lease every lease_interval; statuses as described in the class."""
-        await asyncio.gather(self._run_leases(), self._run_statuses())
+        """Registration (unless done) and heartbeats: every registered node's Lease every
+        lease_interval, from its registration on; statuses as described in the class."""
+        await asyncio.gather(self._run_leases(), self._register_then_report())
+
+    async def _register_then_report(self) -> None:
+        if not self.registered.is_set():
+            await self.register()
+        await self._run_statuses()
 
     def lease_slices(self) -> int:
         """How many slices one round of renewals is cut in (each a ``spread_slice_s`` apart)."""
@@ -409,7 +442,8 @@ class NodeManager:
 
         async def renew(round_no: int, share: list[str]) -> None:
             try:
-                await asyncio.gather(*(self._heartbeat(self._renew_lease(self.specs[n])) for n in share))
+                renewals = [functools.partial(self._renew_lease, self.specs[n]) for n in share]
+                await asyncio.gather(*(self._heartbeat(renewal) for renewal in renewals))
             finally:
                 took = schedule.answered(round_no, share, loop.time())
                 if took is not None:
@@ -430,9 +464,11 @@ class NodeManager:
         finally:
             await tasks.cancel_all()
 
-    async def _heartbeat(self, coro: Any) -> None:
+    async def _heartbeat(self, request: Callable[[], Awaitable[None]]) -> None:
+        """``request`` made once a heartbeat slot is free (made only then: a renewal cancelled while
+        it waits for one leaves no coroutine never awaited)."""
         async with self._heartbeat_sem:
-            await self._safe(coro)
+            await self._safe(request())
 
     def _round_done(self, took: float, count: int) -> None:
         self.stats.rounds += 1
@@ -454,7 +490,7 @@ class NodeManager:
             for name in due:
                 self._next_report[name] = now + self.status_report_interval
                 self._stale.discard(name)
-            await asyncio.gather(*(self._heartbeat(self.patch_status(n)) for n in due))
+            await asyncio.gather(*(self._heartbeat(functools.partial(self.patch_status, n)) for n in due))
 
 
 def _ready_of(node: Mapping[str, Any]) -> str | None:

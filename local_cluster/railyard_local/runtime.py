@@ -85,7 +85,12 @@ async def run_runtime(
             log.info("no kubelet client CA: container logs are not served to the API server (kubectl logs)")
         manager = NodeManager(client, specs, lease_interval=lease_interval, on_control=agent.on_control,
                               kubelet_port=kubelet_port, heartbeat_client=heartbeats)
-        await manager.register()
+        # registration and the Leases in one loop: each node's Lease renewed from the moment it is
+        # registered, as a kubelet's (renewals that waited for the last of 2,048 nodes, or for the
+        # informers to sync, came after the grace period on a loaded machine: issue 46)
+        supervisor.start("node heartbeats", manager.run)
+        if not await _until(manager.registered, supervisor, stop):
+            return supervisor.fatal
         agent.apply_controls(manager.controls)
 
         def informer(path: str, name: str) -> Informer:
@@ -121,9 +126,6 @@ async def run_runtime(
         agent.pods = pods
         services.add_handler(agent.on_service)
         agent.services = services.cache
-        # the Leases from the moment the nodes are registered, as a kubelet's: waiting for the informers
-        # to sync first left 2,088 nodes unrenewed for 85 s on a loaded machine, past the grace period
-        supervisor.start("node heartbeats", manager.run)
         supervisor.start("nodes informer", nodes.run)
         if podgroups is not None:  # before the pods: a gang's pods find their group
             supervisor.start("podgroups informer", podgroups.run)

@@ -24,6 +24,7 @@ from railyard_local.apiserver.nodelifecycle import UNREACHABLE_TAINT, NodeLifecy
 from railyard_local.apiserver.server import APIServer
 from railyard_local.kube import Informer, KubeClient
 from railyard_local.nodes import (
+    FAIL_ANNOTATION,
     LEASE_RENEW_INTERVAL_S,
     STATUS_REPORT_INTERVAL_S,
     LeaseSchedule,
@@ -109,14 +110,29 @@ async def test_a_running_agent_keeps_its_node_ready_and_a_stopped_one_loses_it(t
 
 
 class RecordingClient:
-    """Answers every request at once and records the Lease renewals (node name per request)."""
+    """Answers every request at once (every node already there) and records the Lease renewals
+    (node name per request); a node named in ``held`` is not answered until ``release``."""
 
-    def __init__(self) -> None:
+    def __init__(self, held: frozenset[str] = frozenset()) -> None:
         self.renewed: list[str] = []
+        self.said: list[str] = []
+        """What the control plane heard, in order: node statuses (and, in a test, pods' ends)."""
+        self.held = held
+        self.release = asyncio.Event()
+
+    async def get(self, path: str, **params: Any) -> dict[str, Any]:
+        if path.rsplit("/", 1)[1] in self.held:
+            await self.release.wait()
+        return {"metadata": {"uid": "uid"}}
+
+    async def create(self, path: str, body: Any) -> dict[str, Any]:
+        return {}
 
     async def patch(self, path: str, body: Any, content_type: str = "") -> dict[str, Any]:
         if "/leases/" in path:
             self.renewed.append(path.rsplit("/", 1)[1])
+        if path.endswith("/status"):
+            self.said.append(f"{path.split('/')[-2]} Ready={body['status']['conditions'][-1]['status']}")
         return {}
 
 
@@ -129,6 +145,8 @@ async def test_every_lease_is_renewed_once_per_interval_whatever_the_node_count(
     manager = NodeManager(client, specs, lease_interval=1.0, spread_slice_s=0.05)  # type: ignore[arg-type]
     slices = manager.lease_slices()
     assert slices == min(count, 20)
+    await manager.register()
+    client.renewed.clear()  # registration renews each Lease once; the schedule's renewals follow
     async with running(manager):
         await wait_until_async(lambda: manager.stats.rounds >= 2, timeout=60, message="two rounds of renewals")
     renewals = Counter(client.renewed[: 2 * count])
@@ -136,6 +154,35 @@ async def test_every_lease_is_renewed_once_per_interval_whatever_the_node_count(
     # a round is sliced: the first slice renews every slices-th node, and nothing else
     first_slice = client.renewed[: math.ceil(count / slices)]
     assert first_slice == [s.name for s in specs[::slices]]
+
+
+async def test_a_node_is_renewed_from_its_registration_on_while_others_still_register() -> None:
+    """Issue 46: registering 2,048 nodes beside a CPU hog took 74 s, more than the grace period;
+    renewals that began only after the last registration left the first nodes to go Unknown."""
+    client = RecordingClient(held=frozenset({"n2"}))
+    specs = [spec(f"n{i}", i) for i in range(3)]
+    manager = NodeManager(client, specs, lease_interval=0.3, spread_slice_s=0.1)  # type: ignore[arg-type]
+    async with running(manager):
+        # once at its registration, then on the schedule: n2 is still registering all along
+        await wait_until_async(lambda: client.renewed.count("n0") >= 2 and client.renewed.count("n1") >= 2,
+                               timeout=60, message="n0 and n1 renewed on the schedule")
+        assert not manager.registered.is_set() and "n2" not in client.renewed, "n2 is not registered yet"
+        client.release.set()
+        await wait_until_async(lambda: manager.registered.is_set() and client.renewed.count("n2") >= 2,
+                               timeout=60, message="n2 registered, then renewed on the schedule")
+
+
+async def test_a_failed_node_says_it_is_not_ready_before_its_pods_are_reported_dead() -> None:
+    """Issue 46: at 2,048 pods the pods' ends reached the operator first; it restarted in place on the
+    same node (a crash, by all it knew), then again when the node's NotReady came: 2 pods replaced."""
+    client = RecordingClient()
+    manager = NodeManager(client, [spec("n0", 0)],  # type: ignore[arg-type]
+                          on_control=lambda name, before, after: client.said.append(f"{name} pods killed"))
+    await manager.register()
+    client.said.clear()
+    manager.on_node_event("MODIFIED", {"metadata": {"name": "n0", "annotations": {FAIL_ANNOTATION: "true"}}}, None)
+    await wait_until_async(lambda: "n0 pods killed" in client.said, timeout=60, message="the pods killed")
+    assert client.said == ["n0 Ready=False", "n0 pods killed"]
 
 
 def test_a_slow_answer_holds_back_only_its_own_nodes() -> None:
