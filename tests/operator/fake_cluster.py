@@ -313,7 +313,7 @@ class Harness:
     async def cycle(self, after: float = 0.0) -> float | None:
         self.now += after
         self.cluster.bind(self.runtime)
-        delay = await reconcile_job(self.runtime, self.worker, now=self.now, io=self.cluster)
+        delay = await reconcile_job(self.runtime, self.worker, now=self.now, io=self.cluster, clock=lambda: self.now)
         # the watch delivers what was written
         self.worker.body["status"] = copy.deepcopy(self.cluster.status)
         self.worker.body["metadata"]["finalizers"] = list(self.cluster.finalizers)

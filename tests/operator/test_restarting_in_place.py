@@ -12,7 +12,7 @@ import pytest
 from tests.operator.builders import make_node
 from tests.operator.fake_cluster import Harness, make_job
 
-from railyard.logic.conditions import find_condition
+from railyard.logic.conditions import find_condition, parse_time
 from railyard.protocol.control import Action, apply_rank_table_delta
 
 Setup = Callable[[Harness], None]
@@ -168,6 +168,27 @@ async def test_the_gang_runs_again_once_every_kept_launcher_restarted() -> None:
     assert st.phase == "Running" and st.last_restart.state == "Done"  # type: ignore[union-attr]
     assert h.runtime.metrics.registry.get_sample_value("railyard_in_place_restart_seconds_count") == 1
     assert h.runtime.metrics.registry.get_sample_value("railyard_restart_modes_total", {"mode": "InPlace", "reason": "None"}) == 1
+
+
+async def test_the_restart_is_stamped_when_the_launchers_are_told_not_when_the_cycle_began() -> None:
+    """``lastRestart.startedTime`` says when the kept launchers were told (the orders open after
+    the cycle's writes: the replacement, its group, the gates); on a loaded server those writes
+    take seconds, and a stamp from the cycle's start would count them as the signal's delay."""
+    h = Harness(cluster(4), make_job(gang={"hotSpares": 1}))
+    await running(h)
+    node_down(1)(h)
+    create_pods = h.cluster.create_pods
+
+    async def slow_create(pods: Any) -> int:
+        h.now += 3.0  # the server takes 3 s to answer
+        return await create_pods(pods)
+
+    h.cluster.create_pods = slow_create  # type: ignore[method-assign]
+    began = h.now + 5.0
+    await h.cycle(5.0)
+    st = h.status
+    assert st.phase == "Starting" and st.last_restart is not None and st.last_restart.mode == "InPlace"
+    assert parse_time(st.last_restart.started_time) == pytest.approx(began + 3.0, abs=1e-3), st.last_restart
 
 
 async def test_a_launcher_that_does_not_restart_in_time_turns_it_into_a_full_restart() -> None:

@@ -188,7 +188,9 @@ class Cycle:
     """The state one reconcile cycle works on, and its deferred writes (one status patch and
     the Events, at :meth:`commit`)."""
 
-    def __init__(self, runtime: Runtime, worker: JobWorker, now: float, io: GangIO) -> None:
+    def __init__(
+        self, runtime: Runtime, worker: JobWorker, now: float, io: GangIO, clock: Callable[[], float] | None = None
+    ) -> None:
         self.runtime = runtime
         self.worker = worker
         self.io = io
@@ -199,6 +201,10 @@ class Cycle:
         self.generation = int(self.meta.get("generation") or 0)
         self.now = now
         self.iso = format_time(now)
+        #: The time as the cycle goes on (``now`` is when it began; its writes take a while on a
+        #: loaded server): for the stamps that say when something happened, such as when the kept
+        #: launchers were told to restart. Tests that pass ``now`` get ``now``.
+        self.clock: Callable[[], float] = clock if clock is not None else (lambda: now)
         body_status = dict(self.body.get("status") or {})
         # our own last write wins over a watch event that has not caught up with it yet
         self.old_wire: dict[str, Any] = worker.status_wire if worker.status_wire is not None else body_status

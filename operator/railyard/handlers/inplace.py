@@ -223,7 +223,9 @@ async def continue_in_place(cycle: Cycle, job: TrainingJob, nodes: Mapping[str, 
     if ready:
         await cycle.io.lift_gates(ready)
     if lr.state == "Pending":
-        started = format_micro_time(cycle.now)
+        # when the orders open: after this cycle's writes above, just before the status write
+        # they wait for (not when the cycle began: those writes take seconds on a loaded server)
+        started = format_micro_time(cycle.clock())
         cycle.status = cycle.status.model_copy(update={
             "last_restart": lr.model_copy(update={"state": "Started", "started_time": started}),
             "gang_created_time": started, "time_to_all_ready_seconds": None, "next_attempt_time": None,

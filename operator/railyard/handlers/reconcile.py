@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from pydantic import ValidationError
@@ -92,13 +92,23 @@ def _format_validation(exc: ValidationError) -> str:
 
 
 async def reconcile_job(
-    runtime: Runtime, worker: JobWorker, *, now: float | None = None, io: GangIO | None = None
+    runtime: Runtime,
+    worker: JobWorker,
+    *,
+    now: float | None = None,
+    io: GangIO | None = None,
+    clock: Callable[[], float] | None = None,
 ) -> float | None:
     """Run one cycle; returns seconds until the next check is due (None: only on events).
 
-    ``now`` and ``io`` default to the clock and the real API; tests pass their own."""
+    ``now``, ``io`` and ``clock`` (the time as the cycle goes on) default to the clock and the
+    real API; tests pass their own (with ``now`` alone the cycle's clock stays at ``now``)."""
     cycle = Cycle(
-        runtime, worker, time.time() if now is None else now, io if io is not None else KubeGangIO(runtime.api())
+        runtime,
+        worker,
+        time.time() if now is None else now,
+        io if io is not None else KubeGangIO(runtime.api()),
+        clock=clock if clock is not None else (time.time if now is None else None),
     )
     finalizers = list(cycle.meta.get("finalizers") or [])
     ours = CLEANUP_FINALIZER in finalizers
