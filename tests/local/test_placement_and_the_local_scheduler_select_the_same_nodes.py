@@ -37,6 +37,14 @@ def test_placement_and_the_local_scheduler_agree_on_a_node_selector(selector: di
     assert (verdict is None) is selected, verdict
 
 
+def test_a_selector_of_a_mapping_and_of_its_items_agree_on_odd_values() -> None:
+    """labels_match tests a dict selector as one subset test of its items; the pairwise rule it
+    stands for answers the same, a None value (which a missing label matches) included."""
+    for selector in ({"missing": None}, {"gen": None}, {"gen": "5", "missing": None}, {"gen": 5}):
+        assert labels_match(selector, LABELS) is labels_match(tuple(selector.items()), LABELS), selector
+    assert labels_match({"missing": None}, LABELS) is True
+
+
 def expr(key: str, op: str, *values: str) -> dict[str, Any]:
     return {"key": key, "operator": op, "values": list(values)}
 

@@ -11,7 +11,7 @@ import pytest
 from tests.operator.builders import make_node
 
 from railyard.api.corev1 import Toleration
-from railyard.logic.planned import GKE_MAINTENANCE, RAILYARD_MAINTENANCE, find_planned_moves
+from railyard.logic.planned import GKE_MAINTENANCE, RAILYARD_MAINTENANCE, find_going_nodes, find_planned_moves
 from railyard.logic.quarantine import QUARANTINE_KEY
 
 
@@ -63,3 +63,17 @@ def test_a_tolerated_taint_and_an_added_signal() -> None:
     assert find_planned_moves({"n": mine}, ["n"]) == {}
     assert find_planned_moves({"n": mine}, ["n"], signals=("example.com/retire",)) == {
         "n": "maintenance announced (label example.com/retire=soon)"}
+
+
+def test_the_going_nodes_of_the_cluster_are_the_table_in_name_order() -> None:
+    """find_going_nodes (asked at every placement, of every node) answers what the table says of
+    each node, all of them at once and ordered by name: its quick "no mark at all" answer agrees."""
+    nodes: dict[str, dict[str, Any]] = {}
+    for i, (_, node, _) in reversed(list(enumerate(ROWS))):
+        node["metadata"]["name"] = name = f"n{i:02d}"
+        nodes[name] = node
+    expected = {f"n{i:02d}": why for i, (_, _, why) in enumerate(ROWS) if why}
+    going = find_going_nodes(nodes)
+    assert going == expected
+    assert list(going) == sorted(expected)
+    assert going == find_planned_moves(nodes, nodes)

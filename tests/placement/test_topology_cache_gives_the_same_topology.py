@@ -16,7 +16,8 @@ from railyard.logic.topology import TopologyCache, build_synthetic_nodes, build_
 
 from .placement_builders import LEAF, SPINE
 
-CHANGES = ["not_ready", "ready", "quarantine", "taint", "move_leaf", "drop_leaf_label", "gpus", "remove", "add", "shuffle", "tolerate", "pods"]
+CHANGES = ["not_ready", "ready", "quarantine", "taint", "move_leaf", "drop_leaf_label", "gpus", "remove", "add", "shuffle", "tolerate", "pods",
+           "heartbeat", "untaint", "cordon", "rail"]
 
 
 def _changed(node: dict[str, Any], change: str, k: int) -> dict[str, Any]:
@@ -35,6 +36,15 @@ def _changed(node: dict[str, Any], change: str, k: int) -> dict[str, Any]:
         n["metadata"]["labels"].pop(LEAF, None)
     elif change == "gpus":
         n["status"]["allocatable"]["nvidia.com/gpu"] = str(k % 9)
+    elif change == "heartbeat":  # a new object that reads the same (a status post)
+        for c in n["status"]["conditions"]:
+            c["lastHeartbeatTime"] = f"2026-12-07T00:00:{k % 60:02d}Z"
+    elif change == "untaint":
+        n["spec"].pop("taints", None)
+    elif change == "cordon":
+        n["spec"]["unschedulable"] = not n["spec"].get("unschedulable")
+    elif change == "rail":
+        n["metadata"]["labels"]["railyard.dev/rail-offset"] = str(k % 4)
     return n
 
 

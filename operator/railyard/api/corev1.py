@@ -347,6 +347,10 @@ def check_toleration(
 def labels_match(selector: Mapping[str, str] | Iterable[tuple[str, str]], labels: Mapping[str, str]) -> bool:
     """Whether ``labels`` carry every ``key: value`` of an equality selector (a ``nodeSelector``,
     a Service's ``selector``; a mapping or its items). An empty selector matches everything."""
+    if type(selector) is dict and type(labels) is dict and None not in selector.values():
+        # the same test as one subset test of the items, in C (the placement runs it per node of
+        # the cluster at every decision); a None value would match a missing label below
+        return selector.items() <= labels.items()
     pairs = selector.items() if isinstance(selector, Mapping) else selector
     return all(labels.get(k) == v for k, v in pairs)
 

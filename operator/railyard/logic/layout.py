@@ -55,8 +55,8 @@ def compute_dp_group_spread(
         for q in range(k):
             pods: set[int] = set()
             wiring: set[tuple[int, int, int]] = set()
-            for g in range(p * dp, (p + 1) * dp):
-                pod, base = shape.position(g * tp + q * span)
+            first = p * dp * tp + q * span  # rank q * span of TP group p * dp, then every TP group's
+            for pod, base in shape.positions(range(first, first + dp * tp, tp)):
                 pods.add(pod)
                 wiring.add((base, pod_rail_offset[pod], pod_gpus[pod]))
             for t in range(span):

@@ -39,9 +39,15 @@ def planned_reason(node: Obj, *, signals: Sequence[str] = MAINTENANCE_SIGNALS,
                    tolerations: Sequence[Toleration] = ()) -> str:
     """Why ``node`` is going ("" when it is not announced to go). A node that is not Ready is a
     failure's business, not a planned move."""
+    meta, spec = node.get("metadata") or {}, node.get("spec") or {}
+    labels, annotations = meta.get("labels") or {}, meta.get("annotations") or {}
+    # Nearly every node carries no mark at all: it is not going, whatever its readiness (the
+    # placement asks this of every node of the cluster at every decision, issue 46)
+    if (not spec.get("unschedulable") and not spec.get("taints") and labels.keys().isdisjoint(signals)
+            and annotations.keys().isdisjoint(signals)):
+        return ""
     if not node_is_ready(node):
         return ""
-    meta, spec = node.get("metadata") or {}, node.get("spec") or {}
     if spec.get("unschedulable"):
         return "cordoned"
     for taint in spec.get("taints") or ():
@@ -53,7 +59,6 @@ def planned_reason(node: Obj, *, signals: Sequence[str] = MAINTENANCE_SIGNALS,
         if any(t.tolerates(taint) for t in tolerations):
             continue
         return f"tainted {key}:{taint.get('effect')}"
-    labels, annotations = meta.get("labels") or {}, meta.get("annotations") or {}
     for key in signals:
         for where, marks in (("label", labels), ("annotation", annotations)):
             if key in marks:
@@ -63,8 +68,14 @@ def planned_reason(node: Obj, *, signals: Sequence[str] = MAINTENANCE_SIGNALS,
 
 def find_going_nodes(nodes: Mapping[str, Obj], *, signals: Sequence[str] = MAINTENANCE_SIGNALS,
                      tolerations: Sequence[Toleration] = ()) -> dict[str, str]:
-    """Every node of the cluster announced to go (node -> why): where no new pod is placed."""
-    return find_planned_moves(nodes, nodes, signals=signals, tolerations=tolerations)
+    """Every node of the cluster announced to go (node -> why): where no new pod is placed.
+    :func:`find_planned_moves` over every node, without sorting the names of the many that are
+    not going (this runs at every placement decision)."""
+    going = [
+        (name, why) for name, node in nodes.items()
+        if name and node is not None and (why := planned_reason(node, signals=signals, tolerations=tolerations))
+    ]
+    return dict(sorted(going))
 
 
 def find_planned_moves(nodes: Mapping[str, Obj], gang_nodes: Iterable[str], *,

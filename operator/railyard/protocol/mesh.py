@@ -215,6 +215,32 @@ class MeshShape:
         slot, unit = divmod(g, self.nodes // k)
         return unit * k + q, slot * self.tp + t
 
+    def positions(self, ranks: range) -> list[tuple[int, int]]:
+        """:meth:`position` of every rank of ``ranks``, with what does not depend on the rank
+        worked out once: the placement asks it of every data-parallel group at every decision
+        (issue 46: per rank, the calls cost a 1,000-pod gang's decision ~0.3 ms)."""
+        tp, ppn, k, r = self.tp, self.procs_per_node, self.pods_per_tp_group, self.replicas
+        out: list[tuple[int, int]] = []
+        append = out.append
+        if r > 1:
+            dp, share, group_nodes = self.dp, self.dp // r, self.group_nodes
+            units = group_nodes // k
+            for rank in ranks:
+                g, t = divmod(rank, tp)
+                q, t = divmod(t, ppn) if k > 1 else (0, t)
+                p, d = divmod(g, dp)
+                group, gd = divmod(d, share)
+                slot, unit = divmod(p * share + gd, units)
+                append((group * group_nodes + unit * k + q, slot * tp + t))
+            return out
+        units = self.nodes // k
+        for rank in ranks:
+            g, t = divmod(rank, tp)
+            q, t = divmod(t, ppn) if k > 1 else (0, t)
+            slot, unit = divmod(g, units)
+            append((unit * k + q, slot * tp + t))
+        return out
+
     def coords(self, rank: int) -> tuple[int, int, int]:
         """(pp, dp, tp) coordinates of a global rank."""
         return mesh_coordinates(rank, self.dp, self.tp)
