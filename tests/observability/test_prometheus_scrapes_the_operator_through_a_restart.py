@@ -45,7 +45,10 @@ pytestmark = [pytest.mark.slow, pytest.mark.cluster, pytest.mark.torch, pytest.m
 
 NS = "railyard-prometheus"
 SCRAPE_S = 1.0
-FLIP_STEP = 7
+#: After two memory-tier saves (every 5 steps): the restore the dashboards show needs a committed
+#: checkpoint before the flip, and on a loaded machine the step-5 save can still be in flight two
+#: steps later (a flip at step 7 then restarted from nothing: no restore, no restore panels).
+FLIP_STEP = 12
 #: Documented metrics this run cannot produce, and why. Their queries may come back empty; every
 #: other metric must have series (a renamed metric in a query therefore fails).
 EVENT_ONLY = {
@@ -104,7 +107,7 @@ def run(prometheus_binary: str, local_cluster: Any, tmp_path_factory: pytest.Tem
         prom.wait_for_targets(timeout=60)
         start = time.time()
         name = f"scraped-{uuid.uuid4().hex[:4]}"
-        spec = base_spec(trainer={"steps": 16, "faults": [{"kind": "bitflip", "target": "grad", "rank": 1, "step": FLIP_STEP, "attempt": 0}]})
+        spec = base_spec(trainer={"steps": FLIP_STEP + 8, "faults": [{"kind": "bitflip", "target": "grad", "rank": 1, "step": FLIP_STEP, "attempt": 0}]})
         api.create_job(NS, name, spec)
         try:
             status = wait_until(lambda: (s := api.status(NS, name)).get("phase") in ("Succeeded", "Failed") and s,
@@ -115,6 +118,8 @@ def run(prometheus_binary: str, local_cluster: Any, tmp_path_factory: pytest.Tem
         except AssertionError as exc:
             raise AssertionError(f"{exc}\n--- status ---\n{json.dumps(api.status(NS, name), indent=1)[:3000]}\n--- operator ---\n{operator.log_tail(40)}") from None
         assert status["phase"] == "Succeeded", status.get("message")
+        # the restore panels need one: the restarted attempt resumed from a checkpoint before the flip
+        assert (status.get("restore") or {}).get("tier"), f"no restore to show: {status.get('restore')}"
         # Prometheus has scraped the final state: the job counted as Succeeded, its restarts
         prom.wait_until(
             "Prometheus to scrape the finished job",
