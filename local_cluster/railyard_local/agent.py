@@ -72,6 +72,8 @@ class Agent:
         self.resolver_dir = state_dir / "resolver"
         self._slow_tasks: dict[str, asyncio.Task[None]] = {}
         self._hosts_dirty = asyncio.Event()
+        self._hosts_written: str | None = None
+        """What the hosts file holds (written by this agent), None before the first write."""
         self._seen_at_start: set[str] = set()
         self._started = False
         self.on_change: Callable[[], None] | None = None
@@ -309,10 +311,9 @@ class Agent:
     def build_hosts(self) -> str:
         lines = ["# written by the railyard local node agent: IP NAME...", "127.0.0.1 localhost"]
         running = [w for w in self.workers.values() if w.running]
-        for w in sorted(running, key=lambda w: (w.ns, w.name)):
-            names = podenv.dns_names(w.pod)
-            if names:
-                lines.append(f"{w.node.ip} {' '.join(names)}")
+        named = [w for w in running if w.dns_names]
+        for w in sorted(named, key=lambda w: (w.ns, w.name)):
+            lines.append(f"{w.node.ip} {' '.join(w.dns_names)}")
         for svc in self.services.values():
             meta = svc.get("metadata") or {}
             selector = (svc.get("spec") or {}).get("selector") or {}
@@ -331,9 +332,13 @@ class Agent:
         return "\n".join(lines) + "\n"
 
     def _write_hosts(self) -> None:
+        text = self.build_hosts()
+        if text == self._hosts_written:
+            return  # a gang's pods without hostnames change nothing in it
         tmp = self.hosts_file.with_suffix(".tmp")
-        tmp.write_text(self.build_hosts())
+        tmp.write_text(text)
         os.replace(tmp, self.hosts_file)
+        self._hosts_written = text
 
     async def run_hosts_writer(self) -> None:
         while True:

@@ -95,6 +95,9 @@ class PodWorker:
         self.init = [Container(str(c.get("name")), c, init=True) for c in spec.get("initContainers") or []]
         self.containers = [Container(str(c.get("name")), c) for c in spec.get("containers") or []]
         self.pod_dir = agent.node_dir(node.name) / "pods" / f"{self.ns}_{self.name}_{self.uid[:8]}"
+        #: the names the hosts file gives the pod (``self.pod`` is the pod as it was when started:
+        #: the agent rewrites the file for every pod started or ended, a gang's worth of times)
+        self.dns_names = podenv.dns_names(pod)
         self.phase = "Pending"
         self.reason = ""
         self.message = ""
@@ -549,7 +552,9 @@ class PodWorker:
             body = {"status": self.build_status()}
             try:
                 await retry(
-                    lambda: self.agent.client.patch(f"/api/v1/namespaces/{self.ns}/pods/{self.name}/status", body),
+                    # the pod answered is not read (decoding it was a tenth of the runtime's CPU)
+                    lambda: self.agent.client.patch(f"/api/v1/namespaces/{self.ns}/pods/{self.name}/status", body,
+                                                    answer=False),
                     what=f"status {self.ns}/{self.name}",
                 )
             except ApiError as exc:

@@ -613,7 +613,7 @@ class Scheduler:
             async with self._sem:
                 for attempt in range(5):
                     try:
-                        await self.client.create(f"/api/v1/namespaces/{ns}/pods/{name}/binding", body)
+                        await self.client.create(f"/api/v1/namespaces/{ns}/pods/{name}/binding", body, answer=False)
                         self.bound_count += 1
                         return
                     except ApiError as exc:

@@ -17,6 +17,7 @@ from tests.waiting import wait_until
 from railyard_local.agent import RESOLVER_SOURCE, Agent
 from railyard_local.nodes import NodeControl
 from railyard_local.podenv import ContainerConfigError, PodContext
+from railyard_local.podworker import PodWorker
 from railyard_local.topology import ClusterShape, build_nodes
 
 from .builders import make_pod
@@ -195,3 +196,38 @@ async def test_the_kubelet_endpoint_serves_container_logs_to_the_api_servers_cer
             assert await asyncio.wait_for(resp.content.read(), 30) == b""
     finally:
         await endpoint.stop()
+
+
+def test_the_hosts_file_names_pods_with_a_subdomain_and_is_rewritten_only_when_it_changes(tmp_path: Path) -> None:
+    nodes = build_nodes(ClusterShape(nodes=2))
+    agent = Agent(None, tmp_path, nodes, log_dir=tmp_path / "logs")  # type: ignore[arg-type]
+
+    def start(name: str, node: int, subdomain: str | None) -> PodWorker:
+        pod = make_pod(name, "ns").obj()
+        pod["metadata"]["uid"] = f"uid-{name}"
+        if subdomain:
+            pod["spec"]["subdomain"] = subdomain
+        worker = PodWorker(agent, pod, nodes[node])
+        agent.workers[worker.uid] = worker
+        return worker
+
+    start("w-1", 1, "w")
+    start("w-0", 0, "w")
+    plain = start("gang-0", 0, None)  # no subdomain: no name in the file
+    agent._write_hosts()
+    ip0, ip1 = nodes[0].ip, nodes[1].ip
+    assert agent.hosts_file.read_text().splitlines()[2:] == [
+        f"{ip0} w-0.w.ns.svc.cluster.local w-0.w.ns.svc w-0.w.ns w-0.w",
+        f"{ip1} w-1.w.ns.svc.cluster.local w-1.w.ns.svc w-1.w.ns w-1.w",
+    ]
+    written = agent.hosts_file.stat().st_ino
+    agent.forget(plain)
+    start("gang-1", 1, None)
+    agent._write_hosts()
+    assert agent.hosts_file.stat().st_ino == written, "the same text is not written again"
+    agent.forget(agent.workers["uid-w-0"])
+    agent._write_hosts()
+    assert agent.hosts_file.stat().st_ino != written
+    assert [line.split()[1] for line in agent.hosts_file.read_text().splitlines()[2:]] == [
+        "w-1.w.ns.svc.cluster.local"
+    ]

@@ -23,6 +23,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from railyard_local import jsonexact
+
 from . import admission, builtins, fieldmanager, patch, typeinfo
 from .errors import APIError, Cause, already_exists, bad_request, conflict, invalid, not_found
 from .registry import CRD_KEY, LEASE_KEY, Registry, ResourceType
@@ -485,7 +487,7 @@ class Engine:
         old_entry = self.store.get(rt.key, ns if rt.namespaced else "", name)
         if old_entry is None:
             raise not_found(rt.group, rt.plural, name)
-        current = json.loads(self.from_storage(rt, old_entry, version))
+        current = jsonexact.loads(self.from_storage(rt, old_entry, version))  # the server's compact JSON
         try:
             doc = json.loads(data)
         except ValueError as exc:
