@@ -3,8 +3,9 @@
 - Sticky re-placement picks, for every lost pod in order, the minimum over all free nodes of
   (not a spare, -domains shared with the failed node, free GPUs, tree order) (docs/placement.md,
   "Sticky re-placement"), without scanning the pool per pod.
-- The DP-group spread (rails, leaf domains, pods per data-parallel group) is computed per
-  pipeline stage, not per rank.
+
+The DP-group spread's walk over every rank is tests/placement/test_mesh_positions_in_bulk.py's
+(every kind of shape, replica groups included).
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from railyard.logic.layout import MeshShape, compute_dp_group_spread, compute_rail
 from railyard.logic.placement import (
     GangRequest,
     Placement,
@@ -84,29 +84,3 @@ def test_sticky_replacement_picks_what_an_exhaustive_scan_picks(data: st.DataObj
     again = plan_placement(PlacementInput(topo, req, prev))
     if isinstance(again, Placement):
         assert list(again.nodes) == _exhaustive(topo, req, prev)
-
-
-@settings(max_examples=300, deadline=None)
-@given(data=st.data())
-def test_dp_group_spread_matches_a_walk_over_every_rank(data: st.DataObject) -> None:
-    nodes = data.draw(st.integers(1, 12))
-    procs = data.draw(st.sampled_from([1, 2, 4, 8]))
-    tp = data.draw(st.sampled_from([t for t in (1, 2, 4, 8) if procs % t == 0]))
-    groups = nodes * procs // tp
-    pp = data.draw(st.sampled_from([p for p in range(1, groups + 1) if groups % p == 0]))
-    shape = MeshShape(nodes, procs, pp, groups // pp, tp)
-    offsets = data.draw(st.lists(st.integers(0, 7), min_size=nodes, max_size=nodes))
-    gpus = data.draw(st.lists(st.sampled_from([0, procs, 8]), min_size=nodes, max_size=nodes))
-    domain = data.draw(st.lists(st.integers(0, 3), min_size=nodes, max_size=nodes))
-    rails: dict[tuple[int, int], set[int]] = {}
-    pods: dict[tuple[int, int], set[int]] = {}
-    for _, pod, local, p, _, t in shape.layout():
-        rails.setdefault((p, t), set()).add(compute_rail(local, offsets[pod], gpus[pod]))
-        pods.setdefault((p, t), set()).add(pod)
-    expected = (
-        max(len(v) for v in rails.values()),
-        max(len({domain[x] for x in v}) for v in pods.values()),
-        max(len(v) for v in pods.values()),
-    )
-    got = compute_dp_group_spread(shape, pod_rail_offset=offsets, pod_gpus=gpus, pod_domain=domain)
-    assert got == expected
