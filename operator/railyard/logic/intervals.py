@@ -78,16 +78,16 @@ _BENCH = "bench/results/checkpoint.json"
 #: per save (the snapshot; the parameters are copied beside the next step) and how long its
 #: background write takes. A job's own figures, where known, are better: ``railyard plan
 #: --step-time/--save-stall`` shows what they give, and the spec's intervals win.
-STEP_S = Sourced(2.650858, f"{_BENCH} step_time_median")
+STEP_S = Sourced(2.130226, f"{_BENCH} step_time_median")
 SAVE_STALL_S: Mapping[Tier, Sourced] = {
-    "memory": Sourced(0.025324, f"{_BENCH} memory_blocked_per_save_median"),
-    "local": Sourced(0.027668, f"{_BENCH} local_blocked_per_save_median"),
-    "shared": Sourced(0.027668, f"{_BENCH} shared_blocked_per_save_median"),
+    "memory": Sourced(0.012446, f"{_BENCH} memory_blocked_per_save_median"),
+    "local": Sourced(0.012105, f"{_BENCH} local_blocked_per_save_median"),
+    "shared": Sourced(0.012105, f"{_BENCH} shared_blocked_per_save_median"),
 }
 SAVE_DURATION_S: Mapping[Tier, Sourced] = {
-    "memory": Sourced(4.26188, f"{_BENCH} memory_save_background_beside_training"),
-    "local": Sourced(2.994565, f"{_BENCH} local_save_duration_background"),
-    "shared": Sourced(12.453401, f"{_BENCH} shared_save_duration_background"),
+    "memory": Sourced(2.673118, f"{_BENCH} memory_save_background_beside_training"),
+    "local": Sourced(0.660684, f"{_BENCH} local_save_duration_background"),
+    "shared": Sourced(1.440214, f"{_BENCH} shared_save_duration_background"),
 }
 #: How long a lost replica group is out: the last step before the failure to the group healed,
 #: measured on the local cluster (bench/replica_groups.py, R = 3; a tiny model: GPU clusters
