@@ -201,6 +201,10 @@ class ReplicaGroupsFT:
         share = self.replicas.start_step(consumed_of=lambda: self.data.consumed,
                                          batch_size=self.cfg.trainer.batch_size, unit=self.unit)
         if self.replicas.heals != heals:
+            # the peer's bits are the new state at rest (the bundled trainer's monitor has the hook)
+            replaced = getattr(self.ctx.extra.get("health_monitor"), "params_replaced", None)
+            if replaced is not None:
+                replaced(self.ctx)
             self._report_heal()
         return share
 

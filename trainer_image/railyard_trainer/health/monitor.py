@@ -237,6 +237,14 @@ class RailyardHealthMonitor:
             self._step_failed = False
         return ok
 
+    def params_replaced(self, ctx: TrainContext) -> None:
+        """The parameters were replaced on purpose between steps (a replica group healed from a
+        live peer at a step's quorum): the at-rest guards start again from them, as after a
+        restore. Without it the next step's state guard saw the peer's bits as a change at rest."""
+        if self.s.magnitude_guard:
+            self._after_step_max = max_abs_per_tensor(_params(ctx))
+            self._after_step_sums = bit_sums(_params(ctx))
+
     def reset_after_restore(self) -> None:
         """Forget this attempt's failures (the SDC harness restores a clean snapshot in place,
         as a restarted gang would from a clean checkpoint)."""
