@@ -48,9 +48,10 @@ def _release(core: k8s.CoreV1Api, ns: str, name: str) -> None:
 
 
 @pytest.mark.cluster
-def test_a_running_pod_held_by_a_finalizer_is_failed_before_the_final_delete(core: k8s.CoreV1Api,
-                                                                              namespace: str) -> None:
-    pod = make_pod("runs").command(sys.executable, "-c", "import time; time.sleep(600)").on_node("node-0").obj()
+def test_a_running_pod_held_by_a_finalizer_is_failed_before_the_final_delete(
+    core: k8s.CoreV1Api, namespace: str, node_names: list[str]
+) -> None:
+    pod = make_pod("runs").command(sys.executable, "-c", "import time; time.sleep(600)").on_node(node_names[0]).obj()
     pod["spec"]["restartPolicy"] = "Always"
     core.create_namespaced_pod(namespace, _held(pod))
     wait_phase(core, namespace, "runs", ("Running",))
@@ -63,8 +64,8 @@ def test_a_running_pod_held_by_a_finalizer_is_failed_before_the_final_delete(cor
 
 
 @pytest.mark.cluster
-def test_a_pod_that_never_started_is_failed_not_left_pending(core: k8s.CoreV1Api, namespace: str) -> None:
-    pod = make_pod("waits").on_node("node-1").obj()
+def test_a_pod_that_never_started_is_failed_not_left_pending(core: k8s.CoreV1Api, namespace: str, node_names: list[str]) -> None:
+    pod = make_pod("waits").on_node(node_names[1]).obj()
     # a ConfigMap that does not exist: the agent waits for it, the pod stays Pending
     pod["spec"]["volumes"] = [{"name": "cfg", "configMap": {"name": "not-there"}}]
     pod["spec"]["containers"][0]["volumeMounts"] = [{"name": "cfg", "mountPath": "/cfg"}]
@@ -79,8 +80,8 @@ def test_a_pod_that_never_started_is_failed_not_left_pending(core: k8s.CoreV1Api
 
 
 @pytest.mark.cluster
-def test_a_simulated_pod_held_by_a_finalizer_ends_too(core: k8s.CoreV1Api, namespace: str) -> None:
-    pod = make_pod("sim").on_node("node-2").obj()
+def test_a_simulated_pod_held_by_a_finalizer_ends_too(core: k8s.CoreV1Api, namespace: str, node_names: list[str]) -> None:
+    pod = make_pod("sim").on_node(node_names[2]).obj()
     pod["spec"]["restartPolicy"] = "Always"
     pod["metadata"]["annotations"] = {SIMULATE_ANNOTATION: "true"}
     core.create_namespaced_pod(namespace, _held(pod))
@@ -91,8 +92,8 @@ def test_a_simulated_pod_held_by_a_finalizer_ends_too(core: k8s.CoreV1Api, names
 
 
 @pytest.mark.cluster
-def test_without_a_finalizer_the_pod_is_simply_gone(core: k8s.CoreV1Api, namespace: str) -> None:
-    pod = make_pod("free").command(sys.executable, "-c", "import time; time.sleep(600)").on_node("node-0").obj()
+def test_without_a_finalizer_the_pod_is_simply_gone(core: k8s.CoreV1Api, namespace: str, node_names: list[str]) -> None:
+    pod = make_pod("free").command(sys.executable, "-c", "import time; time.sleep(600)").on_node(node_names[0]).obj()
     core.create_namespaced_pod(namespace, pod)
     wait_phase(core, namespace, "free", ("Running",))
     core.delete_namespaced_pod("free", namespace, grace_period_seconds=5)
