@@ -12,18 +12,21 @@ from pathlib import Path
 
 import pytest
 import yaml
-from tests.clusters import own_group
+from tests.clusters import RUN_TAG, given_kubeconfig, own_group
 from tests.waiting import wait_until
 
 from .conftest import Cluster
 
 GROUP = own_group("kubectl.railyard.io")
+#: The short name, like the group this run's own on a shared server: kubectl resolves a short
+#: name across every group, and another run's CRD beside this one would answer "gz".
+SHORT = f"gz{RUN_TAG}" if given_kubeconfig() else "gz"
 
 CRD = {
     "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
     "metadata": {"name": f"gizmos.{GROUP}"},
     "spec": {"group": GROUP, "scope": "Namespaced",
-             "names": {"plural": "gizmos", "singular": "gizmo", "kind": "Gizmo", "shortNames": ["gz"]},
+             "names": {"plural": "gizmos", "singular": "gizmo", "kind": "Gizmo", "shortNames": [SHORT]},
              "versions": [{"name": "v1alpha1", "served": True, "storage": True, "subresources": {"status": {}},
                            "additionalPrinterColumns": [
                                {"name": "Size", "type": "integer", "jsonPath": ".spec.size"},
@@ -83,11 +86,11 @@ def test_kubectl_apply_get_explain_delete(kubectl: Kubectl, ns: str, tmp_path: P
         cr.write_text(yaml.safe_dump({"apiVersion": f"{GROUP}/v1alpha1", "kind": "Gizmo",
                                       "metadata": {"name": "g1", "namespace": ns}, "spec": {"size": 6}}))
         assert "configured" in run("apply", "-f", str(cr)).stdout
-        table = run("get", "gz", "-n", ns).stdout
+        table = run("get", SHORT, "-n", ns).stdout
         header, row = table.splitlines()[:2]
         assert header.split() == ["NAME", "SIZE", "AGE"]
         assert row.split()[:2] == ["g1", "6"]
-        explain = run("explain", "gizmo.spec").stdout
+        explain = run("explain", "gizmo.spec", f"--api-version={GROUP}/v1alpha1").stdout
         assert "What the gizmo should be." in explain and "Gizmo size in units." in explain
         bad = tmp_path / "bad.yaml"
         bad.write_text(yaml.safe_dump({"apiVersion": f"{GROUP}/v1alpha1", "kind": "Gizmo",
