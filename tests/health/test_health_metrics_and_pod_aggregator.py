@@ -181,3 +181,22 @@ def test_the_health_service_keeps_state_between_evaluations_and_forgets_jobs() -
     svc.forget("ns", "j")
     assert svc.store.job("ns", "j") is None
     assert reg.get_sample_value("railyard_heartbeat_age_seconds", {"namespace": "ns", "job": "j"}) is None
+
+
+def test_a_refused_attempt_posts_no_more_and_says_so_once_as_expected() -> None:
+    """A 409 says the job moved on to a newer attempt (a restart overtook this process's last
+    post): resending cannot succeed, and it is no failure of the heartbeat path."""
+    op, clock = FakeOperator(), [100.0]
+    agg = _aggregator(op, clock)
+    try:
+        agg.accept(_datagram(8, 3))
+        op.status = 503
+        assert not agg.flush() and not agg.superseded, "a server error is retried"
+        op.status = 409
+        assert not agg.flush() and agg.superseded
+        op.status = 204
+        clock[0] += 0.5
+        agg.accept(_datagram(8, 4))
+        assert not agg.flush() and len(op.bodies) == 2, "nothing is posted after the 409"
+    finally:
+        agg.sock.close()

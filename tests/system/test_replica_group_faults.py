@@ -39,6 +39,7 @@ from tests.system.conftest import (
     OperatorProcess,
     base_spec,
     pod_events,
+    refused_heartbeats,
     unique,
     wait_status,
 )
@@ -68,12 +69,6 @@ def log_tail(local_cluster: Any, pod: str, n: int = 12) -> str:
     base = Path(local_cluster.log_dir) / SYSTEM_NS / pod
     lines = [ln for f in sorted(base.glob("*.log")) for ln in f.read_text(errors="replace").splitlines()] if base.exists() else []
     return "\n".join(ln[:300] for ln in lines[-n:])
-
-
-def refused_heartbeats(local_cluster: Any, pod: str) -> list[str]:
-    base = Path(local_cluster.log_dir) / SYSTEM_NS / pod
-    lines = [ln for f in sorted(base.glob("*.log")) for ln in f.read_text(errors="replace").splitlines()] if base.exists() else []
-    return [ln for ln in lines if "heartbeat POST" in ln and "failed" in ln]
 
 
 def test_each_fault_restarts_only_its_replica_group(api: Api, operator: OperatorProcess, local_cluster: Any, tmp_path: Path) -> None:

@@ -132,6 +132,8 @@ class PodAggregator(threading.Thread):
         self._urgent = threading.Event()
         self.posted = 0
         self.failures = 0
+        #: the operator answered 409: a newer attempt started, this process's beats are over
+        self.superseded = False
         self._last_error_log = 0.0
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
@@ -251,6 +253,8 @@ class PodAggregator(threading.Thread):
         return heartbeat_from_dict(raw_batch)
 
     def flush(self) -> bool:
+        if self.superseded:
+            return False
         try:
             batch = self.build_batch()
         except ValueError as exc:  # a rank sent something the protocol refuses: drop it all
@@ -274,7 +278,18 @@ class PodAggregator(threading.Thread):
             self._checkpoints.clear()
             return True
         self.failures += 1
-        if status in (400, 401, 403, 404, 409, 413):  # will not get better by resending the same
+        if status == 409:
+            # the one 409 the operator sends: the job's attempt is newer than ours. Expected when a
+            # restart overtakes a process's last post; nothing this process says counts any more
+            self.superseded = True
+            log.warning(
+                "heartbeat POST to %s refused (HTTP 409): attempt %d is over, a newer one started; "
+                "this process posts no more beats",
+                self.url,
+                self.attempt,
+            )
+            return False
+        if status in (400, 401, 403, 404, 413):  # will not get better by resending the same
             self._health.clear()
             self._checkpoints.clear()
         now = self.clock()
