@@ -58,12 +58,12 @@ LLAMA3_FAILURES_PER_GPU_DAY = 419 / (54.0 * 16_384)
 #: Measured: the survivors' stall beyond the step they redo, bench/results/replica_groups.json
 #: (row "sim: survivors' stall beyond the step redone"; tests/sim/test_replica_groups_in_the_sim.py
 #: keeps the two equal).
-GROUP_SURVIVOR_STALL_S = 1.2
+GROUP_SURVIVOR_STALL_S = 1.1
 #: Measured there too: the healing group's quorum join -> healed from a live peer (row "replica_groups:
 #: healing group, quorum join -> healed from a peer"), a tiny model's, so almost no bytes: the fixed
 #: part of a heal; its bytes are added at the model's size over ``heal_bw_per_node``
 #: (:func:`compute_group_heal_s`).
-GROUP_HEAL_FIXED_S = 1.1
+GROUP_HEAL_FIXED_S = 0.7
 #: A heal's rate per node, bytes/s. torchft's checkpoint transport is HTTP over TCP on the one
 #: interface a group advertises (``faultTolerance.healNetwork``), so one rail of the data network:
 #: 400 Gb/s per rail for NDR InfiniBand (ConnectX-7, IPoIB) = 50 GB/s, an upper bound (the trainer

@@ -93,7 +93,7 @@ SAVE_DURATION_S: Mapping[Tier, Sourced] = {
 #: measured on the local cluster (bench/replica_groups.py, R = 3; a tiny model: GPU clusters
 #: take longer to start a group, which the simulator's own figure includes).
 GROUP_OUTAGE_S = Sourced(
-    12.242, "bench/results/replica_groups.json: R=3 replica_groups: last step before the failure -> group healed"
+    6.041, "bench/results/replica_groups.json: R=3 replica_groups: last step before the failure -> group healed"
 )
 #: The longest interval the rule chooses: the failure rates are another fleet's (Llama 3), so at
 #: most an hour of work rests on them; also what a tier that no listed failure needs gets.
