@@ -28,18 +28,22 @@ def log_file(log_dir: Path, namespace: str, pod: str, container: str, previous: 
     return log_dir / namespace / pod / f"{container}{'.previous' if previous else ''}.log"
 
 
-def pod_events(log_dir: Path, namespace: str, pod: str) -> list[dict[str, Any]]:
-    """The JSON lines a pod's containers printed (the trainer's and its launcher's events), in
-    the order of its log files (:func:`log_file`), from this machine's node agent logs: they are
-    here whatever the pod's state now and whichever API server holds the pod (a real one cannot
-    serve pods/log for them: it would ask a kubelet)."""
-    out: list[dict[str, Any]] = []
+def pod_log_lines(log_dir: Path, namespace: str, pod: str) -> list[str]:
+    """Every line a pod's containers printed, in the order of its log files (:func:`log_file`),
+    from this machine's node agent logs: they are here whatever the pod's state now and whichever
+    API server holds the pod (a real one cannot serve pods/log for them: it would ask a kubelet)."""
     folder = log_file(log_dir, namespace, pod, "x").parent
-    for f in sorted(folder.glob("*.log")) if folder.exists() else []:
-        for line in f.read_text(errors="replace").splitlines():
-            if line.startswith("{"):
-                with contextlib.suppress(ValueError):
-                    out.append(json.loads(line))
+    files = sorted(folder.glob("*.log")) if folder.exists() else []
+    return [line for f in files for line in f.read_text(errors="replace").splitlines()]
+
+
+def pod_events(log_dir: Path, namespace: str, pod: str) -> list[dict[str, Any]]:
+    """The JSON lines of :func:`pod_log_lines` (the trainer's and its launcher's events)."""
+    out: list[dict[str, Any]] = []
+    for line in pod_log_lines(log_dir, namespace, pod):
+        if line.startswith("{"):
+            with contextlib.suppress(ValueError):
+                out.append(json.loads(line))
     return out
 
 

@@ -143,8 +143,7 @@ def refused_heartbeats(local_cluster: Any, pod: str, *, over: tuple[int, ...] = 
     aggregator logs the first failure of every minute with its HTTP status, and a 409, which says
     its attempt is over, once), but for the 409s of the attempts in ``over``: a restart in place
     may overtake the last post of the attempt it ends."""
-    base = Path(local_cluster.log_dir) / SYSTEM_NS / pod
-    lines = [ln for f in sorted(base.glob("*.log")) for ln in f.read_text(errors="replace").splitlines()] if base.exists() else []
+    lines = podlogs.pod_log_lines(Path(local_cluster.log_dir), SYSTEM_NS, pod)
     expected = tuple(f"attempt {a} is over" for a in over)
     return [ln for ln in lines if "heartbeat POST" in ln and ("failed" in ln or "refused" in ln)
             and not any(e in ln for e in expected)]

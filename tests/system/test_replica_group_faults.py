@@ -45,6 +45,8 @@ from tests.system.conftest import (
 )
 from tests.waiting import wait_until
 
+from railyard_local import podlogs
+
 pytestmark = [pytest.mark.slow, pytest.mark.cluster, pytest.mark.torch, pytest.mark.timeout(600)]
 
 GROUPS = 3
@@ -66,8 +68,7 @@ def events(local_cluster: Any, pod: str, kind: str) -> list[dict[str, Any]]:
 
 
 def log_tail(local_cluster: Any, pod: str, n: int = 12) -> str:
-    base = Path(local_cluster.log_dir) / SYSTEM_NS / pod
-    lines = [ln for f in sorted(base.glob("*.log")) for ln in f.read_text(errors="replace").splitlines()] if base.exists() else []
+    lines = podlogs.pod_log_lines(Path(local_cluster.log_dir), SYSTEM_NS, pod)
     return "\n".join(ln[:300] for ln in lines[-n:])
 
 
