@@ -21,11 +21,13 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
 import sys
 import threading
+import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -234,13 +236,20 @@ def test_a_lost_replica_group_stops_only_itself_and_heals_from_a_live_peer(tmp_p
         lh.wait_for("its address", lambda p: bool(p.of("lighthouse")), [])
         address = str(lh.of("lighthouse")[0]["address"])
         start, release = tmp_path / "start", tmp_path / "release"
-        holds = f"1:{start},{HOLD_AT}:{release}"
+        holds = f"0:{start},{HOLD_AT}:{release}"
         survivors = [_group(tmp_path, shape, g, address, 0, hold=holds) for g in range(lost)]
-        g2 = _group(tmp_path, shape, lost, address, 0, hold=f"1:{start}", crash_at=KILL_AT)
+        g2 = _group(tmp_path, shape, lost, address, 0, hold=f"0:{start}", crash_at=KILL_AT)
         procs.extend([*survivors, g2])
-        # every group takes its first step only once the lost group's manager is up, so none
-        # can train far ahead before the others take part (all must be in the quorum of step KILL_AT)
-        g2.wait_for("joining the quorum", lambda p: bool(p.of("replica_joining")), survivors)
+        # every group asks for its first quorum only once all wait before it and the Lighthouse
+        # hears every group's heartbeat: it then forms no quorum before all have joined (its join
+        # timeout is beyond WAIT_S), so all are in every quorum up to step KILL_AT. Held at step 1
+        # (after the first quorum) instead, a group whose workers started later was left out of
+        # the first quorums and healed in from a peer, and the lost group could die in a quorum
+        # the survivors did not share.
+        for p in procs[1:]:
+            p.wait_for("to wait before its first quorum", lambda q: any(e["step"] == 0 for e in q.of("test_hold")), procs)
+        everyone = {f"ft-group-{g}" for g in range(shape.groups)}
+        lh.wait_for("every group's heartbeat", lambda _: _heartbeating(address) >= everyone, procs)
         start.touch()
 
         # all groups train together; one process of the lost group dies at the start of step
@@ -255,9 +264,7 @@ def test_a_lost_replica_group_stops_only_itself_and_heals_from_a_live_peer(tmp_p
         g2.reader.join(timeout=10)
         assert g2.p.returncode != 0 and g2.of("fault"), g2.explain()
         killed_at = g2.last_step()
-        # (a group may still heal a step or two at the start: the Lighthouse may form the very
-        # first quorum before it hears from every group; it then catches up from a peer)
-        assert killed_at == KILL_AT - 1 and all(e["to_step"] < KILL_AT - 1 for e in g2.of("replica_healed")), g2.explain()
+        assert killed_at == KILL_AT - 1 and not g2.of("replica_healed"), g2.explain()
 
         # the survivors keep stepping without it
         for p in survivors:
@@ -309,6 +316,13 @@ def test_a_lost_replica_group_stops_only_itself_and_heals_from_a_live_peer(tmp_p
     finally:
         for p in reversed(procs):
             p.stop()
+
+
+def _heartbeating(address: str) -> set[str]:
+    """The replica groups whose heartbeats the Lighthouse lists on its status page (one line
+    ``<job>-group-<g>:<uuid>: seen ... ago`` each)."""
+    with urllib.request.urlopen(f"{address}/status", timeout=10) as page:
+        return set(re.findall(r"\b(ft-group-\d+):", page.read().decode()))
 
 
 def _assert_every_sample_trained_once(kept: list[Proc], *, killed: Proc, shape: Shape) -> None:

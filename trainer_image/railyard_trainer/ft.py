@@ -227,6 +227,7 @@ class ReplicaGroupsFT:
         and never reads a checkpoint tier; when nobody is ahead (the job starts or restarts
         whole) the tiers restore as always and the quorum takes their step. A group whose own
         tiers cannot restore heals from a peer that did (:meth:`heal_instead_of_restore`)."""
+        hold_for_test(0, self.paused)  # step 0: before the first quorum
         self.joined = self._start_step()
         if self.replicas.heals:
             return None
@@ -329,8 +330,9 @@ def build_ft_manager(cfg: TrainerConfig, *, ctx: hooks.TrainContext, data: Shard
 
 
 def hold_for_test(step: int, paused: Callable[[], AbstractContextManager[None]] = contextlib.nullcontext) -> None:
-    """Test hook (``RAILYARD_TEST_HOLD=STEP:PATH[,STEP:PATH...]``): before step STEP wait until
-    PATH exists, so a test can line replica groups up (start together, or keep survivors from
+    """Test hook (``RAILYARD_TEST_HOLD=STEP:PATH[,STEP:PATH...]``): before step STEP (0: before a
+    replica group's first quorum) wait until PATH exists, so a test can line replica groups up
+    (start together in one quorum, or keep survivors from
     finishing before a replacement joins) on conditions it observes, not on timing. Held inside
     ``paused`` (the SDK session's): a held rank is neither hung to the watchdog nor to the
     operator's hang rule."""

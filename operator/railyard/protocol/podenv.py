@@ -221,7 +221,10 @@ META_INIT_PARAMS = Text(
 PEAK_FLOPS = Text("RAILYARD_PEAK_FLOPS", "the accelerator's dense bf16 peak FLOP/s, for MFU (empty: by device name)")
 LOG_ALL_RANKS = Flag("RAILYARD_LOG_ALL_RANKS", "every rank logs its steps, not only rank 0")
 DUMP_GRADS = Text("RAILYARD_DUMP_GRADS", "debug: a folder each step's gradients are written to")
-TEST_HOLD = Text("RAILYARD_TEST_HOLD", "test hook: STEP:PATH[,STEP:PATH...], before step STEP wait until PATH exists")
+TEST_HOLD = Text(
+    "RAILYARD_TEST_HOLD",
+    "test hook: STEP:PATH[,STEP:PATH...], before step STEP (0: before the first quorum) wait until PATH exists",
+)
 SIMULATED_DEVICE_FILE = Text(
     "RAILYARD_SIMULATED_DEVICE_FILE", "test knob: a file whose device faults the speed probe simulates"
 )
