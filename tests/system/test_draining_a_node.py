@@ -177,7 +177,12 @@ def test_with_replica_groups_a_drain_moves_only_the_group_on_the_node(
         lr = s["lastRestart"]
         assert (lr["mode"], lr["reason"], lr["carriedOn"], lr["replaced"]) == ("InPlace", "ReplicaGroupReplaced", [0], [1]), lr
         assert lr["message"].startswith(f"moving ahead of {victim} (cordoned)"), lr
-        said = [(e.reason, e.message) for e in api.events(SYSTEM_NS, name)]
+        # the operator writes a cycle's status first, then its Events: wait for the move's Event
+        def said_moved() -> list[tuple[str, str]] | None:
+            said = [(e.reason, e.message) for e in api.events(SYSTEM_NS, name)]
+            return said if any(r == "PlannedMove" for r, _ in said) else None
+
+        said = wait_until(said_moved, timeout=30, message="the PlannedMove Event", retry_on=(Exception,))
         assert any(r == "PlannedMoveLeaving" and m.startswith("pods [1] leave the replica groups' quorum") for r, m in said), said
         assert any(r == "PlannedMove" and "pods [1] left the replica groups' quorum after step" in m for r, m in said), said
         release_when_joined(local_cluster, f"{name}-a1-1", hold)
