@@ -332,10 +332,9 @@ def build_ft_manager(cfg: TrainerConfig, *, ctx: hooks.TrainContext, data: Shard
 def hold_for_test(step: int, paused: Callable[[], AbstractContextManager[None]] = contextlib.nullcontext) -> None:
     """Test hook (``RAILYARD_TEST_HOLD=STEP:PATH[,STEP:PATH...]``): before step STEP (0: before a
     replica group's first quorum) wait until PATH exists, so a test can line replica groups up
-    (start together in one quorum, or keep survivors from
-    finishing before a replacement joins) on conditions it observes, not on timing. Held inside
-    ``paused`` (the SDK session's): a held rank is neither hung to the watchdog nor to the
-    operator's hang rule."""
+    (start together in one quorum, or keep survivors from finishing before a replacement joins)
+    on conditions it observes, not on timing. Held inside ``paused`` (the SDK session's): a held
+    rank is neither hung to the watchdog nor to the operator's hang rule."""
     for item in filter(None, podenv.TEST_HOLD.get(os.environ).split(",")):
         at, _, name = item.partition(":")
         if int(at) != step:
