@@ -246,7 +246,7 @@ def test_a_lost_replica_group_stops_only_itself_and_heals_from_a_live_peer(tmp_p
         # (after the first quorum) instead, a group whose workers started later was left out of
         # the first quorums and healed in from a peer, and the lost group could die in a quorum
         # the survivors did not share.
-        for p in procs[1:]:
+        for p in [*survivors, g2]:
             p.wait_for("to wait before its first quorum", lambda q: any(e["step"] == 0 for e in q.of("test_hold")), procs)
         everyone = {f"ft-group-{g}" for g in range(shape.groups)}
         lh.wait_for("every group's heartbeat", lambda _: _heartbeating(address) >= everyone, procs)
